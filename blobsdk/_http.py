@@ -1,0 +1,82 @@
+"""One HTTP endpoint of a blobsdk server, seen from the client: msgpack requests, and every
+aiohttp failure translated into the blobsdk exception tree at this boundary."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import aiohttp
+import msgspec
+
+from .config import Timeouts
+from .errors import BlobError, Unavailable, error_from_code
+from .wire import MSGPACK, ErrorBody, encode
+
+T = TypeVar("T")
+
+_error_decoder = msgspec.msgpack.Decoder(ErrorBody)
+
+
+def client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_connect=t.connect, sock_read=t.sock_read)
+
+
+def new_session(timeouts: Timeouts, limit: int = 256) -> aiohttp.ClientSession:
+    """The one long-lived session a client owns (call inside the running loop)."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=64, ttl_dns_cache=300)
+    return aiohttp.ClientSession(connector=connector, timeout=client_timeout(timeouts), auto_decompress=False)
+
+
+class HttpEndpoint:
+    """A base URL plus the shared session and optional bearer token."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.headers: dict[str, str] = {"Accept": MSGPACK}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+
+    async def call(self, method: str, route: str, body: Any, kind: type[T]) -> T:
+        """Send a msgpack body, decode a msgpack answer into ``kind``."""
+        data = None if body is None else encode(body)
+        headers = self.headers if data is None else {**self.headers, "Content-Type": MSGPACK}
+        async with self.request(method, route, data=data, headers=headers) as resp:
+            payload = await resp.read()
+        try:
+            return msgspec.msgpack.decode(payload, type=kind)
+        except msgspec.DecodeError as exc:
+            raise Unavailable(f"{self.base_url}{route}: malformed response: {exc}") from exc
+
+    @asynccontextmanager
+    async def request(
+        self, method: str, route: str, *, headers: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A raw request whose non-2xx answers are raised as blobsdk errors."""
+        url = self.base_url + route
+        try:
+            async with self.session.request(method, url, headers=headers or self.headers, **kwargs) as resp:
+                if resp.status >= 400:
+                    raise await _error_of(resp, url)
+                yield resp
+        except BlobError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+
+
+async def _error_of(resp: aiohttp.ClientResponse, url: str) -> BlobError:
+    body = await resp.read()
+    try:
+        err = _error_decoder.decode(body)
+    except msgspec.DecodeError:
+        try:
+            err = msgspec.json.decode(body, type=ErrorBody)
+        except msgspec.DecodeError:
+            if resp.status in (429, 502, 503, 504):
+                return Unavailable(f"{url}: HTTP {resp.status}")
+            return BlobError(f"{url}: HTTP {resp.status}: {body[:200]!r}")
+    return error_from_code(err.code, err.message)

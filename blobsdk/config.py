@@ -1,0 +1,131 @@
+"""Frozen, keyword-only configuration structs.
+
+Environment variables are read in exactly one place, :meth:`ClientConfig.from_env`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from typing import Literal
+
+import msgspec
+
+MiB = 1 << 20
+
+Compression = Literal["auto", "lz4", "none"]
+
+
+class L1Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    capacity_bytes: int = 1 << 30  # 0 disables L1
+
+
+class L2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    dir: str
+    capacity_bytes: int = 10 << 30
+
+
+class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Seconds.  ``sock_read`` bounds every wait for the next bytes of a response."""
+
+    connect: float = 5.0
+    sock_read: float = 30.0
+    total: float = 300.0
+
+
+class WriteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    chunk_size: int = 4 * MiB
+    block_size: int = 64 * MiB  # target size of a packed block
+    compression: Compression = "auto"
+    write_quorum: int | None = None  # None: every block replica must acknowledge
+    parallel_blocks: int = 4  # blocks written concurrently by one put
+    max_write_seconds: float = 600.0  # a put slower than this aborts before committing
+
+
+class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    parallel_chunks: int = 16  # chunk reads in flight per get
+
+
+class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything a cluster-mode :class:`blobsdk.Client` needs (``client.toml``)."""
+
+    api_url: str
+    block_urls: tuple[str, ...]
+    l3_urls: tuple[str, ...] = ()
+    tracker_urls: tuple[str, ...] = ()
+    token: str | None = None
+    l1: L1Config = L1Config()
+    l2: L2Config | None = None
+    write: WriteConfig = WriteConfig()
+    read: ReadConfig = ReadConfig()
+    timeouts: Timeouts = Timeouts()
+
+    def __post_init__(self) -> None:
+        if not self.block_urls:
+            raise ValueError("block_urls must name at least one L4 block server")
+        quorum = self.write.write_quorum
+        if quorum is not None and not 1 <= quorum <= len(self.block_urls):
+            raise ValueError(
+                f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls"
+            )
+        check_write_config(self.write)
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str]) -> ClientConfig:
+        """Read a ``client.toml``; raises ValueError naming the bad key on a malformed file."""
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, object]) -> ClientConfig:
+        try:
+            return msgspec.convert(raw, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid client config: {exc}") from exc
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig:
+        """Build from ``BLOBSDK_CONFIG`` (a toml file), or ``BLOBSDK_API_URL`` +
+        ``BLOBSDK_BLOCK_URLS`` (comma separated) [+ ``BLOBSDK_TOKEN``]."""
+        env = os.environ if environ is None else environ
+        if env.get("BLOBSDK_CONFIG"):
+            return cls.from_toml(env["BLOBSDK_CONFIG"])
+        if not env.get("BLOBSDK_API_URL") or not env.get("BLOBSDK_BLOCK_URLS"):
+            raise ValueError("set BLOBSDK_CONFIG, or BLOBSDK_API_URL and BLOBSDK_BLOCK_URLS")
+        raw: dict[str, object] = {
+            "api_url": env["BLOBSDK_API_URL"],
+            "block_urls": [u.strip() for u in env["BLOBSDK_BLOCK_URLS"].split(",") if u.strip()],
+        }
+        if env.get("BLOBSDK_TOKEN"):
+            raw["token"] = env["BLOBSDK_TOKEN"]
+        return cls.from_dict(raw)
+
+    def to_toml(self) -> str:
+        """Render as ``client.toml`` text (top-level keys and the [l1]/[l2] tables)."""
+        lines = [
+            f"api_url = {_q(self.api_url)}",
+            f"block_urls = [{', '.join(map(_q, self.block_urls))}]",
+            f"l3_urls = [{', '.join(map(_q, self.l3_urls))}]",
+            f"tracker_urls = [{', '.join(map(_q, self.tracker_urls))}]",
+        ]
+        if self.token:
+            lines.append(f"token = {_q(self.token)}")
+        lines += ["", "[l1]", f"capacity_bytes = {self.l1.capacity_bytes}"]
+        if self.l2 is not None:
+            lines += ["", "[l2]", f"dir = {_q(self.l2.dir)}", f"capacity_bytes = {self.l2.capacity_bytes}"]
+        return "\n".join(lines) + "\n"
+
+
+def check_write_config(write: WriteConfig) -> None:
+    """Raise ValueError for write settings that cannot work."""
+    if write.chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {write.chunk_size}")
+    if write.block_size < write.chunk_size:
+        raise ValueError(f"block_size {write.block_size} is smaller than chunk_size {write.chunk_size}")
+    if write.parallel_blocks < 1:
+        raise ValueError(f"parallel_blocks must be positive, got {write.parallel_blocks}")
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

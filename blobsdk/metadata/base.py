@@ -1,0 +1,78 @@
+"""The MetadataStore protocol: flat, O(1) map from blob path to its current ReadPlan.
+
+Semantics every backend holds (tests/metadata/conformance.py checks them):
+
+- ``get_plan`` of a missing path raises BlobNotFound; ``get_plans`` returns None for it.
+- ``commit`` stores a new version: the store assigns ``version`` (previous version + 1,
+  monotonic per path even across deletes) and ``created``; the caller's plan carries
+  everything else.  ``if_version=None`` commits unconditionally, ``0`` only if the path has
+  no live version, ``N`` only if the live version is N; otherwise PreconditionFailed.
+- ``commit_many`` applies several commits atomically: all of them or none.
+- ``delete`` removes the live version (BlobNotFound if none) with the same ``if_version`` rule.
+- ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
+- Every path argument is validated (InvalidPath) before anything else happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from ..wire import BlobInfo, CommitOp, ReadPlan
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    async def get_plan(self, path: str) -> ReadPlan: ...
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]: ...
+
+    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan: ...
+
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]: ...
+
+    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo: ...
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[list[BlobInfo], str | None]:
+        """One sorted page and the ``start_after`` of the next page (None at the end)."""
+        ...
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        """Every live blob under ``prefix``, sorted; fetched ``limit`` at a time."""
+        ...
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        """Every live plan (for garbage collection)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+async def iterate_pages(
+    store: MetadataStore, prefix: str, start_after: str | None, limit: int
+) -> AsyncIterator[BlobInfo]:
+    """Shared ``list`` implementation over ``list_page``."""
+    cursor = start_after
+    while True:
+        items, cursor = await store.list_page(prefix, cursor, limit)
+        for item in items:
+            yield item
+        if cursor is None:
+            return
+
+
+MAX_LIST_LIMIT = 10_000
+
+
+def check_limit(limit: int) -> int:
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ValueError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
+    return limit
+
+
+def check_if_version(if_version: int | None) -> int | None:
+    if if_version is not None and (not isinstance(if_version, int) or if_version < 0):
+        raise ValueError(f"if_version must be None or an int >= 0, got {if_version!r}")
+    return if_version

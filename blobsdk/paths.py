@@ -1,0 +1,65 @@
+"""Blob path rules (DESIGN §1).
+
+A path is ``/bucket/key...``: absolute, UTF-8, at most 1024 bytes once encoded, made of
+non-empty segments, none of them ``.`` or ``..``, and no NUL.  A *prefix* for listing follows
+the same rules except that it may end with ``/`` and may be just ``/``.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidPath
+
+MAX_PATH_BYTES = 1024
+
+
+def validate_path(path: object) -> str:
+    """Return ``path`` unchanged if it is a valid blob path, else raise InvalidPath."""
+    text = _check_text(path)
+    if text == "/":
+        raise InvalidPath("path '/' names no blob")
+    _check_segments(text, text[1:].split("/"))
+    return text
+
+
+def validate_prefix(prefix: object) -> str:
+    """Return a valid listing prefix (``/``, ``/bucket``, ``/bucket/dir/``...)."""
+    text = _check_text(prefix)
+    body = text[1:]
+    if body.endswith("/"):
+        body = body[:-1]
+    if body:
+        _check_segments(text, body.split("/"))
+    elif text not in ("/",):
+        raise InvalidPath(f"invalid prefix {text!r}: empty segment")
+    return text
+
+
+def bucket_of(path: str) -> str:
+    """The bucket (first segment) of a valid path."""
+    return path.split("/", 2)[1]
+
+
+def _check_text(path: object) -> str:
+    if not isinstance(path, str):
+        raise InvalidPath(f"path must be str, not {type(path).__name__}")
+    if not path:
+        raise InvalidPath("path is empty")
+    if "\x00" in path:
+        raise InvalidPath("path contains NUL")
+    if not path.startswith("/"):
+        raise InvalidPath(f"path must be absolute (start with '/'): {path!r}")
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidPath(f"path is not valid UTF-8: {path!r}") from exc
+    if size > MAX_PATH_BYTES:
+        raise InvalidPath(f"path is {size} bytes, over the limit of {MAX_PATH_BYTES}")
+    return path
+
+
+def _check_segments(path: str, segments: list[str]) -> None:
+    for segment in segments:
+        if segment == "":
+            raise InvalidPath(f"empty segment ('//' or trailing '/') in {path!r}")
+        if segment in (".", ".."):
+            raise InvalidPath(f"'{segment}' segment in {path!r}")

@@ -1,0 +1,71 @@
+"""The BlockStore protocol: L4, the durable source of truth, as immutable blocks.
+
+Semantics every backend holds (tests/sources/conformance.py checks them):
+
+- ``write_block(block_id, parts)`` stores the concatenation of ``parts`` under ``block_id``
+  and returns only once it is durable.  Blocks are immutable: writing an existing id with
+  the same bytes is a no-op, never a partial overwrite.
+- ``read_into(block_id, offset, out)`` fills ``out`` (a writable memoryview) with the
+  bytes at ``offset``; a missing block raises BlockNotFound, a range past the end of the
+  block raises CorruptData (a plan never points past a block).
+- ``read_range`` is the same returning new bytes.
+- ``delete_block`` is idempotent; ``list_blocks`` yields every block, sorted by id.
+- Block ids are 32 lowercase hex digits (:func:`new_block_id`); any other id is refused
+  with BadRequest before it comes near a file name or URL.
+- ``replicas`` lists the independent copies a reader may fail over between (verifying
+  each answer itself); a single backend is its own only replica.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from ..errors import BadRequest
+from ..wire import BlockInfo
+
+Buffer = bytes | bytearray | memoryview
+
+_BLOCK_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def new_block_id() -> str:
+    """48 bits of milliseconds since the epoch, then 80 random bits: sortable by age."""
+    return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+
+
+def validate_block_id(block_id: object) -> str:
+    if not isinstance(block_id, str) or not _BLOCK_ID.fullmatch(block_id):
+        raise BadRequest(f"invalid block id {block_id!r}: want 32 lowercase hex digits")
+    return block_id
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    @property
+    def name(self) -> str:
+        """Human-readable identity (a URL or directory) for stats and errors."""
+        ...
+
+    @property
+    def replicas(self) -> Sequence[BlockStore]: ...
+
+    async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None: ...
+
+    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None: ...
+
+    async def read_range(self, block_id: str, offset: int, length: int) -> bytes: ...
+
+    async def delete_block(self, block_id: str) -> None: ...
+
+    def list_blocks(self) -> AsyncIterator[BlockInfo]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def block_time(block_id: str) -> float:
+    """Unix time (seconds) a block id was minted, read from its first 12 hex digits."""
+    return int(validate_block_id(block_id)[:12], 16) / 1000.0

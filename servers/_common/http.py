@@ -1,0 +1,174 @@
+"""Pieces every blobsdk server shares: body codecs, error mapping, auth, metrics, serving."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from blobsdk.errors import BadRequest, BlobError, Unauthorized
+from blobsdk.wire import JSON, MSGPACK, ErrorBody
+
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MAX_BODY_BYTES = 16 << 20  # default bound for msgpack/JSON request bodies
+PUBLIC_ROUTES = frozenset({"/healthz", "/metrics"})
+
+
+async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BODY_BYTES) -> T:
+    """Decode a msgpack (default) or JSON request body into ``kind``; BadRequest if it is
+    malformed, of the wrong shape, or larger than ``max_bytes``."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BadRequest(f"request body of {request.content_length} bytes exceeds {max_bytes}")
+    body = await request.content.read(max_bytes + 1)
+    if len(body) > max_bytes:
+        raise BadRequest(f"request body exceeds {max_bytes} bytes")
+    try:
+        if request.content_type == JSON:
+            return msgspec.json.decode(body, type=kind)
+        return msgspec.msgpack.decode(body, type=kind)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"malformed request body: {exc}") from exc
+
+
+def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
+    """Encode ``obj`` as JSON if the client asked for it, else msgpack."""
+    if JSON in request.headers.get("Accept", "") or request.content_type == JSON:
+        return web.Response(body=msgspec.json.encode(obj), status=status, content_type=JSON)
+    return web.Response(body=msgspec.msgpack.encode(obj), status=status, content_type=MSGPACK)
+
+
+def error_reply(request: web.Request, exc: BlobError) -> web.Response:
+    return reply(request, ErrorBody(code=exc.code, message=str(exc)), status=exc.http_status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Map BlobError (and aiohttp's own 4xx) to an ErrorBody the client turns back into the
+    same exception class."""
+    try:
+        return await handler(request)
+    except BlobError as exc:
+        return error_reply(request, exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_reply(request, BadRequest(f"request body too large: {exc.text}"))
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return reply(request, ErrorBody(code="http_error", message=exc.reason), status=exc.status)
+        raise
+
+
+def auth_middleware(token: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Require ``Authorization: Bearer <token>`` on every route but /healthz and /metrics."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is not None and request.path not in PUBLIC_ROUTES:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise Unauthorized("missing or wrong bearer token")
+        return await handler(request)
+
+    return check
+
+
+class Metrics:
+    """Request counters and latency sums per route and status, as Prometheus text."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.seconds: Counter[str] = Counter()
+        self.gauges: dict[str, Callable[[], float]] = {}
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            self.requests[(route, status)] += 1
+            self.seconds[route] += time.perf_counter() - start
+
+    def render(self) -> str:
+        name = self.server
+        lines = [f"# TYPE {name}_requests_total counter"]
+        for (route, status), n in sorted(self.requests.items()):
+            lines.append(f'{name}_requests_total{{route="{route}",status="{status}"}} {n}')
+        lines.append(f"# TYPE {name}_request_seconds_total counter")
+        for route, s in sorted(self.seconds.items()):
+            lines.append(f'{name}_request_seconds_total{{route="{route}"}} {s:.6f}')
+        for gauge, read in sorted(self.gauges.items()):
+            lines += [f"# TYPE {name}_{gauge} gauge", f"{name}_{gauge} {read()}"]
+        return "\n".join(lines) + "\n"
+
+    async def handle(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.render(), content_type="text/plain")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+def base_app(server: str, token: str | None = None, client_max_size: int = MAX_BODY_BYTES) -> web.Application:
+    """An Application with the shared middlewares and /healthz + /metrics routes."""
+    metrics = Metrics(server)
+    app = web.Application(
+        middlewares=[metrics.middleware, errors_middleware, auth_middleware(token)],
+        client_max_size=client_max_size,
+    )
+    app["metrics"] = metrics
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics.handle)
+    return app
+
+
+def add_serve_args(parser: Any) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
+    parser.add_argument("--token", default=None, help="require this bearer token (default: none)")
+
+
+def serve(app: web.Application, host: str, port: int, port_file: Path | None = None) -> None:
+    """Run ``app`` until SIGINT/SIGTERM; print and optionally write the bound port."""
+    asyncio.run(_serve(app, host, port, port_file))
+
+
+async def _serve(app: web.Application, host: str, port: int, port_file: Path | None) -> None:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1]
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(bound))
+        tmp.replace(port_file)
+    print(f"serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
