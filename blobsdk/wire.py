@@ -27,7 +27,7 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     @property
     def key(self) -> str:
         """Cache key: names these exact bytes forever, because blocks are immutable."""
-        return xxhash.xxh3_128_hexdigest(f"{self.block_id}/{self.offset}/{self.length}")
+        return xxhash.xxh3_128_hexdigest(f"{self.block_id}/{self.offset}/{self.length}".encode())
 
 
 class ReadPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

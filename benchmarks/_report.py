@@ -1,0 +1,50 @@
+"""Timing helpers and the report every benchmark returns."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+
+@dataclass
+class Report:
+    name: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    ratios: dict[str, float] = field(default_factory=dict)
+    goals: dict[str, str] = field(default_factory=dict)  # ratio/metric name -> goal text
+
+    def print_table(self, out: IO[str]) -> None:
+        out.write(f"\n== {self.name} ==\n")
+        for kind, values in (("metric", self.metrics), ("ratio", self.ratios)):
+            for key, value in values.items():
+                goal = self.goals.get(key, "")
+                out.write(f"  {kind:6} {key:28} {value:12.3f}   {goal}\n")
+
+    def write_json(self, path: Path) -> None:
+        body = {"name": self.name, "metrics": self.metrics, "ratios": self.ratios}
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(body)))
+
+
+async def best_of(repeats: int, fn: Callable[[], Awaitable[object]]) -> float:
+    """Best wall time of ``repeats`` runs (the least disturbed by a noisy neighbour)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)

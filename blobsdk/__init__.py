@@ -1,0 +1,45 @@
+"""blobsdk: an asyncio fat-client SDK that feeds training jobs from tiered BLOB storage."""
+
+from .client import Client, SyncClient
+from .config import ClientConfig, L1Config, L2Config, ReadConfig, Timeouts, WriteConfig
+from .errors import (
+    BadRequest,
+    BlobError,
+    BlobNotFound,
+    BlockNotFound,
+    ClientClosed,
+    CorruptData,
+    InvalidPath,
+    PreconditionFailed,
+    QuotaExceeded,
+    Unauthorized,
+    Unavailable,
+)
+from .gc import GcReport
+from .wire import BlobInfo, ChunkRef, ReadPlan
+
+__all__ = (
+    "BadRequest",
+    "BlobError",
+    "BlobInfo",
+    "BlobNotFound",
+    "BlockNotFound",
+    "ChunkRef",
+    "Client",
+    "ClientClosed",
+    "ClientConfig",
+    "CorruptData",
+    "GcReport",
+    "InvalidPath",
+    "L1Config",
+    "L2Config",
+    "PreconditionFailed",
+    "QuotaExceeded",
+    "ReadConfig",
+    "ReadPlan",
+    "SyncClient",
+    "Timeouts",
+    "Unauthorized",
+    "Unavailable",
+    "WriteConfig",
+)

@@ -1,0 +1,190 @@
+"""The ``blobsdk`` command, run as a real subprocess (``python -m blobsdk``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blobsdk.cli import NO_STORE, ProgressLine
+from tests.helpers import ROOT
+
+
+def run(*args: str, store: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}
+    argv = [sys.executable, "-m", "blobsdk", *(["--local", str(store)] if store else []), *args]
+    return subprocess.run(argv, cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, timeout=120)
+
+
+def ok(*args: str, store: Path) -> bytes:
+    result = run(*args, store=store)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout
+
+
+def error_line(result: subprocess.CompletedProcess[bytes]) -> str:
+    """The one stderr line of a failed command (and no traceback)."""
+    lines = result.stderr.decode().strip().splitlines()
+    assert "Traceback" not in result.stderr.decode()
+    return lines[-1]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def test_put_get_cat_stat_ls_rm_round_trip(tmp_path, store):
+    data = os.urandom(300_000)
+    (tmp_path / "a.bin").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    put = json.loads(ok("put", str(tmp_path / "a.bin"), "/bkt/dir/a.bin", store=store))
+    assert (put["path"], put["size"], put["version"]) == ("/bkt/dir/a.bin", len(data), 1)
+    assert json.loads(ok("put", str(tmp_path / "empty"), "/bkt/empty", store=store))["size"] == 0
+
+    ok("get", "/bkt/dir/a.bin", str(tmp_path / "out.bin"), store=store)
+    assert (tmp_path / "out.bin").read_bytes() == data
+    assert ok("get", "/bkt/dir/a.bin", "-", "--offset", "1000", "--length", "500", store=store) == data[1000:1500]
+    assert ok("get", "/bkt/dir/a.bin", "--offset", str(len(data) - 7), "--length", "100", store=store) == data[-7:]
+    assert ok("cat", "/bkt/dir/a.bin", store=store) == data
+    assert ok("cat", "/bkt/empty", store=store) == b""
+
+    stat = json.loads(ok("stat", "/bkt/dir/a.bin", store=store))
+    assert stat["size"] == len(data) and stat["etag"] == put["etag"] and stat["version"] == 1
+    assert ok("ls", "/bkt/", store=store).decode().splitlines() == ["/bkt/dir/a.bin", "/bkt/empty"]
+    long = ok("ls", "/bkt/dir/", "--long", store=store).decode().split()
+    assert long[0] == str(len(data)) and long[1] == "v1" and long[-1] == "/bkt/dir/a.bin"
+
+    assert json.loads(ok("rm", "/bkt/dir/a.bin", store=store))["path"] == "/bkt/dir/a.bin"
+    assert ok("ls", "/bkt/", store=store).decode().splitlines() == ["/bkt/empty"]
+    gone = run("stat", "/bkt/dir/a.bin", store=store)
+    assert gone.returncode == 1 and error_line(gone).startswith("blobsdk: error: ")
+
+
+def test_put_and_rm_honour_if_version(tmp_path, store):
+    (tmp_path / "f").write_bytes(b"x")
+    ok("put", str(tmp_path / "f"), "/b/f", "--if-version", "0", store=store)
+    again = run("put", str(tmp_path / "f"), "/b/f", "--if-version", "0", store=store)
+    assert again.returncode == 1 and "blobsdk: error:" in error_line(again)
+    assert run("rm", "/b/f", "--if-version", "7", store=store).returncode == 1
+    assert json.loads(ok("rm", "/b/f", "--if-version", "1", store=store))["version"] == 1
+
+
+def test_import_tree_skips_symlinks_and_round_trips(tmp_path, store):
+    src = tmp_path / "src"
+    files = {"top.txt": b"top", "a/one.bin": os.urandom(1000), "a/b/c/deep.bin": b"deep", "a/empty": b"",
+             "big/large.bin": os.urandom(5 << 20)}  # large enough to be mapped, not read
+    for rel, content in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(content)
+    (src / "link.txt").symlink_to(src / "top.txt")
+    (src / "linkdir").symlink_to(src / "a", target_is_directory=True)
+
+    result = run("import", str(src), "/ds/v1", store=store)
+    assert result.returncode == 0, result.stderr.decode()
+    assert "5 files" in result.stderr.decode() and "skipped: 2 symlinks" in result.stderr.decode()
+    listed = ok("ls", "/ds/v1/", store=store).decode().splitlines()
+    assert listed == sorted(f"/ds/v1/{rel}" for rel in files)
+    for rel, content in files.items():
+        assert ok("cat", f"/ds/v1/{rel}", store=store) == content
+
+
+def test_import_reports_invalid_paths_and_imports_the_rest(tmp_path, store):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.txt").write_bytes(b"good")
+    bad = os.path.join(os.fsencode(src), b"bad-\xff.txt")  # not UTF-8: no valid blob path
+    with open(bad, "wb") as f:
+        f.write(b"bad")
+    result = run("import", str(src), "/ds/", store=store)
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert "invalid blob path" in stderr and "bad-" in stderr and "1 invalid paths" in stderr
+    assert ok("ls", "/ds/", store=store).decode().splitlines() == ["/ds/good.txt"]
+
+
+def test_invalid_path_is_one_line_exit_1(tmp_path, store):
+    (tmp_path / "f").write_bytes(b"x")
+    result = run("put", str(tmp_path / "f"), "no-slash", store=store)
+    assert result.returncode == 1
+    assert error_line(result) == "blobsdk: error: path must be absolute (start with '/'): 'no-slash'"
+    assert len(result.stderr.decode().strip().splitlines()) == 1
+    dots = run("cat", "/b/../etc", store=store)
+    assert dots.returncode == 1 and "'..' segment" in error_line(dots)
+
+
+def test_missing_blob_exits_1(store):
+    result = run("cat", "/b/missing", store=store)
+    assert result.returncode == 1 and result.stdout == b""
+    assert error_line(result).startswith("blobsdk: error: ") and "/b/missing" in error_line(result)
+
+
+def test_missing_local_file_exits_1(tmp_path, store):
+    result = run("put", str(tmp_path / "nope"), "/b/x", store=store)
+    assert result.returncode == 1 and "No such file" in error_line(result)
+
+
+def test_no_store_is_a_usage_error():
+    result = run("ls", "/")
+    assert result.returncode == 2
+    assert error_line(result) == f"blobsdk: error: {NO_STORE}"
+
+
+def test_store_from_environment_and_bad_config(tmp_path):
+    missing = run("ls", "/", env={"BLOBSDK_CONFIG": str(tmp_path / "missing.toml")})
+    assert missing.returncode == 2 and "cannot load client config" in error_line(missing)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('api_url = "http://127.0.0.1:1"\n')  # no block_urls
+    result = run("--config", str(bad), "ls", "/")
+    assert result.returncode == 2 and "cannot load client config" in error_line(result)
+
+
+@pytest.mark.parametrize("args", [["frobnicate"], ["get", "/b/x", "--offset", "-1"], ["--local", "a", "--config", "b", "ls", "/"]])
+def test_usage_errors_exit_2(args):
+    assert run(*args).returncode == 2
+
+
+def test_gc(tmp_path, store):
+    (tmp_path / "f").write_bytes(b"x" * 1000)
+    ok("put", str(tmp_path / "f"), "/b/f", store=store)
+    short = run("gc", "--grace", "5", store=store)
+    assert short.returncode == 2 and "max_write_seconds" in error_line(short)
+    report = json.loads(ok("gc", "--dry-run", store=store))
+    assert report["blocks_scanned"] >= 1 and report["blocks_deleted"] == 0 and report["dry_run"] is True
+    assert "l4" in json.loads(ok("stats", store=store))
+
+
+def test_demo_command(tmp_path):
+    result = run("demo", "--dir", str(tmp_path / "demo"), "--size-mb", "3")
+    assert result.returncode == 0, result.stderr.decode()
+    assert "OK: every byte verified" in result.stdout.decode()
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_rewrites_in_place_on_a_tty():
+    stream = _Tty()
+    progress = ProgressLine(stream, interval=0.0)
+    progress.update(3, 3 << 20)
+    progress.note("a message")
+    progress.finish()
+    text = stream.getvalue()
+    assert text.startswith("\r\x1b[K3 files, 3.0 MiB, ") and "\r\x1b[Ka message\n" in text and text.endswith("MiB/s\n")
+
+
+def test_progress_line_prints_lines_at_an_interval_elsewhere():
+    stream = io.StringIO()
+    progress = ProgressLine(stream, interval=3600.0)
+    for n in range(1, 100):
+        progress.update(n, n * 1024)
+    assert stream.getvalue() == ""  # not yet due
+    progress.finish()
+    assert stream.getvalue().startswith("99 files, 0.1 MiB") and "\r" not in stream.getvalue()

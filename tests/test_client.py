@@ -1,0 +1,218 @@
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+import blobsdk
+from blobsdk.config import WriteConfig
+from blobsdk.errors import (
+    BlobNotFound,
+    ClientClosed,
+    CorruptData,
+    InvalidPath,
+    PreconditionFailed,
+    Unavailable,
+)
+from tests.conftest import SMALL
+
+
+def payload(n: int, seed: int = 0) -> bytes:
+    import random
+
+    return random.Random(seed).randbytes(n)
+
+
+async def test_put_get_round_trip(client):
+    data = payload(1_000_000)
+    info = await client.put("/b/one.bin", data)
+    assert (info.path, info.size, info.version) == ("/b/one.bin", len(data), 1)
+    assert info.chunks == 16  # 1,000,000 / 64 KiB, rounded up
+    assert await client.get("/b/one.bin") == data
+
+
+async def test_empty_blob(client):
+    info = await client.put("/b/empty", b"")
+    assert info.size == 0 and info.chunks == 0
+    assert await client.get("/b/empty") == b""
+    assert await client.get("/b/empty", offset=5, length=3) == b""
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"),
+    [(0, 1), (65535, 2), (65536, 65536), (100, 300_000), (999_999, 10), (0, None), (500_000, None)],
+)
+async def test_ranges(client, offset, length):
+    data = payload(1_000_000, 1)
+    await client.put("/b/r", data)
+    end = None if length is None else offset + length
+    assert await client.get("/b/r", offset=offset, length=length) == data[offset:end]
+
+
+async def test_range_past_end_is_short_then_empty(client):
+    await client.put("/b/r", b"0123456789")
+    assert await client.get("/b/r", offset=8, length=10) == b"89"
+    assert await client.get("/b/r", offset=10) == b""
+    assert await client.get("/b/r", offset=99, length=1) == b""
+
+
+async def test_negative_range(client):
+    await client.put("/b/r", b"0123456789")
+    with pytest.raises(ValueError, match="offset must be an int >= 0, got -1"):
+        await client.get("/b/r", offset=-1)
+    with pytest.raises(ValueError, match="length must be None or an int >= 0, got -2"):
+        await client.get("/b/r", length=-2)
+
+
+async def test_compressible_data_is_stored_compressed(client, tmp_path):
+    data = b"the same words again and again " * 40_000
+    await client.put("/b/text", data)
+    stored = sum(f.stat().st_size for f in (tmp_path / "data" / "blocks").rglob("*") if f.is_file())
+    assert stored < len(data) / 5
+    assert await client.get("/b/text") == data
+    assert await client.get("/b/text", offset=70_000, length=100_000) == data[70_000:170_000]
+
+
+async def test_versions_and_cas(client):
+    assert (await client.put("/b/v", b"1")).version == 1
+    assert (await client.put("/b/v", b"2", if_version=1)).version == 2
+    with pytest.raises(PreconditionFailed):
+        await client.put("/b/v", b"3", if_version=1)
+    with pytest.raises(PreconditionFailed):
+        await client.put("/b/v", b"3", if_version=0)
+    assert await client.get("/b/v") == b"2"
+    assert (await client.put("/b/new", b"x", if_version=0)).version == 1
+
+
+async def test_missing(client):
+    with pytest.raises(BlobNotFound):
+        await client.get("/b/missing")
+    with pytest.raises(BlobNotFound):
+        await client.stat("/b/missing")
+    with pytest.raises(BlobNotFound):
+        await client.delete("/b/missing")
+
+
+@pytest.mark.parametrize("bad", ["", "rel/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x\x00", "/b/" + "x" * 1022])
+async def test_invalid_paths_everywhere(client, bad):
+    for call in (client.get(bad), client.put(bad, b"x"), client.stat(bad), client.delete(bad)):
+        with pytest.raises(InvalidPath):
+            await call
+
+
+async def test_list_stat_delete(client):
+    for name in ["/b/a/2", "/b/a/1", "/b/ab", "/c/x"]:
+        await client.put(name, name.encode())
+    assert [i.path async for i in client.list("/b/a/")] == ["/b/a/1", "/b/a/2"]
+    assert [i.path async for i in client.list("/b/a")] == ["/b/a/1", "/b/a/2", "/b/ab"]
+    assert (await client.stat("/b/ab")).size == 5
+    deleted = await client.delete("/b/ab")
+    assert deleted.path == "/b/ab"
+    assert [i.path async for i in client.list("/b/")] == ["/b/a/1", "/b/a/2"]
+    with pytest.raises(InvalidPath):
+        [i async for i in client.list("b/")]
+
+
+async def test_put_many_packs_and_reports_progress(client, tmp_path):
+    items = [(f"/ds/s{i:04d}", payload(3000 + i, i)) for i in range(300)]
+    seen = []
+    infos = await client.put_many(iter(items), progress=lambda n, b: seen.append((n, b)))
+    assert [i.path for i in infos] == [p for p, _ in items]
+    assert seen[-1] == (300, sum(len(d) for _, d in items))
+    blocks = [f for f in (tmp_path / "data" / "blocks").rglob("*") if f.is_file()]
+    assert len(blocks) <= 5  # ~1 MiB of samples in 256 KiB blocks
+    for path, data in items[::37]:
+        assert await client.get(path) == data
+
+
+async def test_put_many_async_iterable_and_repeated_path(client):
+    async def gen():
+        for i in range(5):
+            yield "/ds/same", str(i).encode()
+
+    infos = await client.put_many(gen())
+    assert [i.version for i in infos] == [1, 2, 3, 4, 5]
+    assert await client.get("/ds/same") == b"4"
+
+
+async def test_put_many_bad_path_stops_with_invalid_path(client):
+    with pytest.raises(InvalidPath):
+        await client.put_many([("/ds/ok", b"1"), ("nope", b"2")])
+
+
+async def test_flipped_byte_is_never_returned(client, tmp_path):
+    await client.put("/b/c", payload(200_000, 3))
+    block = next(f for f in (tmp_path / "data" / "blocks").rglob("*") if f.is_file())
+    raw = bytearray(block.read_bytes())
+    raw[1000] ^= 0xFF
+    block.write_bytes(raw)
+    with pytest.raises(CorruptData, match="no replica returned bytes matching its checksum"):
+        await client.get("/b/c")
+    assert await client.get("/b/c", offset=100_000, length=10) == payload(200_000, 3)[100_000:100_010]
+    assert client.stats()["l4"]["corrupt"] >= 1
+
+
+async def test_concurrent_gets(client):
+    blobs = {f"/b/{i}": payload(150_000, i) for i in range(20)}
+    for path, data in blobs.items():
+        await client.put(path, data)
+    results = await asyncio.gather(*(client.get(p) for p in blobs))
+    assert results == list(blobs.values())
+    stats = client.stats()["l4"]
+    assert stats["hits"] == 20 * 3 and stats["bytes"] == 20 * 150_000
+
+
+async def test_closed_client(tmp_path):
+    c = blobsdk.Client.local(tmp_path)
+    with pytest.raises(ClientClosed, match="client is not open"):
+        await c.get("/b/x")
+    async with c:
+        await c.put("/b/x", b"1")
+    with pytest.raises(ClientClosed):
+        await c.get("/b/x")
+
+
+async def test_reopen_keeps_data(tmp_path):
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        await c.put("/b/keep", b"kept")
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        assert await c.get("/b/keep") == b"kept"
+
+
+def test_sync_client(tmp_path):
+    with blobsdk.SyncClient.local(tmp_path, write=SMALL) as c:
+        c.put("/b/s", b"sync")
+        assert c.get("/b/s") == b"sync"
+        assert c.get("/b/s", 1, 2) == b"yn"
+        assert [i.path for i in c.list("/b/")] == ["/b/s"]
+        assert c.stat("/b/s").size == 4
+        assert len(c.put_many([("/b/m1", b"1"), ("/b/m2", b"2")])) == 2
+        c.delete("/b/s")
+        with pytest.raises(BlobNotFound):
+            c.get("/b/s")
+        assert "l4" in c.stats()
+    with pytest.raises(ClientClosed, match="SyncClient is not open"):
+        c.get("/b/m1")
+
+
+async def test_corrupt_replica_is_skipped_for_a_good_one(tmp_path):
+    from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.sources.local import LocalBlockStore
+    from blobsdk.sources.replicated import ReplicatedBlockStore
+
+    data = payload(300_000, 9)
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, LocalBlockStore(tmp_path / "r0") as r0, LocalBlockStore(
+        tmp_path / "r1"
+    ) as r1:
+        blocks = ReplicatedBlockStore([r0, r1])
+        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL) as c:
+            await c.put("/b/rep", data)
+            for f in (tmp_path / "r0").rglob("*"):
+                if f.is_file():
+                    raw = bytearray(f.read_bytes())
+                    raw[10] ^= 1
+                    f.write_bytes(raw)
+            assert await c.get("/b/rep") == data
+            stats = c.stats()["l4"]
+            assert stats["corrupt"] >= 1 and stats["hits"] == 5
+        await blocks.aclose()

@@ -1,0 +1,75 @@
+import pytest
+
+from blobsdk.config import ClientConfig, WriteConfig
+
+TOML = """
+api_url = "http://127.0.0.1:7001"
+block_urls = ["http://127.0.0.1:7101", "http://127.0.0.1:7102"]
+l3_urls = []
+[l1]
+capacity_bytes = 123
+[l2]
+dir = "/tmp/l2"
+capacity_bytes = 456
+"""
+
+
+def test_from_toml(tmp_path):
+    path = tmp_path / "client.toml"
+    path.write_text(TOML)
+    cfg = ClientConfig.from_toml(path)
+    assert cfg.api_url == "http://127.0.0.1:7001"
+    assert cfg.block_urls == ("http://127.0.0.1:7101", "http://127.0.0.1:7102")
+    assert cfg.l1.capacity_bytes == 123
+    assert cfg.l2 is not None and cfg.l2.dir == "/tmp/l2" and cfg.l2.capacity_bytes == 456
+    assert cfg.tracker_urls == ()
+
+
+def test_to_toml_round_trip(tmp_path):
+    cfg = ClientConfig.from_dict({"api_url": "http://a", "block_urls": ["http://b"], "token": 'x"y'})
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    assert ClientConfig.from_toml(path) == cfg
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ValueError, match="invalid client config: Object contains unknown field `nope`"):
+        ClientConfig.from_dict({"api_url": "http://a", "block_urls": ["http://b"], "nope": 1})
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ValueError, match=r"Expected `str`, got `int` - at `\$.api_url`"):
+        ClientConfig.from_dict({"api_url": 5, "block_urls": ["http://b"]})
+
+
+def test_no_block_urls():
+    with pytest.raises(ValueError, match="block_urls must name at least one L4 block server"):
+        ClientConfig(api_url="http://a", block_urls=())
+
+
+def test_write_quorum_bounds():
+    with pytest.raises(ValueError, match="write_quorum 3 must be between 1 and the 2 block_urls"):
+        ClientConfig(api_url="http://a", block_urls=("http://b", "http://c"), write=WriteConfig(write_quorum=3))
+
+
+def test_block_smaller_than_chunk():
+    with pytest.raises(ValueError, match="block_size 10 is smaller than chunk_size 20"):
+        ClientConfig(api_url="http://a", block_urls=("http://b",), write=WriteConfig(chunk_size=20, block_size=10))
+
+
+def test_from_env_config_file(tmp_path):
+    path = tmp_path / "client.toml"
+    path.write_text(TOML)
+    assert ClientConfig.from_env({"BLOBSDK_CONFIG": str(path)}).api_url == "http://127.0.0.1:7001"
+
+
+def test_from_env_urls():
+    cfg = ClientConfig.from_env(
+        {"BLOBSDK_API_URL": "http://a", "BLOBSDK_BLOCK_URLS": "http://b, http://c", "BLOBSDK_TOKEN": "t"}
+    )
+    assert cfg.block_urls == ("http://b", "http://c") and cfg.token == "t"
+
+
+def test_from_env_missing():
+    with pytest.raises(ValueError, match="set BLOBSDK_CONFIG, or BLOBSDK_API_URL and BLOBSDK_BLOCK_URLS"):
+        ClientConfig.from_env({})
