@@ -4,6 +4,7 @@ aiohttp failure translated into the blobsdk exception tree at this boundary."""
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -42,7 +43,7 @@ class HttpEndpoint:
 
     async def call(self, method: str, route: str, body: Any, kind: type[T]) -> T:
         """Send a msgpack body, decode a msgpack answer into ``kind``."""
-        data = None if body is None else encode(body)
+        data = None if body is None else io.BytesIO(encode(body))  # bytes > 1 MiB make aiohttp warn
         headers = self.headers if data is None else {**self.headers, "Content-Type": MSGPACK}
         async with self.request(method, route, data=data, headers=headers) as resp:
             payload = await resp.read()

@@ -1,18 +1,14 @@
 import asyncio
-import os
-from pathlib import Path
 
 import pytest
 
 import blobsdk
-from blobsdk.config import WriteConfig
 from blobsdk.errors import (
     BlobNotFound,
     ClientClosed,
     CorruptData,
     InvalidPath,
     PreconditionFailed,
-    Unavailable,
 )
 from tests.conftest import SMALL
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from ..errors import BadRequest
+from ..paths import validate_path, validate_prefix
 from ..wire import BlobInfo, CommitOp, ReadPlan
 
 
@@ -43,6 +45,10 @@ class MetadataStore(Protocol):
         """Every live blob under ``prefix``, sorted; fetched ``limit`` at a time."""
         ...
 
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+        """One page of every live plan, sorted by path, and the cursor of the next page."""
+        ...
+
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         """Every live plan (for garbage collection)."""
         ...
@@ -63,6 +69,17 @@ async def iterate_pages(
             return
 
 
+async def iterate_plans(store: MetadataStore, page: int = 1000) -> AsyncIterator[ReadPlan]:
+    """Shared ``iter_plans`` implementation over ``scan_page``."""
+    cursor: str | None = None
+    while True:
+        plans, cursor = await store.scan_page(cursor, page)
+        for plan in plans:
+            yield plan
+        if cursor is None:
+            return
+
+
 MAX_LIST_LIMIT = 10_000
 
 
@@ -76,3 +93,25 @@ def check_if_version(if_version: int | None) -> int | None:
     if if_version is not None and (not isinstance(if_version, int) or if_version < 0):
         raise ValueError(f"if_version must be None or an int >= 0, got {if_version!r}")
     return if_version
+
+
+def check_commit_op(op: CommitOp) -> None:
+    """InvalidPath / ValueError / BadRequest for an op no store may apply."""
+    validate_path(op.path)
+    check_if_version(op.if_version)
+    if op.plan.path != op.path:
+        raise BadRequest(f"plan.path {op.plan.path!r} does not match the committed path {op.path!r}")
+
+
+def check_cursor(start_after: object) -> None:
+    if start_after is None:
+        return
+    if not isinstance(start_after, str):
+        raise ValueError(f"start_after must be None or str, not {type(start_after).__name__}")
+    start_after.encode("utf-8")  # UnicodeEncodeError (a ValueError) for lone surrogates
+
+
+def check_list_args(prefix: str, start_after: str | None, limit: int) -> None:
+    validate_prefix(prefix)
+    check_cursor(start_after)
+    check_limit(limit)

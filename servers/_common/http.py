@@ -30,7 +30,12 @@ async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BO
     malformed, of the wrong shape, or larger than ``max_bytes``."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise BadRequest(f"request body of {request.content_length} bytes exceeds {max_bytes}")
-    body = await request.content.read(max_bytes + 1)
+    body = bytearray()
+    while len(body) <= max_bytes:  # read() returns what has arrived so far: loop
+        piece = await request.content.read(max_bytes + 1 - len(body))
+        if not piece:
+            break
+        body += piece
     if len(body) > max_bytes:
         raise BadRequest(f"request body exceeds {max_bytes} bytes")
     try:
@@ -124,6 +129,9 @@ class Metrics:
         return web.Response(text=self.render(), content_type="text/plain")
 
 
+METRICS_KEY = web.AppKey("metrics", Metrics)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
@@ -135,7 +143,7 @@ def base_app(server: str, token: str | None = None, client_max_size: int = MAX_B
         middlewares=[metrics.middleware, errors_middleware, auth_middleware(token)],
         client_max_size=client_max_size,
     )
-    app["metrics"] = metrics
+    app[METRICS_KEY] = metrics
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics.handle)
     return app

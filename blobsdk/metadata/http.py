@@ -1,0 +1,139 @@
+"""HTTP metadata store: the client of the metadata API server (``servers/api.py``).
+
+Arguments are checked here exactly as the embedded store checks them, so a bad path fails
+the same way without a round trip; the server checks them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Self, TypeVar
+
+import aiohttp
+
+from .._http import HttpEndpoint
+from ..errors import BadRequest, BlobNotFound, Unavailable
+from ..paths import validate_path
+from ..wire import (
+    BlobInfo,
+    CommitOp,
+    CommitRequest,
+    CommitResponse,
+    DeleteRequest,
+    DeleteResponse,
+    GetPlansRequest,
+    GetPlansResponse,
+    ListRequest,
+    ListResponse,
+    ReadPlan,
+    ScanRequest,
+    ScanResponse,
+)
+from .base import check_commit_op, check_cursor, check_if_version, check_limit, check_list_args, iterate_pages, iterate_plans
+
+T = TypeVar("T")
+
+MAX_PATHS_PER_REQUEST = 1000  # the server's bound on GetPlansRequest.paths
+MAX_OPS_PER_REQUEST = 1000  # the server's bound on CommitRequest.ops
+
+
+class HttpMetadataStore:
+    """MetadataStore over HTTP.  Uses, but never closes, the caller's ``session``.
+
+    ``get_plans`` splits long lists into concurrent requests of at most 1000 paths (so a long
+    list is not one snapshot).  ``commit_many`` is one request, because atomicity cannot span
+    requests: more than 1000 ops raise BadRequest.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
+        self._http = HttpEndpoint(session, base_url, token)
+
+    def __repr__(self) -> str:
+        return f"HttpMetadataStore({self._http.base_url!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Nothing to release: the session belongs to the caller."""
+
+    async def get_plan(self, path: str) -> ReadPlan:
+        (plan,) = await self.get_plans([path])
+        if plan is None:
+            raise BlobNotFound(f"no blob at {path!r}")
+        return plan
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
+        paths = [validate_path(path) for path in paths]
+        step = MAX_PATHS_PER_REQUEST
+        pages = await _gather([self._get_plans(paths[i : i + step]) for i in range(0, len(paths), step)])
+        return [plan for page in pages for plan in page]
+
+    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
+        (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
+        return committed
+
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        ops = list(ops)
+        for op in ops:
+            check_commit_op(op)
+        if len(ops) > MAX_OPS_PER_REQUEST:
+            raise BadRequest(f"commit_many of {len(ops)} ops exceeds the atomic limit of {MAX_OPS_PER_REQUEST}")
+        if not ops:
+            return []
+        response = await self._http.call("POST", "/v1/commit", CommitRequest(ops=ops), CommitResponse)
+        return response.plans
+
+    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+        request = DeleteRequest(path=validate_path(path), if_version=check_if_version(if_version))
+        return (await self._http.call("POST", "/v1/delete", request, DeleteResponse)).deleted
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[list[BlobInfo], str | None]:
+        check_list_args(prefix, start_after, limit)
+        request = ListRequest(prefix=prefix, start_after=start_after, limit=limit)
+        response = await self._http.call("POST", "/v1/list", request, ListResponse)
+        return response.items, response.next_start_after
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        check_list_args(prefix, start_after, limit)  # now, not at the first iteration
+        return iterate_pages(self, prefix, start_after, limit)
+
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+        """One page of every live plan, sorted by path, and the cursor of the next page."""
+        check_cursor(start_after)
+        check_limit(limit)
+        request = ScanRequest(start_after=start_after, limit=limit)
+        response = await self._http.call("POST", "/v1/scan", request, ScanResponse)
+        return response.plans, response.next_start_after
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        return iterate_plans(self)
+
+    async def _get_plans(self, paths: list[str]) -> list[ReadPlan | None]:
+        response = await self._http.call("POST", "/v1/plans", GetPlansRequest(paths=paths), GetPlansResponse)
+        if len(response.plans) != len(paths):
+            raise Unavailable(f"{self!r} answered {len(response.plans)} plans for {len(paths)} paths")
+        return response.plans
+
+
+async def _gather(calls: list[Awaitable[T]]) -> list[T]:
+    """Like asyncio.gather, but the first failure cancels and awaits the others, so no task
+    outlives the call."""
+    if len(calls) <= 1:
+        return [await call for call in calls]
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        for task in tasks:  # mark later failures as seen; the first one is already raised
+            if not task.cancelled():
+                task.exception()

@@ -1,0 +1,321 @@
+"""SQLite metadata store: the embedded default :class:`~blobsdk.metadata.base.MetadataStore`.
+
+Layout: one row per path in ``plans``.  A live row holds the msgpack ReadPlan plus its BlobInfo
+columns (so listing never decodes plans); a deleted path keeps a *tombstone* row whose only
+non-NULL columns are ``path`` and ``version``, which keeps the version counter monotonic across
+delete and re-create.  Lookups are primary-key lookups; listing is a primary-key range scan.
+
+Durability: WAL journal with ``synchronous=FULL``, so the WAL is fsynced before a commit
+returns; ``NORMAL`` would let a power loss drop an acknowledged commit (DESIGN §1 inv. 4).
+
+Threading: sqlite3 calls block, so every one of them runs on one dedicated worker thread that
+owns the connection; the event loop only waits on futures.  Calls run in submission order.
+Cancelling a caller drops its call if it has not started; a commit already running still
+completes (as with any remote store, a cancelled commit may or may not have happened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Self, TypeVar
+
+import msgspec
+
+from ..errors import BlobError, BlobNotFound, ClientClosed, PreconditionFailed, Unavailable
+from ..paths import validate_path
+from ..wire import BlobInfo, CommitOp, ReadPlan
+from .base import check_commit_op, check_cursor, check_if_version, check_limit, check_list_args, iterate_pages, iterate_plans
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    path TEXT PRIMARY KEY NOT NULL,
+    version INTEGER NOT NULL,  -- last assigned version; tombstones keep it
+    size INTEGER,
+    etag TEXT,                 -- NULL exactly for tombstones
+    created REAL,
+    chunks INTEGER,
+    plan BLOB                  -- msgpack ReadPlan; last, so listing never reads its overflow pages
+)
+"""
+# Tombstones have NULL etag; testing a small column keeps scans off the plan blobs.
+_LIVE = "etag IS NOT NULL"
+_INFO_COLUMNS = "path, version, size, etag, created, chunks"
+_UPSERT = "REPLACE INTO plans (path, version, size, etag, created, chunks, plan) VALUES (?, ?, ?, ?, ?, ?, ?)"
+_TOMBSTONE = "UPDATE plans SET size = NULL, etag = NULL, created = NULL, chunks = NULL, plan = NULL WHERE path = ?"
+_IN_CHUNK = 500  # stays well under SQLITE_MAX_VARIABLE_NUMBER on old builds
+
+_plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class SqliteMetadataStore:
+    """MetadataStore over one SQLite file (``":memory:"`` works too, without durability).
+
+    The connection opens lazily on first use, or eagerly with ``await store.open()`` or
+    ``async with SqliteMetadataStore(path) as store`` (so a bad path fails early).
+    ``aclose()`` closes the connection and stops the worker thread; any later call raises
+    ClientClosed.  ``busy_timeout`` bounds the wait for another process's write lock before
+    a call fails with Unavailable.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+        self.path = os.fspath(path)
+        self.busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SqliteMetadataStore({self.path!r})"
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> Self:
+        """Connect and create the schema now rather than on first use (idempotent)."""
+        await self._run(_noop)
+        return self
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the worker thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            # Queued behind every call already submitted, so those finish first.
+            await asyncio.wrap_future(executor.submit(self._disconnect))
+        finally:
+            executor.shutdown(wait=False)
+
+    # --- MetadataStore -------------------------------------------------------------------
+
+    async def get_plan(self, path: str) -> ReadPlan:
+        validate_path(path)
+        plan = await self._run(_select_plan, path)
+        if plan is None:
+            raise BlobNotFound(f"no blob at {path!r}")
+        return plan
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
+        paths = list(paths)
+        for path in paths:
+            validate_path(path)
+        found = await self._run(_select_plans, list(dict.fromkeys(paths)))
+        return [found.get(path) for path in paths]
+
+    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
+        (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
+        return committed
+
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        """All ops in one transaction; ops naming the same path apply in order."""
+        ops = list(ops)
+        for op in ops:
+            check_commit_op(op)
+        if not ops:
+            return []
+        return await self._run(_commit_ops, ops)
+
+    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+        validate_path(path)
+        check_if_version(if_version)
+        return await self._run(_delete, path, if_version)
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[list[BlobInfo], str | None]:
+        check_list_args(prefix, start_after, limit)
+        return await self._run(_list_page, prefix, start_after, limit)
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        check_list_args(prefix, start_after, limit)  # now, not at the first iteration
+        return iterate_pages(self, prefix, start_after, limit)
+
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+        """One page of every live plan, sorted by path, and the cursor of the next page."""
+        check_cursor(start_after)
+        check_limit(limit)
+        return await self._run(_scan_page, start_after, limit)
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        return iterate_plans(self)
+
+    # --- the worker thread -----------------------------------------------------------------
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise ClientClosed(f"{self!r} is closed")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blobsdk-sqlite")
+        return self._executor
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.wrap_future(self._worker().submit(self._call, fn, *args))
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(self._connection(), *args)
+        except sqlite3.OperationalError as exc:  # locked, busy, I/O error, cannot open
+            raise Unavailable(f"metadata database {self.path!r}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise BlobError(f"metadata database {self.path!r}: {type(exc).__name__}: {exc}") from exc
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = _connect(self.path, self.busy_timeout)
+        return self._conn
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+# --- SQL, run on the worker thread ---------------------------------------------------------
+
+
+def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves, sqlite3 must not.
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        _atomic(conn, lambda: _create_schema(conn))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise BlobError(f"metadata schema version {found} is newer than this blobsdk's {SCHEMA_VERSION}")
+    conn.execute(_SCHEMA)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _atomic(conn: sqlite3.Connection, work: Callable[[], T], begin: str = "BEGIN IMMEDIATE") -> T:
+    """Run ``work`` in one transaction.  IMMEDIATE takes the write lock up front, so the
+    version read and the write that depends on it cannot interleave with another writer."""
+    conn.execute(begin)
+    try:
+        result = work()
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        if conn.in_transaction:  # SQLite already rolled back after some errors
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _noop(conn: sqlite3.Connection) -> None:
+    return None
+
+
+def _select_plan(conn: sqlite3.Connection, path: str) -> ReadPlan | None:
+    row = conn.execute(f"SELECT plan FROM plans WHERE path = ? AND {_LIVE}", (path,)).fetchone()
+    return None if row is None else _plan_decoder.decode(row[0])
+
+
+def _select_plans(conn: sqlite3.Connection, paths: list[str]) -> dict[str, ReadPlan]:
+    def work() -> dict[str, ReadPlan]:
+        found: dict[str, ReadPlan] = {}
+        for i in range(0, len(paths), _IN_CHUNK):
+            chunk = paths[i : i + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = conn.execute(f"SELECT path, plan FROM plans WHERE path IN ({marks}) AND {_LIVE}", chunk)
+            found.update((path, _plan_decoder.decode(blob)) for path, blob in rows)
+        return found
+
+    # Several chunks read in one transaction see one snapshot, like a single query would.
+    return _atomic(conn, work, "BEGIN") if len(paths) > _IN_CHUNK else work()
+
+
+def _commit_ops(conn: sqlite3.Connection, ops: list[CommitOp]) -> list[ReadPlan]:
+    now = time.time()
+    return _atomic(conn, lambda: [_commit_one(conn, op, now) for op in ops])
+
+
+def _commit_one(conn: sqlite3.Connection, op: CommitOp, now: float) -> ReadPlan:
+    row = conn.execute("SELECT version, etag IS NOT NULL FROM plans WHERE path = ?", (op.path,)).fetchone()
+    last, live = (0, None) if row is None else (row[0], row[0] if row[1] else None)
+    _check_precondition(op.path, op.if_version, live)
+    plan = msgspec.structs.replace(op.plan, version=last + 1, created=now)
+    values = (plan.path, plan.version, plan.size, plan.etag, plan.created, len(plan.chunks), _encoder.encode(plan))
+    conn.execute(_UPSERT, values)
+    return plan
+
+
+def _delete(conn: sqlite3.Connection, path: str, if_version: int | None) -> BlobInfo:
+    def work() -> BlobInfo:
+        row = conn.execute(f"SELECT {_INFO_COLUMNS} FROM plans WHERE path = ? AND {_LIVE}", (path,)).fetchone()
+        if row is None:
+            raise BlobNotFound(f"no blob at {path!r}")
+        info = _info(row)
+        _check_precondition(path, if_version, info.version)
+        conn.execute(_TOMBSTONE, (path,))
+        return info
+
+    return _atomic(conn, work)
+
+
+def _check_precondition(path: str, if_version: int | None, live: int | None) -> None:
+    """``live`` is the live version, None when the path has none (live versions are >= 1)."""
+    if if_version is None or if_version == (live or 0):
+        return
+    expected = "no live version (if_version=0)" if if_version == 0 else f"version {if_version}"
+    actual = "no live version" if live is None else f"version {live}"
+    raise PreconditionFailed(f"precondition failed for {path!r}: expected {expected}, found {actual}")
+
+
+def _list_page(
+    conn: sqlite3.Connection, prefix: str, start_after: str | None, limit: int
+) -> tuple[list[BlobInfo], str | None]:
+    # A range on the primary key, not LIKE: '%' and '_' are legal in paths.
+    if start_after is not None and start_after >= prefix:
+        op, lower = ">", start_after
+    else:
+        op, lower = ">=", prefix
+    sql = f"SELECT {_INFO_COLUMNS} FROM plans WHERE path {op} ? AND path < ? AND {_LIVE} ORDER BY path LIMIT ?"
+    rows = conn.execute(sql, (lower, prefix_end(prefix), limit + 1)).fetchall()
+    items = [_info(row) for row in rows[:limit]]
+    return items, (items[-1].path if len(rows) > limit else None)
+
+
+def _scan_page(conn: sqlite3.Connection, start_after: str | None, limit: int) -> tuple[list[ReadPlan], str | None]:
+    sql = f"SELECT plan FROM plans WHERE path > ? AND {_LIVE} ORDER BY path LIMIT ?"
+    # Every path starts with '/', so '' sorts before all of them.
+    rows = conn.execute(sql, (start_after or "", limit + 1)).fetchall()
+    plans = [_plan_decoder.decode(row[0]) for row in rows[:limit]]
+    return plans, (plans[-1].path if len(rows) > limit else None)
+
+
+def _info(row: tuple[Any, ...]) -> BlobInfo:
+    path, version, size, etag, created, chunks = row
+    return BlobInfo(path=path, version=version, size=size, etag=etag, created=created, chunks=chunks)
+
+
+def prefix_end(prefix: str) -> str:
+    """An exclusive upper bound: ``prefix <= s < prefix_end(prefix)`` iff ``s`` starts with
+    ``prefix``, for any valid path ``s``.  SQLite's BINARY collation compares UTF-8 bytes,
+    which orders like Python's code-point comparison."""
+    stem = prefix.rstrip("\U0010ffff")  # a maximal last character cannot be incremented
+    last = ord(stem[-1]) + 1
+    if 0xD800 <= last <= 0xDFFF:  # surrogates never occur in a valid (UTF-8) path
+        last = 0xE000
+    return stem[:-1] + chr(last)

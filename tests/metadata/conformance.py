@@ -1,0 +1,301 @@
+"""The MetadataStore conformance suite (semantics of blobsdk/metadata/base.py).
+
+Each backend's test module subclasses :class:`MetadataStoreTests` and provides an async
+``store`` fixture yielding an open, empty store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from blobsdk.errors import BadRequest, BlobNotFound, InvalidPath, PreconditionFailed
+from blobsdk.wire import BlobInfo, ChunkRef, CommitOp, ReadPlan, etag_of
+
+INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00x", "/b/" + "x" * 1022]
+
+
+def make_plan(path: str, size: int = 10, seed: int = 0) -> ReadPlan:
+    """An uncommitted plan of two chunks whose content depends on ``seed``."""
+    chunks = tuple(
+        ChunkRef(block_id=f"blk{seed}", offset=i * 8, length=8, raw_length=8, checksum=seed * 100 + i)
+        for i in range(2)
+    )
+    return ReadPlan(path=path, version=0, etag=etag_of(chunks, size), size=size, chunk_size=8, chunks=chunks)
+
+
+async def put(store, path: str, seed: int = 0, if_version: int | None = None) -> ReadPlan:
+    return await store.commit(path, make_plan(path, seed=seed), if_version)
+
+
+async def put_all(store, paths: list[str]) -> None:
+    await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths])
+
+
+async def all_listed(store, prefix: str, limit: int = 1000) -> list[str]:
+    return [info.path async for info in store.list(prefix, limit=limit)]
+
+
+class MetadataStoreTests:
+    """Every MetadataStore backend passes these."""
+
+    # --- reads of missing paths ----------------------------------------------------------
+
+    async def test_get_missing_raises_blob_not_found(self, store):
+        with pytest.raises(BlobNotFound) as exc:
+            await store.get_plan("/b/missing")
+        assert type(exc.value) is BlobNotFound
+        assert "/b/missing" in str(exc.value)
+
+    async def test_get_plans_aligns_missing_with_none(self, store):
+        committed = await put(store, "/b/there")
+        got = await store.get_plans(["/b/nope", "/b/there", "/b/nope2", "/b/there"])
+        assert got == [None, committed, None, committed]
+        assert await store.get_plans([]) == []
+
+    # --- commit and versions -------------------------------------------------------------
+
+    async def test_commit_assigns_versions_and_created(self, store):
+        before = time.time()
+        versions = [(await put(store, "/b/x", seed=i)).version for i in range(3)]
+        assert versions == [1, 2, 3]
+        latest = await store.get_plan("/b/x")
+        assert latest.version == 3 and latest.chunks == make_plan("/b/x", seed=2).chunks
+        assert before - 1 <= latest.created <= time.time() + 1
+
+    async def test_commit_keeps_caller_fields(self, store):
+        plan = make_plan("/b/x", size=16, seed=7)
+        committed = await store.commit("/b/x", plan)
+        assert committed == msgspec.structs.replace(plan, version=1, created=committed.created)
+        assert await store.get_plan("/b/x") == committed
+
+    async def test_version_monotonic_across_delete_and_recreate(self, store):
+        await put(store, "/b/x")
+        await put(store, "/b/x")
+        await store.delete("/b/x")
+        recreated = await put(store, "/b/x", if_version=0)
+        assert recreated.version == 3
+
+    async def test_create_only(self, store):
+        assert (await put(store, "/b/x", if_version=0)).version == 1
+        with pytest.raises(PreconditionFailed) as exc:
+            await put(store, "/b/x", seed=1, if_version=0)
+        assert "/b/x" in str(exc.value) and "version 1" in str(exc.value)
+        assert (await store.get_plan("/b/x")).chunks == make_plan("/b/x").chunks
+
+    async def test_if_version_match(self, store):
+        await put(store, "/b/x")
+        assert (await put(store, "/b/x", seed=1, if_version=1)).version == 2
+        assert (await put(store, "/b/x", seed=2, if_version=2)).version == 3
+
+    async def test_if_version_mismatch_names_path_and_versions(self, store):
+        await put(store, "/b/x")
+        await put(store, "/b/x")
+        with pytest.raises(PreconditionFailed) as exc:
+            await put(store, "/b/x", seed=9, if_version=1)
+        message = str(exc.value)
+        assert "/b/x" in message and "version 1" in message and "version 2" in message
+        assert (await store.get_plan("/b/x")).version == 2
+
+    async def test_if_version_on_missing_or_deleted_path(self, store):
+        with pytest.raises(PreconditionFailed):
+            await put(store, "/b/x", if_version=1)
+        await put(store, "/b/x")
+        await store.delete("/b/x")
+        with pytest.raises(PreconditionFailed):
+            await put(store, "/b/x", if_version=1)  # version 1 exists only as a tombstone
+
+    async def test_negative_if_version_is_value_error(self, store):
+        with pytest.raises(ValueError):
+            await put(store, "/b/x", if_version=-1)
+        with pytest.raises(ValueError):
+            await store.delete("/b/x", if_version=-1)
+
+    async def test_plan_path_mismatch_is_bad_request(self, store):
+        with pytest.raises(BadRequest):
+            await store.commit("/b/x", make_plan("/b/y"))
+        assert await store.get_plans(["/b/x", "/b/y"]) == [None, None]
+
+    # --- delete --------------------------------------------------------------------------
+
+    async def test_delete_returns_info_and_hides_blob(self, store):
+        committed = await put(store, "/b/x")
+        info = await store.delete("/b/x")
+        assert info == committed.info()
+        assert isinstance(info, BlobInfo)
+        with pytest.raises(BlobNotFound):
+            await store.get_plan("/b/x")
+
+    async def test_delete_missing_raises_blob_not_found(self, store):
+        with pytest.raises(BlobNotFound) as exc:
+            await store.delete("/b/never")
+        assert "/b/never" in str(exc.value)
+        await put(store, "/b/x")
+        await store.delete("/b/x")
+        with pytest.raises(BlobNotFound):
+            await store.delete("/b/x")
+
+    async def test_delete_if_version(self, store):
+        await put(store, "/b/x")
+        await put(store, "/b/x")
+        for wrong in (0, 1, 3):
+            with pytest.raises(PreconditionFailed):
+                await store.delete("/b/x", if_version=wrong)
+        assert (await store.get_plan("/b/x")).version == 2
+        assert (await store.delete("/b/x", if_version=2)).version == 2
+
+    # --- commit_many ---------------------------------------------------------------------
+
+    async def test_commit_many_applies_all(self, store):
+        await put(store, "/b/a")
+        ops = [
+            CommitOp(path="/b/a", plan=make_plan("/b/a", seed=1), if_version=1),
+            CommitOp(path="/b/b", plan=make_plan("/b/b"), if_version=0),
+            CommitOp(path="/b/c", plan=make_plan("/b/c")),
+        ]
+        committed = await store.commit_many(ops)
+        assert [(p.path, p.version) for p in committed] == [("/b/a", 2), ("/b/b", 1), ("/b/c", 1)]
+        assert await store.get_plans(["/b/a", "/b/b", "/b/c"]) == committed
+        assert await store.commit_many([]) == []
+
+    async def test_commit_many_is_atomic(self, store):
+        await put(store, "/b/a")
+        ops = [
+            CommitOp(path="/b/new", plan=make_plan("/b/new")),
+            CommitOp(path="/b/a", plan=make_plan("/b/a", seed=1)),
+            CommitOp(path="/b/a", plan=make_plan("/b/a", seed=2), if_version=1),  # a is at 2 by now
+        ]
+        with pytest.raises(PreconditionFailed):
+            await store.commit_many(ops)
+        assert await store.get_plans(["/b/new"]) == [None]
+        assert (await store.get_plan("/b/a")).version == 1
+        assert (await put(store, "/b/new")).version == 1  # the failed batch consumed no version
+
+    async def test_commit_many_checks_every_op_first(self, store):
+        ops = [CommitOp(path="/b/ok", plan=make_plan("/b/ok")), CommitOp(path="/b//bad", plan=make_plan("/b//bad"))]
+        with pytest.raises(InvalidPath):
+            await store.commit_many(ops)
+        assert await store.get_plans(["/b/ok"]) == [None]
+
+    # --- list ----------------------------------------------------------------------------
+
+    async def test_list_sorted_and_paged(self, store):
+        paths = [f"/b/k{i:03d}" for i in range(25)]
+        await put_all(store, list(reversed(paths)))
+        page, cursor = await store.list_page("/b/", limit=10)
+        assert [i.path for i in page] == paths[:10] and cursor == paths[9]
+        page, cursor = await store.list_page("/b/", cursor, limit=10)
+        assert [i.path for i in page] == paths[10:20]
+        page, cursor = await store.list_page("/b/", cursor, limit=10)
+        assert [i.path for i in page] == paths[20:] and cursor is None
+        assert await all_listed(store, "/b/", limit=7) == paths
+
+    async def test_list_items_are_blob_infos(self, store):
+        committed = await put(store, "/b/x")
+        assert [info async for info in store.list("/b")] == [committed.info()]
+
+    async def test_list_prefix_is_exact_string_prefix(self, store):
+        await put_all(store, ["/b/a", "/b/a/x", "/b/ab", "/b/b", "/c/a", "/ba/x"])
+        assert await all_listed(store, "/b/a") == ["/b/a", "/b/a/x", "/b/ab"]
+        assert await all_listed(store, "/b/a/") == ["/b/a/x"]
+        assert await all_listed(store, "/b") == ["/b/a", "/b/a/x", "/b/ab", "/b/b", "/ba/x"]
+        assert await all_listed(store, "/b/") == ["/b/a", "/b/a/x", "/b/ab", "/b/b"]
+        assert await all_listed(store, "/") == sorted(["/b/a", "/b/a/x", "/b/ab", "/b/b", "/c/a", "/ba/x"])
+        assert await all_listed(store, "/zzz") == []
+
+    async def test_list_treats_percent_and_underscore_literally(self, store):
+        await put_all(store, ["/b/x%y", "/b/x_y", "/b/xay", "/b/xzy", "/b/x%%"])
+        assert await all_listed(store, "/b/x%") == ["/b/x%%", "/b/x%y"]
+        assert await all_listed(store, "/b/x_") == ["/b/x_y"]
+        assert await store.get_plans(["/b/x%y", "/b/x_y"]) != [None, None]
+
+    async def test_list_non_ascii_in_code_point_order(self, store):
+        paths = ["/b/z", "/b/é", "/b/日本", "/b/\U0001f600", "/b/\uffff", "/b/\U0010ffff", "/b/\U0010ffffa"]
+        await put_all(store, paths)
+        assert await all_listed(store, "/b/") == sorted(paths)
+        assert await all_listed(store, "/b/\U0010ffff") == ["/b/\U0010ffff", "/b/\U0010ffffa"]
+        assert await all_listed(store, "/b/\ud7ff") == []
+
+    async def test_list_start_after_is_exclusive(self, store):
+        await put_all(store, ["/b/a", "/b/b", "/b/c", "/d/a"])
+        assert [i.path async for i in store.list("/b/", start_after="/b/a")] == ["/b/b", "/b/c"]
+        assert [i.path async for i in store.list("/b/", start_after="/b/bb")] == ["/b/c"]
+        assert [i.path async for i in store.list("/b/", start_after="/a")] == ["/b/a", "/b/b", "/b/c"]
+        assert [i.path async for i in store.list("/b/", start_after="/c")] == []
+
+    async def test_list_skips_deleted(self, store):
+        await put_all(store, ["/b/a", "/b/b", "/b/c"])
+        await store.delete("/b/b")
+        page, cursor = await store.list_page("/b/", limit=2)
+        assert [i.path for i in page] == ["/b/a", "/b/c"] and cursor is None
+
+    @pytest.mark.parametrize("limit", [0, -1, 10_001, 1.5])
+    async def test_list_limit_validation(self, store, limit):
+        with pytest.raises(ValueError):
+            await store.list_page("/b/", limit=limit)
+        with pytest.raises(ValueError):
+            store.list("/b/", limit=limit)
+        with pytest.raises(ValueError):
+            await store.scan_page(None, limit)
+
+    @pytest.mark.parametrize("prefix", ["", "b", "//", "/b//", "/b/../", "/b\x00"])
+    async def test_invalid_prefix(self, store, prefix):
+        with pytest.raises(InvalidPath):
+            await store.list_page(prefix)
+
+    # --- path validation -----------------------------------------------------------------
+
+    @pytest.mark.parametrize("path", INVALID_PATHS)
+    async def test_invalid_paths_rejected_everywhere(self, store, path):
+        calls = [
+            lambda: store.get_plan(path),
+            lambda: store.get_plans(["/b/ok", path]),
+            lambda: store.commit(path, make_plan(path)),
+            lambda: store.commit_many([CommitOp(path=path, plan=make_plan(path))]),
+            lambda: store.delete(path),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidPath):
+                await call()
+
+    async def test_longest_path_is_valid(self, store):
+        path = "/b/" + "x" * 1021
+        assert len(path.encode()) == 1024
+        assert (await put(store, path)).path == path
+
+    # --- scanning and concurrency --------------------------------------------------------
+
+    async def test_iter_plans_yields_every_live_plan(self, store):
+        paths = [f"/b{i % 3}/k{i}" for i in range(40)]
+        await put_all(store, paths)
+        await store.delete(paths[0])
+        plans = [plan async for plan in store.iter_plans()]
+        assert [p.path for p in plans] == sorted(paths[1:])
+        assert all(p.version == 1 for p in plans)
+
+    async def test_scan_page_cursor(self, store):
+        await put_all(store, ["/a/x", "/b/x", "/c/x"])
+        plans, cursor = await store.scan_page(None, 2)
+        assert [p.path for p in plans] == ["/a/x", "/b/x"] and cursor == "/b/x"
+        plans, cursor = await store.scan_page(cursor, 2)
+        assert [p.path for p in plans] == ["/c/x"] and cursor is None
+
+    async def test_concurrent_cas_exactly_one_wins(self, store):
+        await put(store, "/b/x")
+        results = await asyncio.gather(
+            *(put(store, "/b/x", seed=i, if_version=1) for i in range(20)), return_exceptions=True
+        )
+        winners = [r for r in results if isinstance(r, ReadPlan)]
+        assert len(winners) == 1 and winners[0].version == 2
+        assert all(isinstance(r, PreconditionFailed) for r in results if r is not winners[0])
+        assert await store.get_plan("/b/x") == winners[0]
+
+    async def test_concurrent_create_only_exactly_one_wins(self, store):
+        results = await asyncio.gather(
+            *(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True
+        )
+        assert sum(isinstance(r, ReadPlan) for r in results) == 1
+        assert sum(isinstance(r, PreconditionFailed) for r in results) == 19

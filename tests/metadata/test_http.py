@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from blobsdk.errors import BadRequest, ClientClosed, Unavailable
+from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.http import MAX_PATHS_PER_REQUEST, HttpMetadataStore
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.wire import CommitOp
+from servers.api import make_app
+from tests.helpers import running_app
+
+from .conformance import MetadataStoreTests, make_plan, put
+
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def api_url(tmp_path):
+    async with running_app(make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"))) as url:
+        yield url
+
+
+class TestHttpMetadataStore(MetadataStoreTests):
+    @pytest.fixture
+    async def store(self, session, api_url):
+        async with HttpMetadataStore(session, api_url) as store:
+            yield store
+
+
+async def test_is_a_metadata_store(session, api_url):
+    assert isinstance(HttpMetadataStore(session, api_url), MetadataStore)
+
+
+async def test_get_plans_splits_long_lists(session, api_url):
+    store = HttpMetadataStore(session, api_url)
+    count = 2 * MAX_PATHS_PER_REQUEST + 500
+    paths = [f"/b/k{i:05d}" for i in range(count)]
+    await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[::3]])
+    got = await store.get_plans(paths)
+    assert [plan is not None for plan in got] == [i % 3 == 0 for i in range(count)]
+    assert all(plan.path == path for plan, path in zip(got, paths) if plan is not None)
+
+
+async def test_commit_many_over_the_atomic_limit_is_bad_request(session, api_url):
+    store = HttpMetadataStore(session, api_url)
+    ops = [CommitOp(path=f"/b/k{i}", plan=make_plan(f"/b/k{i}")) for i in range(1001)]
+    with pytest.raises(BadRequest, match="1001"):
+        await store.commit_many(ops)
+    assert await store.get_plans(["/b/k0"]) == [None]
+
+
+async def test_unreachable_server_is_unavailable(session, tmp_path):
+    async with running_app(make_app(SqliteMetadataStore(tmp_path / "m.sqlite"))) as url:
+        pass  # the port is free again once the app stopped
+    with pytest.raises(Unavailable):
+        await HttpMetadataStore(session, url).get_plan("/b/x")
+
+
+async def test_aclose_leaves_the_session_open(session, api_url):
+    async with HttpMetadataStore(session, api_url) as store:
+        await put(store, "/b/x")
+    assert not session.closed
+    assert (await HttpMetadataStore(session, api_url).get_plan("/b/x")).version == 1
+
+
+async def test_app_closes_its_store_on_cleanup(tmp_path):
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    async with running_app(make_app(store)):
+        await put(store, "/b/x")
+    with pytest.raises(ClientClosed):
+        await store.get_plan("/b/x")

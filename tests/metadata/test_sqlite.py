@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+import pytest
+
+from blobsdk.errors import BlobError, ClientClosed, Unavailable
+from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.sqlite import SqliteMetadataStore, prefix_end
+from blobsdk.wire import CommitOp
+
+from .conformance import MetadataStoreTests, make_plan, put
+
+
+class TestSqliteMetadataStore(MetadataStoreTests):
+    @pytest.fixture
+    async def store(self, tmp_path):
+        async with SqliteMetadataStore(tmp_path / "meta.sqlite") as store:
+            yield store
+
+
+async def test_is_a_metadata_store(tmp_path):
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        assert isinstance(store, MetadataStore)
+
+
+async def test_data_survives_close_and_reopen(tmp_path):
+    path = tmp_path / "m.sqlite"
+    async with SqliteMetadataStore(path) as store:
+        await put(store, "/b/kept")
+        await put(store, "/b/gone")
+        await store.delete("/b/gone")
+    async with SqliteMetadataStore(path) as store:
+        assert (await store.get_plan("/b/kept")).version == 1
+        assert (await put(store, "/b/gone", if_version=0)).version == 2  # the tombstone survived
+
+
+async def test_uses_wal_journal(tmp_path):
+    path = tmp_path / "m.sqlite"
+    async with SqliteMetadataStore(path) as store:
+        await put(store, "/b/x")
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+
+
+async def test_opens_lazily_and_open_is_idempotent(tmp_path):
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    try:
+        assert not (tmp_path / "m.sqlite").exists()
+        await put(store, "/b/x")
+        assert await store.open() is store
+        assert (await store.get_plan("/b/x")).version == 1
+    finally:
+        await store.aclose()
+
+
+async def test_unopenable_path_is_unavailable(tmp_path):
+    store = SqliteMetadataStore(tmp_path / "no" / "such" / "dir" / "m.sqlite")
+    with pytest.raises(Unavailable, match="unable to open"):
+        await store.open()
+    await store.aclose()
+
+
+async def test_not_a_database_is_blob_error(tmp_path):
+    path = tmp_path / "m.sqlite"
+    path.write_bytes(b"this is not a sqlite file" * 100)
+    store = SqliteMetadataStore(path)
+    with pytest.raises(BlobError) as exc:
+        await store.open()
+    assert not isinstance(exc.value, sqlite3.Error)
+    await store.aclose()
+
+
+async def test_use_after_close_raises_client_closed(tmp_path):
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    await put(store, "/b/x")
+    await store.aclose()
+    await store.aclose()  # idempotent
+    with pytest.raises(ClientClosed):
+        await store.get_plan("/b/x")
+    with pytest.raises(ClientClosed):
+        await store.open()
+
+
+async def test_calls_queued_before_close_complete(tmp_path):
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    writes = [asyncio.ensure_future(put(store, f"/b/k{i}")) for i in range(50)]
+    await asyncio.sleep(0)  # let every write submit its call
+    await store.aclose()
+    assert all(plan.version == 1 for plan in await asyncio.gather(*writes))
+
+
+async def test_write_lock_held_elsewhere_is_unavailable(tmp_path):
+    path = tmp_path / "m.sqlite"
+    async with SqliteMetadataStore(path, busy_timeout=0.1) as store:
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(Unavailable, match="locked"):
+                await put(store, "/b/x")
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert (await put(store, "/b/x")).version == 1  # the failed commit left no transaction open
+
+
+async def test_event_loop_keeps_running_during_a_large_commit(tmp_path):
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        ops = [CommitOp(path=f"/b/k{i:06d}", plan=make_plan(f"/b/k{i:06d}")) for i in range(40_000)]
+        ticks: list[float] = []
+
+        async def heartbeat() -> None:
+            while True:
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.005)
+
+        beat = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0.02)
+        start = time.perf_counter()
+        await store.commit_many(ops)
+        elapsed = time.perf_counter() - start
+        beat.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await beat
+        during = [t for t in ticks if t > start]
+        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+        assert elapsed > 0.1, "the commit must be long enough for the test to mean anything"
+        assert len(during) >= 5 and max(gaps) < 0.25, (elapsed, len(during), max(gaps))
+
+
+async def test_get_plans_beyond_one_in_chunk(tmp_path):
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        paths = [f"/b/k{i:05d}" for i in range(1200)]
+        await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[::2]])
+        got = await store.get_plans(paths)
+        assert [plan is not None for plan in got] == [i % 2 == 0 for i in range(1200)]
+        assert all(plan.path == path for plan, path in zip(got, paths) if plan is not None)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "end"),
+    [
+        ("/", "0"),
+        ("/b/a", "/b/b"),
+        ("/b/\U0010ffff", "/b0"),
+        ("/b/\ud7ff", "/b/\ue000"),
+        ("/b/\U0010ffffa", "/b/\U0010ffffb"),
+    ],
+)
+def test_prefix_end(prefix, end):
+    assert prefix_end(prefix) == end
