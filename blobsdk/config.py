@@ -102,19 +102,21 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return cls.from_dict(raw)
 
     def to_toml(self) -> str:
-        """Render as ``client.toml`` text (top-level keys and the [l1]/[l2] tables)."""
-        lines = [
-            f"api_url = {_q(self.api_url)}",
-            f"block_urls = [{', '.join(map(_q, self.block_urls))}]",
-            f"l3_urls = [{', '.join(map(_q, self.l3_urls))}]",
-            f"tracker_urls = [{', '.join(map(_q, self.tracker_urls))}]",
-        ]
+        """Render as ``client.toml`` text: the top-level keys, ``[l1]``, and every other
+        table whose settings differ from the defaults."""
+        lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS]
         if self.token:
-            lines.append(f"token = {_q(self.token)}")
-        lines += ["", "[l1]", f"capacity_bytes = {self.l1.capacity_bytes}"]
-        if self.l2 is not None:
-            lines += ["", "[l2]", f"dir = {_q(self.l2.dir)}", f"capacity_bytes = {self.l2.capacity_bytes}"]
+            lines.append(f"token = {_toml_value(self.token)}")
+        for table in ("l1", "l2", "write", "read", "timeouts"):
+            value = getattr(self, table)
+            if value is not None and (table == "l1" or value != _DEFAULTS.get(table)):
+                lines += ["", f"[{table}]"]
+                lines += [f"{k} = {_toml_value(v)}" for k, v in msgspec.structs.asdict(value).items() if v is not None]
         return "\n".join(lines) + "\n"
+
+
+_TOP_KEYS = ("api_url", "block_urls", "l3_urls", "tracker_urls")
+_DEFAULTS: dict[str, object] = {"l1": L1Config(), "write": WriteConfig(), "read": ReadConfig(), "timeouts": Timeouts()}
 
 
 def check_write_config(write: WriteConfig) -> None:
@@ -127,5 +129,11 @@ def check_write_config(write: WriteConfig) -> None:
         raise ValueError(f"parallel_blocks must be positive, got {write.parallel_blocks}")
 
 
-def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _toml_value(value: object) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(map(_toml_value, value)) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)

@@ -235,10 +235,10 @@ class _Batch:
     def _ready_count(self) -> int:
         """How many leading pending plans no longer touch the open block."""
         open_id = self._packer.open_block_id
-        n = len(self._pending)
-        while n and open_id in self._pending[n - 1][0].block_ids():
-            n -= 1
-        return n
+        for i, (plan, _) in enumerate(self._pending):
+            if open_id in plan.block_ids():
+                return i
+        return len(self._pending)
 
     def _start_commit(self, count: int) -> None:
         batch, self._pending = self._pending[:count], self._pending[count:]

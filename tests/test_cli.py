@@ -144,7 +144,9 @@ def test_store_from_environment_and_bad_config(tmp_path):
     assert result.returncode == 2 and "cannot load client config" in error_line(result)
 
 
-@pytest.mark.parametrize("args", [["frobnicate"], ["get", "/b/x", "--offset", "-1"], ["--local", "a", "--config", "b", "ls", "/"]])
+@pytest.mark.parametrize(
+    "args", [["frobnicate"], ["get", "/b/x", "--offset", "-1"], ["--local", "a", "--config", "b", "ls", "/"]]
+)
 def test_usage_errors_exit_2(args):
     assert run(*args).returncode == 2
 

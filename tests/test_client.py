@@ -212,3 +212,11 @@ async def test_corrupt_replica_is_skipped_for_a_good_one(tmp_path):
             stats = c.stats()["l4"]
             assert stats["corrupt"] >= 1 and stats["hits"] == 5
         await blocks.aclose()
+
+
+async def test_put_many_with_empty_blobs_between(client):
+    items = [("/b/small", b"x"), ("/b/empty", b""), ("/b/big", bytes(range(256)) * 4096), ("/b/empty2", b"")]
+    infos = await client.put_many(items)
+    assert [i.size for i in infos] == [1, 0, 1 << 20, 0]
+    for path, data in items:
+        assert await client.get(path) == data

@@ -73,3 +73,15 @@ def test_from_env_urls():
 def test_from_env_missing():
     with pytest.raises(ValueError, match="set BLOBSDK_CONFIG, or BLOBSDK_API_URL and BLOBSDK_BLOCK_URLS"):
         ClientConfig.from_env({})
+
+
+def test_to_toml_keeps_non_default_tables(tmp_path):
+    cfg = ClientConfig.from_dict(
+        {"api_url": "http://a", "block_urls": ["http://b", "http://c"], "write": {"write_quorum": 1, "chunk_size": 1024},
+         "timeouts": {"sock_read": 2.5}, "l2": {"dir": "/x"}}
+    )
+    text = cfg.to_toml()
+    assert "[write]" in text and "[timeouts]" in text and "[read]" not in text
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert ClientConfig.from_toml(path) == cfg

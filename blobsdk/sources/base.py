@@ -4,12 +4,15 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
 
 - ``write_block(block_id, parts)`` stores the concatenation of ``parts`` under ``block_id``
   and returns only once it is durable.  Blocks are immutable: writing an existing id with
-  the same bytes is a no-op, never a partial overwrite.
+  the same size is a no-op, with another size PreconditionFailed; never a partial overwrite.
 - ``read_into(block_id, offset, out)`` fills ``out`` (a writable memoryview) with the
   bytes at ``offset``; a missing block raises BlockNotFound, a range past the end of the
   block raises CorruptData (a plan never points past a block).
-- ``read_range`` is the same returning new bytes.
-- ``delete_block`` is idempotent; ``list_blocks`` yields every block, sorted by id.
+- ``read_range`` is the same returning new bytes.  A zero-length read returns ``b""``
+  after checking the id, without I/O.
+- ``delete_block`` is idempotent; ``list_blocks`` yields every block, sorted by id (a
+  replicated store fails the listing if any replica cannot list, rather than return an
+  incomplete union that gc could misread).
 - Block ids are 32 lowercase hex digits (:func:`new_block_id`); any other id is refused
   with BadRequest before it comes near a file name or URL.
 - ``replicas`` lists the independent copies a reader may fail over between (verifying

@@ -1,0 +1,32 @@
+# `make demo` and `make test` work on a fresh clone: they create .venv and install the
+# project (with its dev extras) first, again only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench install clean
+
+demo: $(STAMP)
+	$(VENV)/bin/blobsdk demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks put_get --quick
+
+install: $(STAMP)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "blobsdk needs Python >= 3.11; try: make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

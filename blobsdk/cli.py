@@ -1,0 +1,394 @@
+"""The ``blobsdk`` command (also ``python -m blobsdk``).
+
+    blobsdk [--local DIR | --config FILE] COMMAND ...
+
+The store is ``--local DIR`` (embedded: SQLite + a block directory), ``--config FILE`` (a
+cluster's ``client.toml``), or else the environment (``BLOBSDK_CONFIG``, or
+``BLOBSDK_API_URL`` + ``BLOBSDK_BLOCK_URLS``).  Exit codes: 0 ok, 1 an expected failure
+(``blobsdk: error: <message>`` on stderr, no traceback), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import mmap
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from .client import Client
+from .config import ClientConfig
+from .errors import BlobError, InvalidPath
+from .paths import validate_path, validate_prefix
+from .sources.base import Buffer
+
+MiB = 1 << 20
+MMAP_THRESHOLD = 4 * MiB  # import reads smaller files into memory, maps larger ones
+NO_STORE = "no store: pass --local DIR or --config FILE"
+
+Command = Callable[[Client, argparse.Namespace], Awaitable[int]]
+
+
+class UsageError(Exception):
+    """Bad invocation: exit code 2."""
+
+
+# --- store -----------------------------------------------------------------------------
+
+
+def open_client(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Client:
+    """The client the global options (or the environment) name."""
+    if args.local is not None:
+        return Client.local(args.local)
+    try:
+        if args.config is not None:
+            return Client(ClientConfig.from_toml(args.config))
+        if environ.get("BLOBSDK_CONFIG") or environ.get("BLOBSDK_API_URL"):
+            return Client(ClientConfig.from_env(dict(environ)))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load client config: {exc}") from exc
+    raise UsageError(NO_STORE)
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+async def cmd_put(client: Client, args: argparse.Namespace) -> int:
+    with _mapped(args.local_file) as data:
+        info = await client.put(args.path, data, if_version=args.if_version)
+    _print_json(info)
+    return 0
+
+
+async def cmd_get(client: Client, args: argparse.Namespace) -> int:
+    data = await client.get(args.path, args.offset, args.length)
+    if args.out in (None, "-"):
+        _write_stdout(data)
+    else:
+        await asyncio.to_thread(_write_file_atomic, Path(args.out), data)
+    return 0
+
+
+async def cmd_ls(client: Client, args: argparse.Namespace) -> int:
+    async for info in client.list(args.prefix):
+        if args.long:
+            print(f"{info.size:>14}  v{info.version:<5} {_iso(info.created)}  {info.path}")
+        else:
+            print(info.path)
+    return 0
+
+
+async def cmd_stat(client: Client, args: argparse.Namespace) -> int:
+    info = await client.stat(args.path)
+    print(msgspec.json.format(msgspec.json.encode(info), indent=2).decode())
+    return 0
+
+
+async def cmd_rm(client: Client, args: argparse.Namespace) -> int:
+    _print_json(await client.delete(args.path, if_version=args.if_version))
+    return 0
+
+
+async def cmd_gc(client: Client, args: argparse.Namespace) -> int:
+    _print_json(await client.gc(args.grace, dry_run=args.dry_run))
+    return 0
+
+
+async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
+    print(msgspec.json.format(msgspec.json.encode(client.stats()), indent=2).decode())
+    return 0
+
+
+async def cmd_import(client: Client, args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise UsageError(f"not a directory: {args.dir}")
+    progress = ProgressLine(sys.stderr)
+    tally = ImportTally(progress)
+    await client.put_many(_import_items(root, _key_prefix(args.prefix), tally), progress=progress.update)
+    progress.finish()
+    tally.report()
+    return 1 if tally.failed else 0
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    report = await run_demo(args.dir, args.size_mb, keep=args.keep)
+    if not report.ok:
+        print(f"blobsdk: error: demo verification failed: {report.problems}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --- import ----------------------------------------------------------------------------
+
+
+class ProgressLine:
+    """``files, MiB, MiB/s`` on one stderr line: rewritten in place on a TTY (at most 10
+    times a second), else printed every few seconds."""
+
+    def __init__(self, stream: IO[str], interval: float | None = None) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.interval = interval if interval is not None else (0.1 if self.tty else 5.0)
+        self.start = self.last = time.monotonic()
+        self.blobs = self.nbytes = 0
+
+    def update(self, blobs: int, nbytes: int) -> None:
+        self.blobs, self.nbytes = blobs, nbytes
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            self._emit(final=False)
+
+    def note(self, message: str) -> None:
+        """Print a message on its own line, without mangling the progress line."""
+        self.stream.write(("\r\x1b[K" if self.tty else "") + message + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        self._emit(final=True)
+
+    def text(self) -> str:
+        seconds = max(time.monotonic() - self.start, 1e-9)
+        mib = self.nbytes / MiB
+        return f"{self.blobs} files, {mib:.1f} MiB, {mib / seconds:.1f} MiB/s"
+
+    def _emit(self, final: bool) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K" + self.text() + ("\n" if final else ""))
+        else:
+            self.stream.write(self.text() + "\n")
+        self.stream.flush()
+
+
+class ImportTally:
+    """Files skipped by an import, reported as they are met and summed at the end."""
+
+    def __init__(self, progress: ProgressLine) -> None:
+        self.progress = progress
+        self.symlinks = self.invalid = self.unreadable = 0
+
+    def skip_symlink(self, local: Path) -> None:
+        self.symlinks += 1
+
+    def skip_invalid(self, local: Path, exc: InvalidPath) -> None:
+        self.invalid += 1
+        self.progress.note(f"blobsdk: skipped {str(local)!r}: invalid blob path: {exc}")
+
+    def skip_unreadable(self, local: Path, exc: OSError) -> None:
+        self.unreadable += 1
+        self.progress.note(f"blobsdk: skipped {str(local)!r}: {exc.strerror or exc}")
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.invalid or self.unreadable)
+
+    def report(self) -> None:
+        parts = [f"{n} {what}" for n, what in
+                 ((self.symlinks, "symlinks"), (self.invalid, "invalid paths"), (self.unreadable, "unreadable files")) if n]
+        if parts:
+            self.progress.note("skipped: " + ", ".join(parts))
+
+
+def _key_prefix(prefix: str) -> str:
+    """``/bucket/dir`` or ``/bucket/dir/`` -> ``/bucket/dir/``."""
+    validate_prefix(prefix)
+    return prefix if prefix.endswith("/") else prefix + "/"
+
+
+def _walk(root: Path, tally: ImportTally) -> Iterator[tuple[Path, str]]:
+    """(local file, posix path relative to ``root``) of every regular file, sorted; symlinks
+    are skipped, never followed."""
+    stack = [(root, "")]
+    while stack:
+        directory, rel = stack.pop()
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name, reverse=True)
+        for entry in entries:
+            if entry.is_symlink():
+                tally.skip_symlink(Path(entry.path))
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), f"{rel}{entry.name}/"))
+            elif entry.is_file(follow_symlinks=False):
+                yield Path(entry.path), rel + entry.name
+
+
+def _next_item(files: Iterator[tuple[Path, str]], prefix: str, tally: ImportTally) -> tuple[str, Buffer] | None:
+    """The next (blob path, bytes) to import, or None at the end (runs in a thread)."""
+    for local, rel in files:
+        try:
+            path = validate_path(prefix + rel)
+            return path, _load(local)
+        except InvalidPath as exc:
+            tally.skip_invalid(local, exc)
+        except OSError as exc:
+            tally.skip_unreadable(local, exc)
+    return None
+
+
+async def _import_items(root: Path, prefix: str, tally: ImportTally) -> AsyncIterator[tuple[str, Buffer]]:
+    """Feed put_many one file at a time, walking and reading off the event loop."""
+    files = _walk(root, tally)
+    while (item := await asyncio.to_thread(_next_item, files, prefix, tally)) is not None:
+        yield item
+
+
+def _load(local: Path) -> Buffer:
+    """Small files are read; large ones are mapped (unmapped once put_many drops them)."""
+    with open(local, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < MMAP_THRESHOLD:
+            return f.read()
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+# --- local files -----------------------------------------------------------------------
+
+
+@contextmanager
+def _mapped(local: str) -> Iterator[Buffer]:
+    """The file's bytes without copying them (an empty file cannot be mapped)."""
+    with open(local, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            yield view
+
+
+def _write_file_atomic(out: Path, data: Buffer) -> None:
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _write_stdout(data: Buffer) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def _print_json(obj: Any) -> None:
+    print(msgspec.json.encode(obj).decode())
+
+
+def _iso(created: float) -> str:
+    return datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- argument parsing ------------------------------------------------------------------
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blobsdk", description="Read and write blobs in a blobsdk store.")
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--local", metavar="DIR", help="embedded store in DIR (SQLite + local blocks)")
+    store.add_argument("--config", metavar="FILE", help="cluster client.toml (default: $BLOBSDK_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Command, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(run=run)
+        return p
+
+    p = command("put", cmd_put, "write a local file as a blob")
+    p.add_argument("local_file", metavar="LOCAL_FILE")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--if-version", type=_non_negative, metavar="N", help="only if the live version is N (0: create only)")
+
+    p = command("get", cmd_get, "read a blob (or a byte range of it) to a file or stdout")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("out", nargs="?", metavar="OUT|-", help="output file (default: stdout)")
+    p.add_argument("--offset", type=_non_negative, default=0, metavar="N")
+    p.add_argument("--length", type=_non_negative, default=None, metavar="N")
+
+    p = command("cat", cmd_get, "write a blob to stdout")
+    p.add_argument("path", metavar="PATH")
+    p.set_defaults(out="-", offset=0, length=None)
+
+    p = command("ls", cmd_ls, "list blobs under a prefix, sorted by path")
+    p.add_argument("prefix", metavar="PREFIX")
+    p.add_argument("--long", "-l", action="store_true", help="also size, version and creation time")
+
+    p = command("stat", cmd_stat, "show a blob's metadata as JSON")
+    p.add_argument("path", metavar="PATH")
+
+    p = command("rm", cmd_rm, "delete a blob")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--if-version", type=_non_negative, metavar="N", help="only if the live version is N")
+
+    p = command("import", cmd_import, "upload a local directory tree under PREFIX (symlinks skipped)")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("prefix", metavar="PREFIX")
+
+    p = command("gc", cmd_gc, "delete L4 blocks no blob references")
+    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
+                   help="only blocks older than this (default 3600; must exceed max_write_seconds)")
+    p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
+
+    command("stats", cmd_stats, "show this client's per-tier counters as JSON")
+
+    p = sub.add_parser("demo", help="ingest, read back and verify a synthetic dataset",
+                       description="Ingest a synthetic dataset, read it back as a training epoch, verify every byte.")
+    p.set_defaults(run=None)  # the demo opens its own embedded store
+    p.add_argument("--dir", type=Path, default=None, help="store directory (default: a temporary one)")
+    p.add_argument("--size-mb", type=int, default=300, metavar="N", help="dataset size in MiB (default 300)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary store directory")
+    return parser
+
+
+# --- entry point -----------------------------------------------------------------------
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
+    if args.run is None:
+        return await cmd_demo(args)
+    async with open_client(args) as client:
+        return await args.run(client, args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(_dispatch(args))
+    except BlobError as exc:
+        return _fail(exc, 1)
+    except UsageError as exc:
+        return _fail(exc, 2)
+    except ValueError as exc:  # an argument the client refused (e.g. gc --grace too short)
+        return _fail(exc, 2)
+    except OSError as exc:  # a local file: missing, unreadable, unwritable
+        return _fail(exc, 1)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(exc: BaseException, code: int) -> int:
+    if isinstance(exc, BrokenPipeError):  # `blobsdk cat ... | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    print(f"blobsdk: error: {exc}", file=sys.stderr)
+    return code

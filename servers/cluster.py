@@ -1,0 +1,342 @@
+"""Start a whole local blobsdk cluster: the metadata API server and N L4 block servers, each
+a real subprocess on a free loopback port.
+
+    python -m servers.cluster --dir DIR [--block-servers 3] [--write-quorum Q]
+                              [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T]
+
+Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
+then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
+atomically, so a waiter that sees ``client.toml`` can use the cluster at once.  SIGINT or
+SIGTERM stops every server and exits 0; a server that dies on its own stops the rest and
+exits 1.
+
+Tests and benchmarks use the same machinery in-process::
+
+    with start_cluster(tmp_path, block_servers=3) as cluster:      # or `async with`
+        async with blobsdk.Client(cluster.config) as c: ...
+
+A kind of server is one :class:`ServerKind` entry in :data:`KINDS`; kinds start in order,
+so a later kind's arguments may name the URLs of earlier ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from blobsdk.config import ClientConfig, WriteConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+POLL_SECONDS = 0.05
+
+# urllib would send loopback health checks through an http_proxy from the environment.
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ClusterError(Exception):
+    """A server failed to start or to answer /healthz in time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterOptions:
+    block_servers: int = 3
+    write_quorum: int | None = None  # None: every block replica must acknowledge a write
+    latency_ms: float | None = None  # HDD emulation on the block servers; None: their default
+    bandwidth_mbps: float | None = None
+    spindles: int | None = None
+    token: str | None = None
+    startup_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a kind's argument builder may look at: the cluster directory, the options, and
+    the URLs of the kinds started before it."""
+
+    dir: Path
+    options: ClusterOptions
+    urls: dict[str, list[str]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerKind:
+    name: str  # instances are "<name>" when there is one, else "<name>-<i>"
+    module: str  # run as `python -m module`
+    count: Callable[[ClusterOptions], int]
+    args: Callable[[Launch, int], list[str]]  # instance i's own flags (data dir, ...)
+    to_config: Callable[[list[str]], dict[str, Any]]  # where its URLs go in ClientConfig
+
+
+def _block_args(launch: Launch, i: int) -> list[str]:
+    o = launch.options
+    flags = [("--latency-ms", o.latency_ms), ("--bandwidth-mbps", o.bandwidth_mbps), ("--spindles", o.spindles)]
+    return ["--dir", str(launch.dir / f"blocks-{i}"), *[a for k, v in flags if v is not None for a in (k, str(v))]]
+
+
+KINDS: tuple[ServerKind, ...] = (
+    ServerKind(
+        name="api",
+        module="servers.api",
+        count=lambda o: 1,
+        args=lambda launch, i: ["--db", str(launch.dir / "meta.sqlite")],
+        to_config=lambda urls: {"api_url": urls[0]},
+    ),
+    ServerKind(
+        name="block",
+        module="servers.blockstore",
+        count=lambda o: o.block_servers,
+        args=_block_args,
+        to_config=lambda urls: {"block_urls": tuple(urls)},
+    ),
+)
+
+
+@dataclass(kw_only=True)
+class ServerProcess:
+    kind: str
+    name: str
+    popen: subprocess.Popen[bytes]
+    port_file: Path
+    log: Path
+    url: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Cluster:
+    """A running local cluster; ``with``/``async with`` starts it and stops every server."""
+
+    dir: Path
+    options: ClusterOptions = ClusterOptions()
+    kinds: Sequence[ServerKind] = KINDS
+    processes: list[ServerProcess] = field(default_factory=list)
+    config: ClientConfig | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "client.toml"
+
+    def start(self) -> ClientConfig:
+        """Start every server, wait for /healthz, write cluster.json and client.toml."""
+        self.dir = self.dir.resolve()
+        for sub in ("run", "logs"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        for stale in (self.config_path, self.dir / "cluster.json"):
+            stale.unlink(missing_ok=True)
+        deadline = time.monotonic() + self.options.startup_timeout
+        urls: dict[str, list[str]] = {}
+        for kind in self.kinds:
+            started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
+            urls[kind.name] = [_wait_ready(p, deadline, self.options.startup_timeout) for p in started]
+        self.config = client_config(self.kinds, urls, self.options)
+        _write_atomic(self.dir / "cluster.json", json.dumps(self.describe(), indent=2) + "\n")
+        _write_atomic(self.config_path, self.config.to_toml())
+        return self.config
+
+    def _spawn(self, kind: ServerKind, i: int, launch: Launch) -> ServerProcess:
+        name = kind.name if kind.count(self.options) == 1 else f"{kind.name}-{i}"
+        port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
+        port_file.unlink(missing_ok=True)
+        token = ["--token", self.options.token] if self.options.token else []
+        argv = [sys.executable, "-m", kind.module, "--host", HOST, "--port", "0", "--port-file", str(port_file)]
+        with open(log, "ab") as out:
+            popen = subprocess.Popen([*argv, *token, *kind.args(launch, i)], stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT, env=_child_env())
+        proc = ServerProcess(kind=kind.name, name=name, popen=popen, port_file=port_file, log=log)
+        self.processes.append(proc)
+        return proc
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"kind": p.kind, "name": p.name, "url": p.url, "pid": p.pid, "log": str(p.log)} for p in self.processes]
+
+    def exited(self) -> list[ServerProcess]:
+        """Servers that are no longer running."""
+        return [p for p in self.processes if p.popen.poll() is not None]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every server, SIGKILL those still running after ``timeout`` seconds."""
+        running = [p.popen for p in self.processes if p.popen.poll() is None]
+        for popen in running:
+            popen.terminate()
+        deadline = time.monotonic() + timeout
+        for popen in running:
+            try:
+                popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Cluster:
+        start = asyncio.ensure_future(asyncio.to_thread(self.__enter__))
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            # The starting thread cannot be interrupted: let it finish, then stop what it started.
+            await asyncio.wait([start])
+            if not start.cancelled() and start.exception() is None:
+                await asyncio.to_thread(self.stop)
+            raise
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
+    """A :class:`Cluster` in ``dir`` (``options`` are :class:`ClusterOptions` fields), to use
+    as ``with start_cluster(...) as cluster`` or ``async with``; ``cluster.config`` is the
+    ClientConfig, ``cluster.processes`` the servers."""
+    return Cluster(Path(dir), ClusterOptions(**options))
+
+
+def client_config(kinds: Sequence[ServerKind], urls: dict[str, list[str]], options: ClusterOptions) -> ClientConfig:
+    raw: dict[str, Any] = {}
+    for kind in kinds:
+        raw.update(kind.to_config(urls[kind.name]))
+    return ClientConfig(**raw, token=options.token, write=WriteConfig(write_quorum=options.write_quorum))
+
+
+def _wait_ready(proc: ServerProcess, deadline: float, timeout: float) -> str:
+    """Wait for ``proc``'s port file and a 200 from its /healthz; return its base URL."""
+    while time.monotonic() < deadline:
+        if (code := proc.popen.poll()) is not None:
+            raise ClusterError(f"{proc.name} exited with code {code} during start-up; its log:\n{proc.log_tail()}")
+        if not proc.url and (port := _read_port(proc.port_file)):
+            proc.url = f"http://{HOST}:{port}"
+        if proc.url and _healthy(proc.url):
+            return proc.url
+        time.sleep(POLL_SECONDS)
+    raise ClusterError(f"{proc.name} did not answer /healthz within {timeout:g}s; its log:\n{proc.log_tail()}")
+
+
+def _read_port(port_file: Path) -> int | None:
+    try:
+        return int(port_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with _direct.open(f"{url}/healthz", timeout=2.0) as response:
+            return response.status == 200
+    except OSError:  # URLError, connection refused, timeouts
+        return False
+
+
+def _child_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# --- command line ---------------------------------------------------------------------
+
+
+class _Shutdown(Exception):
+    """Raised by the SIGINT/SIGTERM handler to unwind to main."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _Shutdown(signal.Signals(signum).name)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]:
+    parser = argparse.ArgumentParser(prog="python -m servers.cluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, required=True, help="data, logs and client.toml go here")
+    parser.add_argument("--block-servers", type=int, default=3, metavar="N", help="L4 block servers (default 3)")
+    parser.add_argument("--write-quorum", type=int, metavar="Q", help="block replicas a write needs (default: all)")
+    parser.add_argument("--latency-ms", type=float, metavar="F", help="emulated HDD seek latency per block request")
+    parser.add_argument("--bandwidth-mbps", type=float, metavar="F", help="emulated HDD bandwidth of each block server, MB/s")
+    parser.add_argument("--spindles", type=int, metavar="N", help="concurrent data requests each block server serves")
+    parser.add_argument("--token", help="bearer token every server requires (written to client.toml)")
+    parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
+    args = parser.parse_args(argv)
+    if args.block_servers < 1:
+        parser.error("--block-servers must be at least 1")
+    if args.write_quorum is not None and not 1 <= args.write_quorum <= args.block_servers:
+        parser.error(f"--write-quorum must be between 1 and --block-servers ({args.block_servers})")
+    names = ("block_servers", "write_quorum", "latency_ms", "bandwidth_mbps", "spindles", "token", "startup_timeout")
+    return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names})
+
+
+def _print_ready(cluster: Cluster) -> None:
+    width = max(len(p.name) for p in cluster.processes)
+    for p in cluster.processes:
+        print(f"{p.name:<{width}}  {p.url}  pid {p.pid}  log {p.log}")
+    print(f"client config: {cluster.config_path}\ncluster ready; Ctrl-C or SIGTERM stops it", flush=True)
+
+
+def _watch(cluster: Cluster) -> ServerProcess:
+    """Block until a server exits (signals interrupt this with _Shutdown)."""
+    while not (exited := cluster.exited()):
+        time.sleep(0.2)
+    return exited[0]
+
+
+def run(dir: Path, options: ClusterOptions) -> int:
+    cluster = Cluster(dir, options)
+    try:
+        cluster.start()
+        _print_ready(cluster)
+        dead = _watch(cluster)
+        print(f"cluster: error: {dead.name} exited unexpectedly with code {dead.popen.returncode}; "
+              f"stopping the rest. Its log:\n{dead.log_tail()}", file=sys.stderr)
+        return 1
+    except _Shutdown:
+        return 0
+    except ClusterError as exc:
+        print(f"cluster: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not interrupt the stop
+        cluster.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    dir, options = parse_args(argv)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+    return run(dir, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

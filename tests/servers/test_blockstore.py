@@ -1,0 +1,233 @@
+"""servers/blockstore.py as a real process, as in production."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+
+from blobsdk.errors import BadRequest, BlockNotFound, Unauthorized
+from blobsdk.sources.base import new_block_id
+from blobsdk.sources.http import HttpBlockStore
+from blobsdk.wire import ErrorBody, ListBlocksResponse
+from tests.helpers import ROOT, server_process
+
+MiB = 1 << 20
+
+
+def blockstore(tmp: Path, *args: str) -> contextlib.AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m servers.blockstore --dir tmp/blocks *args``: (base URL, process)."""
+    return server_process("servers.blockstore", "--dir", str(tmp / "blocks"), *args, tmp=tmp)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """One server without emulation, shared by the module: (base URL, block directory)."""
+    tmp = tmp_path_factory.mktemp("plain")
+    with blockstore(tmp, "--max-block-mb", "1") as (url, _):
+        yield url, tmp / "blocks"
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+async def block(plain: tuple[str, Path], session: aiohttp.ClientSession) -> str:
+    """A stored block of 1000 bytes, 0..255 repeating."""
+    block_id = new_block_id()
+    await HttpBlockStore(session, plain[0]).write_block(block_id, [bytes(range(256)) * 3, bytes(range(232))])
+    return block_id
+
+
+async def error_of(resp: aiohttp.ClientResponse) -> ErrorBody:
+    return msgspec.msgpack.decode(await resp.read(), type=ErrorBody)
+
+
+def files_under(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()]
+
+
+def test_help_exits_zero() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "servers.blockstore", "--help"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, check=False)
+    assert done.returncode == 0
+    for flag in (b"--dir", b"--latency-ms", b"--bandwidth-mbps", b"--spindles", b"--max-block-mb", b"--token"):
+        assert flag in done.stdout
+
+
+async def test_healthz_and_metrics(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
+    async with session.get(f"{plain[0]}/healthz") as resp:
+        assert resp.status == 200
+    async with session.get(f"{plain[0]}/metrics") as resp:
+        text = await resp.text()
+    assert "blobsdk_blockstore_queued_requests 0" in text
+    assert "blobsdk_blockstore_in_service_requests 0" in text
+
+
+@pytest.mark.parametrize("bad_id", ["ABC", "0" * 31, "z" * 32, "0" * 33])
+async def test_invalid_block_id_is_400(plain: tuple[str, Path], session: aiohttp.ClientSession, bad_id: str) -> None:
+    for method in ("GET", "PUT", "DELETE"):
+        async with session.request(method, f"{plain[0]}/v1/blocks/{bad_id}", data=b"x") as resp:
+            assert resp.status == 400
+            assert (await error_of(resp)).code == "bad_request"
+
+
+async def test_whole_block_and_exact_ranges(
+    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str
+) -> None:
+    data = (bytes(range(256)) * 4)[:1000]
+    async with session.get(f"{plain[0]}/v1/blocks/{block}") as resp:
+        assert resp.status == 200 and await resp.read() == data
+    for header, want in [("bytes=0-0", data[:1]), ("bytes=10-509", data[10:510]), ("bytes=990-", data[990:])]:
+        async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": header}) as resp:
+            assert resp.status == 206 and await resp.read() == want
+            assert resp.headers["Content-Range"].endswith("/1000")
+
+
+@pytest.mark.parametrize("header", ["bytes=a-b", "bytes=5-2", "items=0-1", "bytes=-5", "bytes=0-1,3-4", "bytes="])
+async def test_malformed_range_is_400(
+    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str, header: str
+) -> None:
+    async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": header}) as resp:
+        assert resp.status == 400
+        assert (await error_of(resp)).code == "bad_request"
+
+
+@pytest.mark.parametrize("header", ["bytes=0-1000", "bytes=1000-1000", "bytes=5000-", "bytes=999-99999"])
+async def test_range_past_the_end_is_416(
+    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str, header: str
+) -> None:
+    async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": header}) as resp:
+        assert resp.status == 416
+        assert (await error_of(resp)).code == "corrupt_data"
+
+
+async def test_missing_block_is_404(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
+    async with session.get(f"{plain[0]}/v1/blocks/{new_block_id()}") as resp:
+        assert resp.status == 404
+        assert (await error_of(resp)).code == "block_not_found"
+
+
+async def test_oversized_put_is_400_and_leaves_no_block(
+    plain: tuple[str, Path], session: aiohttp.ClientSession
+) -> None:
+    store = HttpBlockStore(session, plain[0])
+    block_id = new_block_id()
+    with pytest.raises(BadRequest, match="too large"):
+        await store.write_block(block_id, [os.urandom(2 * MiB)])
+
+    async def unsized_body() -> AsyncIterator[bytes]:  # chunked: the limit holds while streaming
+        for _ in range(4):
+            yield os.urandom(MiB // 2)
+
+    async with session.put(f"{plain[0]}/v1/blocks/{block_id}", data=unsized_body()) as resp:
+        assert resp.status == 400 and "too large" in (await error_of(resp)).message
+    with pytest.raises(BlockNotFound):
+        await store.read_range(block_id, 0, 1)
+    assert not any(block_id in p.name for p in files_under(plain[1]))
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_client_that_hangs_up_mid_body_leaves_nothing(
+    plain: tuple[str, Path], session: aiohttp.ClientSession
+) -> None:
+    block_id = new_block_id()
+    host, port = plain[0].removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    head = f"PUT /v1/blocks/{block_id} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {MiB - 1}\r\n\r\n"
+    writer.write(head.encode() + b"z" * (MiB // 2))
+    await writer.drain()
+    await wait_until(lambda: any(block_id in p.name for p in files_under(plain[1])))  # its temp file
+    writer.close()
+    await writer.wait_closed()
+    await wait_until(lambda: not any(block_id in p.name for p in files_under(plain[1])))
+    with pytest.raises(BlockNotFound):
+        await HttpBlockStore(session, plain[0]).read_range(block_id, 0, 1)
+
+
+async def test_list_pages_and_limits(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
+    store = HttpBlockStore(session, plain[0])
+    for _ in range(3):
+        await store.write_block(new_block_id(), [b"x"])
+    everything = [info.block_id async for info in store.list_blocks()]
+    async with session.get(f"{plain[0]}/v1/blocks", params={"limit": "2"}) as resp:
+        page = msgspec.msgpack.decode(await resp.read(), type=ListBlocksResponse)
+    assert [b.block_id for b in page.blocks] == everything[:2] and page.next_start_after == everything[1]
+    for bad in ({"limit": "0"}, {"limit": "10001"}, {"limit": "many"}, {"start_after": "../etc"}):
+        async with session.get(f"{plain[0]}/v1/blocks", params=bad) as resp:
+            assert resp.status == 400
+
+
+async def test_delete_is_204_and_idempotent(
+    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str
+) -> None:
+    for _ in range(2):
+        async with session.delete(f"{plain[0]}/v1/blocks/{block}") as resp:
+            assert resp.status == 204
+    with pytest.raises(BlockNotFound):
+        await HttpBlockStore(session, plain[0]).read_range(block, 0, 1)
+
+
+async def test_token_is_required(tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    with blockstore(tmp_path, "--token", "s3cret") as (url, _):
+        with pytest.raises(Unauthorized):
+            await HttpBlockStore(session, url).write_block(new_block_id(), [b"x"])
+        with pytest.raises(Unauthorized):
+            await HttpBlockStore(session, url, token="wrong").read_range(new_block_id(), 0, 1)
+        store = HttpBlockStore(session, url, token="s3cret")
+        block_id = new_block_id()
+        await store.write_block(block_id, [b"secret"])
+        assert await store.read_range(block_id, 0, 6) == b"secret"
+        async with session.get(f"{url}/healthz") as resp:
+            assert resp.status == 200
+
+
+async def timed_read(store: HttpBlockStore, block_id: str, length: int) -> float:
+    start = time.perf_counter()
+    await store.read_range(block_id, 0, length)
+    return time.perf_counter() - start
+
+
+async def test_latency_is_paid_per_request(tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    with blockstore(tmp_path, "--latency-ms", "50") as (url, _):
+        store = HttpBlockStore(session, url)
+        block_id = new_block_id()
+        await store.write_block(block_id, [b"x" * 100])
+        assert await timed_read(store, block_id, 100) >= 0.05
+
+
+async def test_one_spindle_serves_one_request_at_a_time(tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    with blockstore(tmp_path, "--latency-ms", "100", "--spindles", "1") as (url, _):
+        store = HttpBlockStore(session, url)
+        block_id = new_block_id()
+        await store.write_block(block_id, [b"x" * 100])
+        start = time.perf_counter()
+        await asyncio.gather(store.read_range(block_id, 0, 100), store.read_range(block_id, 0, 100))
+        assert time.perf_counter() - start >= 0.2
+
+
+async def test_bandwidth_is_capped(tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    with blockstore(tmp_path, "--bandwidth-mbps", "10") as (url, _):
+        store = HttpBlockStore(session, url)
+        block_id = new_block_id()
+        await store.write_block(block_id, [os.urandom(2 * MiB)])  # ~0.2 s in, too
+        assert await timed_read(store, block_id, 2 * MiB) >= 2 * MiB / 10e6 * 0.9

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from blobsdk.errors import BlockNotFound, ClientClosed, PreconditionFailed
+from blobsdk.sources.base import new_block_id
+from blobsdk.sources.local import LocalBlockStore
+
+from .conformance import BlockStoreTests, listed, payload
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[LocalBlockStore]:
+    async with LocalBlockStore(tmp_path / "blocks") as s:
+        yield s
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def leftover_temp(root: Path, block_id: str, age_s: float) -> Path:
+    """A temp file as a writer killed mid-write leaves it."""
+    shard = root / xxhash.xxh3_64_hexdigest(block_id.encode())[:2]
+    shard.mkdir(parents=True, exist_ok=True)
+    temp = shard / f"{block_id}.deadbeef-0123456789ab.tmp"
+    temp.write_bytes(b"half a block")
+    then = time.time() - age_s
+    os.utime(temp, (then, then))
+    return temp
+
+
+class TestLocalBlockStore(BlockStoreTests):
+    pass
+
+
+async def test_layout_is_hashed_shard_then_block_id(store: LocalBlockStore) -> None:
+    block = new_block_id()
+    await store.write_block(block, [b"abc"])
+    expected = store.root / xxhash.xxh3_64_hexdigest(block.encode())[:2] / block
+    assert files_under(store.root) == [expected]
+    assert expected.read_bytes() == b"abc"
+
+
+async def test_nothing_is_ever_written_outside_root(tmp_path: Path) -> None:
+    root = tmp_path / "deep" / "root"
+    async with LocalBlockStore(root) as s:
+        await asyncio.gather(*(s.write_block(new_block_id(), [payload(100, i)]) for i in range(10)))
+        async with s.block_writer(new_block_id()) as writer:
+            await writer.write([b"streamed"])
+            await writer.commit()
+        await s.delete_block(new_block_id())
+    assert files_under(tmp_path) == files_under(root)
+    assert len(files_under(root)) == 11
+
+
+async def test_stale_temp_files_are_swept_at_open(tmp_path: Path) -> None:
+    root = tmp_path / "blocks"
+    stale = [leftover_temp(root, new_block_id(), age_s=60) for _ in range(3)]
+    async with LocalBlockStore(root) as s:
+        assert not any(t.exists() for t in stale)
+        assert await listed(s) == []
+
+
+async def test_temp_files_newer_than_the_opening_are_kept(tmp_path: Path) -> None:
+    """Another live writer's file: its mtime moves as it writes, so it is not stale."""
+    root = tmp_path / "blocks"
+    fresh = leftover_temp(root, new_block_id(), age_s=-60)
+    async with LocalBlockStore(root):
+        assert fresh.exists()
+
+
+async def test_a_crashed_write_never_shows_as_a_block(store: LocalBlockStore) -> None:
+    block = new_block_id()
+    leftover_temp(store.root, block, age_s=0)  # appeared after the sweep: a writer that died
+    assert await listed(store) == []
+    with pytest.raises(BlockNotFound):
+        await store.read_range(block, 0, 1)
+    await store.write_block(block, [b"whole block"])  # the id is still usable
+    assert await store.read_range(block, 0, 11) == b"whole block"
+
+
+async def test_rewrite_with_another_size_is_refused(store: LocalBlockStore) -> None:
+    block = new_block_id()
+    await store.write_block(block, [b"abc"])
+    with pytest.raises(PreconditionFailed):
+        await store.write_block(block, [b"abcd"])
+    assert await store.read_range(block, 0, 3) == b"abc"
+
+
+async def test_block_writer_streams_then_commits(store: LocalBlockStore) -> None:
+    block = new_block_id()
+    async with store.block_writer(block) as writer:
+        await writer.write([b"ab", b"cd"])
+        await writer.write([memoryview(b"ef")])
+        assert await listed(store) == []  # invisible until committed
+        await writer.commit()
+    assert writer.size == 6
+    assert await store.read_range(block, 0, 6) == b"abcdef"
+
+
+async def test_block_writer_without_commit_leaves_nothing(store: LocalBlockStore) -> None:
+    with pytest.raises(RuntimeError, match="client went away"):
+        async with store.block_writer(new_block_id()) as writer:
+            await writer.write([b"partial"])
+            raise RuntimeError("client went away")
+    async with store.block_writer(new_block_id()) as writer:
+        await writer.write([b"never committed"])
+    await store.aclose()  # waits for the queued discards
+    assert files_under(store.root) == []
+
+
+async def test_cancelled_block_writer_leaves_nothing(store: LocalBlockStore) -> None:
+    started = asyncio.Event()
+
+    async def write_forever() -> None:
+        async with store.block_writer(new_block_id()) as writer:
+            while True:
+                await writer.write([payload(1 << 16)])
+                started.set()
+
+    task = asyncio.create_task(write_forever())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await store.aclose()
+    assert files_under(store.root) == []
+
+
+async def test_block_size(store: LocalBlockStore) -> None:
+    block = new_block_id()
+    await store.write_block(block, [b"12345"])
+    assert await store.block_size(block) == 5
+    with pytest.raises(BlockNotFound):
+        await store.block_size(new_block_id())
+
+
+async def test_list_page(store: LocalBlockStore) -> None:
+    blocks = sorted(new_block_id() for _ in range(5))
+    for b in blocks:
+        await store.write_block(b, [b"x"])
+    first, after = await store.list_page(None, 2)
+    assert [i.block_id for i in first] == blocks[:2] and after == blocks[1]
+    last, end = await store.list_page(blocks[3], 2)
+    assert [i.block_id for i in last] == blocks[4:] and end is None
+
+
+async def test_use_after_close_is_client_closed(tmp_path: Path) -> None:
+    s = LocalBlockStore(tmp_path)
+    await s.aclose()
+    await s.aclose()  # idempotent
+    with pytest.raises(ClientClosed):
+        await s.write_block(new_block_id(), [b"x"])
+    with pytest.raises(ClientClosed):
+        await s.read_range(new_block_id(), 0, 1)

@@ -1,0 +1,270 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
+from blobsdk.sources.base import BlockStore, Buffer, new_block_id
+from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.wire import BlockInfo
+from servers.blockstore import make_app
+from tests.helpers import running_app
+
+from .conformance import BlockStoreTests, listed, payload
+
+
+class BlockServers:
+    """In-loop block servers, each one stoppable on its own; a server's PUTs can be held
+    behind ``gate`` (an Event) to play a replica that is slow to acknowledge."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.urls: list[str] = []
+        self.gate = asyncio.Event()
+        self._stacks: list[AsyncExitStack] = []
+
+    async def start(self, *, gated: bool = False) -> str:
+        app = make_app(self.tmp_path / f"replica{len(self.urls)}")
+        if gated:
+            app.middlewares.append(self._hold_puts)
+        stack = AsyncExitStack()
+        self.urls.append(await stack.enter_async_context(running_app(app)))
+        self._stacks.append(stack)
+        return self.urls[-1]
+
+    async def stop(self, i: int) -> None:
+        await self._stacks[i].aclose()
+
+    async def aclose(self) -> None:
+        self.gate.set()  # a held PUT would keep its server from shutting down
+        for stack in self._stacks:
+            await stack.aclose()
+
+    @web.middleware
+    async def _hold_puts(self, request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:
+        if request.method == "PUT":
+            await self.gate.wait()
+        return await handler(request)
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+async def servers(tmp_path: Path) -> AsyncIterator[BlockServers]:
+    cluster = BlockServers(tmp_path)
+    try:
+        yield cluster
+    finally:
+        await cluster.aclose()
+
+
+async def replicated(
+    servers: BlockServers, session: aiohttp.ClientSession, n: int = 3, gated: int | None = None, **kwargs: object
+) -> ReplicatedBlockStore:
+    for i in range(n):
+        await servers.start(gated=i == gated)
+    return ReplicatedBlockStore([HttpBlockStore(session, url) for url in servers.urls], **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def store(servers: BlockServers, session: aiohttp.ClientSession) -> AsyncIterator[ReplicatedBlockStore]:
+    async with await replicated(servers, session) as s:
+        yield s
+
+
+class TestReplicatedBlockStore(BlockStoreTests):
+    pass
+
+
+async def test_replicas_are_the_stores_in_order(tmp_path: Path) -> None:
+    stores = [LocalBlockStore(tmp_path / str(i)) for i in range(3)]
+    async with ReplicatedBlockStore(stores) as s:
+        assert s.replicas == tuple(stores)
+        assert all(name in s.name for name in (x.name for x in stores))
+        nested = ReplicatedBlockStore([s])
+        assert nested.replicas == tuple(stores)  # flattened
+
+
+async def test_a_write_lands_on_every_replica(store: ReplicatedBlockStore) -> None:
+    block = new_block_id()
+    await store.write_block(block, [b"everywhere"])
+    for replica in store.replicas:
+        assert await replica.read_range(block, 0, 10) == b"everywhere"
+
+
+@pytest.mark.parametrize("quorum", [0, 4, -1])
+async def test_quorum_must_fit_the_replicas(tmp_path: Path, quorum: int) -> None:
+    stores = [LocalBlockStore(tmp_path / str(i)) for i in range(3)]
+    with pytest.raises(ValueError):
+        ReplicatedBlockStore(stores, write_quorum=quorum)
+    for s in stores:
+        await s.aclose()
+
+
+async def test_no_stores_is_value_error() -> None:
+    with pytest.raises(ValueError):
+        ReplicatedBlockStore([])
+
+
+async def test_reads_fail_over_when_a_server_is_down(servers: BlockServers, session: aiohttp.ClientSession) -> None:
+    async with await replicated(servers, session) as s:
+        block = new_block_id()
+        await s.write_block(block, [payload(5000)])
+        await servers.stop(0)
+        assert await s.read_range(block, 10, 100) == payload(5000)[10:110]
+        out = bytearray(5000)
+        await s.read_into(block, 0, memoryview(out))
+        assert out == payload(5000)
+
+
+async def test_reads_fail_over_when_a_replica_lost_the_block(store: ReplicatedBlockStore) -> None:
+    block = new_block_id()
+    await store.write_block(block, [b"survivor"])
+    await store.replicas[0].delete_block(block)
+    assert await store.read_range(block, 0, 8) == b"survivor"
+
+
+async def test_writes_meet_a_quorum_of_two_with_one_server_down(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session, write_quorum=2) as s:
+        await servers.stop(1)
+        block = new_block_id()
+        await s.write_block(block, [b"two of three"])
+        assert await s.read_range(block, 0, 12) == b"two of three"
+
+
+async def test_writes_needing_every_replica_fail_with_one_server_down(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session) as s:
+        await servers.stop(1)
+        with pytest.raises(Unavailable) as info:
+            await s.write_block(new_block_id(), [b"all three"])
+        assert servers.urls[1] in str(info.value)
+        assert servers.urls[0] not in str(info.value)
+
+
+async def test_everything_fails_when_every_server_is_down(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session, write_quorum=1) as s:
+        block = new_block_id()
+        await s.write_block(block, [b"x"])
+        for i in range(3):
+            await servers.stop(i)
+        with pytest.raises(Unavailable):
+            await s.read_range(block, 0, 1)
+        with pytest.raises(Unavailable):
+            await s.write_block(new_block_id(), [b"x"])
+        with pytest.raises(Unavailable):
+            await s.delete_block(block)
+
+
+async def test_not_found_on_some_and_down_on_others_is_unavailable(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session) as s:
+        await servers.stop(2)  # it might hold the block: "not found" would be a lie
+        with pytest.raises(Unavailable) as info:
+            await s.read_range(new_block_id(), 0, 1)
+        assert not isinstance(info.value, BlockNotFound)
+
+
+async def test_quorum_returns_before_a_slow_replica_which_close_then_awaits(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    s = await replicated(servers, session, gated=2, write_quorum=2)
+    block = new_block_id()
+    async with asyncio.timeout(10):  # without the early return this would hang on the gate
+        await s.write_block(block, [b"late copy"])
+    slow = HttpBlockStore(session, servers.urls[2])
+    with pytest.raises(BlockNotFound):
+        await slow.read_range(block, 0, 9)
+    servers.gate.set()
+    await s.aclose()  # the write still running is owned: close waits for it
+    assert await slow.read_range(block, 0, 9) == b"late copy"
+
+
+class HeldWrites:
+    """A replica on a slow disk: its writes start only once ``gate`` opens."""
+
+    def __init__(self, inner: LocalBlockStore, gate: asyncio.Event) -> None:
+        self.inner, self.gate = inner, gate
+
+    name = property(lambda self: self.inner.name)
+    replicas = property(lambda self: (self,))
+
+    async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
+        await self.gate.wait()
+        await self.inner.write_block(block_id, parts)
+
+    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
+        await self.inner.read_into(block_id, offset, out)
+
+    async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
+        return await self.inner.read_range(block_id, offset, length)
+
+    async def delete_block(self, block_id: str) -> None:
+        await self.inner.delete_block(block_id)
+
+    def list_blocks(self) -> AsyncIterator[BlockInfo]:
+        return self.inner.list_blocks()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_caller_may_reuse_its_buffers_once_the_quorum_answered(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    slow = HeldWrites(LocalBlockStore(tmp_path / "slow"), gate)
+    assert isinstance(slow, BlockStore)
+    s = ReplicatedBlockStore([LocalBlockStore(tmp_path / "a"), LocalBlockStore(tmp_path / "b"), slow], write_quorum=2)
+    block, buf = new_block_id(), bytearray(b"original")
+    await s.write_block(block, [buf, memoryview(buf)[:3]])
+    buf[:] = b"reused!!"
+    gate.set()
+    await s.aclose()  # waits for the slow write
+    async with LocalBlockStore(tmp_path / "slow") as check:
+        assert await check.read_range(block, 0, 11) == b"originalori"
+
+
+async def test_close_cancels_writes_that_outlive_the_close_timeout(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    s = await replicated(servers, session, gated=0, write_quorum=2, close_timeout=0.05)
+    await s.write_block(new_block_id(), [b"x"])
+    async with asyncio.timeout(10):  # the gate never opens: only a cancel lets close return
+        await s.aclose()
+    with pytest.raises(ClientClosed):
+        await s.write_block(new_block_id(), [b"x"])
+
+
+async def test_list_is_the_sorted_union_without_duplicates(store: ReplicatedBlockStore) -> None:
+    shared, only0, only2 = new_block_id(), new_block_id(), new_block_id()
+    await store.write_block(shared, [b"s"])
+    await store.replicas[0].write_block(only0, [b"00"])
+    await store.replicas[2].write_block(only2, [b"222"])
+    assert await listed(store) == sorted([(shared, 1), (only0, 2), (only2, 3)])
+
+
+async def test_a_listing_with_a_replica_down_fails_rather_than_shrinks(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session, write_quorum=1) as s:
+        await s.write_block(new_block_id(), [b"x"])
+        await servers.stop(1)
+        with pytest.raises(Unavailable):
+            await listed(s)
