@@ -1,0 +1,67 @@
+"""The ChunkCache protocol: bytes by chunk key, shared by the SDK tiers (L1 memory, L2 local
+disk) and the L3 flash node.
+
+Semantics every engine holds (tests/cache/conformance.py checks them):
+
+- Keys are chunk keys: 32 lowercase hex digits (:attr:`blobsdk.wire.ChunkRef.key`).  Any
+  other key raises BadRequest before it comes near a dict or a file name.
+- ``get(key)`` returns the bytes last ``put`` under ``key`` or None (a miss).  An engine that
+  finds a damaged copy (disk: checksum mismatch, truncation) deletes it, counts it as
+  ``corrupt`` and reports a miss: it never returns wrong bytes.
+- ``put(key, data, tenant=..., pin_seconds=...)`` stores a copy, all or nothing, and returns
+  True; it returns False when the entry cannot be admitted (larger than the capacity, disk
+  full): a cache that cannot store is a miss next time, never an error for the reader.
+  It raises QuotaExceeded only when ``tenant`` has a quota and even after evicting that
+  tenant's own unpinned data the entry would not fit.
+- Eviction keeps ``used_bytes <= capacity_bytes``.  The order is decided by the engine's
+  policy chain (cache/policy.py): expired entries (TTL) first; then least recently used;
+  entries younger than the hold period only if nothing else is left; pinned entries never
+  before their pin expires (a put that cannot fit without evicting pinned data returns
+  False).
+- ``delete`` is idempotent; ``contains`` is a cheap index lookup (no I/O, no LRU touch).
+- ``stats()`` has at least hits, misses, puts, evictions, corrupt, bytes (used), entries,
+  capacity_bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, runtime_checkable
+
+from ..errors import BadRequest
+
+Buffer = bytes | bytearray | memoryview
+
+DEFAULT_TENANT = "default"
+
+_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise BadRequest(f"invalid chunk key {key!r}: want 32 lowercase hex digits")
+    return key
+
+
+@runtime_checkable
+class ChunkCache(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capacity_bytes(self) -> int: ...
+
+    @property
+    def used_bytes(self) -> int: ...
+
+    async def get(self, key: str) -> Buffer | None: ...
+
+    async def put(self, key: str, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0) -> bool: ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    def contains(self, key: str) -> bool: ...
+
+    def stats(self) -> dict[str, int | float]: ...
+
+    async def aclose(self) -> None: ...
