@@ -14,6 +14,7 @@ from pathlib import Path
 
 BENCHMARKS = {
     "put_get": "benchmarks.put_get",
+    "tiers": "benchmarks.tiers",
 }
 
 

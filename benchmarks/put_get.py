@@ -21,16 +21,18 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
 import blobsdk
 from blobsdk._http import new_session
-from blobsdk.config import Timeouts
+from blobsdk.config import L1Config, Timeouts
 from blobsdk.metadata.http import HttpMetadataStore
 from servers.cluster import start_cluster
 
 from ._report import Report, best_of, percentile
 
 MiB = 1 << 20
+NO_L1 = L1Config(capacity_bytes=0)  # every get reads L4: this benchmark is about the data path, not caches
 
 
 async def run(quick: bool = False) -> Report:
@@ -53,7 +55,7 @@ async def _embedded(report: Report, root: Path, data: bytes, repeats: int) -> No
     plain = root / "plain.bin"
     put_file = await best_of(repeats, lambda: asyncio.to_thread(_write_fsync, plain, data))
     get_file = await best_of(repeats, lambda: asyncio.to_thread(_readinto, plain, size))
-    async with blobsdk.Client.local(root / "embedded") as client:
+    async with blobsdk.Client.local(root / "embedded", l1=NO_L1) as client:
         counter = iter(range(1_000_000))
         put_ours = await best_of(repeats, lambda: client.put(f"/bench/put-{next(counter)}", data))
         await client.put("/bench/blob", data)
@@ -64,12 +66,12 @@ async def _embedded(report: Report, root: Path, data: bytes, repeats: int) -> No
 
 async def _cluster(report: Report, root: Path, data: bytes, repeats: int, plan_samples: int) -> None:
     size = len(data)
-    with _trivial_server(root, size) as url:
+    with TrivialServer(root, size) as url:
         async with new_session(Timeouts()) as session:
             await _http_get(session, url)  # warm the connection
             get_http = await best_of(repeats, lambda: _http_get(session, url))
     async with start_cluster(root / "cluster", block_servers=3) as cluster:
-        async with blobsdk.Client(cluster.config) as client:
+        async with blobsdk.Client(msgspec.structs.replace(cluster.config, l1=NO_L1)) as client:
             await client.put("/bench/blob", data)
             await client.get("/bench/blob")
             get_ours = await best_of(repeats, lambda: client.get("/bench/blob"))
@@ -130,7 +132,7 @@ async def _http_get(session: aiohttp.ClientSession, url: str) -> None:
     assert resp.status == 200 and len(body) > 0
 
 
-class _trivial_server:
+class TrivialServer:
     """A trivial aiohttp server process that serves ``size`` bytes at /blob."""
 
     def __init__(self, root: Path, size: int) -> None:

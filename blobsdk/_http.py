@@ -81,3 +81,19 @@ async def _error_of(resp: aiohttp.ClientResponse, url: str) -> BlobError:
                 return Unavailable(f"{url}: HTTP {resp.status}")
             return BlobError(f"{url}: HTTP {resp.status}: {body[:200]!r}")
     return error_from_code(err.code, err.message)
+
+
+async def read_exactly(resp: aiohttp.ClientResponse, out: memoryview) -> None:
+    """Copy the body into ``out`` as it arrives; Unavailable unless it is exactly
+    ``out``'s size (a short or long body is never a usable copy)."""
+    if resp.content_length is not None and resp.content_length != out.nbytes:
+        raise Unavailable(f"{resp.url}: Content-Length {resp.content_length}, expected {out.nbytes}")
+    filled = 0
+    async for piece in resp.content.iter_any():
+        end = filled + len(piece)
+        if end > out.nbytes:
+            raise Unavailable(f"{resp.url}: body longer than the {out.nbytes} bytes expected")
+        out[filled:end] = piece
+        filled = end
+    if filled != out.nbytes:
+        raise Unavailable(f"{resp.url}: body truncated at {filled} of {out.nbytes} bytes")

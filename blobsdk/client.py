@@ -11,27 +11,64 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+)
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+import aiohttp
+
 from . import gc as gc_module
 from ._http import new_session
-from .config import ClientConfig, ReadConfig, WriteConfig
+from .cache.memory import MemoryCache
+from .config import ClientConfig, L1Config, L2Config, L3Config, ReadConfig, WriteConfig
 from .errors import ClientClosed
 from .metadata.base import MetadataStore
+from .metadata.cache import CachedMetadataStore
 from .paths import validate_path, validate_prefix
-from .reader import Reader
+from .readpath import ReadPath
 from .sources.base import BlockStore, Buffer
 from .stats import TierStats
+from .tiers.base import Tier
+from .tiers.l1 import L1Tier
 from .wire import BlobInfo
 from .writer import Progress, Writer
 
 T = TypeVar("T")
 Item = tuple[str, Buffer]
-Opener = Callable[[AsyncExitStack], Awaitable[tuple[MetadataStore, BlockStore]]]
+
+
+@dataclass(frozen=True)
+class _Backends:
+    metadata: MetadataStore
+    blocks: BlockStore
+    session: aiohttp.ClientSession | None = None  # cluster mode: the one shared session
+
+
+Opener = Callable[[AsyncExitStack], Awaitable[_Backends]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Settings:
+    """What a client needs besides its backends (from ClientConfig, or Client.local's args)."""
+
+    write: WriteConfig = WriteConfig()
+    read: ReadConfig = ReadConfig()
+    l1: L1Config = L1Config()
+    l2: L2Config | None = None
+    l3: L3Config = L3Config()
+    l3_urls: tuple[str, ...] = ()
+    token: str | None = None
 
 
 class Client:
@@ -39,50 +76,68 @@ class Client:
 
     def __init__(self, config: ClientConfig) -> None:
         self.config: ClientConfig | None = config
-        self._setup(self._open_cluster, config.write, config.read)
+        settings = _Settings(
+            write=config.write, read=config.read, l1=config.l1, l2=config.l2, l3=config.l3, l3_urls=config.l3_urls, token=config.token
+        )
+        self._setup(self._open_cluster, settings)
 
-    def _setup(self, opener: Opener, write: WriteConfig, read: ReadConfig) -> None:
+    def _setup(self, opener: Opener, settings: _Settings) -> None:
         self._opener = opener
-        self._write = write
-        self._read = read
+        self._settings = settings
         self._stack: AsyncExitStack | None = None
         self._state: _Open | None = None
 
     @classmethod
-    def local(cls, root: str | Path, *, write: WriteConfig = WriteConfig(), read: ReadConfig = ReadConfig()) -> Client:
-        """Embedded client: SQLite metadata in ``root/meta.sqlite``, blocks in ``root/blocks``."""
+    def local(
+        cls,
+        root: str | Path,
+        *,
+        write: WriteConfig = WriteConfig(),
+        read: ReadConfig = ReadConfig(),
+        l1: L1Config = L1Config(),
+        l2: L2Config | None = None,
+    ) -> Client:
+        """Embedded client: SQLite metadata in ``root/meta.sqlite``, blocks in ``root/blocks``;
+        L1 in memory and, if ``l2`` is given, an L2 directory."""
         root = Path(root)
 
-        async def open_local(stack: AsyncExitStack) -> tuple[MetadataStore, BlockStore]:
+        async def open_local(stack: AsyncExitStack) -> _Backends:
             from .metadata.sqlite import SqliteMetadataStore
             from .sources.local import LocalBlockStore
 
             await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
             metadata = await stack.enter_async_context(SqliteMetadataStore(root / "meta.sqlite"))
             blocks = await stack.enter_async_context(LocalBlockStore(root / "blocks"))
-            return metadata, blocks
+            return _Backends(metadata, blocks)
 
-        return cls._with_opener(open_local, write, read)
+        return cls._with_opener(open_local, _Settings(write=write, read=read, l1=l1, l2=l2))
 
     @classmethod
     def from_stores(
-        cls, metadata: MetadataStore, blocks: BlockStore, *, write: WriteConfig = WriteConfig(), read: ReadConfig = ReadConfig()
+        cls,
+        metadata: MetadataStore,
+        blocks: BlockStore,
+        *,
+        write: WriteConfig = WriteConfig(),
+        read: ReadConfig = ReadConfig(),
+        l1: L1Config = L1Config(),
+        l2: L2Config | None = None,
     ) -> Client:
         """A client over stores the caller built (and closes)."""
 
-        async def given(stack: AsyncExitStack) -> tuple[MetadataStore, BlockStore]:
-            return metadata, blocks
+        async def given(stack: AsyncExitStack) -> _Backends:
+            return _Backends(metadata, blocks)
 
-        return cls._with_opener(given, write, read)
+        return cls._with_opener(given, _Settings(write=write, read=read, l1=l1, l2=l2))
 
     @classmethod
-    def _with_opener(cls, opener: Opener, write: WriteConfig, read: ReadConfig) -> Client:
+    def _with_opener(cls, opener: Opener, settings: _Settings) -> Client:
         client = cls.__new__(cls)
         client.config = None
-        client._setup(opener, write, read)
+        client._setup(opener, settings)
         return client
 
-    async def _open_cluster(self, stack: AsyncExitStack) -> tuple[MetadataStore, BlockStore]:
+    async def _open_cluster(self, stack: AsyncExitStack) -> _Backends:
         from .metadata.http import HttpMetadataStore
         from .sources.http import HttpBlockStore
         from .sources.replicated import ReplicatedBlockStore
@@ -94,7 +149,7 @@ class Client:
         replicas = [HttpBlockStore(session, url, cfg.token) for url in cfg.block_urls]
         blocks = ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
         stack.push_async_callback(blocks.aclose)
-        return metadata, blocks
+        return _Backends(metadata, blocks, session)
 
     async def __aenter__(self) -> Self:
         if self._stack is not None:
@@ -102,8 +157,8 @@ class Client:
         stack = AsyncExitStack()
         try:
             executor = stack.enter_context(ThreadPoolExecutor(max_workers=4, thread_name_prefix="blobsdk"))
-            metadata, blocks = await self._opener(stack)
-            self._state = _Open(metadata, blocks, executor, self._write, self._read)
+            backends = await self._opener(stack)
+            self._state = await _Open.start(stack, backends, executor, self._settings)
         except BaseException:
             await stack.aclose()
             raise
@@ -142,8 +197,8 @@ class Client:
     async def get(self, path: str, offset: int = 0, length: int | None = None) -> bytearray:
         """The bytes of ``path`` (or of ``[offset, offset+length)``, clamped to the blob)."""
         state = self._open
-        plan = await state.metadata.get_plan(validate_path(path))
-        return await state.reader.read(plan, offset, length)
+        plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
+        return await state.readpath.read(plan, offset, length)
 
     async def stat(self, path: str) -> BlobInfo:
         plan = await self._open.metadata.get_plan(validate_path(path))
@@ -161,24 +216,84 @@ class Client:
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds."""
         state = self._open
-        return await gc_module.collect(state.metadata, state.blocks, grace, self._write.max_write_seconds, dry_run=dry_run)
+        return await gc_module.collect(state.metadata, state.blocks, grace, self._settings.write.max_write_seconds, dry_run=dry_run)
+
+    async def flush(self) -> None:
+        """Wait until every write-behind cache fill queued so far (L2) is on disk."""
+        for tier in self._open.readpath.tiers:
+            flush = getattr(tier, "flush", None)
+            if flush is not None:
+                await flush()
 
     def stats(self) -> dict[str, dict[str, int | float]]:
-        """Per-tier counters: hits, misses, bytes, corrupt, errors, latency percentiles."""
-        return {"l4": self._open.l4_stats.as_dict()}
+        """Per-tier counters ("l1", "l2", "peer", "l3", "l4"): hits (chunks served), misses,
+        bytes, corrupt (copies dropped), errors, p50/p99 latency, enabled; and "plan" (the
+        read-plan cache: hits, misses, entries)."""
+        return self._open.stats()
 
 
 class _Open:
-    """What an open client holds."""
+    """What an open client holds: its stores, plan cache, tiers, read path and writer."""
 
-    def __init__(
-        self, metadata: MetadataStore, blocks: BlockStore, executor: ThreadPoolExecutor, write: WriteConfig, read: ReadConfig
-    ) -> None:
-        self.metadata = metadata
-        self.blocks = blocks
-        self.l4_stats = TierStats()
-        self.writer = Writer(metadata, blocks, write, executor)
-        self.reader = Reader(blocks, executor, read.parallel_chunks, self.l4_stats)
+    def __init__(self, backends: _Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer) -> None:
+        self.blocks = backends.blocks
+        self.plans = plans
+        self.metadata = plans  # every metadata call goes through the plan cache
+        self.readpath = readpath
+        self.writer = writer
+
+    @classmethod
+    async def start(cls, stack: AsyncExitStack, backends: _Backends, executor: ThreadPoolExecutor, settings: _Settings) -> _Open:
+        read = settings.read
+        plans = CachedMetadataStore(
+            backends.metadata, ttl_seconds=read.plan_cache_ttl_seconds, max_entries=read.plan_cache_entries
+        )
+        readpath = ReadPath(await _tiers(backends, settings), executor, read.parallel_chunks)
+        stack.push_async_callback(readpath.aclose)
+        writer = Writer(plans, backends.blocks, settings.write, executor)
+        return cls(backends, plans, readpath, writer)
+
+    def stats(self) -> dict[str, dict[str, int | float]]:
+        out: dict[str, dict[str, int | float]] = {name: {**TierStats().as_dict(), "enabled": False} for name in TIER_NAMES}
+        for tier in self.readpath.tiers:
+            out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **_extra_stats(tier)}
+        out["plan"] = self.plans.stats()
+        return out
+
+
+TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")
+
+
+async def _tiers(backends: _Backends, settings: _Settings) -> list[Tier]:
+    """The read path's tiers, top to bottom, for these settings."""
+    from .tiers.l4 import L4Tier
+
+    tiers: list[Tier] = []
+    if settings.l1.capacity_bytes > 0:
+        tiers.append(L1Tier(MemoryCache(settings.l1.capacity_bytes, ttl_seconds=settings.l1.ttl_seconds, name="l1")))
+    if settings.l2 is not None:
+        tiers.append(await _l2_tier(settings.l2))
+    if settings.l3_urls and backends.session is not None:
+        from .tiers.l3 import L3Tier
+
+        l3 = settings.l3
+        tiers.append(L3Tier(backends.session, settings.l3_urls, token=settings.token, replicas=l3.replicas, down_seconds=l3.down_seconds))
+    tiers.append(L4Tier(backends.blocks))
+    return tiers
+
+
+async def _l2_tier(cfg: L2Config) -> Tier:
+    from .cache.disk import DiskCache
+    from .tiers.l2 import L2Tier
+
+    cache = DiskCache(cfg.dir, capacity_bytes=cfg.capacity_bytes, min_free_ratio=cfg.min_free_ratio, ttl_seconds=cfg.ttl_seconds, name="l2")
+    await cache.__aenter__()
+    return L2Tier(cache)
+
+
+def _extra_stats(tier: Tier) -> dict[str, int | float]:
+    extra = getattr(tier, "extra_stats", None)
+    return extra() if extra is not None else {}
 
 
 class SyncClient:
@@ -261,6 +376,9 @@ class SyncClient:
 
     def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         return self._run(self._client.gc(grace, dry_run=dry_run))
+
+    def flush(self) -> None:
+        self._run(self._client.flush())
 
     def stats(self) -> dict[str, dict[str, int | float]]:
         return self._client.stats()

@@ -17,12 +17,26 @@ Compression = Literal["auto", "lz4", "none"]
 
 
 class L1Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Host-memory chunk cache."""
+
     capacity_bytes: int = 1 << 30  # 0 disables L1
+    ttl_seconds: float | None = None
 
 
 class L2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Local-flash chunk cache (a directory this client may share with others)."""
+
     dir: str
     capacity_bytes: int = 10 << 30
+    min_free_ratio: float = 0.05  # never fill the file system beyond 1 - this
+    ttl_seconds: float | None = None
+
+
+class L3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the client uses the L3 flash nodes named by ``l3_urls``."""
+
+    replicas: int = 2  # nodes per chunk, chosen by rendezvous hashing
+    down_seconds: float = 5.0  # a node that failed is skipped this long
 
 
 class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -44,6 +58,8 @@ class WriteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     parallel_chunks: int = 16  # chunk reads in flight per get
+    plan_cache_ttl_seconds: float = 10.0  # how stale another client's write may look; 0 disables
+    plan_cache_entries: int = 100_000
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -56,6 +72,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     token: str | None = None
     l1: L1Config = L1Config()
     l2: L2Config | None = None
+    l3: L3Config = L3Config()
     write: WriteConfig = WriteConfig()
     read: ReadConfig = ReadConfig()
     timeouts: Timeouts = Timeouts()
@@ -107,7 +124,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
-        for table in ("l1", "l2", "write", "read", "timeouts"):
+        for table in ("l1", "l2", "l3", "write", "read", "timeouts"):
             value = getattr(self, table)
             if value is not None and (table == "l1" or value != _DEFAULTS.get(table)):
                 lines += ["", f"[{table}]"]
@@ -116,7 +133,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 _TOP_KEYS = ("api_url", "block_urls", "l3_urls", "tracker_urls")
-_DEFAULTS: dict[str, object] = {"l1": L1Config(), "write": WriteConfig(), "read": ReadConfig(), "timeouts": Timeouts()}
+_DEFAULTS: dict[str, object] = {"l1": L1Config(), "l3": L3Config(), "write": WriteConfig(), "read": ReadConfig(), "timeouts": Timeouts()}
 
 
 def check_write_config(write: WriteConfig) -> None:

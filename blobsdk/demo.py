@@ -1,5 +1,10 @@
-"""``blobsdk demo``: ingest a synthetic training dataset into the embedded store, read it
-back as one shuffled training epoch, and verify every byte.
+"""``blobsdk demo``: ingest a synthetic training dataset into the embedded store, then read
+it back as three shuffled training epochs and verify every byte of each:
+
+- cold: nothing cached, every chunk comes from L4 (the block directory);
+- warm: the same client again, every chunk from L1 (host memory);
+- restart: a new client (as after a process restart: L1 empty), every chunk from L2 (the
+  local flash directory the first client filled write-behind).
 
 Samples are 64 KiB–1 MiB, half text-like (compressible) and half random, each generated
 from its own seed so it can be regenerated to check what the store returns.  Uses only
@@ -22,6 +27,7 @@ from typing import TextIO
 import xxhash
 
 from .client import Client
+from .config import L2Config
 
 KiB, MiB = 1 << 10, 1 << 20
 MIN_SAMPLE, MAX_SAMPLE = 64 * KiB, 1 * MiB
@@ -29,6 +35,7 @@ DATASET_SEED = 20240601
 EPOCH_BATCH = 32  # concurrent gets, as a dataloader fetching one batch at a time
 RANGED_READS = 8
 PREFIX = "/demo/train/"
+TIERS = ("l1", "l2", "l3", "l4")
 
 _WORDS = (
     "the of and to in is that for it as with was on be by at this from are or an which "
@@ -75,6 +82,13 @@ def make_dataset(size_mb: int, seed: int = DATASET_SEED) -> list[Sample]:
     return samples
 
 
+@dataclass(frozen=True)
+class Epoch:
+    name: str
+    seconds: float
+    served: dict[str, int]  # chunks served per tier during this epoch
+
+
 @dataclass
 class DemoReport:
     dir: Path
@@ -82,8 +96,8 @@ class DemoReport:
     logical_bytes: int = 0
     stored_bytes: int = 0  # bytes of block files on disk
     ingest_seconds: float = 0.0
-    epoch_seconds: float = 0.0
-    verified: int = 0
+    epochs: list[Epoch] = field(default_factory=list)
+    verified: int = 0  # sample reads that matched, over every epoch
     mismatched: list[str] = field(default_factory=list)
     ranged_ok: int = 0
     ranged_total: int = 0
@@ -91,11 +105,13 @@ class DemoReport:
 
     @property
     def ok(self) -> bool:
-        return not self.mismatched and self.verified == self.samples and self.ranged_ok == self.ranged_total
+        reads = self.samples * len(self.epochs)
+        return not self.mismatched and self.verified == reads and self.ranged_ok == self.ranged_total
 
     @property
     def problems(self) -> str:
-        return (f"{self.samples - self.verified} of {self.samples} samples wrong ({', '.join(self.mismatched[:5])}), "
+        reads = self.samples * len(self.epochs)
+        return (f"{reads - self.verified} of {reads} sample reads wrong ({', '.join(self.mismatched[:5])}), "
                 f"{self.ranged_total - self.ranged_ok} of {self.ranged_total} ranged reads wrong")
 
 
@@ -118,11 +134,16 @@ async def _run(root: Path, size_mb: int, out: TextIO) -> DemoReport:
     report = DemoReport(dir=root, samples=len(samples), logical_bytes=sum(s.size for s in samples))
     print(f"blobsdk demo: {len(samples)} samples, {report.logical_bytes / MiB:.1f} MiB, "
           f"embedded store in {root}", file=out, flush=True)
-    async with Client.local(root) as client:
+    l2 = L2Config(dir=str(root / "l2"), capacity_bytes=2 * report.logical_bytes + 64 * MiB)
+    expected = {s.index: _digest(s.generate()) for s in samples}
+    async with Client.local(root, l2=l2) as client:
         report.ingest_seconds = await _ingest(client, samples, out)
-        expected = {s.index: _digest(s.generate()) for s in samples}
-        report.epoch_seconds = await _epoch(client, samples, expected, report)
+        await _epoch(client, "cold", samples, expected, report)
+        await _epoch(client, "warm", samples, expected, report)
         await _ranged_reads(client, samples, report)
+        await client.flush()
+    async with Client.local(root, l2=l2) as client:
+        await _epoch(client, "restart", samples, expected, report)
         report.stats = client.stats()
     report.stored_bytes = await asyncio.to_thread(_disk_bytes, root / "blocks")
     _print_report(report, out)
@@ -139,10 +160,11 @@ async def _ingest(client: Client, samples: Sequence[Sample], out: TextIO) -> flo
     return time.perf_counter() - start
 
 
-async def _epoch(client: Client, samples: Sequence[Sample], expected: dict[int, bytes], report: DemoReport) -> float:
+async def _epoch(client: Client, name: str, samples: Sequence[Sample], expected: dict[int, bytes], report: DemoReport) -> None:
     """Read every sample once, shuffled, ``EPOCH_BATCH`` gets at a time; check each digest."""
     order = list(samples)
-    random.Random(DATASET_SEED + 1).shuffle(order)
+    random.Random(DATASET_SEED + len(report.epochs)).shuffle(order)
+    before = _served(client)
     start = time.perf_counter()
     for batch in _batches(order, EPOCH_BATCH):
         async with asyncio.TaskGroup() as tg:
@@ -152,7 +174,13 @@ async def _epoch(client: Client, samples: Sequence[Sample], expected: dict[int, 
                 report.verified += 1
             else:
                 report.mismatched.append(sample.path)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    after = _served(client)
+    report.epochs.append(Epoch(name, seconds, {tier: after[tier] - before[tier] for tier in after}))
+
+
+def _served(client: Client) -> dict[str, int]:
+    return {tier: int(counters["hits"]) for tier, counters in client.stats().items() if tier in TIERS}
 
 
 async def _ranged_reads(client: Client, samples: Sequence[Sample], report: DemoReport) -> None:
@@ -183,19 +211,34 @@ def _disk_bytes(root: Path) -> int:
 
 def _print_report(r: DemoReport, out: TextIO) -> None:
     mib = r.logical_bytes / MiB
-    epoch = max(r.epoch_seconds, 1e-9)
     lines = [
         f"ingest:   {mib:.1f} MiB in {r.ingest_seconds:.2f} s = {mib / max(r.ingest_seconds, 1e-9):.1f} MiB/s (put_many)",
-        f"epoch:    {mib:.1f} MiB in {r.epoch_seconds:.2f} s = {mib / epoch:.1f} MiB/s, {r.samples / epoch:.0f} samples/s "
-        f"(shuffled, {EPOCH_BATCH} concurrent gets)",
-        f"verified: {r.verified}/{r.samples} samples (xxh3-128), {r.ranged_ok}/{r.ranged_total} ranged reads",
+        f"epochs:   shuffled, {EPOCH_BATCH} concurrent gets; chunks served by each tier:",
+        *_epoch_table(r),
+        f"verified: {r.verified}/{r.samples * len(r.epochs)} sample reads (xxh3-128), {r.ranged_ok}/{r.ranged_total} ranged reads",
         f"stored:   {r.stored_bytes / MiB:.1f} MiB of blocks for {mib:.1f} MiB logical "
         f"(ratio {r.stored_bytes / max(r.logical_bytes, 1):.2f})",
     ]
-    lines += [f"stats {tier}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in counters.items()) for tier, counters in r.stats.items()]
+    lines += [
+        f"stats {tier}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in counters.items())
+        for tier, counters in r.stats.items()
+        if counters.get("enabled", True)
+    ]
     lines.append("OK: every byte verified" if r.ok else f"FAILED: {r.problems}")
     print("\n".join(lines), file=out, flush=True)
 
 
 def _fmt(value: int | float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _epoch_table(r: DemoReport) -> list[str]:
+    mib = r.logical_bytes / MiB
+    rows = [f"  {'epoch':8} {'seconds':>8} {'MiB/s':>8} {'samples/s':>10} " + " ".join(f"{t:>6}" for t in TIERS)]
+    for e in r.epochs:
+        seconds = max(e.seconds, 1e-9)
+        rows.append(
+            f"  {e.name:8} {e.seconds:8.2f} {mib / seconds:8.1f} {r.samples / seconds:10.0f} "
+            + " ".join(f"{e.served.get(t, 0):>6}" for t in TIERS)
+        )
+    return rows

@@ -1,8 +1,9 @@
-"""Start a whole local blobsdk cluster: the metadata API server and N L4 block servers, each
-a real subprocess on a free loopback port.
+"""Start a whole local blobsdk cluster: the metadata API server, N L4 block servers and M L3
+flash nodes, each a real subprocess on a free loopback port.
 
     python -m servers.cluster --dir DIR [--block-servers 3] [--write-quorum Q]
                               [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T]
+                              [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S]
 
 Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
 then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
@@ -58,6 +59,9 @@ class ClusterOptions:
     bandwidth_mbps: float | None = None
     spindles: int | None = None
     token: str | None = None
+    l3_nodes: int = 2  # L3 flash nodes, each reading through every block server
+    l3_capacity_mb: float = 1024
+    l3_hold_seconds: float = 0.0
     startup_timeout: float = 30.0
 
 
@@ -86,6 +90,13 @@ def _block_args(launch: Launch, i: int) -> list[str]:
     return ["--dir", str(launch.dir / f"blocks-{i}"), *[a for k, v in flags if v is not None for a in (k, str(v))]]
 
 
+def _flash_args(launch: Launch, i: int) -> list[str]:
+    o = launch.options
+    blocks = [a for url in launch.urls["block"] for a in ("--block-url", url)]
+    sizes = ["--capacity-mb", str(o.l3_capacity_mb), "--hold-seconds", str(o.l3_hold_seconds)]
+    return ["--dir", str(launch.dir / f"l3-{i}"), *blocks, *sizes]
+
+
 KINDS: tuple[ServerKind, ...] = (
     ServerKind(
         name="api",
@@ -100,6 +111,13 @@ KINDS: tuple[ServerKind, ...] = (
         count=lambda o: o.block_servers,
         args=_block_args,
         to_config=lambda urls: {"block_urls": tuple(urls)},
+    ),
+    ServerKind(
+        name="l3",
+        module="servers.flash",
+        count=lambda o: o.l3_nodes,
+        args=_flash_args,
+        to_config=lambda urls: {"l3_urls": tuple(urls)},
     ),
 )
 
@@ -287,13 +305,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
     parser.add_argument("--bandwidth-mbps", type=float, metavar="F", help="emulated HDD bandwidth of each block server, MB/s")
     parser.add_argument("--spindles", type=int, metavar="N", help="concurrent data requests each block server serves")
     parser.add_argument("--token", help="bearer token every server requires (written to client.toml)")
+    parser.add_argument("--l3-nodes", type=int, default=2, metavar="M", help="L3 flash nodes (default 2)")
+    parser.add_argument("--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)")
+    parser.add_argument("--l3-hold-seconds", type=float, default=0.0, metavar="S", help="hold period of the L3 nodes (default 0)")
     parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
     args = parser.parse_args(argv)
     if args.block_servers < 1:
         parser.error("--block-servers must be at least 1")
     if args.write_quorum is not None and not 1 <= args.write_quorum <= args.block_servers:
         parser.error(f"--write-quorum must be between 1 and --block-servers ({args.block_servers})")
-    names = ("block_servers", "write_quorum", "latency_ms", "bandwidth_mbps", "spindles", "token", "startup_timeout")
+    if args.l3_nodes < 0 or args.l3_capacity_mb <= 0 or args.l3_hold_seconds < 0:
+        parser.error("--l3-nodes and --l3-hold-seconds must be >= 0, --l3-capacity-mb positive")
+    names = ("block_servers", "write_quorum", "latency_ms", "bandwidth_mbps", "spindles", "token",
+             "l3_nodes", "l3_capacity_mb", "l3_hold_seconds", "startup_timeout")
     return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names})
 
 

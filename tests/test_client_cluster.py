@@ -31,7 +31,7 @@ def _config(cluster, **write):
 
 
 async def test_cluster_round_trip_put_many_list_delete_gc(tmp_path):
-    async with start_cluster(tmp_path, block_servers=3) as cluster:
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0) as cluster:
         cfg = _config(cluster, max_write_seconds=0.2)
         async with blobsdk.Client(cfg) as c:
             items = [(f"/ds/{i:03d}", os.urandom(5000 + i)) for i in range(50)]
@@ -50,7 +50,7 @@ async def test_cluster_round_trip_put_many_list_delete_gc(tmp_path):
 
 
 async def test_write_without_quorum_fails_cleanly_and_keeps_the_old_version(tmp_path):
-    async with start_cluster(tmp_path, block_servers=3) as cluster:
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0) as cluster:
         async with blobsdk.Client(_config(cluster)) as c:
             await c.put("/b/x", b"old" * 50_000)
         _kill(cluster, "block-2")
@@ -65,7 +65,7 @@ async def test_write_without_quorum_fails_cleanly_and_keeps_the_old_version(tmp_
 
 
 async def test_a_flipped_byte_on_one_block_server_is_never_returned(tmp_path):
-    async with start_cluster(tmp_path, block_servers=3) as cluster:
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0) as cluster:
         data = os.urandom(200_000)
         async with blobsdk.Client(_config(cluster)) as c:
             await c.put("/b/c", data)
@@ -78,3 +78,25 @@ async def test_a_flipped_byte_on_one_block_server_is_never_returned(tmp_path):
         async with blobsdk.Client(_config(cluster)) as c:
             assert await c.get("/b/c") == data
             assert c.stats()["l4"]["corrupt"] >= 1
+
+
+async def test_an_l3_node_killed_mid_epoch(tmp_path):
+    async with start_cluster(tmp_path, block_servers=2, l3_nodes=2) as cluster:
+        cfg = msgspec.structs.replace(_config(cluster), l1=blobsdk.L1Config(capacity_bytes=0))
+        blobs = {f"/ds/{i:03d}": os.urandom(150_000 + i) for i in range(40)}
+        async with blobsdk.Client(cfg) as c:
+            await c.put_many(blobs.items())
+            paths = list(blobs)
+            for i in range(0, len(paths), 8):
+                if i == 16:
+                    _kill(cluster, "l3-0")
+                batch = paths[i : i + 8]
+                results = await asyncio.gather(*(c.get(p) for p in batch))
+                assert all(r == blobs[p] for p, r in zip(batch, results))
+            stats = c.stats()
+            assert stats["l3"]["hits"] > 0 and stats["l3"]["errors"] >= 1
+            assert stats["l3"]["nodes_down"] == 1
+            # a warm second epoch: the surviving node serves from its flash
+            for path, data in blobs.items():
+                assert await c.get(path) == data
+            assert c.stats()["l3"]["node_hits"] > 0

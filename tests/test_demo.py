@@ -21,10 +21,15 @@ async def test_demo_verifies_every_sample(tmp_path):
     out = io.StringIO()
     report = await run_demo(tmp_path / "store", size_mb=8, out=out)
     assert report.ok, report.problems
-    assert report.samples > 8 and report.verified == report.samples and not report.mismatched
+    assert report.samples > 8 and report.verified == 3 * report.samples and not report.mismatched
+    cold, warm, restart = report.epochs
+    chunks = cold.served["l4"]
+    assert chunks >= report.samples and cold.served["l1"] == cold.served["l2"] == 0
+    assert warm.served == {"l1": chunks, "l2": 0, "l3": 0, "l4": 0}
+    assert restart.served == {"l1": 0, "l2": chunks, "l3": 0, "l4": 0}
     assert report.ranged_total > 0 and report.ranged_ok == report.ranged_total
     assert report.logical_bytes == 8 * MiB and 0 < report.stored_bytes < report.logical_bytes  # text-like compresses
-    assert report.stats["l4"]["hits"] > 0
+    assert report.stats["l2"]["hits"] == chunks
     assert "OK: every byte verified" in out.getvalue()
 
 
@@ -45,5 +50,5 @@ async def test_demo_reports_a_wrong_byte(tmp_path, monkeypatch):
     monkeypatch.setattr(Client, "get", flip_one)
     out = io.StringIO()
     report = await run_demo(tmp_path / "store", size_mb=2, out=out)
-    assert not report.ok and report.mismatched == ["/demo/train/sample-000002.bin"]
-    assert report.verified == report.samples - 1 and "FAILED" in out.getvalue()
+    assert not report.ok and report.mismatched == ["/demo/train/sample-000002.bin"] * 3  # once per epoch
+    assert report.verified == 3 * (report.samples - 1) and "FAILED" in out.getvalue()

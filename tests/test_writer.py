@@ -4,7 +4,7 @@ import lz4.block
 import pytest
 import xxhash
 
-from blobsdk.reader import _overlapping, resolve_range
+from blobsdk.readpath import _overlapping, resolve_range
 from blobsdk.wire import ChunkRef
 from blobsdk.writer import encode_chunk, split
 

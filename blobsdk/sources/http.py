@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
-from .._http import HttpEndpoint
+from .._http import HttpEndpoint, read_exactly
 from ..errors import Unavailable
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
@@ -53,7 +53,7 @@ class HttpBlockStore:
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
         async with self._get_range(block_id, offset, view.nbytes) as resp:
-            await _fill(resp, view)
+            await read_exactly(resp, view)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         if _check_span(block_id, offset, length) == 0:
@@ -119,19 +119,6 @@ class _PartsPayload(Payload):
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return b"".join(self._value).decode(encoding, errors)
-
-
-async def _fill(resp: aiohttp.ClientResponse, out: memoryview) -> None:
-    """Copy the body into ``out`` as it arrives; it must be exactly ``out``'s size."""
-    filled = 0
-    async for piece in resp.content.iter_any():
-        end = filled + len(piece)
-        if end > out.nbytes:
-            raise Unavailable(f"{resp.url}: body longer than the {out.nbytes} bytes asked for")
-        out[filled:end] = piece
-        filled = end
-    if filled != out.nbytes:
-        raise Unavailable(f"{resp.url}: body truncated at {filled} of {out.nbytes} bytes")
 
 
 def _route(block_id: str) -> str:

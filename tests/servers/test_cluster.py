@@ -69,9 +69,10 @@ def _servers(dir: Path) -> list[dict]:
 async def test_cli_serves_a_client_and_stops_every_server_on_sigterm(cluster_cli):
     proc, dir = cluster_cli
     servers = _servers(dir)
-    assert [s["name"] for s in servers] == ["api", "block-0", "block-1", "block-2"]
+    assert [s["name"] for s in servers] == ["api", "block-0", "block-1", "block-2", "l3-0", "l3-1"]
     config = ClientConfig.from_toml(dir / "client.toml")
-    assert config.api_url == servers[0]["url"] and list(config.block_urls) == [s["url"] for s in servers[1:]]
+    assert config.api_url == servers[0]["url"] and list(config.block_urls) == [s["url"] for s in servers[1:4]]
+    assert list(config.l3_urls) == [s["url"] for s in servers[4:]]
 
     data = os.urandom(3 << 20)
     async with blobsdk.Client(config) as client:
@@ -125,7 +126,7 @@ async def test_reads_survive_dead_block_servers_and_the_token_is_required(tmp_pa
 def test_a_server_that_fails_to_start_stops_the_others(tmp_path):
     broken = ServerKind(name="broken", module="servers.no_such_server", count=lambda o: 1,
                         args=lambda launch, i: [], to_config=lambda urls: {})
-    cluster = Cluster(tmp_path, ClusterOptions(block_servers=1), kinds=(*KINDS, broken))
+    cluster = Cluster(tmp_path, ClusterOptions(block_servers=1, l3_nodes=0), kinds=(*KINDS, broken))
     with pytest.raises(ClusterError, match="broken exited with code 1 during start-up"), cluster:
         pass
     assert [p.name for p in cluster.processes] == ["api", "block", "broken"]

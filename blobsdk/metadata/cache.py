@@ -1,0 +1,110 @@
+"""The read-plan cache: an in-process TTL cache in front of any MetadataStore.
+
+Staleness rule: a plan served from the cache is at most ``ttl_seconds`` old.  This client's
+own commits and deletes update the cache at once, so a client always reads its own writes;
+another client's write becomes visible here within ``ttl_seconds``.  Missing paths are not
+cached, so a blob created elsewhere is visible at once.  Chunk caches cannot be stale at all
+(chunk keys name immutable bytes); only plans can.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import cachetools
+
+from ..wire import BlobInfo, CommitOp, ReadPlan
+from .base import MetadataStore
+
+
+class CachedMetadataStore:
+    """A MetadataStore wrapper with a TTL + LRU plan cache (``ttl_seconds=0`` disables it)."""
+
+    def __init__(self, store: MetadataStore, *, ttl_seconds: float = 10.0, max_entries: int = 100_000) -> None:
+        if ttl_seconds < 0 or max_entries < 1:
+            raise ValueError(f"plan cache needs ttl_seconds >= 0 and max_entries >= 1, got {ttl_seconds}, {max_entries}")
+        self.store = store
+        self._enabled = ttl_seconds > 0
+        self._plans: cachetools.TTLCache[str, ReadPlan] = cachetools.TTLCache(max_entries, ttl_seconds or 1, timer=time.monotonic)
+        self.hits = 0
+        self.misses = 0
+
+    def peek(self, path: str) -> ReadPlan | None:
+        """A cached plan or None, synchronously (the read path's fast path).  Only valid
+        paths are ever cached, so a hit needs no path validation."""
+        plan = self._plans.get(path)
+        if plan is not None:
+            self.hits += 1
+        return plan
+
+    async def get_plan(self, path: str) -> ReadPlan:
+        plan = self.peek(path)
+        if plan is None:
+            self.misses += 1
+            plan = await self.store.get_plan(path)
+            self._remember(plan)
+        return plan
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
+        """Cached plans, plus one batch lookup for every path not cached."""
+        found = {p: plan for p in paths if (plan := self.peek(p)) is not None}
+        missing = [p for p in dict.fromkeys(paths) if p not in found]
+        if missing:
+            self.misses += len(missing)
+            for path, plan in zip(missing, await self.store.get_plans(missing)):
+                if plan is not None:
+                    found[path] = plan
+                    self._remember(plan)
+        return [found.get(p) for p in paths]
+
+    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
+        self._plans.pop(path, None)
+        committed = await self.store.commit(path, plan, if_version)
+        self._remember(committed)
+        return committed
+
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        for op in ops:
+            self._plans.pop(op.path, None)
+        committed = await self.store.commit_many(ops)
+        for plan in committed:
+            self._remember(plan)
+        return committed
+
+    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+        self._plans.pop(path, None)
+        try:
+            return await self.store.delete(path, if_version)
+        finally:
+            self._plans.pop(path, None)
+
+    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> tuple[list[BlobInfo], str | None]:
+        return await self.store.list_page(prefix, start_after, limit)
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        return self.store.list(prefix, start_after, limit)
+
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+        return await self.store.scan_page(start_after, limit)
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        return self.store.iter_plans()
+
+    def _remember(self, plan: ReadPlan) -> None:
+        if self._enabled:
+            self._plans[plan.path] = plan
+
+    def invalidate(self, path: str | None = None) -> None:
+        """Forget one path's plan, or every plan."""
+        if path is None:
+            self._plans.clear()
+        else:
+            self._plans.pop(path, None)
+
+    def stats(self) -> dict[str, int | float]:
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._plans)}
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+

@@ -1,0 +1,75 @@
+"""L2: chunks on local flash, filled write-behind.
+
+Fills go through a bounded queue drained by one owned task, so a slow or full disk never
+slows a read: when the queue is full the fill is dropped (and counted).  Reads verify the
+bytes against the chunk checksum on top of the disk engine's own check (DESIGN invariant 1:
+L2 disk -> memory is a tier boundary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..cache.disk import DiskCache
+from ..errors import BlobError
+from ..readpath import verify_raw
+from ..stats import TierStats
+from ..wire import ChunkRef
+from .base import BadCopy, Decoder
+
+_QUEUE_ENTRIES = 64
+
+
+class L2Tier:
+    """The Tier over a :class:`~blobsdk.cache.disk.DiskCache`; owns its write-behind task."""
+
+    name = "l2"
+
+    def __init__(self, cache: DiskCache, *, queue_entries: int = _QUEUE_ENTRIES) -> None:
+        self.cache = cache
+        self.stats = TierStats()
+        self.fills_dropped = 0
+        self._queue: asyncio.Queue[tuple[str, memoryview]] = asyncio.Queue(queue_entries)
+        self._writer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
+        begun = time.perf_counter()
+        data = await self.cache.get(ref.key)
+        if data is None:
+            self.stats.misses += 1
+            return None
+        try:
+            raw = verify_raw(ref, memoryview(data))
+        except BadCopy:
+            self.stats.corrupt += 1
+            await self.cache.delete(ref.key)
+            return None
+        self.stats.hit(len(raw), time.perf_counter() - begun)
+        return raw
+
+    async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
+        try:
+            self._queue.put_nowait((ref.key, raw))
+        except asyncio.QueueFull:
+            self.fills_dropped += 1
+
+    async def flush(self) -> None:
+        """Wait until every queued fill was written (tests and benchmarks)."""
+        await self._queue.join()
+
+    async def aclose(self) -> None:
+        self._writer.cancel()
+        await asyncio.gather(self._writer, return_exceptions=True)
+        await self.cache.aclose()
+
+    async def _drain(self) -> None:
+        while True:
+            key, raw = await self._queue.get()
+            try:
+                if not await self.cache.put(key, raw):
+                    self.fills_dropped += 1
+            except BlobError:  # e.g. QuotaExceeded: a cache that cannot store is only a miss
+                self.stats.errors += 1
+            finally:
+                self._queue.task_done()

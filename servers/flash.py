@@ -1,0 +1,530 @@
+"""L3 regional flash node: a disk cache of chunks in front of L4, shared by a region's clients.
+
+Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verifies them)::
+
+    GET    /v1/chunks/{key}?<ChunkRef>  the chunk; X-Blobsdk-Cache: hit (flash) or miss (L4)
+    PUT    /v1/chunks/{key}?<ChunkRef>[&pin_seconds=S]   body = stored bytes; 201 stored
+    POST   /v1/hydrate                  HydrateRequest (msgpack or JSON) -> 202 HydrateStatus
+    GET    /v1/hydrate/{job_id}         HydrateStatus;  DELETE cancels the job
+    GET    /stats                       JSON: cache, tenants' usage, request counters, L4, jobs
+
+``<ChunkRef>`` is the ChunkRef as query parameters (blobsdk.tiers.l3.chunk_query); ``key``
+must be its chunk key, else 400.
+
+Read-through: a miss reads the L4 replicas in order, verifies each copy (decode + xxh3-64),
+stores the first good one for the requesting tenant and serves it; one load per chunk key is
+in flight (single-flight: the fill is charged to the tenant that asked first).  No good copy
+is 502 ``corrupt_data`` (404 if the block is gone, 503 if L4 is down) and nothing is stored.
+A fill the cache refuses (full, chunk larger than the capacity, over the requester's quota:
+counted as ``quota_rejections``) still serves the bytes.
+
+Tenants: a request's tenant is the one whose token is its bearer token; ``--token`` is the
+admin token (tenant "default"); with neither, everything is tenant "default" and no token is
+needed.  An unknown token is 401.  An explicit write over the tenant's quota (PUT, hydrate)
+is 429 ``quota_exceeded`` for that tenant only; a PUT body that does not match its ChunkRef
+is 422 ``corrupt_data``; a chunk the cache cannot admit is 507 ``insufficient_storage``.
+
+Hydrate jobs pull their chunks from L4 in the background (``hydrate_concurrency`` chunks at a
+time across all jobs), verify, store and pin them (``pin_seconds``) for the tenant; a job
+ends "done" if every chunk is stored, else "failed".  The last ``max_jobs`` jobs are kept for
+status queries.  Jobs and loads are owned tasks: app cleanup cancels and awaits them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import msgspec
+from aiohttp import web
+
+from blobsdk._http import new_session
+from blobsdk.cache.base import DEFAULT_TENANT, validate_key
+from blobsdk.cache.disk import DiskCache
+from blobsdk.config import Timeouts
+from blobsdk.errors import BadRequest, BlobError, BlobNotFound, CorruptData, QuotaExceeded, Unauthorized, Unavailable
+from blobsdk.readpath import decode_chunk
+from blobsdk.sources.base import BlockStore
+from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tiers.base import BadCopy
+from blobsdk.tiers.l3 import CACHE_HEADER, HydrateRequest, HydrateStatus, ref_from_query, validate_ref
+from blobsdk.tiers.l4 import L4Tier
+from blobsdk.wire import ChunkRef
+from servers._common.http import METRICS_KEY, PUBLIC_ROUTES, Handler, add_serve_args, base_app, read_body, reply, serve
+
+MiB = 1 << 20
+OCTETS = "application/octet-stream"
+_INLINE_VERIFY = 256 << 10  # smaller chunks are verified on the loop thread
+_JOB_ERRORS = 5  # failure messages a job keeps
+
+
+class TenantConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    token: str
+    quota_bytes: int | None = None  # None: no quota
+
+
+class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything one flash node needs; ValueError on construction if a setting is invalid."""
+
+    dir: str
+    block_urls: tuple[str, ...]  # L4 block servers (replicas), read through in order
+    capacity_bytes: int
+    hold_seconds: float = 0.0  # younger entries are evicted only when nothing else is left
+    ttl_seconds: float | None = None
+    min_free_ratio: float = 0.05
+    tenants: dict[str, TenantConfig] = {}
+    token: str | None = None  # admin token (tenant "default")
+    block_token: str | None = None  # bearer token of the block servers
+    hydrate_concurrency: int = 8
+    pin_seconds: float = 600.0  # default pin of hydrated chunks
+    max_chunk_bytes: int = 64 * MiB
+    max_jobs: int = 256  # hydrate jobs kept (running + finished)
+    threads: int = 4  # disk threads of the cache
+
+    def __post_init__(self) -> None:
+        problems = [msg for bad, msg in _checks(self) if bad]
+        if problems:
+            raise ValueError("invalid flash config: " + "; ".join(problems))
+
+
+def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
+    yield not c.block_urls, "block_urls must name at least one L4 block server"
+    yield c.capacity_bytes < 1, "capacity_bytes must be positive"
+    yield c.hold_seconds < 0 or c.pin_seconds < 0, "hold_seconds and pin_seconds must be >= 0"
+    yield c.ttl_seconds is not None and c.ttl_seconds <= 0, "ttl_seconds must be positive"
+    yield not 0 <= c.min_free_ratio < 1, "min_free_ratio must be in [0, 1)"
+    yield min(c.hydrate_concurrency, c.max_chunk_bytes, c.max_jobs, c.threads) < 1, "counts must be positive"
+    tokens = [t.token for t in c.tenants.values()] + ([c.token] if c.token else [])
+    yield not all(tokens) or len(set(tokens)) != len(tokens), "tokens must be non-empty and distinct"
+    yield any(t.quota_bytes is not None and t.quota_bytes < 0 for t in c.tenants.values()), "quotas must be >= 0"
+    yield not all(c.tenants), "tenant names must be non-empty"
+
+
+class NotAdmitted(BlobError):
+    """The cache could not store a chunk (larger than its capacity, disk full, pinned data)."""
+
+    code = "insufficient_storage"
+    http_status = 507
+
+
+class BadUpload(CorruptData):
+    """A PUT body that does not match its ChunkRef."""
+
+    http_status = 422
+
+
+class Tenants:
+    """Bearer token -> tenant name (compared in constant time)."""
+
+    def __init__(self, config: FlashConfig) -> None:
+        self._tokens = [(f"Bearer {t.token}".encode(), name) for name, t in config.tenants.items()]
+        if config.token:
+            self._tokens.append((f"Bearer {config.token}".encode(), DEFAULT_TENANT))
+
+    def of(self, request: web.Request) -> str:
+        if not self._tokens:
+            return DEFAULT_TENANT
+        given = request.headers.get("Authorization", "").encode()
+        found = [name for token, name in self._tokens if hmac.compare_digest(given, token)]
+        if not found:
+            raise Unauthorized("missing or unknown bearer token")
+        return found[0]
+
+    def middleware(self) -> Callable[[web.Request, Handler], object]:
+        @web.middleware
+        async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path not in PUBLIC_ROUTES:
+                self.of(request)
+            return await handler(request)
+
+        return authenticate
+
+
+@dataclass
+class Counters:
+    """What the node did, for /stats and /metrics."""
+
+    hits: int = 0  # GETs served from flash
+    misses: int = 0  # GETs read through from L4
+    fills: int = 0  # read-through copies stored
+    fills_refused: int = 0  # read-through copies the cache did not admit
+    quota_rejections: int = 0  # read-through copies over the requester's quota (served, not stored)
+    puts: int = 0  # chunks stored by PUT
+
+
+class Job:
+    """One hydrate job: its refs, counters, and the task that works on them."""
+
+    def __init__(self, refs: list[ChunkRef], tenant: str, pin_seconds: float) -> None:
+        self.job_id = os.urandom(8).hex()
+        self.refs, self.tenant, self.pin_seconds = refs, tenant, pin_seconds
+        self.done = self.failed = self.bytes = 0
+        self.errors: list[str] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def failure(self, ref: ChunkRef, exc: BaseException) -> None:
+        self.failed += 1
+        if len(self.errors) < _JOB_ERRORS:
+            self.errors.append(f"chunk {ref.key}: {type(exc).__name__}: {exc}")
+
+    def status(self) -> HydrateStatus:
+        return HydrateStatus(job_id=self.job_id, state=self._state(), total=len(self.refs), done=self.done,
+                             failed=self.failed, bytes=self.bytes, errors=list(self.errors))
+
+    def _state(self) -> str:
+        if self.task is None or not self.task.done():
+            return "running"
+        if self.task.cancelled():
+            return "cancelled"
+        return "failed" if self.failed or self.task.exception() is not None else "done"
+
+
+class FlashNode:
+    """The route handlers over one DiskCache and the L4 replicas behind it.  Its resources
+    open in :meth:`open` (app start-up) and close with the stack given there."""
+
+    cache: DiskCache
+    l4: L4Tier
+
+    def __init__(self, config: FlashConfig, *, blocks: BlockStore | None = None, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.tenants = Tenants(config)
+        self.counters = Counters()
+        self._given_blocks = blocks
+        self._clock = clock
+        self._loads: dict[str, asyncio.Task[tuple[bytes | bytearray, bool]]] = {}
+        self._jobs: dict[str, Job] = {}
+        self._finished: deque[str] = deque()
+        self._slots = asyncio.Semaphore(config.hydrate_concurrency)
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack))
+        c = self.config
+        quotas = {name: t.quota_bytes for name, t in c.tenants.items() if t.quota_bytes is not None}
+        self.cache = await stack.enter_async_context(DiskCache(
+            c.dir, capacity_bytes=c.capacity_bytes, min_free_ratio=c.min_free_ratio, ttl_seconds=c.ttl_seconds,
+            hold_seconds=c.hold_seconds, quotas=quotas, threads=c.threads, name="l3", clock=self._clock))
+        stack.push_async_callback(self._stop_tasks)  # first out: no task may outlive the cache
+
+    async def _open_blocks(self, stack: AsyncExitStack) -> BlockStore:
+        session = await stack.enter_async_context(new_session(Timeouts()))
+        stores = [HttpBlockStore(session, url, self.config.block_token) for url in self.config.block_urls]
+        blocks = ReplicatedBlockStore(stores)
+        stack.push_async_callback(blocks.aclose)
+        return blocks
+
+    async def _stop_tasks(self) -> None:
+        tasks = [*self._loads.values(), *(j.task for j in self._jobs.values() if j.task is not None)]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- chunks ---------------------------------------------------------------------------
+
+    async def get_chunk(self, request: web.Request) -> web.Response:
+        ref = self._ref_of(request)
+        data, hit = await self.load(ref, self.tenants.of(request))
+        if hit:
+            self.counters.hits += 1
+        else:
+            self.counters.misses += 1
+        return web.Response(body=data, content_type=OCTETS, headers={CACHE_HEADER: "hit" if hit else "miss"})
+
+    async def put_chunk(self, request: web.Request) -> web.Response:
+        ref = self._ref_of(request)
+        tenant = self.tenants.of(request)
+        pin_seconds = _seconds(request.query.get("pin_seconds", "0"))
+        data = await _read_exact_body(request, ref.length)
+        try:
+            await self._verify(ref, memoryview(data))
+        except BadCopy as exc:
+            raise BadUpload(f"body does not match its chunk reference: {exc}") from exc
+        await self._store(ref, data, tenant, pin_seconds)
+        self.counters.puts += 1
+        return web.Response(status=201)
+
+    async def load(self, ref: ChunkRef, tenant: str, pin_seconds: float = 0.0) -> tuple[bytes | bytearray, bool]:
+        """The chunk's stored bytes and whether they came from flash; one load per key in
+        flight, whoever waits for it."""
+        task = self._loads.get(ref.key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(ref, tenant, pin_seconds), name=ref.key)
+            self._loads[ref.key] = task
+            task.add_done_callback(self._landed)
+        return await asyncio.shield(task)
+
+    def _landed(self, task: asyncio.Task[tuple[bytes | bytearray, bool]]) -> None:
+        if self._loads.get(task.get_name()) is task:
+            del self._loads[task.get_name()]
+        if not task.cancelled():
+            task.exception()  # retrieved: a load whose requesters all left never warns
+
+    async def _load(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> tuple[bytes | bytearray, bool]:
+        data = await self.cache.get(ref.key)
+        if data is not None and len(data) == ref.length:
+            return data, True
+        buf = bytearray(ref.length)
+        await self.l4.fetch_into(ref, memoryview(buf), self._verify)
+        await self._fill(ref, buf, tenant, pin_seconds)
+        return buf, False
+
+    async def _fill(self, ref: ChunkRef, data: bytearray, tenant: str, pin_seconds: float) -> None:
+        """Store a read-through copy if the cache admits it: a refusal is only counted."""
+        try:
+            stored = await self.cache.put(ref.key, data, tenant=tenant, pin_seconds=pin_seconds)
+        except QuotaExceeded:
+            self.counters.quota_rejections += 1
+            return
+        if stored:
+            self.counters.fills += 1
+        else:
+            self.counters.fills_refused += 1
+
+    async def _store(self, ref: ChunkRef, data: bytes | bytearray, tenant: str, pin_seconds: float) -> None:
+        """Store explicitly: QuotaExceeded (429) or NotAdmitted (507) if it cannot be."""
+        if not await self.cache.put(ref.key, data, tenant=tenant, pin_seconds=pin_seconds):
+            raise NotAdmitted(f"chunk {ref.key} ({len(data)} bytes) was not admitted: cache full or too small")
+
+    async def _verify(self, ref: ChunkRef, stored: memoryview) -> memoryview:
+        if len(stored) < _INLINE_VERIFY:
+            return decode_chunk(ref, stored)
+        return await asyncio.to_thread(decode_chunk, ref, stored)
+
+    def _ref_of(self, request: web.Request) -> ChunkRef:
+        key = validate_key(request.match_info["key"])
+        ref = ref_from_query(request.query)
+        if ref.key != key:
+            raise BadRequest(f"chunk key {key} is not the key of {ref} ({ref.key})")
+        return self._check_size(ref)
+
+    # --- hydrate --------------------------------------------------------------------------
+
+    async def post_hydrate(self, request: web.Request) -> web.Response:
+        tenant = self.tenants.of(request)
+        body = await read_body(request, HydrateRequest)
+        for ref in body.refs:
+            self._check_size(validate_ref(ref))
+        pin_seconds = self.config.pin_seconds if body.pin_seconds is None else body.pin_seconds
+        if pin_seconds < 0:
+            raise BadRequest(f"pin_seconds must be >= 0, got {pin_seconds}")
+        job = self._start_job(Job(list({r.key: r for r in body.refs}.values()), tenant, pin_seconds))
+        return reply(request, job.status(), status=202)
+
+    async def get_hydrate(self, request: web.Request) -> web.Response:
+        return reply(request, self._job_of(request).status())
+
+    async def cancel_hydrate(self, request: web.Request) -> web.Response:
+        job = self._job_of(request)
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+            await asyncio.gather(job.task, return_exceptions=True)
+        return reply(request, job.status())
+
+    def _check_size(self, ref: ChunkRef) -> ChunkRef:
+        if ref.length > self.config.max_chunk_bytes:
+            raise BadRequest(f"chunk of {ref.length} bytes exceeds this node's limit of {self.config.max_chunk_bytes}")
+        return ref
+
+    def job(self, job_id: str) -> Job | None:
+        """A running or recently finished hydrate job."""
+        return self._jobs.get(job_id)
+
+    def _job_of(self, request: web.Request) -> Job:
+        job = self.job(request.match_info["job_id"])
+        if job is None:
+            raise BlobNotFound(f"no hydrate job {request.match_info['job_id']!r} (unknown or forgotten)")
+        return job
+
+    def _start_job(self, job: Job) -> Job:
+        while len(self._jobs) >= self.config.max_jobs and self._finished:
+            self._jobs.pop(self._finished.popleft(), None)
+        if len(self._jobs) >= self.config.max_jobs:
+            raise Unavailable(f"{len(self._jobs)} hydrate jobs are running; try again later")
+        job.task = asyncio.get_running_loop().create_task(self._run_job(job))
+        job.task.add_done_callback(lambda task: self._job_ended(job))
+        self._jobs[job.job_id] = job
+        return job
+
+    def _job_ended(self, job: Job) -> None:
+        self._finished.append(job.job_id)
+        if job.task is not None and not job.task.cancelled():
+            job.task.exception()  # a bug shows as state "failed", never as an unretrieved error
+
+    async def _run_job(self, job: Job) -> None:
+        refs = iter(job.refs)
+        async with asyncio.TaskGroup() as workers:
+            for _ in range(min(self.config.hydrate_concurrency, len(job.refs))):
+                workers.create_task(self._hydrate_worker(job, refs))
+
+    async def _hydrate_worker(self, job: Job, refs: Iterator[ChunkRef]) -> None:
+        for ref in refs:  # shared by the job's workers: each ref is taken once
+            async with self._slots:
+                try:
+                    stored = await self._hydrate_chunk(ref, job.tenant, job.pin_seconds)
+                except BlobError as exc:
+                    job.failure(ref, exc)
+                    continue
+                job.done += 1
+                job.bytes += stored  # not `+= await ...`: that would read job.bytes before the await
+
+    async def _hydrate_chunk(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> int:
+        """Make sure the chunk is stored and pinned; its stored size."""
+        if self.cache.pin(ref.key, pin_seconds):
+            return ref.length
+        data, _ = await self.load(ref, tenant, pin_seconds)
+        if not self.cache.pin(ref.key, pin_seconds):  # not stored by the load: try for this tenant
+            await self._store(ref, data, tenant, pin_seconds)
+        return ref.length
+
+    # --- observability --------------------------------------------------------------------
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "cache": self.cache.stats(),
+            "tenants": self.cache.tenant_usage(),
+            "requests": asdict(self.counters),
+            "l4": self.l4.stats.as_dict(),
+            "jobs": {"running": self.running_jobs(), "kept": len(self._jobs)},
+        }
+
+    def running_jobs(self) -> int:
+        return sum(job.task is not None and not job.task.done() for job in self._jobs.values())
+
+
+FLASH_NODE = web.AppKey("flash_node", FlashNode)
+
+
+async def _read_exact_body(request: web.Request, length: int) -> bytearray:
+    """The request body, which must be exactly ``length`` bytes (BadRequest otherwise)."""
+    if request.content_length is not None and request.content_length != length:
+        raise BadRequest(f"body of {request.content_length} bytes, the chunk reference says {length}")
+    body = bytearray()
+    while piece := await request.content.read(length + 1 - len(body)):
+        body += piece
+        if len(body) > length:
+            break
+    if len(body) != length:
+        raise BadRequest(f"body of {'more than ' if len(body) > length else ''}{len(body)} bytes, expected {length}")
+    return body
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"pin_seconds must be a number, got {raw!r}") from None
+    if not 0 <= value < float("inf"):
+        raise BadRequest(f"pin_seconds must be >= 0, got {raw!r}")
+    return value
+
+
+def make_app(
+    config: FlashConfig, *, blocks: BlockStore | None = None, clock: Callable[[], float] = time.monotonic
+) -> web.Application:
+    """The flash node for ``config``.  ``blocks`` replaces the L4 replicas named by
+    ``config.block_urls`` (the caller keeps and closes it); ``clock`` drives the cache's TTL,
+    hold and pins (tests)."""
+    node = FlashNode(config, blocks=blocks, clock=clock)
+    app = base_app("blobsdk_flash")
+    app[FLASH_NODE] = node
+    app.middlewares.append(node.tenants.middleware())
+    _install(app, node)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            await node.open(stack)
+            yield
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def _install(app: web.Application, node: FlashNode) -> None:
+    app.router.add_get("/v1/chunks/{key}", node.get_chunk, allow_head=False)
+    app.router.add_put("/v1/chunks/{key}", node.put_chunk)
+    app.router.add_post("/v1/hydrate", node.post_hydrate)
+    app.router.add_get("/v1/hydrate/{job_id}", node.get_hydrate, allow_head=False)
+    app.router.add_delete("/v1/hydrate/{job_id}", node.cancel_hydrate)
+    app.router.add_get("/stats", node.stats, allow_head=False)
+    gauges = app[METRICS_KEY].gauges
+    for name in ("bytes", "entries", "capacity_bytes", "evictions", "corrupt"):
+        gauges[f"cache_{name}"] = lambda name=name: node.cache.stats().get(name, 0)
+    for name in asdict(Counters()):
+        gauges[f"chunk_{name}"] = lambda name=name: getattr(node.counters, name)
+    gauges["l4_corrupt_copies"] = lambda: node.l4.stats.corrupt
+    gauges["l4_errors"] = lambda: node.l4.stats.errors
+    gauges["hydrate_jobs_running"] = node.running_jobs
+
+
+# --- command line ---------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_of(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve(make_app(config), args.host, args.port, args.port_file)
+
+
+def config_of(args: argparse.Namespace) -> FlashConfig:
+    """The FlashConfig the parsed flags describe (ValueError if they are invalid)."""
+    return FlashConfig(
+        dir=str(args.dir), block_urls=tuple(args.block_url), capacity_bytes=int(args.capacity_mb * MiB),
+        hold_seconds=args.hold_seconds, ttl_seconds=args.ttl_seconds, min_free_ratio=args.min_free_ratio,
+        tenants=dict(parse_tenant(t) for t in args.tenant), token=args.token,
+        block_token=args.token if args.block_token is None else args.block_token,
+        hydrate_concurrency=args.hydrate_concurrency, pin_seconds=args.pin_seconds,
+        max_chunk_bytes=int(args.max_chunk_mb * MiB),
+    )
+
+
+def parse_tenant(spec: str) -> tuple[str, TenantConfig]:
+    """``NAME:TOKEN[:QUOTA_MB]`` (a token cannot contain ':')."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise ValueError(f"--tenant {spec!r}: want NAME:TOKEN or NAME:TOKEN:QUOTA_MB")
+    try:
+        quota = None if len(parts) == 2 else int(float(parts[2]) * MiB)
+    except ValueError:
+        raise ValueError(f"--tenant {spec!r}: quota {parts[2]!r} is not a number of MiB") from None
+    return parts[0], TenantConfig(token=parts[1], quota_bytes=quota)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m servers.flash", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, required=True, help="directory of the flash cache")
+    parser.add_argument("--block-url", action="append", required=True, metavar="URL",
+                        help="L4 block server to read through (repeat for each replica, in read order)")
+    parser.add_argument("--capacity-mb", type=float, default=1024, metavar="N", help="cache capacity, MiB (default 1024)")
+    parser.add_argument("--hold-seconds", type=float, default=0.0, metavar="S",
+                        help="keep entries at least this long unless nothing else can be evicted (default 0)")
+    parser.add_argument("--ttl-seconds", type=float, default=None, metavar="S", help="entries expire after this")
+    parser.add_argument("--min-free-ratio", type=float, default=0.05, metavar="R",
+                        help="never fill the file system beyond 1 - R (default 0.05)")
+    parser.add_argument("--tenant", action="append", default=[], metavar="NAME:TOKEN[:QUOTA_MB]",
+                        help="a tenant, its bearer token and optional quota (repeatable)")
+    parser.add_argument("--block-token", default=None, help="bearer token of the block servers (default: --token)")
+    parser.add_argument("--hydrate-concurrency", type=int, default=8, metavar="N", help="L4 reads for hydrate jobs")
+    parser.add_argument("--pin-seconds", type=float, default=600.0, metavar="S", help="default pin of hydrated chunks")
+    parser.add_argument("--max-chunk-mb", type=float, default=64, metavar="N", help="largest chunk served (default 64)")
+    add_serve_args(parser)
+    return parser
+
+
+if __name__ == "__main__":
+    main()

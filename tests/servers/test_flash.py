@@ -1,0 +1,444 @@
+"""servers/flash.py: the L3 flash node over real (in-loop) block servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from blobsdk.readpath import decode_chunk
+from blobsdk.sources.base import BlockStore, Buffer
+from blobsdk.tiers.l3 import CACHE_HEADER, HydrateRequest, HydrateStatus, chunk_query
+from blobsdk.wire import JSON, ChunkRef, ErrorBody
+from servers.flash import FLASH_NODE, FlashConfig, FlashNode, TenantConfig, make_app
+from tests.helpers import ROOT, running_app, server_process
+from tests.tiers.test_l4 import Replicas, pack
+
+CHUNK = 10_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingStore:
+    """The real replicated L4 store, its reads counted and held while ``gate`` is clear."""
+
+    def __init__(self, inner: BlockStore) -> None:
+        self.inner = inner
+        self.reads = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    @property
+    def name(self) -> str:
+        return f"counting[{self.inner.name}]"
+
+    @property
+    def replicas(self) -> tuple[CountingStore]:
+        return (self,)
+
+    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
+        self.reads += 1
+        await self.gate.wait()
+        await self.inner.read_into(block_id, offset, out)
+
+    async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
+        raise AssertionError("the flash node reads into buffers")
+
+    async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
+        await self.inner.write_block(block_id, parts)
+
+    async def delete_block(self, block_id: str) -> None:
+        await self.inner.delete_block(block_id)
+
+    def list_blocks(self) -> Any:
+        return self.inner.list_blocks()
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Env(Replicas):
+    """Block servers plus flash nodes over them, all in this loop."""
+
+    async def node(self, name: str = "flash", *, blocks: BlockStore | None = None, clock: Any = time.monotonic,
+                   stack: AsyncExitStack | None = None, **config: Any) -> tuple[str, FlashNode]:
+        config.setdefault("capacity_bytes", 64 << 20)
+        cfg = FlashConfig(dir=str(self.tmp / name), block_urls=tuple(self.urls), **config)
+        app = make_app(cfg, blocks=blocks, clock=clock)
+        url = await (stack or self.stack).enter_async_context(running_app(app))
+        return url, app[FLASH_NODE]
+
+    async def get(self, url: str, ref: ChunkRef, token: str | None = None, key: str | None = None) -> tuple[int, str | None, bytes]:
+        route = f"{url}/v1/chunks/{key or ref.key}?{chunk_query(ref)}"
+        async with self.session.get(route, headers=_auth(token)) as resp:
+            return resp.status, resp.headers.get(CACHE_HEADER), await resp.read()
+
+    async def put(self, url: str, ref: ChunkRef, body: bytes, token: str | None = None, pin: float = 0) -> tuple[int, bytes]:
+        route = f"{url}/v1/chunks/{ref.key}?{chunk_query(ref)}&pin_seconds={pin}"
+        async with self.session.put(route, data=body, headers=_auth(token)) as resp:
+            return resp.status, await resp.read()
+
+    async def hydrate(self, url: str, refs: list[ChunkRef], token: str | None = None, **extra: Any) -> HydrateStatus:
+        body = msgspec.json.encode(HydrateRequest(refs=refs, **extra))
+        headers = {**_auth(token), "Content-Type": JSON, "Accept": JSON}
+        async with self.session.post(f"{url}/v1/hydrate", data=body, headers=headers) as resp:
+            assert resp.status == 202, await resp.text()
+            return msgspec.json.decode(await resp.read(), type=HydrateStatus)
+
+    async def status(self, url: str, job_id: str, token: str | None = None, method: str = "GET") -> HydrateStatus:
+        async with self.session.request(method, f"{url}/v1/hydrate/{job_id}", headers=_auth(token)) as resp:
+            assert resp.status == 200, await resp.read()
+            return msgspec.msgpack.decode(await resp.read(), type=HydrateStatus)
+
+    async def finished(self, url: str, job_id: str, token: str | None = None) -> HydrateStatus:
+        for _ in range(500):
+            status = await self.status(url, job_id, token)
+            if status.finished:
+                return status
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"hydrate job {job_id} did not finish: {status}")
+
+    async def stats(self, url: str, token: str | None = None) -> dict[str, Any]:
+        async with self.session.get(f"{url}/stats", headers=_auth(token)) as resp:
+            assert resp.status == 200
+            return await resp.json()
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def code_of(body: bytes) -> str:
+    return msgspec.msgpack.decode(body, type=ErrorBody).code
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    async with aiohttp.ClientSession() as session, AsyncExitStack() as stack:
+        yield Env(tmp_path, session, stack)
+
+
+async def chunks(env: Env, n: int, size: int = CHUNK) -> list[ChunkRef]:
+    """``n`` new random chunks in L4 (two block servers, started on first use)."""
+    blocks = env.blocks or await env.start(2)
+    return await pack(blocks, [os.urandom(size) for _ in range(n)])
+
+
+# --- read-through -------------------------------------------------------------------------
+
+
+async def test_a_miss_reads_through_then_hits(env: Env) -> None:
+    await env.start(2)
+    raws = [os.urandom(CHUNK), b"compressible " * 2000]
+    refs = await pack(env.blocks, raws, "auto")
+    url, _ = await env.node()
+    for ref, raw in zip(refs, raws):
+        status, source, body = await env.get(url, ref)
+        assert (status, source, len(body)) == (200, "miss", ref.length)
+        assert bytes(decode_chunk(ref, memoryview(body))) == raw  # the stored form, maybe lz4
+        assert (await env.get(url, ref))[:3] == (200, "hit", body)
+    assert refs[1].codec == "lz4"
+    stats = await env.stats(url)
+    assert stats["requests"]["hits"] == 2 and stats["requests"]["misses"] == 2 and stats["requests"]["fills"] == 2
+    assert stats["cache"]["entries"] == 2 and stats["l4"]["hits"] == 2
+
+
+async def test_bad_keys_and_refs_are_400(env: Env) -> None:
+    (ref, other) = await chunks(env, 2)
+    url, _ = await env.node(max_chunk_bytes=CHUNK - 1)
+    for key in ("xyz", other.key, "A" * 32):
+        status, _, body = await env.get(url, ref, key=key)
+        assert (status, code_of(body)) == (400, "bad_request"), key
+    async with env.session.get(f"{url}/v1/chunks/{ref.key}?block_id={ref.block_id}") as resp:
+        assert resp.status == 400
+    status, _, body = await env.get(url, ref)  # longer than max_chunk_bytes
+    assert (status, code_of(body)) == (400, "bad_request")
+
+
+async def test_a_corrupt_l4_copy_is_skipped(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    env.corrupt(0, ref)
+    url, _ = await env.node()
+    status, source, body = await env.get(url, ref)
+    assert (status, source) == (200, "miss")
+    decode_chunk(ref, memoryview(body))
+    stats = await env.stats(url)
+    assert stats["l4"]["corrupt"] == 1 and stats["l4"]["hits"] == 1
+
+
+async def test_every_l4_copy_bad_is_502_and_nothing_is_cached(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    env.corrupt(0, ref)
+    env.corrupt(1, ref)
+    url, node = await env.node()
+    for _ in range(2):
+        status, _, body = await env.get(url, ref)
+        assert (status, code_of(body)) == (502, "corrupt_data")
+    assert not node.cache.contains(ref.key) and (await env.stats(url))["cache"]["entries"] == 0
+
+
+async def test_a_block_gone_from_l4_is_404(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    await env.blocks.delete_block(ref.block_id)
+    url, _ = await env.node()
+    status, _, body = await env.get(url, ref)
+    assert (status, code_of(body)) == (404, "block_not_found")
+
+
+async def test_concurrent_cold_reads_make_one_l4_read(env: Env) -> None:
+    (ref,) = await chunks(env, 1, size=300_000)
+    counting = CountingStore(env.blocks)
+    counting.gate.clear()
+    url, _ = await env.node(blocks=counting)
+    readers = [asyncio.create_task(env.get(url, ref)) for _ in range(50)]
+    while counting.reads == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # every request has arrived and joined the one load
+    counting.gate.set()
+    results = await asyncio.gather(*readers)
+    assert counting.reads == 1
+    assert {(status, len(body)) for status, _, body in results} == {(200, 300_000)}
+    assert (await env.get(url, ref))[1] == "hit" and counting.reads == 1
+
+
+async def test_a_chunk_larger_than_the_capacity_is_still_served(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    url, _ = await env.node(capacity_bytes=CHUNK // 2)
+    for _ in range(2):
+        status, source, body = await env.get(url, ref)
+        assert (status, source, len(body)) == (200, "miss", CHUNK)
+    status, body = await env.put(url, ref, body)
+    assert (status, code_of(body)) == (507, "insufficient_storage")
+    stats = await env.stats(url)
+    assert stats["requests"]["fills_refused"] == 2 and stats["cache"]["entries"] == 0
+
+
+@pytest.mark.parametrize(("hold_seconds", "kept"), [(50.0, "epoch"), (0.0, "scratch")])
+async def test_the_hold_period_keeps_epoch_data_that_lru_would_evict(env: Env, hold_seconds: float, kept: str) -> None:
+    scratch, epoch, newcomer = await chunks(env, 3)
+    clock = FakeClock()
+    url, node = await env.node(capacity_bytes=2 * CHUNK + CHUNK // 2, hold_seconds=hold_seconds, clock=clock)
+    await env.get(url, scratch)  # cached at t=0
+    clock.now += 100
+    await env.get(url, epoch)  # cached at t=100, inside the hold period
+    clock.now += 1
+    assert (await env.get(url, scratch))[1] == "hit"  # now the most recently used
+    clock.now += 1
+    await env.get(url, newcomer)  # one of the two must go
+    assert node.cache.contains(epoch.key) == (kept == "epoch")
+    assert node.cache.contains(scratch.key) == (kept == "scratch")
+
+
+# --- PUT ----------------------------------------------------------------------------------
+
+
+async def test_put_stores_verified_bytes_only(env: Env) -> None:
+    await env.start(1)
+    (ref,) = await pack(env.blocks, [os.urandom(CHUNK)])
+    body = await env.blocks.read_range(ref.block_id, ref.offset, ref.length)
+    await env.blocks.delete_block(ref.block_id)  # from now on only the node has it
+    url, _ = await env.node()
+    bad = bytes([body[0] ^ 1]) + body[1:]
+    assert (await env.put(url, ref, bad))[0] == 422
+    assert code_of((await env.put(url, ref, bad))[1]) == "corrupt_data"
+    status, err = await env.put(url, ref, body[:-1])
+    assert (status, code_of(err)) == (400, "bad_request")
+    assert (await env.put(url, ref, body))[0] == 201
+    assert await env.get(url, ref) == (200, "hit", body)
+
+
+# --- tenants and quotas -------------------------------------------------------------------
+
+TENANTS = {"a": TenantConfig(token="tok-a", quota_bytes=2 * CHUNK + CHUNK // 2), "b": TenantConfig(token="tok-b")}
+
+
+async def test_tokens_name_tenants_and_unknown_tokens_are_401(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    url, _ = await env.node(tenants=TENANTS, token="admin")
+    for token in (None, "nope"):
+        status, _, body = await env.get(url, ref, token)
+        assert (status, code_of(body)) == (401, "unauthorized")
+    for token in ("tok-a", "tok-b", "admin"):
+        assert (await env.get(url, ref, token))[0] == 200
+    async with env.session.get(f"{url}/healthz") as resp:
+        assert resp.status == 200
+    async with env.session.get(f"{url}/stats") as resp:
+        assert resp.status == 401
+    assert (await env.stats(url, "admin"))["tenants"].get("a") == CHUNK
+
+
+async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> None:
+    refs = await chunks(env, 6)
+    url, node = await env.node(tenants=TENANTS)
+    stored = [await env.blocks.read_range(r.block_id, r.offset, r.length) for r in refs]
+    assert [(await env.put(url, refs[i], stored[i], "tok-a", pin=600))[0] for i in (0, 1)] == [201, 201]
+    status, body = await env.put(url, refs[2], stored[2], "tok-a", pin=600)
+    assert (status, code_of(body)) == (429, "quota_exceeded")
+    assert (await env.put(url, refs[3], stored[3], "tok-b"))[0] == 201
+    # A read-through for the tenant over quota is served, not stored, and counted.
+    assert (await env.get(url, refs[4], "tok-a"))[:2] == (200, "miss")
+    assert (await env.get(url, refs[4], "tok-a"))[:2] == (200, "miss")
+    assert (await env.stats(url, "tok-b"))["requests"]["quota_rejections"] == 2
+    job = await env.finished(url, (await env.hydrate(url, [refs[5]], "tok-a")).job_id, "tok-a")
+    assert (job.state, job.failed) == ("failed", 1) and "QuotaExceeded" in job.errors[0]
+    assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
+
+
+async def test_a_tenant_over_quota_evicts_its_own_unpinned_data(env: Env) -> None:
+    refs = await chunks(env, 4)
+    url, node = await env.node(tenants=TENANTS)
+    await env.get(url, refs[0], "tok-b")
+    for ref in refs[1:]:
+        assert (await env.get(url, ref, "tok-a"))[:2] == (200, "miss")
+    assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
+    assert node.cache.contains(refs[0].key) and not node.cache.contains(refs[1].key)
+
+
+# --- hydrate ------------------------------------------------------------------------------
+
+
+async def test_hydrate_runs_to_done_and_pinned_chunks_survive_eviction(env: Env) -> None:
+    refs = await chunks(env, 10)
+    url, _ = await env.node(capacity_bytes=4 * CHUNK + CHUNK // 2, hydrate_concurrency=2)
+    accepted = await env.hydrate(url, refs[:2] + refs[:1])  # a duplicate counts once
+    assert (accepted.state, accepted.total) == ("running", 2)
+    job = await env.finished(url, accepted.job_id)
+    assert (job.state, job.done, job.failed, job.bytes, job.errors) == ("done", 2, 0, 2 * CHUNK, [])
+    for ref in refs[2:]:  # eviction pressure: four times what is left unpinned
+        assert (await env.get(url, ref))[:2] == (200, "miss")
+    for ref in refs[:2]:
+        assert (await env.get(url, ref))[1] == "hit"
+    assert (await env.stats(url))["jobs"] == {"running": 0, "kept": 1}
+
+
+async def test_hydrate_of_cached_chunks_pins_them(env: Env) -> None:
+    refs = await chunks(env, 4)
+    clock = FakeClock()
+    url, node = await env.node(capacity_bytes=2 * CHUNK + CHUNK // 2, clock=clock)
+    await env.get(url, refs[0])
+    job = await env.finished(url, (await env.hydrate(url, refs[:1], pin_seconds=30)).job_id)
+    assert (job.state, job.done) == ("done", 1)
+    for ref in refs[1:]:
+        await env.get(url, ref)
+    assert node.cache.contains(refs[0].key)
+    clock.now += 31  # the pin expired: plain LRU again
+    for ref in refs[1:]:
+        await env.get(url, ref)
+    assert not node.cache.contains(refs[0].key)
+
+
+async def test_a_hydrate_with_bad_chunks_fails_them_and_stores_the_rest(env: Env) -> None:
+    refs = await chunks(env, 3)
+    env.corrupt(0, refs[1])
+    env.corrupt(1, refs[1])
+    url, node = await env.node()
+    job = await env.finished(url, (await env.hydrate(url, refs)).job_id)
+    assert (job.state, job.done, job.failed) == ("failed", 2, 1) and "CorruptData" in job.errors[0]
+    assert [node.cache.contains(r.key) for r in refs] == [True, False, True]
+
+
+async def test_unknown_jobs_are_404_and_cancel_stops_a_job(env: Env) -> None:
+    refs = await chunks(env, 3)
+    counting = CountingStore(env.blocks)
+    counting.gate.clear()
+    url, node = await env.node(blocks=counting)
+    async with env.session.get(f"{url}/v1/hydrate/0123") as resp:
+        assert (resp.status, code_of(await resp.read())) == (404, "not_found")
+    job = await env.hydrate(url, refs)
+    cancelled = await env.status(url, job.job_id, method="DELETE")
+    assert (cancelled.state, cancelled.done) == ("cancelled", 0)
+    assert node.running_jobs() == 0
+
+
+async def test_app_cleanup_cancels_a_running_hydrate(env: Env) -> None:
+    refs = await chunks(env, 5)
+    counting = CountingStore(env.blocks)
+    counting.gate.clear()
+    async with AsyncExitStack() as stack:
+        url, node = await env.node(blocks=counting, stack=stack)
+        job_id = (await env.hydrate(url, refs)).job_id
+        while counting.reads == 0:
+            await asyncio.sleep(0.01)
+        job = node.job(job_id)
+    assert job.task is not None and job.task.cancelled()
+    assert job.status().state == "cancelled" and job.status().done == 0 and job.job_id == job_id
+
+
+async def test_invalid_hydrate_bodies_are_400(env: Env) -> None:
+    await env.start(1)
+    url, _ = await env.node()
+    async with env.session.post(f"{url}/v1/hydrate", data=b"\x01not msgpack") as resp:
+        assert (resp.status, code_of(await resp.read())) == (400, "bad_request")
+    bad = {"refs": [{"block_id": "zz", "offset": 0, "length": 1, "raw_length": 1, "checksum": 0}]}
+    async with env.session.post(f"{url}/v1/hydrate", json=bad) as resp:
+        assert resp.status == 400
+
+
+# --- observability and the command line ---------------------------------------------------
+
+
+async def test_metrics_and_healthz(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    url, _ = await env.node(token="t0k")
+    await env.get(url, ref, "t0k")
+    async with env.session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    for line in ("blobsdk_flash_cache_entries 1", f"blobsdk_flash_cache_bytes {CHUNK}", "blobsdk_flash_chunk_misses 1",
+                 "blobsdk_flash_hydrate_jobs_running 0", "blobsdk_flash_l4_corrupt_copies 0"):
+        assert line in text
+    async with env.session.get(f"{url}/healthz") as resp:
+        assert resp.status == 200
+
+
+def test_config_rejects_invalid_settings(tmp_path: Path) -> None:
+    ok = {"dir": str(tmp_path), "block_urls": ("http://b",), "capacity_bytes": 1}
+    for bad in ({"block_urls": ()}, {"capacity_bytes": 0}, {"ttl_seconds": 0.0}, {"min_free_ratio": 1.0},
+                {"hydrate_concurrency": 0}, {"tenants": {"a": TenantConfig(token="x"), "b": TenantConfig(token="x")}},
+                {"token": "x", "tenants": {"a": TenantConfig(token="x")}}, {"hold_seconds": -1.0}):
+        with pytest.raises(ValueError):
+            FlashConfig(**{**ok, **bad})
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "servers.flash", *args], cwd=ROOT, env=env, capture_output=True, timeout=60, check=False)
+
+
+def test_help_and_invalid_flags(tmp_path: Path) -> None:
+    done = _run("--help")
+    assert done.returncode == 0
+    for flag in (b"--dir", b"--block-url", b"--capacity-mb", b"--hold-seconds", b"--ttl-seconds", b"--tenant", b"--token"):
+        assert flag in done.stdout
+    base = ["--dir", str(tmp_path), "--block-url", "http://127.0.0.1:9"]
+    for bad in (["--dir", str(tmp_path)], [*base, "--tenant", "nocolon"], [*base, "--capacity-mb", "0"],
+                [*base, "--tenant", "a:t:lots"], [*base, "--min-free-ratio", "2"]):
+        done = _run(*bad)
+        assert done.returncode == 2 and b"error" in done.stderr, bad
+
+
+async def test_as_a_process_it_reads_through_and_checks_tenants(env: Env, tmp_path: Path) -> None:
+    (ref,) = await chunks(env, 1)
+    args = ["--dir", str(tmp_path / "proc"), "--capacity-mb", "1", "--tenant", "a:tok-a:0.5",
+            *[a for u in env.urls for a in ("--block-url", u)]]
+    with server_process("servers.flash", *args, tmp=tmp_path) as (url, _):
+        assert (await env.get(url, ref))[0] == 401
+        for source in ("miss", "hit"):
+            status, got, body = await env.get(url, ref, "tok-a")
+            assert (status, got) == (200, source)
+            decode_chunk(ref, memoryview(body))

@@ -1,0 +1,186 @@
+"""The tiered read path through a real client: L1 memory, L2 disk, L4 local blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+import blobsdk
+from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
+
+SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
+NO_L1 = L1Config(capacity_bytes=0)
+
+
+def data_of(n: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+class CountingBlocks(LocalBlockStore):
+    """A local block store that counts chunk reads (what reached L4)."""
+
+    reads = 0
+
+    async def read_into(self, block_id, offset, out):
+        self.reads += 1
+        await asyncio.sleep(0.01)  # long enough for concurrent readers to pile up
+        await super().read_into(block_id, offset, out)
+
+
+def l2_files(root):
+    return [f for f in root.rglob("*") if f.is_file() and not f.name.endswith(".tmp")]
+
+
+async def l2_flush(client):
+    await client.flush()
+
+
+async def test_second_read_hits_l1(tmp_path):
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        data = data_of(300_000)
+        await c.put("/b/x", data)
+        assert await c.get("/b/x") == data
+        first = c.stats()
+        assert first["l4"]["hits"] == 5 and first["l1"]["hits"] == 0 and first["l1"]["misses"] == 5
+        assert await c.get("/b/x") == data
+        assert await c.get("/b/x", offset=70_000, length=1000) == data[70_000:71_000]
+        second = c.stats()
+        assert second["l4"]["hits"] == 5 and second["l1"]["hits"] == 6
+        assert second["l2"]["enabled"] is False and second["l3"]["enabled"] is False
+
+
+async def test_l2_serves_after_l1_is_gone_and_survives_restart(tmp_path):
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
+    data = data_of(300_000, 1)
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l1=NO_L1, l2=l2) as c:
+        await c.put("/b/x", data)
+        assert await c.get("/b/x") == data
+        await l2_flush(c)
+        assert len(l2_files(tmp_path / "l2")) == 5
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l1=NO_L1, l2=l2) as c:
+        assert await c.get("/b/x") == data
+        stats = c.stats()
+        assert stats["l2"]["hits"] == 5 and stats["l4"]["hits"] == 0
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+async def test_damaged_l2_file_is_detected_deleted_and_refetched(tmp_path, damage):
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
+    data = data_of(200_000, 2)
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l1=NO_L1, l2=l2) as c:
+        await c.put("/b/x", data)
+        await c.get("/b/x")
+        await l2_flush(c)
+        victim = sorted(l2_files(tmp_path / "l2"))[0]
+        raw = bytearray(victim.read_bytes())
+        if damage == "flip":
+            raw[-5] ^= 0xFF
+        else:
+            del raw[len(raw) // 2 :]
+        victim.write_bytes(raw)
+        assert await c.get("/b/x") == data
+        stats = c.stats()
+        assert stats["l4"]["hits"] == 4 + 1  # the first read, then the damaged chunk again
+        assert stats["l2"]["hits"] == 3
+
+
+async def test_full_l2_disk_still_serves_reads(tmp_path):
+    full = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20, min_free_ratio=0.99999)
+    data = data_of(200_000, 3)
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l1=NO_L1, l2=full) as c:
+        await c.put("/b/x", data)
+        for _ in range(2):
+            assert await c.get("/b/x") == data
+            await l2_flush(c)
+        assert c.stats()["l2"]["hits"] == 0
+    assert l2_files(tmp_path / "l2") == []
+
+
+async def test_caches_smaller_than_one_chunk(tmp_path):
+    tiny_l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=1000)
+    data = data_of(300_000, 4)
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l1=L1Config(capacity_bytes=1000), l2=tiny_l2) as c:
+        await c.put("/b/x", data)
+        for _ in range(3):
+            assert await c.get("/b/x") == data
+
+
+async def test_eviction_racing_readers_returns_correct_bytes(tmp_path):
+    blobs = {f"/b/{i}": data_of(70_000 + i, i) for i in range(30)}
+    async with blobsdk.Client.local(tmp_path, write=SMALL, l1=L1Config(capacity_bytes=300_000)) as c:
+        await c.put_many(blobs.items())
+        paths = list(blobs) * 6
+        random.Random(5).shuffle(paths)
+        for i in range(0, len(paths), 12):  # batches of concurrent readers while L1 churns
+            batch = paths[i : i + 12]
+            results = await asyncio.gather(*(c.get(p) for p in batch))
+            assert all(r == blobs[p] for p, r in zip(batch, results))
+        stats = c.stats()["l1"]
+        assert stats["hits"] > 0 and stats["misses"] > 0
+
+
+async def test_fifty_concurrent_readers_of_a_cold_chunk_cause_one_upstream_read(tmp_path):
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
+        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c:
+            data = data_of(50_000, 6)  # one chunk
+            await c.put("/b/one", data)
+            results = await asyncio.gather(*(c.get("/b/one") for _ in range(50)))
+            assert all(r == data for r in results)
+            assert blocks.reads == 1
+
+
+async def test_cancelled_reader_leaves_the_fetch_to_the_others(tmp_path):
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
+        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c:
+            data = data_of(50_000, 7)
+            await c.put("/b/one", data)
+            first = asyncio.create_task(c.get("/b/one"))
+            second = asyncio.create_task(c.get("/b/one"))
+            await asyncio.sleep(0)
+            first.cancel()
+            assert await second == data
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert blocks.reads == 1
+
+
+async def test_plan_cache_staleness_is_bounded_by_its_ttl(tmp_path):
+    read = ReadConfig(plan_cache_ttl_seconds=0.3)
+    async with blobsdk.Client.local(tmp_path, write=SMALL, read=read) as a, blobsdk.Client.local(tmp_path, write=SMALL, read=read) as b:
+        await a.put("/b/p", b"one")
+        assert await b.get("/b/p") == b"one"
+        await a.put("/b/p", b"two")
+        assert await a.get("/b/p") == b"two"  # own writes: at once
+        assert await b.get("/b/p") == b"one"  # another client's write: within the TTL
+        await asyncio.sleep(0.35)
+        assert await b.get("/b/p") == b"two"
+        await a.delete("/b/p")
+        with pytest.raises(blobsdk.BlobNotFound):
+            await a.get("/b/p")
+        assert b.stats()["plan"]["hits"] >= 1
+
+
+async def test_plan_cache_disabled(tmp_path):
+    read = ReadConfig(plan_cache_ttl_seconds=0)
+    async with blobsdk.Client.local(tmp_path, read=read) as a, blobsdk.Client.local(tmp_path, read=read) as b:
+        await a.put("/b/p", b"one")
+        assert await b.get("/b/p") == b"one"
+        await a.put("/b/p", b"two")
+        assert await b.get("/b/p") == b"two"
+        assert b.stats()["plan"]["entries"] == 0
+
+
+async def test_compressed_chunks_through_every_tier(tmp_path):
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
+    data = b"compressible text " * 20_000
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l2=l2) as c:
+        await c.put("/b/z", data)
+        assert await c.get("/b/z") == data
+        await l2_flush(c)
+    async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l2=l2) as c:
+        assert await c.get("/b/z", offset=1000, length=100_000) == data[1000:101_000]
+        assert c.stats()["l2"]["hits"] == 2 and c.stats()["l4"]["hits"] == 0

@@ -1,0 +1,170 @@
+"""blobsdk.tiers.l4: the durable tier over replicated block servers (real, in-loop)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from blobsdk.errors import BlockNotFound, CorruptData, Unavailable
+from blobsdk.readpath import decode_chunk
+from blobsdk.sources.base import new_block_id
+from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tiers.base import BadCopy, Tier
+from blobsdk.tiers.l4 import L4Tier
+from blobsdk.wire import ChunkRef
+from blobsdk.writer import encode_chunk
+from servers.blockstore import make_app
+from tests.helpers import running_app
+
+
+async def decode(ref: ChunkRef, stored: memoryview) -> memoryview:
+    return decode_chunk(ref, stored)
+
+
+class Replicas:
+    """In-loop block servers over tmp dirs, each stoppable; ``blocks`` reads them in order."""
+
+    def __init__(self, tmp: Path, session: aiohttp.ClientSession, stack: AsyncExitStack) -> None:
+        self.tmp, self.session, self.stack = tmp, session, stack
+        self.stacks: list[AsyncExitStack] = []
+        self.urls: list[str] = []
+        self.blocks: ReplicatedBlockStore | None = None
+
+    async def start(self, n: int) -> ReplicatedBlockStore:
+        for i in range(n):
+            stack = AsyncExitStack()
+            self.urls.append(await stack.enter_async_context(running_app(make_app(self.tmp / f"r{i}"))))
+            self.stacks.append(stack)
+            self.stack.push_async_callback(stack.aclose)
+        self.blocks = ReplicatedBlockStore([HttpBlockStore(self.session, url) for url in self.urls])
+        return self.blocks
+
+    async def stop(self, i: int) -> None:
+        await self.stacks[i].aclose()
+
+    def corrupt(self, i: int, ref: ChunkRef) -> None:
+        """Flip one byte of ``ref``'s stored bytes in replica ``i``'s block file."""
+        (path,) = (self.tmp / f"r{i}").rglob(ref.block_id)
+        with open(path, "r+b") as f:
+            f.seek(ref.offset + ref.length // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+
+async def pack(blocks: ReplicatedBlockStore, raws: list[bytes], compression: str = "none") -> list[ChunkRef]:
+    """Write ``raws`` as the chunks of one new block; their refs."""
+    block_id, parts, refs, offset = new_block_id(), [], [], 0
+    for raw in raws:
+        enc = encode_chunk(memoryview(raw), compression)  # type: ignore[arg-type]
+        parts.append(bytes(enc.payload))
+        refs.append(ChunkRef(block_id=block_id, offset=offset, length=len(enc.payload), raw_length=enc.raw_length,
+                             checksum=enc.checksum, codec=enc.codec))  # type: ignore[arg-type]
+        offset += len(enc.payload)
+    await blocks.write_block(block_id, parts)
+    return refs
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
+    async with aiohttp.ClientSession() as session, AsyncExitStack() as stack:
+        yield Replicas(tmp_path, session, stack)
+
+
+async def test_serves_verified_bytes_of_plain_and_lz4_chunks(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    raws = [os.urandom(5000), b"abc" * 20_000]
+    refs = await pack(blocks, raws, "auto")
+    assert [r.codec for r in refs] == ["none", "lz4"]
+    tier = L4Tier(blocks)
+    assert isinstance(tier, Tier) and tier.name == "l4"
+    for ref, raw in zip(refs, raws):
+        assert bytes(await tier.fetch(ref, decode)) == raw
+    assert (tier.stats.hits, tier.stats.bytes, tier.stats.corrupt, tier.stats.errors) == (2, 65_000, 0, 0)
+
+
+async def test_fetch_into_reads_in_place(replicas: Replicas) -> None:
+    blocks = await replicas.start(1)
+    (ref,) = await pack(blocks, [os.urandom(3000)])
+    buf = memoryview(bytearray(ref.length))
+    raw = await L4Tier(blocks).fetch_into(ref, buf, decode)
+    assert raw.obj is buf.obj  # uncompressed: the raw bytes are the buffer itself
+
+
+async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) -> None:
+    blocks = await replicas.start(3)
+    raws = [os.urandom(4000), b"xyz" * 9000]
+    refs = await pack(blocks, raws, "auto")
+    for ref in refs:
+        replicas.corrupt(0, ref)
+        replicas.corrupt(1, ref)
+    tier = L4Tier(blocks)
+    assert [bytes(await tier.fetch(ref, decode)) for ref in refs] == raws
+    assert (tier.stats.hits, tier.stats.corrupt, tier.stats.errors) == (2, 4, 0)
+
+
+async def test_every_copy_corrupt_is_corrupt_data(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    (ref,) = await pack(blocks, [os.urandom(4000)])
+    replicas.corrupt(0, ref)
+    replicas.corrupt(1, ref)
+    tier = L4Tier(blocks)
+    with pytest.raises(CorruptData, match="no replica returned bytes matching its checksum") as caught:
+        await tier.fetch(ref, decode)
+    assert not isinstance(caught.value, BadCopy)
+    assert (tier.stats.hits, tier.stats.misses, tier.stats.corrupt) == (0, 1, 2)
+
+
+async def test_a_corrupt_copy_wins_over_other_failures(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    (ref,) = await pack(blocks, [os.urandom(4000)])
+    replicas.corrupt(0, ref)
+    await replicas.stop(1)
+    with pytest.raises(CorruptData):
+        await L4Tier(blocks).fetch(ref, decode)
+
+
+async def test_a_block_gone_everywhere_is_block_not_found(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    (ref,) = await pack(blocks, [os.urandom(100)])
+    await blocks.delete_block(ref.block_id)
+    tier = L4Tier(blocks)
+    with pytest.raises(BlockNotFound):
+        await tier.fetch(ref, decode)
+    assert tier.stats.errors == 2
+
+
+async def test_a_dead_replica_fails_over_and_all_dead_is_unavailable(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    (ref,) = await pack(blocks, [os.urandom(1000)])
+    tier = L4Tier(blocks)
+    await replicas.stop(0)
+    assert len(await tier.fetch(ref, decode)) == 1000
+    assert (tier.stats.hits, tier.stats.errors) == (1, 1)
+    await replicas.stop(1)
+    with pytest.raises(Unavailable):
+        await tier.fetch(ref, decode)
+
+
+async def test_missing_on_one_and_dead_on_the_other_is_unavailable(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    (ref,) = await pack(blocks, [os.urandom(100)])
+    await HttpBlockStore(replicas.session, replicas.urls[1]).delete_block(ref.block_id)
+    await replicas.stop(0)
+    with pytest.raises(Unavailable):
+        await L4Tier(blocks).fetch(ref, decode)
+
+
+async def test_fill_is_a_no_op(replicas: Replicas) -> None:
+    blocks = await replicas.start(1)
+    (ref,) = await pack(blocks, [b"z" * 10])
+    tier = L4Tier(blocks)
+    await tier.fill(ref, memoryview(b"other bytes"))
+    assert bytes(await tier.fetch(ref, decode)) == b"z" * 10
+    await tier.aclose()
