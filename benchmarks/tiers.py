@@ -9,7 +9,8 @@ sample once, shuffled, 16 reads in flight.  Epochs, each from one tier only:
 
 Ratios, each against a baseline measured in the same run:
 
-- ``l1_vs_memcpy``: L1 epoch vs a numpy copy of each sample (goal >= 0.5);
+- ``l1_vs_memcpy``: L1 epoch vs a numpy copy of each sample into one reused buffer, the
+  memcpy ceiling (goal >= 0.5);
 - ``l2_vs_file``: L2 epoch vs reading the same bytes from local files (goal >= 0.6);
 - ``l3_vs_http``: L3 epoch vs plain aiohttp GETs of the same bytes from a trivial server
   process (goal >= 0.7);
@@ -78,10 +79,16 @@ async def _epochs(report: Report, root: Path, samples: list[bytes]) -> None:
 
 
 async def _epoch_with(config: blobsdk.ClientConfig, paths: list[str], size: int, tier: str) -> float:
+    """A measured epoch from a fresh client whose upper tiers are disabled.  An unmeasured
+    epoch first fills what the cold epoch's write-behind dropped (a busy disk drops fills
+    rather than slow reads), so the measured one is served by ``tier`` alone."""
     async with blobsdk.Client(config) as c:
-        await c.stat(paths[0])
+        await _epoch(c, paths, size)
+        await c.flush()
+        before = c.stats()[tier]["hits"]
         mbps = await _epoch(c, paths, size)
-        _check_served(c, tier, len(paths))
+        if c.stats()[tier]["hits"] - before < len(paths):
+            raise RuntimeError(f"{tier} did not serve the whole epoch: the epoch measured something else")
         return mbps
 
 
@@ -116,7 +123,13 @@ async def _flush_l2(c: blobsdk.Client) -> None:
 async def _baselines(report: Report, root: Path, samples: list[bytes]) -> None:
     size = sum(map(len, samples))
     arrays = [np.frombuffer(s, dtype=np.uint8) for s in samples]
-    report.metrics["memcpy_MBps"] = _timed_mbps(size, lambda: [a.copy() for a in arrays])
+    target = np.empty(SAMPLE, dtype=np.uint8)  # reused: a pure memcpy, no page faults
+
+    def copy_all() -> None:
+        for a in arrays:
+            np.copyto(target, a)
+
+    report.metrics["memcpy_MBps"] = _timed_mbps(size, copy_all)
     files = _write_files(root / "files", samples)
     report.metrics["file_MBps"] = await _throughput(size, files, lambda f: asyncio.to_thread(_read_file, f))
     with TrivialServer(root, SAMPLE) as url:

@@ -17,7 +17,14 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,7 +111,8 @@ async def cmd_gc(client: Client, args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
-    print(msgspec.json.format(msgspec.json.encode(client.stats()), indent=2).decode())
+    report = {"client": client.stats(), "nodes": await client.node_stats()}
+    print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
     return 0
 
 
@@ -349,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only blocks older than this (default 3600; must exceed max_write_seconds)")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
 
-    command("stats", cmd_stats, "show this client's per-tier counters as JSON")
+    command("stats", cmd_stats, "show this client's per-tier counters and the L3 nodes' own stats as JSON")
 
     p = sub.add_parser("demo", help="ingest, read back and verify a synthetic dataset",
                        description="Ingest a synthetic dataset, read it back as a training epoch, verify every byte.")

@@ -218,6 +218,15 @@ class Client:
         state = self._open
         return await gc_module.collect(state.metadata, state.blocks, grace, self._settings.write.max_write_seconds, dry_run=dry_run)
 
+    async def node_stats(self) -> dict[str, dict[str, object]]:
+        """What the shared cache nodes report about themselves (``{"l3": {url: stats}}``)."""
+        out: dict[str, dict[str, object]] = {}
+        for tier in self._open.readpath.tiers:
+            node_stats = getattr(tier, "node_stats", None)
+            if node_stats is not None:
+                out[tier.name] = await node_stats()
+        return out
+
     async def flush(self) -> None:
         """Wait until every write-behind cache fill queued so far (L2) is on disk."""
         for tier in self._open.readpath.tiers:

@@ -151,7 +151,9 @@ async def _run(root: Path, size_mb: int, out: TextIO) -> DemoReport:
 
 
 async def _ingest(client: Client, samples: Sequence[Sample], out: TextIO) -> float:
-    from .cli import ProgressLine  # the CLI's progress line; cli imports this module lazily
+    from .cli import (
+        ProgressLine,  # the CLI's progress line; cli imports this module lazily
+    )
 
     progress = ProgressLine(out)
     start = time.perf_counter()

@@ -68,14 +68,16 @@ class ReadPath:
         self.tiers = tuple(tiers)
         self._executor = executor
         self._parallel = parallel_chunks
-        self._inflight: dict[str, asyncio.Task[memoryview]] = {}
+        self._inflight: dict[str, _Fetch] = {}
         self._l1 = next((t for t in self.tiers if isinstance(t, L1Tier)), None)
         self._below_l1 = tuple(t for t in self.tiers if t is not self._l1)  # L1 is peeked, not walked
 
     async def read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         start, end = resolve_range(plan.size, offset, length)
-        out = bytearray(end - start)
         jobs = _overlapping(plan.chunks, start, end)
+        if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
+            return await self._whole_chunk(jobs[0][0])
+        out = bytearray(end - start)
         if len(jobs) == 1:
             await self._place(memoryview(out), start, *jobs[0])
             return out
@@ -87,24 +89,42 @@ class ReadPath:
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them."""
+        raw, _ = await self._chunk(ref)
+        return raw
+
+    async def _whole_chunk(self, ref: ChunkRef) -> bytearray:
+        """A read of exactly one whole chunk: its buffer itself when nobody else holds it
+        (no upper tier kept it, no other reader shares the fetch), else a copy."""
+        raw, sole = await self._chunk(ref)
+        if sole and isinstance(raw.obj, bytearray) and raw.nbytes == len(raw.obj):
+            return raw.obj
+        return bytearray(raw)
+
+    async def _chunk(self, ref: ChunkRef) -> tuple[memoryview, bool]:
+        """The chunk's raw bytes, and whether the caller is their only holder."""
         if self._l1 is not None:
             hit = self._l1.peek(ref)
             if hit is not None:
-                return hit
-        task = self._inflight.get(ref.key)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._walk(ref), name=ref.key)
-            self._inflight[ref.key] = task
-            task.add_done_callback(self._landed)
-        return await asyncio.shield(task)
+                return hit, False
+        fetch = self._inflight.get(ref.key)
+        if fetch is None:
+            fetch = _Fetch(asyncio.get_running_loop().create_task(self._walk(ref), name=ref.key))
+            self._inflight[ref.key] = fetch
+            fetch.task.add_done_callback(self._landed)
+        else:
+            fetch.readers += 1
+        raw, kept = await asyncio.shield(fetch.task)
+        # No reader can join once the task is done: _landed, registered first, unlists it.
+        return raw, not kept and fetch.readers == 1
 
-    def _landed(self, task: asyncio.Task[memoryview]) -> None:
+    def _landed(self, task: asyncio.Task[tuple[memoryview, bool]]) -> None:
         self._inflight.pop(task.get_name(), None)
         if not task.cancelled():
             task.exception()  # seen here, so a fetch whose readers all left never warns
 
     async def decode(self, ref: ChunkRef, stored: memoryview) -> memoryview:
-        """The Decoder handed to tiers: large lz4 payloads decode on the executor."""
+        """The Decoder handed to tiers: large lz4 payloads decode on the executor (hashing
+        alone is cheaper than the hop to a thread)."""
         if ref.codec == "none" or len(stored) < _INLINE_DECODE:
             return decode_chunk(ref, stored)
         loop = asyncio.get_running_loop()
@@ -112,7 +132,7 @@ class ReadPath:
 
     async def aclose(self) -> None:
         """Cancel fetches still in flight (their readers are gone), then close the tiers."""
-        tasks = list(self._inflight.values())
+        tasks = [fetch.task for fetch in self._inflight.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -131,16 +151,27 @@ class ReadPath:
         hi = min(chunk_start + ref.raw_length, start + len(out))
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
 
-    async def _walk(self, ref: ChunkRef) -> memoryview:
+    async def _walk(self, ref: ChunkRef) -> tuple[memoryview, bool]:
+        """The raw bytes from the first tier that has them, and whether an upper tier kept
+        a reference to them while filling."""
         for depth, tier in enumerate(self._below_l1):
             raw = await tier.fetch(ref, self.decode)
             if raw is not None:
-                for upper in self._below_l1[:depth]:
+                uppers = [*self._below_l1[:depth], *([self._l1] if self._l1 else [])]
+                for upper in uppers:
                     await upper.fill(ref, raw)
-                if self._l1 is not None:
-                    await self._l1.fill(ref, raw)
-                return raw
+                return raw, bool(uppers)
         raise Unavailable(f"chunk {ref.key}: no tier could serve it")  # L4 raises before this
+
+
+class _Fetch:
+    """One chunk fetch in flight and how many readers wait for it."""
+
+    __slots__ = ("task", "readers")
+
+    def __init__(self, task: asyncio.Task[tuple[memoryview, bool]]) -> None:
+        self.task = task
+        self.readers = 1
 
 
 def _overlapping(chunks: Sequence[ChunkRef], start: int, end: int) -> list[tuple[ChunkRef, int]]:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import lz4.block
 import xxhash
 
-from .config import Compression, WriteConfig, check_write_config
 from ._tasks import task_group
+from .config import Compression, WriteConfig, check_write_config
 from .errors import Unavailable
 from .metadata.base import MetadataStore
 from .paths import validate_path

@@ -50,16 +50,40 @@ from blobsdk._http import new_session
 from blobsdk.cache.base import DEFAULT_TENANT, validate_key
 from blobsdk.cache.disk import DiskCache
 from blobsdk.config import Timeouts
-from blobsdk.errors import BadRequest, BlobError, BlobNotFound, CorruptData, QuotaExceeded, Unauthorized, Unavailable
+from blobsdk.errors import (
+    BadRequest,
+    BlobError,
+    BlobNotFound,
+    CorruptData,
+    QuotaExceeded,
+    Unauthorized,
+    Unavailable,
+)
 from blobsdk.readpath import decode_chunk
 from blobsdk.sources.base import BlockStore
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.base import BadCopy
-from blobsdk.tiers.l3 import CACHE_HEADER, HydrateRequest, HydrateStatus, ref_from_query, validate_ref
+from blobsdk.tiers.l3 import (
+    CACHE_HEADER,
+    HydrateRequest,
+    HydrateStatus,
+    ref_from_query,
+    validate_ref,
+)
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
-from servers._common.http import METRICS_KEY, PUBLIC_ROUTES, Handler, add_serve_args, base_app, read_body, reply, serve
+from servers._common.http import (
+    METRICS_KEY,
+    PUBLIC_ROUTES,
+    Handler,
+    add_serve_args,
+    base_app,
+    read_body,
+    reply,
+    send_bytes,
+    serve,
+)
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -230,14 +254,14 @@ class FlashNode:
 
     # --- chunks ---------------------------------------------------------------------------
 
-    async def get_chunk(self, request: web.Request) -> web.Response:
+    async def get_chunk(self, request: web.Request) -> web.StreamResponse:
         ref = self._ref_of(request)
         data, hit = await self.load(ref, self.tenants.of(request))
         if hit:
             self.counters.hits += 1
         else:
             self.counters.misses += 1
-        return web.Response(body=data, content_type=OCTETS, headers={CACHE_HEADER: "hit" if hit else "miss"})
+        return await send_bytes(request, data, content_type=OCTETS, headers={CACHE_HEADER: "hit" if hit else "miss"})
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         ref = self._ref_of(request)

@@ -158,7 +158,8 @@ def test_gc(tmp_path, store):
     assert short.returncode == 2 and "max_write_seconds" in error_line(short)
     report = json.loads(ok("gc", "--dry-run", store=store))
     assert report["blocks_scanned"] >= 1 and report["blocks_deleted"] == 0 and report["dry_run"] is True
-    assert "l4" in json.loads(ok("stats", store=store))
+    stats = json.loads(ok("stats", store=store))
+    assert stats["client"]["l4"]["enabled"] is True and stats["nodes"] == {}
 
 
 def test_demo_command(tmp_path):

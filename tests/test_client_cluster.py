@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -12,6 +15,7 @@ import pytest
 import blobsdk
 from blobsdk.config import WriteConfig
 from servers.cluster import start_cluster
+from tests.helpers import ROOT
 
 SMALL = dict(chunk_size=64 << 10, block_size=256 << 10)
 
@@ -100,3 +104,20 @@ async def test_an_l3_node_killed_mid_epoch(tmp_path):
             for path, data in blobs.items():
                 assert await c.get(path) == data
             assert c.stats()["l3"]["node_hits"] > 0
+
+
+async def test_cli_stats_reports_the_l3_nodes(tmp_path):
+    async with start_cluster(tmp_path, block_servers=1, l3_nodes=2) as cluster:
+        async with blobsdk.Client(_config(cluster)) as c:
+            await c.put("/b/x", os.urandom(100_000))
+            await c.get("/b/x")
+            nodes = (await c.node_stats())["l3"]
+            assert sorted(nodes) == sorted(cluster.config.l3_urls)
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "blobsdk", "--config", str(cluster.config_path), "stats"],
+            cwd=ROOT, capture_output=True, check=True,
+        )
+        report = json.loads(result.stdout)
+        assert report["client"]["l3"]["enabled"] is True
+        assert sorted(report["nodes"]["l3"]) == sorted(cluster.config.l3_urls)

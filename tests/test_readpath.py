@@ -184,3 +184,22 @@ async def test_compressed_chunks_through_every_tier(tmp_path):
     async with blobsdk.Client.local(tmp_path / "d", write=SMALL, l2=l2) as c:
         assert await c.get("/b/z", offset=1000, length=100_000) == data[1000:101_000]
         assert c.stats()["l2"]["hits"] == 2 and c.stats()["l4"]["hits"] == 0
+
+
+@pytest.mark.parametrize("l1", [NO_L1, L1Config()])
+async def test_results_never_share_a_buffer(tmp_path, l1):
+    """Whole-chunk reads may hand over the fetched buffer itself, but only to a sole holder:
+    mutating one result never changes another reader's, nor what the caches serve."""
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
+        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=l1, l2=l2) as c:
+            data = data_of(60_000, 8)  # one chunk
+            await c.put("/b/one", data)
+            first, second = await asyncio.gather(c.get("/b/one"), c.get("/b/one"))
+            assert first is not second and first == second == data
+            first[0] ^= 0xFF
+            assert second == data
+            await c.flush()
+            third = await c.get("/b/one")
+            third[1] ^= 0xFF
+            assert await c.get("/b/one") == data

@@ -152,14 +152,16 @@ class DiskCache:
         self._state = "open"
         return self
 
-    async def get(self, key: str) -> bytes | None:
-        """The payload for ``key``, read and verified on the executor, or None."""
+    async def get(self, key: str, *, checksum: int | None = None) -> bytearray | None:
+        """The payload for ``key`` (a new bytearray the caller owns), read and verified on
+        the executor, or None.  With ``checksum`` (an xxh3-64 the caller expects) a copy
+        whose recorded checksum differs counts as corrupt too: one hash checks both."""
         entry = await self._readable(validate_key(key))
         if entry is None:
             self._counts["misses"] += 1
             return None
         try:
-            data = await self._io(self._read_sync, self._path(key), key)
+            data = await self._io(self._read_sync, self._path(key), key, checksum)
         except _Damaged:
             return self._lost(entry, "corrupt")
         except FileNotFoundError:  # deleted or evicted by another process sharing root
@@ -362,13 +364,16 @@ class DiskCache:
             while view:  # a write may be short
                 view = view[os.write(fd, view) :]
 
-    def _read_sync(self, path: Path, key: str) -> bytes:
-        return _with_file(path, key, self._read_file)
+    def _read_sync(self, path: Path, key: str, checksum: int | None) -> bytearray:
+        return _with_file(path, key, lambda fd, key: self._read_file(fd, key, checksum))
 
-    def _read_file(self, fd: int, key: str) -> bytes:
+    def _read_file(self, fd: int, key: str, checksum: int | None) -> bytearray:
         st, head = _read_header(fd, key)
-        payload = os.pread(fd, head.length, head.offset)
-        if len(payload) != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:
+        if checksum is not None and head.checksum != checksum:
+            raise _Damaged(f"{key}: holds other bytes than the caller expects")
+        payload = bytearray(head.length)
+        filled = os.preadv(fd, [payload], head.offset)  # straight into the buffer: no extra copy
+        if filled != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:
             raise _Damaged(f"{key}: payload checksum mismatch")
         _refresh_atime(fd, st)
         return payload

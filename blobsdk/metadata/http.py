@@ -30,7 +30,15 @@ from ..wire import (
     ScanRequest,
     ScanResponse,
 )
-from .base import check_commit_op, check_cursor, check_if_version, check_limit, check_list_args, iterate_pages, iterate_plans
+from .base import (
+    check_commit_op,
+    check_cursor,
+    check_if_version,
+    check_limit,
+    check_list_args,
+    iterate_pages,
+    iterate_plans,
+)
 
 T = TypeVar("T")
 

@@ -26,10 +26,24 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from ..errors import BlobError, BlobNotFound, ClientClosed, PreconditionFailed, Unavailable
+from ..errors import (
+    BlobError,
+    BlobNotFound,
+    ClientClosed,
+    PreconditionFailed,
+    Unavailable,
+)
 from ..paths import validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan
-from .base import check_commit_op, check_cursor, check_if_version, check_limit, check_list_args, iterate_pages, iterate_plans
+from .base import (
+    check_commit_op,
+    check_cursor,
+    check_if_version,
+    check_limit,
+    check_list_args,
+    iterate_pages,
+    iterate_plans,
+)
 
 T = TypeVar("T")
 

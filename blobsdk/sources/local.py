@@ -28,7 +28,14 @@ from typing import Any, Self, TypeVar
 
 import xxhash
 
-from ..errors import BlobError, BlockNotFound, ClientClosed, CorruptData, PreconditionFailed, Unavailable
+from ..errors import (
+    BlobError,
+    BlockNotFound,
+    ClientClosed,
+    CorruptData,
+    PreconditionFailed,
+    Unavailable,
+)
 from ..wire import BlockInfo
 from .base import Buffer, block_time, validate_block_id
 

@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from contextlib import aclosing
 from typing import Any, Self, TypeVar
 
-from ..errors import BlobError, BlockNotFound, ClientClosed, CorruptData, Unauthorized, Unavailable
+from ..errors import (
+    BlobError,
+    BlockNotFound,
+    ClientClosed,
+    CorruptData,
+    Unauthorized,
+    Unavailable,
+)
 from ..wire import BlockInfo
 from .base import BlockStore, Buffer, validate_block_id
 

@@ -39,5 +39,11 @@ class L1Tier:
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         self.cache.put_nowait(ref.key, raw)
 
+    def extra_stats(self) -> dict[str, int | float]:
+        """How full the cache is and what it evicted."""
+        cache = self.cache.stats()
+        keep = ("entries", "bytes", "capacity_bytes", "evictions")
+        return {**{f"cache_{k}": cache[k] for k in keep}}
+
     async def aclose(self) -> None:
         await self.cache.aclose()

@@ -167,6 +167,18 @@ class L3Tier:
         down = sum(until > now for until in self._down_until.values())
         return {"node_hits": self.node_hits, "node_fills": self.node_fills, "nodes_down": down}
 
+    async def node_stats(self) -> dict[str, object]:
+        """Each node's own ``/stats`` (cache occupancy, tenants, jobs), or the error that
+        kept it from answering."""
+        return dict(zip(self._nodes, await asyncio.gather(*(self._one_node_stats(e) for e in self._nodes.values()))))
+
+    async def _one_node_stats(self, node: HttpEndpoint) -> object:
+        try:
+            async with node.request("GET", "/stats", **self._request_args) as resp:
+                return msgspec.json.decode(await resp.read())
+        except BlobError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
     async def aclose(self) -> None:
         """Nothing owned: the session belongs to the caller."""
 

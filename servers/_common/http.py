@@ -53,6 +53,25 @@ def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.msgpack.encode(obj), status=status, content_type=MSGPACK)
 
 
+SEND_PIECE = 1 << 20
+
+
+async def send_bytes(
+    request: web.Request, data: bytes | bytearray | memoryview, *, content_type: str, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    """Answer with ``data`` written in 1 MiB pieces: one large write() is slow on Python
+    3.11's selector transport, which memmoves its whole send buffer after every send."""
+    response = web.StreamResponse(headers=headers)
+    response.content_type = content_type
+    response.content_length = len(data)
+    await response.prepare(request)
+    view = memoryview(data).cast("B")
+    for i in range(0, len(view), SEND_PIECE):
+        await response.write(view[i : i + SEND_PIECE])
+    await response.write_eof()
+    return response
+
+
 def error_reply(request: web.Request, exc: BlobError) -> web.Response:
     return reply(request, ErrorBody(code=exc.code, message=str(exc)), status=exc.http_status)
 

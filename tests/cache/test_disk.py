@@ -52,7 +52,7 @@ async def test_one_file_per_entry_under_its_shard(tmp_path):
     async with open_cache(tmp_path) as cache:
         await fill(cache, 1)
         got = await cache.get(key(1))
-    assert type(got) is bytes
+    assert type(got) is bytearray  # the caller owns it: the read path may hand it on without a copy
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert files == [chunk_file(tmp_path, 1)]
     assert files[0].stat().st_size > 100  # the header travels with the payload
@@ -271,10 +271,10 @@ class GatedReads(DiskCache):
         self.opened = threading.Event()
         self.go = threading.Event()
 
-    def _read_file(self, fd, key):
+    def _read_file(self, fd, key, checksum):
         self.opened.set()
         self.go.wait(5)
-        return super()._read_file(fd, key)
+        return super()._read_file(fd, key, checksum)
 
 
 async def test_eviction_racing_a_read_cannot_hurt_it(tmp_path):
@@ -381,3 +381,11 @@ async def test_fake_clock_drives_disk_ttl(tmp_path):
         clock.advance(5)
         assert await cache.get(key(1)) is None
     assert not chunk_file(tmp_path, 1).exists()
+
+
+async def test_expected_checksum_mismatch_is_corrupt_and_deleted(tmp_path):
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 1)
+        assert await cache.get(key(1), checksum=12345) is None
+        assert cache.stats()["corrupt"] == 1 and not cache.contains(key(1))
+        assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
