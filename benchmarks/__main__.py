@@ -15,6 +15,7 @@ from pathlib import Path
 BENCHMARKS = {
     "put_get": "benchmarks.put_get",
     "tiers": "benchmarks.tiers",
+    "hedging": "benchmarks.hedging",
 }
 
 

@@ -33,6 +33,7 @@ from ._http import new_session
 from .cache.memory import MemoryCache
 from .config import ClientConfig, L1Config, L2Config, L3Config, ReadConfig, WriteConfig
 from .errors import ClientClosed
+from .hedge import HedgeConfig
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
 from .paths import validate_path, validate_prefix
@@ -68,6 +69,7 @@ class _Settings:
     l2: L2Config | None = None
     l3: L3Config = L3Config()
     l3_urls: tuple[str, ...] = ()
+    hedge: HedgeConfig = HedgeConfig()
     token: str | None = None
 
 
@@ -77,7 +79,7 @@ class Client:
     def __init__(self, config: ClientConfig) -> None:
         self.config: ClientConfig | None = config
         settings = _Settings(
-            write=config.write, read=config.read, l1=config.l1, l2=config.l2, l3=config.l3, l3_urls=config.l3_urls, token=config.token
+            write=config.write, read=config.read, l1=config.l1, l2=config.l2, l3=config.l3, l3_urls=config.l3_urls, hedge=config.hedge, token=config.token
         )
         self._setup(self._open_cluster, settings)
 
@@ -286,8 +288,13 @@ async def _tiers(backends: _Backends, settings: _Settings) -> list[Tier]:
         from .tiers.l3 import L3Tier
 
         l3 = settings.l3
-        tiers.append(L3Tier(backends.session, settings.l3_urls, token=settings.token, replicas=l3.replicas, down_seconds=l3.down_seconds))
-    tiers.append(L4Tier(backends.blocks))
+        tiers.append(
+            L3Tier(
+                backends.session, settings.l3_urls, token=settings.token, replicas=l3.replicas,
+                down_seconds=l3.down_seconds, hedge=settings.hedge,
+            )
+        )
+    tiers.append(L4Tier(backends.blocks, hedge=settings.hedge))
     return tiers
 
 

@@ -16,6 +16,7 @@ Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T]`
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
@@ -37,12 +38,20 @@ from blobsdk.wire import (
     ScanResponse,
 )
 
+from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args
 from ._common.http import Handler, add_serve_args, base_app, read_body, reply, serve
 
 
-def make_app(store: MetadataStore, token: str | None = None) -> web.Application:
-    """The API app over ``store``.  The app owns the store: it is closed on app cleanup."""
-    app = base_app("blobsdk_api", token)
+def make_app(
+    store: MetadataStore,
+    token: str | None = None,
+    *,
+    faults: FaultConfig | None = None,
+    admin_token: str | None = None,
+) -> web.Application:
+    """The API app over ``store``.  The app owns the store: it is closed on app cleanup.
+    ``faults`` and ``admin_token``: see servers/_common/faults.py."""
+    app = base_app("blobsdk_api", token, faults=faults, admin_token=admin_token)
     app.middlewares.append(_value_errors_as_bad_request)
     api = _Api(store)
     app.router.add_post("/v1/plans", api.plans)
@@ -120,8 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--db", required=True, help="SQLite database file (created if missing)")
     add_serve_args(parser)
     args = parser.parse_args(argv)
+    try:
+        faults = config_of_args(args, os.environ.get(FAULTS_ENV))
+    except ValueError as exc:
+        parser.error(str(exc))
     store = SqliteMetadataStore(args.db)
-    app = make_app(store, args.token)
+    app = make_app(store, args.token, faults=faults, admin_token=args.admin_token)
 
     async def open_store(app: web.Application) -> None:
         await store.open()  # a bad --db fails at start-up, not at the first request

@@ -33,6 +33,7 @@ from blobsdk.errors import BadRequest, CorruptData
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import ListBlocksResponse
+from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args
 from servers._common.http import METRICS_KEY, add_serve_args, base_app, reply, serve
 
 MiB = 1 << 20
@@ -240,9 +241,12 @@ def make_app(
     bandwidth_mbps: float = 0.0,
     spindles: int = 0,
     max_block_bytes: int = 512 * MiB,
+    faults: FaultConfig | None = None,
+    admin_token: str | None = None,
 ) -> web.Application:
     """The block server over directory ``root`` (see the module docstring for the
-    emulation knobs; 0 means no emulation)."""
+    emulation knobs; 0 means no emulation).  ``faults`` and ``admin_token``: see
+    servers/_common/faults.py."""
     if latency_ms < 0 or bandwidth_mbps < 0 or spindles < 0 or max_block_bytes < 1:
         raise ValueError("latency_ms, bandwidth_mbps and spindles must be >= 0, max_block_bytes >= 1")
     server = BlockServer(
@@ -251,7 +255,7 @@ def make_app(
         bandwidth=Bandwidth(bandwidth_mbps * 1e6),
         max_block_bytes=max_block_bytes,
     )
-    app = base_app("blobsdk_blockstore", token)
+    app = base_app("blobsdk_blockstore", token, faults=faults, admin_token=admin_token)
     _install(app, server)
     return app
 
@@ -272,7 +276,12 @@ def _install(app: web.Application, server: BlockServer) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        faults = config_of_args(args, os.environ.get(FAULTS_ENV))
+    except ValueError as exc:
+        parser.error(str(exc))
     app = make_app(
         args.dir,
         token=args.token,
@@ -280,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         bandwidth_mbps=args.bandwidth_mbps,
         spindles=args.spindles,
         max_block_bytes=args.max_block_mb * MiB,
+        faults=faults,
+        admin_token=args.admin_token,
     )
     serve(app, args.host, args.port, args.port_file)
 

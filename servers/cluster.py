@@ -4,6 +4,8 @@ flash nodes, each a real subprocess on a free loopback port.
     python -m servers.cluster --dir DIR [--block-servers 3] [--write-quorum Q]
                               [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T]
                               [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S]
+                              [--api-faults SPEC] [--block-faults SPEC] [--l3-faults SPEC]
+                              [--admin-token T]
 
 Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
 then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
@@ -31,7 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -63,6 +65,9 @@ class ClusterOptions:
     l3_capacity_mb: float = 1024
     l3_hold_seconds: float = 0.0
     startup_timeout: float = 30.0
+    # kind name ("api", "block", "l3") -> its servers' --fault specs (servers/_common/faults.py)
+    faults: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    admin_token: str | None = None  # every server mounts /admin/faults behind it
 
 
 @dataclass(frozen=True)
@@ -177,10 +182,10 @@ class Cluster:
         name = kind.name if kind.count(self.options) == 1 else f"{kind.name}-{i}"
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
         port_file.unlink(missing_ok=True)
-        token = ["--token", self.options.token] if self.options.token else []
-        argv = [sys.executable, "-m", kind.module, "--host", HOST, "--port", "0", "--port-file", str(port_file)]
+        argv = [sys.executable, "-m", kind.module, "--host", HOST, "--port", "0", "--port-file", str(port_file),
+                *_common_args(self.options, kind), *kind.args(launch, i)]
         with open(log, "ab") as out:
-            popen = subprocess.Popen([*argv, *token, *kind.args(launch, i)], stdin=subprocess.DEVNULL,
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                      stdout=out, stderr=subprocess.STDOUT, env=_child_env())
         proc = ServerProcess(kind=kind.name, name=name, popen=popen, port_file=port_file, log=log)
         self.processes.append(proc)
@@ -230,6 +235,13 @@ class Cluster:
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await asyncio.to_thread(self.stop)
+
+
+def _common_args(options: ClusterOptions, kind: ServerKind) -> list[str]:
+    """Flags every server of ``kind`` gets: tokens and fault specs."""
+    flags = [("--token", options.token), ("--admin-token", options.admin_token)]
+    flags += [("--fault", spec) for spec in options.faults.get(kind.name, ())]
+    return [a for k, v in flags if v for a in (k, v)]
 
 
 def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
@@ -309,6 +321,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
     parser.add_argument("--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)")
     parser.add_argument("--l3-hold-seconds", type=float, default=0.0, metavar="S", help="hold period of the L3 nodes (default 0)")
     parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
+    for kind in KINDS:
+        parser.add_argument(f"--{kind.name}-faults", action="append", default=[], metavar="SPEC",
+                            help=f"a --fault SPEC for every {kind.name} server (repeatable)")
+    parser.add_argument("--admin-token", help="every server mounts /admin/faults behind this bearer token")
     args = parser.parse_args(argv)
     if args.block_servers < 1:
         parser.error("--block-servers must be at least 1")
@@ -317,8 +333,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
     if args.l3_nodes < 0 or args.l3_capacity_mb <= 0 or args.l3_hold_seconds < 0:
         parser.error("--l3-nodes and --l3-hold-seconds must be >= 0, --l3-capacity-mb positive")
     names = ("block_servers", "write_quorum", "latency_ms", "bandwidth_mbps", "spindles", "token",
-             "l3_nodes", "l3_capacity_mb", "l3_hold_seconds", "startup_timeout")
-    return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names})
+             "l3_nodes", "l3_capacity_mb", "l3_hold_seconds", "startup_timeout", "admin_token")
+    faults = {kind.name: tuple(getattr(args, f"{kind.name}_faults")) for kind in KINDS}
+    return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults)
 
 
 def _print_ready(cluster: Cluster) -> None:

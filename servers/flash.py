@@ -73,6 +73,7 @@ from blobsdk.tiers.l3 import (
 )
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
+from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args
 from servers._common.http import (
     METRICS_KEY,
     PUBLIC_ROUTES,
@@ -296,8 +297,7 @@ class FlashNode:
         data = await self.cache.get(ref.key)
         if data is not None and len(data) == ref.length:
             return data, True
-        buf = bytearray(ref.length)
-        await self.l4.fetch_into(ref, memoryview(buf), self._verify)
+        buf, _ = await self.l4.fetch_stored(ref, self._verify)
         await self._fill(ref, buf, tenant, pin_seconds)
         return buf, False
 
@@ -455,13 +455,18 @@ def _seconds(raw: str) -> float:
 
 
 def make_app(
-    config: FlashConfig, *, blocks: BlockStore | None = None, clock: Callable[[], float] = time.monotonic
+    config: FlashConfig,
+    *,
+    blocks: BlockStore | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    faults: FaultConfig | None = None,
+    admin_token: str | None = None,
 ) -> web.Application:
     """The flash node for ``config``.  ``blocks`` replaces the L4 replicas named by
     ``config.block_urls`` (the caller keeps and closes it); ``clock`` drives the cache's TTL,
-    hold and pins (tests)."""
+    hold and pins (tests); ``faults`` and ``admin_token``: see servers/_common/faults.py."""
     node = FlashNode(config, blocks=blocks, clock=clock)
-    app = base_app("blobsdk_flash")
+    app = base_app("blobsdk_flash", faults=faults, admin_token=admin_token)
     app[FLASH_NODE] = node
     app.middlewares.append(node.tenants.middleware())
     _install(app, node)
@@ -500,9 +505,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config = config_of(args)
+        faults = config_of_args(args, os.environ.get(FAULTS_ENV))
     except ValueError as exc:
         parser.error(str(exc))
-    serve(make_app(config), args.host, args.port, args.port_file)
+    serve(make_app(config, faults=faults, admin_token=args.admin_token), args.host, args.port, args.port_file)
 
 
 def config_of(args: argparse.Namespace) -> FlashConfig:

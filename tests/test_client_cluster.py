@@ -14,6 +14,7 @@ import pytest
 
 import blobsdk
 from blobsdk.config import WriteConfig
+from blobsdk.hedge import HedgeConfig
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
 
@@ -73,15 +74,22 @@ async def test_a_flipped_byte_on_one_block_server_is_never_returned(tmp_path):
         data = os.urandom(200_000)
         async with blobsdk.Client(_config(cluster)) as c:
             await c.put("/b/c", data)
-        blocks = _block_files(tmp_path / "blocks-0")
-        assert blocks
-        for f in blocks:
-            raw = bytearray(f.read_bytes())
-            raw[len(raw) // 2] ^= 0x01
-            f.write_bytes(raw)
-        async with blobsdk.Client(_config(cluster)) as c:
+        for replica in ("blocks-0", "blocks-1"):  # only blocks-2 keeps good copies
+            blocks = _block_files(tmp_path / replica)
+            assert blocks
+            for f in blocks:
+                raw = bytearray(f.read_bytes())
+                for i in range(0, len(raw), 4096):  # a flip in every chunk
+                    raw[i] ^= 0x01
+                f.write_bytes(raw)
+        cfg = msgspec.structs.replace(_config(cluster), hedge=HedgeConfig(enabled=False))  # exact counts
+        async with blobsdk.Client(cfg) as c:
             assert await c.get("/b/c") == data
-            assert c.stats()["l4"]["corrupt"] >= 1
+            l4 = next(t for t in c._open.readpath.tiers if t.name == "l4")
+            plan = await c._open.plans.get_plan("/b/c")
+            good = cluster.config.block_urls[2]
+            bad_reads = sum([r.name for r in l4.candidates(ch.key)].index(good) for ch in plan.chunks)
+            assert bad_reads > 0 and c.stats()["l4"]["corrupt"] == bad_reads
 
 
 async def test_an_l3_node_killed_mid_epoch(tmp_path):

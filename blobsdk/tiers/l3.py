@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -35,6 +36,7 @@ import msgspec
 
 from .._http import HttpEndpoint, read_exactly
 from ..errors import BadRequest, BlobError, Unavailable
+from ..hedge import HedgeConfig, HedgeExhausted, Hedger
 from ..placement import rank
 from ..sources.base import validate_block_id
 from ..stats import TierStats
@@ -125,6 +127,7 @@ class L3Tier:
         down_seconds: float = 5.0,
         timeout: aiohttp.ClientTimeout | None = None,
         clock: Callable[[], float] = time.monotonic,
+        hedge: HedgeConfig | None = None,
     ) -> None:
         if replicas < 1 or down_seconds < 0:
             raise ValueError(f"replicas must be >= 1 and down_seconds >= 0, got {replicas} and {down_seconds}")
@@ -137,6 +140,7 @@ class L3Tier:
         self._request_args = {} if timeout is None else {"timeout": timeout}
         self._clock = clock
         self._down_until: dict[str, float] = {}
+        self.hedger = Hedger(hedge)
 
     @property
     def urls(self) -> list[str]:
@@ -151,13 +155,13 @@ class L3Tier:
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         begun = time.perf_counter()
-        for url in self.candidates(ref.key):
-            raw = await self._fetch_from(url, ref, decode)
-            if raw is not None:
-                self.stats.hit(ref.raw_length, time.perf_counter() - begun)
-                return raw
-        self.stats.misses += 1
-        return None
+        try:
+            raw = await self.hedger.run(self.candidates(ref.key), partial(self._fetch_from, ref, decode), failover=_is_blob_error)
+        except HedgeExhausted:
+            self.stats.misses += 1
+            return None
+        self.stats.hit(ref.raw_length, time.perf_counter() - begun)
+        return raw
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: the nodes fill themselves when they read a chunk through."""
@@ -165,7 +169,8 @@ class L3Tier:
     def extra_stats(self) -> dict[str, int | float]:
         now = self._clock()
         down = sum(until > now for until in self._down_until.values())
-        return {"node_hits": self.node_hits, "node_fills": self.node_fills, "nodes_down": down}
+        hedges = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
+        return {"node_hits": self.node_hits, "node_fills": self.node_fills, "nodes_down": down, **hedges}
 
     async def node_stats(self) -> dict[str, object]:
         """Each node's own ``/stats`` (cache occupancy, tenants, jobs), or the error that
@@ -182,21 +187,22 @@ class L3Tier:
     async def aclose(self) -> None:
         """Nothing owned: the session belongs to the caller."""
 
-    async def _fetch_from(self, url: str, ref: ChunkRef, decode: Decoder) -> memoryview | None:
-        """The verified raw bytes from one node, or None (counted) if it failed."""
+    async def _fetch_from(self, ref: ChunkRef, decode: Decoder, url: str) -> memoryview:
+        """The verified raw bytes from one node; a failure is counted (a node that is
+        Unavailable is marked down) and raised, so the hedger tries the next node."""
         try:
             stored, served_from = await self._get(url, ref)
             raw = await decode(ref, stored)
         except BadCopy:
             self.stats.corrupt += 1
-            return None
+            raise
         except Unavailable:
             self.stats.errors += 1
             self._down_until[url] = self._clock() + self._down_seconds
-            return None
+            raise
         except BlobError:  # e.g. the node found every L4 copy bad: L4 will say so itself
             self.stats.errors += 1
-            return None
+            raise
         self._down_until.pop(url, None)
         self._count_source(served_from)
         return raw
@@ -266,6 +272,11 @@ class L3Tier:
             if status.finished:
                 return status
             await asyncio.sleep(poll_seconds)
+
+
+def _is_blob_error(exc: BaseException) -> bool:
+    """L3 is a cache: any failure of a node is a miss there, never an error to the reader."""
+    return isinstance(exc, BlobError)
 
 
 def _batches(refs: list[ChunkRef], size: int) -> Iterable[list[ChunkRef]]:

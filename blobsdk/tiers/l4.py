@@ -9,8 +9,11 @@ the last tier, L4 never misses quietly: when every replica failed it raises Corr
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from ..errors import BlobError, BlockNotFound, CorruptData, Unavailable
+from ..hedge import HedgeConfig, HedgeExhausted, Hedger
+from ..placement import rank
 from ..sources.base import BlockStore
 from ..stats import TierStats
 from ..wire import ChunkRef
@@ -19,38 +22,65 @@ from .base import BadCopy, Decoder
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
 
+SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
+
+
 class L4Tier:
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself)."""
 
     name = "l4"
 
-    def __init__(self, blocks: BlockStore, stats: TierStats | None = None) -> None:
+    def __init__(self, blocks: BlockStore, stats: TierStats | None = None, *, hedge: HedgeConfig | None = None) -> None:
         self.blocks = blocks
         self.stats = stats if stats is not None else TierStats()
+        self.hedger = Hedger(hedge)
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview:
         """The verified raw bytes of ``ref`` (never None: L4 raises instead)."""
-        return await self.fetch_into(ref, memoryview(bytearray(ref.length)), decode)
+        _, raw = await self.fetch_stored(ref, decode)
+        return raw
 
-    async def fetch_into(self, ref: ChunkRef, buf: memoryview, decode: Decoder) -> memoryview:
-        """Like :meth:`fetch`, reading the stored bytes into ``buf`` (exactly ``ref.length``
-        bytes).  On return ``buf`` holds the verified stored copy, and the result is the raw
-        bytes (``buf`` itself for an uncompressed chunk)."""
-        failures: list[BlobError] = []
-        for replica in self.blocks.replicas:
-            begun = time.perf_counter()
-            try:
-                await replica.read_into(ref.block_id, ref.offset, buf)
-                raw = await decode(ref, buf)
-            except _FAILOVER as exc:
-                self._count(exc)
-                failures.append(exc)
-                continue
-            self.stats.hit(ref.raw_length, time.perf_counter() - begun)
-            return raw
-        self.stats.misses += 1
-        raise give_up(ref, failures)
+    async def fetch_stored(self, ref: ChunkRef, decode: Decoder) -> tuple[bytearray, memoryview]:
+        """The verified stored copy of ``ref`` and its raw bytes (a view of that copy for
+        an uncompressed chunk), hedged across the replicas in order."""
+        begun = time.perf_counter()
+        attempt = partial(self._read_copy, ref, decode)
+        try:
+            stored, raw = await self.hedger.run(self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover)
+        except HedgeExhausted as exc:
+            self.stats.misses += 1
+            raise give_up(ref, [error for _, error in exc.failures]) from exc
+        self.stats.hit(ref.raw_length, time.perf_counter() - begun)
+        return stored, raw
+
+    def candidates(self, key: str) -> list[BlockStore]:
+        """The replicas in the order to try for chunk ``key``: rendezvous order, so the
+        primaries of a batch spread over every replica, with replicas whose latency
+        estimate is over SLOW_FACTOR times the best one moved last (stable)."""
+        replicas = {r.name: r for r in self.blocks.replicas}
+        if len(replicas) < 2:
+            return list(replicas.values())
+        ranked = [replicas[name] for name in rank(key, list(replicas))]
+        known = [e for r in ranked if (e := self.hedger.latency.estimate(r.name)) is not None]
+        if not known:
+            return ranked
+        limit = SLOW_FACTOR * min(known)
+        return sorted(ranked, key=lambda r: (self.hedger.latency.estimate(r.name) or 0.0) > limit)
+
+    async def _read_copy(self, ref: ChunkRef, decode: Decoder, replica: BlockStore) -> tuple[bytearray, memoryview]:
+        """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
+        go on in a thread, so no two attempts ever share one."""
+        stored = bytearray(ref.length)
+        try:
+            await replica.read_into(ref.block_id, ref.offset, memoryview(stored))
+            return stored, await decode(ref, memoryview(stored))
+        except _FAILOVER as exc:
+            self._count(exc)
+            raise
+
+    def extra_stats(self) -> dict[str, int | float]:
+        return {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: L4 is where every chunk comes from."""
@@ -65,7 +95,15 @@ class L4Tier:
             self.stats.errors += 1
 
 
-def give_up(ref: ChunkRef, failures: list[BlobError]) -> BlobError:
+def _name(replica: BlockStore) -> str:
+    return replica.name
+
+
+def _is_failover(exc: BaseException) -> bool:
+    return isinstance(exc, _FAILOVER)
+
+
+def give_up(ref: ChunkRef, failures: list[BaseException]) -> BlobError:
     """The error for a chunk no replica could serve, most telling first: a bad copy, then a
     block gone from every replica, else Unavailable."""
     if any(isinstance(f, CorruptData) for f in failures):

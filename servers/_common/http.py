@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -18,11 +18,16 @@ from aiohttp import web
 from blobsdk.errors import BadRequest, BlobError, Unauthorized
 from blobsdk.wire import JSON, MSGPACK, ErrorBody
 
+if TYPE_CHECKING:
+    from servers._common.faults import FaultConfig
+
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MAX_BODY_BYTES = 16 << 20  # default bound for msgpack/JSON request bodies
-PUBLIC_ROUTES = frozenset({"/healthz", "/metrics"})
+ADMIN_FAULTS_ROUTE = "/admin/faults"
+# Not guarded by the data token (the fault admin route checks its own) and never faulted.
+PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", ADMIN_FAULTS_ROUTE})
 
 
 async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BODY_BYTES) -> T:
@@ -155,16 +160,30 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def base_app(server: str, token: str | None = None, client_max_size: int = MAX_BODY_BYTES) -> web.Application:
-    """An Application with the shared middlewares and /healthz + /metrics routes."""
+def base_app(
+    server: str,
+    token: str | None = None,
+    client_max_size: int = MAX_BODY_BYTES,
+    *,
+    faults: FaultConfig | None = None,
+    admin_token: str | None = None,
+) -> web.Application:
+    """An Application with the shared middlewares and /healthz + /metrics routes.  With
+    ``faults`` or ``admin_token`` it also injects faults (servers/_common/faults.py); with
+    ``admin_token`` it mounts /admin/faults."""
+    from servers._common.faults import FaultInjector  # faults builds on this module
+
     metrics = Metrics(server)
-    app = web.Application(
-        middlewares=[metrics.middleware, errors_middleware, auth_middleware(token)],
-        client_max_size=client_max_size,
-    )
+    injector = FaultInjector(faults) if faults is not None or admin_token else None
+    middlewares = [metrics.middleware, errors_middleware, auth_middleware(token)]
+    if injector is not None:
+        middlewares.insert(1, injector.middleware)  # inside metrics: injected faults are counted
+    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app[METRICS_KEY] = metrics
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics.handle)
+    if injector is not None:
+        injector.install(app, admin_token)
     return app
 
 
@@ -173,6 +192,12 @@ def add_serve_args(parser: Any) -> None:
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--token", default=None, help="require this bearer token (default: none)")
+    parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                        help="inject faults, e.g. 'route=/v1/blocks;error_rate=0.1;latency_ms=5' (repeatable; "
+                        "rules of $BLOBSDK_FAULTS come first; see servers/_common/faults.py)")
+    parser.add_argument("--fault-seed", type=int, default=None, metavar="N", help="seed of the fault draws")
+    parser.add_argument("--admin-token", default=None,
+                        help="mount /admin/faults (GET/PUT/DELETE) behind this bearer token (default: not mounted)")
 
 
 def serve(app: web.Application, host: str, port: int, port_file: Path | None = None) -> None:

@@ -17,7 +17,14 @@ import pytest
 
 import blobsdk
 from blobsdk.config import ClientConfig, WriteConfig
-from servers.cluster import KINDS, Cluster, ClusterError, ClusterOptions, ServerKind, start_cluster
+from servers.cluster import (
+    KINDS,
+    Cluster,
+    ClusterError,
+    ClusterOptions,
+    ServerKind,
+    start_cluster,
+)
 from tests.helpers import ROOT
 
 START_TIMEOUT = 60.0

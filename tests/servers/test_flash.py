@@ -16,6 +16,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from blobsdk.placement import rank
 from blobsdk.readpath import decode_chunk
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.tiers.l3 import CACHE_HEADER, HydrateRequest, HydrateStatus, chunk_query
@@ -173,7 +174,8 @@ async def test_bad_keys_and_refs_are_400(env: Env) -> None:
 
 async def test_a_corrupt_l4_copy_is_skipped(env: Env) -> None:
     (ref,) = await chunks(env, 1)
-    env.corrupt(0, ref)
+    first = env.urls.index(rank(ref.key, env.urls)[0])  # the replica the node reads first
+    env.corrupt(first, ref)
     url, _ = await env.node()
     status, source, body = await env.get(url, ref)
     assert (status, source) == (200, "miss")

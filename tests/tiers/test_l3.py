@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.hedge import HedgeConfig
 from blobsdk.placement import rank
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l3 import CACHE_HEADER, HydrateJob, L3Tier
@@ -64,12 +65,14 @@ async def test_serves_verified_bytes_and_counts_where_nodes_found_them(env: Env)
     raws = [os.urandom(CHUNK) for _ in range(5)] + [b"squeeze me " * 3000]
     refs = await pack(env.blocks, raws, "auto")
     nodes = await flash_nodes(env, 3)
-    tier = L3Tier(env.session, list(nodes), replicas=2)
+    tier = L3Tier(env.session, list(nodes), replicas=2, hedge=HedgeConfig(enabled=False))  # exact counts
     assert isinstance(tier, Tier) and tier.name == "l3"
     for _ in range(2):
         assert [bytes(await tier.fetch(ref, decode)) for ref in refs] == raws
     assert (tier.stats.hits, tier.stats.misses, tier.stats.corrupt, tier.stats.errors) == (12, 0, 0, 0)
-    assert tier.extra_stats() == {"node_hits": 6, "node_fills": 6, "nodes_down": 0}
+    extra = tier.extra_stats()
+    assert {k: extra[k] for k in ("node_hits", "node_fills", "nodes_down")} == {"node_hits": 6, "node_fills": 6, "nodes_down": 0}
+    assert extra["hedge_primaries"] == 12 and extra["hedge_hedges_sent"] == 0
     for ref in refs:  # each chunk was read through by its first node only
         holders = [url for url, (node, _) in nodes.items() if node.cache.contains(ref.key)]
         assert holders == [rank(ref.key, list(nodes))[0]]

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from blobsdk.errors import BlockNotFound, CorruptData, Unavailable
+from blobsdk.hedge import HedgeConfig
 from blobsdk.readpath import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
@@ -89,12 +90,11 @@ async def test_serves_verified_bytes_of_plain_and_lz4_chunks(replicas: Replicas)
     assert (tier.stats.hits, tier.stats.bytes, tier.stats.corrupt, tier.stats.errors) == (2, 65_000, 0, 0)
 
 
-async def test_fetch_into_reads_in_place(replicas: Replicas) -> None:
+async def test_fetch_stored_returns_the_copy_it_read(replicas: Replicas) -> None:
     blocks = await replicas.start(1)
     (ref,) = await pack(blocks, [os.urandom(3000)])
-    buf = memoryview(bytearray(ref.length))
-    raw = await L4Tier(blocks).fetch_into(ref, buf, decode)
-    assert raw.obj is buf.obj  # uncompressed: the raw bytes are the buffer itself
+    stored, raw = await L4Tier(blocks).fetch_stored(ref, decode)
+    assert raw.obj is stored  # uncompressed: the raw bytes are the stored copy itself
 
 
 async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) -> None:
@@ -104,9 +104,25 @@ async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) ->
     for ref in refs:
         replicas.corrupt(0, ref)
         replicas.corrupt(1, ref)
-    tier = L4Tier(blocks)
+    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    good = blocks.replicas[2]
+    bad_reads = sum(tier.candidates(ref.key).index(good) for ref in refs)  # bad copies tried first
     assert [bytes(await tier.fetch(ref, decode)) for ref in refs] == raws
-    assert (tier.stats.hits, tier.stats.corrupt, tier.stats.errors) == (2, 4, 0)
+    assert (tier.stats.hits, tier.stats.corrupt, tier.stats.errors) == (2, bad_reads, 0)
+
+
+async def test_candidates_spread_over_replicas_and_demote_a_slow_one(replicas: Replicas) -> None:
+    blocks = await replicas.start(3)
+    tier = L4Tier(blocks)
+    keys = [f"{i:032x}" for i in range(300)]
+    firsts = [tier.candidates(k)[0].name for k in keys]
+    assert all(firsts.count(r.name) > 60 for r in blocks.replicas)  # ~100 each
+    slow = blocks.replicas[0].name
+    for _ in range(20):
+        tier.hedger.latency.record(slow, 0.050)
+        for r in blocks.replicas[1:]:
+            tier.hedger.latency.record(r.name, 0.002)
+    assert all(tier.candidates(k)[-1].name == slow for k in keys)
 
 
 async def test_every_copy_corrupt_is_corrupt_data(replicas: Replicas) -> None:
@@ -144,10 +160,11 @@ async def test_a_dead_replica_fails_over_and_all_dead_is_unavailable(replicas: R
     blocks = await replicas.start(2)
     (ref,) = await pack(blocks, [os.urandom(1000)])
     tier = L4Tier(blocks)
-    await replicas.stop(0)
+    first = list(blocks.replicas).index(tier.candidates(ref.key)[0])
+    await replicas.stop(first)
     assert len(await tier.fetch(ref, decode)) == 1000
     assert (tier.stats.hits, tier.stats.errors) == (1, 1)
-    await replicas.stop(1)
+    await replicas.stop(1 - first)
     with pytest.raises(Unavailable):
         await tier.fetch(ref, decode)
 

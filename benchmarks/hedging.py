@@ -1,0 +1,115 @@
+"""hedging: tail latency of batched chunk reads with and without hedged requests.
+
+Three L4 block servers (separate processes) hold the same chunks.  A batch is 100 chunk
+reads in parallel, as a training step fetching its samples; its latency is that of its
+slowest read.  Two scenarios, each run with three policies in the same process run:
+
+- ``tail``: every server gives 1% of requests +200 ms (the Tail-at-Scale setting);
+- ``slow_replica``: one replica is 10x slower than the others.
+
+Policies: ``none`` (plain failover, no hedging), ``duplicate`` (every read sent to two
+replicas at once), ``hedged`` (blobsdk's default: hedge after the target's ~p95, within a
+5% budget).  Reported per scenario and policy: batch p50/p99/p99.9 and extra requests.
+
+Ratios (the ``tail`` scenario): ``p999_cut`` = no-hedge p99.9 / hedged p99.9 (goal >= 10;
+the published anchor is 24x for 2% extra requests) and ``extra_requests`` = hedges sent per
+read when hedged (goal <= 0.05).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import xxhash
+
+from blobsdk._http import new_session
+from blobsdk.config import Timeouts
+from blobsdk.hedge import HedgeConfig
+from blobsdk.readpath import decode_chunk
+from blobsdk.sources.base import new_block_id
+from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tiers.l4 import L4Tier
+from blobsdk.wire import ChunkRef
+
+from ._report import Report, percentile
+from ._servers import block_servers
+
+CHUNK = 16 << 10
+FANOUT = 100
+SCENARIOS = {
+    "tail": [["--latency-ms", "1", "--fault", "methods=GET;route=/v1/blocks;slow_fraction=1%;slow_ms=200"]] * 3,
+    "slow_replica": [["--latency-ms", "10"], ["--latency-ms", "1"], ["--latency-ms", "1"]],
+}
+POLICIES = {
+    "none": HedgeConfig(enabled=False),
+    "duplicate": HedgeConfig(min_delay_ms=0, max_delay_ms=0, budget_ratio=1.0, budget_burst=1e9),
+    "hedged": HedgeConfig(max_parallel=3),
+}
+
+
+async def run(quick: bool = False) -> Report:
+    batches = 200 if quick else 1000
+    report = Report("hedging")
+    with tempfile.TemporaryDirectory(prefix="bench-hedging-") as tmp:
+        for scenario, flags in SCENARIOS.items():
+            with block_servers(Path(tmp) / scenario, flags) as urls:
+                await _scenario(report, scenario, urls, batches)
+    m = report.metrics
+    report.ratios["p999_cut"] = m["tail_none_p999_ms"] / m["tail_hedged_p999_ms"]
+    report.ratios["extra_requests"] = m["tail_hedged_extra"]
+    report.ratios["slow_replica_p99_cut"] = m["slow_replica_none_p99_ms"] / m["slow_replica_hedged_p99_ms"]
+    report.goals.update(p999_cut=">= 10", extra_requests="<= 0.05")
+    return report
+
+
+async def _scenario(report: Report, scenario: str, urls: list[str], batches: int) -> None:
+    async with new_session(Timeouts()) as session:
+        replicas = [HttpBlockStore(session, url) for url in urls]
+        blocks = ReplicatedBlockStore(replicas)
+        try:
+            refs = await _write_chunks(blocks)
+            for policy, config in POLICIES.items():
+                tier = L4Tier(blocks, hedge=config)
+                await _batches(tier, refs, 20)  # warm connections and latency estimates
+                before = tier.hedger.stats()
+                times = await _batches(tier, refs, batches)
+                after = tier.hedger.stats()
+                _record(report, f"{scenario}_{policy}", times, before, after)
+        finally:
+            await blocks.aclose()
+
+
+async def _write_chunks(blocks: ReplicatedBlockStore) -> list[ChunkRef]:
+    block_id = new_block_id()
+    raws = [os.urandom(CHUNK) for _ in range(FANOUT)]
+    await blocks.write_block(block_id, raws)
+    return [
+        ChunkRef(block_id=block_id, offset=i * CHUNK, length=CHUNK, raw_length=CHUNK, checksum=xxhash.xxh3_64_intdigest(raw))
+        for i, raw in enumerate(raws)
+    ]
+
+
+async def _decode(ref: ChunkRef, stored: memoryview) -> memoryview:
+    return decode_chunk(ref, stored)
+
+
+async def _batches(tier: L4Tier, refs: list[ChunkRef], count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        await asyncio.gather(*(tier.fetch(ref, _decode) for ref in refs))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _record(report: Report, name: str, times: list[float], before: dict[str, int], after: dict[str, int]) -> None:
+    reads = after["primaries"] - before["primaries"]
+    hedges = after["hedges_sent"] - before["hedges_sent"]
+    for label, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
+        report.metrics[f"{name}_{label}_ms"] = percentile(times, q) * 1000
+    report.metrics[f"{name}_extra"] = hedges / max(reads, 1)

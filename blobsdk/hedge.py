@@ -1,0 +1,349 @@
+"""Hedged requests over a ranked list of candidates (DESIGN §2).
+
+A :class:`Hedger` serves one tier (its L4 replicas, its L3 nodes, later its peers) and is
+shared by every read of that tier, so its latency estimates and its budget are tier-wide::
+
+    run([c0, c1, c2], attempt)
+      t = 0          start attempt(c0)                                   "primary"
+      t = delay(c0)  c0 still running and the budget has a token: start c1   "hedge"
+      c0 raises      a failover error: start the next candidate at once     "failover"
+      c1 returns     c1 wins; c0 is cancelled and awaited before run returns
+
+- An attempt *wins* by returning; verification belongs inside it (a bad copy raises
+  ``BadCopy``, which fails over like any other failover error).
+- Failover errors are BlobErrors that are not ValueErrors (BadRequest, InvalidPath: the
+  request itself is wrong, so every candidate would refuse it).  Any other exception is
+  raised at once after the attempts still running were cancelled.
+- At most ``max_parallel`` attempts run at once; failovers need no budget, hedges do.
+- Losers are cancelled *and awaited* (an aiohttp response is released when its ``async
+  with`` exits), so no task outlives ``run``; cancelling the caller cancels every attempt.
+  A cancelled attempt blocked in a thread (a local file read) cannot be stopped: give each
+  attempt its own buffer, never one the caller keeps.
+
+Hedge delay: a per-target quantile (``quantile``, about p95) of the latencies of attempts
+that *returned* (failed and cancelled attempts are not samples), clamped to
+``[min_delay_ms, max_delay_ms]``.  See :class:`LatencyTracker`.
+
+Budget: a token bucket (:class:`HedgeBudget`) earning ``budget_ratio`` tokens per primary
+request, holding at most ``budget_burst``; a hedge spends one.  Over any long run, hedges
+<= ``budget_ratio`` * requests + ``budget_burst``, so a tier-wide slowdown (every primary
+slow) adds at most ~5% load rather than doubling it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Generic, Literal, TypeVar
+
+import msgspec
+
+from ._tasks import task_group
+from .errors import BlobError, Unavailable
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MIN_SAMPLES = 8  # fewer recent latencies than this: the target borrows the tier-wide estimate
+_REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
+
+Kind = Literal["primary", "hedge", "failover"]
+
+
+class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one tier hedges its reads (``enabled = false``: plain failover in rank order)."""
+
+    enabled: bool = True
+    min_delay_ms: float = 2.0
+    max_delay_ms: float = 500.0  # also the delay while nothing has been measured yet
+    quantile: float = 0.95
+    budget_ratio: float = 0.05  # hedges earned per primary request
+    budget_burst: float = 10.0  # token bucket capacity (it starts full)
+    max_parallel: int = 2  # attempts in flight per request
+    window: int = 128  # recent latencies kept per target
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_delay_ms <= self.max_delay_ms:
+            raise ValueError(f"need 0 <= min_delay_ms <= max_delay_ms, got {self.min_delay_ms}, {self.max_delay_ms}")
+        if not 0 < self.quantile <= 1:
+            raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
+        if self.budget_ratio < 0 or self.budget_burst < 0:
+            raise ValueError(f"budget_ratio and budget_burst must be >= 0, got {self.budget_ratio}, {self.budget_burst}")
+        if self.max_parallel < 1 or self.window < MIN_SAMPLES:
+            raise ValueError(f"need max_parallel >= 1 and window >= {MIN_SAMPLES}, got {self.max_parallel}, {self.window}")
+
+
+class HedgeExhausted(Unavailable):
+    """Every candidate failed.  ``failures`` lists ``(candidate, error)`` in the order the
+    attempts failed; the tier maps this to its own error (e.g. CorruptData if a copy was
+    bad)."""
+
+    def __init__(self, message: str, failures: Sequence[tuple[object, BaseException]]) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+
+def is_failover(exc: BaseException) -> bool:
+    """Whether an attempt's error is about that candidate only (so another may succeed)."""
+    return isinstance(exc, BlobError) and not isinstance(exc, ValueError)
+
+
+class _Window:
+    """The last ``size`` samples of one target and a cached quantile of them."""
+
+    __slots__ = ("fresh", "samples", "value")
+
+    def __init__(self, size: int) -> None:
+        self.samples: deque[float] = deque(maxlen=size)
+        self.fresh = 0  # samples added since ``value`` was computed
+        self.value: float | None = None
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+        self.fresh += 1
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the window, re-sorted only once enough of it is new."""
+        n = len(self.samples)
+        if n < MIN_SAMPLES:
+            return None
+        if self.value is None or self.fresh * _REFRESH_FRACTION >= n:
+            self.value = sorted(self.samples)[min(n - 1, int(q * n))]
+            self.fresh = 0
+        return self.value
+
+
+class LatencyTracker:
+    """A cheap streaming latency quantile per target, and the hedge delay it implies.
+
+    Each target keeps its last ``window`` samples in a ring; the quantile is recomputed by
+    sorting the ring once 1/8 of it is new (128 floats sort in a few µs: well under a µs per
+    sample, and the estimate lags by at most 1/8 window).  A ring is exact over its window
+    and forgets old behaviour in ``window`` samples, unlike an EWMA of mean + k·deviation,
+    which assumes a shape the heavy-tailed HDD/network latencies do not have.  A target with
+    fewer than ``MIN_SAMPLES`` samples borrows the quantile of all targets together; with
+    none anywhere the delay is ``max_delay_ms``.
+    """
+
+    def __init__(self, config: HedgeConfig) -> None:
+        self._config = config
+        self._targets: dict[str, _Window] = {}
+        self._all = _Window(config.window)
+
+    def record(self, target: str, seconds: float) -> None:
+        window = self._targets.get(target)
+        if window is None:
+            window = self._targets[target] = _Window(self._config.window)
+        window.add(seconds)
+        self._all.add(seconds)
+
+    def estimate(self, target: str) -> float | None:
+        """The latency quantile of ``target`` (or of all targets), None if unmeasured."""
+        window = self._targets.get(target)
+        own = None if window is None else window.quantile(self._config.quantile)
+        return own if own is not None else self._all.quantile(self._config.quantile)
+
+    def delay(self, target: str) -> float:
+        """Seconds to wait for ``target`` before hedging: its estimate, clamped."""
+        low, high = self._config.min_delay_ms / 1000, self._config.max_delay_ms / 1000
+        estimate = self.estimate(target)
+        return high if estimate is None else min(high, max(low, estimate))
+
+
+class HedgeBudget:
+    """A token bucket: each primary request earns ``ratio`` tokens (capped at ``burst``,
+    starting full), each hedge spends one."""
+
+    def __init__(self, ratio: float, burst: float) -> None:
+        self._ratio = ratio
+        self._burst = burst
+        self.tokens = burst
+
+    def earn(self) -> None:
+        self.tokens = min(self._burst, self.tokens + self._ratio)
+
+    def try_spend(self) -> bool:
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+@dataclass
+class HedgeStats:
+    """``primaries``: requests run; ``hedges_sent``/``hedges_won``: hedged attempts started /
+    that returned first; ``budget_exhausted``: requests that wanted a hedge and had no token;
+    ``failovers``: attempts started because another one failed."""
+
+    primaries: int = 0
+    hedges_sent: int = 0
+    hedges_won: int = 0
+    budget_exhausted: int = 0
+    failovers: int = 0
+
+
+class Hedger:
+    """Runs hedged requests for one tier; see the module docstring."""
+
+    def __init__(self, config: HedgeConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config if config is not None else HedgeConfig()
+        self.latency = LatencyTracker(self.config)
+        self.budget = HedgeBudget(self.config.budget_ratio, self.config.budget_burst)
+        self.counts = HedgeStats()
+        self.clock = clock
+
+    async def run(
+        self,
+        candidates: Sequence[T],
+        attempt: Callable[[T], Awaitable[R]],
+        *,
+        key_of: Callable[[T], str] = str,
+        failover: Callable[[BaseException], bool] = is_failover,
+    ) -> R:
+        """The result of the first ``attempt(candidate)`` to return, trying ``candidates`` in
+        rank order; HedgeExhausted if every one failed over; any other error at once.
+        ``key_of`` names a candidate's latency target; ``failover`` picks the errors that
+        move on to the next candidate."""
+        self.counts.primaries += 1
+        self.budget.earn()
+        return await _Race(self, candidates, attempt, key_of, failover).run()
+
+    def stats(self) -> dict[str, int]:
+        return asdict(self.counts)
+
+
+@dataclass
+class _Outcome(Generic[R]):
+    """What one attempt did: returned ``value`` or raised ``error``."""
+
+    value: R | None = None
+    error: Exception | None = None
+
+
+class _Race(Generic[T, R]):
+    """One hedged request: its attempts in flight, the candidates left, the failures."""
+
+    def __init__(
+        self,
+        hedger: Hedger,
+        candidates: Sequence[T],
+        attempt: Callable[[T], Awaitable[R]],
+        key_of: Callable[[T], str],
+        failover: Callable[[BaseException], bool],
+    ) -> None:
+        self._hedger = hedger
+        self._candidates = candidates
+        self._attempt = attempt
+        self._key_of = key_of
+        self._failover = failover
+        self._next = 0  # index of the next candidate to start
+        self._running: dict[asyncio.Task[_Outcome[R]], tuple[T, Kind]] = {}
+        self._failures: list[tuple[T, BaseException]] = []
+        self._hedging = hedger.config.enabled
+        self._hedge_at: float | None = None  # clock time of the next hedge; None: no hedge due
+        self._tasks: asyncio.TaskGroup | None = None
+
+    async def run(self) -> R:
+        async with task_group() as tasks:  # on any exit, cancels and awaits what still runs
+            self._tasks = tasks
+            if self._candidates:
+                self._start("primary")
+            decided = await self._race()
+            self._cancel_running()
+        if decided is None:
+            raise self._exhausted()
+        if decided.error is not None:
+            raise decided.error  # not a failover error: raised outside the group, unwrapped
+        return decided.value  # type: ignore[return-value]
+
+    async def _race(self) -> _Outcome[R] | None:
+        """The first returned outcome or non-failover error; None if all failed over."""
+        while self._running:
+            done = await self._wait()
+            if not done:
+                self._hedge()
+                continue
+            decided = self._settle(done)
+            if decided is not None:
+                return decided
+        return None
+
+    async def _wait(self) -> set[asyncio.Task[_Outcome[R]]]:
+        """The attempts that finished, or none once the hedge delay has passed."""
+        timeout = None if self._hedge_at is None else max(0.0, self._hedge_at - self._hedger.clock())
+        done, _ = await asyncio.wait(self._running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return done
+
+    def _start(self, kind: Kind) -> None:
+        candidate = self._candidates[self._next]
+        self._next += 1
+        assert self._tasks is not None
+        task = self._tasks.create_task(self._timed(candidate), name=f"hedge:{kind}:{self._key_of(candidate)}")
+        self._running[task] = (candidate, kind)
+        self._arm(candidate)
+
+    def _arm(self, candidate: T) -> None:
+        """Set the hedge timer for the attempt just started, if another may follow it."""
+        can_hedge = (
+            self._hedging
+            and self._next < len(self._candidates)
+            and len(self._running) < self._hedger.config.max_parallel
+        )
+        delay = self._hedger.latency.delay(self._key_of(candidate)) if can_hedge else None
+        self._hedge_at = None if delay is None else self._hedger.clock() + delay
+
+    async def _timed(self, candidate: T) -> _Outcome[R]:
+        """Run one attempt; a returned value's latency becomes a sample of its target."""
+        begun = self._hedger.clock()
+        try:
+            value = await self._attempt(candidate)
+        except Exception as exc:  # noqa: BLE001 - the race decides; CancelledError is no Exception
+            return _Outcome(error=exc)
+        self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - begun)
+        return _Outcome(value=value)
+
+    def _hedge(self) -> None:
+        """The hedge delay passed: start the next candidate if the budget allows."""
+        if self._hedger.budget.try_spend():
+            self._hedger.counts.hedges_sent += 1
+            self._start("hedge")
+            return
+        self._hedger.counts.budget_exhausted += 1
+        self._hedging = False
+        self._hedge_at = None
+
+    def _settle(self, done: set[asyncio.Task[_Outcome[R]]]) -> _Outcome[R] | None:
+        """The winner among finished attempts, or the first non-failover error; else fail
+        over from each failed one (in the order they started) and return None."""
+        finished = [(task.result(), *self._running.pop(task)) for task in list(self._running) if task in done]
+        for outcome, _, kind in finished:
+            if outcome.error is None:
+                self._hedger.counts.hedges_won += kind == "hedge"
+                return outcome
+        for outcome, candidate, _ in finished:
+            assert outcome.error is not None
+            if not self._failover(outcome.error):
+                return outcome
+            self._fail_over(candidate, outcome.error)
+        return None
+
+    def _fail_over(self, candidate: T, error: Exception) -> None:
+        self._failures.append((candidate, error))
+        if self._next < len(self._candidates):
+            self._hedger.counts.failovers += 1
+            self._start("failover")
+
+    def _cancel_running(self) -> None:
+        for task in self._running:
+            task.cancel()
+
+    def _exhausted(self) -> HedgeExhausted:
+        if not self._failures:
+            return HedgeExhausted("no candidates to try", [])
+        described = "; ".join(f"{self._key_of(c)}: {type(e).__name__}: {e}" for c, e in self._failures)
+        exc = HedgeExhausted(f"all {len(self._failures)} candidates failed: {described}", self._failures)
+        exc.__cause__ = self._failures[-1][1]
+        return exc

@@ -1,0 +1,280 @@
+"""blobsdk.hedge: hedged requests with adaptive delays, a budget, failover and clean
+cancellation.  Attempts are in-loop fakes; delays are a few ms so the file runs in ~1 s."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import xxhash
+
+from blobsdk.errors import BadRequest, BlockNotFound, Unavailable
+from blobsdk.hedge import (
+    HedgeBudget,
+    HedgeConfig,
+    HedgeExhausted,
+    Hedger,
+    LatencyTracker,
+    is_failover,
+)
+from blobsdk.readpath import decode_chunk
+from blobsdk.tiers.base import BadCopy
+from blobsdk.wire import ChunkRef
+
+FIXED_10MS = HedgeConfig(min_delay_ms=10, max_delay_ms=10)  # hedge exactly 10 ms after a start
+NEVER_HEDGE = HedgeConfig(min_delay_ms=1000, max_delay_ms=1000, budget_burst=0)
+
+
+class Fakes:
+    """Attempts per candidate name: ``ok`` returns, ``stall`` waits forever, ``fail`` raises.
+    Records which candidates started and which saw their cancellation."""
+
+    def __init__(self, **behaviour: object) -> None:
+        self.behaviour = behaviour
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+        self.forever = asyncio.Event()  # never set
+
+    async def __call__(self, name: str) -> str:
+        self.started.append(name)
+        what = self.behaviour[name]
+        try:
+            if what == "stall":
+                await self.forever.wait()
+            elif isinstance(what, (int, float)):
+                await asyncio.sleep(what)
+        except asyncio.CancelledError:
+            self.cancelled.append(name)
+            raise
+        if isinstance(what, Exception):
+            raise what
+        return f"from {name}"
+
+
+@asynccontextmanager
+async def no_leftover_tasks() -> AsyncIterator[None]:
+    """Everything started inside finished, within 2 s (a hang would be a failed cancel)."""
+    before = asyncio.all_tasks()
+    async with asyncio.timeout(2):
+        yield
+    assert asyncio.all_tasks() == before
+
+
+async def timed(coro: Awaitable[str]) -> tuple[str, float]:
+    begun = time.perf_counter()
+    result = await coro
+    return result, time.perf_counter() - begun
+
+
+async def test_fast_primary_wins_without_a_hedge() -> None:
+    hedger, fakes = Hedger(FIXED_10MS), Fakes(a="ok", b="ok")
+    assert await hedger.run(["a", "b"], fakes) == "from a"
+    assert fakes.started == ["a"]
+    assert hedger.stats() == {"primaries": 1, "hedges_sent": 0, "hedges_won": 0, "budget_exhausted": 0, "failovers": 0}
+
+
+async def test_stalled_primary_is_hedged_after_the_delay_and_cancelled() -> None:
+    hedger, fakes = Hedger(FIXED_10MS), Fakes(a="stall", b="ok")
+    async with no_leftover_tasks():
+        result, seconds = await timed(hedger.run(["a", "b"], fakes))
+    assert result == "from b"
+    assert 0.009 <= seconds < 0.5
+    assert fakes.cancelled == ["a"]
+    assert hedger.stats()["hedges_sent"] == 1 and hedger.stats()["hedges_won"] == 1
+
+
+async def test_loser_releases_its_connection() -> None:
+    released: list[str] = []
+
+    @asynccontextmanager
+    async def connection(name: str) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            released.append(name)
+
+    fakes = Fakes(a="stall", b="ok")
+
+    async def attempt(name: str) -> str:
+        async with connection(name):
+            return await fakes(name)
+
+    async with no_leftover_tasks():
+        assert await Hedger(FIXED_10MS).run(["a", "b"], attempt) == "from b"
+    assert sorted(released) == ["a", "b"]  # the loser's __aexit__ ran before run returned
+
+
+async def test_errors_fail_over_at_once_without_spending_budget() -> None:
+    hedger = Hedger(NEVER_HEDGE)
+    fakes = Fakes(a=Unavailable("down"), b=BlockNotFound("gone"), c="ok")
+    result, seconds = await timed(hedger.run(["a", "b", "c"], fakes))
+    assert result == "from c"
+    assert seconds < 0.5  # never waited for the 1 s hedge delay
+    stats = hedger.stats()
+    assert stats["failovers"] == 2 and stats["hedges_sent"] == 0 and stats["budget_exhausted"] == 0
+
+
+async def test_a_failed_hedge_fails_over_to_the_next_candidate() -> None:
+    hedger, fakes = Hedger(FIXED_10MS), Fakes(a="stall", b=Unavailable("down"), c="ok")
+    async with no_leftover_tasks():
+        assert await hedger.run(["a", "b", "c"], fakes) == "from c"
+    assert fakes.started == ["a", "b", "c"] and fakes.cancelled == ["a"]
+    assert hedger.stats()["hedges_sent"] == 1 and hedger.stats()["failovers"] == 1
+
+
+async def test_every_candidate_failing_raises_hedge_exhausted_with_each_failure() -> None:
+    errors = {"a": Unavailable("a down"), "b": BadCopy("b bad"), "c": BlockNotFound("c gone")}
+    with pytest.raises(HedgeExhausted) as caught:
+        await Hedger(FIXED_10MS).run(list(errors), Fakes(**errors))
+    assert caught.value.failures == list(errors.items())
+    assert isinstance(caught.value, Unavailable) and caught.value.__cause__ is errors["c"]
+    assert "a down" in str(caught.value) and "c gone" in str(caught.value)
+
+
+async def test_no_candidates_raises_hedge_exhausted() -> None:
+    with pytest.raises(HedgeExhausted) as caught:
+        await Hedger().run([], Fakes())
+    assert caught.value.failures == []
+
+
+@pytest.mark.parametrize("error", [BadRequest("malformed"), TypeError("a bug")])
+async def test_an_error_that_is_not_a_failover_is_raised_at_once(error: Exception) -> None:
+    fakes = Fakes(a="stall", b=error, c="ok")
+    async with no_leftover_tasks():
+        with pytest.raises(type(error)) as caught:
+            await Hedger(FIXED_10MS).run(["a", "b", "c"], fakes)
+    assert caught.value is error
+    assert fakes.started == ["a", "b"] and fakes.cancelled == ["a"]
+
+
+def test_failover_errors_are_blob_errors_about_one_candidate() -> None:
+    assert is_failover(Unavailable()) and is_failover(BadCopy()) and is_failover(BlockNotFound())
+    assert not is_failover(BadRequest()) and not is_failover(ValueError()) and not is_failover(OSError())
+
+
+async def test_a_bad_copy_fails_over_and_the_good_copy_is_returned() -> None:
+    raw = b"chunk bytes " * 100
+    ref = ChunkRef(block_id="0" * 32, offset=0, length=len(raw), raw_length=len(raw), checksum=xxhash.xxh3_64_intdigest(raw))
+    copies = {"r0": bytearray(raw), "r1": bytearray(raw)}
+    copies["r0"][7] ^= 0xFF
+
+    async def read_and_verify(replica: str) -> bytes:
+        buf = memoryview(bytearray(copies[replica]))  # a fresh buffer per attempt
+        return bytes(decode_chunk(ref, buf))
+
+    hedger = Hedger(FIXED_10MS)
+    assert await hedger.run(["r0", "r1"], read_and_verify) == raw
+    assert hedger.stats()["failovers"] == 1
+
+
+async def test_the_budget_caps_hedges_when_every_primary_is_slow() -> None:
+    config = HedgeConfig(min_delay_ms=0, max_delay_ms=0)  # every primary "too slow" at once
+
+    async def attempt(name: str) -> str:
+        if name == "slow":
+            for _ in range(20):  # far slower than the hedge, which returns at once
+                await asyncio.sleep(0)
+        return name
+
+    hedger = Hedger(config)
+    winners = [await hedger.run(["slow", "fast"], attempt) for _ in range(1000)]
+    stats = hedger.stats()
+    assert 0.05 * 1000 + 10 - 1 <= stats["hedges_sent"] <= 0.05 * 1000 + 10
+    assert stats["budget_exhausted"] == 1000 - stats["hedges_sent"]
+    assert winners.count("fast") == stats["hedges_won"] == stats["hedges_sent"]
+
+
+def test_budget_earns_a_fraction_per_primary_up_to_the_burst() -> None:
+    budget = HedgeBudget(ratio=0.25, burst=2)
+    assert budget.try_spend() and budget.try_spend() and not budget.try_spend()
+    for _ in range(3):
+        budget.earn()
+    assert not budget.try_spend()
+    budget.earn()
+    assert budget.try_spend()
+    for _ in range(100):
+        budget.earn()
+    assert budget.tokens == 2
+
+
+def test_delay_follows_each_targets_p95_within_the_bounds() -> None:
+    latency = LatencyTracker(HedgeConfig(min_delay_ms=2, max_delay_ms=500))
+    assert latency.delay("a") == 0.5  # nothing measured: hedge late
+    for _ in range(200):
+        latency.record("a", 0.0001)
+    assert latency.delay("a") == 0.002  # fast: down to the floor
+    assert latency.delay("new") == 0.002  # an unmeasured target borrows the tier's estimate
+    for i in range(100):
+        latency.record("b", 0.010 if i % 20 else 0.100)  # 5% at 100 ms
+    assert 0.010 <= latency.delay("b") <= 0.100
+    for _ in range(200):
+        latency.record("b", 0.050)
+    assert latency.delay("b") == pytest.approx(0.050)  # grows with slower samples
+    for _ in range(200):
+        latency.record("b", 30.0)
+    assert latency.delay("b") == 0.5  # clamped to the ceiling
+    assert latency.delay("a") == 0.002  # per target
+
+
+async def test_hedger_learns_latencies_of_attempts_that_returned() -> None:
+    hedger, fakes = Hedger(HedgeConfig(min_delay_ms=2, max_delay_ms=500)), Fakes(a="ok", b=Unavailable("x"))
+    for _ in range(20):
+        await hedger.run(["a"], fakes)
+        with pytest.raises(HedgeExhausted):
+            await hedger.run(["b"], fakes)
+    assert hedger.latency.estimate("a") is not None and hedger.latency.delay("a") == 0.002
+    assert hedger.latency.estimate("b") == hedger.latency.estimate("a")  # failures are no samples
+
+
+async def test_caller_cancellation_cancels_every_attempt() -> None:
+    fakes = Fakes(a="stall", b="stall", c="ok")
+    hedger = Hedger(HedgeConfig(min_delay_ms=1, max_delay_ms=1))
+    async with no_leftover_tasks():
+        run = asyncio.create_task(hedger.run(["a", "b", "c"], fakes))
+        while len(fakes.started) < 2:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)  # long past the next hedge delay
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert fakes.started == ["a", "b"]  # at most max_parallel in flight
+    assert sorted(fakes.cancelled) == ["a", "b"]
+
+
+async def test_more_parallel_attempts_when_configured() -> None:
+    hedger, fakes = Hedger(HedgeConfig(min_delay_ms=1, max_delay_ms=1, max_parallel=3)), Fakes(a="stall", b="stall", c="ok")
+    async with no_leftover_tasks():
+        assert await hedger.run(["a", "b", "c"], fakes) == "from c"
+    assert sorted(fakes.cancelled) == ["a", "b"] and hedger.stats()["hedges_sent"] == 2
+
+
+async def test_disabled_hedging_only_fails_over() -> None:
+    hedger, fakes = Hedger(HedgeConfig(enabled=False, min_delay_ms=1, max_delay_ms=1)), Fakes(a=0.03, b="ok")
+    assert await hedger.run(["a", "b"], fakes) == "from a"
+    assert fakes.started == ["a"] and hedger.stats()["budget_exhausted"] == 0
+
+
+async def test_key_of_names_latency_targets() -> None:
+    hedger = Hedger()
+    attempt: Callable[[tuple[str, int]], Awaitable[str]] = lambda c: asyncio.sleep(0, c[0])
+    for _ in range(10):
+        await hedger.run([("http://r0", 0)], attempt, key_of=lambda c: c[0])
+    assert hedger.latency.estimate("http://r0") is not None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"min_delay_ms": 5, "max_delay_ms": 1},
+        {"quantile": 0},
+        {"budget_ratio": -1},
+        {"max_parallel": 0},
+        {"window": 2},
+    ],
+)
+def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        HedgeConfig(**bad)  # type: ignore[arg-type]
