@@ -5,8 +5,8 @@ import pytest
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import Unavailable
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
 
 FAST = WriteConfig(chunk_size=64 << 10, block_size=256 << 10, max_write_seconds=0.2)
 

@@ -12,7 +12,15 @@ import pytest
 from blobsdk.cache.disk import DiskCache
 from blobsdk.errors import BadRequest, ClientClosed, Unavailable
 
-from .conformance import HOSTILE_KEYS, ChunkCacheTests, FakeClock, blob, fill, key, present
+from .conformance import (
+    HOSTILE_KEYS,
+    ChunkCacheTests,
+    FakeClock,
+    blob,
+    fill,
+    key,
+    present,
+)
 
 
 class TestDiskCache(ChunkCacheTests):

@@ -14,7 +14,6 @@ from tests.helpers import running_app
 from .conformance import MetadataStoreTests, make_plan, put
 
 
-
 @pytest.fixture
 async def session():
     async with aiohttp.ClientSession() as session:
