@@ -62,7 +62,8 @@ async def run(quick: bool = False) -> Report:
     m = report.metrics
     report.ratios["p999_cut"] = m["tail_none_p999_ms"] / m["tail_hedged_p999_ms"]
     report.ratios["extra_requests"] = m["tail_hedged_extra"]
-    report.ratios["slow_replica_p99_cut"] = m["slow_replica_none_p99_ms"] / m["slow_replica_hedged_p99_ms"]
+    if "slow_replica_none_p99_ms" in m:
+        report.ratios["slow_replica_p99_cut"] = m["slow_replica_none_p99_ms"] / m["slow_replica_hedged_p99_ms"]
     report.goals.update(p999_cut=">= 10", extra_requests="<= 0.05")
     return report
 
@@ -113,3 +114,5 @@ def _record(report: Report, name: str, times: list[float], before: dict[str, int
     for label, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
         report.metrics[f"{name}_{label}_ms"] = percentile(times, q) * 1000
     report.metrics[f"{name}_extra"] = hedges / max(reads, 1)
+    report.metrics[f"{name}_budget_exhausted"] = after["budget_exhausted"] - before["budget_exhausted"]
+    report.metrics[f"{name}_hedges_won"] = after["hedges_won"] - before["hedges_won"]

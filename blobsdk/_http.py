@@ -13,7 +13,8 @@ import aiohttp
 import msgspec
 
 from .config import Timeouts
-from .errors import BlobError, Unavailable, error_from_code
+from .errors import BlobError, QuotaExceeded, Unavailable, error_from_code
+from .limiter import Permit
 from .wire import MSGPACK, ErrorBody, encode
 
 T = TypeVar("T")
@@ -23,6 +24,7 @@ _error_decoder = msgspec.msgpack.Decoder(ErrorBody)
 # Bytes aiohttp buffers per response before pausing the socket: chunk bodies are MiBs, and
 # bigger pieces mean fewer Python-level iterations to copy them out.
 READ_BUFSIZE = 1 << 20
+OVERLOAD_STATUSES = frozenset({429, 503})  # answers that tell a concurrency limiter to back off
 
 
 def client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
@@ -60,14 +62,18 @@ class HttpEndpoint:
 
     @asynccontextmanager
     async def request(
-        self, method: str, route: str, *, headers: Mapping[str, str] | None = None, **kwargs: Any
+        self, method: str, route: str, *, headers: Mapping[str, str] | None = None, permit: Permit | None = None, **kwargs: Any
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """A raw request whose non-2xx answers are raised as blobsdk errors."""
+        """A raw request whose non-2xx answers are raised as blobsdk errors.  ``permit``:
+        the concurrency-limiter slot this request holds, told when the server is overloaded."""
         url = self.base_url + route
         try:
             async with self.session.request(method, url, headers=headers or self.headers, **kwargs) as resp:
                 if resp.status >= 400:
-                    raise await _error_of(resp, url)
+                    error = await _error_of(resp, url)
+                    if permit is not None and resp.status in OVERLOAD_STATUSES and not isinstance(error, QuotaExceeded):
+                        permit.dropped()  # a tenant's byte quota is not overload
+                    raise error
                 yield resp
         except BlobError:
             raise

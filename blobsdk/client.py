@@ -34,6 +34,7 @@ from .cache.memory import MemoryCache
 from .config import ClientConfig, L1Config, L2Config, L3Config, ReadConfig, WriteConfig
 from .errors import ClientClosed
 from .hedge import HedgeConfig
+from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
 from .paths import validate_path, validate_prefix
@@ -54,6 +55,7 @@ class _Backends:
     metadata: MetadataStore
     blocks: BlockStore
     session: aiohttp.ClientSession | None = None  # cluster mode: the one shared session
+    limiters: LimiterRegistry | None = None  # cluster mode: one adaptive limit per endpoint
 
 
 Opener = Callable[[AsyncExitStack], Awaitable[_Backends]]
@@ -147,11 +149,12 @@ class Client:
         cfg = self.config
         assert cfg is not None
         session = await stack.enter_async_context(new_session(cfg.timeouts))
+        limiters = LimiterRegistry(cfg.limiter)
         metadata = HttpMetadataStore(session, cfg.api_url, cfg.token)
-        replicas = [HttpBlockStore(session, url, cfg.token) for url in cfg.block_urls]
+        replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
         blocks = ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
         stack.push_async_callback(blocks.aclose)
-        return _Backends(metadata, blocks, session)
+        return _Backends(metadata, blocks, session, limiters)
 
     async def __aenter__(self) -> Self:
         if self._stack is not None:
@@ -248,6 +251,7 @@ class _Open:
 
     def __init__(self, backends: _Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer) -> None:
         self.blocks = backends.blocks
+        self.limiters = backends.limiters
         self.plans = plans
         self.metadata = plans  # every metadata call goes through the plan cache
         self.readpath = readpath
@@ -269,6 +273,8 @@ class _Open:
         for tier in self.readpath.tiers:
             out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **_extra_stats(tier)}
         out["plan"] = self.plans.stats()
+        if self.limiters is not None:
+            out["limits"] = {url: stats["limit"] for url, stats in self.limiters.stats().items()}
         return out
 
 
@@ -291,7 +297,7 @@ async def _tiers(backends: _Backends, settings: _Settings) -> list[Tier]:
         tiers.append(
             L3Tier(
                 backends.session, settings.l3_urls, token=settings.token, replicas=l3.replicas,
-                down_seconds=l3.down_seconds, hedge=settings.hedge,
+                down_seconds=l3.down_seconds, hedge=settings.hedge, limiters=backends.limiters,
             )
         )
     tiers.append(L4Tier(backends.blocks, hedge=settings.hedge))

@@ -12,6 +12,7 @@ from typing import Literal
 import msgspec
 
 from .hedge import HedgeConfig
+from .limiter import LimiterConfig
 
 MiB = 1 << 20
 
@@ -78,6 +79,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     write: WriteConfig = WriteConfig()
     read: ReadConfig = ReadConfig()
     hedge: HedgeConfig = HedgeConfig()  # per tier: L3 nodes and L4 replicas
+    limiter: LimiterConfig = LimiterConfig()  # per endpoint: each L3 node and L4 block server
     timeouts: Timeouts = Timeouts()
 
     def __post_init__(self) -> None:
@@ -127,7 +129,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
-        for table in ("l1", "l2", "l3", "write", "read", "hedge", "timeouts"):
+        for table in ("l1", "l2", "l3", "write", "read", "hedge", "limiter", "timeouts"):
             value = getattr(self, table)
             if value is not None and (table == "l1" or value != _DEFAULTS.get(table)):
                 lines += ["", f"[{table}]"]
@@ -136,7 +138,8 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 _TOP_KEYS = ("api_url", "block_urls", "l3_urls", "tracker_urls")
-_DEFAULTS: dict[str, object] = {"l1": L1Config(), "l3": L3Config(), "write": WriteConfig(), "read": ReadConfig(), "hedge": HedgeConfig(), "timeouts": Timeouts()}
+_DEFAULTS: dict[str, object] = {"l1": L1Config(), "l3": L3Config(), "write": WriteConfig(), "read": ReadConfig(), "hedge": HedgeConfig(),
+    "limiter": LimiterConfig(), "timeouts": Timeouts()}
 
 
 def check_write_config(write: WriteConfig) -> None:

@@ -21,7 +21,8 @@ shared by every read of that tier, so its latency estimates and its budget are t
   attempt its own buffer, never one the caller keeps.
 
 Hedge delay: a per-target quantile (``quantile``, about p95) of the latencies of attempts
-that *returned* (failed and cancelled attempts are not samples), clamped to
+that returned, and of losers cancelled after they had run that long (a lower bound, so the
+estimate does not learn only the fast winners); failed attempts are not samples, clamped to
 ``[min_delay_ms, max_delay_ms]``.  See :class:`LatencyTracker`.
 
 Budget: a token bucket (:class:`HedgeBudget`) earning ``budget_ratio`` tokens per primary
@@ -300,6 +301,11 @@ class _Race(Generic[T, R]):
         begun = self._hedger.clock()
         try:
             value = await self._attempt(candidate)
+        except asyncio.CancelledError:
+            # A loser ran at least this long: keeping that (censored) sample stops the
+            # estimate from learning only the fast winners and hedging ever earlier.
+            self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - begun)
+            raise
         except Exception as exc:  # noqa: BLE001 - the race decides; CancelledError is no Exception
             return _Outcome(error=exc)
         self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - begun)

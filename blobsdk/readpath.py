@@ -113,7 +113,14 @@ class ReadPath:
             fetch.task.add_done_callback(self._landed)
         else:
             fetch.readers += 1
-        raw, kept = await asyncio.shield(fetch.task)
+        fetch.waiting += 1
+        try:
+            raw, kept = await asyncio.shield(fetch.task)
+        except asyncio.CancelledError:
+            fetch.waiting -= 1
+            if fetch.waiting == 0:  # the last reader left: nobody needs the fetch any more
+                fetch.task.cancel()
+            raise
         # No reader can join once the task is done: _landed, registered first, unlists it.
         return raw, not kept and fetch.readers == 1
 
@@ -165,13 +172,14 @@ class ReadPath:
 
 
 class _Fetch:
-    """One chunk fetch in flight and how many readers wait for it."""
+    """One chunk fetch in flight: how many readers joined it, and how many still wait."""
 
-    __slots__ = ("task", "readers")
+    __slots__ = ("task", "readers", "waiting")
 
     def __init__(self, task: asyncio.Task[tuple[memoryview, bool]]) -> None:
         self.task = task
         self.readers = 1
+        self.waiting = 0
 
 
 def _overlapping(chunks: Sequence[ChunkRef], start: int, end: int) -> list[tuple[ChunkRef, int]]:

@@ -18,6 +18,7 @@ from aiohttp.payload import Payload
 
 from .._http import HttpEndpoint, read_exactly
 from ..errors import Unavailable
+from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
 
@@ -29,11 +30,15 @@ class HttpBlockStore:
     """A :class:`~blobsdk.sources.base.BlockStore` served by one L4 block server.
 
     Uses, and never closes, the caller's long-lived ``aiohttp.ClientSession``; ``token`` is
-    the server's bearer token, if it requires one.
+    the server's bearer token, if it requires one.  Data reads go through ``limiter``, the
+    endpoint's adaptive concurrency limit (writes are bounded by the writer instead).
     """
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, token: str | None = None, *, limiter: AdaptiveLimiter | None = None
+    ) -> None:
         self._http = HttpEndpoint(session, base_url, token)
+        self.limiter = limiter if limiter is not None else AdaptiveLimiter(self._http.base_url)
 
     @property
     def name(self) -> str:
@@ -93,7 +98,10 @@ class HttpBlockStore:
     async def _get_range(self, block_id: str, offset: int, length: int) -> AsyncIterator[aiohttp.ClientResponse]:
         """A GET of exactly ``length`` bytes at ``offset``, its headers checked."""
         headers = {**self._http.headers, "Range": f"bytes={offset}-{offset + length - 1}"}
-        async with self._http.request("GET", _route(block_id), headers=headers) as resp:
+        async with (
+            self.limiter.acquire(size=length) as permit,
+            self._http.request("GET", _route(block_id), headers=headers, permit=permit) as resp,
+        ):
             if resp.status != 206:
                 raise Unavailable(f"{resp.url}: expected 206 Partial Content, got {resp.status}")
             if resp.content_length is not None and resp.content_length != length:

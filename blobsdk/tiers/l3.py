@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 from urllib.parse import urlencode
 
@@ -37,6 +37,7 @@ import msgspec
 from .._http import HttpEndpoint, read_exactly
 from ..errors import BadRequest, BlobError, Unavailable
 from ..hedge import HedgeConfig, HedgeExhausted, Hedger
+from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..sources.base import validate_block_id
 from ..stats import TierStats
@@ -128,6 +129,7 @@ class L3Tier:
         timeout: aiohttp.ClientTimeout | None = None,
         clock: Callable[[], float] = time.monotonic,
         hedge: HedgeConfig | None = None,
+        limiters: LimiterRegistry | None = None,
     ) -> None:
         if replicas < 1 or down_seconds < 0:
             raise ValueError(f"replicas must be >= 1 and down_seconds >= 0, got {replicas} and {down_seconds}")
@@ -141,6 +143,7 @@ class L3Tier:
         self._clock = clock
         self._down_until: dict[str, float] = {}
         self.hedger = Hedger(hedge)
+        self.limiters = limiters if limiters is not None else LimiterRegistry()
 
     @property
     def urls(self) -> list[str]:
@@ -211,7 +214,10 @@ class L3Tier:
         """The node's copy of ``ref``'s stored bytes (exactly ``ref.length`` of them), and
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
-        async with self._nodes[url].request("GET", route, **self._request_args) as resp:
+        async with (
+            self.limiters.get(url).acquire(size=ref.length) as permit,
+            self._nodes[url].request("GET", route, permit=permit, **self._request_args) as resp,
+        ):
             buf = memoryview(bytearray(ref.length))
             await read_exactly(resp, buf)
             return buf, resp.headers.get(CACHE_HEADER, "")

@@ -1,0 +1,453 @@
+"""Adaptive concurrency limits per upstream endpoint (DESIGN §2), in the style of Netflix
+concurrency-limits.
+
+Each endpoint (an L3 node, an L4 block server) gets one :class:`AdaptiveLimiter`.  A request
+holds a :class:`Permit` for as long as it runs (``async with limiter.acquire() as permit``);
+while ``in_flight >= capacity`` further requests wait in a priority queue, foreground reads
+before prefetch, first come first served within a priority.  When a request ends, its
+outcome moves the limit:
+
+- success: its round-trip time (RTT) is a sample.  The *floor* is the lowest RTT seen; a
+  floor not seen again for ``min_rtt_window_s`` is re-probed (briefly admitting a quarter
+  of the limit, as BBR's ProbeRTT), so it follows the network both ways (see ``_Floor``).
+  ``limiter.capacity`` is what may be in flight now: the limit, or less while probing.
+  Where sizes vary, pass ``acquire(size=nbytes)``: only requests of at least half the
+  largest recent size are samples (a small request's RTT would set a floor that the large
+  ones could never reach, and read as inflation forever); the others still hold a slot
+  and can drop.
+- drop: a timeout (``TimeoutError``, also as the ``__cause__`` of a blobsdk error), or a
+  request the caller marked with :meth:`Permit.dropped` (HTTP 429/503: the server is
+  shedding load).  The limit is multiplied by ``backoff``, at most once per round trip:
+  only requests that began after the last cut can cut again, so a burst of 429s answering
+  one overload shrinks the limit once, not once per request (as TCP halves once per window).
+  For ``min_rtt_window_s`` after a drop the limit stays below the one that dropped, then
+  probes it again: a server with a shallow queue rejects before its latency rises, and
+  without this memory the limit would climb back into the 429s every few round trips.
+- ignored: cancellation (a hedged loser, a reader that left) and every other error (404,
+  connection refused, bad checksum) say nothing about load; the slot is released, no sample.
+  So a deadline belongs *inside* the permit (``async with permit: async with
+  asyncio.timeout(t): ...``): one around it reaches the permit as a cancellation.
+
+Algorithms (``LimiterConfig.algorithm``):
+
+- ``"gradient"`` (default; Netflix Gradient/Gradient2): ``gradient = clamp(tolerance *
+  floor / rtt, 0.5, 1)``, ``target = limit * gradient + sqrt(limit)``, and the limit moves
+  ``smoothing`` of the way to the target per round trip, i.e. ``1 / limit`` of that step
+  per sample (as TCP congestion avoidance adds ``1 / window``: a full step per sample would
+  compound over the ``limit`` samples of one round trip, before any could show its effect,
+  and overshoot).  At the floor the limit grows by ``smoothing * sqrt(limit)`` per round
+  trip; beyond ``tolerance`` x the floor it shrinks in proportion to the inflation, by at
+  most about ``smoothing / 2`` per round trip; the sqrt term is the queue it lets build up.
+  The default because it backs off as queueing builds, *before* the server rejects.
+- ``"aimd"``: +1 per ``limit`` successes (additive), ``x backoff`` on a drop or on an RTT
+  above ``tolerance`` x the floor (multiplicative), with the same once-per-round-trip rule.
+
+Either way a limit only grows from requests that found it at least half used (else the
+caller, not the server, was the bottleneck, and an unused limit would drift to
+``max_limit``), and it stays within ``[min_limit, max_limit]``.
+
+Priority travels in a context variable, so the tiers between a prefetcher and the HTTP call
+need no extra argument: run prefetch work under ``with request_priority(Priority.PREFETCH)``
+and every ``acquire()`` below it (including in tasks it creates) queues as prefetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from enum import Enum, IntEnum
+from types import TracebackType
+from typing import Literal, Self
+
+import msgspec
+
+Clock = Callable[[], float]
+
+
+class LimiterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one endpoint's in-flight limit adapts (see the module docstring)."""
+
+    initial: int = 16
+    min_limit: int = 1
+    max_limit: int = 256
+    algorithm: Literal["gradient", "aimd"] = "gradient"
+    backoff: float = 0.9  # multiplicative decrease on a drop
+    tolerance: float = 2.0  # RTT inflation tolerated over the floor
+    smoothing: float = 0.2  # share of the way to its target the gradient moves per round trip
+    min_rtt_window_s: float = 10.0  # a floor not seen again for this long is re-probed
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_limit <= self.initial <= self.max_limit:
+            bounds = f"{self.min_limit}, {self.initial}, {self.max_limit}"
+            raise ValueError(f"need 1 <= min_limit <= initial <= max_limit, got {bounds}")
+        if not (0 < self.backoff < 1 and 0 < self.smoothing <= 1):
+            raise ValueError(f"need 0 < backoff < 1 and 0 < smoothing <= 1, got {self.backoff} and {self.smoothing}")
+        if self.tolerance < 1 or self.min_rtt_window_s <= 0:
+            got = f"{self.tolerance} and {self.min_rtt_window_s}"
+            raise ValueError(f"need tolerance >= 1 and min_rtt_window_s > 0, got {got}")
+
+
+DEFAULT_CONFIG = LimiterConfig()
+
+
+class Priority(IntEnum):
+    """Queue order when an endpoint is at its limit: lower values go first."""
+
+    FOREGROUND = 0
+    PREFETCH = 1
+
+
+_priority: ContextVar[Priority] = ContextVar("blobsdk_request_priority", default=Priority.FOREGROUND)
+
+
+@contextmanager
+def request_priority(priority: Priority) -> Iterator[None]:
+    """Requests acquired inside this block (and in tasks created inside it) queue at ``priority``."""
+    token = _priority.set(priority)
+    try:
+        yield
+    finally:
+        _priority.reset(token)
+
+
+def current_priority() -> Priority:
+    return _priority.get()
+
+
+class _Outcome(Enum):
+    SUCCESS = "success"
+    DROP = "drop"
+    IGNORE = "ignore"
+
+
+DROP_ERRORS: tuple[type[BaseException], ...] = (TimeoutError,)
+_CAUSE_DEPTH = 8  # how far down ``__cause__`` a drop error is looked for
+_PROBE_SHARE = 4  # a floor probe admits 1/4 of the limit
+_BELOW = 1e-6  # an estimate this far under an integer limit stays under it
+_SIZE_DECAY = 0.999  # per request: the largest recent size halves in ~700 smaller ones
+
+
+class Permit:
+    """One request's slot at an endpoint: ``async with`` waits for it, the body is the
+    request, and leaving the block releases it and reports the outcome."""
+
+    __slots__ = ("_dropped", "_entered", "_in_flight_at_start", "_limiter", "_started", "priority", "sample")
+
+    def __init__(self, limiter: AdaptiveLimiter, priority: Priority, sample: bool) -> None:
+        self._limiter = limiter
+        self.priority = priority
+        self.sample = sample
+        self._dropped = False
+        self._started = 0.0
+        self._in_flight_at_start = 0
+        self._entered = False
+
+    def dropped(self) -> None:
+        """The server shed this request (429/503): shrink the limit, whatever is raised."""
+        self._dropped = True
+
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise RuntimeError("a Permit is entered only once; call acquire() per request")
+        self._entered = True
+        await self._limiter._admit(self)
+        self._started = self._limiter._clock()
+        self._in_flight_at_start = self._limiter.in_flight
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._limiter._release(self, self._outcome(exc))
+
+    def _outcome(self, exc: BaseException | None) -> _Outcome:
+        """A drop if the caller said so, else: success, a drop error, or nothing to learn from."""
+        if self._dropped:
+            return _Outcome.DROP
+        if exc is None:
+            return _Outcome.SUCCESS
+        if isinstance(exc, asyncio.CancelledError):
+            return _Outcome.IGNORE  # a hedged loser or a reader that left: no sample
+        return _Outcome.DROP if self._limiter._is_drop(exc) else _Outcome.IGNORE
+
+
+class _Floor:
+    """The RTT floor (minimum RTT) and its periodic re-probe, as BBR's ProbeRTT does.
+
+    A sample at or below the floor refreshes it.  Once the floor is ``window_s`` old, the
+    limiter probes: it admits at most ``probe_cap`` requests (a quarter of its limit) until
+    that many requests that started under the cap have answered, and their fastest RTT
+    becomes the floor, higher or lower than before.  So a floor learned too low (a faster
+    path that is gone) or too high (never measured below the server's knee) is corrected
+    within a window, at the cost of a round trip or two at reduced concurrency per window.
+    The first drop also probes a floor that no probe has confirmed yet: the first samples
+    come from cold connections at whatever concurrency the callers started with.
+    """
+
+    def __init__(self, window_s: float, min_cap: int, clock: Clock) -> None:
+        self.value = math.inf
+        self.probe_cap: int | None = None  # set while probing
+        self.probes = 0
+        self._window = window_s
+        self._min_cap = min_cap
+        self._clock = clock
+        self._since = clock()  # when the floor was last set, or the probe began
+        self._best = math.inf
+        self._samples = 0
+        self._confirmed = False
+
+    def add(self, rtt: float, started: float, in_flight_at_start: int, limit: int) -> None:
+        """Take the sample of a request that started at ``started`` with
+        ``in_flight_at_start`` in flight; ``limit`` is the limit now."""
+        now = self._clock()
+        if self.probe_cap is None and rtt <= self.value:
+            self.value, self._since = rtt, now
+        elif self.probe_cap is None and now - self._since >= self._window:
+            self._start_probe(now, limit)
+        elif self.probe_cap is not None and started >= self._since and in_flight_at_start <= self.probe_cap:
+            self._best, self._samples = min(self._best, rtt), self._samples + 1
+            if self._samples >= self.probe_cap:
+                self._end_probe(now)
+
+    def on_drop(self, limit: int) -> None:
+        """A drop: probe now if no probe has confirmed the floor yet."""
+        if not self._confirmed and self.probe_cap is None:
+            self._start_probe(self._clock(), limit)
+
+    def expire_probe(self) -> None:
+        """Give up a probe that got no samples for a window (its requests all failed)."""
+        now = self._clock()
+        if self.probe_cap is not None and now - self._since >= self._window:
+            self._end_probe(now)
+
+    def _start_probe(self, now: float, limit: int) -> None:
+        self.probe_cap = max(self._min_cap, limit // _PROBE_SHARE)
+        self._best, self._samples, self._since = math.inf, 0, now
+        self.probes += 1
+
+    def _end_probe(self, now: float) -> None:
+        if math.isfinite(self._best):
+            self.value, self._confirmed = self._best, True
+        self.probe_cap, self._since = None, now
+
+
+class AdaptiveLimiter:
+    """The in-flight limit of one endpoint and its queue of waiting requests.
+
+    ``drop_on``: errors that count as drops when a request raises them (or has one as its
+    ``__cause__``); anything else a request raises is ignored unless it called
+    :meth:`Permit.dropped`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: LimiterConfig = DEFAULT_CONFIG,
+        *,
+        clock: Clock = time.monotonic,
+        drop_on: tuple[type[BaseException], ...] = DROP_ERRORS,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._clock = clock
+        self._drop_on = drop_on
+        self._estimate = float(config.initial)
+        self._floor = _Floor(config.min_rtt_window_s, config.min_limit, clock)
+        self._cut_at = -math.inf
+        self._ceiling, self._ceiling_until = config.max_limit, -math.inf  # see _on_drop
+        self._in_flight = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap; cancelled ones linger
+        self._queued = 0
+        self._seq = itertools.count()
+        self._counts = {outcome: 0 for outcome in _Outcome}
+        self._large_size = 0.0
+
+    @property
+    def limit(self) -> int:
+        return int(self._estimate)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def capacity(self) -> int:
+        """How many requests may be in flight now: the limit, or fewer while the floor is
+        being probed."""
+        probe_cap = self._floor.probe_cap
+        return self.limit if probe_cap is None else min(probe_cap, self.limit)
+
+    def acquire(self, priority: Priority | None = None, *, size: int | None = None) -> Permit:
+        """A permit to enter with ``async with``; ``priority`` defaults to the one set by
+        :func:`request_priority` (FOREGROUND outside any).  ``size``: the bytes the
+        request moves, where that varies (see the module docstring)."""
+        return Permit(self, current_priority() if priority is None else priority, self._samples_size(size))
+
+    def _samples_size(self, size: int | None) -> bool:
+        """Whether a request of ``size`` bytes is comparable with the largest recent ones."""
+        if size is None:
+            return True
+        self._large_size = max(float(size), self._large_size * _SIZE_DECAY)
+        return size >= self._large_size / 2
+
+    def stats(self) -> dict[str, int | float]:
+        floor = self._floor.value
+        return {
+            "limit": self.limit,
+            "in_flight": self._in_flight,
+            "queued": self._queued,
+            "successes": self._counts[_Outcome.SUCCESS],
+            "drops": self._counts[_Outcome.DROP],
+            "ignored": self._counts[_Outcome.IGNORE],
+            "min_rtt_ms": round(floor * 1000, 3) if math.isfinite(floor) else 0.0,
+            "probes": self._floor.probes,
+        }
+
+    # --- queue ---------------------------------------------------------------------------
+
+    async def _admit(self, permit: Permit) -> None:
+        """Take a slot now if one is free and nobody waits, else wait for one."""
+        if self._in_flight < self.capacity and not self._queued:  # never overtake a waiter
+            self._in_flight += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (permit.priority, next(self._seq), waiter))
+        self._queued += 1
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self._leave_queue(waiter)
+            raise
+
+    def _leave_queue(self, waiter: asyncio.Future[None]) -> None:
+        """A waiter was cancelled: if it had already been granted a slot, pass the slot on."""
+        if waiter.done() and not waiter.cancelled():
+            self._in_flight -= 1
+            self._wake()
+            return
+        waiter.cancel()
+        self._queued -= 1
+        if len(self._waiters) > 2 * self._queued + 64:
+            self._waiters = [entry for entry in self._waiters if not entry[2].done()]
+            heapq.heapify(self._waiters)
+
+    def _wake(self) -> None:
+        """Grant free slots to the best waiters (the slot is counted as theirs at once)."""
+        while self._waiters and self._in_flight < self.capacity:
+            waiter = heapq.heappop(self._waiters)[2]
+            if waiter.done():
+                continue  # cancelled while queued, already uncounted
+            self._queued -= 1
+            self._in_flight += 1
+            waiter.set_result(None)
+
+    # --- feedback ------------------------------------------------------------------------
+
+    def _release(self, permit: Permit, outcome: _Outcome) -> None:
+        self._in_flight -= 1
+        self._counts[outcome] += 1
+        if outcome is _Outcome.SUCCESS and permit.sample:
+            self._on_success(permit, self._clock() - permit._started)
+        elif outcome is _Outcome.DROP:
+            self._on_drop(permit)
+        self._floor.expire_probe()
+        self._wake()
+
+    def _is_drop(self, exc: BaseException) -> bool:
+        cause: BaseException | None = exc
+        for _ in range(_CAUSE_DEPTH):
+            if cause is None:
+                return False
+            if isinstance(cause, self._drop_on):
+                return True
+            cause = cause.__cause__
+        return False
+
+    def _on_success(self, permit: Permit, rtt: float) -> None:
+        self._floor.add(rtt, permit._started, permit._in_flight_at_start, self.limit)
+        cfg = self.config
+        if cfg.algorithm == "gradient":
+            self._adjust(permit, _gradient_step(self._estimate, rtt, self._floor.value, cfg))
+        elif rtt > cfg.tolerance * self._floor.value:
+            self._cut(permit)  # AIMD reads inflation as a drop
+        else:
+            self._adjust(permit, self._estimate + 1 / self._estimate)
+
+    def _on_drop(self, permit: Permit) -> None:
+        """Cut, then stay below the limit that dropped for a window before probing it again."""
+        dropped_at = self.limit
+        if self._cut(permit):
+            self._ceiling, self._ceiling_until = dropped_at, self._cut_at + self.config.min_rtt_window_s
+            self._floor.on_drop(self.limit)
+
+    def _adjust(self, permit: Permit, estimate: float) -> None:
+        """Move to ``estimate``, growing only on evidence (a request that found the limit at
+        least half used, else the caller was the bottleneck) and not up to a limit that
+        dropped within the last window."""
+        if estimate > self._estimate:
+            if permit._in_flight_at_start < self._estimate / 2:
+                return
+            if self._clock() < self._ceiling_until:
+                estimate = max(self._estimate, min(estimate, self._ceiling - _BELOW))
+        self._set(estimate)
+
+    def _cut(self, permit: Permit) -> bool:
+        """Multiplicative decrease, once per round trip: only requests that began after the
+        last cut saw the current limit.  Whether it cut."""
+        if permit._started < self._cut_at:
+            return False
+        self._cut_at = self._clock()
+        self._set(self._estimate * self.config.backoff)
+        return True
+
+    def _set(self, estimate: float) -> None:
+        self._estimate = min(float(self.config.max_limit), max(float(self.config.min_limit), estimate))
+
+
+def _gradient_step(estimate: float, rtt: float, floor: float, cfg: LimiterConfig) -> float:
+    """Gradient: aim for ``limit * clamp(tolerance * floor / rtt, 0.5, 1) + sqrt(limit)``
+    and move ``smoothing`` of the way there per round trip, i.e. ``1 / limit`` of that step
+    per sample (a round trip brings about ``limit`` samples)."""
+    allowed = cfg.tolerance * floor
+    gradient = 1.0 if rtt <= allowed else max(0.5, allowed / rtt)
+    target = estimate * gradient + math.sqrt(estimate)
+    return estimate + cfg.smoothing * (target - estimate) / estimate
+
+
+class LimiterRegistry:
+    """One limiter per endpoint base URL, created on first use, all with one config."""
+
+    def __init__(
+        self,
+        config: LimiterConfig = DEFAULT_CONFIG,
+        *,
+        clock: Clock = time.monotonic,
+        drop_on: tuple[type[BaseException], ...] = DROP_ERRORS,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._drop_on = drop_on
+        self._limiters: dict[str, AdaptiveLimiter] = {}
+
+    def get(self, endpoint: str) -> AdaptiveLimiter:
+        """The limiter of ``endpoint`` (a base URL; a trailing slash does not matter)."""
+        key = endpoint.rstrip("/")
+        limiter = self._limiters.get(key)
+        if limiter is None:
+            limiter = AdaptiveLimiter(key, self.config, clock=self._clock, drop_on=self._drop_on)
+            self._limiters[key] = limiter
+        return limiter
+
+    def stats(self) -> dict[str, dict[str, int | float]]:
+        """``{endpoint: limiter stats}`` for every endpoint used so far."""
+        return {name: limiter.stats() for name, limiter in self._limiters.items()}
