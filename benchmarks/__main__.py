@@ -16,6 +16,7 @@ BENCHMARKS = {
     "put_get": "benchmarks.put_get",
     "tiers": "benchmarks.tiers",
     "hedging": "benchmarks.hedging",
+    "concurrency": "benchmarks.concurrency",
 }
 
 
