@@ -6,11 +6,15 @@ import asyncio
 import random
 
 import pytest
+import xxhash
 
 import blobsdk
+from blobsdk.cache.disk import DiskCache
 from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.tiers.l2 import L2Tier
+from blobsdk.wire import ChunkRef
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 NO_L1 = L1Config(capacity_bytes=0)
@@ -203,3 +207,22 @@ async def test_results_never_share_a_buffer(tmp_path, l1):
             third = await c.get("/b/one")
             third[1] ^= 0xFF
             assert await c.get("/b/one") == data
+
+
+async def test_l2_write_behind_drops_fills_past_its_byte_bound(tmp_path):
+    raw = memoryview(data_of(60_000, 9))
+    refs = [
+        ChunkRef(block_id=f"{i:032x}", offset=0, length=60_000, raw_length=60_000, checksum=xxhash.xxh3_64_intdigest(raw))
+        for i in range(2)
+    ]
+    async with DiskCache(tmp_path, capacity_bytes=10 << 20) as cache:
+        tier = L2Tier(cache, queue_bytes=100_000)
+        await tier.fill(refs[0], raw)
+        await tier.fill(refs[1], raw)  # 120,000 bytes would be pending: dropped, never blocking
+        assert tier.fills_dropped == 1
+        await tier.flush()
+        assert cache.contains(refs[0].key) and not cache.contains(refs[1].key)
+        await tier.fill(refs[1], raw)  # the queue drained: room again
+        await tier.flush()
+        assert cache.contains(refs[1].key)
+        await tier.aclose()
