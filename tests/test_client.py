@@ -203,10 +203,14 @@ async def test_corrupt_replica_is_skipped_for_a_good_one(tmp_path):
         blocks = ReplicatedBlockStore([r0, r1])
         async with blobsdk.Client.from_stores(meta, blocks, write=SMALL) as c:
             await c.put("/b/rep", data)
-            for f in (tmp_path / "r0").rglob("*"):
+            plan = await c._open.plans.get_plan("/b/rep")
+            l4 = next(t for t in c._open.readpath.tiers if t.name == "l4")
+            first = l4.candidates(plan.chunks[0].key)[0]  # read first for chunk 0: corrupt that one
+            for f in first.root.rglob("*"):
                 if f.is_file():
                     raw = bytearray(f.read_bytes())
-                    raw[10] ^= 1
+                    for i in range(0, len(raw), 4096):  # a flip in every chunk
+                        raw[i] ^= 1
                     f.write_bytes(raw)
             assert await c.get("/b/rep") == data
             stats = c.stats()["l4"]

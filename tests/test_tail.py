@@ -13,6 +13,7 @@ import pytest
 
 import blobsdk
 from blobsdk.config import L1Config, Timeouts, WriteConfig
+from blobsdk.placement import rank
 from servers.cluster import start_cluster
 
 ADMIN = "admin-secret"
@@ -44,9 +45,16 @@ async def _put(cluster, size: int = 640 << 10) -> bytes:
     return data
 
 
+async def _first_replica(cluster) -> str:
+    """The block server tried first for the blob's first chunk (rendezvous order)."""
+    async with blobsdk.Client(_config(cluster)) as c:
+        key = (await c._open.plans.get_plan("/b/x")).chunks[0].key
+    return rank(key, list(cluster.config.block_urls))[0]
+
+
 async def test_a_stalled_replica_never_stalls_a_read(cluster):
     data = await _put(cluster)
-    await _set_faults(cluster.config.block_urls[0], {"route": "/v1/blocks", "methods": ["GET"], "stall_rate": 1.0})
+    await _set_faults(await _first_replica(cluster), {"route": "/v1/blocks", "methods": ["GET"], "stall_rate": 1.0})
     async with blobsdk.Client(_config(cluster)) as c:
         begun = time.perf_counter()
         assert await c.get("/b/x") == data  # 10 chunks: about a third have the stalled replica first
@@ -56,7 +64,7 @@ async def test_a_stalled_replica_never_stalls_a_read(cluster):
 
 async def test_a_corrupting_replica_is_never_returned(cluster):
     data = await _put(cluster)
-    await _set_faults(cluster.config.block_urls[1], {"route": "/v1/blocks", "methods": ["GET"], "corrupt_rate": 1.0})
+    await _set_faults(await _first_replica(cluster), {"route": "/v1/blocks", "methods": ["GET"], "corrupt_rate": 1.0})
     async with blobsdk.Client(_config(cluster)) as c:
         for _ in range(3):
             assert await c.get("/b/x") == data
