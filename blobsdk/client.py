@@ -235,9 +235,7 @@ class Client:
     async def flush(self) -> None:
         """Wait until every write-behind cache fill queued so far (L2) is on disk."""
         for tier in self._open.readpath.tiers:
-            flush = getattr(tier, "flush", None)
-            if flush is not None:
-                await flush()
+            await tier.flush()
 
     def stats(self) -> dict[str, dict[str, int | float]]:
         """Per-tier counters ("l1", "l2", "peer", "l3", "l4"): hits (chunks served), misses,
@@ -271,7 +269,7 @@ class _Open:
     def stats(self) -> dict[str, dict[str, int | float]]:
         out: dict[str, dict[str, int | float]] = {name: {**TierStats().as_dict(), "enabled": False} for name in TIER_NAMES}
         for tier in self.readpath.tiers:
-            out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **_extra_stats(tier)}
+            out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **tier.extra_stats()}
         out["plan"] = self.plans.stats()
         if self.limiters is not None:
             out["limits"] = {url: stats["limit"] for url, stats in self.limiters.stats().items()}
@@ -311,11 +309,6 @@ async def _l2_tier(cfg: L2Config) -> Tier:
     cache = DiskCache(cfg.dir, capacity_bytes=cfg.capacity_bytes, min_free_ratio=cfg.min_free_ratio, ttl_seconds=cfg.ttl_seconds, name="l2")
     await cache.__aenter__()
     return L2Tier(cache)
-
-
-def _extra_stats(tier: Tier) -> dict[str, int | float]:
-    extra = getattr(tier, "extra_stats", None)
-    return extra() if extra is not None else {}
 
 
 class SyncClient:

@@ -120,12 +120,19 @@ class ReadPath:
             fetch.waiting -= 1
             if fetch.waiting == 0:  # the last reader left: nobody needs the fetch any more
                 fetch.task.cancel()
+                self._forget(fetch)  # a reader arriving now starts afresh, not on a dying fetch
             raise
         # No reader can join once the task is done: _landed, registered first, unlists it.
         return raw, not kept and fetch.readers == 1
 
+    def _forget(self, fetch: _Fetch) -> None:
+        if self._inflight.get(fetch.task.get_name()) is fetch:
+            del self._inflight[fetch.task.get_name()]
+
     def _landed(self, task: asyncio.Task[tuple[memoryview, bool]]) -> None:
-        self._inflight.pop(task.get_name(), None)
+        fetch = self._inflight.get(task.get_name())
+        if fetch is not None and fetch.task is task:
+            self._forget(fetch)
         if not task.cancelled():
             task.exception()  # seen here, so a fetch whose readers all left never warns
 

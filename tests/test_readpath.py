@@ -226,3 +226,19 @@ async def test_l2_write_behind_drops_fills_past_its_byte_bound(tmp_path):
         await tier.flush()
         assert cache.contains(refs[1].key)
         await tier.aclose()
+
+
+async def test_a_reader_arriving_as_a_fetch_is_abandoned_gets_a_fresh_fetch(tmp_path):
+    """The last reader leaving cancels the fetch; a reader that comes right after must not
+    inherit that cancellation."""
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
+        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c:
+            data = data_of(50_000, 10)
+            await c.put("/b/one", data)
+            first = asyncio.create_task(c.get("/b/one"))
+            await asyncio.sleep(0.001)
+            first.cancel()
+            second = asyncio.create_task(c.get("/b/one"))  # joins before the cancel lands
+            assert await second == data
+            with pytest.raises(asyncio.CancelledError):
+                await first

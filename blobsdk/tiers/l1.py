@@ -39,6 +39,9 @@ class L1Tier:
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         self.cache.put_nowait(ref.key, raw)
 
+    async def flush(self) -> None:
+        """Nothing deferred."""
+
     def extra_stats(self) -> dict[str, int | float]:
         """How full the cache is and what it evicted."""
         cache = self.cache.stats()

@@ -169,6 +169,9 @@ class L3Tier:
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: the nodes fill themselves when they read a chunk through."""
 
+    async def flush(self) -> None:
+        """Nothing deferred."""
+
     def extra_stats(self) -> dict[str, int | float]:
         now = self._clock()
         down = sum(until > now for until in self._down_until.values())

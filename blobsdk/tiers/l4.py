@@ -79,6 +79,9 @@ class L4Tier:
             self._count(exc)
             raise
 
+    async def flush(self) -> None:
+        """Nothing deferred."""
+
     def extra_stats(self) -> dict[str, int | float]:
         return {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
 
