@@ -280,10 +280,21 @@ TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")
 
 
 async def _tiers(backends: _Backends, settings: _Settings) -> list[Tier]:
-    """The read path's tiers, top to bottom, for these settings."""
+    """The read path's tiers, top to bottom, for these settings (all closed again if one
+    of them cannot be built)."""
+    tiers: list[Tier] = []
+    try:
+        await _add_tiers(tiers, backends, settings)
+    except BaseException:
+        for tier in tiers:
+            await tier.aclose()
+        raise
+    return tiers
+
+
+async def _add_tiers(tiers: list[Tier], backends: _Backends, settings: _Settings) -> None:
     from .tiers.l4 import L4Tier
 
-    tiers: list[Tier] = []
     if settings.l1.capacity_bytes > 0:
         tiers.append(L1Tier(MemoryCache(settings.l1.capacity_bytes, ttl_seconds=settings.l1.ttl_seconds, name="l1")))
     if settings.l2 is not None:
@@ -299,7 +310,6 @@ async def _tiers(backends: _Backends, settings: _Settings) -> list[Tier]:
             )
         )
     tiers.append(L4Tier(backends.blocks, hedge=settings.hedge))
-    return tiers
 
 
 async def _l2_tier(cfg: L2Config) -> Tier:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
+import msgspec
 import pytest
 import xxhash
 
@@ -242,3 +244,15 @@ async def test_a_reader_arriving_as_a_fetch_is_abandoned_gets_a_fresh_fetch(tmp_
             assert await second == data
             with pytest.raises(asyncio.CancelledError):
                 await first
+
+
+async def test_a_tier_that_cannot_be_built_closes_the_ones_before_it(tmp_path):
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
+    bad = blobsdk.ClientConfig(api_url="http://127.0.0.1:9", block_urls=("http://127.0.0.1:9",), l2=l2, l3_urls=("http://127.0.0.1:9",))
+    bad = msgspec.structs.replace(bad, l3=blobsdk.config.L3Config(replicas=0))  # L3Tier refuses this
+    with pytest.raises(ValueError, match="replicas must be >= 1"):
+        async with blobsdk.Client(bad):
+            pass
+    await asyncio.sleep(0.05)
+    # the L2 cache opened before L3 failed was closed: its disk threads are gone
+    assert [t.name for t in threading.enumerate() if t.name.startswith("blobsdk-l2")] == []
