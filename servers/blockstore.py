@@ -23,8 +23,7 @@ import argparse
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -37,6 +36,7 @@ from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args
 from servers._common.http import METRICS_KEY, add_serve_args, base_app, reply, serve
 
 MiB = 1 << 20
+OCTETS = "application/octet-stream"
 PIECE = 1 << 20  # bytes read from disk and sent per step of a GET
 BATCH = 1 << 20  # received bytes handed to the disk thread at once on a PUT
 MAX_LIST = 10_000
@@ -66,8 +66,9 @@ class Bandwidth:
 
 
 class Spindles:
-    """HDD emulation: a request queues for a free spindle, then pays the seek latency.
-    ``queued`` and ``in_service`` are exported as /metrics gauges."""
+    """HDD emulation: ``async with spindles:`` queues for a free spindle, then pays the
+    seek latency.  ``queued`` and ``in_service`` are exported as /metrics gauges.  (A plain
+    class, not an asynccontextmanager: it is entered on every request.)"""
 
     def __init__(self, count: int, latency_s: float) -> None:
         self._free = asyncio.Semaphore(count) if count > 0 else None
@@ -75,26 +76,32 @@ class Spindles:
         self.queued = 0
         self.in_service = 0
 
-    @asynccontextmanager
-    async def service(self) -> AsyncIterator[None]:
+    async def __aenter__(self) -> None:
         await self._acquire()
         self.in_service += 1
-        try:
-            if self._latency_s > 0:
+        if self._latency_s > 0:
+            try:
                 await asyncio.sleep(self._latency_s)
-            yield
-        finally:
-            self.in_service -= 1
-            if self._free is not None:
-                self._free.release()
+            except BaseException:  # cancelled while seeking: __aexit__ will not run
+                self._release()
+                raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
 
     async def _acquire(self) -> None:
+        if self._free is None:
+            return
         self.queued += 1
         try:
-            if self._free is not None:
-                await self._free.acquire()
+            await self._free.acquire()
         finally:
             self.queued -= 1
+
+    def _release(self) -> None:
+        self.in_service -= 1
+        if self._free is not None:
+            self._free.release()
 
 
 class BlockServer:
@@ -111,7 +118,7 @@ class BlockServer:
         declared = request.content_length
         if declared is not None and declared > self.max_block_bytes:
             raise self._too_large(declared)
-        async with self.spindles.service(), self.store.block_writer(block_id) as writer:
+        async with self.spindles, self.store.block_writer(block_id) as writer:
             received = await self._receive(request, writer)
             if declared is not None and received != declared:  # the client went away
                 raise BadRequest(f"body ended after {received} of {declared} bytes")
@@ -121,12 +128,15 @@ class BlockServer:
     async def get_block(self, request: web.Request) -> web.StreamResponse:
         block_id = validate_block_id(request.match_info["block_id"])
         wanted = parse_range(request.headers.get("Range"))
-        async with self.spindles.service():
-            size = await self.store.block_size(block_id)
+        first, last = (0, None) if wanted is None else wanted
+        async with self.spindles:
+            # One disk operation finds the size and reads the first piece (clipped to the
+            # block: a range past its end is refused below, before anything is sent).
+            piece, size = await self.store.read_clipped(block_id, first, _first_piece(first, last))
             if wanted is None:
-                return await self._send(request, block_id, 0, size, size, status=200)
+                return await self._send(request, block_id, piece, 0, size, size, status=200)
             start, length = span_of(wanted, size, block_id)
-            return await self._send(request, block_id, start, length, size, status=206)
+            return await self._send(request, block_id, piece, start, length, size, status=206)
 
     async def delete_block(self, request: web.Request) -> web.Response:
         await self.store.delete_block(request.match_info["block_id"])
@@ -162,16 +172,18 @@ class BlockServer:
             await writer.write(batch)
 
     async def _send(
-        self, request: web.Request, block_id: str, start: int, length: int, size: int, *, status: int
+        self, request: web.Request, block_id: str, piece: bytes, start: int, length: int, size: int, *, status: int
     ) -> web.StreamResponse:
-        """Stream ``length`` bytes at ``start`` one piece at a time.  The first piece is
-        read before the headers go out, so a failure there is still a proper error reply."""
-        piece = await self.store.read_range(block_id, start, min(PIECE, length))
-        resp = web.StreamResponse(status=status)
-        resp.content_type = "application/octet-stream"
+        """Answer ``length`` bytes at ``start``, of which ``piece`` is the first (read before
+        the headers go out, so a failure there is still a proper error reply): a span of one
+        piece as a plain response, a longer one streamed one piece at a time."""
+        headers = {"Content-Range": f"bytes {start}-{start + length - 1}/{size}"} if status == 206 else None
+        if len(piece) == length:
+            await self.bandwidth.take(length)
+            return web.Response(body=piece, status=status, content_type=OCTETS, headers=headers)
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_type = OCTETS
         resp.content_length = length
-        if status == 206:
-            resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
         await resp.prepare(request)
         await self._stream(resp, block_id, start, length, piece)
         return resp
@@ -199,6 +211,11 @@ async def _read_piece(request: web.Request) -> bytes:
         return await request.content.readany()
     except ConnectionResetError as exc:
         raise BadRequest(f"client disconnected mid-body: {exc}") from exc
+
+
+def _first_piece(first: int, last: int | None) -> int:
+    """Bytes to read first for a span from ``first`` to ``last`` (None: the block's end)."""
+    return PIECE if last is None else min(PIECE, last - first + 1)
 
 
 def parse_range(header: str | None) -> tuple[int, int | None] | None:

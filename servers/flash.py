@@ -155,6 +155,11 @@ class Tenants:
         if config.token:
             self._tokens.append((f"Bearer {config.token}".encode(), DEFAULT_TENANT))
 
+    @property
+    def required(self) -> bool:
+        """Whether requests must carry a tenant's token (else all are tenant "default")."""
+        return bool(self._tokens)
+
     def of(self, request: web.Request) -> str:
         if not self._tokens:
             return DEFAULT_TENANT
@@ -468,7 +473,8 @@ def make_app(
     node = FlashNode(config, blocks=blocks, clock=clock)
     app = base_app("blobsdk_flash", faults=faults, admin_token=admin_token)
     app[FLASH_NODE] = node
-    app.middlewares.append(node.tenants.middleware())
+    if node.tenants.required:  # else it would let everything through: skip its hop
+        app.middlewares.append(node.tenants.middleware())
     _install(app, node)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -64,8 +64,11 @@ SEND_PIECE = 1 << 20
 async def send_bytes(
     request: web.Request, data: bytes | bytearray | memoryview, *, content_type: str, headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
-    """Answer with ``data`` written in 1 MiB pieces: one large write() is slow on Python
-    3.11's selector transport, which memmoves its whole send buffer after every send."""
+    """Answer with ``data``: up to 1 MiB (bytes or bytearray) as a plain response, sent with
+    its headers in one write; more written in 1 MiB pieces: one large write() is slow on
+    Python 3.11's selector transport, which memmoves its whole send buffer after every send."""
+    if isinstance(data, (bytes, bytearray)) and len(data) <= SEND_PIECE:
+        return web.Response(body=data, content_type=content_type, headers=headers)
     response = web.StreamResponse(headers=headers)
     response.content_type = content_type
     response.content_length = len(data)
@@ -97,13 +100,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         raise
 
 
-def auth_middleware(token: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+def auth_middleware(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Require ``Authorization: Bearer <token>`` on every route but /healthz and /metrics."""
-    expected = f"Bearer {token}".encode() if token else None
+    expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and request.path not in PUBLIC_ROUTES:
+        if request.path not in PUBLIC_ROUTES:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise Unauthorized("missing or wrong bearer token")
@@ -124,7 +127,8 @@ class Metrics:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         start = time.perf_counter()
-        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        resource = request.match_info.route.resource
+        route = "unmatched" if resource is None else resource.canonical
         status = 500
         try:
             response = await handler(request)
@@ -175,7 +179,9 @@ def base_app(
 
     metrics = Metrics(server)
     injector = FaultInjector(faults) if faults is not None or admin_token else None
-    middlewares = [metrics.middleware, errors_middleware, auth_middleware(token)]
+    middlewares = [metrics.middleware, errors_middleware]
+    if token:  # no token, no middleware: every request passes through each one
+        middlewares.append(auth_middleware(token))
     if injector is not None:
         middlewares.insert(1, injector.middleware)  # inside metrics: injected faults are counted
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)

@@ -19,6 +19,7 @@ from blobsdk.errors import BadRequest, BlockNotFound, Unauthorized
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.wire import ErrorBody, ListBlocksResponse
+from servers.blockstore import PIECE, Spindles
 from tests.helpers import ROOT, server_process
 
 MiB = 1 << 20
@@ -106,13 +107,40 @@ async def test_malformed_range_is_400(
         assert (await error_of(resp)).code == "bad_request"
 
 
-@pytest.mark.parametrize("header", ["bytes=0-1000", "bytes=1000-1000", "bytes=5000-", "bytes=999-99999"])
+@pytest.mark.parametrize(
+    "header", ["bytes=0-1000", "bytes=1000-1000", "bytes=5000-", "bytes=999-99999", f"bytes={10**19 - 1}-"]
+)
 async def test_range_past_the_end_is_416(
     plain: tuple[str, Path], session: aiohttp.ClientSession, block: str, header: str
 ) -> None:
     async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": header}) as resp:
         assert resp.status == 416
         assert (await error_of(resp)).code == "corrupt_data"
+
+
+async def test_spans_of_one_piece_and_of_many_are_answered_alike(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    data = bytes(range(251)) * 10_000  # 2.4 MiB: up to three pieces
+    with blockstore(tmp_path) as (url, _):
+        block_id, empty_id = new_block_id(), new_block_id()
+        await HttpBlockStore(session, url).write_block(block_id, [data])
+        await HttpBlockStore(session, url).write_block(empty_id, [])
+        spans = [(0, 99), (5, PIECE + 4), (100, 2_200_000), (PIECE, None), (len(data) - 1, None)]
+        for first, last in spans:  # one piece answered at once, more streamed: same reply
+            header = f"bytes={first}-{'' if last is None else last}"
+            last = len(data) - 1 if last is None else last
+            async with session.get(f"{url}/v1/blocks/{block_id}", headers={"Range": header}) as resp:
+                assert resp.status == 206 and await resp.read() == data[first : last + 1], header
+                assert resp.headers["Content-Range"] == f"bytes {first}-{last}/{len(data)}"
+                assert resp.headers["Content-Type"] == "application/octet-stream"
+                assert resp.content_length == last + 1 - first
+        for block, want in [(block_id, data), (empty_id, b"")]:
+            async with session.get(f"{url}/v1/blocks/{block}") as resp:
+                assert resp.status == 200 and await resp.read() == want
+                assert resp.content_length == len(want) and "Content-Range" not in resp.headers
+        async with session.get(f"{url}/v1/blocks/{empty_id}", headers={"Range": "bytes=0-"}) as resp:
+            assert resp.status == 416
 
 
 async def test_missing_block_is_404(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
@@ -128,6 +156,7 @@ async def test_oversized_put_is_400_and_leaves_no_block(
     block_id = new_block_id()
     with pytest.raises(BadRequest, match="too large"):
         await store.write_block(block_id, [os.urandom(2 * MiB)])
+    await store.aclose()  # writes use the session; its reads would need closing
 
     async def unsized_body() -> AsyncIterator[bytes]:  # chunked: the limit holds while streaming
         for _ in range(4):
@@ -135,8 +164,9 @@ async def test_oversized_put_is_400_and_leaves_no_block(
 
     async with session.put(f"{plain[0]}/v1/blocks/{block_id}", data=unsized_body()) as resp:
         assert resp.status == 400 and "too large" in (await error_of(resp)).message
-    with pytest.raises(BlockNotFound):
-        await store.read_range(block_id, 0, 1)
+    async with HttpBlockStore(session, plain[0]) as store:
+        with pytest.raises(BlockNotFound):
+            await store.read_range(block_id, 0, 1)
     assert not any(block_id in p.name for p in files_under(plain[1]))
 
 
@@ -160,8 +190,9 @@ async def test_a_client_that_hangs_up_mid_body_leaves_nothing(
     writer.close()
     await writer.wait_closed()
     await wait_until(lambda: not any(block_id in p.name for p in files_under(plain[1])))
-    with pytest.raises(BlockNotFound):
-        await HttpBlockStore(session, plain[0]).read_range(block_id, 0, 1)
+    async with HttpBlockStore(session, plain[0]) as store:
+        with pytest.raises(BlockNotFound):
+            await store.read_range(block_id, 0, 1)
 
 
 async def test_list_pages_and_limits(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
@@ -183,20 +214,22 @@ async def test_delete_is_204_and_idempotent(
     for _ in range(2):
         async with session.delete(f"{plain[0]}/v1/blocks/{block}") as resp:
             assert resp.status == 204
-    with pytest.raises(BlockNotFound):
-        await HttpBlockStore(session, plain[0]).read_range(block, 0, 1)
+    async with HttpBlockStore(session, plain[0]) as store:
+        with pytest.raises(BlockNotFound):
+            await store.read_range(block, 0, 1)
 
 
 async def test_token_is_required(tmp_path: Path, session: aiohttp.ClientSession) -> None:
     with blockstore(tmp_path, "--token", "s3cret") as (url, _):
         with pytest.raises(Unauthorized):
             await HttpBlockStore(session, url).write_block(new_block_id(), [b"x"])
-        with pytest.raises(Unauthorized):
-            await HttpBlockStore(session, url, token="wrong").read_range(new_block_id(), 0, 1)
-        store = HttpBlockStore(session, url, token="s3cret")
-        block_id = new_block_id()
-        await store.write_block(block_id, [b"secret"])
-        assert await store.read_range(block_id, 0, 6) == b"secret"
+        async with HttpBlockStore(session, url, token="wrong") as store:
+            with pytest.raises(Unauthorized):
+                await store.read_range(new_block_id(), 0, 1)
+        async with HttpBlockStore(session, url, token="s3cret") as store:
+            block_id = new_block_id()
+            await store.write_block(block_id, [b"secret"])
+            assert await store.read_range(block_id, 0, 6) == b"secret"
         async with session.get(f"{url}/healthz") as resp:
             assert resp.status == 200
 
@@ -209,25 +242,45 @@ async def timed_read(store: HttpBlockStore, block_id: str, length: int) -> float
 
 async def test_latency_is_paid_per_request(tmp_path: Path, session: aiohttp.ClientSession) -> None:
     with blockstore(tmp_path, "--latency-ms", "50") as (url, _):
-        store = HttpBlockStore(session, url)
-        block_id = new_block_id()
-        await store.write_block(block_id, [b"x" * 100])
-        assert await timed_read(store, block_id, 100) >= 0.05
+        async with HttpBlockStore(session, url) as store:
+            block_id = new_block_id()
+            await store.write_block(block_id, [b"x" * 100])
+            assert await timed_read(store, block_id, 100) >= 0.05
 
 
 async def test_one_spindle_serves_one_request_at_a_time(tmp_path: Path, session: aiohttp.ClientSession) -> None:
     with blockstore(tmp_path, "--latency-ms", "100", "--spindles", "1") as (url, _):
-        store = HttpBlockStore(session, url)
-        block_id = new_block_id()
-        await store.write_block(block_id, [b"x" * 100])
-        start = time.perf_counter()
-        await asyncio.gather(store.read_range(block_id, 0, 100), store.read_range(block_id, 0, 100))
-        assert time.perf_counter() - start >= 0.2
+        async with HttpBlockStore(session, url) as store:
+            block_id = new_block_id()
+            await store.write_block(block_id, [b"x" * 100])
+            start = time.perf_counter()
+            await asyncio.gather(store.read_range(block_id, 0, 100), store.read_range(block_id, 0, 100))
+            assert time.perf_counter() - start >= 0.2
+
+
+async def test_a_request_cancelled_while_seeking_frees_its_spindle() -> None:
+    spindles = Spindles(1, latency_s=0.2)
+
+    async def serve() -> None:
+        async with spindles:
+            pass
+
+    seeking = asyncio.create_task(serve())
+    await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(serve())
+    await asyncio.sleep(0.01)
+    assert (spindles.in_service, spindles.queued) == (1, 1)
+    for task in (seeking, waiting):
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert (spindles.in_service, spindles.queued) == (0, 0)
+    await asyncio.wait_for(serve(), 1.0)  # the spindle is free again
 
 
 async def test_bandwidth_is_capped(tmp_path: Path, session: aiohttp.ClientSession) -> None:
     with blockstore(tmp_path, "--bandwidth-mbps", "10") as (url, _):
-        store = HttpBlockStore(session, url)
-        block_id = new_block_id()
-        await store.write_block(block_id, [os.urandom(2 * MiB)])  # ~0.2 s in, too
-        assert await timed_read(store, block_id, 2 * MiB) >= 2 * MiB / 10e6 * 0.9
+        async with HttpBlockStore(session, url) as store:
+            block_id = new_block_id()
+            await store.write_block(block_id, [os.urandom(2 * MiB)])  # ~0.2 s in, too
+            assert await timed_read(store, block_id, 2 * MiB) >= 2 * MiB / 10e6 * 0.9

@@ -160,6 +160,17 @@ async def test_a_miss_reads_through_then_hits(env: Env) -> None:
     assert stats["cache"]["entries"] == 2 and stats["l4"]["hits"] == 2
 
 
+async def test_small_and_large_chunks_are_answered_alike(env: Env) -> None:
+    refs = await chunks(env, 1, size=(1 << 20) + 1) + await chunks(env, 1)  # streamed in pieces, one reply
+    url, _ = await env.node()
+    for ref in refs:
+        for source in ("miss", "hit"):
+            async with env.session.get(f"{url}/v1/chunks/{ref.key}?{chunk_query(ref)}") as resp:
+                assert (resp.status, resp.headers[CACHE_HEADER]) == (200, source)
+                assert resp.headers["Content-Type"] == "application/octet-stream"
+                assert resp.content_length == ref.length == len(await resp.read())
+
+
 async def test_bad_keys_and_refs_are_400(env: Env) -> None:
     (ref, other) = await chunks(env, 2)
     url, _ = await env.node(max_chunk_bytes=CHUNK - 1)

@@ -45,7 +45,7 @@ async def test_layout_is_hashed_shard_then_block_id(store: LocalBlockStore) -> N
     block = new_block_id()
     await store.write_block(block, [b"abc"])
     expected = store.root / xxhash.xxh3_64_hexdigest(block.encode())[:2] / block
-    assert files_under(store.root) == [expected]
+    assert files_under(store.root) == [expected] and store.block_path(block) == expected
     assert expected.read_bytes() == b"abc"
 
 
@@ -135,12 +135,19 @@ async def test_cancelled_block_writer_leaves_nothing(store: LocalBlockStore) -> 
     assert files_under(store.root) == []
 
 
-async def test_block_size(store: LocalBlockStore) -> None:
-    block = new_block_id()
+async def test_read_clipped_reads_what_lies_inside_and_the_size(store: LocalBlockStore) -> None:
+    block, empty = new_block_id(), new_block_id()
     await store.write_block(block, [b"12345"])
-    assert await store.block_size(block) == 5
+    await store.write_block(empty, [])
+    assert await store.read_clipped(block, 1, 3) == (b"234", 5)
+    assert await store.read_clipped(block, 3, 10) == (b"45", 5)  # clipped at the end
+    for offset in (5, 6, 10**19):  # past the end, even past what pread takes: nothing read
+        assert await store.read_clipped(block, offset, 1) == (b"", 5)
+    assert await store.read_clipped(empty, 0, 1 << 20) == (b"", 0)
     with pytest.raises(BlockNotFound):
-        await store.block_size(new_block_id())
+        await store.read_clipped(new_block_id(), 0, 1)
+    with pytest.raises(ValueError):
+        await store.read_clipped(block, -1, 1)
 
 
 async def test_list_page(store: LocalBlockStore) -> None:
