@@ -3,7 +3,6 @@ aiohttp failure translated into the blobsdk exception tree at this boundary."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -71,41 +70,36 @@ class HttpEndpoint:
             async with self.session.request(method, url, headers=headers or self.headers, **kwargs) as resp:
                 if resp.status >= 400:
                     error = await _error_of(resp, url)
-                    if permit is not None and resp.status in OVERLOAD_STATUSES and not isinstance(error, QuotaExceeded):
-                        permit.dropped()  # a tenant's byte quota is not overload
+                    report_overload(permit, resp.status, error)
                     raise error
                 yield resp
         except BlobError:
             raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
 
 
 async def _error_of(resp: aiohttp.ClientResponse, url: str) -> BlobError:
-    body = await resp.read()
+    return error_for(resp.status, await resp.read(), url)
+
+
+def report_overload(permit: Permit | None, status: int, error: BlobError) -> None:
+    """Tell a request's concurrency-limiter slot that the server said it is overloaded (a
+    tenant's byte quota is not overload)."""
+    if permit is not None and status in OVERLOAD_STATUSES and not isinstance(error, QuotaExceeded):
+        permit.dropped()
+
+
+def error_for(status: int, body: bytes, url: str) -> BlobError:
+    """The blobsdk error an error reply encodes (an ErrorBody in msgpack or JSON); a reply
+    without one is Unavailable for the statuses that mean "try again or elsewhere"."""
     try:
         err = _error_decoder.decode(body)
     except msgspec.DecodeError:
         try:
             err = msgspec.json.decode(body, type=ErrorBody)
         except msgspec.DecodeError:
-            if resp.status in (429, 502, 503, 504):
-                return Unavailable(f"{url}: HTTP {resp.status}")
-            return BlobError(f"{url}: HTTP {resp.status}: {body[:200]!r}")
+            if status in (429, 502, 503, 504):
+                return Unavailable(f"{url}: HTTP {status}")
+            return BlobError(f"{url}: HTTP {status}: {body[:200]!r}")
     return error_from_code(err.code, err.message)
-
-
-async def read_exactly(resp: aiohttp.ClientResponse, out: memoryview) -> None:
-    """Copy the body into ``out`` as it arrives; Unavailable unless it is exactly
-    ``out``'s size (a short or long body is never a usable copy)."""
-    if resp.content_length is not None and resp.content_length != out.nbytes:
-        raise Unavailable(f"{resp.url}: Content-Length {resp.content_length}, expected {out.nbytes}")
-    filled = 0
-    async for piece in resp.content.iter_any():
-        end = filled + len(piece)
-        if end > out.nbytes:
-            raise Unavailable(f"{resp.url}: body longer than the {out.nbytes} bytes expected")
-        out[filled:end] = piece
-        filled = end
-    if filled != out.nbytes:
-        raise Unavailable(f"{resp.url}: body truncated at {filled} of {out.nbytes} bytes")

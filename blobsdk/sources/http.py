@@ -1,14 +1,14 @@
 """L4 through one block server (``servers/blockstore.py``) over HTTP.
 
 Block bytes travel raw: a PUT streams the caller's parts as the body, part by part, and a
-ranged GET is copied piece by piece straight into the caller's buffer.  A response that is
-not exactly the bytes asked for is an error (Unavailable), never a short read.
+ranged GET's body is received straight into the caller's buffer (``_rawget``: the data
+path's lean GET; aiohttp for the rest).  A response that is not exactly the bytes asked
+for is an error (Unavailable), never a short read.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from typing import Self
 from urllib.parse import urlencode
 
@@ -16,8 +16,8 @@ import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
-from .._http import HttpEndpoint, read_exactly
-from ..errors import Unavailable
+from .._http import HttpEndpoint
+from .._rawget import RawGetEndpoint
 from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
@@ -29,15 +29,18 @@ LIST_PAGE = 1000
 class HttpBlockStore:
     """A :class:`~blobsdk.sources.base.BlockStore` served by one L4 block server.
 
-    Uses, and never closes, the caller's long-lived ``aiohttp.ClientSession``; ``token`` is
-    the server's bearer token, if it requires one.  Data reads go through ``limiter``, the
-    endpoint's adaptive concurrency limit (writes are bounded by the writer instead).
+    Uses, and never closes, the caller's long-lived ``aiohttp.ClientSession`` (data reads
+    use connections of their own, with the session's timeouts, closed by :meth:`aclose`);
+    ``token`` is the server's bearer token, if it requires one.  Data reads go through
+    ``limiter``, the endpoint's adaptive concurrency limit (writes are bounded by the
+    writer instead).
     """
 
     def __init__(
         self, session: aiohttp.ClientSession, base_url: str, token: str | None = None, *, limiter: AdaptiveLimiter | None = None
     ) -> None:
         self._http = HttpEndpoint(session, base_url, token)
+        self._reads = RawGetEndpoint(base_url, token, timeout=session.timeout)
         self.limiter = limiter if limiter is not None else AdaptiveLimiter(self._http.base_url)
 
     @property
@@ -57,17 +60,14 @@ class HttpBlockStore:
         view = memoryview(out).cast("B")
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
-        async with self._get_range(block_id, offset, view.nbytes) as resp:
-            await read_exactly(resp, view)
+        headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}"}
+        async with self.limiter.acquire(size=view.nbytes) as permit:
+            await self._reads.get_into(_route(block_id), view, expect=206, headers=headers, permit=permit)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
-        if _check_span(block_id, offset, length) == 0:
-            return b""
-        async with self._get_range(block_id, offset, length) as resp:
-            data = await resp.read()
-        if len(data) != length:
-            raise Unavailable(f"{resp.url}: got {len(data)} bytes, asked for {length}")
-        return data
+        buf = bytearray(_check_span(block_id, offset, length))
+        await self.read_into(block_id, offset, memoryview(buf))
+        return bytes(buf)
 
     async def delete_block(self, block_id: str) -> None:
         async with self._http.request("DELETE", _route(block_id)):
@@ -86,27 +86,14 @@ class HttpBlockStore:
             start_after = page.next_start_after
 
     async def aclose(self) -> None:
-        """Nothing to release: the session belongs to the caller."""
+        """Close the data-read connections (the session belongs to the caller)."""
+        await self._reads.aclose()
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    @asynccontextmanager
-    async def _get_range(self, block_id: str, offset: int, length: int) -> AsyncIterator[aiohttp.ClientResponse]:
-        """A GET of exactly ``length`` bytes at ``offset``, its headers checked."""
-        headers = {**self._http.headers, "Range": f"bytes={offset}-{offset + length - 1}"}
-        async with (
-            self.limiter.acquire(size=length) as permit,
-            self._http.request("GET", _route(block_id), headers=headers, permit=permit) as resp,
-        ):
-            if resp.status != 206:
-                raise Unavailable(f"{resp.url}: expected 206 Partial Content, got {resp.status}")
-            if resp.content_length is not None and resp.content_length != length:
-                raise Unavailable(f"{resp.url}: Content-Length {resp.content_length}, asked for {length}")
-            yield resp
 
 
 class _PartsPayload(Payload):

@@ -34,7 +34,8 @@ from urllib.parse import urlencode
 import aiohttp
 import msgspec
 
-from .._http import HttpEndpoint, read_exactly
+from .._http import HttpEndpoint
+from .._rawget import RawGetEndpoint
 from ..errors import BadRequest, BlobError, Unavailable
 from ..hedge import HedgeConfig, HedgeExhausted, Hedger
 from ..limiter import LimiterRegistry
@@ -137,6 +138,8 @@ class L3Tier:
         self.node_hits = 0
         self.node_fills = 0
         self._nodes = {e.base_url: e for e in (HttpEndpoint(session, url, token) for url in urls)}
+        read_timeout = timeout if timeout is not None else session.timeout
+        self._reads = {url: RawGetEndpoint(url, token, timeout=read_timeout) for url in self._nodes}
         self._replicas = replicas
         self._down_seconds = down_seconds
         self._request_args = {} if timeout is None else {"timeout": timeout}
@@ -191,7 +194,9 @@ class L3Tier:
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     async def aclose(self) -> None:
-        """Nothing owned: the session belongs to the caller."""
+        """Close the chunk-read connections (the session belongs to the caller)."""
+        for endpoint in self._reads.values():
+            await endpoint.aclose()
 
     async def _fetch_from(self, ref: ChunkRef, decode: Decoder, url: str) -> memoryview:
         """The verified raw bytes from one node; a failure is counted (a node that is
@@ -217,13 +222,10 @@ class L3Tier:
         """The node's copy of ``ref``'s stored bytes (exactly ``ref.length`` of them), and
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
-        async with (
-            self.limiters.get(url).acquire(size=ref.length) as permit,
-            self._nodes[url].request("GET", route, permit=permit, **self._request_args) as resp,
-        ):
-            buf = memoryview(bytearray(ref.length))
-            await read_exactly(resp, buf)
-            return buf, resp.headers.get(CACHE_HEADER, "")
+        buf = memoryview(bytearray(ref.length))
+        async with self.limiters.get(url).acquire(size=ref.length) as permit:
+            headers = await self._reads[url].get_into(route, buf, permit=permit)
+        return buf, headers.get(CACHE_HEADER.lower(), "")
 
     def _count_source(self, served_from: str) -> None:
         if served_from == "hit":

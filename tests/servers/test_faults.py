@@ -45,7 +45,7 @@ from tests.helpers import ROOT, running_app, server_process
 
 ADMIN = "admin-s3cret"
 BLOCK = bytes(range(256)) * 40  # 10,240 bytes
-BIG = bytes(range(251)) * 10_000  # 2.4 MiB: the block server streams it in three writes
+BIG = bytes(range(251)) * 10_000  # 2.4 MiB: the block server streams it in three writes (BLOCK: one reply)
 BLOCK_ROUTE = "/v1/blocks/{block_id}"
 
 
@@ -195,8 +195,9 @@ async def test_error_rate_gives_the_seeds_exact_count(blocks: Blocks) -> None:
 
 async def test_error_is_unavailable_for_the_blobsdk_client(blocks: Blocks) -> None:
     blocks.use(FaultRule(route=BLOCK_ROUTE, error_rate=1.0))
-    with pytest.raises(Unavailable, match="injected fault"):
-        await HttpBlockStore(blocks.session, blocks.url).read_range(blocks.block_id, 0, 10)
+    async with HttpBlockStore(blocks.session, blocks.url) as store:
+        with pytest.raises(Unavailable, match="injected fault"):
+            await store.read_range(blocks.block_id, 0, 10)
 
 
 async def test_stall_times_out_the_client_and_the_server_still_answers(blocks: Blocks) -> None:
@@ -244,16 +245,33 @@ async def test_corrupt_flips_one_byte_of_a_response_body(blocks: Blocks) -> None
     assert differing_bytes(body, clean) == 1
 
 
-async def test_truncate_cuts_a_streamed_body(blocks: Blocks) -> None:
+async def test_truncate_cuts_a_streamed_body(tmp_path: Path) -> None:
+    async with block_server(tmp_path, BIG) as b:
+        b.use(FaultRule(route=BLOCK_ROUTE, truncate_rate=1.0), seed=3)
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with b.session.get(b.block_url) as resp:
+                assert resp.content_length == len(BIG)
+                await resp.read()
+        out = memoryview(bytearray(len(BIG)))
+        async with HttpBlockStore(b.session, b.url) as store:
+            with pytest.raises(Unavailable):
+                await store.read_into(b.block_id, 0, out)
+        assert b.faults.injected["truncate"] == 2
+
+
+async def test_corrupt_and_truncate_reach_a_block_answered_in_one_piece(blocks: Blocks) -> None:
+    blocks.use(FaultRule(route=BLOCK_ROUTE, corrupt_rate=1.0), seed=1)
+    async with blocks.session.get(blocks.block_url, headers={"Range": "bytes=10-9999"}) as resp:
+        assert (resp.status, resp.content_length) == (206, 9990)
+        assert differing_bytes(await resp.read(), BLOCK[10:10_000]) == 1
     blocks.use(FaultRule(route=BLOCK_ROUTE, truncate_rate=1.0), seed=3)
     with pytest.raises(aiohttp.ClientPayloadError):
-        async with blocks.session.get(blocks.block_url) as resp:
-            assert resp.content_length == len(BLOCK)
-            await resp.read()
+        await get(blocks.session, blocks.block_url)
     out = memoryview(bytearray(len(BLOCK)))
-    with pytest.raises(Unavailable):
-        await HttpBlockStore(blocks.session, blocks.url).read_into(blocks.block_id, 0, out)
-    assert blocks.faults.injected["truncate"] == 2
+    async with HttpBlockStore(blocks.session, blocks.url) as store:
+        with pytest.raises(Unavailable):
+            await store.read_into(blocks.block_id, 0, out)
+    assert blocks.faults.injected["corrupt"] == 1 and blocks.faults.injected["truncate"] == 2
 
 
 async def test_truncate_cuts_a_response_body(blocks: Blocks) -> None:
@@ -270,8 +288,9 @@ async def test_overload_rejects_beyond_the_queue(tmp_path: Path) -> None:
         await until(lambda: b.app[METRICS_KEY].gauges["in_service_requests"]() == 1)
         status, body = await get(b.session, b.block_url)
         assert (status, error_code(body)) == (429, "unavailable")
-        with pytest.raises(Unavailable):
-            await HttpBlockStore(b.session, b.url).read_range(b.block_id, 0, 10)
+        async with HttpBlockStore(b.session, b.url) as store:
+            with pytest.raises(Unavailable):
+                await store.read_range(b.block_id, 0, 10)
         assert await first == (200, BLOCK)
         assert b.faults.injected["overload_reject"] == 2
         assert await get(b.session, b.block_url) == (200, BLOCK)  # a free slot again
@@ -361,8 +380,8 @@ async def test_blockstore_process_takes_fault_flags_and_env(tmp_path: Path, monk
     monkeypatch.setenv("BLOBSDK_FAULTS", "route=/v1/blocks;methods=DELETE;error_rate=1")
     flags = ("--fault", f"route={BLOCK_ROUTE};methods=GET;error_rate=100%", "--fault-seed", "7", "--admin-token", ADMIN)
     with server_process("servers.blockstore", "--dir", str(tmp_path / "blocks"), *flags, tmp=tmp_path) as (url, _):
-        async with aiohttp.ClientSession() as session:
-            store, block_id, auth = HttpBlockStore(session, url), new_block_id(), {"Authorization": f"Bearer {ADMIN}"}
+        async with aiohttp.ClientSession() as session, HttpBlockStore(session, url) as store:
+            block_id, auth = new_block_id(), {"Authorization": f"Bearer {ADMIN}"}
             await store.write_block(block_id, [BLOCK])
             with pytest.raises(Unavailable):
                 await store.read_range(block_id, 0, len(BLOCK))

@@ -48,11 +48,11 @@ async def test_rewrite_with_another_size_is_refused(store: HttpBlockStore) -> No
 async def test_server_down_is_unavailable(session: aiohttp.ClientSession, tmp_path: Path) -> None:
     async with running_app(make_app(tmp_path)) as url:
         pass  # stopped: nothing listens on that port any more
-    s = HttpBlockStore(session, url)
-    with pytest.raises(Unavailable):
-        await s.read_range(new_block_id(), 0, 10)
-    with pytest.raises(Unavailable):
-        await s.write_block(new_block_id(), [b"x"])
+    async with HttpBlockStore(session, url) as s:
+        with pytest.raises(Unavailable):
+            await s.read_range(new_block_id(), 0, 10)
+        with pytest.raises(Unavailable):
+            await s.write_block(new_block_id(), [b"x"])
 
 
 async def test_many_pages_of_listing(store: HttpBlockStore) -> None:
@@ -71,8 +71,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def liar(session: aiohttp.ClientSession, handler: Handler) -> AsyncIterator[HttpBlockStore]:
     app = web.Application()
     app.router.add_get("/v1/blocks/{block_id}", handler)
-    async with running_app(app) as url:
-        yield HttpBlockStore(session, url)
+    async with running_app(app) as url, HttpBlockStore(session, url) as store:
+        yield store
 
 
 async def truncated(request: web.Request) -> web.StreamResponse:

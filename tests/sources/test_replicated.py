@@ -190,12 +190,12 @@ async def test_quorum_returns_before_a_slow_replica_which_close_then_awaits(
     block = new_block_id()
     async with asyncio.timeout(10):  # without the early return this would hang on the gate
         await s.write_block(block, [b"late copy"])
-    slow = HttpBlockStore(session, servers.urls[2])
-    with pytest.raises(BlockNotFound):
-        await slow.read_range(block, 0, 9)
-    servers.gate.set()
-    await s.aclose()  # the write still running is owned: close waits for it
-    assert await slow.read_range(block, 0, 9) == b"late copy"
+    async with HttpBlockStore(session, servers.urls[2]) as slow:
+        with pytest.raises(BlockNotFound):
+            await slow.read_range(block, 0, 9)
+        servers.gate.set()
+        await s.aclose()  # the write still running is owned: close waits for it
+        assert await slow.read_range(block, 0, 9) == b"late copy"
 
 
 class HeldWrites:
