@@ -2,10 +2,12 @@
 
 Three L4 block servers (separate processes) hold the same chunks.  A batch is 100 chunk
 reads in parallel, as a training step fetching its samples; its latency is that of its
-slowest read.  Two scenarios, each run with three policies in the same process run:
+slowest read.  Three scenarios, each run with the policies in the same process run:
 
 - ``tail``: every server gives 1% of requests +200 ms (the Tail-at-Scale setting);
-- ``slow_replica``: one replica is 10x slower than the others.
+- ``slow_replica``: one replica is 10x slower than the others;
+- ``fault_free``: no fault (``none`` and ``hedged`` only): the floor no policy can beat,
+  and what hedging costs when nothing is wrong.
 
 Policies: ``none`` (plain failover, no hedging), ``duplicate`` (every read sent to two
 replicas at once), ``hedged`` (blobsdk's default: hedge after the target's ~p95, within a
@@ -13,7 +15,10 @@ replicas at once), ``hedged`` (blobsdk's default: hedge after the target's ~p95,
 
 Ratios (the ``tail`` scenario): ``p999_cut`` = no-hedge p99.9 / hedged p99.9 (goal >= 10;
 the published anchor is 24x for 2% extra requests) and ``extra_requests`` = hedges sent per
-read when hedged (goal <= 0.05).
+read when hedged (goal <= 0.05).  ``p999_vs_fault_free`` = hedged tail p99.9 / fault-free
+p99.9 (1.0: hedging removed the whole injected tail): on a 2-core machine a batch of 100
+HTTP reads is CPU-bound at tens of ms, which bounds ``p999_cut`` far below 10 whatever the
+policy (see the README).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import xxhash
 from blobsdk._http import new_session
 from blobsdk.config import Timeouts
 from blobsdk.hedge import HedgeConfig
+from blobsdk.limiter import LimiterRegistry
 from blobsdk.readpath import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
@@ -44,7 +50,9 @@ FANOUT = 100
 SCENARIOS = {
     "tail": [["--latency-ms", "1", "--fault", "methods=GET;route=/v1/blocks;slow_fraction=1%;slow_ms=200"]] * 3,
     "slow_replica": [["--latency-ms", "10"], ["--latency-ms", "1"], ["--latency-ms", "1"]],
+    "fault_free": [["--latency-ms", "1"]] * 3,
 }
+SKIP = {("fault_free", "duplicate")}
 POLICIES = {
     "none": HedgeConfig(enabled=False),
     "duplicate": HedgeConfig(min_delay_ms=0, max_delay_ms=0, budget_ratio=1.0, budget_burst=1e9),
@@ -62,20 +70,24 @@ async def run(quick: bool = False) -> Report:
     m = report.metrics
     report.ratios["p999_cut"] = m["tail_none_p999_ms"] / m["tail_hedged_p999_ms"]
     report.ratios["extra_requests"] = m["tail_hedged_extra"]
-    if "slow_replica_none_p99_ms" in m:
-        report.ratios["slow_replica_p99_cut"] = m["slow_replica_none_p99_ms"] / m["slow_replica_hedged_p99_ms"]
+    report.ratios["slow_replica_p99_cut"] = m["slow_replica_none_p99_ms"] / m["slow_replica_hedged_p99_ms"]
+    report.ratios["p999_vs_fault_free"] = m["tail_hedged_p999_ms"] / m["fault_free_none_p999_ms"]
+    report.ratios["fault_free_p50_cost"] = m["fault_free_hedged_p50_ms"] / m["fault_free_none_p50_ms"]
     report.goals.update(p999_cut=">= 10", extra_requests="<= 0.05")
     return report
 
 
 async def _scenario(report: Report, scenario: str, urls: list[str], batches: int) -> None:
     async with new_session(Timeouts()) as session:
-        replicas = [HttpBlockStore(session, url) for url in urls]
+        limiters = LimiterRegistry()
+        replicas = [HttpBlockStore(session, url, limiter=limiters.get(url)) for url in urls]
         blocks = ReplicatedBlockStore(replicas)
         try:
             refs = await _write_chunks(blocks)
             for policy, config in POLICIES.items():
-                tier = L4Tier(blocks, hedge=config)
+                if (scenario, policy) in SKIP:
+                    continue
+                tier = L4Tier(blocks, hedge=config, limiters=limiters)
                 await _batches(tier, refs, 20)  # warm connections and latency estimates
                 before = tier.hedger.stats()
                 times = await _batches(tier, refs, batches)
@@ -116,3 +128,4 @@ def _record(report: Report, name: str, times: list[float], before: dict[str, int
     report.metrics[f"{name}_extra"] = hedges / max(reads, 1)
     report.metrics[f"{name}_budget_exhausted"] = after["budget_exhausted"] - before["budget_exhausted"]
     report.metrics[f"{name}_hedges_won"] = after["hedges_won"] - before["hedges_won"]
+    report.metrics[f"{name}_hedges_deferred"] = after["hedges_deferred"] - before["hedges_deferred"]

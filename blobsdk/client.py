@@ -309,7 +309,7 @@ async def _add_tiers(tiers: list[Tier], backends: _Backends, settings: _Settings
                 down_seconds=l3.down_seconds, hedge=settings.hedge, limiters=backends.limiters,
             )
         )
-    tiers.append(L4Tier(backends.blocks, hedge=settings.hedge))
+    tiers.append(L4Tier(backends.blocks, hedge=settings.hedge, limiters=backends.limiters))
 
 
 async def _l2_tier(cfg: L2Config) -> Tier:

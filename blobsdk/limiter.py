@@ -281,6 +281,11 @@ class AdaptiveLimiter:
         return self._queued
 
     @property
+    def has_room(self) -> bool:
+        """Whether a request would be admitted at once (nothing queued, a slot free)."""
+        return not self._queued and self._in_flight < self.capacity
+
+    @property
     def capacity(self) -> int:
         """How many requests may be in flight now: the limit, or fewer while the floor is
         being probed."""
@@ -447,6 +452,11 @@ class LimiterRegistry:
             limiter = AdaptiveLimiter(key, self.config, clock=self._clock, drop_on=self._drop_on)
             self._limiters[key] = limiter
         return limiter
+
+    def has_room(self, endpoint: str) -> bool:
+        """Whether ``endpoint`` would admit a request at once (one never used: yes)."""
+        limiter = self._limiters.get(endpoint.rstrip("/"))
+        return limiter is None or limiter.has_room
 
     def stats(self) -> dict[str, dict[str, int | float]]:
         """``{endpoint: limiter stats}`` for every endpoint used so far."""

@@ -18,7 +18,9 @@ from blobsdk.hedge import (
     HedgeExhausted,
     Hedger,
     LatencyTracker,
+    in_service,
     is_failover,
+    queued,
 )
 from blobsdk.readpath import decode_chunk
 from blobsdk.tiers.base import BadCopy
@@ -73,7 +75,8 @@ async def test_fast_primary_wins_without_a_hedge() -> None:
     hedger, fakes = Hedger(FIXED_10MS), Fakes(a="ok", b="ok")
     assert await hedger.run(["a", "b"], fakes) == "from a"
     assert fakes.started == ["a"]
-    assert hedger.stats() == {"primaries": 1, "hedges_sent": 0, "hedges_won": 0, "budget_exhausted": 0, "failovers": 0}
+    assert hedger.stats() == {"primaries": 1, "hedges_sent": 0, "hedges_won": 0, "budget_exhausted": 0, "failovers": 0,
+                               "hedges_deferred": 0}
 
 
 async def test_stalled_primary_is_hedged_after_the_delay_and_cancelled() -> None:
@@ -278,3 +281,56 @@ async def test_key_of_names_latency_targets() -> None:
 def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         HedgeConfig(**bad)  # type: ignore[arg-type]
+
+
+async def test_a_hedge_waits_until_its_target_has_room() -> None:
+    hedger, fakes = Hedger(FIXED_10MS), Fakes(a="stall", b="ok")
+    room = False
+    run = asyncio.create_task(hedger.run(["a", "b"], fakes, ready=lambda name: room))
+    await asyncio.sleep(0.05)  # long past the delay: the hedge is due, but b has no room
+    assert fakes.started == ["a"] and hedger.stats()["hedges_deferred"] == 1
+    room = True
+    assert await asyncio.wait_for(run, 1.0) == "from b"
+    assert fakes.started == ["a", "b"] and fakes.cancelled == ["a"]
+    assert (hedger.stats()["hedges_sent"], hedger.stats()["hedges_deferred"], hedger.budget.tokens) == (1, 1, 9.0)
+
+
+async def test_a_failover_does_not_wait_for_room() -> None:
+    hedger, fakes = Hedger(FIXED_10MS), Fakes(a=Unavailable("down"), b="ok")
+    assert await hedger.run(["a", "b"], fakes, ready=lambda name: False) == "from b"
+
+
+def queued_then(queue_s: float, service: object) -> Callable[[str], Awaitable[str]]:
+    """An attempt that waits ``queue_s`` in a client-side queue, then serves like Fakes."""
+    fakes = Fakes(a=service, b="ok")
+
+    async def attempt(name: str) -> str:
+        if name == "a":
+            queued()
+            await asyncio.sleep(queue_s)
+            in_service()
+        return await fakes(name)
+
+    attempt.fakes = fakes  # type: ignore[attr-defined]
+    return attempt
+
+
+async def test_an_attempt_queued_in_the_client_is_not_hedged_until_in_service() -> None:
+    hedger, attempt = Hedger(FIXED_10MS), queued_then(0.08, "stall")
+    begun = time.perf_counter()
+    assert await hedger.run(["a", "b"], attempt) == "from b"
+    assert time.perf_counter() - begun >= 0.09  # 80 ms queued + the 10 ms delay, not 10 ms
+    assert attempt.fakes.started == ["a", "b"]  # type: ignore[attr-defined]
+
+
+async def test_latency_counts_from_entering_service() -> None:
+    hedger = Hedger(HedgeConfig(quantile=0.5))
+    for _ in range(10):
+        await hedger.run(["a", "b"], queued_then(0.03, 0.002))
+    estimate = hedger.latency.estimate("a")
+    assert estimate is not None and estimate < 0.02  # the 30 ms queue is not the server's
+
+
+def test_queued_and_in_service_outside_an_attempt_do_nothing() -> None:
+    queued()
+    in_service()

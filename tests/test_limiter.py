@@ -535,3 +535,23 @@ def test_limit_converges_on_a_simulated_origin(algorithm, origin):
     assert first > 0  # the initial limit (16) overshoots the origin's capacity (8)...
     assert last <= 2, dropped  # ...and the limiter learns to stay below it
     assert limiter.stats()["min_rtt_ms"] == 10.0
+
+
+async def test_has_room_while_a_slot_is_free_and_nobody_waits():
+    registry = LimiterRegistry(FIXED_5)
+    assert registry.has_room("http://never-used:1")  # no limiter yet: nothing in its way
+    limiter = registry.get("http://a:1")
+    holders = [limiter.acquire() for _ in range(5)]
+    for permit in holders[:4]:
+        await permit.__aenter__()
+    assert limiter.has_room and registry.has_room("http://a:1/")
+    await holders[4].__aenter__()
+    assert not limiter.has_room and not registry.has_room("http://a:1")
+    waiter = asyncio.create_task(limiter.acquire().__aenter__())
+    await asyncio.sleep(0)
+    await holders[0].__aexit__(None, None, None)  # the slot goes to the waiter, not to "room"
+    await waiter
+    assert not limiter.has_room
+    for permit in holders[1:]:
+        await permit.__aexit__(None, None, None)
+    assert limiter.has_room

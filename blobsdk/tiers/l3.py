@@ -37,7 +37,7 @@ import msgspec
 from .._http import HttpEndpoint
 from .._rawget import RawGetEndpoint
 from ..errors import BadRequest, BlobError, Unavailable
-from ..hedge import HedgeConfig, HedgeExhausted, Hedger
+from ..hedge import HedgeConfig, HedgeExhausted, Hedger, in_service, queued
 from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..sources.base import validate_block_id
@@ -162,7 +162,10 @@ class L3Tier:
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         begun = time.perf_counter()
         try:
-            raw = await self.hedger.run(self.candidates(ref.key), partial(self._fetch_from, ref, decode), failover=_is_blob_error)
+            raw = await self.hedger.run(
+                self.candidates(ref.key), partial(self._fetch_from, ref, decode), failover=_is_blob_error,
+                ready=self.limiters.has_room,
+            )
         except HedgeExhausted:
             self.stats.misses += 1
             return None
@@ -223,7 +226,9 @@ class L3Tier:
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = memoryview(bytearray(ref.length))
+        queued()
         async with self.limiters.get(url).acquire(size=ref.length) as permit:
+            in_service()
             headers = await self._reads[url].get_into(route, buf, permit=permit)
         return buf, headers.get(CACHE_HEADER.lower(), "")
 

@@ -13,6 +13,7 @@ from functools import partial
 
 from ..errors import BlobError, BlockNotFound, CorruptData, Unavailable
 from ..hedge import HedgeConfig, HedgeExhausted, Hedger
+from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..sources.base import BlockStore
 from ..stats import TierStats
@@ -31,10 +32,18 @@ class L4Tier:
 
     name = "l4"
 
-    def __init__(self, blocks: BlockStore, stats: TierStats | None = None, *, hedge: HedgeConfig | None = None) -> None:
+    def __init__(
+        self,
+        blocks: BlockStore,
+        stats: TierStats | None = None,
+        *,
+        hedge: HedgeConfig | None = None,
+        limiters: LimiterRegistry | None = None,
+    ) -> None:
         self.blocks = blocks
         self.stats = stats if stats is not None else TierStats()
         self.hedger = Hedger(hedge)
+        self._limiters = limiters if limiters is not None else LimiterRegistry()
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview:
         """The verified raw bytes of ``ref`` (never None: L4 raises instead)."""
@@ -47,7 +56,9 @@ class L4Tier:
         begun = time.perf_counter()
         attempt = partial(self._read_copy, ref, decode)
         try:
-            stored, raw = await self.hedger.run(self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover)
+            stored, raw = await self.hedger.run(
+                self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover, ready=self._has_room
+            )
         except HedgeExhausted as exc:
             self.stats.misses += 1
             raise give_up(ref, [error for _, error in exc.failures]) from exc
@@ -67,6 +78,10 @@ class L4Tier:
             return ranked
         limit = SLOW_FACTOR * min(known)
         return sorted(ranked, key=lambda r: (self.hedger.latency.estimate(r.name) or 0.0) > limit)
+
+    def _has_room(self, replica: BlockStore) -> bool:
+        """A hedge goes only to a replica whose concurrency limit has a free slot."""
+        return self._limiters.has_room(replica.name)
 
     async def _read_copy(self, ref: ChunkRef, decode: Decoder, replica: BlockStore) -> tuple[bytearray, memoryview]:
         """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
