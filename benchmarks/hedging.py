@@ -87,7 +87,9 @@ async def _scenario(report: Report, scenario: str, urls: list[str], batches: int
             for policy, config in POLICIES.items():
                 if (scenario, policy) in SKIP:
                     continue
-                tier = L4Tier(blocks, hedge=config, limiters=limiters)
+                # "duplicate" is the plain baseline: both copies at once, never waiting for room
+                gate = None if policy == "duplicate" else limiters
+                tier = L4Tier(blocks, hedge=config, limiters=gate)
                 await _batches(tier, refs, 20)  # warm connections and latency estimates
                 before = tier.hedger.stats()
                 times = await _batches(tier, refs, batches)

@@ -110,7 +110,7 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_delay_ms: float = 500.0  # also the delay while nothing has been measured yet
     quantile: float = 0.95
     budget_ratio: float = 0.05  # hedges earned per primary request
-    budget_burst: float = 10.0  # token bucket capacity (it starts full)
+    budget_burst: float = 50.0  # token bucket capacity (it starts full): a fan-out's worth of hedges
     max_parallel: int = 2  # attempts in flight per request
     window: int = 128  # recent latencies kept per target
 
