@@ -405,9 +405,10 @@ class _Race(Generic[T, R]):
         try:
             value = await self._attempt(candidate)
         except asyncio.CancelledError:
-            # A loser ran at least this long: keeping that (censored) sample stops the
-            # estimate from learning only the fast winners and hedging ever earlier.
-            self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - mark.begun)
+            # A loser in service at least this long: keeping that (censored) sample stops
+            # the estimate from learning only the fast winners and hedging ever earlier.
+            if mark.serving:
+                self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - mark.begun)
             raise
         except Exception as exc:  # noqa: BLE001 - the race decides; CancelledError is no Exception
             return _Outcome(error=exc)
