@@ -55,9 +55,9 @@ class _Reply:
 class _Conn(asyncio.BufferedProtocol):
     """One HTTP/1.1 connection, one GET at a time.
 
-    States: between GETs ``_done`` is None.  A GET sets ``_done`` and ``_want_body``; while
-    the head is incomplete bytes go to a scratch buffer; once it is parsed, ``get_buffer``
-    hands out the rest of the body's destination, so the body lands there directly.
+    States: between GETs ``_done`` is None.  A GET sets ``_done``; while the head is
+    incomplete, bytes go to a scratch buffer; once it is parsed, ``get_buffer`` hands out
+    the rest of the body's destination, so the body lands there directly.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
