@@ -32,7 +32,8 @@ import aiohttp
 
 from ._http import error_for, report_overload
 from .errors import Unavailable
-from .limiter import Permit
+from .hedge import in_service, queued
+from .limiter import AdaptiveLimiter, Permit
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20
@@ -239,16 +240,27 @@ class RawGetEndpoint:
         *,
         expect: int = 200,
         headers: Mapping[str, str] | None = None,
-        permit: Permit | None = None,
+        limiter: AdaptiveLimiter | None = None,
     ) -> dict[str, str]:
         """GET ``route``; its body (exactly ``out.nbytes``, status ``expect``) lands in
         ``out``.  Returns the reply's headers (lower-case names).  An error reply raises the
-        blobsdk error it encodes (``permit`` is told of overload); anything else that is not
-        the reply expected raises Unavailable."""
+        blobsdk error it encodes; anything else that is not the reply expected raises
+        Unavailable.  With ``limiter``, the GET waits for a permit first (a hedged attempt
+        counts as queued meanwhile, see ``hedge.queued``) and overload replies cut it."""
         if out.readonly:
             raise ValueError("out must be a writable buffer")
         if self._closed:
             raise Unavailable(f"{self.base_url}: endpoint closed")
+        if limiter is None:
+            return await self._get(route, out, expect, headers, None)
+        queued()
+        async with limiter.acquire(size=out.nbytes) as permit:
+            in_service()
+            return await self._get(route, out, expect, headers, permit)
+
+    async def _get(
+        self, route: str, out: memoryview, expect: int, headers: Mapping[str, str] | None, permit: Permit | None
+    ) -> dict[str, str]:
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
         request = f"GET {self._prefix}{route} HTTP/1.1\r\n{self._common}{extra}\r\n".encode("latin-1")
         url = self.base_url + route

@@ -173,6 +173,12 @@ class Server:
         finally:
             writer.close()
 
+    async def answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> None:
+        """Read one request (recorded in ``heads``) and send ``answer``."""
+        self.heads.append(await read_head(reader))
+        writer.write(answer)
+        await writer.drain()
+
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes, index: int) -> None:
         """Answer every request on this connection with ``answer`` until the client closes."""
         while head := await read_head(reader):
@@ -360,9 +366,7 @@ async def test_bytes_arriving_between_replies_close_the_idle_connection() -> Non
     async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         if index > 0:
             return await server.serve(reader, writer, GOOD, index)
-        server.heads.append(await read_head(reader))
-        writer.write(GOOD)
-        await writer.drain()
+        await server.answer_one(reader, writer, GOOD)
         await asyncio.sleep(0.02)
         writer.write(b"HTTP/1.1 200 OK\r\n")  # nobody asked
         await writer.drain()
@@ -483,9 +487,7 @@ async def test_after_an_error_reply_the_same_connection_serves_the_next_get() ->
     async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         error = reply(404, encode(ErrorBody(code="not_found", message="no blob /a")), reason="Not Found")
         for answer in (error, GOOD):
-            server.heads.append(await read_head(reader))
-            writer.write(answer)
-            await writer.drain()
+            await server.answer_one(reader, writer, answer)
         await wait_eof(reader)
 
     async with Server(handler) as server, endpoint(server.url) as ep:
@@ -525,8 +527,7 @@ async def test_a_503_without_body_is_unavailable_and_backs_the_limiter_off() -> 
     lim = limiter()
     async with Server(answering(reply(503, reason="Service Unavailable"))) as server, endpoint(server.url) as ep:
         with raises_exactly(Unavailable, f"{server.url}{ROUTE}: HTTP 503"):
-            async with lim.acquire() as permit:
-                await get(ep, permit=permit)
+            await get(ep, limiter=lim)
     assert lim.limit == 8 < lim.config.initial
     assert lim.stats()["drops"] == 1 and lim.in_flight == 0
 
@@ -535,8 +536,7 @@ async def test_a_429_without_body_backs_the_limiter_off() -> None:
     lim = limiter()
     async with Server(answering(reply(429, reason="Too Many Requests"))) as server, endpoint(server.url) as ep:
         with raises_exactly(Unavailable, f"{server.url}{ROUTE}: HTTP 429"):
-            async with lim.acquire() as permit:
-                await get(ep, permit=permit)
+            await get(ep, limiter=lim)
     assert lim.limit == 8 and lim.stats()["drops"] == 1
 
 
@@ -545,8 +545,7 @@ async def test_a_429_quota_exceeded_does_not_back_the_limiter_off() -> None:
     quota = reply(429, encode(ErrorBody(code="quota_exceeded", message="tenant t is over 1 GiB")), reason="Too Many Requests")
     async with Server(answering(quota)) as server, endpoint(server.url) as ep:
         with raises_exactly(QuotaExceeded, "tenant t is over 1 GiB"):
-            async with lim.acquire() as permit:
-                await get(ep, permit=permit)
+            await get(ep, limiter=lim)
     assert lim.limit == 16
     assert lim.stats()["drops"] == 0 and lim.stats()["ignored"] == 1
 
@@ -556,8 +555,7 @@ async def test_a_404_does_not_back_the_limiter_off() -> None:
     missing = reply(404, encode(ErrorBody(code="not_found", message="gone")), reason="Not Found")
     async with Server(answering(missing)) as server, endpoint(server.url) as ep:
         with raises_exactly(BlobNotFound, "gone"):
-            async with lim.acquire() as permit:
-                await get(ep, permit=permit)
+            await get(ep, limiter=lim)
     assert lim.limit == 16 and lim.stats()["drops"] == 0
 
 
@@ -631,8 +629,7 @@ async def test_a_timeout_backs_the_limiter_off() -> None:
     timeout = aiohttp.ClientTimeout(total=5.0, connect=1.0, sock_read=0.1)
     async with Server(silent) as server, endpoint(server.url, timeout=timeout) as ep:
         with raises_exactly(Unavailable, f"GET {server.url}{ROUTE}: timed out waiting for the server") as info:
-            async with lim.acquire() as permit:
-                await get(ep, permit=permit)
+            await get(ep, limiter=lim)
     assert isinstance(info.value.__cause__, TimeoutError)
     assert lim.stats()["drops"] == 1 and lim.limit == 8  # as aiohttp's timeouts did before _rawget
 
@@ -642,9 +639,7 @@ async def test_a_timeout_backs_the_limiter_off() -> None:
 
 async def test_an_idle_connection_the_server_closed_is_replaced() -> None:
     async def once(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-        server.heads.append(await read_head(reader))
-        writer.write(GOOD)
-        await writer.drain()  # and hang up
+        await server.answer_one(reader, writer, GOOD)  # and hang up
 
     async with Server(once) as server, endpoint(server.url) as ep:
         assert await get(ep) == (b"0123456789", {"content-length": "10"})
@@ -657,9 +652,7 @@ async def test_a_reused_connection_closed_as_the_get_went_out_is_retried_once() 
     async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         if index > 0:
             return await server.serve(reader, writer, GOOD, index)
-        server.heads.append(await read_head(reader))
-        writer.write(GOOD)
-        await writer.drain()
+        await server.answer_one(reader, writer, GOOD)
         server.heads.append(await read_head(reader))  # the second GET arrives, and is dropped
 
     async with Server(handler) as server, endpoint(server.url) as ep:

@@ -18,7 +18,6 @@ from aiohttp.payload import Payload
 
 from .._http import HttpEndpoint
 from .._rawget import RawGetEndpoint
-from ..hedge import in_service, queued
 from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
@@ -62,10 +61,7 @@ class HttpBlockStore:
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}"}
-        queued()
-        async with self.limiter.acquire(size=view.nbytes) as permit:
-            in_service()
-            await self._reads.get_into(_route(block_id), view, expect=206, headers=headers, permit=permit)
+        await self._reads.get_into(_route(block_id), view, expect=206, headers=headers, limiter=self.limiter)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         buf = bytearray(_check_span(block_id, offset, length))

@@ -37,7 +37,7 @@ import msgspec
 from .._http import HttpEndpoint
 from .._rawget import RawGetEndpoint
 from ..errors import BadRequest, BlobError, Unavailable
-from ..hedge import HedgeConfig, HedgeExhausted, Hedger, in_service, queued
+from ..hedge import HedgeConfig, HedgeExhausted, Hedger
 from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..sources.base import validate_block_id
@@ -226,10 +226,7 @@ class L3Tier:
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = memoryview(bytearray(ref.length))
-        queued()
-        async with self.limiters.get(url).acquire(size=ref.length) as permit:
-            in_service()
-            headers = await self._reads[url].get_into(route, buf, permit=permit)
+        headers = await self._reads[url].get_into(route, buf, limiter=self.limiters.get(url))
         return buf, headers.get(CACHE_HEADER.lower(), "")
 
     def _count_source(self, served_from: str) -> None:
