@@ -25,22 +25,17 @@ Semantics every engine holds (tests/cache/conformance.py checks them):
 
 from __future__ import annotations
 
-import re
 from typing import Protocol, runtime_checkable
 
-from ..errors import BadRequest
+from .._ids import validate_hex32
 
 Buffer = bytes | bytearray | memoryview
 
 DEFAULT_TENANT = "default"
 
-_KEY = re.compile(r"[0-9a-f]{32}")
-
 
 def validate_key(key: object) -> str:
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise BadRequest(f"invalid chunk key {key!r}: want 32 lowercase hex digits")
-    return key
+    return validate_hex32(key, "chunk key")
 
 
 @runtime_checkable

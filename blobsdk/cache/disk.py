@@ -42,6 +42,7 @@ from typing import Any, NamedTuple, Self, TypeVar
 
 import xxhash
 
+from .._ids import is_hex32
 from ..errors import ClientClosed, Unavailable
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
@@ -56,7 +57,6 @@ _HEAD_READ = _HEAD.size + 255  # the fixed part and the longest tenant name in o
 _TMP_SUFFIX = ".tmp"
 _TEMP_GRACE = 60.0  # a younger temp file may belong to a live writer in another process
 _ATIME_REFRESH = 60.0  # seconds; bounds the inode writes that persisting the LRU costs
-_KEY_NAME = re.compile(r"[0-9a-f]{32}")
 _SHARD_NAME = re.compile(r"[0-9a-f]{2}")
 
 
@@ -479,7 +479,7 @@ def _scan_shard(shard: str, *, token: str, times: _FileTimes) -> tuple[list[Entr
     damaged = 0
     with os.scandir(shard) as entries:
         for dirent in entries:
-            if _KEY_NAME.fullmatch(dirent.name) and dirent.name.startswith(os.path.basename(shard)):
+            if is_hex32(dirent.name) and dirent.name.startswith(os.path.basename(shard)):
                 try:
                     found.append(_with_file(dirent.path, dirent.name, partial(_inspect, times=times)))
                 except _Damaged:

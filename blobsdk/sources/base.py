@@ -22,17 +22,14 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from ..errors import BadRequest
+from .._ids import validate_hex32
 from ..wire import BlockInfo
 
 Buffer = bytes | bytearray | memoryview
-
-_BLOCK_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def new_block_id() -> str:
@@ -41,9 +38,7 @@ def new_block_id() -> str:
 
 
 def validate_block_id(block_id: object) -> str:
-    if not isinstance(block_id, str) or not _BLOCK_ID.fullmatch(block_id):
-        raise BadRequest(f"invalid block id {block_id!r}: want 32 lowercase hex digits")
-    return block_id
+    return validate_hex32(block_id, "block id")
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ from typing import Any, Self, TypeVar
 
 import xxhash
 
+from .._ids import is_hex32
 from ..errors import (
     BlobError,
     BlockNotFound,
@@ -42,7 +43,6 @@ from .base import Buffer, block_time, validate_block_id
 T = TypeVar("T")
 
 _TMP_SUFFIX = ".tmp"
-_BLOCK_NAME = re.compile(r"[0-9a-f]{32}")
 _SHARD_NAME = re.compile(r"[0-9a-f]{2}")
 # os.writev takes at most IOV_MAX buffers per call.
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -406,7 +406,7 @@ def _scan_sync(root: Path) -> list[tuple[str, int]]:
     for shard in _subdirs(root):
         with os.scandir(shard) as entries:
             for entry in entries:
-                if _BLOCK_NAME.fullmatch(entry.name):
+                if is_hex32(entry.name):
                     with suppress(FileNotFoundError):  # deleted while we scan
                         found.append((entry.name, entry.stat().st_size))
     found.sort()
