@@ -26,6 +26,7 @@ from typing import TextIO
 
 import xxhash
 
+from ._progress import ProgressLine
 from .client import Client
 from .config import L2Config
 
@@ -151,10 +152,6 @@ async def _run(root: Path, size_mb: int, out: TextIO) -> DemoReport:
 
 
 async def _ingest(client: Client, samples: Sequence[Sample], out: TextIO) -> float:
-    from .cli import (
-        ProgressLine,  # the CLI's progress line; cli imports this module lazily
-    )
-
     progress = ProgressLine(out)
     start = time.perf_counter()
     await client.put_many(((s.path, s.generate()) for s in samples), progress=progress.update)

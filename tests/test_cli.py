@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cli import NO_STORE, ProgressLine
+from blobsdk._progress import ProgressLine
+from blobsdk.cli import NO_STORE
 from tests.helpers import ROOT
 
 
