@@ -38,7 +38,7 @@ from blobsdk.wire import (
     ScanResponse,
 )
 
-from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args
+from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import Handler, add_serve_args, base_app, read_body, reply, serve
 
 
@@ -51,7 +51,7 @@ def make_app(
 ) -> web.Application:
     """The API app over ``store``.  The app owns the store: it is closed on app cleanup.
     ``faults`` and ``admin_token``: see servers/_common/faults.py."""
-    app = base_app("blobsdk_api", token, faults=faults, admin_token=admin_token)
+    app = base_app("blobsdk_api", token, extensions=fault_extensions(faults, admin_token))
     app.middlewares.append(_value_errors_as_bad_request)
     api = _Api(store)
     app.router.add_post("/v1/plans", api.plans)

@@ -32,7 +32,7 @@ from blobsdk.errors import BadRequest, CorruptData
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import ListBlocksResponse
-from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args
+from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import METRICS_KEY, add_serve_args, base_app, reply, serve
 
 MiB = 1 << 20
@@ -272,7 +272,7 @@ def make_app(
         bandwidth=Bandwidth(bandwidth_mbps * 1e6),
         max_block_bytes=max_block_bytes,
     )
-    app = base_app("blobsdk_blockstore", token, faults=faults, admin_token=admin_token)
+    app = base_app("blobsdk_blockstore", token, extensions=fault_extensions(faults, admin_token))
     _install(app, server)
     return app
 

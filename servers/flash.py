@@ -73,7 +73,7 @@ from blobsdk.tiers.l3 import (
 )
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
-from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args
+from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import (
     METRICS_KEY,
     PUBLIC_ROUTES,
@@ -471,7 +471,7 @@ def make_app(
     ``config.block_urls`` (the caller keeps and closes it); ``clock`` drives the cache's TTL,
     hold and pins (tests); ``faults`` and ``admin_token``: see servers/_common/faults.py."""
     node = FlashNode(config, blocks=blocks, clock=clock)
-    app = base_app("blobsdk_flash", faults=faults, admin_token=admin_token)
+    app = base_app("blobsdk_flash", extensions=fault_extensions(faults, admin_token))
     app[FLASH_NODE] = node
     if node.tenants.required:  # else it would let everything through: skip its hop
         app.middlewares.append(node.tenants.middleware())

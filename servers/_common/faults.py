@@ -23,7 +23,7 @@ order, only for what it sets: lognormal, slow_fraction, error_rate, stall_rate,
 corrupt_rate (+ where), truncate_rate (+ where).  Requests sent one at a time therefore see
 the same faults on every run with the same seed.
 
-Switching it on (servers/_common/http.py wires these into every server)::
+Switching it on (every server's ``make_app`` passes :func:`fault_extensions` to ``base_app``)::
 
     --fault 'route=/v1/blocks;methods=GET;error_rate=10%;latency_ms=5'   (repeatable)
     --fault-seed 42
@@ -353,13 +353,14 @@ class FaultInjector:
     in flight keep what they drew.  With no rules the middleware costs one attribute check.
     """
 
-    def __init__(self, config: FaultConfig | None = None) -> None:
+    def __init__(self, config: FaultConfig | None = None, *, admin_token: str | None = None) -> None:
         self.injected: Counter[str] = Counter(dict.fromkeys(KINDS, 0))
         self.stalled = 0  # requests held by a stall right now
         self.config = FaultConfig()
         self._active: _Active | None = None
         self._damages: dict[int, _Damage] = {}  # id(request) -> body damage, while its handler runs
         self._closing = False
+        self._admin_token = admin_token
         self.configure(config or FaultConfig())
 
     def configure(self, config: FaultConfig) -> None:
@@ -369,9 +370,9 @@ class FaultInjector:
     def status(self) -> FaultStatus:
         return FaultStatus(config=self.config, injected=dict(self.injected), stalled=self.stalled)
 
-    def install(self, app: web.Application, admin_token: str | None) -> None:
-        """Hook into ``app`` (the caller puts :meth:`middleware` in its chain): stream
-        damage, stall release at shutdown, /metrics gauges, and /admin/faults if a token is given."""
+    def install(self, app: web.Application) -> None:
+        """Hook into ``app`` (base_app puts :meth:`middleware` in its chain): stream damage,
+        stall release at shutdown, /metrics gauges, and /admin/faults if there is an admin token."""
         app[FAULTS_KEY] = self
         app.on_response_prepare.append(self._on_prepare)
         app.on_shutdown.append(self._release_stalls)
@@ -379,8 +380,8 @@ class FaultInjector:
         for kind in KINDS:
             gauges[f"faults_{kind}"] = lambda kind=kind: self.injected[kind]
         gauges["faults_stalled_now"] = lambda: self.stalled
-        if admin_token:
-            _Admin(self, admin_token).mount(app)
+        if self._admin_token:
+            _Admin(self, self._admin_token).mount(app)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -450,6 +451,15 @@ def _connected(request: web.Request) -> bool:
 
 
 FAULTS_KEY = web.AppKey("faults", FaultInjector)
+
+
+def fault_extensions(config: FaultConfig | None, admin_token: str | None) -> list[FaultInjector]:
+    """What a server passes to ``base_app(extensions=...)``: an injector if ``config`` or
+    ``admin_token`` is given (the admin token also mounts /admin/faults), else nothing, so a
+    server nobody asked to fault has no fault middleware at all."""
+    if config is None and not admin_token:
+        return []
+    return [FaultInjector(config, admin_token=admin_token)]
 
 
 class _Admin:

@@ -8,18 +8,16 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from blobsdk.errors import BadRequest, BlobError, Unauthorized
 from blobsdk.wire import JSON, MSGPACK, ErrorBody
-
-if TYPE_CHECKING:
-    from servers._common.faults import FaultConfig
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -164,32 +162,39 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+class AppExtension(Protocol):
+    """What a server adds to :func:`base_app` beyond the shared pieces (fault injection:
+    ``servers._common.faults.fault_extensions``)."""
+
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Runs inside the metrics middleware (what it answers is counted), outside error
+        mapping and auth."""
+        ...
+
+    def install(self, app: web.Application) -> None:
+        """Hook into ``app`` once its routes and metrics are in place."""
+        ...
+
+
 def base_app(
     server: str,
     token: str | None = None,
     client_max_size: int = MAX_BODY_BYTES,
     *,
-    faults: FaultConfig | None = None,
-    admin_token: str | None = None,
+    extensions: Sequence[AppExtension] = (),
 ) -> web.Application:
-    """An Application with the shared middlewares and /healthz + /metrics routes.  With
-    ``faults`` or ``admin_token`` it also injects faults (servers/_common/faults.py); with
-    ``admin_token`` it mounts /admin/faults."""
-    from servers._common.faults import FaultInjector  # faults builds on this module
-
+    """An Application with the shared middlewares, /healthz + /metrics routes and the
+    caller's ``extensions``."""
     metrics = Metrics(server)
-    injector = FaultInjector(faults) if faults is not None or admin_token else None
-    middlewares = [metrics.middleware, errors_middleware]
+    middlewares: list[Middleware] = [metrics.middleware, *(e.middleware for e in extensions), errors_middleware]
     if token:  # no token, no middleware: every request passes through each one
         middlewares.append(auth_middleware(token))
-    if injector is not None:
-        middlewares.insert(1, injector.middleware)  # inside metrics: injected faults are counted
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app[METRICS_KEY] = metrics
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics.handle)
-    if injector is not None:
-        injector.install(app, admin_token)
+    for extension in extensions:
+        extension.install(app)
     return app
 
 
