@@ -35,7 +35,7 @@ from blobsdk._http import new_session
 from blobsdk.config import Timeouts
 from blobsdk.hedge import HedgeConfig
 from blobsdk.limiter import LimiterRegistry
-from blobsdk.readpath import decode_chunk
+from blobsdk.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
 
 from .config import Timeouts
-from .errors import BlobError, QuotaExceeded, Unavailable, error_from_code
+from .errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
 from .limiter import Permit
 from .wire import MSGPACK, ErrorBody, encode
 
@@ -48,35 +48,52 @@ class HttpEndpoint:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    async def call(self, method: str, route: str, body: Any, kind: type[T]) -> T:
+    async def call(self, method: str, route: str, body: Any, kind: type[T], **kwargs: Any) -> T:
         """Send a msgpack body, decode a msgpack answer into ``kind``."""
         data = None if body is None else io.BytesIO(encode(body))  # bytes > 1 MiB make aiohttp warn
         headers = self.headers if data is None else {**self.headers, "Content-Type": MSGPACK}
-        async with self.request(method, route, data=data, headers=headers) as resp:
-            payload = await resp.read()
+        payload = await self.read(method, route, data=data, headers=headers, **kwargs)
         try:
             return msgspec.msgpack.decode(payload, type=kind)
         except msgspec.DecodeError as exc:
             raise Unavailable(f"{self.base_url}{route}: malformed response: {exc}") from exc
 
+    async def read(self, method: str, route: str, **kwargs: Any) -> bytes:
+        """A request's whole answer body (non-2xx answers raised as blobsdk errors)."""
+        url = self.base_url + route
+        async with self.request(method, route, **kwargs) as resp:
+            try:
+                return await resp.read()
+            except TimeoutError as exc:  # aiohttp's total timeout, while the body arrived
+                raise TimedOut(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+
     @asynccontextmanager
     async def request(
-        self, method: str, route: str, *, headers: Mapping[str, str] | None = None, permit: Permit | None = None, **kwargs: Any
+        self, method: str, route: str, *, headers: Mapping[str, str] | None = None, **kwargs: Any
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """A raw request whose non-2xx answers are raised as blobsdk errors.  ``permit``:
-        the concurrency-limiter slot this request holds, told when the server is overloaded."""
+        """A raw request whose non-2xx answers are raised as blobsdk errors.  What goes
+        wrong while it is sent and answered is translated into the blobsdk tree; inside the
+        caller's block only aiohttp's own errors are (reading the body), never the
+        caller's."""
         url = self.base_url + route
-        try:
-            async with self.session.request(method, url, headers=headers or self.headers, **kwargs) as resp:
+        async with AsyncExitStack() as stack:
+            try:
+                resp = await stack.enter_async_context(self.session.request(method, url, headers=headers or self.headers, **kwargs))
                 if resp.status >= 400:
-                    error = await _error_of(resp, url)
-                    report_overload(permit, resp.status, error)
-                    raise error
+                    raise await _error_of(resp, url)
+            except BlobError:
+                raise  # some are OSErrors too (BlobNotFound, Unauthorized)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise _translated(method, url, exc) from exc
+            try:
                 yield resp
-        except BlobError:
-            raise
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            except aiohttp.ClientError as exc:
+                raise _translated(method, url, exc) from exc
+
+
+def _translated(method: str, url: str, exc: BaseException) -> Unavailable:
+    cls = TimedOut if isinstance(exc, TimeoutError) else Unavailable
+    return cls(f"{method} {url}: {type(exc).__name__}: {exc}")
 
 
 async def _error_of(resp: aiohttp.ClientResponse, url: str) -> BlobError:
@@ -87,7 +104,7 @@ def report_overload(permit: Permit | None, status: int, error: BlobError) -> Non
     """Tell a request's concurrency-limiter slot that the server said it is overloaded (a
     tenant's byte quota is not overload)."""
     if permit is not None and status in OVERLOAD_STATUSES and not isinstance(error, QuotaExceeded):
-        permit.dropped()
+        permit.overloaded()
 
 
 def error_for(status: int, body: bytes, url: str) -> BlobError:

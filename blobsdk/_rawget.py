@@ -31,9 +31,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ._http import error_for, report_overload
-from .errors import Unavailable
-from .hedge import in_service, queued
-from .limiter import AdaptiveLimiter, Permit
+from .errors import BadRequest, TimedOut, Unavailable
+from .limiter import Permit
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20
@@ -240,34 +239,27 @@ class RawGetEndpoint:
         *,
         expect: int = 200,
         headers: Mapping[str, str] | None = None,
-        limiter: AdaptiveLimiter | None = None,
+        permit: Permit | None = None,
     ) -> dict[str, str]:
         """GET ``route``; its body (exactly ``out.nbytes``, status ``expect``) lands in
         ``out``.  Returns the reply's headers (lower-case names).  An error reply raises the
         blobsdk error it encodes; anything else that is not the reply expected raises
-        Unavailable.  With ``limiter``, the GET waits for a permit first (a hedged attempt
-        counts as queued meanwhile, see ``hedge.queued``) and overload replies cut it."""
+        Unavailable.  ``permit``: the concurrency-limiter slot this GET holds; it is told
+        when the server sheds the GET (429/503: ``overloaded``) or the GET times out
+        (connect, ``sock_read`` or ``total``: ``dropped``)."""
         if out.readonly:
-            raise ValueError("out must be a writable buffer")
+            raise BadRequest("out must be a writable buffer")
         if self._closed:
             raise Unavailable(f"{self.base_url}: endpoint closed")
-        if limiter is None:
-            return await self._get(route, out, expect, headers, None)
-        queued()
-        async with limiter.acquire(size=out.nbytes) as permit:
-            in_service()
-            return await self._get(route, out, expect, headers, permit)
-
-    async def _get(
-        self, route: str, out: memoryview, expect: int, headers: Mapping[str, str] | None, permit: Permit | None
-    ) -> dict[str, str]:
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
         request = f"GET {self._prefix}{route} HTTP/1.1\r\n{self._common}{extra}\r\n".encode("latin-1")
         url = self.base_url + route
         try:
             reply, conn = await self._exchange(request, out, expect, asyncio.get_running_loop().time())
         except Unavailable as exc:
-            raise Unavailable(f"GET {url}: {exc}") from exc.__cause__
+            if permit is not None and isinstance(exc, TimedOut):
+                permit.dropped()
+            raise type(exc)(f"GET {url}: {exc}") from exc.__cause__
         if reply.status == expect:
             return reply.headers
         raise self._refusal(reply, conn.error_body(), url, permit)
@@ -312,7 +304,9 @@ class RawGetEndpoint:
         try:
             async with asyncio.timeout(self._connect_s):
                 _, conn = await loop.create_connection(lambda: _Conn(loop), self._host, self._port, ssl=self._ssl)
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            raise TimedOut(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
             raise Unavailable(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
         return conn, False
 
@@ -370,8 +364,8 @@ class _Deadline:
         if when is not None and when > self._loop.time():
             self._handle = self._loop.call_at(when, self._fire)
             return
-        error = Unavailable("timed out waiting for the server")
-        error.__cause__ = TimeoutError()  # what a concurrency limiter counts as a drop
+        error = TimedOut("timed out waiting for the server")
+        error.__cause__ = TimeoutError()  # for the reader of a traceback
         self._conn.fail(error)
 
     def cancel(self) -> None:

@@ -35,7 +35,7 @@ from ._progress import ProgressLine
 from .client import Client
 from .config import ClientConfig
 from .demo import run_demo
-from .errors import BlobError, InvalidPath
+from .errors import BadRequest, BlobError, InvalidPath
 from .paths import validate_path, validate_prefix
 from .sources.base import Buffer
 
@@ -342,11 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(_dispatch(args))
+    except BadRequest as exc:  # an argument the client refused (e.g. gc --grace too short)
+        return _fail(exc, 2)
     except BlobError as exc:
         return _fail(exc, 1)
     except UsageError as exc:
         return _fail(exc, 2)
-    except ValueError as exc:  # an argument the client refused (e.g. gc --grace too short)
+    except ValueError as exc:  # a setting the client refused
         return _fail(exc, 2)
     except OSError as exc:  # a local file: missing, unreadable, unwritable
         return _fail(exc, 1)

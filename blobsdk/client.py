@@ -14,8 +14,6 @@ import threading
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
-    Awaitable,
-    Callable,
     Coroutine,
     Iterable,
     Iterator,
@@ -24,16 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import aiohttp
 
 from . import gc as gc_module
 from ._http import new_session
+from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
-from .config import ClientConfig, L1Config, L2Config, L3Config, ReadConfig, WriteConfig
+from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import ClientClosed
-from .hedge import HedgeConfig
 from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
@@ -43,6 +41,9 @@ from .sources.base import BlockStore, Buffer
 from .stats import TierStats
 from .tiers.base import Tier
 from .tiers.l1 import L1Tier
+from .tiers.l2 import L2Tier
+from .tiers.l3 import L3Tier
+from .tiers.l4 import L4Tier
 from .wire import BlobInfo
 from .writer import Progress, Writer
 
@@ -51,43 +52,81 @@ Item = tuple[str, Buffer]
 
 
 @dataclass(frozen=True)
-class _Backends:
+class Backends:
+    """A client's open stores, and in cluster mode what its remote tiers share."""
+
     metadata: MetadataStore
     blocks: BlockStore
     session: aiohttp.ClientSession | None = None  # cluster mode: the one shared session
     limiters: LimiterRegistry | None = None  # cluster mode: one adaptive limit per endpoint
 
 
-Opener = Callable[[AsyncExitStack], Awaitable[_Backends]]
+class Stores(Protocol):
+    """Where a client's metadata and blocks are: ``open`` opens them, putting everything it
+    opens on ``stack`` (closed with the client)."""
+
+    async def open(self, stack: AsyncExitStack) -> Backends: ...
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Settings:
-    """What a client needs besides its backends (from ClientConfig, or Client.local's args)."""
+class ClusterStores:
+    """The API server and block servers that ``config`` names (ValueError if none)."""
 
-    write: WriteConfig = WriteConfig()
-    read: ReadConfig = ReadConfig()
-    l1: L1Config = L1Config()
-    l2: L2Config | None = None
-    l3: L3Config = L3Config()
-    l3_urls: tuple[str, ...] = ()
-    hedge: HedgeConfig = HedgeConfig()
-    token: str | None = None
+    def __init__(self, config: ClientConfig) -> None:
+        if config.api_url is None or not config.block_urls:
+            raise ValueError("no stores configured: need api_url and block_urls (or use Client.local(DIR))")
+        self.config = config
+        self.api_url = config.api_url
+
+    async def open(self, stack: AsyncExitStack) -> Backends:
+        from .metadata.http import HttpMetadataStore
+        from .sources.http import HttpBlockStore
+        from .sources.replicated import ReplicatedBlockStore
+
+        cfg = self.config
+        session = await stack.enter_async_context(new_session(cfg.timeouts))
+        limiters = LimiterRegistry(cfg.limiter)
+        metadata = HttpMetadataStore(session, self.api_url, cfg.token)
+        replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
+        blocks = await stack.enter_async_context(ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum))
+        return Backends(metadata, blocks, session, limiters)
+
+
+class LocalStores:
+    """Embedded: SQLite metadata in ``root/meta.sqlite``, blocks in ``root/blocks``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    async def open(self, stack: AsyncExitStack) -> Backends:
+        from .metadata.sqlite import SqliteMetadataStore
+        from .sources.local import LocalBlockStore
+
+        await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
+        metadata = await stack.enter_async_context(SqliteMetadataStore(self.root / "meta.sqlite"))
+        blocks = await stack.enter_async_context(LocalBlockStore(self.root / "blocks"))
+        return Backends(metadata, blocks)
+
+
+class GivenStores:
+    """Stores the caller built, opened and closes."""
+
+    def __init__(self, metadata: MetadataStore, blocks: BlockStore) -> None:
+        self.backends = Backends(metadata, blocks)
+
+    async def open(self, stack: AsyncExitStack) -> Backends:
+        return self.backends
 
 
 class Client:
-    """The async blobsdk client.  Use as ``async with Client(config) as c:``."""
+    """The async blobsdk client.  Use as ``async with Client(config) as c:``.
 
-    def __init__(self, config: ClientConfig) -> None:
-        self.config: ClientConfig | None = config
-        settings = _Settings(
-            write=config.write, read=config.read, l1=config.l1, l2=config.l2, l3=config.l3, l3_urls=config.l3_urls, hedge=config.hedge, token=config.token
-        )
-        self._setup(self._open_cluster, settings)
+    ``config`` sets everything but where the stores are, which ``stores`` says (default:
+    the servers ``config`` names); :meth:`local` and :meth:`from_stores` are the other two.
+    """
 
-    def _setup(self, opener: Opener, settings: _Settings) -> None:
-        self._opener = opener
-        self._settings = settings
+    def __init__(self, config: ClientConfig, *, stores: Stores | None = None) -> None:
+        self.config = config
+        self._stores = stores if stores is not None else ClusterStores(config)
         self._stack: AsyncExitStack | None = None
         self._state: _Open | None = None
 
@@ -103,18 +142,7 @@ class Client:
     ) -> Client:
         """Embedded client: SQLite metadata in ``root/meta.sqlite``, blocks in ``root/blocks``;
         L1 in memory and, if ``l2`` is given, an L2 directory."""
-        root = Path(root)
-
-        async def open_local(stack: AsyncExitStack) -> _Backends:
-            from .metadata.sqlite import SqliteMetadataStore
-            from .sources.local import LocalBlockStore
-
-            await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
-            metadata = await stack.enter_async_context(SqliteMetadataStore(root / "meta.sqlite"))
-            blocks = await stack.enter_async_context(LocalBlockStore(root / "blocks"))
-            return _Backends(metadata, blocks)
-
-        return cls._with_opener(open_local, _Settings(write=write, read=read, l1=l1, l2=l2))
+        return cls(ClientConfig(write=write, read=read, l1=l1, l2=l2), stores=LocalStores(root))
 
     @classmethod
     def from_stores(
@@ -128,33 +156,7 @@ class Client:
         l2: L2Config | None = None,
     ) -> Client:
         """A client over stores the caller built (and closes)."""
-
-        async def given(stack: AsyncExitStack) -> _Backends:
-            return _Backends(metadata, blocks)
-
-        return cls._with_opener(given, _Settings(write=write, read=read, l1=l1, l2=l2))
-
-    @classmethod
-    def _with_opener(cls, opener: Opener, settings: _Settings) -> Client:
-        client = cls.__new__(cls)
-        client.config = None
-        client._setup(opener, settings)
-        return client
-
-    async def _open_cluster(self, stack: AsyncExitStack) -> _Backends:
-        from .metadata.http import HttpMetadataStore
-        from .sources.http import HttpBlockStore
-        from .sources.replicated import ReplicatedBlockStore
-
-        cfg = self.config
-        assert cfg is not None
-        session = await stack.enter_async_context(new_session(cfg.timeouts))
-        limiters = LimiterRegistry(cfg.limiter)
-        metadata = HttpMetadataStore(session, cfg.api_url, cfg.token)
-        replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
-        blocks = ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
-        stack.push_async_callback(blocks.aclose)
-        return _Backends(metadata, blocks, session, limiters)
+        return cls(ClientConfig(write=write, read=read, l1=l1, l2=l2), stores=GivenStores(metadata, blocks))
 
     async def __aenter__(self) -> Self:
         if self._stack is not None:
@@ -162,8 +164,8 @@ class Client:
         stack = AsyncExitStack()
         try:
             executor = stack.enter_context(ThreadPoolExecutor(max_workers=4, thread_name_prefix="blobsdk"))
-            backends = await self._opener(stack)
-            self._state = await _Open.start(stack, backends, executor, self._settings)
+            backends = await self._stores.open(stack)
+            self._state = await _Open.start(stack, backends, executor, self.config)
         except BaseException:
             await stack.aclose()
             raise
@@ -221,16 +223,12 @@ class Client:
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds."""
         state = self._open
-        return await gc_module.collect(state.metadata, state.blocks, grace, self._settings.write.max_write_seconds, dry_run=dry_run)
+        return await gc_module.collect(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
 
     async def node_stats(self) -> dict[str, dict[str, object]]:
         """What the shared cache nodes report about themselves (``{"l3": {url: stats}}``)."""
-        out: dict[str, dict[str, object]] = {}
-        for tier in self._open.readpath.tiers:
-            node_stats = getattr(tier, "node_stats", None)
-            if node_stats is not None:
-                out[tier.name] = await node_stats()
-        return out
+        l3 = self._open.l3
+        return {} if l3 is None else {l3.name: await l3.node_stats()}
 
     async def flush(self) -> None:
         """Wait until every write-behind cache fill queued so far (L2) is on disk."""
@@ -247,23 +245,25 @@ class Client:
 class _Open:
     """What an open client holds: its stores, plan cache, tiers, read path and writer."""
 
-    def __init__(self, backends: _Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer) -> None:
+    def __init__(self, backends: Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer) -> None:
         self.blocks = backends.blocks
         self.limiters = backends.limiters
         self.plans = plans
         self.metadata = plans  # every metadata call goes through the plan cache
         self.readpath = readpath
         self.writer = writer
+        self.l3 = next((t for t in readpath.tiers if isinstance(t, L3Tier)), None)
 
     @classmethod
-    async def start(cls, stack: AsyncExitStack, backends: _Backends, executor: ThreadPoolExecutor, settings: _Settings) -> _Open:
-        read = settings.read
+    async def start(cls, stack: AsyncExitStack, backends: Backends, executor: ThreadPoolExecutor, config: ClientConfig) -> _Open:
+        read = config.read
         plans = CachedMetadataStore(
             backends.metadata, ttl_seconds=read.plan_cache_ttl_seconds, max_entries=read.plan_cache_entries
         )
-        readpath = ReadPath(await _tiers(backends, settings), executor, read.parallel_chunks)
-        stack.push_async_callback(readpath.aclose)
-        writer = Writer(plans, backends.blocks, settings.write, executor)
+        tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config)]
+        readpath = ReadPath(tiers, executor, read.parallel_chunks)
+        stack.push_async_callback(readpath.aclose)  # first out: no fetch outlives its tiers
+        writer = Writer(plans, backends.blocks, config.write, executor)
         return cls(backends, plans, readpath, writer)
 
     def stats(self) -> dict[str, dict[str, int | float]]:
@@ -279,45 +279,24 @@ class _Open:
 TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")
 
 
-async def _tiers(backends: _Backends, settings: _Settings) -> list[Tier]:
-    """The read path's tiers, top to bottom, for these settings (all closed again if one
-    of them cannot be built)."""
-    tiers: list[Tier] = []
-    try:
-        await _add_tiers(tiers, backends, settings)
-    except BaseException:
-        for tier in tiers:
-            await tier.aclose()
-        raise
-    return tiers
-
-
-async def _add_tiers(tiers: list[Tier], backends: _Backends, settings: _Settings) -> None:
-    from .tiers.l4 import L4Tier
-
-    if settings.l1.capacity_bytes > 0:
-        tiers.append(L1Tier(MemoryCache(settings.l1.capacity_bytes, ttl_seconds=settings.l1.ttl_seconds, name="l1")))
-    if settings.l2 is not None:
-        tiers.append(await _l2_tier(settings.l2))
-    if settings.l3_urls and backends.session is not None:
-        from .tiers.l3 import L3Tier
-
-        l3 = settings.l3
-        tiers.append(
-            L3Tier(
-                backends.session, settings.l3_urls, token=settings.token, replicas=l3.replicas,
-                down_seconds=l3.down_seconds, hedge=settings.hedge, limiters=backends.limiters,
-            )
+def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
+    """The read path's tiers, top to bottom, for ``config`` (each is entered by the caller,
+    as it is built, so a failure part-way closes the ones before it)."""
+    if config.l1.capacity_bytes > 0:
+        yield L1Tier(MemoryCache(config.l1.capacity_bytes, ttl_seconds=config.l1.ttl_seconds, name="l1"))
+    if config.l2 is not None:
+        yield _l2_tier(config.l2)
+    if config.l3_urls and backends.session is not None:
+        l3 = config.l3
+        yield L3Tier(
+            backends.session, config.l3_urls, token=config.token, replicas=l3.replicas,
+            down_seconds=l3.down_seconds, hedge=config.hedge, limiters=backends.limiters,
         )
-    tiers.append(L4Tier(backends.blocks, hedge=settings.hedge, limiters=backends.limiters))
+    yield L4Tier(backends.blocks, hedge=config.hedge, limiters=backends.limiters)
 
 
-async def _l2_tier(cfg: L2Config) -> Tier:
-    from .cache.disk import DiskCache
-    from .tiers.l2 import L2Tier
-
+def _l2_tier(cfg: L2Config) -> L2Tier:
     cache = DiskCache(cfg.dir, capacity_bytes=cfg.capacity_bytes, min_free_ratio=cfg.min_free_ratio, ttl_seconds=cfg.ttl_seconds, name="l2")
-    await cache.__aenter__()
     return L2Tier(cache)
 
 
@@ -331,8 +310,17 @@ class SyncClient:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def local(cls, root: str | Path, *, write: WriteConfig = WriteConfig(), read: ReadConfig = ReadConfig()) -> SyncClient:
-        return cls(Client.local(root, write=write, read=read))
+    def local(
+        cls,
+        root: str | Path,
+        *,
+        write: WriteConfig = WriteConfig(),
+        read: ReadConfig = ReadConfig(),
+        l1: L1Config = L1Config(),
+        l2: L2Config | None = None,
+    ) -> SyncClient:
+        """A blocking :meth:`Client.local`."""
+        return cls(Client.local(root, write=write, read=read, l1=l1, l2=l2))
 
     def __enter__(self) -> Self:
         loop = asyncio.new_event_loop()

@@ -66,10 +66,12 @@ class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything a cluster-mode :class:`blobsdk.Client` needs (``client.toml``)."""
+    """Everything a :class:`blobsdk.Client` needs (``client.toml``).  In cluster mode
+    ``api_url`` and ``block_urls`` name the servers; a client whose stores are given another
+    way (``Client.local``, ``Client.from_stores``) leaves them out."""
 
-    api_url: str
-    block_urls: tuple[str, ...]
+    api_url: str | None = None
+    block_urls: tuple[str, ...] = ()
     l3_urls: tuple[str, ...] = ()
     tracker_urls: tuple[str, ...] = ()
     token: str | None = None
@@ -83,10 +85,12 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     timeouts: Timeouts = Timeouts()
 
     def __post_init__(self) -> None:
-        if not self.block_urls:
+        if self.api_url is not None and not self.block_urls:
             raise ValueError("block_urls must name at least one L4 block server")
+        if self.block_urls and self.api_url is None:
+            raise ValueError("block_urls need an api_url (the metadata API server)")
         quorum = self.write.write_quorum
-        if quorum is not None and not 1 <= quorum <= len(self.block_urls):
+        if quorum is not None and self.block_urls and not 1 <= quorum <= len(self.block_urls):
             raise ValueError(
                 f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls"
             )
@@ -126,7 +130,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def to_toml(self) -> str:
         """Render as ``client.toml`` text: the top-level keys, ``[l1]``, and every other
         table whose settings differ from the defaults."""
-        lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS]
+        lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS if getattr(self, key) is not None]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
         for table in ("l1", "l2", "l3", "write", "read", "hedge", "limiter", "timeouts"):

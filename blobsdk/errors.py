@@ -6,18 +6,29 @@
      ├── InvalidPath           (also ValueError)          path breaks the rules of paths.py
      ├── PreconditionFailed    compare-and-swap on the version did not match
      ├── CorruptData           no tier could return bytes matching the chunk checksum
+     │    ├── BadCopy          one copy failed verification (the reader tries another copy)
+     │    ├── BadUpload        a chunk PUT body does not match its reference (422 on the wire)
+     │    └── RangeNotSatisfiable  a Range past the end of a block (416 on the wire)
      ├── QuotaExceeded         a tenant's byte quota would be exceeded
+     ├── InsufficientStorage   a cache node could not admit a chunk it was asked to store (507)
      ├── Unauthorized          (also PermissionError)     bad or missing bearer token
      ├── Unavailable           a server or quorum could not be reached in time
-     ├── BadRequest            (also ValueError)          a server rejected a malformed or oversized request
+     │    ├── TimedOut         a request got no (complete) answer within its deadline
+     │    ├── Overloaded       a server shed the request (429 on the wire)
+     │    └── HedgeExhausted   every candidate of a hedged read failed (``failures`` says how)
+     ├── BadRequest            (also ValueError)          a malformed or oversized request or argument
      └── ClientClosed          (also RuntimeError)        the client was used outside `async with`
 
+Subclasses whose ``code`` is their parent's travel as the parent (a client sees a 422
+BadUpload as CorruptData); the others map back to themselves.
 Backends translate foreign errors (aiohttp, sqlite3, OSError) at the boundary where they meet
 them: ``raise Unavailable(...) from exc``.  Servers send errors as ``ErrorBody(code, message)``
 and clients map ``code`` back to the same class with :func:`error_from_code`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class BlobError(Exception):
@@ -52,9 +63,32 @@ class CorruptData(BlobError):
     http_status = 502
 
 
+class BadCopy(CorruptData):
+    """One copy of a chunk failed verification (the caller tries another copy)."""
+
+
+class BadUpload(CorruptData):
+    """A PUT body that does not match its ChunkRef."""
+
+    http_status = 422
+
+
+class RangeNotSatisfiable(CorruptData):
+    """A Range past the end of the block: 416 on the wire, CorruptData for the client."""
+
+    http_status = 416
+
+
 class QuotaExceeded(BlobError):
     code = "quota_exceeded"
     http_status = 429
+
+
+class InsufficientStorage(BlobError):
+    """A cache could not store a chunk (larger than its capacity, disk full, pinned data)."""
+
+    code = "insufficient_storage"
+    http_status = 507
 
 
 class Unauthorized(BlobError, PermissionError):
@@ -65,6 +99,27 @@ class Unauthorized(BlobError, PermissionError):
 class Unavailable(BlobError):
     code = "unavailable"
     http_status = 503
+
+
+class TimedOut(Unavailable):
+    code = "timed_out"
+    http_status = 504
+
+
+class Overloaded(Unavailable):
+    """More requests than a server will queue: 429 on the wire, Unavailable for clients."""
+
+    http_status = 429
+
+
+class HedgeExhausted(Unavailable):
+    """Every candidate failed.  ``failures`` lists ``(candidate, error)`` in the order the
+    attempts failed; the tier maps this to its own error (e.g. CorruptData if a copy was
+    bad)."""
+
+    def __init__(self, message: str, failures: Sequence[tuple[object, BaseException]] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
 
 
 class BadRequest(BlobError, ValueError):
@@ -87,8 +142,10 @@ _BY_CODE: dict[str, type[BlobError]] = {
         PreconditionFailed,
         CorruptData,
         QuotaExceeded,
+        InsufficientStorage,
         Unauthorized,
         Unavailable,
+        TimedOut,
         BadRequest,
     )
 }

@@ -16,6 +16,7 @@ import time
 
 import msgspec
 
+from .errors import BadRequest
 from .metadata.base import MetadataStore
 from .sources.base import BlockStore, block_time
 
@@ -35,7 +36,7 @@ async def collect(
 ) -> GcReport:
     """Delete unreferenced blocks older than ``grace`` seconds; see the module docstring."""
     if grace <= max_write_seconds:
-        raise ValueError(f"grace ({grace}s) must exceed max_write_seconds ({max_write_seconds}s) so in-flight writes stay safe")
+        raise BadRequest(f"grace ({grace}s) must exceed max_write_seconds ({max_write_seconds}s) so in-flight writes stay safe")
     cutoff = time.time() - grace
     scanned, candidates = 0, {}
     async for block in blocks.list_blocks():

@@ -25,9 +25,9 @@ that returned, and of losers cancelled after they had run that long (a lower bou
 estimate does not learn only the fast winners); failed attempts are not samples, clamped to
 ``[min_delay_ms, max_delay_ms]``.  See :class:`LatencyTracker`.
 
-Never hedge into a queue: an attempt that waits in a client-side queue (its endpoint's
-concurrency permit) calls :func:`queued` and then :func:`in_service`; until then it is not
-hedged, and its latency and delay count from entering service, so reads waiting their
+Never hedge into a queue: each attempt is handed an :class:`Attempt`; one that waits in a
+client-side queue (its endpoint's concurrency permit) calls ``attempt.queued()`` and then
+``attempt.in_service()``; until then it is not hedged, and its latency and delay count from entering service, so reads waiting their
 turn in a burst are not taken for a slow server.  And ``run(..., ready=)`` says whether a
 candidate has room now (a free limiter slot): a hedge that is due waits, polling every
 ``min_delay_ms``, until its target has room, so a burst that saturates every replica
@@ -51,14 +51,13 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Generic, Literal, TypeVar
 
 import msgspec
 
 from ._tasks import task_group
-from .errors import BlobError, Unavailable
+from .errors import BlobError, HedgeExhausted
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -69,37 +68,31 @@ _REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
 Kind = Literal["primary", "hedge", "failover"]
 
 
-class _Mark:
-    """Whether the running attempt is in service, and since when (see :func:`queued`)."""
+class Attempt:
+    """What one attempt of a hedged request tells its hedger: whether it is in service, and
+    since when.  The hedger hands one to every attempt it starts; code below it that waits in
+    a client-side queue (for a concurrency permit) calls :meth:`queued` before the wait and
+    :meth:`in_service` after it.  Until then the attempt is not hedged, and its latency and
+    hedge delay count from :meth:`in_service`, so a read that waited its turn in this client
+    is never taken for a slow server.  An attempt that never calls them is in service from
+    its start."""
 
-    __slots__ = ("begun", "clock", "serving")
+    __slots__ = ("_clock", "begun", "serving")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.begun = clock()
         self.serving = True
 
+    def queued(self) -> None:
+        self.serving = False
 
-_ATTEMPT: ContextVar[_Mark | None] = ContextVar("blobsdk_hedge_attempt", default=None)
-
-
-def queued() -> None:
-    """Called by an attempt about to wait in a client-side queue (for a concurrency permit):
-    until :func:`in_service`, it is not hedged, and its latency and hedge delay then count
-    from that call, so a read that waited its turn in this client is never taken for a slow
-    server.  Attempts that never call it are in service from their start.  Both are no-ops
-    outside an attempt."""
-    mark = _ATTEMPT.get()
-    if mark is not None:
-        mark.serving = False
+    def in_service(self) -> None:
+        self.begun = self._clock()
+        self.serving = True
 
 
-def in_service() -> None:
-    """Called by an attempt past its client-side queue; see :func:`queued`."""
-    mark = _ATTEMPT.get()
-    if mark is not None:
-        mark.begun = mark.clock()
-        mark.serving = True
+AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
 
 
 class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -123,16 +116,6 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError(f"budget_ratio and budget_burst must be >= 0, got {self.budget_ratio}, {self.budget_burst}")
         if self.max_parallel < 1 or self.window < MIN_SAMPLES:
             raise ValueError(f"need max_parallel >= 1 and window >= {MIN_SAMPLES}, got {self.max_parallel}, {self.window}")
-
-
-class HedgeExhausted(Unavailable):
-    """Every candidate failed.  ``failures`` lists ``(candidate, error)`` in the order the
-    attempts failed; the tier maps this to its own error (e.g. CorruptData if a copy was
-    bad)."""
-
-    def __init__(self, message: str, failures: Sequence[tuple[object, BaseException]]) -> None:
-        super().__init__(message)
-        self.failures = list(failures)
 
 
 def is_failover(exc: BaseException) -> bool:
@@ -249,7 +232,7 @@ class Hedger:
     async def run(
         self,
         candidates: Sequence[T],
-        attempt: Callable[[T], Awaitable[R]],
+        attempt: AttemptFn[T, R],
         *,
         key_of: Callable[[T], str] = str,
         failover: Callable[[BaseException], bool] = is_failover,
@@ -269,7 +252,7 @@ class Hedger:
     async def _in_turn(
         self,
         candidates: Sequence[T],
-        attempt: Callable[[T], Awaitable[R]],
+        attempt: AttemptFn[T, R],
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
     ) -> R:
@@ -279,17 +262,14 @@ class Hedger:
         for candidate in candidates:
             if failures:
                 self.counts.failovers += 1
-            mark = _Mark(self.clock)
-            token = _ATTEMPT.set(mark)
+            mark = Attempt(self.clock)
             try:
-                value = await attempt(candidate)
+                value = await attempt(candidate, mark)
             except Exception as exc:
                 if not failover(exc):
                     raise
                 failures.append((candidate, exc))
                 continue
-            finally:
-                _ATTEMPT.reset(token)
             self.latency.record(key_of(candidate), self.clock() - mark.begun)
             return value
         raise exhausted(failures, key_of)
@@ -313,7 +293,7 @@ class _Race(Generic[T, R]):
         self,
         hedger: Hedger,
         candidates: Sequence[T],
-        attempt: Callable[[T], Awaitable[R]],
+        attempt: AttemptFn[T, R],
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
         ready: Callable[[T], bool] | None,
@@ -329,7 +309,7 @@ class _Race(Generic[T, R]):
         self._running: dict[asyncio.Task[_Outcome[R]], tuple[T, Kind]] = {}
         self._failures: list[tuple[T, BaseException]] = []
         self._hedging = hedger.config.enabled
-        self._armed: tuple[_Mark, float] | None = None  # the watched attempt, and its delay
+        self._armed: tuple[Attempt, float] | None = None  # the watched attempt, and its delay
         self._not_before = -math.inf  # a deferred hedge looks again no earlier than this
         self._tasks: asyncio.TaskGroup | None = None
 
@@ -383,12 +363,12 @@ class _Race(Generic[T, R]):
         candidate = self._candidates[self._next]
         self._next += 1
         assert self._tasks is not None
-        mark = _Mark(self._hedger.clock)
+        mark = Attempt(self._hedger.clock)
         task = self._tasks.create_task(self._timed(candidate, mark), name=f"hedge:{kind}:{self._key_of(candidate)}")
         self._running[task] = (candidate, kind)
         self._arm(candidate, mark)
 
-    def _arm(self, candidate: T, mark: _Mark) -> None:
+    def _arm(self, candidate: T, mark: Attempt) -> None:
         """Watch the attempt just started for a hedge, if another may follow it."""
         can_hedge = (
             self._hedging
@@ -398,12 +378,11 @@ class _Race(Generic[T, R]):
         self._armed = (mark, self._hedger.latency.delay(self._key_of(candidate))) if can_hedge else None
         self._not_before = -math.inf
 
-    async def _timed(self, candidate: T, mark: _Mark) -> _Outcome[R]:
-        """Run one attempt (in its own task, so its context holds its own mark); a returned
-        value's latency since it entered service becomes a sample of its target."""
-        _ATTEMPT.set(mark)
+    async def _timed(self, candidate: T, mark: Attempt) -> _Outcome[R]:
+        """Run one attempt in its own task; a returned value's latency since it entered
+        service becomes a sample of its target."""
         try:
-            value = await self._attempt(candidate)
+            value = await self._attempt(candidate, mark)
         except asyncio.CancelledError:
             # A loser in service at least this long: keeping that (censored) sample stops
             # the estimate from learning only the fast winners and hedging ever earlier.

@@ -15,11 +15,13 @@ outcome moves the limit:
   largest recent size are samples (a small request's RTT would set a floor that the large
   ones could never reach, and read as inflation forever); the others still hold a slot
   and can drop.
-- drop: a timeout (``TimeoutError``, also as the ``__cause__`` of a blobsdk error), or a
-  request the caller marked with :meth:`Permit.dropped` (HTTP 429/503: the server is
-  shedding load).  The limit is multiplied by ``backoff``, at most once per round trip:
-  only requests that began after the last cut can cut again, so a burst of 429s answering
-  one overload shrinks the limit once, not once per request (as TCP halves once per window).
+- drop: a request its caller told so, explicitly: :meth:`Permit.dropped` (it timed out)
+  or :meth:`Permit.overloaded` (HTTP 429/503: the server is shedding load); or one whose
+  block raised ``TimeoutError`` itself (a deadline inside the permit).  Nothing is inferred
+  from an exception's ``__cause__``.  The limit is multiplied by ``backoff``, at most once
+  per round trip: only requests that began after the last cut can cut again, so a burst of
+  429s answering one overload shrinks the limit once, not once per request (as TCP halves
+  once per window).
   For ``min_rtt_window_s`` after a drop the limit stays below the one that dropped, then
   probes it again: a server with a shallow queue rejects before its latency rises, and
   without this memory the limit would climb back into the 429s every few round trips.
@@ -126,8 +128,6 @@ class _Outcome(Enum):
     IGNORE = "ignore"
 
 
-DROP_ERRORS: tuple[type[BaseException], ...] = (TimeoutError,)
-_CAUSE_DEPTH = 8  # how far down ``__cause__`` a drop error is looked for
 _PROBE_SHARE = 4  # a floor probe admits 1/4 of the limit
 _BELOW = 1e-6  # an estimate this far under an integer limit stays under it
 _SIZE_DECAY = 0.999  # per request: the largest recent size halves in ~700 smaller ones
@@ -135,46 +135,52 @@ _SIZE_DECAY = 0.999  # per request: the largest recent size halves in ~700 small
 
 class Permit:
     """One request's slot at an endpoint: ``async with`` waits for it, the body is the
-    request, and leaving the block releases it and reports the outcome."""
+    request, and leaving the block releases it and reports the outcome.
 
-    __slots__ = ("_dropped", "_entered", "_in_flight_at_start", "_limiter", "_started", "priority", "sample")
+    Whoever sees the request fail tells the permit why, explicitly: :meth:`overloaded` (the
+    server shed it: 429/503) or :meth:`dropped` (it timed out).  A ``TimeoutError`` raised out
+    of the block (a deadline inside the permit) is a drop too; nothing else is inferred from
+    an exception, and a cancellation says nothing about load.
+    """
+
+    __slots__ = ("_entered", "_limiter", "drop", "in_flight_at_start", "priority", "sample", "started")
 
     def __init__(self, limiter: AdaptiveLimiter, priority: Priority, sample: bool) -> None:
         self._limiter = limiter
         self.priority = priority
-        self.sample = sample
-        self._dropped = False
-        self._started = 0.0
-        self._in_flight_at_start = 0
+        self.sample = sample  # whether its RTT is a sample (see ``acquire(size=)``)
+        self.drop = False  # told it was shed or timed out
+        self.started = 0.0  # limiter clock when it was admitted
+        self.in_flight_at_start = 0  # requests in flight once it was admitted, itself included
         self._entered = False
 
-    def dropped(self) -> None:
+    def overloaded(self) -> None:
         """The server shed this request (429/503): shrink the limit, whatever is raised."""
-        self._dropped = True
+        self.drop = True
+
+    def dropped(self) -> None:
+        """The request timed out (no answer in time): shrink the limit, whatever is raised."""
+        self.drop = True
 
     async def __aenter__(self) -> Self:
         if self._entered:
             raise RuntimeError("a Permit is entered only once; call acquire() per request")
         self._entered = True
-        await self._limiter._admit(self)
-        self._started = self._limiter._clock()
-        self._in_flight_at_start = self._limiter.in_flight
+        await self._limiter.admit(self)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._limiter._release(self, self._outcome(exc))
+        self._limiter.release(self, self._outcome(exc))
 
     def _outcome(self, exc: BaseException | None) -> _Outcome:
-        """A drop if the caller said so, else: success, a drop error, or nothing to learn from."""
-        if self._dropped:
+        """A drop if the request was told so or timed out, success if it returned, else
+        nothing to learn from (cancelled: a hedged loser or a reader that left; any other
+        error: 404, refused, a bad checksum)."""
+        if self.drop or isinstance(exc, TimeoutError):
             return _Outcome.DROP
-        if exc is None:
-            return _Outcome.SUCCESS
-        if isinstance(exc, asyncio.CancelledError):
-            return _Outcome.IGNORE  # a hedged loser or a reader that left: no sample
-        return _Outcome.DROP if self._limiter._is_drop(exc) else _Outcome.IGNORE
+        return _Outcome.SUCCESS if exc is None else _Outcome.IGNORE
 
 
 class _Floor:
@@ -238,12 +244,8 @@ class _Floor:
 
 
 class AdaptiveLimiter:
-    """The in-flight limit of one endpoint and its queue of waiting requests.
-
-    ``drop_on``: errors that count as drops when a request raises them (or has one as its
-    ``__cause__``); anything else a request raises is ignored unless it called
-    :meth:`Permit.dropped`.
-    """
+    """The in-flight limit of one endpoint and its queue of waiting requests (see
+    :class:`Permit` for what counts as a drop)."""
 
     def __init__(
         self,
@@ -251,12 +253,10 @@ class AdaptiveLimiter:
         config: LimiterConfig = DEFAULT_CONFIG,
         *,
         clock: Clock = time.monotonic,
-        drop_on: tuple[type[BaseException], ...] = DROP_ERRORS,
     ) -> None:
         self.name = name
         self.config = config
         self._clock = clock
-        self._drop_on = drop_on
         self._estimate = float(config.initial)
         self._floor = _Floor(config.min_rtt_window_s, config.min_limit, clock)
         self._cut_at = -math.inf
@@ -320,8 +320,14 @@ class AdaptiveLimiter:
 
     # --- queue ---------------------------------------------------------------------------
 
-    async def _admit(self, permit: Permit) -> None:
-        """Take a slot now if one is free and nobody waits, else wait for one."""
+    async def admit(self, permit: Permit) -> None:
+        """Give ``permit`` a slot (``Permit.__aenter__``): at once if one is free and
+        nobody waits, else once one is; then stamp when it started and the load it found."""
+        await self._take_slot(permit)
+        permit.started = self._clock()
+        permit.in_flight_at_start = self._in_flight
+
+    async def _take_slot(self, permit: Permit) -> None:
         if self._in_flight < self.capacity and not self._queued:  # never overtake a waiter
             self._in_flight += 1
             return
@@ -358,28 +364,19 @@ class AdaptiveLimiter:
 
     # --- feedback ------------------------------------------------------------------------
 
-    def _release(self, permit: Permit, outcome: _Outcome) -> None:
+    def release(self, permit: Permit, outcome: _Outcome) -> None:
+        """Free ``permit``'s slot (``Permit.__aexit__``) and learn from its outcome."""
         self._in_flight -= 1
         self._counts[outcome] += 1
         if outcome is _Outcome.SUCCESS and permit.sample:
-            self._on_success(permit, self._clock() - permit._started)
+            self._on_success(permit, self._clock() - permit.started)
         elif outcome is _Outcome.DROP:
             self._on_drop(permit)
         self._floor.expire_probe()
         self._wake()
 
-    def _is_drop(self, exc: BaseException) -> bool:
-        cause: BaseException | None = exc
-        for _ in range(_CAUSE_DEPTH):
-            if cause is None:
-                return False
-            if isinstance(cause, self._drop_on):
-                return True
-            cause = cause.__cause__
-        return False
-
     def _on_success(self, permit: Permit, rtt: float) -> None:
-        self._floor.add(rtt, permit._started, permit._in_flight_at_start, self.limit)
+        self._floor.add(rtt, permit.started, permit.in_flight_at_start, self.limit)
         cfg = self.config
         if cfg.algorithm == "gradient":
             self._adjust(permit, _gradient_step(self._estimate, rtt, self._floor.value, cfg))
@@ -400,7 +397,7 @@ class AdaptiveLimiter:
         least half used, else the caller was the bottleneck) and not up to a limit that
         dropped within the last window."""
         if estimate > self._estimate:
-            if permit._in_flight_at_start < self._estimate / 2:
+            if permit.in_flight_at_start < self._estimate / 2:
                 return
             if self._clock() < self._ceiling_until:
                 estimate = max(self._estimate, min(estimate, self._ceiling - _BELOW))
@@ -409,7 +406,7 @@ class AdaptiveLimiter:
     def _cut(self, permit: Permit) -> bool:
         """Multiplicative decrease, once per round trip: only requests that began after the
         last cut saw the current limit.  Whether it cut."""
-        if permit._started < self._cut_at:
+        if permit.started < self._cut_at:
             return False
         self._cut_at = self._clock()
         self._set(self._estimate * self.config.backoff)
@@ -437,11 +434,9 @@ class LimiterRegistry:
         config: LimiterConfig = DEFAULT_CONFIG,
         *,
         clock: Clock = time.monotonic,
-        drop_on: tuple[type[BaseException], ...] = DROP_ERRORS,
     ) -> None:
         self.config = config
         self._clock = clock
-        self._drop_on = drop_on
         self._limiters: dict[str, AdaptiveLimiter] = {}
 
     def get(self, endpoint: str) -> AdaptiveLimiter:
@@ -449,7 +444,7 @@ class LimiterRegistry:
         key = endpoint.rstrip("/")
         limiter = self._limiters.get(key)
         if limiter is None:
-            limiter = AdaptiveLimiter(key, self.config, clock=self._clock, drop_on=self._drop_on)
+            limiter = AdaptiveLimiter(key, self.config, clock=self._clock)
             self._limiters[key] = limiter
         return limiter
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from blobsdk.errors import BadRequest, CorruptData
+from blobsdk.errors import BadRequest, RangeNotSatisfiable
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import ListBlocksResponse
@@ -41,12 +41,6 @@ PIECE = 1 << 20  # bytes read from disk and sent per step of a GET
 BATCH = 1 << 20  # received bytes handed to the disk thread at once on a PUT
 MAX_LIST = 10_000
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{0,19})")
-
-
-class RangeNotSatisfiable(CorruptData):
-    """A Range past the end of the block: 416 on the wire, CorruptData for the client."""
-
-    http_status = 416
 
 
 class Bandwidth:

@@ -8,7 +8,7 @@ Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verif
     GET    /v1/hydrate/{job_id}         HydrateStatus;  DELETE cancels the job
     GET    /stats                       JSON: cache, tenants' usage, request counters, L4, jobs
 
-``<ChunkRef>`` is the ChunkRef as query parameters (blobsdk.tiers.l3.chunk_query); ``key``
+``<ChunkRef>`` is the ChunkRef as query parameters (blobsdk.wire.chunk_query); ``key``
 must be its chunk key, else 400.
 
 Read-through: a miss reads the L4 replicas in order, verifies each copy (decode + xxh3-64),
@@ -50,29 +50,24 @@ from blobsdk._http import new_session
 from blobsdk.cache.base import DEFAULT_TENANT, validate_key
 from blobsdk.cache.disk import DiskCache
 from blobsdk.config import Timeouts
+from blobsdk._singleflight import SingleFlight
+from blobsdk.codec import ChunkDecoder
 from blobsdk.errors import (
+    BadCopy,
     BadRequest,
+    BadUpload,
     BlobError,
     BlobNotFound,
-    CorruptData,
+    InsufficientStorage,
     QuotaExceeded,
     Unauthorized,
     Unavailable,
 )
-from blobsdk.readpath import decode_chunk
 from blobsdk.sources.base import BlockStore
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tiers.base import BadCopy
-from blobsdk.tiers.l3 import (
-    CACHE_HEADER,
-    HydrateRequest,
-    HydrateStatus,
-    ref_from_query,
-    validate_ref,
-)
 from blobsdk.tiers.l4 import L4Tier
-from blobsdk.wire import ChunkRef
+from blobsdk.wire import CACHE_HEADER, ChunkRef, HydrateRequest, HydrateStatus, ref_from_query, validate_ref
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import (
     METRICS_KEY,
@@ -88,7 +83,6 @@ from servers._common.http import (
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
-_INLINE_VERIFY = 256 << 10  # smaller chunks are verified on the loop thread
 _JOB_ERRORS = 5  # failure messages a job keeps
 
 
@@ -132,19 +126,6 @@ def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
     yield not all(tokens) or len(set(tokens)) != len(tokens), "tokens must be non-empty and distinct"
     yield any(t.quota_bytes is not None and t.quota_bytes < 0 for t in c.tenants.values()), "quotas must be >= 0"
     yield not all(c.tenants), "tenant names must be non-empty"
-
-
-class NotAdmitted(BlobError):
-    """The cache could not store a chunk (larger than its capacity, disk full, pinned data)."""
-
-    code = "insufficient_storage"
-    http_status = 507
-
-
-class BadUpload(CorruptData):
-    """A PUT body that does not match its ChunkRef."""
-
-    http_status = 422
 
 
 class Tenants:
@@ -231,7 +212,8 @@ class FlashNode:
         self.counters = Counters()
         self._given_blocks = blocks
         self._clock = clock
-        self._loads: dict[str, asyncio.Task[tuple[bytes | bytearray, bool]]] = {}
+        self._loads: SingleFlight[tuple[bytes | bytearray, bool]] = SingleFlight()
+        self._verify = ChunkDecoder()
         self._jobs: dict[str, Job] = {}
         self._finished: deque[str] = deque()
         self._slots = asyncio.Semaphore(config.hydrate_concurrency)
@@ -253,10 +235,11 @@ class FlashNode:
         return blocks
 
     async def _stop_tasks(self) -> None:
-        tasks = [*self._loads.values(), *(j.task for j in self._jobs.values() if j.task is not None)]
+        tasks = [j.task for j in self._jobs.values() if j.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._loads.aclose()
 
     # --- chunks ---------------------------------------------------------------------------
 
@@ -284,19 +267,10 @@ class FlashNode:
 
     async def load(self, ref: ChunkRef, tenant: str, pin_seconds: float = 0.0) -> tuple[bytes | bytearray, bool]:
         """The chunk's stored bytes and whether they came from flash; one load per key in
-        flight, whoever waits for it."""
-        task = self._loads.get(ref.key)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._load(ref, tenant, pin_seconds), name=ref.key)
-            self._loads[ref.key] = task
-            task.add_done_callback(self._landed)
-        return await asyncio.shield(task)
-
-    def _landed(self, task: asyncio.Task[tuple[bytes | bytearray, bool]]) -> None:
-        if self._loads.get(task.get_name()) is task:
-            del self._loads[task.get_name()]
-        if not task.cancelled():
-            task.exception()  # retrieved: a load whose requesters all left never warns
+        flight, shared by whoever waits for it (blobsdk._singleflight's rule: the load is
+        cancelled when the last of them leaves)."""
+        loaded, _ = await self._loads.run(ref.key, lambda: self._load(ref, tenant, pin_seconds))
+        return loaded
 
     async def _load(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> tuple[bytes | bytearray, bool]:
         data = await self.cache.get(ref.key)
@@ -319,14 +293,9 @@ class FlashNode:
             self.counters.fills_refused += 1
 
     async def _store(self, ref: ChunkRef, data: bytes | bytearray, tenant: str, pin_seconds: float) -> None:
-        """Store explicitly: QuotaExceeded (429) or NotAdmitted (507) if it cannot be."""
+        """Store explicitly: QuotaExceeded (429) or InsufficientStorage (507) if it cannot be."""
         if not await self.cache.put(ref.key, data, tenant=tenant, pin_seconds=pin_seconds):
-            raise NotAdmitted(f"chunk {ref.key} ({len(data)} bytes) was not admitted: cache full or too small")
-
-    async def _verify(self, ref: ChunkRef, stored: memoryview) -> memoryview:
-        if len(stored) < _INLINE_VERIFY:
-            return decode_chunk(ref, stored)
-        return await asyncio.to_thread(decode_chunk, ref, stored)
+            raise InsufficientStorage(f"chunk {ref.key} ({len(data)} bytes) was not admitted: cache full or too small")
 
     def _ref_of(self, request: web.Request) -> ChunkRef:
         key = validate_key(request.match_info["key"])

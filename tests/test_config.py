@@ -38,7 +38,7 @@ def test_unknown_key_is_named(tmp_path):
 
 
 def test_wrong_type_is_named():
-    with pytest.raises(ValueError, match=r"Expected `str`, got `int` - at `\$.api_url`"):
+    with pytest.raises(ValueError, match=r"Expected `str \| null`, got `int` - at `\$.api_url`"):
         ClientConfig.from_dict({"api_url": 5, "block_urls": ["http://b"]})
 
 

@@ -11,19 +11,16 @@ from contextlib import asynccontextmanager
 import pytest
 import xxhash
 
-from blobsdk.errors import BadRequest, BlockNotFound, Unavailable
+from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, Unavailable
 from blobsdk.hedge import (
     HedgeBudget,
+    Attempt,
     HedgeConfig,
-    HedgeExhausted,
     Hedger,
     LatencyTracker,
-    in_service,
     is_failover,
-    queued,
 )
-from blobsdk.readpath import decode_chunk
-from blobsdk.tiers.base import BadCopy
+from blobsdk.codec import decode_chunk
 from blobsdk.wire import ChunkRef
 
 FIXED_10MS = HedgeConfig(min_delay_ms=10, max_delay_ms=10)  # hedge exactly 10 ms after a start
@@ -40,7 +37,7 @@ class Fakes:
         self.cancelled: list[str] = []
         self.forever = asyncio.Event()  # never set
 
-    async def __call__(self, name: str) -> str:
+    async def __call__(self, name: str, attempt: Attempt | None = None) -> str:
         self.started.append(name)
         what = self.behaviour[name]
         try:
@@ -101,7 +98,7 @@ async def test_loser_releases_its_connection() -> None:
 
     fakes = Fakes(a="stall", b="ok")
 
-    async def attempt(name: str) -> str:
+    async def attempt(name: str, _: Attempt) -> str:
         async with connection(name):
             return await fakes(name)
 
@@ -164,7 +161,7 @@ async def test_a_bad_copy_fails_over_and_the_good_copy_is_returned() -> None:
     copies = {"r0": bytearray(raw), "r1": bytearray(raw)}
     copies["r0"][7] ^= 0xFF
 
-    async def read_and_verify(replica: str) -> bytes:
+    async def read_and_verify(replica: str, _: Attempt) -> bytes:
         buf = memoryview(bytearray(copies[replica]))  # a fresh buffer per attempt
         return bytes(decode_chunk(ref, buf))
 
@@ -176,7 +173,7 @@ async def test_a_bad_copy_fails_over_and_the_good_copy_is_returned() -> None:
 async def test_the_budget_caps_hedges_when_every_primary_is_slow() -> None:
     config = HedgeConfig(min_delay_ms=0, max_delay_ms=0)  # every primary "too slow" at once
 
-    async def attempt(name: str) -> str:
+    async def attempt(name: str, _: Attempt) -> str:
         if name == "slow":
             for _ in range(20):  # far slower than the hedge, which returns at once
                 await asyncio.sleep(0)
@@ -262,7 +259,7 @@ async def test_disabled_hedging_only_fails_over() -> None:
 
 async def test_key_of_names_latency_targets() -> None:
     hedger = Hedger()
-    attempt: Callable[[tuple[str, int]], Awaitable[str]] = lambda c: asyncio.sleep(0, c[0])
+    attempt: Callable[[tuple[str, int], Attempt], Awaitable[str]] = lambda c, _: asyncio.sleep(0, c[0])
     for _ in range(10):
         await hedger.run([("http://r0", 0)], attempt, key_of=lambda c: c[0])
     assert hedger.latency.estimate("http://r0") is not None
@@ -300,15 +297,15 @@ async def test_a_failover_does_not_wait_for_room() -> None:
     assert await hedger.run(["a", "b"], fakes, ready=lambda name: False) == "from b"
 
 
-def queued_then(queue_s: float, service: object) -> Callable[[str], Awaitable[str]]:
+def queued_then(queue_s: float, service: object) -> Callable[[str, Attempt], Awaitable[str]]:
     """An attempt that waits ``queue_s`` in a client-side queue, then serves like Fakes."""
     fakes = Fakes(a=service, b="ok")
 
-    async def attempt(name: str) -> str:
+    async def attempt(name: str, handle: Attempt) -> str:
         if name == "a":
-            queued()
+            handle.queued()
             await asyncio.sleep(queue_s)
-            in_service()
+            handle.in_service()
         return await fakes(name)
 
     attempt.fakes = fakes  # type: ignore[attr-defined]
@@ -331,6 +328,25 @@ async def test_latency_counts_from_entering_service() -> None:
     assert estimate is not None and estimate < 0.02  # the 30 ms queue is not the server's
 
 
-def test_queued_and_in_service_outside_an_attempt_do_nothing() -> None:
-    queued()
-    in_service()
+def test_an_attempt_handle_records_its_queueing() -> None:
+    now = [1.0]
+    handle = Attempt(lambda: now[0])
+    assert (handle.serving, handle.begun) == (True, 1.0)
+    handle.queued()
+    now[0] = 3.0
+    assert handle.serving is False
+    handle.in_service()
+    assert (handle.serving, handle.begun) == (True, 3.0)
+
+
+async def test_every_attempt_gets_a_handle_of_its_own() -> None:
+    handles: list[Attempt] = []
+
+    async def attempt(name: str, handle: Attempt) -> str:
+        handles.append(handle)
+        if name == "a":
+            raise Unavailable("down")
+        return name
+
+    assert await Hedger(FIXED_10MS).run(["a", "b"], attempt) == "b"
+    assert len(handles) == 2 and handles[0] is not handles[1]

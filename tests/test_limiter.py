@@ -10,7 +10,7 @@ import selectors
 
 import pytest
 
-from blobsdk.errors import BlobNotFound, Unavailable
+from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
 from blobsdk.limiter import (
     AdaptiveLimiter,
     LimiterConfig,
@@ -228,8 +228,9 @@ def timed_out() -> Unavailable:
     ("exc", "mark_dropped", "counter"),
     [
         (None, False, "successes"),
-        (TimeoutError(), False, "drops"),
-        (timed_out(), False, "drops"),  # the way _http.py translates a timeout
+        (TimeoutError(), False, "drops"),  # a deadline inside the permit
+        (TimedOut("GET /x: timed out"), True, "drops"),  # the GET told its permit it timed out
+        (timed_out(), False, "ignored"),  # nothing is dug out of __cause__: the GET must say so
         (Unavailable("HTTP 503"), True, "drops"),  # the caller saw a 429/503
         (Unavailable("connection refused"), False, "ignored"),
         (BlobNotFound("gone"), False, "ignored"),

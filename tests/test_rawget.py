@@ -32,6 +32,7 @@ from blobsdk.errors import (
     CorruptData,
     PreconditionFailed,
     QuotaExceeded,
+    TimedOut,
     Unauthorized,
     Unavailable,
 )
@@ -209,9 +210,17 @@ async def endpoint(
         await asyncio.sleep(0)  # let the aborted transports finish closing
 
 
-async def get(ep: RawGetEndpoint, size: int = 10, *, expect: int = 206, **kwargs: Any) -> tuple[bytes, dict[str, str]]:
+async def get(
+    ep: RawGetEndpoint, size: int = 10, *, expect: int = 206, limiter: AdaptiveLimiter | None = None, **kwargs: Any
+) -> tuple[bytes, dict[str, str]]:
+    """One GET into a fresh buffer; with ``limiter``, holding one of its permits (which the
+    GET tells about overload and timeouts)."""
     out = bytearray(size)
-    headers = await ep.get_into(ROUTE, memoryview(out), expect=expect, **kwargs)
+    if limiter is None:
+        headers = await ep.get_into(ROUTE, memoryview(out), expect=expect, **kwargs)
+    else:
+        async with limiter.acquire(size=size) as permit:
+            headers = await ep.get_into(ROUTE, memoryview(out), expect=expect, permit=permit, **kwargs)
     return bytes(out), headers
 
 
@@ -430,7 +439,7 @@ async def test_a_whole_head_larger_than_max_head_in_one_piece_is_unavailable() -
 
 async def test_a_read_only_out_is_refused_before_any_request() -> None:
     async with Server(answering(GOOD)) as server, endpoint(server.url) as ep:
-        with raises_exactly(ValueError, "out must be a writable buffer"):
+        with raises_exactly(BadRequest, "out must be a writable buffer"):
             await ep.get_into(ROUTE, memoryview(bytes(10)), expect=206)
         assert server.connections == 0
 
@@ -583,7 +592,7 @@ async def test_a_server_that_never_answers_times_out_after_sock_read() -> None:
     async with Server(silent) as server, endpoint(server.url, timeout=timeout) as ep:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        with raises_exactly(Unavailable, f"GET {server.url}{ROUTE}: timed out waiting for the server"):
+        with raises_exactly(TimedOut, f"GET {server.url}{ROUTE}: timed out waiting for the server"):
             await get(ep)
         elapsed = loop.time() - started
         assert 0.19 <= elapsed < 0.5
@@ -602,7 +611,7 @@ async def test_a_server_that_drips_bytes_times_out_after_total() -> None:
     async with Server(drip) as server, endpoint(server.url, timeout=timeout) as ep:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        with raises_exactly(Unavailable, f"GET {server.url}{ROUTE}: timed out waiting for the server"):
+        with raises_exactly(TimedOut, f"GET {server.url}{ROUTE}: timed out waiting for the server"):
             await get(ep)
         elapsed = loop.time() - started
         assert 0.49 <= elapsed < 0.8  # not sock_read: every 0.05 s a byte came
@@ -628,7 +637,7 @@ async def test_a_timeout_backs_the_limiter_off() -> None:
     lim = limiter()
     timeout = aiohttp.ClientTimeout(total=5.0, connect=1.0, sock_read=0.1)
     async with Server(silent) as server, endpoint(server.url, timeout=timeout) as ep:
-        with raises_exactly(Unavailable, f"GET {server.url}{ROUTE}: timed out waiting for the server") as info:
+        with raises_exactly(TimedOut, f"GET {server.url}{ROUTE}: timed out waiting for the server") as info:
             await get(ep, limiter=lim)
     assert isinstance(info.value.__cause__, TimeoutError)
     assert lim.stats()["drops"] == 1 and lim.limit == 8  # as aiohttp's timeouts did before _rawget

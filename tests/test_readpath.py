@@ -31,7 +31,7 @@ class CountingBlocks(LocalBlockStore):
 
     reads = 0
 
-    async def read_into(self, block_id, offset, out):
+    async def read_into(self, block_id, offset, out, *, attempt=None):
         self.reads += 1
         await asyncio.sleep(0.01)  # long enough for concurrent readers to pile up
         await super().read_into(block_id, offset, out)
@@ -217,8 +217,8 @@ async def test_l2_write_behind_drops_fills_past_its_byte_bound(tmp_path):
         ChunkRef(block_id=f"{i:032x}", offset=0, length=60_000, raw_length=60_000, checksum=xxhash.xxh3_64_intdigest(raw))
         for i in range(2)
     ]
-    async with DiskCache(tmp_path, capacity_bytes=10 << 20) as cache:
-        tier = L2Tier(cache, queue_bytes=100_000)
+    async with L2Tier(DiskCache(tmp_path, capacity_bytes=10 << 20), queue_bytes=100_000) as tier:
+        cache = tier.cache
         await tier.fill(refs[0], raw)
         await tier.fill(refs[1], raw)  # 120,000 bytes would be pending: dropped, never blocking
         assert tier.fills_dropped == 1
@@ -227,7 +227,6 @@ async def test_l2_write_behind_drops_fills_past_its_byte_bound(tmp_path):
         await tier.fill(refs[1], raw)  # the queue drained: room again
         await tier.flush()
         assert cache.contains(refs[1].key)
-        await tier.aclose()
 
 
 async def test_a_reader_arriving_as_a_fetch_is_abandoned_gets_a_fresh_fetch(tmp_path):
@@ -256,3 +255,29 @@ async def test_a_tier_that_cannot_be_built_closes_the_ones_before_it(tmp_path):
     await asyncio.sleep(0.05)
     # the L2 cache opened before L3 failed was closed: its disk threads are gone
     assert [t.name for t in threading.enumerate() if t.name.startswith("blobsdk-l2")] == []
+
+
+class BrokenDisk(DiskCache):
+    """A disk cache whose first put fails with an unexpected error (a bug, an OSError)."""
+
+    failed = False
+
+    async def put(self, key, data, **kwargs):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("disk on fire")
+        return await super().put(key, data, **kwargs)
+
+
+async def test_an_l2_fill_that_fails_unexpectedly_is_logged_and_counted_and_the_writer_lives_on(tmp_path, caplog):
+    raw = memoryview(data_of(1000, 11))
+    refs = [ChunkRef(block_id=f"{i:032x}", offset=0, length=1000, raw_length=1000, checksum=xxhash.xxh3_64_intdigest(raw))
+            for i in range(2)]
+    async with L2Tier(BrokenDisk(tmp_path, capacity_bytes=1 << 20), writers=1) as tier:
+        await tier.fill(refs[0], raw)
+        await asyncio.wait_for(tier.flush(), 5)
+        await tier.fill(refs[1], raw)  # the one writer must still be there to write it
+        await asyncio.wait_for(tier.flush(), 5)
+        assert tier.cache.contains(refs[1].key) and not tier.cache.contains(refs[0].key)
+        assert (tier.stats.errors, tier.extra_stats()["fill_failures"]) == (1, 1)
+    assert f"L2 fill of chunk {refs[0].key} failed" in caplog.text and "disk on fire" in caplog.text

@@ -85,13 +85,13 @@ MAX_LIST_LIMIT = 10_000
 
 def check_limit(limit: int) -> int:
     if not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
-        raise ValueError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
+        raise BadRequest(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
     return limit
 
 
 def check_if_version(if_version: int | None) -> int | None:
     if if_version is not None and (not isinstance(if_version, int) or if_version < 0):
-        raise ValueError(f"if_version must be None or an int >= 0, got {if_version!r}")
+        raise BadRequest(f"if_version must be None or an int >= 0, got {if_version!r}")
     return if_version
 
 
@@ -107,7 +107,7 @@ def check_cursor(start_after: object) -> None:
     if start_after is None:
         return
     if not isinstance(start_after, str):
-        raise ValueError(f"start_after must be None or str, not {type(start_after).__name__}")
+        raise BadRequest(f"start_after must be None or str, not {type(start_after).__name__}")
     start_after.encode("utf-8")  # UnicodeEncodeError (a ValueError) for lone surrogates
 
 

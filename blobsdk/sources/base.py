@@ -5,8 +5,9 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
 - ``write_block(block_id, parts)`` stores the concatenation of ``parts`` under ``block_id``
   and returns only once it is durable.  Blocks are immutable: writing an existing id with
   the same size is a no-op, with another size PreconditionFailed; never a partial overwrite.
-- ``read_into(block_id, offset, out)`` fills ``out`` (a writable memoryview) with the
-  bytes at ``offset``; a missing block raises BlockNotFound, a range past the end of the
+- ``read_into(block_id, offset, out, attempt=None)`` fills ``out`` (a writable memoryview)
+  with the bytes at ``offset``; ``attempt`` is the hedged attempt the read is, which a store
+  that waits in a client-side queue (a concurrency permit) marks queued meanwhile; a missing block raises BlockNotFound, a range past the end of the
   block raises CorruptData (a plan never points past a block).
 - ``read_range`` is the same returning new bytes.  A zero-length read returns ``b""``
   after checking the id, without I/O.
@@ -27,6 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from .._ids import validate_hex32
+from ..hedge import Attempt
 from ..wire import BlockInfo
 
 Buffer = bytes | bytearray | memoryview
@@ -53,7 +55,7 @@ class BlockStore(Protocol):
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None: ...
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None: ...
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None: ...
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes: ...
 

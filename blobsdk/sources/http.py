@@ -16,8 +16,9 @@ import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
-from .._http import HttpEndpoint
-from .._rawget import RawGetEndpoint
+from .._endpoint import Endpoint
+from ..errors import BadRequest
+from ..hedge import Attempt
 from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
@@ -33,19 +34,22 @@ class HttpBlockStore:
     use connections of their own, with the session's timeouts, closed by :meth:`aclose`);
     ``token`` is the server's bearer token, if it requires one.  Data reads go through
     ``limiter``, the endpoint's adaptive concurrency limit (writes are bounded by the
-    writer instead).
+    writer instead); see :class:`~blobsdk._endpoint.Endpoint`.
     """
 
     def __init__(
         self, session: aiohttp.ClientSession, base_url: str, token: str | None = None, *, limiter: AdaptiveLimiter | None = None
     ) -> None:
-        self._http = HttpEndpoint(session, base_url, token)
-        self._reads = RawGetEndpoint(base_url, token, timeout=session.timeout)
-        self.limiter = limiter if limiter is not None else AdaptiveLimiter(self._http.base_url)
+        self.endpoint = Endpoint(session, base_url, token, limiter=limiter)
+        self._http = self.endpoint.control
 
     @property
     def name(self) -> str:
-        return self._http.base_url
+        return self.endpoint.base_url
+
+    @property
+    def limiter(self) -> AdaptiveLimiter:
+        return self.endpoint.limiter
 
     @property
     def replicas(self) -> tuple[HttpBlockStore]:
@@ -56,12 +60,12 @@ class HttpBlockStore:
         async with self._http.request("PUT", _route(block_id), data=_PartsPayload(parts), headers=headers):
             pass  # 201: the server answers only once the block is durable
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
         view = memoryview(out).cast("B")
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}"}
-        await self._reads.get_into(_route(block_id), view, expect=206, headers=headers, limiter=self.limiter)
+        await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, attempt=attempt)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         buf = bytearray(_check_span(block_id, offset, length))
@@ -86,7 +90,7 @@ class HttpBlockStore:
 
     async def aclose(self) -> None:
         """Close the data-read connections (the session belongs to the caller)."""
-        await self._reads.aclose()
+        await self.endpoint.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -122,5 +126,5 @@ def _route(block_id: str) -> str:
 def _check_span(block_id: str, offset: int, length: int) -> int:
     validate_block_id(block_id)
     if offset < 0 or length < 0:
-        raise ValueError(f"offset and length must not be negative, got {offset} and {length}")
+        raise BadRequest(f"offset and length must not be negative, got {offset} and {length}")
     return length

@@ -30,6 +30,7 @@ import xxhash
 
 from .._ids import is_hex32
 from ..errors import (
+    BadRequest,
     BlobError,
     BlockNotFound,
     ClientClosed,
@@ -37,6 +38,7 @@ from ..errors import (
     PreconditionFailed,
     Unavailable,
 )
+from ..hedge import Attempt
 from ..wire import BlockInfo
 from .base import Buffer, block_time, validate_block_id
 
@@ -94,7 +96,7 @@ class LocalBlockStore:
         path = self.block_path(block_id)
         await self._run(_write_block_sync, path, parts, self._token)
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
         path = self._file_of(block_id)
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:
@@ -435,7 +437,7 @@ def _sweep_temp_files(root: Path, token: str, opened_at: float) -> None:
 
 def _check_span(offset: int, length: int) -> int:
     if offset < 0 or length < 0:
-        raise ValueError(f"offset and length must not be negative, got {offset} and {length}")
+        raise BadRequest(f"offset and length must not be negative, got {offset} and {length}")
     return length
 
 

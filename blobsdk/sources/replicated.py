@@ -23,6 +23,7 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
+from ..hedge import Attempt
 from ..wire import BlockInfo
 from .base import BlockStore, Buffer, validate_block_id
 
@@ -81,8 +82,8 @@ class ReplicatedBlockStore:
                 task.cancel()
             raise
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
-        await self._first_answer(block_id, lambda s: s.read_into(block_id, offset, out))
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
+        await self._first_answer(block_id, lambda s: s.read_into(block_id, offset, out, attempt=attempt))
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         return await self._first_answer(block_id, lambda s: s.read_range(block_id, offset, length))

@@ -5,26 +5,30 @@ disk, (peers), L3 regional flash, L4 durable.  A tier either serves the chunk's 
 bytes or returns None (a miss: not there, its servers down, every copy it had was bad), and
 the next tier is tried.  The last tier (L4) raises instead of returning None.
 
+Two ways to ask: ``peek`` is synchronous and answers only what a tier knows without an
+await (L1's memory); None there means "ask ``fetch``", and counts nothing.  ``fetch`` is
+the full lookup, which counts a miss.  A tier that can answer nothing synchronously returns
+None from ``peek`` at once.
+
 Remote tiers receive their candidate copies in the *stored* form (maybe lz4) and hand each
 to ``decode``, which decodes and checks the ChunkRef checksum, raising BadCopy for a copy
 that does not match; the tier then counts it as ``corrupt`` and tries its next candidate.
 Local tiers hold raw bytes that were verified before they were filled.
+
+A tier is an async context manager: entering it starts what it owns (L2's write-behind
+writers), leaving it (or ``aclose``, which is idempotent) stops and closes that.  Bytes
+passed to ``fill`` may be kept as they are (see readpath.py on buffer ownership).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
-from ..errors import CorruptData
 from ..stats import TierStats
 from ..wire import ChunkRef
 
 Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
-
-
-class BadCopy(CorruptData):
-    """One copy of a chunk failed verification (the caller tries another copy)."""
 
 
 @runtime_checkable
@@ -36,6 +40,11 @@ class Tier(Protocol):
 
     @property
     def stats(self) -> TierStats: ...
+
+    def peek(self, ref: ChunkRef) -> memoryview | None:
+        """The verified raw bytes of ``ref`` if this tier has them without an await, else
+        None (then ``fetch`` decides; a miss is counted there, not here)."""
+        ...
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         """The verified raw bytes of ``ref``, or None if this tier cannot serve them."""
@@ -53,4 +62,23 @@ class Tier(Protocol):
         """Tier-specific counters added to its ``client.stats()`` entry."""
         ...
 
-    async def aclose(self) -> None: ...
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+    async def aclose(self) -> None:
+        """Stop and close what the tier owns; closing twice is harmless."""
+        ...
+
+
+class Closing:
+    """``async with tier:`` for tiers that start nothing on entry: leaving closes it."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Nothing owned."""

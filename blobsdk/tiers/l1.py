@@ -11,10 +11,10 @@ import time
 from ..cache.memory import MemoryCache
 from ..stats import TierStats
 from ..wire import ChunkRef
-from .base import Decoder
+from .base import Closing, Decoder
 
 
-class L1Tier:
+class L1Tier(Closing):
     """The Tier over a :class:`~blobsdk.cache.memory.MemoryCache`."""
 
     name = "l1"
@@ -24,17 +24,19 @@ class L1Tier:
         self.stats = TierStats()
 
     def peek(self, ref: ChunkRef) -> memoryview | None:
-        """A synchronous lookup: the read path's fast path."""
+        """A hit without an await (the read path's fast path); a miss is left to fetch."""
         begun = time.perf_counter()
         data = self.cache.get_nowait(ref.key)
         if data is None:
-            self.stats.misses += 1
             return None
         self.stats.hit(len(data), time.perf_counter() - begun)
         return memoryview(data)
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
-        return self.peek(ref)
+        raw = self.peek(ref)
+        if raw is None:
+            self.stats.misses += 1
+        return raw
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         self.cache.put_nowait(ref.key, raw)
@@ -46,7 +48,7 @@ class L1Tier:
         """How full the cache is and what it evicted."""
         cache = self.cache.stats()
         keep = ("entries", "bytes", "capacity_bytes", "evictions")
-        return {**{f"cache_{k}": cache[k] for k in keep}}
+        return {f"cache_{k}": cache[k] for k in keep}
 
     async def aclose(self) -> None:
         await self.cache.aclose()

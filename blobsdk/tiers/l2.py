@@ -5,12 +5,20 @@ slows a read: when the queue is full the fill is dropped (and counted).  Reads a
 against the chunk checksum (DESIGN invariant 1: L2 disk -> memory is a tier boundary): the
 engine checks its file's recorded checksum equals the chunk's and hashes the bytes it read,
 on its own threads.
+
+The writers start when the tier is entered (``async with``) and stop when it is closed.  A
+fill that fails, whatever the error, is logged, counted in ``errors`` (and, unless it is a
+BlobError such as QuotaExceeded, in ``fill_failures``) and dropped; the writer goes on, so
+``flush`` never waits for a writer that died.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from contextlib import AsyncExitStack
+from typing import Self
 
 from ..cache.disk import DiskCache
 from ..errors import BlobError
@@ -21,9 +29,12 @@ from .base import Decoder
 _QUEUE_BYTES = 256 << 20  # fills waiting for the disk; past this they are dropped
 _WRITERS = 4  # fills written at once (the disk engine has as many threads)
 
+log = logging.getLogger(__name__)
+
 
 class L2Tier:
-    """The Tier over a :class:`~blobsdk.cache.disk.DiskCache`; owns its write-behind task."""
+    """The Tier over a :class:`~blobsdk.cache.disk.DiskCache`, which it owns (entered and
+    closed with the tier), with its write-behind writers."""
 
     name = "l2"
 
@@ -31,11 +42,25 @@ class L2Tier:
         self.cache = cache
         self.stats = TierStats()
         self.fills_dropped = 0
+        self.fill_failures = 0  # fills that failed with an unexpected error (logged)
         self._queue: asyncio.Queue[tuple[str, memoryview]] = asyncio.Queue()
         self._queue_bytes = queue_bytes
         self._pending_bytes = 0  # bounded by bytes, not entries: fills arrive in bursts
-        loop = asyncio.get_running_loop()
-        self._writers = [loop.create_task(self._drain()) for _ in range(writers)]
+        self._writer_count = writers
+        self._writers: list[asyncio.Task[None]] = []
+        self._stack = AsyncExitStack()  # the cache, once entered
+
+    async def __aenter__(self) -> Self:
+        await self._stack.enter_async_context(self.cache)
+        self._writers = [asyncio.create_task(self._drain(), name=f"l2-writer-{i}") for i in range(self._writer_count)]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def peek(self, ref: ChunkRef) -> memoryview | None:
+        """Nothing without a disk read: ask fetch."""
+        return None
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         begun = time.perf_counter()
@@ -49,8 +74,8 @@ class L2Tier:
         return memoryview(data)
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
-        if self._pending_bytes + raw.nbytes > self._queue_bytes:
-            self.fills_dropped += 1
+        if not self._writers or self._pending_bytes + raw.nbytes > self._queue_bytes:
+            self.fills_dropped += 1  # not open, or the disk is behind
             return
         self._pending_bytes += raw.nbytes
         self._queue.put_nowait((ref.key, raw))
@@ -63,22 +88,34 @@ class L2Tier:
         """How full the cache is and what it evicted."""
         cache = self.cache.stats()
         keep = ("entries", "bytes", "capacity_bytes", "evictions")
-        return {"fills_dropped": self.fills_dropped, **{f"cache_{k}": cache[k] for k in keep}}
+        return {"fills_dropped": self.fills_dropped, "fill_failures": self.fill_failures,
+                **{f"cache_{k}": cache[k] for k in keep}}
 
     async def aclose(self) -> None:
-        for writer in self._writers:
+        """Stop the writers (queued fills are dropped) and close the cache; idempotent."""
+        writers, self._writers = self._writers, []
+        for writer in writers:
             writer.cancel()
-        await asyncio.gather(*self._writers, return_exceptions=True)
-        await self.cache.aclose()
+        await asyncio.gather(*writers, return_exceptions=True)
+        await self._stack.aclose()
 
     async def _drain(self) -> None:
         while True:
             key, raw = await self._queue.get()
             try:
-                if not await self.cache.put(key, raw):
-                    self.fills_dropped += 1
-            except BlobError:  # e.g. QuotaExceeded: a cache that cannot store is only a miss
-                self.stats.errors += 1
+                await self._write(key, raw)
             finally:
                 self._pending_bytes -= raw.nbytes
                 self._queue.task_done()
+
+    async def _write(self, key: str, raw: memoryview) -> None:
+        """One fill; a failure is counted and logged, never fatal to the writer."""
+        try:
+            if not await self.cache.put(key, raw):
+                self.fills_dropped += 1
+        except BlobError:  # e.g. QuotaExceeded: a cache that cannot store is only a miss
+            self.stats.errors += 1
+        except Exception:  # a bug or an OS error: the writer must live on, or flush() hangs
+            self.stats.errors += 1
+            self.fill_failures += 1
+            log.exception("L2 fill of chunk %s failed", key)

@@ -10,71 +10,29 @@ A node that fails with Unavailable (refused, timed out, 5xx) is marked down and 
 ``down_seconds``; while it is down its keys go to the next nodes in rendezvous order, as if
 it had been removed.
 
-Wire, shared with ``servers/flash.py`` (these structs may move to ``blobsdk/wire.py``)::
-
-    GET    /v1/chunks/{key}?<chunk query>   stored bytes; X-Blobsdk-Cache: hit | miss
-    PUT    /v1/chunks/{key}?<chunk query>[&pin_seconds=S]   body = stored bytes; 201
-    POST   /v1/hydrate      HydrateRequest -> 202 HydrateStatus (pull chunks from L4, pinned)
-    GET    /v1/hydrate/{id} HydrateStatus;  DELETE cancels the job
-
-The chunk query is the ChunkRef as query parameters (:func:`chunk_query`); ``key`` must be
-its chunk key.
+Each node is one :class:`~blobsdk._endpoint.Endpoint` (control requests, data GETs, its
+concurrency limit).  The wire, shared with ``servers/flash.py``, is in ``blobsdk/wire.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
-from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
 
-from .._http import HttpEndpoint
-from .._rawget import RawGetEndpoint
-from ..errors import BadRequest, BlobError, Unavailable
-from ..hedge import HedgeConfig, HedgeExhausted, Hedger
+from .._endpoint import Endpoint
+from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
+from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
 from ..placement import rank
-from ..sources.base import validate_block_id
 from ..stats import TierStats
-from ..wire import ChunkRef
-from .base import BadCopy, Decoder
-
-CACHE_HEADER = "X-Blobsdk-Cache"  # "hit": served from the node's flash; "miss": read through L4
-HYDRATE_BATCH = 10_000  # refs per hydrate request (keeps bodies far below the size bound)
-_REF_FIELDS = ("block_id", "offset", "length", "raw_length", "checksum", "codec")
-_UINT64 = 1 << 64
-
-JobState = Literal["running", "done", "failed", "cancelled"]
-
-
-class HydrateRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Pull these chunks from L4 into the node and pin them (None: the node's default)."""
-
-    refs: list[ChunkRef]
-    pin_seconds: float | None = None
-
-
-class HydrateStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """Progress of one hydrate job: ``done`` chunks are stored and pinned, ``failed`` ones
-    are not; the job ends "done" when none failed, else "failed" (or "cancelled")."""
-
-    job_id: str
-    state: JobState
-    total: int
-    done: int = 0
-    failed: int = 0
-    bytes: int = 0
-    errors: list[str] = []  # the first few failures
-
-    @property
-    def finished(self) -> bool:
-        return self.state != "running"
+from ..wire import CACHE_HEADER, HYDRATE_BATCH, ChunkRef, HydrateRequest, HydrateStatus, chunk_query
+from .base import Closing, Decoder
 
 
 @dataclass(frozen=True)
@@ -87,28 +45,7 @@ class HydrateJob:
     error: str | None = None
 
 
-def chunk_query(ref: ChunkRef) -> str:
-    """``ref`` as URL query parameters."""
-    return urlencode({name: getattr(ref, name) for name in _REF_FIELDS})
-
-
-def ref_from_query(query: Mapping[str, str]) -> ChunkRef:
-    """The ChunkRef named by query parameters; BadRequest if any is missing or invalid."""
-    try:
-        ref = msgspec.convert({k: query[k] for k in _REF_FIELDS if k in query}, ChunkRef, strict=False)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid chunk reference: {exc}") from exc
-    return validate_ref(ref)
-
-
-def validate_ref(ref: ChunkRef) -> ChunkRef:
-    validate_block_id(ref.block_id)
-    if min(ref.offset, ref.length, ref.raw_length) < 0 or not 0 <= ref.checksum < _UINT64:
-        raise BadRequest(f"invalid chunk reference {ref}: negative span or checksum out of range")
-    return ref
-
-
-class L3Tier:
+class L3Tier(Closing):
     """The Tier over a set of L3 flash nodes, using (never closing) the caller's session.
 
     ``token`` is the bearer token the nodes want (it names the tenant); ``timeout`` bounds
@@ -137,16 +74,16 @@ class L3Tier:
         self.stats = TierStats()
         self.node_hits = 0
         self.node_fills = 0
-        self._nodes = {e.base_url: e for e in (HttpEndpoint(session, url, token) for url in urls)}
-        read_timeout = timeout if timeout is not None else session.timeout
-        self._reads = {url: RawGetEndpoint(url, token, timeout=read_timeout) for url in self._nodes}
+        self.limiters = limiters if limiters is not None else LimiterRegistry()
+        self._nodes = {
+            e.base_url: e
+            for e in (Endpoint(session, url, token, limiter=self.limiters.get(url), timeout=timeout) for url in urls)
+        }
         self._replicas = replicas
         self._down_seconds = down_seconds
-        self._request_args = {} if timeout is None else {"timeout": timeout}
         self._clock = clock
         self._down_until: dict[str, float] = {}
         self.hedger = Hedger(hedge)
-        self.limiters = limiters if limiters is not None else LimiterRegistry()
 
     @property
     def urls(self) -> list[str]:
@@ -164,13 +101,21 @@ class L3Tier:
         try:
             raw = await self.hedger.run(
                 self.candidates(ref.key), partial(self._fetch_from, ref, decode), failover=_is_blob_error,
-                ready=self.limiters.has_room,
+                ready=self._has_room,
             )
         except HedgeExhausted:
             self.stats.misses += 1
             return None
         self.stats.hit(ref.raw_length, time.perf_counter() - begun)
         return raw
+
+    def peek(self, ref: ChunkRef) -> memoryview | None:
+        """Nothing without a request: ask fetch."""
+        return None
+
+    def _has_room(self, url: str) -> bool:
+        """A hedge goes only to a node whose concurrency limit has a free slot."""
+        return self._nodes[url].has_room
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: the nodes fill themselves when they read a chunk through."""
@@ -189,23 +134,24 @@ class L3Tier:
         kept it from answering."""
         return dict(zip(self._nodes, await asyncio.gather(*(self._one_node_stats(e) for e in self._nodes.values()))))
 
-    async def _one_node_stats(self, node: HttpEndpoint) -> object:
+    async def _one_node_stats(self, node: Endpoint) -> object:
         try:
-            async with node.request("GET", "/stats", **self._request_args) as resp:
-                return msgspec.json.decode(await resp.read())
+            return msgspec.json.decode(await node.read("GET", "/stats"))
         except BlobError as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
+        except msgspec.DecodeError as exc:
+            return {"error": f"malformed /stats answer: {exc}"}
 
     async def aclose(self) -> None:
         """Close the chunk-read connections (the session belongs to the caller)."""
-        for endpoint in self._reads.values():
-            await endpoint.aclose()
+        for node in self._nodes.values():
+            await node.aclose()
 
-    async def _fetch_from(self, ref: ChunkRef, decode: Decoder, url: str) -> memoryview:
+    async def _fetch_from(self, ref: ChunkRef, decode: Decoder, url: str, attempt: Attempt) -> memoryview:
         """The verified raw bytes from one node; a failure is counted (a node that is
         Unavailable is marked down) and raised, so the hedger tries the next node."""
         try:
-            stored, served_from = await self._get(url, ref)
+            stored, served_from = await self._get(url, ref, attempt)
             raw = await decode(ref, stored)
         except BadCopy:
             self.stats.corrupt += 1
@@ -221,12 +167,12 @@ class L3Tier:
         self._count_source(served_from)
         return raw
 
-    async def _get(self, url: str, ref: ChunkRef) -> tuple[memoryview, str]:
+    async def _get(self, url: str, ref: ChunkRef, attempt: Attempt) -> tuple[memoryview, str]:
         """The node's copy of ``ref``'s stored bytes (exactly ``ref.length`` of them), and
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = memoryview(bytearray(ref.length))
-        headers = await self._reads[url].get_into(route, buf, limiter=self.limiters.get(url))
+        headers = await self._nodes[url].get_into(route, buf, attempt=attempt)
         return buf, headers.get(CACHE_HEADER.lower(), "")
 
     def _count_source(self, served_from: str) -> None:

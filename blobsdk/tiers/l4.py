@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from ..errors import BlobError, BlockNotFound, CorruptData, Unavailable
-from ..hedge import HedgeConfig, HedgeExhausted, Hedger
+from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, Unavailable
+from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..sources.base import BlockStore
 from ..stats import TierStats
 from ..wire import ChunkRef
-from .base import BadCopy, Decoder
+from .base import Closing, Decoder
 
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
@@ -26,7 +26,7 @@ _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try 
 SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 
 
-class L4Tier:
+class L4Tier(Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself)."""
 
@@ -44,6 +44,10 @@ class L4Tier:
         self.stats = stats if stats is not None else TierStats()
         self.hedger = Hedger(hedge)
         self._limiters = limiters if limiters is not None else LimiterRegistry()
+
+    def peek(self, ref: ChunkRef) -> memoryview | None:
+        """Nothing without a read: ask fetch."""
+        return None
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview:
         """The verified raw bytes of ``ref`` (never None: L4 raises instead)."""
@@ -83,12 +87,14 @@ class L4Tier:
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
         return self._limiters.has_room(replica.name)
 
-    async def _read_copy(self, ref: ChunkRef, decode: Decoder, replica: BlockStore) -> tuple[bytearray, memoryview]:
+    async def _read_copy(
+        self, ref: ChunkRef, decode: Decoder, replica: BlockStore, attempt: Attempt
+    ) -> tuple[bytearray, memoryview]:
         """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
         go on in a thread, so no two attempts ever share one."""
         stored = bytearray(ref.length)
         try:
-            await replica.read_into(ref.block_id, ref.offset, memoryview(stored))
+            await replica.read_into(ref.block_id, ref.offset, memoryview(stored), attempt=attempt)
             return stored, await decode(ref, memoryview(stored))
         except _FAILOVER as exc:
             self._count(exc)
@@ -102,9 +108,6 @@ class L4Tier:
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: L4 is where every chunk comes from."""
-
-    async def aclose(self) -> None:
-        """Nothing owned."""
 
     def _count(self, exc: BlobError) -> None:
         if isinstance(exc, BadCopy):

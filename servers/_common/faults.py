@@ -54,7 +54,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import hdrs, web
 
-from blobsdk.errors import Unauthorized, Unavailable
+from blobsdk.errors import Overloaded, Unauthorized, Unavailable
 from servers._common.http import (
     ADMIN_FAULTS_ROUTE,
     METRICS_KEY,
@@ -151,12 +151,6 @@ class FaultStatus(msgspec.Struct, frozen=True, kw_only=True):
     config: FaultConfig
     injected: dict[str, int]
     stalled: int
-
-
-class Overloaded(Unavailable):
-    """More requests than a rule's slots and queue: 429 on the wire, Unavailable for clients."""
-
-    http_status = 429
 
 
 # --- per-request decisions ----------------------------------------------------------------

@@ -16,10 +16,11 @@ import aiohttp
 import msgspec
 import pytest
 
+from blobsdk.hedge import Attempt
 from blobsdk.placement import rank
-from blobsdk.readpath import decode_chunk
+from blobsdk.codec import decode_chunk
 from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.tiers.l3 import CACHE_HEADER, HydrateRequest, HydrateStatus, chunk_query
+from blobsdk.wire import CACHE_HEADER, HydrateRequest, HydrateStatus, chunk_query
 from blobsdk.wire import JSON, ChunkRef, ErrorBody
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, TenantConfig, make_app
 from tests.helpers import ROOT, running_app, server_process
@@ -53,7 +54,7 @@ class CountingStore:
     def replicas(self) -> tuple[CountingStore]:
         return (self,)
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
         self.reads += 1
         await self.gate.wait()
         await self.inner.read_into(block_id, offset, out)

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.hedge import Attempt
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
@@ -211,8 +212,8 @@ class HeldWrites:
         await self.gate.wait()
         await self.inner.write_block(block_id, parts)
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview) -> None:
-        await self.inner.read_into(block_id, offset, out)
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
+        await self.inner.read_into(block_id, offset, out, attempt=attempt)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         return await self.inner.read_range(block_id, offset, length)

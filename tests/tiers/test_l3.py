@@ -16,7 +16,8 @@ from aiohttp import web
 from blobsdk.hedge import HedgeConfig
 from blobsdk.placement import rank
 from blobsdk.tiers.base import Tier
-from blobsdk.tiers.l3 import CACHE_HEADER, HydrateJob, L3Tier
+from blobsdk.tiers.l3 import HydrateJob, L3Tier
+from blobsdk.wire import CACHE_HEADER
 from blobsdk.wire import ChunkRef
 from servers.flash import FlashNode, TenantConfig
 from tests.helpers import running_app
@@ -201,7 +202,7 @@ async def test_fill_is_a_no_op_and_nothing_is_owned(env: Env) -> None:
 def test_refs_round_trip_through_the_query() -> None:
     from urllib.parse import parse_qsl
 
-    from blobsdk.tiers.l3 import chunk_query, ref_from_query
+    from blobsdk.wire import chunk_query, ref_from_query
 
     ref = ChunkRef(block_id="0" * 32, offset=7, length=9, raw_length=20, checksum=(1 << 64) - 1, codec="lz4")
     assert ref_from_query(dict(parse_qsl(chunk_query(ref)))) == ref

@@ -12,11 +12,12 @@ import pytest
 
 from blobsdk.errors import BlockNotFound, CorruptData, Unavailable
 from blobsdk.hedge import HedgeConfig
-from blobsdk.readpath import decode_chunk
+from blobsdk.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tiers.base import BadCopy, Tier
+from blobsdk.errors import BadCopy
+from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from blobsdk.writer import encode_chunk

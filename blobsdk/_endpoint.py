@@ -1,0 +1,89 @@
+"""One server as the SDK's data path sees it: the three things every client of a block
+server, an L3 node or (later) a peer needs, owned together for one base URL.
+
+- control requests (msgpack calls, PUTs, deletes, stats) over the caller's long-lived
+  ``aiohttp.ClientSession`` (:class:`~blobsdk._http.HttpEndpoint`);
+- data GETs on keep-alive connections of its own, the body received straight into the
+  caller's buffer (:class:`~blobsdk._rawget.RawGetEndpoint`);
+- the server's adaptive concurrency limit (:class:`~blobsdk.limiter.AdaptiveLimiter`), which
+  every data GET waits for.
+
+A data GET that is one attempt of a hedged read is handed that read's
+:class:`~blobsdk.hedge.Attempt`: it is marked queued while it waits for a permit and in
+service once it has one, so the hedger never hedges a read that is only waiting its turn in
+this client.  The permit is told, by the GET itself, when the server sheds the request or it
+times out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import aiohttp
+
+from ._http import HttpEndpoint
+from ._rawget import RawGetEndpoint
+from .hedge import Attempt
+from .limiter import AdaptiveLimiter
+
+T = TypeVar("T")
+
+
+class Endpoint:
+    """One server's control requests, data GETs and concurrency limit.
+
+    Uses, and never closes, ``session``; ``token`` is the server's bearer token; ``limiter``
+    defaults to a limiter of its own; ``timeout`` bounds each request (default: the
+    session's).  :meth:`aclose` closes the data connections.
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        token: str | None = None,
+        *,
+        limiter: AdaptiveLimiter | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> None:
+        self.control = HttpEndpoint(session, base_url, token)
+        self.base_url = self.control.base_url
+        self.limiter = limiter if limiter is not None else AdaptiveLimiter(self.base_url)
+        self._data = RawGetEndpoint(base_url, token, timeout=timeout if timeout is not None else session.timeout)
+        self._request_args: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a data GET would get a permit at once (where a hedge may go)."""
+        return self.limiter.has_room
+
+    async def call(self, method: str, route: str, body: Any, kind: type[T]) -> T:
+        """A msgpack request and its decoded answer (see ``HttpEndpoint.call``)."""
+        return await self.control.call(method, route, body, kind, **self._request_args)
+
+    async def read(self, method: str, route: str, **kwargs: Any) -> bytes:
+        """A control request's whole answer body."""
+        return await self.control.read(method, route, **self._request_args, **kwargs)
+
+    async def get_into(
+        self,
+        route: str,
+        out: memoryview,
+        *,
+        expect: int = 200,
+        headers: Mapping[str, str] | None = None,
+        attempt: Attempt | None = None,
+    ) -> dict[str, str]:
+        """A data GET whose body lands in ``out`` (see ``RawGetEndpoint.get_into``), once
+        the limiter admits it."""
+        if attempt is not None:
+            attempt.queued()
+        async with self.limiter.acquire(size=out.nbytes) as permit:
+            if attempt is not None:
+                attempt.in_service()
+            return await self._data.get_into(route, out, expect=expect, headers=headers, permit=permit)
+
+    async def aclose(self) -> None:
+        """Close the data connections (the session belongs to the caller)."""
+        await self._data.aclose()
