@@ -6,10 +6,15 @@ these structs: they go raw in HTTP bodies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
+from urllib.parse import urlencode
 
 import msgspec
 import xxhash
+
+from ._ids import validate_hex32
+from .errors import BadRequest
 
 Codec = Literal["none", "lz4"]
 
@@ -131,6 +136,7 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
+MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
 
 _encoder = msgspec.msgpack.Encoder()
 
@@ -160,3 +166,66 @@ class ScanRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class ScanResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     plans: list[ReadPlan]
     next_start_after: str | None = None
+
+
+# --- L3 flash nodes (servers/flash.py) ---------------------------------------------------
+#
+#     GET    /v1/chunks/{key}?<chunk query>   stored bytes; X-Blobsdk-Cache: hit | miss
+#     PUT    /v1/chunks/{key}?<chunk query>[&pin_seconds=S]   body = stored bytes; 201
+#     POST   /v1/hydrate      HydrateRequest -> 202 HydrateStatus (pull chunks from L4, pinned)
+#     GET    /v1/hydrate/{id} HydrateStatus;  DELETE cancels the job
+#
+# The chunk query is the ChunkRef as query parameters (chunk_query); ``key`` must be its
+# chunk key.
+
+CACHE_HEADER = "X-Blobsdk-Cache"  # "hit": served from the node's flash; "miss": read through L4
+HYDRATE_BATCH = 10_000  # refs per hydrate request (keeps bodies far below MAX_BODY_BYTES)
+_REF_FIELDS = ("block_id", "offset", "length", "raw_length", "checksum", "codec")
+_UINT64 = 1 << 64
+
+JobState = Literal["running", "done", "failed", "cancelled"]
+
+
+class HydrateRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Pull these chunks from L4 into the node and pin them (None: the node's default)."""
+
+    refs: list[ChunkRef]
+    pin_seconds: float | None = None
+
+
+class HydrateStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Progress of one hydrate job: ``done`` chunks are stored and pinned, ``failed`` ones
+    are not; the job ends "done" when none failed, else "failed" (or "cancelled")."""
+
+    job_id: str
+    state: JobState
+    total: int
+    done: int = 0
+    failed: int = 0
+    bytes: int = 0
+    errors: list[str] = []  # the first few failures
+
+    @property
+    def finished(self) -> bool:
+        return self.state != "running"
+
+
+def chunk_query(ref: ChunkRef) -> str:
+    """``ref`` as URL query parameters."""
+    return urlencode({name: getattr(ref, name) for name in _REF_FIELDS})
+
+
+def ref_from_query(query: Mapping[str, str]) -> ChunkRef:
+    """The ChunkRef named by query parameters; BadRequest if any is missing or invalid."""
+    try:
+        ref = msgspec.convert({k: query[k] for k in _REF_FIELDS if k in query}, ChunkRef, strict=False)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid chunk reference: {exc}") from exc
+    return validate_ref(ref)
+
+
+def validate_ref(ref: ChunkRef) -> ChunkRef:
+    validate_hex32(ref.block_id, "block id")
+    if min(ref.offset, ref.length, ref.raw_length) < 0 or not 0 <= ref.checksum < _UINT64:
+        raise BadRequest(f"invalid chunk reference {ref}: negative span or checksum out of range")
+    return ref
