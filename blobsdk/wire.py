@@ -137,6 +137,7 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
+MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -31,7 +31,7 @@ from aiohttp import web
 from blobsdk.errors import BadRequest, RangeNotSatisfiable
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
-from blobsdk.wire import ListBlocksResponse
+from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import METRICS_KEY, add_serve_args, base_app, reply, serve
 
@@ -39,7 +39,6 @@ MiB = 1 << 20
 OCTETS = "application/octet-stream"
 PIECE = 1 << 20  # bytes read from disk and sent per step of a GET
 BATCH = 1 << 20  # received bytes handed to the disk thread at once on a PUT
-MAX_LIST = 10_000
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{0,19})")
 
 
@@ -239,8 +238,8 @@ def parse_limit(raw: str | None) -> int:
         limit = 1000 if raw is None else int(raw)
     except ValueError:
         raise BadRequest(f"limit must be an integer, got {raw!r}") from None
-    if not 1 <= limit <= MAX_LIST:
-        raise BadRequest(f"limit must be between 1 and {MAX_LIST}, got {limit}")
+    if not 1 <= limit <= MAX_LIST_BLOCKS:
+        raise BadRequest(f"limit must be between 1 and {MAX_LIST_BLOCKS}, got {limit}")
     return limit
 
 

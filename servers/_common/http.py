@@ -17,12 +17,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from blobsdk.errors import BadRequest, BlobError, Unauthorized
-from blobsdk.wire import JSON, MSGPACK, ErrorBody
+from blobsdk.wire import JSON, MAX_BODY_BYTES, MSGPACK, ErrorBody
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-MAX_BODY_BYTES = 16 << 20  # default bound for msgpack/JSON request bodies
 ADMIN_FAULTS_ROUTE = "/admin/faults"
 # Not guarded by the data token (the fault admin route checks its own) and never faulted.
 PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", ADMIN_FAULTS_ROUTE})
