@@ -1,10 +1,12 @@
 """Client (async) and SyncClient (blocking, on a background loop thread).
 
 A client is a MetadataStore plus a BlockStore plus the read and write paths over them.
-``Client.local(dir)`` is the embedded default (SQLite + a local block directory, no
-servers); ``Client(config)`` talks to a cluster (API server + replicated block servers).
-Every resource is opened in ``__aenter__`` and closed, with every task it started, in
-``__aexit__``/``aclose``.
+``Client(config, stores=...)`` is the one constructor: ``config`` holds every setting and a
+:class:`Stores` object says where the stores are: ``ClusterStores`` (the default: the API
+server and block servers ``config`` names), ``LocalStores`` (``Client.local(dir)``, the
+embedded default: SQLite + a local block directory, no servers) or ``GivenStores``
+(``Client.from_stores``).  Every resource, tier and task is opened in ``__aenter__`` on one
+exit stack and closed by it in ``__aexit__``/``aclose``.
 """
 
 from __future__ import annotations

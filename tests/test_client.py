@@ -224,3 +224,33 @@ async def test_put_many_with_empty_blobs_between(client):
     assert [i.size for i in infos] == [1, 0, 1 << 20, 0]
     for path, data in items:
         assert await client.get(path) == data
+
+
+def test_a_config_that_names_no_stores_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"^no stores configured: need api_url and block_urls \(or use Client.local\(DIR\)\)$"):
+        blobsdk.Client(blobsdk.ClientConfig())
+
+
+def test_block_urls_without_an_api_url_are_refused():
+    with pytest.raises(ValueError, match=r"^block_urls need an api_url \(the metadata API server\)$"):
+        blobsdk.ClientConfig(block_urls=("http://b",))
+
+
+def test_sync_client_local_takes_the_same_tiers_as_client_local(tmp_path):
+    l2 = blobsdk.L2Config(dir=str(tmp_path / "l2"))
+    with blobsdk.SyncClient.local(tmp_path / "data", write=SMALL, l1=blobsdk.L1Config(capacity_bytes=0), l2=l2) as c:
+        c.put("/b/x", b"tiered")
+        assert c.get("/b/x") == b"tiered"
+        c.flush()
+        stats = c.stats()
+    assert stats["l1"]["enabled"] is False and stats["l2"]["enabled"] is True
+    assert any((tmp_path / "l2").rglob("*"))  # the chunk went to L2
+
+
+async def test_every_tier_is_closed_with_the_client(tmp_path):
+    l2 = blobsdk.L2Config(dir=str(tmp_path / "l2"))
+    async with blobsdk.Client.local(tmp_path / "data", write=SMALL, l2=l2) as c:
+        tiers = c._open.readpath.tiers
+        l2_tier = next(t for t in tiers if t.name == "l2")
+        assert l2_tier._writers and not any(w.done() for w in l2_tier._writers)
+    assert not l2_tier._writers
