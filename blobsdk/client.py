@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Coroutine,
@@ -213,7 +214,7 @@ class Client:
         plan = await self._open.metadata.get_plan(validate_path(path))
         return plan.info()
 
-    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[BlobInfo]:
+    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncGenerator[BlobInfo, None]:
         """Every blob whose path starts with ``prefix``, sorted by path."""
         async for info in self._open.metadata.list(validate_prefix(prefix), start_after):
             yield info

@@ -41,10 +41,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from blobsdk._http import new_session
 from blobsdk.cache.base import DEFAULT_TENANT, validate_key
@@ -67,7 +69,7 @@ from blobsdk.sources.base import BlockStore
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
-from blobsdk.wire import CACHE_HEADER, ChunkRef, HydrateRequest, HydrateStatus, ref_from_query, validate_ref
+from blobsdk.wire import CACHE_HEADER, ChunkRef, HydrateRequest, HydrateStatus, JobState, ref_from_query, validate_ref
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import (
     METRICS_KEY,
@@ -150,7 +152,7 @@ class Tenants:
             raise Unauthorized("missing or unknown bearer token")
         return found[0]
 
-    def middleware(self) -> Callable[[web.Request, Handler], object]:
+    def middleware(self) -> Middleware:
         @web.middleware
         async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
             if request.path not in PUBLIC_ROUTES:
@@ -191,7 +193,7 @@ class Job:
         return HydrateStatus(job_id=self.job_id, state=self._state(), total=len(self.refs), done=self.done,
                              failed=self.failed, bytes=self.bytes, errors=list(self.errors))
 
-    def _state(self) -> str:
+    def _state(self) -> JobState:
         if self.task is None or not self.task.done():
             return "running"
         if self.task.cancelled():
@@ -464,12 +466,21 @@ def _install(app: web.Application, node: FlashNode) -> None:
     app.router.add_get("/stats", node.stats, allow_head=False)
     gauges = app[METRICS_KEY].gauges
     for name in ("bytes", "entries", "capacity_bytes", "evictions", "corrupt"):
-        gauges[f"cache_{name}"] = lambda name=name: node.cache.stats().get(name, 0)
+        gauges[f"cache_{name}"] = partial(_cache_gauge, node, name)
     for name in asdict(Counters()):
-        gauges[f"chunk_{name}"] = lambda name=name: getattr(node.counters, name)
+        gauges[f"chunk_{name}"] = partial(_counter_gauge, node, name)
     gauges["l4_corrupt_copies"] = lambda: node.l4.stats.corrupt
     gauges["l4_errors"] = lambda: node.l4.stats.errors
     gauges["hydrate_jobs_running"] = node.running_jobs
+
+
+def _cache_gauge(node: FlashNode, name: str) -> float:
+    return node.cache.stats().get(name, 0)
+
+
+def _counter_gauge(node: FlashNode, name: str) -> float:
+    value: int = getattr(node.counters, name)
+    return value
 
 
 # --- command line ---------------------------------------------------------------------

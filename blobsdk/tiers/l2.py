@@ -68,7 +68,7 @@ class L2Tier:
         data = await self.cache.get(ref.key, checksum=ref.checksum)  # verified on the executor
         if data is None:
             self.stats.misses += 1
-            self.stats.corrupt += self.cache.stats()["corrupt"] - corrupt_before
+            self.stats.corrupt += int(self.cache.stats()["corrupt"] - corrupt_before)
             return None
         self.stats.hit(len(data), time.perf_counter() - begun)
         return memoryview(data)
