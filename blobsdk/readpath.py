@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from ._singleflight import SingleFlight
 from ._tasks import task_group
 from .codec import ChunkDecoder
-from .codec import decode_chunk as decode_chunk  # TEMPORARY re-export while imports move to blobsdk.codec
 from .errors import BadRequest, Unavailable
 from .tiers.base import Tier
 from .wire import ChunkRef, ReadPlan

@@ -281,3 +281,31 @@ async def test_an_l2_fill_that_fails_unexpectedly_is_logged_and_counted_and_the_
         assert tier.cache.contains(refs[1].key) and not tier.cache.contains(refs[0].key)
         assert (tier.stats.errors, tier.extra_stats()["fill_failures"]) == (1, 1)
     assert f"L2 fill of chunk {refs[0].key} failed" in caplog.text and "disk on fire" in caplog.text
+
+
+async def test_l2_counts_each_corrupt_copy_once_under_concurrent_fetches(tmp_path):
+    raw = memoryview(data_of(5000, 12))
+    refs = [ChunkRef(block_id=f"{i:032x}", offset=0, length=5000, raw_length=5000, checksum=xxhash.xxh3_64_intdigest(raw))
+            for i in range(8)]
+    async with L2Tier(DiskCache(tmp_path, capacity_bytes=1 << 20)) as tier:
+        for ref in refs:
+            await tier.fill(ref, raw)
+        await tier.flush()
+        for path in (p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size >= 5000):
+            data = bytearray(path.read_bytes())
+            data[-1] ^= 0xFF
+            path.write_bytes(data)
+        results = await asyncio.gather(*(tier.fetch(ref, None) for ref in refs))
+    assert results == [None] * 8 and (tier.stats.corrupt, tier.stats.misses) == (8, 8)
+
+
+async def test_l2_flush_after_close_returns_and_counts_the_queued_fills_dropped(tmp_path):
+    raw = memoryview(data_of(5000, 13))
+    refs = [ChunkRef(block_id=f"{i:032x}", offset=0, length=5000, raw_length=5000, checksum=xxhash.xxh3_64_intdigest(raw))
+            for i in range(20)]
+    tier = L2Tier(DiskCache(tmp_path, capacity_bytes=1 << 20), writers=1)
+    async with tier:
+        for ref in refs:
+            await tier.fill(ref, raw)
+    await asyncio.wait_for(tier.flush(), 5)
+    assert tier.fills_dropped > 0 and tier._pending_bytes == 0

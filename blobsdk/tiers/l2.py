@@ -64,11 +64,12 @@ class L2Tier:
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         begun = time.perf_counter()
-        corrupt_before = self.cache.stats()["corrupt"]
         data = await self.cache.get(ref.key, checksum=ref.checksum)  # verified on the executor
         if data is None:
             self.stats.misses += 1
-            self.stats.corrupt += int(self.cache.stats()["corrupt"] - corrupt_before)
+            # The cache is this tier's alone: its count is the tier's (a before/after delta
+            # would also count what concurrent fetches found).
+            self.stats.corrupt = int(self.cache.stats()["corrupt"])
             return None
         self.stats.hit(len(data), time.perf_counter() - begun)
         return memoryview(data)
@@ -97,6 +98,11 @@ class L2Tier:
         for writer in writers:
             writer.cancel()
         await asyncio.gather(*writers, return_exceptions=True)
+        while not self._queue.empty():  # dropped: flush() must not wait for them
+            _, raw = self._queue.get_nowait()
+            self._pending_bytes -= raw.nbytes
+            self.fills_dropped += 1
+            self._queue.task_done()
         await self._stack.aclose()
 
     async def _drain(self) -> None:

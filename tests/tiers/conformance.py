@@ -38,7 +38,7 @@ from typing import Literal, Protocol
 import pytest
 
 from blobsdk.errors import BlockNotFound, CorruptData
-from blobsdk.readpath import decode_chunk
+from blobsdk.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.tiers.base import Tier
 from blobsdk.wire import ChunkRef
