@@ -1,18 +1,27 @@
 # `make demo` and `make test` work on a fresh clone: they create .venv and install the
 # project (with its dev extras) first, again only when pyproject.toml changes.
+# `make test` runs `make lint` (ruff and mypy, configured in pyproject.toml) before pytest.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test lint bench install clean
 
 demo: $(STAMP)
 	$(VENV)/bin/blobsdk demo
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
+
+# All three always run, so one pass reports every kind of problem; any failure fails lint.
+lint: $(STAMP)
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	exit $$status
 
 bench: $(STAMP)
 	$(PY) -m benchmarks put_get --quick
@@ -29,4 +38,4 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info
