@@ -32,10 +32,10 @@ from pathlib import Path
 import xxhash
 
 from blobsdk._http import new_session
+from blobsdk.codec import decode_chunk
 from blobsdk.config import Timeouts
 from blobsdk.hedge import HedgeConfig
 from blobsdk.limiter import LimiterRegistry
-from blobsdk.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore

@@ -44,9 +44,7 @@ async def run(quick: bool = False) -> Report:
         root = Path(tmp)
         await _embedded(report, root, data, repeats)
         await _cluster(report, root, data, repeats, plan_samples=300 if quick else 2000)
-    report.goals.update(
-        get_vs_file=">= 0.5", put_vs_file=">= 0.5", cluster_get_vs_http=">= 0.5", plan_p50_ms="<= 2"
-    )
+    report.goals.update(get_vs_file=">= 0.5", put_vs_file=">= 0.5", cluster_get_vs_http=">= 0.5", plan_p50_ms="<= 2")
     return report
 
 

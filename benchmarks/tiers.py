@@ -63,9 +63,13 @@ async def run(quick: bool = False) -> Report:
 async def _epochs(report: Report, root: Path, samples: list[bytes]) -> None:
     size = sum(map(len, samples))
     paths = [f"/ds/{i:05d}" for i in range(len(samples))]
-    async with start_cluster(root / "cluster", block_servers=3, l3_nodes=2, latency_ms=5, bandwidth_mbps=200, l3_capacity_mb=2 * size // MiB + 64) as cluster:
+    async with start_cluster(
+        root / "cluster", block_servers=3, l3_nodes=2, latency_ms=5, bandwidth_mbps=200, l3_capacity_mb=2 * size // MiB + 64
+    ) as cluster:
         full = msgspec.structs.replace(
-            cluster.config, l1=L1Config(capacity_bytes=size + 64 * MiB), l2=L2Config(dir=str(root / "l2"), capacity_bytes=2 * size)
+            cluster.config,
+            l1=L1Config(capacity_bytes=size + 64 * MiB),
+            l2=L2Config(dir=str(root / "l2"), capacity_bytes=2 * size),
         )
         async with blobsdk.Client(full) as c:
             await c.put_many(zip(paths, samples))
@@ -199,6 +203,10 @@ def _ratios(report: Report) -> None:
     report.ratios["l3_vs_http"] = m["l3_MBps"] / m["http_MBps"]
     report.ratios["warm_vs_cold"] = m["l1_MBps"] / m["cold_MBps"]
     report.goals.update(
-        l1_vs_memcpy=">= 0.5", l2_vs_file=">= 0.6", l3_vs_http=">= 0.7", warm_vs_cold=">= 5",
-        small_reads_per_s=">= 50000", plan_lookup_us="<= 20",
+        l1_vs_memcpy=">= 0.5",
+        l2_vs_file=">= 0.6",
+        l3_vs_http=">= 0.7",
+        warm_vs_cold=">= 5",
+        small_reads_per_s=">= 50000",
+        plan_lookup_us="<= 20",
     )

@@ -163,8 +163,11 @@ class ImportTally:
         return bool(self.invalid or self.unreadable)
 
     def report(self) -> None:
-        parts = [f"{n} {what}" for n, what in
-                 ((self.symlinks, "symlinks"), (self.invalid, "invalid paths"), (self.unreadable, "unreadable files")) if n]
+        parts = [
+            f"{n} {what}"
+            for n, what in ((self.symlinks, "symlinks"), (self.invalid, "invalid paths"), (self.unreadable, "unreadable files"))
+            if n
+        ]
         if parts:
             self.progress.note("skipped: " + ", ".join(parts))
 
@@ -313,14 +316,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefix", metavar="PREFIX")
 
     p = command("gc", cmd_gc, "delete L4 blocks no blob references")
-    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
-                   help="only blocks older than this (default 3600; must exceed max_write_seconds)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="only blocks older than this (default 3600; must exceed max_write_seconds)",
+    )
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
 
     command("stats", cmd_stats, "show this client's per-tier counters and the L3 nodes' own stats as JSON")
 
-    p = sub.add_parser("demo", help="ingest, read back and verify a synthetic dataset",
-                       description="Ingest a synthetic dataset, read it back as a training epoch, verify every byte.")
+    p = sub.add_parser(
+        "demo",
+        help="ingest, read back and verify a synthetic dataset",
+        description="Ingest a synthetic dataset, read it back as a training epoch, verify every byte.",
+    )
     p.set_defaults(run=None)  # the demo opens its own embedded store
     p.add_argument("--dir", type=Path, default=None, help="store directory (default: a temporary one)")
     p.add_argument("--size-mb", type=int, default=300, metavar="N", help="dataset size in MiB (default 300)")

@@ -91,9 +91,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("block_urls need an api_url (the metadata API server)")
         quorum = self.write.write_quorum
         if quorum is not None and self.block_urls and not 1 <= quorum <= len(self.block_urls):
-            raise ValueError(
-                f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls"
-            )
+            raise ValueError(f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls")
         check_write_config(self.write)
 
     @classmethod
@@ -142,8 +140,15 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 _TOP_KEYS = ("api_url", "block_urls", "l3_urls", "tracker_urls")
-_DEFAULTS: dict[str, object] = {"l1": L1Config(), "l3": L3Config(), "write": WriteConfig(), "read": ReadConfig(), "hedge": HedgeConfig(),
-    "limiter": LimiterConfig(), "timeouts": Timeouts()}
+_DEFAULTS: dict[str, object] = {
+    "l1": L1Config(),
+    "l3": L3Config(),
+    "write": WriteConfig(),
+    "read": ReadConfig(),
+    "hedge": HedgeConfig(),
+    "limiter": LimiterConfig(),
+    "timeouts": Timeouts(),
+}
 
 
 def check_write_config(write: WriteConfig) -> None:

@@ -112,8 +112,10 @@ class DemoReport:
     @property
     def problems(self) -> str:
         reads = self.samples * len(self.epochs)
-        return (f"{reads - self.verified} of {reads} sample reads wrong ({', '.join(self.mismatched[:5])}), "
-                f"{self.ranged_total - self.ranged_ok} of {self.ranged_total} ranged reads wrong")
+        return (
+            f"{reads - self.verified} of {reads} sample reads wrong ({', '.join(self.mismatched[:5])}), "
+            f"{self.ranged_total - self.ranged_ok} of {self.ranged_total} ranged reads wrong"
+        )
 
 
 async def run_demo(dir: Path | None, size_mb: int = 300, out: TextIO = sys.stdout, *, keep: bool = False) -> DemoReport:
@@ -133,8 +135,11 @@ async def run_demo(dir: Path | None, size_mb: int = 300, out: TextIO = sys.stdou
 async def _run(root: Path, size_mb: int, out: TextIO) -> DemoReport:
     samples = make_dataset(size_mb)
     report = DemoReport(dir=root, samples=len(samples), logical_bytes=sum(s.size for s in samples))
-    print(f"blobsdk demo: {len(samples)} samples, {report.logical_bytes / MiB:.1f} MiB, "
-          f"embedded store in {root}", file=out, flush=True)
+    print(
+        f"blobsdk demo: {len(samples)} samples, {report.logical_bytes / MiB:.1f} MiB, embedded store in {root}",
+        file=out,
+        flush=True,
+    )
     l2 = L2Config(dir=str(root / "l2"), capacity_bytes=2 * report.logical_bytes + 64 * MiB)
     expected = {s.index: _digest(s.generate()) for s in samples}
     async with Client.local(root, l2=l2) as client:
@@ -192,12 +197,12 @@ async def _ranged_reads(client: Client, samples: Sequence[Sample], report: DemoR
         checks = [(offset, length), (sample.size + 10, 5), (sample.size - 5, 100)]
         for off, n in checks:
             report.ranged_total += 1
-            report.ranged_ok += bytes(await client.get(sample.path, off, n)) == data[off:off + n]
+            report.ranged_ok += bytes(await client.get(sample.path, off, n)) == data[off : off + n]
 
 
 def _batches(items: Sequence[Sample], size: int) -> Iterator[Sequence[Sample]]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 def _digest(data: bytes | bytearray) -> bytes:

@@ -182,11 +182,21 @@ class Cluster:
         name = kind.name if kind.count(self.options) == 1 else f"{kind.name}-{i}"
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
         port_file.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", kind.module, "--host", HOST, "--port", "0", "--port-file", str(port_file),
-                *_common_args(self.options, kind), *kind.args(launch, i)]
+        argv = [
+            sys.executable,
+            "-m",
+            kind.module,
+            "--host",
+            HOST,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            *_common_args(self.options, kind),
+            *kind.args(launch, i),
+        ]
         with open(log, "ab") as out:
-            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, env=_child_env())
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_child_env())
         proc = ServerProcess(kind=kind.name, name=name, popen=popen, port_file=port_file, log=log)
         self.processes.append(proc)
         return proc
@@ -318,12 +328,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
     parser.add_argument("--spindles", type=int, metavar="N", help="concurrent data requests each block server serves")
     parser.add_argument("--token", help="bearer token every server requires (written to client.toml)")
     parser.add_argument("--l3-nodes", type=int, default=2, metavar="M", help="L3 flash nodes (default 2)")
-    parser.add_argument("--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)")
+    parser.add_argument(
+        "--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)"
+    )
     parser.add_argument("--l3-hold-seconds", type=float, default=0.0, metavar="S", help="hold period of the L3 nodes (default 0)")
     parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
     for kind in KINDS:
-        parser.add_argument(f"--{kind.name}-faults", action="append", default=[], metavar="SPEC",
-                            help=f"a --fault SPEC for every {kind.name} server (repeatable)")
+        parser.add_argument(
+            f"--{kind.name}-faults",
+            action="append",
+            default=[],
+            metavar="SPEC",
+            help=f"a --fault SPEC for every {kind.name} server (repeatable)",
+        )
     parser.add_argument("--admin-token", help="every server mounts /admin/faults behind this bearer token")
     args = parser.parse_args(argv)
     if args.block_servers < 1:
@@ -332,8 +349,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
         parser.error(f"--write-quorum must be between 1 and --block-servers ({args.block_servers})")
     if args.l3_nodes < 0 or args.l3_capacity_mb <= 0 or args.l3_hold_seconds < 0:
         parser.error("--l3-nodes and --l3-hold-seconds must be >= 0, --l3-capacity-mb positive")
-    names = ("block_servers", "write_quorum", "latency_ms", "bandwidth_mbps", "spindles", "token",
-             "l3_nodes", "l3_capacity_mb", "l3_hold_seconds", "startup_timeout", "admin_token")
+    names = (
+        "block_servers",
+        "write_quorum",
+        "latency_ms",
+        "bandwidth_mbps",
+        "spindles",
+        "token",
+        "l3_nodes",
+        "l3_capacity_mb",
+        "l3_hold_seconds",
+        "startup_timeout",
+        "admin_token",
+    )
     faults = {kind.name: tuple(getattr(args, f"{kind.name}_faults")) for kind in KINDS}
     return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults)
 
@@ -358,8 +386,11 @@ def run(dir: Path, options: ClusterOptions) -> int:
         cluster.start()
         _print_ready(cluster)
         dead = _watch(cluster)
-        print(f"cluster: error: {dead.name} exited unexpectedly with code {dead.popen.returncode}; "
-              f"stopping the rest. Its log:\n{dead.log_tail()}", file=sys.stderr)
+        print(
+            f"cluster: error: {dead.name} exited unexpectedly with code {dead.popen.returncode}; "
+            f"stopping the rest. Its log:\n{dead.log_tail()}",
+            file=sys.stderr,
+        )
         return 1
     except _Shutdown:
         return 0

@@ -78,8 +78,13 @@ def test_put_and_rm_honour_if_version(tmp_path, store):
 
 def test_import_tree_skips_symlinks_and_round_trips(tmp_path, store):
     src = tmp_path / "src"
-    files = {"top.txt": b"top", "a/one.bin": os.urandom(1000), "a/b/c/deep.bin": b"deep", "a/empty": b"",
-             "big/large.bin": os.urandom(5 << 20)}  # large enough to be mapped, not read
+    files = {
+        "top.txt": b"top",
+        "a/one.bin": os.urandom(1000),
+        "a/b/c/deep.bin": b"deep",
+        "a/empty": b"",
+        "big/large.bin": os.urandom(5 << 20),
+    }  # large enough to be mapped, not read
     for rel, content in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(content)

@@ -64,9 +64,7 @@ def test_from_env_config_file(tmp_path):
 
 
 def test_from_env_urls():
-    cfg = ClientConfig.from_env(
-        {"BLOBSDK_API_URL": "http://a", "BLOBSDK_BLOCK_URLS": "http://b, http://c", "BLOBSDK_TOKEN": "t"}
-    )
+    cfg = ClientConfig.from_env({"BLOBSDK_API_URL": "http://a", "BLOBSDK_BLOCK_URLS": "http://b, http://c", "BLOBSDK_TOKEN": "t"})
     assert cfg.block_urls == ("http://b", "http://c") and cfg.token == "t"
 
 
@@ -77,8 +75,13 @@ def test_from_env_missing():
 
 def test_to_toml_keeps_non_default_tables(tmp_path):
     cfg = ClientConfig.from_dict(
-        {"api_url": "http://a", "block_urls": ["http://b", "http://c"], "write": {"write_quorum": 1, "chunk_size": 1024},
-         "timeouts": {"sock_read": 2.5}, "l2": {"dir": "/x"}}
+        {
+            "api_url": "http://a",
+            "block_urls": ["http://b", "http://c"],
+            "write": {"write_quorum": 1, "chunk_size": 1024},
+            "timeouts": {"sock_read": 2.5},
+            "l2": {"dir": "/x"},
+        }
     )
     text = cfg.to_toml()
     assert "[write]" in text and "[timeouts]" in text and "[read]" not in text

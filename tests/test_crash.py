@@ -34,7 +34,10 @@ NEW = bytes(range(256)) * (256 * 1024)
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
 async def test_sigkill_mid_put_keeps_previous_version(tmp_path, delay):
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.stdout.readline() == b"ready\n"
     time.sleep(delay)

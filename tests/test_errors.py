@@ -21,8 +21,17 @@ def test_dual_inheritance(cls, also):
 
 @pytest.mark.parametrize(
     "cls",
-    [blobsdk.BlobNotFound, blobsdk.BlockNotFound, blobsdk.InvalidPath, blobsdk.PreconditionFailed, blobsdk.CorruptData,
-     blobsdk.QuotaExceeded, blobsdk.Unauthorized, blobsdk.Unavailable, blobsdk.BadRequest],
+    [
+        blobsdk.BlobNotFound,
+        blobsdk.BlockNotFound,
+        blobsdk.InvalidPath,
+        blobsdk.PreconditionFailed,
+        blobsdk.CorruptData,
+        blobsdk.QuotaExceeded,
+        blobsdk.Unauthorized,
+        blobsdk.Unavailable,
+        blobsdk.BadRequest,
+    ],
 )
 def test_code_round_trip(cls):
     err = error_from_code(cls.code, "msg")

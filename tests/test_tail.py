@@ -108,8 +108,14 @@ async def test_an_overloaded_server_makes_the_limiter_back_off_and_goodput_recov
             await c.put_many(blobs.items())
         await _set_faults(
             cluster.config.block_urls[0],
-            {"route": "/v1/blocks", "methods": ["GET"], "max_in_service": 2, "queue_limit": 2, "overload": "reject",
-             "latency_ms": 20},
+            {
+                "route": "/v1/blocks",
+                "methods": ["GET"],
+                "max_in_service": 2,
+                "queue_limit": 2,
+                "overload": "reject",
+                "latency_ms": 20,
+            },
         )
         async with blobsdk.Client(_config(cluster)) as c:
             url = cluster.config.block_urls[0]

@@ -65,8 +65,11 @@ def test_resolve_range(size, offset, length, expected):
 
 @pytest.mark.parametrize(
     ("offset", "length", "message"),
-    [(-1, None, "offset must be an int >= 0, got -1"), (0, -1, "length must be None or an int >= 0, got -1"),
-     (1.5, None, "offset must be an int >= 0, got 1.5")],
+    [
+        (-1, None, "offset must be an int >= 0, got -1"),
+        (0, -1, "length must be None or an int >= 0, got -1"),
+        (1.5, None, "offset must be an int >= 0, got 1.5"),
+    ],
 )
 def test_resolve_range_rejects(offset, length, message):
     with pytest.raises(ValueError, match=message):

@@ -24,6 +24,7 @@ each other: the worst case is a miss (a vanished file drops our index entry), ne
 bytes; files another process adds are seen at the next open.  All disk access runs on the
 cache's own thread pool, never on the event loop.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -81,9 +81,7 @@ class MemoryCache:
         self._counts["hits"] += 1
         return self._data[key]
 
-    def put_nowait(
-        self, key: str, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0
-    ) -> bool:
+    def put_nowait(self, key: str, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0) -> bool:
         """Store ``data`` (kept as is if ``bytes``, else as a read-only view of it: do not
         mutate it afterwards).  False if it cannot be admitted; QuotaExceeded if ``tenant``'s
         quota cannot hold it.  A put replaces ``key``; if it fails, ``key`` is gone."""

@@ -56,9 +56,7 @@ class MetadataStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def iterate_pages(
-    store: MetadataStore, prefix: str, start_after: str | None, limit: int
-) -> AsyncIterator[BlobInfo]:
+async def iterate_pages(store: MetadataStore, prefix: str, start_after: str | None, limit: int) -> AsyncIterator[BlobInfo]:
     """Shared ``list`` implementation over ``list_page``."""
     cursor = start_after
     while True:

@@ -79,7 +79,9 @@ class CachedMetadataStore:
         finally:
             self._plans.pop(path, None)
 
-    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> tuple[list[BlobInfo], str | None]:
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[list[BlobInfo], str | None]:
         return await self.store.list_page(prefix, start_after, limit)
 
     def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
@@ -107,4 +109,3 @@ class CachedMetadataStore:
 
     async def aclose(self) -> None:
         await self.store.aclose()
-

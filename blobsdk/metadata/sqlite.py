@@ -297,9 +297,7 @@ def _check_precondition(path: str, if_version: int | None, live: int | None) -> 
     raise PreconditionFailed(f"precondition failed for {path!r}: expected {expected}, found {actual}")
 
 
-def _list_page(
-    conn: sqlite3.Connection, prefix: str, start_after: str | None, limit: int
-) -> tuple[list[BlobInfo], str | None]:
+def _list_page(conn: sqlite3.Connection, prefix: str, start_after: str | None, limit: int) -> tuple[list[BlobInfo], str | None]:
     # A range on the primary key, not LIKE: '%' and '_' are legal in paths.
     if start_after is not None and start_after >= prefix:
         op, lower = ">", start_after

@@ -41,9 +41,7 @@ class ReplicatedBlockStore:
     The store owns its replicas and closes them in :meth:`aclose`.
     """
 
-    def __init__(
-        self, stores: Sequence[BlockStore], write_quorum: int | None = None, *, close_timeout: float = 30.0
-    ) -> None:
+    def __init__(self, stores: Sequence[BlockStore], write_quorum: int | None = None, *, close_timeout: float = 30.0) -> None:
         if not stores:
             raise ValueError("ReplicatedBlockStore needs at least one store")
         self._stores = tuple(stores)

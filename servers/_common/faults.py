@@ -290,7 +290,11 @@ class _DamagedStream:
     ``flip_at``, and after ``cut_at`` bytes closes the connection and drops the rest."""
 
     def __init__(
-        self, request: web.Request, response: web.StreamResponse, flip_at: int | None, cut_at: int | None,
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        flip_at: int | None,
+        cut_at: int | None,
         counts: Counter[str],
     ) -> None:
         self._request, self._response, self._counts = request, response, counts

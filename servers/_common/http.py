@@ -202,12 +202,18 @@ def add_serve_args(parser: Any) -> None:
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--token", default=None, help="require this bearer token (default: none)")
-    parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                        help="inject faults, e.g. 'route=/v1/blocks;error_rate=0.1;latency_ms=5' (repeatable; "
-                        "rules of $BLOBSDK_FAULTS come first; see servers/_common/faults.py)")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject faults, e.g. 'route=/v1/blocks;error_rate=0.1;latency_ms=5' (repeatable; "
+        "rules of $BLOBSDK_FAULTS come first; see servers/_common/faults.py)",
+    )
     parser.add_argument("--fault-seed", type=int, default=None, metavar="N", help="seed of the fault draws")
-    parser.add_argument("--admin-token", default=None,
-                        help="mount /admin/faults (GET/PUT/DELETE) behind this bearer token (default: not mounted)")
+    parser.add_argument(
+        "--admin-token", default=None, help="mount /admin/faults (GET/PUT/DELETE) behind this bearer token (default: not mounted)"
+    )
 
 
 def serve(app: web.Application, host: str, port: int, port_file: Path | None = None) -> None:

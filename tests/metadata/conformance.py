@@ -21,8 +21,7 @@ INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00
 def make_plan(path: str, size: int = 10, seed: int = 0) -> ReadPlan:
     """An uncommitted plan of two chunks whose content depends on ``seed``."""
     chunks = tuple(
-        ChunkRef(block_id=f"blk{seed}", offset=i * 8, length=8, raw_length=8, checksum=seed * 100 + i)
-        for i in range(2)
+        ChunkRef(block_id=f"blk{seed}", offset=i * 8, length=8, raw_length=8, checksum=seed * 100 + i) for i in range(2)
     )
     return ReadPlan(path=path, version=0, etag=etag_of(chunks, size), size=size, chunk_size=8, chunks=chunks)
 
@@ -285,17 +284,13 @@ class MetadataStoreTests:
 
     async def test_concurrent_cas_exactly_one_wins(self, store):
         await put(store, "/b/x")
-        results = await asyncio.gather(
-            *(put(store, "/b/x", seed=i, if_version=1) for i in range(20)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(put(store, "/b/x", seed=i, if_version=1) for i in range(20)), return_exceptions=True)
         winners = [r for r in results if isinstance(r, ReadPlan)]
         assert len(winners) == 1 and winners[0].version == 2
         assert all(isinstance(r, PreconditionFailed) for r in results if r is not winners[0])
         assert await store.get_plan("/b/x") == winners[0]
 
     async def test_concurrent_create_only_exactly_one_wins(self, store):
-        results = await asyncio.gather(
-            *(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True)
         assert sum(isinstance(r, ReadPlan) for r in results) == 1
         assert sum(isinstance(r, PreconditionFailed) for r in results) == 19

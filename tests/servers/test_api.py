@@ -73,7 +73,7 @@ async def test_malformed_msgpack_is_bad_request(session, api_url):
 
 
 async def test_wrong_shaped_json_is_bad_request(session, api_url):
-    for body in (b'{"paths": "/b/x"}', b'{"pathz": []}', b'[1, 2]', b"{not json"):
+    for body in (b'{"paths": "/b/x"}', b'{"pathz": []}', b"[1, 2]", b"{not json"):
         status, err = await post(session, f"{api_url}/v1/plans", body, JSON)
         assert (status, err.code) == (400, "bad_request"), body
 
@@ -105,8 +105,7 @@ async def test_large_valid_commit_is_accepted(session, api_url):
         ChunkRef(block_id="b" * 32, offset=i << 22, length=1 << 22, raw_length=1 << 22, checksum=i) for i in range(100)
     )
     plans = [
-        ReadPlan(path=f"/big/k{i}", version=0, etag="e", size=100 << 22, chunk_size=1 << 22, chunks=chunks)
-        for i in range(1000)
+        ReadPlan(path=f"/big/k{i}", version=0, etag="e", size=100 << 22, chunk_size=1 << 22, chunks=chunks) for i in range(1000)
     ]
     ops = [CommitOp(path=plan.path, plan=plan) for plan in plans]
     assert len(encode(CommitRequest(ops=ops))) > 8 << 20

@@ -86,9 +86,7 @@ async def test_invalid_block_id_is_400(plain: tuple[str, Path], session: aiohttp
             assert (await error_of(resp)).code == "bad_request"
 
 
-async def test_whole_block_and_exact_ranges(
-    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str
-) -> None:
+async def test_whole_block_and_exact_ranges(plain: tuple[str, Path], session: aiohttp.ClientSession, block: str) -> None:
     data = (bytes(range(256)) * 4)[:1000]
     async with session.get(f"{plain[0]}/v1/blocks/{block}") as resp:
         assert resp.status == 200 and await resp.read() == data
@@ -99,17 +97,13 @@ async def test_whole_block_and_exact_ranges(
 
 
 @pytest.mark.parametrize("header", ["bytes=a-b", "bytes=5-2", "items=0-1", "bytes=-5", "bytes=0-1,3-4", "bytes="])
-async def test_malformed_range_is_400(
-    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str, header: str
-) -> None:
+async def test_malformed_range_is_400(plain: tuple[str, Path], session: aiohttp.ClientSession, block: str, header: str) -> None:
     async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": header}) as resp:
         assert resp.status == 400
         assert (await error_of(resp)).code == "bad_request"
 
 
-@pytest.mark.parametrize(
-    "header", ["bytes=0-1000", "bytes=1000-1000", "bytes=5000-", "bytes=999-99999", f"bytes={10**19 - 1}-"]
-)
+@pytest.mark.parametrize("header", ["bytes=0-1000", "bytes=1000-1000", "bytes=5000-", "bytes=999-99999", f"bytes={10**19 - 1}-"])
 async def test_range_past_the_end_is_416(
     plain: tuple[str, Path], session: aiohttp.ClientSession, block: str, header: str
 ) -> None:
@@ -118,9 +112,7 @@ async def test_range_past_the_end_is_416(
         assert (await error_of(resp)).code == "corrupt_data"
 
 
-async def test_spans_of_one_piece_and_of_many_are_answered_alike(
-    tmp_path: Path, session: aiohttp.ClientSession
-) -> None:
+async def test_spans_of_one_piece_and_of_many_are_answered_alike(tmp_path: Path, session: aiohttp.ClientSession) -> None:
     data = bytes(range(251)) * 10_000  # 2.4 MiB: up to three pieces
     with blockstore(tmp_path) as (url, _):
         block_id, empty_id = new_block_id(), new_block_id()
@@ -149,9 +141,7 @@ async def test_missing_block_is_404(plain: tuple[str, Path], session: aiohttp.Cl
         assert (await error_of(resp)).code == "block_not_found"
 
 
-async def test_oversized_put_is_400_and_leaves_no_block(
-    plain: tuple[str, Path], session: aiohttp.ClientSession
-) -> None:
+async def test_oversized_put_is_400_and_leaves_no_block(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
     store = HttpBlockStore(session, plain[0])
     block_id = new_block_id()
     with pytest.raises(BadRequest, match="too large"):
@@ -177,9 +167,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
         await asyncio.sleep(0.02)
 
 
-async def test_a_client_that_hangs_up_mid_body_leaves_nothing(
-    plain: tuple[str, Path], session: aiohttp.ClientSession
-) -> None:
+async def test_a_client_that_hangs_up_mid_body_leaves_nothing(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
     block_id = new_block_id()
     host, port = plain[0].removeprefix("http://").split(":")
     _, writer = await asyncio.open_connection(host, int(port))
@@ -208,9 +196,7 @@ async def test_list_pages_and_limits(plain: tuple[str, Path], session: aiohttp.C
             assert resp.status == 400
 
 
-async def test_delete_is_204_and_idempotent(
-    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str
-) -> None:
+async def test_delete_is_204_and_idempotent(plain: tuple[str, Path], session: aiohttp.ClientSession, block: str) -> None:
     for _ in range(2):
         async with session.delete(f"{plain[0]}/v1/blocks/{block}") as resp:
             assert resp.status == 204

@@ -51,7 +51,10 @@ def cluster_cli(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]
     """``python -m servers.cluster --dir tmp`` running, its client.toml written."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "servers.cluster", "--dir", str(tmp_path), "--block-servers", "3"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         _wait_for(lambda: (tmp_path / "client.toml").exists() or proc.poll() is not None, START_TIMEOUT, "client.toml")
@@ -103,7 +106,10 @@ def test_cli_stops_the_rest_and_exits_1_when_a_server_dies(cluster_cli):
 def test_cli_rejects_a_quorum_larger_than_the_block_servers(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "servers.cluster", "--dir", str(tmp_path), "--block-servers", "2", "--write-quorum", "3"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=60,
     )
     assert result.returncode == 2 and b"--write-quorum" in result.stderr
     assert not (tmp_path / "client.toml").exists()
@@ -131,8 +137,9 @@ async def test_reads_survive_dead_block_servers_and_the_token_is_required(tmp_pa
 
 
 def test_a_server_that_fails_to_start_stops_the_others(tmp_path):
-    broken = ServerKind(name="broken", module="servers.no_such_server", count=lambda o: 1,
-                        args=lambda launch, i: [], to_config=lambda urls: {})
+    broken = ServerKind(
+        name="broken", module="servers.no_such_server", count=lambda o: 1, args=lambda launch, i: [], to_config=lambda urls: {}
+    )
     cluster = Cluster(tmp_path, ClusterOptions(block_servers=1, l3_nodes=0), kinds=(*KINDS, broken))
     with pytest.raises(ClusterError, match="broken exited with code 1 during start-up"), cluster:
         pass

@@ -117,20 +117,41 @@ def differing_bytes(a: bytes, b: bytes) -> int:
 
 
 def test_a_spec_names_rule_fields() -> None:
-    spec = ("route=/v1/blocks; methods=get,put ;error_rate=10%;latency_ms=5;latency_lognormal=20,0.5;"
-            "slow_fraction=0.01;slow_ms=200;max_in_service=4;queue_limit=2;overload=slow")
+    spec = (
+        "route=/v1/blocks; methods=get,put ;error_rate=10%;latency_ms=5;latency_lognormal=20,0.5;"
+        "slow_fraction=0.01;slow_ms=200;max_in_service=4;queue_limit=2;overload=slow"
+    )
     assert parse_rule(spec) == FaultRule(
-        route="/v1/blocks", methods=("GET", "PUT"), error_rate=0.1, latency_ms=5.0,
-        latency_lognormal=Lognormal(median_ms=20.0, sigma=0.5), slow_fraction=0.01, slow_ms=200.0,
-        max_in_service=4, queue_limit=2, overload="slow",
+        route="/v1/blocks",
+        methods=("GET", "PUT"),
+        error_rate=0.1,
+        latency_ms=5.0,
+        latency_lognormal=Lognormal(median_ms=20.0, sigma=0.5),
+        slow_fraction=0.01,
+        slow_ms=200.0,
+        max_in_service=4,
+        queue_limit=2,
+        overload="slow",
     )
     assert parse_rule("") == FaultRule()
 
 
-@pytest.mark.parametrize("spec", [
-    "error_rate", "bogus=1", "error_rate=2", "error_rate=x%", "latency_ms=-1", "route=v1/blocks",
-    "queue_limit=3", "overload=maybe", "max_in_service=0", "latency_lognormal=0,1", "stall_rate=nan",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "error_rate",
+        "bogus=1",
+        "error_rate=2",
+        "error_rate=x%",
+        "latency_ms=-1",
+        "route=v1/blocks",
+        "queue_limit=3",
+        "overload=maybe",
+        "max_in_service=0",
+        "latency_lognormal=0,1",
+        "stall_rate=nan",
+    ],
+)
 def test_a_bad_spec_is_a_value_error(spec: str) -> None:
     with pytest.raises(ValueError, match="fault"):
         parse_rule(spec)
@@ -138,7 +159,8 @@ def test_a_bad_spec_is_a_value_error(spec: str) -> None:
 
 def test_env_value_is_json_or_specs_and_flags_come_after_it() -> None:
     assert parse_env("route=/a;error_rate=1 | route=/b;stall_rate=50%") == FaultConfig(
-        rules=(FaultRule(route="/a", error_rate=1.0), FaultRule(route="/b", stall_rate=0.5)))
+        rules=(FaultRule(route="/a", error_rate=1.0), FaultRule(route="/b", stall_rate=0.5))
+    )
     from_json = FaultConfig(rules=(FaultRule(latency_ms=3.0),), seed=9)
     env = msgspec.json.encode(from_json).decode()
     assert parse_env(env) == from_json
@@ -363,8 +385,12 @@ async def test_admin_token_and_data_token_are_separate(tmp_path: Path) -> None:
 
 
 async def test_flash_node_takes_faults_and_its_tenants_do_not_guard_admin(tmp_path: Path) -> None:
-    config = flash.FlashConfig(dir=str(tmp_path / "l3"), block_urls=("http://127.0.0.1:9",), capacity_bytes=1 << 20,
-                               tenants={"t": flash.TenantConfig(token="tenant-token")})
+    config = flash.FlashConfig(
+        dir=str(tmp_path / "l3"),
+        block_urls=("http://127.0.0.1:9",),
+        capacity_bytes=1 << 20,
+        tenants={"t": flash.TenantConfig(token="tenant-token")},
+    )
     faults = FaultConfig(rules=(FaultRule(route="/v1/hydrate", error_rate=1.0),))
     tenant = {"Authorization": "Bearer tenant-token"}
     async with LocalBlockStore(tmp_path / "l4") as l4, aiohttp.ClientSession() as session:
@@ -400,19 +426,38 @@ async def test_blockstore_process_takes_fault_flags_and_env(tmp_path: Path, monk
 @pytest.mark.parametrize("module", ["servers.api", "servers.blockstore"])
 def test_a_bad_fault_flag_is_a_usage_error(module: str, tmp_path: Path) -> None:
     data = ["--db", str(tmp_path / "m.sqlite")] if module == "servers.api" else ["--dir", str(tmp_path)]
-    proc = subprocess.run([sys.executable, "-m", module, *data, "--fault", "error_rate=2"],
-                          cwd=ROOT, capture_output=True, timeout=30, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *data, "--fault", "error_rate=2"], cwd=ROOT, capture_output=True, timeout=30, check=False
+    )
     assert proc.returncode == 2
     assert b"fault spec" in proc.stderr
 
 
 def test_cluster_passes_fault_flags_per_kind(tmp_path: Path) -> None:
-    _, options = parse_args(["--dir", str(tmp_path), "--block-faults", "error_rate=0.1", "--block-faults",
-                             "latency_ms=5", "--l3-faults", "stall_rate=1", "--admin-token", "A"])
+    _, options = parse_args(
+        [
+            "--dir",
+            str(tmp_path),
+            "--block-faults",
+            "error_rate=0.1",
+            "--block-faults",
+            "latency_ms=5",
+            "--l3-faults",
+            "stall_rate=1",
+            "--admin-token",
+            "A",
+        ]
+    )
     assert options.faults == {"api": (), "block": ("error_rate=0.1", "latency_ms=5"), "l3": ("stall_rate=1",)}
     by_name = {kind.name: kind for kind in KINDS}
     assert _common_args(options, by_name["block"]) == [
-        "--admin-token", "A", "--fault", "error_rate=0.1", "--fault", "latency_ms=5"]
+        "--admin-token",
+        "A",
+        "--fault",
+        "error_rate=0.1",
+        "--fault",
+        "latency_ms=5",
+    ]
     assert _common_args(options, by_name["api"]) == ["--admin-token", "A"]
 
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from blobsdk.hedge import Attempt
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
+from blobsdk.hedge import Attempt
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
@@ -137,9 +137,7 @@ async def test_reads_fail_over_when_a_replica_lost_the_block(store: ReplicatedBl
     assert await store.read_range(block, 0, 8) == b"survivor"
 
 
-async def test_writes_meet_a_quorum_of_two_with_one_server_down(
-    servers: BlockServers, session: aiohttp.ClientSession
-) -> None:
+async def test_writes_meet_a_quorum_of_two_with_one_server_down(servers: BlockServers, session: aiohttp.ClientSession) -> None:
     async with await replicated(servers, session, write_quorum=2) as s:
         await servers.stop(1)
         block = new_block_id()
@@ -158,9 +156,7 @@ async def test_writes_needing_every_replica_fail_with_one_server_down(
         assert servers.urls[0] not in str(info.value)
 
 
-async def test_everything_fails_when_every_server_is_down(
-    servers: BlockServers, session: aiohttp.ClientSession
-) -> None:
+async def test_everything_fails_when_every_server_is_down(servers: BlockServers, session: aiohttp.ClientSession) -> None:
     async with await replicated(servers, session, write_quorum=1) as s:
         block = new_block_id()
         await s.write_block(block, [b"x"])
@@ -174,9 +170,7 @@ async def test_everything_fails_when_every_server_is_down(
             await s.delete_block(block)
 
 
-async def test_not_found_on_some_and_down_on_others_is_unavailable(
-    servers: BlockServers, session: aiohttp.ClientSession
-) -> None:
+async def test_not_found_on_some_and_down_on_others_is_unavailable(servers: BlockServers, session: aiohttp.ClientSession) -> None:
     async with await replicated(servers, session) as s:
         await servers.stop(2)  # it might hold the block: "not found" would be a lie
         with pytest.raises(Unavailable) as info:
@@ -242,9 +236,7 @@ async def test_the_caller_may_reuse_its_buffers_once_the_quorum_answered(tmp_pat
         assert await check.read_range(block, 0, 11) == b"originalori"
 
 
-async def test_close_cancels_writes_that_outlive_the_close_timeout(
-    servers: BlockServers, session: aiohttp.ClientSession
-) -> None:
+async def test_close_cancels_writes_that_outlive_the_close_timeout(servers: BlockServers, session: aiohttp.ClientSession) -> None:
     s = await replicated(servers, session, gated=0, write_quorum=2, close_timeout=0.05)
     await s.write_block(new_block_id(), [b"x"])
     async with asyncio.timeout(10):  # the gate never opens: only a cancel lets close return
