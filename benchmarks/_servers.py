@@ -17,21 +17,19 @@ def server(module: str, args: Sequence[str], dir: Path, timeout: float = 30.0) -
     """``python -m module --port 0 --port-file F *args`` until the block exits; yields its URL."""
     dir.mkdir(parents=True, exist_ok=True)
     port_file = dir / f"{module}-{time.monotonic_ns()}.port"
-    log = open(dir / f"{port_file.stem}.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", "0", "--port-file", str(port_file), *args], cwd=ROOT, stdout=log, stderr=log
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{module} did not start; see {log.name}")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port_file.read_text()}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    argv = [sys.executable, "-m", module, "--port", "0", "--port-file", str(port_file), *args]
+    with open(dir / f"{port_file.stem}.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + timeout
+            while not port_file.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{module} did not start; see {log.name}")
+                time.sleep(0.02)
+            yield f"http://127.0.0.1:{port_file.read_text()}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
 
 @contextmanager

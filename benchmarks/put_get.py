@@ -68,12 +68,14 @@ async def _cluster(report: Report, root: Path, data: bytes, repeats: int, plan_s
         async with new_session(Timeouts()) as session:
             await _http_get(session, url)  # warm the connection
             get_http = await best_of(repeats, lambda: _http_get(session, url))
-    async with start_cluster(root / "cluster", block_servers=3) as cluster:
-        async with blobsdk.Client(msgspec.structs.replace(cluster.config, l1=NO_L1)) as client:
-            await client.put("/bench/blob", data)
-            await client.get("/bench/blob")
-            get_ours = await best_of(repeats, lambda: client.get("/bench/blob"))
-            await _plan_latency(report, cluster.config, client, plan_samples)
+    async with (
+        start_cluster(root / "cluster", block_servers=3) as cluster,
+        blobsdk.Client(msgspec.structs.replace(cluster.config, l1=NO_L1)) as client,
+    ):
+        await client.put("/bench/blob", data)
+        await client.get("/bench/blob")
+        get_ours = await best_of(repeats, lambda: client.get("/bench/blob"))
+        await _plan_latency(report, cluster.config, client, plan_samples)
     _record(report, "cluster_get", size, get_ours, "http_get", get_http, "cluster_get_vs_http")
 
 

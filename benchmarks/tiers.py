@@ -72,7 +72,7 @@ async def _epochs(report: Report, root: Path, samples: list[bytes]) -> None:
             l2=L2Config(dir=str(root / "l2"), capacity_bytes=2 * size),
         )
         async with blobsdk.Client(full) as c:
-            await c.put_many(zip(paths, samples))
+            await c.put_many(zip(paths, samples, strict=True))
             report.metrics["cold_MBps"] = await _epoch(c, paths, size)
             report.metrics["l1_MBps"] = await _epoch(c, paths, size)
             await _flush_l2(c)

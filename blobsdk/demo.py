@@ -38,7 +38,7 @@ RANGED_READS = 8
 PREFIX = "/demo/train/"
 TIERS = ("l1", "l2", "l3", "l4")
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 - a word list reads best as words
     "the of and to in is that for it as with was on be by at this from are or an which "
     "model data train loss batch epoch tensor gradient layer weight token sample shard "
     "storage block chunk cache tier read write flash disk memory peer tracker latency "
@@ -219,7 +219,8 @@ def _print_report(r: DemoReport, out: TextIO) -> None:
         f"ingest:   {mib:.1f} MiB in {r.ingest_seconds:.2f} s = {mib / max(r.ingest_seconds, 1e-9):.1f} MiB/s (put_many)",
         f"epochs:   shuffled, {EPOCH_BATCH} concurrent gets; chunks served by each tier:",
         *_epoch_table(r),
-        f"verified: {r.verified}/{r.samples * len(r.epochs)} sample reads (xxh3-128), {r.ranged_ok}/{r.ranged_total} ranged reads",
+        f"verified: {r.verified}/{r.samples * len(r.epochs)} sample reads (xxh3-128), "
+        f"{r.ranged_ok}/{r.ranged_total} ranged reads",
         f"stored:   {r.stored_bytes / MiB:.1f} MiB of blocks for {mib:.1f} MiB logical "
         f"(ratio {r.stored_bytes / max(r.logical_bytes, 1):.2f})",
     ]

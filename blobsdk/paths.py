@@ -25,11 +25,10 @@ def validate_prefix(prefix: object) -> str:
     """Return a valid listing prefix (``/``, ``/bucket``, ``/bucket/dir/``...)."""
     text = _check_text(prefix)
     body = text[1:]
-    if body.endswith("/"):
-        body = body[:-1]
+    body = body.removesuffix("/")
     if body:
         _check_segments(text, body.split("/"))
-    elif text not in ("/",):
+    elif text != "/":
         raise InvalidPath(f"invalid prefix {text!r}: empty segment")
     return text
 

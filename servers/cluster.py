@@ -182,19 +182,8 @@ class Cluster:
         name = kind.name if kind.count(self.options) == 1 else f"{kind.name}-{i}"
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
         port_file.unlink(missing_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            kind.module,
-            "--host",
-            HOST,
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            *_common_args(self.options, kind),
-            *kind.args(launch, i),
-        ]
+        serving = ["--host", HOST, "--port", "0", "--port-file", str(port_file)]
+        argv = [sys.executable, "-m", kind.module, *serving, *_common_args(self.options, kind), *kind.args(launch, i)]
         with open(log, "ab") as out:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_child_env())
         proc = ServerProcess(kind=kind.name, name=name, popen=popen, port_file=port_file, log=log)

@@ -83,8 +83,8 @@ def test_import_tree_skips_symlinks_and_round_trips(tmp_path, store):
         "a/one.bin": os.urandom(1000),
         "a/b/c/deep.bin": b"deep",
         "a/empty": b"",
-        "big/large.bin": os.urandom(5 << 20),
-    }  # large enough to be mapped, not read
+        "big/large.bin": os.urandom(5 << 20),  # large enough to be mapped, not read
+    }
     for rel, content in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(content)

@@ -51,9 +51,12 @@ class SlowBlocks(LocalBlockStore):
 
 
 async def test_slow_write_is_not_committed(tmp_path):
-    async with SqliteMetadataStore(tmp_path / "meta.sqlite") as meta, SlowBlocks(tmp_path / "blocks") as blocks:
-        async with blobsdk.Client.from_stores(meta, blocks, write=FAST) as c:
-            with pytest.raises(Unavailable, match="over max_write_seconds=0; not committed"):
-                await c.put("/b/slow", b"x" * 1000)
-            with pytest.raises(blobsdk.BlobNotFound):
-                await c.stat("/b/slow")
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        SlowBlocks(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=FAST) as c,
+    ):
+        with pytest.raises(Unavailable, match="over max_write_seconds=0; not committed"):
+            await c.put("/b/slow", b"x" * 1000)
+        with pytest.raises(blobsdk.BlobNotFound):
+            await c.stat("/b/slow")

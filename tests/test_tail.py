@@ -124,4 +124,5 @@ async def test_an_overloaded_server_makes_the_limiter_back_off_and_goodput_recov
             assert rejected > 0 and c.stats()["limits"][url] < 16  # backed off from its initial 16
             second = await asyncio.gather(*(c.get(p) for p in blobs), return_exceptions=True)
             failed = sum(isinstance(r, BaseException) for r in second)
-            assert failed < rejected and all(r == blobs[p] for p, r in zip(blobs, second) if not isinstance(r, BaseException))
+            answered = [(p, r) for p, r in zip(blobs, second, strict=True) if not isinstance(r, BaseException)]
+            assert failed < rejected and all(r == blobs[p] for p, r in answered)

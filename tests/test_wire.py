@@ -4,7 +4,7 @@ from blobsdk.wire import ChunkRef, ReadPlan, encode, etag_of
 
 
 def ref(**kw):
-    base = dict(block_id="a" * 32, offset=0, length=10, raw_length=10, checksum=7)
+    base = {"block_id": "a" * 32, "offset": 0, "length": 10, "raw_length": 10, "checksum": 7}
     return ChunkRef(**{**base, **kw})
 
 

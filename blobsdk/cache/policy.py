@@ -65,7 +65,7 @@ class Index:
     first) with bytes per tenant.  ``per_tenant_lru`` adds an LRU order per tenant, which
     quotas need; without quotas a touch stays two dict operations."""
 
-    __slots__ = ("lru", "by_age", "tenant_bytes", "tenant_lru", "used")
+    __slots__ = ("by_age", "lru", "tenant_bytes", "tenant_lru", "used")
 
     def __init__(self, *, per_tenant_lru: bool = False) -> None:
         self.lru: OrderedDict[str, Entry] = OrderedDict()

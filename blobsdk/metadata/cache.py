@@ -52,7 +52,7 @@ class CachedMetadataStore:
         missing = [p for p in dict.fromkeys(paths) if p not in found]
         if missing:
             self.misses += len(missing)
-            for path, plan in zip(missing, await self.store.get_plans(missing)):
+            for path, plan in zip(missing, await self.store.get_plans(missing), strict=True):
                 if plan is not None:
                     found[path] = plan
                     self._remember(plan)

@@ -7,8 +7,9 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
   the same size is a no-op, with another size PreconditionFailed; never a partial overwrite.
 - ``read_into(block_id, offset, out, attempt=None)`` fills ``out`` (a writable memoryview)
   with the bytes at ``offset``; ``attempt`` is the hedged attempt the read is, which a store
-  that waits in a client-side queue (a concurrency permit) marks queued meanwhile; a missing block raises BlockNotFound, a range past the end of the
-  block raises CorruptData (a plan never points past a block).
+  that waits in a client-side queue (a concurrency permit) marks queued meanwhile; a
+  missing block raises BlockNotFound, a range past the end of the block raises CorruptData
+  (a plan never points past a block).
 - ``read_range`` is the same returning new bytes.  A zero-length read returns ``b""``
   after checking the id, without I/O.
 - ``delete_block`` is idempotent; ``list_blocks`` yields every block, sorted by id (a

@@ -192,7 +192,7 @@ def _outcome(task: asyncio.Task[None]) -> str | None:
 
 def _failures(stores: Sequence[BlockStore], results: Sequence[object]) -> list[str]:
     failed = []
-    for store, result in zip(stores, results):
+    for store, result in zip(stores, results, strict=True):
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # KeyboardInterrupt and friends are not a replica's failure
         if isinstance(result, Exception):

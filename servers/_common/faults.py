@@ -431,7 +431,7 @@ class FaultInjector:
         self.injected["stall"] += 1
         self.stalled += 1
         try:
-            while not self._closing and _connected(request):
+            while not self._closing and _connected(request):  # noqa: ASYNC110 - aiohttp has no event for a hang-up
                 await asyncio.sleep(STALL_POLL_S)
         finally:
             self.stalled -= 1

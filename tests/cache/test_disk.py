@@ -359,7 +359,7 @@ async def test_hostile_keys_never_touch_the_file_system(tmp_path, bad):
                 await call
         with pytest.raises(BadRequest):
             cache.pin(bad, 10)
-    assert [p for p in tmp_path.rglob("*")] == [root]
+    assert list(tmp_path.rglob("*")) == [root]
 
 
 async def test_use_outside_async_with_is_refused(tmp_path):

@@ -44,7 +44,7 @@ async def test_get_plans_splits_long_lists(session, api_url):
     await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[::3]])
     got = await store.get_plans(paths)
     assert [plan is not None for plan in got] == [i % 3 == 0 for i in range(count)]
-    assert all(plan.path == path for plan, path in zip(got, paths) if plan is not None)
+    assert all(plan.path == path for plan, path in zip(got, paths, strict=True) if plan is not None)
 
 
 async def test_commit_many_over_the_atomic_limit_is_bad_request(session, api_url):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sqlite3
 import time
 
@@ -128,7 +129,7 @@ async def test_event_loop_keeps_running_during_a_large_commit(tmp_path):
         with pytest.raises(asyncio.CancelledError):
             await beat
         during = [t for t in ticks if t > start]
-        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(ticks)]
         assert elapsed > 0.1, "the commit must be long enough for the test to mean anything"
         assert len(during) >= 5 and max(gaps) < 0.25, (elapsed, len(during), max(gaps))
 
@@ -139,7 +140,7 @@ async def test_get_plans_beyond_one_in_chunk(tmp_path):
         await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[::2]])
         got = await store.get_plans(paths)
         assert [plan is not None for plan in got] == [i % 2 == 0 for i in range(1200)]
-        assert all(plan.path == path for plan, path in zip(got, paths) if plan is not None)
+        assert all(plan.path == path for plan, path in zip(got, paths, strict=True) if plan is not None)
 
 
 @pytest.mark.parametrize(

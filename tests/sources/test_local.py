@@ -107,7 +107,7 @@ async def test_block_writer_streams_then_commits(store: LocalBlockStore) -> None
 
 
 async def test_block_writer_without_commit_leaves_nothing(store: LocalBlockStore) -> None:
-    with pytest.raises(RuntimeError, match="client went away"):
+    with pytest.raises(RuntimeError, match="client went away"):  # noqa: PT012 - raised inside the writer's block
         async with store.block_writer(new_block_id()) as writer:
             await writer.write([b"partial"])
             raise RuntimeError("client went away")
