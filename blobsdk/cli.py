@@ -221,7 +221,7 @@ def _load(local: Path) -> Buffer:
         size = os.fstat(f.fileno()).st_size
         if size < MMAP_THRESHOLD:
             return f.read()
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))  # the view keeps the map
 
 
 # --- local files -----------------------------------------------------------------------
@@ -234,7 +234,7 @@ def _mapped(local: str) -> Iterator[Buffer]:
         if os.fstat(f.fileno()).st_size == 0:
             yield b""
             return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
             yield view
 
 
@@ -345,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
 async def _dispatch(args: argparse.Namespace) -> int:
     if args.run is None:
         return await cmd_demo(args)
+    run: Command = args.run
     async with open_client(args) as client:
-        return await args.run(client, args)
+        return await run(client, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -164,11 +164,14 @@ class DiskCache:
         try:
             data = await self._io(self._read_sync, self._path(key), key, checksum)
         except _Damaged:
-            return self._lost(entry, "corrupt")
+            self._lost(entry, "corrupt")
+            return None
         except FileNotFoundError:  # deleted or evicted by another process sharing root
-            return self._lost(entry)
+            self._lost(entry)
+            return None
         except OSError:
-            return self._lost(entry, "errors")
+            self._lost(entry, "errors")
+            return None
         if self._index.get(key) is entry:
             self._index.touch(entry, self._clock())
         self._counts["hits"] += 1

@@ -15,6 +15,7 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -45,7 +46,7 @@ class MetadataStore(Protocol):
         """Every live blob under ``prefix``, sorted; fetched ``limit`` at a time."""
         ...
 
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
         """One page of every live plan, sorted by path, and the cursor of the next page."""
         ...
 

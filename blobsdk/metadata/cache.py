@@ -9,6 +9,7 @@ cached, so a blob created elsewhere is visible at once.  Chunk caches cannot be 
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -87,7 +88,7 @@ class CachedMetadataStore:
     def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
         return self.store.list(prefix, start_after, limit)
 
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
         return await self.store.scan_page(start_after, limit)
 
     def iter_plans(self) -> AsyncIterator[ReadPlan]:

@@ -7,6 +7,7 @@ the same way without a round trip; the server checks them again.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Self, TypeVar
 
@@ -112,7 +113,7 @@ class HttpMetadataStore:
         check_list_args(prefix, start_after, limit)  # now, not at the first iteration
         return iterate_pages(self, prefix, start_after, limit)
 
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
         """One page of every live plan, sorted by path, and the cursor of the next page."""
         check_cursor(start_after)
         check_limit(limit)
@@ -123,7 +124,7 @@ class HttpMetadataStore:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return iterate_plans(self)
 
-    async def _get_plans(self, paths: list[str]) -> list[ReadPlan | None]:
+    async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
         response = await self._http.call("POST", "/v1/plans", GetPlansRequest(paths=paths), GetPlansResponse)
         if len(response.plans) != len(paths):
             raise Unavailable(f"{self!r} answered {len(response.plans)} plans for {len(paths)} paths")

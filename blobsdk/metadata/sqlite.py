@@ -17,6 +17,7 @@ completes (as with any remote store, a cancelled commit may or may not have happ
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import sqlite3
 import time
@@ -159,7 +160,7 @@ class SqliteMetadataStore:
         check_list_args(prefix, start_after, limit)  # now, not at the first iteration
         return iterate_pages(self, prefix, start_after, limit)
 
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[list[ReadPlan], str | None]:
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
         """One page of every live plan, sorted by path, and the cursor of the next page."""
         check_cursor(start_after)
         check_limit(limit)

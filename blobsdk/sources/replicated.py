@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from typing import Any, Self, TypeVar
 
@@ -142,7 +142,8 @@ class ReplicatedBlockStore:
             task.exception()  # retrieved: a failure past the quorum is not an unhandled error
 
     async def _await_quorum(self, block_id: str, tasks: dict[asyncio.Task[None], BlockStore]) -> None:
-        pending, acked, failed = set(tasks), 0, []
+        pending, acked = set(tasks), 0
+        failed: list[str] = []
         while acked < self._quorum:
             if len(failed) > len(tasks) - self._quorum:
                 raise Unavailable(
@@ -218,7 +219,7 @@ def _immutable(part: Buffer) -> bool:
     return isinstance(part, bytes) or (isinstance(part, memoryview) and isinstance(part.obj, bytes))
 
 
-async def _merge_unique(listings: list[AsyncIterator[BlockInfo]]) -> AsyncIterator[BlockInfo]:
+async def _merge_unique(listings: list[AsyncIterator[BlockInfo]]) -> AsyncGenerator[BlockInfo, None]:
     heap: list[tuple[str, int, BlockInfo]] = []
     for i, listing in enumerate(listings):
         await _push_next(heap, i, listing)

@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import msgspec
@@ -376,7 +377,7 @@ class FaultInjector:
         app.on_shutdown.append(self._release_stalls)
         gauges = app[METRICS_KEY].gauges
         for kind in KINDS:
-            gauges[f"faults_{kind}"] = lambda kind=kind: self.injected[kind]
+            gauges[f"faults_{kind}"] = partial(self.injected.__getitem__, kind)
         gauges["faults_stalled_now"] = lambda: self.stalled
         if self._admin_token:
             _Admin(self, self._admin_token).mount(app)

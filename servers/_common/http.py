@@ -7,7 +7,7 @@ import hmac
 import signal
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -118,7 +118,7 @@ class Metrics:
     def __init__(self, server: str) -> None:
         self.server = server
         self.requests: Counter[tuple[str, int]] = Counter()
-        self.seconds: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
         self.gauges: dict[str, Callable[[], float]] = {}
 
     @web.middleware
