@@ -78,7 +78,9 @@ class HttpEndpoint:
         url = self.base_url + route
         async with AsyncExitStack() as stack:
             try:
-                resp = await stack.enter_async_context(self.session.request(method, url, headers=headers or self.headers, **kwargs))
+                resp = await stack.enter_async_context(
+                    self.session.request(method, url, headers=headers or self.headers, **kwargs)
+                )
                 if resp.status >= 400:
                     raise await _error_of(resp, url)
             except BlobError:

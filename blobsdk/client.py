@@ -292,14 +292,21 @@ def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
     if config.l3_urls and backends.session is not None:
         l3 = config.l3
         yield L3Tier(
-            backends.session, config.l3_urls, token=config.token, replicas=l3.replicas,
-            down_seconds=l3.down_seconds, hedge=config.hedge, limiters=backends.limiters,
+            backends.session,
+            config.l3_urls,
+            token=config.token,
+            replicas=l3.replicas,
+            down_seconds=l3.down_seconds,
+            hedge=config.hedge,
+            limiters=backends.limiters,
         )
     yield L4Tier(backends.blocks, hedge=config.hedge, limiters=backends.limiters)
 
 
 def _l2_tier(cfg: L2Config) -> L2Tier:
-    cache = DiskCache(cfg.dir, capacity_bytes=cfg.capacity_bytes, min_free_ratio=cfg.min_free_ratio, ttl_seconds=cfg.ttl_seconds, name="l2")
+    cache = DiskCache(
+        cfg.dir, capacity_bytes=cfg.capacity_bytes, min_free_ratio=cfg.min_free_ratio, ttl_seconds=cfg.ttl_seconds, name="l2"
+    )
     return L2Tier(cache)
 
 

@@ -27,7 +27,8 @@ estimate does not learn only the fast winners); failed attempts are not samples,
 
 Never hedge into a queue: each attempt is handed an :class:`Attempt`; one that waits in a
 client-side queue (its endpoint's concurrency permit) calls ``attempt.queued()`` and then
-``attempt.in_service()``; until then it is not hedged, and its latency and delay count from entering service, so reads waiting their
+``attempt.in_service()``; until then it is not hedged, and its latency and delay count from
+entering service, so reads waiting their
 turn in a burst are not taken for a slow server.  And ``run(..., ready=)`` says whether a
 candidate has room now (a free limiter slot): a hedge that is due waits, polling every
 ``min_delay_ms``, until its target has room, so a burst that saturates every replica
@@ -370,11 +371,7 @@ class _Race(Generic[T, R]):
 
     def _arm(self, candidate: T, mark: Attempt) -> None:
         """Watch the attempt just started for a hedge, if another may follow it."""
-        can_hedge = (
-            self._hedging
-            and self._next < len(self._candidates)
-            and len(self._running) < self._hedger.config.max_parallel
-        )
+        can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < self._hedger.config.max_parallel
         self._armed = (mark, self._hedger.latency.delay(self._key_of(candidate))) if can_hedge else None
         self._not_before = -math.inf
 

@@ -49,11 +49,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from blobsdk._http import new_session
+from blobsdk._singleflight import SingleFlight
 from blobsdk.cache.base import DEFAULT_TENANT, validate_key
 from blobsdk.cache.disk import DiskCache
-from blobsdk.config import Timeouts
-from blobsdk._singleflight import SingleFlight
 from blobsdk.codec import ChunkDecoder
+from blobsdk.config import Timeouts
 from blobsdk.errors import (
     BadCopy,
     BadRequest,
@@ -190,8 +190,15 @@ class Job:
             self.errors.append(f"chunk {ref.key}: {type(exc).__name__}: {exc}")
 
     def status(self) -> HydrateStatus:
-        return HydrateStatus(job_id=self.job_id, state=self._state(), total=len(self.refs), done=self.done,
-                             failed=self.failed, bytes=self.bytes, errors=list(self.errors))
+        return HydrateStatus(
+            job_id=self.job_id,
+            state=self._state(),
+            total=len(self.refs),
+            done=self.done,
+            failed=self.failed,
+            bytes=self.bytes,
+            errors=list(self.errors),
+        )
 
     def _state(self) -> JobState:
         if self.task is None or not self.task.done():
@@ -224,9 +231,19 @@ class FlashNode:
         self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack))
         c = self.config
         quotas = {name: t.quota_bytes for name, t in c.tenants.items() if t.quota_bytes is not None}
-        self.cache = await stack.enter_async_context(DiskCache(
-            c.dir, capacity_bytes=c.capacity_bytes, min_free_ratio=c.min_free_ratio, ttl_seconds=c.ttl_seconds,
-            hold_seconds=c.hold_seconds, quotas=quotas, threads=c.threads, name="l3", clock=self._clock))
+        self.cache = await stack.enter_async_context(
+            DiskCache(
+                c.dir,
+                capacity_bytes=c.capacity_bytes,
+                min_free_ratio=c.min_free_ratio,
+                ttl_seconds=c.ttl_seconds,
+                hold_seconds=c.hold_seconds,
+                quotas=quotas,
+                threads=c.threads,
+                name="l3",
+                clock=self._clock,
+            )
+        )
         stack.push_async_callback(self._stop_tasks)  # first out: no task may outlive the cache
 
     async def _open_blocks(self, stack: AsyncExitStack) -> BlockStore:
@@ -500,11 +517,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 def config_of(args: argparse.Namespace) -> FlashConfig:
     """The FlashConfig the parsed flags describe (ValueError if they are invalid)."""
     return FlashConfig(
-        dir=str(args.dir), block_urls=tuple(args.block_url), capacity_bytes=int(args.capacity_mb * MiB),
-        hold_seconds=args.hold_seconds, ttl_seconds=args.ttl_seconds, min_free_ratio=args.min_free_ratio,
-        tenants=dict(parse_tenant(t) for t in args.tenant), token=args.token,
+        dir=str(args.dir),
+        block_urls=tuple(args.block_url),
+        capacity_bytes=int(args.capacity_mb * MiB),
+        hold_seconds=args.hold_seconds,
+        ttl_seconds=args.ttl_seconds,
+        min_free_ratio=args.min_free_ratio,
+        tenants=dict(parse_tenant(t) for t in args.tenant),
+        token=args.token,
         block_token=args.token if args.block_token is None else args.block_token,
-        hydrate_concurrency=args.hydrate_concurrency, pin_seconds=args.pin_seconds,
+        hydrate_concurrency=args.hydrate_concurrency,
+        pin_seconds=args.pin_seconds,
         max_chunk_bytes=int(args.max_chunk_mb * MiB),
     )
 
@@ -524,16 +547,32 @@ def parse_tenant(spec: str) -> tuple[str, TenantConfig]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m servers.flash", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="directory of the flash cache")
-    parser.add_argument("--block-url", action="append", required=True, metavar="URL",
-                        help="L4 block server to read through (repeat for each replica, in read order)")
+    parser.add_argument(
+        "--block-url",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="L4 block server to read through (repeat for each replica, in read order)",
+    )
     parser.add_argument("--capacity-mb", type=float, default=1024, metavar="N", help="cache capacity, MiB (default 1024)")
-    parser.add_argument("--hold-seconds", type=float, default=0.0, metavar="S",
-                        help="keep entries at least this long unless nothing else can be evicted (default 0)")
+    parser.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="keep entries at least this long unless nothing else can be evicted (default 0)",
+    )
     parser.add_argument("--ttl-seconds", type=float, default=None, metavar="S", help="entries expire after this")
-    parser.add_argument("--min-free-ratio", type=float, default=0.05, metavar="R",
-                        help="never fill the file system beyond 1 - R (default 0.05)")
-    parser.add_argument("--tenant", action="append", default=[], metavar="NAME:TOKEN[:QUOTA_MB]",
-                        help="a tenant, its bearer token and optional quota (repeatable)")
+    parser.add_argument(
+        "--min-free-ratio", type=float, default=0.05, metavar="R", help="never fill the file system beyond 1 - R (default 0.05)"
+    )
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        metavar="NAME:TOKEN[:QUOTA_MB]",
+        help="a tenant, its bearer token and optional quota (repeatable)",
+    )
     parser.add_argument("--block-token", default=None, help="bearer token of the block servers (default: --token)")
     parser.add_argument("--hydrate-concurrency", type=int, default=8, metavar="N", help="L4 reads for hydrate jobs")
     parser.add_argument("--pin-seconds", type=float, default=600.0, metavar="S", help="default pin of hydrated chunks")

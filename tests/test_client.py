@@ -197,9 +197,11 @@ async def test_corrupt_replica_is_skipped_for_a_good_one(tmp_path):
     from blobsdk.sources.replicated import ReplicatedBlockStore
 
     data = payload(300_000, 9)
-    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, LocalBlockStore(tmp_path / "r0") as r0, LocalBlockStore(
-        tmp_path / "r1"
-    ) as r1:
+    async with (
+        SqliteMetadataStore(tmp_path / "m.sqlite") as meta,
+        LocalBlockStore(tmp_path / "r0") as r0,
+        LocalBlockStore(tmp_path / "r1") as r1,
+    ):
         blocks = ReplicatedBlockStore([r0, r1])
         async with blobsdk.Client.from_stores(meta, blocks, write=SMALL) as c:
             await c.put("/b/rep", data)

@@ -18,7 +18,7 @@ from blobsdk.hedge import HedgeConfig
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
 
-SMALL = dict(chunk_size=64 << 10, block_size=256 << 10)
+SMALL = {"chunk_size": 64 << 10, "block_size": 256 << 10}
 
 
 def _kill(cluster, name: str) -> None:
@@ -104,7 +104,7 @@ async def test_an_l3_node_killed_mid_epoch(tmp_path):
                     _kill(cluster, "l3-0")
                 batch = paths[i : i + 8]
                 results = await asyncio.gather(*(c.get(p) for p in batch))
-                assert all(r == blobs[p] for p, r in zip(batch, results))
+                assert all(r == blobs[p] for p, r in zip(batch, results, strict=True))
             stats = c.stats()
             assert stats["l3"]["hits"] > 0 and stats["l3"]["errors"] >= 1
             assert stats["l3"]["nodes_down"] == 1
@@ -124,7 +124,9 @@ async def test_cli_stats_reports_the_l3_nodes(tmp_path):
         result = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "blobsdk", "--config", str(cluster.config_path), "stats"],
-            cwd=ROOT, capture_output=True, check=True,
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
         )
         report = json.loads(result.stdout)
         assert report["client"]["l3"]["enabled"] is True

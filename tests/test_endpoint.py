@@ -38,8 +38,9 @@ async def test_a_data_get_marks_its_attempt_queued_until_it_has_a_permit(served)
     out = memoryview(bytearray(4))
     try:
         async with limiter.acquire():  # the only slot is taken
-            get = asyncio.create_task(endpoint.get_into(f"/v1/blocks/{block}", out, expect=206,
-                                                        headers={"Range": "bytes=2-5"}, attempt=attempt))
+            get = asyncio.create_task(
+                endpoint.get_into(f"/v1/blocks/{block}", out, expect=206, headers={"Range": "bytes=2-5"}, attempt=attempt)
+            )
             await asyncio.sleep(0.05)
             assert attempt.serving is False and not endpoint.has_room
         await get
@@ -84,10 +85,10 @@ async def test_a_control_error_reply_is_the_blobsdk_error_it_encodes(served) -> 
 async def test_an_error_raised_by_the_callers_own_code_is_not_relabelled(served) -> None:
     session, url, block = served
     endpoint = Endpoint(session, url)
-    with pytest.raises(ConnectionResetError, match="^the caller's own$"):
+    with pytest.raises(ConnectionResetError, match=r"^the caller's own$"):
         async with endpoint.control.request("GET", f"/v1/blocks/{block}"):
             raise ConnectionResetError("the caller's own")  # an OSError: once relabelled Unavailable
-    with pytest.raises(TimeoutError, match="^the caller's deadline$"):
+    with pytest.raises(TimeoutError, match=r"^the caller's deadline$"):
         async with endpoint.control.request("GET", f"/v1/blocks/{block}"):
             raise TimeoutError("the caller's deadline")
     await endpoint.aclose()

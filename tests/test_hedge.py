@@ -11,16 +11,16 @@ from contextlib import asynccontextmanager
 import pytest
 import xxhash
 
+from blobsdk.codec import decode_chunk
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, Unavailable
 from blobsdk.hedge import (
-    HedgeBudget,
     Attempt,
+    HedgeBudget,
     HedgeConfig,
     Hedger,
     LatencyTracker,
     is_failover,
 )
-from blobsdk.codec import decode_chunk
 from blobsdk.wire import ChunkRef
 
 FIXED_10MS = HedgeConfig(min_delay_ms=10, max_delay_ms=10)  # hedge exactly 10 ms after a start
@@ -72,8 +72,14 @@ async def test_fast_primary_wins_without_a_hedge() -> None:
     hedger, fakes = Hedger(FIXED_10MS), Fakes(a="ok", b="ok")
     assert await hedger.run(["a", "b"], fakes) == "from a"
     assert fakes.started == ["a"]
-    assert hedger.stats() == {"primaries": 1, "hedges_sent": 0, "hedges_won": 0, "budget_exhausted": 0, "failovers": 0,
-                               "hedges_deferred": 0}
+    assert hedger.stats() == {
+        "primaries": 1,
+        "hedges_sent": 0,
+        "hedges_won": 0,
+        "budget_exhausted": 0,
+        "failovers": 0,
+        "hedges_deferred": 0,
+    }
 
 
 async def test_stalled_primary_is_hedged_after_the_delay_and_cancelled() -> None:
@@ -259,7 +265,11 @@ async def test_disabled_hedging_only_fails_over() -> None:
 
 async def test_key_of_names_latency_targets() -> None:
     hedger = Hedger()
-    attempt: Callable[[tuple[str, int], Attempt], Awaitable[str]] = lambda c, _: asyncio.sleep(0, c[0])
+
+    async def attempt(candidate: tuple[str, int], _: Attempt) -> str:
+        await asyncio.sleep(0)
+        return candidate[0]
+
     for _ in range(10):
         await hedger.run([("http://r0", 0)], attempt, key_of=lambda c: c[0])
     assert hedger.latency.estimate("http://r0") is not None

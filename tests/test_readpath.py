@@ -81,7 +81,7 @@ async def test_damaged_l2_file_is_detected_deleted_and_refetched(tmp_path, damag
         await c.put("/b/x", data)
         await c.get("/b/x")
         await l2_flush(c)
-        victim = sorted(l2_files(tmp_path / "l2"))[0]
+        victim = min(l2_files(tmp_path / "l2"))
         raw = bytearray(victim.read_bytes())
         if damage == "flip":
             raw[-5] ^= 0xFF
@@ -124,39 +124,48 @@ async def test_eviction_racing_readers_returns_correct_bytes(tmp_path):
         for i in range(0, len(paths), 12):  # batches of concurrent readers while L1 churns
             batch = paths[i : i + 12]
             results = await asyncio.gather(*(c.get(p) for p in batch))
-            assert all(r == blobs[p] for p, r in zip(batch, results))
+            assert all(r == blobs[p] for p, r in zip(batch, results, strict=True))
         stats = c.stats()["l1"]
         assert stats["hits"] > 0 and stats["misses"] > 0
 
 
 async def test_fifty_concurrent_readers_of_a_cold_chunk_cause_one_upstream_read(tmp_path):
-    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
-        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c:
-            data = data_of(50_000, 6)  # one chunk
-            await c.put("/b/one", data)
-            results = await asyncio.gather(*(c.get("/b/one") for _ in range(50)))
-            assert all(r == data for r in results)
-            assert blocks.reads == 1
+    async with (
+        SqliteMetadataStore(tmp_path / "m.sqlite") as meta,
+        CountingBlocks(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c,
+    ):
+        data = data_of(50_000, 6)  # one chunk
+        await c.put("/b/one", data)
+        results = await asyncio.gather(*(c.get("/b/one") for _ in range(50)))
+        assert all(r == data for r in results)
+        assert blocks.reads == 1
 
 
 async def test_cancelled_reader_leaves_the_fetch_to_the_others(tmp_path):
-    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
-        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c:
-            data = data_of(50_000, 7)
-            await c.put("/b/one", data)
-            first = asyncio.create_task(c.get("/b/one"))
-            second = asyncio.create_task(c.get("/b/one"))
-            await asyncio.sleep(0)
-            first.cancel()
-            assert await second == data
-            with pytest.raises(asyncio.CancelledError):
-                await first
-            assert blocks.reads == 1
+    async with (
+        SqliteMetadataStore(tmp_path / "m.sqlite") as meta,
+        CountingBlocks(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c,
+    ):
+        data = data_of(50_000, 7)
+        await c.put("/b/one", data)
+        first = asyncio.create_task(c.get("/b/one"))
+        second = asyncio.create_task(c.get("/b/one"))
+        await asyncio.sleep(0)
+        first.cancel()
+        assert await second == data
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert blocks.reads == 1
 
 
 async def test_plan_cache_staleness_is_bounded_by_its_ttl(tmp_path):
     read = ReadConfig(plan_cache_ttl_seconds=0.3)
-    async with blobsdk.Client.local(tmp_path, write=SMALL, read=read) as a, blobsdk.Client.local(tmp_path, write=SMALL, read=read) as b:
+    async with (
+        blobsdk.Client.local(tmp_path, write=SMALL, read=read) as a,
+        blobsdk.Client.local(tmp_path, write=SMALL, read=read) as b,
+    ):
         await a.put("/b/p", b"one")
         assert await b.get("/b/p") == b"one"
         await a.put("/b/p", b"two")
@@ -197,18 +206,21 @@ async def test_results_never_share_a_buffer(tmp_path, l1):
     """Whole-chunk reads may hand over the fetched buffer itself, but only to a sole holder:
     mutating one result never changes another reader's, nor what the caches serve."""
     l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
-    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
-        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=l1, l2=l2) as c:
-            data = data_of(60_000, 8)  # one chunk
-            await c.put("/b/one", data)
-            first, second = await asyncio.gather(c.get("/b/one"), c.get("/b/one"))
-            assert first is not second and first == second == data
-            first[0] ^= 0xFF
-            assert second == data
-            await c.flush()
-            third = await c.get("/b/one")
-            third[1] ^= 0xFF
-            assert await c.get("/b/one") == data
+    async with (
+        SqliteMetadataStore(tmp_path / "m.sqlite") as meta,
+        CountingBlocks(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=l1, l2=l2) as c,
+    ):
+        data = data_of(60_000, 8)  # one chunk
+        await c.put("/b/one", data)
+        first, second = await asyncio.gather(c.get("/b/one"), c.get("/b/one"))
+        assert first is not second and first == second == data
+        first[0] ^= 0xFF
+        assert second == data
+        await c.flush()
+        third = await c.get("/b/one")
+        third[1] ^= 0xFF
+        assert await c.get("/b/one") == data
 
 
 async def test_l2_write_behind_drops_fills_past_its_byte_bound(tmp_path):
@@ -232,22 +244,27 @@ async def test_l2_write_behind_drops_fills_past_its_byte_bound(tmp_path):
 async def test_a_reader_arriving_as_a_fetch_is_abandoned_gets_a_fresh_fetch(tmp_path):
     """The last reader leaving cancels the fetch; a reader that comes right after must not
     inherit that cancellation."""
-    async with SqliteMetadataStore(tmp_path / "m.sqlite") as meta, CountingBlocks(tmp_path / "blocks") as blocks:
-        async with blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c:
-            data = data_of(50_000, 10)
-            await c.put("/b/one", data)
-            first = asyncio.create_task(c.get("/b/one"))
-            await asyncio.sleep(0.001)
-            first.cancel()
-            second = asyncio.create_task(c.get("/b/one"))  # joins before the cancel lands
-            assert await second == data
-            with pytest.raises(asyncio.CancelledError):
-                await first
+    async with (
+        SqliteMetadataStore(tmp_path / "m.sqlite") as meta,
+        CountingBlocks(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c,
+    ):
+        data = data_of(50_000, 10)
+        await c.put("/b/one", data)
+        first = asyncio.create_task(c.get("/b/one"))
+        await asyncio.sleep(0.001)
+        first.cancel()
+        second = asyncio.create_task(c.get("/b/one"))  # joins before the cancel lands
+        assert await second == data
+        with pytest.raises(asyncio.CancelledError):
+            await first
 
 
 async def test_a_tier_that_cannot_be_built_closes_the_ones_before_it(tmp_path):
     l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=10 << 20)
-    bad = blobsdk.ClientConfig(api_url="http://127.0.0.1:9", block_urls=("http://127.0.0.1:9",), l2=l2, l3_urls=("http://127.0.0.1:9",))
+    bad = blobsdk.ClientConfig(
+        api_url="http://127.0.0.1:9", block_urls=("http://127.0.0.1:9",), l2=l2, l3_urls=("http://127.0.0.1:9",)
+    )
     bad = msgspec.structs.replace(bad, l3=blobsdk.config.L3Config(replicas=0))  # L3Tier refuses this
     with pytest.raises(ValueError, match="replicas must be >= 1"):
         async with blobsdk.Client(bad):
@@ -271,8 +288,10 @@ class BrokenDisk(DiskCache):
 
 async def test_an_l2_fill_that_fails_unexpectedly_is_logged_and_counted_and_the_writer_lives_on(tmp_path, caplog):
     raw = memoryview(data_of(1000, 11))
-    refs = [ChunkRef(block_id=f"{i:032x}", offset=0, length=1000, raw_length=1000, checksum=xxhash.xxh3_64_intdigest(raw))
-            for i in range(2)]
+    refs = [
+        ChunkRef(block_id=f"{i:032x}", offset=0, length=1000, raw_length=1000, checksum=xxhash.xxh3_64_intdigest(raw))
+        for i in range(2)
+    ]
     async with L2Tier(BrokenDisk(tmp_path, capacity_bytes=1 << 20), writers=1) as tier:
         await tier.fill(refs[0], raw)
         await asyncio.wait_for(tier.flush(), 5)
@@ -285,8 +304,10 @@ async def test_an_l2_fill_that_fails_unexpectedly_is_logged_and_counted_and_the_
 
 async def test_l2_counts_each_corrupt_copy_once_under_concurrent_fetches(tmp_path):
     raw = memoryview(data_of(5000, 12))
-    refs = [ChunkRef(block_id=f"{i:032x}", offset=0, length=5000, raw_length=5000, checksum=xxhash.xxh3_64_intdigest(raw))
-            for i in range(8)]
+    refs = [
+        ChunkRef(block_id=f"{i:032x}", offset=0, length=5000, raw_length=5000, checksum=xxhash.xxh3_64_intdigest(raw))
+        for i in range(8)
+    ]
     async with L2Tier(DiskCache(tmp_path, capacity_bytes=1 << 20)) as tier:
         for ref in refs:
             await tier.fill(ref, raw)
@@ -301,8 +322,10 @@ async def test_l2_counts_each_corrupt_copy_once_under_concurrent_fetches(tmp_pat
 
 async def test_l2_flush_after_close_returns_and_counts_the_queued_fills_dropped(tmp_path):
     raw = memoryview(data_of(5000, 13))
-    refs = [ChunkRef(block_id=f"{i:032x}", offset=0, length=5000, raw_length=5000, checksum=xxhash.xxh3_64_intdigest(raw))
-            for i in range(20)]
+    refs = [
+        ChunkRef(block_id=f"{i:032x}", offset=0, length=5000, raw_length=5000, checksum=xxhash.xxh3_64_intdigest(raw))
+        for i in range(20)
+    ]
     tier = L2Tier(DiskCache(tmp_path, capacity_bytes=1 << 20), writers=1)
     async with tier:
         for ref in refs:

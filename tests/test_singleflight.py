@@ -59,7 +59,7 @@ async def test_an_error_reaches_every_caller_and_the_next_call_runs_afresh() -> 
     callers = [asyncio.create_task(flights.run("k", failing)) for _ in range(3)]
     results = await asyncio.gather(*callers, return_exceptions=True)
     assert [str(r) for r in results] == ["boom"] * 3 and runs == 1
-    with pytest.raises(ValueError, match="^boom$"):
+    with pytest.raises(ValueError, match=r"^boom$"):
         await flights.run("k", failing)
     assert runs == 2
 

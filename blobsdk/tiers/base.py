@@ -35,7 +35,7 @@ Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
 class Tier(Protocol):
     @property
     def name(self) -> str:
-        """"l1", "l2", "peer", "l3" or "l4": the key of this tier in ``client.stats()``."""
+        """ "l1", "l2", "peer", "l3" or "l4": the key of this tier in ``client.stats()``."""
         ...
 
     @property

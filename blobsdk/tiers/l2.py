@@ -89,8 +89,11 @@ class L2Tier:
         """How full the cache is and what it evicted."""
         cache = self.cache.stats()
         keep = ("entries", "bytes", "capacity_bytes", "evictions")
-        return {"fills_dropped": self.fills_dropped, "fill_failures": self.fill_failures,
-                **{f"cache_{k}": cache[k] for k in keep}}
+        return {
+            "fills_dropped": self.fills_dropped,
+            "fill_failures": self.fill_failures,
+            **{f"cache_{k}": cache[k] for k in keep},
+        }
 
     async def aclose(self) -> None:
         """Stop the writers (queued fills are dropped) and close the cache; idempotent."""

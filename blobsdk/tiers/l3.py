@@ -100,7 +100,9 @@ class L3Tier(Closing):
         begun = time.perf_counter()
         try:
             raw = await self.hedger.run(
-                self.candidates(ref.key), partial(self._fetch_from, ref, decode), failover=_is_blob_error,
+                self.candidates(ref.key),
+                partial(self._fetch_from, ref, decode),
+                failover=_is_blob_error,
                 ready=self._has_room,
             )
         except HedgeExhausted:
@@ -132,7 +134,7 @@ class L3Tier(Closing):
     async def node_stats(self) -> dict[str, object]:
         """Each node's own ``/stats`` (cache occupancy, tenants, jobs), or the error that
         kept it from answering."""
-        return dict(zip(self._nodes, await asyncio.gather(*(self._one_node_stats(e) for e in self._nodes.values()))))
+        return dict(zip(self._nodes, await asyncio.gather(*(self._one_node_stats(e) for e in self._nodes.values())), strict=True))
 
     async def _one_node_stats(self, node: Endpoint) -> object:
         try:

@@ -16,12 +16,11 @@ import aiohttp
 import msgspec
 import pytest
 
+from blobsdk.codec import decode_chunk
 from blobsdk.hedge import Attempt
 from blobsdk.placement import rank
-from blobsdk.codec import decode_chunk
 from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.wire import CACHE_HEADER, HydrateRequest, HydrateStatus, chunk_query
-from blobsdk.wire import JSON, ChunkRef, ErrorBody
+from blobsdk.wire import CACHE_HEADER, JSON, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, TenantConfig, make_app
 from tests.helpers import ROOT, running_app, server_process
 from tests.tiers.test_l4 import Replicas, pack
@@ -78,15 +77,24 @@ class CountingStore:
 class Env(Replicas):
     """Block servers plus flash nodes over them, all in this loop."""
 
-    async def node(self, name: str = "flash", *, blocks: BlockStore | None = None, clock: Any = time.monotonic,
-                   stack: AsyncExitStack | None = None, **config: Any) -> tuple[str, FlashNode]:
+    async def node(
+        self,
+        name: str = "flash",
+        *,
+        blocks: BlockStore | None = None,
+        clock: Any = time.monotonic,
+        stack: AsyncExitStack | None = None,
+        **config: Any,
+    ) -> tuple[str, FlashNode]:
         config.setdefault("capacity_bytes", 64 << 20)
         cfg = FlashConfig(dir=str(self.tmp / name), block_urls=tuple(self.urls), **config)
         app = make_app(cfg, blocks=blocks, clock=clock)
         url = await (stack or self.stack).enter_async_context(running_app(app))
         return url, app[FLASH_NODE]
 
-    async def get(self, url: str, ref: ChunkRef, token: str | None = None, key: str | None = None) -> tuple[int, str | None, bytes]:
+    async def get(
+        self, url: str, ref: ChunkRef, token: str | None = None, key: str | None = None
+    ) -> tuple[int, str | None, bytes]:
         route = f"{url}/v1/chunks/{key or ref.key}?{chunk_query(ref)}"
         async with self.session.get(route, headers=_auth(token)) as resp:
             return resp.status, resp.headers.get(CACHE_HEADER), await resp.read()
@@ -150,7 +158,7 @@ async def test_a_miss_reads_through_then_hits(env: Env) -> None:
     raws = [os.urandom(CHUNK), b"compressible " * 2000]
     refs = await pack(env.blocks, raws, "auto")
     url, _ = await env.node()
-    for ref, raw in zip(refs, raws):
+    for ref, raw in zip(refs, raws, strict=True):
         status, source, body = await env.get(url, ref)
         assert (status, source, len(body)) == (200, "miss", ref.length)
         assert bytes(decode_chunk(ref, memoryview(body))) == raw  # the stored form, maybe lz4
@@ -413,8 +421,13 @@ async def test_metrics_and_healthz(env: Env) -> None:
     await env.get(url, ref, "t0k")
     async with env.session.get(f"{url}/metrics") as resp:
         text = await resp.text()
-    for line in ("blobsdk_flash_cache_entries 1", f"blobsdk_flash_cache_bytes {CHUNK}", "blobsdk_flash_chunk_misses 1",
-                 "blobsdk_flash_hydrate_jobs_running 0", "blobsdk_flash_l4_corrupt_copies 0"):
+    for line in (
+        "blobsdk_flash_cache_entries 1",
+        f"blobsdk_flash_cache_bytes {CHUNK}",
+        "blobsdk_flash_chunk_misses 1",
+        "blobsdk_flash_hydrate_jobs_running 0",
+        "blobsdk_flash_l4_corrupt_copies 0",
+    ):
         assert line in text
     async with env.session.get(f"{url}/healthz") as resp:
         assert resp.status == 200
@@ -422,16 +435,25 @@ async def test_metrics_and_healthz(env: Env) -> None:
 
 def test_config_rejects_invalid_settings(tmp_path: Path) -> None:
     ok = {"dir": str(tmp_path), "block_urls": ("http://b",), "capacity_bytes": 1}
-    for bad in ({"block_urls": ()}, {"capacity_bytes": 0}, {"ttl_seconds": 0.0}, {"min_free_ratio": 1.0},
-                {"hydrate_concurrency": 0}, {"tenants": {"a": TenantConfig(token="x"), "b": TenantConfig(token="x")}},
-                {"token": "x", "tenants": {"a": TenantConfig(token="x")}}, {"hold_seconds": -1.0}):
+    for bad in (
+        {"block_urls": ()},
+        {"capacity_bytes": 0},
+        {"ttl_seconds": 0.0},
+        {"min_free_ratio": 1.0},
+        {"hydrate_concurrency": 0},
+        {"tenants": {"a": TenantConfig(token="x"), "b": TenantConfig(token="x")}},
+        {"token": "x", "tenants": {"a": TenantConfig(token="x")}},
+        {"hold_seconds": -1.0},
+    ):
         with pytest.raises(ValueError):
             FlashConfig(**{**ok, **bad})
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "servers.flash", *args], cwd=ROOT, env=env, capture_output=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "servers.flash", *args], cwd=ROOT, env=env, capture_output=True, timeout=60, check=False
+    )
 
 
 def test_help_and_invalid_flags(tmp_path: Path) -> None:
@@ -440,16 +462,28 @@ def test_help_and_invalid_flags(tmp_path: Path) -> None:
     for flag in (b"--dir", b"--block-url", b"--capacity-mb", b"--hold-seconds", b"--ttl-seconds", b"--tenant", b"--token"):
         assert flag in done.stdout
     base = ["--dir", str(tmp_path), "--block-url", "http://127.0.0.1:9"]
-    for bad in (["--dir", str(tmp_path)], [*base, "--tenant", "nocolon"], [*base, "--capacity-mb", "0"],
-                [*base, "--tenant", "a:t:lots"], [*base, "--min-free-ratio", "2"]):
+    for bad in (
+        ["--dir", str(tmp_path)],
+        [*base, "--tenant", "nocolon"],
+        [*base, "--capacity-mb", "0"],
+        [*base, "--tenant", "a:t:lots"],
+        [*base, "--min-free-ratio", "2"],
+    ):
         done = _run(*bad)
         assert done.returncode == 2 and b"error" in done.stderr, bad
 
 
 async def test_as_a_process_it_reads_through_and_checks_tenants(env: Env, tmp_path: Path) -> None:
     (ref,) = await chunks(env, 1)
-    args = ["--dir", str(tmp_path / "proc"), "--capacity-mb", "1", "--tenant", "a:tok-a:0.5",
-            *[a for u in env.urls for a in ("--block-url", u)]]
+    args = [
+        "--dir",
+        str(tmp_path / "proc"),
+        "--capacity-mb",
+        "1",
+        "--tenant",
+        "a:tok-a:0.5",
+        *[a for u in env.urls for a in ("--block-url", u)],
+    ]
     with server_process("servers.flash", *args, tmp=tmp_path) as (url, _):
         assert (await env.get(url, ref))[0] == 401
         for source in ("miss", "hit"):

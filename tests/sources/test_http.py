@@ -115,9 +115,7 @@ async def not_found(request: web.Request) -> web.Response:
 
 
 @pytest.mark.parametrize("handler", [truncated, too_long, whole_block, chunked_longer, chunked_shorter])
-async def test_a_body_that_is_not_exactly_the_range_is_unavailable(
-    session: aiohttp.ClientSession, handler: Handler
-) -> None:
+async def test_a_body_that_is_not_exactly_the_range_is_unavailable(session: aiohttp.ClientSession, handler: Handler) -> None:
     async with liar(session, handler) as s:
         with pytest.raises(Unavailable):
             await s.read_into(new_block_id(), 0, memoryview(bytearray(1000)))

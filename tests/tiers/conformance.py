@@ -37,8 +37,8 @@ from typing import Literal, Protocol
 
 import pytest
 
-from blobsdk.errors import BlockNotFound, CorruptData
 from blobsdk.codec import decode_chunk
+from blobsdk.errors import BlockNotFound, CorruptData
 from blobsdk.sources.base import new_block_id
 from blobsdk.tiers.base import Tier
 from blobsdk.wire import ChunkRef

@@ -17,8 +17,7 @@ from blobsdk.hedge import HedgeConfig
 from blobsdk.placement import rank
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l3 import HydrateJob, L3Tier
-from blobsdk.wire import CACHE_HEADER
-from blobsdk.wire import ChunkRef
+from blobsdk.wire import CACHE_HEADER, ChunkRef
 from servers.flash import FlashNode, TenantConfig
 from tests.helpers import running_app
 from tests.servers.test_flash import CHUNK, Env, FakeClock, chunks

@@ -10,13 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from blobsdk.errors import BlockNotFound, CorruptData, Unavailable
-from blobsdk.hedge import HedgeConfig
 from blobsdk.codec import decode_chunk
+from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
+from blobsdk.hedge import HedgeConfig
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.errors import BadCopy
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
@@ -66,8 +65,16 @@ async def pack(blocks: ReplicatedBlockStore, raws: list[bytes], compression: str
     for raw in raws:
         enc = encode_chunk(memoryview(raw), compression)  # type: ignore[arg-type]
         parts.append(bytes(enc.payload))
-        refs.append(ChunkRef(block_id=block_id, offset=offset, length=len(enc.payload), raw_length=enc.raw_length,
-                             checksum=enc.checksum, codec=enc.codec))  # type: ignore[arg-type]
+        refs.append(
+            ChunkRef(
+                block_id=block_id,
+                offset=offset,
+                length=len(enc.payload),
+                raw_length=enc.raw_length,
+                checksum=enc.checksum,
+                codec=enc.codec,
+            )
+        )  # type: ignore[arg-type]
         offset += len(enc.payload)
     await blocks.write_block(block_id, parts)
     return refs
@@ -86,7 +93,7 @@ async def test_serves_verified_bytes_of_plain_and_lz4_chunks(replicas: Replicas)
     assert [r.codec for r in refs] == ["none", "lz4"]
     tier = L4Tier(blocks)
     assert isinstance(tier, Tier) and tier.name == "l4"
-    for ref, raw in zip(refs, raws):
+    for ref, raw in zip(refs, raws, strict=True):
         assert bytes(await tier.fetch(ref, decode)) == raw
     assert (tier.stats.hits, tier.stats.bytes, tier.stats.corrupt, tier.stats.errors) == (2, 65_000, 0, 0)
 
