@@ -169,9 +169,7 @@ class Permit:
         await self._limiter.admit(self)
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._limiter.release(self, self._outcome(exc))
 
     def _outcome(self, exc: BaseException | None) -> _Outcome:
@@ -265,7 +263,7 @@ class AdaptiveLimiter:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap; cancelled ones linger
         self._queued = 0
         self._seq = itertools.count()
-        self._counts = {outcome: 0 for outcome in _Outcome}
+        self._counts = dict.fromkeys(_Outcome, 0)
         self._large_size = 0.0
 
     @property

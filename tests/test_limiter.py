@@ -164,7 +164,13 @@ async def test_cancellation_inside_the_request_releases_without_a_sample():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert limiter.stats() | {"min_rtt_ms": 0.0} == {
-        "limit": 16, "in_flight": 0, "queued": 0, "successes": 0, "drops": 0, "ignored": 1, "min_rtt_ms": 0.0,
+        "limit": 16,
+        "in_flight": 0,
+        "queued": 0,
+        "successes": 0,
+        "drops": 0,
+        "ignored": 1,
+        "min_rtt_ms": 0.0,
         "probes": 0,
     }
 
@@ -495,9 +501,7 @@ class Origin:
             self.concurrency -= 1
 
 
-async def simulate(
-    algorithm: str, origin: Origin, requests: int = 500, workers: int = 32
-) -> tuple[AdaptiveLimiter, list[bool]]:
+async def simulate(algorithm: str, origin: Origin, requests: int = 500, workers: int = 32) -> tuple[AdaptiveLimiter, list[bool]]:
     """``requests`` requests from ``workers`` workers through one limiter; whether each was dropped."""
     loop = asyncio.get_running_loop()
     limiter = AdaptiveLimiter("origin", LimiterConfig(algorithm=algorithm), clock=loop.time)
