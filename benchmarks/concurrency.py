@@ -20,11 +20,24 @@ same read again, so the load stays.  A read's latency runs from when its worker 
 wanted it until its bytes arrived: queueing in the client-side gate and every rejected
 attempt included (what the caller waits for).  Goodput counts reads that completed.
 
+The adaptive run starts cold: a new limiter at its initial limit, 64 workers at once, and an
+origin still serving the requests fixed64's workers abandoned (for a few tens of ms it
+rejects everything), as a training job starting at a busy server.
+
 Metrics per policy: ``goodput_rps``, ``goodput_MBps``, ``p50_ms``, ``p99_ms``,
-``rejected_per_s``; for adaptive also its final limit and the limiter's stats.  Ratios
-against the best fixed policy of the run (see ``_best_fixed``): ``goodput_vs_best_fixed``
-(goal >= 0.9) and ``p99_vs_best_fixed`` (goal <= 1.5); ``goodput_vs_max_fixed`` is against
-the highest fixed goodput, tie or not.
+``rejected_per_s``; for adaptive also its final limit, the limiter's stats, the lowest limit
+it went down to, and how fast it settled, in seconds from the start of its run (warm-up
+included; the run's length if never):
+
+- ``adaptive_settle_s`` (time-to-settle): until the end of the first ``SETTLE_WINDOW_S``
+  (0.1 s) whose goodput reaches 90% of the best fixed policy's (goal <= 1.0: settled within
+  the warm-up, so the measured window sees the settled limit); 0.1 s is its resolution;
+- ``adaptive_limit_settle_s``: until the limit is, from then on, within ``max(1, 20%)`` of
+  its final value (the limit is read after every attempt).
+
+Ratios against the best fixed policy of the run (see ``_best_fixed``):
+``goodput_vs_best_fixed`` (goal >= 0.9) and ``p99_vs_best_fixed`` (goal <= 1.5);
+``goodput_vs_max_fixed`` is against the highest fixed goodput, tie or not.
 """
 
 from __future__ import annotations
@@ -58,6 +71,9 @@ WARMUP_S = 1.0
 ORIGIN = ["--fault", "methods=GET;route=/v1/blocks;max_in_service=4;queue_limit=4;overload=reject;latency_ms=10"]
 FIXED = (1, 4, 64)
 TIE = 0.1  # fixed limits this close to the best goodput are tied; the lowest p99 wins
+SETTLE_WINDOW_S = 0.1
+SETTLE_SHARE = 0.9  # of the best fixed goodput
+SETTLE_BAND = 0.2  # the limit within max(1, 20%) of its final value
 UNLIMITED = LimiterConfig(initial=256, min_limit=256, max_limit=256)  # never below W, even when probing
 
 
@@ -70,6 +86,7 @@ class _Fixed:
     """A fixed in-flight limit with the limiter's ``acquire`` shape."""
 
     def __init__(self, limit: int) -> None:
+        self.limit = limit
         self._slots = asyncio.Semaphore(limit)
 
     @asynccontextmanager
@@ -82,15 +99,22 @@ Gate = _Fixed | AdaptiveLimiter
 
 
 class _Window:
-    """What completed inside the measured window ``[start, end)``."""
+    """What completed inside the measured window ``[start, end)``; and over the whole run
+    (in seconds since it began, warm-up included) when each read completed and the limit
+    after each attempt."""
 
     def __init__(self, start: float, end: float) -> None:
         self.start, self.end = start, end
         self.latencies: list[float] = []
         self.rejected = 0
+        self.completed: list[float] = []
+        self.limits: list[tuple[float, int]] = []
 
     def inside(self, t: float) -> bool:
         return self.start <= t < self.end
+
+    def since_run_start(self, t: float) -> float:
+        return t - self.start + WARMUP_S
 
 
 async def run(quick: bool = False) -> Report:
@@ -103,9 +127,10 @@ async def run(quick: bool = False) -> Report:
             for limit in FIXED:
                 await _measure(report, f"fixed{limit}", _Fixed(limit), store, block_id, seconds)
             limiter = AdaptiveLimiter(url)
-            await _measure(report, "adaptive", limiter, store, block_id, seconds)
+            window = await _measure(report, "adaptive", limiter, store, block_id, seconds)
     _limiter_metrics(report, limiter)
     _ratios(report)
+    _settle_metrics(report, window, WARMUP_S + seconds)
     return report
 
 
@@ -124,7 +149,7 @@ async def _write_block(store: HttpBlockStore) -> str:
     return block_id
 
 
-async def _measure(report: Report, name: str, gate: Gate, store: HttpBlockStore, block_id: str, seconds: float) -> None:
+async def _measure(report: Report, name: str, gate: Gate, store: HttpBlockStore, block_id: str, seconds: float) -> _Window:
     """Run the workers through warm-up and the window, then record what the window saw."""
     start = time.perf_counter() + WARMUP_S
     window = _Window(start, start + seconds)
@@ -134,6 +159,7 @@ async def _measure(report: Report, name: str, gate: Gate, store: HttpBlockStore,
         task.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     _record(report, name, window, seconds)
+    return window
 
 
 async def _worker(store: HttpBlockStore, gate: Gate, block_id: str, rng: random.Random, window: _Window) -> None:
@@ -141,24 +167,28 @@ async def _worker(store: HttpBlockStore, gate: Gate, block_id: str, rng: random.
     while True:
         wanted = time.perf_counter()
         offset = rng.randrange(CHUNKS) * CHUNK
-        while not await _attempt(store, gate, block_id, offset):
+        while not await _attempt(store, gate, block_id, offset, window):
             if window.inside(time.perf_counter()):
                 window.rejected += 1
             await asyncio.sleep(BACKOFF_S)
         done = time.perf_counter()
+        window.completed.append(window.since_run_start(done))
         if window.inside(done):
             window.latencies.append(done - wanted)
 
 
-async def _attempt(store: HttpBlockStore, gate: Gate, block_id: str, offset: int) -> bool:
+async def _attempt(store: HttpBlockStore, gate: Gate, block_id: str, offset: int, window: _Window) -> bool:
     """One GET through the gate: whether it succeeded (False: the origin shed it)."""
-    async with gate.acquire(size=CHUNK) as permit:
-        try:
-            await store.read_range(block_id, offset, CHUNK)
-        except Unavailable:
-            permit.dropped()
-            return False
-    return True
+    try:
+        async with gate.acquire(size=CHUNK) as permit:
+            try:
+                await store.read_range(block_id, offset, CHUNK)
+            except Unavailable:
+                permit.dropped()
+                return False
+        return True
+    finally:
+        window.limits.append((window.since_run_start(time.perf_counter()), gate.limit))
 
 
 def _record(report: Report, name: str, window: _Window, seconds: float) -> None:
@@ -195,3 +225,40 @@ def _best_fixed(m: dict[str, float]) -> int:
     top = max(m[f"fixed{limit}_goodput_rps"] for limit in FIXED)
     tied = [limit for limit in FIXED if m[f"fixed{limit}_goodput_rps"] >= (1 - TIE) * top]
     return min(tied, key=lambda limit: m[f"fixed{limit}_p99_ms"])
+
+
+def _settle_metrics(report: Report, window: _Window, run_s: float) -> None:
+    """Time-to-settle of the adaptive run (see the module docstring)."""
+    m = report.metrics
+    reads = SETTLE_SHARE * m[f"fixed{int(m['best_fixed_limit'])}_goodput_rps"] * SETTLE_WINDOW_S
+    m["adaptive_settle_s"] = _goodput_settle(window.completed, reads, run_s)
+    m["adaptive_limit_settle_s"] = _limit_settle(window.limits, run_s)
+    m["adaptive_lowest_limit"] = min((limit for _, limit in window.limits), default=0)
+    report.goals["adaptive_settle_s"] = "<= 1.0"
+
+
+def _goodput_settle(completed: list[float], reads: float, run_s: float) -> float:
+    """The end of the first SETTLE_WINDOW_S in which ``reads`` reads completed (a window
+    ends at a completion, the last it counts); ``run_s`` if none."""
+    begin = 0
+    for end, t in enumerate(completed):
+        while completed[begin] <= t - SETTLE_WINDOW_S:
+            begin += 1
+        if t >= SETTLE_WINDOW_S and end - begin + 1 >= reads:
+            return t
+    return run_s
+
+
+def _limit_settle(limits: list[tuple[float, int]], run_s: float) -> float:
+    """When the limit entered, for the last time, the band around its final value."""
+    if not limits:
+        return run_s
+    final = limits[-1][1]
+    band = max(1.0, SETTLE_BAND * final)
+    settled, outside = 0.0, False
+    for t, limit in limits:
+        if abs(limit - final) > band:
+            outside = True
+        elif outside:
+            settled, outside = t, False
+    return settled

@@ -259,6 +259,8 @@ class AdaptiveLimiter:
         self._floor = _Floor(config.min_rtt_window_s, config.min_limit, clock)
         self._cut_at = -math.inf
         self._ceiling, self._ceiling_until = config.max_limit, -math.inf  # see _on_drop
+        self._served = False  # a success since the last cut (see _on_drop)
+        self._regain = 0.0  # the limit before drops that met no success: regained in slow start
         self._in_flight = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap; cancelled ones linger
         self._queued = 0
@@ -375,19 +377,37 @@ class AdaptiveLimiter:
 
     def _on_success(self, permit: Permit, rtt: float) -> None:
         self._floor.add(rtt, permit.started, permit.in_flight_at_start, self.limit)
+        self._served = True
         cfg = self.config
+        inflated = rtt > cfg.tolerance * self._floor.value
+        if inflated:
+            self._regain = 0.0  # a queue builds: the level is found, slow start ends
         if cfg.algorithm == "gradient":
-            self._adjust(permit, _gradient_step(self._estimate, rtt, self._floor.value, cfg))
-        elif rtt > cfg.tolerance * self._floor.value:
+            self._adjust(permit, self._slow_start(_gradient_step(self._estimate, rtt, self._floor.value, cfg)))
+        elif inflated:
             self._cut(permit)  # AIMD reads inflation as a drop
         else:
-            self._adjust(permit, self._estimate + 1 / self._estimate)
+            self._adjust(permit, self._slow_start(self._estimate + 1 / self._estimate))
+
+    def _slow_start(self, estimate: float) -> float:
+        """Below the level to regain, +1 per sample (doubling per round trip, as TCP's slow
+        start after a timeout), else ``estimate``."""
+        if self._estimate >= self._regain:
+            return estimate
+        return max(estimate, min(self._regain, self._estimate + 1))
 
     def _on_drop(self, permit: Permit) -> None:
-        """Cut, then stay below the limit that dropped for a window before probing it again."""
-        dropped_at = self.limit
+        """Cut.  A drop amid successes also holds the limit below the one that dropped for a
+        window; a drop when nothing has succeeded since the last cut (the server is full of
+        others' work, or down) says nothing about our level: the limit before it is regained
+        in slow start once requests succeed."""
+        dropped_at, served = self.limit, self._served
         if self._cut(permit):
-            self._ceiling, self._ceiling_until = dropped_at, self._cut_at + self.config.min_rtt_window_s
+            if served:
+                self._ceiling, self._ceiling_until = dropped_at, self._cut_at + self.config.min_rtt_window_s
+                self._regain = 0.0
+            else:
+                self._regain = max(self._regain, float(dropped_at))
             self._floor.on_drop(self.limit)
 
     def _adjust(self, permit: Permit, estimate: float) -> None:
@@ -406,7 +426,7 @@ class AdaptiveLimiter:
         last cut saw the current limit.  Whether it cut."""
         if permit.started < self._cut_at:
             return False
-        self._cut_at = self._clock()
+        self._cut_at, self._served = self._clock(), False
         self._set(self._estimate * self.config.backoff)
         return True
 

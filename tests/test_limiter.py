@@ -560,3 +560,104 @@ async def test_has_room_while_a_slot_is_free_and_nobody_waits():
     for permit in holders[1:]:
         await permit.__aexit__(None, None, None)
     assert limiter.has_room
+
+
+# --- a cold burst at a busy origin: drops that meet no success ----------------------------------
+
+
+async def test_drops_that_meet_no_success_do_not_hold_the_limit_down():
+    clock = FakeClock()
+    limiter = AdaptiveLimiter("e", clock=clock)
+    for _ in range(12):
+        await run_round(limiter, clock, 0.001, drop=True)  # full of others' work: everything shed
+    assert limiter.limit <= 4
+    seen = []
+    for _ in range(6):
+        await run_round(limiter, clock, 0.010)
+        seen.append(limiter.limit)
+    assert seen[-1] == 16, seen  # slow start back to the limit before the drops, in a few round trips
+    assert seen == sorted(seen)
+
+
+async def test_slow_start_ends_when_a_queue_builds():
+    clock = FakeClock()
+    limiter = AdaptiveLimiter("e", clock=clock)
+    for _ in range(12):
+        await run_round(limiter, clock, 0.001, drop=True)
+    collapsed = limiter.limit
+    await run_round(limiter, clock, 0.010)
+    await run_round(limiter, clock, 0.010)
+    before = limiter.limit
+    assert before >= collapsed + 2  # slow start: +1 per sample
+    await run_round(limiter, clock, 0.030)  # 3x the floor: no longer +1 per sample
+    assert limiter.limit <= before
+    for _ in range(3):
+        await run_round(limiter, clock, 0.010)
+    assert limiter.limit < 16  # back to the gradient's pace
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+async def test_a_drop_amid_successes_still_holds_after_slow_start(algorithm):
+    clock = FakeClock()
+    limiter = AdaptiveLimiter("e", LimiterConfig(algorithm=algorithm), clock=clock)
+    for _ in range(12):
+        await run_round(limiter, clock, 0.001, drop=True)
+    rounds = 0
+    while limiter.limit < 10:
+        await run_round(limiter, clock, 0.010)
+        rounds += 1
+    assert rounds <= 5  # slow start
+    await run_round(limiter, clock, 0.010, drop=True)  # amid successes: the server's own level, 10
+    for _ in range(50):
+        await run_round(limiter, clock, 0.010)
+    assert limiter.limit == 9
+
+
+class BusyOrigin(Origin):
+    """An Origin that sheds everything until ``busy_s`` (work others left behind), then serves."""
+
+    def __init__(self, busy_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.busy_s = busy_s
+
+    async def request(self) -> None:
+        if asyncio.get_running_loop().time() < self.busy_s:
+            await asyncio.sleep(0.0002)
+            raise Overloaded("busy")
+        await super().request()
+
+
+async def simulate_for(
+    algorithm: str, origin: Origin, seconds: float, workers: int = 32
+) -> tuple[AdaptiveLimiter, list[tuple[float, int, bool]]]:
+    """Closed-loop workers through one limiter for ``seconds`` of virtual time; each
+    request's ``(end, limit after it, dropped)``."""
+    loop = asyncio.get_running_loop()
+    limiter = AdaptiveLimiter("origin", LimiterConfig(algorithm=algorithm), clock=loop.time)
+    log: list[tuple[float, int, bool]] = []
+
+    async def worker() -> None:
+        while loop.time() < seconds:
+            dropped = False
+            async with limiter.acquire() as permit:
+                try:
+                    await origin.request()
+                except Overloaded:
+                    permit.dropped()
+                    dropped = True
+            log.append((loop.time(), limiter.limit, dropped))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return limiter, log
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_cold_burst_at_a_busy_origin_settles_within_half_a_second(algorithm):
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        limiter, log = runner.run(simulate_for(algorithm, BusyOrigin(0.030, k=0.0), 2.0))
+    assert sum(dropped for t, _, dropped in log if t < 0.030) > 20  # a full origin: cut hard...
+    late = [(limit, dropped) for t, limit, dropped in log if t >= 0.5]
+    assert {limit for limit, _ in late} <= set(range(5, 9)), limiter.stats()  # ...and settled at its 8
+    assert sum(dropped for _, dropped in late) <= 2
+    served = sum(not dropped for t, _, dropped in log if 1.0 <= t < 2.0)
+    assert served >= 0.6 * 8 / 0.010  # most of what 8 slots of 10 ms serve
