@@ -25,6 +25,13 @@ outcome moves the limit:
   For ``min_rtt_window_s`` after a drop the limit stays below the one that dropped, then
   probes it again: a server with a shallow queue rejects before its latency rises, and
   without this memory the limit would climb back into the 429s every few round trips.
+  Only a drop amid successes (one since the last cut) is remembered so.  Drops while
+  nothing succeeds (a server still busy with work others left behind, as a cold burst
+  meets it, or a server that is down) say the server is full, not at which concurrency:
+  they still cut, and fast 429s can cut the limit to ``min_limit`` within milliseconds, but
+  once requests succeed again the limit before those cuts is regained in *slow start*, +1
+  per sample (doubling per round trip, as TCP after a timeout), until it is reached, the
+  RTT exceeds ``tolerance`` x the floor, or a drop amid successes finds the level.
 - ignored: cancellation (a hedged loser, a reader that left) and every other error (404,
   connection refused, bad checksum) say nothing about load; the slot is released, no sample.
   So a deadline belongs *inside* the permit (``async with permit: async with
@@ -377,7 +384,6 @@ class AdaptiveLimiter:
 
     def _on_success(self, permit: Permit, rtt: float) -> None:
         self._floor.add(rtt, permit.started, permit.in_flight_at_start, self.limit)
-        self._served = True
         cfg = self.config
         inflated = rtt > cfg.tolerance * self._floor.value
         if inflated:
@@ -388,6 +394,7 @@ class AdaptiveLimiter:
             self._cut(permit)  # AIMD reads inflation as a drop
         else:
             self._adjust(permit, self._slow_start(self._estimate + 1 / self._estimate))
+        self._served = True  # after AIMD's cut above: this success is since the last cut
 
     def _slow_start(self, estimate: float) -> float:
         """Below the level to regain, +1 per sample (doubling per round trip, as TCP's slow

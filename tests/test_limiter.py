@@ -661,3 +661,27 @@ def test_a_cold_burst_at_a_busy_origin_settles_within_half_a_second(algorithm):
     assert sum(dropped for _, dropped in late) <= 2
     served = sum(not dropped for t, _, dropped in log if 1.0 <= t < 2.0)
     assert served >= 0.6 * 8 / 0.010  # most of what 8 slots of 10 ms serve
+
+
+async def test_aimd_a_drop_just_after_an_inflation_cut_is_still_amid_successes():
+    clock = FakeClock()
+    limiter = AdaptiveLimiter("e", LimiterConfig(algorithm="aimd", min_rtt_window_s=1.0), clock=clock)
+    await run_round(limiter, clock, 0.010)  # the floor: 10 ms, at 16
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(limiter.acquire())
+        others = [limiter.acquire() for _ in range(limiter.capacity - 1)]
+        for permit in others:
+            await permit.__aenter__()
+        clock.now += 0.050
+    # ``first`` answered at 5x the floor: AIMD cut 16 -> 14.4, on a success
+    for permit in others:
+        await permit.__aexit__(BlobNotFound, BlobNotFound("gone"), None)  # nothing to learn from
+    async with limiter.acquire() as late:
+        clock.now += 0.010
+        late.dropped()  # the server, serving until just now, sheds at 14: hold below 14
+    assert first.started < late.started
+    limits = []
+    while clock.now < 0.9:
+        await run_round(limiter, clock, 0.010)
+        limits.append(limiter.limit)
+    assert max(limits) == 13
