@@ -12,7 +12,8 @@ The rule, the same for every user:
   nobody waits for.
 - A task that finished is unlisted before any caller sees its result, so nobody can join it
   late: the number of callers that shared a result is final when they get it.
-- :meth:`aclose` cancels every task in flight and waits for them.
+- :meth:`aclose` cancels every task in flight and waits for them, including tasks whose
+  last waiter left and which are still unwinding from that cancellation.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SingleFlight(Generic[V]):
 
     def __init__(self) -> None:
         self._flights: dict[str, _Flight[V]] = {}
+        self._abandoned: set[asyncio.Task[V]] = set()  # cancelled, unlisted, maybe still unwinding
 
     def __len__(self) -> int:
         """How many keys are in flight."""
@@ -63,15 +65,17 @@ class SingleFlight(Generic[V]):
             if flight.waiting == 0 and not flight.task.done():  # the last waiter left
                 flight.task.cancel()
                 self._forget(flight)
+                self._abandoned.add(flight.task)  # owned until it has unwound (see aclose)
             raise
         return value, flight.callers
 
     async def aclose(self) -> None:
         """Cancel every task in flight and wait until they have ended."""
-        tasks = [flight.task for flight in self._flights.values()]
-        for task in tasks:
+        running = [flight.task for flight in self._flights.values()]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # The abandoned ones were cancelled already: let them finish their cleanup.
+        await asyncio.gather(*running, *self._abandoned, return_exceptions=True)
 
     def _forget(self, flight: _Flight[V]) -> None:
         key = flight.task.get_name()
@@ -79,6 +83,7 @@ class SingleFlight(Generic[V]):
             del self._flights[key]
 
     def _landed(self, task: asyncio.Task[V]) -> None:
+        self._abandoned.discard(task)
         flight = self._flights.get(task.get_name())
         if flight is not None and flight.task is task:
             self._forget(flight)

@@ -105,3 +105,25 @@ async def test_aclose_cancels_and_awaits_every_task_in_flight() -> None:
     for caller in callers:
         with pytest.raises(asyncio.CancelledError):
             await caller
+
+
+async def test_aclose_waits_for_work_still_unwinding_after_its_last_waiter_left() -> None:
+    flights: SingleFlight[str] = SingleFlight()
+    unwound = asyncio.Event()
+
+    async def slow_to_unwind() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.05)  # cleanup that awaits, e.g. closing a connection
+            unwound.set()
+        return "never"
+
+    caller = asyncio.create_task(flights.run("k", slow_to_unwind))
+    await asyncio.sleep(0.01)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert len(flights) == 0
+    await flights.aclose()
+    assert unwound.is_set()

@@ -7,9 +7,11 @@ engine checks its file's recorded checksum equals the chunk's and hashes the byt
 on its own threads.
 
 The writers start when the tier is entered (``async with``) and stop when it is closed.  A
-fill that fails, whatever the error, is logged, counted in ``errors`` (and, unless it is a
-BlobError such as QuotaExceeded, in ``fill_failures``) and dropped; the writer goes on, so
-``flush`` never waits for a writer that died.
+fill that fails, whatever the error, is counted in ``errors`` and dropped, and the writer
+goes on, so ``flush`` never waits for a writer that died; a failure that is not a BlobError
+(a bug, an OSError; a BlobError such as QuotaExceeded is the cache refusing, as expected)
+is also logged with its traceback and counted in ``fill_failures``.  ``corrupt`` is the
+cache's count of damaged copies it dropped (found on a read or when it opened).
 """
 
 from __future__ import annotations
