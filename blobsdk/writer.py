@@ -28,6 +28,7 @@ from .config import Compression, WriteConfig, check_write_config
 from .errors import Unavailable
 from .metadata.base import MetadataStore
 from .paths import validate_path
+from .plans import MAX_CHUNK_BYTES
 from .sources.base import BlockStore, Buffer, block_time, new_block_id
 from .wire import ChunkRef, CommitOp, ReadPlan, etag_of
 
@@ -143,6 +144,8 @@ class Writer:
 
     def __init__(self, metadata: MetadataStore, blocks: BlockStore, config: WriteConfig, executor: Executor) -> None:
         check_write_config(config)
+        if config.chunk_size > MAX_CHUNK_BYTES:  # every commit would be refused: fail before writing
+            raise ValueError(f"chunk_size {config.chunk_size} exceeds the plan limit of {MAX_CHUNK_BYTES} bytes")
         self.metadata = metadata
         self._blocks = blocks
         self._config = config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -14,6 +15,8 @@ import pytest
 from blobsdk._progress import ProgressLine
 from blobsdk.cli import NO_STORE
 from tests.helpers import ROOT
+from tests.metadata.conformance import bad_plan
+from tests.metadata.unchecked import plant_plan
 
 
 def run(*args: str, store: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -122,6 +125,18 @@ def test_invalid_path_is_one_line_exit_1(tmp_path, store):
     assert len(result.stderr.decode().strip().splitlines()) == 1
     dots = run("cat", "/b/../etc", store=store)
     assert dots.returncode == 1 and "'..' segment" in error_line(dots)
+
+
+def test_cat_of_a_bad_plan_is_one_line_exit_1_not_a_memory_error(store):
+    store.mkdir()
+    asyncio.run(plant_plan(store / "meta.sqlite", "/b/huge", bad_plan("/b/huge", {"size": 2**50, "chunks": ()})))
+    for command in (["cat", "/b/huge"], ["get", "/b/huge", "--offset", "5", "--length", "3"]):
+        result = run(*command, store=store)
+        assert result.returncode == 1 and result.stdout == b""
+        assert error_line(result) == (
+            "blobsdk: error: metadata store returned an invalid plan: "
+            "plan for '/b/huge': chunks cover 0 bytes, size is 1125899906842624"
+        )
 
 
 def test_missing_blob_exits_1(store):

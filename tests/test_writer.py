@@ -4,9 +4,10 @@ import lz4.block
 import pytest
 import xxhash
 
+from blobsdk.config import WriteConfig
 from blobsdk.readpath import _overlapping, resolve_range
 from blobsdk.wire import ChunkRef
-from blobsdk.writer import encode_chunk, split
+from blobsdk.writer import Writer, encode_chunk, split
 
 
 def test_split_is_zero_copy():
@@ -87,3 +88,9 @@ def _refs(*sizes):
 def test_overlapping(start, end, expected):
     chunks = _refs(10, 10, 5)
     assert [begin for _, begin in _overlapping(chunks, start, end)] == expected
+
+
+def test_a_chunk_size_no_plan_may_hold_is_refused_before_any_write():
+    config = WriteConfig(chunk_size=(64 << 20) + 1, block_size=128 << 20)
+    with pytest.raises(ValueError, match="chunk_size 67108865 exceeds the plan limit of 67108864 bytes"):
+        Writer(None, None, config, None)

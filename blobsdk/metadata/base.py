@@ -10,7 +10,8 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
 - ``commit_many`` applies several commits atomically: all of them or none.
 - ``delete`` removes the live version (BlobNotFound if none) with the same ``if_version`` rule.
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
-- Every path argument is validated (InvalidPath) before anything else happens.
+- Every path argument is validated (InvalidPath) before anything else happens, and every
+  committed plan is checked against the plan rules of :mod:`blobsdk.plans` (BadRequest).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from ..errors import BadRequest
 from ..paths import validate_path, validate_prefix
+from ..plans import check_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
 
 
@@ -100,6 +102,7 @@ def check_commit_op(op: CommitOp) -> None:
     check_if_version(op.if_version)
     if op.plan.path != op.path:
         raise BadRequest(f"plan.path {op.plan.path!r} does not match the committed path {op.path!r}")
+    check_plan(op.plan)
 
 
 def check_cursor(start_after: object) -> None:

@@ -5,6 +5,10 @@ own commits and deletes update the cache at once, so a client always reads its o
 another client's write becomes visible here within ``ttl_seconds``.  Missing paths are not
 cached, so a blob created elsewhere is visible at once.  Chunk caches cannot be stale at all
 (chunk keys name immutable bytes); only plans can.
+
+Every plan that arrives from the store, read or committed, is checked against the plan rules
+(:func:`blobsdk.plans.checked_plan`) before it is cached or returned: whatever the backend, a
+client never reads through a bad plan; it gets CorruptData.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import cachetools
 
+from ..plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import MetadataStore
 
@@ -43,8 +48,7 @@ class CachedMetadataStore:
         plan = self.peek(path)
         if plan is None:
             self.misses += 1
-            plan = await self.store.get_plan(path)
-            self._remember(plan)
+            plan = self._remember(await self.store.get_plan(path), path)
         return plan
 
     async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
@@ -55,23 +59,18 @@ class CachedMetadataStore:
             self.misses += len(missing)
             for path, plan in zip(missing, await self.store.get_plans(missing), strict=True):
                 if plan is not None:
-                    found[path] = plan
-                    self._remember(plan)
+                    found[path] = self._remember(plan, path)
         return [found.get(p) for p in paths]
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
         self._plans.pop(path, None)
-        committed = await self.store.commit(path, plan, if_version)
-        self._remember(committed)
-        return committed
+        return self._remember(await self.store.commit(path, plan, if_version), path)
 
     async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
         for op in ops:
             self._plans.pop(op.path, None)
         committed = await self.store.commit_many(ops)
-        for plan in committed:
-            self._remember(plan)
-        return committed
+        return [self._remember(plan, op.path) for plan, op in zip(committed, ops, strict=True)]
 
     async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
         self._plans.pop(path, None)
@@ -94,9 +93,12 @@ class CachedMetadataStore:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return self.store.iter_plans()
 
-    def _remember(self, plan: ReadPlan) -> None:
+    def _remember(self, plan: ReadPlan, path: str) -> ReadPlan:
+        """Check a plan the store answered for ``path`` (CorruptData), cache and return it."""
+        checked_plan(plan, path)
         if self._enabled:
-            self._plans[plan.path] = plan
+            self._plans[path] = plan
+        return plan
 
     def invalidate(self, path: str | None = None) -> None:
         """Forget one path's plan, or every plan."""

@@ -1,7 +1,8 @@
 """HTTP metadata store: the client of the metadata API server (``servers/api.py``).
 
 Arguments are checked here exactly as the embedded store checks them, so a bad path fails
-the same way without a round trip; the server checks them again.
+the same way without a round trip; the server checks them again.  Every plan the server
+answers is checked too (:func:`blobsdk.plans.checked_plan`): a bad one is CorruptData.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import aiohttp
 from .._http import HttpEndpoint
 from ..errors import BadRequest, BlobNotFound, Unavailable
 from ..paths import validate_path
+from ..plans import checked_plan
 from ..wire import (
     BlobInfo,
     CommitOp,
@@ -128,7 +130,7 @@ class HttpMetadataStore:
         response = await self._http.call("POST", "/v1/plans", GetPlansRequest(paths=paths), GetPlansResponse)
         if len(response.plans) != len(paths):
             raise Unavailable(f"{self!r} answered {len(response.plans)} plans for {len(paths)} paths")
-        return response.plans
+        return [None if plan is None else checked_plan(plan, path) for plan, path in zip(response.plans, paths, strict=True)]
 
 
 async def _gather(calls: list[Awaitable[T]]) -> list[T]:

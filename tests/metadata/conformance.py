@@ -19,11 +19,41 @@ INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00
 
 
 def make_plan(path: str, size: int = 10, seed: int = 0) -> ReadPlan:
-    """An uncommitted plan of two chunks whose content depends on ``seed``."""
+    """A valid uncommitted plan of ``size`` bytes in 8-byte chunks (two by default) whose
+    content depends on ``seed``."""
+    lengths = [min(8, size - start) for start in range(0, size, 8)]
     chunks = tuple(
-        ChunkRef(block_id=f"blk{seed}", offset=i * 8, length=8, raw_length=8, checksum=seed * 100 + i) for i in range(2)
+        ChunkRef(block_id=f"{seed:032x}", offset=i * 8, length=n, raw_length=n, checksum=seed * 100 + i)
+        for i, n in enumerate(lengths)
     )
     return ReadPlan(path=path, version=0, etag=etag_of(chunks, size), size=size, chunk_size=8, chunks=chunks)
+
+
+def bad_plan(path: str, plan: dict[str, object] | None = None, chunk: dict[str, object] | None = None) -> ReadPlan:
+    """``make_plan(path)`` with some plan fields and some fields of its first chunk replaced."""
+    good = make_plan(path)
+    first = msgspec.structs.replace(good.chunks[0], **(chunk or {}))
+    return msgspec.structs.replace(good, **{"chunks": (first, *good.chunks[1:]), **(plan or {})})
+
+
+# (plan fields, first-chunk fields, the BadRequest message after "plan for '/b/x': ")
+BAD_PLANS = [
+    ({"size": 10, "chunks": ()}, None, "chunks cover 0 bytes, size is 10"),
+    ({"size": 2**50}, None, "chunks cover 10 bytes, size is 1125899906842624"),
+    ({"size": -1}, None, "negative size -1"),
+    ({"chunk_size": 0}, None, "chunk_size 0 is not from 1 to 67108864"),
+    ({"chunk_size": (64 << 20) + 1}, None, "chunk_size 67108865 is not from 1 to 67108864"),
+    (None, {"block_id": "../../etc/passwd"}, "chunk 0: invalid block id '../../etc/passwd': want 32 lowercase hex digits"),
+    (None, {"block_id": "A" * 32}, f"chunk 0: invalid block id '{'A' * 32}': want 32 lowercase hex digits"),
+    (None, {"offset": -1}, "chunk 0: negative offset -1 or checksum 0 out of 64 bits"),
+    (None, {"length": -8}, "chunk 0: uncompressed chunk with length -8 != raw_length 8"),
+    (None, {"length": 7}, "chunk 0: uncompressed chunk with length 7 != raw_length 8"),
+    (None, {"raw_length": -8, "length": -8}, "chunk 0: raw_length -8 is not from 1 to chunk_size 8"),
+    (None, {"raw_length": 0, "length": 0}, "chunk 0: raw_length 0 is not from 1 to chunk_size 8"),
+    ({"size": 11}, {"raw_length": 9, "length": 9}, "chunk 0: raw_length 9 is not from 1 to chunk_size 8"),
+    (None, {"codec": "lz4", "length": 0}, "chunk 0: lz4 chunk with length 0 is not from 1 to 24 (raw_length 8)"),
+    (None, {"codec": "lz4", "length": 25}, "chunk 0: lz4 chunk with length 25 is not from 1 to 24 (raw_length 8)"),
+]
 
 
 async def put(store, path: str, seed: int = 0, if_version: int | None = None) -> ReadPlan:
@@ -112,6 +142,25 @@ class MetadataStoreTests:
             await put(store, "/b/x", if_version=-1)
         with pytest.raises(ValueError):
             await store.delete("/b/x", if_version=-1)
+
+    @pytest.mark.parametrize(("plan", "chunk", "message"), BAD_PLANS)
+    async def test_invalid_plan_is_bad_request_and_not_committed(self, store, plan, chunk, message):
+        with pytest.raises(BadRequest) as exc:
+            await store.commit("/b/x", bad_plan("/b/x", plan, chunk))
+        assert str(exc.value) == f"plan for '/b/x': {message}"
+        assert await store.get_plans(["/b/x"]) == [None]
+
+    async def test_commit_many_with_one_invalid_plan_commits_none(self, store):
+        ops = [CommitOp(path="/b/ok", plan=make_plan("/b/ok")), CommitOp(path="/b/x", plan=bad_plan("/b/x", {"size": 9}))]
+        with pytest.raises(BadRequest, match="chunks cover 10 bytes, size is 9"):
+            await store.commit_many(ops)
+        assert await store.get_plans(["/b/ok", "/b/x"]) == [None, None]
+
+    async def test_valid_edge_plans_commit(self, store):
+        empty = await store.commit("/b/empty", make_plan("/b/empty", size=0))
+        assert (empty.size, empty.chunks) == (0, ())
+        lz4 = bad_plan("/b/lz4", None, {"codec": "lz4", "length": 24})  # lz4's worst case for 8 bytes
+        assert (await store.commit("/b/lz4", lz4)).chunks == lz4.chunks
 
     async def test_plan_path_mismatch_is_bad_request(self, store):
         with pytest.raises(BadRequest):

@@ -2,16 +2,18 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from blobsdk.errors import BadRequest, ClientClosed, Unavailable
+from blobsdk.errors import BadRequest, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.http import MAX_PATHS_PER_REQUEST, HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.wire import CommitOp
+from blobsdk.wire import MSGPACK, CommitOp, GetPlansResponse, encode
 from servers.api import make_app
 from tests.helpers import running_app
 
-from .conformance import MetadataStoreTests, make_plan, put
+from .conformance import MetadataStoreTests, bad_plan, make_plan, put
+from .unchecked import plant_plan
 
 
 @pytest.fixture
@@ -75,3 +77,31 @@ async def test_app_closes_its_store_on_cleanup(tmp_path):
         await put(store, "/b/x")
     with pytest.raises(ClientClosed):
         await store.get_plan("/b/x")
+
+
+async def test_a_bad_plan_from_the_server_is_corrupt_data(session, tmp_path):
+    db = tmp_path / "planted.sqlite"
+    await plant_plan(db, "/b/x", bad_plan("/b/x", None, {"block_id": "../../etc/passwd"}))
+    async with running_app(make_app(SqliteMetadataStore(db))) as url:
+        store = HttpMetadataStore(session, url)
+        with pytest.raises(CorruptData) as exc:
+            await store.get_plan("/b/x")
+        assert str(exc.value) == (
+            "metadata store returned an invalid plan: plan for '/b/x': "
+            "chunk 0: invalid block id '../../etc/passwd': want 32 lowercase hex digits"
+        )
+        with pytest.raises(CorruptData, match="etc/passwd"):
+            await store.get_plans(["/b/nope", "/b/x"])
+
+
+async def test_a_plan_of_another_path_from_the_server_is_corrupt_data(session):
+    async def plans(request: web.Request) -> web.Response:
+        body = encode(GetPlansResponse(plans=[make_plan("/b/other")]))
+        return web.Response(body=body, content_type=MSGPACK)
+
+    app = web.Application()
+    app.router.add_post("/v1/plans", plans)
+    async with running_app(app) as url:
+        with pytest.raises(CorruptData) as exc:
+            await HttpMetadataStore(session, url).get_plan("/b/x")
+    assert str(exc.value) == "metadata store returned an invalid plan: plan for '/b/other', not for '/b/x'"

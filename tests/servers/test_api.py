@@ -28,7 +28,7 @@ from blobsdk.wire import (
     encode,
 )
 from tests.helpers import ROOT, server_process
-from tests.metadata.conformance import make_plan, put
+from tests.metadata.conformance import BAD_PLANS, bad_plan, make_plan, put
 
 TOKEN = "s3cret"
 
@@ -129,6 +129,41 @@ async def test_bad_arguments_are_400_not_500(session, api_url):
     for route, body, code in cases:
         status, err = await post(session, f"{api_url}{route}", body, JSON)
         assert (status, err.code) == (400, code), route
+
+
+def issue_commit(path: str, size: int, chunks: list[dict[str, object]]) -> bytes:
+    """A commit as curl would send it: JSON, straight to the server."""
+    plan = {"path": path, "version": 0, "etag": "e", "size": size, "chunk_size": 8, "chunks": chunks}
+    return msgspec.json.encode({"ops": [{"path": path, "plan": plan}]})
+
+
+def chunk(**fields: object) -> dict[str, object]:
+    return {"block_id": "0" * 32, "offset": 0, "length": 8, "raw_length": 8, "checksum": 1, **fields}
+
+
+@pytest.mark.parametrize(
+    ("size", "chunks", "message"),
+    [
+        (10, [], "chunks cover 0 bytes, size is 10"),
+        (2**50, [chunk()], "chunks cover 8 bytes, size is 1125899906842624"),
+        (8, [chunk(block_id="../../etc/passwd")], "chunk 0: invalid block id '../../etc/passwd': want 32 lowercase hex digits"),
+        (8, [chunk(length=-8)], "chunk 0: uncompressed chunk with length -8 != raw_length 8"),
+        (-8, [chunk(length=-8, raw_length=-8)], "negative size -8"),
+    ],
+)
+async def test_commit_of_an_invalid_plan_is_bad_request_and_stores_nothing(session, api_url, size, chunks, message):
+    path = f"/bad/k{abs(size)}-{len(str(chunks))}"
+    status, err = await post(session, f"{api_url}/v1/commit", issue_commit(path, size, chunks), JSON)
+    assert (status, err.code, err.message) == (400, "bad_request", f"plan for {path!r}: {message}")
+    async with session.get(f"{api_url}/v1/stat", params={"path": path}) as resp:
+        assert resp.status == 404
+
+
+@pytest.mark.parametrize(("plan", "chunk_fields", "message"), BAD_PLANS)
+async def test_server_checks_every_plan_rule_itself(session, api_url, plan, chunk_fields, message):
+    bad = bad_plan("/b/rules", plan, chunk_fields)
+    status, err = await post(session, f"{api_url}/v1/commit", encode(CommitRequest(ops=[CommitOp(path="/b/rules", plan=bad)])))
+    assert (status, err.code, err.message) == (400, "bad_request", f"plan for '/b/rules': {message}")
 
 
 async def test_invalid_path_maps_back_to_invalid_path(session, api_url):
