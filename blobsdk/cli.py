@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import mmap
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import (
@@ -24,7 +26,6 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,8 @@ def open_client(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
 
 
 async def cmd_put(client: Client, args: argparse.Namespace) -> int:
-    with _mapped(args.local_file) as data:
-        info = await client.put(args.path, data, if_version=args.if_version)
+    data = await asyncio.to_thread(_load, Path(args.local_file))
+    info = await client.put(args.path, data, if_version=args.if_version)
     _print_json(info)
     return 0
 
@@ -216,26 +217,18 @@ async def _import_items(root: Path, prefix: str, tally: ImportTally) -> AsyncIte
 
 
 def _load(local: Path) -> Buffer:
-    """Small files are read; large ones are mapped (unmapped once put_many drops them)."""
+    """A local file's bytes.  A large regular file is mapped, not copied, and unmapped once
+    the last view of it is dropped (never closed by hand: a failed put's traceback may still
+    hold views of it).  Anything else is read to its end: small files, and files whose size
+    says nothing (a pipe, ``/dev/stdin``, a ``/proc`` file reporting 0 bytes)."""
     with open(local, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < MMAP_THRESHOLD:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size < MMAP_THRESHOLD:
             return f.read()
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))  # the view keeps the map
 
 
 # --- local files -----------------------------------------------------------------------
-
-
-@contextmanager
-def _mapped(local: str) -> Iterator[Buffer]:
-    """The file's bytes without copying them (an empty file cannot be mapped)."""
-    with open(local, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            yield b""
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
-            yield view
 
 
 def _write_file_atomic(out: Path, data: Buffer) -> None:
@@ -270,6 +263,16 @@ def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value):  # nan compares false with every cutoff: gc would do nothing
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text}")
     return value
 
 
@@ -318,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("gc", cmd_gc, "delete L4 blocks no blob references")
     p.add_argument(
         "--grace",
-        type=float,
+        type=_seconds,
         default=3600.0,
         metavar="SECONDS",
         help="only blocks older than this (default 3600; must exceed max_write_seconds)",

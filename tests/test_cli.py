@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,20 +14,23 @@ from pathlib import Path
 import pytest
 
 from blobsdk._progress import ProgressLine
-from blobsdk.cli import NO_STORE
+from blobsdk.cli import MMAP_THRESHOLD, NO_STORE
 from tests.helpers import ROOT
 from tests.metadata.conformance import bad_plan
 from tests.metadata.unchecked import plant_plan
 
 
-def run(*args: str, store: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+def run(
+    *args: str, store: Path | None = None, env: dict[str, str] | None = None, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}
     argv = [sys.executable, "-m", "blobsdk", *(["--local", str(store)] if store else []), *args]
-    return subprocess.run(argv, cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, timeout=120)
+    env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=120)
 
 
-def ok(*args: str, store: Path) -> bytes:
-    result = run(*args, store=store)
+def ok(*args: str, store: Path, stdin: bytes = b"") -> bytes:
+    result = run(*args, store=store, stdin=stdin)
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout
 
@@ -148,6 +152,56 @@ def test_missing_blob_exits_1(store):
 def test_missing_local_file_exits_1(tmp_path, store):
     result = run("put", str(tmp_path / "nope"), "/b/x", store=store)
     assert result.returncode == 1 and "No such file" in error_line(result)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_put_to_an_unreachable_cluster_is_one_line_exit_1(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = tmp_path / "client.toml"
+    config.write_text(f'api_url = "{url}"\nblock_urls = ["{url}"]\n')
+    (tmp_path / "big").write_bytes(os.urandom(MMAP_THRESHOLD + 1))  # mapped, not read
+    (tmp_path / "small").write_bytes(b"x" * 1000)
+    for name in ("big", "small"):
+        result = run("--config", str(config), "put", str(tmp_path / name), "/b/x")
+        assert result.returncode == 1 and result.stdout == b""
+        line = error_line(result)  # no traceback: the BufferError of closing a mapped file with views left
+        assert line.startswith("blobsdk: error: block ") and "0 of the 1 acknowledgements needed" in line
+        assert f"Cannot connect to host 127.0.0.1:{url.rsplit(':', 1)[1]}" in line
+        assert len(result.stderr.decode().strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("size", [0, 6, MMAP_THRESHOLD + 1])
+def test_put_of_stdin_stores_what_was_piped(store, size):
+    data = os.urandom(size)
+    info = json.loads(ok("put", "/dev/stdin", "/b/piped", store=store, stdin=data))
+    assert info["size"] == size
+    assert ok("cat", "/b/piped", store=store) == data
+
+
+def test_put_of_a_proc_file_stores_its_contents(store):
+    info = json.loads(ok("put", "/proc/self/status", "/b/status", store=store))
+    assert info["size"] > 0  # /proc files report st_size 0
+    assert ok("cat", "/b/status", store=store).startswith(b"Name:")
+
+
+@pytest.mark.parametrize(
+    ("grace", "message"),
+    [
+        ("nan", "argument --grace: must be a finite number of seconds, got nan"),
+        ("inf", "argument --grace: must be a finite number of seconds, got inf"),
+        ("-inf", "argument --grace: must be a finite number of seconds, got -inf"),
+        ("soon", "argument --grace: not a number of seconds: 'soon'"),
+    ],
+)
+def test_gc_grace_must_be_a_finite_number(store, grace, message):
+    result = run("gc", f"--grace={grace}", store=store)
+    assert result.returncode == 2 and result.stdout == b""
+    assert error_line(result) == f"blobsdk gc: error: {message}"
 
 
 def test_no_store_is_a_usage_error():
