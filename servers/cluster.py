@@ -5,13 +5,21 @@ flash nodes, each a real subprocess on a free loopback port.
                               [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T]
                               [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S]
                               [--api-faults SPEC] [--block-faults SPEC] [--l3-faults SPEC]
-                              [--admin-token T]
+                              [--admin-token T] [--no-restart]
 
 Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
 then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
 atomically, so a waiter that sees ``client.toml`` can use the cluster at once.  SIGINT or
-SIGTERM stops every server and exits 0; a server that dies on its own stops the rest and
-exits 1.
+SIGTERM stops every server and exits 0.  A server that dies on its own is restarted on the
+same port with the same directory and flags after a backoff (0.5 s, doubling to 10 s; back
+to 0.5 s once it had run 10 s), for as long as it keeps dying; the others keep running.
+With ``--no-restart`` it stays down and the others keep running.  Each death and restart
+is logged to stderr and ``DIR/logs/cluster.log``, and ``cluster.json`` gets the new pid.
+
+Every server holds the read end of a pipe whose write end only the starting process holds
+(the *lifeline*), and stops itself when it reads EOF: servers die with the process that
+started them, even by SIGKILL, whichever of its threads started them (``PR_SET_PDEATHSIG``
+would fire when that thread exits, and ``async with`` starts them from a worker thread).
 
 Tests and benchmarks use the same machinery in-process::
 
@@ -26,31 +34,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from blobsdk.config import ClientConfig, WriteConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 POLL_SECONDS = 0.05
+ORPHAN_GRACE_SECONDS = 5.0  # an orphaned server that has not stopped on SIGTERM by then exits hard
+# Every server runs through serve_child: argv is the lifeline's fd, the module, its flags.
+_CHILD = "from servers.cluster import serve_child; serve_child()"
 
 # urllib would send loopback health checks through an http_proxy from the environment.
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ClusterError(Exception):
-    """A server failed to start or to answer /healthz in time."""
+    """A server failed to start or to answer /healthz in time, or cannot be restarted."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,10 +146,13 @@ KINDS: tuple[ServerKind, ...] = (
 class ServerProcess:
     kind: str
     name: str
+    module: str
+    args: list[str]  # every flag but the serving ones (--host, --port, --port-file)
     popen: subprocess.Popen[bytes]
     port_file: Path
     log: Path
     url: str = ""
+    started: float = field(default_factory=time.monotonic)  # of the current popen
 
     @property
     def pid(self) -> int:
@@ -156,6 +174,7 @@ class Cluster:
     kinds: Sequence[ServerKind] = KINDS
     processes: list[ServerProcess] = field(default_factory=list)
     config: ClientConfig | None = None
+    _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
 
     @property
     def config_path(self) -> Path:
@@ -168,27 +187,52 @@ class Cluster:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         for stale in (self.config_path, self.dir / "cluster.json"):
             stale.unlink(missing_ok=True)
+        self._lifeline = self._lifeline or os.pipe()  # both ends non-inheritable
         deadline = time.monotonic() + self.options.startup_timeout
         urls: dict[str, list[str]] = {}
         for kind in self.kinds:
             started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
             urls[kind.name] = [_wait_ready(p, deadline, self.options.startup_timeout) for p in started]
         self.config = client_config(self.kinds, urls, self.options)
-        _write_atomic(self.dir / "cluster.json", json.dumps(self.describe(), indent=2) + "\n")
+        self._write_description()
         _write_atomic(self.config_path, self.config.to_toml())
         return self.config
+
+    def restart(self, proc: ServerProcess) -> None:
+        """Start the dead server ``proc`` again on its port, with its directory and flags; it
+        is ready once it answers /healthz at ``proc.url`` again."""
+        if proc.popen.poll() is None:
+            raise ClusterError(f"{proc.name} is still running (pid {proc.pid})")
+        if (port := urlsplit(proc.url).port) is None:
+            raise ClusterError(f"{proc.name} never served: it has no port to restart on")
+        proc.port_file.unlink(missing_ok=True)
+        # asyncio's create_server sets SO_REUSEADDR on POSIX: the port binds even while the old
+        # server's connections are in TIME_WAIT (the CLI test holds one open across the kill).
+        proc.popen, proc.started = self._popen(proc.module, port, proc.port_file, proc.args, proc.log), time.monotonic()
+        self._write_description()
 
     def _spawn(self, kind: ServerKind, i: int, launch: Launch) -> ServerProcess:
         name = kind.name if kind.count(self.options) == 1 else f"{kind.name}-{i}"
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
         port_file.unlink(missing_ok=True)
-        serving = ["--host", HOST, "--port", "0", "--port-file", str(port_file)]
-        argv = [sys.executable, "-m", kind.module, *serving, *_common_args(self.options, kind), *kind.args(launch, i)]
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_child_env())
-        proc = ServerProcess(kind=kind.name, name=name, popen=popen, port_file=port_file, log=log)
+        args = [*_common_args(self.options, kind), *kind.args(launch, i)]
+        popen = self._popen(kind.module, 0, port_file, args, log)
+        proc = ServerProcess(kind=kind.name, name=name, module=kind.module, args=args, popen=popen, port_file=port_file, log=log)
         self.processes.append(proc)
         return proc
+
+    def _popen(self, module: str, port: int, port_file: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+        assert self._lifeline is not None, "start() opens the lifeline"
+        fd = self._lifeline[0]
+        serving = ["--host", HOST, "--port", str(port), "--port-file", str(port_file)]
+        argv = [sys.executable, "-c", _CHILD, str(fd), module, *serving, *args]
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_child_env(), pass_fds=(fd,)
+            )
+
+    def _write_description(self) -> None:
+        _write_atomic(self.dir / "cluster.json", json.dumps(self.describe(), indent=2) + "\n")
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"kind": p.kind, "name": p.name, "url": p.url, "pid": p.pid, "log": str(p.log)} for p in self.processes]
@@ -209,6 +253,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 popen.kill()
                 popen.wait()
+        lifeline, self._lifeline = self._lifeline, None
+        for fd in lifeline or ():
+            os.close(fd)
 
     def __enter__(self) -> Cluster:
         try:
@@ -296,6 +343,104 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# --- inside each server process -------------------------------------------------------
+
+
+def serve_child() -> None:
+    """Run ``python -m MODULE FLAGS`` in this process (``sys.argv[1:]`` is the lifeline's
+    fd, MODULE, FLAGS) and stop it when the lifeline reaches EOF."""
+    fd, module, *flags = sys.argv[1:]
+    threading.Thread(target=_stop_when_orphaned, args=(int(fd),), name="lifeline", daemon=True).start()
+    sys.argv = [module, *flags]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _stop_when_orphaned(fd: int) -> NoReturn:
+    """Nobody writes to the lifeline: the read returns only once every holder of its write
+    end is gone (already gone, if the starter died before we got here)."""
+    with contextlib.suppress(OSError):  # a bad fd: stopping is the safe side
+        while os.read(fd, 1):
+            pass
+    os.kill(os.getpid(), signal.SIGTERM)  # the server's own graceful stop
+    time.sleep(ORPHAN_GRACE_SECONDS)
+    os._exit(1)
+
+
+# --- supervising a running cluster ----------------------------------------------------
+
+BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0  # seconds before restarting a dead server
+STABLE_SECONDS = 10.0  # a server that ran this long before dying is restarted after BACKOFF_FIRST
+
+
+@dataclass(kw_only=True)
+class _Watched:
+    proc: ServerProcess
+    backoff: float = BACKOFF_FIRST  # before its next restart
+    due: float | None = None  # when it is restarted next, while it is dead
+    restarts: int = 0
+    ready: bool = True  # has answered /healthz since its last (re)start
+    down: bool = False  # dead and left so (--no-restart)
+
+
+class Supervisor:
+    """Watches servers: each :meth:`poll` restarts (``restart``, with backoff) or leaves down
+    (``restart=None``) those that died and logs what happened; the others are never touched."""
+
+    def __init__(
+        self, processes: Sequence[ServerProcess], restart: Callable[[ServerProcess], None] | None, log: Callable[[str], None]
+    ) -> None:
+        self._watched = [_Watched(proc=p) for p in processes]
+        self._restart, self._log = restart, log
+
+    def poll(self, now: float) -> None:
+        for w in self._watched:
+            if w.due is not None and now >= w.due:
+                self._restart_now(w)
+            elif w.due is None and not w.down:
+                self._check(w, now)
+
+    def _check(self, w: _Watched, now: float) -> None:
+        p = w.proc
+        if p.popen.poll() is None:
+            if not w.ready and _healthy(p.url):
+                w.ready = True
+                self._log(f"{p.name} is serving again on {p.url} (pid {p.pid})")
+        elif self._restart is None:
+            w.down = True
+            self._log(
+                f"{p.name} (pid {p.pid}) exited with code {p.popen.returncode}; left down (--no-restart), the rest keep running"
+            )
+        else:
+            w.backoff = BACKOFF_FIRST if now - p.started >= STABLE_SECONDS else w.backoff
+            w.due = now + w.backoff
+            self._log(
+                f"{p.name} (pid {p.pid}) exited with code {p.popen.returncode}; restarting it in {w.backoff:g}s; its log: {p.log}"
+            )
+            w.backoff = min(2 * w.backoff, BACKOFF_MAX)
+
+    def _restart_now(self, w: _Watched) -> None:
+        assert self._restart is not None
+        w.due, w.ready, w.restarts = None, False, w.restarts + 1
+        try:
+            self._restart(w.proc)
+        except OSError as exc:  # its old popen is still the dead one: the next poll reschedules it
+            self._log(f"{w.proc.name} could not be restarted: {exc}")
+            return
+        self._log(f"{w.proc.name} restarted on {w.proc.url} (pid {w.proc.pid}, restart {w.restarts})")
+
+
+def _cluster_log(dir: Path) -> Callable[[str], None]:
+    """Log lines go to stderr and DIR/logs/cluster.log."""
+    path = dir / "logs" / "cluster.log"
+
+    def log(message: str) -> None:
+        print(f"cluster: {message}", file=sys.stderr, flush=True)
+        with open(path, "a") as out:  # a line per server death: tiny, and there is no event loop
+            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}\n")
+
+    return log
+
+
 # --- command line ---------------------------------------------------------------------
 
 
@@ -308,6 +453,12 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]:
+    dir, options, _ = parse_cli(argv)
+    return dir, options
+
+
+def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, bool]:
+    """The cluster's directory, options, and whether dead servers are restarted."""
     parser = argparse.ArgumentParser(prog="python -m servers.cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="data, logs and client.toml go here")
     parser.add_argument("--block-servers", type=int, default=3, metavar="N", help="L4 block servers (default 3)")
@@ -331,6 +482,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
             help=f"a --fault SPEC for every {kind.name} server (repeatable)",
         )
     parser.add_argument("--admin-token", help="every server mounts /admin/faults behind this bearer token")
+    parser.add_argument(
+        "--no-restart", action="store_true", help="leave a server that dies down (default: restart it, with backoff)"
+    )
     args = parser.parse_args(argv)
     if args.block_servers < 1:
         parser.error("--block-servers must be at least 1")
@@ -352,7 +506,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
         "admin_token",
     )
     faults = {kind.name: tuple(getattr(args, f"{kind.name}_faults")) for kind in KINDS}
-    return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults)
+    return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults), not args.no_restart
 
 
 def _print_ready(cluster: Cluster) -> None:
@@ -362,25 +516,20 @@ def _print_ready(cluster: Cluster) -> None:
     print(f"client config: {cluster.config_path}\ncluster ready; Ctrl-C or SIGTERM stops it", flush=True)
 
 
-def _watch(cluster: Cluster) -> ServerProcess:
-    """Block until a server exits (signals interrupt this with _Shutdown)."""
-    while not (exited := cluster.exited()):
+def _supervise(cluster: Cluster, restart: bool) -> NoReturn:
+    """Watch the servers until a signal interrupts this with _Shutdown."""
+    supervisor = Supervisor(cluster.processes, cluster.restart if restart else None, _cluster_log(cluster.dir))
+    while True:
+        supervisor.poll(time.monotonic())
         time.sleep(0.2)
-    return exited[0]
 
 
-def run(dir: Path, options: ClusterOptions) -> int:
+def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
     cluster = Cluster(dir, options)
     try:
         cluster.start()
         _print_ready(cluster)
-        dead = _watch(cluster)
-        print(
-            f"cluster: error: {dead.name} exited unexpectedly with code {dead.popen.returncode}; "
-            f"stopping the rest. Its log:\n{dead.log_tail()}",
-            file=sys.stderr,
-        )
-        return 1
+        _supervise(cluster, restart)
     except _Shutdown:
         return 0
     except ClusterError as exc:
@@ -393,10 +542,10 @@ def run(dir: Path, options: ClusterOptions) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    dir, options = parse_args(argv)
+    dir, options, restart = parse_cli(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
-    return run(dir, options)
+    return run(dir, options, restart)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +27,11 @@ from servers.cluster import (
     ClusterError,
     ClusterOptions,
     ServerKind,
+    ServerProcess,
+    Supervisor,
+    _healthy,
+    parse_args,
+    parse_cli,
     start_cluster,
 )
 from tests.helpers import ROOT
@@ -31,11 +40,12 @@ START_TIMEOUT = 60.0
 
 
 def _alive(pid: int) -> bool:
+    """Running: a zombie nobody reaped yet counts as gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
@@ -46,20 +56,29 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture
-def cluster_cli(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """``python -m servers.cluster --dir tmp`` running, its client.toml written."""
+def _kill_leftovers(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _cluster_cli(dir: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m servers.cluster --dir DIR FLAGS`` running, its client.toml written; on
+    the way out it is stopped, and every server it ever listed in cluster.json killed."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servers.cluster", "--dir", str(tmp_path), "--block-servers", "3"],
+        [sys.executable, "-m", "servers.cluster", "--dir", str(dir), "--block-servers", "3", *flags],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    pids: list[int] = []
     try:
-        _wait_for(lambda: (tmp_path / "client.toml").exists() or proc.poll() is not None, START_TIMEOUT, "client.toml")
+        _wait_for(lambda: (dir / "client.toml").exists() or proc.poll() is not None, START_TIMEOUT, "client.toml")
         assert proc.poll() is None, proc.stderr.read().decode()
-        yield proc, tmp_path
+        pids += [s["pid"] for s in _servers(dir)]
+        yield proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -68,8 +87,17 @@ def cluster_cli(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        with contextlib.suppress(OSError, ValueError):
+            pids += [s["pid"] for s in _servers(dir)]
+        _kill_leftovers(pids)
         proc.stdout.close()
         proc.stderr.close()
+
+
+@pytest.fixture
+def cluster_cli(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    with _cluster_cli(tmp_path) as proc:
+        yield proc, tmp_path
 
 
 def _servers(dir: Path) -> list[dict]:
@@ -94,13 +122,208 @@ async def test_cli_serves_a_client_and_stops_every_server_on_sigterm(cluster_cli
     assert not [s["name"] for s in servers if _alive(s["pid"])]
 
 
-def test_cli_stops_the_rest_and_exits_1_when_a_server_dies(cluster_cli):
+def _held_connection(url: str) -> socket.socket:
+    """A keep-alive connection that has had a response, so the server's side of it is left
+    in TIME_WAIT when the server dies: the restart must bind the port all the same."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)), timeout=5)
+    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+    return conn
+
+
+async def test_cli_restarts_a_killed_l3_node_on_its_port_while_the_rest_keep_serving(cluster_cli):
     proc, dir = cluster_cli
     servers = _servers(dir)
-    os.kill(servers[2]["pid"], signal.SIGKILL)
-    assert proc.wait(20) == 1
-    assert "block-1 exited unexpectedly" in proc.stderr.read().decode()
-    assert not [s["name"] for s in servers if _alive(s["pid"])]
+    l3, others = servers[4], [s for s in servers if s["name"] != "l3-0"]
+    with _held_connection(l3["url"]):
+        os.kill(l3["pid"], signal.SIGKILL)
+        _wait_for(lambda: not _alive(l3["pid"]), 10, "l3-0 to die")
+    assert all(_healthy(s["url"]) for s in others)
+    _wait_for(lambda: _healthy(l3["url"]), 30, "l3-0 to serve again on its port")
+
+    now = {s["name"]: s for s in _servers(dir)}
+    assert now["l3-0"]["url"] == l3["url"] and now["l3-0"]["pid"] != l3["pid"] and _alive(now["l3-0"]["pid"])
+    assert [now[s["name"]]["pid"] for s in others] == [s["pid"] for s in others]
+    assert all(_healthy(s["url"]) for s in others) and proc.poll() is None
+    log = (dir / "logs" / "cluster.log").read_text()
+    assert f"l3-0 (pid {l3['pid']}) exited with code -9; restarting it in 0.5s" in log
+    assert f"l3-0 restarted on {l3['url']} (pid {now['l3-0']['pid']}, restart 1)" in log
+    serving = f"l3-0 is serving again on {l3['url']} (pid {now['l3-0']['pid']})"
+    _wait_for(lambda: serving in (dir / "logs" / "cluster.log").read_text(), 10, "the restart's readiness to be logged")
+    data = os.urandom(1 << 20)
+    async with blobsdk.Client(ClientConfig.from_toml(dir / "client.toml")) as client:
+        await client.put("/bkt/after", data)
+        assert bytes(await client.get("/bkt/after")) == data
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert not [name for name, s in now.items() if _alive(s["pid"])]
+
+
+def test_cli_with_no_restart_leaves_a_dead_server_down_and_the_rest_running(tmp_path):
+    with _cluster_cli(tmp_path, "--no-restart") as proc:
+        servers = _servers(tmp_path)
+        l3, others = servers[4], [s for s in servers if s["name"] != "l3-0"]
+        os.kill(l3["pid"], signal.SIGKILL)
+        log = tmp_path / "logs" / "cluster.log"
+        _wait_for(lambda: log.exists() and "left down" in log.read_text(), 10, "the death to be logged")
+        time.sleep(2.0)  # four first backoffs: a restart would have happened by now
+        assert not _healthy(l3["url"]) and proc.poll() is None
+        assert all(_healthy(s["url"]) and _alive(s["pid"]) for s in others)
+        assert log.read_text().endswith(
+            f"l3-0 (pid {l3['pid']}) exited with code -9; left down (--no-restart), the rest keep running\n"
+        )
+        assert [s["pid"] for s in _servers(tmp_path)] == [s["pid"] for s in servers]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert not [s["name"] for s in others if _alive(s["pid"])]
+
+
+def test_killing_the_cli_supervisor_kills_every_server(cluster_cli):
+    proc, dir = cluster_cli
+    servers = _servers(dir)
+    proc.kill()
+    proc.wait()
+    _wait_for(lambda: not any(_alive(s["pid"]) for s in servers), 15, "every server to die with the supervisor")
+
+
+_STARTER = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from servers.cluster import start_cluster
+    cluster = start_cluster(sys.argv[1], block_servers=1, l3_nodes=1)
+    starter = threading.Thread(target=cluster.start)
+    starter.start()
+    starter.join()
+    print(json.dumps([p.pid for p in cluster.processes]), flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_servers_started_from_a_thread_outlive_it_and_die_with_their_process(tmp_path):
+    starter = subprocess.Popen(
+        [sys.executable, "-c", _STARTER, str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+    )
+    pids: list[int] = []
+    try:
+        pids = json.loads(starter.stdout.readline() or "[]")
+        assert len(pids) == 3
+        time.sleep(0.5)  # PR_SET_PDEATHSIG would have killed them when the starting thread ended
+        assert all(_alive(pid) for pid in pids)
+        starter.kill()
+        starter.wait()
+        _wait_for(lambda: not any(_alive(pid) for pid in pids), 15, "every server to die with its starter")
+    finally:
+        starter.kill()
+        starter.wait()
+        starter.stdout.close()
+        _kill_leftovers(pids)
+
+
+class _Popen:
+    """What the supervisor sees of a process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def _server(started: float = 0.0) -> ServerProcess:
+    return ServerProcess(
+        kind="l3",
+        name="l3-0",
+        module="servers.flash",
+        args=[],
+        popen=_Popen(100),
+        port_file=Path("p"),
+        log=Path("l3-0.log"),
+        url="http://127.0.0.1:1",
+        started=started,
+    )
+
+
+def test_a_server_that_keeps_dying_is_restarted_with_doubling_backoff_until_it_stays_up():
+    proc, lines, clock = _server(), [], SimpleNamespace(now=0.0)
+
+    def restart(p: ServerProcess) -> None:
+        p.popen, p.started = _Popen(p.pid + 1), clock.now
+
+    def die_and_wait(returncode: int) -> float:
+        """Seconds from its death to its restart, polled every 1/16 s."""
+        proc.popen.returncode, pid, died = returncode, proc.pid, clock.now
+        while proc.pid == pid:
+            supervisor.poll(clock.now)
+            clock.now += 0.0625
+        return clock.now - 0.0625 - died
+
+    supervisor = Supervisor([proc], restart, lines.append)
+    waits = []
+    for _ in range(7):
+        clock.now += 0.125  # up for 1/8 s
+        waits.append(die_and_wait(1))
+    assert waits == [0.5, 1, 2, 4, 8, 10, 10]
+    assert lines[:2] == [
+        "l3-0 (pid 100) exited with code 1; restarting it in 0.5s; its log: l3-0.log",
+        "l3-0 restarted on http://127.0.0.1:1 (pid 101, restart 1)",
+    ]
+    assert lines[-2:] == [
+        "l3-0 (pid 106) exited with code 1; restarting it in 10s; its log: l3-0.log",
+        "l3-0 restarted on http://127.0.0.1:1 (pid 107, restart 7)",
+    ]
+    clock.now += 10.0  # up for STABLE_SECONDS: back to the first backoff
+    assert die_and_wait(-9) == 0.5
+
+
+def test_a_restart_that_cannot_spawn_is_logged_and_retried_after_the_next_backoff():
+    proc, lines, calls = _server(), [], []
+
+    def restart(p: ServerProcess) -> None:
+        calls.append(p.name)
+        if len(calls) == 1:
+            raise OSError(24, "Too many open files")
+        p.popen = _Popen(p.pid + 1)
+
+    supervisor = Supervisor([proc], restart, lines.append)
+    proc.popen.returncode = 1
+    for now in (0.0, 0.5, 0.6, 1.5, 1.6):
+        supervisor.poll(now)
+    assert lines == [
+        "l3-0 (pid 100) exited with code 1; restarting it in 0.5s; its log: l3-0.log",
+        "l3-0 could not be restarted: [Errno 24] Too many open files",
+        "l3-0 (pid 100) exited with code 1; restarting it in 1s; its log: l3-0.log",
+        "l3-0 restarted on http://127.0.0.1:1 (pid 101, restart 2)",
+    ]
+
+
+def test_a_server_left_down_is_logged_once_and_never_restarted():
+    proc, lines = _server(), []
+    supervisor = Supervisor([proc], None, lines.append)
+    proc.popen.returncode = -9
+    for now in range(100):
+        supervisor.poll(float(now))
+    assert lines == ["l3-0 (pid 100) exited with code -9; left down (--no-restart), the rest keep running"]
+
+
+def test_cli_restarts_dead_servers_unless_told_not_to(tmp_path):
+    assert parse_cli(["--dir", str(tmp_path)])[2] is True
+    assert parse_cli(["--dir", str(tmp_path), "--no-restart"])[2] is False
+    assert parse_args(["--dir", str(tmp_path), "--no-restart"]) == parse_args(["--dir", str(tmp_path)])
+
+
+def test_only_a_dead_server_that_had_served_can_be_restarted(tmp_path):
+    cluster, proc = Cluster(tmp_path), _server()
+    with pytest.raises(ClusterError, match=r"^l3-0 is still running \(pid 100\)$"):
+        cluster.restart(proc)
+    proc.popen.returncode, proc.url = 1, ""
+    with pytest.raises(ClusterError, match=r"^l3-0 never served: it has no port to restart on$"):
+        cluster.restart(proc)
 
 
 def test_cli_rejects_a_quorum_larger_than_the_block_servers(tmp_path):
