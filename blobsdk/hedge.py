@@ -58,7 +58,8 @@ from typing import Generic, Literal, TypeVar
 import msgspec
 
 from ._tasks import task_group
-from .errors import BlobError, HedgeExhausted
+from .errors import BlobError, HedgeExhausted, Unavailable
+from .health import TargetHealth
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -107,6 +108,14 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     budget_burst: float = 50.0  # token bucket capacity (it starts full): a fan-out's worth of hedges
     max_parallel: int = 2  # attempts in flight per request
     window: int = 128  # recent latencies kept per target
+    # A target is hung once an attempt is in service longer than hang_factor x its latency
+    # estimate, clamped to [hang_min_ms, hang_max_ms]; probed back after probe_after_s,
+    # doubling to probe_max_s (blobsdk/health.py).
+    hang_factor: float = 8.0
+    hang_min_ms: float = 500.0
+    hang_max_ms: float = 1000.0
+    probe_after_s: float = 1.0
+    probe_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_delay_ms <= self.max_delay_ms:
@@ -115,6 +124,11 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
         if self.budget_ratio < 0 or self.budget_burst < 0:
             raise ValueError(f"budget_ratio and budget_burst must be >= 0, got {self.budget_ratio}, {self.budget_burst}")
+        if self.hang_factor <= 0 or not 0 < self.hang_min_ms <= self.hang_max_ms:
+            got = f"{self.hang_factor}, {self.hang_min_ms}, {self.hang_max_ms}"
+            raise ValueError(f"need hang_factor > 0 and 0 < hang_min_ms <= hang_max_ms, got {got}")
+        if not 0 < self.probe_after_s <= self.probe_max_s:
+            raise ValueError(f"need 0 < probe_after_s <= probe_max_s, got {self.probe_after_s}, {self.probe_max_s}")
         if self.max_parallel < 1 or self.window < MIN_SAMPLES:
             raise ValueError(f"need max_parallel >= 1 and window >= {MIN_SAMPLES}, got {self.max_parallel}, {self.window}")
 
@@ -210,7 +224,9 @@ class HedgeStats:
     """``primaries``: requests run; ``hedges_sent``/``hedges_won``: hedged attempts started /
     that returned first; ``budget_exhausted``: requests that wanted a hedge and had no token;
     ``failovers``: attempts started because another one failed; ``hedges_deferred``:
-    requests whose hedge waited for its target to have room."""
+    requests whose hedge waited for its target to have room; ``hung_failovers``: attempts
+    failed over because they outlived their hang deadline or their target was hung (see
+    blobsdk/health.py)."""
 
     primaries: int = 0
     hedges_sent: int = 0
@@ -218,6 +234,7 @@ class HedgeStats:
     budget_exhausted: int = 0
     failovers: int = 0
     hedges_deferred: int = 0
+    hung_failovers: int = 0
 
 
 class Hedger:
@@ -229,6 +246,7 @@ class Hedger:
         self.budget = HedgeBudget(self.config.budget_ratio, self.config.budget_burst)
         self.counts = HedgeStats()
         self.clock = clock
+        self.health = TargetHealth(self.config, clock)
 
     async def run(
         self,
@@ -246,9 +264,14 @@ class Hedger:
         hedge now (see the module docstring)."""
         self.counts.primaries += 1
         self.budget.earn()
-        if not self.config.enabled or self.config.max_parallel == 1 or len(candidates) < 2:
-            return await self._in_turn(candidates, attempt, key_of, failover)
-        return await _Race(self, candidates, attempt, key_of, failover, ready).run()
+        ranked, probed = self.health.rank(candidates, key_of)
+        try:
+            if not self.config.enabled or self.config.max_parallel == 1 or len(ranked) < 2:
+                return await self._in_turn(ranked, attempt, key_of, failover)
+            return await _Race(self, ranked, attempt, key_of, failover, ready, probed).run()
+        finally:
+            if probed is not None:
+                self.health.probe_done(probed)
 
     async def _in_turn(
         self,
@@ -272,11 +295,13 @@ class Hedger:
                 failures.append((candidate, exc))
                 continue
             self.latency.record(key_of(candidate), self.clock() - mark.begun)
+            self.health.answered(key_of(candidate))
             return value
         raise exhausted(failures, key_of)
 
     def stats(self) -> dict[str, int]:
-        return asdict(self.counts)
+        """The counters, plus ``targets_hung`` (now) and ``probes`` of hung targets."""
+        return {**asdict(self.counts), "targets_hung": self.health.hung_count(), "probes": self.health.probes}
 
 
 @dataclass
@@ -298,16 +323,19 @@ class _Race(Generic[T, R]):
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
         ready: Callable[[T], bool] | None,
+        probe: str | None = None,
     ) -> None:
         self._hedger = hedger
         self._ready = ready
+        self._probe = probe  # the hung target this read probes, if any
         self._deferred = False
         self._candidates = candidates
         self._attempt = attempt
         self._key_of = key_of
         self._failover = failover
         self._next = 0  # index of the next candidate to start
-        self._running: dict[asyncio.Task[_Outcome[R]], tuple[T, Kind]] = {}
+        self._running: dict[asyncio.Task[_Outcome[R]], tuple[T, Kind, Attempt]] = {}
+        self._hung: set[Attempt] = set()  # attempts failed over as hung (cancelled)
         self._failures: list[tuple[T, BaseException]] = []
         self._hedging = hedger.config.enabled
         self._armed: tuple[Attempt, float] | None = None  # the watched attempt, and its delay
@@ -336,10 +364,38 @@ class _Race(Generic[T, R]):
                 if decided is not None:
                     return decided
                 continue
+            self._fail_over_hung()
             due = self._due()  # the attempt may have entered service since the timer was set
             if due is not None and self._hedger.clock() >= due:
                 self._hedge()
         return None
+
+    def _hang_check_at(self) -> float | None:
+        """When an attempt may next be found hung: its hang deadline if in service, else
+        soon (its target may be found hung by another read meanwhile); None if nothing runs."""
+        health, now = self._hedger.health, self._hedger.clock()
+        poll = self._hedger.config.hang_min_ms / 2000  # queued: look again in half the shortest deadline
+        times = [
+            mark.begun + health.deadline(self._hedger.latency.estimate(self._key_of(c))) if mark.serving else now + poll
+            for c, _, mark in self._running.values()
+        ]
+        return min(times, default=None)
+
+    def _fail_over_hung(self) -> None:
+        """Cancel every attempt that outlived its hang deadline, or whose target is hung, and
+        fail over from it at once, spending no hedge budget (a hung target is a failure)."""
+        health, now = self._hedger.health, self._hedger.clock()
+        for task, (candidate, _, mark) in list(self._running.items()):
+            key = self._key_of(candidate)
+            if mark.serving and now - mark.begun >= health.deadline(self._hedger.latency.estimate(key)):
+                health.mark_hung(key)
+            elif key == self._probe or not health.is_hung(key):
+                continue  # a probe of a hung target fails only by its own deadline
+            del self._running[task]
+            self._hung.add(mark)
+            task.cancel()
+            self._hedger.counts.hung_failovers += 1
+            self._fail_over(candidate, Unavailable(f"{key}: no answer within its hang deadline (hung)"))
 
     def _due(self) -> float | None:
         """Clock time of the next hedge (inf while the watched attempt is queued in this
@@ -356,6 +412,9 @@ class _Race(Generic[T, R]):
         if due == math.inf:
             assert self._armed is not None
             due = self._hedger.clock() + self._armed[1]
+        hang = self._hang_check_at()
+        if hang is not None:
+            due = hang if due is None else min(due, hang)
         timeout = None if due is None else max(0.0, due - self._hedger.clock())
         done, _ = await asyncio.wait(self._running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         return done
@@ -366,7 +425,7 @@ class _Race(Generic[T, R]):
         assert self._tasks is not None
         mark = Attempt(self._hedger.clock)
         task = self._tasks.create_task(self._timed(candidate, mark), name=f"hedge:{kind}:{self._key_of(candidate)}")
-        self._running[task] = (candidate, kind)
+        self._running[task] = (candidate, kind, mark)
         self._arm(candidate, mark)
 
     def _arm(self, candidate: T, mark: Attempt) -> None:
@@ -383,12 +442,14 @@ class _Race(Generic[T, R]):
         except asyncio.CancelledError:
             # A loser in service at least this long: keeping that (censored) sample stops
             # the estimate from learning only the fast winners and hedging ever earlier.
-            if mark.serving:
+            # (Not a hung one: its wait says nothing about the target's latency.)
+            if mark.serving and mark not in self._hung:
                 self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - mark.begun)
             raise
         except Exception as exc:  # noqa: BLE001 - the race decides; CancelledError is no Exception
             return _Outcome(error=exc)
         self._hedger.latency.record(self._key_of(candidate), self._hedger.clock() - mark.begun)
+        self._hedger.health.answered(self._key_of(candidate))
         return _Outcome(value=value)
 
     def _hedge(self) -> None:
@@ -410,7 +471,7 @@ class _Race(Generic[T, R]):
     def _settle(self, done: set[asyncio.Task[_Outcome[R]]]) -> _Outcome[R] | None:
         """The winner among finished attempts, or the first non-failover error; else fail
         over from each failed one (in the order they started) and return None."""
-        finished = [(task.result(), *self._running.pop(task)) for task in list(self._running) if task in done]
+        finished = [(task.result(), *self._running.pop(task)[:2]) for task in list(self._running) if task in done]
         for outcome, _, kind in finished:
             if outcome.error is None:
                 self._hedger.counts.hedges_won += kind == "hedge"

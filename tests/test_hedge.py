@@ -79,6 +79,9 @@ async def test_fast_primary_wins_without_a_hedge() -> None:
         "budget_exhausted": 0,
         "failovers": 0,
         "hedges_deferred": 0,
+        "hung_failovers": 0,
+        "targets_hung": 0,
+        "probes": 0,
     }
 
 
@@ -360,3 +363,93 @@ async def test_every_attempt_gets_a_handle_of_its_own() -> None:
 
     assert await Hedger(FIXED_10MS).run(["a", "b"], attempt) == "b"
     assert len(handles) == 2 and handles[0] is not handles[1]
+
+
+# --- hung targets (blobsdk/health.py) ---------------------------------------------------------
+
+HANG_20MS = HedgeConfig(
+    min_delay_ms=1000,
+    max_delay_ms=1000,
+    budget_burst=0,
+    budget_ratio=0,
+    hang_min_ms=20,
+    hang_max_ms=20,
+    probe_after_s=0.2,
+    probe_max_s=0.4,
+)
+
+
+async def test_an_attempt_past_its_hang_deadline_fails_over_without_budget() -> None:
+    hedger, fakes = Hedger(HANG_20MS), Fakes(a="stall", b="ok")
+    async with no_leftover_tasks():
+        result, seconds = await timed(hedger.run(["a", "b"], fakes))
+    assert result == "from b" and 0.02 <= seconds < 0.5
+    assert fakes.cancelled == ["a"] and hedger.budget.tokens == 0
+    stats = hedger.stats()
+    assert (stats["hung_failovers"], stats["targets_hung"], stats["hedges_sent"], stats["failovers"]) == (1, 1, 0, 1)
+
+
+async def test_a_hung_target_gets_no_first_attempts_until_its_probe_is_due() -> None:
+    hedger, fakes = Hedger(HANG_20MS), Fakes(a="stall", b="ok")
+    await hedger.run(["a", "b"], fakes)  # finds a hung
+    fakes.started.clear()
+    for _ in range(5):
+        assert await hedger.run(["a", "b"], fakes) == "from b"
+    assert fakes.started == ["b"] * 5  # ranked last: never tried while b answers
+
+
+async def test_a_probe_that_answers_makes_the_target_healthy_again() -> None:
+    hedger, fakes = Hedger(HANG_20MS), Fakes(a="stall", b="ok")
+    await hedger.run(["a", "b"], fakes)
+    fakes.behaviour["a"] = "ok"  # the server came back
+    await asyncio.sleep(0.25)  # past probe_after_s
+    assert await hedger.run(["a", "b"], fakes) == "from a"  # the probe goes first, and answers
+    assert hedger.stats()["targets_hung"] == 0 and hedger.stats()["probes"] == 1
+    assert await hedger.run(["a", "b"], fakes) == "from a"  # and a is ranked by rendezvous again
+
+
+async def test_a_probe_that_hangs_again_doubles_the_wait_for_the_next() -> None:
+    hedger, fakes = Hedger(HANG_20MS), Fakes(a="stall", b="ok")
+    await hedger.run(["a", "b"], fakes)
+    await asyncio.sleep(0.25)
+    result, seconds = await timed(hedger.run(["a", "b"], fakes))  # the probe, hung: fails over
+    assert result == "from b" and seconds < 0.5 and hedger.stats()["probes"] == 1
+    await asyncio.sleep(0.25)  # past the first wait, not the doubled one (0.4 s)
+    fakes.started.clear()
+    assert await hedger.run(["a", "b"], fakes) == "from b"
+    assert fakes.started == ["b"] and hedger.stats()["probes"] == 1
+
+
+async def test_an_attempt_queued_for_a_target_found_hung_fails_over() -> None:
+    """Attempts waiting in the client for a hung target's permit are failed over once another
+    read found it hung, though they never entered service."""
+    hedger = Hedger(HANG_20MS)
+    gate = asyncio.Event()  # never set: the queue at "a" never moves
+
+    async def attempt(name: str, handle: Attempt) -> str:
+        if name == "a":
+            handle.queued()
+            await gate.wait()
+        return name
+
+    waiting = asyncio.create_task(hedger.run(["a", "b"], attempt))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # queued: not late, not hung
+    await hedger.run(["a", "b"], Fakes(a="stall", b="ok"))  # another read finds a hung
+    assert await asyncio.wait_for(waiting, 1.0) == "b"
+
+
+async def test_a_hung_attempts_wait_is_no_latency_sample() -> None:
+    hedger = Hedger(HANG_20MS)
+    for _ in range(10):
+        await hedger.run(["a"], Fakes(a=0.001))  # one candidate: no race, a few fast samples
+    await hedger.run(["a", "b"], Fakes(a="stall", b="ok"))
+    estimate = hedger.latency.estimate("a")
+    assert estimate is not None and estimate < 0.015  # the 20 ms hang was not recorded
+
+
+def test_hang_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match=r"^need hang_factor > 0 and 0 < hang_min_ms <= hang_max_ms, got 8.0, 0, 1000.0$"):
+        HedgeConfig(hang_min_ms=0)
+    with pytest.raises(ValueError, match=r"^need 0 < probe_after_s <= probe_max_s, got 5, 1$"):
+        HedgeConfig(probe_after_s=5, probe_max_s=1)

@@ -13,6 +13,7 @@ import pytest
 
 import blobsdk
 from blobsdk.config import L1Config, Timeouts, WriteConfig
+from blobsdk.hedge import HedgeConfig
 from blobsdk.placement import rank
 from servers.cluster import start_cluster
 
@@ -126,3 +127,70 @@ async def test_an_overloaded_server_makes_the_limiter_back_off_and_goodput_recov
             failed = sum(isinstance(r, BaseException) for r in second)
             answered = [(p, r) for p, r in zip(blobs, second, strict=True) if not isinstance(r, BaseException)]
             assert failed < rejected and all(r == blobs[p] for p, r in answered)
+
+
+async def _readers_through_a_hang(
+    cluster, hung_url: str, hedge: HedgeConfig, *, readers: int = 16, seconds: float = 4.0
+) -> tuple[list[float], dict[str, int | float]]:
+    """``readers`` tasks read 1 MiB blobs in a loop for ``seconds``; ``hung_url`` stops
+    answering (accepts, never replies) a second in.  Every read's latency; every byte checked."""
+    blobs = {f"/b/h{i}": os.urandom(1 << 20) for i in range(24)}
+    timeouts = Timeouts(connect=2.0, sock_read=5.0, total=20.0)
+    config = msgspec.structs.replace(_config(cluster), timeouts=timeouts, hedge=hedge)
+    async with blobsdk.Client(config) as c:
+        await c.put_many(blobs.items())
+        latencies: list[float] = []
+        stop = time.perf_counter() + seconds
+
+        async def reader(i: int) -> None:
+            paths = list(blobs)
+            while time.perf_counter() < stop:
+                path = paths[i % len(paths)]
+                i += 1
+                begun = time.perf_counter()
+                assert await c.get(path) == blobs[path]
+                latencies.append(time.perf_counter() - begun)
+
+        async def hang() -> None:
+            await asyncio.sleep(1.0)
+            await _set_faults(hung_url, {"route": "/v1/blocks", "methods": ["GET"], "stall_rate": 1.0})
+
+        await asyncio.gather(hang(), *(reader(i * 5) for i in range(readers)))
+        stats = c.stats()["l4"]
+    return latencies, stats
+
+
+NO_BUDGET = HedgeConfig(budget_burst=0, budget_ratio=0)  # no hedge at all: only hang detection helps
+
+
+@pytest.mark.parametrize("hedge", [HedgeConfig(), NO_BUDGET], ids=["default", "no_hedge_budget"])
+async def test_a_hung_replica_never_stalls_sixteen_readers(cluster, hedge):
+    """A replica that accepts but never answers is a failure, not a straggler: its reads fail
+    over to the healthy replicas within about a second, whatever the hedge budget has left."""
+    latencies, stats = await _readers_through_a_hang(cluster, cluster.config.block_urls[1], hedge)
+    assert max(latencies) < 1.5, (max(latencies), sorted(stats.items()))
+    if hedge is NO_BUDGET:
+        assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
+        assert stats["hedge_hedges_sent"] == 0
+
+
+async def test_a_hung_l3_node_never_stalls_readers(tmp_path):
+    """The same for an L3 node: its reads go to the other node (or L4) within about a second."""
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=2, admin_token=ADMIN) as cluster:
+        blobs = {f"/b/n{i}": os.urandom(1 << 20) for i in range(16)}
+        timeouts = Timeouts(connect=2.0, sock_read=5.0, total=20.0)
+        config = msgspec.structs.replace(_config(cluster), timeouts=timeouts, hedge=NO_BUDGET)
+        async with blobsdk.Client(config) as c:
+            await c.put_many(blobs.items())
+            for path in blobs:  # warm the nodes
+                await c.get(path)
+            await _set_faults(cluster.config.l3_urls[0], {"route": "/v1/chunks", "methods": ["GET"], "stall_rate": 1.0})
+            worst = 0.0
+            for _ in range(2):
+                for path, data in blobs.items():
+                    begun = time.perf_counter()
+                    assert await c.get(path) == data
+                    worst = max(worst, time.perf_counter() - begun)
+            stats = c.stats()["l3"]
+    assert worst < 1.5, (worst, sorted(stats.items()))
+    assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
