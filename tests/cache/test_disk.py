@@ -321,6 +321,35 @@ async def test_fill_in_flight_is_invisible_and_unevictable(tmp_path):
         assert await cache.get(key(1)) == blob(1)
 
 
+class HalfWrittenFills(GatedWrites):
+    """Fills pause with the header and half the payload written, until ``go`` is set."""
+
+    def _write_parts(self, fd, parts):
+        header, payload = parts
+        half = len(payload) // 2
+        DiskCache._write_parts(self, fd, [header, payload[:half]])
+        self.writing.set()
+        self.go.wait(5)
+        DiskCache._write_parts(self, fd, [payload[half:]])
+
+
+async def test_a_half_done_fill_is_never_seen_by_another_cache(tmp_path):
+    data = blob(1, 10_000)
+    async with open_cache(tmp_path, cls=HalfWrittenFills) as cache:
+        writer = asyncio.create_task(cache.put(key(1), data))
+        await asyncio.to_thread(cache.writing.wait, 5)
+        try:
+            async with open_cache(tmp_path) as other:  # another process starting now scans the directory
+                assert await other.get(key(1)) is None and not other.contains(key(1))
+                assert other.stats()["corrupt"] == 0  # it met no partial file under the final name
+        finally:
+            cache.go.set()
+        assert await writer
+        assert await cache.get(key(1)) == data
+    async with open_cache(tmp_path) as later:
+        assert await later.get(key(1)) == data
+
+
 async def test_cancelled_put_still_settles_the_index(tmp_path):
     async with open_cache(tmp_path, cls=GatedWrites) as cache:
         writer = asyncio.create_task(cache.put(key(1), blob(1)))

@@ -87,6 +87,54 @@ async def test_a_crashed_write_never_shows_as_a_block(store: LocalBlockStore) ->
     assert await store.read_range(block, 0, 11) == b"whole block"
 
 
+class DiskEvents:
+    """Records, in order, every fsync (of which inode) and every os.replace (of which
+    inode, once renamed): enough to tell what a power cut right after the ack would keep."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[str, int, int]] = []
+        self._fsync, self._replace = os.fsync, os.replace
+        monkeypatch.setattr(os, "fsync", self.fsync)
+        monkeypatch.setattr(os, "replace", self.replace)
+
+    def fsync(self, fd: int) -> None:
+        st = os.fstat(fd)
+        self.events.append(("fsync", st.st_dev, st.st_ino))
+        self._fsync(fd)
+
+    def replace(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        self._replace(src, dst)
+        st = os.stat(dst)
+        self.events.append(("replace", st.st_dev, st.st_ino))
+
+    def assert_durable(self, block: Path) -> None:
+        """The block's bytes were fsynced before its rename, and its directory after it:
+        every step a crash could undo happened before the write was acknowledged."""
+        f, d = block.stat(), block.parent.stat()
+        written = self.events.index(("fsync", f.st_dev, f.st_ino))
+        renamed = self.events.index(("replace", f.st_dev, f.st_ino))
+        dir_synced = [i for i, event in enumerate(self.events) if event == ("fsync", d.st_dev, d.st_ino)]
+        assert written < renamed < max(dir_synced, default=-1), self.events
+
+
+async def test_an_acknowledged_write_block_was_made_durable(store: LocalBlockStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = DiskEvents(monkeypatch)
+    block = new_block_id()
+    await store.write_block(block, [b"durable ", b"bytes"])
+    disk.assert_durable(store.block_path(block))
+
+
+async def test_an_acknowledged_streamed_block_was_made_durable(store: LocalBlockStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = DiskEvents(monkeypatch)
+    block = new_block_id()
+    async with store.block_writer(block) as writer:
+        await writer.write([b"streamed "])
+        await writer.write([b"bytes"])
+        await writer.commit()
+    disk.assert_durable(store.block_path(block))
+    assert await store.read_range(block, 0, 14) == b"streamed bytes"
+
+
 async def test_rewrite_with_another_size_is_refused(store: LocalBlockStore) -> None:
     block = new_block_id()
     await store.write_block(block, [b"abc"])
