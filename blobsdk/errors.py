@@ -14,9 +14,12 @@
      ├── Unauthorized          (also PermissionError)     bad or missing bearer token
      ├── Unavailable           a server or quorum could not be reached in time
      │    ├── TimedOut         a request got no (complete) answer within its deadline
+     │    │    └── BodyTimedOut  a server stopped waiting for a stalled request body (408)
      │    ├── Overloaded       a server shed the request (429 on the wire)
      │    └── HedgeExhausted   every candidate of a hedged read failed (``failures`` says how)
      ├── BadRequest            (also ValueError)          a malformed or oversized request or argument
+     │    ├── PayloadTooLarge  a request body over the server's bound (413)
+     │    └── UnsupportedEncoding  a compressed request body, which servers never inflate (415)
      └── ClientClosed          (also RuntimeError)        the client was used outside `async with`
 
 Subclasses whose ``code`` is their parent's travel as the parent (a client sees a 422
@@ -127,6 +130,23 @@ class BadRequest(BlobError, ValueError):
     http_status = 400
 
 
+class PayloadTooLarge(BadRequest):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class UnsupportedEncoding(BadRequest):
+    """A request with a ``Content-Encoding``: 415 on the wire, BadRequest for the client."""
+
+    http_status = 415
+
+
+class BodyTimedOut(TimedOut):
+    """A request body stalled: 408 on the wire, TimedOut for the client."""
+
+    http_status = 408
+
+
 class ClientClosed(BlobError, RuntimeError):
     code = "client_closed"
     http_status = 500
@@ -147,6 +167,7 @@ _BY_CODE: dict[str, type[BlobError]] = {
         Unavailable,
         TimedOut,
         BadRequest,
+        PayloadTooLarge,
     )
 }
 

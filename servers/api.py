@@ -40,6 +40,7 @@ from blobsdk.wire import (
 
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import Handler, add_serve_args, base_app, read_body, reply, serve
+from ._common.limits import limits_of_args
 
 
 def make_app(
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         await store.open()  # a bad --db fails at start-up, not at the first request
 
     app.on_startup.append(open_store)
-    serve(app, args.host, args.port, args.port_file)
+    serve(app, args.host, args.port, args.port_file, limits_of_args(args))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import METRICS_KEY, add_serve_args, base_app, reply, serve
+from servers._common.limits import limits_of_args
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -302,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         faults=faults,
         admin_token=args.admin_token,
     )
-    serve(app, args.host, args.port, args.port_file)
+    serve(app, args.host, args.port, args.port_file, limits_of_args(args))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -13,20 +13,17 @@ from pathlib import Path
 
 from aiohttp import web
 
+from servers._common.limits import ServerLimits, serving
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @asynccontextmanager
-async def running_app(app: web.Application) -> AsyncIterator[str]:
-    """Serve ``app`` on 127.0.0.1:0 in this loop; yield its base URL."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+async def running_app(app: web.Application, limits: ServerLimits | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1:0 in this loop, as ``serve`` does (with ``limits``); yield
+    its base URL."""
+    async with serving(app, "127.0.0.1", 0, limits) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextmanager

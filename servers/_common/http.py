@@ -16,8 +16,19 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from blobsdk.errors import BadRequest, BlobError, Unauthorized
-from blobsdk.wire import JSON, MAX_BODY_BYTES, MSGPACK, ErrorBody
+from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, Unauthorized, UnsupportedEncoding
+from blobsdk.wire import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    JSON,
+    KEEPALIVE_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MSGPACK,
+    ErrorBody,
+)
+
+from .limits import ServerLimits, serving
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -29,9 +40,9 @@ PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", ADMIN_FAULTS_ROUTE})
 
 async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BODY_BYTES) -> T:
     """Decode a msgpack (default) or JSON request body into ``kind``; BadRequest if it is
-    malformed, of the wrong shape, or larger than ``max_bytes``."""
+    malformed or of the wrong shape, PayloadTooLarge if larger than ``max_bytes``."""
     if request.content_length is not None and request.content_length > max_bytes:
-        raise BadRequest(f"request body of {request.content_length} bytes exceeds {max_bytes}")
+        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds {max_bytes}")
     body = bytearray()
     while len(body) <= max_bytes:  # read() returns what has arrived so far: loop
         piece = await request.content.read(max_bytes + 1 - len(body))
@@ -39,7 +50,7 @@ async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BO
             break
         body += piece
     if len(body) > max_bytes:
-        raise BadRequest(f"request body exceeds {max_bytes} bytes")
+        raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
     try:
         if request.content_type == JSON:
             return msgspec.json.decode(body, type=kind)
@@ -84,17 +95,25 @@ def error_reply(request: web.Request, exc: BlobError) -> web.Response:
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Map BlobError (and aiohttp's own 4xx) to an ErrorBody the client turns back into the
-    same exception class."""
+    same exception class.  A compressed request body is refused (415) before anything reads
+    it: servers never inflate one (a small body can inflate to gigabytes)."""
     try:
+        refuse_encoded(request)
         return await handler(request)
     except BlobError as exc:
         return error_reply(request, exc)
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_reply(request, BadRequest(f"request body too large: {exc.text}"))
+        return error_reply(request, PayloadTooLarge(f"request body too large: {exc.text}"))
     except web.HTTPException as exc:
         if exc.status >= 400:
             return reply(request, ErrorBody(code="http_error", message=exc.reason), status=exc.status)
         raise
+
+
+def refuse_encoded(request: web.Request) -> None:
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedEncoding(f"request bodies with Content-Encoding {encoding!r} are not accepted; send them as they are")
 
 
 def auth_middleware(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -214,29 +233,67 @@ def add_serve_args(parser: Any) -> None:
     parser.add_argument(
         "--admin-token", default=None, help="mount /admin/faults (GET/PUT/DELETE) behind this bearer token (default: not mounted)"
     )
+    add_limit_args(parser)
 
 
-def serve(app: web.Application, host: str, port: int, port_file: Path | None = None) -> None:
-    """Run ``app`` until SIGINT/SIGTERM; print and optionally write the bound port."""
-    asyncio.run(_serve(app, host, port, port_file))
+def add_limit_args(parser: Any) -> None:
+    """The flags of :class:`ServerLimits` (read them with ``limits_of_args``)."""
+    seconds = {"type": _positive(float), "metavar": "S"}
+    parser.add_argument(
+        "--header-timeout",
+        default=HEADER_TIMEOUT_S,
+        **seconds,
+        help="close a connection whose request head is not complete S after its first byte",
+    )
+    parser.add_argument(
+        "--body-timeout", default=BODY_TIMEOUT_S, **seconds, help="answer 408 to a request whose body gets no bytes for S seconds"
+    )
+    parser.add_argument(
+        "--keepalive-timeout", default=KEEPALIVE_TIMEOUT_S, **seconds, help="close a connection idle for S seconds"
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help="refuse (503) connections past N open ones",
+    )
 
 
-async def _serve(app: web.Application, host: str, port: int, port_file: Path | None) -> None:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1]
+def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
+    def parse(raw: str) -> T:
+        value = kind(raw)
+        if not value > 0:  # type: ignore[operator]
+            raise ValueError(raw)
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"  # argparse names the type in its error
+    return parse
+
+
+def serve(app: web.Application, host: str, port: int, port_file: Path | None = None, limits: ServerLimits | None = None) -> None:
+    """Run ``app`` with ``limits`` (default: ServerLimits()) until SIGINT/SIGTERM; print and
+    optionally write the bound port."""
+    asyncio.run(_serve(app, host, port, port_file, limits))
+
+
+async def _serve(app: web.Application, host: str, port: int, port_file: Path | None, limits: ServerLimits | None = None) -> None:
+    async with serving(app, host, port, limits) as bound:
+        _announce(host, bound, port_file)
+        await _until_signalled()
+
+
+def _announce(host: str, bound: int, port_file: Path | None) -> None:
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(bound))
         tmp.replace(port_file)
     print(f"serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+
+
+async def _until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await stop.wait()
