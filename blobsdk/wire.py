@@ -142,6 +142,11 @@ MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
 _encoder = msgspec.msgpack.Encoder()
 
 
+# How long a server waits on a client (servers/_common/limits.py; each has a serve flag).
+HEADER_TIMEOUT_S = 10.0  # a request head must be complete this long after its first byte
+BODY_TIMEOUT_S = 30.0  # a request body that gets no bytes this long is answered 408
+KEEPALIVE_TIMEOUT_S = 15.0  # an idle connection is closed after this long
+MAX_CONNECTIONS = 512  # open connections per server; beyond it new ones get a 503 and are closed
 def encode(obj: object) -> bytes:
     """msgpack-encode a wire struct."""
     return _encoder.encode(obj)
