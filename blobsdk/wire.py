@@ -31,8 +31,12 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     @property
     def key(self) -> str:
-        """Cache key: names these exact bytes forever, because blocks are immutable."""
-        return xxhash.xxh3_128_hexdigest(f"{self.block_id}/{self.offset}/{self.length}".encode())
+        """Cache key: names these exact bytes forever, because blocks are immutable.  It
+        covers the whole ref, checksum and codec included, so bytes stored under a key
+        always verify against the ref that names it: a cache client cannot store other
+        bytes (with their own checksum) under the key of a real chunk."""
+        ref = f"{self.block_id}/{self.offset}/{self.length}/{self.raw_length}/{self.checksum}/{self.codec}"
+        return xxhash.xxh3_128_hexdigest(ref.encode())
 
 
 class ReadPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -138,15 +142,15 @@ MSGPACK = "application/msgpack"
 JSON = "application/json"
 MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
 MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
-
-_encoder = msgspec.msgpack.Encoder()
-
-
 # How long a server waits on a client (servers/_common/limits.py; each has a serve flag).
 HEADER_TIMEOUT_S = 10.0  # a request head must be complete this long after its first byte
 BODY_TIMEOUT_S = 30.0  # a request body that gets no bytes this long is answered 408
 KEEPALIVE_TIMEOUT_S = 15.0  # an idle connection is closed after this long
 MAX_CONNECTIONS = 512  # open connections per server; beyond it new ones get a 503 and are closed
+
+_encoder = msgspec.msgpack.Encoder()
+
+
 def encode(obj: object) -> bytes:
     """msgpack-encode a wire struct."""
     return _encoder.encode(obj)

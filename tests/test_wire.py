@@ -8,11 +8,15 @@ def ref(**kw):
     return ChunkRef(**{**base, **kw})
 
 
-def test_chunk_key_names_the_stored_bytes():
-    assert ref().key == ref(checksum=8).key  # same block bytes -> same key
+def test_chunk_key_names_the_stored_bytes_and_how_they_verify():
+    assert ref().key == ref().key and len(ref().key) == 32
     assert ref().key != ref(offset=10).key
     assert ref().key != ref(length=11).key
-    assert len(ref().key) == 32
+    # Another checksum, raw length or codec is another key: nobody can store bytes of their
+    # own under the key of a real chunk (issue 9: a tenant poisoning L3).
+    assert ref().key != ref(checksum=8).key
+    assert ref().key != ref(raw_length=11).key
+    assert ref().key != ref(codec="lz4").key
 
 
 def test_plan_round_trip_msgpack():

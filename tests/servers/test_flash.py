@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+import xxhash
 
 from blobsdk.codec import decode_chunk
 from blobsdk.hedge import Attempt
@@ -307,7 +308,7 @@ async def test_tokens_name_tenants_and_unknown_tokens_are_401(env: Env) -> None:
 
 async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> None:
     refs = await chunks(env, 6)
-    url, node = await env.node(tenants=TENANTS)
+    url, node = await env.node(tenants=TENANTS, token="admin")  # /stats in full: the admin only
     stored = [await env.blocks.read_range(r.block_id, r.offset, r.length) for r in refs]
     assert [(await env.put(url, refs[i], stored[i], "tok-a", pin=600))[0] for i in (0, 1)] == [201, 201]
     status, body = await env.put(url, refs[2], stored[2], "tok-a", pin=600)
@@ -316,7 +317,7 @@ async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> 
     # A read-through for the tenant over quota is served, not stored, and counted.
     assert (await env.get(url, refs[4], "tok-a"))[:2] == (200, "miss")
     assert (await env.get(url, refs[4], "tok-a"))[:2] == (200, "miss")
-    assert (await env.stats(url, "tok-b"))["requests"]["quota_rejections"] == 2
+    assert (await env.stats(url, "admin"))["requests"]["quota_rejections"] == 2
     job = await env.finished(url, (await env.hydrate(url, [refs[5]], "tok-a")).job_id, "tok-a")
     assert (job.state, job.failed) == ("failed", 1) and "QuotaExceeded" in job.errors[0]
     assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
@@ -490,3 +491,32 @@ async def test_as_a_process_it_reads_through_and_checks_tenants(env: Env, tmp_pa
             status, got, body = await env.get(url, ref, "tok-a")
             assert (status, got) == (200, source)
             decode_chunk(ref, memoryview(body))
+
+
+async def test_a_tenant_cannot_store_its_own_bytes_under_a_real_chunks_key(env: Env) -> None:
+    """B PUTs bytes of its own for a real block span, with their checksum: that names another
+    key, so A's read of the real chunk never sees B's bytes (issue 9)."""
+    (ref,) = await chunks(env, 1)
+    url, _ = await env.node(tenants=TENANTS)
+    forged_bytes = b"x" * ref.length
+    forged = msgspec.structs.replace(ref, checksum=xxhash.xxh3_64_intdigest(forged_bytes), codec="none", raw_length=ref.length)
+    assert forged.key != ref.key
+    assert (await env.put(url, forged, forged_bytes, "tok-b"))[0] == 201
+    status, source, body = await env.get(url, ref, "tok-a")
+    assert (status, source) == (200, "miss") and bytes(decode_chunk(ref, memoryview(body))) != forged_bytes
+    status, _, body = await env.get(url, forged, "tok-a", key=ref.key)  # the forged ref under the real key
+    assert (status, code_of(body)) == (400, "bad_request")
+
+
+async def test_a_tenant_sees_only_its_own_usage_in_stats(env: Env) -> None:
+    refs = await chunks(env, 2)
+    url, _ = await env.node(tenants=TENANTS, token="admin")
+    await env.get(url, refs[0], "tok-a")
+    await env.get(url, refs[1], "tok-b")
+    assert await env.stats(url, "tok-a") == {"tenant": "a", "tenants": {"a": CHUNK}, "quota_bytes": TENANTS["a"].quota_bytes}
+    assert (await env.stats(url, "admin"))["tenants"] == {"a": CHUNK, "b": CHUNK}
+
+
+def test_the_admin_tenant_name_is_reserved(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"tenant name 'default' is reserved for the admin token \(--token\)"):
+        FlashConfig(dir=str(tmp_path), block_urls=("http://b",), capacity_bytes=1, tenants={"default": TenantConfig(token="t")})
