@@ -129,6 +129,7 @@ def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
     yield not all(tokens) or len(set(tokens)) != len(tokens), "tokens must be non-empty and distinct"
     yield any(t.quota_bytes is not None and t.quota_bytes < 0 for t in c.tenants.values()), "quotas must be >= 0"
     yield not all(c.tenants), "tenant names must be non-empty"
+    yield DEFAULT_TENANT in c.tenants, f"tenant name {DEFAULT_TENANT!r} is reserved for the admin token (--token)"
 
 
 class Tenants:
@@ -406,7 +407,14 @@ class FlashNode:
     # --- observability --------------------------------------------------------------------
 
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.snapshot())
+        """Everything for the admin (or when the node has no tenants); a tenant sees only
+        its own usage."""
+        tenant = self.tenants.of(request)
+        if tenant == DEFAULT_TENANT:
+            return web.json_response(self.snapshot())
+        usage = self.cache.tenant_usage().get(tenant, 0)
+        quota = self.config.tenants[tenant].quota_bytes
+        return web.json_response({"tenant": tenant, "tenants": {tenant: usage}, "quota_bytes": quota})
 
     def snapshot(self) -> dict[str, object]:
         return {
