@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from blobsdk.errors import BadRequest, RangeNotSatisfiable
+from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
@@ -194,8 +194,8 @@ class BlockServer:
             piece = await self.store.read_range(block_id, start + sent, min(PIECE, length - sent))
         await resp.write_eof()
 
-    def _too_large(self, nbytes: int) -> BadRequest:
-        return BadRequest(f"block too large: {nbytes} bytes, the limit is {self.max_block_bytes}")
+    def _too_large(self, nbytes: int) -> PayloadTooLarge:
+        return PayloadTooLarge(f"block too large: {nbytes} bytes, the limit is {self.max_block_bytes}")
 
 
 async def _read_piece(request: web.Request) -> bytes:

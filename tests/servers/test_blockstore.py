@@ -15,7 +15,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from blobsdk.errors import BadRequest, BlockNotFound, Unauthorized
+from blobsdk.errors import BlockNotFound, PayloadTooLarge, Unauthorized
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.wire import ErrorBody, ListBlocksResponse
@@ -141,10 +141,10 @@ async def test_missing_block_is_404(plain: tuple[str, Path], session: aiohttp.Cl
         assert (await error_of(resp)).code == "block_not_found"
 
 
-async def test_oversized_put_is_400_and_leaves_no_block(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
+async def test_oversized_put_is_413_and_leaves_no_block(plain: tuple[str, Path], session: aiohttp.ClientSession) -> None:
     store = HttpBlockStore(session, plain[0])
     block_id = new_block_id()
-    with pytest.raises(BadRequest, match="too large"):
+    with pytest.raises(PayloadTooLarge, match="too large"):
         await store.write_block(block_id, [os.urandom(2 * MiB)])
     await store.aclose()  # writes use the session; its reads would need closing
 
@@ -153,7 +153,7 @@ async def test_oversized_put_is_400_and_leaves_no_block(plain: tuple[str, Path],
             yield os.urandom(MiB // 2)
 
     async with session.put(f"{plain[0]}/v1/blocks/{block_id}", data=unsized_body()) as resp:
-        assert resp.status == 400 and "too large" in (await error_of(resp)).message
+        assert resp.status == 413 and "too large" in (await error_of(resp)).message
     async with HttpBlockStore(session, plain[0]) as store:
         with pytest.raises(BlockNotFound):
             await store.read_range(block_id, 0, 1)
