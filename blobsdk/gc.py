@@ -35,7 +35,7 @@ async def collect(
     metadata: MetadataStore, blocks: BlockStore, grace: float, max_write_seconds: float, *, dry_run: bool = False
 ) -> GcReport:
     """Delete unreferenced blocks older than ``grace`` seconds; see the module docstring."""
-    if grace <= max_write_seconds:
+    if not grace > max_write_seconds:  # `not >`: nan compares false both ways
         raise BadRequest(f"grace ({grace}s) must exceed max_write_seconds ({max_write_seconds}s) so in-flight writes stay safe")
     cutoff = time.time() - grace
     scanned, candidates = 0, {}

@@ -4,7 +4,7 @@ import pytest
 
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.errors import Unavailable
+from blobsdk.errors import BadRequest, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 
@@ -40,6 +40,8 @@ async def test_gc_refuses_grace_within_write_window(tmp_path):
     async with blobsdk.Client.local(tmp_path) as c:
         with pytest.raises(ValueError, match=r"grace \(60s\) must exceed max_write_seconds \(600.0s\)"):
             await c.gc(grace=60)
+        with pytest.raises(BadRequest, match=r"^grace \(nans\) must exceed max_write_seconds \(600.0s\)"):
+            await c.gc(grace=float("nan"))  # nan compares false both ways: it once did nothing
 
 
 class SlowBlocks(LocalBlockStore):

@@ -60,7 +60,8 @@ async def test_a_stalled_replica_never_stalls_a_read(cluster):
         begun = time.perf_counter()
         assert await c.get("/b/x") == data  # 10 chunks: about a third have the stalled replica first
         assert time.perf_counter() - begun < DEADLINE.sock_read  # hedged away, not timed out
-        assert c.stats()["l4"]["hedge_hedges_sent"] >= 1
+        l4 = c.stats()["l4"]  # a hedge, or under load the hang deadline first (blobsdk/health.py)
+        assert l4["hedge_hedges_sent"] + l4["hedge_hung_failovers"] >= 1
 
 
 async def test_a_corrupting_replica_is_never_returned(cluster):
