@@ -112,6 +112,28 @@ async def cmd_gc(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_scrub(client: Client, args: argparse.Namespace) -> int:
+    """Verify (and unless --dry-run repair) every live block copy; exit 1 if any is left bad."""
+    progress = ScrubProgress(sys.stderr)
+    report = await client.scrub(dry_run=args.dry_run, progress=progress.blocks)
+    progress.finish()
+    print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
+    return 0 if report.ok else 1
+
+
+class ScrubProgress(ProgressLine):
+    """``done/total blocks, MiB verified, MiB/s`` on the progress line."""
+
+    total = 0
+
+    def blocks(self, done: int, total: int, nbytes: int) -> None:
+        self.total = total
+        self.update(done, nbytes)
+
+    def text(self) -> str:
+        return f"{self.blobs}/{self.total} blocks, " + super().text().split(", ", 1)[1]
+
+
 async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
     report = {"client": client.stats(), "nodes": await client.node_stats()}
     print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
@@ -327,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="only blocks older than this (default 3600; must exceed max_write_seconds)",
     )
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
+
+    p = command("scrub", cmd_scrub, "verify every replica's copy of every live block and repair bad or missing ones")
+    p.add_argument("--dry-run", action="store_true", help="verify and report only: write nothing")
 
     command("stats", cmd_stats, "show this client's per-tier counters and the L3 nodes' own stats as JSON")
 

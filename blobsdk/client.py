@@ -30,6 +30,7 @@ from typing import Any, Protocol, Self, TypeVar
 import aiohttp
 
 from . import gc as gc_module
+from . import repair as repair_module
 from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
@@ -228,6 +229,12 @@ class Client:
         state = self._open
         return await gc_module.collect(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
 
+    async def scrub(self, *, dry_run: bool = False, progress: repair_module.Progress | None = None) -> repair_module.ScrubReport:
+        """Verify every replica's copy of every live L4 block; repair bad and missing copies
+        from a verified one (not if ``dry_run``).  See blobsdk/repair.py."""
+        state = self._open
+        return await repair_module.scrub(state.metadata, state.blocks, dry_run=dry_run, progress=progress)
+
     async def node_stats(self) -> dict[str, dict[str, object]]:
         """What the shared cache nodes report about themselves (``{"l3": {url: stats}}``)."""
         l3 = self._open.l3
@@ -300,7 +307,7 @@ def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
             hedge=config.hedge,
             limiters=backends.limiters,
         )
-    yield L4Tier(backends.blocks, hedge=config.hedge, limiters=backends.limiters)
+    yield L4Tier(backends.blocks, hedge=config.hedge, limiters=backends.limiters, metadata=backends.metadata)
 
 
 def _l2_tier(cfg: L2Config) -> L2Tier:

@@ -266,3 +266,27 @@ def test_progress_line_prints_lines_at_an_interval_elsewhere():
     assert stream.getvalue() == ""  # not yet due
     progress.finish()
     assert stream.getvalue().startswith("99 files, 0.1 MiB") and "\r" not in stream.getvalue()
+
+
+def test_scrub_verifies_every_block_and_exits_1_for_a_copy_it_cannot_repair(tmp_path, store):
+    (tmp_path / "f").write_bytes(os.urandom(10_000))
+    ok("put", str(tmp_path / "f"), "/b/f", store=store)
+    healthy = run("scrub", store=store)
+    assert healthy.returncode == 0, healthy.stderr.decode()
+    report = json.loads(healthy.stdout)
+    assert (report["blocks_checked"], report["copies_checked"], report["copies_bad"], report["bytes_verified"]) == (
+        1,
+        1,
+        0,
+        10_000,
+    )
+    assert "1/1 blocks, " in healthy.stderr.decode()
+    (block,) = [p for p in (store / "blocks").rglob("*") if p.is_file()]
+    data = bytearray(block.read_bytes())
+    data[5000] ^= 0xFF
+    block.write_bytes(data)
+    for args in (["scrub", "--dry-run"], ["scrub"]):  # a sole copy: nothing to repair it from
+        bad = run(*args, store=store)
+        report = json.loads(bad.stdout)
+        assert bad.returncode == 1 and (report["copies_bad"], report["copies_repaired"], report["blocks_unrepaired"]) == (1, 0, 1)
+    assert block.read_bytes() == data

@@ -84,12 +84,13 @@ async def test_a_flipped_byte_on_one_block_server_is_never_returned(tmp_path):
                 f.write_bytes(raw)
         cfg = msgspec.structs.replace(_config(cluster), hedge=HedgeConfig(enabled=False))  # exact counts
         async with blobsdk.Client(cfg) as c:
-            assert await c.get("/b/c") == data
             l4 = next(t for t in c._open.readpath.tiers if t.name == "l4")
             plan = await c._open.plans.get_plan("/b/c")
             good = cluster.config.block_urls[2]
             bad_reads = sum([r.name for r in l4.candidates(ch.key)].index(good) for ch in plan.chunks)
-            assert bad_reads > 0 and c.stats()["l4"]["corrupt"] == bad_reads
+            assert await c.get("/b/c") == data
+            # at most the bad copies ranked first: a replica that served one is then tried last
+            assert bad_reads > 0 and 0 < c.stats()["l4"]["corrupt"] <= bad_reads
 
 
 async def test_an_l3_node_killed_mid_epoch(tmp_path):

@@ -4,17 +4,24 @@ A chunk's stored bytes are read from each replica of the store in order (the sto
 ``replicas``), each copy handed to the decoder; the first copy that verifies wins.  Being
 the last tier, L4 never misses quietly: when every replica failed it raises CorruptData
 (some copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
+
+A replica that served a bad copy is ranked after the others for a while; given the
+metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
+then got a verified one has the block repaired in the background (blobsdk/repair.py).
 """
 
 from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Self
 
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, Unavailable
 from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
+from ..metadata.base import MetadataStore
 from ..placement import rank
+from ..repair import Demotions, RepairConfig, Repairer
 from ..sources.base import BlockStore
 from ..stats import TierStats
 from ..wire import ChunkRef
@@ -28,7 +35,8 @@ SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 
 class L4Tier(Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
-    closes its block store itself)."""
+    closes its block store itself).  With ``metadata`` and more than one replica it owns a
+    :class:`~blobsdk.repair.Repairer`, started on entry and stopped on close."""
 
     name = "l4"
 
@@ -39,11 +47,27 @@ class L4Tier(Closing):
         *,
         hedge: HedgeConfig | None = None,
         limiters: LimiterRegistry | None = None,
+        metadata: MetadataStore | None = None,
+        repair: RepairConfig | None = None,
     ) -> None:
         self.blocks = blocks
         self.stats = stats if stats is not None else TierStats()
         self.hedger = Hedger(hedge)
         self._limiters = limiters if limiters is not None else LimiterRegistry()
+        repair = repair if repair is not None else RepairConfig()
+        self.demotions = Demotions(repair.demote_seconds)
+        replicas = blocks.replicas
+        self.repairer = Repairer(metadata, replicas, repair) if metadata is not None and len(replicas) > 1 else None
+
+    async def __aenter__(self) -> Self:
+        if self.repairer is not None:
+            await self.repairer.__aenter__()
+        return self
+
+    async def aclose(self) -> None:
+        """Stop background repair (a repair cut short is finished by a later read or scrub)."""
+        if self.repairer is not None:
+            await self.repairer.aclose()
 
     def peek(self, ref: ChunkRef) -> memoryview | None:
         """Nothing without a read: ask fetch."""
@@ -58,7 +82,8 @@ class L4Tier(Closing):
         """The verified stored copy of ``ref`` and its raw bytes (a view of that copy for
         an uncompressed chunk), hedged across the replicas in order."""
         begun = time.perf_counter()
-        attempt = partial(self._read_copy, ref, decode)
+        skipped: list[BlobError] = []  # bad or missing copies met on the way
+        attempt = partial(self._read_copy, ref, decode, skipped)
         try:
             stored, raw = await self.hedger.run(
                 self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover, ready=self._has_room
@@ -67,44 +92,58 @@ class L4Tier(Closing):
             self.stats.misses += 1
             raise give_up(ref, [error for _, error in exc.failures]) from exc
         self.stats.hit(ref.raw_length, time.perf_counter() - begun)
+        if skipped and self.repairer is not None:
+            self.repairer.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
 
     def candidates(self, key: str) -> list[BlockStore]:
         """The replicas in the order to try for chunk ``key``: rendezvous order, so the
-        primaries of a batch spread over every replica, with replicas whose latency
-        estimate is over SLOW_FACTOR times the best one moved last (stable)."""
+        primaries of a batch spread over every replica, then (stable) replicas that served a
+        bad copy lately after the others, and replicas whose latency estimate is over
+        SLOW_FACTOR times the best one after those that are not."""
         replicas = {r.name: r for r in self.blocks.replicas}
         if len(replicas) < 2:
             return list(replicas.values())
         ranked = [replicas[name] for name in rank(key, list(replicas))]
         known = [e for r in ranked if (e := self.hedger.latency.estimate(r.name)) is not None]
-        if not known:
-            return ranked
-        limit = SLOW_FACTOR * min(known)
-        return sorted(ranked, key=lambda r: (self.hedger.latency.estimate(r.name) or 0.0) > limit)
+        limit = SLOW_FACTOR * min(known) if known else float("inf")
+        return sorted(
+            ranked, key=lambda r: (self.demotions.is_demoted(r.name), (self.hedger.latency.estimate(r.name) or 0.0) > limit)
+        )
 
     def _has_room(self, replica: BlockStore) -> bool:
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
         return self._limiters.has_room(replica.name)
 
     async def _read_copy(
-        self, ref: ChunkRef, decode: Decoder, replica: BlockStore, attempt: Attempt
+        self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockStore, attempt: Attempt
     ) -> tuple[bytearray, memoryview]:
         """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
-        go on in a thread, so no two attempts ever share one."""
+        go on in a thread, so no two attempts ever share one.  A bad or missing copy goes
+        on ``skipped``; a bad one demotes its replica, a verified one restores it."""
         stored = bytearray(ref.length)
         try:
             await replica.read_into(ref.block_id, ref.offset, memoryview(stored), attempt=attempt)
-            return stored, await decode(ref, memoryview(stored))
+            raw = await decode(ref, memoryview(stored))
         except _FAILOVER as exc:
             self._count(exc)
+            if isinstance(exc, CorruptData):  # a bad copy, or one too short for the chunk
+                self.demotions.served_bad(replica.name)
+            if isinstance(exc, CorruptData | BlockNotFound):
+                skipped.append(exc)
             raise
+        self.demotions.served_good(replica.name)
+        return stored, raw
 
     async def flush(self) -> None:
         """Nothing deferred."""
 
     def extra_stats(self) -> dict[str, int | float]:
-        return {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
+        out: dict[str, int | float] = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
+        out["replicas_demoted"] = self.demotions.demoted_count()
+        if self.repairer is not None:
+            out.update(self.repairer.stats.as_dict())
+        return out
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: L4 is where every chunk comes from."""

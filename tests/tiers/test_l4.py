@@ -193,3 +193,22 @@ async def test_fill_is_a_no_op(replicas: Replicas) -> None:
     await tier.fill(ref, memoryview(b"other bytes"))
     assert bytes(await tier.fetch(ref, decode)) == b"z" * 10
     await tier.aclose()
+
+
+async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas) -> None:
+    blocks = await replicas.start(3)
+    raws = [os.urandom(1000) for _ in range(40)]
+    refs = await pack(blocks, raws)
+    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    bad = blocks.replicas[0]
+    firsts = [r for r in refs if tier.candidates(r.key)[0] is bad][:6]
+    assert len(firsts) == 6
+    for ref in refs:
+        replicas.corrupt(0, ref)
+    for ref in firsts:
+        assert bytes(await tier.fetch(ref, decode)) == raws[refs.index(ref)]
+    assert tier.stats.corrupt == 1  # was 6: the corrupt replica stayed first for every read
+    assert all(tier.candidates(r.key)[-1] is bad for r in refs)
+    assert tier.extra_stats()["replicas_demoted"] == 1 and "repairs_queued" not in tier.extra_stats()  # no metadata
+    tier.demotions.served_good(bad.name)
+    assert tier.candidates(firsts[0].key)[0] is bad

@@ -1,0 +1,234 @@
+"""blobsdk.repair: read repair and scrub of L4 replicas, against real (in-loop) block servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from blobsdk.client import Client
+from blobsdk.config import L1Config, WriteConfig
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.repair import Copy, Demotions, RepairConfig, Repairer, check_block, live_chunks
+from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tiers.l4 import L4Tier
+from blobsdk.wire import ChunkRef
+from servers.blockstore import make_app
+from tests.helpers import running_app
+
+CHUNK = 4096
+SMALL = WriteConfig(chunk_size=CHUNK, block_size=64 * CHUNK)
+
+
+class Store:
+    """Three in-loop block servers, SQLite metadata and a client over them (no L1)."""
+
+    def __init__(self, tmp: Path, stack: AsyncExitStack) -> None:
+        self.tmp, self.stack = tmp, stack
+
+    async def start(self) -> Store:
+        self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
+        urls = [await self.stack.enter_async_context(running_app(make_app(self.tmp / f"r{i}"))) for i in range(3)]
+        self.servers = [HttpBlockStore(self.session, url) for url in urls]
+        self.metadata = await self.stack.enter_async_context(SqliteMetadataStore(self.tmp / "meta.sqlite"))
+        self.blocks = await self.stack.enter_async_context(ReplicatedBlockStore(self.servers))
+        client = Client.from_stores(self.metadata, self.blocks, write=SMALL, l1=L1Config(capacity_bytes=0))
+        self.client = await self.stack.enter_async_context(client)
+        return self
+
+    async def put(self, chunks: int = 6) -> tuple[bytes, list[ChunkRef]]:
+        data = os.urandom(chunks * CHUNK)
+        await self.client.put("/b/x", data)
+        return data, list((await self.metadata.get_plan("/b/x")).chunks)
+
+    def file(self, i: int, block_id: str) -> Path:
+        (path,) = (self.tmp / f"r{i}").rglob(block_id)
+        return path
+
+    def corrupt(self, i: int, ref: ChunkRef) -> None:
+        path = self.file(i, ref.block_id)
+        data = bytearray(path.read_bytes())
+        data[ref.offset + ref.length // 2] ^= 0xFF
+        path.write_bytes(data)
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in sorted(self.tmp.glob("r*/**/*")) if p.is_file()}
+
+    @property
+    def l4(self) -> L4Tier:
+        tier = self.client._open.readpath.tiers[-1]
+        assert isinstance(tier, L4Tier)
+        return tier
+
+    async def repaired(self) -> dict[str, int | float]:
+        repairer = self.l4.repairer
+        assert repairer is not None
+        for _ in range(500):
+            if repairer.idle:
+                break
+            await asyncio.sleep(0.01)
+        return self.client.stats()["l4"]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    async with AsyncExitStack() as stack:
+        yield await Store(tmp_path, stack).start()
+
+
+def first_for(store: Store, refs: list[ChunkRef], i: int) -> list[ChunkRef]:
+    """The chunks whose first candidate is replica ``i``."""
+    name = store.servers[i].name
+    return [r for r in refs if store.l4.candidates(r.key)[0].name == name]
+
+
+async def test_a_corrupt_replica_costs_one_dropped_copy_and_is_rewritten(store: Store) -> None:
+    data, refs = await store.put(chunks=24)
+    (block_id,) = {r.block_id for r in refs}
+    bad = max(range(3), key=lambda i: len(first_for(store, refs, i)))
+    for ref in refs:
+        store.corrupt(bad, ref)
+    reads = first_for(store, refs, bad)[:6]
+    assert len(reads) == 6  # before the fix every one of these dropped a corrupt copy
+    for ref in reads:
+        i = refs.index(ref)
+        assert bytes(await store.client.get("/b/x", i * CHUNK, CHUNK)) == data[i * CHUNK : (i + 1) * CHUNK]
+    stats = await store.repaired()
+    assert stats["corrupt"] == 1
+    assert (stats["repairs_queued"], stats["repairs_done"], stats["repairs_failed"]) == (1, 1, 0)
+    good = (bad + 1) % 3
+    assert store.file(bad, block_id).read_bytes() == store.file(good, block_id).read_bytes()
+
+
+async def test_a_replica_that_missed_a_write_is_brought_back_by_a_read(store: Store) -> None:
+    data, refs = await store.put()
+    block_id = refs[0].block_id
+    lagging = next(i for i in range(3) if first_for(store, refs, i))
+    await store.servers[lagging].delete_block(block_id)
+    i = refs.index(first_for(store, refs, lagging)[0])
+    assert bytes(await store.client.get("/b/x", i * CHUNK, CHUNK)) == data[i * CHUNK : (i + 1) * CHUNK]
+    stats = await store.repaired()
+    assert (stats["errors"], stats["corrupt"], stats["repairs_done"], stats["replicas_demoted"]) == (1, 0, 1, 0)
+    assert await store.servers[lagging].read_range(block_id, 0, len(data)) == data
+
+
+async def test_no_copy_is_rewritten_without_a_wholly_verified_one(store: Store) -> None:
+    """Replica 0 is bad in chunk 0, replica 1 in chunk 1, replica 2 lost the block: each
+    chunk still reads, but no copy verifies whole, so nothing may be copied anywhere."""
+    data, refs = await store.put()
+    block_id = refs[0].block_id
+    store.corrupt(0, refs[0])
+    store.corrupt(1, refs[1])
+    await store.servers[2].delete_block(block_id)
+    before = store.snapshot()
+    assert bytes(await store.client.get("/b/x")) == data
+    stats = await store.repaired()
+    assert (stats["repairs_queued"], stats["repairs_done"], stats["repairs_failed"]) == (1, 0, 1)
+    assert store.snapshot() == before
+    report = await store.client.scrub()
+    assert (report.copies_bad, report.copies_missing, report.copies_repaired, report.ok) == (2, 1, 0, False)
+    assert report.unrepaired == [block_id] and store.snapshot() == before
+
+
+async def test_scrub_repairs_bad_and_missing_copies_once(store: Store) -> None:
+    data, refs = await store.put()
+    block_id = refs[0].block_id
+    store.corrupt(0, refs[3])
+    await store.servers[1].delete_block(block_id)
+    seen: list[tuple[int, int, int]] = []
+    report = await store.client.scrub(progress=lambda *p: seen.append(p))
+    assert (report.blocks_checked, report.copies_checked, report.copies_bad, report.copies_missing) == (1, 3, 1, 1)
+    assert (report.copies_repaired, report.blocks_unrepaired, report.ok) == (2, 0, True)
+    assert seen == [(1, 1, len(data))]
+    for server in store.servers:
+        assert await server.read_range(block_id, 0, len(data)) == data
+    again = await store.client.scrub()
+    assert (again.copies_bad, again.copies_missing, again.copies_repaired, again.ok) == (0, 0, 0, True)
+
+
+async def test_scrub_dry_run_changes_nothing(store: Store) -> None:
+    _, refs = await store.put()
+    store.corrupt(2, refs[0])
+    await store.servers[0].delete_block(refs[0].block_id)
+    before = store.snapshot()
+    report = await store.client.scrub(dry_run=True)
+    assert (report.dry_run, report.copies_bad, report.copies_missing, report.copies_repaired, report.ok) == (True, 1, 1, 0, False)
+    assert store.snapshot() == before
+
+
+async def test_check_block_leaves_an_unreachable_replica_alone(store: Store, tmp_path: Path) -> None:
+    data, refs = await store.put()
+    gone = HttpBlockStore(store.session, "http://127.0.0.1:9")  # nothing listens on port 9
+    outcome = await check_block(refs[0].block_id, refs, [*store.servers, gone], repair=True)
+    assert outcome.found[gone.name] is Copy.UNREACHABLE and not outcome.whole
+    assert outcome.named(Copy.GOOD) == [s.name for s in store.servers] and outcome.nbytes == 3 * len(data)
+    await gone.aclose()
+
+
+async def test_live_chunks_index_only_live_plans(store: Store) -> None:
+    _, refs = await store.put()
+    assert await live_chunks(store.metadata) == {refs[0].block_id: refs}
+    assert await live_chunks(store.metadata, {"0" * 32}) == {}
+    await store.client.delete("/b/x")
+    assert await live_chunks(store.metadata) == {}
+
+
+# --- the repairer's bounds, without servers ----------------------------------------------
+
+
+class _Hanging:
+    """A metadata store whose walk never ends (until cancelled)."""
+
+    async def iter_plans(self) -> AsyncIterator[object]:
+        await asyncio.Event().wait()
+        yield None
+
+
+async def test_reports_are_bounded_and_the_same_block_is_queued_once() -> None:
+    repairer = Repairer(_Hanging(), [], RepairConfig(queue=2))  # type: ignore[arg-type]
+    for block_id in ("a" * 32, "a" * 32, "b" * 32, "c" * 32, "d" * 32):
+        repairer.report(block_id)
+    assert (repairer.stats.repairs_queued, repairer.stats.repairs_dropped) == (2, 2)
+
+
+async def test_closing_cancels_a_repair_in_progress() -> None:
+    repairer = Repairer(_Hanging(), [], RepairConfig())  # type: ignore[arg-type]
+    async with repairer:
+        repairer.report("a" * 32)
+        await asyncio.sleep(0.01)
+        assert not repairer.idle
+        task = repairer._task
+    assert task is not None and task.done() and repairer._task is None
+    await repairer.aclose()  # idempotent
+
+
+@pytest.mark.parametrize("bad", [{"queue": 0}, {"batch": 0}, {"concurrency": 0}, {"demote_seconds": -1.0}])
+def test_repair_config_bounds(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="queue, batch and concurrency must be >= 1 and demote_seconds >= 0"):
+        RepairConfig(**bad)  # type: ignore[arg-type]
+
+
+async def test_scrub_concurrency_must_be_positive(store: Store) -> None:
+    from blobsdk.repair import scrub
+
+    with pytest.raises(ValueError, match="concurrency must be >= 1, got 0"):
+        await scrub(store.metadata, store.blocks, concurrency=0)
+
+
+def test_demotion_lasts_its_time_or_until_good_bytes() -> None:
+    now = [0.0]
+    demotions = Demotions(60.0, clock=lambda: now[0])
+    demotions.served_bad("a")
+    demotions.served_bad("b")
+    now[0] = 59.0
+    assert demotions.is_demoted("a") and demotions.demoted_count() == 2
+    demotions.served_good("b")
+    assert not demotions.is_demoted("b")
+    now[0] = 60.0
+    assert not demotions.is_demoted("a") and demotions.demoted_count() == 0
