@@ -161,8 +161,8 @@ class L4HttpHarness:
 class L4Tests(TierTests):
     name = "l4"
     last = True
-    extra_keys = HEDGE_KEYS
-    extra_prefixes = ("hedge_",)
+    extra_keys = HEDGE_KEYS | {"replicas_demoted"}
+    extra_prefixes = ("hedge_", "repairs_")  # repairs_*: only with metadata (blobsdk/repair.py)
 
 
 class TestL4TierOverALocalStore(L4Tests):
