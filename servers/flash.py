@@ -78,6 +78,7 @@ from servers._common.http import (
     add_serve_args,
     base_app,
     read_body,
+    read_piece,
     reply,
     send_bytes,
     serve,
@@ -437,7 +438,7 @@ async def _read_exact_body(request: web.Request, length: int) -> bytearray:
     if request.content_length is not None and request.content_length != length:
         raise BadRequest(f"body of {request.content_length} bytes, the chunk reference says {length}")
     body = bytearray()
-    while piece := await request.content.read(length + 1 - len(body)):
+    while piece := await read_piece(request, length + 1 - len(body)):
         body += piece
         if len(body) > length:
             break

@@ -45,7 +45,7 @@ async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BO
         raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds {max_bytes}")
     body = bytearray()
     while len(body) <= max_bytes:  # read() returns what has arrived so far: loop
-        piece = await request.content.read(max_bytes + 1 - len(body))
+        piece = await read_piece(request, max_bytes + 1 - len(body))
         if not piece:
             break
         body += piece
@@ -57,6 +57,15 @@ async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BO
         return msgspec.msgpack.decode(body, type=kind)
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed request body: {exc}") from exc
+
+
+async def read_piece(request: web.Request, max_bytes: int) -> bytes:
+    """Up to ``max_bytes`` more of the body, as they arrive (b"" at its end).  A client that
+    hangs up mid-body is a BadRequest, not a server error with a traceback."""
+    try:
+        return await request.content.read(max_bytes)
+    except ConnectionResetError as exc:
+        raise BadRequest(f"client disconnected mid-body: {exc}") from exc
 
 
 def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
