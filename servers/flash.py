@@ -334,8 +334,8 @@ class FlashNode:
         for ref in body.refs:
             self._check_size(validate_ref(ref))
         pin_seconds = self.config.pin_seconds if body.pin_seconds is None else body.pin_seconds
-        if pin_seconds < 0:
-            raise BadRequest(f"pin_seconds must be >= 0, got {pin_seconds}")
+        if not 0 <= pin_seconds < float("inf"):  # nan compares false: refused too
+            raise BadRequest(f"pin_seconds must be a finite number >= 0, got {pin_seconds}")
         job = self._start_job(Job(list({r.key: r for r in body.refs}.values()), tenant, pin_seconds))
         return reply(request, job.status(), status=202)
 

@@ -520,3 +520,18 @@ async def test_a_tenant_sees_only_its_own_usage_in_stats(env: Env) -> None:
 def test_the_admin_tenant_name_is_reserved(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"tenant name 'default' is reserved for the admin token \(--token\)"):
         FlashConfig(dir=str(tmp_path), block_urls=("http://b",), capacity_bytes=1, tenants={"default": TenantConfig(token="t")})
+
+
+@pytest.mark.parametrize("pin", [-1.0, float("nan"), float("inf")])
+async def test_a_hydrate_pin_that_is_negative_or_not_finite_is_refused(env: Env, pin: float) -> None:
+    (ref,) = await chunks(env, 1)
+    url, node = await env.node()
+    body = msgspec.msgpack.encode(HydrateRequest(refs=[ref], pin_seconds=pin))
+    async with env.session.post(f"{url}/v1/hydrate", data=body) as resp:
+        error = msgspec.msgpack.decode(await resp.read(), type=ErrorBody)
+    assert (resp.status, error.code, error.message) == (
+        400,
+        "bad_request",
+        f"pin_seconds must be a finite number >= 0, got {pin}",
+    )
+    assert node.running_jobs() == 0 and node.snapshot()["jobs"]["kept"] == 0
