@@ -9,7 +9,15 @@ import contextlib
 import gzip
 import io
 import logging
+import os
+import resource
+import selectors
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,8 +29,8 @@ from blobsdk._http import error_for
 from blobsdk.errors import BadRequest, PayloadTooLarge, TimedOut, Unavailable
 from blobsdk.wire import ErrorBody
 from servers._common.http import add_serve_args, base_app, read_body
-from servers._common.limits import ServerLimits, limits_of_args
-from tests.helpers import running_app
+from servers._common.limits import ACCEPT_IN_FLIGHT, FD_RESERVE, ServerLimits, limits_of_args
+from tests.helpers import ROOT, running_app
 
 SHORT = 0.3  # the bound under test
 LONG = 30.0  # the bounds not under test: far longer than any wait below
@@ -340,3 +348,124 @@ def test_a_non_positive_limit_flag_is_a_usage_error(flag: str, capsys: pytest.Ca
 def test_a_non_positive_limit_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="max_connections must be positive, not 0"):
         ServerLimits(max_connections=0)
+
+
+# --- a real server flooded past its open-file limit (issue 9, finding 2) --------------
+
+CHILD_NOFILE = 512  # the block server's open-file limit
+CAP = CHILD_NOFILE - FD_RESERVE - ACCEPT_IN_FLIGHT  # its connection cap, from that limit
+FLOOD = 700  # idle connections, far past both
+
+
+def _low_nofile() -> None:  # in the child only, between fork and exec
+    resource.setrlimit(resource.RLIMIT_NOFILE, (CHILD_NOFILE, CHILD_NOFILE))
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+
+
+def _healthz(sock: socket.socket) -> int:
+    """GET /healthz on a blocking ``sock``; the status (the response read whole, so the
+    connection can be reused). Every read is bounded by the socket's timeout."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if not (piece := sock.recv(4096)):
+            raise ConnectionError(f"closed after {data!r}")
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    length = int({k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}["content-length"])
+    while len(body) < length:
+        if not (piece := sock.recv(4096)):
+            raise ConnectionError("closed mid-body")
+        body += piece
+    return int(status_line.split()[1])
+
+
+def _refused(flood: list[socket.socket], expected: int) -> int:
+    """How many of ``flood`` got the 503 and were closed, waiting (at most WAIT) for ``expected``."""
+    buffers: dict[socket.socket, bytes] = {}
+    refused = 0
+    with selectors.DefaultSelector() as sel:
+        for sock in flood:
+            sock.setblocking(False)
+            sel.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + WAIT
+        while refused < expected and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                sock = _socket_of(key.fileobj)
+                if piece := sock.recv(4096):
+                    buffers[sock] = buffers.get(sock, b"") + piece
+                    continue
+                sel.unregister(sock)
+                refused += buffers.get(sock, b"").startswith(b"HTTP/1.1 503 ")
+    return refused
+
+
+def _socket_of(obj: Any) -> socket.socket:
+    assert isinstance(obj, socket.socket)
+    return obj
+
+
+def test_a_flood_past_the_open_file_limit_is_refused_quietly_and_served_after(tmp_path: Path) -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < FLOOD + 2 * CAP + 100:
+        pytest.skip(f"this process may open {soft} files; the flood needs {FLOOD + 2 * CAP + 100}")
+    port_file, stderr_path = tmp_path / "port", tmp_path / "stderr"
+    sockets: list[socket.socket] = []
+    with stderr_path.open("wb") as stderr:
+        # stderr to a file, not a pipe: a server logging a traceback per accept must not block on it
+        args = ["--dir", str(tmp_path / "blocks"), "--port", "0", "--port-file", str(port_file), "--keepalive-timeout", str(LONG)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servers.blockstore", *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            preexec_fn=_low_nofile,  # the test process's own limit is left alone
+        )
+    try:
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            assert proc.poll() is None, stderr_path.read_text()
+            assert time.monotonic() < deadline, "the block server did not start within 15 s"
+            time.sleep(0.02)
+        port = int(port_file.read_text())
+        before = _connect(port)
+        sockets.append(before)
+        assert _healthz(before) == 200  # admitted before the flood
+
+        flood = [_connect(port) for _ in range(FLOOD)]
+        sockets += flood
+        assert _refused(flood, FLOOD - (CAP - 1)) == FLOOD - (CAP - 1)  # all but the cap's worth: 503
+        assert _healthz(before) == 200  # the open connection is still served, mid-flood
+
+        for sock in flood:
+            sock.close()
+        for _ in range(50):  # once the server has seen the closes, the whole cap is usable again
+            fresh = [_connect(port) for _ in range(CAP - 1)]
+            sockets += fresh
+            statuses = [_healthz(sock) for sock in fresh]
+            for sock in fresh:
+                sock.close()
+            if statuses == [200] * (CAP - 1):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"after the flood closed, {statuses.count(200)} of {CAP - 1} new connections served")
+        assert _healthz(before) == 200
+    finally:
+        for sock in sockets:
+            sock.close()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    log = stderr_path.read_bytes()
+    assert len(log) < 20_000 and log.count(b"Traceback") == 0, log[:2000]
+    assert f"at the cap of {CAP} connections".encode() in log
