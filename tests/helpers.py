@@ -48,12 +48,17 @@ def server_process(module: str, *args: str, tmp: Path, timeout: float = 15.0) ->
             time.sleep(0.02)
         yield f"http://127.0.0.1:{port_file.read_text()}", proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         if proc.stderr:
             proc.stderr.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a server subprocess, and kill it if it has not exited within 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

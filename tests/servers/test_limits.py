@@ -30,7 +30,7 @@ from blobsdk.errors import BadRequest, PayloadTooLarge, TimedOut, Unavailable
 from blobsdk.wire import ErrorBody
 from servers._common.http import add_serve_args, base_app, read_body
 from servers._common.limits import ACCEPT_IN_FLIGHT, FD_RESERVE, ServerLimits, limits_of_args
-from tests.helpers import ROOT, running_app
+from tests.helpers import ROOT, running_app, stop_process
 
 SHORT = 0.3  # the bound under test
 LONG = 30.0  # the bounds not under test: far longer than any wait below
@@ -459,13 +459,7 @@ def test_a_flood_past_the_open_file_limit_is_refused_quietly_and_served_after(tm
     finally:
         for sock in sockets:
             sock.close()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
     log = stderr_path.read_bytes()
     assert len(log) < 20_000 and log.count(b"Traceback") == 0, log[:2000]
     assert f"at the cap of {CAP} connections".encode() in log
