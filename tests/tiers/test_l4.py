@@ -109,13 +109,18 @@ async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) ->
     blocks = await replicas.start(3)
     raws = [os.urandom(4000), b"xyz" * 9000]
     refs = await pack(blocks, raws, "auto")
-    for ref in refs:
-        replicas.corrupt(0, ref)
-        replicas.corrupt(1, ref)
     tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
-    good = blocks.replicas[2]
-    bad_reads = sum(tier.candidates(ref.key).index(good) for ref in refs)  # bad copies tried first
-    assert [bytes(await tier.fetch(ref, decode)) for ref in refs] == raws
+    first_two = tier.candidates(refs[0].key)[:2]  # so the first chunk tries both bad copies
+    for ref in refs:
+        for bad in first_two:
+            replicas.corrupt(blocks.replicas.index(bad), ref)
+    (good,) = [r for r in blocks.replicas if r not in first_two]
+    bad_reads = 0
+    for ref, raw in zip(refs, raws, strict=True):
+        # The order at the moment of the fetch: a bad copy demotes its replica for the next.
+        bad_reads += tier.candidates(ref.key).index(good)
+        assert bytes(await tier.fetch(ref, decode)) == raw
+    assert bad_reads >= 2
     assert (tier.stats.hits, tier.stats.corrupt, tier.stats.errors) == (2, bad_reads, 0)
 
 
