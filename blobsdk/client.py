@@ -35,7 +35,7 @@ from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
-from .errors import ClientClosed
+from .errors import ClientClosed, Forbidden
 from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
@@ -209,7 +209,15 @@ class Client:
         """The bytes of ``path`` (or of ``[offset, offset+length)``, clamped to the blob)."""
         state = self._open
         plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
-        return await state.readpath.read(plan, offset, length)
+        try:
+            return await state.readpath.read(plan, offset, length)
+        except Forbidden:
+            if not plan.grants_expire:
+                raise
+        # The data servers refused the plan's chunk grants (expired by their clock: see
+        # blobsdk/auth.py): once more, with fresh ones.
+        state.plans.invalidate(path)
+        return await state.readpath.read(await state.plans.get_plan(path), offset, length)
 
     async def stat(self, path: str) -> BlobInfo:
         plan = await self._open.metadata.get_plan(validate_path(path))

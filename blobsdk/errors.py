@@ -11,7 +11,9 @@
      │    └── RangeNotSatisfiable  a Range past the end of a block (416 on the wire)
      ├── QuotaExceeded         a tenant's byte quota would be exceeded
      ├── InsufficientStorage   a cache node could not admit a chunk it was asked to store (507)
-     ├── Unauthorized          (also PermissionError)     bad or missing bearer token
+     ├── Unauthorized          (also PermissionError)     bad, expired or missing bearer token (401)
+     │    └── Forbidden        a valid token that does not allow this (a bucket, an admin
+     │                         route, a chunk without a valid grant: 403)
      ├── Unavailable           a server or quorum could not be reached in time
      │    ├── TimedOut         a request got no (complete) answer within its deadline
      │    │    └── BodyTimedOut  a server stopped waiting for a stalled request body (408)
@@ -99,6 +101,11 @@ class Unauthorized(BlobError, PermissionError):
     http_status = 401
 
 
+class Forbidden(Unauthorized):
+    code = "forbidden"
+    http_status = 403
+
+
 class Unavailable(BlobError):
     code = "unavailable"
     http_status = 503
@@ -164,6 +171,7 @@ _BY_CODE: dict[str, type[BlobError]] = {
         QuotaExceeded,
         InsufficientStorage,
         Unauthorized,
+        Forbidden,
         Unavailable,
         TimedOut,
         BadRequest,

@@ -28,6 +28,9 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     raw_length: int  # length once decoded
     checksum: int  # xxh3-64 of the raw bytes
     codec: Codec = "none"
+    # The metadata API's grant to read these bytes, for the tenant that asked for the plan
+    # (blobsdk.auth); "" when the API has no keyring.  Never stored, not part of the key.
+    grant: str = ""
 
     @property
     def key(self) -> str:
@@ -49,6 +52,14 @@ class ReadPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     chunk_size: int
     chunks: tuple[ChunkRef, ...] = ()
     created: float = 0.0  # unix time of the commit
+    grants_expire: int = 0  # unix time the chunks' grants expire; 0: the plan carries none
+
+    def unsigned(self) -> ReadPlan:
+        """This plan as stored: without grants."""
+        if not self.grants_expire and not any(c.grant for c in self.chunks):
+            return self
+        chunks = tuple(msgspec.structs.replace(c, grant="") for c in self.chunks)
+        return msgspec.structs.replace(self, chunks=chunks, grants_expire=0)
 
     def info(self) -> BlobInfo:
         return BlobInfo(

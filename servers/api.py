@@ -10,21 +10,31 @@ Routes (msgpack bodies; JSON with ``Content-Type: application/json``):
     GET  /v1/stat?path=...           -> BlobInfo
     GET  /healthz, /metrics
 
-Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T]``.
+Tenancy (``--keys``; servers/_common/auth.py): a tenant's token names the buckets it may
+use.  Every path of a request must be in one of them (else 403 ``forbidden``; a listing
+prefix must lie inside one, and ``/`` does not); ``scan`` is for admins.  Each plan answered
+to a tenant (plans, commit) carries a chunk grant per chunk for that tenant, valid for
+``--grant-ttl`` seconds or until the token expires if sooner, which the block servers and L3
+nodes want before they serve the chunk's bytes.  Grants are never stored.
+
+Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T] [--keys FILE]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
+import msgspec
 from aiohttp import web
 
-from blobsdk.errors import BadRequest, BlobError
+from blobsdk.auth import GRANT_TTL_S, Claims
+from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.http import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
     CommitRequest,
     CommitResponse,
@@ -34,27 +44,33 @@ from blobsdk.wire import (
     GetPlansResponse,
     ListRequest,
     ListResponse,
+    ReadPlan,
     ScanRequest,
     ScanResponse,
 )
 
+from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
-from ._common.http import Handler, add_serve_args, base_app, read_body, reply, serve
+from ._common.http import Handler, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
 from ._common.limits import limits_of_args
 
 
 def make_app(
     store: MetadataStore,
-    token: str | None = None,
+    auth: ServerAuth | None = None,
     *,
+    grant_ttl: float = GRANT_TTL_S,
     faults: FaultConfig | None = None,
     admin_token: str | None = None,
 ) -> web.Application:
     """The API app over ``store``.  The app owns the store: it is closed on app cleanup.
-    ``faults`` and ``admin_token``: see servers/_common/faults.py."""
-    app = base_app("blobsdk_api", token, extensions=fault_extensions(faults, admin_token))
+    ``auth``: who may do what (default: anyone anything); ``grant_ttl``: how long a chunk
+    grant lasts.  ``faults`` and ``admin_token``: see servers/_common/faults.py."""
+    if not 0 < grant_ttl < float("inf"):
+        raise ValueError(f"grant_ttl must be a positive number of seconds, got {grant_ttl}")
+    app = base_app("blobsdk_api", auth, extensions=fault_extensions(faults, admin_token))
     app.middlewares.append(_value_errors_as_bad_request)
-    api = _Api(store)
+    api = _Api(store, _Granter(app[AUTH_KEY], grant_ttl))
     app.router.add_post("/v1/plans", api.plans)
     app.router.add_post("/v1/commit", api.commit)
     app.router.add_post("/v1/delete", api.delete)
@@ -65,11 +81,35 @@ def make_app(
     return app
 
 
+class _Granter:
+    """Adds a tenant's chunk grants to the plans it is answered (none for an admin, who
+    needs none, nor on a server without a keyring)."""
+
+    def __init__(self, auth: ServerAuth, ttl: float, clock: Callable[[], float] | None = None) -> None:
+        self.keyring, self.ttl = auth.keyring, ttl
+        self.clock = auth.clock if clock is None else clock
+
+    def signed(self, plans: Iterable[ReadPlan | None], claims: Claims) -> list[ReadPlan | None]:
+        if self.keyring is None or claims.admin:
+            return list(plans)
+        expires = min(int(self.clock() + self.ttl), claims.expires)
+        return [None if plan is None else self._signed(plan, claims.tenant, expires) for plan in plans]
+
+    def _signed(self, plan: ReadPlan, tenant: str, expires: int) -> ReadPlan:
+        assert self.keyring is not None
+        sign = self.keyring.sign_grant
+        chunks = tuple(
+            msgspec.structs.replace(c, grant=sign(tenant, c.block_id, c.offset, c.length, expires)) for c in plan.chunks
+        )
+        return msgspec.structs.replace(plan, chunks=chunks, grants_expire=expires)
+
+
 class _Api:
     """The route handlers, bound to one store."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, granter: _Granter) -> None:
         self.store = store
+        self.granter = granter
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
         try:
@@ -80,23 +120,33 @@ class _Api:
     async def plans(self, request: web.Request) -> web.Response:
         body = await read_body(request, GetPlansRequest)
         _check_count("paths", body.paths, MAX_PATHS_PER_REQUEST)
-        return reply(request, GetPlansResponse(plans=await self.store.get_plans(body.paths)))
+        claims = _allowed(request, body.paths)
+        plans = self.granter.signed(await self.store.get_plans(body.paths), claims)
+        return reply(request, GetPlansResponse(plans=plans))
 
     async def commit(self, request: web.Request) -> web.Response:
         body = await read_body(request, CommitRequest)
         _check_count("ops", body.ops, MAX_OPS_PER_REQUEST)
-        return reply(request, CommitResponse(plans=await self.store.commit_many(body.ops)))
+        claims = _allowed(request, [op.path for op in body.ops])
+        ops = [msgspec.structs.replace(op, plan=op.plan.unsigned()) for op in body.ops]  # grants are never stored
+        committed = self.granter.signed(await self.store.commit_many(ops), claims)
+        return reply(request, CommitResponse(plans=[p for p in committed if p is not None]))
 
     async def delete(self, request: web.Request) -> web.Response:
         body = await read_body(request, DeleteRequest)
+        _allowed(request, [body.path])
         return reply(request, DeleteResponse(deleted=await self.store.delete(body.path, body.if_version)))
 
     async def list(self, request: web.Request) -> web.Response:
         body = await read_body(request, ListRequest)
+        claims = _allowed_prefix(request, body.prefix)
         items, cursor = await self.store.list_page(body.prefix, body.start_after, body.limit)
+        if not claims.all_buckets:  # "/a" also matches "/ab/...": keep the allowed buckets
+            items = [info for info in items if claims.allows(bucket_of(info.path))]
         return reply(request, ListResponse(items=items, next_start_after=cursor))
 
     async def scan(self, request: web.Request) -> web.Response:
+        require_admin(request)
         body = await read_body(request, ScanRequest)
         plans, cursor = await self.store.scan_page(body.start_after, body.limit)
         return reply(request, ScanResponse(plans=plans, next_start_after=cursor))
@@ -105,7 +155,30 @@ class _Api:
         path = request.query.get("path")
         if path is None:
             raise BadRequest("missing query parameter 'path'")
+        _allowed(request, [path])
         return reply(request, (await self.store.get_plan(path)).info())
+
+
+def _allowed(request: web.Request, paths: Iterable[str]) -> Claims:
+    """The caller's claims, if they allow the bucket of every path (bad paths are left for
+    the store to refuse with its own error)."""
+    claims = claims_of(request)
+    if claims.all_buckets:
+        return claims
+    for path in paths:
+        if isinstance(path, str) and path.startswith("/") and not claims.allows(bucket := bucket_of(path)):
+            raise Forbidden(f"tenant {claims.tenant!r} may not use bucket {bucket!r}")
+    return claims
+
+
+def _allowed_prefix(request: web.Request, prefix: str) -> Claims:
+    claims = claims_of(request)
+    if claims.all_buckets:
+        return claims
+    if validate_prefix(prefix) == "/":
+        raise Forbidden(f"tenant {claims.tenant!r} may list only inside its buckets, not '/'")
+    _allowed(request, [prefix])
+    return claims
 
 
 def _check_count(name: str, items: Sequence[object], limit: int) -> None:
@@ -128,14 +201,22 @@ async def _value_errors_as_bad_request(request: web.Request, handler: Handler) -
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m servers.api", description="blobsdk metadata API server.")
     parser.add_argument("--db", required=True, help="SQLite database file (created if missing)")
+    parser.add_argument(
+        "--grant-ttl",
+        type=positive(float),
+        default=GRANT_TTL_S,
+        metavar="S",
+        help=f"how long the chunk grants of a tenant's plans last (default {GRANT_TTL_S:g})",
+    )
     add_serve_args(parser)
     args = parser.parse_args(argv)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
+        auth = auth_of_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     store = SqliteMetadataStore(args.db)
-    app = make_app(store, args.token, faults=faults, admin_token=args.admin_token)
+    app = make_app(store, auth, grant_ttl=args.grant_ttl, faults=faults, admin_token=args.admin_token)
 
     async def open_store(app: web.Application) -> None:
         await store.open()  # a bad --db fails at start-up, not at the first request

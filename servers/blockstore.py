@@ -7,6 +7,11 @@ Routes (block bytes travel raw; listings are msgpack, or JSON on request)::
     DELETE /v1/blocks/{id}    204, idempotent
     GET    /v1/blocks?start_after=&limit=    ListBlocksResponse, limit <= 10000
 
+Tenancy (``--keys``; servers/_common/auth.py): any valid token may PUT a new block (an
+existing one is never replaced); a GET by a tenant must be the exact ``Range`` of a chunk
+grant the metadata API gave that tenant (else 403 ``forbidden``); DELETE and the listing are
+for admins.
+
 A Range that reaches past the block is answered 416 with ErrorBody code ``corrupt_data``
 (the BlockStore contract: a plan never points past a block), not clipped as RFC 9110
 would: the client must get exactly the bytes it asked for or an error.
@@ -32,8 +37,9 @@ from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
+from servers._common.auth import ServerAuth, check_grant, require_admin
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
-from servers._common.http import METRICS_KEY, add_serve_args, base_app, reply, serve
+from servers._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
 from servers._common.limits import limits_of_args
 
 MiB = 1 << 20
@@ -123,6 +129,7 @@ class BlockServer:
         block_id = validate_block_id(request.match_info["block_id"])
         wanted = parse_range(request.headers.get("Range"))
         first, last = (0, None) if wanted is None else wanted
+        check_grant(request, block_id, first, -1 if last is None else last - first + 1)
         async with self.spindles:
             # One disk operation finds the size and reads the first piece (clipped to the
             # block: a range past its end is refused below, before anything is sent).
@@ -133,10 +140,12 @@ class BlockServer:
             return await self._send(request, block_id, piece, start, length, size, status=206)
 
     async def delete_block(self, request: web.Request) -> web.Response:
+        require_admin(request)
         await self.store.delete_block(request.match_info["block_id"])
         return web.Response(status=204)
 
     async def list_blocks(self, request: web.Request) -> web.Response:
+        require_admin(request)
         start_after = request.query.get("start_after") or None
         if start_after is not None:
             validate_block_id(start_after)
@@ -247,7 +256,7 @@ def parse_limit(raw: str | None) -> int:
 def make_app(
     root: str | os.PathLike[str],
     *,
-    token: str | None = None,
+    auth: ServerAuth | None = None,
     latency_ms: float = 0.0,
     bandwidth_mbps: float = 0.0,
     spindles: int = 0,
@@ -256,7 +265,8 @@ def make_app(
     admin_token: str | None = None,
 ) -> web.Application:
     """The block server over directory ``root`` (see the module docstring for the
-    emulation knobs; 0 means no emulation).  ``faults`` and ``admin_token``: see
+    emulation knobs; 0 means no emulation); ``auth``: who may do what (default: anyone
+    anything).  ``faults`` and ``admin_token``: see
     servers/_common/faults.py."""
     if latency_ms < 0 or bandwidth_mbps < 0 or spindles < 0 or max_block_bytes < 1:
         raise ValueError("latency_ms, bandwidth_mbps and spindles must be >= 0, max_block_bytes >= 1")
@@ -266,7 +276,7 @@ def make_app(
         bandwidth=Bandwidth(bandwidth_mbps * 1e6),
         max_block_bytes=max_block_bytes,
     )
-    app = base_app("blobsdk_blockstore", token, extensions=fault_extensions(faults, admin_token))
+    app = base_app("blobsdk_blockstore", auth, extensions=fault_extensions(faults, admin_token))
     _install(app, server)
     return app
 
@@ -291,11 +301,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
+        auth = auth_of_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     app = make_app(
         args.dir,
-        token=args.token,
+        auth=auth,
         latency_ms=args.latency_ms,
         bandwidth_mbps=args.bandwidth_mbps,
         spindles=args.spindles,

@@ -2,7 +2,7 @@
 flash nodes, each a real subprocess on a free loopback port.
 
     python -m servers.cluster --dir DIR [--block-servers 3] [--write-quorum Q]
-                              [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T]
+                              [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T] [--keys FILE]
                               [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S]
                               [--api-faults SPEC] [--block-faults SPEC] [--l3-faults SPEC]
                               [--admin-token T] [--no-restart]
@@ -15,6 +15,11 @@ same port with the same directory and flags after a backoff (0.5 s, doubling to 
 to 0.5 s once it had run 10 s), for as long as it keeps dying; the others keep running.
 With ``--no-restart`` it stays down and the others keep running.  Each death and restart
 is logged to stderr and ``DIR/logs/cluster.log``, and ``cluster.json`` gets the new pid.
+
+With ``--keys FILE`` (a keyring: ``blobsdk token keygen FILE``) every server takes signed
+tenant tokens (``blobsdk token create --keys FILE ...``) and chunk grants; ``client.toml``
+gets the static admin ``--token`` (a random one if none is given), which the servers also
+use among themselves.
 
 Every server holds the read end of a pipe whose write end only the starting process holds
 (the *lifeline*), and stops itself when it reads EOF: servers die with the process that
@@ -35,9 +40,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import runpy
+import secrets
 import signal
 import subprocess
 import sys
@@ -75,7 +82,8 @@ class ClusterOptions:
     latency_ms: float | None = None  # HDD emulation on the block servers; None: their default
     bandwidth_mbps: float | None = None
     spindles: int | None = None
-    token: str | None = None
+    token: str | None = None  # a static admin token every server takes (written to client.toml)
+    keys: Path | None = None  # a keyring every server takes: tenants with signed tokens
     l3_nodes: int = 2  # L3 flash nodes, each reading through every block server
     l3_capacity_mb: float = 1024
     l3_hold_seconds: float = 0.0
@@ -284,8 +292,9 @@ class Cluster:
 
 
 def _common_args(options: ClusterOptions, kind: ServerKind) -> list[str]:
-    """Flags every server of ``kind`` gets: tokens and fault specs."""
-    flags = [("--token", options.token), ("--admin-token", options.admin_token)]
+    """Flags every server of ``kind`` gets: tokens, keyring and fault specs."""
+    keys = None if options.keys is None else str(Path(options.keys).resolve())
+    flags = [("--token", options.token), ("--keys", keys), ("--admin-token", options.admin_token)]
     flags += [("--fault", spec) for spec in options.faults.get(kind.name, ())]
     return [a for k, v in flags if v for a in (k, v)]
 
@@ -294,7 +303,16 @@ def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
     """A :class:`Cluster` in ``dir`` (``options`` are :class:`ClusterOptions` fields), to use
     as ``with start_cluster(...) as cluster`` or ``async with``; ``cluster.config`` is the
     ClientConfig, ``cluster.processes`` the servers."""
-    return Cluster(Path(dir), ClusterOptions(**options))
+    return Cluster(Path(dir), with_service_token(ClusterOptions(**options)))
+
+
+def with_service_token(options: ClusterOptions) -> ClusterOptions:
+    """With a keyring but no static token, the servers still need an admin token among
+    themselves (an L3 node reads through the block servers): a random one, which
+    client.toml gets too (tenants use tokens made by ``blobsdk token create``)."""
+    if options.keys is None or options.token is not None:
+        return options
+    return dataclasses.replace(options, token=secrets.token_urlsafe(24))
 
 
 def client_config(kinds: Sequence[ServerKind], urls: dict[str, list[str]], options: ClusterOptions) -> ClientConfig:
@@ -466,7 +484,13 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     parser.add_argument("--latency-ms", type=float, metavar="F", help="emulated HDD seek latency per block request")
     parser.add_argument("--bandwidth-mbps", type=float, metavar="F", help="emulated HDD bandwidth of each block server, MB/s")
     parser.add_argument("--spindles", type=int, metavar="N", help="concurrent data requests each block server serves")
-    parser.add_argument("--token", help="bearer token every server requires (written to client.toml)")
+    parser.add_argument("--token", help="static admin bearer token every server requires (written to client.toml)")
+    parser.add_argument(
+        "--keys",
+        type=Path,
+        metavar="FILE",
+        help="keyring every server takes: tenants with tokens from 'blobsdk token create' (default: no tenants)",
+    )
     parser.add_argument("--l3-nodes", type=int, default=2, metavar="M", help="L3 flash nodes (default 2)")
     parser.add_argument(
         "--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)"
@@ -499,6 +523,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "bandwidth_mbps",
         "spindles",
         "token",
+        "keys",
         "l3_nodes",
         "l3_capacity_mb",
         "l3_hold_seconds",
@@ -506,7 +531,10 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "admin_token",
     )
     faults = {kind.name: tuple(getattr(args, f"{kind.name}_faults")) for kind in KINDS}
-    return args.dir, ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults), not args.no_restart
+    if args.keys is not None and not args.keys.is_file():
+        parser.error(f"--keys {args.keys}: no such file (make one with 'blobsdk token keygen FILE')")
+    options = ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults)
+    return args.dir, with_service_token(options), not args.no_restart
 
 
 def _print_ready(cluster: Cluster) -> None:

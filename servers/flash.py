@@ -18,11 +18,17 @@ is 502 ``corrupt_data`` (404 if the block is gone, 503 if L4 is down) and nothin
 A fill the cache refuses (full, chunk larger than the capacity, over the requester's quota:
 counted as ``quota_rejections``) still serves the bytes.
 
-Tenants: a request's tenant is the one whose token is its bearer token; ``--token`` is the
-admin token (tenant "default"); with neither, everything is tenant "default" and no token is
-needed.  An unknown token is 401.  An explicit write over the tenant's quota (PUT, hydrate)
+Tenants (``--keys``; servers/_common/auth.py): a request's tenant is the one its signed
+token names; ``--token`` is a static admin token (tenant "default"); with neither,
+everything is tenant "default" and no token is needed.  A bad token is 401.  With a keyring,
+a tenant's GET, PUT and hydrate need, for each chunk, the grant the metadata API gave that
+tenant for the chunk's byte range (else 403 ``forbidden``), so a tenant reads only chunks of
+its own buckets; the cache key covers the chunk's checksum, so bytes a tenant PUTs can be
+found only under the key of a chunk they verify against.  ``--quota TENANT:MiB`` bounds what
+a tenant's fills and PUTs may hold.  An explicit write over the tenant's quota (PUT, hydrate)
 is 429 ``quota_exceeded`` for that tenant only; a PUT body that does not match its ChunkRef
 is 422 ``corrupt_data``; a chunk the cache cannot admit is 507 ``insufficient_storage``.
+``/stats`` shows a tenant its own usage and quota only (an admin sees everything).
 
 Hydrate jobs pull their chunks from L4 in the background (``hydrate_concurrency`` chunks at a
 time across all jobs), verify, store and pin them (``pin_seconds``) for the tenant; a job
@@ -34,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import os
 import time
 from collections import deque
@@ -46,11 +51,10 @@ from pathlib import Path
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from blobsdk._http import new_session
 from blobsdk._singleflight import SingleFlight
-from blobsdk.cache.base import DEFAULT_TENANT, validate_key
+from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
 from blobsdk.codec import ChunkDecoder
 from blobsdk.config import Timeouts
@@ -62,7 +66,6 @@ from blobsdk.errors import (
     BlobNotFound,
     InsufficientStorage,
     QuotaExceeded,
-    Unauthorized,
     Unavailable,
 )
 from blobsdk.sources.base import BlockStore
@@ -70,12 +73,12 @@ from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef, HydrateRequest, HydrateStatus, JobState, ref_from_query, validate_ref
+from servers._common.auth import AUTH_KEY, ServerAuth, check_grant, claims_of
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import (
     METRICS_KEY,
-    PUBLIC_ROUTES,
-    Handler,
     add_serve_args,
+    auth_of_args,
     base_app,
     read_body,
     read_piece,
@@ -90,11 +93,6 @@ OCTETS = "application/octet-stream"
 _JOB_ERRORS = 5  # failure messages a job keeps
 
 
-class TenantConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    token: str
-    quota_bytes: int | None = None  # None: no quota
-
-
 class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything one flash node needs; ValueError on construction if a setting is invalid."""
 
@@ -104,9 +102,8 @@ class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     hold_seconds: float = 0.0  # younger entries are evicted only when nothing else is left
     ttl_seconds: float | None = None
     min_free_ratio: float = 0.05
-    tenants: dict[str, TenantConfig] = {}
-    token: str | None = None  # admin token (tenant "default")
-    block_token: str | None = None  # bearer token of the block servers
+    quotas: dict[str, int] = {}  # tenant -> bytes its fills and PUTs may hold
+    block_token: str | None = None  # bearer token of the block servers (an admin's)
     hydrate_concurrency: int = 8
     pin_seconds: float = 600.0  # default pin of hydrated chunks
     max_chunk_bytes: int = 64 * MiB
@@ -126,43 +123,8 @@ def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
     yield c.ttl_seconds is not None and c.ttl_seconds <= 0, "ttl_seconds must be positive"
     yield not 0 <= c.min_free_ratio < 1, "min_free_ratio must be in [0, 1)"
     yield min(c.hydrate_concurrency, c.max_chunk_bytes, c.max_jobs, c.threads) < 1, "counts must be positive"
-    tokens = [t.token for t in c.tenants.values()] + ([c.token] if c.token else [])
-    yield not all(tokens) or len(set(tokens)) != len(tokens), "tokens must be non-empty and distinct"
-    yield any(t.quota_bytes is not None and t.quota_bytes < 0 for t in c.tenants.values()), "quotas must be >= 0"
-    yield not all(c.tenants), "tenant names must be non-empty"
-    yield DEFAULT_TENANT in c.tenants, f"tenant name {DEFAULT_TENANT!r} is reserved for the admin token (--token)"
-
-
-class Tenants:
-    """Bearer token -> tenant name (compared in constant time)."""
-
-    def __init__(self, config: FlashConfig) -> None:
-        self._tokens = [(f"Bearer {t.token}".encode(), name) for name, t in config.tenants.items()]
-        if config.token:
-            self._tokens.append((f"Bearer {config.token}".encode(), DEFAULT_TENANT))
-
-    @property
-    def required(self) -> bool:
-        """Whether requests must carry a tenant's token (else all are tenant "default")."""
-        return bool(self._tokens)
-
-    def of(self, request: web.Request) -> str:
-        if not self._tokens:
-            return DEFAULT_TENANT
-        given = request.headers.get("Authorization", "").encode()
-        found = [name for token, name in self._tokens if hmac.compare_digest(given, token)]
-        if not found:
-            raise Unauthorized("missing or unknown bearer token")
-        return found[0]
-
-    def middleware(self) -> Middleware:
-        @web.middleware
-        async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path not in PUBLIC_ROUTES:
-                self.of(request)
-            return await handler(request)
-
-        return authenticate
+    yield any(q < 0 for q in c.quotas.values()), "quotas must be >= 0"
+    yield not all(c.quotas), "tenant names must be non-empty"
 
 
 @dataclass
@@ -220,7 +182,6 @@ class FlashNode:
 
     def __init__(self, config: FlashConfig, *, blocks: BlockStore | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.tenants = Tenants(config)
         self.counters = Counters()
         self._given_blocks = blocks
         self._clock = clock
@@ -233,7 +194,6 @@ class FlashNode:
     async def open(self, stack: AsyncExitStack) -> None:
         self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack))
         c = self.config
-        quotas = {name: t.quota_bytes for name, t in c.tenants.items() if t.quota_bytes is not None}
         self.cache = await stack.enter_async_context(
             DiskCache(
                 c.dir,
@@ -241,7 +201,7 @@ class FlashNode:
                 min_free_ratio=c.min_free_ratio,
                 ttl_seconds=c.ttl_seconds,
                 hold_seconds=c.hold_seconds,
-                quotas=quotas,
+                quotas=c.quotas,
                 threads=c.threads,
                 name="l3",
                 clock=self._clock,
@@ -267,7 +227,7 @@ class FlashNode:
 
     async def get_chunk(self, request: web.Request) -> web.StreamResponse:
         ref = self._ref_of(request)
-        data, hit = await self.load(ref, self.tenants.of(request))
+        data, hit = await self.load(ref, check_grant(request, ref.block_id, ref.offset, ref.length).tenant)
         if hit:
             self.counters.hits += 1
         else:
@@ -276,7 +236,7 @@ class FlashNode:
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         ref = self._ref_of(request)
-        tenant = self.tenants.of(request)
+        tenant = check_grant(request, ref.block_id, ref.offset, ref.length).tenant
         pin_seconds = _seconds(request.query.get("pin_seconds", "0"))
         data = await _read_exact_body(request, ref.length)
         try:
@@ -329,14 +289,15 @@ class FlashNode:
     # --- hydrate --------------------------------------------------------------------------
 
     async def post_hydrate(self, request: web.Request) -> web.Response:
-        tenant = self.tenants.of(request)
         body = await read_body(request, HydrateRequest)
+        claims, auth = claims_of(request), request.app[AUTH_KEY]
         for ref in body.refs:
             self._check_size(validate_ref(ref))
+            auth.check_grant(claims, ref.grant, ref.block_id, ref.offset, ref.length)
         pin_seconds = self.config.pin_seconds if body.pin_seconds is None else body.pin_seconds
         if not 0 <= pin_seconds < float("inf"):  # nan compares false: refused too
             raise BadRequest(f"pin_seconds must be a finite number >= 0, got {pin_seconds}")
-        job = self._start_job(Job(list({r.key: r for r in body.refs}.values()), tenant, pin_seconds))
+        job = self._start_job(Job(list({r.key: r for r in body.refs}.values()), claims.tenant, pin_seconds))
         return reply(request, job.status(), status=202)
 
     async def get_hydrate(self, request: web.Request) -> web.Response:
@@ -408,13 +369,14 @@ class FlashNode:
     # --- observability --------------------------------------------------------------------
 
     async def stats(self, request: web.Request) -> web.Response:
-        """Everything for the admin (or when the node has no tenants); a tenant sees only
-        its own usage."""
-        tenant = self.tenants.of(request)
-        if tenant == DEFAULT_TENANT:
+        """Everything for an admin (or when the node has no auth); a tenant sees only its
+        own usage and quota."""
+        claims = claims_of(request)
+        if claims.admin:
             return web.json_response(self.snapshot())
+        tenant = claims.tenant
         usage = self.cache.tenant_usage().get(tenant, 0)
-        quota = self.config.tenants[tenant].quota_bytes
+        quota = self.config.quotas.get(tenant)
         return web.json_response({"tenant": tenant, "tenants": {tenant: usage}, "quota_bytes": quota})
 
     def snapshot(self) -> dict[str, object]:
@@ -460,19 +422,19 @@ def _seconds(raw: str) -> float:
 def make_app(
     config: FlashConfig,
     *,
+    auth: ServerAuth | None = None,
     blocks: BlockStore | None = None,
     clock: Callable[[], float] = time.monotonic,
     faults: FaultConfig | None = None,
     admin_token: str | None = None,
 ) -> web.Application:
-    """The flash node for ``config``.  ``blocks`` replaces the L4 replicas named by
+    """The flash node for ``config``; ``auth``: who may do what (default: anyone anything).
+    ``blocks`` replaces the L4 replicas named by
     ``config.block_urls`` (the caller keeps and closes it); ``clock`` drives the cache's TTL,
     hold and pins (tests); ``faults`` and ``admin_token``: see servers/_common/faults.py."""
     node = FlashNode(config, blocks=blocks, clock=clock)
-    app = base_app("blobsdk_flash", extensions=fault_extensions(faults, admin_token))
+    app = base_app("blobsdk_flash", auth, extensions=fault_extensions(faults, admin_token))
     app[FLASH_NODE] = node
-    if node.tenants.required:  # else it would let everything through: skip its hop
-        app.middlewares.append(node.tenants.middleware())
     _install(app, node)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -519,9 +481,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = config_of(args)
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
+        auth = auth_of_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    app = make_app(config, faults=faults, admin_token=args.admin_token)
+    app = make_app(config, auth=auth, faults=faults, admin_token=args.admin_token)
     serve(app, args.host, args.port, args.port_file, limits_of_args(args))
 
 
@@ -534,8 +497,7 @@ def config_of(args: argparse.Namespace) -> FlashConfig:
         hold_seconds=args.hold_seconds,
         ttl_seconds=args.ttl_seconds,
         min_free_ratio=args.min_free_ratio,
-        tenants=dict(parse_tenant(t) for t in args.tenant),
-        token=args.token,
+        quotas=dict(parse_quota(q) for q in args.quota),
         block_token=args.token if args.block_token is None else args.block_token,
         hydrate_concurrency=args.hydrate_concurrency,
         pin_seconds=args.pin_seconds,
@@ -543,16 +505,16 @@ def config_of(args: argparse.Namespace) -> FlashConfig:
     )
 
 
-def parse_tenant(spec: str) -> tuple[str, TenantConfig]:
-    """``NAME:TOKEN[:QUOTA_MB]`` (a token cannot contain ':')."""
-    parts = spec.split(":")
-    if len(parts) not in (2, 3) or not all(parts[:2]):
-        raise ValueError(f"--tenant {spec!r}: want NAME:TOKEN or NAME:TOKEN:QUOTA_MB")
+def parse_quota(spec: str) -> tuple[str, int]:
+    """``TENANT:MiB``."""
+    name, sep, mib = spec.rpartition(":")
     try:
-        quota = None if len(parts) == 2 else int(float(parts[2]) * MiB)
+        quota = int(float(mib) * MiB) if sep and name else -1
     except ValueError:
-        raise ValueError(f"--tenant {spec!r}: quota {parts[2]!r} is not a number of MiB") from None
-    return parts[0], TenantConfig(token=parts[1], quota_bytes=quota)
+        quota = -1
+    if not 0 <= quota < 1 << 62:
+        raise ValueError(f"--quota {spec!r}: want TENANT:MiB with a number of MiB >= 0")
+    return name, quota
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -578,13 +540,13 @@ def _parser() -> argparse.ArgumentParser:
         "--min-free-ratio", type=float, default=0.05, metavar="R", help="never fill the file system beyond 1 - R (default 0.05)"
     )
     parser.add_argument(
-        "--tenant",
+        "--quota",
         action="append",
         default=[],
-        metavar="NAME:TOKEN[:QUOTA_MB]",
-        help="a tenant, its bearer token and optional quota (repeatable)",
+        metavar="TENANT:MiB",
+        help="bytes a tenant's chunks may hold in this node's cache (repeatable; default: no quota)",
     )
-    parser.add_argument("--block-token", default=None, help="bearer token of the block servers (default: --token)")
+    parser.add_argument("--block-token", default=None, help="bearer token (an admin's) of the block servers (default: --token)")
     parser.add_argument("--hydrate-concurrency", type=int, default=8, metavar="N", help="L4 reads for hydrate jobs")
     parser.add_argument("--pin-seconds", type=float, default=600.0, metavar="S", help="default pin of hydrated chunks")
     parser.add_argument("--max-chunk-mb", type=float, default=64, metavar="N", help="largest chunk served (default 64)")

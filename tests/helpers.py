@@ -10,9 +10,14 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from blobsdk.auth import GRANT_HEADER, Keyring, new_claims
+from blobsdk.wire import ChunkRef
+from servers._common.auth import ServerAuth
 from servers._common.limits import ServerLimits, serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +67,36 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class Tenancy:
+    """A keyring, and the tokens and chunk grants a deployment would issue from it."""
+
+    def __init__(self, keyring: Keyring | None = None) -> None:
+        self.keyring = keyring or Keyring.generate()
+
+    def token(self, tenant: str, *buckets: str, admin: bool = False, ttl: float = 3600.0, now: float | None = None) -> str:
+        """A signed token of ``tenant`` for ``buckets`` (none given: every bucket)."""
+        return self.keyring.sign_token(new_claims(tenant, buckets or ("*",), ttl, admin=admin, now=now))
+
+    def granted(self, ref: ChunkRef, tenant: str, ttl: float = 900.0, now: float | None = None) -> ChunkRef:
+        """``ref`` with the grant the metadata API would give ``tenant`` for it."""
+        expires = int((time.time() if now is None else now) + ttl)
+        grant = self.keyring.sign_grant(tenant, ref.block_id, ref.offset, ref.length, expires)
+        return msgspec.structs.replace(ref, grant=grant)
+
+    def auth(self, token: str | None = None, **kwargs: Any) -> ServerAuth:
+        """Server auth with this keyring (and an optional static admin ``token``)."""
+        return ServerAuth(token, self.keyring, **kwargs)
+
+    def write_keys(self, path: Path) -> Path:
+        path.write_text(self.keyring.to_toml())
+        return path
+
+
+def auth_headers(token: str | None, ref: ChunkRef | None = None) -> dict[str, str]:
+    """The bearer token and, if ``ref`` carries one, its chunk grant."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if ref is not None and ref.grant:
+        headers[GRANT_HEADER] = ref.grant
+    return headers

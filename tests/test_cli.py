@@ -290,3 +290,59 @@ def test_scrub_verifies_every_block_and_exits_1_for_a_copy_it_cannot_repair(tmp_
         report = json.loads(bad.stdout)
         assert bad.returncode == 1 and (report["copies_bad"], report["copies_repaired"], report["blocks_unrepaired"]) == (1, 0, 1)
     assert block.read_bytes() == data
+
+
+# --- token ------------------------------------------------------------------------------
+
+
+def test_token_keygen_create_show_and_rotate(tmp_path):
+    keys = tmp_path / "keys.toml"
+    made = run("token", "keygen", str(keys))
+    assert made.returncode == 0 and b"keys k1; k1 signs from now on" in made.stderr
+    assert keys.stat().st_mode & 0o777 == 0o600  # a secret
+    token = run("token", "create", "--keys", str(keys), "--tenant", "acme", "--bucket", "train", "--ttl", "2h")
+    assert token.returncode == 0
+    old = token.stdout.decode().strip()
+    assert old.startswith("bst1.k1.")
+    claims = json.loads(run("token", "show", old, "--keys", str(keys)).stdout)
+    assert (claims["tenant"], claims["buckets"], claims["admin"], claims["expires"] - claims["not_before"]) == (
+        "acme",
+        ["train"],
+        False,
+        7200,
+    )
+    assert b"keys k1, k2; k2 signs from now on" in run("token", "keygen", str(keys)).stderr
+    new = run("token", "create", "--keys", str(keys), "--tenant", "ops", "--admin", "--ttl", "90s").stdout.decode().strip()
+    assert new.startswith("bst1.k2.") and json.loads(run("token", "show", new).stdout)["admin"] is True
+    assert run("token", "show", old, "--keys", str(keys)).returncode == 0  # still verifies after rotation
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["create", "--tenant", "a", "--bucket", "b", "--ttl", "1h"], 2, "the following arguments are required: --keys"),
+        (["create", "--keys", "K", "--tenant", "a", "--bucket", "b", "--ttl", "0"], 2, "must be a positive duration, got '0'"),
+        (["create", "--keys", "K", "--tenant", "a", "--bucket", "b", "--ttl", "1y"], 2, "not a duration: '1y'"),
+        (
+            ["create", "--keys", "K", "--tenant", "default", "--bucket", "b", "--ttl", "1h"],
+            2,
+            "reserved for a server's static --token",
+        ),
+        (
+            ["create", "--keys", "K", "--tenant", "a", "--ttl", "1h"],
+            2,
+            "a token needs at least one bucket ('*' for all) or admin",
+        ),
+        (["create", "--keys", "MISSING", "--tenant", "a", "--bucket", "b", "--ttl", "1h"], 2, "cannot read keyring"),
+        (["show", "not-a-token"], 2, "not a signed blobsdk token"),
+        (["show", "bst1.k1.AAAA.BBBB", "--keys", "K"], 1, "bearer token signature does not verify"),
+        (["keygen", "K", "--key-id", "k1"], 2, "key id 'k1' is already in the keyring"),
+    ],
+)
+def test_token_errors_are_one_line(tmp_path, args, code, message):
+    keys = tmp_path / "keys.toml"
+    assert run("token", "keygen", str(keys)).returncode == 0
+    argv = [str(keys) if a == "K" else str(tmp_path / "missing.toml") if a == "MISSING" else a for a in args]
+    result = run("token", *argv)
+    assert result.returncode == code
+    assert message in error_line(result)

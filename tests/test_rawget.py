@@ -40,6 +40,7 @@ from blobsdk.limiter import AdaptiveLimiter, LimiterConfig
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ErrorBody, encode
+from servers._common.auth import ServerAuth
 from servers.blockstore import make_app
 from tests.helpers import running_app
 
@@ -283,7 +284,7 @@ async def blockstore(tmp_path: Path) -> AsyncIterator[tuple[str, list[object], s
         peers.append(request.transport.get_extra_info("peername"))
         return await handler(request)
 
-    app = make_app(root, token="s3cret")
+    app = make_app(root, auth=ServerAuth("s3cret"))
     app.middlewares.insert(0, record_peer)
     async with running_app(app) as url:
         yield url, peers, block, data

@@ -31,7 +31,7 @@ class CountingBlocks(LocalBlockStore):
 
     reads = 0
 
-    async def read_into(self, block_id, offset, out, *, attempt=None):
+    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
         self.reads += 1
         await asyncio.sleep(0.01)  # long enough for concurrent readers to pile up
         await super().read_into(block_id, offset, out)

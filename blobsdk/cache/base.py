@@ -28,10 +28,11 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from .._ids import validate_hex32
+from ..auth import STATIC_TENANT
 
 Buffer = bytes | bytearray | memoryview
 
-DEFAULT_TENANT = "default"
+DEFAULT_TENANT = STATIC_TENANT  # whose entries a cache without tenants holds
 
 
 def validate_key(key: object) -> str:

@@ -1,6 +1,8 @@
 """The read-plan cache: an in-process TTL cache in front of any MetadataStore.
 
-Staleness rule: a plan served from the cache is at most ``ttl_seconds`` old.  This client's
+Staleness rule: a plan served from the cache is at most ``ttl_seconds`` old, and a plan
+whose chunk grants (blobsdk.auth) expire within ``GRANT_MARGIN_S`` is not served at all:
+the next read asks the store again, for fresh grants.  This client's
 own commits and deletes update the cache at once, so a client always reads its own writes;
 another client's write becomes visible here within ``ttl_seconds``.  Missing paths are not
 cached, so a blob created elsewhere is visible at once.  Chunk caches cannot be stale at all
@@ -19,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import cachetools
 
+from ..auth import GRANT_MARGIN_S
 from ..plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import MetadataStore
@@ -32,7 +35,8 @@ class CachedMetadataStore:
             raise ValueError(f"plan cache needs ttl_seconds >= 0 and max_entries >= 1, got {ttl_seconds}, {max_entries}")
         self.store = store
         self._enabled = ttl_seconds > 0
-        self._plans: cachetools.TTLCache[str, ReadPlan] = cachetools.TTLCache(max_entries, ttl_seconds or 1, timer=time.monotonic)
+        self._ttl = ttl_seconds
+        self._plans: cachetools.TLRUCache[str, ReadPlan] = cachetools.TLRUCache(max_entries, self._expiry, timer=time.monotonic)
         self.hits = 0
         self.misses = 0
 
@@ -96,9 +100,19 @@ class CachedMetadataStore:
     def _remember(self, plan: ReadPlan, path: str) -> ReadPlan:
         """Check a plan the store answered for ``path`` (CorruptData), cache and return it."""
         checked_plan(plan, path)
-        if self._enabled:
+        if self._enabled and self._expiry(path, plan, time.monotonic()) > time.monotonic():
             self._plans[path] = plan
+        else:
+            self._plans.pop(path, None)
         return plan
+
+    def _expiry(self, path: str, plan: ReadPlan, now: float) -> float:
+        """When (monotonic) the cached ``plan`` goes stale: after the TTL, or a margin
+        before its grants expire by this machine's wall clock."""
+        expires = now + self._ttl
+        if plan.grants_expire:
+            expires = min(expires, now + plan.grants_expire - GRANT_MARGIN_S - time.time())
+        return expires
 
     def invalidate(self, path: str | None = None) -> None:
         """Forget one path's plan, or every plan."""

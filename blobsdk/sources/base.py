@@ -56,7 +56,13 @@ class BlockStore(Protocol):
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None: ...
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None: ...
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
+        """Fill ``out`` with the bytes of ``block_id`` at ``offset``.  ``attempt``: the
+        hedged read this is one attempt of; ``grant``: the chunk grant for exactly these
+        bytes (blobsdk.auth), which a server with tenants wants."""
+        ...
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes: ...
 

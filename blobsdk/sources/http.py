@@ -17,6 +17,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
 from .._endpoint import Endpoint
+from ..auth import GRANT_HEADER
 from ..errors import BadRequest
 from ..hedge import Attempt
 from ..limiter import AdaptiveLimiter
@@ -60,11 +61,15 @@ class HttpBlockStore:
         async with self._http.request("PUT", _route(block_id), data=_PartsPayload(parts), headers=headers):
             pass  # 201: the server answers only once the block is durable
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
         view = memoryview(out).cast("B")
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}"}
+        if grant:
+            headers[GRANT_HEADER] = grant
         await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, attempt=attempt)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:

@@ -96,7 +96,9 @@ class LocalBlockStore:
         path = self.block_path(block_id)
         await self._run(_write_block_sync, path, parts, self._token)
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
         path = self._file_of(block_id)
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:

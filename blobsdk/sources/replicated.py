@@ -80,8 +80,10 @@ class ReplicatedBlockStore:
                 task.cancel()
             raise
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
-        await self._first_answer(block_id, lambda s: s.read_into(block_id, offset, out, attempt=attempt))
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
+        await self._first_answer(block_id, lambda s: s.read_into(block_id, offset, out, attempt=attempt, grant=grant))
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         return await self._first_answer(block_id, lambda s: s.read_range(block_id, offset, length))

@@ -26,6 +26,7 @@ import aiohttp
 import msgspec
 
 from .._endpoint import Endpoint
+from ..auth import GRANT_HEADER
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
@@ -174,7 +175,8 @@ class L3Tier(Closing):
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = memoryview(bytearray(ref.length))
-        headers = await self._nodes[url].get_into(route, buf, attempt=attempt)
+        grant = {GRANT_HEADER: ref.grant} if ref.grant else None
+        headers = await self._nodes[url].get_into(route, buf, headers=grant, attempt=attempt)
         return buf, headers.get(CACHE_HEADER.lower(), "")
 
     def _count_source(self, served_from: str) -> None:

@@ -123,7 +123,7 @@ class L4Tier(Closing):
         on ``skipped``; a bad one demotes its replica, a verified one restores it."""
         stored = bytearray(ref.length)
         try:
-            await replica.read_into(ref.block_id, ref.offset, memoryview(stored), attempt=attempt)
+            await replica.read_into(ref.block_id, ref.offset, memoryview(stored), attempt=attempt, grant=ref.grant)
             raw = await decode(ref, memoryview(stored))
         except _FAILOVER as exc:
             self._count(exc)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -16,7 +15,8 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, Unauthorized, UnsupportedEncoding
+from blobsdk.auth import CLOCK_SKEW_S, Keyring
+from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, UnsupportedEncoding
 from blobsdk.wire import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -28,14 +28,12 @@ from blobsdk.wire import (
     ErrorBody,
 )
 
+from .auth import ADMIN_FAULTS_ROUTE, AUTH_KEY, PUBLIC_ROUTES, Handler, ServerAuth
 from .limits import ServerLimits, serving
 
-T = TypeVar("T")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+__all__ = ("ADMIN_FAULTS_ROUTE", "PUBLIC_ROUTES", "Handler")
 
-ADMIN_FAULTS_ROUTE = "/admin/faults"
-# Not guarded by the data token (the fault admin route checks its own) and never faulted.
-PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", ADMIN_FAULTS_ROUTE})
+T = TypeVar("T")
 
 
 async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BODY_BYTES) -> T:
@@ -125,21 +123,6 @@ def refuse_encoded(request: web.Request) -> None:
         raise UnsupportedEncoding(f"request bodies with Content-Encoding {encoding!r} are not accepted; send them as they are")
 
 
-def auth_middleware(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Require ``Authorization: Bearer <token>`` on every route but /healthz and /metrics."""
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in PUBLIC_ROUTES:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                raise Unauthorized("missing or wrong bearer token")
-        return await handler(request)
-
-    return check
-
-
 class Metrics:
     """Request counters and latency sums per route and status, as Prometheus text."""
 
@@ -205,19 +188,21 @@ class AppExtension(Protocol):
 
 def base_app(
     server: str,
-    token: str | None = None,
+    auth: ServerAuth | None = None,
     client_max_size: int = MAX_BODY_BYTES,
     *,
     extensions: Sequence[AppExtension] = (),
 ) -> web.Application:
     """An Application with the shared middlewares, /healthz + /metrics routes and the
-    caller's ``extensions``."""
+    caller's ``extensions``; ``auth`` (default: none) checks every request's token."""
+    auth = ServerAuth() if auth is None else auth
     metrics = Metrics(server)
     middlewares: list[Middleware] = [metrics.middleware, *(e.middleware for e in extensions), errors_middleware]
-    if token:  # no token, no middleware: every request passes through each one
-        middlewares.append(auth_middleware(token))
+    if auth.required:  # no token, no middleware: every request passes through each one
+        middlewares.append(auth.middleware)
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app[METRICS_KEY] = metrics
+    app[AUTH_KEY] = auth
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics.handle)
     for extension in extensions:
@@ -229,7 +214,23 @@ def add_serve_args(parser: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
-    parser.add_argument("--token", default=None, help="require this bearer token (default: none)")
+    parser.add_argument(
+        "--token", default=None, help="accept this static bearer token as the admin of tenant 'default' (default: none)"
+    )
+    parser.add_argument(
+        "--keys",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="keyring file: accept signed tenant tokens and require chunk grants (blobsdk token keygen makes one)",
+    )
+    parser.add_argument(
+        "--clock-skew",
+        type=positive(float),
+        default=CLOCK_SKEW_S,
+        metavar="S",
+        help=f"accept tokens and grants S seconds before and after their validity (default {CLOCK_SKEW_S:g})",
+    )
     parser.add_argument(
         "--fault",
         action="append",
@@ -245,9 +246,16 @@ def add_serve_args(parser: Any) -> None:
     add_limit_args(parser)
 
 
+def auth_of_args(args: Any) -> ServerAuth:
+    """The ServerAuth of the ``--token``, ``--keys`` and ``--clock-skew`` flags; ValueError
+    for a bad keyring file."""
+    keyring = None if args.keys is None else Keyring.load(args.keys)
+    return ServerAuth(args.token, keyring, clock_skew=args.clock_skew)
+
+
 def add_limit_args(parser: Any) -> None:
     """The flags of :class:`ServerLimits` (read them with ``limits_of_args``)."""
-    seconds = {"type": _positive(float), "metavar": "S"}
+    seconds = {"type": positive(float), "metavar": "S"}
     parser.add_argument(
         "--header-timeout",
         default=HEADER_TIMEOUT_S,
@@ -262,14 +270,14 @@ def add_limit_args(parser: Any) -> None:
     )
     parser.add_argument(
         "--max-connections",
-        type=_positive(int),
+        type=positive(int),
         default=MAX_CONNECTIONS,
         metavar="N",
         help="refuse (503) connections past N open ones",
     )
 
 
-def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
+def positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     def parse(raw: str) -> T:
         value = kind(raw)
         if not value > 0:  # type: ignore[operator]

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 import blobsdk
@@ -34,7 +35,7 @@ from servers.cluster import (
     parse_cli,
     start_cluster,
 )
-from tests.helpers import ROOT
+from tests.helpers import ROOT, Tenancy
 
 START_TIMEOUT = 60.0
 
@@ -357,6 +358,25 @@ async def test_reads_survive_dead_block_servers_and_the_token_is_required(tmp_pa
             with pytest.raises(blobsdk.Unauthorized):
                 await client.stat("/bkt/0")
     assert all(p.popen.poll() is not None for p in cluster.processes)
+
+
+async def test_a_cluster_with_a_keyring_serves_tenants_their_buckets_only(tmp_path):
+    tenancy = Tenancy()
+    keys = tenancy.write_keys(tmp_path / "keys.toml")
+    async with start_cluster(tmp_path / "c", block_servers=2, l3_nodes=1, keys=keys) as cluster:
+        assert cluster.config.token  # the random static admin token the servers share
+        data = os.urandom(200_000)
+        async with blobsdk.Client(cluster.config) as admin:
+            await admin.put("/a/x", data)
+            await admin.put("/b/y", b"not for a")
+        tenant = msgspec.structs.replace(cluster.config, token=tenancy.token("t", "a"))
+        async with blobsdk.Client(tenant) as client:
+            assert await client.get("/a/x") == data
+            with pytest.raises(blobsdk.Forbidden, match="may not use bucket 'b'"):
+                await client.get("/b/y")
+        async with blobsdk.Client(tenant) as client:  # cold: the L3 node serves it under the grants
+            assert await client.get("/a/x") == data
+            assert client.stats()["l3"]["hits"] > 0 and client.stats()["l4"]["hits"] == 0
 
 
 def test_a_server_that_fails_to_start_stops_the_others(tmp_path):

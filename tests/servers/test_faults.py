@@ -28,6 +28,7 @@ from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import JSON, ErrorBody, GetPlansRequest, encode
 from servers import api, blockstore, flash
+from servers._common.auth import ServerAuth
 from servers._common.faults import (
     FAULTS_KEY,
     FaultConfig,
@@ -41,7 +42,7 @@ from servers._common.faults import (
 )
 from servers._common.http import METRICS_KEY
 from servers.cluster import KINDS, _common_args, parse_args, start_cluster
-from tests.helpers import ROOT, running_app, server_process
+from tests.helpers import ROOT, Tenancy, running_app, server_process
 
 ADMIN = "admin-s3cret"
 BLOCK = bytes(range(256)) * 40  # 10,240 bytes
@@ -377,7 +378,7 @@ async def test_admin_endpoint_is_not_mounted_without_its_token(tmp_path: Path) -
 
 
 async def test_admin_token_and_data_token_are_separate(tmp_path: Path) -> None:
-    app = blockstore.make_app(tmp_path / "blocks", token="data-token", admin_token=ADMIN)
+    app = blockstore.make_app(tmp_path / "blocks", auth=ServerAuth("data-token"), admin_token=ADMIN)
     async with aiohttp.ClientSession() as session, running_app(app) as url:
         assert (await get(session, f"{url}/admin/faults", headers={"Authorization": f"Bearer {ADMIN}"}))[0] == 200
         assert (await get(session, f"{url}/admin/faults", headers={"Authorization": "Bearer data-token"}))[0] == 401
@@ -389,12 +390,12 @@ async def test_flash_node_takes_faults_and_its_tenants_do_not_guard_admin(tmp_pa
         dir=str(tmp_path / "l3"),
         block_urls=("http://127.0.0.1:9",),
         capacity_bytes=1 << 20,
-        tenants={"t": flash.TenantConfig(token="tenant-token")},
     )
     faults = FaultConfig(rules=(FaultRule(route="/v1/hydrate", error_rate=1.0),))
-    tenant = {"Authorization": "Bearer tenant-token"}
+    tenancy = Tenancy()
+    tenant = {"Authorization": f"Bearer {tenancy.token('t')}"}
     async with LocalBlockStore(tmp_path / "l4") as l4, aiohttp.ClientSession() as session:
-        app = flash.make_app(config, blocks=l4, faults=faults, admin_token=ADMIN)
+        app = flash.make_app(config, auth=tenancy.auth(), blocks=l4, faults=faults, admin_token=ADMIN)
         async with running_app(app) as url:
             async with session.post(f"{url}/v1/hydrate", json={"refs": []}, headers=tenant) as resp:
                 assert resp.status == 503

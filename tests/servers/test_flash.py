@@ -22,8 +22,9 @@ from blobsdk.hedge import Attempt
 from blobsdk.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.wire import CACHE_HEADER, JSON, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
-from servers.flash import FLASH_NODE, FlashConfig, FlashNode, TenantConfig, make_app
-from tests.helpers import ROOT, running_app, server_process
+from servers._common.auth import ServerAuth
+from servers.flash import FLASH_NODE, FlashConfig, FlashNode, make_app
+from tests.helpers import ROOT, Tenancy, auth_headers, running_app, server_process
 from tests.tiers.test_l4 import Replicas, pack
 
 CHUNK = 10_000
@@ -54,7 +55,9 @@ class CountingStore:
     def replicas(self) -> tuple[CountingStore]:
         return (self,)
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
         self.reads += 1
         await self.gate.wait()
         await self.inner.read_into(block_id, offset, out)
@@ -88,8 +91,9 @@ class Env(Replicas):
         **config: Any,
     ) -> tuple[str, FlashNode]:
         config.setdefault("capacity_bytes", 64 << 20)
+        auth = config.pop("auth", None)
         cfg = FlashConfig(dir=str(self.tmp / name), block_urls=tuple(self.urls), **config)
-        app = make_app(cfg, blocks=blocks, clock=clock)
+        app = make_app(cfg, auth=auth, blocks=blocks, clock=clock)
         url = await (stack or self.stack).enter_async_context(running_app(app))
         return url, app[FLASH_NODE]
 
@@ -97,23 +101,27 @@ class Env(Replicas):
         self, url: str, ref: ChunkRef, token: str | None = None, key: str | None = None
     ) -> tuple[int, str | None, bytes]:
         route = f"{url}/v1/chunks/{key or ref.key}?{chunk_query(ref)}"
-        async with self.session.get(route, headers=_auth(token)) as resp:
+        async with self.session.get(route, headers=auth_headers(token, ref)) as resp:
             return resp.status, resp.headers.get(CACHE_HEADER), await resp.read()
 
     async def put(self, url: str, ref: ChunkRef, body: bytes, token: str | None = None, pin: float = 0) -> tuple[int, bytes]:
         route = f"{url}/v1/chunks/{ref.key}?{chunk_query(ref)}&pin_seconds={pin}"
-        async with self.session.put(route, data=body, headers=_auth(token)) as resp:
+        async with self.session.put(route, data=body, headers=auth_headers(token, ref)) as resp:
             return resp.status, await resp.read()
 
     async def hydrate(self, url: str, refs: list[ChunkRef], token: str | None = None, **extra: Any) -> HydrateStatus:
+        status, body = await self.post_hydrate(url, refs, token, **extra)
+        assert status == 202, body
+        return msgspec.json.decode(body, type=HydrateStatus)
+
+    async def post_hydrate(self, url: str, refs: list[ChunkRef], token: str | None = None, **extra: Any) -> tuple[int, bytes]:
         body = msgspec.json.encode(HydrateRequest(refs=refs, **extra))
-        headers = {**_auth(token), "Content-Type": JSON, "Accept": JSON}
+        headers = {**auth_headers(token), "Content-Type": JSON, "Accept": JSON}
         async with self.session.post(f"{url}/v1/hydrate", data=body, headers=headers) as resp:
-            assert resp.status == 202, await resp.text()
-            return msgspec.json.decode(await resp.read(), type=HydrateStatus)
+            return resp.status, await resp.read()
 
     async def status(self, url: str, job_id: str, token: str | None = None, method: str = "GET") -> HydrateStatus:
-        async with self.session.request(method, f"{url}/v1/hydrate/{job_id}", headers=_auth(token)) as resp:
+        async with self.session.request(method, f"{url}/v1/hydrate/{job_id}", headers=auth_headers(token)) as resp:
             assert resp.status == 200, await resp.read()
             return msgspec.msgpack.decode(await resp.read(), type=HydrateStatus)
 
@@ -126,13 +134,9 @@ class Env(Replicas):
         raise AssertionError(f"hydrate job {job_id} did not finish: {status}")
 
     async def stats(self, url: str, token: str | None = None) -> dict[str, Any]:
-        async with self.session.get(f"{url}/stats", headers=_auth(token)) as resp:
+        async with self.session.get(f"{url}/stats", headers=auth_headers(token)) as resp:
             assert resp.status == 200
             return await resp.json()
-
-
-def _auth(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def code_of(body: bytes) -> str:
@@ -288,49 +292,113 @@ async def test_put_stores_verified_bytes_only(env: Env) -> None:
 
 # --- tenants and quotas -------------------------------------------------------------------
 
-TENANTS = {"a": TenantConfig(token="tok-a", quota_bytes=2 * CHUNK + CHUNK // 2), "b": TenantConfig(token="tok-b")}
+TENANCY = Tenancy()
+QUOTAS = {"a": 2 * CHUNK + CHUNK // 2}
+TOK_A, TOK_B, ADMIN = TENANCY.token("a"), TENANCY.token("b"), TENANCY.token("ops", admin=True)
 
 
-async def test_tokens_name_tenants_and_unknown_tokens_are_401(env: Env) -> None:
+def for_a(ref: ChunkRef) -> ChunkRef:
+    return TENANCY.granted(ref, "a")
+
+
+def for_b(ref: ChunkRef) -> ChunkRef:
+    return TENANCY.granted(ref, "b")
+
+
+async def tenant_node(env: Env, **config: Any) -> tuple[str, FlashNode]:
+    return await env.node(auth=TENANCY.auth(), quotas=QUOTAS, **config)
+
+
+async def test_bad_tokens_are_401_and_every_bad_grant_is_403(env: Env) -> None:
     (ref,) = await chunks(env, 1)
-    url, _ = await env.node(tenants=TENANTS, token="admin")
-    for token in (None, "nope"):
-        status, _, body = await env.get(url, ref, token)
-        assert (status, code_of(body)) == (401, "unauthorized")
-    for token in ("tok-a", "tok-b", "admin"):
-        assert (await env.get(url, ref, token))[0] == 200
+    url, _ = await tenant_node(env)
+    now = time.time()
+    other = Tenancy()
+    for token in (None, "nope", other.token("a"), TENANCY.token("a", ttl=60, now=now - 200), TOK_A[:-2] + "xx"):
+        status, _, body = await env.get(url, for_a(ref), token)
+        assert (status, code_of(body)) == (401, "unauthorized"), token
+    wrong_range = msgspec.structs.replace(ref, grant=TENANCY.granted(msgspec.structs.replace(ref, offset=1), "a").grant)
+    for bad in (ref, for_b(ref), wrong_range, TENANCY.granted(ref, "a", ttl=10, now=now - 100)):
+        status, _, body = await env.get(url, bad, TOK_A)
+        assert (status, code_of(body)) == (403, "forbidden"), bad.grant
+    assert (await env.get(url, for_a(ref), TOK_A))[:2] == (200, "miss")
+    assert (await env.get(url, ref, ADMIN))[:2] == (200, "hit")  # an admin needs no grant
     async with env.session.get(f"{url}/healthz") as resp:
         assert resp.status == 200
     async with env.session.get(f"{url}/stats") as resp:
         assert resp.status == 401
-    assert (await env.stats(url, "admin"))["tenants"].get("a") == CHUNK
+
+
+async def test_put_and_hydrate_need_a_grant_for_each_chunk(env: Env) -> None:
+    refs = await chunks(env, 2)
+    url, node = await tenant_node(env)
+    stored = await env.blocks.read_range(refs[0].block_id, refs[0].offset, refs[0].length)
+    status, body = await env.put(url, for_b(refs[0]), stored, TOK_A)
+    assert (status, code_of(body)) == (403, "forbidden")
+    status, body = await env.post_hydrate(url, [for_a(refs[0]), refs[1]], TOK_A)
+    assert (status, msgspec.json.decode(body)["code"]) == (403, "forbidden")
+    assert node.running_jobs() == 0 and not node.cache.contains(refs[0].key)
+    job = await env.finished(url, (await env.hydrate(url, [for_a(r) for r in refs], TOK_A)).job_id, TOK_A)
+    assert (job.state, job.done) == ("done", 2)
 
 
 async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> None:
     refs = await chunks(env, 6)
-    url, node = await env.node(tenants=TENANTS, token="admin")  # /stats in full: the admin only
+    url, node = await tenant_node(env)
     stored = [await env.blocks.read_range(r.block_id, r.offset, r.length) for r in refs]
-    assert [(await env.put(url, refs[i], stored[i], "tok-a", pin=600))[0] for i in (0, 1)] == [201, 201]
-    status, body = await env.put(url, refs[2], stored[2], "tok-a", pin=600)
+    assert [(await env.put(url, for_a(refs[i]), stored[i], TOK_A, pin=600))[0] for i in (0, 1)] == [201, 201]
+    status, body = await env.put(url, for_a(refs[2]), stored[2], TOK_A, pin=600)
     assert (status, code_of(body)) == (429, "quota_exceeded")
-    assert (await env.put(url, refs[3], stored[3], "tok-b"))[0] == 201
+    assert (await env.put(url, for_b(refs[3]), stored[3], TOK_B))[0] == 201
     # A read-through for the tenant over quota is served, not stored, and counted.
-    assert (await env.get(url, refs[4], "tok-a"))[:2] == (200, "miss")
-    assert (await env.get(url, refs[4], "tok-a"))[:2] == (200, "miss")
-    assert (await env.stats(url, "admin"))["requests"]["quota_rejections"] == 2
-    job = await env.finished(url, (await env.hydrate(url, [refs[5]], "tok-a")).job_id, "tok-a")
+    assert (await env.get(url, for_a(refs[4]), TOK_A))[:2] == (200, "miss")
+    assert (await env.get(url, for_a(refs[4]), TOK_A))[:2] == (200, "miss")
+    assert (await env.stats(url, ADMIN))["requests"]["quota_rejections"] == 2
+    job = await env.finished(url, (await env.hydrate(url, [for_a(refs[5])], TOK_A)).job_id, TOK_A)
     assert (job.state, job.failed) == ("failed", 1) and "QuotaExceeded" in job.errors[0]
     assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
 
 
 async def test_a_tenant_over_quota_evicts_its_own_unpinned_data(env: Env) -> None:
     refs = await chunks(env, 4)
-    url, node = await env.node(tenants=TENANTS)
-    await env.get(url, refs[0], "tok-b")
+    url, node = await tenant_node(env)
+    await env.get(url, for_b(refs[0]), TOK_B)
     for ref in refs[1:]:
-        assert (await env.get(url, ref, "tok-a"))[:2] == (200, "miss")
+        assert (await env.get(url, for_a(ref), TOK_A))[:2] == (200, "miss")
     assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
     assert node.cache.contains(refs[0].key) and not node.cache.contains(refs[1].key)
+
+
+async def test_a_tenant_cannot_store_its_own_bytes_under_a_real_chunks_key(env: Env) -> None:
+    """B PUTs bytes of its own for a real block span it may read, with their checksum: that
+    names another key, so A's read of the real chunk never sees B's bytes (issue 9)."""
+    (ref,) = await chunks(env, 1)
+    url, _ = await tenant_node(env)
+    forged_bytes = b"x" * ref.length
+    forged = msgspec.structs.replace(ref, checksum=xxhash.xxh3_64_intdigest(forged_bytes), codec="none", raw_length=ref.length)
+    assert forged.key != ref.key
+    assert (await env.put(url, for_b(forged), forged_bytes, TOK_B))[0] == 201
+    status, source, body = await env.get(url, for_a(ref), TOK_A)
+    assert (status, source) == (200, "miss") and bytes(decode_chunk(ref, memoryview(body))) != forged_bytes
+    status, _, body = await env.get(url, for_a(forged), TOK_A, key=ref.key)  # the forged ref under the real key
+    assert (status, code_of(body)) == (400, "bad_request")
+
+
+async def test_a_tenant_sees_only_its_own_usage_in_stats(env: Env) -> None:
+    refs = await chunks(env, 2)
+    url, _ = await tenant_node(env)
+    await env.get(url, for_a(refs[0]), TOK_A)
+    await env.get(url, for_b(refs[1]), TOK_B)
+    assert await env.stats(url, TOK_A) == {"tenant": "a", "tenants": {"a": CHUNK}, "quota_bytes": QUOTAS["a"]}
+    assert await env.stats(url, TOK_B) == {"tenant": "b", "tenants": {"b": CHUNK}, "quota_bytes": None}
+    assert (await env.stats(url, ADMIN))["tenants"] == {"a": CHUNK, "b": CHUNK}
+
+
+async def test_a_static_token_is_the_admin_and_passes_without_grants(env: Env) -> None:
+    (ref,) = await chunks(env, 1)
+    url, _ = await env.node(auth=TENANCY.auth("node-secret"))
+    assert (await env.get(url, ref, "node-secret"))[:2] == (200, "miss")
+    assert "cache" in await env.stats(url, "node-secret")
 
 
 # --- hydrate ------------------------------------------------------------------------------
@@ -418,7 +486,7 @@ async def test_invalid_hydrate_bodies_are_400(env: Env) -> None:
 
 async def test_metrics_and_healthz(env: Env) -> None:
     (ref,) = await chunks(env, 1)
-    url, _ = await env.node(token="t0k")
+    url, _ = await env.node(auth=ServerAuth("t0k"))
     await env.get(url, ref, "t0k")
     async with env.session.get(f"{url}/metrics") as resp:
         text = await resp.text()
@@ -442,8 +510,8 @@ def test_config_rejects_invalid_settings(tmp_path: Path) -> None:
         {"ttl_seconds": 0.0},
         {"min_free_ratio": 1.0},
         {"hydrate_concurrency": 0},
-        {"tenants": {"a": TenantConfig(token="x"), "b": TenantConfig(token="x")}},
-        {"token": "x", "tenants": {"a": TenantConfig(token="x")}},
+        {"quotas": {"a": -1}},
+        {"quotas": {"": 1}},
         {"hold_seconds": -1.0},
     ):
         with pytest.raises(ValueError):
@@ -460,14 +528,25 @@ def _run(*args: str) -> subprocess.CompletedProcess[bytes]:
 def test_help_and_invalid_flags(tmp_path: Path) -> None:
     done = _run("--help")
     assert done.returncode == 0
-    for flag in (b"--dir", b"--block-url", b"--capacity-mb", b"--hold-seconds", b"--ttl-seconds", b"--tenant", b"--token"):
+    for flag in (
+        b"--dir",
+        b"--block-url",
+        b"--capacity-mb",
+        b"--hold-seconds",
+        b"--ttl-seconds",
+        b"--quota",
+        b"--keys",
+        b"--token",
+    ):
         assert flag in done.stdout
     base = ["--dir", str(tmp_path), "--block-url", "http://127.0.0.1:9"]
     for bad in (
         ["--dir", str(tmp_path)],
-        [*base, "--tenant", "nocolon"],
+        [*base, "--quota", "nocolon"],
         [*base, "--capacity-mb", "0"],
-        [*base, "--tenant", "a:t:lots"],
+        [*base, "--quota", "a:lots"],
+        [*base, "--quota", "a:-1"],
+        [*base, "--keys", str(tmp_path / "missing.toml")],
         [*base, "--min-free-ratio", "2"],
     ):
         done = _run(*bad)
@@ -481,45 +560,19 @@ async def test_as_a_process_it_reads_through_and_checks_tenants(env: Env, tmp_pa
         str(tmp_path / "proc"),
         "--capacity-mb",
         "1",
-        "--tenant",
-        "a:tok-a:0.5",
+        "--quota",
+        "a:0.5",
+        "--keys",
+        str(TENANCY.write_keys(tmp_path / "keys.toml")),
         *[a for u in env.urls for a in ("--block-url", u)],
     ]
     with server_process("servers.flash", *args, tmp=tmp_path) as (url, _):
-        assert (await env.get(url, ref))[0] == 401
+        assert (await env.get(url, for_a(ref)))[0] == 401
+        assert (await env.get(url, ref, TOK_A))[0] == 403
         for source in ("miss", "hit"):
-            status, got, body = await env.get(url, ref, "tok-a")
+            status, got, body = await env.get(url, for_a(ref), TOK_A)
             assert (status, got) == (200, source)
             decode_chunk(ref, memoryview(body))
-
-
-async def test_a_tenant_cannot_store_its_own_bytes_under_a_real_chunks_key(env: Env) -> None:
-    """B PUTs bytes of its own for a real block span, with their checksum: that names another
-    key, so A's read of the real chunk never sees B's bytes (issue 9)."""
-    (ref,) = await chunks(env, 1)
-    url, _ = await env.node(tenants=TENANTS)
-    forged_bytes = b"x" * ref.length
-    forged = msgspec.structs.replace(ref, checksum=xxhash.xxh3_64_intdigest(forged_bytes), codec="none", raw_length=ref.length)
-    assert forged.key != ref.key
-    assert (await env.put(url, forged, forged_bytes, "tok-b"))[0] == 201
-    status, source, body = await env.get(url, ref, "tok-a")
-    assert (status, source) == (200, "miss") and bytes(decode_chunk(ref, memoryview(body))) != forged_bytes
-    status, _, body = await env.get(url, forged, "tok-a", key=ref.key)  # the forged ref under the real key
-    assert (status, code_of(body)) == (400, "bad_request")
-
-
-async def test_a_tenant_sees_only_its_own_usage_in_stats(env: Env) -> None:
-    refs = await chunks(env, 2)
-    url, _ = await env.node(tenants=TENANTS, token="admin")
-    await env.get(url, refs[0], "tok-a")
-    await env.get(url, refs[1], "tok-b")
-    assert await env.stats(url, "tok-a") == {"tenant": "a", "tenants": {"a": CHUNK}, "quota_bytes": TENANTS["a"].quota_bytes}
-    assert (await env.stats(url, "admin"))["tenants"] == {"a": CHUNK, "b": CHUNK}
-
-
-def test_the_admin_tenant_name_is_reserved(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"tenant name 'default' is reserved for the admin token \(--token\)"):
-        FlashConfig(dir=str(tmp_path), block_urls=("http://b",), capacity_bytes=1, tenants={"default": TenantConfig(token="t")})
 
 
 @pytest.mark.parametrize("pin", [-1.0, float("nan"), float("inf")])

@@ -58,14 +58,17 @@ from blobsdk.writer import encode_chunk
 from servers import api as api_server
 from servers import blockstore as block_server
 from servers import flash as flash_server
+from servers._common.auth import ServerAuth
 from servers._common.limits import ServerLimits
-from tests.helpers import running_app
+from tests.helpers import Tenancy, running_app
 from tests.metadata.conformance import make_plan
 
 LIMITS = ServerLimits(body_timeout=0.5, header_timeout=2.0)  # a body that never comes costs 0.5 s
 REPLY_TIMEOUT_S = 10.0
 MAX_BLOCK = 64 << 10
-API_TOKEN, BLOCK_TOKEN, ADMIN_TOKEN, TENANT_TOKEN = "api-token", "block-token", "admin-token", "tenant-token"
+API_TOKEN, BLOCK_TOKEN, ADMIN_TOKEN = "api-token", "block-token", "admin-token"
+TENANCY = Tenancy()  # the API and the flash node also take signed tenant tokens
+TENANT_TOKEN = TENANCY.token("t1", "b", ttl=1e6)
 FUZZ = settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 MALFORMED = settings(FUZZ, max_examples=40)
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n"
@@ -481,7 +484,7 @@ def api(loop: Loop, tmp_path_factory: pytest.TempPathFactory) -> Server:
     store = SqliteMetadataStore(tmp_path_factory.mktemp("fuzz_api") / "meta.sqlite")
     for path in API_SEEDED:
         loop.run(store.commit(path, make_plan(path, size=20)))
-    port = loop.run(serve(loop, api_server.make_app(store, API_TOKEN)))
+    port = loop.run(serve(loop, api_server.make_app(store, TENANCY.auth(API_TOKEN))))
 
     async def plans_stored() -> list[object]:
         found, cursor = [], None
@@ -498,7 +501,7 @@ def api(loop: Loop, tmp_path_factory: pytest.TempPathFactory) -> Server:
 @by_route(API_ROUTES)
 @given(data=st.data())
 def test_api_survives_any_request(api: Server, route: Route, data: st.DataObject) -> None:
-    api.check(data.draw(requests(route, [API_TOKEN])))
+    api.check(data.draw(requests(route, [API_TOKEN, TENANT_TOKEN])))
 
 
 @MALFORMED
@@ -550,7 +553,7 @@ def blocks(loop: Loop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
     tmp = tmp_path_factory.mktemp("fuzz_blocks")
     (tmp / "outside").write_bytes(b"not a block")  # a path escaping the root would reach it
     loop.run(_write_blocks(tmp / "root", BLOCK_SEEDED))
-    app = block_server.make_app(tmp / "root", token=BLOCK_TOKEN, max_block_bytes=MAX_BLOCK)
+    app = block_server.make_app(tmp / "root", auth=ServerAuth(BLOCK_TOKEN), max_block_bytes=MAX_BLOCK)
 
     async def files() -> list[tuple[str, int]]:
         return files_under(tmp)
@@ -682,18 +685,17 @@ FLASH_VALID = st.builds(
 def flash(loop: Loop, tmp_path_factory: pytest.TempPathFactory) -> Server:
     tmp = tmp_path_factory.mktemp("fuzz_flash")
     loop.run(_write_blocks(tmp / "l4", {SEEDED[0][0].block_id: b"".join(payload for _, payload in SEEDED)}))
-    l4_port = loop.run(serve(loop, block_server.make_app(tmp / "l4", token=BLOCK_TOKEN)))
+    l4_port = loop.run(serve(loop, block_server.make_app(tmp / "l4", auth=ServerAuth(BLOCK_TOKEN))))
     config = flash_server.FlashConfig(
         dir=str(tmp / "flash"),
         block_urls=(f"http://127.0.0.1:{l4_port}",),
         block_token=BLOCK_TOKEN,
-        token=ADMIN_TOKEN,
-        tenants={"t1": flash_server.TenantConfig(token=TENANT_TOKEN, quota_bytes=QUOTA)},
+        quotas={"t1": QUOTA},
         capacity_bytes=96 << 10,
         max_chunk_bytes=1 << 20,
         max_jobs=4,
     )
-    app = flash_server.make_app(config)
+    app = flash_server.make_app(config, auth=TENANCY.auth(ADMIN_TOKEN))
     port = loop.run(serve(loop, app))
     node = app[flash_server.FLASH_NODE]
 

@@ -206,7 +206,9 @@ class HeldWrites:
         await self.gate.wait()
         await self.inner.write_block(block_id, parts)
 
-    async def read_into(self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None) -> None:
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
         await self.inner.read_into(block_id, offset, out, attempt=attempt)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:

@@ -18,9 +18,9 @@ from blobsdk.placement import rank
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l3 import HydrateJob, L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
-from servers.flash import FlashNode, TenantConfig
+from servers.flash import FlashNode
 from tests.helpers import running_app
-from tests.servers.test_flash import CHUNK, Env, FakeClock, chunks
+from tests.servers.test_flash import CHUNK, TENANCY, TOK_A, Env, FakeClock, chunks, for_a
 from tests.tiers.test_l4 import decode, pack
 
 
@@ -138,13 +138,26 @@ async def test_all_nodes_down_misses_at_once_once_they_are_marked(env: Env) -> N
             release.set()  # else the servers wait for their hanging handlers on shutdown
 
 
-async def test_a_wrong_token_is_a_miss_not_an_error_for_the_reader(env: Env) -> None:
+async def test_a_tenant_sends_its_grants_and_a_refused_read_is_a_miss_not_an_error(env: Env) -> None:
     (ref,) = await chunks(env, 1)
-    nodes = await flash_nodes(env, 1, tenants={"a": TenantConfig(token="tok-a")})
-    assert await L3Tier(env.session, list(nodes), token="tok-a").fetch(ref, decode) is not None
+    nodes = await flash_nodes(env, 1, auth=TENANCY.auth())
+    tier = L3Tier(env.session, list(nodes), token=TOK_A)
+    assert await tier.fetch(for_a(ref), decode) is not None
+    assert await tier.fetch(ref, decode) is None  # no grant: 403
     wrong = L3Tier(env.session, list(nodes), token="nope")
-    assert await wrong.fetch(ref, decode) is None
-    assert (wrong.stats.errors, wrong.extra_stats()["nodes_down"]) == (1, 0)  # the node itself is fine
+    assert await wrong.fetch(for_a(ref), decode) is None  # 401
+    for t in (tier, wrong):
+        assert (t.stats.errors, t.extra_stats()["nodes_down"]) == (1, 0)  # the node itself is fine
+
+
+async def test_a_tenant_hydrates_with_its_grants(env: Env) -> None:
+    refs = await chunks(env, 2)
+    nodes = await flash_nodes(env, 1, auth=TENANCY.auth())
+    tier = L3Tier(env.session, list(nodes), token=TOK_A, replicas=1)
+    (status,) = await tier.wait_hydrated(await tier.hydrate([for_a(r) for r in refs]), poll_seconds=0.01)
+    assert (status.state, status.done) == ("done", 2)
+    (refused,) = await tier.hydrate(refs)  # without grants
+    assert refused.job_id is None and "Forbidden: a chunk grant (header X-Blobsdk-Grant) is needed" in (refused.error or "")
 
 
 async def test_hydrate_fills_every_replica_and_reports_progress(env: Env) -> None:

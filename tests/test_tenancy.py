@@ -1,0 +1,205 @@
+"""Tenants end to end (issue 9, finding 3): a metadata API, two block servers and an L3
+node sharing one keyring, in this loop, used through the real client with signed tokens."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+
+import blobsdk
+from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
+from blobsdk.errors import Forbidden, Unauthorized
+from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.http import HttpBlockStore
+from servers import api, blockstore, flash
+from tests.helpers import Tenancy, running_app
+
+SERVICE = "service-secret"  # the static admin token the servers use among themselves
+SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skew
+
+
+@dataclass
+class Deployment:
+    tenancy: Tenancy
+    api_url: str
+    block_urls: list[str]
+    l3_url: str
+    data_clock: Clock  # the block servers' and the node's clock
+
+    def config(self, token: str | None, **kw: object) -> ClientConfig:
+        return ClientConfig(
+            api_url=self.api_url,
+            block_urls=tuple(self.block_urls),
+            l3_urls=(self.l3_url,),
+            token=token,
+            write=SMALL,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def client(self, token: str | None, **kw: object) -> blobsdk.Client:
+        return blobsdk.Client(self.config(token, **kw))
+
+
+@pytest.fixture
+async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+    tenancy, clock = Tenancy(), Clock()
+    async with AsyncExitStack() as stack:
+        serve = stack.enter_async_context
+        meta = api.make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"), tenancy.auth())
+        api_url = await serve(running_app(meta))
+        blocks = [
+            await serve(running_app(blockstore.make_app(tmp_path / f"b{i}", auth=tenancy.auth(SERVICE, clock=clock))))
+            for i in range(2)
+        ]
+        node = flash.FlashConfig(dir=str(tmp_path / "l3"), block_urls=tuple(blocks), capacity_bytes=64 << 20, block_token=SERVICE)
+        l3_url = await serve(running_app(flash.make_app(node, auth=tenancy.auth(clock=clock))))
+        yield Deployment(tenancy, api_url, blocks, l3_url, clock)
+
+
+async def test_a_tenant_reads_and_writes_its_buckets_through_every_tier(deployment: Deployment) -> None:
+    d = deployment
+    data = os.urandom(300_000)
+    async with d.client(d.tenancy.token("acme", "train")) as c:
+        await c.put("/train/a.bin", data)
+        assert await c.get("/train/a.bin") == data
+    async with d.client(d.tenancy.token("acme", "train"), read=ReadConfig(plan_cache_ttl_seconds=0)) as c:
+        assert await c.get("/train/a.bin") == data  # a cold client: served by L3 under grants
+        stats = c.stats()
+        assert stats["l3"]["hits"] == 5 and stats["l4"]["hits"] == 0
+        assert [i.path async for i in c.list("/train/")] == ["/train/a.bin"]
+        assert (await c.stat("/train/a.bin")).size == len(data)
+        await c.delete("/train/a.bin")
+
+
+async def test_a_tenant_cannot_touch_another_bucket(deployment: Deployment) -> None:
+    d = deployment
+    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
+        await admin.put("/eval/secret.bin", b"s" * 1000)
+        await admin.put("/trainer/x.bin", b"t" * 10)  # "/train" is a string prefix of it
+    async with d.client(d.tenancy.token("acme", "train")) as c:
+        await c.put("/train/ok.bin", b"ok")
+        message = "tenant 'acme' may not use bucket 'eval'"
+        for call in (
+            c.get("/eval/secret.bin"),
+            c.stat("/eval/secret.bin"),
+            c.put("/eval/new.bin", b"x"),
+            c.delete("/eval/secret.bin"),
+        ):
+            with pytest.raises(Forbidden, match=message):
+                await call
+        with pytest.raises(Forbidden, match="may list only inside its buckets, not '/'"):
+            [i async for i in c.list("/")]
+        assert [i.path async for i in c.list("/train")] == ["/train/ok.bin"]  # not /trainer/x.bin
+        with pytest.raises(Forbidden, match="needs an admin token"):
+            await c.gc()
+    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
+        assert await admin.get("/eval/secret.bin") == b"s" * 1000  # untouched
+
+
+async def test_plans_carry_grants_for_their_tenant_and_the_store_keeps_none(deployment: Deployment) -> None:
+    d = deployment
+    token = d.tenancy.token("acme", "train", ttl=600)
+    async with aiohttp.ClientSession() as session:
+        async with d.client(token) as c:
+            await c.put("/train/a.bin", os.urandom(100_000))
+        store = HttpMetadataStore(session, d.api_url, token)
+        plan = await store.get_plan("/train/a.bin")
+        assert plan.grants_expire and all(ch.grant for ch in plan.chunks)
+        assert plan.grants_expire <= d.tenancy.keyring.verify_token(token, time.time()).expires
+        admin = HttpMetadataStore(session, d.api_url, d.tenancy.token("ops", admin=True))
+        (stored,) = [p async for p in admin.iter_plans()]
+        assert stored == plan.unsigned() and not any(ch.grant for ch in stored.chunks)
+
+
+async def test_a_grant_replayed_by_another_tenant_or_for_other_bytes_is_forbidden(deployment: Deployment) -> None:
+    d = deployment
+    a, b = d.tenancy.token("acme", "*"), d.tenancy.token("beta", "*")
+    async with d.client(a) as c:
+        await c.put("/train/a.bin", os.urandom(5000))
+    async with aiohttp.ClientSession() as session:
+        (ref,) = (await HttpMetadataStore(session, d.api_url, a).get_plan("/train/a.bin")).chunks
+        async with HttpBlockStore(session, d.block_urls[0], a) as as_a, HttpBlockStore(session, d.block_urls[0], b) as as_b:
+            out = memoryview(bytearray(ref.length))
+            await as_a.read_into(ref.block_id, ref.offset, out, grant=ref.grant)
+            with pytest.raises(Forbidden, match="not for tenant 'beta'"):
+                await as_b.read_into(ref.block_id, ref.offset, out, grant=ref.grant)
+            with pytest.raises(Forbidden, match="not for tenant 'acme' and bytes 1\\+"):
+                await as_a.read_into(ref.block_id, ref.offset + 1, out[:-1], grant=ref.grant)
+            with pytest.raises(Forbidden, match="a chunk grant"):
+                await as_a.read_into(ref.block_id, ref.offset, out)
+            with pytest.raises(Forbidden, match="needs an admin token"):
+                [info async for info in as_a.list_blocks()]
+            with pytest.raises(Forbidden, match="needs an admin token"):
+                await as_a.delete_block(ref.block_id)
+
+
+async def test_expired_and_not_yet_valid_tokens_are_401(deployment: Deployment) -> None:
+    d = deployment
+    expired = d.tenancy.token("acme", "train", ttl=60, now=time.time() - 3600)
+    early = d.tenancy.token("acme", "train", ttl=600, now=time.time() + 3600)
+    forged = d.tenancy.token("acme", "train")[:-4] + "AAAA"
+    other_ring = Tenancy().token("acme", "train")
+    for token, message in (
+        (expired, "bearer token expired at"),
+        (early, "bearer token is not valid before"),
+        (forged, "signature does not verify"),
+        (other_ring, "signature does not verify"),
+        (None, "missing bearer token"),
+    ):
+        async with d.client(token) as c:
+            with pytest.raises(Unauthorized, match=message) as caught:
+                await c.get("/train/a.bin")
+            assert not isinstance(caught.value, Forbidden)
+
+
+async def test_expired_grants_are_refused_and_the_client_asks_for_fresh_ones(deployment: Deployment) -> None:
+    d = deployment
+    data = os.urandom(200_000)
+    token = d.tenancy.token("acme", "train", ttl=7 * 86400)
+    async with d.client(token, l1=blobsdk.L1Config(capacity_bytes=0)) as c:
+        await c.put("/train/a.bin", data)
+        cache = c._open.plans
+        plan = await cache.get_plan("/train/a.bin")
+        # A cached plan whose grants expired (a long pause, a client clock far behind): the
+        # data servers refuse them, and the client fetches the plan again, once.
+        stale = int(time.time()) - 100
+        chunks = [d.tenancy.granted(ch, "acme", ttl=0, now=stale) for ch in plan.chunks]
+        cache._plans["/train/a.bin"] = msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=stale)
+        assert await c.get("/train/a.bin") == data
+        assert cache.peek("/train/a.bin").grants_expire > time.time()  # type: ignore[union-attr]
+        # Data servers whose clock is past the expiry (plus the skew) of fresh grants too.
+        d.data_clock.skew = 900 + 31
+        with pytest.raises(Forbidden, match=r"chunk grant expired at .*clock skew allowed 30 s"):
+            await c.get("/train/a.bin")
+        d.data_clock.skew = 0
+        # The plan cache drops a plan GRANT_MARGIN_S before its grants expire.
+        cache._remember(msgspec.structs.replace(plan, grants_expire=int(time.time()) + 59), "/train/a.bin")
+        assert cache.peek("/train/a.bin") is None
+        cache._remember(msgspec.structs.replace(plan, grants_expire=int(time.time()) + 70), "/train/a.bin")
+        assert cache.peek("/train/a.bin") is not None
+
+
+async def test_a_static_service_token_is_an_admin_only_where_it_is_configured(deployment: Deployment) -> None:
+    d = deployment
+    async with aiohttp.ClientSession() as session:
+        async with HttpBlockStore(session, d.block_urls[0], SERVICE) as svc:
+            assert [i async for i in svc.list_blocks()] == []
+        with pytest.raises(Unauthorized, match=r"^malformed bearer token"):
+            await HttpMetadataStore(session, d.api_url, SERVICE).get_plans(["/train/a"])  # the API takes no static token here
