@@ -17,6 +17,7 @@ BENCHMARKS = {
     "tiers": "benchmarks.tiers",
     "hedging": "benchmarks.hedging",
     "concurrency": "benchmarks.concurrency",
+    "tenancy": "benchmarks.tenancy",
 }
 
 

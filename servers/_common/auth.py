@@ -17,9 +17,10 @@ import hmac
 import time
 from collections.abc import Awaitable, Callable
 
+import cachetools
 from aiohttp import web
 
-from blobsdk.auth import CLOCK_SKEW_S, GRANT_HEADER, STATIC_TENANT, Claims, Keyring, admin_claims
+from blobsdk.auth import CLOCK_SKEW_S, GRANT_HEADER, STATIC_TENANT, Claims, Keyring, admin_claims, check_valid
 from blobsdk.errors import Forbidden, Unauthorized
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -28,6 +29,7 @@ ADMIN_FAULTS_ROUTE = "/admin/faults"
 PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", ADMIN_FAULTS_ROUTE})
 CLAIMS_KEY = web.RequestKey("claims", Claims)
 _OPEN = admin_claims(STATIC_TENANT)
+VERIFIED_TOKENS = 4096  # distinct verified tokens a server remembers
 
 
 class ServerAuth:
@@ -45,6 +47,9 @@ class ServerAuth:
         self.clock_skew = clock_skew
         self.clock = clock
         self._static = f"Bearer {token}".encode() if token else None
+        # Tokens whose signature verified: a client sends the same one on every request,
+        # so each needs its MAC checked once; its validity window is checked every time.
+        self._verified: cachetools.LRUCache[str, Claims] = cachetools.LRUCache(VERIFIED_TOKENS)
 
     @property
     def required(self) -> bool:
@@ -58,7 +63,12 @@ class ServerAuth:
         scheme, _, token = header.partition(" ")
         if scheme != "Bearer" or not token:
             raise Unauthorized("missing bearer token (want 'Authorization: Bearer TOKEN')")
-        return self.keyring.verify_token(token, self.clock(), self.clock_skew)
+        now = self.clock()
+        claims = self._verified.get(token)
+        if claims is not None:
+            return check_valid(claims, now, self.clock_skew)
+        claims = self._verified[token] = self.keyring.verify_token(token, now, self.clock_skew)
+        return claims
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

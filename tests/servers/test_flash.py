@@ -340,6 +340,10 @@ async def test_put_and_hydrate_need_a_grant_for_each_chunk(env: Env) -> None:
     assert node.running_jobs() == 0 and not node.cache.contains(refs[0].key)
     job = await env.finished(url, (await env.hydrate(url, [for_a(r) for r in refs], TOK_A)).job_id, TOK_A)
     assert (job.state, job.done) == ("done", 2)
+    for method in ("GET", "DELETE"):  # another tenant's job is unknown to B; an admin sees it
+        async with env.session.request(method, f"{url}/v1/hydrate/{job.job_id}", headers=auth_headers(TOK_B)) as resp:
+            assert (resp.status, code_of(await resp.read())) == (404, "not_found")
+    assert (await env.status(url, job.job_id, ADMIN)).state == "done"
 
 
 async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> None:
