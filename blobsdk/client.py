@@ -315,7 +315,9 @@ def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
             hedge=config.hedge,
             limiters=backends.limiters,
         )
-    yield L4Tier(backends.blocks, hedge=config.hedge, limiters=backends.limiters, metadata=backends.metadata)
+    yield L4Tier(
+        backends.blocks, hedge=config.hedge, limiters=backends.limiters, metadata=backends.metadata, repair=config.repair
+    )
 
 
 def _l2_tier(cfg: L2Config) -> L2Tier:

@@ -13,6 +13,7 @@ import msgspec
 
 from .hedge import HedgeConfig
 from .limiter import LimiterConfig
+from .repair import RepairConfig
 
 MiB = 1 << 20
 
@@ -83,6 +84,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     hedge: HedgeConfig = HedgeConfig()  # per tier: L3 nodes and L4 replicas
     limiter: LimiterConfig = LimiterConfig()  # per endpoint: each L3 node and L4 block server
     timeouts: Timeouts = Timeouts()
+    repair: RepairConfig = RepairConfig()  # background repair of bad L4 copies found by reads
 
     def __post_init__(self) -> None:
         if self.api_url is not None and not self.block_urls:
@@ -131,7 +133,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS if getattr(self, key) is not None]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
-        for table in ("l1", "l2", "l3", "write", "read", "hedge", "limiter", "timeouts"):
+        for table in ("l1", "l2", "l3", "write", "read", "hedge", "limiter", "timeouts", "repair"):
             value = getattr(self, table)
             if value is not None and (table == "l1" or value != _DEFAULTS.get(table)):
                 lines += ["", f"[{table}]"]
@@ -148,6 +150,7 @@ _DEFAULTS: dict[str, object] = {
     "hedge": HedgeConfig(),
     "limiter": LimiterConfig(),
     "timeouts": Timeouts(),
+    "repair": RepairConfig(),
 }
 
 

@@ -68,6 +68,7 @@ from blobsdk.errors import (
     QuotaExceeded,
     Unavailable,
 )
+from blobsdk.limiter import LimiterRegistry
 from blobsdk.sources.base import BlockStore
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
@@ -190,9 +191,10 @@ class FlashNode:
         self._jobs: dict[str, Job] = {}
         self._finished: deque[str] = deque()
         self._slots = asyncio.Semaphore(config.hydrate_concurrency)
+        self._limiters = LimiterRegistry()  # one per block server: reads wait for it, hedges look at it
 
     async def open(self, stack: AsyncExitStack) -> None:
-        self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack))
+        self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack), limiters=self._limiters)
         c = self.config
         self.cache = await stack.enter_async_context(
             DiskCache(
@@ -211,7 +213,10 @@ class FlashNode:
 
     async def _open_blocks(self, stack: AsyncExitStack) -> BlockStore:
         session = await stack.enter_async_context(new_session(Timeouts()))
-        stores = [HttpBlockStore(session, url, self.config.block_token) for url in self.config.block_urls]
+        limiters = self._limiters
+        stores = [
+            HttpBlockStore(session, url, self.config.block_token, limiter=limiters.get(url)) for url in self.config.block_urls
+        ]
         blocks = ReplicatedBlockStore(stores)
         stack.push_async_callback(blocks.aclose)
         return blocks

@@ -1,6 +1,11 @@
 import pytest
 
+import blobsdk
+from blobsdk.client import GivenStores
 from blobsdk.config import ClientConfig, WriteConfig
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
 
 TOML = """
 api_url = "http://127.0.0.1:7001"
@@ -88,3 +93,20 @@ def test_to_toml_keeps_non_default_tables(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(text)
     assert ClientConfig.from_toml(path) == cfg
+
+
+async def test_repair_settings_come_from_client_toml_and_reach_the_l4_tier(tmp_path):
+    cfg = ClientConfig.from_dict({"repair": {"queue": 8, "demote_seconds": 5.0}})
+    assert (cfg.repair.queue, cfg.repair.batch, cfg.repair.demote_seconds) == (8, 16, 5.0)
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    assert "[repair]" in path.read_text() and ClientConfig.from_toml(path) == cfg
+    with pytest.raises(ValueError, match="queue, batch and concurrency must be >= 1"):
+        ClientConfig.from_dict({"repair": {"batch": 0}})
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        ReplicatedBlockStore([LocalBlockStore(tmp_path / "r0"), LocalBlockStore(tmp_path / "r1")]) as blocks,
+        blobsdk.Client(cfg, stores=GivenStores(meta, blocks)) as c,
+    ):
+        l4 = c._open.readpath.tiers[-1]
+        assert l4.repairer is not None and l4.repairer.config == cfg.repair and l4.demotions._seconds == 5.0

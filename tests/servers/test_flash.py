@@ -592,3 +592,10 @@ async def test_a_hydrate_pin_that_is_negative_or_not_finite_is_refused(env: Env,
         f"pin_seconds must be a finite number >= 0, got {pin}",
     )
     assert node.running_jobs() == 0 and node.snapshot()["jobs"]["kept"] == 0
+
+
+async def test_the_nodes_l4_hedges_look_at_the_limiters_its_reads_wait_for(env: Env) -> None:
+    await env.start(2)
+    _, node = await env.node()
+    stores = node.l4.blocks.replicas
+    assert [node.l4._limiters.get(s.name) for s in stores] == [s.limiter for s in stores]  # type: ignore[attr-defined]
