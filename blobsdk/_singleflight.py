@@ -8,8 +8,9 @@ The rule, the same for every user:
   wait for the same task and get the same result or error.
 - A caller that is cancelled stops waiting; the task goes on while anyone still waits.  When
   the last waiter leaves, the task is cancelled and the key is unlisted at once, so a caller
-  arriving afterwards starts afresh rather than inherit a dying task.  Nothing runs that
-  nobody waits for.
+  arriving afterwards starts afresh rather than inherit a dying task; that last waiter then
+  lets the task unwind (at most ``UNWIND_S``) before its own cancellation goes on, so
+  nothing runs that nobody waits for, and nothing outlives the caller that left last.
 - A task that finished is unlisted before any caller sees its result, so nobody can join it
   late: the number of callers that shared a result is final when they get it.
 - :meth:`aclose` cancels every task in flight and waits for them, including tasks whose
@@ -23,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
+UNWIND_S = 1.0  # how long the last waiter to leave waits for the cancelled task to end
 
 
 class _Flight(Generic[V]):
@@ -66,6 +68,7 @@ class SingleFlight(Generic[V]):
                 flight.task.cancel()
                 self._forget(flight)
                 self._abandoned.add(flight.task)  # owned until it has unwound (see aclose)
+                await asyncio.wait([flight.task], timeout=UNWIND_S)
             raise
         return value, flight.callers
 

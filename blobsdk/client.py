@@ -12,6 +12,7 @@ exit stack and closed by it in ``__aexit__``/``aclose``.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import (
     AsyncGenerator,
@@ -30,16 +31,19 @@ from typing import Any, Protocol, Self, TypeVar
 import aiohttp
 
 from . import gc as gc_module
+from . import readahead as readahead_module
 from . import repair as repair_module
 from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
-from .errors import ClientClosed, Forbidden
+from .errors import BlobError, ClientClosed, Forbidden
 from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
 from .paths import validate_path, validate_prefix
+from .prefetch import Prefetch, Prefetcher, PrefetchProgress
+from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from .readpath import ReadPath
 from .sources.base import BlockStore, Buffer
 from .stats import TierStats
@@ -48,7 +52,7 @@ from .tiers.l1 import L1Tier
 from .tiers.l2 import L2Tier
 from .tiers.l3 import L3Tier
 from .tiers.l4 import L4Tier
-from .wire import BlobInfo
+from .wire import BlobInfo, ReadPlan
 from .writer import Progress, Writer
 
 T = TypeVar("T")
@@ -184,6 +188,10 @@ class Client:
         if stack is not None:
             await stack.aclose()
 
+    def copy(self) -> Client:
+        """A new, unopened client of the same config and stores (a forked child's)."""
+        return Client(self.config, stores=self._stores)
+
     @property
     def _open(self) -> _Open:
         if self._state is None:
@@ -209,6 +217,10 @@ class Client:
         """The bytes of ``path`` (or of ``[offset, offset+length)``, clamped to the blob)."""
         state = self._open
         plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
+        return await self._read(plan, offset, length)
+
+    async def _read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
+        state = self._open
         try:
             return await state.readpath.read(plan, offset, length)
         except Forbidden:
@@ -216,8 +228,34 @@ class Client:
                 raise
         # The data servers refused the plan's chunk grants (expired by their clock: see
         # blobsdk/auth.py): once more, with fresh ones.
-        state.plans.invalidate(path)
-        return await state.readpath.read(await state.plans.get_plan(path), offset, length)
+        state.plans.invalidate(plan.path)
+        return await state.readpath.read(await state.plans.get_plan(plan.path), offset, length)
+
+    def prefetch(
+        self,
+        paths_or_prefixes: str | Iterable[str],
+        *,
+        tier: str = "l3",
+        pin_seconds: float | None = None,
+        max_bytes: int | None = None,
+    ) -> Prefetch:
+        """Start warming ``tier`` ("l1", "l2" or "l3") with these blobs (a string ending in
+        "/" is a prefix) and return its handle at once; see blobsdk/prefetch.py.  A tier
+        this client does not have is a ValueError naming the ones it has."""
+        return self._open.prefetcher.start(paths_or_prefixes, tier, pin_seconds=pin_seconds, max_bytes=max_bytes)
+
+    def readahead(
+        self, paths: Iterable[str], *, depth: int = READAHEAD_DEPTH, max_bytes: int = READAHEAD_BYTES
+    ) -> AsyncGenerator[tuple[str, bytearray], None]:
+        """``(path, data)`` for each path, in order, with up to ``depth`` reads (and at most
+        ``max_bytes`` of blobs) in flight ahead of the consumer; see blobsdk/readahead.py.
+        Leave it early with ``aclose()`` (or ``contextlib.aclosing``): that cancels the
+        reads in flight at once, where an abandoned generator waits for the collector."""
+        return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
+
+    async def plan(self, path: str) -> ReadPlan:
+        """The read plan of ``path``'s live version (through the plan cache)."""
+        return await self._open.plans.get_plan(validate_path(path))
 
     async def stat(self, path: str) -> BlobInfo:
         plan = await self._open.metadata.get_plan(validate_path(path))
@@ -263,13 +301,16 @@ class Client:
 class _Open:
     """What an open client holds: its stores, plan cache, tiers, read path and writer."""
 
-    def __init__(self, backends: Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer) -> None:
+    def __init__(
+        self, backends: Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer, prefetcher: Prefetcher
+    ) -> None:
         self.blocks = backends.blocks
         self.limiters = backends.limiters
         self.plans = plans
         self.metadata = plans  # every metadata call goes through the plan cache
         self.readpath = readpath
         self.writer = writer
+        self.prefetcher = prefetcher
         self.l3 = next((t for t in readpath.tiers if isinstance(t, L3Tier)), None)
 
     @classmethod
@@ -280,9 +321,12 @@ class _Open:
         )
         tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config)]
         readpath = ReadPath(tiers, executor, read.parallel_chunks)
-        stack.push_async_callback(readpath.aclose)  # first out: no fetch outlives its tiers
+        stack.push_async_callback(readpath.aclose)  # no fetch outlives its tiers
+        capacities = {"l1": config.l1.capacity_bytes, "l2": config.l2.capacity_bytes if config.l2 else 0}
+        prefetcher = Prefetcher(plans, readpath, read.parallel_chunks, capacities)
+        stack.push_async_callback(prefetcher.aclose)  # first out: no prefetch outlives the read path
         writer = Writer(plans, backends.blocks, config.write, executor)
-        return cls(backends, plans, readpath, writer)
+        return cls(backends, plans, readpath, writer, prefetcher)
 
     def stats(self) -> dict[str, dict[str, int | float]]:
         out: dict[str, dict[str, int | float]] = {name: {**TierStats().as_dict(), "enabled": False} for name in TIER_NAMES}
@@ -329,12 +373,19 @@ def _l2_tier(cfg: L2Config) -> L2Tier:
 
 class SyncClient:
     """The same API, blocking: an event loop runs on a background thread owned by this
-    object.  Use as ``with SyncClient.local(dir) as c:``."""
+    object.  Use as ``with SyncClient.local(dir) as c:``.
+
+    Fork-safe: a process forked from one where this client is open (a DataLoader worker)
+    inherits neither its thread nor its loop, so the first call there opens a fresh client
+    of the same config and stores in the child (the parent's sockets and files are left
+    alone: they still serve the parent), instead of waiting forever on a loop that is not
+    running there."""
 
     def __init__(self, config: ClientConfig | Client) -> None:
         self._client = config if isinstance(config, Client) else Client(config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._pid: int | None = None  # the process the loop runs in
 
     @classmethod
     def local(
@@ -354,6 +405,7 @@ class SyncClient:
         self._thread = threading.Thread(target=loop.run_forever, name="blobsdk-sync", daemon=True)
         self._thread.start()
         self._loop = loop
+        self._pid = os.getpid()
         try:
             self._run(self._client.__aenter__())
         except BaseException:
@@ -366,6 +418,9 @@ class SyncClient:
 
     def close(self) -> None:
         if self._loop is None:
+            return
+        if self._pid != os.getpid():  # a forked child that never used it: the loop is the parent's
+            self._loop = self._thread = None
             return
         try:
             self._run(self._client.aclose())
@@ -380,49 +435,129 @@ class SyncClient:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
 
+    def _here(self) -> Client:
+        """The client to call in this process (a fresh one in a forked child): every method
+        asks for it before it makes its coroutine, which is bound to one client."""
+        if self._loop is not None and self._pid != os.getpid():
+            self._reopen_after_fork()
+        return self._client
+
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._loop is None:
             coro.close()
             raise ClientClosed("SyncClient is not open: use `with client:`")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def put(self, path: str, data: Buffer, *, if_version: int | None = None) -> BlobInfo:
-        return self._run(self._client.put(path, data, if_version=if_version))
+    def _reopen_after_fork(self) -> None:
+        """In a forked child: forget the parent's loop, thread and client (not closed: they
+        are the parent's) and open a fresh client here."""
+        self._loop = self._thread = None
+        self._client = self._client.copy()
+        self.__enter__()
 
-    def put_many(self, items: Iterable[Item], *, progress: Progress | None = None) -> list[BlobInfo]:
-        return self._run(self._client.put_many(items, progress=progress))
-
-    def get(self, path: str, offset: int = 0, length: int | None = None) -> bytearray:
-        return self._run(self._client.get(path, offset, length))
-
-    def stat(self, path: str) -> BlobInfo:
-        return self._run(self._client.stat(path))
-
-    def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[BlobInfo]:
-        """Pages are fetched lazily as the iterator advances."""
-        pages = self._client.list(prefix, start_after=start_after)
+    def _iterate(self, items: AsyncGenerator[T, None]) -> Iterator[T]:
+        """A blocking iterator over an async generator running on the loop thread."""
         try:
             while True:
                 try:
-                    yield self._run(_next(pages))
+                    yield self._run(_next(items))
                 except StopAsyncIteration:
                     return
         finally:
             if self._loop is not None:
-                self._run(pages.aclose())
+                self._run(items.aclose())
+
+    def put(self, path: str, data: Buffer, *, if_version: int | None = None) -> BlobInfo:
+        return self._run(self._here().put(path, data, if_version=if_version))
+
+    def put_many(self, items: Iterable[Item], *, progress: Progress | None = None) -> list[BlobInfo]:
+        return self._run(self._here().put_many(items, progress=progress))
+
+    def get(self, path: str, offset: int = 0, length: int | None = None) -> bytearray:
+        return self._run(self._here().get(path, offset, length))
+
+    def stat(self, path: str) -> BlobInfo:
+        return self._run(self._here().stat(path))
+
+    def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[BlobInfo]:
+        """Pages are fetched lazily as the iterator advances."""
+        return self._iterate(self._here().list(prefix, start_after=start_after))
+
+    def readahead(
+        self, paths: Iterable[str], *, depth: int = READAHEAD_DEPTH, max_bytes: int = READAHEAD_BYTES
+    ) -> Iterator[tuple[str, bytearray]]:
+        """:meth:`Client.readahead`, blocking: the reads run ahead on the loop thread while
+        the caller works on the last item."""
+        return self._iterate(self._here().readahead(paths, depth=depth, max_bytes=max_bytes))
+
+    def prefetch(
+        self,
+        paths_or_prefixes: str | Iterable[str],
+        *,
+        tier: str = "l3",
+        pin_seconds: float | None = None,
+        max_bytes: int | None = None,
+    ) -> SyncPrefetch:
+        """:meth:`Client.prefetch`; the handle's ``wait()`` blocks until it ended."""
+        targets = paths_or_prefixes if isinstance(paths_or_prefixes, str) else list(paths_or_prefixes)
+        client = self._here()
+
+        async def start() -> Prefetch:
+            return client.prefetch(targets, tier=tier, pin_seconds=pin_seconds, max_bytes=max_bytes)
+
+        return SyncPrefetch(self, self._run(start()))
+
+    def plan(self, path: str) -> ReadPlan:
+        return self._run(self._here().plan(path))
 
     def delete(self, path: str, *, if_version: int | None = None) -> BlobInfo:
-        return self._run(self._client.delete(path, if_version=if_version))
+        return self._run(self._here().delete(path, if_version=if_version))
 
     def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
-        return self._run(self._client.gc(grace, dry_run=dry_run))
+        return self._run(self._here().gc(grace, dry_run=dry_run))
 
     def flush(self) -> None:
-        self._run(self._client.flush())
+        self._run(self._here().flush())
 
     def stats(self) -> dict[str, dict[str, int | float]]:
-        return self._client.stats()
+        return self._here().stats()
 
 
 async def _next(pages: AsyncIterator[T]) -> T:
     return await anext(pages)
+
+
+class SyncPrefetch:
+    """A :class:`~blobsdk.prefetch.Prefetch` seen from the thread of a :class:`SyncClient`."""
+
+    def __init__(self, client: SyncClient, handle: Prefetch) -> None:
+        self._client = client
+        self._handle = handle
+
+    @property
+    def done(self) -> bool:
+        return self._handle.done
+
+    @property
+    def progress(self) -> PrefetchProgress:
+        return self._handle.progress
+
+    @property
+    def failed(self) -> dict[str, BlobError]:
+        return self._handle.failed
+
+    def wait(self) -> PrefetchProgress:
+        """Block until it ended; its final progress."""
+        return self._client._run(self._handle.wait())
+
+    def cancel(self) -> PrefetchProgress:
+        """Stop it and block until nothing of it runs."""
+
+        async def cancel() -> PrefetchProgress:
+            self._handle.cancel()
+            return await self._handle.wait()
+
+        return self._client._run(cancel())
+
+    def __repr__(self) -> str:
+        return repr(self._handle)

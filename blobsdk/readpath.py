@@ -121,15 +121,26 @@ class ReadPath:
         hi = min(chunk_start + ref.raw_length, start + len(out))
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
 
-    async def _walk(self, ref: ChunkRef) -> _Served:
-        """The raw bytes from the first tier whose ``fetch`` has them, offered to every
-        tier above it."""
-        for depth, tier in enumerate(self.tiers):
-            raw = await tier.fetch(ref, self.decode)
+    async def warm(self, ref: ChunkRef, top: int) -> bool:
+        """Deep prefetch of one chunk into ``tiers[top]`` and the tiers between it and the
+        one that serves it (not those above ``top``), each told to ``keep`` the bytes; False
+        if ``tiers[top]`` already holds them.  A reader of the chunk meanwhile shares this
+        fetch (single-flight), whoever started it."""
+        if self.tiers[top].holds(ref):
+            return False
+        await self._fetches.run(ref.key, lambda: self._walk(ref, top, prefetch=True))
+        return True
+
+    async def _walk(self, ref: ChunkRef, top: int = 0, *, prefetch: bool = False) -> _Served:
+        """The raw bytes from the first tier from ``top`` on whose ``fetch`` has them,
+        offered to every tier from ``top`` to above it (``fill``; ``keep`` for a prefetch,
+        which waits until they are stored, and skips ``tiers[top]``'s fetch: it does not hold them)."""
+        for depth in range(top + prefetch, len(self.tiers)):
+            raw = await self.tiers[depth].fetch(ref, self.decode)
             if raw is not None:
-                uppers = self.tiers[:depth]
+                uppers = self.tiers[top:depth]
                 for upper in uppers:
-                    await upper.fill(ref, raw)
+                    await (upper.keep(ref, raw) if prefetch else upper.fill(ref, raw))
                 return _Served(raw, kept=bool(uppers))
         raise Unavailable(f"chunk {ref.key}: no tier could serve it")  # L4 raises before this
 

@@ -201,6 +201,7 @@ class ScanResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 CACHE_HEADER = "X-Blobsdk-Cache"  # "hit": served from the node's flash; "miss": read through L4
 HYDRATE_BATCH = 10_000  # refs per hydrate request (keeps bodies far below MAX_BODY_BYTES)
+MAX_FAILED_KEYS = 1000  # failed chunk keys a hydrate status lists
 _REF_FIELDS = ("block_id", "offset", "length", "raw_length", "checksum", "codec")
 _UINT64 = 1 << 64
 
@@ -225,6 +226,7 @@ class HydrateStatus(msgspec.Struct, frozen=True, kw_only=True):
     failed: int = 0
     bytes: int = 0
     errors: list[str] = []  # the first few failures
+    failed_keys: list[str] = []  # the keys of the failed chunks (the first MAX_FAILED_KEYS)
 
     @property
     def finished(self) -> bool:

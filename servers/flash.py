@@ -73,7 +73,16 @@ from blobsdk.sources.base import BlockStore
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
-from blobsdk.wire import CACHE_HEADER, ChunkRef, HydrateRequest, HydrateStatus, JobState, ref_from_query, validate_ref
+from blobsdk.wire import (
+    CACHE_HEADER,
+    MAX_FAILED_KEYS,
+    ChunkRef,
+    HydrateRequest,
+    HydrateStatus,
+    JobState,
+    ref_from_query,
+    validate_ref,
+)
 from servers._common.auth import AUTH_KEY, ServerAuth, check_grant, claims_of
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import (
@@ -148,12 +157,15 @@ class Job:
         self.refs, self.tenant, self.pin_seconds = refs, tenant, pin_seconds
         self.done = self.failed = self.bytes = 0
         self.errors: list[str] = []
+        self.failed_keys: list[str] = []
         self.task: asyncio.Task[None] | None = None
 
     def failure(self, ref: ChunkRef, exc: BaseException) -> None:
         self.failed += 1
         if len(self.errors) < _JOB_ERRORS:
             self.errors.append(f"chunk {ref.key}: {type(exc).__name__}: {exc}")
+        if len(self.failed_keys) < MAX_FAILED_KEYS:
+            self.failed_keys.append(ref.key)
 
     def status(self) -> HydrateStatus:
         return HydrateStatus(
@@ -164,6 +176,7 @@ class Job:
             failed=self.failed,
             bytes=self.bytes,
             errors=list(self.errors),
+            failed_keys=list(self.failed_keys),
         )
 
     def _state(self) -> JobState:

@@ -15,6 +15,11 @@ to ``decode``, which decodes and checks the ChunkRef checksum, raising BadCopy f
 that does not match; the tier then counts it as ``corrupt`` and tries its next candidate.
 Local tiers hold raw bytes that were verified before they were filled.
 
+Deep prefetch (blobsdk/prefetch.py) asks two more things: ``holds`` (does the tier keep this
+chunk now, known without a read: L1's and L2's index) and ``keep`` (store these bytes and
+return only once they are stored: where ``fill`` may drop bytes when the disk is behind, as
+L2's write-behind does, ``keep`` waits).  Tiers that keep nothing answer False and ignore it.
+
 A tier is an async context manager: entering it starts what it owns (L2's write-behind
 writers), leaving it (or ``aclose``, which is idempotent) stops and closes that.  Bytes
 passed to ``fill`` may be kept as they are (see readpath.py on buffer ownership).
@@ -58,6 +63,15 @@ class Tier(Protocol):
         """Wait until deferred fills are done (a no-op for tiers that defer nothing)."""
         ...
 
+    def holds(self, ref: ChunkRef) -> bool:
+        """Whether the tier keeps ``ref`` now, by its index alone (counts nothing)."""
+        ...
+
+    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
+        """Store raw bytes a lower tier served, waiting until they are stored (a tier that
+        keeps nothing ignores them)."""
+        ...
+
     def extra_stats(self) -> dict[str, int | float]:
         """Tier-specific counters added to its ``client.stats()`` entry."""
         ...
@@ -69,6 +83,16 @@ class Tier(Protocol):
     async def aclose(self) -> None:
         """Stop and close what the tier owns; closing twice is harmless."""
         ...
+
+
+class KeepsNothing:
+    """``holds`` and ``keep`` of a tier that keeps no fills (L3 fills itself, L4 is the source)."""
+
+    def holds(self, ref: ChunkRef) -> bool:
+        return False
+
+    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
+        """Nothing kept."""
 
 
 class Closing:

@@ -41,6 +41,13 @@ class L1Tier(Closing):
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         self.cache.put_nowait(ref.key, raw)
 
+    def holds(self, ref: ChunkRef) -> bool:
+        return self.cache.contains(ref.key)
+
+    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
+        """A fill: memory never falls behind."""
+        self.cache.put_nowait(ref.key, raw)
+
     async def flush(self) -> None:
         """Nothing deferred."""
 

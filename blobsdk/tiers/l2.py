@@ -87,6 +87,13 @@ class L2Tier:
         """Wait until every queued fill was written (tests and benchmarks)."""
         await self._queue.join()
 
+    def holds(self, ref: ChunkRef) -> bool:
+        return self.cache.contains(ref.key)
+
+    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
+        """Write now, past the write-behind queue (which may drop): a prefetch waits for the disk."""
+        await self._write(ref.key, raw)
+
     def extra_stats(self) -> dict[str, int | float]:
         """How full the cache is and what it evicted."""
         cache = self.cache.stats()

@@ -33,20 +33,25 @@ from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..stats import TierStats
 from ..wire import CACHE_HEADER, HYDRATE_BATCH, ChunkRef, HydrateRequest, HydrateStatus, chunk_query
-from .base import Closing, Decoder
+from .base import Closing, Decoder, KeepsNothing
 
 
 @dataclass(frozen=True)
 class HydrateJob:
-    """A hydrate request sent to one node: its job id, or why it could not be sent."""
+    """A hydrate request sent to one node: its job id, or why it could not be sent; the
+    chunks it asked for."""
 
     url: str
     job_id: str | None
-    total: int
+    refs: tuple[ChunkRef, ...]
     error: str | None = None
 
+    @property
+    def total(self) -> int:
+        return len(self.refs)
 
-class L3Tier(Closing):
+
+class L3Tier(KeepsNothing, Closing):
     """The Tier over a set of L3 flash nodes, using (never closing) the caller's session.
 
     ``token`` is the bearer token the nodes want (it names the tenant); ``timeout`` bounds
@@ -218,12 +223,20 @@ class L3Tier(Closing):
                 groups.setdefault(url, []).append(ref)
         return groups
 
+    async def cancel_hydrate(self, job: HydrateJob) -> HydrateStatus | None:
+        """Stop a job on its node (what it stored stays); None if it was never sent.
+        Raises the node's error if it cannot be asked."""
+        if job.job_id is None:
+            return None
+        return await self._nodes[job.url].call("DELETE", f"/v1/hydrate/{job.job_id}", None, HydrateStatus)
+
     async def _post_hydrate(self, url: str, body: HydrateRequest) -> HydrateJob:
+        refs = tuple(body.refs)
         try:
             status = await self._nodes[url].call("POST", "/v1/hydrate", body, HydrateStatus)
         except BlobError as exc:
-            return HydrateJob(url, None, len(body.refs), f"{url}: {type(exc).__name__}: {exc}")
-        return HydrateJob(url, status.job_id, status.total)
+            return HydrateJob(url, None, refs, f"{url}: {type(exc).__name__}: {exc}")
+        return HydrateJob(url, status.job_id, refs)
 
     async def _poll_until_finished(self, job: HydrateJob, poll_seconds: float) -> HydrateStatus:
         while True:

@@ -25,7 +25,7 @@ from ..repair import Demotions, RepairConfig, Repairer
 from ..sources.base import BlockStore
 from ..stats import TierStats
 from ..wire import ChunkRef
-from .base import Closing, Decoder
+from .base import Closing, Decoder, KeepsNothing
 
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
@@ -33,7 +33,7 @@ _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try 
 SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 
 
-class L4Tier(Closing):
+class L4Tier(KeepsNothing, Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
     :class:`~blobsdk.repair.Repairer`, started on entry and stopped on close."""

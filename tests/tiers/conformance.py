@@ -13,6 +13,8 @@ peek, extra_stats, async with / aclose):
   verified before they were filled, so it has no copy to corrupt.
 - ``fill`` counts neither hit nor miss.  A tier that keeps fills (``keeps_fills``) serves a
   fill once ``flush`` returned; the others ignore fills.  ``flush`` always returns.
+- ``holds`` counts nothing; a tier that keeps fills holds a chunk once ``keep`` returned
+  (no flush needed) and serves it; the others never hold one and ignore ``keep``.
 - ``peek`` never awaits and never counts a miss; a tier with ``peeks = True`` (L1) answers a
   chunk it holds with its bytes and a hit, the others always answer None ("call fetch").
 - ``async with tier`` gives the tier itself, ready to serve; ``aclose`` twice, or after
@@ -239,6 +241,20 @@ class TierTests:
                 await tier.fill(ref, memoryview(raw))
             await tier.flush()
             await tier.flush()
+
+    # --- holds and keep (deep prefetch) -------------------------------------------------------
+
+    async def test_keep_stores_before_it_returns_and_holds_says_so(self, tier: Tier) -> None:
+        chunks = pack([payload(22), payload(23)])
+        assert not any(tier.holds(ref) for ref in chunks.refs)
+        await tier.keep(chunks.refs[0], memoryview(chunks.raws[0]))
+        assert counts(tier) == (0, 0, 0, 0)
+        if self.keeps_fills:
+            assert tier.holds(chunks.refs[0]) and not tier.holds(chunks.refs[1])
+            assert bytes(await tier.fetch(chunks.refs[0], decode)) == chunks.raws[0]
+        else:
+            assert not tier.holds(chunks.refs[0])
+            await self.missed(tier, chunks.refs[0])
 
     # --- peek --------------------------------------------------------------------------------
 
