@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from tqdm import tqdm
 
 from . import auth
 from ._progress import ProgressLine
@@ -43,9 +44,11 @@ from .config import ClientConfig
 from .demo import run_demo
 from .errors import BadRequest, BlobError, InvalidPath
 from .paths import validate_path, validate_prefix
+from .prefetch import PrefetchProgress
 from .sources.base import Buffer
 
 MiB = 1 << 20
+PROGRESS_S = 0.2  # how often the prefetch progress bar is redrawn
 MMAP_THRESHOLD = 4 * MiB  # import reads smaller files into memory, maps larger ones
 NO_STORE = "no store: pass --local DIR or --config FILE"
 
@@ -144,6 +147,34 @@ async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
     report = {"client": client.stats(), "nodes": await client.node_stats()}
     print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
     return 0
+
+
+async def cmd_plan(client: Client, args: argparse.Namespace) -> int:
+    plan = await client.plan(args.path)
+    print(msgspec.json.format(msgspec.json.encode(plan), indent=2).decode())
+    return 0
+
+
+async def cmd_prefetch(client: Client, args: argparse.Namespace) -> int:
+    """Warm a tier with these blobs, a progress bar on stderr; the final progress and every
+    failed path as JSON on stdout; exit 1 if any path failed."""
+    handle = client.prefetch(args.targets, tier=args.tier, pin_seconds=args.pin_seconds)
+    ended = asyncio.ensure_future(handle.wait())
+    with tqdm(desc=f"prefetch into {args.tier}", unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5) as bar:
+        while not ended.done():
+            _show(bar, handle.progress)
+            await asyncio.wait([ended], timeout=PROGRESS_S)
+        progress = await ended
+        _show(bar, progress)
+    failed = {path: f"{type(exc).__name__}: {exc}" for path, exc in handle.failed.items()}
+    _print_json({"progress": progress, "failed": failed})
+    return 1 if failed else 0
+
+
+def _show(bar: tqdm[Any], progress: PrefetchProgress) -> None:
+    bar.total = progress.bytes_total
+    bar.update(progress.bytes_done - bar.n)
+    bar.set_postfix_str(f"{progress.chunks_done}/{progress.chunks_total} chunks", refresh=False)
 
 
 async def cmd_import(client: Client, args: argparse.Namespace) -> int:
@@ -434,6 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="verify and report only: write nothing")
 
     command("stats", cmd_stats, "show this client's per-tier counters and the L3 nodes' own stats as JSON")
+
+    p = command("plan", cmd_plan, "show a blob's read plan (its chunks and where they are) as JSON")
+    p.add_argument("path", metavar="PATH")
+
+    p = command("prefetch", cmd_prefetch, "warm a shared tier with blobs (a PREFIX ends in '/'), with a progress bar")
+    p.add_argument("targets", nargs="+", metavar="PATH_OR_PREFIX")
+    p.add_argument(
+        "--tier", choices=("l2", "l3"), default="l3", help="l3: the flash nodes (default); l2: this host's local cache"
+    )
+    p.add_argument("--pin-seconds", type=_seconds, default=None, metavar="S", help="l3: keep them pinned this long")
 
     _token_parsers(sub)
 

@@ -346,3 +346,47 @@ def test_token_errors_are_one_line(tmp_path, args, code, message):
     result = run("token", *argv)
     assert result.returncode == code
     assert message in error_line(result)
+
+
+# --- plan and prefetch -------------------------------------------------------------------------
+
+
+def test_plan_prints_the_read_plan(tmp_path, store):
+    (tmp_path / "f").write_bytes(os.urandom(10_000))
+    ok("put", str(tmp_path / "f"), "/b/f", store=store)
+    plan = json.loads(ok("plan", "/b/f", store=store))
+    assert (plan["path"], plan["size"], len(plan["chunks"])) == ("/b/f", 10_000, 1)
+    assert error_line(run("plan", "/b/none", store=store)).startswith("blobsdk: error: no blob at '/b/none'")
+
+
+def test_prefetch_into_l3_shows_progress_and_reports_failures(tmp_path):
+    from servers.cluster import start_cluster
+
+    with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1) as cluster:
+        config = str(cluster.config_path)
+        for i in range(3):
+            (tmp_path / f"f{i}").write_bytes(os.urandom(300_000))
+            assert run("--config", config, "put", str(tmp_path / f"f{i}"), f"/ds/f{i}").returncode == 0
+        done = run("--config", config, "prefetch", "/ds/", "--pin-seconds", "60")
+        assert done.returncode == 0, done.stderr.decode()
+        report = json.loads(done.stdout)
+        assert report["failed"] == {} and report["progress"]["chunks_done"] == report["progress"]["chunks_total"] == 3
+        assert b"prefetch into l3" in done.stderr and b"100%" in done.stderr  # the tqdm bar
+        missing = run("--config", config, "prefetch", "/ds/f0", "/ds/nope")
+        assert missing.returncode == 1
+        assert json.loads(missing.stdout)["failed"] == {"/ds/nope": "BlobNotFound: no blob at '/ds/nope'"}
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["prefetch", "/a/b", "--tier", "l1"], 2, "argument --tier: invalid choice: 'l1'"),
+        (["prefetch", "/a/b"], 2, "tier 'l3' is not configured for this client; configured: 'l1'"),
+        (["prefetch", "/a/b", "--tier", "l2"], 2, "tier 'l2' is not configured for this client; configured: 'l1'"),
+        (["prefetch", "/a/b", "--pin-seconds", "nan"], 2, "must be a finite number of seconds"),
+        (["prefetch", "a/b", "--tier", "l3"], 1, "path must be absolute"),  # as for every command
+    ],
+)
+def test_prefetch_errors(store, args, code, message):
+    result = run(*args, store=store)
+    assert result.returncode == code and message in error_line(result)
