@@ -52,8 +52,8 @@ CANCEL_TIMEOUT_S = 5.0  # how long a cancelled L3 prefetch waits for its nodes t
 @dataclass(frozen=True, slots=True)
 class PrefetchProgress:
     """How far a prefetch is.  ``chunks_done`` counts chunks now in the tier (fetched, or
-    held already); ``chunks_skipped`` those left out for the byte budget; chunks of failed
-    paths count in neither."""
+    held already); ``chunks_skipped`` those left out for the byte budget or that the tier
+    would not keep (full, over a quota); chunks that failed count in neither."""
 
     chunks_done: int = 0
     chunks_total: int = 0
@@ -215,8 +215,9 @@ class Prefetcher:
                     workers.create_task(self._cache_worker(queue, tally, top, left))
 
     async def _cache_worker(self, queue: Iterable[tuple[ChunkRef, list[str]]], tally: _Tally, top: int, left: list[int]) -> None:
+        target = self.readpath.tiers[top]
         for ref, paths in queue:  # shared by the workers: each chunk is taken once
-            if not self.readpath.tiers[top].holds(ref):
+            if not target.holds(ref):
                 if ref.raw_length > left[0]:
                     tally.chunks_skipped += 1
                     continue
@@ -225,6 +226,9 @@ class Prefetcher:
                     await self.readpath.warm(ref, top)
                 except BlobError as exc:
                     _fail(tally, paths, exc)
+                    continue
+                if not target.holds(ref):  # the cache would not keep it (full, over quota)
+                    tally.chunks_skipped += 1
                     continue
             tally.chunks_done += 1
             tally.bytes_done += ref.raw_length

@@ -395,3 +395,10 @@ def test_a_forked_child_gets_a_fresh_client(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert os.waitstatus_to_exitcode(done[1]) == 0
         assert bytes(c.get("/a/c")) == b"from the child"  # the parent's client still works
+
+
+async def test_chunks_the_tier_would_not_keep_count_as_skipped(tmp_path: Path, stocked: dict[str, bytes]) -> None:
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=CHUNK // 2)  # smaller than one chunk
+    async with local(tmp_path, l2=l2) as c:
+        progress = await c.prefetch("/ds/", tier="l2", max_bytes=64 << 20)
+        assert (progress.chunks_done, progress.chunks_skipped, progress.chunks_total) == (0, 36, 36)
