@@ -6,7 +6,8 @@ and works in the background:
 1. **Resolve.** A string ending in ``/`` is a prefix (every blob under it, listed); any other
    string is one path.  Plans are looked up in batches of 1000 through the client's plan
    cache, which this also pre-warms.  A missing path goes to ``handle.failed`` as
-   ``BlobNotFound``; the rest proceeds.
+   ``BlobNotFound``, a batch or prefix the metadata store refuses (``Forbidden``,
+   ``Unavailable``) as that error; the rest proceeds.
 2. **Warm**, by tier:
 
    - ``"l3"``: hydrate jobs posted to the L3 nodes that own each chunk (the read path's
@@ -38,7 +39,7 @@ from typing import Literal
 from .errors import BadRequest, BlobError, BlobNotFound, Unavailable
 from .limiter import Priority, request_priority
 from .metadata.cache import CachedMetadataStore
-from .paths import validate_path, validate_prefix
+from .paths import bucket_of, validate_path, validate_prefix
 from .readpath import ReadPath
 from .tiers.l3 import HydrateJob, L3Tier
 from .wire import ChunkRef, HydrateStatus, ReadPlan
@@ -186,15 +187,21 @@ class Prefetcher:
         paths: dict[str, None] = {}
         for target in targets:
             if target.endswith("/"):
-                async for info in self.plans.list(target):
-                    paths[info.path] = None
+                try:
+                    async for info in self.plans.list(target):
+                        paths[info.path] = None
+                except BlobError as exc:  # e.g. Forbidden: the prefix is reported, the rest goes on
+                    tally.failed[target] = exc
             else:
                 paths[target] = None
-        ordered = list(paths)
         found: list[ReadPlan] = []
-        for i in range(0, len(ordered), PLAN_BATCH):
-            batch = ordered[i : i + PLAN_BATCH]
-            for path, plan in zip(batch, await self.plans.get_plans(batch), strict=True):
+        for batch in _batches_by_bucket(paths):
+            try:
+                plans = await self.plans.get_plans(batch)
+            except BlobError as exc:
+                _fail(tally, batch, exc)
+                continue
+            for path, plan in zip(batch, plans, strict=True):
                 if plan is None:
                     tally.failed[path] = BlobNotFound(f"no blob at {path!r}")
                 else:
@@ -270,6 +277,17 @@ class Prefetcher:
 def _targets(targets: str | Iterable[str]) -> list[str]:
     items = [targets] if isinstance(targets, str) else list(targets)
     return [validate_prefix(t) if isinstance(t, str) and t.endswith("/") else validate_path(t) for t in items]
+
+
+def _batches_by_bucket(paths: Iterable[str]) -> Iterable[list[str]]:
+    """``paths`` in lookups of at most PLAN_BATCH, none mixing buckets: a bucket the token
+    does not allow fails its own paths only (the API refuses a whole request)."""
+    buckets: dict[str, list[str]] = {}
+    for path in paths:
+        buckets.setdefault(bucket_of(path), []).append(path)
+    for group in buckets.values():
+        for i in range(0, len(group), PLAN_BATCH):
+            yield group[i : i + PLAN_BATCH]
 
 
 def _chunks_of(plans: Iterable[ReadPlan]) -> dict[str, tuple[ChunkRef, list[str]]]:

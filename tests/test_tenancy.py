@@ -216,3 +216,20 @@ def test_a_server_checks_the_validity_of_a_token_it_verified_before_on_every_req
         auth.claims_of_header(f"Bearer {token}")
     with pytest.raises(Unauthorized, match=r"^bearer token signature does not verify"):
         auth.claims_of_header(f"Bearer {token[:-3]}AAA")  # a neighbour of a remembered token
+
+
+async def test_a_tenant_prefetches_its_own_buckets_into_l3_under_its_grants(deployment: Deployment) -> None:
+    d = deployment
+    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
+        await admin.put("/eval/x", b"e" * 1000)
+    token = d.tenancy.token("acme", "train")
+    async with d.client(token) as c:
+        await c.put("/train/a", os.urandom(150_000))
+        handle = c.prefetch(["/train/", "/eval/x", "/eval/"], tier="l3")
+        progress = await handle
+        assert set(handle.failed) == {"/eval/x", "/eval/"}
+        assert all(isinstance(e, Forbidden) for e in handle.failed.values())
+        assert progress.chunks_done == progress.chunks_total == 3  # one node, three chunks
+    async with d.client(token, l1=blobsdk.L1Config(capacity_bytes=0)) as cold:
+        await cold.get("/train/a")
+        assert cold.stats()["l3"]["hits"] == 3 and cold.stats()["l3"]["node_fills"] == 0
