@@ -19,6 +19,7 @@ from collections.abc import (
     AsyncIterable,
     AsyncIterator,
     Coroutine,
+    Generator,
     Iterable,
     Iterator,
 )
@@ -446,6 +447,9 @@ class SyncClient:
         if self._loop is None:
             coro.close()
             raise ClientClosed("SyncClient is not open: use `with client:`")
+        if threading.current_thread() is self._thread:  # it would wait for itself forever
+            coro.close()
+            raise RuntimeError("a SyncClient cannot be used from its own loop thread: use the async Client there")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _reopen_after_fork(self) -> None:
@@ -455,7 +459,7 @@ class SyncClient:
         self._client = self._client.copy()
         self.__enter__()
 
-    def _iterate(self, items: AsyncGenerator[T, None]) -> Iterator[T]:
+    def _iterate(self, items: AsyncGenerator[T, None]) -> Generator[T, None, None]:
         """A blocking iterator over an async generator running on the loop thread."""
         try:
             while True:
@@ -479,13 +483,13 @@ class SyncClient:
     def stat(self, path: str) -> BlobInfo:
         return self._run(self._here().stat(path))
 
-    def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[BlobInfo]:
-        """Pages are fetched lazily as the iterator advances."""
+    def list(self, prefix: str, *, start_after: str | None = None) -> Generator[BlobInfo, None, None]:
+        """Pages are fetched lazily as the iterator advances; ``close()`` it if you stop early."""
         return self._iterate(self._here().list(prefix, start_after=start_after))
 
     def readahead(
         self, paths: Iterable[str], *, depth: int = READAHEAD_DEPTH, max_bytes: int = READAHEAD_BYTES
-    ) -> Iterator[tuple[str, bytearray]]:
+    ) -> Generator[tuple[str, bytearray], None, None]:
         """:meth:`Client.readahead`, blocking: the reads run ahead on the loop thread while
         the caller works on the last item."""
         return self._iterate(self._here().readahead(paths, depth=depth, max_bytes=max_bytes))

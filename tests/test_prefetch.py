@@ -402,3 +402,16 @@ async def test_chunks_the_tier_would_not_keep_count_as_skipped(tmp_path: Path, s
     async with local(tmp_path, l2=l2) as c:
         progress = await c.prefetch("/ds/", tier="l2", max_bytes=64 << 20)
         assert (progress.chunks_done, progress.chunks_skipped, progress.chunks_total) == (0, 36, 36)
+
+
+def test_a_sync_client_refuses_calls_from_its_own_loop_thread(tmp_path: Path) -> None:
+    with blobsdk.SyncClient.local(tmp_path / "store") as c:
+        c.put("/a/b", b"x")
+
+        async def from_inside() -> None:
+            c.get("/a/b")
+
+        loop = c._loop
+        assert loop is not None
+        with pytest.raises(RuntimeError, match="cannot be used from its own loop thread"):
+            asyncio.run_coroutine_threadsafe(from_inside(), loop).result(timeout=10)

@@ -1,0 +1,678 @@
+"""PyTorch datasets over blobs: sharded, shuffled, resumable, read ahead and prefetched.
+
+``BlobIterableDataset(config, paths_or_prefix, ...)`` and ``BlobDataset(config, ...)`` (map-style)
+are built like the client: ``config`` is a :class:`~blobsdk.ClientConfig` or a ``client.toml``
+path, and ``X.local(dir, paths_or_prefix, ...)`` is the embedded store.  ``paths_or_prefix`` is a
+list of blob paths (kept in its order) or a prefix ending in ``/``, listed once, sorted, when the
+dataset is built, so every worker and rank works on the same list.  An item is
+``transform((path, data))``, by default that pair itself.
+
+**Data is a bytearray**, the client's own buffer: no copy, and writable, so
+``torch.frombuffer(data, dtype=torch.uint8)`` and ``numpy.frombuffer`` need no copy and raise no
+read-only warning.  ``default_collate`` treats a bytearray as a sequence of ints, so batch raw
+items with a ``collate_fn`` (``collate_fn=list`` keeps them as they are) or decode them in
+``transform``.
+
+**Which samples, in which order.** One epoch is a permutation of the whole list (``shuffle``,
+a pure function of ``(seed, epoch)``; else the list order), cut into ranks by stride (rank ``r``
+of ``W`` takes positions ``r, r+W, ...``, so rank counts differ by at most one), and each rank's
+share into its DataLoader workers the same way.  Every sample is read exactly once per epoch
+across all ranks and workers.  ``rank``/``world_size`` default to ``torch.distributed`` when it
+is initialised, else the ``RANK``/``WORLD_SIZE`` environment variables, else 0 and 1 (read
+once, when the dataset is built).  For the map-style dataset the order is the sampler's:
+:class:`BlobSampler` does the same permutation and rank cut (the DataLoader spreads its
+indices over the workers).
+
+**Epochs.** ``set_epoch(e)`` is called on the dataset in the main process.  The epoch lives in
+a one-integer shared-memory tensor that the workers' copies share (fork and spawn alike), so
+it reaches workers that are re-created each epoch and ``persistent_workers=True`` ones too.  A
+plain ``pickle`` copy gets its own epoch.
+
+**Resume.** ``state_dict()``/``load_state_dict()`` follow torchdata's ``StatefulDataLoader``,
+which snapshots each worker's copy of an iterable dataset (every ``snapshot_every_n_steps``
+batches) and restores it in the new worker of the same id before that worker's iterator is
+made, then resumes the workers' round robin where it stopped: a worker's state is its epoch
+and how many of its own samples it has handed out, so a resumed epoch yields exactly the
+samples that were left, in the same order.  The state also names the seed, the shuffle, the
+rank, the worker and the list (its length and xxh3-64 fingerprint): restoring it anywhere else
+is a ValueError, not a silently different epoch.  It restores the epoch it was saved in.
+:class:`BlobSampler` keeps the same state for the map-style dataset (torchdata saves a
+sampler's state with each batch it hands out); ``BlobDataset``'s own state is only its list's
+fingerprint, checked on resume.
+
+**Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
+a fork nor pickled (the datasets keep the config, not a client): the iterable one for each
+iteration, closed when the iteration ends or is abandoned; the map-style one on first use,
+closed by :meth:`BlobDataset.close`, when the dataset is garbage-collected, or when the process
+exits (DataLoader workers included).  The iterable reads its samples through
+``SyncClient.readahead`` (``readahead`` reads and ``readahead_bytes`` bytes in flight ahead of
+the consumer) and deep-prefetches its own next window of ``prefetch_window`` samples into
+``prefetch_tier`` ("auto": L3 if the store has it, else L2, else L1): entering window ``k`` starts
+the prefetch of window ``k+1`` and cancels those of windows before ``k``; stopping cancels the
+rest.  The map-style dataset reads one sample per ``__getitem__``, and a whole batch through one
+readahead when the DataLoader asks for batches (``__getitems__``); deep prefetch needs to know
+the order ahead, so it is the iterable's job.
+
+Figures measured on this machine (2 cores), for 1M paths: the fingerprint ~20 ms when the
+dataset is built; the permutation and one worker's shard ~40 ms per epoch and worker; validating
+a caller's list ~0.6 s (a listed prefix is valid already).  ``PREFETCH_WINDOW`` = 4096 samples
+is hand-set, not measured (DESIGN's example): each worker has at most two windows in flight,
+one hydrate job per L3 node each, so a node runs at most two jobs per worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.util
+import os
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence, Sized
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any, Self, TypedDict, TypeGuard, Unpack
+
+import torch
+import xxhash
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+
+from .client import SyncClient, SyncPrefetch
+from .config import ClientConfig, L1Config, L2Config, ReadConfig
+from .paths import validate_path, validate_prefix
+from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+
+Sample = tuple[str, bytearray]
+Transform = Callable[[Sample], Any]
+ConfigLike = ClientConfig | str | os.PathLike[str]
+
+PREFETCH_WINDOW = 4096  # samples per deep-prefetch window (see the module docstring)
+PREFETCH_TIERS = ("l3", "l2", "l1")  # "auto" takes the first the store has
+FINGERPRINT_BATCH = 4096  # paths hashed per update
+
+
+# --- where the blobs are ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Store:
+    """How to open a client: the servers ``config`` names, or the embedded store in ``local``
+    tuned by ``config``.  Pickles as that, never as an open client."""
+
+    config: ClientConfig
+    local: str | None = None
+
+    @classmethod
+    def of(cls, config: ConfigLike, local: str | os.PathLike[str] | None) -> _Store:
+        cfg = _load_config(config)
+        servers = cfg.api_url is not None or bool(cfg.block_urls)
+        if local is None and not servers:
+            raise ValueError("config names no servers (api_url, block_urls): use .local(DIR, ...) for an embedded store")
+        if local is not None and servers:
+            raise ValueError("local= is the embedded store: its config must name no servers")
+        return cls(cfg, None if local is None else os.fspath(local))
+
+    def client(self) -> SyncClient:
+        """A new, unopened client (``with store.client() as c:``)."""
+        cfg = self.config
+        if self.local is None:
+            return SyncClient(cfg)
+        return SyncClient.local(self.local, write=cfg.write, read=cfg.read, l1=cfg.l1, l2=cfg.l2)
+
+    def cache_tiers(self) -> list[str]:
+        """The cache tiers a client of this store has, best prefetch target first."""
+        cfg = self.config
+        has = {"l3": bool(cfg.l3_urls) and self.local is None, "l2": cfg.l2 is not None, "l1": cfg.l1.capacity_bytes > 0}
+        return [tier for tier in PREFETCH_TIERS if has[tier]]
+
+
+def _load_config(config: object) -> ClientConfig:
+    if isinstance(config, ClientConfig):
+        return config
+    if isinstance(config, str | os.PathLike):
+        return ClientConfig.from_toml(config)
+    raise TypeError(f"config must be a ClientConfig or a client.toml path, not {type(config).__name__}")
+
+
+def _resolve_paths(store: _Store, paths_or_prefix: object) -> tuple[str, ...]:
+    """The dataset's list: a prefix listed once (sorted), or the caller's paths, validated."""
+    if isinstance(paths_or_prefix, str):
+        if not paths_or_prefix.endswith("/"):
+            raise ValueError(f"paths_or_prefix must be a list of blob paths or a prefix ending in '/', got {paths_or_prefix!r}")
+        prefix = validate_prefix(paths_or_prefix)
+        with store.client() as client:
+            paths = tuple(info.path for info in client.list(prefix))
+        if not paths:
+            raise ValueError(f"no blobs under {prefix!r}")
+        return paths
+    if not isinstance(paths_or_prefix, Sequence):
+        raise TypeError(f"paths_or_prefix must be a list of blob paths or a prefix string, not {type(paths_or_prefix).__name__}")
+    if not paths_or_prefix:
+        raise ValueError("paths_or_prefix is an empty list")
+    return tuple(validate_path(path) for path in paths_or_prefix)
+
+
+def _fingerprint(paths: Sequence[str]) -> str:
+    """xxh3-64 of the list (NUL-separated): resuming against another list is refused."""
+    digest = xxhash.xxh3_64()
+    for i in range(0, len(paths), FINGERPRINT_BATCH):
+        digest.update("\0".join(paths[i : i + FINGERPRINT_BATCH]).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+# --- which samples, in which order ---------------------------------------------------------------
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_epoch(epoch: object) -> int:
+    if not _is_int(epoch) or epoch < 0:
+        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+    return epoch
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else torch.distributed's when it is initialised, else
+    the ``RANK`` and ``WORLD_SIZE`` environment variables, else ``(0, 1)``."""
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"pass both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
+    if rank is None or world_size is None:
+        rank, world_size = _default_rank()
+    if not _is_int(world_size) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if not _is_int(rank) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    return rank, world_size
+
+
+def _default_rank() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank, world_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None and world_size is None:
+        return 0, 1
+    if rank is None or world_size is None:
+        given, missing = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
+        raise ValueError(f"the environment sets {given} but not {missing}")
+    return _env_int("RANK", rank), _env_int("WORLD_SIZE", world_size)
+
+
+def _env_int(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an int, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class _Sharding:
+    """One epoch's order (a permutation of all ``samples`` when ``shuffle``), cut by stride
+    into ranks and each rank's share into workers."""
+
+    samples: int
+    shuffle: bool
+    seed: int
+    rank: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"shuffle must be a bool, got {self.shuffle!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+
+    def indices(self, epoch: int, worker: int = 0, workers: int = 1) -> list[int]:
+        """The sample indices of this rank's ``worker`` of ``workers`` in ``epoch``, in order."""
+        order = self._order(epoch)[self.rank :: self.world_size]
+        return order[worker::workers].tolist()
+
+    def count(self, worker: int = 0, workers: int = 1) -> int:
+        return len(range(self.rank, self.samples, self.world_size)[worker::workers])
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.samples)
+        mixed = xxhash.xxh3_64_intdigest(f"{self.seed}:{epoch}".encode()) >> 1  # (seed, epoch) -> a 63-bit seed
+        return torch.randperm(self.samples, generator=torch.Generator().manual_seed(mixed))
+
+    def identity(self) -> dict[str, object]:
+        """What a saved state must match to be resumed here."""
+        return {
+            "samples": self.samples,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+
+@dataclass
+class _Position:
+    """Where one iteration is: its epoch and how many of its samples it has handed out (and,
+    in an iterable dataset, which worker's samples)."""
+
+    epoch: int
+    yielded: int = 0
+    worker: tuple[int, int] = (0, 1)  # (id, num_workers)
+
+
+def _restore(state: object, expected: Mapping[str, object], what: str, samples: int) -> _Position:
+    """The position a saved state names, once every identifying key matches ``expected``."""
+    state = _check_identity(state, expected, what, "epoch", "yielded")
+    epoch, yielded = _check_epoch(state["epoch"]), state["yielded"]
+    if not _is_int(yielded) or not 0 <= yielded <= samples:
+        raise ValueError(f"cannot resume: yielded={yielded!r} is not in [0, {samples}]")
+    return _Position(epoch, yielded)
+
+
+def _check_identity(state: object, expected: Mapping[str, object], what: str, *more: str) -> Mapping[str, object]:
+    """``state``, once it has every key of ``expected`` (and ``more``) and they match."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"a {what} state is a dict, got {type(state).__name__}")
+    missing = sorted({*expected, *more} - state.keys())
+    if missing:
+        raise ValueError(f"not a {what} state: missing {', '.join(missing)}")
+    for key, value in expected.items():
+        if state[key] != value:
+            raise ValueError(f"cannot resume: the state was saved with {key}={state[key]!r}, this {what} has {key}={value!r}")
+    return state
+
+
+# --- the iterable dataset ------------------------------------------------------------------------
+
+
+class IterableOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`BlobIterableDataset` (and its ``local``)."""
+
+    transform: Transform | None
+    shuffle: bool
+    seed: int
+    rank: int | None
+    world_size: int | None
+    readahead: int
+    readahead_bytes: int
+    prefetch_window: int | None
+    prefetch_tier: str | None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How an iteration reads: readahead depth and bytes, deep-prefetch window and tier."""
+
+    readahead: int
+    readahead_bytes: int
+    prefetch_window: int | None
+    prefetch_tier: str | None  # resolved: a tier the store has, or None (no deep prefetch)
+
+    @classmethod
+    def of(cls, store: _Store, readahead: int, readahead_bytes: int, window: int | None, tier: str | None) -> _Reading:
+        if not _is_int(readahead) or readahead < 1:
+            raise ValueError(f"readahead must be an int >= 1, got {readahead!r}")
+        if not _is_int(readahead_bytes) or readahead_bytes < 1:
+            raise ValueError(f"readahead_bytes must be an int >= 1, got {readahead_bytes!r}")
+        if window is not None and (not _is_int(window) or window < 1):
+            raise ValueError(f"prefetch_window must be an int >= 1 or None, got {window!r}")
+        tier = _prefetch_tier(store, tier)
+        return cls(readahead, readahead_bytes, window, tier if window is not None else None)
+
+
+def _prefetch_tier(store: _Store, tier: str | None) -> str | None:
+    has = store.cache_tiers()
+    if tier == "auto":
+        return has[0] if has else None
+    if tier is not None and tier not in PREFETCH_TIERS:
+        raise ValueError(f"prefetch_tier must be 'auto', 'l1', 'l2', 'l3' or None, got {tier!r}")
+    if tier is not None and tier not in has:
+        configured = ", ".join(map(repr, has)) or "none"
+        raise ValueError(f"prefetch_tier {tier!r} is not configured for this store; configured: {configured}")
+    return tier
+
+
+class BlobIterableDataset(IterableDataset[Any]):
+    """Every sample of ``paths_or_prefix`` once per epoch, sharded over ranks and DataLoader
+    workers, read ahead and deep-prefetched in each worker; see the module docstring."""
+
+    def __init__(
+        self,
+        config: ConfigLike,
+        paths_or_prefix: str | Sequence[str],
+        *,
+        local: str | os.PathLike[str] | None = None,
+        transform: Transform | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        readahead: int = READAHEAD_DEPTH,
+        readahead_bytes: int = READAHEAD_BYTES,
+        prefetch_window: int | None = PREFETCH_WINDOW,
+        prefetch_tier: str | None = "auto",
+    ) -> None:
+        self._store = _Store.of(config, local)
+        self._reading = _Reading.of(self._store, readahead, readahead_bytes, prefetch_window, prefetch_tier)
+        self._transform = _check_transform(transform)
+        rank, world_size = resolve_rank(rank, world_size)
+        self.paths = _resolve_paths(self._store, paths_or_prefix)
+        self._sharding = _Sharding(len(self.paths), shuffle, seed, rank, world_size)
+        self._fingerprint = _fingerprint(self.paths)
+        # One int in shared memory: the workers' copies (forked or spawned) share it.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        self._pending: _Position | None = None  # loaded by load_state_dict, taken by the next __iter__
+        self._current: _Iteration | None = None  # this process's latest iteration
+
+    @classmethod
+    def local(
+        cls,
+        root: str | os.PathLike[str],
+        paths_or_prefix: str | Sequence[str],
+        *,
+        read: ReadConfig = ReadConfig(),
+        l1: L1Config = L1Config(),
+        l2: L2Config | None = None,
+        **options: Unpack[IterableOptions],
+    ) -> BlobIterableDataset:
+        """Over the embedded store in ``root`` (as :meth:`blobsdk.Client.local`)."""
+        return cls(ClientConfig(read=read, l1=l1, l2=l2), paths_or_prefix, local=root, **options)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iterations run (call it in the main process, between epochs)."""
+        self._epoch.fill_(_check_epoch(epoch))
+        self._current = None
+
+    def __len__(self) -> int:
+        """This rank's samples per epoch (all its workers together)."""
+        return self._sharding.count()
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = _worker()
+        position = self._take_pending(worker) or _Position(self.epoch, worker=worker)
+        indices = self._sharding.indices(position.epoch, *worker)
+        self._current = _Iteration(position, [self.paths[i] for i in indices])
+        return self._samples(self._current)
+
+    def _take_pending(self, worker: tuple[int, int]) -> _Position | None:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.worker != worker:
+            saved, here = pending.worker, worker
+            raise ValueError(
+                f"cannot resume: the state was loaded in DataLoader worker {saved[0]} of {saved[1]} and is iterated"
+                f" in worker {here[0]} of {here[1]} (load each worker's state in that worker, as StatefulDataLoader does)"
+            )
+        return pending
+
+    def _samples(self, it: _Iteration) -> Iterator[Any]:
+        reading = self._reading
+        with (
+            self._store.client() as client,
+            _WindowPrefetch(client, it.paths, reading.prefetch_window, reading.prefetch_tier) as prefetch,
+            closing(_readahead(client, it.paths[it.position.yielded :], reading)) as reads,
+        ):
+            for position, sample in enumerate(reads, start=it.position.yielded):
+                prefetch.enter(position)
+                item = self._transform(sample)
+                it.position.yielded = position + 1
+                yield item
+
+    def state_dict(self) -> dict[str, object]:
+        """This process's (worker's) position: the running or last iteration's, else where the
+        next one starts."""
+        it = self._current
+        position = self._pending or (it.position if it is not None else _Position(self.epoch, worker=_worker()))
+        return {**self._identity(position.worker), "epoch": position.epoch, "yielded": position.yielded}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Make the next iteration in this process resume where ``state`` was taken."""
+        worker = _worker()
+        position = _restore(state, self._identity(worker), type(self).__name__, self._sharding.count(*worker))
+        self._pending = _Position(position.epoch, position.yielded, worker)
+
+    def _identity(self, worker: tuple[int, int]) -> dict[str, object]:
+        identity = {**self._sharding.identity(), "fingerprint": self._fingerprint}
+        return {**identity, "worker": worker[0], "workers": worker[1]}
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_current": None}  # an iteration belongs to its process
+
+    def __repr__(self) -> str:
+        s = self._sharding
+        return f"<{type(self).__name__} {s.samples} samples, rank {s.rank} of {s.world_size}, epoch {self.epoch}>"
+
+
+@dataclass
+class _Iteration:
+    position: _Position
+    paths: list[str] = field(repr=False)  # this worker's samples of the epoch, in order
+
+
+def _readahead(client: SyncClient, paths: Sequence[str], reading: _Reading) -> Generator[Sample, None, None]:
+    """``client.readahead``: a generator, whose closing cancels the reads in flight."""
+    return client.readahead(paths, depth=reading.readahead, max_bytes=reading.readahead_bytes)
+
+
+def _worker() -> tuple[int, int]:
+    """``(id, num_workers)`` of the DataLoader worker this runs in; ``(0, 1)`` outside one."""
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+def _check_transform(transform: object) -> Transform:
+    if transform is None:
+        return _identity
+    if not callable(transform):
+        raise TypeError(f"transform must be callable or None, not {type(transform).__name__}")
+    return transform
+
+
+def _identity(sample: Sample) -> Sample:
+    return sample
+
+
+class _WindowPrefetch:
+    """Deep prefetch of one iteration's samples, a window ahead: :meth:`enter` at each position
+    starts window ``k+1`` on entering window ``k`` and cancels the windows before ``k``;
+    :meth:`close` cancels what still runs."""
+
+    def __init__(self, client: SyncClient, paths: Sequence[str], window: int | None, tier: str | None) -> None:
+        self._client = client
+        self._paths = paths
+        self._window = window
+        self._tier = tier
+        self._entered: int | None = None
+        self.running: dict[int, SyncPrefetch] = {}  # window -> its prefetch
+
+    def enter(self, position: int) -> None:
+        if self._window is None or self._tier is None or position // self._window == self._entered:
+            return
+        current = self._entered = position // self._window
+        self._cancel([w for w in self.running if w < current])
+        ahead = self._paths[(current + 1) * self._window : (current + 2) * self._window]
+        if ahead:
+            self.running[current + 1] = self._client.prefetch(ahead, tier=self._tier)
+
+    def close(self) -> None:
+        self._cancel(list(self.running))
+
+    def _cancel(self, windows: list[int]) -> None:
+        for window in windows:
+            handle = self.running.pop(window)
+            if not handle.done:
+                handle.cancel()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# --- the map-style dataset ------------------------------------------------------------------------
+
+
+class MapOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`BlobDataset` (and its ``local``)."""
+
+    transform: Transform | None
+    readahead: int
+    readahead_bytes: int
+
+
+class BlobDataset(Dataset[Any]):
+    """``dataset[i]`` is ``transform((path, data))`` of the ``i``-th path; a batch of indices
+    is read through one readahead.  Order, sharding and resume are the sampler's: use
+    :class:`BlobSampler` (or the DataLoader's ``shuffle``/``generator``)."""
+
+    def __init__(
+        self,
+        config: ConfigLike,
+        paths_or_prefix: str | Sequence[str],
+        *,
+        local: str | os.PathLike[str] | None = None,
+        transform: Transform | None = None,
+        readahead: int = READAHEAD_DEPTH,
+        readahead_bytes: int = READAHEAD_BYTES,
+    ) -> None:
+        store = _Store.of(config, local)
+        self._reading = _Reading.of(store, readahead, readahead_bytes, None, None)
+        self._transform = _check_transform(transform)
+        self.paths = _resolve_paths(store, paths_or_prefix)
+        self._fingerprint = _fingerprint(self.paths)
+        self._client = _ProcessClient(store)
+
+    @classmethod
+    def local(
+        cls,
+        root: str | os.PathLike[str],
+        paths_or_prefix: str | Sequence[str],
+        *,
+        read: ReadConfig = ReadConfig(),
+        l1: L1Config = L1Config(),
+        l2: L2Config | None = None,
+        **options: Unpack[MapOptions],
+    ) -> BlobDataset:
+        """Over the embedded store in ``root`` (as :meth:`blobsdk.Client.local`)."""
+        return cls(ClientConfig(read=read, l1=l1, l2=l2), paths_or_prefix, local=root, **options)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> Any:
+        path = self.paths[index]
+        return self._transform((path, self._client.get().get(path)))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch (the DataLoader's fetcher calls this): its reads run concurrently."""
+        paths = [self.paths[i] for i in indices]
+        with closing(_readahead(self._client.get(), paths, self._reading)) as reads:
+            return [self._transform(sample) for sample in reads]
+
+    def state_dict(self) -> dict[str, object]:
+        """The list's identity (the position is the sampler's)."""
+        return {"samples": len(self.paths), "fingerprint": self._fingerprint}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Check that ``state`` was saved over this same list (ValueError if not)."""
+        _check_identity(state, self.state_dict(), type(self).__name__)
+
+    def close(self) -> None:
+        """Close this process's client (the next read opens a new one)."""
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {len(self.paths)} samples>"
+
+
+class _ProcessClient:
+    """The map-style dataset's client in this process: opened on first use, closed by
+    :meth:`close`, when this object is collected, or at process exit (``multiprocessing``'s
+    finalizers run in DataLoader workers too, where ``atexit`` does not).  A copy made by
+    ``fork`` sets the parent's client aside (the parent's to close) and opens its own; a
+    pickled copy carries only the store."""
+
+    def __init__(self, store: _Store) -> None:
+        self._store = store
+        self._forget()
+
+    def _forget(self) -> None:
+        self._client: SyncClient | None = None
+        self._pid = 0
+        self._finalizer: multiprocessing.util.Finalize[None] | None = None
+
+    def get(self) -> SyncClient:
+        if self._client is None or self._pid != os.getpid():
+            self._open()
+        assert self._client is not None
+        return self._client
+
+    def _open(self) -> None:
+        client = self._store.client()
+        client.__enter__()
+        self._client, self._pid = client, os.getpid()
+        self._finalizer = multiprocessing.util.Finalize(self, client.close, exitpriority=0)
+
+    def close(self) -> None:
+        finalizer, self._client, self._finalizer = self._finalizer, None, None
+        if finalizer is not None and self._pid == os.getpid():
+            finalizer()  # closes the client, once
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"_store": self._store}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        store = state["_store"]
+        assert isinstance(store, _Store)
+        self._store = store
+        self._forget()
+
+
+# --- the map-style sampler ------------------------------------------------------------------------
+
+
+class BlobSampler(Sampler[int]):
+    """This rank's indices of ``data_source`` for one epoch: the same permutation and rank cut
+    as :class:`BlobIterableDataset` (every index once per epoch over all ranks, rank counts
+    within one), with ``set_epoch`` and a ``state_dict`` that ``StatefulDataLoader`` saves and
+    restores, so a resumed epoch yields exactly the indices that were left, in order."""
+
+    def __init__(
+        self, data_source: Sized, *, shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None
+    ) -> None:
+        rank, world_size = resolve_rank(rank, world_size)
+        self._sharding = _Sharding(len(data_source), shuffle, seed, rank, world_size)
+        self.epoch = 0
+        self._pending: _Position | None = None
+        self._current: _Position | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = _check_epoch(epoch)
+        self._current = None
+
+    def __len__(self) -> int:
+        return self._sharding.count()
+
+    def __iter__(self) -> Iterator[int]:
+        position = self._current = self._pending or _Position(self.epoch)
+        self._pending = None
+        return self._indices(position, self._sharding.indices(position.epoch))
+
+    @staticmethod
+    def _indices(position: _Position, indices: list[int]) -> Iterator[int]:
+        for i in range(position.yielded, len(indices)):
+            position.yielded = i + 1
+            yield indices[i]
+
+    def state_dict(self) -> dict[str, object]:
+        position = self._pending or self._current or _Position(self.epoch)
+        return {**self._sharding.identity(), "epoch": position.epoch, "yielded": position.yielded}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        self._pending = _restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())
