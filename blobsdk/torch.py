@@ -62,6 +62,8 @@ one hydrate job per L3 node each, so a node runs at most two jobs per worker.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import multiprocessing.util
 import os
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence, Sized
@@ -77,6 +79,23 @@ from .client import SyncClient, SyncPrefetch
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .paths import validate_path, validate_prefix
 from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+
+# Imported here, in the process that builds the dataset, not first in a forked DataLoader
+# worker: CPython 3.11's import lock can fail in a child forked while other threads run
+# (KeyError in importlib's _ModuleLock.acquire, seen as "worker exited unexpectedly").  torch's
+# workers import numpy.random to seed it (when numpy is there); a worker's client imports the
+# store backends.
+_IMPORTED_BEFORE_FORK = (
+    "numpy.random",
+    "blobsdk.metadata.http",
+    "blobsdk.metadata.sqlite",
+    "blobsdk.sources.http",
+    "blobsdk.sources.local",
+    "blobsdk.sources.replicated",
+)
+for _module in _IMPORTED_BEFORE_FORK:
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_module)
 
 Sample = tuple[str, bytearray]
 Transform = Callable[[Sample], Any]
