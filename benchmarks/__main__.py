@@ -18,6 +18,7 @@ BENCHMARKS = {
     "hedging": "benchmarks.hedging",
     "concurrency": "benchmarks.concurrency",
     "tenancy": "benchmarks.tenancy",
+    "ingest": "benchmarks.ingest",
 }
 
 
