@@ -100,3 +100,18 @@ def auth_headers(token: str | None, ref: ChunkRef | None = None) -> dict[str, st
     if ref is not None and ref.grant:
         headers[GRANT_HEADER] = ref.grant
     return headers
+
+
+def wait_for_child(pid: int, timeout: float = 30.0) -> int:
+    """The exit code of forked child ``pid``; the test fails (and the child is killed) if it
+    has not exited within ``timeout`` seconds: a child that hangs on its parent's client."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child did not exit within {timeout:g} s (hung on its parent's client?)")
+        time.sleep(0.05)
+    return os.waitstatus_to_exitcode(done[1])

@@ -25,6 +25,7 @@ from blobsdk.config import ClientConfig, ReadConfig
 from blobsdk.fsspec import BlobFileSystem, BlobWriteFile
 from servers.cluster import start_cluster
 from tests.fsspec_fixtures import SMALL, SMALL_WRITE, BlobFixtures, local_fs
+from tests.helpers import wait_for_child
 
 # --- fsspec's abstract suite ------------------------------------------------------------------
 
@@ -567,13 +568,7 @@ def fork_and_check(fs: BlobFileSystem) -> None:
             fs.pipe_file("b/child", b"from the child")
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            pytest.fail("the child hung on the parent's client")
-        time.sleep(0.05)
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert wait_for_child(pid) == 0
     assert fs.cat_file("b/child") == b"from the child"
     assert fs.cat_file("b/parent") == b"from the parent"
 

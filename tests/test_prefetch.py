@@ -21,7 +21,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.prefetch import PrefetchProgress
 from servers import api, blockstore
 from servers.cluster import start_cluster
-from tests.helpers import running_app
+from tests.helpers import running_app, wait_for_child
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 CHUNK = 64 << 10
@@ -387,13 +387,7 @@ def test_a_forked_child_gets_a_fresh_client(tmp_path: Path) -> None:
                 c.put("/a/c", b"from the child")
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + 30
-        while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                pytest.fail("the child hung on the parent's client")
-            time.sleep(0.05)
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert wait_for_child(pid) == 0
         assert bytes(c.get("/a/c")) == b"from the child"  # the parent's client still works
 
 
