@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -239,7 +240,7 @@ async def test_a_foreground_read_goes_before_the_queued_prefetch_reads(tmp_path:
 
 async def test_after_an_l3_prefetch_a_cold_client_reads_nothing_from_l4(tmp_path: Path) -> None:
     async with start_cluster(tmp_path, block_servers=2, l3_nodes=2) as cluster:
-        config = msgspec_replace(cluster.config, write=SMALL, l1=L1Config(capacity_bytes=0))
+        config = msgspec.structs.replace(cluster.config, write=SMALL, l1=L1Config(capacity_bytes=0))
         data = blobs(10)
         async with blobsdk.Client(config) as c:
             await c.put_many(data.items())
@@ -258,7 +259,7 @@ async def test_after_an_l3_prefetch_a_cold_client_reads_nothing_from_l4(tmp_path
 
 async def test_an_l3_prefetch_reports_chunks_no_node_could_store(tmp_path: Path) -> None:
     async with start_cluster(tmp_path, block_servers=1, l3_nodes=1) as cluster:
-        config = msgspec_replace(cluster.config, write=SMALL)
+        config = msgspec.structs.replace(cluster.config, write=SMALL)
         async with blobsdk.Client(config) as c:
             await c.put("/a/kept", os.urandom(CHUNK))
             await c.put("/a/lost", os.urandom(2 * CHUNK))
@@ -274,7 +275,7 @@ async def test_an_l3_prefetch_reports_chunks_no_node_could_store(tmp_path: Path)
 
 async def test_a_cancelled_l3_prefetch_stops_its_jobs_on_the_nodes(tmp_path: Path) -> None:
     async with start_cluster(tmp_path, block_servers=1, l3_nodes=1, latency_ms=200.0, spindles=1) as cluster:
-        config = msgspec_replace(cluster.config, write=SMALL)
+        config = msgspec.structs.replace(cluster.config, write=SMALL)
         async with blobsdk.Client(config) as c:
             await c.put_many(blobs(10).items())
             handle = c.prefetch("/ds/", tier="l3")
@@ -287,23 +288,22 @@ async def test_a_cancelled_l3_prefetch_stops_its_jobs_on_the_nodes(tmp_path: Pat
             assert handle.progress.chunks_done < handle.progress.chunks_total  # stopped part-way
 
 
-def msgspec_replace(config: ClientConfig, **changes: object) -> ClientConfig:
-    import msgspec
-
-    return msgspec.structs.replace(config, **changes)
-
-
 # --- readahead ----------------------------------------------------------------------------------
+
+
+async def stock(config: ClientConfig, gate: SlowBlocks, data: dict[str, bytes]) -> ClientConfig:
+    """Write ``data`` with the gate open, close it; the config of a reader without L1."""
+    gate.release.set()
+    async with blobsdk.Client(config) as c:
+        await c.put_many(data.items())
+    gate.release.clear()
+    return msgspec.structs.replace(config, l1=L1Config(capacity_bytes=0))
 
 
 async def test_readahead_yields_in_order_and_keeps_depth_in_flight(slow: tuple[ClientConfig, SlowBlocks]) -> None:
     config, gate = slow
-    gate.release.set()
     data = blobs(30, size=CHUNK)
-    async with blobsdk.Client(config) as c:
-        await c.put_many(data.items())
-    gate.release.clear()
-    async with blobsdk.Client(msgspec_replace(config, l1=L1Config(capacity_bytes=0))) as c:
+    async with blobsdk.Client(await stock(config, gate, data)) as c:
         reads = c.readahead(list(data), depth=5)
         first = asyncio.ensure_future(anext(reads))
         while gate.started < 5:
@@ -317,12 +317,8 @@ async def test_readahead_yields_in_order_and_keeps_depth_in_flight(slow: tuple[C
 
 async def test_readahead_bounds_the_bytes_ahead(slow: tuple[ClientConfig, SlowBlocks]) -> None:
     config, gate = slow
-    gate.release.set()
     data = blobs(10, size=CHUNK)
-    async with blobsdk.Client(config) as c:
-        await c.put_many(data.items())
-    gate.release.clear()
-    async with blobsdk.Client(msgspec_replace(config, l1=L1Config(capacity_bytes=0))) as c:
+    async with blobsdk.Client(await stock(config, gate, data)) as c:
         reads = c.readahead(list(data), depth=8, max_bytes=3 * CHUNK)
         first = asyncio.ensure_future(anext(reads))
         await asyncio.sleep(0.1)
