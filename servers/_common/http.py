@@ -123,6 +123,9 @@ def refuse_encoded(request: web.Request) -> None:
         raise UnsupportedEncoding(f"request bodies with Content-Encoding {encoding!r} are not accepted; send them as they are")
 
 
+CLIENT_CLOSED = 499  # the status counted for a request whose client left before the answer (nginx's)
+
+
 class Metrics:
     """Request counters and latency sums per route and status, as Prometheus text."""
 
@@ -144,6 +147,9 @@ class Metrics:
             return response
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:  # the client went away first (serving() cancels)
+            status = CLIENT_CLOSED
             raise
         finally:
             self.requests[(route, status)] += 1

@@ -299,8 +299,12 @@ class BoundedSite(web.BaseSite):
 
 @asynccontextmanager
 async def serving(app: web.Application, host: str, port: int, limits: ServerLimits | None = None) -> AsyncIterator[int]:
-    """Serve ``app`` on ``host:port`` (0: a free port) with ``limits``; yield the bound port."""
-    runner = web.AppRunner(app, access_log=None)
+    """Serve ``app`` on ``host:port`` (0: a free port) with ``limits``; yield the bound port.
+
+    A handler whose client goes away is cancelled (aiohttp's default lets it run on): a GET
+    queued for a block server's spindle gives its place up instead of seeking for nobody,
+    which a hedged or failed-over read leaves behind on a busy HDD tier."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         await BoundedSite(runner, host, port, limits or ServerLimits()).start()

@@ -264,6 +264,34 @@ async def test_a_request_cancelled_while_seeking_frees_its_spindle() -> None:
     await asyncio.wait_for(serve(), 1.0)  # the spindle is free again
 
 
+async def test_a_get_whose_client_left_gives_its_place_in_the_queue_up(tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    with blockstore(tmp_path, "--latency-ms", "300", "--spindles", "1") as (url, _):
+        async with HttpBlockStore(session, url) as store:
+            block_id = new_block_id()
+            await store.write_block(block_id, [b"x" * 100])
+            start = time.perf_counter()
+            reads = [asyncio.create_task(store.read_range(block_id, 0, 100)) for _ in range(3)]
+            await until_metric(session, url, "blobsdk_blockstore_queued_requests 2")
+            for read in reads[1:]:  # two clients give up while queued behind the first
+                read.cancel()
+            await until_metric(session, url, "blobsdk_blockstore_queued_requests 0")
+            assert await reads[0] == b"x" * 100
+            assert await store.read_range(block_id, 0, 100) == b"x" * 100
+            # Two seeks (0.6 s), not four: the next read waited for no abandoned one.
+            assert time.perf_counter() - start < 0.9
+            await until_metric(session, url, 'route="/v1/blocks/{block_id}",status="499"} 2')  # counted as given up
+
+
+async def until_metric(session: aiohttp.ClientSession, url: str, line: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        async with session.get(f"{url}/metrics") as resp:
+            if line in (text := await resp.text()):
+                return
+        assert time.monotonic() < deadline, f"{line!r} not in {text}"
+        await asyncio.sleep(0.02)
+
+
 async def test_bandwidth_is_capped(tmp_path: Path, session: aiohttp.ClientSession) -> None:
     with blockstore(tmp_path, "--bandwidth-mbps", "10") as (url, _):
         async with HttpBlockStore(session, url) as store:

@@ -761,7 +761,8 @@ def test_a_client_hanging_up_mid_body_is_a_bad_request(
     request: pytest.FixtureRequest, server: str, prefix: str, route: str, head: str
 ) -> None:
     """It was a ConnectionResetError out of the handler: a 500 and a logged traceback per
-    hang-up (the block server already answered BadRequest)."""
+    hang-up (the block server already answered BadRequest).  Now the body read fails (400)
+    or, when the connection is lost first, the handler is cancelled (499): either way no 500."""
     under_test: Server = request.getfixturevalue(server)
     before = requests_counted(under_test, prefix, route)
     data = head.replace("HTTP/1.1\r\n", "HTTP/1.1\r\nHost: fuzz\r\n", 1).encode("latin-1")
@@ -771,5 +772,5 @@ def test_a_client_hanging_up_mid_body_is_a_bad_request(
         if counted:
             break
         under_test.loop.run(asyncio.sleep(0.01))
-    assert counted == Counter({"400": 1})
+    assert counted in (Counter({"400": 1}), Counter({"499": 1}))
     assert not under_test.loop.errors.records
