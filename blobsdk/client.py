@@ -34,6 +34,7 @@ import aiohttp
 from . import gc as gc_module
 from . import readahead as readahead_module
 from . import repair as repair_module
+from ._forksafe import Executor, LoopThread
 from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
@@ -172,7 +173,7 @@ class Client:
             raise ClientClosed("client is already open")
         stack = AsyncExitStack()
         try:
-            executor = stack.enter_context(ThreadPoolExecutor(max_workers=4, thread_name_prefix="blobsdk"))
+            executor = stack.enter_context(Executor(max_workers=4, thread_name_prefix="blobsdk"))
             backends = await self._stores.open(stack)
             self._state = await _Open.start(stack, backends, executor, self.config)
         except BaseException:
@@ -384,8 +385,7 @@ class SyncClient:
 
     def __init__(self, config: ClientConfig | Client) -> None:
         self._client = config if isinstance(config, Client) else Client(config)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._pid: int | None = None  # the process the loop runs in
 
     @classmethod
@@ -402,10 +402,7 @@ class SyncClient:
         return cls(Client.local(root, write=write, read=read, l1=l1, l2=l2))
 
     def __enter__(self) -> Self:
-        loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="blobsdk-sync", daemon=True)
-        self._thread.start()
-        self._loop = loop
+        self._loop = LoopThread("blobsdk-sync")
         self._pid = os.getpid()
         try:
             self._run(self._client.__aenter__())
@@ -421,7 +418,7 @@ class SyncClient:
         if self._loop is None:
             return
         if self._pid != os.getpid():  # a forked child that never used it: the loop is the parent's
-            self._loop = self._thread = None
+            self._loop = None
             return
         try:
             self._run(self._client.aclose())
@@ -429,12 +426,9 @@ class SyncClient:
             self._stop_loop()
 
     def _stop_loop(self) -> None:
-        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        assert loop is not None and thread is not None
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
+        loop, self._loop = self._loop, None
+        assert loop is not None
+        loop.stop()
 
     def _here(self) -> Client:
         """The client to call in this process (a fresh one in a forked child): every method
@@ -447,15 +441,15 @@ class SyncClient:
         if self._loop is None:
             coro.close()
             raise ClientClosed("SyncClient is not open: use `with client:`")
-        if threading.current_thread() is self._thread:  # it would wait for itself forever
+        if threading.current_thread() is self._loop.thread:  # it would wait for itself forever
             coro.close()
             raise RuntimeError("a SyncClient cannot be used from its own loop thread: use the async Client there")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop.loop).result()
 
     def _reopen_after_fork(self) -> None:
         """In a forked child: forget the parent's loop, thread and client (not closed: they
         are the parent's) and open a fresh client here."""
-        self._loop = self._thread = None
+        self._loop = None
         self._client = self._client.copy()
         self.__enter__()
 
@@ -487,12 +481,12 @@ class SyncClient:
         """Pages are fetched lazily as the iterator advances; ``close()`` it if you stop early."""
         return self._iterate(self._here().list(prefix, start_after=start_after))
 
-    def readahead(
-        self, paths: Iterable[str], *, depth: int = READAHEAD_DEPTH, max_bytes: int = READAHEAD_BYTES
-    ) -> Generator[tuple[str, bytearray], None, None]:
+    def readahead(self, paths: Iterable[str], *, depth: int = READAHEAD_DEPTH, max_bytes: int = READAHEAD_BYTES) -> SyncReadahead:
         """:meth:`Client.readahead`, blocking: the reads run ahead on the loop thread while
-        the caller works on the last item."""
-        return self._iterate(self._here().readahead(paths, depth=depth, max_bytes=max_bytes))
+        the caller works on the last item.  They start at once, not at the first ``next()``,
+        so an iterator made early (the next epoch's, while this one ends) has its first
+        blobs ready; ``close()`` it (or use ``with``) if you stop early."""
+        return SyncReadahead(self, self._here().readahead(paths, depth=depth, max_bytes=max_bytes))
 
     def prefetch(
         self,
@@ -529,6 +523,56 @@ class SyncClient:
 
 async def _next(pages: AsyncIterator[T]) -> T:
     return await anext(pages)
+
+
+class SyncReadahead(Iterator[tuple[str, bytearray]]):
+    """:meth:`SyncClient.readahead`'s iterator, whose reads started when it was made."""
+
+    def __init__(self, client: SyncClient, items: AsyncGenerator[tuple[str, bytearray], None]) -> None:
+        self._client = client
+        self._items: AsyncGenerator[tuple[str, bytearray], None] | None = items
+        self._first: asyncio.Task[tuple[str, bytearray]] | None = client._run(_started(items))
+
+    def __next__(self) -> tuple[str, bytearray]:
+        if self._items is None:
+            raise StopIteration
+        first, self._first = self._first, None
+        try:
+            return self._client._run(_next(self._items) if first is None else _result(first))
+        except StopAsyncIteration:
+            self.close()
+            raise StopIteration from None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Cancel the reads in flight; the iterator then ends."""
+        items, first, self._items, self._first = self._items, self._first, None, None
+        if items is not None and self._client._loop is not None and self._client._pid == os.getpid():
+            self._client._run(_closed(items, first))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _started(items: AsyncIterator[T]) -> asyncio.Task[T]:
+    return asyncio.create_task(_next(items))
+
+
+async def _result(task: asyncio.Task[T]) -> T:
+    return await task
+
+
+async def _closed(items: AsyncGenerator[T, None], first: asyncio.Task[T] | None) -> None:
+    """Close ``items``, once its ``first`` step (still running, or never awaited) is over."""
+    if first is not None:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+    await items.aclose()
 
 
 class SyncPrefetch:

@@ -66,7 +66,7 @@ import contextlib
 import importlib
 import multiprocessing.util
 import os
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Self, TypedDict, TypeGuard, Unpack
@@ -75,7 +75,7 @@ import torch
 import xxhash
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from .client import SyncClient, SyncPrefetch
+from .client import SyncClient, SyncPrefetch, SyncReadahead
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .paths import validate_path, validate_prefix
 from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
@@ -467,7 +467,7 @@ class _Iteration:
     paths: list[str] = field(repr=False)  # this worker's samples of the epoch, in order
 
 
-def _readahead(client: SyncClient, paths: Sequence[str], reading: _Reading) -> Generator[Sample, None, None]:
+def _readahead(client: SyncClient, paths: Sequence[str], reading: _Reading) -> SyncReadahead:
     """``client.readahead``: a generator, whose closing cancels the reads in flight."""
     return client.readahead(paths, depth=reading.readahead, max_bytes=reading.readahead_bytes)
 

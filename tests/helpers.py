@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,17 @@ def auth_headers(token: str | None, ref: ChunkRef | None = None) -> dict[str, st
     if ref is not None and ref.grant:
         headers[GRANT_HEADER] = ref.grant
     return headers
+
+
+def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` (blocking) until it holds; the test fails after ``timeout`` s."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {condition}")
+        time.sleep(0.01)
 
 
 def wait_for_child(pid: int, timeout: float = 30.0) -> int:

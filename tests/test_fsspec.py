@@ -11,7 +11,6 @@ import pickle
 import random
 import re
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from blobsdk.config import ClientConfig, ReadConfig
 from blobsdk.fsspec import BlobFileSystem, BlobWriteFile
 from servers.cluster import start_cluster
 from tests.fsspec_fixtures import SMALL, SMALL_WRITE, BlobFixtures, local_fs
-from tests.helpers import wait_for_child
+from tests.helpers import until, wait_for_child
 
 # --- fsspec's abstract suite ------------------------------------------------------------------
 
@@ -499,14 +498,6 @@ def test_pandas_and_pyarrow_write_and_read_parquet(tmp_path: Path) -> None:
 
 def sqlite_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("blobsdk-sqlite")}
-
-
-def until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("timed out")
-        time.sleep(0.01)
 
 
 def test_close_and_garbage_collection_close_the_client(tmp_path: Path) -> None:

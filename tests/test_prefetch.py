@@ -22,7 +22,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.prefetch import PrefetchProgress
 from servers import api, blockstore
 from servers.cluster import start_cluster
-from tests.helpers import running_app, wait_for_child
+from tests.helpers import running_app, until, wait_for_child
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 CHUNK = 64 << 10
@@ -372,6 +372,26 @@ def test_sync_prefetch_and_readahead(tmp_path: Path) -> None:
         assert c.prefetch(list(data), tier="l1").cancel().chunks_total in (0, 18)
 
 
+def test_a_sync_readahead_reads_from_when_it_is_made_and_close_cancels_it(tmp_path: Path) -> None:
+    data = blobs(6)
+    with blobsdk.SyncClient.local(tmp_path / "store", write=SMALL, l1=L1Config(capacity_bytes=0)) as c:
+        c.put_many(data.items())
+        reads = c.readahead(list(data), depth=2)
+        until(lambda: c.stats()["l4"]["hits"] == 6)  # two blobs read before any next()
+        time.sleep(0.05)
+        assert c.stats()["l4"]["hits"] == 6  # and no more: depth 2
+        reads.close()
+        assert list(reads) == []
+        assert c._loop is not None
+        assert asyncio.run_coroutine_threadsafe(other_tasks(), c._loop.loop).result() == set()  # nothing left
+        with c.readahead(list(data), depth=2) as again:
+            assert [(p, bytes(d)) for p, d in again] == list(data.items())
+
+
+async def other_tasks() -> set[asyncio.Task[object]]:
+    return asyncio.all_tasks() - {asyncio.current_task()}
+
+
 def test_a_forked_child_gets_a_fresh_client(tmp_path: Path) -> None:
     with blobsdk.SyncClient.local(tmp_path / "store") as c:
         c.put("/a/b", b"from the parent")
@@ -401,7 +421,6 @@ def test_a_sync_client_refuses_calls_from_its_own_loop_thread(tmp_path: Path) ->
         async def from_inside() -> None:
             c.get("/a/b")
 
-        loop = c._loop
-        assert loop is not None
+        assert c._loop is not None
         with pytest.raises(RuntimeError, match="cannot be used from its own loop thread"):
-            asyncio.run_coroutine_threadsafe(from_inside(), loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(from_inside(), c._loop.loop).result(timeout=10)

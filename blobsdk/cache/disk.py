@@ -34,7 +34,6 @@ import re
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -43,6 +42,7 @@ from typing import Any, NamedTuple, Self, TypeVar
 
 import xxhash
 
+from .._forksafe import Executor
 from .._ids import is_hex32
 from ..errors import ClientClosed, Unavailable
 from .base import DEFAULT_TENANT, Buffer, validate_key
@@ -116,7 +116,7 @@ class DiskCache:
         self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
         self._index = Index(per_tenant_lru=bool(quotas))
         self._fills: dict[str, _Fill] = {}
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"blobsdk-{name}")
+        self._pool = Executor(threads, thread_name_prefix=f"blobsdk-{name}")
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
         self._state = "new"
         self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)

@@ -27,6 +27,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
+from .._forksafe import Executor
 from ..errors import (
     BlobError,
     BlobNotFound,
@@ -175,7 +176,7 @@ class SqliteMetadataStore:
         if self._closed:
             raise ClientClosed(f"{self!r} is closed")
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blobsdk-sqlite")
+            self._executor = Executor(max_workers=1, thread_name_prefix="blobsdk-sqlite")
         return self._executor
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
