@@ -41,10 +41,11 @@ sampler's state with each batch it hands out); ``BlobDataset``'s own state is on
 fingerprint, checked on resume.
 
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
-a fork nor pickled (the datasets keep the config, not a client): the iterable one for each
-iteration, closed when the iteration ends or is abandoned; the map-style one on first use,
-closed by :meth:`BlobDataset.close`, when the dataset is garbage-collected, or when the process
-exits (DataLoader workers included).  The iterable reads its samples through
+a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
+from epoch to epoch (a new client per epoch cost every worker 0.1-0.3 s at each epoch start in
+benchmarks/ingest.py); it is closed by ``close()``, when the dataset is garbage-collected, or
+when the process exits (DataLoader workers included).  Ending or abandoning an iteration
+cancels its reads and prefetches.  The iterable reads its samples through
 ``SyncClient.readahead`` (``readahead`` reads and ``readahead_bytes`` bytes in flight ahead of
 the consumer) and deep-prefetches its own next window of ``prefetch_window`` samples into
 ``prefetch_tier`` ("auto": L3 if the store has it, else L2, else L1): entering window ``k`` starts
@@ -378,6 +379,9 @@ class BlobIterableDataset(IterableDataset[Any]):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self._pending: _Position | None = None  # loaded by load_state_dict, taken by the next __iter__
         self._current: _Iteration | None = None  # this process's latest iteration
+        # One client per process, kept from epoch to epoch (opening one costs 0.1-0.3 s at
+        # every epoch start of every worker in benchmarks/ingest.py).
+        self._client = _ProcessClient(self._store)
 
     @classmethod
     def local(
@@ -425,8 +429,8 @@ class BlobIterableDataset(IterableDataset[Any]):
 
     def _samples(self, it: _Iteration) -> Iterator[Any]:
         reading = self._reading
+        client = self._client.get()
         with (
-            self._store.client() as client,
             _WindowPrefetch(client, it.paths, reading.prefetch_window, reading.prefetch_tier) as prefetch,
             closing(_readahead(client, it.paths[it.position.yielded :], reading)) as reads,
         ):
@@ -452,6 +456,16 @@ class BlobIterableDataset(IterableDataset[Any]):
     def _identity(self, worker: tuple[int, int]) -> dict[str, object]:
         identity = {**self._sharding.identity(), "fingerprint": self._fingerprint}
         return {**identity, "worker": worker[0], "workers": worker[1]}
+
+    def close(self) -> None:
+        """Close this process's client (the next iteration opens another)."""
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_current": None}  # an iteration belongs to its process

@@ -296,16 +296,25 @@ def test_a_dataset_whose_client_was_opened_in_the_parent_works_in_forked_workers
     assert head + [p for p, _ in running] == [p for p, _ in iterable]
 
 
-def test_clients_close_when_iterations_end_and_when_map_datasets_close(store: tuple[Path, list[str]]) -> None:
+def test_one_client_per_process_lives_from_epoch_to_epoch_until_the_dataset_closes(store: tuple[Path, list[str]]) -> None:
     root, paths = store
     before = blobsdk_threads()
     ds = BlobIterableDataset.local(root, paths[:100], prefetch_window=10)
-    assert len(list(ds)) == 100 and blobsdk_threads() == before  # exhausted: closed
+    assert len(list(ds)) == 100 and len(blobsdk_threads() - before) == 1  # exhausted: the client stays
     running = iter(ds)
     next(running)
-    assert len(blobsdk_threads() - before) == 1
     running.close()
-    assert blobsdk_threads() == before  # abandoned: closed
+    assert len(list(ds)) == 100 and len(blobsdk_threads() - before) == 1  # the same client, epoch after epoch
+    ds.close()
+    assert blobsdk_threads() == before
+    with ds:
+        assert len(list(ds)) == 100  # opens again
+    assert blobsdk_threads() == before
+    iterated = BlobIterableDataset.local(root, paths[:10])
+    assert len(list(iterated)) == 10
+    del iterated
+    gc.collect()
+    assert blobsdk_threads() == before  # garbage-collected: closed
     mapped = BlobDataset.local(root, paths[:100])
     assert mapped[0][0] == paths[0]
     assert len(blobsdk_threads() - before) == 1
