@@ -42,8 +42,7 @@ fingerprint, checked on resume.
 
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
 a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
-from epoch to epoch (a new client per epoch cost every worker 0.1-0.3 s at each epoch start in
-benchmarks/ingest.py); it is closed by ``close()``, when the dataset is garbage-collected, or
+from epoch to epoch (its L1, plan cache and connections outlive an epoch); it is closed by ``close()``, when the dataset is garbage-collected, or
 when the process exits (DataLoader workers included).  Ending or abandoning an iteration
 cancels its reads and prefetches.  The iterable reads its samples through
 ``SyncClient.readahead`` (``readahead`` reads and ``readahead_bytes`` bytes in flight ahead of
@@ -379,8 +378,8 @@ class BlobIterableDataset(IterableDataset[Any]):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self._pending: _Position | None = None  # loaded by load_state_dict, taken by the next __iter__
         self._current: _Iteration | None = None  # this process's latest iteration
-        # One client per process, kept from epoch to epoch (opening one costs 0.1-0.3 s at
-        # every epoch start of every worker in benchmarks/ingest.py).
+        # One client per process, kept from epoch to epoch: its L1, plan cache and connections
+        # outlive an epoch.
         self._client = _ProcessClient(self._store)
 
     @classmethod
