@@ -42,7 +42,8 @@ fingerprint, checked on resume.
 
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
 a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
-from epoch to epoch (its L1, plan cache and connections outlive an epoch); it is closed by ``close()``, when the dataset is garbage-collected, or
+from epoch to epoch (its L1, plan cache and connections outlive an epoch); it is closed by
+``close()``, when the dataset is garbage-collected, or
 when the process exits (DataLoader workers included).  Ending or abandoning an iteration
 cancels its reads and prefetches.  The iterable reads its samples through
 ``SyncClient.readahead`` (``readahead`` reads and ``readahead_bytes`` bytes in flight ahead of
