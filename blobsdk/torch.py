@@ -380,6 +380,7 @@ class BlobIterableDataset(IterableDataset[Any]):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self._pending: _Position | None = None  # loaded by load_state_dict, taken by the next __iter__
         self._current: _Iteration | None = None  # this process's latest iteration
+        self._ahead: _Ahead | None = None  # the next iteration's readahead, started by this one
         # One client per process, kept from epoch to epoch: its L1, plan cache and connections
         # outlive an epoch.
         self._client = _ProcessClient(self._store)
@@ -431,15 +432,42 @@ class BlobIterableDataset(IterableDataset[Any]):
     def _samples(self, it: _Iteration) -> Iterator[Any]:
         reading = self._reading
         client = self._client.get()
-        with (
-            _WindowPrefetch(client, it.paths, reading.prefetch_window, reading.prefetch_tier) as prefetch,
-            closing(_readahead(client, it.paths[it.position.yielded :], reading)) as reads,
-        ):
+        reads = self._take_ahead(it) or _readahead(client, it.paths[it.position.yielded :], reading)
+        last = len(it.paths) - 1
+        with _WindowPrefetch(client, it.paths, reading.prefetch_window, reading.prefetch_tier) as prefetch, closing(reads):
             for position, sample in enumerate(reads, start=it.position.yielded):
                 prefetch.enter(position)
+                if position == last:
+                    self._read_next_ahead(client, it.position)
                 item = self._transform(sample)
                 it.position.yielded = position + 1
                 yield item
+
+    def _read_next_ahead(self, client: SyncClient, position: _Position) -> None:
+        """Start the readahead of the iteration that likely comes next in this process (the
+        next epoch when shuffled, else the same order again) while this one hands its last
+        samples out: a worker's first batch of an epoch is then read in its idle time."""
+        self._close_ahead()
+        epoch = position.epoch + 1 if self._sharding.shuffle else position.epoch
+        paths = [self.paths[i] for i in self._sharding.indices(epoch, *position.worker)]
+        if paths:
+            self._ahead = _Ahead(paths, _readahead(client, paths, self._reading))
+
+    def _take_ahead(self, it: _Iteration) -> SyncReadahead | None:
+        """The readahead started for ``it`` by the iteration before, if it guessed right."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead.pid != os.getpid() or not ahead.finalizer.still_active():
+            return None  # none, a parent's (inherited over a fork), or closed at exit
+        ahead.finalizer.cancel()
+        if it.position.yielded == 0 and ahead.paths == it.paths:
+            return ahead.reads
+        ahead.reads.close()
+        return None
+
+    def _close_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.finalizer()
 
     def state_dict(self) -> dict[str, object]:
         """This process's (worker's) position: the running or last iteration's, else where the
@@ -460,6 +488,7 @@ class BlobIterableDataset(IterableDataset[Any]):
 
     def close(self) -> None:
         """Close this process's client (the next iteration opens another)."""
+        self._close_ahead()
         self._client.close()
 
     def __enter__(self) -> Self:
@@ -469,11 +498,22 @@ class BlobIterableDataset(IterableDataset[Any]):
         self.close()
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_current": None}  # an iteration belongs to its process
+        return {**self.__dict__, "_current": None, "_ahead": None}  # they belong to this process
 
     def __repr__(self) -> str:
         s = self._sharding
         return f"<{type(self).__name__} {s.samples} samples, rank {s.rank} of {s.world_size}, epoch {self.epoch}>"
+
+
+class _Ahead:
+    """An iteration's readahead started before it: closed when taken by a wrong guess, when
+    the dataset closes, or at the exit of its process (before the client closes)."""
+
+    def __init__(self, paths: list[str], reads: SyncReadahead) -> None:
+        self.paths = paths
+        self.reads = reads
+        self.pid = os.getpid()
+        self.finalizer = multiprocessing.util.Finalize(self, reads.close, exitpriority=1)
 
 
 @dataclass
