@@ -11,7 +11,13 @@ The rule, kept per target (an L4 replica, an L3 node) by :class:`TargetHealth`:
 
 - **Hung:** an attempt that has been *in service* (past its client-side queue) for longer
   than the target's hang deadline — ``hang_factor`` x its latency estimate, clamped to
-  ``[hang_min_ms, hang_max_ms]`` — marks the target hung.  The hedger then fails that
+  ``[hang_min_ms, hang_max_ms]`` — marks the target hung, if no attempt at that target
+  returned within that deadline either.  A target that answers others is busy, not hung: an
+  HDD server's queue (which the client does not see) makes a read wait far past the
+  estimate while its spindles serve the reads ahead of it.  Calling that hung failed every
+  read queued there over to the other replicas, which queued them again: on the benchmark's
+  saturated HDD tier (benchmarks/ingest.py) the L3 nodes' ~60 hung failovers an epoch read
+  bytes nobody used.  The late read is a straggler, for the hedge budget.  The hedger then fails that
   attempt over to the next candidate at once without spending hedge budget (it is a failure,
   counted in ``hung_failovers``), and so does every attempt still queued for or running at a
   target that is hung.
@@ -52,6 +58,7 @@ class TargetHealth:
         self._config = config
         self._clock = clock
         self._targets: dict[str, _State] = {}
+        self._answered_at: dict[str, float] = {}  # when an attempt at each target last returned
         self.probes = 0
 
     def deadline(self, estimate: float | None) -> float:
@@ -78,8 +85,19 @@ class TargetHealth:
         state.hung, state.probing = True, False
         state.probe_at = self._clock() + state.backoff
 
+    def silent_since(self, target: str, seconds: float) -> float:
+        """When ``target`` has been silent ``seconds`` (no attempt at it returned): its last
+        answer plus ``seconds``; ``-inf`` if none ever did."""
+        answered = self._answered_at.get(target)
+        return float("-inf") if answered is None else answered + seconds
+
+    def silent_for(self, target: str, seconds: float) -> bool:
+        """No attempt at ``target`` returned in the last ``seconds`` (or ever)."""
+        return self._clock() >= self.silent_since(target, seconds)
+
     def answered(self, target: str) -> None:
         """An attempt at ``target`` returned: it is healthy."""
+        self._answered_at[target] = self._clock()
         state = self._targets.get(target)
         if state is not None and state.hung:
             state.hung = state.probing = False

@@ -375,10 +375,15 @@ class _Race(Generic[T, R]):
         soon (its target may be found hung by another read meanwhile); None if nothing runs."""
         health, now = self._hedger.health, self._hedger.clock()
         poll = self._hedger.config.hang_min_ms / 2000  # queued: look again in half the shortest deadline
-        times = [
-            mark.begun + health.deadline(self._hedger.latency.estimate(self._key_of(c))) if mark.serving else now + poll
-            for c, _, mark in self._running.values()
-        ]
+        times = []
+        for candidate, _, mark in self._running.values():
+            if not mark.serving:
+                times.append(now + poll)
+                continue
+            key = self._key_of(candidate)
+            deadline = health.deadline(self._hedger.latency.estimate(key))
+            # Past its deadline at a target that still answers others: when it falls silent.
+            times.append(max(mark.begun + deadline, health.silent_since(key, deadline)))
         return min(times, default=None)
 
     def _fail_over_hung(self) -> None:
@@ -387,7 +392,8 @@ class _Race(Generic[T, R]):
         health, now = self._hedger.health, self._hedger.clock()
         for task, (candidate, _, mark) in list(self._running.items()):
             key = self._key_of(candidate)
-            if mark.serving and now - mark.begun >= health.deadline(self._hedger.latency.estimate(key)):
+            deadline = health.deadline(self._hedger.latency.estimate(key))
+            if mark.serving and now - mark.begun >= deadline and health.silent_for(key, deadline):
                 health.mark_hung(key)
             elif key == self._probe or not health.is_hung(key):
                 continue  # a probe of a hung target fails only by its own deadline

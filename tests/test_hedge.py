@@ -389,6 +389,31 @@ async def test_an_attempt_past_its_hang_deadline_fails_over_without_budget() -> 
     assert (stats["hung_failovers"], stats["targets_hung"], stats["hedges_sent"], stats["failovers"]) == (1, 1, 0, 1)
 
 
+async def test_a_late_attempt_at_a_target_that_answers_others_is_no_hang() -> None:
+    """A busy HDD server: the client does not see its queue, so one read waits 5x its hang
+    deadline while the server keeps answering the reads ahead of it."""
+    hedger = Hedger(HANG_20MS)
+
+    async def others_answered_by_a() -> None:
+        for _ in range(30):
+            assert await hedger.run(["a"], Fakes(a=0.005)) == "from a"
+
+    async with no_leftover_tasks(), asyncio.TaskGroup() as group:
+        group.create_task(others_answered_by_a())
+        await asyncio.sleep(0.01)
+        fakes = Fakes(a=0.1, b="ok")
+        assert await hedger.run(["a", "b"], fakes) == "from a"  # waited for, not failed over
+    assert fakes.started == ["a"] and hedger.stats()["hung_failovers"] == 0
+    assert hedger.stats()["targets_hung"] == 0
+
+
+async def test_a_target_answering_nothing_is_hung_after_its_last_answer_plus_the_deadline() -> None:
+    hedger = Hedger(HANG_20MS)
+    assert await hedger.run(["a"], Fakes(a="ok")) == "from a"
+    result, seconds = await timed(hedger.run(["a", "b"], Fakes(a="stall", b="ok")))
+    assert result == "from b" and 0.02 <= seconds < 0.5 and hedger.stats()["hung_failovers"] == 1
+
+
 async def test_a_hung_target_gets_no_first_attempts_until_its_probe_is_due() -> None:
     hedger, fakes = Hedger(HANG_20MS), Fakes(a="stall", b="ok")
     await hedger.run(["a", "b"], fakes)  # finds a hung
