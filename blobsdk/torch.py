@@ -42,15 +42,18 @@ fingerprint, checked on resume.
 
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
 a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
-from epoch to epoch (its L1, plan cache and connections outlive an epoch); it is closed by
-``close()``, when the dataset is garbage-collected, or
-when the process exits (DataLoader workers included).  Ending or abandoning an iteration
+from epoch to epoch (its L1, plan cache, connections and the next epoch's readahead outlive an
+epoch); it is closed by ``close()``, when the dataset is garbage-collected, or when the process
+exits (DataLoader workers included).  Ending or abandoning an iteration
 cancels its reads and prefetches.  The iterable reads its samples through
 ``SyncClient.readahead`` (``readahead`` reads and ``readahead_bytes`` bytes in flight ahead of
 the consumer) and deep-prefetches its own next window of ``prefetch_window`` samples into
 ``prefetch_tier`` ("auto": L3 if the store has it, else L2, else L1): entering window ``k`` starts
 the prefetch of window ``k+1`` (the first window entered: of ``k`` too, racing the readahead's
-first reads) and cancels those of windows before ``k``; stopping cancels the rest.  The
+first reads) and cancels those of windows before ``k``; stopping cancels the rest.  Handing out
+its last sample, an iteration starts the readahead of the one likely next in this process (the
+next epoch when shuffled, else the same order), which that one takes over if the guess was
+right: a persistent worker reads an epoch's first batch in its idle time.  The
 map-style dataset reads one sample per ``__getitem__``, and a whole batch through one readahead
 when the DataLoader asks for batches (``__getitems__``); deep prefetch needs to know the order
 ahead, so it is the iterable's job.
