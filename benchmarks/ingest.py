@@ -54,23 +54,23 @@ Hand-set choices, with what was measured (2-core machine, shared):
   too; on a tier whose bandwidth is the demand, the deep prefetch neither helps nor hurts
   the cold epoch (1.08-1.24 s with it, 1.09-1.21 s without; full run, 1 epoch).
 - blobsdk's client: L3 with one replica per chunk (with two, each node hydrates its own copy
-  from L4: 224 MB/s of L4 reads for 112 MB/s of data) and no L1 (each worker opens a client
-  per epoch and reads each sample once: a cache would only cost a copy).
+  from L4: 224 MB/s of L4 reads for 112 MB/s of data) and no L1 (a worker reads each sample
+  once an epoch, and the shuffle gives it to another worker the next: a cache would only cost
+  a copy).
 - One tensor per batch: a tensor per sample (``collate_fn=list``) passes a file descriptor
   per sample from worker to job, 8.5 ms per batch of 8 (11% of compute) from memory.
 - Persistent workers for every loader, so no variant pays a fork per epoch.
 
 Measured (``python -m benchmarks ingest --json ingest.json``, two full runs), ingestion s /
-utilisation: memory 0.91-1.07 / 0.944-0.952, naive 71.5-71.8 / 0.20, dataloader 15.2-15.4 /
-0.54, copy 7.95-7.98 / 0.69 (download 7.5 s, 144 MB/s), fsspec 9.0-9.4 / 0.66 (two GETs per
-sample: its ``exists`` check, then the download), blobsdk 1.98-2.33 / 0.885-0.901 (stall per
-epoch 1.01-1.23 / 0.53-0.60 / 0.44-0.51 s; ~740 served and ~50 abandoned L4 GETs for 698
-chunks).  Ratios 30.6-36.3 / 6.6-7.7 / 3.4-4.0 / 4.0-4.5.  The floors: the loader itself
-(``memory``: 0.27-0.40 s an epoch) and, in the cold epoch, the tier (1026 MiB at its 152 MB/s
-ceiling is 7.1 s, 0.5 s more than set-up plus one epoch's compute): together 1.4-1.6 s, about
-the ingestion ``ingest_vs_copy`` >= 5 needs (1.6 s); utilisation >= 0.95 is the loader's own.
-``--quick`` (1.5 s epochs) weighs each epoch's fixed costs 4x more: 1.19 s / 0.793, ratios
-14.6 / 3.8 / 1.9 / 2.1.
+utilisation: memory 0.94-1.01 / 0.947-0.951, naive 71.6-72.9 / 0.20, dataloader 14.9-15.0 /
+0.55, copy 8.2-8.6 / 0.68 (download 7.7-7.8 s), fsspec 9.5-9.9 / 0.65 (two GETs per sample: its
+``exists`` check, then the download), blobsdk 1.93-2.06 / 0.897-0.903 (stall per epoch
+1.01-1.22 / 0.44-0.46 / 0.37-0.48 s; 700 L4 GETs served for 698 chunks).  Ratios 35.4-37.1 /
+7.2-7.8 / 4.0-4.4 / 4.6-5.1.  The floors: the loader itself (``memory``: 0.28-0.35 s an epoch)
+and, in the cold epoch, the tier (1026 MiB at its 152 MB/s ceiling is 7.1 s, 0.5 s more than
+set-up plus one epoch's compute): together 1.4-1.5 s, under the 1.6-1.7 s ``ingest_vs_copy`` >= 5
+needs; utilisation >= 0.95 is the loader's own.  ``--quick`` (1.5 s epochs) weighs each epoch's
+fixed costs 4x more.
 """
 
 from __future__ import annotations
