@@ -130,14 +130,17 @@ class _Registry:
             self._executors.add(executor)
 
     def before_fork(self) -> None:
-        self._lock.acquire()  # held across the fork: nothing registers meanwhile
+        # A snapshot, not the lock held across the fork: a loop thread registering an executor
+        # meanwhile would wait for the lock instead of parking.  (The child makes a new lock.)
+        with self._lock:
+            loops, executors = list(self._loops), list(self._executors)
         deadline = time.monotonic() + PAUSE_TIMEOUT_S
-        for loop in self._loops:
+        for loop in loops:
             if loop.pause(deadline):
                 self._paused.append(loop)
             elif threading.current_thread() is not loop.thread:
                 _log.warning("fork: blobsdk loop thread %s did not pause; forking anyway", loop.thread.name)
-        for executor in list(self._executors):
+        for executor in executors:
             if not executor.wait_idle(max(0.0, deadline - time.monotonic())):
                 _log.warning("fork: a blobsdk executor still ran a job; forking anyway")
 
@@ -145,7 +148,6 @@ class _Registry:
         paused, self._paused = self._paused, []
         for loop in paused:
             loop.resume()
-        self._lock.release()
 
     def after_fork_in_child(self) -> None:
         self._loops = set()  # their threads are the parent's
