@@ -72,7 +72,8 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self.loop.set_default_executor(Executor(thread_name_prefix=f"{name}-io"))
+        self._executor = Executor(thread_name_prefix=f"{name}-io")
+        self.loop.set_default_executor(self._executor)
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._parked = threading.Event()
         self._resume = threading.Event()
@@ -84,7 +85,9 @@ class LoopThread:
         _registry.discard_loop(self)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
-        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        # Not loop.shutdown_default_executor(): running this loop again here fails when the
+        # caller's thread runs a loop of its own (a dataset's client closed by gc in async code).
+        self._executor.shutdown(wait=True)
         self.loop.close()
 
     def pause(self, deadline: float) -> bool:

@@ -296,7 +296,8 @@ def _common_args(options: ClusterOptions, kind: ServerKind) -> list[str]:
     keys = None if options.keys is None else str(Path(options.keys).resolve())
     flags = [("--token", options.token), ("--keys", keys), ("--admin-token", options.admin_token)]
     flags += [("--fault", spec) for spec in options.faults.get(kind.name, ())]
-    return [a for k, v in flags if v for a in (k, v)]
+    # "--flag=value": a value may begin with "-" (a random token does one time in 64).
+    return [f"{k}={v}" for k, v in flags if v]
 
 
 def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:

@@ -169,7 +169,10 @@ async def test_a_hung_replica_never_stalls_sixteen_readers(cluster, hedge):
     """A replica that accepts but never answers is a failure, not a straggler: its reads fail
     over to the healthy replicas within about a second, whatever the hedge budget has left."""
     latencies, stats = await _readers_through_a_hang(cluster, cluster.config.block_urls[1], hedge)
-    assert max(latencies) < 1.5, (max(latencies), sorted(stats.items()))
+    # At most the hang deadline (<= 1 s) after the replica's last answer (its reads in flight
+    # when it stalled still finish), plus the failed-over read: 1.55 s was seen once in CI on
+    # the 2-core machine; a read that waits for its 5 s sock_read timeout is what this catches.
+    assert max(latencies) < 1.75, (max(latencies), sorted(stats.items()))
     if hedge is NO_BUDGET:
         assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
         assert stats["hedge_hedges_sent"] == 0
