@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import subprocess
 import sys
@@ -451,15 +452,10 @@ def test_cluster_passes_fault_flags_per_kind(tmp_path: Path) -> None:
     )
     assert options.faults == {"api": (), "block": ("error_rate=0.1", "latency_ms=5"), "l3": ("stall_rate=1",)}
     by_name = {kind.name: kind for kind in KINDS}
-    assert _common_args(options, by_name["block"]) == [
-        "--admin-token",
-        "A",
-        "--fault",
-        "error_rate=0.1",
-        "--fault",
-        "latency_ms=5",
-    ]
-    assert _common_args(options, by_name["api"]) == ["--admin-token", "A"]
+    assert _common_args(options, by_name["block"]) == ["--admin-token=A", "--fault=error_rate=0.1", "--fault=latency_ms=5"]
+    assert _common_args(options, by_name["api"]) == ["--admin-token=A"]
+    dashed = dataclasses.replace(options, token="-starts-with-a-dash")  # a random token can
+    assert _common_args(dashed, by_name["api"])[0] == "--token=-starts-with-a-dash"
 
 
 async def test_cluster_block_servers_run_with_their_faults(tmp_path: Path) -> None:
