@@ -478,6 +478,11 @@ class LimiterRegistry:
         limiter = self._limiters.get(endpoint.rstrip("/"))
         return limiter is None or limiter.has_room
 
+    def load(self, endpoint: str) -> int:
+        """Requests in flight at ``endpoint`` or queued for it here (one never used: 0)."""
+        limiter = self._limiters.get(endpoint.rstrip("/"))
+        return 0 if limiter is None else limiter.in_flight + limiter.queued
+
     def stats(self) -> dict[str, dict[str, int | float]]:
         """``{endpoint: limiter stats}`` for every endpoint used so far."""
         return {name: limiter.stats() for name, limiter in self._limiters.items()}

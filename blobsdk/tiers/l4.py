@@ -97,10 +97,16 @@ class L4Tier(KeepsNothing, Closing):
         return stored, raw
 
     def candidates(self, key: str) -> list[BlockStore]:
-        """The replicas in the order to try for chunk ``key``: rendezvous order, so the
-        primaries of a batch spread over every replica, then (stable) replicas that served a
-        bad copy lately after the others, and replicas whose latency estimate is over
-        SLOW_FACTOR times the best one after those that are not."""
+        """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
+        lately after the others, then replicas whose latency estimate is over SLOW_FACTOR
+        times the best one after those that are not, then the least loaded first (requests
+        in flight or queued here), and among equals rendezvous order, so the primaries of a
+        batch spread over every replica.
+
+        Least loaded before rendezvous: on a busy HDD tier the replica whose queue is
+        shortest answers first, and rendezvous alone left the three block servers of
+        benchmarks/ingest.py unevenly loaded (698 chunks drawn at random over 3 servers: the
+        busiest with ~5% more bytes to serve, 0.3 s of a 6 s bandwidth-bound epoch)."""
         replicas = {r.name: r for r in self.blocks.replicas}
         if len(replicas) < 2:
             return list(replicas.values())
@@ -108,7 +114,12 @@ class L4Tier(KeepsNothing, Closing):
         known = [e for r in ranked if (e := self.hedger.latency.estimate(r.name)) is not None]
         limit = SLOW_FACTOR * min(known) if known else float("inf")
         return sorted(
-            ranked, key=lambda r: (self.demotions.is_demoted(r.name), (self.hedger.latency.estimate(r.name) or 0.0) > limit)
+            ranked,
+            key=lambda r: (
+                self.demotions.is_demoted(r.name),
+                (self.hedger.latency.estimate(r.name) or 0.0) > limit,
+                self._limiters.load(r.name),
+            ),
         )
 
     def _has_room(self, replica: BlockStore) -> bool:

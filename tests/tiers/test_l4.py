@@ -13,6 +13,7 @@ import pytest
 from blobsdk.codec import decode_chunk
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.hedge import HedgeConfig
+from blobsdk.limiter import LimiterRegistry
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
@@ -136,6 +137,25 @@ async def test_candidates_spread_over_replicas_and_demote_a_slow_one(replicas: R
         for r in blocks.replicas[1:]:
             tier.hedger.latency.record(r.name, 0.002)
     assert all(tier.candidates(k)[-1].name == slow for k in keys)
+
+
+async def test_the_least_loaded_replica_is_tried_first(replicas: Replicas) -> None:
+    """On a busy HDD tier a chunk's rendezvous-first replica may have the longest queue."""
+    blocks = await replicas.start(3)
+    limiters = LimiterRegistry()
+    tier = L4Tier(blocks, limiters=limiters)
+    keys = [f"{i:032x}" for i in range(60)]
+    at_rest = {k: [r.name for r in tier.candidates(k)] for k in keys}
+    busy = blocks.replicas[0].name
+    async with AsyncExitStack() as held:
+        for _ in range(2):  # two reads in flight at the busy one, one at the next
+            await held.enter_async_context(limiters.get(busy).acquire())
+        await held.enter_async_context(limiters.get(blocks.replicas[1].name).acquire())
+        assert limiters.load(busy) == 2
+        order = [r.name for r in reversed(blocks.replicas)]  # 0, 1 and 2 reads in flight
+        for k in keys:
+            assert [r.name for r in tier.candidates(k)] == order  # by load, whatever the key
+    assert {k: [r.name for r in tier.candidates(k)] for k in keys} == at_rest  # idle again: rendezvous
 
 
 async def test_every_copy_corrupt_is_corrupt_data(replicas: Replicas) -> None:
