@@ -22,7 +22,9 @@ their workers start, and begin fetching, in the set-up phase.
   that a URL exists with a GET of its own before the GET that downloads it.
 - :func:`blobsdk_dataset` (e): ``blobsdk.torch.BlobIterableDataset`` over every tier.
 - :func:`in_memory` (reference): the same DataLoader over samples already in host memory:
-  what the loader itself costs, which no storage can beat.
+  what the loader itself costs, which no storage can beat; and :class:`WithL3Traffic`
+  around it, the same while the L3 nodes serve another process at the job's demand: what
+  sharing this machine's cores with that traffic costs the loader.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -47,7 +51,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 import blobsdk
 from blobsdk.config import L1Config, L3Config
 
-from ._ingest_job import Batch
+from ._ingest_job import Batch, Variant
 from ._ingest_workload import Samples, Workload
 
 HTTP_TIMEOUT_S = 120.0
@@ -313,8 +317,8 @@ def fsspec_cached(urls: Sequence[str], workload: Workload, cache_dir: Path) -> L
 
 
 def blobsdk_config(config: blobsdk.ClientConfig) -> blobsdk.ClientConfig:
-    """No L1: each worker's iteration opens its own client and reads each sample once, so a
-    host-memory cache would only cost a copy per chunk.  L3 keeps one replica per chunk: with
+    """No L1: a worker reads each sample once an epoch, and the shuffle hands it to another
+    worker the next, so a host-memory cache would only cost a copy per chunk.  L3 keeps one replica per chunk: with
     two, each node hydrates its copy from L4 and a prefetch reads the dataset from the scarce
     HDD tier twice (measured: 224 MB/s of L4 reads for 112 MB/s of dataset)."""
     return msgspec.structs.replace(config, l1=L1Config(capacity_bytes=0), l3=L3Config(replicas=1))
@@ -357,5 +361,44 @@ class MemoryDataset(Dataset[Item]):
         return i, as_tensor(bytearray(self.samples.data(i)))
 
 
-def in_memory(samples: Samples, workload: Workload) -> LoaderVariant:
-    return LoaderVariant("memory", lambda: map_loader(MemoryDataset(samples), workload))
+def in_memory(samples: Samples, workload: Workload, name: str = "memory") -> LoaderVariant:
+    return LoaderVariant(name, lambda: map_loader(MemoryDataset(samples), workload))
+
+
+class WithL3Traffic:
+    """A variant (the memory reference) run while another process reads the dataset from L3
+    at the job's demand (benchmarks/_ingest_traffic.py): the L3 nodes and a reader then do
+    the work of blobsdk's warm epochs on the same cores, but the loader waits on none of it.
+    Run after blobsdk's variant, which left the dataset in L3."""
+
+    def __init__(self, inner: Variant, config: blobsdk.ClientConfig, workload: Workload, dir: Path) -> None:
+        self.name = inner.name
+        self._inner = inner
+        self._config_path = dir / "traffic.toml"
+        self._config_path.parent.mkdir(parents=True, exist_ok=True)
+        self._config_path.write_text(blobsdk_config(config).to_toml())
+        # Started here, before the job (the variant is made just before it runs), not in
+        # prepare(): its start-up (imports, a listing, the first reads) took 1-1.6 s, which
+        # the set-up phase would have counted as the first epoch's stall.
+        command = [sys.executable, "-m", "benchmarks._ingest_traffic", str(self._config_path), str(workload.demand_Bps)]
+        self._reader = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert self._reader.stdout is not None
+        if self._reader.stdout.readline().strip() != "reading":
+            self._reader.communicate()
+            raise RuntimeError(f"the background reader exited with code {self._reader.returncode} before reading")
+
+    def prepare(self) -> None:
+        self._inner.prepare()
+
+    def epoch(self, epoch: int) -> Iterable[Batch]:
+        return self._inner.epoch(epoch)
+
+    def figures(self) -> dict[str, float]:
+        return self._inner.figures()
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._reader.terminate()
+            self._reader.communicate()  # waits, and closes its stdout

@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks import ingest
 from benchmarks._ingest_job import Batch, JobResult, WrongData, run_job
+from benchmarks._ingest_variants import WithL3Traffic
 from benchmarks._ingest_workload import KiB, MiB, Samples, Workload, sample_sizes
 from servers.cluster import start_cluster
 
@@ -40,11 +41,15 @@ def test_every_variant_feeds_the_job_every_sample_each_epoch(tmp_path: Path) -> 
     with start_cluster(tmp_path / "cluster", **ingest.cluster_options(TINY, samples)) as cluster:
         assert cluster.config is not None
         urls = asyncio.run(ingest.load(cluster.config, samples))
-        results = {}
+        results, played = {}, []
         for make in ingest.variants(cluster.config, urls, samples, TINY, tmp_path):
             variant = make()
             results[variant.name] = ingest.play(variant, TINY, samples)  # WrongData if a byte or sample is off
-    assert list(results) == ["memory", "naive", "dataloader", "copy", "fsspec", "blobsdk"]
+            played.append(variant)
+    assert list(results) == ["memory", "naive", "dataloader", "copy", "fsspec", "blobsdk", "memory_l3_busy"]
+    traffic = played[-1]
+    assert isinstance(traffic, WithL3Traffic)
+    assert traffic._reader.returncode is not None  # the background reader stopped with its variant
     assert all(len(r.epochs) == TINY.epochs and 0 < r.utilisation <= 1 for r in results.values())
     assert results["copy"].extra["download_s"] > 0
     assert multiprocessing.active_children() == []  # every loader's workers stopped
