@@ -2,7 +2,8 @@
 
     BlobError
      ├── BlobNotFound          (also FileNotFoundError)  no such blob
-     │    └── BlockNotFound    a block named by a read plan is gone (blob deleted or replaced)
+     │    ├── BlockNotFound    a block named by a read plan is gone (blob deleted or replaced)
+     │    └── PeerNotFound     a tracker does not know the peer (never registered, or aged out)
      ├── InvalidPath           (also ValueError)          path breaks the rules of paths.py
      ├── PreconditionFailed    compare-and-swap on the version did not match
      ├── CorruptData           no tier could return bytes matching the chunk checksum
@@ -50,6 +51,11 @@ class BlobNotFound(BlobError, FileNotFoundError):
 
 class BlockNotFound(BlobNotFound):
     code = "block_not_found"
+    http_status = 404
+
+
+class PeerNotFound(BlobNotFound):
+    code = "peer_not_found"
     http_status = 404
 
 
@@ -165,6 +171,7 @@ _BY_CODE: dict[str, type[BlobError]] = {
         BlobError,
         BlobNotFound,
         BlockNotFound,
+        PeerNotFound,
         InvalidPath,
         PreconditionFailed,
         CorruptData,

@@ -252,3 +252,68 @@ def validate_ref(ref: ChunkRef) -> ChunkRef:
     if min(ref.offset, ref.length, ref.raw_length) < 0 or not 0 <= ref.checksum < _UINT64:
         raise BadRequest(f"invalid chunk reference {ref}: negative span or checksum out of range")
     return ref
+
+
+# --- the tracker (servers/tracker.py): Owl's control plane of the peer tier ------------------------
+
+
+class PeerHello(msgspec.Struct, frozen=True, kw_only=True):
+    """A peer registering, and every heartbeat after: who it is, where it serves, how busy."""
+
+    peer_id: str  # hex32, chosen by the peer
+    address: str  # the base URL its peer server answers on, e.g. "http://10.0.0.7:7400"
+    uploads: int = 0  # uploads in flight now
+    budget_bytes: int = 0  # serving memory it offers
+
+
+class HelloResponse(msgspec.Struct, frozen=True, kw_only=True):
+    heartbeat_s: float  # say hello again within this
+    ttl_s: float  # a peer not heard from for this long is forgotten
+
+
+class LocateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    peer_id: str  # who asks (it becomes a fetcher of each key, a source for later askers)
+    keys: list[str]
+
+
+class Source(msgspec.Struct, frozen=True, kw_only=True):
+    peer_id: str
+    address: str
+    complete: bool  # holds the whole chunk; False: still fetching it (it streams what it has)
+
+
+class Located(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    sources: list[Source]  # best first; empty: fetch from the origin (L3/L4)
+
+
+class LocateResponse(msgspec.Struct, frozen=True, kw_only=True):
+    located: list[Located]
+
+
+class AnnounceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    peer_id: str
+    filled: list[str] = []  # fetched whole and verified
+    failed: list[str] = []  # fetches given up
+    evicting: list[str] = []  # about to be evicted (the tracker may say hold)
+    evicted: list[str] = []  # gone
+
+
+class AnnounceResponse(msgspec.Struct, frozen=True, kw_only=True):
+    keep: list[str]  # of ``filled``: keep these in the serving cache; drop the rest when it suits
+    hold: list[str]  # of ``evicting``: the last copies others still ask for, keep them ``hold_s`` more
+    hold_s: float
+
+
+Problem = Literal["bad_bytes", "failed", "refused"]
+
+
+class ReportRequest(msgspec.Struct, frozen=True, kw_only=True):
+    peer_id: str  # who reports
+    source: str  # the peer it reports
+    key: str
+    problem: Problem
+
+
+class ReportResponse(msgspec.Struct, frozen=True, kw_only=True):
+    banned: bool  # the source will not be handed out again

@@ -87,8 +87,9 @@ class ClusterOptions:
     l3_nodes: int = 2  # L3 flash nodes, each reading through every block server
     l3_capacity_mb: float = 1024
     l3_hold_seconds: float = 0.0
+    trackers: int = 0  # peer-tier trackers (servers.tracker); their URLs go in tracker_urls
     startup_timeout: float = 30.0
-    # kind name ("api", "block", "l3") -> its servers' --fault specs (servers/_common/faults.py)
+    # kind name ("api", "block", "l3", "tracker") -> its servers' --fault specs (servers/_common/faults.py)
     faults: Mapping[str, Sequence[str]] = field(default_factory=dict)
     admin_token: str | None = None  # every server mounts /admin/faults behind it
 
@@ -146,6 +147,13 @@ KINDS: tuple[ServerKind, ...] = (
         count=lambda o: o.l3_nodes,
         args=_flash_args,
         to_config=lambda urls: {"l3_urls": tuple(urls)},
+    ),
+    ServerKind(
+        name="tracker",
+        module="servers.tracker",
+        count=lambda o: o.trackers,
+        args=lambda launch, i: [],
+        to_config=lambda urls: {"tracker_urls": tuple(urls)},
     ),
 )
 
@@ -497,6 +505,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)"
     )
     parser.add_argument("--l3-hold-seconds", type=float, default=0.0, metavar="S", help="hold period of the L3 nodes (default 0)")
+    parser.add_argument("--trackers", type=int, default=0, metavar="N", help="peer-tier trackers (default 0)")
     parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
     for kind in KINDS:
         parser.add_argument(
@@ -517,6 +526,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         parser.error(f"--write-quorum must be between 1 and --block-servers ({args.block_servers})")
     if args.l3_nodes < 0 or args.l3_capacity_mb <= 0 or args.l3_hold_seconds < 0:
         parser.error("--l3-nodes and --l3-hold-seconds must be >= 0, --l3-capacity-mb positive")
+    if args.trackers < 0:
+        parser.error("--trackers must be >= 0")
     names = (
         "block_servers",
         "write_quorum",
@@ -528,6 +539,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "l3_nodes",
         "l3_capacity_mb",
         "l3_hold_seconds",
+        "trackers",
         "startup_timeout",
         "admin_token",
     )

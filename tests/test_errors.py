@@ -9,6 +9,7 @@ from blobsdk.errors import BlobError, error_from_code
     [
         (blobsdk.BlobNotFound, FileNotFoundError),
         (blobsdk.BlockNotFound, blobsdk.BlobNotFound),
+        (blobsdk.PeerNotFound, blobsdk.BlobNotFound),
         (blobsdk.InvalidPath, ValueError),
         (blobsdk.Unauthorized, PermissionError),
         (blobsdk.BadRequest, ValueError),
@@ -24,6 +25,7 @@ def test_dual_inheritance(cls, also):
     [
         blobsdk.BlobNotFound,
         blobsdk.BlockNotFound,
+        blobsdk.PeerNotFound,
         blobsdk.InvalidPath,
         blobsdk.PreconditionFailed,
         blobsdk.CorruptData,

@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import aiohttp
 import msgspec
 import pytest
 
 import blobsdk
 from blobsdk.config import ClientConfig, WriteConfig
+from blobsdk.wire import PeerHello
 from servers.cluster import (
     KINDS,
     Cluster,
@@ -35,7 +37,7 @@ from servers.cluster import (
     parse_cli,
     start_cluster,
 )
-from tests.helpers import ROOT, Tenancy
+from tests.helpers import ROOT, Tenancy, auth_headers
 
 START_TIMEOUT = 60.0
 
@@ -377,6 +379,32 @@ async def test_a_cluster_with_a_keyring_serves_tenants_their_buckets_only(tmp_pa
         async with blobsdk.Client(tenant) as client:  # cold: the L3 node serves it under the grants
             assert await client.get("/a/x") == data
             assert client.stats()["l3"]["hits"] > 0 and client.stats()["l4"]["hits"] == 0
+
+
+async def test_a_cluster_with_trackers_names_them_in_client_toml_and_they_take_its_tokens(tmp_path):
+    tenancy = Tenancy()
+    keys = tenancy.write_keys(tmp_path / "keys.toml")
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0, trackers=2, keys=keys) as cluster:
+        urls = cluster.config.tracker_urls
+        assert len(urls) == 2 and ClientConfig.from_toml(cluster.config_path).tracker_urls == urls
+        hello = msgspec.msgpack.encode(PeerHello(peer_id="a" * 32, address="http://127.0.0.1:7400"))
+        async with aiohttp.ClientSession() as session:
+            for url in urls:
+                async with session.post(f"{url}/v1/peers", data=hello, headers=auth_headers(tenancy.token("t"))) as resp:
+                    assert resp.status == 200
+                async with session.post(f"{url}/v1/peers", data=hello) as resp:
+                    assert resp.status == 401
+
+
+def test_cli_rejects_a_negative_tracker_count(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "servers.cluster", "--dir", str(tmp_path), "--trackers", "-1"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and b"--trackers must be >= 0" in result.stderr
 
 
 def test_a_server_that_fails_to_start_stops_the_others(tmp_path):

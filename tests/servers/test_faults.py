@@ -450,7 +450,7 @@ def test_cluster_passes_fault_flags_per_kind(tmp_path: Path) -> None:
             "A",
         ]
     )
-    assert options.faults == {"api": (), "block": ("error_rate=0.1", "latency_ms=5"), "l3": ("stall_rate=1",)}
+    assert options.faults == {"api": (), "block": ("error_rate=0.1", "latency_ms=5"), "l3": ("stall_rate=1",), "tracker": ()}
     by_name = {kind.name: kind for kind in KINDS}
     assert _common_args(options, by_name["block"]) == ["--admin-token=A", "--fault=error_rate=0.1", "--fault=latency_ms=5"]
     assert _common_args(options, by_name["api"]) == ["--admin-token=A"]
