@@ -27,6 +27,9 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
 - ``GET /stats``: peers, banned peers, swarms, the hottest keys with their copies and
   fetchers, and the counters.
 
+Memory is bounded: at most ``max_peers`` peers and ``max_keys_per_peer`` keys each held or
+fetched (past either, 429 ``Overloaded``), every list in a request at most 4096 keys.
+
 Several trackers shard the key space: clients pick a key's tracker by rendezvous hashing
 (``blobsdk.placement``), so each tracker is independent.  Like every server: ``make_app``,
 ``--help``, ``/healthz``, ``/metrics``, bearer auth, fault injection, bounded clients.
@@ -48,7 +51,7 @@ import msgspec
 from aiohttp import web
 
 from blobsdk._ids import validate_hex32
-from blobsdk.errors import BadRequest, Forbidden, PeerNotFound
+from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
 from blobsdk.wire import (
     AnnounceRequest,
     AnnounceResponse,
@@ -85,6 +88,8 @@ class TrackerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     busy_s: float = 1.0  # a source that refused is ranked last this long
     demote_s: float = 30.0  # a source that failed or served bad bytes is ranked last this long
     ban_after: int = 3  # failures that ban a source
+    max_peers: int = 100_000  # peers registered at once (past it a new one is refused: 429)
+    max_keys_per_peer: int = 1_000_000  # keys a peer holds or fetches (past it, 429: bounds memory)
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:
@@ -139,6 +144,9 @@ class Tracker:
         now = self._clock()
         peer = self._peers.get(hello.peer_id)
         if peer is None:
+            self._expire()
+            if len(self._peers) >= self.config.max_peers:
+                raise Overloaded(f"the tracker has its {self.config.max_peers} peers: try another or later")
             peer = self._peers[hello.peer_id] = _Peer(hello.peer_id, tenant, address, now)
             self.counts["peers_registered"] += 1
         elif peer.tenant != tenant:
@@ -168,19 +176,19 @@ class Tracker:
 
     def _forget(self, peer: _Peer) -> None:
         del self._peers[peer.peer_id]
-        for key in peer.holds | peer.fetches:
-            swarm = self._swarms.get(key)
-            if swarm is not None:
-                swarm.holders.discard(peer.peer_id)
-                swarm.fetchers.pop(peer.peer_id, None)
-                swarm.children.pop(peer.peer_id, None)
-                self._drop_if_idle(key, swarm)
+        for key in list(peer.holds | peer.fetches):
+            self._let_go(peer, key)
 
     # --- locate ---------------------------------------------------------------------------
 
     def locate(self, tenant: str, request: LocateRequest) -> LocateResponse:
         asker = self._peer(tenant, request.peer_id)
         keys = _checked_keys(request.keys, "keys")
+        if len(asker.holds) + len(asker.fetches) + len(keys) > self.config.max_keys_per_peer:
+            raise Overloaded(
+                f"peer {asker.peer_id} holds or fetches too many keys (at most {self.config.max_keys_per_peer}):"
+                " announce what it filled, failed or evicted"
+            )
         return LocateResponse(located=[self._locate(asker, key) for key in keys])
 
     def _locate(self, asker: _Peer, key: str) -> Located:
@@ -321,6 +329,12 @@ class Tracker:
 
     # --- stats ------------------------------------------------------------------------------
 
+    def peer_count(self) -> int:
+        return len(self._peers)
+
+    def swarm_count(self) -> int:
+        return len(self._swarms)
+
     def stats(self) -> dict[str, object]:
         self._expire()
         now = self._clock()
@@ -397,9 +411,21 @@ def make_app(
     app.router.add_post("/v1/report", report)
     app.router.add_get("/stats", stats, allow_head=False)
     gauges = app[METRICS_KEY].gauges
-    gauges["peers"] = lambda: len(tracker._peers)
-    gauges["swarms"] = lambda: len(tracker._swarms)
+    gauges["peers"] = tracker.peer_count
+    gauges["swarms"] = tracker.swarm_count
     return app
+
+
+# The flags that set TrackerConfig fields: (flag, field, what it sets).
+_FLAGS = (
+    ("--heartbeat-seconds", "heartbeat_s", "peers say hello this often"),
+    ("--peer-ttl-seconds", "peer_ttl_s", "forget a peer unheard this long"),
+    ("--fanout", "fanout", "children per source per chunk"),
+    ("--max-sources", "max_sources", "sources per chunk in an answer"),
+    ("--demand-window-seconds", "demand_window_s", "how far back askers count as demand"),
+    ("--hold-seconds", "hold_s", "how much longer a last copy in demand is kept"),
+    ("--ban-after", "ban_after", "failures that ban a peer"),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -408,76 +434,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)
-        config = TrackerConfig(
-            heartbeat_s=args.heartbeat_seconds,
-            peer_ttl_s=args.peer_ttl_seconds,
-            fanout=args.fanout,
-            max_sources=args.max_sources,
-            demand_window_s=args.demand_window_seconds,
-            hold_s=args.hold_seconds,
-            ban_after=args.ban_after,
-        )
+        config = TrackerConfig(**{name: getattr(args, name) for _, name, _ in _FLAGS})
     except ValueError as exc:
         parser.error(str(exc))
-    serve(
-        make_app(config, auth=auth, faults=faults, admin_token=args.admin_token),
-        args.host,
-        args.port,
-        args.port_file,
-        limits_of_args(args),
-    )
+    app = make_app(config, auth=auth, faults=faults, admin_token=args.admin_token)
+    serve(app, args.host, args.port, args.port_file, limits_of_args(args))
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = TrackerConfig()
     parser = argparse.ArgumentParser(
         prog="python -m servers.tracker", description="The peer tier's tracker (Owl's control plane)."
     )
-    parser.add_argument(
-        "--heartbeat-seconds",
-        type=positive(float),
-        default=d.heartbeat_s,
-        metavar="S",
-        help=f"peers say hello this often (default {d.heartbeat_s:g})",
-    )
-    parser.add_argument(
-        "--peer-ttl-seconds",
-        type=positive(float),
-        default=d.peer_ttl_s,
-        metavar="S",
-        help=f"forget a peer unheard this long (default {d.peer_ttl_s:g})",
-    )
-    parser.add_argument(
-        "--fanout", type=positive(int), default=d.fanout, metavar="N", help=f"children per source per chunk (default {d.fanout})"
-    )
-    parser.add_argument(
-        "--max-sources",
-        type=positive(int),
-        default=d.max_sources,
-        metavar="N",
-        help=f"sources per chunk in an answer (default {d.max_sources})",
-    )
-    parser.add_argument(
-        "--demand-window-seconds",
-        type=positive(float),
-        default=d.demand_window_s,
-        metavar="S",
-        help=f"how far back askers count as demand (default {d.demand_window_s:g})",
-    )
-    parser.add_argument(
-        "--hold-seconds",
-        type=positive(float),
-        default=d.hold_s,
-        metavar="S",
-        help=f"how much longer a last copy in demand is kept (default {d.hold_s:g})",
-    )
-    parser.add_argument(
-        "--ban-after",
-        type=positive(int),
-        default=d.ban_after,
-        metavar="N",
-        help=f"failures that ban a peer (default {d.ban_after})",
-    )
+    defaults = TrackerConfig()
+    for flag, name, what in _FLAGS:
+        default = getattr(defaults, name)
+        kind = type(default)
+        metavar = "N" if kind is int else "S"
+        parser.add_argument(
+            flag, dest=name, type=positive(kind), default=default, metavar=metavar, help=f"{what} (default {default:g})"
+        )
     add_serve_args(parser)
     return parser
 

@@ -11,7 +11,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from blobsdk.errors import BadRequest, Forbidden, PeerNotFound
+from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
 from blobsdk.wire import (
     AnnounceRequest,
     AnnounceResponse,
@@ -229,6 +229,19 @@ def test_bad_requests_are_refused_with_what_was_wrong(call: object, error: type[
     t, _ = tracker()
     with pytest.raises(error, match=message):
         call(t)  # type: ignore[operator]
+
+
+def test_the_tracker_bounds_its_peers_and_each_peer_s_keys() -> None:
+    t, clock = tracker(max_peers=8, max_keys_per_peer=3, peer_ttl_s=15)
+    with pytest.raises(Overloaded, match="the tracker has its 8 peers"):
+        t.hello("t", PeerHello(peer_id=pid(9), address="http://10.0.0.9:7400"))
+    t.locate("t", LocateRequest(peer_id=pid(1), keys=["k1", "k2"]))
+    with pytest.raises(Overloaded, match="holds or fetches too many keys"):
+        t.locate("t", LocateRequest(peer_id=pid(1), keys=["k3", "k4"]))
+    t.announce("t", AnnounceRequest(peer_id=pid(1), failed=["k1", "k2"]))
+    t.locate("t", LocateRequest(peer_id=pid(1), keys=["k3", "k4"]))  # room again
+    clock.now += 16  # every peer aged out: room for new ones
+    t.hello("t", PeerHello(peer_id=pid(9), address="http://10.0.0.9:7400"))
 
 
 def test_the_config_must_be_positive() -> None:
