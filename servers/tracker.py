@@ -165,11 +165,12 @@ class Tracker:
         return peer
 
     def _expire(self) -> None:
-        """Forget peers unheard for ``peer_ttl_s`` (checked at most once a second)."""
+        """Forget peers unheard for ``peer_ttl_s`` (checked at most once a second, or four
+        times a TTL if that is shorter)."""
         now = self._clock()
         if now < self._next_expiry:
             return
-        self._next_expiry = now + 1.0
+        self._next_expiry = now + min(1.0, self.config.peer_ttl_s / 4)
         for peer in [p for p in self._peers.values() if now - p.seen > self.config.peer_ttl_s]:
             self._forget(peer)
             self.counts["peers_expired"] += 1
