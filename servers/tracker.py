@@ -24,8 +24,8 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
   source for ``busy_s``; ``failed`` and ``bad_bytes`` count as failures and demote it for
   ``demote_s`` (``bad_bytes`` also drops its copy of that key); ``ban_after`` failures ban it:
   it is never handed out again and holds nothing.
-- ``GET /stats``: peers, banned peers, swarms, the hottest keys with their copies and
-  fetchers, and the counters.
+- ``GET /stats`` (admin only: it shows every tenant's keys): peers, banned peers, swarms, the
+  hottest keys with their copies and fetchers, and the counters.
 
 Memory is bounded: at most ``max_peers`` peers and ``max_keys_per_peer`` keys each held or
 fetched (past either, 429 ``Overloaded``), every list in a request at most 4096 keys.
@@ -66,7 +66,7 @@ from blobsdk.wire import (
     Source,
 )
 
-from ._common.auth import ServerAuth, claims_of
+from ._common.auth import ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
 from ._common.limits import limits_of_args
@@ -404,6 +404,7 @@ def make_app(
         return reply(request, tracker.report(claims_of(request).tenant, await read_body(request, ReportRequest)))
 
     async def stats(request: web.Request) -> web.Response:
+        require_admin(request)  # every tenant's keys and peers: the operator's view
         return web.json_response(tracker.stats())
 
     app.router.add_post("/v1/peers", hello)

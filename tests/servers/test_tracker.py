@@ -294,6 +294,8 @@ async def test_peers_use_it_over_http_with_their_tenants_tokens(served: tuple[st
         bad = ReportRequest(peer_id=pid(2), source=pid(1), key=KEY, problem="bad_bytes")
         assert await post(s, f"{url}/v1/report", bad, alice, ReportResponse) == ReportResponse(banned=False)
         async with s.get(f"{url}/stats", headers=auth_headers(alice)) as resp:
+            assert resp.status == 403  # every tenant's keys: not for a tenant
+        async with s.get(f"{url}/stats", headers=auth_headers(tenancy.token("ops", admin=True))) as resp:
             stats = await resp.json()
         assert stats["peers"] == 2 and stats["counts"]["reports_bad_bytes"] == 1
         async with s.get(f"{url}/metrics") as resp:
