@@ -352,7 +352,20 @@ def _prefetch_tier(store: _Store, tier: str | None) -> str | None:
     return tier
 
 
-class BlobIterableDataset(IterableDataset[Any]):
+class _ClosedOnExit:
+    """``with x:`` calls ``x.close()`` on the way out."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
     """Every sample of ``paths_or_prefix`` once per epoch, sharded over ranks and DataLoader
     workers, read ahead and deep-prefetched in each worker; see the module docstring."""
 
@@ -494,12 +507,6 @@ class BlobIterableDataset(IterableDataset[Any]):
         self._close_ahead()
         self._client.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_current": None, "_ahead": None}  # they belong to this process
 
@@ -548,7 +555,7 @@ def _identity(sample: Sample) -> Sample:
     return sample
 
 
-class _WindowPrefetch:
+class _WindowPrefetch(_ClosedOnExit):
     """Deep prefetch of one iteration's samples, a window ahead: :meth:`enter` at each position
     starts window ``k+1`` on entering window ``k`` and cancels the windows before ``k``;
     :meth:`close` cancels what still runs."""
@@ -581,12 +588,6 @@ class _WindowPrefetch:
             if not handle.done:
                 handle.cancel()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
 
 # --- the map-style dataset ------------------------------------------------------------------------
 
@@ -599,7 +600,7 @@ class MapOptions(TypedDict, total=False):
     readahead_bytes: int
 
 
-class BlobDataset(Dataset[Any]):
+class BlobDataset(_ClosedOnExit, Dataset[Any]):
     """``dataset[i]`` is ``transform((path, data))`` of the ``i``-th path; a batch of indices
     is read through one readahead.  Order, sharding and resume are the sampler's: use
     :class:`BlobSampler` (or the DataLoader's ``shuffle``/``generator``)."""
@@ -659,12 +660,6 @@ class BlobDataset(Dataset[Any]):
     def close(self) -> None:
         """Close this process's client (the next read opens a new one)."""
         self._client.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {len(self.paths)} samples>"

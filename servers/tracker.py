@@ -69,7 +69,7 @@ from blobsdk.wire import (
 from ._common.auth import ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
-from ._common.limits import limits_of_args
+from ._common.limits import check_positive_fields, limits_of_args
 
 MAX_KEYS = 4096  # keys per locate or announce list
 HOT_KEYS = 20  # keys /stats shows
@@ -92,9 +92,7 @@ class TrackerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_keys_per_peer: int = 1_000_000  # keys a peer holds or fetches (past it, 429: bounds memory)
 
     def __post_init__(self) -> None:
-        for name in self.__struct_fields__:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+        check_positive_fields(self)
 
 
 @dataclass

@@ -57,9 +57,14 @@ class ServerLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_connections: int = MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
-        for name in self.__struct_fields__:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+        check_positive_fields(self)
+
+
+def check_positive_fields(config: msgspec.Struct) -> None:
+    """ValueError naming the first field of ``config`` that is not positive."""
+    for name in config.__struct_fields__:
+        if not getattr(config, name) > 0:
+            raise ValueError(f"{name} must be positive, not {getattr(config, name)}")
 
 
 def limits_of_args(args: Any) -> ServerLimits:
