@@ -21,6 +21,15 @@ grant that verifies for the requesting tenant and exactly that range
 (:meth:`Keyring.verify_grant`), so no data server needs to know buckets, and a grant is
 worthless to another tenant or for other bytes.
 
+A **serve ticket** (``<expiry>.<mac>``) is what a peer tier's tracker hands a child with each
+peer source it names: it lets that tenant fetch one chunk key from that one peer until the
+expiry.  Peers are clients and hold no keyring (one that did could sign grants for any
+bytes), so the tracker, which has the deployment's keyring, checks the child's chunk grant
+when it is asked where the chunk is, and signs the ticket with the source peer's own
+:class:`ServeKey`, a random secret the peer gave it at hello.  A peer serves a chunk only
+against a ticket that verifies with its key, for its tenant and that key: so it never hands
+anyone bytes their grant would not let them read from L4.
+
 Clock skew: a server accepts a token or grant from ``not_before - skew`` until
 ``expires + skew`` by its own clock (``skew`` defaults to :data:`CLOCK_SKEW_S`); a client
 drops a cached plan :data:`GRANT_MARGIN_S` before its grants expire by the client's clock.
@@ -210,6 +219,54 @@ class Keyring:
 
 
 GRANT_HEADER = "X-Blobsdk-Grant"
+TICKET_HEADER = "X-Blobsdk-Ticket"
+TICKET_TTL_S = 60.0  # how long a tracker's serve tickets last
+
+
+class ServeKey:
+    """A peer's serving secret (see the module docstring): the peer verifies, its trackers sign."""
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"a serve key is {len(secret)} bytes; at least {MIN_SECRET_BYTES} are needed")
+        self._hmac = hmac.new(secret, digestmod=hashlib.sha256)
+        self.hex = secret.hex()
+
+    def __repr__(self) -> str:  # never the secret
+        return "ServeKey(...)"
+
+    @classmethod
+    def generate(cls) -> ServeKey:
+        return cls(secrets.token_bytes(MIN_SECRET_BYTES))
+
+    @classmethod
+    def from_hex(cls, text: str) -> ServeKey:
+        """ValueError unless ``text`` is a hex secret of at least 32 bytes."""
+        try:
+            return cls(bytes.fromhex(text))
+        except ValueError as exc:
+            raise ValueError(f"invalid serve key: {exc}") from None
+
+    def ticket(self, tenant: str, key: str, expires: int) -> str:
+        return f"{expires}.{_b64(self._mac(tenant, key, expires))}"
+
+    def verify(self, ticket: str | None, tenant: str, key: str, now: float, skew: float = CLOCK_SKEW_S) -> None:
+        """Unauthorized without a ticket; Forbidden unless it lets ``tenant`` fetch ``key``
+        from this peer at ``now``."""
+        if not ticket:
+            raise Unauthorized(f"a serve ticket from the tracker (header {TICKET_HEADER}) is needed to fetch chunk {key}")
+        expires_text, _, mac = ticket.partition(".")
+        if not (expires_text.isascii() and expires_text.isdigit()) or len(expires_text) > 12:
+            raise Forbidden("malformed serve ticket")
+        expires = int(expires_text)
+        if not hmac.compare_digest(_unb64(mac), self._mac(tenant, key, expires)):
+            raise Forbidden(f"the serve ticket is not this peer's for tenant {tenant!r} and chunk {key}")
+        _check_window("serve ticket", 0, expires, now, skew, Forbidden)
+
+    def _mac(self, tenant: str, key: str, expires: int) -> bytes:
+        mac = self._hmac.copy()
+        mac.update(f"blobsdk ticket v1\0{tenant}\0{key}\0{expires}".encode())
+        return mac.digest()[:_GRANT_MAC_BYTES]
 
 
 def check_claims(claims: Claims) -> None:

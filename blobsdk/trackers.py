@@ -1,12 +1,14 @@
 """A peer's side of its trackers (servers/tracker.py): the peer tier's control plane, seen
 from a client (issue 11).
 
-``Trackers(session, urls, token, peer_id=..., address=...)``, entered with ``async with``,
-says hello to every tracker and then heartbeats each every ``heartbeat_s`` (as the tracker
-asks), with the peer's current upload count.  Each chunk key belongs to one tracker, chosen
-by rendezvous hashing over ``urls`` (``blobsdk.placement``), so trackers shard the key space
-and never talk to each other.  ``locate``, ``announce`` and ``report`` batch their keys per
-tracker and ask the trackers concurrently.
+``Trackers(session, urls, token, peer_id=..., address=..., serve_key=...)``, entered with
+``async with``, says hello to every tracker (handing it the peer's serve key, which it signs
+the peer's serve tickets with, and learning the tenant the peer serves) and then heartbeats
+each every ``heartbeat_s`` (as the tracker asks), with the peer's current upload count.
+Each chunk key belongs to one tracker, chosen by rendezvous hashing over ``urls``
+(``blobsdk.placement``), so trackers shard the key space and never talk to each other.
+``locate``, ``announce`` and ``report`` batch their keys per tracker and ask the trackers
+concurrently.
 
 A tracker is never in the way of a read: a call that fails or takes longer than
 ``timeout_s`` marks that tracker down for ``down_s``, its keys get no sources (the read path
@@ -27,11 +29,13 @@ from typing import Self, TypeVar
 import aiohttp
 
 from ._http import HttpEndpoint
+from .auth import ServeKey
 from .errors import BlobError, PeerNotFound
 from .placement import rank
 from .wire import (
     AnnounceRequest,
     AnnounceResponse,
+    ChunkRef,
     HelloResponse,
     LocateRequest,
     LocateResponse,
@@ -69,6 +73,7 @@ class Trackers:
         *,
         peer_id: str,
         address: str,
+        serve_key: ServeKey,
         uploads: Callable[[], int] = lambda: 0,
         budget_bytes: int = 0,
         timeout_s: float = TIMEOUT_S,
@@ -78,7 +83,8 @@ class Trackers:
         if not urls:
             raise ValueError("Trackers needs at least one tracker URL")
         self._endpoints = {url.rstrip("/"): HttpEndpoint(session, url, token) for url in urls}
-        self.peer_id, self.address = peer_id, address
+        self.peer_id, self.address, self._serve_key = peer_id, address, serve_key
+        self.tenant: str | None = None  # as the trackers say, once one has answered a hello
         self._uploads, self._budget = uploads, budget_bytes
         self._timeout_s, self._down_s, self._clock = timeout_s, down_s, clock
         self._down_until: dict[str, float] = {}
@@ -106,13 +112,17 @@ class Trackers:
 
     # --- the calls --------------------------------------------------------------------------------
 
-    async def locate(self, keys: Iterable[str]) -> dict[str, list[Source]]:
-        """Each key's sources, best first (none: fetch from the origin, or its tracker is down)."""
-        wanted = list(keys)
+    async def locate(self, refs: Iterable[ChunkRef]) -> dict[str, list[Source]]:
+        """Each chunk key's sources, best first (none: fetch from the origin, or its tracker is
+        down).  The refs carry their grants: the tracker checks them."""
+        wanted = {ref.key: ref for ref in refs}
         found: dict[str, list[Source]] = {key: [] for key in wanted}
 
         async def ask(url: str, batch: list[str]) -> None:
-            answer = await self._call(url, "/v1/locate", lambda: LocateRequest(peer_id=self.peer_id, keys=batch), LocateResponse)
+            def request() -> LocateRequest:
+                return LocateRequest(peer_id=self.peer_id, refs=[wanted[key] for key in batch])
+
+            answer = await self._call(url, "/v1/locate", request, LocateResponse)
             if answer is not None:
                 found.update((located.key, located.sources) for located in answer.located if located.key in found)
 
@@ -188,9 +198,16 @@ class Trackers:
             self._down_until.pop(url, None)
 
     async def _say_hello(self, url: str) -> None:
-        hello = PeerHello(peer_id=self.peer_id, address=self.address, uploads=self._uploads(), budget_bytes=self._budget)
+        hello = PeerHello(
+            peer_id=self.peer_id,
+            address=self.address,
+            serve_key=self._serve_key.hex,
+            uploads=self._uploads(),
+            budget_bytes=self._budget,
+        )
         answer = await self._endpoints[url].call("POST", "/v1/peers", hello, HelloResponse)
         self._heartbeat_s = min(self._heartbeat_s, answer.heartbeat_s)
+        self.tenant = answer.tenant
         self.counts["hellos"] += 1
 
     def _mark_down(self, url: str) -> None:

@@ -262,6 +262,7 @@ class PeerHello(msgspec.Struct, frozen=True, kw_only=True):
 
     peer_id: str  # hex32, chosen by the peer
     address: str  # the base URL its peer server answers on, e.g. "http://10.0.0.7:7400"
+    serve_key: str  # hex: the secret its trackers sign its serve tickets with (blobsdk.auth.ServeKey)
     uploads: int = 0  # uploads in flight now
     budget_bytes: int = 0  # serving memory it offers
 
@@ -269,17 +270,19 @@ class PeerHello(msgspec.Struct, frozen=True, kw_only=True):
 class HelloResponse(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_s: float  # say hello again within this
     ttl_s: float  # a peer not heard from for this long is forgotten
+    tenant: str  # the tenant the peer is bound to: the only one it serves
 
 
 class LocateRequest(msgspec.Struct, frozen=True, kw_only=True):
     peer_id: str  # who asks (it becomes a fetcher of each key, a source for later askers)
-    keys: list[str]
+    refs: list[ChunkRef]  # with their grants: the tracker checks them before it hands out a source
 
 
 class Source(msgspec.Struct, frozen=True, kw_only=True):
     peer_id: str
     address: str
-    complete: bool  # holds the whole chunk; False: still fetching it (it streams what it has)
+    complete: bool  # holds the whole chunk; False: still fetching it (it serves it once it lands)
+    ticket: str  # the source's serve ticket for the asker (blobsdk.auth.ServeKey)
 
 
 class Located(msgspec.Struct, frozen=True, kw_only=True):
@@ -305,7 +308,9 @@ class AnnounceResponse(msgspec.Struct, frozen=True, kw_only=True):
     hold_s: float
 
 
-Problem = Literal["bad_bytes", "failed", "refused"]
+# bad_bytes: failed verification; failed: an error or timeout; refused: busy (429);
+# missing: it no longer has the chunk (404: a stale entry, no fault of the peer's).
+Problem = Literal["bad_bytes", "failed", "refused", "missing"]
 
 
 class ReportRequest(msgspec.Struct, frozen=True, kw_only=True):

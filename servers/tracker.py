@@ -6,8 +6,12 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
 
 - ``POST /v1/peers`` ``PeerHello`` -> ``HelloResponse``: register or heartbeat.  A peer id is
   bound to the tenant that registered it: another tenant's call for it is 403.  A peer not
-  heard from for ``peer_ttl_s`` is forgotten, with every copy it held.
-- ``POST /v1/locate`` ``LocateRequest`` -> ``LocateResponse``: for each key, ranked sources
+  heard from for ``peer_ttl_s`` is forgotten, with every copy it held.  The hello carries the
+  peer's serve key, which the tracker signs its serve tickets with (``blobsdk.auth``).
+- ``POST /v1/locate`` ``LocateRequest`` -> ``LocateResponse``: the asker sends the chunk refs
+  of its plans with their grants, and every grant must verify for its tenant (else 403, as a
+  block server would answer): so a source is only ever handed to someone who may read the
+  bytes from L4.  For each chunk key, ranked sources, each with a serve ticket for the asker
   — holders first (least loaded, the demoted after the healthy), then peers still fetching it
   (earliest first: they stream what they have, so bytes flow down a tree) — at most
   ``max_sources``, leaving out any source that already has ``fanout`` children for that key.
@@ -23,7 +27,8 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
 - ``POST /v1/report`` ``ReportRequest`` -> ``ReportResponse``: ``refused`` (busy) demotes the
   source for ``busy_s``; ``failed`` and ``bad_bytes`` count as failures and demote it for
   ``demote_s`` (``bad_bytes`` also drops its copy of that key); ``ban_after`` failures ban it:
-  it is never handed out again and holds nothing.
+  it is never handed out again and holds nothing.  ``missing`` (it answered 404: it evicted
+  the chunk unannounced) drops that copy, with no penalty.
 - ``GET /stats`` (admin only: it shows every tenant's keys): peers, banned peers, swarms, the
   hottest keys with their copies and fetchers, and the counters.
 
@@ -51,6 +56,7 @@ import msgspec
 from aiohttp import web
 
 from blobsdk._ids import validate_hex32
+from blobsdk.auth import TICKET_TTL_S, ServeKey
 from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
 from blobsdk.wire import (
     AnnounceRequest,
@@ -64,9 +70,10 @@ from blobsdk.wire import (
     ReportRequest,
     ReportResponse,
     Source,
+    validate_ref,
 )
 
-from ._common.auth import ServerAuth, claims_of, require_admin
+from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
 from ._common.limits import check_positive_fields, limits_of_args
@@ -90,6 +97,7 @@ class TrackerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ban_after: int = 3  # failures that ban a source
     max_peers: int = 100_000  # peers registered at once (past it a new one is refused: 429)
     max_keys_per_peer: int = 1_000_000  # keys a peer holds or fetches (past it, 429: bounds memory)
+    ticket_ttl_s: float = TICKET_TTL_S  # how long a serve ticket lets the asker fetch from a source
 
     def __post_init__(self) -> None:
         check_positive_fields(self)
@@ -100,6 +108,7 @@ class _Peer:
     peer_id: str
     tenant: str
     address: str
+    serve_key: ServeKey
     seen: float
     uploads: int = 0
     budget_bytes: int = 0
@@ -124,11 +133,17 @@ class _Swarm:
 
 
 class Tracker:
-    """The tracker's state and rules (no I/O); ``clock`` is injectable for tests."""
+    """The tracker's state and rules (no I/O); ``clock`` (ages and windows) and ``wall``
+    (unix time: ticket expiries) are injectable for tests."""
 
-    def __init__(self, config: TrackerConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: TrackerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config or TrackerConfig()
-        self._clock = clock
+        self._clock, self._wall = clock, wall
         self._peers: dict[str, _Peer] = {}
         self._swarms: dict[str, _Swarm] = {}
         self._next_expiry = 0.0
@@ -139,19 +154,23 @@ class Tracker:
     def hello(self, tenant: str, hello: PeerHello) -> HelloResponse:
         validate_hex32(hello.peer_id, "peer id")
         address = _checked_address(hello.address)
+        try:
+            serve_key = ServeKey.from_hex(hello.serve_key)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         now = self._clock()
         peer = self._peers.get(hello.peer_id)
         if peer is None:
             self._expire()
             if len(self._peers) >= self.config.max_peers:
                 raise Overloaded(f"the tracker has its {self.config.max_peers} peers: try another or later")
-            peer = self._peers[hello.peer_id] = _Peer(hello.peer_id, tenant, address, now)
+            peer = self._peers[hello.peer_id] = _Peer(hello.peer_id, tenant, address, serve_key, now)
             self.counts["peers_registered"] += 1
         elif peer.tenant != tenant:
             raise Forbidden(f"peer {hello.peer_id} belongs to another tenant")
-        peer.address, peer.seen = address, now
+        peer.address, peer.serve_key, peer.seen = address, serve_key, now
         peer.uploads, peer.budget_bytes = max(0, hello.uploads), max(0, hello.budget_bytes)
-        return HelloResponse(heartbeat_s=self.config.heartbeat_s, ttl_s=self.config.peer_ttl_s)
+        return HelloResponse(heartbeat_s=self.config.heartbeat_s, ttl_s=self.config.peer_ttl_s, tenant=tenant)
 
     def _peer(self, tenant: str, peer_id: str) -> _Peer:
         self._expire()
@@ -180,9 +199,10 @@ class Tracker:
 
     # --- locate ---------------------------------------------------------------------------
 
-    def locate(self, tenant: str, request: LocateRequest) -> LocateResponse:
-        asker = self._peer(tenant, request.peer_id)
-        keys = _checked_keys(request.keys, "keys")
+    def locate(self, tenant: str, peer_id: str, keys: list[str]) -> LocateResponse:
+        """Sources for each key (whose refs' grants the caller checked: see ``make_app``)."""
+        asker = self._peer(tenant, peer_id)
+        keys = _checked_keys(keys, "keys")
         if len(asker.holds) + len(asker.fetches) + len(keys) > self.config.max_keys_per_peer:
             raise Overloaded(
                 f"peer {asker.peer_id} holds or fetches too many keys (at most {self.config.max_keys_per_peer}):"
@@ -197,7 +217,7 @@ class Tracker:
         self._trim_asks(swarm, now)
         if asker.peer_id in swarm.holders:
             return Located(key=key, sources=[])  # it has it: nothing to hand out, nothing to record
-        sources = self._ranked_sources(swarm, asker, now)[: self.config.max_sources]
+        sources = self._ranked_sources(key, swarm, asker, now)[: self.config.max_sources]
         if sources:
             swarm.children.setdefault(sources[0].peer_id, {})[asker.peer_id] = now  # the child tries it first
             self.counts["located_peer"] += 1
@@ -207,7 +227,7 @@ class Tracker:
         asker.fetches.add(key)
         return Located(key=key, sources=sources)
 
-    def _ranked_sources(self, swarm: _Swarm, asker: _Peer, now: float) -> list[Source]:
+    def _ranked_sources(self, key: str, swarm: _Swarm, asker: _Peer, now: float) -> list[Source]:
         """Holders (healthy before ranked-last, then fewest uploads, then fewest children of
         this key), then fetchers (earliest first), each with room for another child."""
         holders, fetchers = [], []
@@ -221,8 +241,16 @@ class Tracker:
             if peer is not None and self._can_serve(peer, swarm, asker, now):
                 fetchers.append(((peer.ranked_last_until > now, since), peer))
         ordered = [p for _, p in sorted(holders, key=lambda h: h[0])] + [p for _, p in sorted(fetchers, key=lambda f: f[0])]
-        complete = swarm.holders
-        return [Source(peer_id=p.peer_id, address=p.address, complete=p.peer_id in complete) for p in ordered]
+        expires = int(self._wall() + self.config.ticket_ttl_s)
+        return [
+            Source(
+                peer_id=p.peer_id,
+                address=p.address,
+                complete=p.peer_id in swarm.holders,
+                ticket=p.serve_key.ticket(asker.tenant, key, expires),
+            )
+            for p in ordered
+        ]
 
     def _can_serve(self, peer: _Peer, swarm: _Swarm, asker: _Peer, now: float) -> bool:
         return (
@@ -313,6 +341,9 @@ class Tracker:
 
     def _penalise(self, source: _Peer, key: str, problem: Problem, now: float) -> None:
         self.counts[f"reports_{problem}"] += 1
+        if problem == "missing":
+            self._let_go(source, key)
+            return
         if problem == "refused":
             source.ranked_last_until = max(source.ranked_last_until, now + self.config.busy_s)
             return
@@ -380,12 +411,13 @@ def make_app(
     *,
     auth: ServerAuth | None = None,
     clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
     faults: FaultConfig | None = None,
     admin_token: str | None = None,
 ) -> web.Application:
     """The tracker for ``config`` (default: TrackerConfig()); ``auth``: who may call (default: anyone); ``clock`` drives
     ages and windows (tests); ``faults`` and ``admin_token``: see servers/_common/faults.py."""
-    tracker = Tracker(config, clock)
+    tracker = Tracker(config, clock, wall)
     app = base_app("blobsdk_tracker", auth, extensions=fault_extensions(faults, admin_token))
     app[TRACKER] = tracker
 
@@ -393,7 +425,14 @@ def make_app(
         return reply(request, tracker.hello(claims_of(request).tenant, await read_body(request, PeerHello)))
 
     async def locate(request: web.Request) -> web.Response:
-        return reply(request, tracker.locate(claims_of(request).tenant, await read_body(request, LocateRequest)))
+        body = await read_body(request, LocateRequest)
+        claims = claims_of(request)
+        if len(body.refs) > MAX_KEYS:
+            raise BadRequest(f"refs: at most {MAX_KEYS} a request, got {len(body.refs)}")
+        for ref in body.refs:
+            validate_ref(ref)
+            request.app[AUTH_KEY].check_grant(claims, ref.grant, ref.block_id, ref.offset, ref.length)
+        return reply(request, tracker.locate(claims.tenant, body.peer_id, [ref.key for ref in body.refs]))
 
     async def announce(request: web.Request) -> web.Response:
         return reply(request, tracker.announce(claims_of(request).tenant, await read_body(request, AnnounceRequest)))
@@ -425,6 +464,7 @@ _FLAGS = (
     ("--demand-window-seconds", "demand_window_s", "how far back askers count as demand"),
     ("--hold-seconds", "hold_s", "how much longer a last copy in demand is kept"),
     ("--ban-after", "ban_after", "failures that ban a peer"),
+    ("--ticket-ttl-seconds", "ticket_ttl_s", "how long a serve ticket lasts"),
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from blobsdk.auth import CLOCK_SKEW_S, Claims, Keyring, new_claims, read_claims
+from blobsdk.auth import CLOCK_SKEW_S, Claims, Keyring, ServeKey, new_claims, read_claims
 from blobsdk.errors import Forbidden, Unauthorized
 
 NOW = 1_800_000_000.0
@@ -186,3 +186,25 @@ def test_bad_claims_are_refused_before_signing(
 def test_read_claims_refuses_what_is_not_a_token() -> None:
     with pytest.raises(ValueError, match="not a signed blobsdk token"):
         read_claims("s3cret")
+
+
+# --- serve tickets (the peer tier) -------------------------------------------------------------
+
+
+def test_a_serve_ticket_lets_one_tenant_fetch_one_key_from_one_peer_until_it_expires() -> None:
+    key, other = ServeKey.generate(), ServeKey.generate()
+    ticket = key.ticket("alice", "k1", expires=1000)
+    key.verify(ticket, "alice", "k1", now=999.0, skew=0)
+    with pytest.raises(Unauthorized, match=r"a serve ticket from the tracker \(header X-Blobsdk-Ticket\) is needed"):
+        key.verify("", "alice", "k1", now=999.0)
+    for tenant, chunk, peer in (("bob", "k1", key), ("alice", "k2", key), ("alice", "k1", other)):
+        with pytest.raises(Forbidden, match=f"the serve ticket is not this peer's for tenant '{tenant}' and chunk {chunk}"):
+            peer.verify(ticket, tenant, chunk, now=999.0)
+    with pytest.raises(Forbidden, match="serve ticket expired at 1970-01-01T00:16:40Z"):
+        key.verify(ticket, "alice", "k1", now=1000.0, skew=0)
+    for malformed in ("x.abc", "-5.abc", "9" * 13 + ".abc"):
+        with pytest.raises(Forbidden, match="malformed serve ticket"):
+            key.verify(malformed, "alice", "k1", now=999.0)
+    assert repr(key) == "ServeKey(...)" and key.hex not in repr(key)
+    with pytest.raises(ValueError, match="invalid serve key: a serve key is 4 bytes"):
+        ServeKey.from_hex("ab" * 4)

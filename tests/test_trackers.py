@@ -11,12 +11,15 @@ from contextlib import AsyncExitStack
 import aiohttp
 import pytest
 
+from blobsdk.auth import ServeKey
 from blobsdk.trackers import Announced, Trackers
+from blobsdk.wire import ChunkRef
 from servers._common.faults import FaultConfig, FaultRule
 from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
 from tests.helpers import running_app
 
-KEYS = [f"{i:040x}" for i in range(40)]
+REFS = [ChunkRef(block_id=f"{i:032x}", offset=0, length=1, raw_length=1, checksum=i) for i in range(40)]
+KEYS = [ref.key for ref in REFS]
 
 
 def pid(n: int) -> str:
@@ -39,7 +42,14 @@ class Deployment:
             self.trackers[url] = app[TRACKER]
 
     async def peer(self, n: int, urls: list[str] | None = None, **kwargs: object) -> Trackers:
-        client = Trackers(self.session, urls or self.urls, peer_id=pid(n), address=f"http://127.0.0.1:{7400 + n}", **kwargs)  # type: ignore[arg-type]
+        client = Trackers(
+            self.session,
+            urls or self.urls,
+            peer_id=pid(n),
+            address=f"http://127.0.0.1:{7400 + n}",
+            serve_key=ServeKey.generate(),
+            **kwargs,
+        )  # type: ignore[arg-type]
         return await self.stack.enter_async_context(client)
 
 
@@ -53,11 +63,12 @@ async def deployment() -> AsyncIterator[Deployment]:
 async def test_keys_are_sharded_over_the_trackers_and_peers_find_each_other(deployment: Deployment) -> None:
     await deployment.start(2)
     first, second = await deployment.peer(1), await deployment.peer(2)
-    assert all(sources == [] for sources in (await first.locate(KEYS)).values())  # nobody has them: origin
+    assert all(sources == [] for sources in (await first.locate(REFS)).values())  # nobody has them: origin
     announced = await first.announce(filled=KEYS)
     assert announced.keep == set(KEYS)
-    found = await second.locate(KEYS)
+    found = await second.locate(REFS)
     assert all([(s.peer_id, s.complete) for s in found[key]] == [(pid(1), True)] for key in KEYS)
+    assert first.tenant == second.tenant == "default"  # the trackers have no auth
     owners = {url: {key for key in KEYS if first.tracker_of(key) == url} for url in deployment.urls}
     assert all(owners.values())  # both trackers own some of the 40 keys
     for url, tracker in deployment.trackers.items():
@@ -67,11 +78,11 @@ async def test_keys_are_sharded_over_the_trackers_and_peers_find_each_other(depl
 async def test_a_peer_reported_for_bad_bytes_is_banned_and_never_handed_out(deployment: Deployment) -> None:
     await deployment.start(1, TrackerConfig(ban_after=2))
     bad, victim = await deployment.peer(1), await deployment.peer(2)
-    await bad.locate(KEYS[:2])
+    await bad.locate(REFS[:2])
     await bad.announce(filled=KEYS[:2])
     assert await victim.report(pid(1), KEYS[0], "bad_bytes") is False
     assert await victim.report(pid(1), KEYS[1], "bad_bytes") is True
-    assert (await victim.locate(KEYS[:2])) == {KEYS[0]: [], KEYS[1]: []}
+    assert (await victim.locate(REFS[:2])) == {KEYS[0]: [], KEYS[1]: []}
 
 
 async def test_a_dead_tracker_costs_no_read_more_than_a_refused_connect(deployment: Deployment) -> None:
@@ -82,7 +93,7 @@ async def test_a_dead_tracker_costs_no_read_more_than_a_refused_connect(deployme
     client = await deployment.peer(1, urls=[*deployment.urls, dead])
     assert client.is_down(dead) and not client.is_down(deployment.urls[0])
     begun = time.perf_counter()
-    found = await client.locate(KEYS)
+    found = await client.locate(REFS)
     assert time.perf_counter() - begun < 0.2 and all(s == [] for s in found.values())
     assert client.counts["skipped_down"] == 1  # its keys skipped, not asked
 
@@ -92,7 +103,7 @@ async def test_a_slow_tracker_is_skipped_within_the_timeout_and_tried_again_late
     await deployment.start(1, faults=slow)
     client = await deployment.peer(1, timeout_s=0.1, down_s=0.3)
     begun = time.perf_counter()
-    assert await client.locate(KEYS[:1]) == {KEYS[0]: []}
+    assert await client.locate(REFS[:1]) == {KEYS[0]: []}
     assert 0.1 <= time.perf_counter() - begun < 0.5 and client.is_down(deployment.urls[0])
     assert await client.announce(filled=KEYS[:1]) == Announced()  # dropped while down
     await asyncio.sleep(0.35)
@@ -119,4 +130,4 @@ async def test_heartbeats_keep_the_peer_known(deployment: Deployment) -> None:
 
 def test_it_needs_a_tracker() -> None:
     with pytest.raises(ValueError, match="at least one tracker URL"):
-        Trackers(None, [], peer_id=pid(1), address="http://127.0.0.1:1")  # type: ignore[arg-type]
+        Trackers(None, [], peer_id=pid(1), address="http://127.0.0.1:1", serve_key=ServeKey.generate())  # type: ignore[arg-type]

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import msgspec
 import pytest
 
+from blobsdk.auth import ServeKey
 from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
 from blobsdk.wire import (
     AnnounceRequest,
     AnnounceResponse,
+    ChunkRef,
     ErrorBody,
     LocateRequest,
     LocateResponse,
@@ -26,6 +29,8 @@ from servers.tracker import Tracker, TrackerConfig, make_app
 from tests.helpers import ROOT, Tenancy, auth_headers, running_app, server_process
 
 KEY = "c" * 40
+SERVE_KEY = ServeKey.generate()
+REF = ChunkRef(block_id="ab" * 16, offset=0, length=10, raw_length=10, checksum=1)
 
 
 class Clock:
@@ -44,13 +49,13 @@ def tracker(**config: object) -> tuple[Tracker, Clock]:
     clock = Clock()
     t = Tracker(TrackerConfig(**config), clock)  # type: ignore[arg-type]
     for n in range(1, 9):
-        t.hello("t", PeerHello(peer_id=pid(n), address=f"http://10.0.0.{n}:7400"))
+        t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(n), address=f"http://10.0.0.{n}:7400"))
     return t, clock
 
 
 def sources(t: Tracker, asker: int, key: str = KEY) -> list[tuple[str, bool]]:
     """Whom ``asker`` is sent to for ``key``: (peer id, complete) best first."""
-    (located,) = t.locate("t", LocateRequest(peer_id=pid(asker), keys=[key])).located
+    (located,) = t.locate("t", pid(asker), [key]).located
     return [(s.peer_id, s.complete) for s in located.sources]
 
 
@@ -97,8 +102,8 @@ def test_holders_are_ranked_least_loaded_first() -> None:
         sources(t, n)
     demand(t, 9)  # 12 asks / fanout 4: three copies kept
     assert [fill(t, n).keep for n in (1, 2, 3)] == [[KEY]] * 3
-    t.hello("t", PeerHello(peer_id=pid(1), address="http://10.0.0.1:7400", uploads=5))
-    t.hello("t", PeerHello(peer_id=pid(2), address="http://10.0.0.2:7400", uploads=1))
+    t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://10.0.0.1:7400", uploads=5))
+    t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(2), address="http://10.0.0.2:7400", uploads=1))
     assert sources(t, 4) == [(pid(3), True), (pid(2), True), (pid(1), True), (pid(8), False)]
 
 
@@ -162,7 +167,7 @@ def test_a_busy_source_is_ranked_last_for_a_moment() -> None:
     assert report(t, 2, "refused").banned is False
     assert [p for p, _ in sources(t, 4)][:2] == [pid(1), pid(2)]  # 2 refused: ranked last
     clock.now += 1.1
-    t.hello("t", PeerHello(peer_id=pid(1), address="http://10.0.0.1:7400", uploads=3))
+    t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://10.0.0.1:7400", uploads=3))
     assert [p for p, _ in sources(t, 6)][:2] == [pid(2), pid(1)]  # 2 is back, 1 is busier
     assert t._peers[pid(2)].failures == 0  # busy is no failure
 
@@ -180,6 +185,14 @@ def test_bad_bytes_drop_the_copy_and_repeated_failures_ban_the_peer() -> None:
     assert t.stats()["banned"] == 1 and t.counts["peers_banned"] == 1
 
 
+def test_a_missing_copy_is_dropped_without_a_penalty() -> None:
+    t, _ = tracker(ban_after=1)
+    two_holders(t)
+    assert report(t, 1, "missing").banned is False  # a stale entry: 404
+    assert pid(1) not in [p for p, _ in sources(t, 3)]
+    assert t._peers[pid(1)].failures == 0 and t._peers[pid(1)].ranked_last_until == 0.0
+
+
 # --- peers' lives and tenants ------------------------------------------------------------------
 
 
@@ -189,7 +202,9 @@ def test_a_peer_unheard_for_its_ttl_is_forgotten_with_its_copies() -> None:
     fill(t, 1)
     clock.now += 10
     for n in range(2, 9):
-        t.hello("t", PeerHello(peer_id=pid(n), address=f"http://10.0.0.{n}:7400"))  # heartbeats; 1 is silent
+        t.hello(
+            "t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(n), address=f"http://10.0.0.{n}:7400")
+        )  # heartbeats; 1 is silent
     clock.now += 6
     assert sources(t, 2) == []  # 1 aged out, and its copy with it
     with pytest.raises(PeerNotFound, match="say hello first"):
@@ -202,26 +217,56 @@ def test_a_peer_id_belongs_to_its_tenant_and_tenants_never_share_sources() -> No
     sources(t, 1)
     fill(t, 1)
     other = pid(99)
-    t.hello("u", PeerHello(peer_id=other, address="http://10.0.1.1:7400"))
+    t.hello("u", PeerHello(serve_key=SERVE_KEY.hex, peer_id=other, address="http://10.0.1.1:7400"))
     with pytest.raises(Forbidden, match="belongs to another tenant"):
-        t.hello("u", PeerHello(peer_id=pid(1), address="http://10.0.1.2:7400"))
+        t.hello("u", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://10.0.1.2:7400"))
     with pytest.raises(Forbidden, match="belongs to another tenant"):
-        t.locate("u", LocateRequest(peer_id=pid(1), keys=[KEY]))
-    (located,) = t.locate("u", LocateRequest(peer_id=other, keys=[KEY])).located
+        t.locate("u", pid(1), [KEY])
+    (located,) = t.locate("u", other, [KEY]).located
     assert located.sources == []  # tenant t's copy is not handed to tenant u
 
 
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda t: t.hello("t", PeerHello(peer_id="nope", address="http://h:1")), BadRequest, "invalid peer id 'nope'"),
-        (lambda t: t.hello("t", PeerHello(peer_id=pid(1), address="ftp://h:1")), BadRequest, "expected http://HOST:PORT"),
-        (lambda t: t.hello("t", PeerHello(peer_id=pid(1), address="http://h")), BadRequest, "expected http://HOST:PORT"),
-        (lambda t: t.hello("t", PeerHello(peer_id=pid(1), address="http://h:1/x")), BadRequest, "expected http://HOST:PORT"),
-        (lambda t: t.hello("t", PeerHello(peer_id=pid(1), address="http://h:99999")), BadRequest, "invalid peer address"),
-        (lambda t: t.locate("t", LocateRequest(peer_id=pid(50), keys=[KEY])), PeerNotFound, "unknown peer"),
-        (lambda t: t.locate("t", LocateRequest(peer_id=pid(1), keys=[""])), BadRequest, "keys: invalid chunk key ''"),
-        (lambda t: t.locate("t", LocateRequest(peer_id=pid(1), keys=["k"] * 4097)), BadRequest, "at most 4096 keys"),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id="nope", address="http://h:1")),
+            BadRequest,
+            "invalid peer id 'nope'",
+        ),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="ftp://h:1")),
+            BadRequest,
+            "expected http://HOST:PORT",
+        ),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h")),
+            BadRequest,
+            "expected http://HOST:PORT",
+        ),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h:1/x")),
+            BadRequest,
+            "expected http://HOST:PORT",
+        ),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h:99999")),
+            BadRequest,
+            "invalid peer address",
+        ),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key="ab" * 8, peer_id=pid(1), address="http://h:1")),
+            BadRequest,
+            "a serve key is 8 bytes; at least 32",
+        ),
+        (
+            lambda t: t.hello("t", PeerHello(serve_key="zz", peer_id=pid(1), address="http://h:1")),
+            BadRequest,
+            "invalid serve key: non-hexadecimal",
+        ),
+        (lambda t: t.locate("t", pid(50), [KEY]), PeerNotFound, "unknown peer"),
+        (lambda t: t.locate("t", pid(1), [""]), BadRequest, "keys: invalid chunk key ''"),
+        (lambda t: t.locate("t", pid(1), ["k"] * 4097), BadRequest, "at most 4096 keys"),
         (lambda t: report(t, 50, "failed"), PeerNotFound, "unknown peer"),
     ],
 )
@@ -234,14 +279,14 @@ def test_bad_requests_are_refused_with_what_was_wrong(call: object, error: type[
 def test_the_tracker_bounds_its_peers_and_each_peer_s_keys() -> None:
     t, clock = tracker(max_peers=8, max_keys_per_peer=3, peer_ttl_s=15)
     with pytest.raises(Overloaded, match="the tracker has its 8 peers"):
-        t.hello("t", PeerHello(peer_id=pid(9), address="http://10.0.0.9:7400"))
-    t.locate("t", LocateRequest(peer_id=pid(1), keys=["k1", "k2"]))
+        t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(9), address="http://10.0.0.9:7400"))
+    t.locate("t", pid(1), ["k1", "k2"])
     with pytest.raises(Overloaded, match="holds or fetches too many keys"):
-        t.locate("t", LocateRequest(peer_id=pid(1), keys=["k3", "k4"]))
+        t.locate("t", pid(1), ["k3", "k4"])
     t.announce("t", AnnounceRequest(peer_id=pid(1), failed=["k1", "k2"]))
-    t.locate("t", LocateRequest(peer_id=pid(1), keys=["k3", "k4"]))  # room again
+    t.locate("t", pid(1), ["k3", "k4"])  # room again
     clock.now += 16  # every peer aged out: room for new ones
-    t.hello("t", PeerHello(peer_id=pid(9), address="http://10.0.0.9:7400"))
+    t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(9), address="http://10.0.0.9:7400"))
 
 
 def test_the_config_must_be_positive() -> None:
@@ -270,28 +315,45 @@ async def post(session: aiohttp.ClientSession, url: str, body: object, token: st
 async def test_peers_use_it_over_http_with_their_tenants_tokens(served: tuple[str, Tenancy]) -> None:
     url, tenancy = served
     alice, bob = tenancy.token("alice"), tenancy.token("bob")
+    ref = tenancy.granted(REF, "alice")
+    key = REF.key
     async with aiohttp.ClientSession() as s:
-        assert await post(s, f"{url}/v1/peers", PeerHello(peer_id=pid(1), address="http://127.0.0.1:7401"), None, object) == (
+        hello_1 = PeerHello(peer_id=pid(1), address="http://127.0.0.1:7401", serve_key=SERVE_KEY.hex)
+        assert await post(s, f"{url}/v1/peers", hello_1, None, object) == (
             401,
             ErrorBody(code="unauthorized", message="missing bearer token (want 'Authorization: Bearer TOKEN')"),
         )
         for n in (1, 2):
-            hello = await post(s, f"{url}/v1/peers", PeerHello(peer_id=pid(n), address=f"http://127.0.0.1:740{n}"), alice, dict)
-            assert hello == {"heartbeat_s": 5.0, "ttl_s": 15.0}
-        first = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(1), keys=[KEY]), alice, LocateResponse)
+            hello = PeerHello(peer_id=pid(n), address=f"http://127.0.0.1:740{n}", serve_key=SERVE_KEY.hex)
+            assert await post(s, f"{url}/v1/peers", hello, alice, dict) == {"heartbeat_s": 5.0, "ttl_s": 15.0, "tenant": "alice"}
+        first = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(1), refs=[ref]), alice, LocateResponse)
         assert isinstance(first, LocateResponse) and first.located[0].sources == []
-        kept = await post(s, f"{url}/v1/announce", AnnounceRequest(peer_id=pid(1), filled=[KEY]), alice, AnnounceResponse)
-        assert isinstance(kept, AnnounceResponse) and kept.keep == [KEY]
-        second = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(2), keys=[KEY]), alice, LocateResponse)
+        kept = await post(s, f"{url}/v1/announce", AnnounceRequest(peer_id=pid(1), filled=[key]), alice, AnnounceResponse)
+        assert isinstance(kept, AnnounceResponse) and kept.keep == [key]
+        second = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(2), refs=[ref]), alice, LocateResponse)
         assert isinstance(second, LocateResponse)
-        assert [(x.peer_id, x.address, x.complete) for x in second.located[0].sources] == [
-            (pid(1), "http://127.0.0.1:7401", True)
-        ]
-        stolen = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(1), keys=[KEY]), bob, LocateResponse)
-        assert stolen == (403, ErrorBody(code="forbidden", message=f"peer {pid(1)} belongs to another tenant"))
+        (source,) = second.located[0].sources
+        assert (source.peer_id, source.address, source.complete) == (pid(1), "http://127.0.0.1:7401", True)
+        SERVE_KEY.verify(source.ticket, "alice", key, time.time())  # the ticket peer 1 will want
+        with pytest.raises(Forbidden, match="not this peer's for tenant 'bob'"):
+            SERVE_KEY.verify(source.ticket, "bob", key, time.time())
+        stolen = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(1), refs=[ref]), bob, LocateResponse)
+        assert stolen == (
+            403,
+            ErrorBody(
+                code="forbidden", message=f"the chunk grant is not for tenant 'bob' and bytes 0+10 of block {REF.block_id}"
+            ),
+        )
+        ungranted = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(2), refs=[REF]), alice, LocateResponse)
+        assert ungranted == (
+            403,
+            ErrorBody(code="forbidden", message=f"a chunk grant (header X-Blobsdk-Grant) is needed to read block {REF.block_id}"),
+        )
+        bobs = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(1), refs=[tenancy.granted(REF, "bob")]), bob, dict)
+        assert bobs == (403, ErrorBody(code="forbidden", message=f"peer {pid(1)} belongs to another tenant"))
         missing = await post(s, f"{url}/v1/announce", AnnounceRequest(peer_id=pid(9)), alice, AnnounceResponse)
         assert isinstance(missing, tuple) and missing[0] == 404 and missing[1].code == "peer_not_found"
-        bad = ReportRequest(peer_id=pid(2), source=pid(1), key=KEY, problem="bad_bytes")
+        bad = ReportRequest(peer_id=pid(2), source=pid(1), key=key, problem="bad_bytes")
         assert await post(s, f"{url}/v1/report", bad, alice, ReportResponse) == ReportResponse(banned=False)
         async with s.get(f"{url}/stats", headers=auth_headers(alice)) as resp:
             assert resp.status == 403  # every tenant's keys: not for a tenant
