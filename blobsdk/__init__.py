@@ -1,7 +1,7 @@
 """blobsdk: an asyncio fat-client SDK that feeds training jobs from tiered BLOB storage."""
 
 from .client import Client, SyncClient
-from .config import ClientConfig, L1Config, L2Config, ReadConfig, Timeouts, WriteConfig
+from .config import ClientConfig, L1Config, L2Config, PeerConfig, ReadConfig, Timeouts, WriteConfig
 from .errors import (
     BadRequest,
     BlobError,
@@ -36,6 +36,7 @@ __all__ = (
     "InvalidPath",
     "L1Config",
     "L2Config",
+    "PeerConfig",
     "PeerNotFound",
     "PreconditionFailed",
     "QuotaExceeded",

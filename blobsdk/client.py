@@ -54,6 +54,7 @@ from .tiers.l1 import L1Tier
 from .tiers.l2 import L2Tier
 from .tiers.l3 import L3Tier
 from .tiers.l4 import L4Tier
+from .tiers.peer import PeerTier
 from .wire import BlobInfo, ReadPlan
 from .writer import Progress, Writer
 
@@ -350,6 +351,15 @@ def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
         yield L1Tier(MemoryCache(config.l1.capacity_bytes, ttl_seconds=config.l1.ttl_seconds, name="l1"))
     if config.l2 is not None:
         yield _l2_tier(config.l2)
+    if config.tracker_urls and backends.session is not None:
+        yield PeerTier(
+            backends.session,
+            config.tracker_urls,
+            config.peer,
+            token=config.token,
+            hedge=config.hedge,
+            limiters=LimiterRegistry(config.limiter),
+        )
     if config.l3_urls and backends.session is not None:
         l3 = config.l3
         yield L3Tier(

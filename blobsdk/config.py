@@ -5,6 +5,7 @@ Environment variables are read in exactly one place, :meth:`ClientConfig.from_en
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from typing import Literal
@@ -43,6 +44,45 @@ class L3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     down_seconds: float = 5.0  # a node that failed is skipped this long
 
 
+PRIVATE_NETWORKS = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+
+
+class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The peer tier (with ``tracker_urls``): this client's peer server, and whom it fetches from."""
+
+    host: str = "127.0.0.1"  # where the peer server listens
+    port: int = 0  # 0: a free port
+    advertise: str | None = None  # the address the trackers hand out (default: http://HOST:PORT as bound)
+    budget_bytes: int = 256 * MiB  # serving memory: the chunks it offers to other peers
+    max_uploads: int = 8  # concurrent uploads; past it a child is refused at once (429) and moves on
+    allowed_networks: tuple[str, ...] = PRIVATE_NETWORKS  # peers are contacted only at IP addresses in these
+    timeout_s: float = 5.0  # bounds connecting to a peer, each wait for its next bytes, and each upload
+    wait_s: float = 10.0  # how long a child waits at a peer for a chunk that peer is still fetching
+    tracker_timeout_s: float = 0.25  # a tracker call longer than this is skipped (the read goes on to L3/L4)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"[peer] port must be 0-65535, got {self.port}")
+        if self.budget_bytes < 0 or self.max_uploads < 1:
+            raise ValueError(
+                f"[peer] budget_bytes must be >= 0 and max_uploads >= 1, got {self.budget_bytes} and {self.max_uploads}"
+            )
+        for name in ("timeout_s", "wait_s", "tracker_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"[peer] {name} must be positive, got {getattr(self, name)}")
+        if self.host in ("0.0.0.0", "::") and self.advertise is None:
+            raise ValueError(f"[peer] host {self.host!r} listens everywhere: set advertise to the address peers should use")
+        networks(self.allowed_networks)
+
+
+def networks(specs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The parsed ``allowed_networks``; ValueError naming a bad one."""
+    try:
+        return tuple(ipaddress.ip_network(spec) for spec in specs)
+    except ValueError as exc:
+        raise ValueError(f"[peer] allowed_networks: {exc}") from None
+
+
 class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Seconds.  ``sock_read`` bounds every wait for the next bytes of a response."""
 
@@ -79,6 +119,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     l1: L1Config = L1Config()
     l2: L2Config | None = None
     l3: L3Config = L3Config()
+    peer: PeerConfig = PeerConfig()
     write: WriteConfig = WriteConfig()
     read: ReadConfig = ReadConfig()
     hedge: HedgeConfig = HedgeConfig()  # per tier: L3 nodes and L4 replicas
@@ -133,7 +174,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS if getattr(self, key) is not None]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
-        for table in ("l1", "l2", "l3", "write", "read", "hedge", "limiter", "timeouts", "repair"):
+        for table in ("l1", "l2", "l3", "peer", "write", "read", "hedge", "limiter", "timeouts", "repair"):
             value = getattr(self, table)
             if value is not None and (table == "l1" or value != _DEFAULTS.get(table)):
                 lines += ["", f"[{table}]"]
@@ -145,6 +186,7 @@ _TOP_KEYS = ("api_url", "block_urls", "l3_urls", "tracker_urls")
 _DEFAULTS: dict[str, object] = {
     "l1": L1Config(),
     "l3": L3Config(),
+    "peer": PeerConfig(),
     "write": WriteConfig(),
     "read": ReadConfig(),
     "hedge": HedgeConfig(),

@@ -19,6 +19,7 @@
      │    ├── TimedOut         a request got no (complete) answer within its deadline
      │    │    └── BodyTimedOut  a server stopped waiting for a stalled request body (408)
      │    ├── Overloaded       a server shed the request (429 on the wire)
+     │    │    └── PeerBusy     a peer's upload slots are all sending (the child moves on)
      │    └── HedgeExhausted   every candidate of a hedged read failed (``failures`` says how)
      ├── BadRequest            (also ValueError)          a malformed or oversized request or argument
      │    ├── PayloadTooLarge  a request body over the server's bound (413)
@@ -128,6 +129,13 @@ class Overloaded(Unavailable):
     http_status = 429
 
 
+class PeerBusy(Overloaded):
+    """A peer (the peer tier) has every upload slot sending: the child moves on to its next source."""
+
+    code = "peer_busy"
+    http_status = 429
+
+
 class HedgeExhausted(Unavailable):
     """Every candidate failed.  ``failures`` lists ``(candidate, error)`` in the order the
     attempts failed; the tier maps this to its own error (e.g. CorruptData if a copy was
@@ -181,6 +189,7 @@ _BY_CODE: dict[str, type[BlobError]] = {
         Forbidden,
         Unavailable,
         TimedOut,
+        PeerBusy,
         BadRequest,
         PayloadTooLarge,
     )

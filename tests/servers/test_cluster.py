@@ -22,6 +22,7 @@ import msgspec
 import pytest
 
 import blobsdk
+from blobsdk.auth import ServeKey
 from blobsdk.config import ClientConfig, WriteConfig
 from blobsdk.wire import PeerHello
 from servers.cluster import (
@@ -387,13 +388,24 @@ async def test_a_cluster_with_trackers_names_them_in_client_toml_and_they_take_i
     async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0, trackers=2, keys=keys) as cluster:
         urls = cluster.config.tracker_urls
         assert len(urls) == 2 and ClientConfig.from_toml(cluster.config_path).tracker_urls == urls
-        hello = msgspec.msgpack.encode(PeerHello(peer_id="a" * 32, address="http://127.0.0.1:7400"))
+        hello = PeerHello(peer_id="a" * 32, address="http://127.0.0.1:7400", serve_key=ServeKey.generate().hex)
         async with aiohttp.ClientSession() as session:
             for url in urls:
-                async with session.post(f"{url}/v1/peers", data=hello, headers=auth_headers(tenancy.token("t"))) as resp:
+                async with session.post(
+                    f"{url}/v1/peers", data=msgspec.msgpack.encode(hello), headers=auth_headers(tenancy.token("t"))
+                ) as resp:
                     assert resp.status == 200
-                async with session.post(f"{url}/v1/peers", data=hello) as resp:
+                async with session.post(f"{url}/v1/peers", data=msgspec.msgpack.encode(hello)) as resp:
                     assert resp.status == 401
+        # Two clients of one tenant feed each other: the trackers check the API's grants.
+        config = msgspec.structs.replace(cluster.config, token=tenancy.token("t"), write=WriteConfig(chunk_size=1 << 16))
+        async with blobsdk.Client(config) as a, blobsdk.Client(config) as b:
+            data = os.urandom(5 << 16)
+            await a.put("/t/x", data)
+            assert await a.get("/t/x") == data
+            await asyncio.sleep(0.15)  # a's fills announced
+            assert await b.get("/t/x") == data
+            assert b.stats()["peer"]["hits"] == 5 and b.stats()["l4"]["hits"] == 0
 
 
 def test_cli_rejects_a_negative_tracker_count(tmp_path):

@@ -1,0 +1,129 @@
+"""The peer server a client runs when it has trackers (issue 11): it serves the chunks of its
+peer tier (``blobsdk/tiers/peer.py``) to other clients of its tenant.
+
+One route, ``GET /v1/chunks/{key}?<chunk ref>`` (``wire.chunk_query``), answering the chunk's
+verified raw bytes.  Its rules, in the order they are checked:
+
+- the query must be a valid chunk ref whose key is ``key`` (400);
+- the peer must know its tenant, from a tracker's answer to its hello (503 until then);
+- the request must carry a serve ticket (header ``X-Blobsdk-Ticket``, 401 without) that
+  verifies with this peer's :class:`~blobsdk.auth.ServeKey` for its tenant and ``key``, and
+  has not expired (403): a tracker signs one only for an asker whose chunk grant verified,
+  so a peer never hands anyone bytes they could not read from L4;
+- a request that finds ``max_uploads`` uploads sending is refused at once (429
+  ``PeerBusy``), so the child moves on to its next source rather than queue here;
+- the chunk comes from ``lookup``, which may wait (up to the peer tier's ``wait_s``) for a
+  chunk this client is still fetching; None is 404, a stale tracker entry.  A child that
+  waited is not refused afterwards: it queues for one of the ``max_uploads`` sends (the
+  tracker's fan-out bounds how many wait per chunk);
+- each upload must be taken within ``timeout_s`` (a child that stops reading loses it).
+
+The server holds no keyring and never sees a bearer token: a client's secrets stay its own.
+Errors are the servers' ``ErrorBody`` in msgpack, so a child's endpoint maps them back to
+the same exceptions (``blobsdk/_http.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from .auth import TICKET_HEADER, ServeKey
+from .config import PeerConfig
+from .errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
+from .wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
+
+Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class PeerServer:
+    """Serves ``lookup``'s chunks on ``config.host:config.port``; see the module docstring.
+    ``tenant()`` is the tenant this peer is bound to (None until a tracker said)."""
+
+    def __init__(self, config: PeerConfig, serve_key: ServeKey, lookup: Lookup, tenant: Callable[[], str | None]) -> None:
+        self._config = config
+        self._serve_key = serve_key
+        self._lookup = lookup
+        self._tenant = tenant
+        self._runner: web.AppRunner | None = None
+        self.address = ""
+        self.uploads = 0  # sending now
+        self._sending = asyncio.Semaphore(config.max_uploads)
+        self.counts: Counter[str] = Counter()
+
+    async def start(self) -> str:
+        """Listen; the address to advertise (``advertise``, else ``http://HOST:PORT`` as bound)."""
+        app = web.Application(middlewares=[self._errors])
+        app.router.add_get("/v1/chunks/{key}", self._chunk, allow_head=False)
+        app.router.add_get("/healthz", _healthz, allow_head=False)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._config.host, self._config.port)
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise Unavailable(f"[peer] cannot listen on {self._config.host}:{self._config.port}: {exc.strerror or exc}") from exc
+        self._runner = runner
+        host, port = runner.addresses[0][:2]
+        bound = f"[{host}]" if ":" in host else host
+        self.address = (self._config.advertise or f"http://{bound}:{port}").rstrip("/")
+        return self.address
+
+    async def aclose(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _chunk(self, request: web.Request) -> web.StreamResponse:
+        key = request.match_info["key"]
+        ref = ref_from_query(request.query)
+        if ref.key != key:
+            raise BadRequest(f"the chunk reference in the query is not that of chunk {key}")
+        tenant = self._tenant()
+        if tenant is None:
+            raise Unavailable("this peer has not registered with a tracker yet")
+        self._serve_key.verify(request.headers.get(TICKET_HEADER), tenant, key, time.time())
+        if self.uploads >= self._config.max_uploads:
+            self.counts["refused"] += 1
+            raise PeerBusy(f"peer busy: {self.uploads} uploads in flight, at most {self._config.max_uploads}")
+        raw = await self._lookup(ref)
+        if raw is None:
+            self.counts["missing"] += 1
+            raise BlobNotFound(f"chunk {key}: this peer does not hold it (any more)")
+        async with self._sending:
+            self.uploads += 1
+            try:
+                return await self._send(request, raw)
+            finally:
+                self.uploads -= 1
+
+    async def _send(self, request: web.Request, raw: memoryview) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = raw.nbytes
+        async with asyncio.timeout(self._config.timeout_s):
+            await response.prepare(request)
+            await response.write(raw)
+            await response.write_eof()
+        self.counts["uploads"] += 1
+        self.counts["bytes_served"] += raw.nbytes
+        return response
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BlobError as exc:
+            self.counts[f"answered_{exc.http_status}"] += 1
+            body = msgspec.msgpack.encode(ErrorBody(code=exc.code, message=str(exc)))
+            return web.Response(body=body, status=exc.http_status, content_type=MSGPACK)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")

@@ -1,0 +1,265 @@
+"""The peer tier (blobsdk/tiers/peer.py, blobsdk/peerserver.py): real clients, each with its
+own peer server, over a real cluster (API and block server processes) and a real tracker
+(in-loop, so each test has a fresh one and can look at its state)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+
+import blobsdk
+from blobsdk.auth import TICKET_HEADER, ServeKey
+from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
+from blobsdk.tiers.peer import PeerTier
+from blobsdk.wire import ErrorBody, chunk_query
+from servers.cluster import Cluster, start_cluster
+from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
+from tests.helpers import ROOT, running_app
+
+CHUNK = 64 << 10
+WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with start_cluster(tmp_path_factory.mktemp("cluster"), block_servers=1, l3_nodes=0) as running:
+        yield running
+
+
+class Swarm:
+    """A fresh in-loop tracker and the clients of one test, all closed at its end."""
+
+    def __init__(self, stack: AsyncExitStack, cluster: Cluster, tracker_url: str, tracker: Tracker) -> None:
+        self.stack, self.cluster, self.url, self.tracker = stack, cluster, tracker_url, tracker
+
+    def config(self, peer: PeerConfig | None = None, **changes: object) -> ClientConfig:
+        return msgspec.structs.replace(
+            self.cluster.config, tracker_urls=(self.url,), write=WRITE, peer=peer or PeerConfig(), **changes
+        )
+
+    async def client(self, peer: PeerConfig | None = None, **changes: object) -> blobsdk.Client:
+        return await self.stack.enter_async_context(blobsdk.Client(self.config(peer, **changes)))
+
+
+@pytest.fixture
+async def swarm(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[Swarm]:
+    config = getattr(request, "param", None) or TrackerConfig()
+    app = make_app(config)
+    async with AsyncExitStack() as stack:
+        url = await stack.enter_async_context(running_app(app))
+        yield Swarm(stack, cluster, url, app[TRACKER])
+
+
+def peer_of(client: blobsdk.Client) -> PeerTier:
+    return next(t for t in client._open.readpath.tiers if isinstance(t, PeerTier))
+
+
+def hits(client: blobsdk.Client) -> dict[str, int]:
+    stats = client.stats()
+    return {tier: int(stats[tier]["hits"]) for tier in ("peer", "l4")}
+
+
+async def written(client: blobsdk.Client, path: str, chunks: int) -> bytes:
+    data = os.urandom(chunks * CHUNK)
+    await client.put(path, data)
+    return data
+
+
+async def announced(*clients: blobsdk.Client) -> None:
+    """Long enough for the peers' batched announcements to reach the tracker."""
+    await asyncio.sleep(0.15)
+
+
+async def test_a_second_client_reads_every_chunk_from_the_first(swarm: Swarm) -> None:
+    a, b = await swarm.client(), await swarm.client()
+    data = await written(a, "/p/one", 6)
+    assert await a.get("/p/one") == data
+    await announced()
+    assert await b.get("/p/one") == data
+    assert hits(a) == {"peer": 0, "l4": 6} and hits(b) == {"peer": 6, "l4": 0}
+    assert b.stats()["l1"]["hits"] == 0 and a.stats()["peer"]["uploads"] == 6
+    assert a.stats()["peer"]["bytes_served"] == len(data)
+    assert swarm.tracker.stats()["counts"]["located_peer"] == 6
+
+
+async def test_concurrent_readers_take_each_chunk_from_the_origin_once(swarm: Swarm) -> None:
+    clients = [await swarm.client() for _ in range(5)]
+    data = await written(clients[0], "/p/many", 24)
+    results = await asyncio.gather(*(c.get("/p/many") for c in clients))
+    assert all(r == data for r in results)
+    assert sum(hits(c)["l4"] for c in clients) == 24  # the others got every chunk from a peer
+    assert sum(hits(c)["peer"] for c in clients) == 4 * 24
+    assert all(c.stats()["peer"]["uploads_refused"] == 0 for c in clients)
+
+
+@pytest.mark.parametrize("swarm", [TrackerConfig(ban_after=3)], indirect=True)
+async def test_a_peer_serving_wrong_bytes_is_rejected_reported_then_banned(swarm: Swarm) -> None:
+    bad, victim, later = await swarm.client(), await swarm.client(), await swarm.client()
+    data = await written(bad, "/p/bad", 3)
+    assert await bad.get("/p/bad") == data
+    serving = peer_of(bad)._serving
+    for key in list(serving):
+        serving[key] = memoryview(bytes(len(serving[key])))  # its memory went bad
+    await announced()
+    assert await victim.get("/p/bad") == data  # every bad copy rejected: read from L4
+    assert victim.stats()["peer"]["corrupt"] == 3 and hits(victim) == {"peer": 0, "l4": 3}
+    await asyncio.sleep(0.1)  # the reports are sent in the background
+    counts = swarm.tracker.stats()["counts"]
+    assert counts["reports_bad_bytes"] == 3 and counts["peers_banned"] == 1
+    await announced()
+    assert await later.get("/p/bad") == data
+    assert later.stats()["peer"]["corrupt"] == 0 and hits(later) == {"peer": 3, "l4": 0}  # from the victim
+
+
+async def test_a_stale_entry_is_a_404_and_the_read_goes_on(swarm: Swarm) -> None:
+    a, b = await swarm.client(), await swarm.client()
+    data = await written(a, "/p/stale", 4)
+    assert await a.get("/p/stale") == data
+    await announced()
+    peer_of(a)._serving.clear()  # evicted without telling the tracker
+    assert await b.get("/p/stale") == data
+    assert hits(b) == {"peer": 0, "l4": 4} and a.stats()["peer"]["uploads_missing"] == 4
+    await asyncio.sleep(0.1)
+    assert swarm.tracker.stats()["counts"]["reports_missing"] == 4
+    assert b.stats()["peer"]["errors"] == 0  # no fault of a's: not counted as a failure
+
+
+async def test_with_the_tracker_down_reads_go_to_the_origin_without_an_error(cluster: Cluster) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    config = msgspec.structs.replace(cluster.config, tracker_urls=(dead,), write=WRITE)
+    async with blobsdk.Client(config) as a, blobsdk.Client(config) as b:
+        data = await written(a, "/p/down", 3)
+        assert await a.get("/p/down") == data and await b.get("/p/down") == data
+        assert hits(b) == {"peer": 0, "l4": 3} and b.stats()["peer"]["tracker_errors"] >= 1
+
+
+async def test_a_source_outside_the_allowed_networks_is_never_contacted(swarm: Swarm) -> None:
+    a = await swarm.client()
+    b = await swarm.client(PeerConfig(allowed_networks=("10.0.0.0/8",)))
+    data = await written(a, "/p/far", 3)
+    assert await a.get("/p/far") == data
+    await announced()
+    assert await b.get("/p/far") == data
+    assert hits(b) == {"peer": 0, "l4": 3} and b.stats()["peer"]["disallowed"] == 3
+    assert a.stats()["peer"]["uploads"] == 0
+
+
+async def test_the_peer_server_serves_only_against_a_valid_ticket(swarm: Swarm) -> None:
+    a, b = await swarm.client(), await swarm.client()
+    data = await written(a, "/p/guarded", 2)
+    assert await a.get("/p/guarded") == data
+    await announced()
+    ref, other = (await b.plan("/p/guarded")).chunks
+    tier = peer_of(a)
+    url = f"{tier.address}/v1/chunks/{ref.key}?{chunk_query(ref)}"
+    good = tier._serve_key.ticket("default", ref.key, int(time.time()) + 60)
+
+    async def get(session: aiohttp.ClientSession, url: str, ticket: str | None) -> tuple[int, object]:
+        async with session.get(url, headers={TICKET_HEADER: ticket} if ticket else {}) as resp:
+            body = await resp.read()
+            return resp.status, body if resp.status == 200 else msgspec.msgpack.decode(body, type=ErrorBody)
+
+    async with aiohttp.ClientSession() as s:
+        assert await get(s, url, good) == (200, data[:CHUNK])
+        assert await get(s, url, None) == (
+            401,
+            ErrorBody(
+                code="unauthorized",
+                message=f"a serve ticket from the tracker (header {TICKET_HEADER}) is needed to fetch chunk {ref.key}",
+            ),
+        )
+        refused = ErrorBody(
+            code="forbidden", message=f"the serve ticket is not this peer's for tenant 'default' and chunk {ref.key}"
+        )
+        assert await get(s, url, ServeKey.generate().ticket("default", ref.key, int(time.time()) + 60)) == (403, refused)
+        assert await get(s, url, tier._serve_key.ticket("bob", ref.key, int(time.time()) + 60)) == (403, refused)
+        assert await get(s, url, tier._serve_key.ticket("default", other.key, int(time.time()) + 60)) == (403, refused)
+        expired = await get(s, url, tier._serve_key.ticket("default", ref.key, int(time.time()) - 120))
+        assert expired[0] == 403 and "serve ticket expired at" in expired[1].message  # type: ignore[union-attr]
+        wrong_key = f"{tier.address}/v1/chunks/{other.key}?{chunk_query(ref)}"
+        assert await get(s, wrong_key, good) == (
+            400,
+            ErrorBody(code="bad_request", message=f"the chunk reference in the query is not that of chunk {other.key}"),
+        )
+        tier._serving.clear()
+        assert await get(s, url, good) == (
+            404,
+            ErrorBody(code="not_found", message=f"chunk {ref.key}: this peer does not hold it (any more)"),
+        )
+        tier._server.uploads = tier.config.max_uploads  # as if that many were sending
+        assert await get(s, url, good) == (
+            429,
+            ErrorBody(code="peer_busy", message="peer busy: 8 uploads in flight, at most 8"),
+        )
+        tier._server.uploads = 0
+
+
+PEER_SCRIPT = """
+import asyncio, sys
+import blobsdk
+
+async def main():
+    config = blobsdk.ClientConfig.from_toml(sys.argv[1])
+    async with blobsdk.Client(config) as client:
+        await client.get(sys.argv[2])
+        await asyncio.sleep(0.2)  # announced
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_peer_killed_mid_transfer_costs_its_children_nothing_but_time(swarm: Swarm, tmp_path: Path) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/killed", 160)
+    config = tmp_path / "client.toml"
+    config.write_text(swarm.config().to_toml())
+    peer = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PEER_SCRIPT, str(config), "/p/killed", cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert peer.stdout is not None
+        assert await asyncio.wait_for(peer.stdout.readline(), 30) == b"ready\n"
+        child = await swarm.client(read=ReadConfig(parallel_chunks=2))
+        reading = asyncio.create_task(child.get("/p/killed"))
+        while hits(child)["peer"] < 10:
+            await asyncio.sleep(0.001)
+        peer.send_signal(signal.SIGKILL)
+        assert await reading == data  # every byte verified, whatever was cut off
+        got = hits(child)
+        assert got["peer"] >= 10 and got["l4"] >= 1 and got["peer"] + got["l4"] == 160
+        assert child.stats()["peer"]["errors"] >= 1  # it did try the dead peer
+    finally:
+        if peer.returncode is None:
+            peer.kill()
+        await peer.wait()
+
+
+def test_peer_config_errors_name_the_setting() -> None:
+    cases = [
+        ({"port": 70000}, "[peer] port must be 0-65535, got 70000"),
+        ({"max_uploads": 0}, "[peer] budget_bytes must be >= 0 and max_uploads >= 1, got 268435456 and 0"),
+        ({"wait_s": 0}, "[peer] wait_s must be positive, got 0"),
+        ({"host": "0.0.0.0"}, "[peer] host '0.0.0.0' listens everywhere: set advertise"),
+        (
+            {"allowed_networks": ("10.0.0.0/33",)},
+            "[peer] allowed_networks: '10.0.0.0/33' does not appear to be an IPv4 or IPv6 network",
+        ),
+    ]
+    for fields, message in cases:
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+            PeerConfig(**fields)  # type: ignore[arg-type]
