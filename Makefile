@@ -11,6 +11,7 @@ STAMP  := $(VENV)/.installed
 
 demo: $(STAMP)
 	$(VENV)/bin/blobsdk demo
+	$(PY) -m servers.swarm --clients 4 --size-mb 256
 
 test: lint
 	$(PY) -m pytest -q

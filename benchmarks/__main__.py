@@ -19,6 +19,7 @@ BENCHMARKS = {
     "concurrency": "benchmarks.concurrency",
     "tenancy": "benchmarks.tenancy",
     "ingest": "benchmarks.ingest",
+    "p2p": "benchmarks.p2p",
 }
 
 

@@ -56,8 +56,10 @@ class Bandwidth:
     def __init__(self, bytes_per_second: float) -> None:
         self._rate = bytes_per_second
         self._next_free = 0.0
+        self.moved = 0  # bytes through it so far, either way (the /metrics gauge bandwidth_bytes)
 
     async def take(self, nbytes: int) -> None:
+        self.moved += max(0, nbytes)
         if self._rate <= 0 or nbytes <= 0:
             return
         now = asyncio.get_running_loop().time()
@@ -289,6 +291,7 @@ def _install(app: web.Application, server: BlockServer) -> None:
     gauges = app[METRICS_KEY].gauges
     gauges["queued_requests"] = lambda: server.spindles.queued
     gauges["in_service_requests"] = lambda: server.spindles.in_service
+    gauges["bandwidth_bytes"] = lambda: server.bandwidth.moved
 
     async def close_store(app: web.Application) -> None:
         await server.store.aclose()

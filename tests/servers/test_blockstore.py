@@ -78,6 +78,15 @@ async def test_healthz_and_metrics(plain: tuple[str, Path], session: aiohttp.Cli
     assert "blobsdk_blockstore_in_service_requests 0" in text
 
 
+async def test_metrics_count_the_bytes_moved_either_way(
+    plain: tuple[str, Path], session: aiohttp.ClientSession, block: str
+) -> None:
+    async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": "bytes=100-399"}) as resp:
+        assert len(await resp.read()) == 300
+    async with session.get(f"{plain[0]}/metrics") as resp:
+        assert "blobsdk_blockstore_bandwidth_bytes 1300" in await resp.text()  # the 1000-byte PUT, then 300 out
+
+
 @pytest.mark.parametrize("bad_id", ["ABC", "0" * 31, "z" * 32, "0" * 33])
 async def test_invalid_block_id_is_400(plain: tuple[str, Path], session: aiohttp.ClientSession, bad_id: str) -> None:
     for method in ("GET", "PUT", "DELETE"):

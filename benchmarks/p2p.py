@@ -1,0 +1,73 @@
+"""p2p: the peer tier (issue 11).  N = 8 reader processes, each a blobsdk client with its own
+peer server, read the same dataset at the same moment from a local cluster (API server, 2
+block servers emulating HDD, 1 tracker; separate processes), in one run:
+
+- ``single``: one reader alone (peers configured, nobody to share with): the origin's pace;
+- ``peers``: all 8 together with the peer tier;
+- ``no_peers``: all 8 together without it (no ``tracker_urls``).
+
+The origin is the scarce resource, as in production: the block servers move at most
+``ORIGIN_MBPS`` MB/s between them (each half of it, shared by every transfer), and each
+has 4 spindles with a 5 ms seek.  Origin egress is what the block servers' bandwidth
+budgets moved during a run (their ``bandwidth_bytes`` gauges), so hedged or abandoned L4
+reads count too.  Every reader checks every blob's digest.
+
+Ratios: ``origin_egress`` (peers run: origin bytes ÷ dataset size; goal <= 1.25),
+``origin_egress_no_peers`` (about N), ``slowest_vs_single`` (peers run: the slowest
+reader's time ÷ the single reader's; goal <= 1.5).  Metrics: each run's seconds and MB/s
+per reader.  ``--quick`` reads 128 MiB instead of 512 MiB.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from servers.cluster import start_cluster
+from servers.swarm import BLOB_MB, Read, read_together, write_dataset
+
+from ._report import Report, median
+
+READERS = 8
+ORIGIN_MBPS = 120.0  # aggregate over the 2 block servers
+
+
+async def run(quick: bool = False) -> Report:
+    report = Report("p2p")
+    size_mb = 128 if quick else 512
+    with tempfile.TemporaryDirectory(prefix="bench-p2p-") as tmp:
+        root = Path(tmp)
+        options = {"bandwidth_mbps": ORIGIN_MBPS / 2, "latency_ms": 5.0, "spindles": 4}
+        async with start_cluster(root / "cluster", block_servers=2, l3_nodes=0, trackers=1, **options) as cluster:
+            assert cluster.config is not None
+            peers = cluster.config
+            no_peers = msgspec.structs.replace(peers, tracker_urls=())
+            digests = await write_dataset(peers, size_mb)
+            dataset = len(digests) * (BLOB_MB << 20)
+            runs = {
+                "single": await read_together(peers, digests, 1, root / "single"),
+                "peers": await read_together(peers, digests, READERS, root / "peers"),
+                "no_peers": await read_together(no_peers, digests, READERS, root / "no_peers"),
+            }
+    for name, (reads, served) in runs.items():
+        _run_metrics(report, name, reads, served, dataset)
+    single = runs["single"][0][0].seconds
+    report.ratios["origin_egress"] = runs["peers"][1] / dataset
+    report.ratios["origin_egress_no_peers"] = runs["no_peers"][1] / dataset
+    report.ratios["slowest_vs_single"] = max(r.seconds for r in runs["peers"][0]) / single
+    report.goals.update(
+        {"origin_egress": "goal <= 1.25", "origin_egress_no_peers": f"about {READERS}", "slowest_vs_single": "goal <= 1.5"}
+    )
+    return report
+
+
+def _run_metrics(report: Report, name: str, reads: list[Read], served: int, dataset: int) -> None:
+    report.metrics[f"{name}_slowest_s"] = max(r.seconds for r in reads)
+    report.metrics[f"{name}_median_mb_s"] = median([r.mb_per_s for r in reads])
+    report.metrics[f"{name}_slowest_mb_s"] = min(r.mb_per_s for r in reads)
+    report.metrics[f"{name}_origin_mb"] = served / 1e6
+    chunks = sum(sum(r.hits.values()) for r in reads)
+    report.metrics[f"{name}_peer_chunk_share"] = sum(r.hits["peer"] for r in reads) / max(1, chunks)
+    report.metrics["dataset_mb"] = dataset / 1e6
