@@ -256,19 +256,23 @@ class Hedger:
         key_of: Callable[[T], str] = str,
         failover: Callable[[BaseException], bool] = is_failover,
         ready: Callable[[T], bool] | None = None,
+        patient: bool = False,
     ) -> R:
         """The result of the first ``attempt(candidate)`` to return, trying ``candidates`` in
         rank order; HedgeExhausted if every one failed over; any other error at once.
         ``key_of`` names a candidate's latency target; ``failover`` picks the errors that
         move on to the next candidate; ``ready`` says whether a candidate has room for a
-        hedge now (see the module docstring)."""
+        hedge now (see the module docstring).  ``patient`` (the last tier, which has nowhere
+        to fall through to): an attempt found hung is not cancelled when it is the last one
+        running and no candidate is left; it is waited for (its request timeout bounds it),
+        so a tier that is only slow for this client never fails the read."""
         self.counts.primaries += 1
         self.budget.earn()
         ranked, probed = self.health.rank(candidates, key_of)
         try:
             if not self.config.enabled or self.config.max_parallel == 1 or len(ranked) < 2:
                 return await self._in_turn(ranked, attempt, key_of, failover)
-            return await _Race(self, ranked, attempt, key_of, failover, ready, probed).run()
+            return await _Race(self, ranked, attempt, key_of, failover, ready, probed, patient).run()
         finally:
             if probed is not None:
                 self.health.probe_done(probed)
@@ -324,8 +328,11 @@ class _Race(Generic[T, R]):
         failover: Callable[[BaseException], bool],
         ready: Callable[[T], bool] | None,
         probe: str | None = None,
+        patient: bool = False,
     ) -> None:
         self._hedger = hedger
+        self._patient = patient
+        self._waited_for: set[Attempt] = set()  # hung, but the last hope: not failed over
         self._ready = ready
         self._probe = probe  # the hung target this read probes, if any
         self._deferred = False
@@ -377,6 +384,8 @@ class _Race(Generic[T, R]):
         poll = self._hedger.config.hang_min_ms / 2000  # queued: look again in half the shortest deadline
         times = []
         for candidate, _, mark in self._running.values():
+            if mark in self._waited_for:
+                continue
             if not mark.serving:
                 times.append(now + poll)
                 continue
@@ -391,12 +400,17 @@ class _Race(Generic[T, R]):
         fail over from it at once, spending no hedge budget (a hung target is a failure)."""
         health, now = self._hedger.health, self._hedger.clock()
         for task, (candidate, _, mark) in list(self._running.items()):
+            if mark in self._waited_for:
+                continue
             key = self._key_of(candidate)
             deadline = health.deadline(self._hedger.latency.estimate(key))
             if mark.serving and now - mark.begun >= deadline and health.silent_for(key, deadline):
                 health.mark_hung(key)
             elif key == self._probe or not health.is_hung(key):
                 continue  # a probe of a hung target fails only by its own deadline
+            if self._patient and len(self._running) == 1 and self._next >= len(self._candidates):
+                self._waited_for.add(mark)  # nowhere else to go: wait for it
+                continue
             del self._running[task]
             self._hung.add(mark)
             task.cancel()

@@ -107,10 +107,14 @@ class PeerServer:
     async def _send(self, request: web.Request, raw: memoryview) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         response.content_length = raw.nbytes
-        async with asyncio.timeout(self._config.timeout_s):
-            await response.prepare(request)
-            await response.write(raw)
-            await response.write_eof()
+        try:
+            async with asyncio.timeout(self._config.timeout_s):
+                await response.prepare(request)
+                await response.write(raw)
+                await response.write_eof()
+        except (ConnectionResetError, TimeoutError):  # the child left (a hedge's loser) or stopped reading
+            self.counts["aborted"] += 1
+            return response
         self.counts["uploads"] += 1
         self.counts["bytes_served"] += raw.nbytes
         return response

@@ -12,7 +12,7 @@ Each reader is ``python -m servers.swarm --reader CLIENT_TOML PATHS_JSON`` (``PA
 maps each path to the xxh3-64 hex digest of its bytes): it opens a client, prints
 ``ready``, waits for a line on stdin, reads every path in order (``readahead``, as a
 dataloader would), checks every digest, prints one JSON line (its seconds, bytes, wrong
-paths, per-tier chunk hits) and keeps its client open, still serving its peers, until stdin
+paths, per-tier chunk hits, its peer tier's stats) and keeps its client open, still serving its peers, until stdin
 says ``exit`` or closes.  :class:`Readers` drives a set of them.
 """
 
@@ -50,6 +50,7 @@ class Read:
     bytes: int
     wrong: list[str]
     hits: dict[str, int]
+    peer: dict[str, float]  # its peer tier's stats
 
     @property
     def mb_per_s(self) -> float:
@@ -176,7 +177,8 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
         seconds = time.perf_counter() - begun
         stats = client.stats()
         hits = {name: int(stats[name]["hits"]) for name in ("l1", "l2", "peer", "l3", "l4")}
-        print(json.dumps({"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits}), flush=True)
+        result = {"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits, "peer": stats["peer"]}
+        print(json.dumps(result), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):
             pass
 

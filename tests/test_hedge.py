@@ -464,6 +464,17 @@ async def test_an_attempt_queued_for_a_target_found_hung_fails_over() -> None:
     assert await asyncio.wait_for(waiting, 1.0) == "b"
 
 
+async def test_a_patient_tier_waits_for_its_last_attempt_rather_than_fail_it_as_hung() -> None:
+    """The last tier (L4) has nowhere to fall through to: a replica that is only slow for this
+    client (8 clients queued at a saturated HDD tier) must not fail the read."""
+    hedger = Hedger(HANG_20MS)
+    async with no_leftover_tasks():
+        result, seconds = await timed(hedger.run(["a", "b"], Fakes(a="stall", b=0.1), patient=True))
+    assert result == "from b" and seconds >= 0.1 and hedger.stats()["hung_failovers"] == 1  # a failed over, b waited for
+    with pytest.raises(HedgeExhausted, match="b: no answer within its hang deadline"):
+        await Hedger(HANG_20MS).run(["a", "b"], Fakes(a="stall", b=0.1))  # a cache tier moves on instead
+
+
 async def test_a_hung_attempts_wait_is_no_latency_sample() -> None:
     hedger = Hedger(HANG_20MS)
     for _ in range(10):

@@ -86,7 +86,7 @@ class L4Tier(KeepsNothing, Closing):
         attempt = partial(self._read_copy, ref, decode, skipped)
         try:
             stored, raw = await self.hedger.run(
-                self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover, ready=self._has_room
+                self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover, ready=self._has_room, patient=True
             )
         except HedgeExhausted as exc:
             self.stats.misses += 1
