@@ -16,7 +16,9 @@ verified raw bytes.  Its rules, in the order they are checked:
   chunk this client is still fetching; None is 404, a stale tracker entry.  A child that
   waited is not refused afterwards: it queues for one of the ``max_uploads`` sends (the
   tracker's fan-out bounds how many wait per chunk);
-- each upload must be taken within ``timeout_s`` (a child that stops reading loses it).
+- each upload must be taken within ``timeout_s`` (a child that stops reading loses it);
+  and like every server (``blobsdk/_serving.py``) it bounds header, body and idle time and
+  its connection count.
 
 The server holds no keyring and never sees a bearer token: a client's secrets stay its own.
 Errors are the servers' ``ErrorBody`` in msgpack, so a child's endpoint maps them back to
@@ -29,10 +31,12 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 
 import msgspec
 from aiohttp import web
 
+from ._serving import serving
 from .auth import TICKET_HEADER, ServeKey
 from .config import PeerConfig
 from .errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
@@ -51,7 +55,7 @@ class PeerServer:
         self._serve_key = serve_key
         self._lookup = lookup
         self._tenant = tenant
-        self._runner: web.AppRunner | None = None
+        self._stack: AsyncExitStack | None = None
         self.address = ""
         self.uploads = 0  # sending now
         self._sending = asyncio.Semaphore(config.max_uploads)
@@ -62,24 +66,20 @@ class PeerServer:
         app = web.Application(middlewares=[self._errors])
         app.router.add_get("/v1/chunks/{key}", self._chunk, allow_head=False)
         app.router.add_get("/healthz", _healthz, allow_head=False)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await runner.setup()
+        stack = AsyncExitStack()
         try:
-            site = web.TCPSite(runner, self._config.host, self._config.port)
-            await site.start()
+            port = await stack.enter_async_context(serving(app, self._config.host, self._config.port))
         except OSError as exc:
-            await runner.cleanup()
             raise Unavailable(f"[peer] cannot listen on {self._config.host}:{self._config.port}: {exc.strerror or exc}") from exc
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        bound = f"[{host}]" if ":" in host else host
-        self.address = (self._config.advertise or f"http://{bound}:{port}").rstrip("/")
+        self._stack = stack
+        host = f"[{self._config.host}]" if ":" in self._config.host else self._config.host
+        self.address = (self._config.advertise or f"http://{host}:{port}").rstrip("/")
         return self.address
 
     async def aclose(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
     async def _chunk(self, request: web.Request) -> web.StreamResponse:
         key = request.match_info["key"]

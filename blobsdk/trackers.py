@@ -36,6 +36,7 @@ from .auth import ServeKey
 from .errors import BlobError, PeerNotFound
 from .placement import rank
 from .wire import (
+    TRACKER_MAX_KEYS,
     AnnounceRequest,
     AnnounceResponse,
     ChunkRef,
@@ -170,10 +171,14 @@ class Trackers:
     # --- plumbing ---------------------------------------------------------------------------------
 
     async def _per_tracker(self, keys: Iterable[str], call: Callable[[str, list[str]], Awaitable[None]]) -> None:
+        """``call(tracker, its keys)`` for every tracker at once, at most TRACKER_MAX_KEYS keys a call."""
         batches: defaultdict[str, list[str]] = defaultdict(list)
         for key in keys:
             batches[self.tracker_of(key)].append(key)
-        await asyncio.gather(*(call(url, batch) for url, batch in batches.items()))
+        step = TRACKER_MAX_KEYS
+        await asyncio.gather(
+            *(call(url, batch[i : i + step]) for url, batch in batches.items() for i in range(0, len(batch), step))
+        )
 
     async def _call(self, url: str, route: str, body: Callable[[], object], kind: type[T]) -> T | None:
         """One call to tracker ``url``, again after a hello if it forgot this peer; None if it is

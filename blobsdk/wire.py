@@ -153,7 +153,7 @@ MSGPACK = "application/msgpack"
 JSON = "application/json"
 MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
 MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
-# How long a server waits on a client (servers/_common/limits.py; each has a serve flag).
+# How long a server waits on a client (blobsdk/_serving.py; each has a serve flag).
 HEADER_TIMEOUT_S = 10.0  # a request head must be complete this long after its first byte
 BODY_TIMEOUT_S = 30.0  # a request body that gets no bytes this long is answered 408
 KEEPALIVE_TIMEOUT_S = 15.0  # an idle connection is closed after this long
@@ -255,6 +255,9 @@ def validate_ref(ref: ChunkRef) -> ChunkRef:
 
 
 # --- the tracker (servers/tracker.py): Owl's control plane of the peer tier ------------------------
+
+
+TRACKER_MAX_KEYS = 4096  # keys (or refs) per list of one tracker request: clients split past it
 
 
 class PeerHello(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 import msgspec
 from aiohttp import web
 
+from blobsdk._serving import limits_of_args
 from blobsdk.auth import GRANT_TTL_S, Claims
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
@@ -52,7 +53,6 @@ from blobsdk.wire import (
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import Handler, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
-from ._common.limits import limits_of_args
 
 
 def make_app(

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from blobsdk._serving import limits_of_args
 from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
@@ -40,7 +41,6 @@ from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
 from servers._common.auth import ServerAuth, check_grant, require_admin
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
-from servers._common.limits import limits_of_args
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"

@@ -53,6 +53,7 @@ import msgspec
 from aiohttp import web
 
 from blobsdk._http import new_session
+from blobsdk._serving import limits_of_args
 from blobsdk._singleflight import SingleFlight
 from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
@@ -96,7 +97,6 @@ from servers._common.http import (
     send_bytes,
     serve,
 )
-from servers._common.limits import limits_of_args
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"

@@ -56,9 +56,11 @@ import msgspec
 from aiohttp import web
 
 from blobsdk._ids import validate_hex32
+from blobsdk._serving import check_positive_fields, limits_of_args
 from blobsdk.auth import TICKET_TTL_S, ServeKey
 from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
 from blobsdk.wire import (
+    TRACKER_MAX_KEYS,
     AnnounceRequest,
     AnnounceResponse,
     HelloResponse,
@@ -76,9 +78,7 @@ from blobsdk.wire import (
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
-from ._common.limits import check_positive_fields, limits_of_args
 
-MAX_KEYS = 4096  # keys per locate or announce list
 HOT_KEYS = 20  # keys /stats shows
 
 
@@ -393,8 +393,8 @@ def _checked_address(address: str) -> str:
 
 
 def _checked_keys(keys: list[str], what: str) -> list[str]:
-    if len(keys) > MAX_KEYS:
-        raise BadRequest(f"{what}: at most {MAX_KEYS} keys a request, got {len(keys)}")
+    if len(keys) > TRACKER_MAX_KEYS:
+        raise BadRequest(f"{what}: at most {TRACKER_MAX_KEYS} keys a request, got {len(keys)}")
     for key in keys:
         if not key or len(key) > 256:
             raise BadRequest(f"{what}: invalid chunk key {key!r}")
@@ -427,8 +427,8 @@ def make_app(
     async def locate(request: web.Request) -> web.Response:
         body = await read_body(request, LocateRequest)
         claims = claims_of(request)
-        if len(body.refs) > MAX_KEYS:
-            raise BadRequest(f"refs: at most {MAX_KEYS} a request, got {len(body.refs)}")
+        if len(body.refs) > TRACKER_MAX_KEYS:
+            raise BadRequest(f"refs: at most {TRACKER_MAX_KEYS} a request, got {len(body.refs)}")
         for ref in body.refs:
             validate_ref(ref)
             request.app[AUTH_KEY].check_grant(claims, ref.grant, ref.block_id, ref.offset, ref.length)

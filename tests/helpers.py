@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from blobsdk._serving import ServerLimits, serving
 from blobsdk.auth import GRANT_HEADER, Keyring, new_claims
 from blobsdk.wire import ChunkRef
 from servers._common.auth import ServerAuth
-from servers._common.limits import ServerLimits, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -136,3 +136,13 @@ async def test_heartbeats_keep_the_peer_known(deployment: Deployment) -> None:
 def test_it_needs_a_tracker() -> None:
     with pytest.raises(ValueError, match="at least one tracker URL"):
         Trackers(None, [], peer_id=pid(1), address="http://127.0.0.1:1", serve_key=ServeKey.generate())  # type: ignore[arg-type]
+
+
+async def test_a_batch_past_the_tracker_s_request_bound_is_split(deployment: Deployment) -> None:
+    await deployment.start(1)
+    client = await deployment.peer(1)
+    many = [f"{i:040x}" for i in range(5000)]  # one request may carry 4096
+    assert (await client.announce(filled=many)).keep == set(many)
+    assert client.counts["errors"] == 0
+    (tracker,) = deployment.trackers.values()
+    assert tracker.swarm_count() == 5000

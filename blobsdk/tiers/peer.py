@@ -66,7 +66,6 @@ from ..wire import ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, KeepsNothing
 
 _ANNOUNCE_S = 0.05  # announcements wait this long to be batched
-_LOCATE_BATCH = 1024  # keys per locate request
 _MAX_HELD = 1024  # chunks kept past the budget because a tracker said hold
 # A fill the trackers said not to keep is served this much longer: children it was handed to
 # before the announcement may still be on their way (dropping it at once cost the p2p
@@ -113,7 +112,7 @@ class PeerTier(KeepsNothing):
         self._session, self._tracker_urls, self._token = session, tuple(tracker_urls), token
         self._allowed = networks(self.config.allowed_networks)
         self._serve_key = ServeKey.generate()
-        self._server = PeerServer(self.config, self._serve_key, self._lookup, lambda: self._trackers_tenant())
+        self._server = PeerServer(self.config, self._serve_key, self._lookup, self._trackers_tenant)
         self._trackers: Trackers | None = None
         self._serving = _ServingCache(self.config.budget_bytes)
         self._held: dict[str, tuple[memoryview, float]] = {}  # key -> (bytes, held until)
@@ -312,8 +311,7 @@ class PeerTier(KeepsNothing):
 
     def _send_locates(self) -> None:
         pending, self._locating = list(self._locating.values()), {}
-        for start in range(0, len(pending), _LOCATE_BATCH):
-            self._spawn(self._ask(pending[start : start + _LOCATE_BATCH]))
+        self._spawn(self._ask(pending))  # Trackers splits it per tracker and request size
 
     async def _ask(self, batch: list[tuple[ChunkRef, asyncio.Future[list[Source]]]]) -> None:
         try:

@@ -15,6 +15,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from blobsdk._serving import ServerLimits, serving
 from blobsdk.auth import CLOCK_SKEW_S, Keyring
 from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, UnsupportedEncoding
 from blobsdk.wire import (
@@ -29,7 +30,6 @@ from blobsdk.wire import (
 )
 
 from .auth import ADMIN_FAULTS_ROUTE, AUTH_KEY, PUBLIC_ROUTES, Handler, ServerAuth
-from .limits import ServerLimits, serving
 
 __all__ = ("ADMIN_FAULTS_ROUTE", "PUBLIC_ROUTES", "Handler")
 

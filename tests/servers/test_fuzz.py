@@ -50,6 +50,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blobsdk._serving import ServerLimits
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
@@ -59,7 +60,6 @@ from servers import api as api_server
 from servers import blockstore as block_server
 from servers import flash as flash_server
 from servers._common.auth import ServerAuth
-from servers._common.limits import ServerLimits
 from tests.helpers import Tenancy, running_app
 from tests.metadata.conformance import make_plan
 

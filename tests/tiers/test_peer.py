@@ -103,6 +103,19 @@ async def test_concurrent_readers_take_each_chunk_from_the_origin_once(swarm: Sw
     assert all(c.stats()["peer"]["uploads_refused"] == 0 for c in clients)
 
 
+@pytest.mark.parametrize("swarm", [TrackerConfig(fanout=2)], indirect=True)
+async def test_many_children_on_one_source_keep_to_the_fan_out_bound(swarm: Swarm) -> None:
+    holder = await swarm.client()
+    data = await written(holder, "/p/fan", 4)
+    assert await holder.get("/p/fan") == data
+    await announced()
+    children = [await swarm.client() for _ in range(6)]
+    assert all(r == data for r in await asyncio.gather(*(c.get("/p/fan") for c in children)))
+    assert sum(hits(c)["l4"] for c in children) == 0  # a tree: every chunk from a peer
+    assert sum(hits(c)["peer"] for c in children) == 6 * 4
+    assert holder.stats()["peer"]["uploads"] <= 2 * 4  # at most 2 children per chunk; the rest from them
+
+
 @pytest.mark.parametrize("swarm", [TrackerConfig(ban_after=3)], indirect=True)
 async def test_a_peer_serving_wrong_bytes_is_rejected_reported_then_banned(swarm: Swarm) -> None:
     bad, victim, later = await swarm.client(), await swarm.client(), await swarm.client()

@@ -1,4 +1,5 @@
-"""How every server bounds slow and idle clients (DESIGN §6).
+"""How every server bounds slow and idle clients (DESIGN §6): the servers of ``servers/``
+and the peer server a client runs (``blobsdk/peerserver.py``), so it lives in the SDK.
 
 :func:`serving` runs an app behind :class:`BoundedSite`, whose connections are
 :class:`BoundedRequestHandler` (aiohttp's own protocol plus three bounds):
@@ -96,7 +97,7 @@ class Throttle:
         return hidden
 
 
-class RateLimitedLog(logging.LoggerAdapter):
+class RateLimitedLog(logging.LoggerAdapter[logging.Logger]):
     """The protocol's logger: a malformed request (aiohttp logs an HttpProcessingError with
     its traceback) becomes one line, at most one per interval, counting the ones held back.
     Everything else (a handler's traceback) passes unchanged."""
@@ -261,7 +262,7 @@ def _dispatching(factory: Any) -> Any:
 
     def make(message: Any, payload: StreamReader, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
         protocol.dispatched(payload)
-        return factory(message, payload, protocol, writer, task)
+        return cast(web.BaseRequest, factory(message, payload, protocol, writer, task))
 
     return make
 
