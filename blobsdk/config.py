@@ -57,7 +57,7 @@ class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_uploads: int = 8  # concurrent uploads; past it a child is refused at once (429) and moves on
     allowed_networks: tuple[str, ...] = PRIVATE_NETWORKS  # peers are contacted only at IP addresses in these
     timeout_s: float = 5.0  # bounds connecting to a peer, each wait for its next bytes, and each upload
-    wait_s: float = 10.0  # how long a child waits at a peer for a chunk that peer is still fetching
+    wait_s: float = 5.0  # how long a child waits at a peer for a chunk that peer is still fetching
     tracker_timeout_s: float = 1.0  # a tracker call longer than this is skipped (the read goes on to L3/L4)
 
     def __post_init__(self) -> None:

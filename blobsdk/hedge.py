@@ -36,8 +36,10 @@ spends no budget on its own stragglers; it is then there for the read that is tr
 (Measured on the hedging benchmark: without these, a 100-read batch's queued reads crossed
 the p95 delay, used up the budget, and the stuck read waited out its 200 ms.)
 
-Cost: a request that cannot hedge (disabled, one candidate, ``max_parallel`` 1) runs its
-attempts in turn in the caller's task, with no task, timer or wait to pay for.
+Cost: a request that cannot hedge (disabled, ``max_parallel`` 1, or one candidate of a
+patient tier) runs its attempts in turn in the caller's task, with no task, timer or wait to
+pay for.  A single candidate of any other tier still races alone, for its hang deadline: a
+stopped peer that was a chunk's only source cost a read its 10 s socket timeout before.
 
 Budget: a token bucket (:class:`HedgeBudget`) earning ``budget_ratio`` tokens per primary
 request, holding at most ``budget_burst``; a hedge spends one.  Over any long run, hedges
@@ -270,7 +272,8 @@ class Hedger:
         self.budget.earn()
         ranked, probed = self.health.rank(candidates, key_of)
         try:
-            if not self.config.enabled or self.config.max_parallel == 1 or len(ranked) < 2:
+            single = len(ranked) == 1
+            if not self.config.enabled or self.config.max_parallel == 1 or not ranked or (single and patient):
                 return await self._in_turn(ranked, attempt, key_of, failover)
             return await _Race(self, ranked, attempt, key_of, failover, ready, probed, patient).run()
         finally:

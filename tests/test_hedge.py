@@ -489,3 +489,14 @@ def test_hang_settings_are_validated() -> None:
         HedgeConfig(hang_min_ms=0)
     with pytest.raises(ValueError, match=r"^need 0 < probe_after_s <= probe_max_s, got 5, 1$"):
         HedgeConfig(probe_after_s=5, probe_max_s=1)
+
+
+async def test_a_lone_candidate_of_a_cache_tier_is_failed_over_once_hung() -> None:
+    """A chunk's only peer source, SIGSTOPped: the tier misses after its hang deadline (the
+    read goes on to the next tier) instead of waiting out a socket timeout."""
+    hedger = Hedger(HANG_20MS)
+    async with no_leftover_tasks():
+        with pytest.raises(HedgeExhausted, match="a: no answer within its hang deadline"):
+            await asyncio.wait_for(hedger.run(["a"], Fakes(a="stall")), 1.0)
+    result, seconds = await timed(Hedger(HANG_20MS).run(["a"], Fakes(a=0.1), patient=True))
+    assert result == "from a" and seconds >= 0.1  # the last tier waits for it

@@ -67,6 +67,8 @@ from .base import Decoder, KeepsNothing
 
 _ANNOUNCE_S = 0.05  # announcements wait this long to be batched
 _MAX_HELD = 1024  # chunks kept past the budget because a tracker said hold
+_MAX_SOURCES = 8  # sources tried per chunk, whatever a tracker hands out
+_ANSWER_S = 1.0  # past a source's wait_s, how long its 404 may take to arrive
 # A fill the trackers said not to keep is served this much longer: children it was handed to
 # before the announcement may still be on their way (dropping it at once cost the p2p
 # benchmark ~17 404s an epoch).
@@ -198,7 +200,7 @@ class PeerTier(KeepsNothing):
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         begun = time.perf_counter()
         self._expect(ref.key)
-        sources = [s for s in await self._locate(ref) if self._may_contact(s)]
+        sources = [s for s in (await self._locate(ref))[:_MAX_SOURCES] if self._may_contact(s)]
         if not sources:
             self.stats.misses += 1
             return None
@@ -270,10 +272,11 @@ class PeerTier(KeepsNothing):
                 await self._endpoint(source.address).get_into(route, buf, headers=headers, attempt=attempt)
             else:
                 # It answers once the chunk lands there: a wait in its queue, which is no
-                # hang and no cause to hedge; bounded by its wait_s, then our own timeout.
+                # hang and no cause to hedge; bounded by its wait_s (then it answers 404), and
+                # here by that plus a second for the answer (a stopped peer sends none).
                 attempt.queued()
                 try:
-                    async with asyncio.timeout(self.config.wait_s + self.config.timeout_s):
+                    async with asyncio.timeout(self.config.wait_s + _ANSWER_S):
                         await self._endpoint(source.address).get_into(route, buf, headers=headers)
                 except TimeoutError:
                     raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None

@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +22,7 @@ import blobsdk
 from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
 from blobsdk.tiers.peer import PeerTier
+from blobsdk.trackers import Trackers
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
 from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
@@ -236,30 +237,86 @@ asyncio.run(main())
 """
 
 
-async def test_a_peer_killed_mid_transfer_costs_its_children_nothing_but_time(swarm: Swarm, tmp_path: Path) -> None:
-    writer = await swarm.client()
-    data = await written(writer, "/p/killed", 160)
+@asynccontextmanager
+async def peer_process(swarm: Swarm, tmp_path: Path, path: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A client in a process of its own that has read ``path`` (so it holds its chunks)."""
     config = tmp_path / "client.toml"
     config.write_text(swarm.config().to_toml())
     peer = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PEER_SCRIPT, str(config), "/p/killed", cwd=ROOT, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-c", PEER_SCRIPT, str(config), path, cwd=ROOT, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert peer.stdout is not None
         assert await asyncio.wait_for(peer.stdout.readline(), 30) == b"ready\n"
+        yield peer
+    finally:
+        if peer.returncode is None:
+            peer.send_signal(signal.SIGCONT)
+            peer.kill()
+        await peer.wait()
+
+
+async def test_a_peer_killed_mid_transfer_costs_its_children_nothing_but_time(swarm: Swarm, tmp_path: Path) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/killed", 160)
+    async with peer_process(swarm, tmp_path, "/p/killed") as peer:
         child = await swarm.client(read=ReadConfig(parallel_chunks=2))
         reading = asyncio.create_task(child.get("/p/killed"))
         while hits(child)["peer"] < 10:
             await asyncio.sleep(0.001)
         peer.send_signal(signal.SIGKILL)
         assert await reading == data  # every byte verified, whatever was cut off
-        got = hits(child)
-        assert got["peer"] >= 10 and got["l4"] >= 1 and got["peer"] + got["l4"] == 160
-        assert child.stats()["peer"]["errors"] >= 1  # it did try the dead peer
-    finally:
-        if peer.returncode is None:
-            peer.kill()
-        await peer.wait()
+    got = hits(child)
+    assert got["peer"] >= 10 and got["l4"] >= 1 and got["peer"] + got["l4"] == 160
+    assert child.stats()["peer"]["errors"] >= 1  # it did try the dead peer
+
+
+async def test_a_stopped_holder_is_failed_over_within_its_hang_deadline(swarm: Swarm, tmp_path: Path) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/stopped", 20)
+    async with peer_process(swarm, tmp_path, "/p/stopped") as peer:
+        peer.send_signal(signal.SIGSTOP)  # the kernel still accepts its connections
+        child = await swarm.client()
+        begun = time.perf_counter()
+        assert await child.get("/p/stopped") == data
+        elapsed = time.perf_counter() - begun
+    assert elapsed < 3.0  # one hang deadline (<= 1 s), not a 10 s socket timeout per chunk
+    assert hits(child) == {"peer": 0, "l4": 20} and child.stats()["peer"]["hedge_hung_failovers"] >= 1
+
+
+async def test_a_source_whose_chunk_never_lands_answers_404_after_its_wait(swarm: Swarm) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/never", 1)
+    (ref,) = (await writer.plan("/p/never")).chunks
+    stuck = peer_of(await swarm.client(PeerConfig(wait_s=0.3)))
+    stuck._expect(ref.key)  # as if its fetch from the origin never ended
+    assert stuck._trackers is not None and await stuck._trackers.locate([ref]) == {ref.key: []}  # the first asker
+    child = await swarm.client()
+    begun = time.perf_counter()
+    assert await child.get("/p/never") == data
+    assert 0.3 <= time.perf_counter() - begun < 1.3
+    assert hits(child) == {"peer": 0, "l4": 1} and child.stats()["peer"]["errors"] == 0  # a 404 is no fault
+    assert stuck.extra_stats()["uploads_missing"] == 1
+
+
+async def test_a_fetcher_that_never_answers_costs_a_child_its_wait_and_a_second(swarm: Swarm) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/silent", 1)
+    (ref,) = (await writer.plan("/p/silent")).chunks
+    with socket.socket() as silent:  # a stopped peer: the kernel accepts, nobody answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        async with aiohttp.ClientSession() as session:
+            fetcher = Trackers(session, [swarm.url], peer_id="f" * 32, address=address, serve_key=ServeKey.generate())
+            async with fetcher:
+                assert await fetcher.locate([ref]) == {ref.key: []}  # recorded as fetching it
+                child = await swarm.client(PeerConfig(wait_s=0.3))
+                begun = time.perf_counter()
+                assert await child.get("/p/silent") == data
+                elapsed = time.perf_counter() - begun
+    assert 1.3 <= elapsed < 2.5  # its wait_s plus a second for the answer, then the origin
+    assert hits(child) == {"peer": 0, "l4": 1} and child.stats()["peer"]["errors"] == 1
 
 
 def test_peer_config_errors_name_the_setting() -> None:
