@@ -15,11 +15,14 @@ reads count too.  Every reader checks every blob's digest.
 Ratios: ``origin_egress`` (peers run: origin bytes ÷ dataset size; goal <= 1.25),
 ``origin_egress_no_peers`` (about N), ``slowest_vs_single`` (peers run: the slowest
 reader's time ÷ the single reader's; goal <= 1.5).  Metrics: each run's seconds and MB/s
-per reader.  ``--quick`` reads 128 MiB instead of 512 MiB.
+per reader, and ``*_readers_cpu_floor_s``: the readers' CPU seconds ÷ the machine's cores, a
+floor on the run's time that no schedule beats here (the servers' CPU comes on top).
+``--quick`` reads 128 MiB instead of 512 MiB.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -71,3 +74,5 @@ def _run_metrics(report: Report, name: str, reads: list[Read], served: int, data
     chunks = sum(sum(r.hits.values()) for r in reads)
     report.metrics[f"{name}_peer_chunk_share"] = sum(r.hits["peer"] for r in reads) / max(1, chunks)
     report.metrics["dataset_mb"] = dataset / 1e6
+    # The readers' own CPU time spread over every core: a floor no schedule of them beats here.
+    report.metrics[f"{name}_readers_cpu_floor_s"] = sum(r.cpu_s for r in reads) / (os.cpu_count() or 1)

@@ -12,8 +12,8 @@ Each reader is ``python -m servers.swarm --reader CLIENT_TOML PATHS_JSON`` (``PA
 maps each path to the xxh3-64 hex digest of its bytes): it opens a client, prints
 ``ready``, waits for a line on stdin, reads every path in order (``readahead``, as a
 dataloader would), checks every digest, prints one JSON line (its seconds, bytes, wrong
-paths, per-tier chunk hits, its peer tier's stats) and keeps its client open, still serving its peers, until stdin
-says ``exit`` or closes.  :class:`Readers` drives a set of them.
+paths, per-tier chunk hits, its peer tier's stats, its CPU seconds) and keeps its client
+open, still serving its peers, until stdin says ``exit`` or closes.  :class:`Readers` drives a set of them.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Read:
     wrong: list[str]
     hits: dict[str, int]
     peer: dict[str, float]  # its peer tier's stats
+    cpu_s: float  # CPU time (every thread, user and system) the reader spent meanwhile
 
     @property
     def mb_per_s(self) -> float:
@@ -168,16 +169,16 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
     async with blobsdk.Client(config) as client:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        begun = time.perf_counter()
+        begun, cpu = time.perf_counter(), time.process_time()
         total, wrong = 0, []
         async for path, data in client.readahead(digests, depth=DEPTH):
             total += len(data)
             if xxhash.xxh3_64_hexdigest(data) != digests[path]:
                 wrong.append(path)
-        seconds = time.perf_counter() - begun
+        seconds, cpu_s = time.perf_counter() - begun, time.process_time() - cpu
         stats = client.stats()
         hits = {name: int(stats[name]["hits"]) for name in ("l1", "l2", "peer", "l3", "l4")}
-        result = {"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits, "peer": stats["peer"]}
+        result = {"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits, "peer": stats["peer"], "cpu_s": cpu_s}
         print(json.dumps(result), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):
             pass

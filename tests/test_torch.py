@@ -624,3 +624,25 @@ def test_stopping_an_iteration_cancels_its_l3_prefetch(cluster: Any) -> None:
         assert node_stats(cluster)["jobs"]["running"] == 0
     finally:
         set_block_faults(cluster, [])
+
+
+# --- the peer tier between DataLoader workers ------------------------------------------------------
+
+
+def test_two_loaders_reading_one_dataset_at_once_feed_each_other_through_their_workers_peers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Two jobs' DataLoaders (2 workers each: 4 processes, each with its own client and peer
+    server) read the same samples at about the same time, as two ranks would."""
+    with start_cluster(tmp_path_factory.mktemp("peers"), block_servers=1, l3_nodes=0, trackers=1) as cluster:
+        paths = [f"/shared/{i:04d}" for i in range(400)]
+        with blobsdk.SyncClient(cluster.config) as c:
+            c.put_many((p, content(p)) for p in paths)
+        first, second = (loader(BlobIterableDataset(cluster.config_path, "/shared/", readahead=4)) for _ in range(2))
+        seen = [order([a, b]) for a, b in zip(first, second, strict=True)]
+        assert sorted(flat(seen)) == sorted(paths * 2)  # every sample, twice, every byte checked
+        (tracker,) = (p.url for p in cluster.processes if p.kind == "tracker")
+        with urllib.request.urlopen(f"{tracker}/stats", timeout=10) as answer:
+            counts = json.load(answer)["counts"]
+        assert counts["peers_registered"] >= 5, counts  # 4 workers, the writer, and the parent's listing clients
+        assert counts.get("located_peer", 0) >= 50 and counts.get("reports_missing", 0) <= 20, counts  # from a peer that had it

@@ -34,7 +34,8 @@ others still ask for, the tracker says hold, and it is kept ``hold_s`` more outs
 budget (at most ``_MAX_HELD`` chunks) before it is announced as evicted.  Announcements are
 batched every ``_ANNOUNCE_S``.
 
-``holds``/``keep`` (deep prefetch): the peer tier is no prefetch target.
+Deep prefetch: the peer tier is no prefetch target (``holds`` is False), but a chunk a
+prefetch brings from L3/L4 through it lands here as a read's does (``keep``).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from ..peerserver import PeerServer
 from ..stats import TierStats
 from ..trackers import Trackers
 from ..wire import ChunkRef, Problem, Source, chunk_query
-from .base import Decoder, KeepsNothing
+from .base import Decoder
 
 _ANNOUNCE_S = 0.05  # announcements wait this long to be batched
 _MAX_HELD = 1024  # chunks kept past the budget because a tracker said hold
@@ -88,7 +89,7 @@ class _ServingCache(cachetools.LRUCache[str, memoryview]):
         return key, raw
 
 
-class PeerTier(KeepsNothing):
+class PeerTier:
     """See the module docstring.  Enter it (``async with``) to start its server and trackers."""
 
     name = "peer"
@@ -221,6 +222,15 @@ class PeerTier(KeepsNothing):
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """A chunk L3 or L4 served: serve it to the peers waiting for it, and announce it."""
+        self._landed(ref.key, raw)
+
+    def holds(self, ref: ChunkRef) -> bool:
+        """Never a prefetch target (``client.prefetch`` warms L1, L2 or L3)."""
+        return False
+
+    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
+        """A chunk a deep prefetch brought from L3 or L4: as ``fill`` (children may be waiting
+        for it: without this, a worker's prefetched windows answered every child 404)."""
         self._landed(ref.key, raw)
 
     async def flush(self) -> None:

@@ -94,6 +94,15 @@ async def test_a_second_client_reads_every_chunk_from_the_first(swarm: Swarm) ->
     assert swarm.tracker.stats()["counts"]["located_peer"] == 6
 
 
+async def test_chunks_a_deep_prefetch_brought_are_served_to_peers(swarm: Swarm) -> None:
+    a, b = await swarm.client(), await swarm.client()
+    data = await written(a, "/p/warm", 5)
+    await a.prefetch("/p/warm", tier="l1").wait()
+    await announced()
+    assert await b.get("/p/warm") == data
+    assert hits(b) == {"peer": 5, "l4": 0} and a.stats()["peer"]["uploads"] == 5
+
+
 async def test_concurrent_readers_take_each_chunk_from_the_origin_once(swarm: Swarm) -> None:
     clients = [await swarm.client() for _ in range(5)]
     data = await written(clients[0], "/p/many", 24)
