@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import secrets
 import time
 from collections import Counter
@@ -67,6 +68,7 @@ from ..wire import ChunkRef, Problem, Source, chunk_query
 from .base import Decoder
 
 _ANNOUNCE_S = 0.05  # announcements wait this long to be batched
+logger = logging.getLogger("blobsdk.peer")
 _MAX_HELD = 1024  # chunks kept past the budget because a tracker said hold
 _MAX_SOURCES = 8  # sources tried per chunk, whatever a tracker hands out
 _ANSWER_S = 1.0  # past a source's wait_s, how long its 404 may take to arrive
@@ -331,8 +333,12 @@ class PeerTier:
             found = {} if self._trackers is None else await self._trackers.locate(ref for ref, _ in batch)
         except BaseException as exc:
             for _, answer in batch:
-                if not answer.done():
-                    answer.set_exception(exc) if isinstance(exc, Exception) else answer.cancel()
+                if answer.done():
+                    continue
+                if isinstance(exc, Exception):
+                    answer.set_exception(exc)
+                else:
+                    answer.cancel()
             raise
         for ref, answer in batch:
             if not answer.done():
@@ -377,21 +383,21 @@ class PeerTier:
     async def _announce_loop(self) -> None:
         while True:
             await asyncio.sleep(_ANNOUNCE_S)
-            self._expire_landings()
-            await self._announce()
+            try:
+                now = time.monotonic()
+                self._expire(now)
+                await self._announce(now)
+            except Exception:  # a bug: logged, and the next round goes on
+                logger.exception("peer tier: announcing to the trackers failed")
 
-    def _expire_landings(self) -> None:
-        """A fetch that never landed (it failed below, or its reader left) frees its waiters."""
-        now = time.monotonic()
+    def _expire(self, now: float) -> None:
+        """Free the waiters of fetches that never landed (they failed below, or their reader
+        left); drop the not-kept fills whose grace is over; let held chunks go when due."""
         for key, (lands, since) in list(self._landing.items()):
             if now - since > self.config.wait_s:
                 del self._landing[key]
                 if not lands.done():
                     lands.set_result(None)
-
-    async def _announce(self) -> None:
-        assert self._trackers is not None
-        now = time.monotonic()
         for key, at in list(self._dropping.items()):
             if at <= now:
                 del self._dropping[key]
@@ -401,9 +407,14 @@ class PeerTier:
             if until <= now:
                 del self._held[key]
                 self._evicted.add(key)
-        self._evicting.update(key for key, _ in self._serving.evicted)
+
+    async def _announce(self, now: float) -> None:
+        """Tell the trackers what was filled, is being evicted and was evicted; act on what
+        they answer (keep, hold)."""
+        assert self._trackers is not None
         evicted_bytes = dict(self._serving.evicted)
         self._serving.evicted.clear()
+        self._evicting.update(evicted_bytes)
         filled, evicting, evicted = self._filled, self._evicting - set(self._serving), self._evicted
         self._filled, self._evicting, self._evicted = set(), set(), set()
         if not (filled or evicting or evicted):

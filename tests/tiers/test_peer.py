@@ -103,6 +103,19 @@ async def test_chunks_a_deep_prefetch_brought_are_served_to_peers(swarm: Swarm) 
     assert hits(b) == {"peer": 5, "l4": 0} and a.stats()["peer"]["uploads"] == 5
 
 
+async def test_the_last_copy_of_a_chunk_in_demand_is_held_past_the_budget(swarm: Swarm) -> None:
+    a = await swarm.client(PeerConfig(budget_bytes=2 * CHUNK))
+    data = await written(a, "/p/held", 4)
+    assert await a.get("/p/held") == data  # its serving cache keeps 2 chunks: 2 are evicted
+    await announced()
+    stats = a.stats()["peer"]
+    assert stats["held"] == 2 and stats["serving_entries"] == 4  # the tracker: hold them (asked for within its demand window)
+    assert swarm.tracker.stats()["counts"]["last_copies_held"] == 2
+    b = await swarm.client()
+    assert await b.get("/p/held") == data
+    assert hits(b) == {"peer": 4, "l4": 0}
+
+
 async def test_concurrent_readers_take_each_chunk_from_the_origin_once(swarm: Swarm) -> None:
     clients = [await swarm.client() for _ in range(5)]
     data = await written(clients[0], "/p/many", 24)
