@@ -71,6 +71,7 @@ def _run_metrics(report: Report, name: str, reads: list[Read], served: int, data
     report.metrics[f"{name}_median_mb_s"] = median([r.mb_per_s for r in reads])
     report.metrics[f"{name}_slowest_mb_s"] = min(r.mb_per_s for r in reads)
     report.metrics[f"{name}_origin_mb"] = served / 1e6
+    report.metrics[f"{name}_l4_hedges"] = sum(r.l4_hedges for r in reads)
     chunks = sum(sum(r.hits.values()) for r in reads)
     report.metrics[f"{name}_peer_chunk_share"] = sum(r.hits["peer"] for r in reads) / max(1, chunks)
     report.metrics["dataset_mb"] = dataset / 1e6

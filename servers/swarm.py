@@ -52,6 +52,7 @@ class Read:
     hits: dict[str, int]
     peer: dict[str, float]  # its peer tier's stats
     cpu_s: float  # CPU time (every thread, user and system) the reader spent meanwhile
+    l4_hedges: int  # hedged L4 reads it sent (each moves origin bytes too)
 
     @property
     def mb_per_s(self) -> float:
@@ -179,6 +180,7 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
         stats = client.stats()
         hits = {name: int(stats[name]["hits"]) for name in ("l1", "l2", "peer", "l3", "l4")}
         result = {"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits, "peer": stats["peer"], "cpu_s": cpu_s}
+        result["l4_hedges"] = int(stats["l4"].get("hedge_hedges_sent", 0))
         print(json.dumps(result), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):
             pass

@@ -249,6 +249,7 @@ class PeerTier:
             "uploads_refused": served["refused"],
             "uploads_missing": served["missing"],
             "tracker_errors": trackers.get("errors", 0),
+            "tracker_timeouts": trackers.get("timeouts", 0),
             **{name: self.counts[name] for name in ("disallowed", "reported", "not_kept", "held")},
             **{f"hedge_{name}": value for name, value in self.hedger.stats().items()},
         }
