@@ -22,6 +22,7 @@ from collections.abc import (
     Generator,
     Iterable,
     Iterator,
+    Mapping,
 )
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
@@ -38,6 +39,7 @@ from ._forksafe import Executor, LoopThread
 from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
+from .checkpoint import Checkpoints, Manifest, Pending
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import BlobError, ClientClosed, Forbidden
 from .limiter import LimiterRegistry
@@ -256,6 +258,23 @@ class Client:
         reads in flight at once, where an abandoned generator waits for the collector."""
         return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
 
+    def checkpoints(self, prefix: str, *, keep: int = 3, chunk_size: int | None = None) -> Checkpoints:
+        """The delta checkpoints under ``prefix`` (a path prefix: ``/bucket/ckpt/job1``),
+        keeping the last ``keep``, cut into ``chunk_size`` chunks (default: the write
+        config's); see blobsdk/checkpoint.py.  A save still running when the client closes
+        is waited for."""
+        state = self._open
+        return Checkpoints(
+            prefix,
+            metadata=state.metadata,
+            writer=state.writer,
+            read=self._read,
+            executor=state.executor,
+            keep=keep,
+            chunk_size=chunk_size or self.config.write.chunk_size,
+            background=state.saves,
+        )
+
     async def plan(self, path: str) -> ReadPlan:
         """The read plan of ``path``'s live version (through the plan cache)."""
         return await self._open.plans.get_plan(validate_path(path))
@@ -305,9 +324,17 @@ class _Open:
     """What an open client holds: its stores, plan cache, tiers, read path and writer."""
 
     def __init__(
-        self, backends: Backends, plans: CachedMetadataStore, readpath: ReadPath, writer: Writer, prefetcher: Prefetcher
+        self,
+        backends: Backends,
+        plans: CachedMetadataStore,
+        readpath: ReadPath,
+        writer: Writer,
+        prefetcher: Prefetcher,
+        executor: ThreadPoolExecutor,
     ) -> None:
         self.blocks = backends.blocks
+        self.executor = executor
+        self.saves: set[asyncio.Task[Any]] = set()  # checkpoint saves in the background
         self.limiters = backends.limiters
         self.plans = plans
         self.metadata = plans  # every metadata call goes through the plan cache
@@ -329,7 +356,13 @@ class _Open:
         prefetcher = Prefetcher(plans, readpath, read.parallel_chunks, capacities)
         stack.push_async_callback(prefetcher.aclose)  # first out: no prefetch outlives the read path
         writer = Writer(plans, backends.blocks, config.write, executor)
-        return cls(backends, plans, readpath, writer, prefetcher)
+        state = cls(backends, plans, readpath, writer, prefetcher, executor)
+        stack.push_async_callback(state.finish_saves)  # first out: a save finishes before its stores close
+        return state
+
+    async def finish_saves(self) -> None:
+        """Wait for the checkpoint saves still running (their errors are their handles')."""
+        await asyncio.gather(*self.saves, return_exceptions=True)
 
     def stats(self) -> dict[str, dict[str, int | float]]:
         out: dict[str, dict[str, int | float]] = {name: {**TierStats().as_dict(), "enabled": False} for name in TIER_NAMES}
@@ -518,6 +551,15 @@ class SyncClient:
     def plan(self, path: str) -> ReadPlan:
         return self._run(self._here().plan(path))
 
+    def checkpoints(self, prefix: str, *, keep: int = 3, chunk_size: int | None = None) -> SyncCheckpoints:
+        """:meth:`Client.checkpoints`, blocking."""
+        client = self._here()
+
+        async def make() -> Checkpoints:
+            return client.checkpoints(prefix, keep=keep, chunk_size=chunk_size)
+
+        return SyncCheckpoints(self, self._run(make()))
+
     def delete(self, path: str, *, if_version: int | None = None) -> BlobInfo:
         return self._run(self._here().delete(path, if_version=if_version))
 
@@ -583,6 +625,47 @@ async def _closed(items: AsyncGenerator[T, None], first: asyncio.Task[T] | None)
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
     await items.aclose()
+
+
+class SyncCheckpoints:
+    """:class:`~blobsdk.checkpoint.Checkpoints` from the thread of a :class:`SyncClient`."""
+
+    def __init__(self, client: SyncClient, checkpoints: Checkpoints) -> None:
+        self._client = client
+        self._checkpoints = checkpoints
+
+    def save(self, step: int, state: Mapping[str, Any]) -> SyncPending:
+        """Blocks while the state is staged (the training pause); the upload goes on."""
+        return SyncPending(self._client, self._client._run(self._checkpoints.save(step, state)))
+
+    def load(self, step: int | None = None) -> dict[str, Any]:
+        return self._client._run(self._checkpoints.load(step))
+
+    def list(self) -> list[int]:
+        return self._client._run(self._checkpoints.list())
+
+    def manifest(self, step: int | None = None) -> Manifest:
+        return self._client._run(self._checkpoints.manifest(step))
+
+
+class SyncPending:
+    """A checkpoint save's :class:`~blobsdk.checkpoint.Pending`, from a SyncClient's thread."""
+
+    def __init__(self, client: SyncClient, pending: Pending) -> None:
+        self._client = client
+        self._pending = pending
+
+    @property
+    def done(self) -> bool:
+        return self._pending.done
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._pending.error
+
+    def wait(self) -> Manifest:
+        """Block until the checkpoint is committed; its manifest (or the save's error)."""
+        return self._client._run(self._pending.wait())
 
 
 class SyncPrefetch:

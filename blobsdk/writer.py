@@ -174,6 +174,18 @@ class Writer:
             await batch.finish()
         return batch.committed
 
+    async def write_chunks(self, views: Sequence[memoryview]) -> list[ChunkRef]:
+        """Encode ``views`` as chunks (one each), pack them into new blocks and make those
+        durable; their refs, in order.  Nothing is committed: the caller commits plans that
+        name them (checkpoints mix them with chunks of earlier blocks) before
+        ``max_write_seconds`` pass, which :meth:`check_age` of these refs' blocks checks."""
+        async with task_group() as tasks:
+            packer = _Packer(self._blocks, self._config, tasks)
+            refs = [await packer.add(chunk) async for chunk in self._encode(views)]
+            await packer.seal()
+            await packer.durable({ref.block_id for ref in refs})
+        return refs
+
     async def _pack(self, packer: _Packer, path: str, data: Buffer) -> ReadPlan:
         refs = [await packer.add(chunk) async for chunk in self._encode(split(data, self._config.chunk_size))]
         size = sum(r.raw_length for r in refs)

@@ -1,0 +1,488 @@
+"""Delta checkpoints (issue 12; DESIGN §3): ``ck = client.checkpoints(prefix, keep=K)``.
+
+``pending = await ck.save(step, state)`` takes a nested dict (str keys) whose leaves are numpy
+arrays, CPU torch tensors, bytes-likes and JSON scalars (None, bool, int, float, str, and
+lists of them).  What it does before it returns is the only time training waits:
+
+1. flatten and check the state (an unsupported leaf is a TypeError, before anything else);
+2. cut every array's bytes into ``chunk_size`` chunks and hash each (xxh3-128, on the
+   client's threads: it releases the GIL);
+3. compare with the previous checkpoint's manifest: a chunk whose digest, entry name,
+   dtype, shape and chunk size match is *reused*: its ChunkRef is taken as is;
+4. copy only the changed chunks into staging buffers (reused from save to save).
+
+Then, in the background: the changed chunks are checksummed, maybe compressed, packed into
+new blocks and written durably (``Writer.write_chunks``), and one metadata transaction
+(``commit_many``) creates ``PREFIX/<step>/data`` (a blob whose plan lists every chunk of the
+checkpoint, new and reused, entry after entry), ``PREFIX/<step>/manifest`` (the entries:
+names, kinds, dtypes, shapes, their chunks and digests) and moves ``PREFIX/latest`` with a
+compare-and-swap on the version this save started from.  So a crash at any moment leaves
+the previous checkpoint intact and the new one absent or complete; its unreferenced blocks
+are collected by ``client.gc`` like any write's.  ``await pending.wait()`` returns once it is
+committed; ``pending.done``, ``pending.error``.  At most one save is in flight: a second
+``save`` first waits for the first to end.
+
+A reused chunk is named by the new data plan, so every block a kept checkpoint needs stays
+referenced by a live plan and gc never deletes it.  Retention keeps the last ``keep``
+checkpoints: older manifests are deleted first, then their data blobs (a crash between the
+two leaves a data blob without a manifest, which the next save's retention deletes).
+
+``await ck.load(step=None)`` (None: the latest) reads the data blob through the tiers (chunks
+in parallel, every one verified) and rebuilds the state exactly: nesting, dtypes, shapes,
+scalars; arrays are views of one buffer.  ``await ck.list()`` lists the kept steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import xxhash
+
+from .errors import BadRequest, BlobNotFound, PreconditionFailed
+from .metadata.base import MetadataStore
+from .paths import validate_path
+from .wire import ChunkRef, CommitOp, ReadPlan, etag_of
+from .writer import Writer, split
+
+Kind = Literal["ndarray", "tensor", "bytes", "json"]
+_HASH_BATCH = 16 << 20  # bytes hashed per executor job
+_STEP_DIGITS = 12
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One leaf of a saved state."""
+
+    name: tuple[str, ...]  # its keys, from the root
+    kind: Kind
+    dtype: str = ""  # numpy's dtype.str, or the torch dtype's name
+    shape: tuple[int, ...] = ()
+    value: bytes = b""  # a json leaf's JSON text
+    nbytes: int = 0
+    first: int = 0  # index of its first chunk in the data plan
+    digests: tuple[bytes, ...] = ()  # xxh3-128 of each chunk
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    step: int
+    created: float
+    chunk_size: int
+    entries: tuple[Entry, ...]
+    new_bytes: int  # written by this save
+    reused_bytes: int  # named from earlier checkpoints
+
+
+class Pending:
+    """A save in the background; see the module docstring."""
+
+    def __init__(self, step: int, task: asyncio.Task[Manifest]) -> None:
+        self.step = step
+        self._task = task
+
+    @property
+    def done(self) -> bool:
+        return self._task.done()
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the save failed (None while it runs or once it succeeded)."""
+        if not self._task.done() or self._task.cancelled():
+            return None
+        return self._task.exception()
+
+    async def wait(self) -> Manifest:
+        """The committed manifest, or the error that stopped the save."""
+        return await asyncio.shield(self._task)
+
+
+@dataclass
+class _Leaf:
+    name: tuple[str, ...]
+    kind: Kind
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    value: bytes = b""
+    data: memoryview | None = None  # the bytes to chunk, flat
+
+
+class Checkpoints:
+    """The checkpoints under ``prefix``; made by ``Client.checkpoints``."""
+
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        metadata: MetadataStore,
+        writer: Writer,
+        read: Callable[[ReadPlan], Awaitable[bytearray]],
+        executor: Executor,
+        keep: int,
+        chunk_size: int,
+        background: set[asyncio.Task[Any]] | None = None,
+    ) -> None:
+        validate_path(prefix + "/x")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        if not 1 <= chunk_size <= 64 << 20:
+            raise ValueError(f"chunk_size must be from 1 to {64 << 20}, got {chunk_size}")
+        self.prefix = prefix.rstrip("/")
+        self.keep = keep
+        self.chunk_size = chunk_size
+        self._metadata, self._writer, self._read, self._executor = metadata, writer, read, executor
+        self._pending: Pending | None = None
+        self._base: _Base | None = None  # the last checkpoint this object committed
+        self._background = background if background is not None else set()
+        self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
+
+    # --- paths -----------------------------------------------------------------------------
+
+    def _step_dir(self, step: int) -> str:
+        return f"{self.prefix}/{step:0{_STEP_DIGITS}d}"
+
+    @property
+    def _latest_path(self) -> str:
+        return f"{self.prefix}/latest"
+
+    # --- save ------------------------------------------------------------------------------
+
+    async def save(self, step: int, state: Mapping[str, Any]) -> Pending:
+        """Stage ``state`` as checkpoint ``step`` and return once it is safe to change it."""
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**_STEP_DIGITS:
+            raise ValueError(f"step must be an int from 0 to {10**_STEP_DIGITS - 1}, got {step!r}")
+        leaves = list(_flatten(state, ()))  # TypeError for what cannot be saved, before any work
+        if self._pending is not None:
+            await asyncio.gather(self._pending._task, return_exceptions=True)
+        base = await self._latest()
+        staged = await self._stage(leaves, base)
+        task = asyncio.get_running_loop().create_task(self._upload(step, staged, base), name=f"blobsdk-ckpt-{step}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_retrieved)  # its error belongs to its Pending: never "never retrieved"
+        self._pending = Pending(step, task)
+        return self._pending
+
+    async def _stage(self, leaves: list[_Leaf], base: _Base | None) -> _Staged:
+        digests = await self._digests([leaf.data for leaf in leaves if leaf.data is not None])
+        staged = _Staged(leaves=leaves)
+        buffers = iter(self._staging)
+        used: list[bytearray] = []
+        at = 0
+        for leaf in leaves:
+            if leaf.data is None:
+                staged.chunks.append([])
+                continue
+            mine = digests[at]
+            at += 1
+            previous = base.match(leaf, self.chunk_size) if base is not None else None
+            slots: list[ChunkRef | memoryview] = []
+            for i, digest in enumerate(mine):
+                if base is not None and previous is not None and previous.digests[i] == digest:
+                    slots.append(base.plan.chunks[previous.first + i])  # same shape: same chunk count
+                    continue
+                piece = leaf.data[i * self.chunk_size : (i + 1) * self.chunk_size]
+                buffer = next(buffers, None) or bytearray(self.chunk_size)
+                used.append(buffer)
+                view = memoryview(buffer)[: len(piece)]
+                view[:] = piece
+                slots.append(view)
+            staged.chunks.append(slots)
+            staged.digests.append(mine)
+        self._staging = used
+        return staged
+
+    async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
+        """Each array's chunk digests, hashed on the executor in batches of ~16 MiB."""
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for data in datas:
+            starts = range(0, len(data), self.chunk_size)
+            per_job = max(1, _HASH_BATCH // self.chunk_size)
+            batches = [starts[i : i + per_job] for i in range(0, len(starts), per_job)]
+            jobs.append([loop.run_in_executor(self._executor, _hash, data, batch, self.chunk_size) for batch in batches])
+        return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
+
+    async def _upload(self, step: int, staged: _Staged, base: _Base | None) -> Manifest:
+        new = [slot for slots in staged.chunks for slot in slots if isinstance(slot, memoryview)]
+        written = await self._writer.write_chunks(new)
+        self._writer.check_age({ref.block_id for ref in written})  # the reused ones are held by live plans
+        fresh = iter(written)
+        refs: list[ChunkRef] = []
+        entries = []
+        reused_bytes = 0
+        digests = iter(staged.digests)
+        for leaf, slots in zip(staged.leaves, staged.chunks, strict=True):
+            first = len(refs)
+            for slot in slots:
+                if isinstance(slot, memoryview):
+                    refs.append(next(fresh))
+                else:
+                    refs.append(slot)
+                    reused_bytes += slot.raw_length
+            entry_digests = tuple(next(digests)) if leaf.data is not None else ()
+            entries.append(
+                Entry(
+                    name=leaf.name,
+                    kind=leaf.kind,
+                    dtype=leaf.dtype,
+                    shape=leaf.shape,
+                    value=leaf.value,
+                    nbytes=0 if leaf.data is None else len(leaf.data),
+                    first=first,
+                    digests=entry_digests,
+                )
+            )
+        manifest = Manifest(
+            step=step,
+            created=time.time(),
+            chunk_size=self.chunk_size,
+            entries=tuple(entries),
+            new_bytes=sum(len(v) for v in new),
+            reused_bytes=reused_bytes,
+        )
+        await self._commit(step, refs, manifest, base)
+        await self._retire()
+        return manifest
+
+    async def _commit(self, step: int, refs: list[ChunkRef], manifest: Manifest, base: _Base | None) -> None:
+        """One transaction: the data plan and the manifest (create-only) and ``latest``
+        (compare-and-swap on the version this save started from)."""
+        directory = self._step_dir(step)
+        pieces = split(msgspec.msgpack.encode(manifest), self.chunk_size)
+        *manifest_refs, latest_ref = await self._writer.write_chunks([*pieces, memoryview(str(step).encode())])
+        latest_refs = [latest_ref]
+        ops = [
+            CommitOp(path=f"{directory}/data", plan=_plan(f"{directory}/data", refs, self.chunk_size), if_version=0),
+            CommitOp(path=f"{directory}/manifest", plan=_plan(f"{directory}/manifest", manifest_refs), if_version=0),
+            CommitOp(
+                path=self._latest_path,
+                plan=_plan(self._latest_path, latest_refs),
+                if_version=0 if base is None else base.latest_version,
+            ),
+        ]
+        try:
+            data, _, latest = await self._metadata.commit_many(ops)
+        except PreconditionFailed as exc:
+            raise PreconditionFailed(
+                f"checkpoint {step} under {self.prefix}: the step exists, or another writer saved or removed a checkpoint"
+                f" since this save began ({exc})"
+            ) from exc
+        self._base = _Base(manifest, data, latest.version)  # the next save's base, without a read
+
+    async def _retire(self) -> None:
+        """Delete all but the last ``keep`` checkpoints: manifests first, then their data."""
+        steps, data_only = await self._scan()
+        for step in steps[: -self.keep]:
+            await self._delete_quietly(f"{self._step_dir(step)}/manifest")
+            data_only.add(step)
+        for step in sorted(data_only):
+            await self._delete_quietly(f"{self._step_dir(step)}/data")
+
+    async def _delete_quietly(self, path: str) -> None:
+        with contextlib.suppress(BlobNotFound):  # gone already (another writer's retention)
+            await self._metadata.delete(path)
+
+    # --- read --------------------------------------------------------------------------------
+
+    async def list(self) -> builtins.list[int]:
+        """The steps of the kept checkpoints, oldest first."""
+        return (await self._scan())[0]
+
+    async def _scan(self) -> tuple[builtins.list[int], set[int]]:
+        """The steps with a manifest, sorted; and those with only a data blob."""
+        manifests: set[int] = set()
+        datas: set[int] = set()
+        async for info in self._metadata.list(self.prefix + "/"):
+            parts = info.path[len(self.prefix) + 1 :].split("/")
+            if len(parts) == 2 and parts[0].isdigit() and len(parts[0]) == _STEP_DIGITS:
+                (manifests if parts[1] == "manifest" else datas).add(int(parts[0]))
+        return sorted(manifests), datas - manifests
+
+    async def manifest(self, step: int | None = None) -> Manifest:
+        """The manifest of ``step`` (None: the latest); BlobNotFound if there is none."""
+        if step is None:
+            base = await self._latest()
+            if base is None:
+                raise BlobNotFound(f"no checkpoint under {self.prefix}")
+            return base.manifest
+        return await self._manifest_of(step)
+
+    async def load(self, step: int | None = None) -> dict[str, Any]:
+        """The state saved as ``step`` (None: the latest), rebuilt exactly."""
+        manifest = await self.manifest(step)
+        data_path = f"{self._step_dir(manifest.step)}/data"
+        data = await self._read(await self._metadata.get_plan(data_path))
+        return _rebuild(manifest, memoryview(data))
+
+    async def _manifest_of(self, step: int) -> Manifest:
+        path = f"{self._step_dir(step)}/manifest"
+        try:
+            raw = await self._read(await self._metadata.get_plan(path))
+        except BlobNotFound:
+            raise BlobNotFound(f"no checkpoint {step} under {self.prefix}") from None
+        return msgspec.msgpack.decode(raw, type=Manifest)
+
+    async def _latest(self) -> _Base | None:
+        """The latest checkpoint (its manifest, its data plan, the version of ``latest``)."""
+        try:
+            latest = await self._metadata.get_plan(self._latest_path)
+        except BlobNotFound:
+            return None
+        if self._base is not None and self._base.latest_version == latest.version:
+            return self._base  # still the one this object saved last
+        step = int(bytes(await self._read(latest)))
+        manifest = await self._manifest_of(step)
+        plan = await self._metadata.get_plan(f"{self._step_dir(step)}/data")
+        return _Base(manifest, plan, latest.version)
+
+
+@dataclass
+class _Staged:
+    """A save's leaves; per leaf its chunks (a reused ChunkRef, or a staged copy to write) and
+    their digests."""
+
+    leaves: list[_Leaf]
+    chunks: list[list[ChunkRef | memoryview]] = field(default_factory=list)
+    digests: list[list[bytes]] = field(default_factory=list)
+
+
+class _Base:
+    """The checkpoint a save compares with: its manifest, its data blob's plan, and the
+    version of ``latest`` that names it."""
+
+    def __init__(self, manifest: Manifest, plan: ReadPlan, latest_version: int) -> None:
+        self.manifest, self.plan, self.latest_version = manifest, plan, latest_version
+        self._by_name = {entry.name: entry for entry in manifest.entries}
+
+    def match(self, leaf: _Leaf, chunk_size: int) -> Entry | None:
+        """The entry whose chunks ``leaf`` may reuse: same name, kind, dtype, shape, chunk size."""
+        entry = self._by_name.get(leaf.name)
+        if entry is None or self.manifest.chunk_size != chunk_size:
+            return None
+        return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _plan(path: str, refs: list[ChunkRef], chunk_size: int | None = None) -> ReadPlan:
+    """A plan for ``refs`` (reused ones came from a plan read with grants: stored without)."""
+    refs = [msgspec.structs.replace(ref, grant="") if ref.grant else ref for ref in refs]
+    size = sum(ref.raw_length for ref in refs)
+    size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in refs), default=1)
+    return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=size_of_chunks, chunks=tuple(refs))
+
+
+def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:
+    return [xxhash.xxh3_128_digest(data[start : start + chunk_size]) for start in starts]
+
+
+# --- state <-> leaves ---------------------------------------------------------------------------
+
+_JSON_SCALARS = (type(None), bool, int, float, str)
+
+
+def _flatten(state: Mapping[str, Any], name: tuple[str, ...]) -> Iterator[_Leaf]:
+    if not isinstance(state, Mapping):
+        raise TypeError(f"a checkpoint state is a dict of str keys, got {type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise TypeError(f"state key {key!r} at {'/'.join(name) or 'the root'}: keys must be str")
+        here = (*name, key)
+        if isinstance(value, Mapping):
+            yield from _flatten(value, here)
+        else:
+            yield _leaf(here, value)
+
+
+def _leaf(name: tuple[str, ...], value: Any) -> _Leaf:
+    where = "/".join(name)
+    module = type(value).__module__
+    if module == "numpy" or module.startswith("numpy."):
+        return _array_leaf(name, value)
+    if module == "torch" or module.startswith("torch."):
+        return _tensor_leaf(name, value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return _Leaf(name, "bytes", data=memoryview(value).cast("B"))
+    if _is_json(value):
+        return _Leaf(name, "json", value=msgspec.json.encode(value))
+    raise TypeError(
+        f"state {where!r}: cannot checkpoint a {type(value).__name__}"
+        " (numpy arrays, CPU torch tensors, bytes, and JSON scalars (finite floats) or lists of them)"
+    )
+
+
+def _is_json(value: Any) -> bool:
+    """JSON that loads back equal: scalars (finite floats) and lists of them."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, _JSON_SCALARS):
+        return True
+    return isinstance(value, list) and all(_is_json(v) for v in value)
+
+
+def _array_leaf(name: tuple[str, ...], value: Any) -> _Leaf:
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        value = np.asarray(value)  # a numpy scalar
+    if value.dtype.hasobject or value.dtype.fields is not None:
+        raise TypeError(f"state {'/'.join(name)!r}: cannot checkpoint a numpy array of dtype {value.dtype} (objects or fields)")
+    flat: Any = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    return _Leaf(name, "ndarray", dtype=value.dtype.str, shape=tuple(value.shape), data=memoryview(flat))
+
+
+def _tensor_leaf(name: tuple[str, ...], value: Any) -> _Leaf:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"state {'/'.join(name)!r}: cannot checkpoint a {type(value).__name__}")
+    if value.device.type != "cpu" or value.is_sparse or value.is_quantized:
+        where = "/".join(name)
+        raise TypeError(f"state {where!r}: only dense CPU tensors can be checkpointed, got {value.device} {value.layout}")
+    flat: Any = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return _Leaf(name, "tensor", dtype=str(value.dtype).removeprefix("torch."), shape=tuple(value.shape), data=memoryview(flat))
+
+
+def _rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    offset = 0
+    for entry in manifest.entries:
+        value: Any
+        if entry.kind == "json":
+            value = msgspec.json.decode(entry.value)
+        else:
+            piece = data[offset : offset + entry.nbytes]
+            offset += entry.nbytes
+            value = _value_of(entry, piece)
+        node = state
+        for key in entry.name[:-1]:
+            node = node.setdefault(key, {})
+        node[entry.name[-1]] = value
+    if offset != len(data):
+        raise BadRequest(f"checkpoint {manifest.step}: its data is {len(data)} bytes, its manifest names {offset}")
+    return state
+
+
+def _value_of(entry: Entry, piece: memoryview) -> Any:
+    if entry.kind == "bytes":
+        return bytes(piece)
+    if entry.kind == "ndarray":
+        import numpy as np
+
+        return np.frombuffer(piece, dtype=np.dtype(entry.dtype)).reshape(entry.shape)
+    import torch
+
+    dtype = getattr(torch, entry.dtype)
+    if not piece.nbytes:
+        return torch.empty(entry.shape, dtype=dtype)
+    return torch.frombuffer(piece, dtype=torch.uint8).view(dtype).reshape(entry.shape)

@@ -1,0 +1,229 @@
+"""blobsdk/checkpoint.py: delta checkpoints, embedded (SQLite + local blocks) and on a real
+cluster, with a real process SIGKILLed mid-save."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+import blobsdk
+from blobsdk.config import WriteConfig
+from servers.cluster import start_cluster
+from tests.helpers import ROOT
+
+CHUNK = 64 << 10
+WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
+QUICK_GC = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)  # gc's grace may be 0.3 s
+
+
+def model(seed: int = 0, chunks: int = 8) -> dict[str, Any]:
+    """A small nested state: float32 weights of ``chunks`` chunks, and the rest of the kinds."""
+    rng = np.random.default_rng(seed)
+    return {
+        "model": {
+            "w": rng.standard_normal(chunks * CHUNK // 4, dtype=np.float32).reshape(-1, 256),
+            "b": np.arange(10, dtype=np.int8),
+            "mask": np.array([True, False, True]),
+            "scalar": np.float64(2.5),
+            "empty": np.zeros((0, 3), dtype=np.float16),
+        },
+        "optim": {"t": torch.arange(12, dtype=torch.float32).reshape(3, 4), "bf": torch.ones(5, dtype=torch.bfloat16)},
+        "blob": b"\x00\x01opaque",
+        "step": 7,
+        "lr": 0.001,
+        "name": "run-1",
+        "flags": [True, None, 3],
+    }
+
+
+def assert_same(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, np.ndarray | np.generic):
+        assert isinstance(b, np.ndarray) and b.dtype == a.dtype and b.shape == np.shape(a)
+        assert np.array_equal(b, a)
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and b.dtype == a.dtype and b.shape == a.shape
+        assert torch.equal(b, a)
+    else:
+        assert type(b) is type(a) and b == a
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> Any:
+    async with blobsdk.Client.local(tmp_path / "store", write=WRITE) as c:
+        yield c
+
+
+async def test_a_state_round_trips_exactly(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/run")
+    state = model()
+    pending = await ck.save(1, state)
+    manifest = await pending.wait()
+    assert pending.done and pending.error is None and manifest.step == 1
+    assert await ck.list() == [1]
+    assert_same(state, await ck.load())
+    assert_same(state, await ck.load(1))
+
+
+async def test_a_second_save_writes_only_the_changed_chunks(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/delta")
+    state = model()
+    first = await (await ck.save(1, state)).wait()
+    assert first.reused_bytes == 0
+    before = state["model"]["w"].copy()
+    state["model"]["w"][0, 0] += 1.0  # one chunk of the 8 changes
+    second = await (await ck.save(2, state)).wait()
+    assert second.new_bytes == CHUNK  # the one changed chunk; the small leaves are unchanged too
+    assert second.reused_bytes == first.new_bytes - CHUNK
+    assert_same(state, await ck.load(2))
+    assert np.array_equal((await ck.load(1))["model"]["w"], before)  # the previous one is intact
+
+
+async def test_retention_keeps_the_last_k_and_gc_collects_only_what_nobody_needs(tmp_path: Path) -> None:
+    async with blobsdk.Client.local(tmp_path / "store", write=QUICK_GC) as client:
+        await _retention(client)
+
+
+async def _retention(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/keep", keep=2)
+    state = model(chunks=4)
+    states = []
+    for step in range(1, 5):
+        state["model"]["w"][step] += 1.0  # one more chunk changes each step
+        states.append({"w": state["model"]["w"].copy()})
+        await (await ck.save(step, state)).wait()
+    assert await ck.list() == [3, 4]
+    await asyncio.sleep(0.35)
+    report = await client.gc(grace=0.3)
+    assert report.blocks_deleted >= 1  # what only steps 1 and 2 named
+    for step, saved in zip((3, 4), states[2:], strict=True):
+        assert np.array_equal((await ck.load(step))["model"]["w"], saved["w"])  # their reused chunks survived gc
+    with pytest.raises(blobsdk.BlobNotFound, match="no checkpoint 1 under /ck/keep"):
+        await ck.load(1)
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"x": {1, 2}}, "state 'x': cannot checkpoint a set"),
+        ({"a": {"b": np.array([object()])}}, "state 'a/b': cannot checkpoint a numpy array of dtype object"),
+        ({1: 2}, "state key 1 at the root: keys must be str"),
+        ({"f": float("nan")}, "state 'f': cannot checkpoint a float"),
+        ({"t": (1, 2)}, "state 't': cannot checkpoint a tuple"),
+    ],
+)
+async def test_an_unsupported_state_is_a_type_error_before_anything_is_staged(
+    client: blobsdk.Client, state: Any, message: str
+) -> None:
+    ck = client.checkpoints("/ck/bad")
+    with pytest.raises(TypeError, match=message):
+        await ck.save(1, state)
+    assert await ck.list() == [] and [i async for i in client.list("/ck/")] == []
+
+
+async def test_bad_arguments_are_refused(client: blobsdk.Client) -> None:
+    with pytest.raises(ValueError, match="keep must be >= 1, got 0"):
+        client.checkpoints("/ck/x", keep=0)
+    with pytest.raises(blobsdk.InvalidPath):
+        client.checkpoints("no-slash")
+    ck = client.checkpoints("/ck/x")
+    for step in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="step must be an int from 0 to 999999999999"):
+            await ck.save(step, {})  # type: ignore[arg-type]
+    await (await ck.save(1, {"a": 1})).wait()
+    with pytest.raises(blobsdk.PreconditionFailed, match="checkpoint 1 under /ck/x: the step exists"):
+        await (await ck.save(1, {"a": 2})).wait()
+    assert (await ck.load())["a"] == 1
+    with pytest.raises(blobsdk.BlobNotFound, match="no checkpoint under /ck/none"):
+        await client.checkpoints("/ck/none").load()
+
+
+async def test_saves_run_one_at_a_time_and_the_client_waits_for_the_last(tmp_path: Path) -> None:
+    async with blobsdk.Client.local(tmp_path / "s", write=WRITE) as c:
+        ck = c.checkpoints("/ck/seq", keep=5)
+        first = await ck.save(1, model(1))
+        second = await ck.save(2, model(2))  # waits for the first to end before it stages
+        assert first.done
+        third = await ck.save(3, model(3))
+        assert second.done and not third.done  # still uploading when the client closes
+    async with blobsdk.Client.local(tmp_path / "s", write=WRITE) as c:
+        ck = c.checkpoints("/ck/seq", keep=5)
+        assert await ck.list() == [1, 2, 3]
+        assert_same(model(3), await ck.load())
+
+
+async def test_with_l4_down_the_save_fails_visibly_and_the_last_checkpoint_stays(tmp_path: Path) -> None:
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0) as cluster:
+        config = msgspec.structs.replace(cluster.config, write=WRITE)
+        async with blobsdk.Client(config) as c:
+            ck = c.checkpoints("/ck/down")
+            state = model()
+            await (await ck.save(1, state)).wait()
+            (block,) = (p for p in cluster.processes if p.kind == "block")
+            block.popen.kill()
+            block.popen.wait()
+            state["model"]["w"][0, 0] += 1.0
+            pending = await ck.save(2, state)  # staging needs no server: training goes on
+            with pytest.raises(blobsdk.Unavailable):
+                await pending.wait()
+            assert isinstance(pending.error, blobsdk.Unavailable)
+            assert await ck.list() == [1] and (await ck.manifest()).step == 1
+
+
+SAVER = """
+import asyncio, sys
+import numpy as np
+import blobsdk
+from blobsdk.config import WriteConfig
+
+async def main():
+    async with blobsdk.Client.local(sys.argv[1], write=WriteConfig(chunk_size=65536, block_size=1 << 20)) as c:
+        ck = c.checkpoints("/ck/crash", keep=3)
+        rng = np.random.default_rng(0)
+        state = {"w": rng.standard_normal(1 << 20, dtype=np.float32)}
+        await (await ck.save(1, state)).wait()
+        print("saved", flush=True)
+        for step in range(2, 1000):
+            state["w"][::4096] += 1.0  # every chunk changes: each save writes 4 MiB
+            await (await ck.save(step, state)).wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.3])
+async def test_a_process_killed_mid_save_leaves_the_last_checkpoint_whole(tmp_path: Path, delay: float) -> None:
+    store = tmp_path / "store"
+    saver = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SAVER, str(store), cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    assert saver.stdout is not None
+    assert await asyncio.wait_for(saver.stdout.readline(), 60) == b"saved\n"
+    await asyncio.sleep(delay)
+    saver.send_signal(signal.SIGKILL)
+    await saver.wait()
+    async with blobsdk.Client.local(store, write=QUICK_GC) as c:
+        ck = c.checkpoints("/ck/crash", keep=3)
+        steps = await ck.list()
+        assert steps and steps[0] >= 1
+        latest = await ck.load()
+        expected = np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32)
+        for _ in range(steps[-1] - 1):
+            expected[::4096] += 1.0  # the state of exactly that step, whole
+        assert np.array_equal(latest["w"], expected)
+        for step in steps:
+            await ck.load(step)  # every kept one loads: none is partial
+        await asyncio.sleep(0.35)
+        await c.gc(grace=0.3)  # the interrupted save's blocks are orphans now
+        assert np.array_equal((await ck.load())["w"], expected)
