@@ -27,6 +27,7 @@ referenced by a live plan and gc never deletes it.  Retention keeps the last ``k
 checkpoints: older manifests are deleted first, then their data blobs (a crash between the
 two leaves a data blob without a manifest, which the next save's retention deletes).
 
+``await ck.remove(step)`` deletes one (``latest`` moves back first if it named it).
 ``await ck.load(step=None)`` (None: the latest) reads the data blob through the tiers (chunks
 in parallel, every one verified) and rebuilds the state exactly: nesting, dtypes, shapes,
 scalars; arrays are views of one buffer.  ``await ck.list()`` lists the kept steps.
@@ -67,6 +68,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     shape: tuple[int, ...] = ()
     value: bytes = b""  # a json leaf's JSON text
     nbytes: int = 0
+    new_bytes: int = 0  # of them, written by this save (the rest named from earlier ones)
     first: int = 0  # index of its first chunk in the data plan
     digests: tuple[bytes, ...] = ()  # xxh3-128 of each chunk
 
@@ -220,9 +222,11 @@ class Checkpoints:
         digests = iter(staged.digests)
         for leaf, slots in zip(staged.leaves, staged.chunks, strict=True):
             first = len(refs)
+            new_bytes = 0
             for slot in slots:
                 if isinstance(slot, memoryview):
                     refs.append(next(fresh))
+                    new_bytes += len(slot)
                 else:
                     refs.append(slot)
                     reused_bytes += slot.raw_length
@@ -235,6 +239,7 @@ class Checkpoints:
                     shape=leaf.shape,
                     value=leaf.value,
                     nbytes=0 if leaf.data is None else len(leaf.data),
+                    new_bytes=new_bytes,
                     first=first,
                     digests=entry_digests,
                 )
@@ -284,6 +289,25 @@ class Checkpoints:
             data_only.add(step)
         for step in sorted(data_only):
             await self._delete_quietly(f"{self._step_dir(step)}/data")
+
+    async def remove(self, step: int) -> None:
+        """Delete checkpoint ``step`` (BlobNotFound if there is none).  If it is the latest,
+        ``latest`` first moves to the newest one left (compare-and-swap), or goes."""
+        steps = await self.list()
+        if step not in steps:
+            raise BlobNotFound(f"no checkpoint {step} under {self.prefix}")
+        latest = await self._latest()
+        if latest is not None and latest.manifest.step == step:
+            rest = [s for s in steps if s != step]
+            if rest:
+                (ref,) = await self._writer.write_chunks([memoryview(str(rest[-1]).encode())])
+                op = CommitOp(path=self._latest_path, plan=_plan(self._latest_path, [ref]), if_version=latest.latest_version)
+                await self._metadata.commit_many([op])
+            else:
+                await self._metadata.delete(self._latest_path, if_version=latest.latest_version)
+            self._base = None
+        await self._delete_quietly(f"{self._step_dir(step)}/manifest")
+        await self._delete_quietly(f"{self._step_dir(step)}/data")
 
     async def _delete_quietly(self, path: str) -> None:
         with contextlib.suppress(BlobNotFound):  # gone already (another writer's retention)

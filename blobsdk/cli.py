@@ -116,6 +116,34 @@ async def cmd_rm(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_ckpt_ls(client: Client, args: argparse.Namespace) -> int:
+    ck = client.checkpoints(args.prefix)
+    for step in await ck.list():
+        m = await ck.manifest(step)
+        total = m.new_bytes + m.reused_bytes
+        print(f"{step:>12}  {_iso(m.created)}  {total:>14} bytes  {m.new_bytes:>14} new  {len(m.entries):>6} entries")
+    return 0
+
+
+async def cmd_ckpt_show(client: Client, args: argparse.Namespace) -> int:
+    m = await client.checkpoints(args.prefix).manifest(args.step)
+    print(f"step {m.step}  created {_iso(m.created)}  chunk_size {m.chunk_size}")
+    print(f"{m.new_bytes + m.reused_bytes} bytes: {m.new_bytes} new, {m.reused_bytes} reused from earlier checkpoints")
+    for e in m.entries:
+        name = "/".join(e.name)
+        if e.kind == "json":
+            print(f"  {name}  json  {e.value.decode()}")
+            continue
+        kind = "bytes" if e.kind == "bytes" else f"{e.kind} {e.dtype} [{', '.join(map(str, e.shape))}]"
+        print(f"  {name}  {kind}  {e.nbytes} bytes, {e.new_bytes} new")
+    return 0
+
+
+async def cmd_ckpt_rm(client: Client, args: argparse.Namespace) -> int:
+    await client.checkpoints(args.prefix).remove(args.step)
+    return 0
+
+
 async def cmd_gc(client: Client, args: argparse.Namespace) -> int:
     _print_json(await client.gc(args.grace, dry_run=args.dry_run))
     return 0
@@ -477,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-seconds", type=_seconds, default=None, metavar="S", help="l3: keep them pinned this long")
 
     _token_parsers(sub)
+    _ckpt_parsers(sub)
 
     p = sub.add_parser(
         "demo",
@@ -488,6 +517,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size-mb", type=int, default=300, metavar="N", help="dataset size in MiB (default 300)")
     p.add_argument("--keep", action="store_true", help="keep the temporary store directory")
     return parser
+
+
+def _ckpt_parsers(sub: Any) -> None:
+    ckpt = sub.add_parser("ckpt", help="list, show and remove delta checkpoints", description="Delta checkpoints.")
+    kinds = ckpt.add_subparsers(dest="ckpt_command", required=True, metavar="CKPT_COMMAND")
+
+    def command(name: str, run: Command, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = kinds.add_parser(name, help=help, description=help)
+        p.set_defaults(run=run)
+        p.add_argument("prefix", metavar="PREFIX", help="where the checkpoints are, e.g. /bucket/ckpt/job1")
+        return p
+
+    command("ls", cmd_ckpt_ls, "list the kept checkpoints: step, time, bytes, new bytes, entries")
+    p = command("show", cmd_ckpt_show, "show one checkpoint's tensors, sizes, and new vs reused bytes")
+    p.add_argument("step", type=_non_negative, metavar="STEP")
+    p = command("rm", cmd_ckpt_rm, "delete one checkpoint (its unshared blocks go at the next gc)")
+    p.add_argument("step", type=_non_negative, metavar="STEP")
 
 
 def _token_parsers(sub: Any) -> None:

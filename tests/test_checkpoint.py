@@ -18,6 +18,7 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
+from tests.test_cli import error_line, ok, run
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
@@ -227,3 +228,66 @@ async def test_a_process_killed_mid_save_leaves_the_last_checkpoint_whole(tmp_pa
         await asyncio.sleep(0.35)
         await c.gc(grace=0.3)  # the interrupted save's blocks are orphans now
         assert np.array_equal((await ck.load())["w"], expected)
+
+
+# --- remove, and the command line -----------------------------------------------------------------
+
+
+async def test_removing_the_latest_moves_latest_back(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/rm", keep=5)
+    for step in (1, 2, 3):
+        await (await ck.save(step, {"v": step})).wait()
+    await ck.remove(3)
+    assert await ck.list() == [1, 2] and (await ck.load())["v"] == 2
+    await ck.remove(1)
+    assert await ck.list() == [2] and (await ck.load())["v"] == 2
+    with pytest.raises(blobsdk.BlobNotFound, match="no checkpoint 1 under /ck/rm"):
+        await ck.remove(1)
+    await ck.remove(2)
+    assert await ck.list() == []
+    with pytest.raises(blobsdk.BlobNotFound, match="no checkpoint under /ck/rm"):
+        await ck.load()
+    await (await ck.save(4, {"v": 4})).wait()  # a fresh start
+    assert (await ck.load())["v"] == 4
+
+
+def test_the_cli_lists_shows_and_removes_checkpoints(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with blobsdk.SyncClient.local(store, write=WRITE) as c:
+        ck = c.checkpoints("/ck/cli")
+        state = model()
+        ck.save(1, state).wait()
+        state["model"]["w"][0, 0] += 1.0
+        ck.save(2, state).wait()
+        assert ck.list() == [1, 2]
+    listing = ok("ckpt", "ls", "/ck/cli", store=store).decode().splitlines()
+    assert [line.split()[0] for line in listing] == ["1", "2"]
+    assert f"{CHUNK:>14} new" in listing[1]  # the one changed chunk
+    shown = ok("ckpt", "show", "/ck/cli", "2", store=store).decode()
+    assert f"model/w  ndarray <f4 [512, 256]  {8 * CHUNK} bytes, {CHUNK} new" in shown
+    assert "optim/bf  tensor bfloat16 [5]  10 bytes, 0 new" in shown
+    assert "flags  json  [true,null,3]" in shown
+    ok("ckpt", "rm", "/ck/cli", "1", store=store)
+    assert ok("ckpt", "ls", "/ck/cli", store=store).decode().split()[0] == "2"
+    missing = run("ckpt", "show", "/ck/cli", "7", store=store)
+    assert missing.returncode == 1 and error_line(missing) == "blobsdk: error: no checkpoint 7 under /ck/cli"
+    bad = run("ckpt", "rm", "/ck/cli", "-3", store=store)
+    assert bad.returncode == 2 and "must be >= 0, got -3" in bad.stderr.decode()
+
+
+def flip_a_byte(blocks: Path, at: int) -> None:
+    """Flip one byte of the biggest block file under ``blocks``."""
+    (biggest,) = sorted((p for p in blocks.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)[-1:]
+    data = bytearray(biggest.read_bytes())
+    data[at] ^= 0xFF
+    biggest.write_bytes(data)
+
+
+async def test_a_corrupted_chunk_is_never_loaded_as_a_tensor(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    async with blobsdk.Client.local(store, write=WriteConfig(chunk_size=CHUNK, compression="none")) as c:
+        await (await c.checkpoints("/ck/rot").save(1, {"w": np.ones(4 * CHUNK // 4, dtype=np.float32)})).wait()
+    flip_a_byte(store / "blocks", at=100)  # in the first chunk of the weights
+    async with blobsdk.Client.local(store) as c:
+        with pytest.raises(blobsdk.CorruptData, match="no replica returned bytes matching its checksum"):
+            await c.checkpoints("/ck/rot").load()
