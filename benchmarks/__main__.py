@@ -20,6 +20,7 @@ BENCHMARKS = {
     "tenancy": "benchmarks.tenancy",
     "ingest": "benchmarks.ingest",
     "p2p": "benchmarks.p2p",
+    "checkpoint": "benchmarks.checkpoint",
 }
 
 

@@ -750,3 +750,8 @@ class BlobSampler(Sampler[int]):
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         self._pending = _restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())
+
+
+# PyTorch Distributed Checkpoint storage (blobsdk/dcp.py, which builds on this module's stores).
+from .dcp import BlobStorageReader as BlobStorageReader  # noqa: E402
+from .dcp import BlobStorageWriter as BlobStorageWriter  # noqa: E402

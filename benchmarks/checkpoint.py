@@ -1,0 +1,209 @@
+"""checkpoint: delta checkpoint saves (issue 12).  A state of 16 float32 arrays (1 GiB;
+``--quick``: 256 MiB), saved at 10 steps (``--quick``: 5), with 5% of its 1 MiB chunks changed
+before each step, in one run:
+
+- ``numpy``: ``np.save`` of every array into one local file, then ``fsync`` (the sync full save);
+- ``torch``: ``torch.save`` of the state as tensors into a local file, then ``fsync``;
+- ``dcp``: DCP's own ``FileSystemWriter``, a new checkpoint directory each step;
+- ``blobsdk``: ``client.checkpoints`` delta saves, embedded (SQLite + local blocks), and
+  ``blobsdk_cluster`` on a local cluster (API server, 1 block server); and DCP through
+  ``BlobStorageWriter``.
+
+Per save: the stall (how long ``save`` blocks training: the whole save for the file-based
+ones), and the bytes written (file sizes; for blobsdk what its block store grew by, manifests
+and all).  Restore: ``load`` of the last checkpoint by a fresh client against reading the same
+bytes back from the numpy file (both from the page cache).
+
+Ratios: ``stall_cut`` (numpy's stall ÷ blobsdk's median delta stall; goal >= 20),
+``bytes_vs_dirty`` (blobsdk's bytes written per delta step ÷ the bytes changed; goal <= 1.2),
+``restore_vs_file`` (goal >= 0.5), ``dcp_bytes_vs_filesystem`` (BlobStorageWriter's second
+save's new bytes ÷ FileSystemWriter's bytes for it; goal <= 0.2).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+import blobsdk
+from blobsdk.config import WriteConfig
+from servers.cluster import start_cluster
+
+from ._report import Report, median
+
+MiB = 1 << 20
+CHUNK = MiB
+ARRAYS = 16
+DIRTY = 0.05
+
+
+def _state(total: int, seed: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    each = total // ARRAYS // 4
+    return {"model": {f"layer{i:02d}": rng.standard_normal(each, dtype=np.float32) for i in range(ARRAYS)}}
+
+
+def _dirty(state: dict[str, Any], rng: np.random.Generator) -> int:
+    """Change 5% of the state's chunks (one float in each); the bytes changed."""
+    arrays = list(state["model"].values())
+    per_array = arrays[0].nbytes // CHUNK
+    picks = rng.choice(len(arrays) * per_array, max(1, int(len(arrays) * per_array * DIRTY)), replace=False)
+    for pick in picks:
+        array = arrays[pick // per_array]
+        array[(pick % per_array) * (CHUNK // 4)] += 1.0
+    return len(picks) * CHUNK
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    begun = time.perf_counter()
+    fn()
+    return time.perf_counter() - begun
+
+
+def _numpy_save(state: dict[str, Any], path: Path) -> None:
+    with open(path, "wb") as f:
+        for array in state["model"].values():
+            np.save(f, array)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _numpy_load(path: Path, arrays: int) -> None:
+    with open(path, "rb") as f:
+        for _ in range(arrays):
+            np.load(f)
+
+
+def _torch_save(state: dict[str, Any], path: Path) -> None:
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save({k: torch.from_numpy(v) for k, v in state["model"].items()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _dcp_state(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {"model": {k: torch.from_numpy(v) for k, v in state["model"].items()}}
+
+
+async def run(quick: bool = False) -> Report:
+    report = Report("checkpoint")
+    total, steps = (256 * MiB, 5) if quick else (1024 * MiB, 10)
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/work")) as tmp:
+        root = Path(tmp)
+        state = _state(total)
+        full = [_timed(lambda: _numpy_save(state, root / "full.npy")) for _ in range(3)]
+        report.metrics["numpy_save_s"] = median(full)
+        report.metrics["torch_save_s"] = median([_timed(lambda: _torch_save(state, root / "full.pt")) for _ in range(2)])
+        report.metrics["numpy_bytes_per_save"] = (root / "full.npy").stat().st_size
+        embedded = await _blobsdk_saves(report, "blobsdk", state, steps, root, cluster=False)
+        await _blobsdk_saves(report, "blobsdk_cluster", _state(total, 1), steps, root, cluster=True)
+        await _restore(report, root, state, embedded)
+        _dcp(report, root, _state(total, 2))
+    report.ratios["stall_cut"] = report.metrics["numpy_save_s"] / report.metrics["blobsdk_delta_stall_s"]
+    report.ratios["bytes_vs_dirty"] = report.metrics["blobsdk_bytes_per_delta"] / report.metrics["dirty_bytes_per_step"]
+    report.ratios["restore_vs_file"] = report.metrics["restore_mb_s"] / report.metrics["file_read_mb_s"]
+    report.ratios["dcp_bytes_vs_filesystem"] = report.metrics["dcp_blob_second_bytes"] / report.metrics["dcp_fs_second_bytes"]
+    report.goals.update(
+        {
+            "stall_cut": "goal >= 20",
+            "bytes_vs_dirty": "goal <= 1.2",
+            "restore_vs_file": "goal >= 0.5",
+            "dcp_bytes_vs_filesystem": "goal <= 0.2",
+        }
+    )
+    return report
+
+
+async def _blobsdk_saves(report: Report, name: str, state: dict[str, Any], steps: int, root: Path, *, cluster: bool) -> Path:
+    """``steps`` saves (the first full, then deltas); the store's directory."""
+    rng = np.random.default_rng(7)
+    write = WriteConfig(compression="none")
+    store = root / name
+    if cluster:
+        async with start_cluster(store, block_servers=1, l3_nodes=0) as running:
+            assert running.config is not None
+            config = msgspec.structs.replace(running.config, write=write)
+            async with blobsdk.Client(config) as client:
+                await _saves(report, name, client, state, steps, rng, lambda: _du(store / "blocks-0"))
+    else:
+        async with blobsdk.Client.local(store, write=write) as client:
+            await _saves(report, name, client, state, steps, rng, lambda: _du(store / "blocks"))
+    return store
+
+
+async def _saves(
+    report: Report, name: str, client: blobsdk.Client, state: dict[str, Any], steps: int, rng: Any, du: Callable[[], int]
+) -> None:
+    ck = client.checkpoints("/ck/bench", keep=2, chunk_size=CHUNK)
+    stalls, written, dirty = [], [], []
+    for step in range(steps):
+        changed = _dirty(state, rng) if step else 0
+        before = du()
+        begun = time.perf_counter()
+        pending = await ck.save(step, state)
+        stall = time.perf_counter() - begun
+        await pending.wait()
+        if step == 0:
+            report.metrics[f"{name}_first_stall_s"] = stall
+            continue
+        stalls.append(stall)
+        written.append(du() - before)
+        dirty.append(changed)
+    report.metrics[f"{name}_delta_stall_s"] = median(stalls)
+    report.metrics[f"{name}_bytes_per_delta"] = median(written)
+    report.metrics["dirty_bytes_per_step"] = median(dirty)
+
+
+async def _restore(report: Report, root: Path, state: dict[str, Any], store: Path) -> None:
+    nbytes = sum(a.nbytes for a in state["model"].values())
+    report.metrics["file_read_mb_s"] = nbytes / _timed(lambda: _numpy_load(root / "full.npy", len(state["model"]))) / 1e6
+    async with blobsdk.Client.local(store) as client:  # a fresh client: L1 empty
+        begun = time.perf_counter()
+        loaded = await client.checkpoints("/ck/bench").load()
+        report.metrics["restore_mb_s"] = nbytes / (time.perf_counter() - begun) / 1e6
+    assert all(np.array_equal(loaded["model"][k], v) for k, v in state["model"].items()), "restore is not exact"
+
+
+def _dcp(report: Report, root: Path, state: dict[str, Any]) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from blobsdk.torch import BlobStorageWriter
+
+    rng = np.random.default_rng(11)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        for step in range(2):
+            if step:
+                _dirty(state, rng)
+            path = root / f"dcp-fs-{step}"
+            report.metrics[f"dcp_fs_{'first' if not step else 'second'}_s"] = _timed(
+                lambda p=path: dcp.save(_dcp_state(state), storage_writer=dcp.FileSystemWriter(p))  # type: ignore[misc]
+            )
+            report.metrics[f"dcp_fs_{'first' if not step else 'second'}_bytes"] = _du(path)
+        state = _state(len(state["model"]) * state["model"]["layer00"].nbytes, 2)
+        rng = np.random.default_rng(11)
+        blocks = root / "dcp-blob" / "blocks"
+        with BlobStorageWriter.local(root / "dcp-blob", "/ck/dcp", chunk_size=CHUNK) as writer:
+            for step in range(2):
+                if step:
+                    _dirty(state, rng)
+                before = _du(blocks) if blocks.exists() else 0
+                label = "first" if not step else "second"
+                report.metrics[f"dcp_blob_{label}_s"] = _timed(lambda: dcp.save(_dcp_state(state), storage_writer=writer))
+                report.metrics[f"dcp_blob_{label}_bytes"] = _du(blocks) - before

@@ -1,0 +1,224 @@
+"""PyTorch Distributed Checkpoint (DCP) storage over blobsdk's delta checkpoints (issue 12):
+``dcp.save(state, storage_writer=BlobStorageWriter(config, prefix))`` and ``dcp.load(state,
+storage_reader=BlobStorageReader(config, prefix))``; also importable from ``blobsdk.torch``.
+
+Each DCP save is one checkpoint of :mod:`blobsdk.checkpoint` under ``prefix``: its state is
+every write item DCP hands over (tensors, and the pickled objects DCP writes as bytes), by a
+key made of the item's fully qualified name and shard offsets, plus DCP's own ``Metadata``.
+So the chunk-level deduplication applies: a second save of a nearly unchanged model names
+the unchanged chunks of the previous checkpoint under the same prefix and writes almost
+nothing new, and a save is committed atomically or not at all.
+
+``checkpoint_id`` is the checkpoint's step: an int, or a string of digits; None saves as the
+step after the newest kept one, and loads the latest.  ``write_data`` only collects the items;
+``finish`` saves them and returns once the checkpoint is committed (DCP expects ``finish`` to
+be durable), which with ``dcp.async_save`` (thread mode) happens in DCP's thread.
+
+Single process only (DCP's no-dist mode, or a world of one): a multi-rank save needs every
+rank's items in one commit, which is not built yet; ``set_up_storage_writer`` refuses it.
+Like the datasets, a writer or reader is built from a ``ClientConfig`` or a ``client.toml``
+path, or over an embedded store with ``.local(dir, prefix)``; it opens its client on first
+use, in each process, and closes it with ``close()`` or at exit.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from .client import SyncCheckpoints
+from .config import ClientConfig
+from .torch import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
+
+_METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
+_ITEMS = "items"  # the write items, by storage key
+
+
+class _Backend(_ClosedOnExit):
+    """The checkpoints under ``prefix`` of one store, opened on first use in each process."""
+
+    def __init__(
+        self,
+        config: ConfigLike,
+        prefix: str,
+        *,
+        local: str | os.PathLike[str] | None = None,
+        keep: int = 3,
+        chunk_size: int | None = None,
+    ) -> None:
+        self._store = _Store.of(config, local)
+        self.prefix, self.keep, self.chunk_size = prefix, keep, chunk_size
+        self._client = _ProcessClient(self._store)
+        self.step: int | None = None
+
+    def checkpoints(self) -> SyncCheckpoints:
+        return self._client.get().checkpoints(self.prefix, keep=self.keep, chunk_size=self.chunk_size)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def reset(self, checkpoint_id: str | os.PathLike[Any] | None = None) -> None:
+        self.step = None if checkpoint_id is None else _step_of(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[Any]) -> bool:
+        try:
+            _step_of(checkpoint_id)
+        except ValueError:
+            return False
+        return True
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled (DCP's async process mode): the store, not the client
+        return {"store": self._store, "prefix": self.prefix, "keep": self.keep, "chunk_size": self.chunk_size, "step": self.step}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._store, self.prefix, self.keep = state["store"], state["prefix"], state["keep"]
+        self.chunk_size, self.step = state["chunk_size"], state["step"]
+        self._client = _ProcessClient(self._store)
+
+
+def _step_of(checkpoint_id: str | os.PathLike[Any] | int) -> int:
+    text = os.fspath(checkpoint_id) if not isinstance(checkpoint_id, int) else str(checkpoint_id)
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"a blobsdk checkpoint_id is the step, digits only: got {checkpoint_id!r}")
+    return int(text)
+
+
+def _key(index: MetadataIndex) -> str:
+    offset = "x".join(map(str, index.offset)) if index.offset is not None else "-"
+    return f"{index.fqn}@{offset}#{index.index if index.index is not None else '-'}"
+
+
+class BlobStorageWriter(_Backend, StorageWriter):
+    """DCP ``StorageWriter`` over the checkpoints under ``prefix`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ConfigLike,
+        prefix: str,
+        *,
+        local: str | os.PathLike[str] | None = None,
+        keep: int = 3,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__(config, prefix, local=local, keep=keep, chunk_size=chunk_size)
+        self._items: dict[str, torch.Tensor | bytes] = {}
+
+    @classmethod
+    def local(
+        cls, root: str | os.PathLike[str], prefix: str, *, keep: int = 3, chunk_size: int | None = None
+    ) -> BlobStorageWriter:
+        """Over the embedded store in ``root``; ``chunk_size``: of its checkpoints (default
+        the write config's): the grain of deduplication."""
+        return cls(ClientConfig(), prefix, local=root, keep=keep, chunk_size=chunk_size)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError("BlobStorageWriter saves from a single process only (no multi-rank commit yet)")
+        self._items = {}
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Collect the items (``finish`` saves them); their storage data is their key."""
+        results = []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            key = _key(item.index)
+            if item.type == WriteItemType.BYTE_IO:
+                assert isinstance(data, io.BytesIO)
+                value: torch.Tensor | bytes = data.getvalue()
+                nbytes = len(value)
+            else:
+                assert isinstance(data, torch.Tensor)
+                value = data.detach()
+                nbytes = value.numel() * value.element_size()
+            self._items[key] = value
+            results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=key))
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Save every item and the metadata as one checkpoint; return once it is committed."""
+        metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
+        checkpoints = self.checkpoints()
+        step = self.step
+        if step is None:
+            steps = checkpoints.list()
+            step = steps[-1] + 1 if steps else 0
+        state = {_ITEMS: self._items, _METADATA: pickle.dumps(metadata)}
+        try:
+            checkpoints.save(step, state).wait()
+        finally:
+            self._items = {}
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=None if self.step is None else str(self.step))
+
+
+class BlobStorageReader(_Backend, StorageReader):
+    """DCP ``StorageReader`` over the checkpoints under ``prefix`` (see the module docstring)."""
+
+    def __init__(self, config: ConfigLike, prefix: str, *, local: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(config, prefix, local=local)
+        self._state: dict[str, Any] | None = None
+        self._storage: dict[MetadataIndex, Any] = {}
+
+    @classmethod
+    def local(cls, root: str | os.PathLike[str], prefix: str) -> BlobStorageReader:
+        """Over the embedded store in ``root``."""
+        return cls(ClientConfig(), prefix, local=root)
+
+    def reset(self, checkpoint_id: str | os.PathLike[Any] | None = None) -> None:
+        super().reset(checkpoint_id)
+        self._state = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Reads the whole checkpoint (every chunk in parallel through the tiers, verified)."""
+        self._state = self.checkpoints().load(self.step)
+        metadata = pickle.loads(self._state[_METADATA])
+        if not isinstance(metadata, Metadata):
+            raise ValueError(f"checkpoint under {self.prefix} is not a DCP checkpoint")
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._storage = dict(metadata.storage_data or {})
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if self._state is None:
+            self.read_metadata()
+        assert self._state is not None
+        items = self._state[_ITEMS]
+        for read_item in plan.items:
+            value = items[self._storage[read_item.storage_index]]
+            if read_item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(read_item, io.BytesIO(value))
+                continue
+            source = narrow_tensor_by_index(value, read_item.storage_offsets, read_item.lengths)
+            target = planner.resolve_tensor(read_item).detach()
+            target.copy_(source)
+            planner.commit_tensor(read_item, target)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
