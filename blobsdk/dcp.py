@@ -36,9 +36,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .client import SyncCheckpoints
 from .config import ClientConfig
-from .torch import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key

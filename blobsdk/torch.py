@@ -74,14 +74,17 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Self, TypedDict, TypeGuard, Unpack
+from typing import Any, TypedDict, TypeGuard, Unpack
 
 import torch
 import xxhash
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
+from ._stores import PREFETCH_TIERS, ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .client import SyncClient, SyncPrefetch, SyncReadahead
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
+from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
+from .dcp import BlobStorageWriter as BlobStorageWriter
 from .paths import validate_path, validate_prefix
 from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 
@@ -104,54 +107,12 @@ for _module in _IMPORTED_BEFORE_FORK:
 
 Sample = tuple[str, bytearray]
 Transform = Callable[[Sample], Any]
-ConfigLike = ClientConfig | str | os.PathLike[str]
 
 PREFETCH_WINDOW = 4096  # samples per deep-prefetch window (see the module docstring)
-PREFETCH_TIERS = ("l3", "l2", "l1")  # "auto" takes the first the store has
 FINGERPRINT_BATCH = 4096  # paths hashed per update
 
 
 # --- where the blobs are ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Store:
-    """How to open a client: the servers ``config`` names, or the embedded store in ``local``
-    tuned by ``config``.  Pickles as that, never as an open client."""
-
-    config: ClientConfig
-    local: str | None = None
-
-    @classmethod
-    def of(cls, config: ConfigLike, local: str | os.PathLike[str] | None) -> _Store:
-        cfg = _load_config(config)
-        servers = cfg.api_url is not None or bool(cfg.block_urls)
-        if local is None and not servers:
-            raise ValueError("config names no servers (api_url, block_urls): use .local(DIR, ...) for an embedded store")
-        if local is not None and servers:
-            raise ValueError("local= is the embedded store: its config must name no servers")
-        return cls(cfg, None if local is None else os.fspath(local))
-
-    def client(self) -> SyncClient:
-        """A new, unopened client (``with store.client() as c:``)."""
-        cfg = self.config
-        if self.local is None:
-            return SyncClient(cfg)
-        return SyncClient.local(self.local, write=cfg.write, read=cfg.read, l1=cfg.l1, l2=cfg.l2)
-
-    def cache_tiers(self) -> list[str]:
-        """The cache tiers a client of this store has, best prefetch target first."""
-        cfg = self.config
-        has = {"l3": bool(cfg.l3_urls) and self.local is None, "l2": cfg.l2 is not None, "l1": cfg.l1.capacity_bytes > 0}
-        return [tier for tier in PREFETCH_TIERS if has[tier]]
-
-
-def _load_config(config: object) -> ClientConfig:
-    if isinstance(config, ClientConfig):
-        return config
-    if isinstance(config, str | os.PathLike):
-        return ClientConfig.from_toml(config)
-    raise TypeError(f"config must be a ClientConfig or a client.toml path, not {type(config).__name__}")
 
 
 def _resolve_paths(store: _Store, paths_or_prefix: object) -> tuple[str, ...]:
@@ -350,19 +311,6 @@ def _prefetch_tier(store: _Store, tier: str | None) -> str | None:
         configured = ", ".join(map(repr, has)) or "none"
         raise ValueError(f"prefetch_tier {tier!r} is not configured for this store; configured: {configured}")
     return tier
-
-
-class _ClosedOnExit:
-    """``with x:`` calls ``x.close()`` on the way out."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
@@ -665,52 +613,6 @@ class BlobDataset(_ClosedOnExit, Dataset[Any]):
         return f"<{type(self).__name__} {len(self.paths)} samples>"
 
 
-class _ProcessClient:
-    """The map-style dataset's client in this process: opened on first use, closed by
-    :meth:`close`, when this object is collected, or at process exit (``multiprocessing``'s
-    finalizers run in DataLoader workers too, where ``atexit`` does not).  A copy made by
-    ``fork`` sets the parent's client aside (the parent's to close) and opens its own; a
-    pickled copy carries only the store."""
-
-    def __init__(self, store: _Store) -> None:
-        self._store = store
-        self._forget()
-
-    def _forget(self) -> None:
-        self._client: SyncClient | None = None
-        self._pid = 0
-        self._finalizer: multiprocessing.util.Finalize[None] | None = None
-
-    def get(self) -> SyncClient:
-        if self._client is None or self._pid != os.getpid():
-            self._open()
-        assert self._client is not None
-        return self._client
-
-    def _open(self) -> None:
-        client = self._store.client()
-        client.__enter__()
-        self._client, self._pid = client, os.getpid()
-        self._finalizer = multiprocessing.util.Finalize(self, client.close, exitpriority=0)
-
-    def close(self) -> None:
-        finalizer, self._client, self._finalizer = self._finalizer, None, None
-        if finalizer is not None and self._pid == os.getpid():
-            finalizer()  # closes the client, once
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"_store": self._store}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        store = state["_store"]
-        assert isinstance(store, _Store)
-        self._store = store
-        self._forget()
-
-
-# --- the map-style sampler ------------------------------------------------------------------------
-
-
 class BlobSampler(Sampler[int]):
     """This rank's indices of ``data_source`` for one epoch: the same permutation and rank cut
     as :class:`BlobIterableDataset` (every index once per epoch over all ranks, rank counts
@@ -750,8 +652,3 @@ class BlobSampler(Sampler[int]):
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         self._pending = _restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())
-
-
-# PyTorch Distributed Checkpoint storage (blobsdk/dcp.py, which builds on this module's stores).
-from .dcp import BlobStorageReader as BlobStorageReader  # noqa: E402
-from .dcp import BlobStorageWriter as BlobStorageWriter  # noqa: E402
