@@ -18,7 +18,9 @@ checkpoint, new and reused, entry after entry), ``PREFIX/<step>/manifest`` (the 
 names, kinds, dtypes, shapes, their chunks and digests) and moves ``PREFIX/latest`` with a
 compare-and-swap on the version this save started from.  So a crash at any moment leaves
 the previous checkpoint intact and the new one absent or complete; its unreferenced blocks
-are collected by ``client.gc`` like any write's.  ``await pending.wait()`` returns once it is
+are collected by ``client.gc`` like any write's.  With L3 nodes, the committed data blob is
+then prefetched into L3 in the background (the nodes pull the new chunks from L4), so a
+restore reads from flash; ``pending.wait()`` does not wait for that.  ``await pending.wait()`` returns once it is
 committed; ``pending.done``, ``pending.error``.  At most one save is in flight: a second
 ``save`` first waits for the first to end.
 
@@ -129,6 +131,7 @@ class Checkpoints:
         keep: int,
         chunk_size: int,
         background: set[asyncio.Task[Any]] | None = None,
+        warm: Callable[[str], object] | None = None,
     ) -> None:
         validate_path(prefix + "/x")
         if keep < 1:
@@ -142,6 +145,7 @@ class Checkpoints:
         self._pending: Pending | None = None
         self._base: _Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
+        self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
         self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
 
     # --- paths -----------------------------------------------------------------------------
@@ -254,6 +258,8 @@ class Checkpoints:
         )
         await self._commit(step, refs, manifest, base)
         await self._retire()
+        if self._warm is not None:  # the L3 nodes pull its new chunks from L4 (cached ones are only pinned)
+            self._warm(f"{self._step_dir(step)}/data")
         return manifest
 
     async def _commit(self, step: int, refs: list[ChunkRef], manifest: Manifest, base: _Base | None) -> None:

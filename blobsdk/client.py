@@ -27,6 +27,7 @@ from collections.abc import (
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
@@ -264,6 +265,7 @@ class Client:
         config's); see blobsdk/checkpoint.py.  A save still running when the client closes
         is waited for."""
         state = self._open
+        warm = None if state.l3 is None else partial(state.prefetcher.start, tier="l3")
         return Checkpoints(
             prefix,
             metadata=state.metadata,
@@ -273,6 +275,7 @@ class Client:
             keep=keep,
             chunk_size=chunk_size or self.config.write.chunk_size,
             background=state.saves,
+            warm=warm,
         )
 
     async def plan(self, path: str) -> ReadPlan:

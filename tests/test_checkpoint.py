@@ -291,3 +291,21 @@ async def test_a_corrupted_chunk_is_never_loaded_as_a_tensor(tmp_path: Path) -> 
     async with blobsdk.Client.local(store) as c:
         with pytest.raises(blobsdk.CorruptData, match="no replica returned bytes matching its checksum"):
             await c.checkpoints("/ck/rot").load()
+
+
+async def test_with_l3_nodes_a_committed_checkpoint_is_warmed_into_flash(tmp_path: Path) -> None:
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1) as cluster:
+        config = msgspec.structs.replace(cluster.config, write=WRITE)
+        state = model()
+        async with blobsdk.Client(config) as c:
+            manifest = await (await c.checkpoints("/ck/warm").save(1, state)).wait()
+            for _ in range(100):  # the L3 prefetch runs in the background
+                (node,) = (await c.node_stats())["l3"].values()
+                if node["jobs"]["running"] == 0 and node["jobs"]["kept"] >= 1:  # type: ignore[index]
+                    break
+                await asyncio.sleep(0.05)
+        async with blobsdk.Client(config) as fresh:  # L1 empty: a restore
+            assert_same(state, await fresh.checkpoints("/ck/warm").load())
+            stats = fresh.stats()
+        chunks = sum(len(e.digests) for e in manifest.entries)
+        assert stats["l3"]["node_hits"] >= chunks and stats["l4"]["hits"] == 0  # the data from flash
