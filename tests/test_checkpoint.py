@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from tests.helpers import ROOT
 from tests.test_cli import error_line, ok, run
 
 CHUNK = 64 << 10
+ADMIN = "admin-token-for-faults"
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
 QUICK_GC = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)  # gc's grace may be 0.3 s
 
@@ -180,6 +182,32 @@ async def test_with_l4_down_the_save_fails_visibly_and_the_last_checkpoint_stays
                 await pending.wait()
             assert isinstance(pending.error, blobsdk.Unavailable)
             assert await ck.list() == [1] and (await ck.manifest()).step == 1
+
+
+async def test_while_l4_refuses_writes_saves_fail_and_the_next_one_after_it_recovers_succeeds(tmp_path: Path) -> None:
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0, admin_token=ADMIN) as cluster:
+        config = msgspec.structs.replace(cluster.config, write=WRITE)
+        (block,) = (p.url for p in cluster.processes if p.kind == "block")
+        async with blobsdk.Client(config) as c, aiohttp.ClientSession() as admin:
+            ck = c.checkpoints("/ck/flaky")
+            state = model()
+            await (await ck.save(1, state)).wait()
+            await set_faults(admin, block, [{"route": "/v1/blocks", "methods": ["PUT"], "error_rate": 1.0}])
+            state["model"]["w"][0, 0] += 1.0
+            failed = await ck.save(2, state)
+            with pytest.raises(blobsdk.Unavailable):
+                await failed.wait()
+            assert await ck.list() == [1]
+            await set_faults(admin, block, [])  # L4 is back
+            again = await (await ck.save(2, state)).wait()  # the same step: nothing of the failed one was committed
+            assert again.new_bytes == CHUNK and await ck.list() == [1, 2]
+            assert_same(state, await ck.load())
+
+
+async def set_faults(session: aiohttp.ClientSession, server: str, rules: list[dict[str, Any]]) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    async with session.put(f"{server}/admin/faults", json={"rules": rules, "seed": 1}, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
 
 
 SAVER = """
