@@ -53,6 +53,7 @@ import xxhash
 from .errors import BadRequest, BlobNotFound, PreconditionFailed
 from .metadata.base import MetadataStore
 from .paths import validate_path
+from .plans import MAX_CHUNK_BYTES
 from .wire import ChunkRef, CommitOp, ReadPlan, etag_of
 from .writer import Writer, split
 
@@ -136,8 +137,8 @@ class Checkpoints:
         validate_path(prefix + "/x")
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        if not 1 <= chunk_size <= 64 << 20:
-            raise ValueError(f"chunk_size must be from 1 to {64 << 20}, got {chunk_size}")
+        if not 1 <= chunk_size <= MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk_size must be from 1 to {MAX_CHUNK_BYTES}, got {chunk_size}")
         self.prefix = prefix.rstrip("/")
         self.keep = keep
         self.chunk_size = chunk_size

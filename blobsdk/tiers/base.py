@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol, Self, runtime_checkable
 
+from ..errors import BlobError
 from ..stats import TierStats
 from ..wire import ChunkRef
 
@@ -83,6 +84,13 @@ class Tier(Protocol):
     async def aclose(self) -> None:
         """Stop and close what the tier owns; closing twice is harmless."""
         ...
+
+
+def cache_failover(exc: BaseException) -> bool:
+    """The hedger's failover rule for a cache tier (L3, peers): any failure of one of its
+    servers is a miss there, tried at the next one and in the end at the next tier, never an
+    error to the reader."""
+    return isinstance(exc, BlobError)
 
 
 class KeepsNothing:

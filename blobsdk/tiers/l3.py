@@ -33,7 +33,7 @@ from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..stats import TierStats
 from ..wire import CACHE_HEADER, HYDRATE_BATCH, ChunkRef, HydrateRequest, HydrateStatus, chunk_query
-from .base import Closing, Decoder, KeepsNothing
+from .base import Closing, Decoder, KeepsNothing, cache_failover
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class L3Tier(KeepsNothing, Closing):
             raw = await self.hedger.run(
                 self.candidates(ref.key),
                 partial(self._fetch_from, ref, decode),
-                failover=_is_blob_error,
+                failover=cache_failover,
                 ready=self._has_room,
             )
         except HedgeExhausted:
@@ -248,11 +248,6 @@ class L3Tier(KeepsNothing, Closing):
             if status.finished:
                 return status
             await asyncio.sleep(poll_seconds)
-
-
-def _is_blob_error(exc: BaseException) -> bool:
-    """L3 is a cache: any failure of a node is a miss there, never an error to the reader."""
-    return isinstance(exc, BlobError)
 
 
 def _batches(refs: list[ChunkRef], size: int) -> Iterable[list[ChunkRef]]:

@@ -65,7 +65,7 @@ from ..peerserver import PeerServer
 from ..stats import TierStats
 from ..trackers import Trackers
 from ..wire import ChunkRef, Problem, Source, chunk_query
-from .base import Decoder
+from .base import Decoder, cache_failover
 
 _ANNOUNCE_S = 0.05  # announcements wait this long to be batched
 logger = logging.getLogger("blobsdk.peer")
@@ -212,7 +212,7 @@ class PeerTier:
                 sources,
                 partial(self._fetch_from, ref),
                 key_of=_address_of,
-                failover=_is_blob_error,
+                failover=cache_failover,
                 ready=lambda s: self._endpoint(s.address).has_room,
             )
         except HedgeExhausted:
@@ -439,8 +439,3 @@ class PeerTier:
 
 def _address_of(source: Source) -> str:
     return source.address
-
-
-def _is_blob_error(exc: BaseException) -> bool:
-    """The peer tier is a cache: any failure of a peer is a miss there, never an error to the reader."""
-    return isinstance(exc, BlobError)
