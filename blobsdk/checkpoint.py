@@ -50,6 +50,7 @@ from typing import Any, Literal
 import msgspec
 import xxhash
 
+from ._buffers import fresh_buffer
 from .errors import BadRequest, BlobNotFound, PreconditionFailed
 from .metadata.base import MetadataStore
 from .paths import validate_path
@@ -128,6 +129,7 @@ class Checkpoints:
         metadata: MetadataStore,
         writer: Writer,
         read: Callable[[ReadPlan], Awaitable[bytearray]],
+        read_into: Callable[[ReadPlan, memoryview, bool], Awaitable[None]],
         executor: Executor,
         keep: int,
         chunk_size: int,
@@ -143,6 +145,7 @@ class Checkpoints:
         self.keep = keep
         self.chunk_size = chunk_size
         self._metadata, self._writer, self._read, self._executor = metadata, writer, read, executor
+        self._read_into = read_into
         self._pending: Pending | None = None
         self._base: _Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
@@ -349,8 +352,10 @@ class Checkpoints:
         """The state saved as ``step`` (None: the latest), rebuilt exactly."""
         manifest = await self.manifest(step)
         data_path = f"{self._step_dir(manifest.step)}/data"
-        data = await self._read(await self._metadata.get_plan(data_path))
-        return _rebuild(manifest, memoryview(data))
+        plan = await self._metadata.get_plan(data_path)
+        data = fresh_buffer(plan.size)  # the arrays are views of it: no copy after the read
+        await self._read_into(plan, data, False)  # a restore is read once: L1 keeps its working set
+        return _rebuild(manifest, data)
 
     async def _manifest_of(self, step: int) -> Manifest:
         path = f"{self._step_dir(step)}/manifest"

@@ -18,6 +18,8 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
+    Awaitable,
+    Callable,
     Coroutine,
     Generator,
     Iterable,
@@ -36,6 +38,7 @@ import aiohttp
 from . import gc as gc_module
 from . import readahead as readahead_module
 from . import repair as repair_module
+from ._buffers import BufferPool
 from ._forksafe import Executor, LoopThread
 from ._http import new_session
 from .cache.disk import DiskCache
@@ -226,16 +229,21 @@ class Client:
         return await self._read(plan, offset, length)
 
     async def _read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
-        state = self._open
+        return await self._fresh_grants(plan, lambda p: self._open.readpath.read(p, offset, length))
+
+    async def _read_into(self, plan: ReadPlan, out: memoryview, fill_memory: bool) -> None:
+        await self._fresh_grants(plan, lambda p: self._open.readpath.read_into(p, out, fill_memory=fill_memory))
+
+    async def _fresh_grants(self, plan: ReadPlan, read: Callable[[ReadPlan], Awaitable[T]]) -> T:
+        """``read(plan)``; if the data servers refuse the plan's chunk grants (expired by
+        their clock: see blobsdk/auth.py), once more with fresh ones."""
         try:
-            return await state.readpath.read(plan, offset, length)
+            return await read(plan)
         except Forbidden:
             if not plan.grants_expire:
                 raise
-        # The data servers refused the plan's chunk grants (expired by their clock: see
-        # blobsdk/auth.py): once more, with fresh ones.
-        state.plans.invalidate(plan.path)
-        return await state.readpath.read(await state.plans.get_plan(plan.path), offset, length)
+        self._open.plans.invalidate(plan.path)
+        return await read(await self._open.plans.get_plan(plan.path))
 
     def prefetch(
         self,
@@ -271,6 +279,7 @@ class Client:
             metadata=state.metadata,
             writer=state.writer,
             read=self._read,
+            read_into=self._read_into,
             executor=state.executor,
             keep=keep,
             chunk_size=chunk_size or self.config.write.chunk_size,
@@ -352,8 +361,9 @@ class _Open:
         plans = CachedMetadataStore(
             backends.metadata, ttl_seconds=read.plan_cache_ttl_seconds, max_entries=read.plan_cache_entries
         )
-        tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config)]
-        readpath = ReadPath(tiers, executor, read.parallel_chunks)
+        buffers = BufferPool(read.parallel_chunks * config.write.chunk_size)  # a read's chunks in flight
+        tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config, buffers)]
+        readpath = ReadPath(tiers, executor, read.parallel_chunks, buffers)
         stack.push_async_callback(readpath.aclose)  # no fetch outlives its tiers
         capacities = {"l1": config.l1.capacity_bytes, "l2": config.l2.capacity_bytes if config.l2 else 0}
         prefetcher = Prefetcher(plans, readpath, read.parallel_chunks, capacities)
@@ -380,7 +390,7 @@ class _Open:
 TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")
 
 
-def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
+def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Iterator[Tier]:
     """The read path's tiers, top to bottom, for ``config`` (each is entered by the caller,
     as it is built, so a failure part-way closes the ones before it)."""
     if config.l1.capacity_bytes > 0:
@@ -406,9 +416,15 @@ def _tiers(backends: Backends, config: ClientConfig) -> Iterator[Tier]:
             down_seconds=l3.down_seconds,
             hedge=config.hedge,
             limiters=backends.limiters,
+            buffers=buffers,
         )
     yield L4Tier(
-        backends.blocks, hedge=config.hedge, limiters=backends.limiters, metadata=backends.metadata, repair=config.repair
+        backends.blocks,
+        hedge=config.hedge,
+        limiters=backends.limiters,
+        metadata=backends.metadata,
+        repair=config.repair,
+        buffers=buffers,
     )
 
 

@@ -13,7 +13,8 @@ is filled into an upper tier (which may keep it as is, as L1 does, or until writ
 L2's write-behind does) or shared by several readers, it is shared: read-only to everyone.
 A reader gets the buffer itself, with no copy, only when it reads the chunk whole, it was
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
-part out of it.
+part out of it.  A buffer that only one reader copied from, and no tier kept, goes back to
+the tiers' :class:`~blobsdk._buffers.BufferPool` for the next fetch to read into.
 
 Range rule: ``offset`` past the end gives an empty result; ``offset + length`` past the end
 gives the bytes up to the end; a negative ``offset`` or ``length`` is a BadRequest (a
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from ._buffers import BufferPool
 from ._singleflight import SingleFlight
 from ._tasks import task_group
 from .codec import ChunkDecoder
@@ -59,10 +61,13 @@ class _Served:
 class ReadPath:
     """Reads plans through an ordered list of tiers; the last one must never miss (L4)."""
 
-    def __init__(self, tiers: Sequence[Tier], executor: Executor, parallel_chunks: int) -> None:
+    def __init__(
+        self, tiers: Sequence[Tier], executor: Executor, parallel_chunks: int, buffers: BufferPool | None = None
+    ) -> None:
         if not tiers:
             raise ValueError("a read path needs at least one tier")
         self.tiers = tuple(tiers)
+        self.buffers = buffers if buffers is not None else BufferPool()  # the tiers' pool, if they share one
         self.decode = ChunkDecoder(executor)
         self._parallel = parallel_chunks
         self._fetches: SingleFlight[_Served] = SingleFlight()
@@ -73,14 +78,27 @@ class ReadPath:
         if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
             return await self._whole_chunk(jobs[0][0])
         out = bytearray(end - start)
+        await self._read_jobs(memoryview(out), start, jobs, top=0)
+        return out
+
+    async def read_into(self, plan: ReadPlan, out: memoryview, *, fill_memory: bool = True) -> None:
+        """Read the whole of ``plan`` into ``out`` (exactly ``plan.size`` bytes).  With
+        ``fill_memory=False`` the chunks fetched are not filled into L1: a one-off read (a
+        checkpoint restore) would only evict the working set, and its buffers are free
+        again as soon as they are copied out."""
+        if out.nbytes != plan.size:
+            raise BadRequest(f"{plan.path}: a buffer of {out.nbytes} bytes for a blob of {plan.size}")
+        top = 1 if not fill_memory and self.tiers[0].name == "l1" and len(self.tiers) > 1 else 0
+        await self._read_jobs(out.cast("B"), 0, _overlapping(plan.chunks, 0, plan.size), top)
+
+    async def _read_jobs(self, out: memoryview, start: int, jobs: list[tuple[ChunkRef, int]], top: int) -> None:
         if len(jobs) == 1:
-            await self._place(memoryview(out), start, *jobs[0])
-            return out
+            await self._place(out, start, *jobs[0], top)
+            return
         slots = asyncio.Semaphore(self._parallel)
         async with task_group() as tasks:
             for ref, chunk_start in jobs:
-                tasks.create_task(self._bounded(slots, memoryview(out), start, ref, chunk_start))
-        return out
+                tasks.create_task(self._bounded(slots, out, start, ref, chunk_start, top))
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:
@@ -96,30 +114,35 @@ class ReadPath:
             return raw.obj
         return bytearray(raw)
 
-    async def _chunk(self, ref: ChunkRef) -> tuple[memoryview, bool]:
-        """The chunk's raw bytes, and whether the caller is their sole owner."""
+    async def _chunk(self, ref: ChunkRef, top: int = 0) -> tuple[memoryview, bool]:
+        """The chunk's raw bytes, and whether the caller is their sole owner; a fetch this
+        call starts fills the tiers from ``top`` down."""
         for tier in self.tiers:
             hit = tier.peek(ref)
             if hit is not None:
                 return hit, False
-        served, readers = await self._fetches.run(ref.key, lambda: self._walk(ref))
+        served, readers = await self._fetches.run(ref.key, lambda: self._walk(ref, top))
         return served.raw, readers == 1 and not served.kept
 
     async def aclose(self) -> None:
         """Cancel the fetches still in flight (the tiers belong to the caller)."""
         await self._fetches.aclose()
 
-    async def _bounded(self, slots: asyncio.Semaphore, out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> None:
+    async def _bounded(
+        self, slots: asyncio.Semaphore, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int
+    ) -> None:
         async with slots:
-            await self._place(out, start, ref, chunk_start)
+            await self._place(out, start, ref, chunk_start, top)
 
-    async def _place(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> None:
+    async def _place(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int) -> None:
         """Copy the part of chunk ``ref`` (which begins at blob offset ``chunk_start``) that
         falls inside the output window beginning at blob offset ``start``."""
-        raw = await self.chunk(ref)
+        raw, sole = await self._chunk(ref, top)
         lo = max(chunk_start, start)
         hi = min(chunk_start + ref.raw_length, start + len(out))
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
+        if sole:
+            self.buffers.give(raw)  # copied out, and nobody else has it: the next fetch reads into it
 
     async def warm(self, ref: ChunkRef, top: int) -> bool:
         """Deep prefetch of one chunk into ``tiers[top]`` and the tiers between it and the

@@ -332,3 +332,44 @@ async def test_l2_flush_after_close_returns_and_counts_the_queued_fills_dropped(
             await tier.fill(ref, raw)
     await asyncio.wait_for(tier.flush(), 5)
     assert tier.fills_dropped > 0 and tier._pending_bytes == 0
+
+
+async def test_read_into_fills_the_buffer_and_can_leave_l1_alone(tmp_path):
+    """``read_into`` (a checkpoint restore's read) with ``fill_memory=False`` fetches every
+    chunk once and puts none of them into L1; with the default it fills L1 as ``get`` does."""
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        data = data_of(300_000, 11)
+        await c.put("/b/x", data)
+        plan = await c.plan("/b/x")
+        out = bytearray(len(data))
+        await c._open.readpath.read_into(plan, memoryview(out), fill_memory=False)
+        assert out == data
+        assert c.stats()["l1"]["cache_entries"] == 0 and c.stats()["l4"]["hits"] == 5
+        out[:] = bytes(len(data))
+        await c._open.readpath.read_into(plan, memoryview(out))
+        assert out == data and c.stats()["l1"]["cache_entries"] == 5 and c.stats()["l4"]["hits"] == 10
+        out[:] = bytes(len(data))
+        await c._open.readpath.read_into(plan, memoryview(out), fill_memory=False)  # L1 serves, still
+        assert out == data and c.stats()["l4"]["hits"] == 10
+
+
+async def test_read_into_a_buffer_of_the_wrong_size_is_refused(tmp_path):
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        await c.put("/b/x", b"0123456789")
+        plan = await c.plan("/b/x")
+        with pytest.raises(blobsdk.BadRequest, match=r"^/b/x: a buffer of 9 bytes for a blob of 10$"):
+            await c._open.readpath.read_into(plan, memoryview(bytearray(9)))
+
+
+@pytest.mark.parametrize(("l1", "reused"), [(NO_L1, True), (L1Config(), False)])
+async def test_a_chunk_buffer_nobody_keeps_is_reused_by_the_next_fetch(tmp_path, l1, reused):
+    """Without L1 a read's chunk buffers go back to the pool once copied out, and later
+    fetches read into them (bytes still exact); buffers L1 keeps are never handed out again."""
+    async with blobsdk.Client.local(tmp_path, write=SMALL, l1=l1) as c:
+        data = data_of(600_000, 12)  # 10 chunks
+        await c.put("/b/x", data)
+        for _ in range(3):
+            assert await c.get("/b/x", offset=1) == data[1:]
+        pool = c._open.readpath.buffers
+        assert (pool.reused > 0) is reused
+        assert await c.get("/b/x") == data

@@ -25,6 +25,7 @@ from functools import partial
 import aiohttp
 import msgspec
 
+from .._buffers import BufferPool
 from .._endpoint import Endpoint
 from ..auth import GRANT_HEADER
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
@@ -74,10 +75,12 @@ class L3Tier(KeepsNothing, Closing):
         clock: Callable[[], float] = time.monotonic,
         hedge: HedgeConfig | None = None,
         limiters: LimiterRegistry | None = None,
+        buffers: BufferPool | None = None,
     ) -> None:
         if replicas < 1 or down_seconds < 0:
             raise ValueError(f"replicas must be >= 1 and down_seconds >= 0, got {replicas} and {down_seconds}")
         self.stats = TierStats()
+        self.buffers = buffers if buffers is not None else BufferPool()
         self.node_hits = 0
         self.node_fills = 0
         self.limiters = limiters if limiters is not None else LimiterRegistry()
@@ -179,7 +182,7 @@ class L3Tier(KeepsNothing, Closing):
         """The node's copy of ``ref``'s stored bytes (exactly ``ref.length`` of them), and
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
-        buf = memoryview(bytearray(ref.length))
+        buf = self.buffers.take(ref.length)
         grant = {GRANT_HEADER: ref.grant} if ref.grant else None
         headers = await self._nodes[url].get_into(route, buf, headers=grant, attempt=attempt)
         return buf, headers.get(CACHE_HEADER.lower(), "")

@@ -16,6 +16,7 @@ import time
 from functools import partial
 from typing import Self
 
+from .._buffers import BufferPool
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, Unavailable
 from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
@@ -49,8 +50,10 @@ class L4Tier(KeepsNothing, Closing):
         limiters: LimiterRegistry | None = None,
         metadata: MetadataStore | None = None,
         repair: RepairConfig | None = None,
+        buffers: BufferPool | None = None,
     ) -> None:
         self.blocks = blocks
+        self.buffers = buffers if buffers is not None else BufferPool()
         self.stats = stats if stats is not None else TierStats()
         self.hedger = Hedger(hedge)
         self._limiters = limiters if limiters is not None else LimiterRegistry()
@@ -78,7 +81,7 @@ class L4Tier(KeepsNothing, Closing):
         _, raw = await self.fetch_stored(ref, decode)
         return raw
 
-    async def fetch_stored(self, ref: ChunkRef, decode: Decoder) -> tuple[bytearray, memoryview]:
+    async def fetch_stored(self, ref: ChunkRef, decode: Decoder) -> tuple[memoryview, memoryview]:
         """The verified stored copy of ``ref`` and its raw bytes (a view of that copy for
         an uncompressed chunk), hedged across the replicas in order."""
         begun = time.perf_counter()
@@ -129,14 +132,14 @@ class L4Tier(KeepsNothing, Closing):
 
     async def _read_copy(
         self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockStore, attempt: Attempt
-    ) -> tuple[bytearray, memoryview]:
+    ) -> tuple[memoryview, memoryview]:
         """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
         go on in a thread, so no two attempts ever share one.  A bad or missing copy goes
         on ``skipped``; a bad one demotes its replica, a verified one restores it."""
-        stored = bytearray(ref.length)
+        stored = self.buffers.take(ref.length)
         try:
-            await replica.read_into(ref.block_id, ref.offset, memoryview(stored), attempt=attempt, grant=ref.grant)
-            raw = await decode(ref, memoryview(stored))
+            await replica.read_into(ref.block_id, ref.offset, stored, attempt=attempt, grant=ref.grant)
+            raw = await decode(ref, stored)
         except _FAILOVER as exc:
             self._count(exc)
             if isinstance(exc, CorruptData):  # a bad copy, or one too short for the chunk

@@ -103,7 +103,7 @@ async def test_fetch_stored_returns_the_copy_it_read(replicas: Replicas) -> None
     blocks = await replicas.start(1)
     (ref,) = await pack(blocks, [os.urandom(3000)])
     stored, raw = await L4Tier(blocks).fetch_stored(ref, decode)
-    assert raw.obj is stored  # uncompressed: the raw bytes are the stored copy itself
+    assert raw.obj is stored.obj  # uncompressed: the raw bytes are the stored copy itself
 
 
 async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) -> None:

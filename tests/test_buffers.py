@@ -1,0 +1,52 @@
+"""blobsdk/_buffers.py: fresh buffers, mapped when large, and the pool."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+
+from blobsdk._buffers import MAPPED_FROM, BufferPool, fresh_buffer
+
+
+@pytest.mark.parametrize("size", [0, 1, MAPPED_FROM - 1])
+def test_a_small_buffer_is_a_bytearray_of_zeros(size: int) -> None:
+    view = fresh_buffer(size)
+    assert isinstance(view.obj, bytearray) and view.nbytes == size and not view.readonly
+    assert not any(view)
+
+
+@pytest.mark.parametrize("size", [MAPPED_FROM, 3 * MAPPED_FROM + 4097])
+def test_a_large_buffer_is_a_private_mapping_of_zeros_that_is_writable(size: int) -> None:
+    view = fresh_buffer(size)
+    assert isinstance(view.obj, mmap.mmap) and view.nbytes == size and not view.readonly
+    assert view.tobytes() == bytes(size)
+    view[size - 1] = 7
+    other = fresh_buffer(size)  # private: another buffer never sees this one's bytes
+    assert other[size - 1] == 0 and view[size - 1] == 7
+
+
+def test_the_pool_hands_back_what_it_was_given_and_fresh_buffers_past_that() -> None:
+    pool = BufferPool(max_bytes=3000)
+    given = fresh_buffer(1000)
+    pool.give(given)
+    assert pool.free_bytes == 1000
+    assert pool.take(1000) is given and pool.reused == 1 and pool.free_bytes == 0
+    other = pool.take(1000)  # the pool is empty: a fresh one
+    assert other is not given and other.nbytes == 1000 and pool.reused == 1
+    assert pool.take(999).nbytes == 999  # only a buffer of the exact size is reused
+
+
+def test_the_pool_refuses_parts_read_only_views_and_what_is_past_its_bound() -> None:
+    pool = BufferPool(max_bytes=2500)
+    whole = memoryview(bytearray(1000))
+    pool.give(whole[:500])  # part of a buffer: its owner may still use the rest
+    pool.give(memoryview(bytes(1000)))  # read-only
+    pool.give(memoryview(bytearray(0)))
+    assert pool.free_bytes == 0
+    pool.give(memoryview(bytearray(1000)))
+    pool.give(memoryview(bytearray(1000)))
+    pool.give(memoryview(bytearray(1000)))  # past 2500 bytes
+    assert pool.free_bytes == 2000
+    with pytest.raises(ValueError, match=r"^max_bytes must be >= 0, got -1$"):
+        BufferPool(-1)
