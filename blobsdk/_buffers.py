@@ -36,8 +36,9 @@ class BufferPool:
     checkpoint restore, or any read of a client without L1) would otherwise take fresh
     memory for every chunk and hand it back to the allocator, which returns it to the
     kernel in bursts: a 256 MiB restore in 1 MiB chunks took 0.11-0.77 s here, with 400 to
-    40,000 page faults (sys time, as the allocator trimmed and grew its heap).  The read path gives such buffers back (:meth:`give`) and the L3 and
-    L4 tiers take them (:meth:`take`); at most ``max_bytes`` wait here.  A buffer is given
+    40,000 page faults (sys time, as the allocator trimmed and grew its heap).  The read
+    path gives such buffers back (:meth:`give`) and the L3 and L4 tiers take them
+    (:meth:`take`); at most ``max_bytes`` wait here.  A buffer is given
     back only by its sole owner, so none is ever in two places; one a hedge's loser read
     into is never given back (its read may still be running in a thread).  Used from the
     event loop's thread only.

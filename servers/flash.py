@@ -70,7 +70,7 @@ from blobsdk.errors import (
     Unavailable,
 )
 from blobsdk.limiter import LimiterRegistry
-from blobsdk.sources.base import BlockStore
+from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
@@ -199,7 +199,7 @@ class FlashNode:
         self.counters = Counters()
         self._given_blocks = blocks
         self._clock = clock
-        self._loads: SingleFlight[tuple[bytes | bytearray, bool]] = SingleFlight()
+        self._loads: SingleFlight[tuple[Buffer, bool]] = SingleFlight()
         self._verify = ChunkDecoder()
         self._jobs: dict[str, Job] = {}
         self._finished: deque[str] = deque()
@@ -265,14 +265,14 @@ class FlashNode:
         self.counters.puts += 1
         return web.Response(status=201)
 
-    async def load(self, ref: ChunkRef, tenant: str, pin_seconds: float = 0.0) -> tuple[bytes | bytearray, bool]:
+    async def load(self, ref: ChunkRef, tenant: str, pin_seconds: float = 0.0) -> tuple[Buffer, bool]:
         """The chunk's stored bytes and whether they came from flash; one load per key in
         flight, shared by whoever waits for it (blobsdk._singleflight's rule: the load is
         cancelled when the last of them leaves)."""
         loaded, _ = await self._loads.run(ref.key, lambda: self._load(ref, tenant, pin_seconds))
         return loaded
 
-    async def _load(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> tuple[bytes | bytearray, bool]:
+    async def _load(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> tuple[Buffer, bool]:
         data = await self.cache.get(ref.key)
         if data is not None and len(data) == ref.length:
             return data, True
@@ -280,7 +280,7 @@ class FlashNode:
         await self._fill(ref, buf, tenant, pin_seconds)
         return buf, False
 
-    async def _fill(self, ref: ChunkRef, data: bytearray, tenant: str, pin_seconds: float) -> None:
+    async def _fill(self, ref: ChunkRef, data: Buffer, tenant: str, pin_seconds: float) -> None:
         """Store a read-through copy if the cache admits it: a refusal is only counted."""
         try:
             stored = await self.cache.put(ref.key, data, tenant=tenant, pin_seconds=pin_seconds)
@@ -292,7 +292,7 @@ class FlashNode:
         else:
             self.counters.fills_refused += 1
 
-    async def _store(self, ref: ChunkRef, data: bytes | bytearray, tenant: str, pin_seconds: float) -> None:
+    async def _store(self, ref: ChunkRef, data: Buffer, tenant: str, pin_seconds: float) -> None:
         """Store explicitly: QuotaExceeded (429) or InsufficientStorage (507) if it cannot be."""
         if not await self.cache.put(ref.key, data, tenant=tenant, pin_seconds=pin_seconds):
             raise InsufficientStorage(f"chunk {ref.key} ({len(data)} bytes) was not admitted: cache full or too small")
