@@ -42,7 +42,7 @@ import builtins
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,6 +84,19 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     entries: tuple[Entry, ...]
     new_bytes: int  # written by this save
     reused_bytes: int  # named from earlier checkpoints
+
+
+class Part(msgspec.Struct, frozen=True, kw_only=True):
+    """One process's share of a checkpoint, written durably but not committed (see
+    :meth:`Checkpoints.write_part`): its entries (each ``first`` counts from this part's
+    first chunk), their chunks, the blocks it wrote, and the version of ``latest`` its chunks
+    were compared with (0: none)."""
+
+    entries: tuple[Entry, ...]
+    chunks: tuple[ChunkRef, ...]
+    new_blocks: tuple[str, ...]
+    base_version: int
+    chunk_size: int
 
 
 class Pending:
@@ -165,21 +178,56 @@ class Checkpoints:
 
     async def save(self, step: int, state: Mapping[str, Any]) -> Pending:
         """Stage ``state`` as checkpoint ``step`` and return once it is safe to change it."""
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**_STEP_DIGITS:
-            raise ValueError(f"step must be an int from 0 to {10**_STEP_DIGITS - 1}, got {step!r}")
+        _check_step(step)
         leaves = list(_flatten(state, ()))  # TypeError for what cannot be saved, before any work
-        if self._pending is not None:
-            await asyncio.gather(self._pending._task, return_exceptions=True)
+        await self._idle()
         base = await self._latest()
-        staged = await self._stage(leaves, base)
-        task = asyncio.get_running_loop().create_task(self._upload(step, staged, base), name=f"blobsdk-ckpt-{step}")
+        staged = await self._stage(leaves, base, copy=True)
+        task = asyncio.get_running_loop().create_task(self._save(step, staged, base), name=f"blobsdk-ckpt-{step}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_retrieved)  # its error belongs to its Pending: never "never retrieved"
         self._pending = Pending(step, task)
         return self._pending
 
-    async def _stage(self, leaves: list[_Leaf], base: _Base | None) -> _Staged:
+    async def _save(self, step: int, staged: _Staged, base: _Base | None) -> Manifest:
+        return await self._commit_parts(step, [await self._write(staged, base)], base)
+
+    async def write_part(self, state: Mapping[str, Any]) -> Part:
+        """Write ``state``'s changed chunks durably without committing anything, for
+        :meth:`commit` to make part of a checkpoint: how each rank of a distributed save
+        writes its own share (blobsdk.dcp).  Nothing is staged: it returns once written,
+        and ``state`` must not change until then.  Its blocks are orphans, collected by gc,
+        unless a commit names them within the write config's ``max_write_seconds``."""
+        leaves = list(_flatten(state, ()))
+        await self._idle()
+        base = await self._latest()
+        return await self._write(await self._stage(leaves, base, copy=False), base)
+
+    async def commit(self, step: int, parts: Sequence[Part]) -> Manifest:
+        """Commit ``parts`` (from :meth:`write_part`, by any process) as checkpoint ``step``,
+        atomically, as a save does; their entry names must not repeat.  PreconditionFailed
+        if a checkpoint was saved or removed since the parts were written."""
+        _check_step(step)
+        await self._idle()
+        base = await self._latest()
+        version = base.latest_version if base is not None else 0
+        for part in parts:
+            if part.base_version != version:
+                raise PreconditionFailed(
+                    f"checkpoint {step} under {self.prefix}: a part was compared with version {part.base_version} of"
+                    f" latest, now {version}: another writer saved or removed a checkpoint since"
+                )
+            if part.chunk_size != self.chunk_size:
+                raise ValueError(f"a part cut in {part.chunk_size}-byte chunks, this prefix's are {self.chunk_size}")
+        return await self._commit_parts(step, parts, base)
+
+    async def _idle(self) -> None:
+        """Wait for the save in flight, if any, to end (its error is its own)."""
+        if self._pending is not None:
+            await asyncio.gather(self._pending._task, return_exceptions=True)
+
+    async def _stage(self, leaves: list[_Leaf], base: _Base | None, *, copy: bool) -> _Staged:
         digests = await self._digests([leaf.data for leaf in leaves if leaf.data is not None])
         staged = _Staged(leaves=leaves)
         buffers = iter(self._staging)
@@ -198,6 +246,9 @@ class Checkpoints:
                     slots.append(base.plan.chunks[previous.first + i])  # same shape: same chunk count
                     continue
                 piece = leaf.data[i * self.chunk_size : (i + 1) * self.chunk_size]
+                if not copy:
+                    slots.append(piece)
+                    continue
                 buffer = next(buffers, None) or bytearray(self.chunk_size)
                 used.append(buffer)
                 view = memoryview(buffer)[: len(piece)]
@@ -205,7 +256,8 @@ class Checkpoints:
                 slots.append(view)
             staged.chunks.append(slots)
             staged.digests.append(mine)
-        self._staging = used
+        if copy:
+            self._staging = used
         return staged
 
     async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
@@ -219,26 +271,24 @@ class Checkpoints:
             jobs.append([loop.run_in_executor(self._executor, _hash, data, batch, self.chunk_size) for batch in batches])
         return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
 
-    async def _upload(self, step: int, staged: _Staged, base: _Base | None) -> Manifest:
+    async def _write(self, staged: _Staged, base: _Base | None) -> Part:
+        """Write the staged chunks that changed (the rest are reused by reference)."""
         new = [slot for slots in staged.chunks for slot in slots if isinstance(slot, memoryview)]
-        written = await self._writer.write_chunks(new)
-        self._writer.check_age({ref.block_id for ref in written})  # the reused ones are held by live plans
-        fresh = iter(written)
+        written = iter(await self._writer.write_chunks(new))
         refs: list[ChunkRef] = []
+        new_blocks: set[str] = set()
         entries = []
-        reused_bytes = 0
         digests = iter(staged.digests)
         for leaf, slots in zip(staged.leaves, staged.chunks, strict=True):
             first = len(refs)
             new_bytes = 0
             for slot in slots:
                 if isinstance(slot, memoryview):
-                    refs.append(next(fresh))
+                    refs.append(next(written))
+                    new_blocks.add(refs[-1].block_id)
                     new_bytes += len(slot)
                 else:
                     refs.append(slot)
-                    reused_bytes += slot.raw_length
-            entry_digests = tuple(next(digests)) if leaf.data is not None else ()
             entries.append(
                 Entry(
                     name=leaf.name,
@@ -249,16 +299,37 @@ class Checkpoints:
                     nbytes=0 if leaf.data is None else len(leaf.data),
                     new_bytes=new_bytes,
                     first=first,
-                    digests=entry_digests,
+                    digests=tuple(next(digests)) if leaf.data is not None else (),
                 )
             )
+        return Part(
+            entries=tuple(entries),
+            chunks=tuple(msgspec.structs.replace(ref, grant="") if ref.grant else ref for ref in refs),
+            new_blocks=tuple(sorted(new_blocks)),
+            base_version=base.latest_version if base is not None else 0,
+            chunk_size=self.chunk_size,
+        )
+
+    async def _commit_parts(self, step: int, parts: Sequence[Part], base: _Base | None) -> Manifest:
+        """Commit ``parts`` as checkpoint ``step`` (see :meth:`_commit`), retire old ones, warm L3."""
+        self._writer.check_age({block for part in parts for block in part.new_blocks})  # reused: held by live plans
+        refs: list[ChunkRef] = []
+        entries: list[Entry] = []
+        for part in parts:
+            entries.extend(msgspec.structs.replace(e, first=e.first + len(refs)) for e in part.entries)
+            refs.extend(part.chunks)
+        names = [entry.name for entry in entries]
+        if len(set(names)) != len(names):
+            repeated = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"checkpoint {step}: entry {'/'.join(repeated)!r} is in more than one part")
+        new_bytes = sum(e.new_bytes for e in entries)
         manifest = Manifest(
             step=step,
             created=time.time(),
             chunk_size=self.chunk_size,
             entries=tuple(entries),
-            new_bytes=sum(len(v) for v in new),
-            reused_bytes=reused_bytes,
+            new_bytes=new_bytes,
+            reused_bytes=sum(e.nbytes for e in entries) - new_bytes,
         )
         await self._commit(step, refs, manifest, base)
         await self._retire()
@@ -348,11 +419,14 @@ class Checkpoints:
             return base.manifest
         return await self._manifest_of(step)
 
-    async def load(self, step: int | None = None) -> dict[str, Any]:
-        """The state saved as ``step`` (None: the latest), rebuilt exactly."""
+    async def load(self, step: int | None = None, *, select: Callable[[tuple[str, ...]], bool] | None = None) -> dict[str, Any]:
+        """The state saved as ``step`` (None: the latest), rebuilt exactly; with ``select``,
+        only the leaves whose name (their keys from the root) it accepts, and only their
+        chunks are read."""
         manifest = await self.manifest(step)
-        data_path = f"{self._step_dir(manifest.step)}/data"
-        plan = await self._metadata.get_plan(data_path)
+        plan = await self._metadata.get_plan(f"{self._step_dir(manifest.step)}/data")
+        if select is not None:
+            manifest, plan = _selected(manifest, plan, select)
         data = fresh_buffer(plan.size)  # the arrays are views of it: no copy after the read
         await self._read_into(plan, data, False)  # a restore is read once: L1 keeps its working set
         return _rebuild(manifest, data)
@@ -405,6 +479,11 @@ class _Base:
         return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
 
 
+def _check_step(step: int) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**_STEP_DIGITS:
+        raise ValueError(f"step must be an int from 0 to {10**_STEP_DIGITS - 1}, got {step!r}")
+
+
 def _retrieved(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -416,6 +495,22 @@ def _plan(path: str, refs: list[ChunkRef], chunk_size: int | None = None) -> Rea
     size = sum(ref.raw_length for ref in refs)
     size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in refs), default=1)
     return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=size_of_chunks, chunks=tuple(refs))
+
+
+def _selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, ...]], bool]) -> tuple[Manifest, ReadPlan]:
+    """The manifest of only the entries ``select`` accepts, and the plan of only their chunks."""
+    entries: list[Entry] = []
+    chunks: list[ChunkRef] = []
+    for entry in manifest.entries:
+        if not select(entry.name):
+            continue
+        count = math.ceil(entry.nbytes / manifest.chunk_size) if entry.nbytes else 0
+        entries.append(msgspec.structs.replace(entry, first=len(chunks)))
+        chunks.extend(plan.chunks[entry.first : entry.first + count])
+    size = sum(ref.raw_length for ref in chunks)
+    return msgspec.structs.replace(manifest, entries=tuple(entries)), msgspec.structs.replace(
+        plan, chunks=tuple(chunks), size=size
+    )
 
 
 def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:

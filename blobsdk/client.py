@@ -25,6 +25,7 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
+    Sequence,
 )
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
@@ -43,7 +44,7 @@ from ._forksafe import Executor, LoopThread
 from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
-from .checkpoint import Checkpoints, Manifest, Pending
+from .checkpoint import Checkpoints, Manifest, Part, Pending
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import BlobError, ClientClosed, Forbidden
 from .limiter import LimiterRegistry
@@ -657,8 +658,14 @@ class SyncCheckpoints:
         """Blocks while the state is staged (the training pause); the upload goes on."""
         return SyncPending(self._client, self._client._run(self._checkpoints.save(step, state)))
 
-    def load(self, step: int | None = None) -> dict[str, Any]:
-        return self._client._run(self._checkpoints.load(step))
+    def load(self, step: int | None = None, *, select: Callable[[tuple[str, ...]], bool] | None = None) -> dict[str, Any]:
+        return self._client._run(self._checkpoints.load(step, select=select))
+
+    def write_part(self, state: Mapping[str, Any]) -> Part:
+        return self._client._run(self._checkpoints.write_part(state))
+
+    def commit(self, step: int, parts: Sequence[Part]) -> Manifest:
+        return self._client._run(self._checkpoints.commit(step, parts))
 
     def list(self) -> list[int]:
         return self._client._run(self._checkpoints.list())

@@ -9,13 +9,19 @@ So the chunk-level deduplication applies: a second save of a nearly unchanged mo
 the unchanged chunks of the previous checkpoint under the same prefix and writes almost
 nothing new, and a save is committed atomically or not at all.
 
-``checkpoint_id`` is the checkpoint's step: an int, or a string of digits; None saves as the
-step after the newest kept one, and loads the latest.  ``write_data`` only collects the items;
-``finish`` saves them and returns once the checkpoint is committed (DCP expects ``finish`` to
-be durable), which with ``dcp.async_save`` (thread mode) happens in DCP's thread.
+Ranks: in ``write_data`` every rank writes the changed chunks of its own items durably, as a
+:class:`~blobsdk.checkpoint.Part` (``Checkpoints.write_part``: nothing committed), and hands
+the part to the coordinator inside its write results, which DCP gathers; the coordinator's
+``finish`` writes the metadata and commits every rank's part as one checkpoint
+(``Checkpoints.commit``).  A rank that dies before then leaves only orphan blocks, which gc
+collects; the previous checkpoint stays the latest.  On load, each rank reads the manifest
+and only the items its own plan asks for.
 
-Single process only (DCP's no-dist mode, or a world of one): a multi-rank save needs every
-rank's items in one commit, which is not built yet; ``set_up_storage_writer`` refuses it.
+``checkpoint_id`` is the checkpoint's step: an int, or a string of digits; None saves as the
+step after the newest kept one, and loads the latest.  ``finish`` returns once the checkpoint
+is committed (DCP expects ``finish`` to be durable); with ``dcp.async_save`` (thread mode)
+that happens in DCP's thread.
+
 Like the datasets, a writer or reader is built from a ``ClientConfig`` or a ``client.toml``
 path, or over an embedded store with ``.local(dir, prefix)``; it opens its client on first
 use, in each process, and closes it with ``close()`` or at exit.
@@ -26,10 +32,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
@@ -37,6 +42,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
+from .checkpoint import Part
 from .client import SyncCheckpoints
 from .config import ClientConfig
 
@@ -99,20 +105,16 @@ def _key(index: MetadataIndex) -> str:
     return f"{index.fqn}@{offset}#{index.index if index.index is not None else '-'}"
 
 
+class _Stored(NamedTuple):
+    """A write result's storage data: the item's key, and the part of the rank that wrote it
+    (the same object in each of a rank's results: pickled once when DCP gathers them)."""
+
+    key: str
+    part: Part
+
+
 class BlobStorageWriter(_Backend, StorageWriter):
     """DCP ``StorageWriter`` over the checkpoints under ``prefix`` (see the module docstring)."""
-
-    def __init__(
-        self,
-        config: ConfigLike,
-        prefix: str,
-        *,
-        local: str | os.PathLike[str] | None = None,
-        keep: int = 3,
-        chunk_size: int | None = None,
-    ) -> None:
-        super().__init__(config, prefix, local=local, keep=keep, chunk_size=chunk_size)
-        self._items: dict[str, torch.Tensor | bytes] = {}
 
     @classmethod
     def local(
@@ -123,9 +125,7 @@ class BlobStorageWriter(_Backend, StorageWriter):
         return cls(ClientConfig(), prefix, local=root, keep=keep, chunk_size=chunk_size)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise ValueError("BlobStorageWriter saves from a single process only (no multi-rank commit yet)")
-        self._items = {}
+        pass
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -134,38 +134,41 @@ class BlobStorageWriter(_Backend, StorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Collect the items (``finish`` saves them); their storage data is their key."""
-        results = []
+        """Write this rank's items as a part (see the module docstring)."""
+        items: dict[str, torch.Tensor | bytes] = {}
+        sizes = []
         for item in plan.items:
             data = planner.resolve_data(item)
             key = _key(item.index)
             if item.type == WriteItemType.BYTE_IO:
                 assert isinstance(data, io.BytesIO)
-                value: torch.Tensor | bytes = data.getvalue()
-                nbytes = len(value)
+                items[key] = data.getvalue()
+                sizes.append(len(items[key]))
             else:
                 assert isinstance(data, torch.Tensor)
-                value = data.detach()
-                nbytes = value.numel() * value.element_size()
-            self._items[key] = value
-            results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=key))
+                items[key] = data.detach()
+                sizes.append(data.numel() * data.element_size())
+        part = self.checkpoints().write_part({_ITEMS: items})
+        results = [
+            WriteResult(index=item.index, size_in_bytes=size, storage_data=_Stored(key, part))
+            for item, key, size in zip(plan.items, items, sizes, strict=True)
+        ]
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Save every item and the metadata as one checkpoint; return once it is committed."""
-        metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
+        """On the coordinator: commit every rank's part and the metadata as one checkpoint;
+        return once it is committed."""
+        parts = [rank[0].storage_data.part for rank in results if rank]
+        metadata.storage_data = {result.index: result.storage_data.key for rank in results for result in rank}
         checkpoints = self.checkpoints()
         step = self.step
         if step is None:
             steps = checkpoints.list()
             step = steps[-1] + 1 if steps else 0
-        state = {_ITEMS: self._items, _METADATA: pickle.dumps(metadata)}
-        try:
-            checkpoints.save(step, state).wait()
-        finally:
-            self._items = {}
+        parts.append(checkpoints.write_part({_METADATA: pickle.dumps(metadata)}))
+        checkpoints.commit(step, parts)
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=None if self.step is None else str(self.step))
@@ -176,7 +179,7 @@ class BlobStorageReader(_Backend, StorageReader):
 
     def __init__(self, config: ConfigLike, prefix: str, *, local: str | os.PathLike[str] | None = None) -> None:
         super().__init__(config, prefix, local=local)
-        self._state: dict[str, Any] | None = None
+        self._loaded: int | None = None  # the step read_metadata found
         self._storage: dict[MetadataIndex, Any] = {}
 
     @classmethod
@@ -186,14 +189,19 @@ class BlobStorageReader(_Backend, StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike[Any] | None = None) -> None:
         super().reset(checkpoint_id)
-        self._state = None
+        self._loaded = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """Reads the whole checkpoint (every chunk in parallel through the tiers, verified)."""
-        self._state = self.checkpoints().load(self.step)
-        metadata = pickle.loads(self._state[_METADATA])
+        """The checkpoint's DCP metadata (the latest one's, if no ``checkpoint_id``): the
+        step is fixed here, so a save meanwhile does not change what ``read_data`` reads."""
+        checkpoints = self.checkpoints()
+        self._loaded = checkpoints.manifest(self.step).step
+        state = checkpoints.load(self._loaded, select=lambda name: name == (_METADATA,))
+        if _METADATA not in state:
+            raise ValueError(f"checkpoint {self._loaded} under {self.prefix} is not a DCP checkpoint")
+        metadata = pickle.loads(state[_METADATA])
         if not isinstance(metadata, Metadata):
-            raise ValueError(f"checkpoint under {self.prefix} is not a DCP checkpoint")
+            raise ValueError(f"checkpoint {self._loaded} under {self.prefix} is not a DCP checkpoint")
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -206,10 +214,13 @@ class BlobStorageReader(_Backend, StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        if self._state is None:
+        """Read the items this rank's plan needs (every chunk of them in parallel through
+        the tiers, verified), and only those."""
+        if self._loaded is None:
             self.read_metadata()
-        assert self._state is not None
-        items = self._state[_ITEMS]
+        keys = {self._storage[item.storage_index] for item in plan.items}
+        state = self.checkpoints().load(self._loaded, select=lambda name: name[0] == _ITEMS and name[-1] in keys)
+        items = state.get(_ITEMS, {})
         for read_item in plan.items:
             value = items[self._storage[read_item.storage_index]]
             if read_item.type == LoadItemType.BYTE_IO:

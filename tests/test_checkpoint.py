@@ -344,3 +344,50 @@ async def test_with_l3_nodes_a_committed_checkpoint_is_warmed_into_flash(tmp_pat
             stats = fresh.stats()
         chunks = sum(len(e.digests) for e in manifest.entries)
         assert stats["l3"]["node_hits"] >= chunks and stats["l4"]["hits"] == 0  # the data from flash
+
+
+# --- parts: how the ranks of a distributed save write, and the coordinator commits ---------------
+
+
+async def test_parts_written_apart_commit_as_one_checkpoint(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/parts")
+    a, b = model(1), {"other": np.arange(CHUNK, dtype=np.uint8), "n": 5}
+    parts = [await ck.write_part(a), await ck.write_part(b)]
+    assert await ck.list() == []  # written, nothing committed
+    manifest = await ck.commit(4, parts)
+    assert manifest.step == 4 and await ck.list() == [4]
+    assert_same({**a, **b}, await ck.load())
+    again = await ck.commit(5, [await ck.write_part(a), await ck.write_part(b)])
+    assert again.new_bytes == 0 and again.reused_bytes == manifest.new_bytes  # compared with checkpoint 4
+    only = await ck.load(select=lambda name: name[0] == "other")
+    assert list(only) == ["other"] and np.array_equal(only["other"], b["other"])
+
+
+async def test_a_part_compared_with_an_older_latest_is_refused(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/stale")
+    stale = await ck.write_part(model())
+    await (await ck.save(1, model(2))).wait()  # latest moved since the part was written
+    with pytest.raises(blobsdk.PreconditionFailed, match=r"^checkpoint 2 under /ck/stale: a part was compared with version"):
+        await ck.commit(2, [stale])
+    assert await ck.list() == [1]
+
+
+async def test_parts_that_repeat_an_entry_are_refused(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/twice")
+    parts = [await ck.write_part({"w": b"one"}), await ck.write_part({"w": b"two"})]
+    with pytest.raises(ValueError, match=r"^checkpoint 1: entry 'w' is in more than one part$"):
+        await ck.commit(1, parts)
+    with pytest.raises(ValueError, match=r"^a part cut in 65536-byte chunks, this prefix's are 4096$"):
+        await client.checkpoints("/ck/twice", chunk_size=4096).commit(1, parts[:1])
+    assert await ck.list() == []
+
+
+async def test_a_part_never_committed_leaves_only_orphans_for_gc(tmp_path: Path) -> None:
+    async with blobsdk.Client.local(tmp_path / "store", write=QUICK_GC) as c:
+        ck = c.checkpoints("/ck/orphan")
+        await (await ck.save(1, model())).wait()
+        await ck.write_part(model(5))  # a rank that died before the coordinator committed
+        await asyncio.sleep(0.35)
+        report = await c.gc(grace=0.3)
+        assert report.blocks_deleted >= 1 and await ck.list() == [1]
+        assert_same(model(), await ck.load())

@@ -157,3 +157,20 @@ async def test_get_plans_beyond_one_in_chunk(tmp_path):
 )
 def test_prefix_end(prefix, end):
     assert prefix_end(prefix) == end
+
+
+async def test_stores_opening_a_new_database_at_once_all_open(tmp_path):
+    """Eight connections switching a new database to WAL at once: SQLite refuses the losers
+    at once ("database is locked"), without its busy timeout; the store tries again.  Before
+    that, 4 of 240 opens failed, so these 320 would fail with near certainty."""
+    for trial in range(40):
+        stores = [SqliteMetadataStore(tmp_path / f"{trial}.sqlite") for _ in range(8)]
+        try:
+            assert not [
+                r
+                for r in await asyncio.gather(*(s.open() for s in stores), return_exceptions=True)
+                if isinstance(r, BaseException)
+            ]
+        finally:
+            for store in stores:
+                await store.aclose()
