@@ -1,20 +1,29 @@
 # `make demo` and `make test` work on a fresh clone: they create .venv and install the
 # project (with its dev extras) first, again only when pyproject.toml changes.
-# `make test` runs `make lint` (ruff and mypy, configured in pyproject.toml) before pytest.
+# `make test` runs `make lint` (ruff and mypy, configured in pyproject.toml) and installs the
+# system services the tests use (`make services`: redis-server) before pytest.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test lint services bench install clean
 
 demo: $(STAMP)
 	$(VENV)/bin/blobsdk demo
 	$(PY) -m servers.swarm --clients 4 --size-mb 256
 
-test: lint
+test: lint services
 	$(PY) -m pytest -q
+
+# System services the tests start (each on a free port): redis-server and redis-cli, from
+# Debian's packages when missing (as root; CI runs as root).
+services:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		echo "installing redis-server (the Redis tests start their own servers)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+		service redis-server stop >/dev/null 2>&1 || true; }
 
 # All three always run, so one pass reports every kind of problem; any failure fails lint.
 lint: $(STAMP)

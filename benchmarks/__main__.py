@@ -21,6 +21,7 @@ BENCHMARKS = {
     "ingest": "benchmarks.ingest",
     "p2p": "benchmarks.p2p",
     "checkpoint": "benchmarks.checkpoint",
+    "metadata": "benchmarks.metadata",
 }
 
 

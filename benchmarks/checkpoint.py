@@ -22,11 +22,12 @@ save's new bytes ÷ FileSystemWriter's bytes for it; goal <= 0.2).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,17 @@ def _numpy_save(state: dict[str, Any], path: Path) -> None:
             np.save(f, array)
         f.flush()
         os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _no_huge_pages() -> Iterator[None]:
+    from numpy._core.multiarray import _set_madvise_hugepage
+
+    was = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(was)
 
 
 def _numpy_load(path: Path, arrays: int) -> list[Any]:
@@ -173,10 +185,14 @@ async def _restore(report: Report, root: Path, state: dict[str, Any], store: Pat
     """The median of 3 reads of the numpy file, and of 3 loads, each by a fresh client (L1
     empty).  Every result is kept until all are done, so that each lands in memory the process
     did not have yet, as a restore after a restart does: else the allocator hands a read the
-    last one's freed pages, and the file read is a memcpy into warm memory (10-16 GB/s here)."""
+    last one's freed pages, and the file read is a memcpy into warm memory (10-16 GB/s here).
+    numpy's arrays are not advised for huge pages here, as blobsdk's buffers are not (see
+    blobsdk/_buffers.py): on this VM huge pages past the first few hundred MiB fault in 30x
+    slower, and the full run's file read fell to 0.42 GB/s with them (the quick one was 3-4)."""
     nbytes = sum(a.nbytes for a in state["model"].values())
     kept: list[object] = []
-    reads = [_timed(lambda: kept.append(_numpy_load(root / "full.npy", len(state["model"])))) for _ in range(3)]
+    with _no_huge_pages():
+        reads = [_timed(lambda: kept.append(_numpy_load(root / "full.npy", len(state["model"])))) for _ in range(3)]
     report.metrics["file_read_mb_s"] = nbytes / median(reads) / 1e6
     loads = []
     for _ in range(3):

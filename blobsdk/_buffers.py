@@ -1,5 +1,5 @@
-"""Buffers for chunks and restores: fresh ones that skip a pass over memory, and a pool
-that saves a read's transient buffers from the allocator.
+"""Buffers for chunks and restores: fresh ones that skip a pass over memory (for a restore's
+one large buffer), and a pool that saves a read's transient chunk buffers from the allocator.
 
 A fresh ``bytearray(n)`` is a ``memset`` over pages the kernel has just faulted in and
 zeroed: two passes.  A private anonymous mapping is zeroed by the kernel alone, as it is
@@ -13,6 +13,12 @@ Not huge pages: advising the mapping ``MADV_HUGEPAGE`` made first touches 5x che
 back in from it).  Restores took 0.06-0.56 s with them; predictable beats sometimes fast.
 
 A mapping is unmapped when its last view (a numpy array or tensor over it, too) is gone.
+
+Chunk buffers stay bytearrays (:meth:`BufferPool.take`): a whole-chunk ``get`` hands its
+reader the fetched bytearray itself (readpath.py), and a freed one goes back to the
+allocator's heap, where the next one reuses it without a fault; with mappings for chunks the
+L3 epoch of benchmarks/tiers.py fell from 1.07-1.12 to 0.58-0.81 of plain HTTP (an extra copy
+into a bytearray per get, and every buffer faulted in anew).
 """
 
 from __future__ import annotations
@@ -53,13 +59,13 @@ class BufferPool:
         self.reused = 0
 
     def take(self, size: int) -> memoryview:
-        """A writable buffer of ``size`` bytes; its contents are undefined."""
+        """A writable bytearray's view of ``size`` bytes; its contents are undefined."""
         free = self._free.get(size)
         if free:
             self._bytes -= size
             self.reused += 1
             return free.pop()
-        return fresh_buffer(size)
+        return memoryview(bytearray(size))
 
     def give(self, buffer: memoryview) -> None:
         """Take back ``buffer``, which its giver no longer uses, if it is a whole writable
@@ -77,4 +83,4 @@ class BufferPool:
 
 def _whole(buffer: memoryview) -> bool:
     owner = buffer.obj
-    return isinstance(owner, bytearray | mmap.mmap) and len(owner) == buffer.nbytes and buffer.contiguous
+    return isinstance(owner, bytearray) and len(owner) == buffer.nbytes and buffer.contiguous

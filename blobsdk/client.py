@@ -32,7 +32,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 import aiohttp
 
@@ -45,7 +45,7 @@ from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .checkpoint import Checkpoints, Manifest, Part, Pending
-from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
+from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig, s3_location
 from .errors import BlobError, ClientClosed, Forbidden
 from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
@@ -65,6 +65,9 @@ from .tiers.peer import PeerTier
 from .wire import BlobInfo, ReadPlan
 from .writer import Progress, Writer
 
+if TYPE_CHECKING:
+    from .metadata.shared import SharedPlanCache
+
 T = TypeVar("T")
 Item = tuple[str, Buffer]
 
@@ -77,6 +80,7 @@ class Backends:
     blocks: BlockStore
     session: aiohttp.ClientSession | None = None  # cluster mode: the one shared session
     limiters: LimiterRegistry | None = None  # cluster mode: one adaptive limit per endpoint
+    shared_plans: SharedPlanCache | None = None  # with [read] shared_plan_cache_url: it is ``metadata``
 
 
 class Stores(Protocol):
@@ -87,26 +91,59 @@ class Stores(Protocol):
 
 
 class ClusterStores:
-    """The API server and block servers that ``config`` names (ValueError if none)."""
+    """The stores that ``config`` names (ValueError if none): the metadata API server
+    (``api_url``) or Redis (``metadata_url``), and block servers (``block_urls``) or an
+    object store (``source_url``)."""
 
     def __init__(self, config: ClientConfig) -> None:
-        if config.api_url is None or not config.block_urls:
-            raise ValueError("no stores configured: need api_url and block_urls (or use Client.local(DIR))")
+        if not (config.api_url or config.metadata_url) or not (config.block_urls or config.source_url):
+            raise ValueError(
+                "no stores configured: need api_url (or metadata_url) and block_urls (or source_url), or use Client.local(DIR)"
+            )
         self.config = config
-        self.api_url = config.api_url
 
     async def open(self, stack: AsyncExitStack) -> Backends:
-        from .metadata.http import HttpMetadataStore
-        from .sources.http import HttpBlockStore
-        from .sources.replicated import ReplicatedBlockStore
-
         cfg = self.config
         session = await stack.enter_async_context(new_session(cfg.timeouts))
         limiters = LimiterRegistry(cfg.limiter)
-        metadata = HttpMetadataStore(session, self.api_url, cfg.token)
-        replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
-        blocks = await stack.enter_async_context(ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum))
-        return Backends(metadata, blocks, session, limiters)
+        metadata = await stack.enter_async_context(_metadata_store(cfg, session))
+        shared = None
+        if cfg.read.shared_plan_cache_url is not None:
+            from .metadata.shared import SharedPlanCache
+
+            shared = SharedPlanCache(
+                metadata, cfg.read.shared_plan_cache_url, ttl_seconds=cfg.read.shared_plan_cache_ttl_seconds, token=cfg.token
+            )
+            stack.push_async_callback(shared.aclose)  # closes Redis, then the store again (idempotent)
+        blocks = await stack.enter_async_context(_block_store(cfg, session, limiters))
+        return Backends(shared or metadata, blocks, session, limiters, shared)
+
+
+def _metadata_store(cfg: ClientConfig, session: aiohttp.ClientSession) -> Any:
+    """The metadata store ``cfg`` names, to enter (an async context manager)."""
+    if cfg.metadata_url is not None:
+        from .metadata.redis import RedisMetadataStore
+
+        return RedisMetadataStore(cfg.metadata_url)
+    from .metadata.http import HttpMetadataStore
+
+    assert cfg.api_url is not None
+    return HttpMetadataStore(session, cfg.api_url, cfg.token)
+
+
+def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: LimiterRegistry) -> Any:
+    """The L4 store ``cfg`` names, to enter (an async context manager)."""
+    if cfg.source_url is not None:
+        from .sources.s3 import S3BlockStore
+
+        bucket, prefix = s3_location(cfg.source_url)
+        s3 = cfg.s3
+        return S3BlockStore(bucket, prefix, config=s3.options(), allow_http=s3.allow_http, limiter=limiters.get(cfg.source_url))
+    from .sources.http import HttpBlockStore
+    from .sources.replicated import ReplicatedBlockStore
+
+    replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
+    return ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
 
 
 class LocalStores:
@@ -346,6 +383,7 @@ class _Open:
         executor: ThreadPoolExecutor,
     ) -> None:
         self.blocks = backends.blocks
+        self.shared_plans = backends.shared_plans
         self.executor = executor
         self.saves: set[asyncio.Task[Any]] = set()  # checkpoint saves in the background
         self.limiters = backends.limiters
@@ -383,6 +421,8 @@ class _Open:
         for tier in self.readpath.tiers:
             out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **tier.extra_stats()}
         out["plan"] = self.plans.stats()
+        if self.shared_plans is not None:
+            out["shared_plan"] = {**self.shared_plans.stats()}
         if self.limiters is not None:
             out["limits"] = {url: stats["limit"] for url, stats in self.limiters.stats().items()}
         return out

@@ -83,6 +83,31 @@ def networks(specs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.
         raise ValueError(f"[peer] allowed_networks: {exc}") from None
 
 
+class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The object store that ``source_url = "s3://bucket/prefix"`` names (``[s3]``).  Absent
+    credentials come from the standard AWS chain: environment, ``~/.aws`` files, instance role."""
+
+    endpoint: str | None = None  # MinIO, Ceph RGW, moto...; None: AWS
+    region: str | None = None
+    allow_http: bool = False  # an endpoint without TLS
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    def options(self) -> dict[str, str]:
+        """obstore's S3 options for what is set."""
+        names = ("endpoint", "region", "access_key_id", "secret_access_key")
+        return {name: str(getattr(self, name)) for name in names if getattr(self, name) is not None}
+
+
+def s3_location(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of an ``s3://bucket/prefix`` URL; ValueError for anything else."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    if scheme != "s3" or not bucket:
+        raise ValueError(f"an S3 location is s3://BUCKET[/PREFIX], got {url!r}")
+    return bucket, prefix.strip("/")
+
+
 class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Seconds.  ``sock_read`` bounds every wait for the next bytes of a response."""
 
@@ -104,6 +129,15 @@ class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     parallel_chunks: int = 16  # chunk reads in flight per get
     plan_cache_ttl_seconds: float = 10.0  # how stale another client's write may look; 0 disables
     plan_cache_entries: int = 100_000
+    shared_plan_cache_url: str | None = None  # redis://HOST:PORT/DB: plans shared by clients (blobsdk/metadata/shared.py)
+    shared_plan_cache_ttl_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        url = self.shared_plan_cache_url
+        if url is not None and not url.startswith(("redis://", "rediss://")):
+            raise ValueError(f"[read] shared_plan_cache_url must be redis://HOST:PORT/DB, got {url!r}")
+        if not self.shared_plan_cache_ttl_seconds > 0:
+            raise ValueError(f"[read] shared_plan_cache_ttl_seconds must be positive, got {self.shared_plan_cache_ttl_seconds}")
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -112,7 +146,9 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     way (``Client.local``, ``Client.from_stores``) leaves them out."""
 
     api_url: str | None = None
+    metadata_url: str | None = None  # redis://HOST:PORT/DB: the metadata in Redis, talked to directly
     block_urls: tuple[str, ...] = ()
+    source_url: str | None = None  # s3://BUCKET/PREFIX: L4 in an object store (see [s3])
     l3_urls: tuple[str, ...] = ()
     tracker_urls: tuple[str, ...] = ()
     token: str | None = None
@@ -126,12 +162,22 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     limiter: LimiterConfig = LimiterConfig()  # per endpoint: each L3 node and L4 block server
     timeouts: Timeouts = Timeouts()
     repair: RepairConfig = RepairConfig()  # background repair of bad L4 copies found by reads
+    s3: S3Config = S3Config()
 
     def __post_init__(self) -> None:
-        if self.api_url is not None and not self.block_urls:
-            raise ValueError("block_urls must name at least one L4 block server")
-        if self.block_urls and self.api_url is None:
-            raise ValueError("block_urls need an api_url (the metadata API server)")
+        if self.api_url is not None and self.metadata_url is not None:
+            raise ValueError("api_url and metadata_url both name the metadata: set one")
+        if self.block_urls and self.source_url is not None:
+            raise ValueError("block_urls and source_url both name L4: set one")
+        has_metadata, has_l4 = self.api_url or self.metadata_url, self.block_urls or self.source_url
+        if has_metadata and not has_l4:
+            raise ValueError("block_urls must name at least one L4 block server (or source_url an object store)")
+        if has_l4 and not has_metadata:
+            raise ValueError("L4 needs its metadata: an api_url (the metadata API server) or a metadata_url (Redis)")
+        if self.metadata_url is not None and not self.metadata_url.startswith(("redis://", "rediss://")):
+            raise ValueError(f"metadata_url must be redis://HOST:PORT/DB (or rediss://), got {self.metadata_url!r}")
+        if self.source_url is not None:
+            s3_location(self.source_url)
         quorum = self.write.write_quorum
         if quorum is not None and self.block_urls and not 1 <= quorum <= len(self.block_urls):
             raise ValueError(f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls")
@@ -174,7 +220,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS if getattr(self, key) is not None]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
-        for table in ("l1", "l2", "l3", "peer", "write", "read", "hedge", "limiter", "timeouts", "repair"):
+        for table in ("l1", "l2", "l3", "peer", "write", "read", "hedge", "limiter", "timeouts", "repair", "s3"):
             value = getattr(self, table)
             if value is not None and (table == "l1" or value != _DEFAULTS.get(table)):
                 lines += ["", f"[{table}]"]
@@ -182,7 +228,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return "\n".join(lines) + "\n"
 
 
-_TOP_KEYS = ("api_url", "block_urls", "l3_urls", "tracker_urls")
+_TOP_KEYS = ("api_url", "metadata_url", "block_urls", "source_url", "l3_urls", "tracker_urls")
 _DEFAULTS: dict[str, object] = {
     "l1": L1Config(),
     "l3": L3Config(),
@@ -193,6 +239,7 @@ _DEFAULTS: dict[str, object] = {
     "limiter": LimiterConfig(),
     "timeouts": Timeouts(),
     "repair": RepairConfig(),
+    "s3": S3Config(),
 }
 
 

@@ -17,7 +17,8 @@ to a tenant (plans, commit) carries a chunk grant per chunk for that tenant, val
 ``--grant-ttl`` seconds or until the token expires if sooner, which the block servers and L3
 nodes want before they serve the chunk's bytes.  Grants are never stored.
 
-Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T] [--keys FILE]``.
+Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T] [--keys FILE]``, or
+``--metadata redis://HOST:PORT/DB`` in place of ``--db`` (blobsdk/metadata/redis.py: Redis or Redis Cluster).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from blobsdk.auth import GRANT_TTL_S, Claims
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.http import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
     CommitRequest,
@@ -53,6 +53,7 @@ from blobsdk.wire import (
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import Handler, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
+from ._common.stores import metadata_store_of
 
 
 def make_app(
@@ -200,7 +201,9 @@ async def _value_errors_as_bad_request(request: web.Request, handler: Handler) -
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m servers.api", description="blobsdk metadata API server.")
-    parser.add_argument("--db", required=True, help="SQLite database file (created if missing)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", help="SQLite database file (created if missing)")
+    where.add_argument("--metadata", metavar="URL", help="redis://HOST:PORT/DB: the metadata in Redis (or a Redis Cluster)")
     parser.add_argument(
         "--grant-ttl",
         type=positive(float),
@@ -215,11 +218,11 @@ def main(argv: list[str] | None = None) -> None:
         auth = auth_of_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    store = SqliteMetadataStore(args.db)
+    store = metadata_store_of(args.metadata or args.db)
     app = make_app(store, auth, grant_ttl=args.grant_ttl, faults=faults, admin_token=args.admin_token)
 
     async def open_store(app: web.Application) -> None:
-        await store.open()  # a bad --db fails at start-up, not at the first request
+        await store.open()  # a bad --db or --metadata fails at start-up, not at the first request
 
     app.on_startup.append(open_store)
     serve(app, args.host, args.port, args.port_file, limits_of_args(args))

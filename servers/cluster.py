@@ -6,6 +6,13 @@ flash nodes, each a real subprocess on a free loopback port.
                               [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S]
                               [--api-faults SPEC] [--block-faults SPEC] [--l3-faults SPEC]
                               [--admin-token T] [--no-restart]
+                              [--metadata redis://HOST:PORT/DB] [--source s3://BUCKET/PREFIX [--s3-endpoint URL]
+                               [--s3-region R] [--s3-allow-http]]
+
+With ``--metadata`` the API server keeps the metadata in Redis; with ``--source`` L4 is that
+object store: no block servers start, the L3 nodes read through from it, and client.toml
+names it (``source_url``, ``[s3]``, with the credentials of ``AWS_ACCESS_KEY_ID`` and
+``AWS_SECRET_ACCESS_KEY`` if set, which the servers get through their environment).
 
 Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
 then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
@@ -58,7 +65,10 @@ from types import FrameType, TracebackType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from blobsdk.config import ClientConfig, WriteConfig
+import msgspec
+
+from blobsdk.config import ClientConfig, S3Config, WriteConfig
+from servers._common.stores import add_s3_args, check_source, s3_args_of, s3_config_of_args
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -92,6 +102,9 @@ class ClusterOptions:
     # kind name ("api", "block", "l3", "tracker") -> its servers' --fault specs (servers/_common/faults.py)
     faults: Mapping[str, Sequence[str]] = field(default_factory=dict)
     admin_token: str | None = None  # every server mounts /admin/faults behind it
+    metadata: str | None = None  # redis://HOST:PORT/DB: the API server keeps the metadata there (default SQLite)
+    source: str | None = None  # s3://BUCKET/PREFIX: L4 is that object store (no block servers)
+    s3: S3Config = field(default_factory=S3Config)  # for source; its credentials reach the servers as AWS_* variables
 
 
 @dataclass(frozen=True)
@@ -119,9 +132,17 @@ def _block_args(launch: Launch, i: int) -> list[str]:
     return ["--dir", str(launch.dir / f"blocks-{i}"), *[a for k, v in flags if v is not None for a in (k, str(v))]]
 
 
+def _api_args(launch: Launch) -> list[str]:
+    metadata = launch.options.metadata
+    return ["--metadata", metadata] if metadata else ["--db", str(launch.dir / "meta.sqlite")]
+
+
 def _flash_args(launch: Launch, i: int) -> list[str]:
     o = launch.options
-    blocks = [a for url in launch.urls["block"] for a in ("--block-url", url)]
+    if o.source is not None:
+        blocks = ["--source", o.source, *s3_args_of(o.s3)]
+    else:
+        blocks = [a for url in launch.urls["block"] for a in ("--block-url", url)]
     sizes = ["--capacity-mb", str(o.l3_capacity_mb), "--hold-seconds", str(o.l3_hold_seconds)]
     return ["--dir", str(launch.dir / f"l3-{i}"), *blocks, *sizes]
 
@@ -131,15 +152,17 @@ KINDS: tuple[ServerKind, ...] = (
         name="api",
         module="servers.api",
         count=lambda o: 1,
-        args=lambda launch, i: ["--db", str(launch.dir / "meta.sqlite")],
+        args=lambda launch, i: (
+            ["--metadata", o.metadata] if (o := launch.options).metadata else ["--db", str(launch.dir / "meta.sqlite")]
+        ),
         to_config=lambda urls: {"api_url": urls[0]},
     ),
     ServerKind(
         name="block",
         module="servers.blockstore",
-        count=lambda o: o.block_servers,
+        count=lambda o: 0 if o.source is not None else o.block_servers,
         args=_block_args,
-        to_config=lambda urls: {"block_urls": tuple(urls)},
+        to_config=lambda urls: {"block_urls": tuple(urls)} if urls else {},
     ),
     ServerKind(
         name="l3",
@@ -244,7 +267,12 @@ class Cluster:
         argv = [sys.executable, "-c", _CHILD, str(fd), module, *serving, *args]
         with open(log, "ab") as out:
             return subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_child_env(), pass_fds=(fd,)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_child_env(self.options.s3),
+                pass_fds=(fd,),
             )
 
     def _write_description(self) -> None:
@@ -328,6 +356,8 @@ def client_config(kinds: Sequence[ServerKind], urls: dict[str, list[str]], optio
     raw: dict[str, Any] = {}
     for kind in kinds:
         raw.update(kind.to_config(urls[kind.name]))
+    if options.source is not None:
+        raw.update(source_url=options.source, s3=options.s3)
     return ClientConfig(**raw, token=options.token, write=WriteConfig(write_quorum=options.write_quorum))
 
 
@@ -359,9 +389,14 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(s3: S3Config) -> dict[str, str]:
+    """The servers' environment: this one's, with the S3 credentials of ``--source`` (kept out
+    of their command lines, which ``ps`` shows)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    if s3.access_key_id and s3.secret_access_key:
+        env.update(AWS_ACCESS_KEY_ID=s3.access_key_id, AWS_SECRET_ACCESS_KEY=s3.secret_access_key)
+    return env
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -516,6 +551,9 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
             help=f"a --fault SPEC for every {kind.name} server (repeatable)",
         )
     parser.add_argument("--admin-token", help="every server mounts /admin/faults behind this bearer token")
+    parser.add_argument("--metadata", metavar="URL", help="redis://HOST:PORT/DB: the API server's metadata in Redis")
+    parser.add_argument("--source", metavar="S3_URL", help="s3://BUCKET/PREFIX: L4 in an object store, no block servers")
+    add_s3_args(parser)
     parser.add_argument(
         "--no-restart", action="store_true", help="leave a server that dies down (default: restart it, with backoff)"
     )
@@ -546,8 +584,24 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     faults = {kind.name: tuple(getattr(args, f"{kind.name}_faults")) for kind in KINDS}
     if args.keys is not None and not args.keys.is_file():
         parser.error(f"--keys {args.keys}: no such file (make one with 'blobsdk token keygen FILE')")
-    options = ClusterOptions(**{n: getattr(args, n) for n in names}, faults=faults)
+    try:
+        check_source(args.source)
+    except ValueError as exc:
+        parser.error(f"--source: {exc}")
+    if args.metadata is not None and not args.metadata.startswith(("redis://", "rediss://")):
+        parser.error(f"--metadata must be redis://HOST:PORT/DB, got {args.metadata!r}")
+    s3 = msgspec.structs.replace(s3_config_of_args(args), **_aws_credentials())
+    options = ClusterOptions(
+        **{n: getattr(args, n) for n in names}, faults=faults, metadata=args.metadata, source=args.source, s3=s3
+    )
     return args.dir, with_service_token(options), not args.no_restart
+
+
+def _aws_credentials() -> dict[str, str]:
+    """The AWS credentials of this environment, for client.toml's [s3] (the servers get them
+    through theirs)."""
+    keys = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY"}
+    return {field: os.environ[var] for field, var in keys.items() if os.environ.get(var)}
 
 
 def _print_ready(cluster: Cluster) -> None:

@@ -58,7 +58,7 @@ from blobsdk._singleflight import SingleFlight
 from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
 from blobsdk.codec import ChunkDecoder
-from blobsdk.config import Timeouts
+from blobsdk.config import S3Config, Timeouts, s3_location
 from blobsdk.errors import (
     BadCopy,
     BadRequest,
@@ -97,6 +97,7 @@ from servers._common.http import (
     send_bytes,
     serve,
 )
+from servers._common.stores import add_s3_args, s3_config_of_args
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -107,7 +108,9 @@ class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Everything one flash node needs; ValueError on construction if a setting is invalid."""
 
     dir: str
-    block_urls: tuple[str, ...]  # L4 block servers (replicas), read through in order
+    block_urls: tuple[str, ...] = ()  # L4 block servers (replicas), read through in order
+    source_url: str | None = None  # or L4 in an object store: s3://BUCKET/PREFIX (see s3)
+    s3: S3Config = S3Config()
     capacity_bytes: int
     hold_seconds: float = 0.0  # younger entries are evicted only when nothing else is left
     ttl_seconds: float | None = None
@@ -127,7 +130,9 @@ class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
-    yield not c.block_urls, "block_urls must name at least one L4 block server"
+    yield not c.block_urls and c.source_url is None, "block_urls must name at least one L4 block server (or source_url S3)"
+    yield bool(c.block_urls) and c.source_url is not None, "block_urls and source_url both name L4: set one"
+    yield c.source_url is not None and not c.source_url.startswith("s3://"), "source_url must be s3://BUCKET[/PREFIX]"
     yield c.capacity_bytes < 1, "capacity_bytes must be positive"
     yield c.hold_seconds < 0 or c.pin_seconds < 0, "hold_seconds and pin_seconds must be >= 0"
     yield c.ttl_seconds is not None and c.ttl_seconds <= 0, "ttl_seconds must be positive"
@@ -225,8 +230,17 @@ class FlashNode:
         stack.push_async_callback(self._stop_tasks)  # first out: no task may outlive the cache
 
     async def _open_blocks(self, stack: AsyncExitStack) -> BlockStore:
-        session = await stack.enter_async_context(new_session(Timeouts()))
         limiters = self._limiters
+        if self.config.source_url is not None:
+            from blobsdk.sources.s3 import S3BlockStore
+
+            bucket, prefix = s3_location(self.config.source_url)
+            s3 = self.config.s3
+            store = S3BlockStore(
+                bucket, prefix, config=s3.options(), allow_http=s3.allow_http, limiter=limiters.get(self.config.source_url)
+            )
+            return await stack.enter_async_context(store)
+        session = await stack.enter_async_context(new_session(Timeouts()))
         stores = [
             HttpBlockStore(session, url, self.config.block_token, limiter=limiters.get(url)) for url in self.config.block_urls
         ]
@@ -513,6 +527,8 @@ def config_of(args: argparse.Namespace) -> FlashConfig:
     return FlashConfig(
         dir=str(args.dir),
         block_urls=tuple(args.block_url),
+        source_url=args.source,
+        s3=s3_config_of_args(args),
         capacity_bytes=int(args.capacity_mb * MiB),
         hold_seconds=args.hold_seconds,
         ttl_seconds=args.ttl_seconds,
@@ -543,10 +559,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--block-url",
         action="append",
-        required=True,
+        default=[],
         metavar="URL",
         help="L4 block server to read through (repeat for each replica, in read order)",
     )
+    parser.add_argument("--source", default=None, metavar="S3_URL", help="or read through from s3://BUCKET/PREFIX")
+    add_s3_args(parser)
     parser.add_argument("--capacity-mb", type=float, default=1024, metavar="N", help="cache capacity, MiB (default 1024)")
     parser.add_argument(
         "--hold-seconds",

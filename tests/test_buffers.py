@@ -28,7 +28,7 @@ def test_a_large_buffer_is_a_private_mapping_of_zeros_that_is_writable(size: int
 
 def test_the_pool_hands_back_what_it_was_given_and_fresh_buffers_past_that() -> None:
     pool = BufferPool(max_bytes=3000)
-    given = fresh_buffer(1000)
+    given = memoryview(bytearray(1000))
     pool.give(given)
     assert pool.free_bytes == 1000
     assert pool.take(1000) is given and pool.reused == 1 and pool.free_bytes == 0
@@ -50,3 +50,12 @@ def test_the_pool_refuses_parts_read_only_views_and_what_is_past_its_bound() -> 
     assert pool.free_bytes == 2000
     with pytest.raises(ValueError, match=r"^max_bytes must be >= 0, got -1$"):
         BufferPool(-1)
+
+
+def test_the_pool_takes_back_only_bytearrays() -> None:
+    """A mapping (a restore's buffer) never goes into the pool: chunk buffers are bytearrays,
+    which a whole-chunk get may hand to its reader as they are."""
+    pool = BufferPool(max_bytes=8 * MAPPED_FROM)
+    pool.give(fresh_buffer(MAPPED_FROM))
+    assert pool.free_bytes == 0
+    assert isinstance(pool.take(MAPPED_FROM).obj, bytearray)

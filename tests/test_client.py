@@ -229,12 +229,16 @@ async def test_put_many_with_empty_blobs_between(client):
 
 
 def test_a_config_that_names_no_stores_is_refused_at_construction():
-    with pytest.raises(ValueError, match=r"^no stores configured: need api_url and block_urls \(or use Client.local\(DIR\)\)$"):
+    refused = (
+        r"^no stores configured: need api_url \(or metadata_url\) and block_urls \(or source_url\), or use Client.local\(DIR\)$"
+    )
+    with pytest.raises(ValueError, match=refused):
         blobsdk.Client(blobsdk.ClientConfig())
 
 
 def test_block_urls_without_an_api_url_are_refused():
-    with pytest.raises(ValueError, match=r"^block_urls need an api_url \(the metadata API server\)$"):
+    refused = r"^L4 needs its metadata: an api_url \(the metadata API server\) or a metadata_url \(Redis\)$"
+    with pytest.raises(ValueError, match=refused):
         blobsdk.ClientConfig(block_urls=("http://b",))
 
 

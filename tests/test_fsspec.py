@@ -92,7 +92,11 @@ def test_the_entry_point_registers_blob(tmp_path: Path) -> None:
             ValueError,
             "local=DIR is the embedded store: its config must not name servers (api_url, block_urls)",
         ),
-        ({"config": ClientConfig()}, ValueError, "no stores configured: need api_url and block_urls"),
+        (
+            {"config": ClientConfig()},
+            ValueError,
+            "no stores configured: need api_url (or metadata_url) and block_urls (or source_url)",
+        ),
         ({}, ValueError, "set BLOBSDK_CONFIG, or BLOBSDK_API_URL and BLOBSDK_BLOCK_URLS"),
         ({"lcoal": "d"}, TypeError, "unexpected keyword argument 'lcoal'"),
     ],

@@ -20,7 +20,7 @@ import builtins
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from ..errors import BadRequest
+from ..errors import BadRequest, PreconditionFailed
 from ..paths import validate_path, validate_prefix
 from ..plans import check_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
@@ -117,3 +117,28 @@ def check_list_args(prefix: str, start_after: str | None, limit: int) -> None:
     validate_prefix(prefix)
     check_cursor(start_after)
     check_limit(limit)
+
+
+def check_precondition(path: str, if_version: int | None, live: int | None) -> None:
+    """PreconditionFailed unless ``if_version`` admits the live version ``live`` (None when
+    the path has none; live versions are >= 1)."""
+    if if_version is None or if_version == (live or 0):
+        return
+    raise precondition_failed(path, if_version, live)
+
+
+def precondition_failed(path: str, if_version: int | None, live: int | None) -> PreconditionFailed:
+    expected = "no live version (if_version=0)" if if_version == 0 else f"version {if_version}"
+    actual = "no live version" if live is None else f"version {live}"
+    return PreconditionFailed(f"precondition failed for {path!r}: expected {expected}, found {actual}")
+
+
+def prefix_end(prefix: str) -> str:
+    """An exclusive upper bound: ``prefix <= s < prefix_end(prefix)`` iff ``s`` starts with
+    ``prefix``, for any valid path ``s``.  Stores compare UTF-8 bytes (SQLite's BINARY
+    collation, Redis's lexicographic ranges), which orders like Python's code points."""
+    stem = prefix.rstrip("\U0010ffff")  # a maximal last character cannot be incremented
+    last = ord(stem[-1]) + 1
+    if 0xD800 <= last <= 0xDFFF:  # surrogates never occur in a valid (UTF-8) path
+        last = 0xE000
+    return stem[:-1] + chr(last)

@@ -32,7 +32,6 @@ from ..errors import (
     BlobError,
     BlobNotFound,
     ClientClosed,
-    PreconditionFailed,
     Unavailable,
 )
 from ..paths import validate_path
@@ -43,8 +42,10 @@ from .base import (
     check_if_version,
     check_limit,
     check_list_args,
+    check_precondition,
     iterate_pages,
     iterate_plans,
+    prefix_end,
 )
 
 T = TypeVar("T")
@@ -288,7 +289,7 @@ def _commit_ops(conn: sqlite3.Connection, ops: list[CommitOp]) -> list[ReadPlan]
 def _commit_one(conn: sqlite3.Connection, op: CommitOp, now: float) -> ReadPlan:
     row = conn.execute("SELECT version, etag IS NOT NULL FROM plans WHERE path = ?", (op.path,)).fetchone()
     last, live = (0, None) if row is None else (row[0], row[0] if row[1] else None)
-    _check_precondition(op.path, op.if_version, live)
+    check_precondition(op.path, op.if_version, live)
     plan = msgspec.structs.replace(op.plan, version=last + 1, created=now)
     values = (plan.path, plan.version, plan.size, plan.etag, plan.created, len(plan.chunks), _encoder.encode(plan))
     conn.execute(_UPSERT, values)
@@ -301,20 +302,11 @@ def _delete(conn: sqlite3.Connection, path: str, if_version: int | None) -> Blob
         if row is None:
             raise BlobNotFound(f"no blob at {path!r}")
         info = _info(row)
-        _check_precondition(path, if_version, info.version)
+        check_precondition(path, if_version, info.version)
         conn.execute(_TOMBSTONE, (path,))
         return info
 
     return _atomic(conn, work)
-
-
-def _check_precondition(path: str, if_version: int | None, live: int | None) -> None:
-    """``live`` is the live version, None when the path has none (live versions are >= 1)."""
-    if if_version is None or if_version == (live or 0):
-        return
-    expected = "no live version (if_version=0)" if if_version == 0 else f"version {if_version}"
-    actual = "no live version" if live is None else f"version {live}"
-    raise PreconditionFailed(f"precondition failed for {path!r}: expected {expected}, found {actual}")
 
 
 def _list_page(conn: sqlite3.Connection, prefix: str, start_after: str | None, limit: int) -> tuple[list[BlobInfo], str | None]:
@@ -340,14 +332,3 @@ def _scan_page(conn: sqlite3.Connection, start_after: str | None, limit: int) ->
 def _info(row: tuple[Any, ...]) -> BlobInfo:
     path, version, size, etag, created, chunks = row
     return BlobInfo(path=path, version=version, size=size, etag=etag, created=created, chunks=chunks)
-
-
-def prefix_end(prefix: str) -> str:
-    """An exclusive upper bound: ``prefix <= s < prefix_end(prefix)`` iff ``s`` starts with
-    ``prefix``, for any valid path ``s``.  SQLite's BINARY collation compares UTF-8 bytes,
-    which orders like Python's code-point comparison."""
-    stem = prefix.rstrip("\U0010ffff")  # a maximal last character cannot be incremented
-    last = ord(stem[-1]) + 1
-    if 0xD800 <= last <= 0xDFFF:  # surrogates never occur in a valid (UTF-8) path
-        last = 0xE000
-    return stem[:-1] + chr(last)

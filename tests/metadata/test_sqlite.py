@@ -8,8 +8,8 @@ import time
 import pytest
 
 from blobsdk.errors import BlobError, ClientClosed, Unavailable
-from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore, prefix_end
+from blobsdk.metadata.base import MetadataStore, prefix_end
+from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.wire import CommitOp
 
 from .conformance import MetadataStoreTests, make_plan, put

@@ -1,0 +1,351 @@
+"""Redis metadata store (issue 13; extra ``redis``): the :class:`~blobsdk.metadata.base.MetadataStore`
+for deployments past one machine, over redis-py's asyncio client, on a single Redis server
+or a Redis Cluster (found out at open: ``INFO cluster``).
+
+Layout, under a namespace ``ns`` (default ``blobsdk``), per bucket (a path's first segment):
+
+- ``ns:{bucket}:p:<path>``: a hash per path: ``v``, the last version assigned (kept by a
+  delete, so versions stay monotonic across delete and re-create, like SQLite's tombstones),
+  and while the path is live ``plan`` (the msgpack ReadPlan, stored with version 0 and
+  created 0: the two live in ``v`` and ``t``), ``size``, ``etag`` and ``chunks`` (so listing
+  never decodes plans) and ``t`` (created).  A lookup is one ``HMGET``: O(1).
+- ``ns:{bucket}:idx``: a sorted set of the bucket's live paths, all of score 0, so that
+  ``ZRANGEBYLEX`` lists a prefix in byte order (UTF-8 bytes order like code points, as
+  SQLite's).
+- ``ns:buckets``: a sorted set of every bucket ever committed to (added before a commit; a
+  bucket whose blobs are all gone stays, and lists nothing).
+
+Commits run as one Lua script (atomic on the server: every precondition is checked against
+the state the earlier ops of the same batch leave, before anything is written), and so do
+deletes.  On Redis Cluster a script's keys must share one hash slot: the ``{bucket}`` hash tag
+puts a bucket's keys in one, so **a commit's paths must share their bucket there**
+(BadRequest otherwise; a single server takes any batch).  A listing or gc scan walks the
+buckets one after another, so it spans slots and masters.  A bucket is one slot: a
+deployment spreads over the cluster by buckets (datasets, checkpoint prefixes, users).
+
+Failures: a connection refused or lost, a timeout (``timeout`` bounds every call) or a
+cluster without a master for a slot is Unavailable; redis-py reconnects on the next call, so
+a restarted server serves again.  As with any remote store, a commit whose answer was lost
+may or may not have happened.  Durability is the server's: with ``appendfsync always`` an
+acknowledged commit survives a crash; Redis's default (``everysec``) may lose the last second.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
+
+from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
+from ..paths import bucket_of, validate_path
+from ..wire import BlobInfo, CommitOp, ReadPlan
+from .base import (
+    check_commit_op,
+    check_cursor,
+    check_if_version,
+    check_limit,
+    check_list_args,
+    iterate_pages,
+    iterate_plans,
+    precondition_failed,
+    prefix_end,
+)
+
+_COMMIT = """
+-- KEYS: n path keys, then n index keys.  ARGV: now, then per op: path, if_version ('' for
+-- none), plan, size, etag, chunks.  Returns {0, version...} or {-1, op index, live version}.
+local n = #KEYS / 2
+local now = ARGV[1]
+local state = {}
+local versions = {}
+for i = 1, n do
+  local s = state[KEYS[i]]
+  if s == nil then
+    local cur = redis.call('HMGET', KEYS[i], 'v', 'etag')
+    local last = tonumber(cur[1]) or 0
+    local live = 0
+    if cur[2] then live = last end
+    s = {last, live}
+    state[KEYS[i]] = s
+  end
+  local wanted = ARGV[2 + (i - 1) * 6 + 1]
+  if wanted ~= '' and tonumber(wanted) ~= s[2] then
+    return {-1, i - 1, s[2]}
+  end
+  s[1] = s[1] + 1
+  s[2] = s[1]
+  versions[i] = s[1]
+end
+for i = 1, n do
+  local at = 2 + (i - 1) * 6
+  redis.call('HSET', KEYS[i], 'v', versions[i], 'plan', ARGV[at + 2], 'size', ARGV[at + 3],
+             'etag', ARGV[at + 4], 'chunks', ARGV[at + 5], 't', now)
+  redis.call('ZADD', KEYS[n + i], 0, ARGV[at])
+end
+table.insert(versions, 1, 0)
+return versions
+"""
+
+_DELETE = """
+-- KEYS: the path key, its index key.  ARGV: path, if_version ('' for none).
+-- Returns {-2} (no live version), {-1, live version} or {0, v, size, etag, chunks, t}.
+local cur = redis.call('HMGET', KEYS[1], 'v', 'size', 'etag', 'chunks', 't')
+if not cur[3] then return {-2} end
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= tonumber(cur[1]) then return {-1, tonumber(cur[1])} end
+redis.call('HDEL', KEYS[1], 'plan', 'size', 'etag', 'chunks', 't')
+redis.call('ZREM', KEYS[2], ARGV[1])
+return {0, cur[1], cur[2], cur[3], cur[4], cur[5]}
+"""
+
+_INFO_FIELDS = ("v", "size", "etag", "chunks", "t")
+_plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class RedisMetadataStore:
+    """MetadataStore over Redis at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for TLS,
+    ``redis://:PASSWORD@HOST:PORT/DB``); see the module docstring.  Connects on first use,
+    or at ``open()`` / ``async with``; ``aclose()`` closes, and any later call is ClientClosed."""
+
+    def __init__(self, url: str, *, namespace: str = "blobsdk", timeout: float = 5.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(f"a Redis metadata URL is redis://HOST:PORT/DB (or rediss://), got {url!r}")
+        if not namespace or "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace must be non-empty and without braces, got {namespace!r}")
+        self.url = url
+        self.namespace = namespace
+        self.timeout = timeout
+        self.cluster: bool | None = None  # known once open
+        self._redis: Any = None
+        self._closed = False
+        self._commit: Any = None
+        self._delete: Any = None
+
+    def __repr__(self) -> str:
+        return f"RedisMetadataStore({_redacted(self.url)!r})"
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> Self:
+        """Connect now (idempotent): Unavailable if the server cannot be reached."""
+        await self._client()
+        return self
+
+    async def aclose(self) -> None:
+        self._closed = True
+        client, self._redis = self._redis, None
+        if client is not None:
+            await client.aclose()
+
+    async def _client(self) -> Any:
+        if self._closed:
+            raise ClientClosed("metadata store is closed")
+        if self._redis is not None:
+            return self._redis
+        options: dict[str, Any] = {"socket_timeout": self.timeout, "socket_connect_timeout": self.timeout}
+        with self._errors():
+            single = aioredis.Redis.from_url(self.url, **options)
+            try:
+                info = await single.info("cluster")
+            except BaseException:
+                await single.aclose()
+                raise
+            if info.get("cluster_enabled"):
+                await single.aclose()
+                client: Any = RedisCluster.from_url(self.url, **options)
+                await client.initialize()
+                self.cluster = True
+            else:
+                client, self.cluster = single, False
+        self._commit, self._delete = client.register_script(_COMMIT), client.register_script(_DELETE)
+        self._redis = client
+        return client
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError, OSError) as exc:
+            raise Unavailable(f"metadata store {_redacted(self.url)}: {str(exc) or type(exc).__name__}") from exc
+        except rexc.RedisError as exc:
+            raise BlobError(f"metadata store {_redacted(self.url)}: {exc}") from exc
+
+    # --- keys ------------------------------------------------------------------------------
+
+    def _key(self, path: str) -> str:
+        return f"{self.namespace}:{{{bucket_of(path)}}}:p:{path}"
+
+    def _index(self, bucket: str) -> str:
+        return f"{self.namespace}:{{{bucket}}}:idx"
+
+    @property
+    def _buckets(self) -> str:
+        return f"{self.namespace}:buckets"
+
+    # --- MetadataStore ---------------------------------------------------------------------
+
+    async def get_plan(self, path: str) -> ReadPlan:
+        validate_path(path)
+        client = await self._client()
+        with self._errors():
+            fields = await client.hmget(self._key(path), "plan", "v", "t")
+        plan = _plan_of(fields)
+        if plan is None:
+            raise BlobNotFound(f"no blob at {path!r}")
+        return plan
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
+        paths = list(paths)
+        for path in paths:
+            validate_path(path)
+        if not paths:
+            return []
+        client = await self._client()
+        with self._errors():
+            async with client.pipeline(transaction=False) as pipe:
+                for path in paths:
+                    pipe.hmget(self._key(path), "plan", "v", "t")
+                found = await pipe.execute()
+        return [_plan_of(fields) for fields in found]
+
+    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
+        (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
+        return committed
+
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        ops = list(ops)
+        for op in ops:
+            check_commit_op(op)
+        if not ops:
+            return []
+        client = await self._client()
+        buckets = sorted({bucket_of(op.path) for op in ops})
+        if self.cluster and len(buckets) > 1:
+            raise BadRequest(f"on Redis Cluster a commit's paths must share their bucket; these are in {buckets}")
+        now = time.time()
+        args: list[Any] = [repr(now)]
+        for op in ops:
+            stored = msgspec.structs.replace(op.plan, version=0, created=0.0)
+            if_version = "" if op.if_version is None else str(op.if_version)
+            args += [op.path, if_version, _encoder.encode(stored), op.plan.size, op.plan.etag, len(op.plan.chunks)]
+        keys = [self._key(op.path) for op in ops] + [self._index(bucket_of(op.path)) for op in ops]
+        with self._errors():
+            await client.zadd(self._buckets, dict.fromkeys(buckets, 0))
+            answer = await self._commit(keys=keys, args=args)
+        if answer[0] == -1:
+            op = ops[answer[1]]
+            raise precondition_failed(op.path, op.if_version, int(answer[2]) or None)
+        return [msgspec.structs.replace(op.plan, version=int(v), created=now) for op, v in zip(ops, answer[1:], strict=True)]
+
+    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+        validate_path(path)
+        check_if_version(if_version)
+        await self._client()
+        with self._errors():
+            answer = await self._delete(
+                keys=[self._key(path), self._index(bucket_of(path))], args=[path, "" if if_version is None else if_version]
+            )
+        if answer[0] == -2:
+            raise BlobNotFound(f"no blob at {path!r}")
+        if answer[0] == -1:
+            raise precondition_failed(path, if_version, int(answer[1]))
+        return _info(path, answer[1:])
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[BlobInfo], str | None]:
+        check_list_args(prefix, start_after, limit)
+        paths = await self._paths(prefix, start_after, limit + 1)
+        client = await self._client()
+        with self._errors():
+            async with client.pipeline(transaction=False) as pipe:
+                for path in paths[:limit]:
+                    pipe.hmget(self._key(path), *_INFO_FIELDS)
+                found = await pipe.execute()
+        # A path deleted between the index read and this one is skipped (its etag is gone).
+        items = [_info(path, fields) for path, fields in zip(paths, found, strict=False) if fields[2] is not None]
+        return items, (paths[limit - 1] if len(paths) > limit else None)
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        check_list_args(prefix, start_after, limit)
+        return iterate_pages(self, prefix, start_after, limit)
+
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
+        check_cursor(start_after)
+        check_limit(limit)
+        paths = await self._paths("/", start_after, limit + 1)
+        plans = [plan for plan in await self.get_plans(paths[:limit]) if plan is not None]
+        return plans, (paths[limit - 1] if len(paths) > limit else None)
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        return iterate_plans(self)
+
+    async def _paths(self, prefix: str, start_after: str | None, count: int) -> builtins.list[str]:
+        """Up to ``count`` live paths under ``prefix`` after ``start_after``, sorted, from
+        one bucket after another."""
+        client = await self._client()
+        end = prefix_end(prefix)
+        low = f"({start_after}" if start_after is not None and start_after >= prefix else f"[{prefix}"
+        found: builtins.list[str] = []
+        with self._errors():
+            for bucket in await self._buckets_under(prefix):
+                if start_after is not None and prefix_end(f"/{bucket}/") <= start_after:
+                    continue  # the whole bucket sorts before the cursor
+                raw = await client.zrangebylex(self._index(bucket), low, f"({end}", start=0, num=count - len(found))
+                found += [p.decode() for p in raw]
+                if len(found) >= count:
+                    break
+        return found
+
+    async def _buckets_under(self, prefix: str) -> builtins.list[str]:
+        """The buckets a prefix can match, in the order their paths sort (by "bucket/")."""
+        body = prefix[1:]
+        if "/" in body:
+            return [body.split("/", 1)[0]]
+        client = await self._client()
+        if body:
+            raw = await client.zrangebylex(self._buckets, f"[{body}", f"({prefix_end(body)}")
+        else:
+            raw = await client.zrangebylex(self._buckets, "-", "+")
+        return sorted((b.decode() for b in raw), key=lambda b: b + "/")
+
+
+def _plan_of(fields: builtins.list[bytes | None]) -> ReadPlan | None:
+    plan, version, created = fields
+    if plan is None or version is None or created is None:
+        return None
+    return msgspec.structs.replace(_plan_decoder.decode(plan), version=int(version), created=float(created))
+
+
+def _info(path: str, fields: Sequence[Any]) -> BlobInfo:
+    version, size, etag, chunks, created = fields
+    return BlobInfo(
+        path=path,
+        version=int(version),
+        size=int(size),
+        etag=etag.decode() if isinstance(etag, bytes) else etag,
+        created=float(created),
+        chunks=int(chunks),
+    )
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,210 @@
+"""The shared read-plan cache (issue 13; the memcache-like plan cache of the Prometheus
+design): plans in Redis, a second level behind each client's in-process cache
+(:mod:`blobsdk.metadata.cache`) and in front of the metadata store (usually the API server),
+so that a thousand readers of one dataset ask the API server once per plan and TTL, not a
+thousand times.  ``[read] shared_plan_cache_url = "redis://..."`` in client.toml.
+
+Keys, under a namespace: ``ns:pc:{path}:gen``, the path's generation, and
+``ns:pc:{path}:<scope>``, a cached plan (msgpack) with the generation it was cached at.  The
+``{path}`` hash tag keeps both in one slot of a Redis Cluster.  ``scope`` separates what
+different credentials may see: plans carry chunk grants signed for one tenant, so clients
+with different tokens never share an entry (the scope is a digest of the token, never the
+token).
+
+Staleness: an entry lives ``ttl_seconds`` at most, and never past a margin before its grants
+expire.  A commit or delete through this cache bumps the path's generation, which
+invalidates the path for every scope at once (no scan), then caches the new plan for its own
+scope; so every client using the cache reads a write made through it at once.  A write that
+does not go through it (another deployment's client, a server-side job) is visible within
+``ttl_seconds``, as with the in-process cache.  Missing paths are not cached.  If Redis is
+down, the cache steps aside: reads and writes go to the store (counted in ``errors``), never
+failing because of the cache.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+
+from ..auth import GRANT_MARGIN_S
+from ..wire import BlobInfo, CommitOp, ReadPlan
+from .base import MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+class _Entry(msgspec.Struct, array_like=True):
+    gen: int
+    plan: ReadPlan
+
+
+_decoder = msgspec.msgpack.Decoder(_Entry)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class SharedPlanCache:
+    """A MetadataStore wrapper caching plans in Redis at ``url``; see the module docstring."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        url: str,
+        *,
+        ttl_seconds: float = 10.0,
+        token: str | None = None,
+        namespace: str = "blobsdk",
+        timeout: float = 1.0,
+    ) -> None:
+        if not ttl_seconds > 0:
+            raise ValueError(f"shared plan cache needs ttl_seconds > 0, got {ttl_seconds}")
+        self.store = store
+        self.url = url
+        self.ttl_seconds = ttl_seconds
+        self._scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]
+        self._ns = namespace
+        # A short timeout: a slow cache must cost less than the store it saves a trip to.
+        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.hits = self.misses = self.errors = 0
+
+    def _keys(self, path: str) -> tuple[str, str]:
+        base = f"{self._ns}:pc:{{{path}}}"
+        return f"{base}:gen", f"{base}:{self._scope}"
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def get_plan(self, path: str) -> ReadPlan:
+        (found,) = await self._cached([path])
+        if found is not None:
+            return found
+        plan = await self.store.get_plan(path)
+        await self._put([plan])
+        return plan
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
+        paths = list(paths)
+        cached = await self._cached(paths)
+        missing = [p for p, plan in zip(paths, cached, strict=True) if plan is None]
+        if not missing:
+            return cached
+        fetched = dict(zip(missing, await self.store.get_plans(missing), strict=True))
+        await self._put([plan for plan in fetched.values() if plan is not None])
+        return [plan if plan is not None else fetched.get(path) for path, plan in zip(paths, cached, strict=True)]
+
+    async def _cached(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
+        """Each path's cached plan if its generation is current and it is not near its
+        grants' expiry; None otherwise (and for every path if Redis fails)."""
+        if not paths:
+            return []
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for path in paths:
+                    pipe.mget(*self._keys(path))
+                answers = await pipe.execute()
+        except (rexc.RedisError, OSError) as exc:
+            self._failed(exc)
+            return [None] * len(paths)
+        found: builtins.list[ReadPlan | None] = []
+        for gen, raw in answers:
+            entry = _decoder.decode(raw) if raw is not None else None
+            usable = entry is not None and entry.gen == int(gen or 0) and not _near_expiry(entry.plan)
+            found.append(entry.plan if usable and entry is not None else None)
+        hits = sum(plan is not None for plan in found)
+        self.hits += hits
+        self.misses += len(found) - hits
+        return found
+
+    async def _put(self, plans: builtins.list[ReadPlan]) -> None:
+        """Cache ``plans`` at their paths' current generation (a WATCH-free race: a commit
+        that bumps the generation meanwhile makes the entry unusable, never wrong)."""
+        if not plans:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for plan in plans:
+                    pipe.get(self._keys(plan.path)[0])
+                gens = await pipe.execute()
+                for plan, gen in zip(plans, gens, strict=True):
+                    ttl = self._ttl_of(plan)
+                    if ttl > 0:
+                        pipe.set(self._keys(plan.path)[1], _encoder.encode(_Entry(int(gen or 0), plan)), px=ttl)
+                await pipe.execute()
+        except (rexc.RedisError, OSError) as exc:
+            self._failed(exc)
+
+    def _ttl_of(self, plan: ReadPlan) -> int:
+        """Milliseconds: the TTL, or less if the grants expire sooner."""
+        ttl = self.ttl_seconds
+        if plan.grants_expire:
+            ttl = min(ttl, plan.grants_expire - GRANT_MARGIN_S - time.time())
+        return int(ttl * 1000)
+
+    # --- writes: to the store, then the generation ------------------------------------------
+
+    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
+        (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
+        return committed
+
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        committed = await self.store.commit_many(ops)
+        await self._bump([op.path for op in ops])
+        await self._put(committed)
+        return committed
+
+    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+        try:
+            return await self.store.delete(path, if_version)
+        finally:
+            await self._bump([path])
+
+    async def _bump(self, paths: builtins.list[str]) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for path in dict.fromkeys(paths):
+                    gen = self._keys(path)[0]
+                    pipe.incr(gen)
+                    pipe.pexpire(gen, int(self.ttl_seconds * 1000) * 2)  # outlives every entry of the old one
+                await pipe.execute()
+        except (rexc.RedisError, OSError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.errors == 0:
+            log.warning("shared plan cache %s is failing (%s): reads go to the metadata store", self.url, exc)
+        self.errors += 1
+
+    # --- the rest passes through ------------------------------------------------------------
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[BlobInfo], str | None]:
+        return await self.store.list_page(prefix, start_after, limit)
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        return self.store.list(prefix, start_after, limit)
+
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
+        return await self.store.scan_page(start_after, limit)
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        return self.store.iter_plans()
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "errors": self.errors}
+
+    async def aclose(self) -> None:
+        try:
+            await self.store.aclose()
+        finally:
+            await self._redis.aclose()
+
+
+def _near_expiry(plan: ReadPlan) -> bool:
+    return bool(plan.grants_expire) and plan.grants_expire - GRANT_MARGIN_S <= time.time()

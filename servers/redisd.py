@@ -1,0 +1,156 @@
+"""Local ``redis-server`` processes, for tests, benchmarks and ``servers.cluster --metadata
+redis``: one server, or a Redis Cluster of N masters, on free loopback ports.
+
+    with start_redis(dir) as server:            # server.url: redis://127.0.0.1:PORT/0
+        ...
+    with start_redis_cluster(dir, masters=3) as cluster:
+        cluster.url                             # any master's URL: the client finds the rest
+        cluster.servers[1].stop(); cluster.servers[1].start()   # kill and restart one
+
+Each server runs with persistence off (``--save ""``, no AOF) unless ``durable=True`` (AOF,
+``appendfsync always``), in its own directory, and dies with the process that started it
+(a pipe as lifeline, as servers/cluster.py's servers have: see ``LIFELINE``).  Redis takes
+no port 0, so a port is picked free and, if another process takes it first, another one is.
+``redis-server`` must be on PATH (``make test`` installs it: ``apt-get install -y redis-server``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servers._common.lifeline import LIFELINE, free_port
+
+START_TIMEOUT_S = 10.0
+
+
+def redis_server_path() -> str:
+    found = shutil.which("redis-server")
+    if found is None:
+        raise FileNotFoundError("redis-server is not on PATH: apt-get install -y redis-server (make test does)")
+    return found
+
+
+@dataclass
+class RedisServer:
+    """One redis-server subprocess in ``dir``; see the module docstring."""
+
+    dir: Path
+    cluster: bool = False
+    durable: bool = False
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _lifeline: int | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start (or restart, on the same port) and wait until it answers PING."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):
+            port = self.port or free_port()
+            self._spawn(port)
+            if self._wait_ready(port):
+                self.port = port
+                return
+            self.stop()
+            if self.port:  # a restart on our own port: nothing else to try
+                break
+        raise RuntimeError(f"redis-server did not start in {self.dir} (see {self.dir / 'redis.log'})")
+
+    def _spawn(self, port: int) -> None:
+        args = [redis_server_path(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args += ["--logfile", str(self.dir / "redis.log"), "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.dir / "nodes.conf")]
+        read, write = os.pipe()
+        self.process = subprocess.Popen([sys.executable, "-c", LIFELINE, *args], stdin=read, stdout=subprocess.DEVNULL)
+        os.close(read)
+        self._lifeline = write
+
+    def _wait_ready(self, port: int) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                return False  # exited: the port was taken, most likely
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(64).startswith(b"+PONG"):
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: no chance to save anything) and wait for it."""
+        if self._lifeline is not None:
+            os.close(self._lifeline)  # the lifeline kills redis-server
+            self._lifeline = None
+        if self.process is not None:
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@contextlib.contextmanager
+def start_redis(dir: str | os.PathLike[str], *, durable: bool = False) -> Iterator[RedisServer]:
+    server = RedisServer(Path(dir), durable=durable)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class RedisCluster:
+    servers: list[RedisServer]
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+
+@contextlib.contextmanager
+def start_redis_cluster(dir: str | os.PathLike[str], *, masters: int = 3) -> Iterator[RedisCluster]:
+    """``masters`` cluster-enabled servers joined with ``redis-cli --cluster create`` (no
+    replicas), once ``cluster_state:ok``."""
+    servers = [RedisServer(Path(dir) / f"node{i}", cluster=True) for i in range(masters)]
+    try:
+        for server in servers:
+            server.start()
+        cli = shutil.which("redis-cli") or "redis-cli"
+        nodes = [f"127.0.0.1:{server.port}" for server in servers]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        _wait_cluster_ok(cli, servers)
+        yield RedisCluster(servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _wait_cluster_ok(cli: str, servers: list[RedisServer]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = [
+            subprocess.run([cli, "-p", str(s.port), "cluster", "info"], capture_output=True, text=True, timeout=10).stdout
+            for s in servers
+        ]
+        if all("cluster_state:ok" in state for state in states):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the Redis cluster did not reach cluster_state:ok in 30 s")

@@ -1,0 +1,156 @@
+"""blobsdk/metadata/redis.py against real redis-server processes: the conformance suite on a
+single server and on a three-master Redis Cluster, and the faults (a killed server, a
+restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import pytest
+
+from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, Unavailable
+from blobsdk.metadata.base import MetadataStore, check_commit_op
+from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.paths import bucket_of
+from blobsdk.wire import CommitOp
+from servers.redisd import start_redis, start_redis_cluster
+
+from .conformance import MetadataStoreTests, make_plan, put
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    with start_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
+        yield cluster
+
+
+def namespace() -> str:
+    """A fresh namespace per test: the servers are shared by a module's tests."""
+    return f"t{secrets.token_hex(6)}"
+
+
+class TestRedisMetadataStore(MetadataStoreTests):
+    @pytest.fixture
+    async def store(self, redis_server):
+        async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
+            assert store.cluster is False
+            yield store
+
+
+class PerBucket:
+    """The store, with a batch of several buckets' paths committed one bucket at a time: the
+    suite's fixtures put several buckets in one batch, which a cluster refuses (its rule)."""
+
+    def __init__(self, store: RedisMetadataStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    async def commit_many(self, ops):
+        for op in ops:
+            check_commit_op(op)  # bad input is the store's to refuse, as a whole batch
+        buckets = {bucket_of(op.path) for op in ops}
+        if len(buckets) < 2:
+            return await self.store.commit_many(ops)
+        done = {}
+        for bucket in sorted(buckets):
+            mine = [op for op in ops if bucket_of(op.path) == bucket]
+            done.update(zip(map(id, mine), await self.store.commit_many(mine), strict=True))
+        return [done[id(op)] for op in ops]
+
+
+class TestRedisClusterMetadataStore(MetadataStoreTests):
+    """The same suite on a three-master cluster."""
+
+    @pytest.fixture
+    async def store(self, redis_cluster):
+        async with RedisMetadataStore(redis_cluster.url, namespace=namespace()) as store:
+            assert store.cluster is True
+            yield PerBucket(store)
+
+
+async def test_is_a_metadata_store(redis_server):
+    assert isinstance(RedisMetadataStore(redis_server.url), MetadataStore)
+
+
+async def test_a_listing_spans_the_slots_of_many_buckets(redis_cluster):
+    """Buckets hash to slots on all three masters; one listing walks them in path order."""
+    async with RedisMetadataStore(redis_cluster.url, namespace=namespace()) as store:
+        paths = [f"/bucket{i:02d}/k{j}" for i in range(30) for j in range(3)]
+        for i in range(30):
+            await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[i * 3 : i * 3 + 3]])
+        slots = {await store._redis.cluster_keyslot(store._index(f"bucket{i:02d}")) for i in range(30)}
+        nodes = {store._redis.get_node_from_key(store._index(f"bucket{i:02d}")).name for i in range(30)}
+        assert len(slots) == 30 and len(nodes) == 3
+        assert [info.path async for info in store.list("/", limit=7)] == sorted(paths)
+        assert [info.path async for info in store.list("/bucket1")] == sorted(p for p in paths if p.startswith("/bucket1"))
+        assert [plan.path async for plan in store.iter_plans()] == sorted(paths)
+
+
+async def test_on_a_cluster_a_commit_across_buckets_is_refused(redis_cluster):
+    async with RedisMetadataStore(redis_cluster.url, namespace=namespace()) as store:
+        ops = [CommitOp(path="/a/x", plan=make_plan("/a/x")), CommitOp(path="/b/x", plan=make_plan("/b/x"))]
+        with pytest.raises(
+            BadRequest, match=r"^on Redis Cluster a commit's paths must share their bucket; these are in \['a', 'b'\]$"
+        ):
+            await store.commit_many(ops)
+        assert await store.get_plans(["/a/x", "/b/x"]) == [None, None]
+
+
+async def test_a_single_server_commits_across_buckets_atomically(redis_server):
+    async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
+        ops = [CommitOp(path="/a/x", plan=make_plan("/a/x")), CommitOp(path="/b/x", plan=make_plan("/b/x"))]
+        assert [p.version for p in await store.commit_many(ops)] == [1, 1]
+        assert [i.path async for i in store.list("/")] == ["/a/x", "/b/x"]
+
+
+async def test_bad_urls_and_namespaces_are_refused():
+    with pytest.raises(ValueError, match=r"^a Redis metadata URL is redis://HOST:PORT/DB \(or rediss://\), got 'http://x'$"):
+        RedisMetadataStore("http://x")
+    with pytest.raises(ValueError, match=r"^namespace must be non-empty and without braces, got 'a\{b'$"):
+        RedisMetadataStore("redis://127.0.0.1:1/0", namespace="a{b")
+
+
+async def test_a_server_nobody_listens_on_is_unavailable_fast():
+    store = RedisMetadataStore("redis://:secret@127.0.0.1:1/0", timeout=1.0)
+    begun = time.monotonic()
+    with pytest.raises(Unavailable, match=r"^metadata store redis://:\*\*\*@127\.0\.0\.1:1/0: "):
+        await store.get_plan("/b/x")
+    assert time.monotonic() - begun < 5
+    await store.aclose()
+    with pytest.raises(ClientClosed):
+        await store.get_plan("/b/x")
+
+
+async def test_a_killed_server_is_unavailable_not_a_hang_and_a_restart_serves_again(tmp_path):
+    with start_redis(tmp_path / "r", durable=True) as server:
+        async with RedisMetadataStore(server.url, namespace="ns", timeout=1.0) as store:
+            await put(store, "/b/x")
+            server.stop()
+            begun = time.monotonic()
+            for call in (lambda: store.get_plan("/b/x"), lambda: put(store, "/b/y"), lambda: store.list_page("/b/")):
+                with pytest.raises(Unavailable):
+                    await call()
+            assert time.monotonic() - begun < 10
+            server.start()  # the same port; the append-only file brings /b/x back
+            assert (await store.get_plan("/b/x")).version == 1
+            assert (await put(store, "/b/y")).version == 1
+            with pytest.raises(BlobNotFound):
+                await store.get_plan("/b/z")
+
+
+async def test_concurrent_commits_from_two_stores_keep_versions_monotonic(redis_server):
+    ns = namespace()
+    async with RedisMetadataStore(redis_server.url, namespace=ns) as a, RedisMetadataStore(redis_server.url, namespace=ns) as b:
+        results = await asyncio.gather(*(put(s, "/b/x", seed=i) for i, s in enumerate([a, b] * 10)))
+        assert sorted(p.version for p in results) == list(range(1, 21))
+        assert (await b.get_plan("/b/x")).version == 20

@@ -1,0 +1,151 @@
+"""Past one machine (issue 13): a client whose metadata is in Redis (``metadata_url``) and whose
+L4 is an S3 bucket (``source_url``, moto's real S3 API), through the tiers, from client.toml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import blobsdk
+from blobsdk.config import ClientConfig, S3Config
+from blobsdk.metadata.redis import RedisMetadataStore
+from servers.cluster import start_cluster
+from servers.redisd import start_redis
+from servers.s3d import start_s3
+from tests.helpers import ROOT
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    with start_redis(tmp_path_factory.mktemp("redis")) as redis, start_s3(tmp_path_factory.mktemp("s3")) as s3:
+        s3.make_bucket("lake")
+        yield redis, s3
+
+
+def config_of(services, tmp_path: Path, **extra) -> ClientConfig:
+    redis, s3 = services
+    text = f"""
+metadata_url = "{redis.url}"
+source_url = "s3://lake/blobsdk"
+
+[s3]
+endpoint = "{s3.endpoint}"
+region = "us-east-1"
+allow_http = true
+access_key_id = "test"
+secret_access_key = "test"
+"""
+    text += "".join(f"\n[{table}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items()) for table, values in extra.items())
+    (tmp_path / "client.toml").write_text(text)
+    return ClientConfig.from_toml(tmp_path / "client.toml")
+
+
+async def test_an_epoch_over_redis_and_s3_verifies_every_byte(services, tmp_path):
+    config = config_of(services, tmp_path, write={"chunk_size": MiB, "block_size": 4 * MiB, "max_write_seconds": 0.2})
+    blobs = {f"/data/train/{i:03d}": os.urandom((i % 5 + 1) * 300_000) for i in range(24)}
+    async with blobsdk.Client(config) as c:
+        await c.put_many(blobs.items())
+        await c.put("/data/big", big := os.urandom(9 * MiB))  # chunks over several blocks
+    async with blobsdk.Client(config) as c:  # a fresh client: L1 empty, every chunk from S3
+        for path, data in blobs.items():
+            assert await c.get(path) == data
+        assert await c.get("/data/big", offset=5 * MiB - 7, length=2 * MiB) == big[5 * MiB - 7 : 7 * MiB - 7]
+        assert sorted([i.path async for i in c.list("/data/train/")]) == sorted(blobs)
+        stats = c.stats()
+        assert stats["l4"]["hits"] >= len(blobs) and stats["l4"]["corrupt"] == 0
+        await c.delete("/data/train/000")
+        report = await c.gc(grace=0.3)
+        assert report.blocks_scanned >= 1 and report.blocks_referenced >= 1
+        assert await c.get("/data/train/001") == blobs["/data/train/001"]
+
+
+async def test_a_checkpoint_round_trips_through_redis_and_s3(services, tmp_path):
+    import numpy as np
+
+    async with blobsdk.Client(config_of(services, tmp_path)) as c:
+        ck = c.checkpoints("/ckpt/run", keep=2)
+        state = {"w": np.arange(3 * MiB, dtype=np.float32)}
+        await (await ck.save(1, state)).wait()
+        state["w"][:10] = -1
+        manifest = await (await ck.save(2, state)).wait()
+        assert manifest.new_bytes <= 4 * MiB  # one chunk of the three
+        assert np.array_equal((await ck.load())["w"], state["w"])
+
+
+def test_the_config_names_one_metadata_and_one_l4():
+    with pytest.raises(ValueError, match=r"^api_url and metadata_url both name the metadata: set one$"):
+        ClientConfig(api_url="http://a", metadata_url="redis://r:6379/0", block_urls=("http://b",))
+    with pytest.raises(ValueError, match=r"^block_urls and source_url both name L4: set one$"):
+        ClientConfig(api_url="http://a", block_urls=("http://b",), source_url="s3://x")
+    with pytest.raises(ValueError, match=r"^metadata_url must be redis://HOST:PORT/DB \(or rediss://\), got 'sqlite:///x'$"):
+        ClientConfig(metadata_url="sqlite:///x", source_url="s3://x")
+    with pytest.raises(ValueError, match=r"^an S3 location is s3://BUCKET\[/PREFIX\], got 's3:///x'$"):
+        ClientConfig(metadata_url="redis://r:6379/0", source_url="s3:///x")
+    with pytest.raises(ValueError, match=r"^L4 needs its metadata: an api_url \(the metadata API server\) or a metadata_url"):
+        ClientConfig(source_url="s3://x")
+    config = ClientConfig(metadata_url="redis://r:6379/0", source_url="s3://x/p", s3=S3Config(region="eu-west-1"))
+    text = config.to_toml()
+    assert 'metadata_url = "redis://r:6379/0"\n' in text and 'source_url = "s3://x/p"\n' in text
+    assert '\n[s3]\nregion = "eu-west-1"\nallow_http = false\n' in text
+    assert ClientConfig.from_dict(tomllib.loads(text)) == config
+
+
+async def test_a_local_cluster_over_redis_and_s3_reads_through_its_l3_node(services, tmp_path):
+    """``servers.cluster --metadata redis://... --source s3://...``: the API server keeps the
+    metadata in Redis, the L3 node reads through from S3, and there are no block servers."""
+    redis, s3 = services
+    s3_config = S3Config(endpoint=s3.endpoint, region="us-east-1", allow_http=True, access_key_id="t", secret_access_key="t")
+    options = {"metadata": redis.url, "source": "s3://lake/cluster", "s3": s3_config, "l3_nodes": 1}
+    async with start_cluster(tmp_path, **options) as cluster:
+        assert cluster.config is not None and cluster.config.block_urls == () and cluster.config.source_url == "s3://lake/cluster"
+        assert [p.kind for p in cluster.processes] == ["api", "l3"]
+        data = os.urandom(3 * MiB)
+        async with blobsdk.Client(cluster.config) as c:
+            await c.put("/c/x", data)
+        async with blobsdk.Client(cluster.config) as c:
+            assert await c.get("/c/x") == data
+            assert await c.get("/c/x") == data
+            assert c.stats()["l3"]["hits"] >= 1  # the node read it through from S3
+    async with RedisMetadataStore(redis.url) as store:  # the API server wrote to Redis
+        assert (await store.get_plan("/c/x")).size == 3 * MiB
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("servers.api", ["--db", "x.sqlite", "--metadata", "redis://r/0"], "argument --metadata: not allowed with argument --db"),
+        ("servers.flash", ["--dir", "d", "--source", "http://x"], "source_url must be s3://BUCKET[/PREFIX]"),
+        (
+            "servers.flash",
+            ["--dir", "d", "--block-url", "http://127.0.0.1:9", "--source", "s3://b"],
+            "block_urls and source_url both name L4: set one",
+        ),
+        (
+            "servers.cluster",
+            ["--dir", "d", "--metadata", "sqlite:///x"],
+            "--metadata must be redis://HOST:PORT/DB, got 'sqlite:///x'",
+        ),
+        (
+            "servers.cluster",
+            ["--dir", "d", "--source", "gs://b"],
+            "--source: an S3 location is s3://BUCKET[/PREFIX], got 'gs://b'",
+        ),
+    ],
+)
+def test_the_servers_refuse_bad_store_flags(tmp_path, module, args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(message), done.stderr
