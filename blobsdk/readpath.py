@@ -13,8 +13,9 @@ is filled into an upper tier (which may keep it as is, as L1 does, or until writ
 L2's write-behind does) or shared by several readers, it is shared: read-only to everyone.
 A reader gets the buffer itself, with no copy, only when it reads the chunk whole, it was
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
-part out of it.  A buffer that only one reader copied from, and no tier kept, goes back to
-the tiers' :class:`~blobsdk._buffers.BufferPool` for the next fetch to read into.
+part out of it.  A one-off read (``read_into(..., fill_memory=False)``: a checkpoint restore)
+gives the buffers it alone copied from, and no tier kept, back to the tiers'
+:class:`~blobsdk._buffers.BufferPool`, for its next fetches to read into.
 
 Range rule: ``offset`` past the end gives an empty result; ``offset + length`` past the end
 gives the bytes up to the end; a negative ``offset`` or ``length`` is a BadRequest (a
@@ -78,7 +79,7 @@ class ReadPath:
         if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
             return await self._whole_chunk(jobs[0][0])
         out = bytearray(end - start)
-        await self._read_jobs(memoryview(out), start, jobs, top=0)
+        await self._read_jobs(memoryview(out), start, jobs, top=0, one_off=False)
         return out
 
     async def read_into(self, plan: ReadPlan, out: memoryview, *, fill_memory: bool = True) -> None:
@@ -89,16 +90,16 @@ class ReadPath:
         if out.nbytes != plan.size:
             raise BadRequest(f"{plan.path}: a buffer of {out.nbytes} bytes for a blob of {plan.size}")
         top = 1 if not fill_memory and self.tiers[0].name == "l1" and len(self.tiers) > 1 else 0
-        await self._read_jobs(out.cast("B"), 0, _overlapping(plan.chunks, 0, plan.size), top)
+        await self._read_jobs(out.cast("B"), 0, _overlapping(plan.chunks, 0, plan.size), top, one_off=not fill_memory)
 
-    async def _read_jobs(self, out: memoryview, start: int, jobs: list[tuple[ChunkRef, int]], top: int) -> None:
+    async def _read_jobs(self, out: memoryview, start: int, jobs: list[tuple[ChunkRef, int]], top: int, *, one_off: bool) -> None:
         if len(jobs) == 1:
-            await self._place(out, start, *jobs[0], top)
+            await self._place(out, start, *jobs[0], top, one_off)
             return
         slots = asyncio.Semaphore(self._parallel)
         async with task_group() as tasks:
             for ref, chunk_start in jobs:
-                tasks.create_task(self._bounded(slots, out, start, ref, chunk_start, top))
+                tasks.create_task(self._bounded(slots, out, start, ref, chunk_start, top, one_off))
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:
@@ -129,20 +130,20 @@ class ReadPath:
         await self._fetches.aclose()
 
     async def _bounded(
-        self, slots: asyncio.Semaphore, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int
+        self, slots: asyncio.Semaphore, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int, one_off: bool
     ) -> None:
         async with slots:
-            await self._place(out, start, ref, chunk_start, top)
+            await self._place(out, start, ref, chunk_start, top, one_off)
 
-    async def _place(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int) -> None:
+    async def _place(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int, one_off: bool) -> None:
         """Copy the part of chunk ``ref`` (which begins at blob offset ``chunk_start``) that
         falls inside the output window beginning at blob offset ``start``."""
         raw, sole = await self._chunk(ref, top)
         lo = max(chunk_start, start)
         hi = min(chunk_start + ref.raw_length, start + len(out))
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
-        if sole:
-            self.buffers.give(raw)  # copied out, and nobody else has it: the next fetch reads into it
+        if sole and one_off:  # copied out, and nobody else has it: this read's next fetch reads into it
+            self.buffers.give(raw)
 
     async def warm(self, ref: ChunkRef, top: int) -> bool:
         """Deep prefetch of one chunk into ``tiers[top]`` and the tiers between it and the

@@ -361,15 +361,20 @@ async def test_read_into_a_buffer_of_the_wrong_size_is_refused(tmp_path):
             await c._open.readpath.read_into(plan, memoryview(bytearray(9)))
 
 
-@pytest.mark.parametrize(("l1", "reused"), [(NO_L1, True), (L1Config(), False)])
-async def test_a_chunk_buffer_nobody_keeps_is_reused_by_the_next_fetch(tmp_path, l1, reused):
-    """Without L1 a read's chunk buffers go back to the pool once copied out, and later
-    fetches read into them (bytes still exact); buffers L1 keeps are never handed out again."""
+@pytest.mark.parametrize("l1", [NO_L1, L1Config()])
+async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_path, l1):
+    """A one-off read (``fill_memory=False``) gives each chunk buffer back once copied out,
+    and its later fetches read into them (bytes still exact); a plain get never does."""
     async with blobsdk.Client.local(tmp_path, write=SMALL, l1=l1) as c:
         data = data_of(600_000, 12)  # 10 chunks
         await c.put("/b/x", data)
-        for _ in range(3):
-            assert await c.get("/b/x", offset=1) == data[1:]
         pool = c._open.readpath.buffers
-        assert (pool.reused > 0) is reused
-        assert await c.get("/b/x") == data
+        for _ in range(2):
+            assert await c.get("/b/x", offset=1) == data[1:]
+        assert pool.reused == 0
+        plan = await c.plan("/b/x")
+        for _ in range(3):
+            out = bytearray(len(data))
+            await c._open.readpath.read_into(plan, memoryview(out), fill_memory=False)
+            assert out == data
+        assert (pool.reused > 0) is (l1 is NO_L1)  # with L1, the gets filled it: nothing was fetched

@@ -149,3 +149,23 @@ def test_the_servers_refuse_bad_store_flags(tmp_path, module, args, message):
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith(message), done.stderr
+
+
+async def test_a_block_changed_in_the_bucket_is_never_served(services, tmp_path):
+    """Someone overwrites a block object in S3 with other bytes of the same size: the read
+    is CorruptData (verified at the L4 boundary), never the wrong bytes."""
+    import obstore
+    from obstore.store import S3Store
+
+    config = config_of(services, tmp_path, write={"compression": '"none"'})
+    data = os.urandom(300_000)
+    async with blobsdk.Client(config) as c:
+        await c.put("/tamper/x", data)
+        (chunk,) = (await c.plan("/tamper/x")).chunks
+    _, s3 = services
+    bucket = S3Store("lake", prefix="blobsdk", config=s3.config, client_options={"allow_http": True})
+    [key] = [m["path"] async for batch in obstore.list(bucket) for m in batch if m["path"].endswith(chunk.block_id)]
+    await obstore.put_async(bucket, key, os.urandom(300_000))
+    async with blobsdk.Client(config) as c:
+        with pytest.raises(blobsdk.CorruptData, match=rf"^chunk {chunk.key}: no replica returned bytes matching its checksum"):
+            await c.get("/tamper/x")

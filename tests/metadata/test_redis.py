@@ -154,3 +154,22 @@ async def test_concurrent_commits_from_two_stores_keep_versions_monotonic(redis_
         results = await asyncio.gather(*(put(s, "/b/x", seed=i) for i, s in enumerate([a, b] * 10)))
         assert sorted(p.version for p in results) == list(range(1, 21))
         assert (await b.get_plan("/b/x")).version == 20
+
+
+async def test_a_cluster_with_a_master_down_is_unavailable_not_a_hang(tmp_path):
+    with start_redis_cluster(tmp_path / "c", masters=3) as cluster:
+        async with RedisMetadataStore(cluster.url, namespace="ns", timeout=1.0) as store:
+            down = cluster.servers[2]
+            on_it = next(f"/bucket{i}/x" for i in range(100) if _node_of(store, f"bucket{i}") == down.port)
+            await put(store, on_it)
+            down.stop()
+            begun = time.monotonic()
+            with pytest.raises(Unavailable):
+                await store.get_plan(on_it)
+            with pytest.raises(Unavailable):
+                await put(store, on_it, seed=1)
+            assert time.monotonic() - begun < 30
+
+
+def _node_of(store: RedisMetadataStore, bucket: str) -> int:
+    return int(store._redis.get_node_from_key(store._index(bucket)).port)
