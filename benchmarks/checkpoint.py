@@ -1,5 +1,5 @@
-"""checkpoint: delta checkpoint saves (issue 12).  A state of 16 float32 arrays (1 GiB;
-``--quick``: 256 MiB), saved at 10 steps (``--quick``: 5), with 5% of its 4 MiB chunks (the default size) changed
+"""checkpoint: delta checkpoint saves (issue 12).  A state of float32 arrays of 64 MiB (16, 1 GiB;
+``--quick``: 4, 256 MiB), saved at 10 steps (``--quick``: 5), with 5% of its 4 MiB chunks (the default size) changed
 before each step, in one run:
 
 - ``numpy``: ``np.save`` of every array into one local file, then ``fsync`` (the sync full save);
@@ -12,7 +12,7 @@ before each step, in one run:
 Per save: the stall (how long ``save`` blocks training: the whole save for the file-based
 ones), and the bytes written (file sizes; for blobsdk what its block store grew by, manifests
 and all).  Restore: ``load`` of the last checkpoint by a fresh client against reading the same
-bytes back from the numpy file (both from the page cache; medians of 3).
+bytes back from the numpy file (both from the page cache, into memory fresh from the kernel; medians of 3).
 
 Ratios: ``stall_cut`` (numpy's stall ÷ blobsdk's median delta stall; goal >= 20),
 ``bytes_vs_dirty`` (blobsdk's bytes written per delta step ÷ the bytes changed; goal <= 1.2),
@@ -24,6 +24,8 @@ save's new bytes ÷ FileSystemWriter's bytes for it; goal <= 0.2).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import tempfile
 import time
@@ -43,14 +45,15 @@ from ._report import Report, median
 
 MiB = 1 << 20
 CHUNK = WriteConfig().chunk_size  # the default, 4 MiB: checkpoints are cut as blobs are
-ARRAYS = 16
+ARRAY_BYTES = 64 * MiB  # every array, quick or full: past glibc's largest heap allocation, so mapped anew
 DIRTY = 0.05
 
 
 def _state(total: int, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    each = total // ARRAYS // 4
-    return {"model": {f"layer{i:02d}": rng.standard_normal(each, dtype=np.float32) for i in range(ARRAYS)}}
+    return {
+        "model": {f"layer{i:02d}": rng.standard_normal(ARRAY_BYTES // 4, dtype=np.float32) for i in range(total // ARRAY_BYTES)}
+    }
 
 
 def _dirty(state: dict[str, Any], rng: np.random.Generator) -> int:
@@ -80,17 +83,6 @@ def _numpy_save(state: dict[str, Any], path: Path) -> None:
             np.save(f, array)
         f.flush()
         os.fsync(f.fileno())
-
-
-@contextlib.contextmanager
-def _no_huge_pages() -> Iterator[None]:
-    from numpy._core.multiarray import _set_madvise_hugepage
-
-    was = _set_madvise_hugepage(False)
-    try:
-        yield
-    finally:
-        _set_madvise_hugepage(was)
 
 
 def _numpy_load(path: Path, arrays: int) -> list[Any]:
@@ -185,29 +177,49 @@ async def _saves(
 
 async def _restore(report: Report, root: Path, state: dict[str, Any], store: Path) -> None:
     """The median of 3 reads of the numpy file, and of 3 loads, each by a fresh client (L1
-    empty).  Every result is kept until all are done, so that each lands in memory the process
-    did not have yet, as a restore after a restart does: else the allocator hands a read the
-    last one's freed pages, and the file read is a memcpy into warm memory (10-16 GB/s here).
-    numpy's arrays are not advised for huge pages here, as blobsdk's buffers are not (see
-    blobsdk/_buffers.py): on this VM huge pages past the first few hundred MiB fault in 30x
-    slower, and the full run's file read fell to 0.42 GB/s with them (the quick one was 3-4)."""
+    empty), each result freed before the next, every one of them in memory fresh from the
+    kernel, as a restarted process's is: the allocator maps every large array anew
+    (``_fresh_allocations``) where it would hand a read the last one's freed pages (then the
+    file read is a memcpy into warm memory: 10-16 GB/s here), and numpy's arrays are not
+    advised for huge pages, as blobsdk's buffers are not (see blobsdk/_buffers.py).
+
+    Not keeping the results matters on this VM: past a few GiB the kernel hands out pages
+    the host must back first, and a page fault costs 5x more; the full run's loads took
+    1.2 s, then 3.5 and 3.7 s (sys time) while the earlier results were kept, and the file
+    read fell to 0.46 GB/s.  ``fresh_memory_mb_s`` is the floor of both: writing that much
+    fresh memory once."""
     nbytes = sum(a.nbytes for a in state["model"].values())
-    kept: list[object] = []
-    with _no_huge_pages():
-        reads = [_timed(lambda: kept.append(_numpy_load(root / "full.npy", len(state["model"])))) for _ in range(3)]
-    report.metrics["file_read_mb_s"] = nbytes / median(reads) / 1e6
-    with _no_huge_pages():  # the floor of both: writing every page of that much fresh memory once
-        touches = [_timed(lambda: np.ones(nbytes, dtype=np.uint8)) for _ in range(3)]  # mapped anew each time
-    report.metrics["fresh_memory_mb_s"] = nbytes / median(touches) / 1e6
     loads = []
-    for _ in range(3):
-        async with blobsdk.Client.local(store) as client:
-            begun = time.perf_counter()
-            loaded = await client.checkpoints("/ck/bench").load()
-            loads.append(time.perf_counter() - begun)
-        assert all(np.array_equal(loaded["model"][k], v) for k, v in state["model"].items()), "restore is not exact"
-        kept.append(loaded)
+    with _fresh_allocations():
+        reads = [_timed(lambda: _numpy_load(root / "full.npy", len(state["model"]))) for _ in range(3)]
+        touches = [_timed(lambda: np.ones(nbytes, dtype=np.uint8)) for _ in range(3)]
+        for _ in range(3):
+            async with blobsdk.Client.local(store) as client:
+                begun = time.perf_counter()
+                loaded = await client.checkpoints("/ck/bench").load()
+                loads.append(time.perf_counter() - begun)
+            assert all(np.array_equal(loaded["model"][k], v) for k, v in state["model"].items()), "restore is not exact"
+            del loaded
+    report.metrics["file_read_mb_s"] = nbytes / median(reads) / 1e6
+    report.metrics["fresh_memory_mb_s"] = nbytes / median(touches) / 1e6
     report.metrics["restore_mb_s"] = nbytes / median(loads) / 1e6
+
+
+@contextlib.contextmanager
+def _fresh_allocations() -> Iterator[None]:
+    """numpy without huge pages, and glibc mapping every allocation of 128 KiB or more anew
+    (``M_MMAP_THRESHOLD``: freed, it goes back to the kernel, not into the heap for the next;
+    for the rest of the run, as glibc has no way back to its dynamic threshold)."""
+    from numpy._core.multiarray import _set_madvise_hugepage
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    m_mmap_threshold = -3
+    was = _set_madvise_hugepage(False)
+    libc.mallopt(m_mmap_threshold, 128 << 10)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(was)
 
 
 def _dcp(report: Report, root: Path, state: dict[str, Any]) -> None:
