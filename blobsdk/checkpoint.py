@@ -29,10 +29,18 @@ referenced by a live plan and gc never deletes it.  Retention keeps the last ``k
 checkpoints: older manifests are deleted first, then their data blobs (a crash between the
 two leaves a data blob without a manifest, which the next save's retention deletes).
 
+Distributed saves write *parts*: ``part = await ck.write_part(state)`` writes a state's
+changed chunks durably (compared with the latest checkpoint, as a save's are) and commits
+nothing; ``await ck.commit(step, parts)`` commits the parts of every rank as one checkpoint,
+in the same one transaction, refused if ``latest`` moved since the parts were compared with
+it.  A save is a part of its own committed at once.
+
 ``await ck.remove(step)`` deletes one (``latest`` moves back first if it named it).
 ``await ck.load(step=None)`` (None: the latest) reads the data blob through the tiers (chunks
-in parallel, every one verified) and rebuilds the state exactly: nesting, dtypes, shapes,
-scalars; arrays are views of one buffer.  ``await ck.list()`` lists the kept steps.
+in parallel, every one verified, none filled into L1) straight into one fresh buffer and
+rebuilds the state exactly: nesting, dtypes, shapes, scalars; arrays are views of that
+buffer.  ``load(select=...)`` reads only the leaves whose name it accepts.  ``await
+ck.list()`` lists the kept steps.
 """
 
 from __future__ import annotations
