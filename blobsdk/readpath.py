@@ -72,6 +72,8 @@ class ReadPath:
         self.decode = ChunkDecoder(executor)
         self._parallel = parallel_chunks
         self._fetches: SingleFlight[_Served] = SingleFlight()
+        # Where a one-off read's fetches start filling: below L1, when there is one above L4.
+        self._one_off_top = 1 if self.tiers[0].name == "l1" and len(self.tiers) > 1 else 0
 
     async def read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         start, end = resolve_range(plan.size, offset, length)
@@ -79,7 +81,7 @@ class ReadPath:
         if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
             return await self._whole_chunk(jobs[0][0])
         out = bytearray(end - start)
-        await self._read_jobs(memoryview(out), start, jobs, top=0, one_off=False)
+        await self._read_jobs(memoryview(out), start, jobs, one_off=False)
         return out
 
     async def read_into(self, plan: ReadPlan, out: memoryview, *, fill_memory: bool = True) -> None:
@@ -89,17 +91,16 @@ class ReadPath:
         again as soon as they are copied out."""
         if out.nbytes != plan.size:
             raise BadRequest(f"{plan.path}: a buffer of {out.nbytes} bytes for a blob of {plan.size}")
-        top = 1 if not fill_memory and self.tiers[0].name == "l1" and len(self.tiers) > 1 else 0
-        await self._read_jobs(out.cast("B"), 0, _overlapping(plan.chunks, 0, plan.size), top, one_off=not fill_memory)
+        await self._read_jobs(out.cast("B"), 0, _overlapping(plan.chunks, 0, plan.size), one_off=not fill_memory)
 
-    async def _read_jobs(self, out: memoryview, start: int, jobs: list[tuple[ChunkRef, int]], top: int, *, one_off: bool) -> None:
+    async def _read_jobs(self, out: memoryview, start: int, jobs: list[tuple[ChunkRef, int]], *, one_off: bool) -> None:
         if len(jobs) == 1:
-            await self._place(out, start, *jobs[0], top, one_off)
+            await self._place(out, start, *jobs[0], one_off)
             return
         slots = asyncio.Semaphore(self._parallel)
         async with task_group() as tasks:
             for ref, chunk_start in jobs:
-                tasks.create_task(self._bounded(slots, out, start, ref, chunk_start, top, one_off))
+                tasks.create_task(self._bounded(slots, out, start, ref, chunk_start, one_off))
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:
@@ -130,15 +131,16 @@ class ReadPath:
         await self._fetches.aclose()
 
     async def _bounded(
-        self, slots: asyncio.Semaphore, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int, one_off: bool
+        self, slots: asyncio.Semaphore, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, one_off: bool
     ) -> None:
         async with slots:
-            await self._place(out, start, ref, chunk_start, top, one_off)
+            await self._place(out, start, ref, chunk_start, one_off)
 
-    async def _place(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, top: int, one_off: bool) -> None:
+    async def _place(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int, one_off: bool) -> None:
         """Copy the part of chunk ``ref`` (which begins at blob offset ``chunk_start``) that
-        falls inside the output window beginning at blob offset ``start``."""
-        raw, sole = await self._chunk(ref, top)
+        falls inside the output window beginning at blob offset ``start``; a one-off read
+        fills no L1 and gives the buffer back (see the module docstring)."""
+        raw, sole = await self._chunk(ref, self._one_off_top if one_off else 0)
         lo = max(chunk_start, start)
         hi = min(chunk_start + ref.raw_length, start + len(out))
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]

@@ -67,8 +67,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from blobsdk.config import ClientConfig, S3Config, WriteConfig
-from servers._common.stores import add_s3_args, check_source, s3_args_of, s3_config_of_args
+from blobsdk.config import ClientConfig, S3Config, WriteConfig, s3_location
+from servers._common.stores import add_s3_args, s3_args_of, s3_config_of_args
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -585,7 +585,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     if args.keys is not None and not args.keys.is_file():
         parser.error(f"--keys {args.keys}: no such file (make one with 'blobsdk token keygen FILE')")
     try:
-        check_source(args.source)
+        if args.source is not None:
+            s3_location(args.source)
     except ValueError as exc:
         parser.error(f"--source: {exc}")
     if args.metadata is not None and not args.metadata.startswith(("redis://", "rediss://")):

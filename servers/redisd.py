@@ -21,15 +21,13 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from servers._common.lifeline import LIFELINE, free_port
-
-START_TIMEOUT_S = 10.0
+from servers._common.lifeline import LocalService
 
 
 def redis_server_path() -> str:
@@ -40,65 +38,31 @@ def redis_server_path() -> str:
 
 
 @dataclass
-class RedisServer:
+class RedisServer(LocalService):
     """One redis-server subprocess in ``dir``; see the module docstring."""
 
-    dir: Path
     cluster: bool = False
     durable: bool = False
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _lifeline: int | None = field(default=None, repr=False)
+
+    name: ClassVar[str] = "redis-server"
+    log_name: ClassVar[str] = "redis.log"
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        """Start (or restart, on the same port) and wait until it answers PING."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):
-            port = self.port or free_port()
-            self._spawn(port)
-            if self._wait_ready(port):
-                self.port = port
-                return
-            self.stop()
-            if self.port:  # a restart on our own port: nothing else to try
-                break
-        raise RuntimeError(f"redis-server did not start in {self.dir} (see {self.dir / 'redis.log'})")
-
-    def _spawn(self, port: int) -> None:
+    def command(self, port: int) -> list[str]:
         args = [redis_server_path(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
-        args += ["--logfile", str(self.dir / "redis.log"), "--save", ""]
+        args += ["--logfile", str(self.dir / self.log_name), "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.dir / "nodes.conf")]
-        read, write = os.pipe()
-        self.process = subprocess.Popen([sys.executable, "-c", LIFELINE, *args], stdin=read, stdout=subprocess.DEVNULL)
-        os.close(read)
-        self._lifeline = write
+        return args
 
-    def _wait_ready(self, port: int) -> bool:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                return False  # exited: the port was taken, most likely
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-                conn.sendall(b"PING\r\n")
-                if conn.recv(64).startswith(b"+PONG"):
-                    return True
-            time.sleep(0.05)
-        return False
-
-    def stop(self) -> None:
-        """Kill the server (SIGKILL: no chance to save anything) and wait for it."""
-        if self._lifeline is not None:
-            os.close(self._lifeline)  # the lifeline kills redis-server
-            self._lifeline = None
-        if self.process is not None:
-            self.process.wait(timeout=10)
-            self.process = None
+    def answers(self, port: int) -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
 
 
 @contextlib.contextmanager

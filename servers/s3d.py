@@ -16,25 +16,23 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from servers._common.lifeline import LIFELINE, free_port
-
-START_TIMEOUT_S = 30.0  # moto imports a lot
+from servers._common.lifeline import LocalService
 
 
 @dataclass
-class S3Server:
-    dir: Path
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _lifeline: int | None = field(default=None, repr=False)
+class S3Server(LocalService):
+    """moto's S3 server in ``dir``; see the module docstring."""
+
+    name: ClassVar[str] = "moto's S3 server"
+    log_name: ClassVar[str] = "moto.log"
+    start_timeout_s: ClassVar[float] = 30.0  # moto imports a lot
 
     @property
     def endpoint(self) -> str:
@@ -45,46 +43,17 @@ class S3Server:
         """obstore S3 options for this server."""
         return {"endpoint": self.endpoint, "region": "us-east-1", "access_key_id": "test", "secret_access_key": "test"}
 
-    def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):
-            port = self.port or free_port()
-            read, write = os.pipe()
-            args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-            with open(self.dir / "moto.log", "ab") as log:
-                self.process = subprocess.Popen([sys.executable, "-c", LIFELINE, *args], stdin=read, stdout=log, stderr=log)
-            os.close(read)
-            self._lifeline = write
-            if self._wait_ready(port):
-                self.port = port
-                return
-            self.stop()
-            if self.port:
-                break
-        raise RuntimeError(f"moto's S3 server did not start (see {self.dir / 'moto.log'})")
+    def command(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
 
-    def _wait_ready(self, port: int) -> bool:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                return False
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-            time.sleep(0.1)
-        return False
+    def answers(self, port: int) -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
 
     def make_bucket(self, bucket: str) -> None:
         request = urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT")
         with urllib.request.urlopen(request, timeout=10) as answer:
             answer.read()
-
-    def stop(self) -> None:
-        if self._lifeline is not None:
-            os.close(self._lifeline)
-            self._lifeline = None
-        if self.process is not None:
-            self.process.wait(timeout=10)
-            self.process = None
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import cachetools
 
-from ..auth import GRANT_MARGIN_S
+from ..auth import grants_usable_for
 from ..plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import MetadataStore
@@ -109,10 +109,7 @@ class CachedMetadataStore:
     def _expiry(self, path: str, plan: ReadPlan, now: float) -> float:
         """When (monotonic) the cached ``plan`` goes stale: after the TTL, or a margin
         before its grants expire by this machine's wall clock."""
-        expires = now + self._ttl
-        if plan.grants_expire:
-            expires = min(expires, now + plan.grants_expire - GRANT_MARGIN_S - time.time())
-        return expires
+        return now + min(self._ttl, grants_usable_for(plan.grants_expire))
 
     def invalidate(self, path: str | None = None) -> None:
         """Forget one path's plan, or every plan."""

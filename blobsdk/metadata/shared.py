@@ -26,7 +26,6 @@ from __future__ import annotations
 import builtins
 import hashlib
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from ..auth import GRANT_MARGIN_S
+from ..auth import grants_usable_for
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import MetadataStore
 
@@ -141,10 +140,7 @@ class SharedPlanCache:
 
     def _ttl_of(self, plan: ReadPlan) -> int:
         """Milliseconds: the TTL, or less if the grants expire sooner."""
-        ttl = self.ttl_seconds
-        if plan.grants_expire:
-            ttl = min(ttl, plan.grants_expire - GRANT_MARGIN_S - time.time())
-        return int(ttl * 1000)
+        return int(min(self.ttl_seconds, grants_usable_for(plan.grants_expire)) * 1000)
 
     # --- writes: to the store, then the generation ------------------------------------------
 
@@ -207,4 +203,4 @@ class SharedPlanCache:
 
 
 def _near_expiry(plan: ReadPlan) -> bool:
-    return bool(plan.grants_expire) and plan.grants_expire - GRANT_MARGIN_S <= time.time()
+    return grants_usable_for(plan.grants_expire) <= 0

@@ -9,7 +9,15 @@ even by SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 
 LIFELINE = """
 import os, subprocess, sys, threading
@@ -28,3 +36,66 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalService:
+    """A third-party server in ``dir`` on a loopback port, run under :data:`LIFELINE`:
+    ``start()`` (again after ``stop()``: a restart on the same port), ``stop()`` (SIGKILL, and
+    waits).  A subclass says how to run it (:meth:`command`) and when it serves
+    (:meth:`answers`, one probe)."""
+
+    dir: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _lifeline: int | None = field(default=None, repr=False)
+
+    name: ClassVar[str] = "service"
+    log_name: ClassVar[str] = "service.log"
+    start_timeout_s: ClassVar[float] = 10.0
+
+    def command(self, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def answers(self, port: int) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start and wait until it answers; a port taken meanwhile by another process is
+        left for a new free one (never when restarting on our own)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):
+            port = self.port or free_port()
+            read, write = os.pipe()
+            with open(self.dir / self.log_name, "ab") as log:
+                argv = [sys.executable, "-c", LIFELINE, *self.command(port)]
+                self.process = subprocess.Popen(argv, stdin=read, stdout=log, stderr=log)
+            os.close(read)
+            self._lifeline = write
+            if self._wait_ready(port):
+                self.port = port
+                return
+            self.stop()
+            if self.port:
+                break
+        raise RuntimeError(f"{self.name} did not start in {self.dir} (see {self.dir / self.log_name})")
+
+    def _wait_ready(self, port: int) -> bool:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                return False  # exited: the port was taken, most likely
+            with contextlib.suppress(OSError):
+                if self.answers(port):
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: no chance to save anything) and wait for it."""
+        if self._lifeline is not None:
+            os.close(self._lifeline)  # the lifeline kills the server
+            self._lifeline = None
+        if self.process is not None:
+            self.process.wait(timeout=10)
+            self.process = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from blobsdk.config import S3Config, s3_location
+from blobsdk.config import S3Config
 
 if TYPE_CHECKING:
     from blobsdk.metadata.redis import RedisMetadataStore
@@ -30,12 +30,6 @@ def add_s3_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s3-endpoint", default=None, metavar="URL", help="S3 API endpoint (MinIO, Ceph RGW; default AWS)")
     parser.add_argument("--s3-region", default=None, metavar="R", help="S3 region")
     parser.add_argument("--s3-allow-http", action="store_true", help="the S3 endpoint is plain http")
-
-
-def check_source(source: str | None) -> None:
-    """ValueError unless ``source`` is None or an ``s3://BUCKET[/PREFIX]`` location."""
-    if source is not None:
-        s3_location(source)
 
 
 def s3_config_of_args(args: argparse.Namespace) -> S3Config:
