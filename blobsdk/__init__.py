@@ -14,6 +14,7 @@ from .errors import (
     PeerNotFound,
     PreconditionFailed,
     QuotaExceeded,
+    SourceChanged,
     Unauthorized,
     Unavailable,
 )
@@ -42,6 +43,7 @@ __all__ = (
     "QuotaExceeded",
     "ReadConfig",
     "ReadPlan",
+    "SourceChanged",
     "SyncClient",
     "Timeouts",
     "Unauthorized",

@@ -26,10 +26,9 @@ class _Store:
     @classmethod
     def of(cls, config: ConfigLike, local: str | os.PathLike[str] | None) -> _Store:
         cfg = _load_config(config)
-        servers = cfg.api_url is not None or bool(cfg.block_urls)
-        if local is None and not servers:
-            raise ValueError("config names no servers (api_url, block_urls): use .local(DIR, ...) for an embedded store")
-        if local is not None and servers:
+        if local is None and not cfg.names_stores:
+            raise ValueError("config names no stores (api_url or metadata_url): use .local(DIR, ...) for an embedded store")
+        if local is not None and cfg.names_stores:
             raise ValueError("local= is the embedded store: its config must name no servers")
         return cls(cfg, None if local is None else os.fspath(local))
 

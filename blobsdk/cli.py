@@ -43,6 +43,7 @@ from .client import Client
 from .config import ClientConfig
 from .demo import run_demo
 from .errors import BadRequest, BlobError, InvalidPath
+from .index import IndexProgress
 from .paths import validate_path, validate_prefix
 from .prefetch import PrefetchProgress
 from .sources.base import Buffer
@@ -206,15 +207,36 @@ def _show(bar: tqdm[Any], progress: PrefetchProgress) -> None:
 
 
 async def cmd_import(client: Client, args: argparse.Namespace) -> int:
-    root = Path(args.dir)
+    if args.source.startswith("s3://"):
+        if not args.in_place:
+            raise UsageError("an s3:// source is indexed in place, not copied: add --in-place")
+        return await _index_in_place(client, args)
+    if args.in_place:
+        raise UsageError(f"--in-place indexes objects of an S3 bucket (s3://BUCKET/DIR), not {args.source!r}")
+    root = Path(args.source)
     if not root.is_dir():  # noqa: ASYNC240 - one stat before the import starts, nothing else waits on the loop
-        raise UsageError(f"not a directory: {args.dir}")
+        raise UsageError(f"not a directory: {args.source}")
     progress = ProgressLine(sys.stderr)
     tally = ImportTally(progress)
     await client.put_many(_import_items(root, _key_prefix(args.prefix), tally), progress=progress.update)
     progress.finish()
     tally.report()
     return 1 if tally.failed else 0
+
+
+async def _index_in_place(client: Client, args: argparse.Namespace) -> int:
+    """Index the objects under an s3:// URL, a progress bar on stderr; the report as JSON on
+    stdout; exit 1 if an object failed or a key was skipped."""
+    with tqdm(desc="index in place", unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5) as bar:
+
+        def show(progress: IndexProgress) -> None:
+            bar.total = progress.bytes_total
+            bar.update(progress.bytes_done - bar.n)
+            bar.set_postfix_str(f"{progress.objects_done}/{progress.objects_total} objects", refresh=False)
+
+        report = await client.index_s3(args.source, args.prefix, progress=show)
+    _print_json(report)
+    return 1 if report.failed or report.skipped else 0
 
 
 # --- tokens ------------------------------------------------------------------------------
@@ -475,9 +497,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p.add_argument("--if-version", type=_non_negative, metavar="N", help="only if the live version is N")
 
-    p = command("import", cmd_import, "upload a local directory tree under PREFIX (symlinks skipped)")
-    p.add_argument("dir", metavar="DIR")
+    p = command(
+        "import",
+        cmd_import,
+        "upload a local directory tree under PREFIX (symlinks skipped), or index an S3 directory in place (--in-place)",
+    )
+    p.add_argument("source", metavar="DIR|s3://BUCKET/DIR")
     p.add_argument("prefix", metavar="PREFIX")
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="s3:// only: make blobs of the objects where they are, no copy (again: only what changed)",
+    )
 
     p = command("gc", cmd_gc, "delete L4 blocks no blob references")
     p.add_argument(

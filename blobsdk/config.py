@@ -164,6 +164,12 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     repair: RepairConfig = RepairConfig()  # background repair of bad L4 copies found by reads
     s3: S3Config = S3Config()
 
+    @property
+    def names_stores(self) -> bool:
+        """Whether this config says where its stores are (servers, Redis, S3); if not, a
+        client of it needs them given (``Client.local``, ``Client.from_stores``)."""
+        return self.api_url is not None or self.metadata_url is not None
+
     def __post_init__(self) -> None:
         if self.api_url is not None and self.metadata_url is not None:
             raise ValueError("api_url and metadata_url both name the metadata: set one")

@@ -3,6 +3,7 @@
     BlobError
      ├── BlobNotFound          (also FileNotFoundError)  no such blob
      │    ├── BlockNotFound    a block named by a read plan is gone (blob deleted or replaced)
+     │    │    └── SourceChanged  an object indexed in place changed or was deleted since
      │    └── PeerNotFound     a tracker does not know the peer (never registered, or aged out)
      ├── InvalidPath           (also ValueError)          path breaks the rules of paths.py
      ├── PreconditionFailed    compare-and-swap on the version did not match
@@ -52,6 +53,14 @@ class BlobNotFound(BlobError, FileNotFoundError):
 
 class BlockNotFound(BlobNotFound):
     code = "block_not_found"
+    http_status = 404
+
+
+class SourceChanged(BlockNotFound):
+    """The object a blob was indexed from in place (``blobsdk import --in-place``) changed or
+    was deleted since: the bytes its plan names are gone until it is indexed again."""
+
+    code = "source_changed"
     http_status = 404
 
 
@@ -179,6 +188,7 @@ _BY_CODE: dict[str, type[BlobError]] = {
         BlobError,
         BlobNotFound,
         BlockNotFound,
+        SourceChanged,
         PeerNotFound,
         InvalidPath,
         PreconditionFailed,

@@ -678,8 +678,8 @@ def _client_factory(local: object, config: object) -> Callable[[], Client]:
         return lambda: Client(resolved)
     if not isinstance(local, str | os.PathLike):
         raise TypeError(f"local must be a directory path, not {type(local).__name__}")
-    if cfg is not None and (cfg.api_url is not None or cfg.block_urls):
-        raise ValueError("local=DIR is the embedded store: its config must not name servers (api_url, block_urls)")
+    if cfg is not None and cfg.names_stores:
+        raise ValueError("local=DIR is the embedded store: its config must not name stores (api_url, metadata_url)")
     tuned = cfg if cfg is not None else ClientConfig()
     stores = LocalStores(Path(local))
     return lambda: Client(tuned, stores=stores)

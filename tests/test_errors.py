@@ -10,6 +10,7 @@ from blobsdk.errors import BlobError, error_from_code
         (blobsdk.BlobNotFound, FileNotFoundError),
         (blobsdk.BlockNotFound, blobsdk.BlobNotFound),
         (blobsdk.PeerNotFound, blobsdk.BlobNotFound),
+        (blobsdk.SourceChanged, blobsdk.BlockNotFound),
         (blobsdk.InvalidPath, ValueError),
         (blobsdk.Unauthorized, PermissionError),
         (blobsdk.BadRequest, ValueError),
@@ -25,6 +26,7 @@ def test_dual_inheritance(cls, also):
     [
         blobsdk.BlobNotFound,
         blobsdk.BlockNotFound,
+        blobsdk.SourceChanged,
         blobsdk.PeerNotFound,
         blobsdk.InvalidPath,
         blobsdk.PreconditionFailed,

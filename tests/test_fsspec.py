@@ -90,7 +90,7 @@ def test_the_entry_point_registers_blob(tmp_path: Path) -> None:
         (
             {"local": "d", "config": ClientConfig(api_url="http://127.0.0.1:1", block_urls=("http://127.0.0.1:2",))},
             ValueError,
-            "local=DIR is the embedded store: its config must not name servers (api_url, block_urls)",
+            "local=DIR is the embedded store: its config must not name stores (api_url, metadata_url)",
         ),
         (
             {"config": ClientConfig()},

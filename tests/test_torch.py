@@ -447,7 +447,7 @@ def test_bad_configs_are_refused(store: tuple[Path, list[str]]) -> None:
         (
             {"config": ClientConfig()},
             ValueError,
-            "config names no servers (api_url, block_urls): use .local(DIR, ...) for an embedded store",
+            "config names no stores (api_url or metadata_url): use .local(DIR, ...) for an embedded store",
         ),
         (
             {"config": ClientConfig(api_url="http://127.0.0.1:1", block_urls=("http://127.0.0.1:2",)), "local": root},

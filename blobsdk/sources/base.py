@@ -16,7 +16,9 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
   replicated store fails the listing if any replica cannot list, rather than return an
   incomplete union that gc could misread).
 - Block ids are 32 lowercase hex digits (:func:`new_block_id`); any other id is refused
-  with BadRequest before it comes near a file name or URL.
+  with BadRequest before it comes near a file name or URL.  An id that begins with
+  :data:`LINK_TAG` names a *link block* (:func:`new_link_id`): an object indexed in place
+  (blobsdk/sources/s3.py), whose bytes stay in that object.
 - ``replicas`` lists the independent copies a reader may fail over between (verifying
   each answer itself); a single backend is its own only replica.
 """
@@ -28,6 +30,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
+import xxhash
+
 from .._ids import validate_hex32
 from ..hedge import Attempt
 from ..wire import BlockInfo
@@ -35,9 +39,32 @@ from ..wire import BlockInfo
 Buffer = bytes | bytearray | memoryview
 
 
+LINK_TAG = "f"  # written blocks' ids begin with "0" until the year 2527 (their first digit is time's)
+
+
 def new_block_id() -> str:
     """48 bits of milliseconds since the epoch, then 80 random bits: sortable by age."""
     return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+
+
+def new_link_id(identity: str) -> str:
+    """A link block's id: :data:`LINK_TAG`, 44 bits of milliseconds since the epoch (the
+    link's age, for gc), then 80 bits of xxh3 of ``identity`` (what it links to, so a
+    reader can tell a link of that same thing without reading it: :func:`links_to`)."""
+    return f"{LINK_TAG}{int(time.time() * 1000):011x}{link_digest(identity)}"
+
+
+def link_digest(identity: str) -> str:
+    return xxhash.xxh3_128_hexdigest(identity.encode())[:20]
+
+
+def is_link(block_id: str) -> bool:
+    return block_id.startswith(LINK_TAG)
+
+
+def links_to(block_id: str, identity: str) -> bool:
+    """Whether ``block_id`` is a link block made for ``identity``."""
+    return is_link(block_id) and block_id[12:] == link_digest(identity)
 
 
 def validate_block_id(block_id: object) -> str:
@@ -74,5 +101,7 @@ class BlockStore(Protocol):
 
 
 def block_time(block_id: str) -> float:
-    """Unix time (seconds) a block id was minted, read from its first 12 hex digits."""
-    return int(validate_block_id(block_id)[:12], 16) / 1000.0
+    """Unix time (seconds) a block id was minted, read from its first 12 hex digits (a link
+    block's from the 11 after its tag)."""
+    time_digits = validate_block_id(block_id)[1:12] if is_link(block_id) else block_id[:12]
+    return int(time_digits, 16) / 1000.0

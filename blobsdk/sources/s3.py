@@ -21,30 +21,88 @@ prefix, and block ids begin with their time, so unsharded they would all share o
 - Missing objects are BlockNotFound; a range past an object's end is CorruptData; refused
   credentials are Unauthorized or Forbidden; anything else, a connection refused or a
   timeout once retries are spent included, is Unavailable.
+- **fork()**: obstore runs every request on one Rust (tokio) runtime per process, started
+  by its first request, whose threads do not survive a fork: a forked child's requests
+  would hang for ever (measured: obstore 0.12.1).  So a store refuses to work, with
+  Unavailable saying why, in a process forked after this module's first request
+  (:func:`_runtime_here`): start DataLoader workers with ``multiprocessing_context=
+  "forkserver"`` (or "spawn") when the parent reads S3.  A read also gives up after
+  ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for a runtime some other
+  code in the parent started.
+
+Link blocks (indexing in place, blobsdk/index.py): a block id that begins with
+:data:`~blobsdk.sources.base.LINK_TAG` names a small object of this store holding an
+:class:`S3Object` (bucket, key, ETag, size) in any bucket the credentials reach.  Its bytes
+are that object's, read with ``If-Match`` its ETag, so a changed or deleted object is
+SourceChanged, never other bytes; the link's own id carries a digest of what it points at,
+checked when the link is read.  gc deletes links like blocks; the object is never touched.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self, cast
 
+import msgspec
 import obstore
 import xxhash
-from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
+from cachetools import LRUCache
+from obstore.exceptions import BaseError, InvalidPathError, PermissionDeniedError, PreconditionError, UnauthenticatedError
+from obstore.store import S3Store
 
-from ..errors import BadRequest, BlockNotFound, CorruptData, Forbidden, PreconditionFailed, Unauthorized, Unavailable
+from .._singleflight import SingleFlight
+from ..errors import (
+    BadRequest,
+    BlockNotFound,
+    CorruptData,
+    Forbidden,
+    PreconditionFailed,
+    SourceChanged,
+    TimedOut,
+    Unauthorized,
+    Unavailable,
+)
 from ..hedge import Attempt
 from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo
-from .base import Buffer, block_time, validate_block_id
+from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
     from obstore.store import S3Config as ObstoreS3Config
 
 MULTIPART_BYTES = 16 << 20
+LINKS_KEPT = 1 << 16  # link blocks whose object a store remembers (about 200 bytes each)
+_FORKED = (
+    "S3 (obstore) cannot run in a process forked after its parent used it: obstore's runtime threads do not "
+    'survive fork(). Start the workers with multiprocessing_context="forkserver" (or "spawn")'
+)
+_RUNTIME_PID = 0  # the process whose first request started obstore's runtime (see _runtime_here)
+_AGAIN = "index it again (blobsdk import ... --in-place) to read its new bytes"
+
+
+class S3Object(msgspec.Struct, frozen=True, kw_only=True):
+    """One version of an object, as listed: what a link block points at (its body, as JSON)."""
+
+    bucket: str
+    key: str
+    etag: str
+    size: int
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def identity(self) -> str:
+        """Names this version: the link block ids made for it carry its digest."""
+        return msgspec.json.encode((self.bucket, self.key, self.etag)).decode()
 
 
 class S3BlockStore:
@@ -66,8 +124,6 @@ class S3BlockStore:
         multipart_bytes: int = MULTIPART_BYTES,
         max_concurrency: int = 8,
     ) -> None:
-        from obstore.store import S3Store
-
         if not bucket or "/" in bucket:
             raise ValueError(f"an S3 bucket name has no '/', got {bucket!r}")
         self.bucket = bucket
@@ -82,9 +138,14 @@ class S3BlockStore:
         }
         retry: RetryConfig = {"max_retries": max_retries, "retry_timeout": timedelta(seconds=timeout_s)}
         s3 = cast("ObstoreS3Config", dict(config or {}))
-        self._store = S3Store(bucket, prefix=self.prefix or None, config=s3, client_options=options, retry_config=retry)
-        endpoint = (config or {}).get("endpoint", "")
-        self._name = f"s3://{bucket}/{self.prefix}" + (f" at {endpoint}" if endpoint else "")
+        self._open_store = partial(S3Store, config=s3, client_options=options, retry_config=retry)
+        self._store = self._open_store(bucket, prefix=self.prefix or None)
+        self._buckets: dict[str, S3Store] = {}  # whole buckets that link blocks point into
+        self._links: LRUCache[str, S3Object] = LRUCache(maxsize=LINKS_KEPT)
+        self._link_reads: SingleFlight[S3Object] = SingleFlight()
+        self._deadline_s = 2 * timeout_s + 5  # a read's bound, whatever obstore does (see the module docstring)
+        self._endpoint = (config or {}).get("endpoint", "")
+        self._name = f"s3://{bucket}/{self.prefix}" + (f" at {self._endpoint}" if self._endpoint else "")
 
     @property
     def name(self) -> str:
@@ -95,23 +156,41 @@ class S3BlockStore:
         return (self,)
 
     async def __aenter__(self) -> Self:
+        _runtime_here(requesting=False)  # a forked worker fails as it opens, not at its first read
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Nothing to close: obstore's pool goes with the store object."""
+        """Stop link reads in flight (obstore's pools go with the store objects)."""
+        await self._link_reads.aclose()
 
     def _key(self, block_id: str) -> str:
         return f"{xxhash.xxh3_64_hexdigest(block_id.encode())[:2]}/{block_id}"
 
+    def _bucket(self, bucket: str) -> S3Store:
+        """A store over the whole of ``bucket``, for link blocks' objects."""
+        store = self._buckets.get(bucket)
+        if store is None:
+            store = self._buckets[bucket] = self._open_store(bucket)
+        return store
+
     @contextmanager
-    def _errors(self, block_id: str = "") -> Iterator[None]:
+    def _errors(self, block_id: str = "", obj: S3Object | None = None) -> Iterator[None]:
+        """obstore's errors as ours; ``obj``: the object a link block's read reads.  Every
+        request goes through here, so here is where a forked process is refused."""
+        _runtime_here()
         try:
             yield
         except FileNotFoundError as exc:  # obstore's "not found"
+            if obj is not None:
+                raise SourceChanged(f"{obj.url} is gone: it was deleted since it was indexed; {_AGAIN}") from exc
             raise BlockNotFound(f"block {block_id} is not in {self.name}") from exc
+        except PreconditionError as exc:  # If-Match failed: only the reads of indexed objects send one
+            where = obj.url if obj is not None else block_id
+            etag = obj.etag if obj is not None else "?"
+            raise SourceChanged(f"{where} changed since it was indexed (its ETag then: {etag}); {_AGAIN}") from exc
         except UnauthenticatedError as exc:
             raise Unauthorized(f"{self.name}: {_first_line(exc)}") from exc
         except PermissionDeniedError as exc:
@@ -121,6 +200,8 @@ class S3BlockStore:
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
         validate_block_id(block_id)
+        if is_link(block_id):
+            raise BadRequest(f"block id {block_id} is a link block's: links are made by link(), not written")
         size = sum(memoryview(p).nbytes for p in parts)
         key = self._key(block_id)
         try:
@@ -153,25 +234,92 @@ class S3BlockStore:
             raise BadRequest(f"offset and length must not be negative, got {offset} and {view.nbytes}")
         if view.nbytes == 0:
             return
+        if is_link(block_id):
+            obj = await self.linked(block_id)
+            what, read = obj.url, partial(self._object_range, obj, offset, view.nbytes)
+        else:
+            what, read = f"block {block_id}", partial(self._block_range, block_id, offset, view.nbytes)
         if attempt is not None:
             attempt.queued()
         async with self.limiter.acquire(size=view.nbytes) as permit:
             if attempt is not None:
                 attempt.in_service()
             try:
-                with self._errors(block_id):
-                    got = await obstore.get_range_async(self._store, self._key(block_id), start=offset, length=view.nbytes)
+                async with asyncio.timeout(self._deadline_s):
+                    data = await read()
+            except TimeoutError as exc:
+                raise TimedOut(f"{what}: no answer from {self.name} in {self._deadline_s:.0f}s") from exc
             except Unavailable as exc:
-                cause = str(exc.__cause__)
-                if "416" in cause:  # the range starts past the end
-                    raise CorruptData(f"block {block_id}: no {view.nbytes} bytes at {offset}: past its end") from exc
-                if "503" in cause:  # SlowDown, still, after obstore's retries
+                status = _status(exc.__cause__)
+                if status == 416:  # the range starts past the end
+                    raise CorruptData(f"{what}: no {view.nbytes} bytes at {offset}: past its end") from exc
+                if status == 503:  # SlowDown, still, after obstore's retries
                     permit.overloaded()
                 raise
-        data = memoryview(got)
         if data.nbytes != view.nbytes:
-            raise CorruptData(f"block {block_id}: {data.nbytes} bytes at {offset}, not {view.nbytes}: past its end")
+            raise CorruptData(f"{what}: {data.nbytes} bytes at {offset}, not {view.nbytes}: past its end")
         view[:] = data
+
+    async def _block_range(self, block_id: str, offset: int, length: int) -> memoryview:
+        with self._errors(block_id):
+            return memoryview(await obstore.get_range_async(self._store, self._key(block_id), start=offset, length=length))
+
+    async def _object_range(self, obj: S3Object, offset: int, length: int) -> memoryview:
+        """Bytes of an indexed object, only while it is the version that was indexed."""
+        with self._errors(obj=obj):
+            got = await obstore.get_async(
+                self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag, "range": (offset, offset + length)}
+            )
+            return memoryview(await got.bytes_async())
+
+    # --- link blocks: objects indexed in place ------------------------------------------------
+
+    async def link(self, obj: S3Object) -> str:
+        """A new link block for ``obj`` (durable on return): its id, whose bytes are the
+        object's for as long as its ETag is ``obj.etag``."""
+        block_id = new_link_id(obj.identity)
+        with self._errors(block_id):
+            await obstore.put_async(self._store, self._key(block_id), msgspec.json.encode(obj))
+        self._links[block_id] = obj
+        return block_id
+
+    async def linked(self, block_id: str) -> S3Object:
+        """The object link block ``block_id`` points at (read once, then kept: links never change)."""
+        obj = self._links.get(block_id)
+        if obj is None:
+            obj, _ = await self._link_reads.run(block_id, partial(self._read_link, block_id))
+            self._links[block_id] = obj
+        return obj
+
+    async def _read_link(self, block_id: str) -> S3Object:
+        with self._errors(block_id):
+            got = await obstore.get_async(self._store, self._key(block_id))
+            body = await got.bytes_async()
+        try:
+            obj = msgspec.json.decode(body, type=S3Object)
+        except msgspec.DecodeError as exc:
+            raise CorruptData(f"link block {block_id} in {self.name} is not a link: {exc}") from exc
+        if not links_to(block_id, obj.identity):
+            raise CorruptData(
+                f"link block {block_id} in {self.name} points at {obj.url} (ETag {obj.etag}): not what its id names"
+            )
+        return obj
+
+    async def objects(self, bucket: str, prefix: str = "") -> AsyncIterator[S3Object]:
+        """Every object of ``bucket`` under the directory ``prefix`` ("" for all), in key order;
+        BadRequest if a key there has an empty or a ".." segment (obstore lists none)."""
+        with self._errors(), _listable(f"s3://{bucket}/{prefix}"):
+            async for batch in obstore.list(self._bucket(bucket), prefix=prefix or None, chunk_size=1000):
+                for meta in batch:
+                    yield S3Object(bucket=bucket, key=str(meta["path"]), etag=meta["e_tag"] or "", size=int(meta["size"]))
+
+    async def read_object(self, obj: S3Object, piece_bytes: int = 8 << 20) -> AsyncIterator[memoryview]:
+        """The bytes of ``obj`` in pieces of about ``piece_bytes``; SourceChanged if it is not
+        the version ``obj`` names (any more)."""
+        with self._errors(obj=obj):
+            got = await obstore.get_async(self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag})
+            async for piece in got.stream(min_chunk_size=piece_bytes):
+                yield memoryview(piece)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         validate_block_id(block_id)
@@ -198,6 +346,36 @@ class S3BlockStore:
                         found.append((block_id, int(meta["size"])))
         for block_id, size in sorted(found):
             yield BlockInfo(block_id=block_id, size=size, created=block_time(block_id))
+
+
+def _runtime_here(*, requesting: bool = True) -> None:
+    """Unavailable in a process forked after this module's first request (see the module
+    docstring).  ``requesting``: a request follows, so this process starts the runtime
+    if none has."""
+    global _RUNTIME_PID
+    pid = os.getpid()
+    if pid != _RUNTIME_PID:
+        if _RUNTIME_PID:
+            raise Unavailable(_FORKED)
+        if requesting:
+            _RUNTIME_PID = pid
+
+
+@contextmanager
+def _listable(where: str) -> Iterator[None]:
+    try:
+        yield
+    except InvalidPathError as exc:  # obstore lists no key with an empty or a ".." segment
+        raise BadRequest(f"{where}: obstore cannot list a key in it ({_first_line(exc)}): list a prefix without it") from exc
+
+
+_STATUS = re.compile(r"status code: (\d{3}) ")
+
+
+def _status(exc: BaseException | None) -> int:
+    """The HTTP status an obstore error reports (0 if none: a connection error, a timeout)."""
+    found = _STATUS.search(str(exc))
+    return int(found.group(1)) if found else 0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Self
 
 from .._buffers import BufferPool
-from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, Unavailable
+from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, SourceChanged, Unavailable
 from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
 from ..metadata.base import MetadataStore
@@ -180,10 +180,13 @@ def _is_failover(exc: BaseException) -> bool:
 
 def give_up(ref: ChunkRef, failures: list[BaseException]) -> BlobError:
     """The error for a chunk no replica could serve, most telling first: a bad copy, then a
-    block gone from every replica, else Unavailable."""
+    block gone from every replica (an indexed object changed, if that is why), else
+    Unavailable."""
     if any(isinstance(f, CorruptData) for f in failures):
         return CorruptData(f"chunk {ref.key}: no replica returned bytes matching its checksum ({failures[-1]})")
     if failures and all(isinstance(f, BlockNotFound) for f in failures):
+        if changed := [f for f in failures if isinstance(f, SourceChanged)]:
+            return SourceChanged(str(changed[-1]))  # says which object, and what to do
         return BlockNotFound(f"block {ref.block_id} is gone from every replica (blob deleted or replaced?)")
     last = failures[-1] if failures else "no replicas"
     return Unavailable(f"chunk {ref.key}: every replica failed; last error: {last}")

@@ -1,0 +1,354 @@
+"""Indexing S3 objects in place (blobsdk/index.py; issue 13): blobs whose chunks are byte
+ranges of existing objects in a data bucket, read through the tiers of a client whose
+metadata is in Redis and whose L4 is S3 (moto's real S3 API, redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import obstore
+import pytest
+from obstore.store import S3Store
+
+import blobsdk
+from blobsdk.config import ClientConfig
+from blobsdk.index import IndexProgress
+from blobsdk.sources.base import block_time, is_link, links_to
+from blobsdk.sources.s3 import S3BlockStore, S3Object
+from servers.redisd import start_redis
+from servers.s3d import start_s3
+from tests.helpers import ROOT
+
+KiB = 1 << 10
+CHUNK = 64 * KiB
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    with start_redis(tmp_path_factory.mktemp("redis")) as redis, start_s3(tmp_path_factory.mktemp("s3")) as s3:
+        s3.make_bucket("lake")  # the data, where it already is
+        s3.make_bucket("blobs")  # the client's own L4: link blocks only
+        yield redis, s3
+
+
+@pytest.fixture
+def run_id() -> str:
+    return secrets.token_hex(4)
+
+
+def config_of(services, tmp_path: Path, run_id: str) -> ClientConfig:
+    redis, s3 = services
+    (tmp_path / "client.toml").write_text(f"""
+metadata_url = "{redis.url}"
+source_url = "s3://blobs/sdk-{run_id}"
+
+[s3]
+endpoint = "{s3.endpoint}"
+region = "us-east-1"
+allow_http = true
+access_key_id = "test"
+secret_access_key = "test"
+
+[write]
+chunk_size = {CHUNK}
+max_write_seconds = 0.2
+
+[read]
+plan_cache_ttl_seconds = 0
+""")
+    return ClientConfig.from_toml(tmp_path / "client.toml")
+
+
+def lake(services) -> S3Store:
+    return S3Store("lake", config=services[1].config, client_options={"allow_http": True})
+
+
+async def put_objects(bucket: S3Store, objects: dict[str, bytes]) -> None:
+    await asyncio.gather(*(obstore.put_async(bucket, key, data) for key, data in objects.items()))
+
+
+async def keys_under(bucket: S3Store, prefix: str) -> list[str]:
+    return sorted([str(m["path"]) async for batch in obstore.list(bucket, prefix=prefix) for m in batch])
+
+
+def dataset(prefix: str, n: int = 100) -> dict[str, bytes]:
+    """``n`` objects of 0 bytes up to ~5 chunks, some exactly a chunk or two."""
+    sizes = [0, 1, CHUNK, 2 * CHUNK, CHUNK + 1] + [(i * 7919) % (5 * CHUNK) + 1 for i in range(n - 5)]
+    return {f"{prefix}/{i:03d}.bin": os.urandom(size) for i, size in enumerate(sizes)}
+
+
+async def test_objects_indexed_in_place_read_back_and_a_change_is_detected_until_indexed_again(services, tmp_path, run_id):
+    import redis
+
+    with redis.Redis.from_url(services[0].url) as r:
+        r.flushdb()  # scrub and gc below walk every plan: let them be this test's only
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"ds-{run_id}/train"
+    objects = dataset(prefix)
+    await put_objects(bucket, objects)
+    path_of = {key: f"/data/{run_id}/{key.rsplit('/', 1)[1]}" for key in objects}
+    seen: list[IndexProgress] = []
+
+    async with blobsdk.Client(config) as c:
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/data/{run_id}", progress=lambda p: seen.append(p))
+    assert (report.objects, report.indexed, report.unchanged, report.removed) == (100, 100, 0, 0)
+    assert report.failed == [] and report.skipped == [] and report.bytes_indexed == sum(map(len, objects.values()))
+    assert seen[-1].objects_done == seen[-1].objects_total == 100 and seen[-1].bytes_done == report.bytes_indexed
+
+    # Nothing was copied: the client's bucket holds one small link block per non-empty object.
+    blocks = S3BlockStore("blobs", f"sdk-{run_id}", config=services[1].config, allow_http=True)
+    listed = [info async for info in blocks.list_blocks()]
+    assert len(listed) == 99 and all(is_link(b.block_id) and b.size < 300 for b in listed)
+
+    async with blobsdk.Client(config) as c:  # a fresh client: every chunk from the objects themselves
+        for key, data in objects.items():
+            assert await c.get(path_of[key]) == data
+        plan = await c.plan(path_of[f"{prefix}/003.bin"])
+        assert [(ch.offset, ch.length, ch.codec) for ch in plan.chunks] == [(0, CHUNK, "none"), (CHUNK, CHUNK, "none")]
+        assert c.stats()["l4"]["corrupt"] == 0
+
+    changed, deleted = f"{prefix}/007.bin", f"{prefix}/008.bin"
+    etag = (await obstore.head_async(bucket, changed))["e_tag"]
+    await obstore.put_async(bucket, changed, new := os.urandom(3 * CHUNK + 5))
+    await obstore.delete_async(bucket, deleted)
+    async with blobsdk.Client(config) as c:
+        with pytest.raises(
+            blobsdk.SourceChanged,
+            match=rf"^s3://lake/{re.escape(changed)} changed since it was indexed \(its ETag then: {re.escape(etag)}\); "
+            r"index it again \(blobsdk import \.\.\. --in-place\) to read its new bytes$",
+        ):
+            await c.get(path_of[changed])
+        with pytest.raises(blobsdk.SourceChanged, match=rf"^s3://lake/{re.escape(deleted)} is gone: it was deleted since"):
+            await c.get(path_of[deleted])
+        assert await c.get(path_of[f"{prefix}/009.bin"]) == objects[f"{prefix}/009.bin"]  # the others read fine
+        scrub = await c.scrub(dry_run=True)  # verifies every object against its indexed checksums
+        assert (scrub.blocks_checked, scrub.copies_missing, scrub.blocks_unrepaired) == (99, 2, 2)
+
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/data/{run_id}/")
+        assert (report.objects, report.indexed, report.unchanged, report.removed) == (99, 1, 98, 1)
+        assert report.bytes_indexed == len(new)  # only the changed object was read again
+        assert await c.get(path_of[changed]) == new
+        with pytest.raises(blobsdk.BlobNotFound):
+            await c.stat(path_of[deleted])
+
+        await asyncio.sleep(0.3)
+        gc = await c.gc(grace=0.25)
+        assert gc.blocks_deleted == 2  # the links of 007's old version and of 008: never an object
+    assert await keys_under(bucket, prefix) == sorted(set(objects) - {deleted})
+
+
+async def test_an_unchanged_index_reads_nothing_and_keeps_the_chunk_keys(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"same-{run_id}"
+    await put_objects(bucket, {f"{prefix}/a": os.urandom(2 * CHUNK), f"{prefix}/b": b""})
+    async with blobsdk.Client(config) as c:
+        await c.index_s3(f"s3://lake/{prefix}", f"/same/{run_id}")
+        before = await c.plan(f"/same/{run_id}/a")
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/same/{run_id}")
+        assert (report.indexed, report.unchanged, report.bytes_indexed) == (0, 2, 0)
+        after = await c.plan(f"/same/{run_id}/a")
+        assert after.version == before.version and [ch.key for ch in after.chunks] == [ch.key for ch in before.chunks]
+        assert await c.get(f"/same/{run_id}/b") == b""
+
+
+async def test_blobs_not_indexed_in_place_are_never_removed(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"mixed-{run_id}"
+    await put_objects(bucket, {f"{prefix}/a": b"from the lake"})
+    async with blobsdk.Client(config) as c:
+        await c.put(f"/mixed/{run_id}/mine", b"written by a put")
+        await c.index_s3(f"s3://lake/{prefix}", f"/mixed/{run_id}")
+        await c.index_s3(f"s3://lake/other-{run_id}", f"/mixed/{run_id}")  # another prefix, empty: removes nothing of it
+        assert [i.path async for i in c.list(f"/mixed/{run_id}/")] == [f"/mixed/{run_id}/a", f"/mixed/{run_id}/mine"]
+        await obstore.delete_async(bucket, f"{prefix}/a")
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/mixed/{run_id}")
+        assert report.removed == 1
+        assert [i.path async for i in c.list(f"/mixed/{run_id}/")] == [f"/mixed/{run_id}/mine"]
+
+
+async def test_keys_that_are_no_blob_paths_are_skipped_and_directory_markers_ignored(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"keys-{run_id}"
+    long_name = "x" * 900
+    await put_objects(bucket, {f"{prefix}/dir/": b"", f"{prefix}/dir/a": b"a", f"{prefix}/{long_name}": b"long"})
+    dest = f"/keys/{run_id}/" + "d" * 200
+    async with blobsdk.Client(config) as c:
+        report = await c.index_s3(f"s3://lake/{prefix}", dest)
+        assert (report.objects, report.indexed) == (2, 1)
+        assert report.skipped == [
+            f"s3://lake/{prefix}/{long_name}: path is {len(dest) + 1 + len(long_name)} bytes, over the limit of 1024"
+        ]
+        assert [i.path async for i in c.list(dest + "/")] == [f"{dest}/dir/a"]
+
+
+async def test_an_object_that_changes_during_the_pass_fails_alone(services, tmp_path, run_id):
+    """The listing saw one version, the read finds another: that object is reported failed
+    (If-Match), the others are indexed."""
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"race-{run_id}"
+    await put_objects(bucket, {f"{prefix}/a": b"a" * 10, f"{prefix}/b": b"b" * 10})
+    async with blobsdk.Client(config) as c:
+        store = c._open.blocks
+        assert isinstance(store, S3BlockStore)
+        listing = store.objects
+
+        async def changing(bucket_name: str, key_prefix: str = ""):
+            async for obj in listing(bucket_name, key_prefix):
+                if obj.key.endswith("/a"):
+                    await obstore.put_async(bucket, obj.key, b"changed!")
+                yield obj
+
+        store.objects = changing  # type: ignore[method-assign]
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/race/{run_id}")
+        assert report.indexed == 1 and len(report.failed) == 1
+        url, why = report.failed[0]
+        assert url == f"s3://lake/{prefix}/a" and why.startswith(f"s3://lake/{prefix}/a changed since it was indexed")
+        assert [i.path async for i in c.list(f"/race/{run_id}/")] == [f"/race/{run_id}/b"]
+
+
+async def test_bad_calls_are_refused_with_their_reason(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    async with blobsdk.Client(config) as c:
+        with pytest.raises(ValueError, match=r"^an S3 location is s3://BUCKET\[/PREFIX\], got 'lake/x'$"):
+            await c.index_s3("lake/x", "/d")
+        with pytest.raises(blobsdk.InvalidPath, match=r"^path must be absolute"):
+            await c.index_s3("s3://lake/x", "d")
+        with pytest.raises(ValueError, match=r"^parallel must be >= 1, got 0$"):
+            await c.index_s3("s3://lake/x", "/d", parallel=0)
+    async with blobsdk.Client.local(tmp_path / "embedded") as c:
+        with pytest.raises(
+            blobsdk.BadRequest, match=r'^indexing in place needs an S3 source \(source_url = "s3://\.\.\." in client\.toml\); '
+        ):
+            await c.index_s3("s3://lake/x", "/d")
+
+
+async def test_a_key_obstore_cannot_list_is_a_clear_error(services, tmp_path, run_id):
+    import boto3
+
+    s3 = services[1]
+    boto = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t")
+    boto.put_object(Bucket="lake", Key=f"dots-{run_id}/a/../b", Body=b"x")
+    async with blobsdk.Client(config_of(services, tmp_path, run_id)) as c:
+        with pytest.raises(
+            blobsdk.BadRequest,
+            match=rf"^s3://lake/dots-{run_id}: obstore cannot list a key in it \(.*\): list a prefix without it$",
+        ):
+            await c.index_s3(f"s3://lake/dots-{run_id}", "/dots")
+
+
+async def test_a_link_block_is_checked_against_its_id(services, run_id):
+    s3 = services[1]
+    store = S3BlockStore("blobs", f"links-{run_id}", config=s3.config, allow_http=True)
+    obj = S3Object(bucket="lake", key="k", etag='"e"', size=3)
+    block_id = await store.link(obj)
+    assert is_link(block_id) and links_to(block_id, obj.identity) and abs(block_time(block_id) - time.time()) < 60
+    with pytest.raises(
+        blobsdk.BadRequest, match=rf"^block id {block_id} is a link block's: links are made by link\(\), not written$"
+    ):
+        await store.write_block(block_id, [b"xyz"])
+    other = S3Object(bucket="lake", key="other", etag='"e"', size=3)
+    forged = S3BlockStore("blobs", f"links-{run_id}", config=s3.config, allow_http=True)  # nothing remembered
+    await obstore.put_async(forged._store, forged._key(block_id), msgspec.json.encode(other))
+    with pytest.raises(
+        blobsdk.CorruptData, match=rf"^link block {block_id} in s3://blobs/links-{run_id} at .* points at s3://lake/other"
+    ):
+        await forged.read_range(block_id, 0, 1)
+
+
+def test_the_cli_indexes_in_place_and_refuses_wrong_arguments(services, tmp_path, run_id):
+    config_of(services, tmp_path, run_id)
+    bucket = lake(services)
+    objects = {f"cli-{run_id}/x/{i}": os.urandom(3000) for i in range(5)}
+    asyncio.run(put_objects(bucket, objects))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "blobsdk", *args],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    toml = str(tmp_path / "client.toml")
+    done = cli("--config", toml, "import", f"s3://lake/cli-{run_id}", f"/cli/{run_id}", "--in-place")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["objects"], report["indexed"], report["failed"]) == (5, 5, [])
+    assert "index in place" in done.stderr and "5/5 objects" in done.stderr
+    done = cli("--config", toml, "get", f"/cli/{run_id}/x/3", str(tmp_path / "out"))
+    assert done.returncode == 0 and (tmp_path / "out").read_bytes() == objects[f"cli-{run_id}/x/3"], done.stderr
+
+    for args, message in [
+        (("import", f"s3://lake/cli-{run_id}", "/cli/y"), "an s3:// source is indexed in place, not copied: add --in-place"),
+        (
+            ("import", str(tmp_path), "/cli/y", "--in-place"),
+            f"--in-place indexes objects of an S3 bucket (s3://BUCKET/DIR), not {str(tmp_path)!r}",
+        ),
+        (("import", "s3://", "/cli/y", "--in-place"), "an S3 location is s3://BUCKET[/PREFIX], got 's3://'"),
+    ]:
+        done = cli("--config", toml, *args)
+        assert done.returncode == 2 and done.stderr.strip().endswith(f"blobsdk: error: {message}"), done.stderr
+    done = cli("--local", str(tmp_path / "embedded"), "import", "s3://lake/x", "/y", "--in-place")
+    assert done.returncode == 2 and "blobsdk: error: indexing in place needs an S3 source" in done.stderr, done.stderr
+
+
+def test_a_dataloader_reads_a_lake_indexed_in_place_in_its_worker_processes(services, tmp_path, run_id):
+    """The data-lake story end to end: index the objects where they are (SyncClient), then
+    a DataLoader with two worker processes reads every sample of them, verified, from a
+    client.toml naming only Redis and S3.  The parent has used S3, so its workers must not
+    be forked (obstore's runtime does not survive fork()): forked ones fail at once, saying
+    so; forkserver ones read."""
+    from torch.utils.data import DataLoader
+
+    from blobsdk.torch import BlobIterableDataset
+
+    config = config_of(services, tmp_path, run_id)
+    objects = {f"dl-{run_id}/s/{i:03d}": os.urandom(1000 + 97 * i) for i in range(40)}
+    asyncio.run(put_objects(lake(services), objects))
+    with blobsdk.SyncClient(config) as c:
+        assert c.index_s3(f"s3://lake/dl-{run_id}", f"/dl/{run_id}").indexed == 40
+    dataset = BlobIterableDataset(tmp_path / "client.toml", f"/dl/{run_id}/")
+
+    def read(context: str) -> dict[str, bytes]:
+        loader = DataLoader(dataset, num_workers=2, batch_size=8, collate_fn=list, multiprocessing_context=context)
+        return {path: bytes(data) for batch in loader for path, data in batch}
+
+    with pytest.raises(blobsdk.Unavailable, match=r"S3 \(obstore\) cannot run in a process forked after its parent used it"):
+        read("fork")
+    assert read("forkserver") == {f"/dl/{run_id}/{key.split('/', 1)[1]}": data for key, data in objects.items()}
+
+
+async def test_a_cluster_l3_node_reads_indexed_objects_through_and_passes_a_change_on(services, tmp_path, run_id):
+    """``servers.cluster --source s3://...``: the L3 node reads link blocks through from the
+    objects like any block, and a changed object reaches the client as SourceChanged."""
+    from blobsdk.config import S3Config
+    from servers.cluster import start_cluster
+
+    redis, s3 = services
+    s3_config = S3Config(endpoint=s3.endpoint, region="us-east-1", allow_http=True, access_key_id="t", secret_access_key="t")
+    bucket, prefix = lake(services), f"cl-{run_id}"
+    objects = {f"{prefix}/{name}": os.urandom(3 * CHUNK) for name in ("a", "b")}
+    await put_objects(bucket, objects)
+    options = {"metadata": redis.url, "source": f"s3://blobs/cl-{run_id}", "s3": s3_config, "l3_nodes": 1}
+    async with start_cluster(tmp_path, **options) as cluster:
+        assert cluster.config is not None
+        async with blobsdk.Client(cluster.config) as c:
+            assert (await c.index_s3(f"s3://lake/{prefix}", f"/cl/{run_id}")).indexed == 2
+        async with blobsdk.Client(cluster.config) as c:
+            assert await c.get(f"/cl/{run_id}/a") == objects[f"{prefix}/a"]
+        async with blobsdk.Client(cluster.config) as c:  # L1 empty: from the L3 node
+            assert await c.get(f"/cl/{run_id}/a") == objects[f"{prefix}/a"]
+            assert c.stats()["l3"]["hits"] >= 1 and c.stats()["l4"]["hits"] == 0
+            await obstore.put_async(bucket, f"{prefix}/b", os.urandom(10))
+            with pytest.raises(blobsdk.SourceChanged, match=rf"^s3://lake/{prefix}/b changed since it was indexed"):
+                await c.get(f"/cl/{run_id}/b")
