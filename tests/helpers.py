@@ -23,6 +23,25 @@ from servers._common.auth import ServerAuth
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def redis_s3_toml(redis_url: str, source_url: str, s3_endpoint: str, **tables: dict[str, object]) -> str:
+    """A client.toml with its metadata in Redis and L4 in S3 at ``s3_endpoint`` (moto: any
+    keys do), then ``tables`` (``write={"chunk_size": 65536}``; values as TOML text)."""
+    text = f"""
+metadata_url = "{redis_url}"
+source_url = "{source_url}"
+
+[s3]
+endpoint = "{s3_endpoint}"
+region = "us-east-1"
+allow_http = true
+access_key_id = "test"
+secret_access_key = "test"
+"""
+    for table, values in tables.items():
+        text += f"\n[{table}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
+    return text
+
+
 @asynccontextmanager
 async def running_app(app: web.Application, limits: ServerLimits | None = None) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1:0 in this loop, as ``serve`` does (with ``limits``); yield

@@ -26,7 +26,7 @@ from blobsdk.sources.base import block_time, is_link, links_to
 from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis
 from servers.s3d import start_s3
-from tests.helpers import ROOT
+from tests.helpers import ROOT, redis_s3_toml
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
@@ -47,24 +47,8 @@ def run_id() -> str:
 
 def config_of(services, tmp_path: Path, run_id: str) -> ClientConfig:
     redis, s3 = services
-    (tmp_path / "client.toml").write_text(f"""
-metadata_url = "{redis.url}"
-source_url = "s3://blobs/sdk-{run_id}"
-
-[s3]
-endpoint = "{s3.endpoint}"
-region = "us-east-1"
-allow_http = true
-access_key_id = "test"
-secret_access_key = "test"
-
-[write]
-chunk_size = {CHUNK}
-max_write_seconds = 0.2
-
-[read]
-plan_cache_ttl_seconds = 0
-""")
+    tables = {"write": {"chunk_size": CHUNK, "max_write_seconds": 0.2}, "read": {"plan_cache_ttl_seconds": 0}}
+    (tmp_path / "client.toml").write_text(redis_s3_toml(redis.url, f"s3://blobs/sdk-{run_id}", s3.endpoint, **tables))
     return ClientConfig.from_toml(tmp_path / "client.toml")
 
 

@@ -17,7 +17,7 @@ from blobsdk.metadata.redis import RedisMetadataStore
 from servers.cluster import start_cluster
 from servers.redisd import start_redis
 from servers.s3d import start_s3
-from tests.helpers import ROOT
+from tests.helpers import ROOT, redis_s3_toml
 
 MiB = 1 << 20
 
@@ -29,21 +29,9 @@ def services(tmp_path_factory):
         yield redis, s3
 
 
-def config_of(services, tmp_path: Path, **extra) -> ClientConfig:
+def config_of(services, tmp_path: Path, **tables) -> ClientConfig:
     redis, s3 = services
-    text = f"""
-metadata_url = "{redis.url}"
-source_url = "s3://lake/blobsdk"
-
-[s3]
-endpoint = "{s3.endpoint}"
-region = "us-east-1"
-allow_http = true
-access_key_id = "test"
-secret_access_key = "test"
-"""
-    text += "".join(f"\n[{table}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items()) for table, values in extra.items())
-    (tmp_path / "client.toml").write_text(text)
+    (tmp_path / "client.toml").write_text(redis_s3_toml(redis.url, "s3://lake/blobsdk", s3.endpoint, **tables))
     return ClientConfig.from_toml(tmp_path / "client.toml")
 
 
