@@ -235,6 +235,8 @@ async def _index_in_place(client: Client, args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{progress.objects_done}/{progress.objects_total} objects", refresh=False)
 
         report = await client.index_s3(args.source, args.prefix, progress=show)
+    if not report.objects:
+        print(f"blobsdk: no objects under {args.source}", file=sys.stderr)
     _print_json(report)
     return 1 if report.failed or report.skipped else 0
 

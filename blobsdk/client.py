@@ -46,8 +46,8 @@ from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .checkpoint import Checkpoints, Manifest, Part, Pending
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig, s3_location
-from .errors import BadRequest, BlobError, ClientClosed, Forbidden
-from .index import COMMIT_EVERY_S, PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3
+from .errors import BlobError, ClientClosed, Forbidden
+from .index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
@@ -344,31 +344,15 @@ class Client:
         return await self._open.metadata.delete(validate_path(path), if_version)
 
     async def index_s3(
-        self, url: str, prefix: str, *, progress: Callable[[IndexProgress], None] | None = None, parallel: int = PARALLEL_OBJECTS
+        self, url: str, dest: str, *, progress: Callable[[IndexProgress], None] | None = None, parallel: int = PARALLEL_OBJECTS
     ) -> IndexReport:
-        """Make the objects under ``url`` (``s3://bucket[/dir]``) blobs under ``prefix``, in
+        """Make the objects under ``url`` (``s3://bucket[/dir]``) blobs under ``dest``, in
         place: their chunks are byte ranges of the objects, checksummed once now, and a read
         of an object changed since raises SourceChanged; indexing again is incremental.  This
         client's L4 must be S3 (``source_url``), and reach ``url``'s bucket with the same
         endpoint and credentials.  ``parallel``: objects read at once.  See blobsdk/index.py."""
-        from .sources.s3 import S3BlockStore
-
         state = self._open
-        if not isinstance(state.blocks, S3BlockStore):
-            raise BadRequest(
-                f'indexing in place needs an S3 source (source_url = "s3://..." in client.toml); this L4 is {state.blocks.name}'
-            )
-        return await index_s3(
-            state.blocks,
-            state.metadata,
-            url,
-            prefix,
-            chunk_size=self.config.write.chunk_size,
-            check_age=state.writer.check_age,
-            commit_every_s=min(COMMIT_EVERY_S, self.config.write.max_write_seconds / 4),
-            progress=progress,
-            parallel=parallel,
-        )
+        return await index_s3(s3_source(state.blocks), state.writer, url, dest, progress=progress, parallel=parallel)
 
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds."""
@@ -652,9 +636,9 @@ class SyncClient:
         return self._run(self._here().delete(path, if_version=if_version))
 
     def index_s3(
-        self, url: str, prefix: str, *, progress: Callable[[IndexProgress], None] | None = None, parallel: int = PARALLEL_OBJECTS
+        self, url: str, dest: str, *, progress: Callable[[IndexProgress], None] | None = None, parallel: int = PARALLEL_OBJECTS
     ) -> IndexReport:
-        return self._run(self._here().index_s3(url, prefix, progress=progress, parallel=parallel))
+        return self._run(self._here().index_s3(url, dest, progress=progress, parallel=parallel))
 
     def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         return self._run(self._here().gc(grace, dry_run=dry_run))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import tomllib
 from typing import Literal
 
@@ -99,13 +100,22 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return {name: str(getattr(self, name)) for name in names if getattr(self, name) is not None}
 
 
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's bucket naming rules, in short
+
+
 def s3_location(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of an ``s3://bucket/prefix`` URL; ValueError for anything else."""
+    """(bucket, prefix) of an ``s3://bucket/prefix`` URL; ValueError for anything else: a
+    bucket name S3 would refuse, or a prefix with an empty, "." or ".." segment."""
     scheme, _, rest = url.partition("://")
     bucket, _, prefix = rest.partition("/")
     if scheme != "s3" or not bucket:
         raise ValueError(f"an S3 location is s3://BUCKET[/PREFIX], got {url!r}")
-    return bucket, prefix.strip("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise ValueError(f"{url!r}: {bucket!r} is no S3 bucket name (3 to 63 lowercase letters, digits, '.' and '-')")
+    prefix = prefix.strip("/")
+    if prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
+        raise ValueError(f"{url!r}: an S3 prefix has no empty, '.' or '..' segment")
+    return bucket, prefix
 
 
 class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -25,7 +25,9 @@
      ├── BadRequest            (also ValueError)          a malformed or oversized request or argument
      │    ├── PayloadTooLarge  a request body over the server's bound (413)
      │    └── UnsupportedEncoding  a compressed request body, which servers never inflate (415)
-     └── ClientClosed          (also RuntimeError)        the client was used outside `async with`
+     ├── ClientClosed          (also RuntimeError)        the client was used outside `async with`
+     └── NotForkSafe           (also RuntimeError)        a backend that cannot run in a process forked
+                                                          after its parent used it (S3: obstore)
 
 Subclasses whose ``code`` is their parent's travel as the parent (a client sees a 422
 BadUpload as CorruptData); the others map back to themselves.
@@ -179,6 +181,14 @@ class BodyTimedOut(TimedOut):
 
 class ClientClosed(BlobError, RuntimeError):
     code = "client_closed"
+    http_status = 500
+
+
+class NotForkSafe(BlobError, RuntimeError):
+    """A backend refuses to run in a process forked after its parent used it (its runtime's
+    threads did not survive the fork): start such workers with "forkserver" or "spawn"."""
+
+    code = "not_fork_safe"
     http_status = 500
 
 

@@ -17,27 +17,38 @@ seen where L4 is read.)
 
 **Indexing again is incremental.**  A link block's id carries a digest of bucket, key and
 ETag, so an object whose blob already links to its listed version is skipped without being
-read; a changed object is read again and its blob replaced; a blob whose object is gone is
-removed, if it links to an object of this bucket and prefix (checked by reading its link).
-Blobs under DEST that were not indexed in place are never touched.  The link blocks of
-replaced or removed blobs are left to gc, which deletes links and never an object.
+read (if its link block is still in the store: a lost one is made again); a changed object
+is read again and its blob replaced (a commit conditional on the
+version seen, so a blob written meanwhile is kept); the blob of an object that is gone is
+removed if it links to an object of this bucket and prefix (read from its link) by a link
+older than this pass (so an overlapping pass's fresh work is kept).  A blob under DEST that
+was not indexed in place (it names any block that is not a link) is never replaced or
+removed: its object is reported failed.  gc deletes the links of replaced or removed blobs,
+never an object.  The indexed location may not overlap the client's own L4 prefix.
 
-Keys that are not valid blob paths (blobsdk/paths.py) are skipped and reported; "directory"
-markers (empty objects named like a directory of other keys) are skipped silently.  A key
-with an empty or a ".." segment makes the listing fail (BadRequest): obstore refuses to
-list one, so index a prefix without it.  An empty object becomes an empty blob,
-which has no chunk, so nothing links it to its object: it stays when the object is deleted.
-An object that cannot be read (it changed during the pass, has no ETag, ...) is reported as
-failed; the others are still indexed.  Plans are committed in batches of up to ``MAX_BATCH``
-and at least every ``COMMIT_EVERY_S`` (or a quarter of ``max_write_seconds``), so an
-interrupted pass keeps what it committed and the next one goes on from there.
+**Keys.**  Keys that are not valid blob paths (blobsdk/paths.py) are skipped and reported.
+"Directory" markers are skipped: empty objects whose key is a directory of other keys, or the
+prefix itself (obstore lists ``dir/`` as ``dir``, so an empty folder with nothing in it is
+an empty object to it, and becomes an empty blob).  A key with an empty or a ".." segment
+makes the listing fail (BadRequest): obstore lists none, so index a prefix without it.  An
+empty object's blob has no chunk, so nothing links it to its object: it stays when the
+object is deleted.
+
+**Failures.**  An object that cannot be read or committed (it changed during the pass, has
+no ETag, its blob was written meanwhile...) is reported failed with why; the others are
+still indexed.  Plans are committed in batches of up to ``MAX_BATCH``, and at least every
+``COMMIT_EVERY_S`` (a quarter of ``max_write_seconds`` if less, so links are committed long
+before gc may take them), so an interrupted pass keeps what it committed and the next one
+goes on from there.  ``indexed`` counts committed objects only.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -45,12 +56,12 @@ import xxhash
 
 from ._tasks import task_group
 from .config import s3_location
-from .errors import BlobError, CorruptData, InvalidPath, PreconditionFailed
+from .errors import BadRequest, BlobError, CorruptData, InvalidPath, PreconditionFailed
 from .metadata.base import MetadataStore
 from .paths import validate_path, validate_prefix
-from .sources.base import is_link, links_to
+from .sources.base import BlockStore, block_time, is_link, links_to
 from .wire import ChunkRef, CommitOp, ReadPlan, etag_of
-from .writer import MAX_BATCH
+from .writer import MAX_BATCH, Writer
 
 if TYPE_CHECKING:  # the s3 extra (obstore) is needed only to index
     from .sources.s3 import S3BlockStore, S3Object
@@ -73,9 +84,9 @@ class IndexReport(msgspec.Struct, kw_only=True):
     bytes_indexed: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class IndexProgress:
-    """Where a pass stands: objects and bytes done of those it has to read."""
+    """Where a pass stands: objects and bytes read of those it has to read."""
 
     objects_done: int = 0
     objects_total: int = 0
@@ -98,101 +109,173 @@ class _Source:
         return obj.bucket == self.bucket and (not self.prefix or obj.key.startswith(self.prefix + "/"))
 
 
-@dataclass
+@dataclass(frozen=True)
+class _Todo:
+    """An object to index into ``path``, whose blob is at ``if_version`` (0: none)."""
+
+    path: str
+    obj: S3Object
+    if_version: int
+
+
+@dataclass(frozen=True)
+class _Indexed:
+    todo: _Todo
+    plan: ReadPlan
+
+    @property
+    def op(self) -> CommitOp:
+        return CommitOp(path=self.plan.path, plan=self.plan, if_version=self.todo.if_version)
+
+
 class _Committer:
-    """Plans waiting for their commit, committed in batches of up to MAX_BATCH, and by
-    :meth:`run` at least every ``every_s`` (so a link is committed long before gc may take
-    it: ``check_age`` refuses a commit whose link blocks are too old for that)."""
+    """Indexed objects waiting for their commit: committed in batches of up to MAX_BATCH,
+    and by :meth:`run` at least every ``every_s`` until :meth:`stop`; one batch at a time.
+    Counts every object in the report once committed, or failed with why."""
 
-    metadata: MetadataStore
-    check_age: Callable[[Iterable[str]], None]
-    every_s: float
-    pending: list[ReadPlan] = field(default_factory=list)
+    def __init__(self, writer: Writer, report: IndexReport, every_s: float) -> None:
+        self._writer = writer
+        self._report = report
+        self._every_s = every_s
+        self._pending: list[_Indexed] = []
+        self._lock = asyncio.Lock()
+        self._stopped = asyncio.Event()
 
-    async def add(self, plan: ReadPlan) -> None:
-        self.pending.append(plan)
-        if len(self.pending) >= MAX_BATCH:
+    async def add(self, item: _Indexed) -> None:
+        self._pending.append(item)
+        if len(self._pending) >= MAX_BATCH:
             await self.flush()
+
+    def stop(self) -> None:
+        """Let :meth:`run` commit what is left and return."""
+        self._stopped.set()
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.every_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._every_s):
+                    await self._stopped.wait()
+            stopping = self._stopped.is_set()  # before the flush: what is added during it gets one more
             await self.flush()
+            if stopping:
+                return
 
     async def flush(self) -> None:
-        batch, self.pending = self.pending, []
-        if batch:
-            self.check_age(b for plan in batch for b in plan.block_ids())
-            await self.metadata.commit_many([CommitOp(path=plan.path, plan=plan) for plan in batch])
+        async with self._lock:
+            batch, self._pending = self._pending, []
+            if batch:
+                await self._commit(batch)
+
+    async def _commit(self, batch: list[_Indexed]) -> None:
+        try:
+            self._writer.check_age(b for item in batch for b in item.plan.block_ids())
+            await self._writer.metadata.commit_many([item.op for item in batch])
+        except PreconditionFailed:
+            if len(batch) == 1:
+                self._failed(batch, f"{batch[0].todo.path} was written while it was indexed: not replaced")
+                return
+            for item in batch:  # the batch is atomic: commit each alone, so only the conflicting ones fail
+                await self._commit([item])
+        except BlobError as exc:
+            self._failed(batch, f"not committed: {exc}")
+        else:
+            self._report.indexed += len(batch)
+            self._report.bytes_indexed += sum(item.todo.obj.size for item in batch)
+
+    def _failed(self, batch: list[_Indexed], why: str) -> None:
+        self._report.failed.extend((item.todo.obj.url, why) for item in batch)
 
 
 async def index_s3(
     store: S3BlockStore,
-    metadata: MetadataStore,
+    writer: Writer,
     url: str,
     dest: str,
     *,
-    chunk_size: int,
-    check_age: Callable[[Iterable[str]], None],
-    commit_every_s: float = COMMIT_EVERY_S,
     progress: Progress | None = None,
     parallel: int = PARALLEL_OBJECTS,
 ) -> IndexReport:
-    """Index every object under ``url`` (``s3://bucket[/prefix]``) into blobs under ``dest``;
-    see the module docstring.  ``check_age`` refuses a commit whose link blocks are older
-    than the write path allows (gc's safety rule, blobsdk/gc.py); ``commit_every_s`` must be
-    well under that age."""
+    """Index every object under ``url`` (``s3://bucket[/prefix]``) into blobs under ``dest``
+    (see the module docstring), committing through ``writer`` (its metadata, chunk size and
+    ``max_write_seconds``); ``progress`` is called with a snapshot after each object read."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     bucket, prefix = s3_location(url)
     source = _Source(bucket, prefix, _dest_prefix(dest))
-    report, state = IndexReport(), IndexProgress()
+    _check_apart(source, store)
+    begun = time.time()
+    report = IndexReport()
     listed = await _listing(store, source, report)
-    todo = await _changed(metadata, listed, report)
-    state.objects_total, state.bytes_total = len(todo), sum(obj.size for _, obj in todo)
+    links = {b.block_id async for b in store.list_blocks() if is_link(b.block_id)}
+    todo = await _changed(writer.metadata, listed, links, report)
+    done = IndexProgress(objects_total=len(todo), bytes_total=sum(t.obj.size for t in todo))
     if progress is not None:
-        progress(state)
-    committer = _Committer(metadata, check_age, commit_every_s)
+        progress(done)
+    committer = _Committer(writer, report, min(COMMIT_EVERY_S, writer.config.max_write_seconds / 4))
     queue = iter(todo)
 
     async def worker() -> None:
-        for path, obj in queue:  # shared by the workers: each next() is atomic on the loop
+        nonlocal done
+        for item in queue:  # shared by the workers: each next() is atomic on the loop
             try:
-                await committer.add(await _index_one(store, path, obj, chunk_size))
+                plan = await _index_one(store, item, writer.config.chunk_size)
             except BlobError as exc:
-                report.failed.append((obj.url, str(exc)))
+                report.failed.append((item.obj.url, str(exc)))
             else:
-                report.indexed += 1
-                report.bytes_indexed += obj.size
-            state.objects_done += 1
-            state.bytes_done += obj.size
+                await committer.add(_Indexed(item, plan))
+            done = replace(done, objects_done=done.objects_done + 1, bytes_done=done.bytes_done + item.obj.size)
             if progress is not None:
-                progress(state)
+                progress(done)
 
     async with task_group() as tasks:
-        ticks = tasks.create_task(committer.run())
-        await asyncio.gather(*(worker() for _ in range(min(parallel, max(1, len(todo))))))
-        ticks.cancel()
-    await committer.flush()
-    report.removed = await _remove_gone(store, metadata, source, listed)
+        tasks.create_task(committer.run())
+        async with task_group() as readers:
+            for _ in range(min(parallel, max(1, len(todo)))):
+                readers.create_task(worker())
+        committer.stop()
+    report.removed = await _remove_gone(store, writer.metadata, source, listed, begun)
     return report
+
+
+def s3_source(blocks: BlockStore) -> S3BlockStore:
+    """``blocks`` if it is an S3 store (the only kind that can index in place), else BadRequest."""
+    try:
+        from .sources.s3 import S3BlockStore
+    except ImportError:
+        pass  # no s3 extra installed: this L4 is not S3
+    else:
+        if isinstance(blocks, S3BlockStore):
+            return blocks
+    raise BadRequest(f'indexing in place needs an S3 source (source_url = "s3://..." in client.toml); this L4 is {blocks.name}')
 
 
 def _dest_prefix(dest: str) -> str:
     """``dest`` as a blob path prefix ending in "/" (a valid path once a name is added)."""
-    prefix = validate_prefix(dest if dest.endswith("/") else dest + "/")
+    validate_prefix(dest)
+    prefix = dest if dest.endswith("/") else dest + "/"
     validate_path(prefix + "x")
     return prefix
+
+
+def _check_apart(source: _Source, store: S3BlockStore) -> None:
+    """BadRequest if the objects to index could be the store's own blocks and links."""
+    if source.bucket != store.bucket:
+        return
+    ours, theirs = store.prefix, source.prefix
+    if not ours or not theirs or ours == theirs or ours.startswith(theirs + "/") or theirs.startswith(ours + "/"):
+        raise BadRequest(
+            f"s3://{source.bucket}/{theirs} overlaps this client's own L4 (s3://{store.bucket}/{ours}): index objects outside it"
+        )
 
 
 async def _listing(store: S3BlockStore, source: _Source, report: IndexReport) -> dict[str, S3Object]:
     """Blob path -> the object listed for it, for every object under the source."""
     objects = [obj async for obj in store.objects(source.bucket, source.prefix)]
-    directories = {key.rsplit("/", 1)[0] for key in (obj.key for obj in objects) if "/" in key}
+    directories = {obj.key[:i] for obj in objects for i, c in enumerate(obj.key) if c == "/"} | {source.prefix}
     listed: dict[str, S3Object] = {}
     for obj in objects:
         if obj.size == 0 and obj.key in directories:
-            continue  # a "directory" marker ("dir/", listed as "dir" beside "dir/...")
+            continue  # a "directory" marker ("dir/", which obstore lists as "dir")
         report.objects += 1
         try:
             listed[validate_path(source.path_of(obj.key))] = obj
@@ -201,32 +284,32 @@ async def _listing(store: S3BlockStore, source: _Source, report: IndexReport) ->
     return listed
 
 
-async def _changed(metadata: MetadataStore, listed: dict[str, S3Object], report: IndexReport) -> list[tuple[str, S3Object]]:
-    """The listed objects whose blob does not already link to the version listed."""
-    todo: list[tuple[str, S3Object]] = []
+async def _changed(metadata: MetadataStore, listed: dict[str, S3Object], links: set[str], report: IndexReport) -> list[_Todo]:
+    """The listed objects whose blob does not already link, by one of ``links`` (those in
+    the store), to the version listed, and may be replaced (a blob not indexed in place may
+    not: its object is reported failed)."""
+    todo: list[_Todo] = []
     paths = list(listed)
     for start in range(0, len(paths), MAX_BATCH):
         batch = paths[start : start + MAX_BATCH]
         for path, plan in zip(batch, await metadata.get_plans(batch), strict=True):
             obj = listed[path]
-            if plan is not None and _links_to(plan, obj):
-                report.unchanged += 1
+            if plan is None:
+                todo.append(_Todo(path, obj, 0))
+            elif not all(is_link(c.block_id) for c in plan.chunks):
+                report.failed.append((obj.url, f"{path} holds a blob that was not indexed in place: not replaced"))
+            elif plan.size == obj.size and all(links_to(c.block_id, obj.identity) and c.block_id in links for c in plan.chunks):
+                report.unchanged += 1  # an empty blob of an empty object too
             else:
-                todo.append((path, obj))
+                todo.append(_Todo(path, obj, plan.version))
     return todo
 
 
-def _links_to(plan: ReadPlan, obj: S3Object) -> bool:
-    """Whether ``plan`` is the blob indexed from this version of ``obj``."""
-    if plan.size != obj.size:
-        return False
-    return all(links_to(c.block_id, obj.identity) for c in plan.chunks)  # an empty blob: empty object
-
-
-async def _index_one(store: S3BlockStore, path: str, obj: S3Object, chunk_size: int) -> ReadPlan:
-    """Read ``obj`` once, hashing it chunk by chunk; link it; its plan (to commit)."""
+async def _index_one(store: S3BlockStore, todo: _Todo, chunk_size: int) -> ReadPlan:
+    """Read the object once, hashing it chunk by chunk; link it; its plan (to commit)."""
+    obj = todo.obj
     if not obj.etag:
-        raise CorruptData(f"{obj.url} has no ETag, so a change to it could not be detected: not indexed")
+        raise BadRequest(f"{obj.url} has no ETag, so a change to it could not be detected: not indexed")
     checksums = [c async for c in _chunk_checksums(store.read_object(obj, chunk_size), chunk_size)]
     size = sum(n for n, _ in checksums)
     if size != obj.size:
@@ -236,7 +319,7 @@ async def _index_one(store: S3BlockStore, path: str, obj: S3Object, chunk_size: 
         ChunkRef(block_id=block_id, offset=i * chunk_size, length=n, raw_length=n, checksum=checksum)
         for i, (n, checksum) in enumerate(checksums)
     )
-    return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=chunk_size, chunks=refs)
+    return ReadPlan(path=todo.path, version=0, etag=etag_of(refs, size), size=size, chunk_size=chunk_size, chunks=refs)
 
 
 async def _chunk_checksums(pieces: AsyncIterator[memoryview], chunk_size: int) -> AsyncIterator[tuple[int, int]]:
@@ -255,15 +338,17 @@ async def _chunk_checksums(pieces: AsyncIterator[memoryview], chunk_size: int) -
         yield filled, hasher.intdigest()
 
 
-async def _remove_gone(store: S3BlockStore, metadata: MetadataStore, source: _Source, listed: dict[str, S3Object]) -> int:
-    """Remove the blobs under the destination that link to an object of the source that is
-    no longer listed; how many."""
+async def _remove_gone(
+    store: S3BlockStore, metadata: MetadataStore, source: _Source, listed: dict[str, S3Object], begun: float
+) -> int:
+    """Remove the blobs under the destination that link, by a link older than ``begun``, to
+    an object of the source that was not listed; how many."""
     gone = [info.path async for info in metadata.list(source.dest) if info.path not in listed and info.chunks]
     removed = 0
     for start in range(0, len(gone), MAX_BATCH):
         batch = gone[start : start + MAX_BATCH]
         for plan in await metadata.get_plans(batch):
-            if plan is not None and await _indexed_from(store, plan, source):
+            if plan is not None and await _indexed_from(store, plan, source, begun):
                 try:
                     await metadata.delete(plan.path, plan.version)
                 except PreconditionFailed:
@@ -272,13 +357,17 @@ async def _remove_gone(store: S3BlockStore, metadata: MetadataStore, source: _So
     return removed
 
 
-async def _indexed_from(store: S3BlockStore, plan: ReadPlan, source: _Source) -> bool:
-    """Whether ``plan`` was indexed in place from an object of ``source`` at its own path."""
-    ids: Sequence[str] = sorted(plan.block_ids())
-    if len(ids) != 1 or not is_link(ids[0]):
+async def _indexed_from(store: S3BlockStore, plan: ReadPlan, source: _Source, begun: float) -> bool:
+    """Whether ``plan`` was indexed in place, before ``begun``, from an object of ``source``
+    at its own path."""
+    ids = plan.block_ids()
+    if len(ids) != 1:
+        return False
+    (block_id,) = ids
+    if not is_link(block_id) or block_time(block_id) >= begun:
         return False
     try:
-        obj = await store.linked(ids[0])
+        obj = await store.linked(block_id)
     except BlobError:
         return False  # its link is gone or unreadable: not provably ours
     return source.holds(obj) and source.path_of(obj.key) == plan.path

@@ -151,6 +151,10 @@ class Writer:
         self._config = config
         self._executor = executor
 
+    @property
+    def config(self) -> WriteConfig:
+        return self._config
+
     async def put(self, path: str, data: Buffer, if_version: int | None = None) -> ReadPlan:
         """Write one blob; returns the committed plan."""
         validate_path(path)
@@ -214,7 +218,7 @@ class Writer:
         age = time.time() - oldest
         if age > self._config.max_write_seconds:
             raise Unavailable(
-                f"write took {age:.0f}s, over max_write_seconds={self._config.max_write_seconds:.0f}; "
+                f"write took {age:.3g}s, over max_write_seconds={self._config.max_write_seconds:g}; "
                 "not committed (its blocks are left for gc)"
             )
 

@@ -15,6 +15,7 @@ from blobsdk.errors import BlobError, error_from_code
         (blobsdk.Unauthorized, PermissionError),
         (blobsdk.BadRequest, ValueError),
         (blobsdk.ClientClosed, RuntimeError),
+        (blobsdk.NotForkSafe, RuntimeError),
     ],
 )
 def test_dual_inheritance(cls, also):

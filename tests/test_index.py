@@ -108,7 +108,7 @@ async def test_objects_indexed_in_place_read_back_and_a_change_is_detected_until
         with pytest.raises(
             blobsdk.SourceChanged,
             match=rf"^s3://lake/{re.escape(changed)} changed since it was indexed \(its ETag then: {re.escape(etag)}\); "
-            r"index it again \(blobsdk import \.\.\. --in-place\) to read its new bytes$",
+            r"index it again \(client\.index_s3, or blobsdk import --in-place\) to read its new bytes$",
         ):
             await c.get(path_of[changed])
         with pytest.raises(blobsdk.SourceChanged, match=rf"^s3://lake/{re.escape(deleted)} is gone: it was deleted since"):
@@ -133,7 +133,7 @@ async def test_objects_indexed_in_place_read_back_and_a_change_is_detected_until
 async def test_an_unchanged_index_reads_nothing_and_keeps_the_chunk_keys(services, tmp_path, run_id):
     config = config_of(services, tmp_path, run_id)
     bucket, prefix = lake(services), f"same-{run_id}"
-    await put_objects(bucket, {f"{prefix}/a": os.urandom(2 * CHUNK), f"{prefix}/b": b""})
+    await put_objects(bucket, {f"{prefix}/a": (data := os.urandom(2 * CHUNK)), f"{prefix}/b": b""})
     async with blobsdk.Client(config) as c:
         await c.index_s3(f"s3://lake/{prefix}", f"/same/{run_id}")
         before = await c.plan(f"/same/{run_id}/a")
@@ -142,6 +142,12 @@ async def test_an_unchanged_index_reads_nothing_and_keeps_the_chunk_keys(service
         after = await c.plan(f"/same/{run_id}/a")
         assert after.version == before.version and [ch.key for ch in after.chunks] == [ch.key for ch in before.chunks]
         assert await c.get(f"/same/{run_id}/b") == b""
+        (link,) = before.block_ids()
+        await S3BlockStore("blobs", f"sdk-{run_id}", config=services[1].config, allow_http=True).delete_block(link)
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/same/{run_id}")  # a lost link is made again
+        assert (report.indexed, report.unchanged) == (1, 1)
+        async with blobsdk.Client(config) as fresh:
+            assert await fresh.get(f"/same/{run_id}/a") == data
 
 
 async def test_blobs_not_indexed_in_place_are_never_removed(services, tmp_path, run_id):
@@ -195,7 +201,10 @@ async def test_an_object_that_changes_during_the_pass_fails_alone(services, tmp_
         report = await c.index_s3(f"s3://lake/{prefix}", f"/race/{run_id}")
         assert report.indexed == 1 and len(report.failed) == 1
         url, why = report.failed[0]
-        assert url == f"s3://lake/{prefix}/a" and why.startswith(f"s3://lake/{prefix}/a changed since it was indexed")
+        assert (url, why) == (
+            f"s3://lake/{prefix}/a",
+            f"s3://lake/{prefix}/a changed or was deleted since it was listed: not indexed",
+        )
         assert [i.path async for i in c.list(f"/race/{run_id}/")] == [f"/race/{run_id}/b"]
 
 
@@ -208,6 +217,12 @@ async def test_bad_calls_are_refused_with_their_reason(services, tmp_path, run_i
             await c.index_s3("s3://lake/x", "d")
         with pytest.raises(ValueError, match=r"^parallel must be >= 1, got 0$"):
             await c.index_s3("s3://lake/x", "/d", parallel=0)
+        with pytest.raises(ValueError, match=r"^'s3://la ke/x': 'la ke' is no S3 bucket name \(3 to 63 lowercase"):
+            await c.index_s3("s3://la ke/x", "/d")  # obstore panics on it
+        with pytest.raises(ValueError, match=r"^'s3://lake/a//b': an S3 prefix has no empty, '\.' or '\.\.' segment$"):
+            await c.index_s3("s3://lake/a//b", "/d")
+        with pytest.raises(blobsdk.InvalidPath, match=r"^path is empty$"):
+            await c.index_s3("s3://lake/x", "")
     async with blobsdk.Client.local(tmp_path / "embedded") as c:
         with pytest.raises(
             blobsdk.BadRequest, match=r'^indexing in place needs an S3 source \(source_url = "s3://\.\.\." in client\.toml\); '
@@ -307,7 +322,7 @@ def test_a_dataloader_reads_a_lake_indexed_in_place_in_its_worker_processes(serv
         loader = DataLoader(dataset, num_workers=2, batch_size=8, collate_fn=list, multiprocessing_context=context)
         return {path: bytes(data) for batch in loader for path, data in batch}
 
-    with pytest.raises(blobsdk.Unavailable, match=r"S3 \(obstore\) cannot run in a process forked after its parent used it"):
+    with pytest.raises(blobsdk.NotForkSafe, match=r"S3 \(obstore\) cannot run in a process forked after its parent used it"):
         read("fork")
     assert read("forkserver") == {f"/dl/{run_id}/{key.split('/', 1)[1]}": data for key, data in objects.items()}
 
@@ -336,3 +351,127 @@ async def test_a_cluster_l3_node_reads_indexed_objects_through_and_passes_a_chan
             await obstore.put_async(bucket, f"{prefix}/b", os.urandom(10))
             with pytest.raises(blobsdk.SourceChanged, match=rf"^s3://lake/{prefix}/b changed since it was indexed"):
                 await c.get(f"/cl/{run_id}/b")
+
+
+# --- the pass's rules, each on its own ------------------------------------------------------
+
+
+class CommitsSlowlyOrFails:
+    """A metadata store (SQLite underneath) whose commit_many takes ``delay`` seconds, and
+    whose ``fail_at``-th commit_many (counting from 1) fails once."""
+
+    def __init__(self, inner, delay: float = 0.0, fail_at: int = 0) -> None:
+        self._inner, self._delay, self._fail_at, self.commits = inner, delay, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def commit_many(self, ops):
+        self.commits += 1
+        await asyncio.sleep(self._delay)
+        if self.commits == self._fail_at:
+            raise blobsdk.Unavailable("metadata down for a moment")
+        return await self._inner.commit_many(ops)
+
+
+def store_client(services, tmp_path: Path, run_id: str, metadata) -> blobsdk.Client:
+    blocks = S3BlockStore("blobs", f"sdk-{run_id}", config=services[1].config, allow_http=True)
+    return blobsdk.Client.from_stores(metadata, blocks, write=blobsdk.WriteConfig(chunk_size=CHUNK, max_write_seconds=0.2))
+
+
+async def test_a_failed_batch_fails_its_objects_and_only_committed_ones_count(services, tmp_path, run_id, monkeypatch):
+    from blobsdk import index
+    from blobsdk.metadata.sqlite import SqliteMetadataStore
+
+    monkeypatch.setattr(index, "MAX_BATCH", 5)
+    bucket, prefix = lake(services), f"batch-{run_id}"
+    await put_objects(bucket, {f"{prefix}/{i:02d}": os.urandom(100) for i in range(12)})
+    async with SqliteMetadataStore(tmp_path / "meta.sqlite") as sqlite:
+        metadata = CommitsSlowlyOrFails(sqlite, fail_at=2)
+        async with store_client(services, tmp_path, run_id, metadata) as c:
+            report = await c.index_s3(f"s3://lake/{prefix}", "/b", parallel=1)
+            committed = [i.path async for i in c.list("/b/")]
+    # Batches are cut by size (5) and by the tick: whichever the failed commit held fail, all of them.
+    assert len(committed) == report.indexed == 12 - len(report.failed) and report.bytes_indexed == 100 * report.indexed
+    assert 1 <= len(report.failed) <= 5
+    assert {why for _, why in report.failed} == {"not committed: metadata down for a moment"}
+    assert sorted({url.rsplit("/", 1)[1] for url, _ in report.failed} | {p.rsplit("/", 1)[1] for p in committed}) == [
+        f"{i:02d}" for i in range(12)
+    ]
+
+
+async def test_a_commit_in_flight_when_the_last_object_is_read_is_kept(services, tmp_path, run_id):
+    """Slow commits (0.15 s) on a 0.05 s tick: the last objects are read while a tick's
+    commit is in flight; every object ends up committed and counted once."""
+    from blobsdk.metadata.sqlite import SqliteMetadataStore
+
+    bucket, prefix = lake(services), f"tick-{run_id}"
+    await put_objects(bucket, {f"{prefix}/{i:02d}": os.urandom(50_000 + i) for i in range(8)})
+    async with SqliteMetadataStore(tmp_path / "meta.sqlite") as sqlite:
+        metadata = CommitsSlowlyOrFails(sqlite, delay=0.15)
+        async with store_client(services, tmp_path, run_id, metadata) as c:
+            seen: list[IndexProgress] = []
+            report = await c.index_s3(f"s3://lake/{prefix}", "/t", parallel=2, progress=seen.append)
+            assert [i.path async for i in c.list("/t/")] == [f"/t/{i:02d}" for i in range(8)]
+    assert (report.indexed, report.failed) == (8, []) and metadata.commits >= 2
+    assert [p.objects_done for p in seen] == list(range(9))  # snapshots, one per object read
+
+
+async def test_directory_markers_of_every_depth_and_of_the_prefix_itself_are_skipped(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"marks-{run_id}"
+    await put_objects(bucket, {f"{prefix}/": b"", f"{prefix}/a/": b"", f"{prefix}/a/b/c": b"c", f"{prefix}/e/": b""})
+    async with blobsdk.Client(config) as c:
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/marks/{run_id}")
+        assert (report.objects, report.indexed, report.skipped) == (2, 2, [])
+        # obstore lists the empty folder "e/" as "e": to it that is an empty object
+        assert [i.path async for i in c.list(f"/marks/{run_id}/")] == [f"/marks/{run_id}/a/b/c", f"/marks/{run_id}/e"]
+
+
+async def test_a_blob_written_otherwise_at_an_objects_path_is_never_replaced(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"theirs-{run_id}"
+    await put_objects(bucket, {f"{prefix}/a": b"lake bytes", f"{prefix}/b": b"more"})
+    async with blobsdk.Client(config) as c:
+        await c.put(f"/theirs/{run_id}/a", b"put bytes")
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/theirs/{run_id}")
+        assert report.indexed == 1
+        assert report.failed == [
+            (f"s3://lake/{prefix}/a", f"/theirs/{run_id}/a holds a blob that was not indexed in place: not replaced")
+        ]
+        assert await c.get(f"/theirs/{run_id}/a") == b"put bytes"
+
+
+async def test_an_overlapping_pass_keeps_what_a_later_one_indexed(services, tmp_path, run_id):
+    """Pass A lists; then pass B indexes a new object; A, ending, must not take B's blob for
+    one whose object is gone (B's link is younger than A)."""
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"overlap-{run_id}"
+    await put_objects(bucket, {f"{prefix}/old": b"old"})
+    async with blobsdk.Client(config) as c:
+        store = c._open.blocks
+        assert isinstance(store, S3BlockStore)
+        listing = store.objects
+
+        async def then_pass_b(bucket_name: str, key_prefix: str = ""):
+            async for obj in listing(bucket_name, key_prefix):
+                yield obj
+            store.objects = listing  # type: ignore[method-assign]  # pass B lists for real
+            await obstore.put_async(bucket, f"{prefix}/new", b"new")
+            assert (await c.index_s3(f"s3://lake/{prefix}", f"/overlap/{run_id}")).indexed == 2
+
+        store.objects = then_pass_b  # type: ignore[method-assign]
+        report = await c.index_s3(f"s3://lake/{prefix}", f"/overlap/{run_id}")
+        assert report.removed == 0
+        assert await c.get(f"/overlap/{run_id}/new") == b"new"
+
+
+async def test_the_clients_own_l4_cannot_be_indexed_and_a_missing_bucket_is_not_found(services, tmp_path, run_id):
+    config = config_of(services, tmp_path, run_id)
+    async with blobsdk.Client(config) as c:
+        for url in (f"s3://blobs/sdk-{run_id}", f"s3://blobs/sdk-{run_id}/ab", "s3://blobs/"):
+            with pytest.raises(blobsdk.BadRequest, match=rf"^{url} overlaps this client's own L4 \(s3://blobs/sdk-{run_id}\)"):
+                await c.index_s3(url, "/own")
+        assert (await c.index_s3(f"s3://blobs/elsewhere-{run_id}", "/own")).objects == 0
+        with pytest.raises(blobsdk.BlobNotFound, match=r"^s3://no-such-lake/x: no such bucket$"):
+            await c.index_s3("s3://no-such-lake/x", "/own")

@@ -71,16 +71,16 @@ def test_the_config_names_one_metadata_and_one_l4():
     with pytest.raises(ValueError, match=r"^api_url and metadata_url both name the metadata: set one$"):
         ClientConfig(api_url="http://a", metadata_url="redis://r:6379/0", block_urls=("http://b",))
     with pytest.raises(ValueError, match=r"^block_urls and source_url both name L4: set one$"):
-        ClientConfig(api_url="http://a", block_urls=("http://b",), source_url="s3://x")
+        ClientConfig(api_url="http://a", block_urls=("http://b",), source_url="s3://xyz")
     with pytest.raises(ValueError, match=r"^metadata_url must be redis://HOST:PORT/DB \(or rediss://\), got 'sqlite:///x'$"):
-        ClientConfig(metadata_url="sqlite:///x", source_url="s3://x")
+        ClientConfig(metadata_url="sqlite:///x", source_url="s3://xyz")
     with pytest.raises(ValueError, match=r"^an S3 location is s3://BUCKET\[/PREFIX\], got 's3:///x'$"):
         ClientConfig(metadata_url="redis://r:6379/0", source_url="s3:///x")
     with pytest.raises(ValueError, match=r"^L4 needs its metadata: an api_url \(the metadata API server\) or a metadata_url"):
-        ClientConfig(source_url="s3://x")
-    config = ClientConfig(metadata_url="redis://r:6379/0", source_url="s3://x/p", s3=S3Config(region="eu-west-1"))
+        ClientConfig(source_url="s3://xyz")
+    config = ClientConfig(metadata_url="redis://r:6379/0", source_url="s3://xyz/p", s3=S3Config(region="eu-west-1"))
     text = config.to_toml()
-    assert 'metadata_url = "redis://r:6379/0"\n' in text and 'source_url = "s3://x/p"\n' in text
+    assert 'metadata_url = "redis://r:6379/0"\n' in text and 'source_url = "s3://xyz/p"\n' in text
     assert '\n[s3]\nregion = "eu-west-1"\nallow_http = false\n' in text
     assert ClientConfig.from_dict(tomllib.loads(text)) == config
 
@@ -116,7 +116,7 @@ def child_env() -> dict[str, str]:
         ("servers.flash", ["--dir", "d", "--source", "http://x"], "source_url must be s3://BUCKET[/PREFIX]"),
         (
             "servers.flash",
-            ["--dir", "d", "--block-url", "http://127.0.0.1:9", "--source", "s3://b"],
+            ["--dir", "d", "--block-url", "http://127.0.0.1:9", "--source", "s3://bkt"],
             "block_urls and source_url both name L4: set one",
         ),
         (

@@ -103,5 +103,5 @@ class BlockStore(Protocol):
 def block_time(block_id: str) -> float:
     """Unix time (seconds) a block id was minted, read from its first 12 hex digits (a link
     block's from the 11 after its tag)."""
-    time_digits = validate_block_id(block_id)[1:12] if is_link(block_id) else block_id[:12]
-    return int(time_digits, 16) / 1000.0
+    block_id = validate_block_id(block_id)
+    return int(block_id[1:12] if is_link(block_id) else block_id[:12], 16) / 1000.0

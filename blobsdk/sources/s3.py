@@ -24,11 +24,11 @@ prefix, and block ids begin with their time, so unsharded they would all share o
 - **fork()**: obstore runs every request on one Rust (tokio) runtime per process, started
   by its first request, whose threads do not survive a fork: a forked child's requests
   would hang for ever (measured: obstore 0.12.1).  So a store refuses to work, with
-  Unavailable saying why, in a process forked after this module's first request
+  NotForkSafe saying why, in a process forked after this module's first request
   (:func:`_runtime_here`): start DataLoader workers with ``multiprocessing_context=
-  "forkserver"`` (or "spawn") when the parent reads S3.  A read also gives up after
-  ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for a runtime some other
-  code in the parent started.
+  "forkserver"`` (or "spawn") when the parent reads S3.  Every read, listing and link
+  also gives up after ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for
+  a runtime some other code in the parent started.
 
 Link blocks (indexing in place, blobsdk/index.py): a block id that begins with
 :data:`~blobsdk.sources.base.LINK_TAG` names a small object of this store holding an
@@ -43,11 +43,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 import msgspec
 import obstore
@@ -56,12 +56,16 @@ from cachetools import LRUCache
 from obstore.exceptions import BaseError, InvalidPathError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
+from .._ids import is_hex32
 from .._singleflight import SingleFlight
 from ..errors import (
     BadRequest,
+    BlobError,
+    BlobNotFound,
     BlockNotFound,
     CorruptData,
     Forbidden,
+    NotForkSafe,
     PreconditionFailed,
     SourceChanged,
     TimedOut,
@@ -77,6 +81,7 @@ if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
     from obstore.store import S3Config as ObstoreS3Config
 
+T = TypeVar("T")
 MULTIPART_BYTES = 16 << 20
 LINKS_KEPT = 1 << 16  # link blocks whose object a store remembers (about 200 bytes each)
 _FORKED = (
@@ -84,7 +89,7 @@ _FORKED = (
     'survive fork(). Start the workers with multiprocessing_context="forkserver" (or "spawn")'
 )
 _RUNTIME_PID = 0  # the process whose first request started obstore's runtime (see _runtime_here)
-_AGAIN = "index it again (blobsdk import ... --in-place) to read its new bytes"
+_AGAIN = "index it again (client.index_s3, or blobsdk import --in-place) to read its new bytes"
 
 
 class S3Object(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,26 +182,52 @@ class S3BlockStore:
         return store
 
     @contextmanager
-    def _errors(self, block_id: str = "", obj: S3Object | None = None) -> Iterator[None]:
-        """obstore's errors as ours; ``obj``: the object a link block's read reads.  Every
-        request goes through here, so here is where a forked process is refused."""
+    def _errors(self, block_id: str = "", *, obj: S3Object | None = None, where: str = "") -> Iterator[None]:
+        """obstore's errors as ours.  ``obj``: the indexed object a link block's read reads;
+        ``where``: what else a request is about (a listing), for messages.  Every request
+        goes through here, so here is where a forked process is refused."""
         _runtime_here()
+        place = obj.url if obj is not None else (where or self.name)
         try:
             yield
+        except BlobError:
+            raise  # ours already (BlobNotFound is also a FileNotFoundError)
         except FileNotFoundError as exc:  # obstore's "not found"
             if obj is not None:
                 raise SourceChanged(f"{obj.url} is gone: it was deleted since it was indexed; {_AGAIN}") from exc
+            if not block_id:
+                raise BlobNotFound(f"{place}: {_first_line(exc)}") from exc
             raise BlockNotFound(f"block {block_id} is not in {self.name}") from exc
         except PreconditionError as exc:  # If-Match failed: only the reads of indexed objects send one
-            where = obj.url if obj is not None else block_id
-            etag = obj.etag if obj is not None else "?"
-            raise SourceChanged(f"{where} changed since it was indexed (its ETag then: {etag}); {_AGAIN}") from exc
+            if obj is None:
+                raise Unavailable(f"{place}: {_first_line(exc)}") from exc
+            raise SourceChanged(f"{obj.url} changed since it was indexed (its ETag then: {obj.etag}); {_AGAIN}") from exc
         except UnauthenticatedError as exc:
-            raise Unauthorized(f"{self.name}: {_first_line(exc)}") from exc
+            raise Unauthorized(f"{place}: {_first_line(exc)}") from exc
         except PermissionDeniedError as exc:
-            raise Forbidden(f"{self.name}: {_first_line(exc)}") from exc
+            raise Forbidden(f"{place}: {_first_line(exc)}") from exc
         except (BaseError, OSError) as exc:
-            raise Unavailable(f"{self.name}: {_first_line(exc)}") from exc
+            raise Unavailable(f"{place}: {_first_line(exc)}") from exc
+
+    @asynccontextmanager
+    async def _bounded(self, what: str) -> AsyncIterator[None]:
+        """At most ``2 * timeout_s + 5`` seconds, whatever obstore does (module docstring)."""
+        try:
+            async with asyncio.timeout(self._deadline_s):
+                yield
+        except TimeoutError as exc:
+            raise TimedOut(f"{what}: no answer from {self.name} in {self._deadline_s:.0f}s") from exc
+
+    async def _each(self, items: AsyncIterable[T], what: str) -> AsyncIterator[T]:
+        """``items``, each one awaited within the deadline of :meth:`_bounded`."""
+        iterator = aiter(items)
+        while True:
+            try:
+                async with self._bounded(what):
+                    item = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            yield item
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
         validate_block_id(block_id)
@@ -234,31 +265,34 @@ class S3BlockStore:
             raise BadRequest(f"offset and length must not be negative, got {offset} and {view.nbytes}")
         if view.nbytes == 0:
             return
-        if is_link(block_id):
-            obj = await self.linked(block_id)
-            what, read = obj.url, partial(self._object_range, obj, offset, view.nbytes)
-        else:
-            what, read = f"block {block_id}", partial(self._block_range, block_id, offset, view.nbytes)
         if attempt is not None:
             attempt.queued()
         async with self.limiter.acquire(size=view.nbytes) as permit:
             if attempt is not None:
                 attempt.in_service()
             try:
-                async with asyncio.timeout(self._deadline_s):
-                    data = await read()
-            except TimeoutError as exc:
-                raise TimedOut(f"{what}: no answer from {self.name} in {self._deadline_s:.0f}s") from exc
+                async with self._bounded(f"block {block_id}"):
+                    data = await self._range(block_id, offset, view.nbytes)
             except Unavailable as exc:
                 status = _status(exc.__cause__)
                 if status == 416:  # the range starts past the end
-                    raise CorruptData(f"{what}: no {view.nbytes} bytes at {offset}: past its end") from exc
+                    raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
                 if status == 503:  # SlowDown, still, after obstore's retries
                     permit.overloaded()
                 raise
         if data.nbytes != view.nbytes:
-            raise CorruptData(f"{what}: {data.nbytes} bytes at {offset}, not {view.nbytes}: past its end")
+            raise CorruptData(f"{self._what(block_id)}: {data.nbytes} bytes at {offset}, not {view.nbytes}: past its end")
         view[:] = data
+
+    async def _range(self, block_id: str, offset: int, length: int) -> memoryview:
+        if is_link(block_id):
+            return await self._object_range(await self.linked(block_id), offset, length)
+        return await self._block_range(block_id, offset, length)
+
+    def _what(self, block_id: str) -> str:
+        """What a block's bytes are, for messages: a link block's object, or the block."""
+        obj = self._links.get(block_id)
+        return obj.url if obj is not None else f"block {block_id}"
 
     async def _block_range(self, block_id: str, offset: int, length: int) -> memoryview:
         with self._errors(block_id):
@@ -279,7 +313,8 @@ class S3BlockStore:
         object's for as long as its ETag is ``obj.etag``."""
         block_id = new_link_id(obj.identity)
         with self._errors(block_id):
-            await obstore.put_async(self._store, self._key(block_id), msgspec.json.encode(obj))
+            async with self._bounded(f"link block {block_id}"):
+                await obstore.put_async(self._store, self._key(block_id), msgspec.json.encode(obj))
         self._links[block_id] = obj
         return block_id
 
@@ -307,19 +342,26 @@ class S3BlockStore:
 
     async def objects(self, bucket: str, prefix: str = "") -> AsyncIterator[S3Object]:
         """Every object of ``bucket`` under the directory ``prefix`` ("" for all), in key order;
-        BadRequest if a key there has an empty or a ".." segment (obstore lists none)."""
-        with self._errors(), _listable(f"s3://{bucket}/{prefix}"):
-            async for batch in obstore.list(self._bucket(bucket), prefix=prefix or None, chunk_size=1000):
+        BlobNotFound if there is no such bucket, BadRequest if a key there has an empty or a
+        ".." segment (obstore lists none)."""
+        where = f"s3://{bucket}/{prefix}"
+        with _listable(where), self._errors(where=where):
+            listing = obstore.list(self._bucket(bucket), prefix=prefix or None, chunk_size=1000)
+            async for batch in self._each(listing, where):
                 for meta in batch:
                     yield S3Object(bucket=bucket, key=str(meta["path"]), etag=meta["e_tag"] or "", size=int(meta["size"]))
 
     async def read_object(self, obj: S3Object, piece_bytes: int = 8 << 20) -> AsyncIterator[memoryview]:
-        """The bytes of ``obj`` in pieces of about ``piece_bytes``; SourceChanged if it is not
-        the version ``obj`` names (any more)."""
-        with self._errors(obj=obj):
-            got = await obstore.get_async(self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag})
-            async for piece in got.stream(min_chunk_size=piece_bytes):
-                yield memoryview(piece)
+        """The bytes of ``obj`` in pieces of about ``piece_bytes``, each within the deadline;
+        SourceChanged if the object is not (any more) the version ``obj`` names."""
+        try:
+            with self._errors(obj=obj):
+                async with self._bounded(obj.url):
+                    got = await obstore.get_async(self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag})
+                async for piece in self._each(got.stream(min_chunk_size=piece_bytes), obj.url):
+                    yield memoryview(piece)
+        except SourceChanged as exc:
+            raise SourceChanged(f"{obj.url} changed or was deleted since it was listed: not indexed") from exc
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         validate_block_id(block_id)
@@ -341,32 +383,41 @@ class S3BlockStore:
         with self._errors():
             async for batch in obstore.list(self._store, chunk_size=1000):
                 for meta in batch:
-                    block_id = str(meta["path"]).rsplit("/", 1)[-1]
-                    if len(block_id) == 32:
+                    key = str(meta["path"])
+                    block_id = key.rsplit("/", 1)[-1]
+                    if is_hex32(block_id) and key == self._key(block_id):  # nothing else that is here
                         found.append((block_id, int(meta["size"])))
         for block_id, size in sorted(found):
             yield BlockInfo(block_id=block_id, size=size, created=block_time(block_id))
 
 
 def _runtime_here(*, requesting: bool = True) -> None:
-    """Unavailable in a process forked after this module's first request (see the module
+    """NotForkSafe in a process forked after this module's first request (see the module
     docstring).  ``requesting``: a request follows, so this process starts the runtime
     if none has."""
     global _RUNTIME_PID
     pid = os.getpid()
     if pid != _RUNTIME_PID:
         if _RUNTIME_PID:
-            raise Unavailable(_FORKED)
+            raise NotForkSafe(_FORKED)
         if requesting:
             _RUNTIME_PID = pid
 
 
 @contextmanager
 def _listable(where: str) -> Iterator[None]:
+    """A listing's own errors: a missing bucket, a key obstore cannot list."""
     try:
         yield
-    except InvalidPathError as exc:  # obstore lists no key with an empty or a ".." segment
-        raise BadRequest(f"{where}: obstore cannot list a key in it ({_first_line(exc)}): list a prefix without it") from exc
+    except Unavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, InvalidPathError):  # obstore lists no key with an empty or a ".." segment
+            raise BadRequest(
+                f"{where}: obstore cannot list a key in it ({_first_line(cause)}): list a prefix without it"
+            ) from exc
+        if _status(cause) == 404:  # NoSuchBucket
+            raise BlobNotFound(f"{where}: no such bucket") from exc
+        raise
 
 
 _STATUS = re.compile(r"status code: (\d{3}) ")

@@ -78,3 +78,39 @@ async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path):
             await store.read_range(block, 0, 100)
         await store.write_block(block, [b"x" * 100])
         assert await store.read_range(block, 0, 100) == b"x" * 100
+
+
+def test_the_status_is_read_from_the_status_code_never_from_a_port():
+    from blobsdk.sources.s3 import _status
+
+    assert (
+        _status(Exception("Error performing GET http://127.0.0.1:41653/b/k - Server returned non-2xx status code: 416 Range"))
+        == 416
+    )
+    assert _status(Exception("Error performing GET http://127.0.0.1:41653/b/k in 3ms - error sending request")) == 0
+    assert _status(None) == 0
+
+
+async def test_only_keys_of_the_block_layout_are_listed_as_blocks(s3):
+    """Objects beside the blocks (a data object named like an id, an id under the wrong
+    shard) are never taken for blocks, so gc can never delete them."""
+    import obstore
+
+    store = S3BlockStore("blocks", "layout", config=s3.config, allow_http=True)
+    block = new_block_id()
+    await store.write_block(block, [b"abc"])
+    stray = new_block_id()
+    await obstore.put_async(store._store, f"data/{stray}", b"user data")
+    await obstore.put_async(store._store, f"zz/{stray}", b"wrong shard")
+    assert [(info.block_id, info.size) async for info in store.list_blocks()] == [(block, 3)]
+
+
+def test_block_time_checks_every_id_and_reads_a_link_ids_time():
+    from blobsdk.errors import BadRequest
+    from blobsdk.sources.base import block_time, is_link, new_link_id
+
+    for bad in ("abc", "g" * 32, "F" + "0" * 31):
+        with pytest.raises(BadRequest, match=r"^invalid block id"):
+            block_time(bad)
+    link = new_link_id("identity")
+    assert is_link(link) and not is_link(new_block_id()) and abs(block_time(link) - time.time()) < 60

@@ -237,3 +237,14 @@ async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas
     assert tier.extra_stats()["replicas_demoted"] == 1 and "repairs_queued" not in tier.extra_stats()  # no metadata
     tier.demotions.served_good(bad.name)
     assert tier.candidates(firsts[0].key)[0] is bad
+
+
+def test_give_up_keeps_a_changed_sources_message_when_every_replica_lost_the_block():
+    from blobsdk.errors import BlockNotFound, SourceChanged
+    from blobsdk.tiers.l4 import give_up
+
+    ref = ChunkRef(block_id="f" + "0" * 31, offset=0, length=1, raw_length=1, checksum=0)
+    changed = SourceChanged("s3://lake/k changed since it was indexed")
+    assert str(give_up(ref, [BlockNotFound("gone"), changed])) == "s3://lake/k changed since it was indexed"
+    assert type(give_up(ref, [BlockNotFound("gone"), changed])) is SourceChanged
+    assert type(give_up(ref, [BlockNotFound("gone")])) is BlockNotFound
