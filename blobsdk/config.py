@@ -100,7 +100,7 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return {name: str(getattr(self, name)) for name in names if getattr(self, name) is not None}
 
 
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's bucket naming rules, in short
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what S3, GCS and Ceph accept, with legacy names
 
 
 def s3_location(url: str) -> tuple[str, str]:
@@ -111,7 +111,7 @@ def s3_location(url: str) -> tuple[str, str]:
     if scheme != "s3" or not bucket:
         raise ValueError(f"an S3 location is s3://BUCKET[/PREFIX], got {url!r}")
     if not _BUCKET.fullmatch(bucket):
-        raise ValueError(f"{url!r}: {bucket!r} is no S3 bucket name (3 to 63 lowercase letters, digits, '.' and '-')")
+        raise ValueError(f"{url!r}: {bucket!r} is no bucket name (letters, digits, '.', '_' and '-')")
     prefix = prefix.strip("/")
     if prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
         raise ValueError(f"{url!r}: an S3 prefix has no empty, '.' or '..' segment")

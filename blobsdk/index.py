@@ -20,10 +20,12 @@ ETag, so an object whose blob already links to its listed version is skipped wit
 read (if its link block is still in the store: a lost one is made again); a changed object
 is read again and its blob replaced (a commit conditional on the
 version seen, so a blob written meanwhile is kept); the blob of an object that is gone is
-removed if it links to an object of this bucket and prefix (read from its link) by a link
-older than this pass (so an overlapping pass's fresh work is kept).  A blob under DEST that
-was not indexed in place (it names any block that is not a link) is never replaced or
-removed: its object is reported failed.  gc deletes the links of replaced or removed blobs,
+removed if it links to an object of this bucket and prefix (read from its link) and that
+object is not there now (checked again: an overlapping pass may have indexed one made since
+this pass listed).  A blob under DEST that was not indexed in place (it names a block that
+is not a link) is never replaced or removed: its object is reported failed.  (An empty blob
+names no block at all, so nothing tells an empty object's from an empty ``put``: an empty
+blob at an object's path is replaced.)  gc deletes the links of replaced or removed blobs,
 never an object.  The indexed location may not overlap the client's own L4 prefix.
 
 **Keys.**  Keys that are not valid blob paths (blobsdk/paths.py) are skipped and reported.
@@ -67,6 +69,7 @@ if TYPE_CHECKING:  # the s3 extra (obstore) is needed only to index
     from .sources.s3 import S3BlockStore, S3Object
 
 COMMIT_EVERY_S = 2.0  # the longest an indexed object waits for its commit
+COMMIT_TRIES = 3  # a batch refused because some of its blobs were written meanwhile is tried again without them
 PARALLEL_OBJECTS = 4  # objects read and hashed at once
 
 Progress = Callable[["IndexProgress"], None]
@@ -131,12 +134,16 @@ class _Indexed:
 class _Committer:
     """Indexed objects waiting for their commit: committed in batches of up to MAX_BATCH,
     and by :meth:`run` at least every ``every_s`` until :meth:`stop`; one batch at a time.
-    Counts every object in the report once committed, or failed with why."""
+    Counts every object in the report once committed, or failed with why.  A link that
+    waited half of ``max_write_seconds`` (a slow metadata store) is made again before its
+    commit, so the writer's age check (gc's safety rule) never refuses hashed work."""
 
-    def __init__(self, writer: Writer, report: IndexReport, every_s: float) -> None:
+    def __init__(self, store: S3BlockStore, writer: Writer, report: IndexReport) -> None:
+        self._store = store
         self._writer = writer
         self._report = report
-        self._every_s = every_s
+        self._max_age_s = writer.config.max_write_seconds / 2
+        self._every_s = min(COMMIT_EVERY_S, writer.config.max_write_seconds / 4)
         self._pending: list[_Indexed] = []
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
@@ -162,25 +169,50 @@ class _Committer:
 
     async def flush(self) -> None:
         async with self._lock:
-            batch, self._pending = self._pending, []
-            if batch:
+            while self._pending:  # workers may have added more than a batch while the last one committed
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
                 await self._commit(batch)
 
     async def _commit(self, batch: list[_Indexed]) -> None:
-        try:
-            self._writer.check_age(b for item in batch for b in item.plan.block_ids())
-            await self._writer.metadata.commit_many([item.op for item in batch])
-        except PreconditionFailed:
-            if len(batch) == 1:
-                self._failed(batch, f"{batch[0].todo.path} was written while it was indexed: not replaced")
+        """Commit ``batch`` as one transaction; if a blob of it was written meanwhile (the
+        transaction is refused whole), fail those items and commit the others."""
+        for _ in range(COMMIT_TRIES):
+            try:
+                batch = [await self._fresh(item) for item in batch]
+                self._writer.check_age(b for item in batch for b in item.plan.block_ids())
+                await self._writer.metadata.commit_many([item.op for item in batch])
+            except PreconditionFailed as exc:
+                batch = await self._drop_written(batch, exc)
+                if batch:
+                    continue
                 return
-            for item in batch:  # the batch is atomic: commit each alone, so only the conflicting ones fail
-                await self._commit([item])
-        except BlobError as exc:
-            self._failed(batch, f"not committed: {exc}")
-        else:
+            except BlobError as exc:
+                self._failed(batch, f"not committed: {exc}")
+                return
             self._report.indexed += len(batch)
             self._report.bytes_indexed += sum(item.todo.obj.size for item in batch)
+            return
+        self._failed(batch, "not committed: its blobs kept being written meanwhile")
+
+    async def _fresh(self, item: _Indexed) -> _Indexed:
+        """``item``, with a new link if its link is older than half of ``max_write_seconds``."""
+        old = item.plan.block_ids()
+        if not old or time.time() - block_time(next(iter(old))) < self._max_age_s:
+            return item
+        block_id = await self._store.link(item.todo.obj)
+        chunks = tuple(msgspec.structs.replace(c, block_id=block_id) for c in item.plan.chunks)
+        return _Indexed(item.todo, msgspec.structs.replace(item.plan, chunks=chunks, etag=etag_of(chunks, item.plan.size)))
+
+    async def _drop_written(self, batch: list[_Indexed], exc: PreconditionFailed) -> list[_Indexed]:
+        """The items of ``batch`` whose blob is still at the version seen; the others fail."""
+        live = await self._writer.metadata.get_plans([item.todo.path for item in batch])
+        kept = []
+        for item, plan in zip(batch, live, strict=True):
+            if (plan.version if plan is not None else 0) == item.todo.if_version:
+                kept.append(item)
+            else:
+                self._failed([item], f"{item.todo.path} was written while it was indexed: not replaced ({exc})")
+        return kept
 
     def _failed(self, batch: list[_Indexed], why: str) -> None:
         self._report.failed.extend((item.todo.obj.url, why) for item in batch)
@@ -203,15 +235,14 @@ async def index_s3(
     bucket, prefix = s3_location(url)
     source = _Source(bucket, prefix, _dest_prefix(dest))
     _check_apart(source, store)
-    begun = time.time()
     report = IndexReport()
     listed = await _listing(store, source, report)
-    links = {b.block_id async for b in store.list_blocks() if is_link(b.block_id)}
+    links = await store.links()
     todo = await _changed(writer.metadata, listed, links, report)
     done = IndexProgress(objects_total=len(todo), bytes_total=sum(t.obj.size for t in todo))
     if progress is not None:
         progress(done)
-    committer = _Committer(writer, report, min(COMMIT_EVERY_S, writer.config.max_write_seconds / 4))
+    committer = _Committer(store, writer, report)
     queue = iter(todo)
 
     async def worker() -> None:
@@ -233,7 +264,7 @@ async def index_s3(
             for _ in range(min(parallel, max(1, len(todo)))):
                 readers.create_task(worker())
         committer.stop()
-    report.removed = await _remove_gone(store, writer.metadata, source, listed, begun)
+    report.removed = await _remove_gone(store, writer.metadata, source, listed, report)
     return report
 
 
@@ -339,35 +370,43 @@ async def _chunk_checksums(pieces: AsyncIterator[memoryview], chunk_size: int) -
 
 
 async def _remove_gone(
-    store: S3BlockStore, metadata: MetadataStore, source: _Source, listed: dict[str, S3Object], begun: float
+    store: S3BlockStore, metadata: MetadataStore, source: _Source, listed: dict[str, S3Object], report: IndexReport
 ) -> int:
-    """Remove the blobs under the destination that link, by a link older than ``begun``, to
-    an object of the source that was not listed; how many."""
+    """Remove the blobs under the destination that were indexed in place from an object of
+    the source that was not listed and is not there now (an overlapping pass may have
+    indexed one made since the listing); how many.  An object that cannot be checked is
+    reported failed."""
     gone = [info.path async for info in metadata.list(source.dest) if info.path not in listed and info.chunks]
     removed = 0
     for start in range(0, len(gone), MAX_BATCH):
         batch = gone[start : start + MAX_BATCH]
         for plan in await metadata.get_plans(batch):
-            if plan is not None and await _indexed_from(store, plan, source, begun):
-                try:
-                    await metadata.delete(plan.path, plan.version)
-                except PreconditionFailed:
-                    continue  # written again meanwhile: no longer ours to remove
-                removed += 1
+            obj = None if plan is None else await _indexed_from(store, plan, source)
+            if plan is None or obj is None:
+                continue
+            try:
+                if await store.exists(obj.bucket, obj.key):
+                    continue
+                await metadata.delete(plan.path, plan.version)
+            except PreconditionFailed:
+                continue  # written again meanwhile: no longer ours to remove
+            except BlobError as exc:
+                report.failed.append((obj.url, f"could not tell whether it is gone, so {plan.path} stays: {exc}"))
+                continue
+            removed += 1
     return removed
 
 
-async def _indexed_from(store: S3BlockStore, plan: ReadPlan, source: _Source, begun: float) -> bool:
-    """Whether ``plan`` was indexed in place, before ``begun``, from an object of ``source``
-    at its own path."""
+async def _indexed_from(store: S3BlockStore, plan: ReadPlan, source: _Source) -> S3Object | None:
+    """The object of ``source`` ``plan`` was indexed in place from, at its own path; else None."""
     ids = plan.block_ids()
     if len(ids) != 1:
-        return False
+        return None
     (block_id,) = ids
-    if not is_link(block_id) or block_time(block_id) >= begun:
-        return False
+    if not is_link(block_id):
+        return None
     try:
         obj = await store.linked(block_id)
     except BlobError:
-        return False  # its link is gone or unreadable: not provably ours
-    return source.holds(obj) and source.path_of(obj.key) == plan.path
+        return None  # its link is gone or unreadable: not provably ours
+    return obj if source.holds(obj) and source.path_of(obj.key) == plan.path else None

@@ -217,7 +217,9 @@ async def test_bad_calls_are_refused_with_their_reason(services, tmp_path, run_i
             await c.index_s3("s3://lake/x", "d")
         with pytest.raises(ValueError, match=r"^parallel must be >= 1, got 0$"):
             await c.index_s3("s3://lake/x", "/d", parallel=0)
-        with pytest.raises(ValueError, match=r"^'s3://la ke/x': 'la ke' is no S3 bucket name \(3 to 63 lowercase"):
+        with pytest.raises(
+            ValueError, match=r"^'s3://la ke/x': 'la ke' is no bucket name \(letters, digits, '\.', '_' and '-'\)$"
+        ):
             await c.index_s3("s3://la ke/x", "/d")  # obstore panics on it
         with pytest.raises(ValueError, match=r"^'s3://lake/a//b': an S3 prefix has no empty, '\.' or '\.\.' segment$"):
             await c.index_s3("s3://lake/a//b", "/d")
@@ -360,17 +362,23 @@ class CommitsSlowlyOrFails:
     """A metadata store (SQLite underneath) whose commit_many takes ``delay`` seconds, and
     whose ``fail_at``-th commit_many (counting from 1) fails once."""
 
-    def __init__(self, inner, delay: float = 0.0, fail_at: int = 0) -> None:
+    def __init__(self, inner, delay: float = 0.0, fail_at: int = 0, write_first: bool = False) -> None:
         self._inner, self._delay, self._fail_at, self.commits = inner, delay, fail_at, 0
+        self._write_first = write_first  # another writer puts the first op's path just before the first commit
+        self.batch_sizes: list[int] = []
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     async def commit_many(self, ops):
         self.commits += 1
+        self.batch_sizes.append(len(ops))
         await asyncio.sleep(self._delay)
         if self.commits == self._fail_at:
             raise blobsdk.Unavailable("metadata down for a moment")
+        if self._write_first and self.commits == 1:
+            path = ops[0].path
+            await self._inner.commit(path, blobsdk.ReadPlan(path=path, version=0, etag="e", size=0, chunk_size=1))
         return await self._inner.commit_many(ops)
 
 
@@ -398,6 +406,27 @@ async def test_a_failed_batch_fails_its_objects_and_only_committed_ones_count(se
     assert sorted({url.rsplit("/", 1)[1] for url, _ in report.failed} | {p.rsplit("/", 1)[1] for p in committed}) == [
         f"{i:02d}" for i in range(12)
     ]
+
+
+async def test_batches_stay_within_the_limit_and_a_blob_written_meanwhile_fails_alone(services, tmp_path, run_id, monkeypatch):
+    """Slow commits while four workers add: no commit carries more than MAX_BATCH plans.  A
+    blob written by someone else just before the first commit: the transaction is refused
+    whole, that object fails, and the rest of its batch is committed."""
+    from blobsdk import index
+    from blobsdk.metadata.sqlite import SqliteMetadataStore
+
+    monkeypatch.setattr(index, "MAX_BATCH", 5)
+    bucket, prefix = lake(services), f"cap-{run_id}"
+    await put_objects(bucket, {f"{prefix}/{i:02d}": os.urandom(10) for i in range(30)})
+    async with SqliteMetadataStore(tmp_path / "meta.sqlite") as sqlite:
+        metadata = CommitsSlowlyOrFails(sqlite, delay=0.1, write_first=True)
+        async with store_client(services, tmp_path, run_id, metadata) as c:
+            report = await c.index_s3(f"s3://lake/{prefix}", "/cap", parallel=4)
+            committed = [i.path async for i in c.list("/cap/")]
+    assert max(metadata.batch_sizes) <= 5
+    assert report.indexed == 29 and len(committed) == 30  # 29 indexed, and the other writer's blob
+    ((url, why),) = report.failed
+    assert why.startswith(f"/cap/{url.rsplit('/', 1)[1]} was written while it was indexed: not replaced (")
 
 
 async def test_a_commit_in_flight_when_the_last_object_is_read_is_kept(services, tmp_path, run_id):

@@ -31,7 +31,8 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   a runtime some other code in the parent started.
 
 Link blocks (indexing in place, blobsdk/index.py): a block id that begins with
-:data:`~blobsdk.sources.base.LINK_TAG` names a small object of this store holding an
+:data:`~blobsdk.sources.base.LINK_TAG` names a small object of this store, under
+``PREFIX/links/<shard>/<id>`` (listed on their own by :meth:`S3BlockStore.links`), holding an
 :class:`S3Object` (bucket, key, ETag, size) in any bucket the credentials reach.  Its bytes
 are that object's, read with ``If-Match`` its ETag, so a changed or deleted object is
 SourceChanged, never other bytes; the link's own id carries a digest of what it points at,
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 MULTIPART_BYTES = 16 << 20
+LINKS = "links"  # link blocks live under PREFIX/links/<shard>/<id>, so they can be listed alone
 LINKS_KEPT = 1 << 16  # link blocks whose object a store remembers (about 200 bytes each)
 _FORKED = (
     "S3 (obstore) cannot run in a process forked after its parent used it: obstore's runtime threads do not "
@@ -172,7 +174,8 @@ class S3BlockStore:
         await self._link_reads.aclose()
 
     def _key(self, block_id: str) -> str:
-        return f"{xxhash.xxh3_64_hexdigest(block_id.encode())[:2]}/{block_id}"
+        key = f"{xxhash.xxh3_64_hexdigest(block_id.encode())[:2]}/{block_id}"
+        return f"{LINKS}/{key}" if is_link(block_id) else key
 
     def _bucket(self, bucket: str) -> S3Store:
         """A store over the whole of ``bucket``, for link blocks' objects."""
@@ -216,7 +219,8 @@ class S3BlockStore:
             async with asyncio.timeout(self._deadline_s):
                 yield
         except TimeoutError as exc:
-            raise TimedOut(f"{what}: no answer from {self.name} in {self._deadline_s:.0f}s") from exc
+            at = f" at {self._endpoint}" if self._endpoint else ""
+            raise TimedOut(f"{what}: no answer in {self._deadline_s:.0f}s{at}") from exc
 
     async def _each(self, items: AsyncIterable[T], what: str) -> AsyncIterator[T]:
         """``items``, each one awaited within the deadline of :meth:`_bounded`."""
@@ -271,8 +275,7 @@ class S3BlockStore:
             if attempt is not None:
                 attempt.in_service()
             try:
-                async with self._bounded(f"block {block_id}"):
-                    data = await self._range(block_id, offset, view.nbytes)
+                data = await self._range(block_id, offset, view.nbytes)
             except Unavailable as exc:
                 status = _status(exc.__cause__)
                 if status == 416:  # the range starts past the end
@@ -286,8 +289,11 @@ class S3BlockStore:
 
     async def _range(self, block_id: str, offset: int, length: int) -> memoryview:
         if is_link(block_id):
-            return await self._object_range(await self.linked(block_id), offset, length)
-        return await self._block_range(block_id, offset, length)
+            obj = await self.linked(block_id)
+            async with self._bounded(obj.url):
+                return await self._object_range(obj, offset, length)
+        async with self._bounded(f"block {block_id}"):
+            return await self._block_range(block_id, offset, length)
 
     def _what(self, block_id: str) -> str:
         """What a block's bytes are, for messages: a link block's object, or the block."""
@@ -328,8 +334,9 @@ class S3BlockStore:
 
     async def _read_link(self, block_id: str) -> S3Object:
         with self._errors(block_id):
-            got = await obstore.get_async(self._store, self._key(block_id))
-            body = await got.bytes_async()
+            async with self._bounded(f"link block {block_id}"):
+                got = await obstore.get_async(self._store, self._key(block_id))
+                body = await got.bytes_async()
         try:
             obj = msgspec.json.decode(body, type=S3Object)
         except msgspec.DecodeError as exc:
@@ -379,16 +386,34 @@ class S3BlockStore:
     async def list_blocks(self) -> AsyncIterator[BlockInfo]:
         """Every block, sorted by id: the whole listing is read first (gc's use), since the
         shards interleave the ids."""
-        found: list[tuple[str, int]] = []
+        for block_id, size in sorted([found async for found in self._listed()]):
+            yield BlockInfo(block_id=block_id, size=size, created=block_time(block_id))
+
+    async def links(self) -> set[str]:
+        """The ids of every link block in the store (one listing of their own prefix)."""
+        return {block_id async for block_id, _ in self._listed(LINKS)}
+
+    async def _listed(self, under: str | None = None) -> AsyncIterator[tuple[str, int]]:
+        """(id, size) of the blocks under ``under`` (all if None): only keys of the block
+        layout, so an object of anything else that is there is never taken for a block."""
         with self._errors():
-            async for batch in obstore.list(self._store, chunk_size=1000):
+            async for batch in self._each(obstore.list(self._store, prefix=under, chunk_size=1000), self.name):
                 for meta in batch:
                     key = str(meta["path"])
                     block_id = key.rsplit("/", 1)[-1]
-                    if is_hex32(block_id) and key == self._key(block_id):  # nothing else that is here
-                        found.append((block_id, int(meta["size"])))
-        for block_id, size in sorted(found):
-            yield BlockInfo(block_id=block_id, size=size, created=block_time(block_id))
+                    if is_hex32(block_id) and key == self._key(block_id):
+                        yield block_id, int(meta["size"])
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        """Whether ``bucket`` holds an object ``key`` now."""
+        where = f"s3://{bucket}/{key}"
+        try:
+            with self._errors(where=where):
+                async with self._bounded(where):
+                    await obstore.head_async(self._bucket(bucket), key)
+        except BlobNotFound:
+            return False
+        return True
 
 
 def _runtime_here(*, requesting: bool = True) -> None:
