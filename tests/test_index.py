@@ -430,8 +430,8 @@ async def test_batches_stay_within_the_limit_and_a_blob_written_meanwhile_fails_
 
 
 async def test_a_commit_in_flight_when_the_last_object_is_read_is_kept(services, tmp_path, run_id):
-    """Slow commits (0.15 s) on a 0.05 s tick: the last objects are read while a tick's
-    commit is in flight; every object ends up committed and counted once."""
+    """Slow reads (0.05 s) and commits (0.15 s) on a 0.05 s tick: the last objects are read
+    while a tick's commit is in flight; every object ends up committed and counted once."""
     from blobsdk.metadata.sqlite import SqliteMetadataStore
 
     bucket, prefix = lake(services), f"tick-{run_id}"
@@ -439,6 +439,16 @@ async def test_a_commit_in_flight_when_the_last_object_is_read_is_kept(services,
     async with SqliteMetadataStore(tmp_path / "meta.sqlite") as sqlite:
         metadata = CommitsSlowlyOrFails(sqlite, delay=0.15)
         async with store_client(services, tmp_path, run_id, metadata) as c:
+            store = c._open.blocks
+            assert isinstance(store, S3BlockStore)
+            read_object = store.read_object
+
+            async def slowly(obj, piece_bytes=CHUNK):  # 8 reads over 2 workers: >= 0.2 s, several ticks
+                await asyncio.sleep(0.05)
+                async for piece in read_object(obj, piece_bytes):
+                    yield piece
+
+            store.read_object = slowly  # type: ignore[method-assign]
             seen: list[IndexProgress] = []
             report = await c.index_s3(f"s3://lake/{prefix}", "/t", parallel=2, progress=seen.append)
             assert [i.path async for i in c.list("/t/")] == [f"/t/{i:02d}" for i in range(8)]
