@@ -17,12 +17,13 @@ demo: $(STAMP)
 test: lint services
 	$(PY) -m pytest -q
 
-# System services the tests start (each on a free port): redis-server and redis-cli, from
-# Debian's packages when missing (as root; CI runs as root).
+# System tools the tests use, from Debian's packages when missing (as root; CI runs as root):
+# redis-server and redis-cli (the Redis tests start their own servers, each on a free port) and
+# faketime (gc's clock-skew tests step a process's clock).
 services:
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
-		echo "installing redis-server (the Redis tests start their own servers)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v faketime >/dev/null || { \
+		echo "installing redis-server and faketime (the tests start their own servers)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server faketime >/dev/null; \
 		service redis-server stop >/dev/null 2>&1 || true; }
 
 # All three always run, so one pass reports every kind of problem; any failure fails lint.

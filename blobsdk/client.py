@@ -48,7 +48,7 @@ from .checkpoint import Checkpoints, Manifest, Part, Pending
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig, s3_location
 from .errors import BlobError, ClientClosed, Forbidden
 from .index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
-from .limiter import LimiterRegistry
+from .limiter import LimiterRegistry, Priority, request_priority
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
 from .paths import validate_path, validate_prefix
@@ -355,9 +355,13 @@ class Client:
         return await index_s3(s3_source(state.blocks), state.writer, url, dest, progress=progress, parallel=parallel)
 
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
-        """Delete L4 blocks no committed blob references and older than ``grace`` seconds."""
+        """Delete L4 blocks no committed blob references and older than ``grace`` seconds
+        (see blobsdk/gc.py).  Its requests queue behind this client's foreground ones."""
         state = self._open
-        return await gc_module.collect(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
+        with request_priority(Priority.PREFETCH):
+            return await gc_module.collect(
+                state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run
+            )
 
     async def scrub(self, *, dry_run: bool = False, progress: repair_module.Progress | None = None) -> repair_module.ScrubReport:
         """Verify every replica's copy of every live L4 block; repair bad and missing copies

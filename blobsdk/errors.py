@@ -7,6 +7,8 @@
      │    └── PeerNotFound     a tracker does not know the peer (never registered, or aged out)
      ├── InvalidPath           (also ValueError)          path breaks the rules of paths.py
      ├── PreconditionFailed    compare-and-swap on the version did not match
+     ├── BlockCollected        a commit names a block garbage collection has taken or is taking
+     │                         (the write is not committed; ``put`` writes its blocks anew once)
      ├── CorruptData           no tier could return bytes matching the chunk checksum
      │    ├── BadCopy          one copy failed verification (the reader tries another copy)
      │    ├── BadUpload        a chunk PUT body does not match its reference (422 on the wire)
@@ -79,6 +81,14 @@ class InvalidPath(BlobError, ValueError):
 class PreconditionFailed(BlobError):
     code = "precondition_failed"
     http_status = 412
+
+
+class BlockCollected(BlobError):
+    """A commit named a block that garbage collection has fenced (it is deleting it, or has):
+    nothing was committed.  The writer's blocks are gone or going; write them anew."""
+
+    code = "block_collected"
+    http_status = 409
 
 
 class CorruptData(BlobError):
@@ -202,6 +212,7 @@ _BY_CODE: dict[str, type[BlobError]] = {
         PeerNotFound,
         InvalidPath,
         PreconditionFailed,
+        BlockCollected,
         CorruptData,
         QuotaExceeded,
         InsufficientStorage,

@@ -189,6 +189,18 @@ class ScanResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     next_start_after: str | None = None
 
 
+class FenceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """gc's fences (MetadataStore.fence_blocks / unfence_blocks / prune_fences): admin only."""
+
+    action: Literal["add", "remove", "prune"]
+    block_ids: list[str] = msgspec.field(default_factory=list)
+    older_than: float = 0.0
+
+
+class FenceResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    pruned: int = 0
+
+
 # --- L3 flash nodes (servers/flash.py) ---------------------------------------------------
 #
 #     GET    /v1/chunks/{key}?<chunk query>   stored bytes; X-Blobsdk-Cache: hit | miss

@@ -8,8 +8,9 @@ only once every block a blob touches is durable is its plan committed: the commi
 atomic point (DESIGN invariant 4).
 
 A commit is refused when the oldest block it names was minted more than
-``max_write_seconds`` ago, so garbage collection with a longer grace period can never
-delete a block that a slow write is still about to commit.
+``max_write_seconds`` ago, so garbage collection with a longer grace period does not take a
+block that a slow write is still about to commit.  Clocks may disagree: what makes gc safe is
+its fence (gc.py), which the metadata store checks in every commit (BlockCollected).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import xxhash
 
 from ._tasks import task_group
 from .config import Compression, WriteConfig, check_write_config
-from .errors import Unavailable
+from .errors import BlockCollected, Unavailable
 from .metadata.base import MetadataStore
 from .paths import validate_path
 from .plans import MAX_CHUNK_BYTES
@@ -156,8 +157,15 @@ class Writer:
         return self._config
 
     async def put(self, path: str, data: Buffer, if_version: int | None = None) -> ReadPlan:
-        """Write one blob; returns the committed plan."""
+        """Write one blob; returns the committed plan.  A commit gc refused (BlockCollected:
+        it fenced a block of this write, e.g. behind a skewed clock) is written anew once."""
         validate_path(path)
+        try:
+            return await self._put_once(path, data, if_version)
+        except BlockCollected:
+            return await self._put_once(path, data, if_version)
+
+    async def _put_once(self, path: str, data: Buffer, if_version: int | None) -> ReadPlan:
         async with task_group() as tasks:
             packer = _Packer(self._blocks, self._config, tasks)
             plan = await self._pack(packer, path, data)

@@ -41,6 +41,8 @@ from blobsdk.wire import (
     CommitResponse,
     DeleteRequest,
     DeleteResponse,
+    FenceRequest,
+    FenceResponse,
     GetPlansRequest,
     GetPlansResponse,
     ListRequest,
@@ -77,6 +79,7 @@ def make_app(
     app.router.add_post("/v1/delete", api.delete)
     app.router.add_post("/v1/list", api.list)
     app.router.add_post("/v1/scan", api.scan)
+    app.router.add_post("/v1/fences", api.fences)
     app.router.add_get("/v1/stat", api.stat)
     app.cleanup_ctx.append(api.lifetime)
     return app
@@ -151,6 +154,18 @@ class _Api:
         body = await read_body(request, ScanRequest)
         plans, cursor = await self.store.scan_page(body.start_after, body.limit)
         return reply(request, ScanResponse(plans=plans, next_start_after=cursor))
+
+    async def fences(self, request: web.Request) -> web.Response:
+        """gc's fences (admin only: a fence refuses every tenant's commits naming the block)."""
+        require_admin(request)
+        body = await read_body(request, FenceRequest)
+        if body.action == "prune":
+            return reply(request, FenceResponse(pruned=await self.store.prune_fences(body.older_than)))
+        if body.action == "add":
+            await self.store.fence_blocks(body.block_ids)
+        else:
+            await self.store.unfence_blocks(body.block_ids)
+        return reply(request, FenceResponse())
 
     async def stat(self, request: web.Request) -> web.Response:
         path = request.query.get("path")

@@ -208,3 +208,13 @@ def test_a_serve_ticket_lets_one_tenant_fetch_one_key_from_one_peer_until_it_exp
     assert repr(key) == "ServeKey(...)" and key.hex not in repr(key)
     with pytest.raises(ValueError, match="invalid serve key: a serve key is 4 bytes"):
         ServeKey.from_hex("ab" * 4)
+
+
+def test_a_token_mac_never_passes_for_a_grant_mac_of_the_same_key_and_message():
+    """The purpose in the MAC is domain separation: the same key and bytes signed as a token
+    and as a grant give unrelated MACs (a mutant without it survived every other test)."""
+    ring = Keyring.generate("k1")
+    message = b"tenant.block.0.100.1700000000"
+    token_mac, grant_mac = ring._mac("k1", b"token", message), ring._mac("k1", b"grant", message)
+    assert token_mac != grant_mac and token_mac[: len(grant_mac) // 2] != grant_mac[: len(grant_mac) // 2]
+    assert ring._mac("k1", b"token", message) == token_mac  # deterministic: the difference is the purpose

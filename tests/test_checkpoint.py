@@ -18,6 +18,8 @@ import torch
 
 import blobsdk
 from blobsdk.config import WriteConfig
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
 from tests.test_cli import error_line, ok, run
@@ -391,3 +393,65 @@ async def test_a_part_never_committed_leaves_only_orphans_for_gc(tmp_path: Path)
         report = await c.gc(grace=0.3)
         assert report.blocks_deleted >= 1 and await ck.list() == [1]
         assert_same(model(), await ck.load())
+
+
+class RaceBeforeCommit(SqliteMetadataStore):
+    """Runs ``race`` once, just before the first commit that moves ``latest``: another
+    writer saving between this save's read of ``latest`` and its commit."""
+
+    race: Any = None
+
+    async def commit_many(self, ops):
+        if self.race is not None and any(op.path.endswith("/latest") for op in ops):
+            race, self.race = self.race, None
+            await race()
+        return await super().commit_many(ops)
+
+
+async def test_two_writers_racing_on_latest_one_is_refused(tmp_path):
+    """The compare-and-swap on ``latest``: a save whose base moved under it is refused, so
+    the other writer's checkpoint is never silently replaced as latest."""
+    async with (
+        RaceBeforeCommit(tmp_path / "meta.sqlite") as meta,
+        LocalBlockStore(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=WRITE) as a,
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta_b,
+        blobsdk.Client.from_stores(meta_b, blocks, write=WRITE) as b,
+    ):
+        mine = a.checkpoints("/b/ck")
+        await (await mine.save(1, {"w": b"1" * 1000})).wait()
+        theirs = b.checkpoints("/b/ck")
+
+        async def other_writer_saves():
+            await (await theirs.save(2, {"w": b"2" * 1000})).wait()
+
+        meta.race = other_writer_saves
+        with pytest.raises(
+            blobsdk.PreconditionFailed, match="checkpoint 3 under /b/ck: the step exists, or another writer saved"
+        ):
+            await (await mine.save(3, {"w": b"3" * 1000})).wait()
+        assert await theirs.list() == [1, 2]
+        assert (await theirs.load())["w"] == b"2" * 1000
+
+
+class SlowL4(LocalBlockStore):
+    """Block writes that take longer than the writer's max_write_seconds."""
+
+    async def write_block(self, block_id, parts):
+        await asyncio.sleep(0.3)
+        await super().write_block(block_id, parts)
+
+
+async def test_a_save_slower_than_max_write_seconds_is_not_committed(tmp_path):
+    """gc's safety rule on the checkpoint path: a commit naming blocks written longer than
+    ``max_write_seconds`` ago is refused, so gc (grace > max_write_seconds) never races it."""
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        SlowL4(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=QUICK_GC) as c,
+    ):
+        ck = c.checkpoints("/b/ck")
+        pending = await ck.save(1, {"w": b"1" * 100_000})
+        with pytest.raises(blobsdk.Unavailable, match=r"^write took [\d.]+s, over max_write_seconds=0\.2; not committed"):
+            await pending.wait()
+        assert await ck.list() == []

@@ -12,6 +12,12 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
 - Every path argument is validated (InvalidPath) before anything else happens, and every
   committed plan is checked against the plan rules of :mod:`blobsdk.plans` (BadRequest).
+- **Fences** (garbage collection's handshake with writers, :mod:`blobsdk.gc`):
+  ``fence_blocks(ids)`` marks blocks gc is about to delete; from the moment it returns, every
+  commit (``commit``, ``commit_many``) naming a fenced block is refused whole with
+  BlockCollected, atomically with the commit's other checks.  ``unfence_blocks(ids)`` lifts
+  fences (blocks gc found referenced after all); ``prune_fences(older_than)`` drops fences
+  older than ``older_than`` seconds by the store's own clock and returns how many.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import builtins
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from ..errors import BadRequest, PreconditionFailed
+from .._ids import validate_hex32
+from ..errors import BadRequest, BlockCollected, PreconditionFailed
 from ..paths import validate_path, validate_prefix
 from ..plans import check_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
@@ -54,6 +61,18 @@ class MetadataStore(Protocol):
 
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         """Every live plan (for garbage collection)."""
+        ...
+
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        """Refuse every later commit that names one of ``block_ids`` (gc is deleting them)."""
+        ...
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        """Lift the fences of ``block_ids`` (absent ones are ignored)."""
+        ...
+
+    async def prune_fences(self, older_than: float) -> int:
+        """Drop fences set more than ``older_than`` seconds ago (the store's clock); how many."""
         ...
 
     async def aclose(self) -> None: ...
@@ -103,6 +122,30 @@ def check_commit_op(op: CommitOp) -> None:
     if op.plan.path != op.path:
         raise BadRequest(f"plan.path {op.plan.path!r} does not match the committed path {op.path!r}")
     check_plan(op.plan)
+
+
+MAX_FENCE_IDS = 10_000  # block ids per fence call (the API server's bound per request)
+
+
+def check_fence_ids(block_ids: Sequence[str]) -> builtins.list[str]:
+    """``block_ids`` as a list of distinct valid block ids (BadRequest otherwise)."""
+    ids = builtins.list(dict.fromkeys(validate_hex32(b, "block id") for b in block_ids))
+    if len(ids) > MAX_FENCE_IDS:
+        raise BadRequest(f"{len(ids)} block ids in one fence call; the limit is {MAX_FENCE_IDS}")
+    return ids
+
+
+def check_fence_age(older_than: float) -> float:
+    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or not 0 <= older_than < float("inf"):
+        raise BadRequest(f"older_than must be a finite number of seconds >= 0, got {older_than!r}")
+    return float(older_than)
+
+
+def block_collected(path: str, block_id: str) -> BlockCollected:
+    return BlockCollected(
+        f"commit of {path!r} refused: block {block_id} it names was collected by gc "
+        "(written too long before its commit, or behind a skewed clock); nothing was committed"
+    )
 
 
 def check_cursor(start_after: object) -> None:

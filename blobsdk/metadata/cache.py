@@ -97,6 +97,15 @@ class CachedMetadataStore:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return self.store.iter_plans()
 
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        await self.store.fence_blocks(block_ids)
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        await self.store.unfence_blocks(block_ids)
+
+    async def prune_fences(self, older_than: float) -> int:
+        return await self.store.prune_fences(older_than)
+
     def _remember(self, plan: ReadPlan, path: str) -> ReadPlan:
         """Check a plan the store answered for ``path`` (CorruptData), cache and return it."""
         checked_plan(plan, path)

@@ -25,6 +25,8 @@ from ..wire import (
     CommitResponse,
     DeleteRequest,
     DeleteResponse,
+    FenceRequest,
+    FenceResponse,
     GetPlansRequest,
     GetPlansResponse,
     ListRequest,
@@ -36,6 +38,8 @@ from ..wire import (
 from .base import (
     check_commit_op,
     check_cursor,
+    check_fence_age,
+    check_fence_ids,
     check_if_version,
     check_limit,
     check_list_args,
@@ -125,6 +129,18 @@ class HttpMetadataStore:
 
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return iterate_plans(self)
+
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        if ids := check_fence_ids(block_ids):
+            await self._http.call("POST", "/v1/fences", FenceRequest(action="add", block_ids=ids), FenceResponse)
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        if ids := check_fence_ids(block_ids):
+            await self._http.call("POST", "/v1/fences", FenceRequest(action="remove", block_ids=ids), FenceResponse)
+
+    async def prune_fences(self, older_than: float) -> int:
+        request = FenceRequest(action="prune", older_than=check_fence_age(older_than))
+        return (await self._http.call("POST", "/v1/fences", request, FenceResponse)).pruned
 
     async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
         response = await self._http.call("POST", "/v1/plans", GetPlansRequest(paths=paths), GetPlansResponse)

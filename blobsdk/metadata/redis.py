@@ -14,6 +14,9 @@ Layout, under a namespace ``ns`` (default ``blobsdk``), per bucket (a path's fir
   SQLite's).
 - ``ns:buckets``: a sorted set of every bucket ever committed to (added before a commit; a
   bucket whose blobs are all gone stays, and lists nothing).
+- ``ns:fences`` and ``ns:{bucket}:fences``: gc's fences (block id, scored by the Redis
+  server's time when set), globally and copied into every bucket's slot, where the commit
+  script checks them.
 
 Commits run as one Lua script (atomic on the server: every precondition is checked against
 the state the earlier ops of the same batch leave, before anything is written), and so do
@@ -48,8 +51,11 @@ from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavaila
 from ..paths import bucket_of, validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import (
+    block_collected,
     check_commit_op,
     check_cursor,
+    check_fence_age,
+    check_fence_ids,
     check_if_version,
     check_limit,
     check_list_args,
@@ -60,12 +66,20 @@ from .base import (
 )
 
 _COMMIT = """
--- KEYS: n path keys, then n index keys.  ARGV: now, then per op: path, if_version ('' for
--- none), plan, size, etag, chunks.  Returns {0, version...} or {-1, op index, live version}.
-local n = #KEYS / 2
+-- KEYS: n path keys, then n index keys, then n fence keys.  ARGV: now, then per op: path,
+-- if_version ('' for none), plan, size, etag, chunks, its block ids joined by ','.
+-- Returns {0, version...}, {-1, op index, live version} or {-3, op index, fenced block id}.
+local n = #KEYS / 3
 local now = ARGV[1]
 local state = {}
 local versions = {}
+for i = 1, n do
+  for id in string.gmatch(ARGV[2 + (i - 1) * 7 + 6], '[^,]+') do
+    if redis.call('ZSCORE', KEYS[2 * n + i], id) then
+      return {-3, i - 1, id}
+    end
+  end
+end
 for i = 1, n do
   local s = state[KEYS[i]]
   if s == nil then
@@ -76,7 +90,7 @@ for i = 1, n do
     s = {last, live}
     state[KEYS[i]] = s
   end
-  local wanted = ARGV[2 + (i - 1) * 6 + 1]
+  local wanted = ARGV[2 + (i - 1) * 7 + 1]
   if wanted ~= '' and tonumber(wanted) ~= s[2] then
     return {-1, i - 1, s[2]}
   end
@@ -85,7 +99,7 @@ for i = 1, n do
   versions[i] = s[1]
 end
 for i = 1, n do
-  local at = 2 + (i - 1) * 6
+  local at = 2 + (i - 1) * 7
   redis.call('HSET', KEYS[i], 'v', versions[i], 'plan', ARGV[at + 2], 'size', ARGV[at + 3],
              'etag', ARGV[at + 4], 'chunks', ARGV[at + 5], 't', now)
   redis.call('ZADD', KEYS[n + i], 0, ARGV[at])
@@ -103,6 +117,14 @@ if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= tonumber(cur[1]) then return {-1, tonu
 redis.call('HDEL', KEYS[1], 'plan', 'size', 'etag', 'chunks', 't')
 redis.call('ZREM', KEYS[2], ARGV[1])
 return {0, cur[1], cur[2], cur[3], cur[4], cur[5]}
+"""
+
+_FENCE = """
+-- KEYS: fence sets.  ARGV: the time, then block ids.  Adds every id to every set (score: time).
+for k = 1, #KEYS do
+  for i = 2, #ARGV do redis.call('ZADD', KEYS[k], 'NX', ARGV[1], ARGV[i]) end
+end
+return 0
 """
 
 _INFO_FIELDS = ("v", "size", "etag", "chunks", "t")
@@ -129,6 +151,7 @@ class RedisMetadataStore:
         self._closed = False
         self._commit: Any = None
         self._delete: Any = None
+        self._fence: Any = None
 
     def __repr__(self) -> str:
         return f"RedisMetadataStore({_redacted(self.url)!r})"
@@ -171,6 +194,7 @@ class RedisMetadataStore:
             else:
                 client, self.cluster = single, False
         self._commit, self._delete = client.register_script(_COMMIT), client.register_script(_DELETE)
+        self._fence = client.register_script(_FENCE)
         self._redis = client
         return client
 
@@ -194,6 +218,64 @@ class RedisMetadataStore:
     @property
     def _buckets(self) -> str:
         return f"{self.namespace}:buckets"
+
+    def _fences(self, bucket: str | None) -> str:
+        """A bucket's fence set (in its slot, for the commit script), or the global one (None)."""
+        return f"{self.namespace}:fences" if bucket is None else f"{self.namespace}:{{{bucket}}}:fences"
+
+    async def _register(self, client: Any, buckets: builtins.list[str]) -> None:
+        """Add ``buckets`` to the bucket list; a bucket new to it first gets a copy of the
+        global fences, which gc sets before it reads the bucket list, so no commit into a
+        bucket gc did not see can name a fenced block."""
+        async with client.pipeline(transaction=False) as pipe:
+            for bucket in buckets:
+                pipe.zadd(self._buckets, {bucket: 0}, nx=True)
+            added = await pipe.execute()
+        for bucket, new in zip(buckets, added, strict=True):
+            if new:
+                fences = await client.zrange(self._fences(None), 0, -1, withscores=True)
+                if fences:
+                    await client.zadd(self._fences(bucket), dict(fences), nx=True)
+
+    # --- fences (gc's handshake with writers; see base.py) --------------------------------
+
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        """The global set first, then every bucket's: a bucket registered after the bucket
+        list is read copies the global set (:meth:`_register`)."""
+        if not (ids := check_fence_ids(block_ids)):
+            return
+        client = await self._client()
+        with self._errors():
+            now = await self._now(client)
+            await self._fence(keys=[self._fences(None)], args=[repr(now), *ids])
+            for bucket in await self._buckets_under("/"):
+                await self._fence(keys=[self._fences(bucket)], args=[repr(now), *ids])
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        """The global set first, so a bucket registered meanwhile copies no lifted fence."""
+        if not (ids := check_fence_ids(block_ids)):
+            return
+        client = await self._client()
+        with self._errors():
+            await client.zrem(self._fences(None), *ids)
+            for bucket in await self._buckets_under("/"):
+                await client.zrem(self._fences(bucket), *ids)
+
+    async def prune_fences(self, older_than: float) -> int:
+        cutoff = check_fence_age(older_than)
+        client = await self._client()
+        with self._errors():
+            cutoff = await self._now(client) - cutoff
+            pruned = await client.zremrangebyscore(self._fences(None), "-inf", f"({cutoff!r}")
+            for bucket in await self._buckets_under("/"):
+                await client.zremrangebyscore(self._fences(bucket), "-inf", f"({cutoff!r}")
+        return int(pruned)
+
+    async def _now(self, client: Any) -> float:
+        """The server's clock (one clock for every fence, whatever the clients' skew)."""
+        answer = await client.time()  # on a cluster, one node's (nodes agree to NTP's precision)
+        seconds, micros = next(iter(answer.values())) if isinstance(answer, dict) else answer
+        return int(seconds) + int(micros) / 1e6
 
     # --- MetadataStore ---------------------------------------------------------------------
 
@@ -240,11 +322,15 @@ class RedisMetadataStore:
         for op in ops:
             stored = msgspec.structs.replace(op.plan, version=0, created=0.0)
             if_version = "" if op.if_version is None else str(op.if_version)
-            args += [op.path, if_version, _encoder.encode(stored), op.plan.size, op.plan.etag, len(op.plan.chunks)]
+            block_ids = ",".join(sorted(op.plan.block_ids()))
+            args += [op.path, if_version, _encoder.encode(stored), op.plan.size, op.plan.etag, len(op.plan.chunks), block_ids]
         keys = [self._key(op.path) for op in ops] + [self._index(bucket_of(op.path)) for op in ops]
+        keys += [self._fences(bucket_of(op.path)) for op in ops]
         with self._errors():
-            await client.zadd(self._buckets, dict.fromkeys(buckets, 0))
+            await self._register(client, buckets)
             answer = await self._commit(keys=keys, args=args)
+        if answer[0] == -3:
+            raise block_collected(ops[answer[1]].path, answer[2].decode())
         if answer[0] == -1:
             op = ops[answer[1]]
             raise precondition_failed(op.path, op.if_version, int(answer[2]) or None)

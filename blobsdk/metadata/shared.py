@@ -192,6 +192,15 @@ class SharedPlanCache:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return self.store.iter_plans()
 
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        await self.store.fence_blocks(block_ids)
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        await self.store.unfence_blocks(block_ids)
+
+    async def prune_fences(self, older_than: float) -> int:
+        return await self.store.prune_fences(older_than)
+
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "errors": self.errors}
 

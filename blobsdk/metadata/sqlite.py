@@ -1,6 +1,7 @@
 """SQLite metadata store: the embedded default :class:`~blobsdk.metadata.base.MetadataStore`.
 
-Layout: one row per path in ``plans``.  A live row holds the msgpack ReadPlan plus its BlobInfo
+Layout: one row per path in ``plans``, and gc's fences in ``fences`` (block id, time set).
+A live row holds the msgpack ReadPlan plus its BlobInfo
 columns (so listing never decodes plans); a deleted path keeps a *tombstone* row whose only
 non-NULL columns are ``path`` and ``version``, which keeps the version counter monotonic across
 delete and re-create.  Lookups are primary-key lookups; listing is a primary-key range scan.
@@ -37,8 +38,11 @@ from ..errors import (
 from ..paths import validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import (
+    block_collected,
     check_commit_op,
     check_cursor,
+    check_fence_age,
+    check_fence_ids,
     check_if_version,
     check_limit,
     check_list_args,
@@ -50,7 +54,7 @@ from .base import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: fences (a build without them would commit fenced blocks: refused)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
     path TEXT PRIMARY KEY NOT NULL,
@@ -62,6 +66,7 @@ CREATE TABLE IF NOT EXISTS plans (
     plan BLOB                  -- msgpack ReadPlan; last, so listing never reads its overflow pages
 )
 """
+_FENCES_SCHEMA = "CREATE TABLE IF NOT EXISTS fences (block_id TEXT PRIMARY KEY NOT NULL, at REAL NOT NULL) WITHOUT ROWID"
 # Tombstones have NULL etag; testing a small column keeps scans off the plan blobs.
 _LIVE = "etag IS NOT NULL"
 _INFO_COLUMNS = "path, version, size, etag, created, chunks"
@@ -171,6 +176,17 @@ class SqliteMetadataStore:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return iterate_plans(self)
 
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        if ids := check_fence_ids(block_ids):
+            await self._run(_fence, ids)
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        if ids := check_fence_ids(block_ids):
+            await self._run(_unfence, ids)
+
+    async def prune_fences(self, older_than: float) -> int:
+        return await self._run(_prune_fences, check_fence_age(older_than))
+
     # --- the worker thread -----------------------------------------------------------------
 
     def _worker(self) -> ThreadPoolExecutor:
@@ -241,6 +257,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
     if found > SCHEMA_VERSION:
         raise BlobError(f"metadata schema version {found} is newer than this blobsdk's {SCHEMA_VERSION}")
     conn.execute(_SCHEMA)
+    conn.execute(_FENCES_SCHEMA)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -283,7 +300,39 @@ def _select_plans(conn: sqlite3.Connection, paths: list[str]) -> dict[str, ReadP
 
 def _commit_ops(conn: sqlite3.Connection, ops: list[CommitOp]) -> list[ReadPlan]:
     now = time.time()
-    return _atomic(conn, lambda: [_commit_one(conn, op, now) for op in ops])
+
+    def work() -> list[ReadPlan]:
+        _check_fences(conn, ops)
+        return [_commit_one(conn, op, now) for op in ops]
+
+    return _atomic(conn, work)
+
+
+def _check_fences(conn: sqlite3.Connection, ops: list[CommitOp]) -> None:
+    """BlockCollected if an op names a fenced block (inside the commit's transaction)."""
+    named = list({b for op in ops for b in op.plan.block_ids()})
+    for i in range(0, len(named), _IN_CHUNK):
+        chunk = named[i : i + _IN_CHUNK]
+        row = conn.execute(
+            f"SELECT block_id FROM fences WHERE block_id IN ({','.join('?' * len(chunk))}) LIMIT 1", chunk
+        ).fetchone()
+        if row is not None:
+            raise block_collected(next(op.path for op in ops if row[0] in op.plan.block_ids()), row[0])
+
+
+def _fence(conn: sqlite3.Connection, block_ids: list[str]) -> None:
+    now = time.time()
+    _atomic(
+        conn, lambda: conn.executemany("INSERT OR IGNORE INTO fences (block_id, at) VALUES (?, ?)", [(b, now) for b in block_ids])
+    )
+
+
+def _unfence(conn: sqlite3.Connection, block_ids: list[str]) -> None:
+    _atomic(conn, lambda: conn.executemany("DELETE FROM fences WHERE block_id = ?", [(b,) for b in block_ids]))
+
+
+def _prune_fences(conn: sqlite3.Connection, older_than: float) -> int:
+    return _atomic(conn, lambda: conn.execute("DELETE FROM fences WHERE at < ?", (time.time() - older_than,)).rowcount)
 
 
 def _commit_one(conn: sqlite3.Connection, op: CommitOp, now: float) -> ReadPlan:

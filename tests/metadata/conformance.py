@@ -12,7 +12,7 @@ import time
 import msgspec
 import pytest
 
-from blobsdk.errors import BadRequest, BlobNotFound, InvalidPath, PreconditionFailed
+from blobsdk.errors import BadRequest, BlobNotFound, BlockCollected, InvalidPath, PreconditionFailed
 from blobsdk.wire import BlobInfo, ChunkRef, CommitOp, ReadPlan, etag_of
 
 INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00x", "/b/" + "x" * 1022]
@@ -343,3 +343,45 @@ class MetadataStoreTests:
         results = await asyncio.gather(*(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True)
         assert sum(isinstance(r, ReadPlan) for r in results) == 1
         assert sum(isinstance(r, PreconditionFailed) for r in results) == 19
+
+    # --- gc's fences -----------------------------------------------------------------------
+
+    async def test_a_fenced_block_refuses_every_commit_naming_it(self, store):
+        await put(store, "/b/old", seed=1)
+        await store.fence_blocks([f"{2:032x}", f"{3:032x}"])
+        for commit in (
+            lambda: put(store, "/b/x", seed=2),
+            lambda: store.commit_many(
+                [CommitOp(path="/b/y", plan=make_plan("/b/y", seed=4)), CommitOp(path="/b/z", plan=make_plan("/b/z", seed=3))]
+            ),
+            lambda: put(store, "/other/x", seed=3),  # a bucket never committed to before the fence
+        ):
+            with pytest.raises(BlockCollected) as exc:
+                await commit()
+            assert "was collected by gc" in str(exc.value) and "nothing was committed" in str(exc.value)
+        assert await store.get_plans(["/b/x", "/b/y", "/b/z", "/other/x"]) == [None] * 4  # the whole batch refused
+        assert (await put(store, "/b/x", seed=4)).version == 1  # other blocks commit as before
+        await store.unfence_blocks([f"{2:032x}"])
+        assert (await put(store, "/b/x", seed=2)).version == 2
+        with pytest.raises(BlockCollected, match=f"commit of '/b/w' refused: block {3:032x} it names"):
+            await put(store, "/b/w", seed=3)
+
+    async def test_fences_are_pruned_by_age(self, store):
+        await store.fence_blocks([f"{2:032x}"])
+        assert await store.prune_fences(3600) == 0
+        with pytest.raises(BlockCollected):
+            await put(store, "/b/x", seed=2)
+        await asyncio.sleep(0.05)  # the fence is now older than 0.01 s on any clock that moves
+        assert await store.prune_fences(0.01) >= 1
+        assert (await put(store, "/b/x", seed=2)).version == 1
+
+    async def test_fence_arguments_are_checked(self, store):
+        with pytest.raises(BadRequest, match=r"invalid block id '\.\./x': want 32 lowercase hex digits"):
+            await store.fence_blocks(["../x"])
+        with pytest.raises(BadRequest, match="10001 block ids in one fence call; the limit is 10000"):
+            await store.fence_blocks([f"{i:032x}" for i in range(10_001)])
+        for bad in (-1, float("nan"), float("inf"), True, "1"):
+            with pytest.raises(BadRequest, match="older_than must be a finite number of seconds >= 0, got"):
+                await store.prune_fences(bad)
+        await store.fence_blocks([])
+        await store.unfence_blocks([f"{9:032x}"])  # not fenced: nothing happens
