@@ -25,7 +25,8 @@ machine, marking a tracker down for one 250 ms stall sent 5 s of a reader's chun
 enters (here): a source whose address is no ``http://HOST:PORT`` (another scheme, a port out
 of range, a path, credentials), whose peer id is no hex32, whose ticket is not one (a CR or
 LF would be a header of its own), that is this peer itself or an address already listed is
-dropped and counted (``bad_sources``), and at most ``MAX_SOURCES`` are kept per key.  Keys
+dropped and counted (``bad_sources``), and at most ``MAX_SOURCES`` are kept per key.  An
+answer longer than ``MAX_ANSWER_BYTES`` is a failure, never read whole.  Keys
 the peer did not ask about or announce are ignored.  A number that makes no sense (a
 heartbeat or TTL that is not a positive finite number, a negative or non-finite hold, a
 tenant that is empty or changes) makes the answer a failure: logged, the tracker marked down
@@ -55,6 +56,7 @@ from .auth import ServeKey
 from .errors import BlobError, PeerNotFound, Unavailable
 from .placement import rank
 from .wire import (
+    MAX_BODY_BYTES,
     TRACKER_MAX_KEYS,
     AnnounceRequest,
     AnnounceResponse,
@@ -77,6 +79,7 @@ HEARTBEAT_MIN_S = 0.05  # a tracker asking for hellos more often gets them this 
 HOLD_MAX_S = 600.0  # a tracker asking to hold a last copy longer gets it held this long
 MAX_SOURCES = 8  # sources kept per key, whatever a tracker hands out
 MAX_TENANT = 256  # characters of a tenant name
+MAX_ANSWER_BYTES = MAX_BODY_BYTES  # a tracker's answer past this is a failure, never read whole
 _TICKET = re.compile(r"[0-9]{1,12}\.[A-Za-z0-9_-]{1,128}={0,2}")  # blobsdk.auth.ServeKey.ticket
 logger = logging.getLogger("blobsdk.trackers")
 
@@ -225,11 +228,11 @@ class Trackers:
 
         async def call() -> T:
             try:
-                answer = await self._endpoints[url].call("POST", route, body(), kind)
+                answer = await self._endpoints[url].call("POST", route, body(), kind, max_bytes=MAX_ANSWER_BYTES)
             except PeerNotFound:
                 self.counts["hellos_again"] += 1
                 await self._say_hello(url)
-                answer = await self._endpoints[url].call("POST", route, body(), kind)
+                answer = await self._endpoints[url].call("POST", route, body(), kind, max_bytes=MAX_ANSWER_BYTES)
             check(url, answer)
             return answer
 
@@ -265,7 +268,7 @@ class Trackers:
             uploads=self._uploads(),
             budget_bytes=self._budget,
         )
-        answer = await self._endpoints[url].call("POST", "/v1/peers", hello, HelloResponse)
+        answer = await self._endpoints[url].call("POST", "/v1/peers", hello, HelloResponse, max_bytes=MAX_ANSWER_BYTES)
         self._check_hello(url, answer)
         if answer.heartbeat_s < HEARTBEAT_MIN_S:
             logger.warning(

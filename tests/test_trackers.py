@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from blobsdk import trackers
 from blobsdk.auth import ServeKey
 from blobsdk.trackers import HEARTBEAT_MIN_S, HOLD_MAX_S, MAX_SOURCES, Announced, Trackers
 from blobsdk.wire import (
@@ -184,22 +185,31 @@ class Liar:
         self.sources: list[Source] = []
         self.extra: list[Located] = []  # answers for keys nobody asked about
         self.announced = AnnounceResponse(keep=[], hold=[], hold_s=30.0)
+        self.chunked = False  # answers without a Content-Length
 
     def app(self) -> web.Application:
-        def answer(body: object) -> web.Response:
-            return web.Response(body=encode(body), content_type="application/msgpack")
+        async def answer(body: object) -> web.StreamResponse:
+            if not self.chunked:
+                return web.Response(body=encode(body), content_type="application/msgpack")
+            response = web.StreamResponse(headers={"Content-Type": "application/msgpack"})
+            response.enable_chunked_encoding()
+            await response.prepare(self.request)
+            await response.write(encode(body))
+            await response.write_eof()
+            return response
 
-        async def peers(request: web.Request) -> web.Response:
+        async def peers(request: web.Request) -> web.StreamResponse:
             self.hellos += 1
-            return answer(self.hello)
+            return await answer(self.hello)
 
-        async def locate(request: web.Request) -> web.Response:
+        async def locate(request: web.Request) -> web.StreamResponse:
+            self.request = request
             asked = msgspec.msgpack.decode(await request.read(), type=LocateRequest)
             located = [Located(key=ref.key, sources=self.sources) for ref in asked.refs]
-            return answer(LocateResponse(located=located + self.extra))
+            return await answer(LocateResponse(located=located + self.extra))
 
-        async def announce(request: web.Request) -> web.Response:
-            return answer(self.announced)
+        async def announce(request: web.Request) -> web.StreamResponse:
+            return await answer(self.announced)
 
         app = web.Application()
         app.router.add_post("/v1/peers", peers)
@@ -329,3 +339,16 @@ async def test_an_announce_answer_is_cut_to_the_keys_announced_and_the_longest_h
     answer = await client.announce(filled=KEYS[:2], evicting=KEYS[3:4])
     assert answer == Announced(keep=set(KEYS[:2]), hold={KEYS[3]}, hold_s=HOLD_MAX_S)
     assert not client.is_down(deployment.urls[0]) and client.counts["nonsense"] == 0
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_answer_past_its_bound_is_a_failure_never_read_whole(
+    deployment: Deployment, liar: Liar, monkeypatch: pytest.MonkeyPatch, chunked: bool
+) -> None:
+    client = await deployment.peer(1)
+    monkeypatch.setattr(trackers, "MAX_ANSWER_BYTES", 10_000)
+    liar.sources = [source("http://127.0.0.1:7402")]
+    liar.extra = [Located(key=f"{n:032x}", sources=liar.sources) for n in range(200)]  # ~20 kB
+    liar.chunked = chunked
+    assert await client.locate(REFS[:1]) == {KEYS[0]: []}
+    assert client.is_down(deployment.urls[0]) and client.counts["errors"] == 1
