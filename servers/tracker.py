@@ -392,7 +392,8 @@ def _checked_address(address: str) -> str:
         port = parts.port
     except ValueError as exc:
         raise BadRequest(f"invalid peer address {address!r}: {exc}") from exc
-    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/") or parts.query:
+    plain = parts.path in ("", "/") and not (parts.query or parts.fragment or parts.username or parts.password)
+    if parts.scheme != "http" or not parts.hostname or not port or not plain or not address.isprintable():
         raise BadRequest(f"invalid peer address {address!r}: expected http://HOST:PORT")
     return address.rstrip("/")
 

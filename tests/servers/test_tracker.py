@@ -3,6 +3,7 @@ HTTP (in-loop, with signed tenant tokens) and as a real process."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -257,6 +258,14 @@ def test_a_peer_id_belongs_to_its_tenant_and_tenants_never_share_sources() -> No
             lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h:1/x")),
             BadRequest,
             "expected http://HOST:PORT",
+        ),
+        *(
+            (
+                lambda t, address=address: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address=address)),
+                BadRequest,
+                re.escape(f"invalid peer address {address!r}: expected http://HOST:PORT"),
+            )
+            for address in ("http://h:0", "http://u:p@h:1", "http://h:1#x", "http://h:1?x", "http://h\n:1")
         ),
         (
             lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h:99999")),
