@@ -48,22 +48,26 @@ class HttpEndpoint:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    async def call(self, method: str, route: str, body: Any, kind: type[T], **kwargs: Any) -> T:
-        """Send a msgpack body, decode a msgpack answer into ``kind``."""
+    async def call(self, method: str, route: str, body: Any, kind: type[T], *, max_bytes: int | None = None, **kwargs: Any) -> T:
+        """Send a msgpack body, decode a msgpack answer into ``kind``; an answer of more
+        than ``max_bytes`` (None: no bound) is Unavailable, never read whole."""
         data = None if body is None else io.BytesIO(encode(body))  # bytes > 1 MiB make aiohttp warn
         headers = self.headers if data is None else {**self.headers, "Content-Type": MSGPACK}
-        payload = await self.read(method, route, data=data, headers=headers, **kwargs)
+        payload = await self.read(method, route, data=data, headers=headers, max_bytes=max_bytes, **kwargs)
         try:
             return msgspec.msgpack.decode(payload, type=kind)
         except msgspec.DecodeError as exc:
             raise Unavailable(f"{self.base_url}{route}: malformed response: {exc}") from exc
 
-    async def read(self, method: str, route: str, **kwargs: Any) -> bytes:
-        """A request's whole answer body (non-2xx answers raised as blobsdk errors)."""
+    async def read(self, method: str, route: str, *, max_bytes: int | None = None, **kwargs: Any) -> bytes:
+        """A request's whole answer body (non-2xx answers raised as blobsdk errors); one of
+        more than ``max_bytes`` (None: no bound) is Unavailable."""
         url = self.base_url + route
         async with self.request(method, route, **kwargs) as resp:
             try:
-                return await resp.read()
+                if max_bytes is None:
+                    return await resp.read()
+                return await _bounded_body(resp, max_bytes, f"{method} {url}")
             except TimeoutError as exc:  # aiohttp's total timeout, while the body arrived
                 raise TimedOut(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
 
@@ -91,6 +95,18 @@ class HttpEndpoint:
                 yield resp
             except aiohttp.ClientError as exc:
                 raise _translated(method, url, exc) from exc
+
+
+async def _bounded_body(resp: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
+    """The body, unless it is (or says it is) longer than ``max_bytes``: then Unavailable."""
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise Unavailable(f"{what}: an answer of {resp.content_length} bytes, at most {max_bytes} expected")
+    body = bytearray()
+    async for piece in resp.content.iter_chunked(READ_BUFSIZE):
+        body += piece
+        if len(body) > max_bytes:
+            raise Unavailable(f"{what}: an answer of more than {max_bytes} bytes expected at most")
+    return bytes(body)
 
 
 def _translated(method: str, url: str, exc: BaseException) -> Unavailable:

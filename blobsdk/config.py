@@ -60,6 +60,8 @@ class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     timeout_s: float = 5.0  # bounds connecting to a peer, each wait for its next bytes, and each upload
     wait_s: float = 5.0  # how long a child waits at a peer for a chunk that peer is still fetching
     tracker_timeout_s: float = 1.0  # a tracker call longer than this is skipped (the read goes on to L3/L4)
+    # The most one chunk's read spends on peers, however many sources stall: then L3/L4.
+    fetch_budget_s: float | None = None  # None: wait_s + 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -68,9 +70,10 @@ class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(
                 f"[peer] budget_bytes must be >= 0 and max_uploads >= 1, got {self.budget_bytes} and {self.max_uploads}"
             )
-        for name in ("timeout_s", "wait_s", "tracker_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"[peer] {name} must be positive, got {getattr(self, name)}")
+        for name in ("timeout_s", "wait_s", "tracker_timeout_s", "fetch_budget_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"[peer] {name} must be positive, got {value}")
         if self.host in ("0.0.0.0", "::") and self.advertise is None:
             raise ValueError(f"[peer] host {self.host!r} listens everywhere: set advertise to the address peers should use")
         networks(self.allowed_networks)

@@ -17,25 +17,46 @@ marked down for ``down_s``: its keys are not even asked for, and the next heartb
 ``down_s`` tries it again.  (One slow call is no outage: on the p2p benchmark's loaded 2-core
 machine, marking a tracker down for one 250 ms stall sent 5 s of a reader's chunks to the origin:
 2.6x the dataset instead of 1.4x.)  A tracker that forgot the peer (restarted, or the peer aged out) answers
-``PeerNotFound``: the peer says hello again and retries once.
+``PeerNotFound``: the peer says hello again and retries once.  A hello the tracker answers
+``registered`` (it knew nothing of this peer: it restarted, or the peer aged out) calls
+``forgotten(url)``: the peer tier announces again what it serves.
+
+**A tracker is not trusted with the client's own health.**  Every answer is checked where it
+enters (here): a source whose address is no ``http://HOST:PORT`` (another scheme, a port out
+of range, a path, credentials), whose peer id is no hex32, whose ticket is not one (a CR or
+LF would be a header of its own), that is this peer itself or an address already listed is
+dropped and counted (``bad_sources``), and at most ``MAX_SOURCES`` are kept per key.  An
+answer longer than ``MAX_ANSWER_BYTES`` is a failure, never read whole.  Keys
+the peer did not ask about or announce are ignored.  A number that makes no sense (a
+heartbeat or TTL that is not a positive finite number, a negative or non-finite hold, a
+tenant that is empty or changes) makes the answer a failure: logged, the tracker marked down
+for ``down_s`` like one that refused, nothing of it obeyed.  A heartbeat shorter than
+``HEARTBEAT_MIN_S`` is obeyed at that, a hold longer than ``HOLD_MAX_S`` cut to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Self, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
+import msgspec
 
 from ._http import HttpEndpoint
+from ._ids import is_hex32
 from .auth import ServeKey
-from .errors import BlobError, PeerNotFound
+from .errors import BlobError, PeerNotFound, Unavailable
 from .placement import rank
 from .wire import (
+    MAX_BODY_BYTES,
     TRACKER_MAX_KEYS,
     AnnounceRequest,
     AnnounceResponse,
@@ -54,6 +75,13 @@ TIMEOUT_S = 1.0  # a tracker call longer than this is skipped: the read goes on 
 DOWN_S = 5.0  # a tracker that failed is left alone this long
 SLOW_CALLS = 3  # calls in a row past the timeout that count as a failure
 HEARTBEAT_S = 5.0  # until a tracker says otherwise
+HEARTBEAT_MIN_S = 0.05  # a tracker asking for hellos more often gets them this often
+HOLD_MAX_S = 600.0  # a tracker asking to hold a last copy longer gets it held this long
+MAX_SOURCES = 8  # sources kept per key, whatever a tracker hands out
+MAX_TENANT = 256  # characters of a tenant name
+MAX_ANSWER_BYTES = MAX_BODY_BYTES  # a tracker's answer past this is a failure, never read whole
+_TICKET = re.compile(r"[0-9]{1,12}\.[A-Za-z0-9_-]{1,128}={0,2}")  # blobsdk.auth.ServeKey.ticket
+logger = logging.getLogger("blobsdk.trackers")
 
 T = TypeVar("T")
 
@@ -80,6 +108,7 @@ class Trackers:
         address: str,
         serve_key: ServeKey,
         uploads: Callable[[], int] = lambda: 0,
+        forgotten: Callable[[str], None] = lambda url: None,
         budget_bytes: int = 0,
         timeout_s: float = TIMEOUT_S,
         down_s: float = DOWN_S,
@@ -90,7 +119,7 @@ class Trackers:
         self._endpoints = {url.rstrip("/"): HttpEndpoint(session, url, token) for url in urls}
         self.peer_id, self.address, self._serve_key = peer_id, address, serve_key
         self.tenant: str | None = None  # as the trackers say, once one has answered a hello
-        self._uploads, self._budget = uploads, budget_bytes
+        self._uploads, self._budget, self._forgotten = uploads, budget_bytes, forgotten
         self._timeout_s, self._down_s, self._clock = timeout_s, down_s, clock
         self._down_until: dict[str, float] = {}
         self._slow: Counter[str] = Counter()  # calls in a row past the timeout, per tracker
@@ -130,7 +159,10 @@ class Trackers:
 
             answer = await self._call(url, "/v1/locate", request, LocateResponse)
             if answer is not None:
-                found.update((located.key, located.sources) for located in answer.located if located.key in found)
+                asked = set(batch)
+                for located in answer.located:
+                    if located.key in asked:
+                        found[located.key] = self._checked_sources(url, located.sources)
 
         await self._per_tracker(wanted, ask)
         return found
@@ -153,11 +185,11 @@ class Trackers:
             def request() -> AnnounceRequest:
                 return AnnounceRequest(peer_id=self.peer_id, **{name: sorted(keys & mine) for name, keys in lists.items()})
 
-            answer = await self._call(url, "/v1/announce", request, AnnounceResponse)
+            answer = await self._call(url, "/v1/announce", request, AnnounceResponse, self._checked_announced)
             if answer is not None:
-                merged.keep.update(answer.keep)
-                merged.hold.update(answer.hold)
-                merged.hold_s = max(merged.hold_s, answer.hold_s)
+                merged.keep.update(key for key in answer.keep if key in mine)
+                merged.hold.update(key for key in answer.hold if key in mine)
+                merged.hold_s = max(merged.hold_s, min(answer.hold_s, HOLD_MAX_S))
 
         await self._per_tracker(set().union(*lists.values()), tell)
         return merged
@@ -180,20 +212,29 @@ class Trackers:
             *(call(url, batch[i : i + step]) for url, batch in batches.items() for i in range(0, len(batch), step))
         )
 
-    async def _call(self, url: str, route: str, body: Callable[[], object], kind: type[T]) -> T | None:
+    async def _call(
+        self,
+        url: str,
+        route: str,
+        body: Callable[[], object],
+        kind: type[T],
+        check: Callable[[str, T], None] = lambda url, answer: None,
+    ) -> T | None:
         """One call to tracker ``url``, again after a hello if it forgot this peer; None if it is
-        down, fails or is slow (see the module docstring)."""
+        down, fails, is slow or answers nonsense (``check`` raises: see the module docstring)."""
         if self.is_down(url):
             self.counts["skipped_down"] += 1
             return None
 
         async def call() -> T:
             try:
-                return await self._endpoints[url].call("POST", route, body(), kind)
+                answer = await self._endpoints[url].call("POST", route, body(), kind, max_bytes=MAX_ANSWER_BYTES)
             except PeerNotFound:
                 self.counts["hellos_again"] += 1
                 await self._say_hello(url)
-                return await self._endpoints[url].call("POST", route, body(), kind)
+                answer = await self._endpoints[url].call("POST", route, body(), kind, max_bytes=MAX_ANSWER_BYTES)
+            check(url, answer)
+            return answer
 
         return await self._guarded(url, call)
 
@@ -227,10 +268,64 @@ class Trackers:
             uploads=self._uploads(),
             budget_bytes=self._budget,
         )
-        answer = await self._endpoints[url].call("POST", "/v1/peers", hello, HelloResponse)
-        self._heartbeat_s = min(self._heartbeat_s, answer.heartbeat_s)
+        answer = await self._endpoints[url].call("POST", "/v1/peers", hello, HelloResponse, max_bytes=MAX_ANSWER_BYTES)
+        self._check_hello(url, answer)
+        if answer.heartbeat_s < HEARTBEAT_MIN_S:
+            logger.warning(
+                "tracker %s asks for a heartbeat every %g s: sent every %g s", url, answer.heartbeat_s, HEARTBEAT_MIN_S
+            )
+        self._heartbeat_s = min(self._heartbeat_s, max(answer.heartbeat_s, HEARTBEAT_MIN_S))
         self.tenant = answer.tenant
         self.counts["hellos"] += 1
+        if answer.registered:  # it knows none of this peer's copies
+            self.counts["registered"] += 1
+            self._forgotten(url)
+
+    # --- what a tracker answers is checked, not trusted ---------------------------------------------
+
+    def _nonsense(self, url: str, what: str) -> Unavailable:
+        """The error that makes a nonsense answer a failed call (the tracker is marked down)."""
+        self.counts["nonsense"] += 1
+        logger.warning("tracker %s answered nonsense, treated as down: %s", url, what)
+        return Unavailable(f"tracker {url} answered nonsense: {what}")
+
+    def _check_hello(self, url: str, answer: HelloResponse) -> None:
+        for name in ("heartbeat_s", "ttl_s"):
+            value = getattr(answer, name)
+            if not (math.isfinite(value) and value > 0):
+                raise self._nonsense(url, f"{name} {value!r} is not a positive number of seconds")
+        tenant = answer.tenant
+        if not (0 < len(tenant) <= MAX_TENANT and tenant.isprintable()):
+            raise self._nonsense(url, f"tenant {tenant[:MAX_TENANT]!r} is no tenant name")
+        if self.tenant is not None and tenant != self.tenant:
+            raise self._nonsense(url, f"tenant {tenant!r}, but this peer serves tenant {self.tenant!r}")
+
+    def _checked_announced(self, url: str, answer: AnnounceResponse) -> None:
+        if not (math.isfinite(answer.hold_s) and answer.hold_s >= 0):
+            raise self._nonsense(url, f"hold_s {answer.hold_s!r} is not a number of seconds")
+        if answer.hold_s > HOLD_MAX_S:
+            logger.warning("tracker %s asks to hold copies %g s: held %g s", url, answer.hold_s, HOLD_MAX_S)
+
+    def _checked_sources(self, url: str, sources: list[Source]) -> list[Source]:
+        """The sources worth contacting, at most MAX_SOURCES (see the module docstring)."""
+        kept: list[Source] = []
+        seen = {self.address}
+        bad: list[str] = []
+        for source in sources:
+            if len(kept) == MAX_SOURCES:
+                break
+            address = _source_address(source.address)
+            if address is None or address in seen or not is_hex32(source.peer_id) or source.peer_id == self.peer_id:
+                bad.append(source.address[:100])
+            elif _TICKET.fullmatch(source.ticket) is None:
+                bad.append(f"{address} (malformed ticket)")
+            else:
+                seen.add(address)
+                kept.append(source if address == source.address else msgspec.structs.replace(source, address=address))
+        if bad:
+            self.counts["bad_sources"] += len(bad)
+            logger.warning("tracker %s handed out %d bad sources, skipped: %s", url, len(bad), ", ".join(bad[:3]))
+        return kept
 
     def _mark_down(self, url: str) -> None:
         self.counts["errors"] += 1
@@ -242,3 +337,18 @@ class Trackers:
         while True:
             await asyncio.sleep(self._heartbeat_s)
             await asyncio.gather(*(self._hello(url) for url in self._endpoints if not self.is_down(url)))
+
+
+def _source_address(address: str) -> str | None:
+    """``address`` as ``http://HOST:PORT`` (no trailing slash), or None if it is none."""
+    try:
+        parts = urlsplit(address)
+        port = parts.port
+    except ValueError:  # a port out of range or not a number, a bad IPv6 literal
+        return None
+    plain = not (parts.username or parts.password or parts.query or parts.fragment) and parts.path in ("", "/")
+    if parts.scheme != "http" or not parts.hostname or port is None or port == 0 or not plain:
+        return None
+    if not address.isascii() or not address.isprintable():
+        return None
+    return address.rstrip("/")

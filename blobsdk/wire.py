@@ -286,6 +286,9 @@ class HelloResponse(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_s: float  # say hello again within this
     ttl_s: float  # a peer not heard from for this long is forgotten
     tenant: str  # the tenant the peer is bound to: the only one it serves
+    # This hello registered the peer: the tracker knew nothing of it (it restarted, or the
+    # peer aged out), so it knows none of the peer's copies: the peer announces them again.
+    registered: bool = False
 
 
 class LocateRequest(msgspec.Struct, frozen=True, kw_only=True):

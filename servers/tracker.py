@@ -6,7 +6,9 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
 
 - ``POST /v1/peers`` ``PeerHello`` -> ``HelloResponse``: register or heartbeat.  A peer id is
   bound to the tenant that registered it: another tenant's call for it is 403.  A peer not
-  heard from for ``peer_ttl_s`` is forgotten, with every copy it held.  The hello carries the
+  heard from for ``peer_ttl_s`` is forgotten, with every copy it held.  The answer says
+  ``registered`` when the hello registered the peer (the tracker knew nothing of it: it
+  restarted, or the peer aged out): the peer then announces what it serves again.  The hello carries the
   peer's serve key, which the tracker signs its serve tickets with (``blobsdk.auth``).
 - ``POST /v1/locate`` ``LocateRequest`` -> ``LocateResponse``: the asker sends the chunk refs
   of its plans with their grants, and every grant must verify for its tenant (else 403, as a
@@ -159,9 +161,10 @@ class Tracker:
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         now = self._clock()
+        self._expire()  # a peer unheard for its TTL is forgotten, even if this is its hello
         peer = self._peers.get(hello.peer_id)
+        registered = peer is None
         if peer is None:
-            self._expire()
             if len(self._peers) >= self.config.max_peers:
                 raise Overloaded(f"the tracker has its {self.config.max_peers} peers: try another or later")
             peer = self._peers[hello.peer_id] = _Peer(hello.peer_id, tenant, address, serve_key, now)
@@ -170,7 +173,9 @@ class Tracker:
             raise Forbidden(f"peer {hello.peer_id} belongs to another tenant")
         peer.address, peer.serve_key, peer.seen = address, serve_key, now
         peer.uploads, peer.budget_bytes = max(0, hello.uploads), max(0, hello.budget_bytes)
-        return HelloResponse(heartbeat_s=self.config.heartbeat_s, ttl_s=self.config.peer_ttl_s, tenant=tenant)
+        return HelloResponse(
+            heartbeat_s=self.config.heartbeat_s, ttl_s=self.config.peer_ttl_s, tenant=tenant, registered=registered
+        )
 
     def _peer(self, tenant: str, peer_id: str) -> _Peer:
         self._expire()
@@ -387,7 +392,8 @@ def _checked_address(address: str) -> str:
         port = parts.port
     except ValueError as exc:
         raise BadRequest(f"invalid peer address {address!r}: {exc}") from exc
-    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/") or parts.query:
+    plain = parts.path in ("", "/") and not (parts.query or parts.fragment or parts.username or parts.password)
+    if parts.scheme != "http" or not parts.hostname or not port or not plain or not address.isprintable():
         raise BadRequest(f"invalid peer address {address!r}: expected http://HOST:PORT")
     return address.rstrip("/")
 

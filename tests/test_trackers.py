@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import aiohttp
+import msgspec
 import pytest
+from aiohttp import web
 
+from blobsdk import trackers
 from blobsdk.auth import ServeKey
-from blobsdk.trackers import Announced, Trackers
-from blobsdk.wire import ChunkRef
+from blobsdk.trackers import HEARTBEAT_MIN_S, HOLD_MAX_S, MAX_SOURCES, Announced, Trackers
+from blobsdk.wire import (
+    AnnounceResponse,
+    ChunkRef,
+    HelloResponse,
+    Located,
+    LocateRequest,
+    LocateResponse,
+    Source,
+    encode,
+)
 from servers._common.faults import FaultConfig, FaultRule
 from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
 from tests.helpers import running_app
@@ -117,10 +131,13 @@ async def test_a_slow_tracker_is_skipped_within_the_timeout_and_down_after_three
 
 async def test_a_tracker_that_forgot_the_peer_gets_a_hello_again(deployment: Deployment) -> None:
     await deployment.start(1, TrackerConfig(peer_ttl_s=0.2, heartbeat_s=60))
-    client = await deployment.peer(1)
+    forgotten: list[str] = []
+    client = await deployment.peer(1, forgotten=forgotten.append)
+    assert forgotten == deployment.urls  # the first hello registered it
     await asyncio.sleep(0.25)  # aged out: the heartbeat is a minute away
     assert (await client.announce(filled=KEYS[:1])).keep == {KEYS[0]}
     assert client.counts["hellos_again"] == 1 and client.counts["errors"] == 0
+    assert forgotten == deployment.urls * 2  # registered again: the peer tier announces its copies again
 
 
 async def test_heartbeats_keep_the_peer_known(deployment: Deployment) -> None:
@@ -146,3 +163,192 @@ async def test_a_batch_past_the_tracker_s_request_bound_is_split(deployment: Dep
     assert client.counts["errors"] == 0
     (tracker,) = deployment.trackers.values()
     assert tracker.swarm_count() == 5000
+
+
+# --- a tracker that answers nonsense ---------------------------------------------------------------
+
+TICKET = "1999999999." + "A" * 43
+HELLO = HelloResponse(heartbeat_s=5.0, ttl_s=15.0, tenant="default")
+SELF = "http://127.0.0.1:7401"  # peer 1's own address (Deployment.peer)
+
+
+def source(address: str, n: int = 2, ticket: str = TICKET) -> Source:
+    return Source(peer_id=pid(n), address=address, complete=True, ticket=ticket)
+
+
+class Liar:
+    """An in-loop tracker that answers what the test says, whatever it is asked."""
+
+    def __init__(self) -> None:
+        self.hello = HELLO
+        self.hellos = 0
+        self.sources: list[Source] = []
+        self.extra: list[Located] = []  # answers for keys nobody asked about
+        self.announced = AnnounceResponse(keep=[], hold=[], hold_s=30.0)
+        self.chunked = False  # answers without a Content-Length
+
+    def app(self) -> web.Application:
+        async def answer(body: object) -> web.StreamResponse:
+            if not self.chunked:
+                return web.Response(body=encode(body), content_type="application/msgpack")
+            response = web.StreamResponse(headers={"Content-Type": "application/msgpack"})
+            response.enable_chunked_encoding()
+            await response.prepare(self.request)
+            await response.write(encode(body))
+            await response.write_eof()
+            return response
+
+        async def peers(request: web.Request) -> web.StreamResponse:
+            self.hellos += 1
+            return await answer(self.hello)
+
+        async def locate(request: web.Request) -> web.StreamResponse:
+            self.request = request
+            asked = msgspec.msgpack.decode(await request.read(), type=LocateRequest)
+            located = [Located(key=ref.key, sources=self.sources) for ref in asked.refs]
+            return await answer(LocateResponse(located=located + self.extra))
+
+        async def announce(request: web.Request) -> web.StreamResponse:
+            return await answer(self.announced)
+
+        app = web.Application()
+        app.router.add_post("/v1/peers", peers)
+        app.router.add_post("/v1/locate", locate)
+        app.router.add_post("/v1/announce", announce)
+        return app
+
+
+@pytest.fixture
+async def liar(deployment: Deployment) -> Liar:
+    lying = Liar()
+    url = await deployment.stack.enter_async_context(running_app(lying.app()))
+    deployment.urls.append(url)
+    return lying
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "blobsdk.trackers" and r.levelno == logging.WARNING]
+
+
+async def test_bad_sources_from_a_tracker_are_skipped_and_counted(
+    deployment: Deployment, liar: Liar, caplog: pytest.LogCaptureFixture
+) -> None:
+    good, other = source("http://127.0.0.1:7402"), source("http://[::1]:7403", n=3)
+    liar.sources = [
+        source("ftp://127.0.0.1:7402"),
+        good,
+        source("http://127.0.0.1:99999"),  # a port out of range
+        source("garbage"),
+        source("http://127.0.0.1:7402/v1/chunks"),  # a path
+        source("http://user:pw@127.0.0.1:7402"),  # credentials
+        source("http://127.0.0.1"),  # no port
+        source("http://127.0.0.1:7405/", n=5),  # a trailing slash: fine
+        Source(peer_id="not hex", address="http://127.0.0.1:7406", complete=True, ticket=TICKET),
+        source("http://127.0.0.1:7407", ticket="1.x\r\nX-Evil: yes"),  # a header of its own
+        source(SELF, n=9),  # this peer itself
+        Source(peer_id=pid(1), address="http://127.0.0.1:7408", complete=True, ticket=TICKET),  # its own id
+        source("http://127.0.0.1:7402", n=4),  # an address already listed
+        other,
+    ]
+    client = await deployment.peer(1)
+    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+        found = await client.locate(REFS[:1])
+    assert found == {
+        KEYS[0]: [
+            good,
+            source("http://127.0.0.1:7405", n=5),  # without its trailing slash
+            other,
+        ]
+    }
+    assert client.counts["bad_sources"] == 11 and client.counts["errors"] == 0 and not client.is_down(deployment.urls[0])
+    assert warnings_of(caplog) == [
+        f"tracker {deployment.urls[0]} handed out 11 bad sources, skipped: ftp://127.0.0.1:7402, http://127.0.0.1:99999, garbage"
+    ]
+
+
+async def test_at_most_max_sources_are_kept_and_keys_not_asked_about_are_ignored(deployment: Deployment, liar: Liar) -> None:
+    liar.sources = [source(f"http://127.0.0.1:{7410 + n}", n=n + 2) for n in range(3 * MAX_SOURCES)]
+    liar.extra = [Located(key=KEYS[5], sources=liar.sources)]
+    client = await deployment.peer(1)
+    assert await client.locate(REFS[:1]) == {KEYS[0]: liar.sources[:MAX_SOURCES]}
+    assert client.counts["bad_sources"] == 0
+
+
+@pytest.mark.parametrize(
+    ("hello", "what"),
+    [
+        (msgspec.structs.replace(HELLO, heartbeat_s=0.0), "heartbeat_s 0.0 is not a positive number of seconds"),
+        (msgspec.structs.replace(HELLO, heartbeat_s=-1.0), "heartbeat_s -1.0 is not a positive number of seconds"),
+        (msgspec.structs.replace(HELLO, heartbeat_s=math.nan), "heartbeat_s nan is not a positive number of seconds"),
+        (msgspec.structs.replace(HELLO, heartbeat_s=math.inf), "heartbeat_s inf is not a positive number of seconds"),
+        (msgspec.structs.replace(HELLO, ttl_s=-5.0), "ttl_s -5.0 is not a positive number of seconds"),
+        (msgspec.structs.replace(HELLO, tenant=""), "tenant '' is no tenant name"),
+        (msgspec.structs.replace(HELLO, tenant="a\nb"), "tenant 'a\\nb' is no tenant name"),
+    ],
+)
+async def test_a_hello_answered_with_nonsense_is_a_failing_tracker_never_a_busy_loop(
+    deployment: Deployment, liar: Liar, hello: HelloResponse, what: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    liar.hello = hello
+    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+        client = await deployment.peer(1, down_s=60)
+        await asyncio.sleep(0.1)  # a busy heartbeat loop said thousands of hellos by now
+    url = deployment.urls[0]
+    assert liar.hellos == 1 and client.is_down(url) and client.tenant is None
+    assert client.counts["nonsense"] == 1 and client.counts["errors"] == 1 and client.counts["hellos"] == 0
+    assert warnings_of(caplog) == [f"tracker {url} answered nonsense, treated as down: {what}"]
+    assert await client.locate(REFS[:1]) == {KEYS[0]: []} and client.counts["skipped_down"] == 1
+
+
+async def test_a_heartbeat_shorter_than_the_floor_is_sent_at_the_floor(
+    deployment: Deployment, liar: Liar, caplog: pytest.LogCaptureFixture
+) -> None:
+    liar.hello = msgspec.structs.replace(HELLO, heartbeat_s=1e-9)
+    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+        client = await deployment.peer(1)
+        await asyncio.sleep(0.1)  # at most 0.1 / HEARTBEAT_MIN_S + 1 hellos, never a busy loop
+    assert 1 <= liar.hellos <= 0.1 / HEARTBEAT_MIN_S + 1 and not client.is_down(deployment.urls[0])
+    url = deployment.urls[0]
+    assert warnings_of(caplog)[0] == f"tracker {url} asks for a heartbeat every 1e-09 s: sent every {HEARTBEAT_MIN_S:g} s"
+
+
+async def test_a_tracker_that_changes_the_peer_s_tenant_is_a_failing_tracker(
+    deployment: Deployment, liar: Liar, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await deployment.peer(1, forgotten=lambda url: None)
+    assert client.tenant == "default"
+    liar.hello = msgspec.structs.replace(HELLO, tenant="mallory")
+    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+        await client._hello(deployment.urls[0])  # the next heartbeat
+    assert client.tenant == "default" and client.is_down(deployment.urls[0])
+    what = "tenant 'mallory', but this peer serves tenant 'default'"
+    assert warnings_of(caplog) == [f"tracker {deployment.urls[0]} answered nonsense, treated as down: {what}"]
+
+
+@pytest.mark.parametrize("hold_s", [math.nan, math.inf, -1.0])
+async def test_an_announce_answered_with_a_nonsense_hold_is_not_obeyed(deployment: Deployment, liar: Liar, hold_s: float) -> None:
+    liar.announced = AnnounceResponse(keep=KEYS[:2], hold=KEYS[2:4], hold_s=hold_s)
+    client = await deployment.peer(1)
+    assert await client.announce(filled=KEYS[:2], evicting=KEYS[2:4]) == Announced()  # nothing kept or held
+    assert client.is_down(deployment.urls[0]) and client.counts["nonsense"] == 1
+
+
+async def test_an_announce_answer_is_cut_to_the_keys_announced_and_the_longest_hold(deployment: Deployment, liar: Liar) -> None:
+    liar.announced = AnnounceResponse(keep=KEYS[:3], hold=KEYS[3:6], hold_s=1e12)
+    client = await deployment.peer(1)
+    answer = await client.announce(filled=KEYS[:2], evicting=KEYS[3:4])
+    assert answer == Announced(keep=set(KEYS[:2]), hold={KEYS[3]}, hold_s=HOLD_MAX_S)
+    assert not client.is_down(deployment.urls[0]) and client.counts["nonsense"] == 0
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_answer_past_its_bound_is_a_failure_never_read_whole(
+    deployment: Deployment, liar: Liar, monkeypatch: pytest.MonkeyPatch, chunked: bool
+) -> None:
+    client = await deployment.peer(1)
+    monkeypatch.setattr(trackers, "MAX_ANSWER_BYTES", 10_000)
+    liar.sources = [source("http://127.0.0.1:7402")]
+    liar.extra = [Located(key=f"{n:032x}", sources=liar.sources) for n in range(200)]  # ~20 kB
+    liar.chunked = chunked
+    assert await client.locate(REFS[:1]) == {KEYS[0]: []}
+    assert client.is_down(deployment.urls[0]) and client.counts["errors"] == 1

@@ -16,7 +16,11 @@ them with this tier's hedger and a concurrency limiter per peer, verifying every
 checksum.  A bad copy is reported (``bad_bytes``) and never returned; a refusal (busy: 429),
 404 (a stale entry: ``missing``) or failure (``failed``) is reported and the next source
 tried.  No source, every source failed, or the tracker down or slow (``tracker_timeout_s``):
-a miss, and the read goes on to L3/L4 without an error.
+a miss, and the read goes on to L3/L4 without an error.  Whatever the sources (stopped,
+silent, lying that they are fetching it), one chunk's read spends at most
+``fetch_budget_s`` (default ``wait_s`` + 1 s) here, locate included: then it is a miss
+(``over_budget``).  The tracker's answers are checked in ``blobsdk.trackers``; a tracker
+that forgot this peer (restarted) gets its serving cache's keys announced again.
 
 **Trees.** The tracker records every asker as a fetcher of the chunk and sends the next askers
 to it (at most its fan-out each), so while a peer fetches a chunk, children are already
@@ -43,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import secrets
 import time
 from collections import Counter
@@ -70,7 +75,6 @@ from .base import Decoder, cache_failover
 _ANNOUNCE_S = 0.05  # announcements wait this long to be batched
 logger = logging.getLogger("blobsdk.peer")
 _MAX_HELD = 1024  # chunks kept past the budget because a tracker said hold
-_MAX_SOURCES = 8  # sources tried per chunk, whatever a tracker hands out
 _ANSWER_S = 1.0  # past a source's wait_s, how long its 404 may take to arrive
 # A fill the trackers said not to keep is served this much longer: children it was handed to
 # before the announcement may still be on their way (dropping it at once cost the p2p
@@ -126,6 +130,8 @@ class PeerTier:
         self._endpoints: dict[str, Endpoint] = {}
         # A source still fetching the chunk sends nothing until it lands (at most wait_s).
         wait = self.config.wait_s + self.config.timeout_s
+        budget = self.config.fetch_budget_s
+        self._budget_s = self.config.wait_s + _ANSWER_S if budget is None else budget
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=self.config.timeout_s, sock_connect=self.config.timeout_s, sock_read=wait
         )
@@ -149,6 +155,7 @@ class PeerTier:
                 address=address,
                 serve_key=self._serve_key,
                 uploads=lambda: self._server.uploads,
+                forgotten=self._forgotten,
                 budget_bytes=self.config.budget_bytes,
                 timeout_s=self.config.tracker_timeout_s,
             )
@@ -202,25 +209,39 @@ class PeerTier:
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
         begun = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._budget_s
         self._expect(ref.key)
-        sources = [s for s in (await self._locate(ref))[:_MAX_SOURCES] if self._may_contact(s)]
-        if not sources:
-            self.stats.misses += 1
-            return None
-        try:
-            raw = await self.hedger.run(
-                sources,
-                partial(self._fetch_from, ref),
-                key_of=_address_of,
-                failover=cache_failover,
-                ready=lambda s: self._endpoint(s.address).has_room,
-            )
-        except HedgeExhausted:
+        raw = await self._from_peers(ref, deadline)
+        if raw is None:
+            self.counts["over_budget"] += loop.time() >= deadline
             self.stats.misses += 1
             return None
         self.stats.hit(ref.raw_length, time.perf_counter() - begun)
         self._landed(ref.key, raw)
         return raw
+
+    async def _from_peers(self, ref: ChunkRef, deadline: float) -> memoryview | None:
+        """The chunk from the first of its sources to serve a verified copy by ``deadline``
+        (loop time); None: none did."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                located = await self._locate(ref)
+        except TimeoutError:
+            return None
+        sources = [s for s in located if self._may_contact(s)]
+        if not sources:
+            return None
+        try:
+            return await self.hedger.run(
+                sources,
+                partial(self._fetch_from, ref, deadline),
+                key_of=_address_of,
+                failover=cache_failover,
+                ready=lambda s: self._endpoint(s.address).has_room,
+            )
+        except HedgeExhausted:
+            return None
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """A chunk L3 or L4 served: serve it to the peers waiting for it, and announce it."""
@@ -250,7 +271,9 @@ class PeerTier:
             "uploads_missing": served["missing"],
             "tracker_errors": trackers.get("errors", 0),
             "tracker_timeouts": trackers.get("timeouts", 0),
-            **{name: self.counts[name] for name in ("disallowed", "reported", "not_kept", "held")},
+            "tracker_nonsense": trackers.get("nonsense", 0),
+            "bad_sources": trackers.get("bad_sources", 0),
+            **{name: self.counts[name] for name in ("disallowed", "reported", "not_kept", "held", "over_budget", "reannounced")},
             **{f"hedge_{name}": value for name, value in self.hedger.stats().items()},
         }
 
@@ -274,9 +297,33 @@ class PeerTier:
             self._endpoints[address] = endpoint
         return endpoint
 
-    async def _fetch_from(self, ref: ChunkRef, source: Source, attempt: Attempt) -> memoryview:
+    async def _fetch_from(self, ref: ChunkRef, deadline: float, source: Source, attempt: Attempt) -> memoryview:
         """The verified raw bytes from one peer; a failure is counted, reported and raised (the
-        hedger then tries the next source)."""
+        hedger then tries the next source).  Past the chunk's ``deadline`` (its budget on
+        peers) an attempt is cut and the next ones fail at once: the read goes on to L3/L4.
+        A source still fetching the chunk that stayed silent past its ``wait_s`` broke its
+        word (it answers 404 by then) and is reported; one cut sooner is not."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        # A source still fetching the chunk answers once it lands there: a wait in its queue,
+        # which is no hang and no cause to hedge; bounded by its wait_s (then it answers 404),
+        # and here by that plus a second for the answer (a stopped peer sends none).
+        own = math.inf if source.complete else now + self.config.wait_s + _ANSWER_S
+        if now >= deadline:
+            raise TimedOut(f"{source.address}: chunk {ref.key}: its {self._budget_s:g} s on peers are spent")
+        try:
+            async with asyncio.timeout_at(min(own, deadline)) as limit:
+                return await self._verified_from(ref, source, attempt)
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            if source.complete or loop.time() - now < self.config.wait_s:
+                raise TimedOut(f"{source.address}: chunk {ref.key}: its {self._budget_s:g} s on peers are spent") from None
+            self.stats.errors += 1
+            self._report(source, ref.key, "failed")
+            raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None
+
+    async def _verified_from(self, ref: ChunkRef, source: Source, attempt: Attempt) -> memoryview:
         buf = memoryview(bytearray(ref.raw_length))
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         headers = {TICKET_HEADER: source.ticket}
@@ -284,15 +331,8 @@ class PeerTier:
             if source.complete:
                 await self._endpoint(source.address).get_into(route, buf, headers=headers, attempt=attempt)
             else:
-                # It answers once the chunk lands there: a wait in its queue, which is no
-                # hang and no cause to hedge; bounded by its wait_s (then it answers 404), and
-                # here by that plus a second for the answer (a stopped peer sends none).
                 attempt.queued()
-                try:
-                    async with asyncio.timeout(self.config.wait_s + _ANSWER_S):
-                        await self._endpoint(source.address).get_into(route, buf, headers=headers)
-                except TimeoutError:
-                    raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None
+                await self._endpoint(source.address).get_into(route, buf, headers=headers)
             return verify_raw(ref, buf)
         except BadCopy:
             self.stats.corrupt += 1
@@ -430,6 +470,16 @@ class PeerTier:
                 self.counts["held"] += 1
             else:
                 self._evicted.add(key)
+
+    def _forgotten(self, url: str) -> None:
+        """Tracker ``url`` knows none of this peer's copies (it restarted, or this peer aged out
+        there): announce those it owns again, with the next announcement."""
+        trackers = self._trackers
+        if trackers is None:  # the first hellos: nothing served yet
+            return
+        keys = [key for key in (*self._serving, *self._held) if trackers.tracker_of(key) == url]
+        self._filled.update(keys)
+        self.counts["reannounced"] += len(keys)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -3,6 +3,7 @@ HTTP (in-loop, with signed tenant tokens) and as a real process."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -212,6 +213,15 @@ def test_a_peer_unheard_for_its_ttl_is_forgotten_with_its_copies() -> None:
     assert t.counts["peers_expired"] == 1
 
 
+def test_a_hello_says_whether_it_registered_the_peer() -> None:
+    t, clock = tracker(peer_ttl_s=15)
+    hello = PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(9), address="http://10.0.0.9:7400")
+    assert t.hello("t", hello).registered is True  # new: it must announce what it serves
+    assert t.hello("t", hello).registered is False  # a heartbeat
+    clock.now += 16
+    assert t.hello("t", hello).registered is True  # aged out and forgotten: new again
+
+
 def test_a_peer_id_belongs_to_its_tenant_and_tenants_never_share_sources() -> None:
     t, _ = tracker()
     sources(t, 1)
@@ -248,6 +258,14 @@ def test_a_peer_id_belongs_to_its_tenant_and_tenants_never_share_sources() -> No
             lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h:1/x")),
             BadRequest,
             "expected http://HOST:PORT",
+        ),
+        *(
+            (
+                lambda t, address=address: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address=address)),
+                BadRequest,
+                re.escape(f"invalid peer address {address!r}: expected http://HOST:PORT"),
+            )
+            for address in ("http://h:0", "http://u:p@h:1", "http://h:1#x", "http://h:1?x", "http://h\n:1")
         ),
         (
             lambda t: t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://h:99999")),
@@ -325,7 +343,12 @@ async def test_peers_use_it_over_http_with_their_tenants_tokens(served: tuple[st
         )
         for n in (1, 2):
             hello = PeerHello(peer_id=pid(n), address=f"http://127.0.0.1:740{n}", serve_key=SERVE_KEY.hex)
-            assert await post(s, f"{url}/v1/peers", hello, alice, dict) == {"heartbeat_s": 5.0, "ttl_s": 15.0, "tenant": "alice"}
+            assert await post(s, f"{url}/v1/peers", hello, alice, dict) == {
+                "heartbeat_s": 5.0,
+                "ttl_s": 15.0,
+                "tenant": "alice",
+                "registered": True,
+            }
         first = await post(s, f"{url}/v1/locate", LocateRequest(peer_id=pid(1), refs=[ref]), alice, LocateResponse)
         assert isinstance(first, LocateResponse) and first.located[0].sources == []
         kept = await post(s, f"{url}/v1/announce", AnnounceRequest(peer_id=pid(1), filled=[key]), alice, AnnounceResponse)

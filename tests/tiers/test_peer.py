@@ -5,13 +5,14 @@ own peer server, over a real cluster (API and block server processes) and a real
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +20,7 @@ import msgspec
 import pytest
 
 import blobsdk
+from blobsdk._serving import serving
 from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
 from blobsdk.tiers.peer import PeerTier
@@ -27,6 +29,7 @@ from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
 from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
 from tests.helpers import ROOT, running_app
+from tests.test_trackers import Liar, source
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
@@ -341,11 +344,96 @@ async def test_a_fetcher_that_never_answers_costs_a_child_its_wait_and_a_second(
     assert hits(child) == {"peer": 0, "l4": 1} and child.stats()["peer"]["errors"] == 1
 
 
+async def test_a_malformed_source_address_is_skipped_and_the_read_goes_on(cluster: Cluster) -> None:
+    liar = Liar()  # a tracker that hands out addresses no peer has
+    liar.sources = [source("ftp://127.0.0.1:7402"), source("http://127.0.0.1:99999"), source("http://127.0.0.1:7402:1")]
+    async with running_app(liar.app()) as url:
+        config = msgspec.structs.replace(cluster.config, tracker_urls=(url,), write=WRITE)
+        async with blobsdk.Client(config) as client:
+            data = await written(client, "/p/malformed", 2)
+            assert await client.get("/p/malformed") == data
+            stats = client.stats()["peer"]
+    assert stats["bad_sources"] == 2 * 3 and stats["misses"] == 2 and stats["tracker_errors"] == 0
+
+
+@contextmanager
+def silent_peers(count: int) -> Iterator[list[str]]:
+    """``count`` addresses where the kernel accepts and nobody ever answers: stopped peers."""
+    with ExitStack() as stack:
+        addresses = []
+        for _ in range(count):
+            silent = stack.enter_context(socket.socket())
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(16)
+            addresses.append(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        yield addresses
+
+
+@pytest.mark.parametrize("swarm", [TrackerConfig(max_sources=8)], indirect=True)
+async def test_many_silent_sources_cost_a_chunk_one_budget_not_one_wait_each(swarm: Swarm) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/liars", 1)
+    (ref,) = (await writer.plan("/p/liars")).chunks
+    async with AsyncExitStack() as stack:
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        for n, address in enumerate(stack.enter_context(silent_peers(8))):
+            liar = Trackers(session, [swarm.url], peer_id=f"{n + 1:032x}", address=address, serve_key=ServeKey.generate())
+            await stack.enter_async_context(liar)
+            await liar.locate([ref])  # "still fetching it": sent to every later asker
+            if n < 2:
+                await liar.announce(filled=[ref.key])  # and two say they hold it
+        child = await swarm.client(PeerConfig(wait_s=0.3))  # its budget: 0.3 + 1 s
+        begun = time.perf_counter()
+        assert await child.get("/p/liars") == data
+        elapsed = time.perf_counter() - begun
+    # Before: each source cost its wait (1.3 s, or a hang deadline), one after the other: 8 of
+    # them took 7.8 s.  Now the chunk's budget, then the origin (generous for a loaded machine).
+    assert 1.0 <= elapsed < 3.9
+    stats = child.stats()["peer"]
+    assert hits(child) == {"peer": 0, "l4": 1} and stats["over_budget"] == 1
+
+
+async def until(done: Callable[[], bool], within: float = 15.0) -> None:
+    """Wait for ``done()`` (looked at every 10 ms), at most ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while not done():
+            await asyncio.sleep(0.01)
+
+
+def copies(tracker: Tracker) -> int:
+    """The copies the tracker knows of (of its 20 hottest keys)."""
+    hot: list[dict[str, int]] = tracker.stats()["hot"]  # type: ignore[assignment]
+    return sum(entry["copies"] for entry in hot)
+
+
+async def test_a_restarted_tracker_learns_again_what_the_peers_hold(cluster: Cluster) -> None:
+    tracker_config = TrackerConfig(heartbeat_s=0.05)
+    async with AsyncExitStack() as clients:
+        before = make_app(tracker_config)
+        async with running_app(before) as url:
+            config = msgspec.structs.replace(cluster.config, tracker_urls=(url,), write=WRITE)
+            a = await clients.enter_async_context(blobsdk.Client(config))
+            data = await written(a, "/p/restart", 5)
+            assert await a.get("/p/restart") == data  # a holds its 5 chunks
+            await until(lambda: copies(before[TRACKER]) == 5)  # announced
+        after = make_app(tracker_config)  # the tracker starts again on its port, knowing nothing
+        async with serving(after, "127.0.0.1", int(url.rsplit(":", 1)[1])):
+            # a's next heartbeat registers it again (at most DOWN_S later, if one hit the
+            # stopped tracker): it announces what it serves.
+            await until(lambda: copies(after[TRACKER]) == 5)
+            b = await clients.enter_async_context(blobsdk.Client(config))
+            assert await b.get("/p/restart") == data
+            assert hits(b) == {"peer": 5, "l4": 0} and a.stats()["peer"]["reannounced"] == 5
+            await clients.aclose()  # while the tracker still answers their goodbyes
+
+
 def test_peer_config_errors_name_the_setting() -> None:
     cases = [
         ({"port": 70000}, "[peer] port must be 0-65535, got 70000"),
         ({"max_uploads": 0}, "[peer] budget_bytes must be >= 0 and max_uploads >= 1, got 268435456 and 0"),
         ({"wait_s": 0}, "[peer] wait_s must be positive, got 0"),
+        ({"fetch_budget_s": -1.0}, "[peer] fetch_budget_s must be positive, got -1.0"),
+        ({"fetch_budget_s": math.nan}, "[peer] fetch_budget_s must be positive, got nan"),
         ({"host": "0.0.0.0"}, "[peer] host '0.0.0.0' listens everywhere: set advertise"),
         (
             {"allowed_networks": ("10.0.0.0/33",)},
