@@ -14,7 +14,7 @@ from blobsdk.hedge import Attempt
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app
@@ -101,17 +101,28 @@ async def test_replicas_are_the_stores_in_order(tmp_path: Path) -> None:
 async def test_a_write_lands_on_every_replica(store: ReplicatedBlockStore) -> None:
     block = new_block_id()
     await store.write_block(block, [b"everywhere"])
+    await store.settle()  # the third copy may land after the quorum's answer
     for replica in store.replicas:
         assert await replica.read_range(block, 0, 10) == b"everywhere"
 
 
-@pytest.mark.parametrize("quorum", [0, 4, -1])
-async def test_quorum_must_fit_the_replicas(tmp_path: Path, quorum: int) -> None:
+@pytest.mark.parametrize("quorum", [0, 4, -1, True, "most"])
+async def test_quorum_must_fit_the_replicas(tmp_path: Path, quorum: object) -> None:
     stores = [LocalBlockStore(tmp_path / str(i)) for i in range(3)]
-    with pytest.raises(ValueError):
-        ReplicatedBlockStore(stores, write_quorum=quorum)
+    message = f'write_quorum {quorum!r} must be between 1 and 3 (the replicas), or "all"'
+    with pytest.raises(ValueError) as info:
+        ReplicatedBlockStore(stores, write_quorum=quorum)  # type: ignore[arg-type]
+    assert str(info.value) == message
     for s in stores:
         await s.aclose()
+
+
+@pytest.mark.parametrize(("replicas", "quorum"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])
+async def test_the_default_quorum_is_a_majority(tmp_path: Path, replicas: int, quorum: int) -> None:
+    stores = [LocalBlockStore(tmp_path / str(i)) for i in range(replicas)]
+    async with ReplicatedBlockStore(stores) as s:
+        assert s.write_quorum == quorum == majority(replicas)
+    assert resolve_quorum("all", replicas) == replicas and resolve_quorum(1, replicas) == 1
 
 
 async def test_no_stores_is_value_error() -> None:
@@ -148,7 +159,7 @@ async def test_writes_meet_a_quorum_of_two_with_one_server_down(servers: BlockSe
 async def test_writes_needing_every_replica_fail_with_one_server_down(
     servers: BlockServers, session: aiohttp.ClientSession
 ) -> None:
-    async with await replicated(servers, session) as s:
+    async with await replicated(servers, session, write_quorum="all") as s:
         await servers.stop(1)
         with pytest.raises(Unavailable) as info:
             await s.write_block(new_block_id(), [b"all three"])
@@ -263,3 +274,76 @@ async def test_a_listing_with_a_replica_down_fails_rather_than_shrinks(
         await servers.stop(1)
         with pytest.raises(Unavailable):
             await listed(s)
+
+
+async def test_a_write_acked_with_a_server_down_is_recorded_under_replicated(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session) as s:  # default quorum: 2 of 3
+        whole = new_block_id()
+        await s.write_block(whole, [b"three copies"])
+        await s.settle()
+        await servers.stop(1)
+        short = new_block_id()
+        await s.write_block(short, [b"two copies"])  # acked: a majority holds it
+        assert await s.read_range(short, 0, 10) == b"two copies"
+        assert s.under_replicated.blocks() == [short]
+        assert (s.under_replicated.recorded, s.under_replicated.dropped) == (1, 0)
+
+
+class FailsLate(HeldWrites):
+    """A replica whose writes fail once ``gate`` opens: one that times out after the quorum
+    already answered."""
+
+    async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
+        await self.gate.wait()
+        raise Unavailable(f"{self.name}: timed out")
+
+
+async def test_a_lagging_write_that_fails_after_the_ack_is_recorded(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    late = FailsLate(LocalBlockStore(tmp_path / "late"), gate)
+    async with ReplicatedBlockStore([LocalBlockStore(tmp_path / "a"), late, LocalBlockStore(tmp_path / "b")]) as s:
+        block = new_block_id()
+        await s.write_block(block, [b"acked"])
+        assert block not in s.under_replicated  # the third write is still running
+        gate.set()
+        await s.settle()
+        assert s.under_replicated.blocks() == [block]
+
+
+async def test_a_write_without_its_quorum_is_not_acked_nor_recorded(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session) as s:
+        await servers.stop(0)
+        await servers.stop(2)
+        block = new_block_id()
+        with pytest.raises(Unavailable) as info:
+            await s.write_block(block, [b"one copy"])
+        assert str(info.value).startswith(f"block {block}: a write needs 2 of the 3 replicas and 2 replica(s) failed: ")
+        assert len(s.under_replicated) == 0  # never committed: gc's, not the repairer's
+
+
+async def test_a_delete_waits_for_the_blocks_lagging_writes(servers: BlockServers, session: aiohttp.ClientSession) -> None:
+    async with await replicated(servers, session, gated=2) as s:
+        block = new_block_id()
+        await s.write_block(block, [b"late copy"])  # acked by two; the third is held
+        delete = asyncio.create_task(s.delete_block(block))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not delete.done()  # before: deleted two copies, then the held write landed a third
+        servers.gate.set()
+        await delete
+        assert await listed(s) == []
+
+
+def test_the_under_replicated_list_is_bounded() -> None:
+    ledger = UnderReplicated(capacity=2)
+    a, b, c = (new_block_id() for _ in range(3))
+    for block in (a, b, a, c):
+        ledger.add(block)
+    assert (ledger.blocks(), ledger.recorded, ledger.dropped) == ([a, b], 2, 1)
+    ledger.discard(a)
+    ledger.add(c)
+    assert ledger.blocks() == [b, c]
