@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -10,7 +12,9 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
+from blobsdk.gc import collect
 from blobsdk.hedge import Attempt
+from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
@@ -325,17 +329,31 @@ async def test_a_write_without_its_quorum_is_not_acked_nor_recorded(
         assert len(s.under_replicated) == 0  # never committed: gc's, not the repairer's
 
 
-async def test_a_delete_waits_for_the_blocks_lagging_writes(servers: BlockServers, session: aiohttp.ClientSession) -> None:
-    async with await replicated(servers, session, gated=2) as s:
+class WatchedDeletes(HeldWrites):
+    """A slow-disk replica that tells when it is asked to delete."""
+
+    def __init__(self, inner: LocalBlockStore, gate: asyncio.Event) -> None:
+        super().__init__(inner, gate)
+        self.deleting = asyncio.Event()
+
+    async def delete_block(self, block_id: str) -> None:
+        self.deleting.set()
+        await self.inner.delete_block(block_id)
+
+
+async def test_a_delete_waits_for_the_blocks_lagging_writes(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    slow = WatchedDeletes(LocalBlockStore(tmp_path / "slow"), gate)
+    async with ReplicatedBlockStore([LocalBlockStore(tmp_path / "a"), slow, LocalBlockStore(tmp_path / "b")]) as s:
         block = new_block_id()
-        await s.write_block(block, [b"late copy"])  # acked by two; the third is held
+        await s.write_block(block, [b"late copy"])  # acked by two; the slow one's write is held
         delete = asyncio.create_task(s.delete_block(block))
-        for _ in range(20):
+        for _ in range(10):  # loop steps, no I/O: before, the delete reached every replica in 2
             await asyncio.sleep(0)
-        assert not delete.done()  # before: deleted two copies, then the held write landed a third
-        servers.gate.set()
+        assert not slow.deleting.is_set()  # before: deleted, then the held write landed a copy
+        gate.set()
         await delete
-        assert await listed(s) == []
+        assert slow.deleting.is_set() and await listed(s) == []
 
 
 def test_the_under_replicated_list_is_bounded() -> None:
@@ -347,3 +365,27 @@ def test_the_under_replicated_list_is_bounded() -> None:
     ledger.discard(a)
     ledger.add(c)
     assert ledger.blocks() == [b, c]
+
+
+def _old_block_id() -> str:
+    """A block id minted an hour ago: past any gc grace."""
+    return f"{int((time.time() - 3600) * 1000):012x}{os.urandom(10).hex()}"
+
+
+async def test_gc_deletes_an_under_replicated_block_everywhere_and_refuses_with_a_server_down(
+    servers: BlockServers, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with await replicated(servers, session) as s, SqliteMetadataStore(tmp_path / "meta.sqlite") as metadata:
+        short, elsewhere = _old_block_id(), _old_block_id()
+        for i in (0, 2):  # a copy on two of three: what a write acked by a majority leaves
+            await s.replicas[i].write_block(short, [b"garbage"])
+        report = await collect(metadata, s, grace=10, max_write_seconds=5)
+        assert (report.blocks_scanned, report.blocks_deleted) == (1, 1)  # the replica lacking it is no failure
+        assert await listed(s) == []
+        await s.write_block(elsewhere, [b"more garbage"])
+        await s.settle()
+        await servers.stop(1)
+        with pytest.raises(Unavailable):  # its copies cannot be listed: nothing is deleted anywhere
+            await collect(metadata, s, grace=10, max_write_seconds=5)
+        for i in (0, 2):
+            assert await s.replicas[i].read_range(elsewhere, 0, 12) == b"more garbage"
