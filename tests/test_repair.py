@@ -47,6 +47,7 @@ class Store:
     async def put(self, chunks: int = 6) -> tuple[bytes, list[ChunkRef]]:
         data = os.urandom(chunks * CHUNK)
         await self.client.put("/b/x", data)
+        await self.blocks.settle()  # every replica holds it before a test inspects each one
         return data, list((await self.metadata.get_plan("/b/x")).chunks)
 
     def file(self, i: int, block_id: str) -> Path:
