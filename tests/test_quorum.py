@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import urllib.request
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from blobsdk.repair import RepairConfig, Repairer
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from servers.cluster import Cluster, ServerProcess, start_cluster
+from servers.cluster import _wait_ready as wait_ready
 
 SMALL = {"chunk_size": 64 << 10, "block_size": 256 << 10}
 NO_RETRY = RepairConfig(retry_seconds=3600.0, retry_max_seconds=3600.0)  # passes only when a test calls one
@@ -55,18 +56,9 @@ def _parts(c: blobsdk.Client) -> tuple[ReplicatedBlockStore, Repairer]:
 
 
 async def _restarted(cluster: Cluster, proc: ServerProcess) -> None:
+    """Start the dead ``proc`` again on its port; return once it answers /healthz."""
     cluster.restart(proc)
-    async with asyncio.timeout(30):  # bounded poll of its state, not a guess at its speed
-        while not await asyncio.to_thread(_healthy, proc.url):
-            await asyncio.sleep(0.05)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+    await asyncio.to_thread(wait_ready, proc, time.monotonic() + 30, 30)
 
 
 async def _blocks_of(c: blobsdk.Client, paths: list[str]) -> set[str]:
