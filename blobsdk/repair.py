@@ -303,24 +303,28 @@ class Repairer:
         if ledger is None or not blocks:
             return 0
         index = await live_chunks(self._metadata, set(blocks))
-        slots = asyncio.Semaphore(self.config.concurrency)
-        done = await asyncio.gather(*(self._rereplicate(ledger, b, index.get(b), slots) for b in blocks))
-        return sum(done)
+        todo, rewritten = iter(blocks), [0]
 
-    async def _rereplicate(
-        self, ledger: UnderReplicated, block_id: str, chunks: list[ChunkRef] | None, slots: asyncio.Semaphore
-    ) -> int:
+        async def worker() -> None:
+            for block_id in todo:  # shared by the workers: each next() is atomic on the loop
+                rewritten[0] += await self._rereplicate(ledger, block_id, index.get(block_id))
+
+        async with task_group() as tasks:
+            for _ in range(min(self.config.concurrency, len(blocks))):
+                tasks.create_task(worker())
+        return rewritten[0]
+
+    async def _rereplicate(self, ledger: UnderReplicated, block_id: str, chunks: list[ChunkRef] | None) -> int:
         if not chunks:
             if block_time(block_id) < self._clock() - self._write_horizon:
                 ledger.discard(block_id)  # no write can commit it any more: garbage for gc
                 self.stats.repairs_unneeded += 1
             return 0  # else its put may not have committed yet
-        async with slots:
-            try:
-                outcome = await check_block(block_id, chunks, self._replicas, repair=True)
-            except BlobError:
-                self.stats.repairs_failed += 1
-                return 0
+        try:
+            outcome = await check_block(block_id, chunks, self._replicas, repair=True)
+        except BlobError:
+            self.stats.repairs_failed += 1
+            return 0
         self.stats.repairs_done += len(outcome.repaired)
         if outcome.whole:
             ledger.discard(block_id)

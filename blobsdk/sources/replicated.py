@@ -4,9 +4,10 @@ Writes go to every replica at once and return when ``write_quorum`` of them ackn
 durably: by default a majority (``n // 2 + 1`` of ``n``: 2 of 3, 3 of 5, but 2 of 2 and
 1 of 1), so a cluster of three keeps taking writes with one server dead or stopped.  The
 slower writes keep running as tasks this store owns (awaited, then cancelled after
-``close_timeout``, by :meth:`ReplicatedBlockStore.aclose`).  A block acknowledged while
-some replica failed to store it (refused at once, or a lagging write that failed or timed
-out later) goes on :attr:`ReplicatedBlockStore.under_replicated`, the list the repairer
+``close_timeout``, by :meth:`ReplicatedBlockStore.aclose`), holding at most
+``max_lagging_bytes`` of block data (past it the oldest are cancelled).  A block
+acknowledged while some replica failed to store it (refused at once, or a lagging write
+that failed, timed out or was cancelled later) goes on :attr:`ReplicatedBlockStore.under_replicated`, the list the repairer
 works through (blobsdk/repair.py) to make up the missing copies once the replica is back.
 That list is in memory: a process that dies first forgets it, and ``blobsdk scrub`` (which
 checks every replica of every live block) finds those blocks instead.
@@ -120,6 +121,7 @@ class ReplicatedBlockStore:
         *,
         close_timeout: float = 30.0,
         under_replicated: UnderReplicated | None = None,
+        max_lagging_bytes: int = 1 << 30,
     ) -> None:
         if not stores:
             raise ValueError("ReplicatedBlockStore needs at least one store")
@@ -130,6 +132,9 @@ class ReplicatedBlockStore:
         self._closed = False
         self.under_replicated = under_replicated if under_replicated is not None else UnderReplicated()
         self._lagging: dict[str, set[asyncio.Task[None]]] = {}  # writes running past their quorum, by block
+        self._lagging_sizes: dict[asyncio.Task[None], int] = {}  # the same writes, oldest first: bytes each holds
+        self._max_lagging_bytes = max_lagging_bytes
+        self._lagging_bytes = 0
 
     @property
     def name(self) -> str:
@@ -163,14 +168,29 @@ class ReplicatedBlockStore:
             self.under_replicated.add(block_id)
         if pending:
             self._lagging[block_id] = pending
+        size = sum(memoryview(p).nbytes for p in parts)
         for task in pending:
+            self._lagging_sizes[task] = size
+            self._lagging_bytes += size
             task.add_done_callback(partial(self._lagging_done, block_id))
+        self._shed_lagging()
+
+    def _shed_lagging(self) -> None:
+        """Cancel the oldest writes past their quorum while they hold more than
+        ``max_lagging_bytes`` (a stopped server would otherwise pin every block written
+        until its timeout): each one cancelled is a missing copy, recorded for repair."""
+        for task in list(self._lagging_sizes):
+            if self._lagging_bytes <= self._max_lagging_bytes:
+                return
+            self._lagging_bytes -= self._lagging_sizes.pop(task)
+            task.cancel()
 
     def _lagging_done(self, block_id: str, task: asyncio.Task[None]) -> None:
         """A write still running when its block was acknowledged has ended: if it failed (or
         timed out, or was cancelled by :meth:`aclose`), that replica misses the block."""
         if _outcome(task) is not None:
             self.under_replicated.add(block_id)
+        self._lagging_bytes -= self._lagging_sizes.pop(task, 0)
         lagging = self._lagging.get(block_id)
         if lagging is not None:
             lagging.discard(task)

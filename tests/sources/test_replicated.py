@@ -356,6 +356,20 @@ async def test_a_delete_waits_for_the_blocks_lagging_writes(tmp_path: Path) -> N
         assert slow.deleting.is_set() and await listed(s) == []
 
 
+async def test_writes_past_their_quorum_hold_at_most_max_lagging_bytes(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    stopped = HeldWrites(LocalBlockStore(tmp_path / "stopped"), gate)  # like a SIGSTOPped server
+    stores = [LocalBlockStore(tmp_path / "a"), stopped, LocalBlockStore(tmp_path / "b")]
+    async with ReplicatedBlockStore(stores, max_lagging_bytes=10) as s:
+        first, second = new_block_id(), new_block_id()
+        await s.write_block(first, [b"12345"])
+        await s.write_block(second, [b"123", b"45678"])  # 13 bytes held: the oldest write goes
+        gate.set()
+        await s.settle()
+        assert s.under_replicated.blocks() == [first]  # cancelled: a missing copy, for repair
+        assert await listed(stopped) == [(second, 8)]  # before: both landed, 13 bytes pinned till then
+
+
 def test_the_under_replicated_list_is_bounded() -> None:
     ledger = UnderReplicated(capacity=2)
     a, b, c = (new_block_id() for _ in range(3))
