@@ -307,7 +307,8 @@ class Repairer:
 
         async def worker() -> None:
             for block_id in todo:  # shared by the workers: each next() is atomic on the loop
-                rewritten[0] += await self._rereplicate(ledger, block_id, index.get(block_id))
+                copies = await self._rereplicate(ledger, block_id, index.get(block_id))
+                rewritten[0] += copies  # added after the await: `x += await ...` would lose a worker's count
 
         async with task_group() as tasks:
             for _ in range(min(self.config.concurrency, len(blocks))):
