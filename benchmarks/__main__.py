@@ -22,6 +22,7 @@ BENCHMARKS = {
     "p2p": "benchmarks.p2p",
     "checkpoint": "benchmarks.checkpoint",
     "metadata": "benchmarks.metadata",
+    "write_availability": "benchmarks.write_availability",
 }
 
 

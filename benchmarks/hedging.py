@@ -81,7 +81,7 @@ async def _scenario(report: Report, scenario: str, urls: list[str], batches: int
     async with new_session(Timeouts()) as session:
         limiters = LimiterRegistry()
         replicas = [HttpBlockStore(session, url, limiter=limiters.get(url)) for url in urls]
-        blocks = ReplicatedBlockStore(replicas)
+        blocks = ReplicatedBlockStore(replicas, write_quorum="all")  # every replica holds every chunk before the reads
         try:
             refs = await _write_chunks(blocks)
             for policy, config in POLICIES.items():

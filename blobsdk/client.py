@@ -482,6 +482,7 @@ def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Ite
         metadata=backends.metadata,
         repair=config.repair,
         buffers=buffers,
+        write_horizon=config.write.max_write_seconds,
     )
 
 

@@ -133,7 +133,7 @@ class WriteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     chunk_size: int = 4 * MiB
     block_size: int = 64 * MiB  # target size of a packed block
     compression: Compression = "auto"
-    write_quorum: int | None = None  # None: every block replica must acknowledge
+    write_quorum: int | Literal["all"] | None = None  # block replicas that must acknowledge; None: a majority
     parallel_blocks: int = 4  # blocks written concurrently by one put
     max_write_seconds: float = 600.0  # a put slower than this aborts before committing
 
@@ -197,10 +197,10 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"metadata_url must be redis://HOST:PORT/DB (or rediss://), got {self.metadata_url!r}")
         if self.source_url is not None:
             s3_location(self.source_url)
-        quorum = self.write.write_quorum
-        if quorum is not None and self.block_urls and not 1 <= quorum <= len(self.block_urls):
-            raise ValueError(f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls")
         check_write_config(self.write)
+        quorum = self.write.write_quorum
+        if isinstance(quorum, int) and self.block_urls and quorum > len(self.block_urls):
+            raise ValueError(f"write_quorum {quorum} must be between 1 and the {len(self.block_urls)} block_urls")
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> ClientConfig:
@@ -270,6 +270,9 @@ def check_write_config(write: WriteConfig) -> None:
         raise ValueError(f"block_size {write.block_size} is smaller than chunk_size {write.chunk_size}")
     if write.parallel_blocks < 1:
         raise ValueError(f"parallel_blocks must be positive, got {write.parallel_blocks}")
+    quorum = write.write_quorum
+    if quorum is not None and quorum != "all" and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
+        raise ValueError(f'[write] write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum!r}')
 
 
 def _toml_value(value: object) -> str:

@@ -30,6 +30,18 @@ repair; one past a full queue is dropped and counted); one task drains it a batc
 ``repairs_failed`` (blocks left with a bad or missing copy), ``repairs_unneeded`` (healthy
 by the time it was checked, or no longer live).
 
+**Under-replicated writes** (:meth:`Repairer.repair_under_replicated`): a write acknowledged
+by its quorum while some replica failed records its block in the store's
+:class:`~blobsdk.sources.replicated.UnderReplicated` list, without waiting for a read.  A
+second task of the repairer works through that list whenever it grows: one metadata walk
+for the whole list, then each block checked and repaired as above.  A block whole again
+leaves the list; one that is not (its replica still down) stays, and the next pass comes
+``retry_seconds`` later (doubling while passes mend nothing, up to ``retry_max_seconds``).
+A block no live plan references stays while a write may still commit it (minted less than
+``write_horizon`` ago: the writer's ``max_write_seconds``), then leaves.  Counted:
+``under_replicated`` (in the list now), ``under_replicated_recorded``, ``_dropped``.  The
+list lives in this process: if it dies first, ``blobsdk scrub`` finds those blocks.
+
 **Scrub** (:func:`scrub`, ``blobsdk scrub``): every live block, every replica, verified and
 (unless ``dry_run``) repaired as above.
 
@@ -52,7 +64,8 @@ from ._tasks import task_group
 from .codec import decode_chunk
 from .errors import BadCopy, BlobError, BlockNotFound, CorruptData
 from .metadata.base import MetadataStore
-from .sources.base import BlockStore
+from .sources.base import BlockStore, block_time
+from .sources.replicated import UnderReplicated
 from .wire import ChunkRef
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
@@ -61,16 +74,24 @@ Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes
 class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Bounds of background repair: ``queue`` blocks waiting at most, ``batch`` blocks per
     metadata walk, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
-    that served bad bytes is ranked after the others."""
+    that served bad bytes is ranked after the others; ``retry_seconds`` until an
+    under-replicated block is tried again (doubling up to ``retry_max_seconds``)."""
 
     queue: int = 64
     batch: int = 16
     concurrency: int = 2
     demote_seconds: float = 60.0
+    retry_seconds: float = 5.0
+    retry_max_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         if self.queue < 1 or self.batch < 1 or self.concurrency < 1 or not self.demote_seconds >= 0:
             raise ValueError(f"queue, batch and concurrency must be >= 1 and demote_seconds >= 0, got {self}")
+        if not 0 < self.retry_seconds <= self.retry_max_seconds < float("inf"):
+            raise ValueError(
+                f"[repair] retry_seconds must be positive and at most retry_max_seconds (finite), "
+                f"got {self.retry_seconds} and {self.retry_max_seconds}"
+            )
 
 
 class Demotions:
@@ -214,17 +235,31 @@ class RepairStats:
 
 
 class Repairer:
-    """Background repair of the blocks reads report (module docstring).  ``async with``
-    starts its task; leaving cancels and awaits it."""
+    """Background repair of the blocks reads report, and of the ``under_replicated`` ones
+    writes record (module docstring).  ``async with`` starts its tasks; leaving cancels and
+    awaits them.  ``clock`` is the writer's clock of block ids (time.time)."""
 
-    def __init__(self, metadata: MetadataStore, replicas: Sequence[BlockStore], config: RepairConfig | None = None) -> None:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        replicas: Sequence[BlockStore],
+        config: RepairConfig | None = None,
+        *,
+        under_replicated: UnderReplicated | None = None,
+        write_horizon: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config if config is not None else RepairConfig()
         self.stats = RepairStats()
+        self.under_replicated = under_replicated
+        self._write_horizon = write_horizon
+        self._clock = clock
         self._metadata = metadata
         self._replicas = tuple(replicas)
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._pending: set[str] = set()  # queued or being repaired
         self._task: asyncio.Task[None] | None = None
+        self._ledger_task: asyncio.Task[None] | None = None
 
     def report(self, block_id: str) -> None:
         """A read met a bad or missing copy of ``block_id``: repair it soon."""
@@ -245,17 +280,73 @@ class Repairer:
     async def __aenter__(self) -> Self:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="blobsdk-l4-repair")
+        if self._ledger_task is None and self.under_replicated is not None:
+            self._ledger_task = asyncio.create_task(self._run_ledger(self.under_replicated), name="blobsdk-l4-rereplicate")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel the repair task and wait for it; idempotent."""
-        task, self._task = self._task, None
-        if task is not None:
+        """Cancel the repair tasks and wait for them; idempotent."""
+        tasks = [t for t in (self._task, self._ledger_task) if t is not None]
+        self._task = self._ledger_task = None
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def repair_under_replicated(self) -> int:
+        """One pass over the under-replicated blocks (module docstring): how many copies it
+        rewrote.  Raises the metadata's BlobError if its plans cannot be walked."""
+        ledger = self.under_replicated
+        blocks = ledger.blocks() if ledger is not None else []
+        if ledger is None or not blocks:
+            return 0
+        index = await live_chunks(self._metadata, set(blocks))
+        todo, rewritten = iter(blocks), [0]
+
+        async def worker() -> None:
+            for block_id in todo:  # shared by the workers: each next() is atomic on the loop
+                copies = await self._rereplicate(ledger, block_id, index.get(block_id))
+                rewritten[0] += copies  # added after the await: `x += await ...` would lose a worker's count
+
+        async with task_group() as tasks:
+            for _ in range(min(self.config.concurrency, len(blocks))):
+                tasks.create_task(worker())
+        return rewritten[0]
+
+    async def _rereplicate(self, ledger: UnderReplicated, block_id: str, chunks: list[ChunkRef] | None) -> int:
+        if not chunks:
+            if block_time(block_id) < self._clock() - self._write_horizon:
+                ledger.discard(block_id)  # no write can commit it any more: garbage for gc
+                self.stats.repairs_unneeded += 1
+            return 0  # else its put may not have committed yet
+        try:
+            outcome = await check_block(block_id, chunks, self._replicas, repair=True)
+        except BlobError:
+            self.stats.repairs_failed += 1
+            return 0
+        self.stats.repairs_done += len(outcome.repaired)
+        if outcome.whole:
+            ledger.discard(block_id)
+        else:
+            self.stats.repairs_failed += 1
+        return len(outcome.repaired)
+
+    async def _run_ledger(self, ledger: UnderReplicated) -> None:
+        """While the list is not empty: wait ``retry_seconds`` (doubling while passes mend
+        nothing), then a pass; once it is empty, wait for it to grow."""
+        delay = self.config.retry_seconds
+        while True:
+            if not ledger:
+                await ledger.wait_for_more()
+                delay = self.config.retry_seconds
+            await asyncio.sleep(delay)  # the replica may come back, the put commit, meanwhile
+            try:
+                mended = await self.repair_under_replicated()
+            except BlobError:  # the metadata cannot be walked now: try again later
+                mended = 0
+            delay = self.config.retry_seconds if mended else min(2 * delay, self.config.retry_max_seconds)
 
     async def _run(self) -> None:
         while True:

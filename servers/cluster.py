@@ -88,7 +88,7 @@ class ClusterError(Exception):
 @dataclass(frozen=True, kw_only=True)
 class ClusterOptions:
     block_servers: int = 3
-    write_quorum: int | None = None  # None: every block replica must acknowledge a write
+    write_quorum: int | None = None  # None: a majority of the block replicas must acknowledge a write
     latency_ms: float | None = None  # HDD emulation on the block servers; None: their default
     bandwidth_mbps: float | None = None
     spindles: int | None = None
@@ -524,7 +524,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     parser = argparse.ArgumentParser(prog="python -m servers.cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="data, logs and client.toml go here")
     parser.add_argument("--block-servers", type=int, default=3, metavar="N", help="L4 block servers (default 3)")
-    parser.add_argument("--write-quorum", type=int, metavar="Q", help="block replicas a write needs (default: all)")
+    parser.add_argument("--write-quorum", type=int, metavar="Q", help="block replicas a write needs (default: a majority)")
     parser.add_argument("--latency-ms", type=float, metavar="F", help="emulated HDD seek latency per block request")
     parser.add_argument("--bandwidth-mbps", type=float, metavar="F", help="emulated HDD bandwidth of each block server, MB/s")
     parser.add_argument("--spindles", type=int, metavar="N", help="concurrent data requests each block server serves")

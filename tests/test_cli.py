@@ -170,7 +170,7 @@ def test_put_to_an_unreachable_cluster_is_one_line_exit_1(tmp_path):
         result = run("--config", str(config), "put", str(tmp_path / name), "/b/x")
         assert result.returncode == 1 and result.stdout == b""
         line = error_line(result)  # no traceback: the BufferError of closing a mapped file with views left
-        assert line.startswith("blobsdk: error: block ") and "0 of the 1 acknowledgements needed" in line
+        assert line.startswith("blobsdk: error: block ") and "a write needs 1 of the 1 replicas and 1 replica(s) failed" in line
         assert f"Cannot connect to host 127.0.0.1:{url.rsplit(':', 1)[1]}" in line
         assert len(result.stderr.decode().strip().splitlines()) == 1
 

@@ -59,12 +59,12 @@ async def test_write_without_quorum_fails_cleanly_and_keeps_the_old_version(tmp_
         async with blobsdk.Client(_config(cluster)) as c:
             await c.put("/b/x", b"old" * 50_000)
         _kill(cluster, "block-2")
-        async with blobsdk.Client(_config(cluster)) as c:  # default quorum: every replica
-            with pytest.raises(blobsdk.Unavailable, match="1 replica\\(s\\) failed"):
+        async with blobsdk.Client(_config(cluster, write_quorum="all")) as c:
+            with pytest.raises(blobsdk.Unavailable, match="a write needs 3 of the 3 replicas and 1 replica\\(s\\) failed"):
                 await c.put("/b/x", b"new" * 50_000)
             assert await c.get("/b/x") == b"old" * 50_000
             assert (await c.stat("/b/x")).version == 1
-        async with blobsdk.Client(_config(cluster, write_quorum=2)) as c:
+        async with blobsdk.Client(_config(cluster)) as c:  # the default quorum: a majority, 2 of 3
             await c.put("/b/x", b"new" * 50_000)
             assert await c.get("/b/x") == b"new" * 50_000
 

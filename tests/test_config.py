@@ -110,3 +110,24 @@ async def test_repair_settings_come_from_client_toml_and_reach_the_l4_tier(tmp_p
     ):
         l4 = c._open.readpath.tiers[-1]
         assert l4.repairer is not None and l4.repairer.config == cfg.repair and l4.demotions._seconds == 5.0
+
+
+@pytest.mark.parametrize("quorum", [0, -1])
+def test_a_write_quorum_below_one_is_refused(quorum):
+    message = f'[write] write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum}'
+    with pytest.raises(ValueError) as info:
+        ClientConfig.from_dict({"write": {"write_quorum": quorum}})
+    assert str(info.value) == f"invalid client config: {message}"
+    with pytest.raises(ValueError) as info:
+        ClientConfig(api_url="http://a", block_urls=("http://b",), write=WriteConfig(write_quorum=quorum))
+    assert str(info.value) == message
+
+
+def test_write_quorum_takes_all_or_a_number_and_defaults_to_a_majority():
+    assert WriteConfig().write_quorum is None  # a majority of block_urls (blobsdk/sources/replicated.py)
+    config = ClientConfig.from_dict({"api_url": "http://a", "block_urls": ["http://b"], "write": {"write_quorum": "all"}})
+    assert config.write.write_quorum == "all"
+    assert ClientConfig.from_dict({"write": {"write_quorum": 2}}).write.write_quorum == 2
+    with pytest.raises(ValueError) as info:
+        ClientConfig.from_dict({"write": {"write_quorum": "most"}})
+    assert str(info.value) == "invalid client config: Invalid enum value 'most' - at `$.write.write_quorum`"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -15,8 +16,9 @@ from blobsdk.client import Client
 from blobsdk.config import L1Config, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.repair import Copy, Demotions, RepairConfig, Repairer, check_block, live_chunks
+from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.blockstore import make_app
@@ -45,6 +47,7 @@ class Store:
     async def put(self, chunks: int = 6) -> tuple[bytes, list[ChunkRef]]:
         data = os.urandom(chunks * CHUNK)
         await self.client.put("/b/x", data)
+        await self.blocks.settle()  # every replica holds it before a test inspects each one
         return data, list((await self.metadata.get_plan("/b/x")).chunks)
 
     def file(self, i: int, block_id: str) -> Path:
@@ -241,3 +244,45 @@ def test_demotion_lasts_its_time_or_until_good_bytes() -> None:
     assert not demotions.is_demoted("b")
     now[0] = 60.0
     assert not demotions.is_demoted("a") and demotions.demoted_count() == 0
+
+
+async def test_a_recorded_under_replicated_block_is_made_whole_without_a_read(store: Store) -> None:
+    data, refs = await store.put()
+    block_id = refs[0].block_id
+    await store.servers[0].delete_block(block_id)  # as if block server 0 missed the write
+    ledger = UnderReplicated()
+    ledger.add(block_id)
+    quick = RepairConfig(retry_seconds=0.01, retry_max_seconds=0.01)
+    async with Repairer(store.metadata, store.servers, quick, under_replicated=ledger) as repairer:
+        async with asyncio.timeout(10):  # waits on the list's state, not on time
+            while ledger:
+                await asyncio.sleep(0.01)
+        assert (repairer.stats.repairs_done, repairer.stats.repairs_failed) == (1, 0)
+    assert await store.servers[0].read_range(block_id, 0, len(data)) == data
+
+
+async def test_an_uncommitted_block_stays_listed_while_a_write_may_still_commit_it(store: Store) -> None:
+    block_id = new_block_id()
+    await store.servers[1].write_block(block_id, [b"not committed yet"])
+    ledger = UnderReplicated()
+    ledger.add(block_id)
+    now = time.time()
+    young = Repairer(store.metadata, store.servers, under_replicated=ledger, write_horizon=600, clock=lambda: now)
+    assert await young.repair_under_replicated() == 0
+    assert ledger.blocks() == [block_id]  # its put may commit it any moment: then it is repaired
+    late = Repairer(store.metadata, store.servers, under_replicated=ledger, write_horizon=600, clock=lambda: now + 601)
+    assert await late.repair_under_replicated() == 0
+    assert (ledger.blocks(), late.stats.repairs_unneeded) == ([], 1)  # garbage now: gc's
+
+
+@pytest.mark.parametrize(
+    "bad", [{"retry_seconds": 0.0}, {"retry_seconds": 5.0, "retry_max_seconds": 1.0}, {"retry_max_seconds": float("inf")}]
+)
+def test_repair_retry_bounds(bad: dict[str, float]) -> None:
+    config = {"retry_seconds": 5.0, "retry_max_seconds": 120.0, **bad}
+    with pytest.raises(ValueError) as info:
+        RepairConfig(**config)
+    assert str(info.value) == (
+        "[repair] retry_seconds must be positive and at most retry_max_seconds (finite), "
+        f"got {config['retry_seconds']} and {config['retry_max_seconds']}"
+    )

@@ -1,10 +1,20 @@
 """L4 as N independent replicas behind one BlockStore.
 
 Writes go to every replica at once and return when ``write_quorum`` of them acknowledged
-durably; the slower writes keep running as tasks this store owns (awaited, then cancelled
-after ``close_timeout``, by :meth:`ReplicatedBlockStore.aclose`).  Reads try the replicas
-in order and fail over on any error about a replica.  This store does not verify bytes:
-``replicas`` exposes the copies so the read path can check each answer and fail over.
+durably: by default a majority (``n // 2 + 1`` of ``n``: 2 of 3, 3 of 5, but 2 of 2 and
+1 of 1), so a cluster of three keeps taking writes with one server dead or stopped.  The
+slower writes keep running as tasks this store owns (awaited, then cancelled after
+``close_timeout``, by :meth:`ReplicatedBlockStore.aclose`), holding at most
+``max_lagging_bytes`` of block data (past it the oldest are cancelled).  A block
+acknowledged while some replica failed to store it (refused at once, or a lagging write
+that failed, timed out or was cancelled later) goes on :attr:`ReplicatedBlockStore.under_replicated`, the list the repairer
+works through (blobsdk/repair.py) to make up the missing copies once the replica is back.
+That list is in memory: a process that dies first forgets it, and ``blobsdk scrub`` (which
+checks every replica of every live block) finds those blocks instead.
+
+Reads try the replicas in order and fail over on any error about a replica.  This store
+does not verify bytes: ``replicas`` exposes the copies so the read path can check each
+answer and fail over.
 """
 
 from __future__ import annotations
@@ -13,7 +23,8 @@ import asyncio
 import heapq
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import aclosing
-from typing import Any, Self, TypeVar
+from functools import partial
+from typing import Any, Literal, Self, TypeVar
 
 from ..errors import (
     BlobError,
@@ -32,25 +43,98 @@ T = TypeVar("T")
 # When every replica failed the same way, that error says more than "Unavailable".
 _UNANIMOUS = (BlockNotFound, CorruptData, Unauthorized)
 
+Quorum = int | Literal["all"] | None  # None: a majority
+
+
+def majority(replicas: int) -> int:
+    """The default write quorum: more than half of ``replicas`` (ceil((n + 1) / 2))."""
+    return replicas // 2 + 1
+
+
+def resolve_quorum(setting: Quorum, replicas: int) -> int:
+    """The number of acknowledgements ``setting`` asks of ``replicas``: None is a majority,
+    "all" every replica; ValueError unless it is from 1 to ``replicas``."""
+    if setting is None:
+        return majority(replicas)
+    if setting == "all":
+        return replicas
+    if isinstance(setting, bool) or not isinstance(setting, int) or not 1 <= setting <= replicas:
+        raise ValueError(f'write_quorum {setting!r} must be between 1 and {replicas} (the replicas), or "all"')
+    return setting
+
+
+class UnderReplicated:
+    """Blocks a write acknowledged without a copy on every replica: the repairer's to-do
+    list, oldest first, of at most ``capacity`` ids (one past it is dropped and counted in
+    ``dropped``: a scrub finds it).  In memory only (module docstring)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self.recorded = 0
+        self.dropped = 0
+        self._blocks: dict[str, None] = {}  # insertion-ordered set
+        self._changed = asyncio.Event()
+
+    def add(self, block_id: str) -> None:
+        if block_id in self._blocks:
+            return
+        if len(self._blocks) >= self.capacity:
+            self.dropped += 1
+            return
+        self._blocks[block_id] = None
+        self.recorded += 1
+        self._changed.set()
+
+    def discard(self, block_id: str) -> None:
+        self._blocks.pop(block_id, None)
+
+    def blocks(self) -> list[str]:
+        """The ids recorded now, oldest first."""
+        return list(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._blocks
+
+    async def wait_for_more(self) -> None:
+        """Return once a block was recorded since the last return (at once the first time if
+        any was)."""
+        await self._changed.wait()
+        self._changed.clear()
+
 
 class ReplicatedBlockStore:
     """A :class:`~blobsdk.sources.base.BlockStore` over independent replicas.
 
-    ``write_quorum`` (default: all) replicas must acknowledge a write; ``close_timeout``
-    bounds how long :meth:`aclose` waits for writes still running past their quorum.
-    The store owns its replicas and closes them in :meth:`aclose`.
+    ``write_quorum`` replicas must acknowledge a write (None, the default: a majority;
+    "all": every one); ``close_timeout`` bounds how long :meth:`aclose` waits for writes
+    still running past their quorum.  The store owns its replicas and closes them in
+    :meth:`aclose`.
     """
 
-    def __init__(self, stores: Sequence[BlockStore], write_quorum: int | None = None, *, close_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        stores: Sequence[BlockStore],
+        write_quorum: Quorum = None,
+        *,
+        close_timeout: float = 30.0,
+        under_replicated: UnderReplicated | None = None,
+        max_lagging_bytes: int = 1 << 30,
+    ) -> None:
         if not stores:
             raise ValueError("ReplicatedBlockStore needs at least one store")
         self._stores = tuple(stores)
-        self._quorum = len(self._stores) if write_quorum is None else write_quorum
-        if not 1 <= self._quorum <= len(self._stores):
-            raise ValueError(f"write_quorum {write_quorum} must be between 1 and {len(self._stores)} (the replicas)")
+        self._quorum = resolve_quorum(write_quorum, len(self._stores))
         self._close_timeout = close_timeout
         self._writes: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.under_replicated = under_replicated if under_replicated is not None else UnderReplicated()
+        self._lagging: dict[str, set[asyncio.Task[None]]] = {}  # writes running past their quorum, by block
+        self._lagging_sizes: dict[asyncio.Task[None], int] = {}  # the same writes, oldest first: bytes each holds
+        self._max_lagging_bytes = max_lagging_bytes
+        self._lagging_bytes = 0
 
     @property
     def name(self) -> str:
@@ -67,18 +151,58 @@ class ReplicatedBlockStore:
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
         """Write to every replica; return once ``write_quorum`` are durable, else raise
-        Unavailable naming each failed replica."""
+        Unavailable naming each failed replica.  A block acknowledged with a replica that
+        failed, or that fails later, is recorded in :attr:`under_replicated`."""
         validate_block_id(block_id)
         self._check_open()
         if self._quorum < len(self._stores):
             parts = _frozen(parts)  # lagging writes read them after we return
         tasks = {self._spawn(s.write_block(block_id, parts)): s for s in self._stores}
         try:
-            await self._await_quorum(block_id, tasks)
+            pending, failed = await self._await_quorum(block_id, tasks)
         except BaseException:  # cancelled, or no quorum: the other writes are pointless
             for task in tasks:
                 task.cancel()
             raise
+        if failed:
+            self.under_replicated.add(block_id)
+        if pending:
+            self._lagging[block_id] = pending
+        size = sum(memoryview(p).nbytes for p in parts)
+        for task in pending:
+            self._lagging_sizes[task] = size
+            self._lagging_bytes += size
+            task.add_done_callback(partial(self._lagging_done, block_id))
+        self._shed_lagging()
+
+    def _shed_lagging(self) -> None:
+        """Cancel the oldest writes past their quorum while they hold more than
+        ``max_lagging_bytes`` (a stopped server would otherwise pin every block written
+        until its timeout): each one cancelled is a missing copy, recorded for repair."""
+        for task in list(self._lagging_sizes):
+            if self._lagging_bytes <= self._max_lagging_bytes:
+                return
+            self._lagging_bytes -= self._lagging_sizes.pop(task)
+            task.cancel()
+
+    def _lagging_done(self, block_id: str, task: asyncio.Task[None]) -> None:
+        """A write still running when its block was acknowledged has ended: if it failed (or
+        timed out, or was cancelled by :meth:`aclose`), that replica misses the block."""
+        if _outcome(task) is not None:
+            self.under_replicated.add(block_id)
+        self._lagging_bytes -= self._lagging_sizes.pop(task, 0)
+        lagging = self._lagging.get(block_id)
+        if lagging is not None:
+            lagging.discard(task)
+            if not lagging:
+                del self._lagging[block_id]
+
+    async def settle(self) -> None:
+        """Wait for every write still running past its quorum to end (each is bounded by
+        its replica's timeouts); a failed one is in :attr:`under_replicated` by then."""
+        tasks = set(self._writes)
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def read_into(
         self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
@@ -89,9 +213,12 @@ class ReplicatedBlockStore:
         return await self._first_answer(block_id, lambda s: s.read_range(block_id, offset, length))
 
     async def delete_block(self, block_id: str) -> None:
-        """Delete on every replica; Unavailable if any of them failed."""
+        """Delete on every replica, once the block's writes still running past their quorum
+        have ended (so none lands after the delete); Unavailable if any replica failed."""
         validate_block_id(block_id)
         self._check_open()
+        if lagging := self._lagging.get(block_id):
+            await asyncio.wait(set(lagging))
         results = await asyncio.gather(*(s.delete_block(block_id) for s in self._stores), return_exceptions=True)
         failed = _failures(self._stores, results)
         if failed:
@@ -143,13 +270,17 @@ class ReplicatedBlockStore:
         if not task.cancelled():
             task.exception()  # retrieved: a failure past the quorum is not an unhandled error
 
-    async def _await_quorum(self, block_id: str, tasks: dict[asyncio.Task[None], BlockStore]) -> None:
+    async def _await_quorum(
+        self, block_id: str, tasks: dict[asyncio.Task[None], BlockStore]
+    ) -> tuple[set[asyncio.Task[None]], list[str]]:
+        """Wait for ``write_quorum`` acknowledgements; (the writes still running, the
+        replicas that failed) then, else Unavailable."""
         pending, acked = set(tasks), 0
         failed: list[str] = []
         while acked < self._quorum:
             if len(failed) > len(tasks) - self._quorum:
                 raise Unavailable(
-                    f"block {block_id}: {acked} of the {self._quorum} acknowledgements needed, "
+                    f"block {block_id}: a write needs {self._quorum} of the {len(tasks)} replicas and "
                     f"{len(failed)} replica(s) failed: {'; '.join(failed)}"
                 )
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -157,6 +288,7 @@ class ReplicatedBlockStore:
                 error = _outcome(task)
                 acked += error is None
                 failed += [] if error is None else [f"{tasks[task].name}: {error}"]
+        return pending, failed
 
     async def _drain_writes(self) -> None:
         tasks = set(self._writes)
@@ -208,6 +340,8 @@ def _read_failure(block_id: str, errors: list[tuple[BlockStore, BlobError]]) -> 
     kind = type(errors[0][1])
     if kind in _UNANIMOUS and all(type(e) is kind for _, e in errors):
         return kind(f"block {block_id}: every replica failed the same way: {detail}")
+    if all(type(e) in (BlockNotFound, CorruptData) for _, e in errors):  # some lag behind a write
+        return CorruptData(f"block {block_id}: the replicas holding it are too short, the others lack it: {detail}")
     return Unavailable(f"block {block_id}: no replica could answer: {detail}")
 
 

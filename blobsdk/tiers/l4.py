@@ -7,7 +7,9 @@ the last tier, L4 never misses quietly: when every replica failed it raises Corr
 
 A replica that served a bad copy is ranked after the others for a while; given the
 metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
-then got a verified one has the block repaired in the background (blobsdk/repair.py).
+then got a verified one has the block repaired in the background (blobsdk/repair.py), and
+so has every block a write acknowledged without a copy on each replica (the replicated
+store's ``under_replicated`` list).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..metadata.base import MetadataStore
 from ..placement import rank
 from ..repair import Demotions, RepairConfig, Repairer
 from ..sources.base import BlockStore
+from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .base import Closing, Decoder, KeepsNothing
@@ -37,7 +40,9 @@ SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 class L4Tier(KeepsNothing, Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
-    :class:`~blobsdk.repair.Repairer`, started on entry and stopped on close."""
+    :class:`~blobsdk.repair.Repairer`, started on entry and stopped on close, which also
+    makes up the copies a replicated store's writes missed (``write_horizon``: the
+    writer's ``max_write_seconds``)."""
 
     name = "l4"
 
@@ -51,6 +56,7 @@ class L4Tier(KeepsNothing, Closing):
         metadata: MetadataStore | None = None,
         repair: RepairConfig | None = None,
         buffers: BufferPool | None = None,
+        write_horizon: float = 600.0,
     ) -> None:
         self.blocks = blocks
         self.buffers = buffers if buffers is not None else BufferPool()
@@ -60,7 +66,12 @@ class L4Tier(KeepsNothing, Closing):
         repair = repair if repair is not None else RepairConfig()
         self.demotions = Demotions(repair.demote_seconds)
         replicas = blocks.replicas
-        self.repairer = Repairer(metadata, replicas, repair) if metadata is not None and len(replicas) > 1 else None
+        ledger = blocks.under_replicated if isinstance(blocks, ReplicatedBlockStore) else None
+        self.repairer = (
+            Repairer(metadata, replicas, repair, under_replicated=ledger, write_horizon=write_horizon)
+            if metadata is not None and len(replicas) > 1
+            else None
+        )
 
     async def __aenter__(self) -> Self:
         if self.repairer is not None:
@@ -158,6 +169,10 @@ class L4Tier(KeepsNothing, Closing):
         out["replicas_demoted"] = self.demotions.demoted_count()
         if self.repairer is not None:
             out.update(self.repairer.stats.as_dict())
+            if (ledger := self.repairer.under_replicated) is not None:
+                out["under_replicated"] = len(ledger)
+                out["under_replicated_recorded"] = ledger.recorded
+                out["under_replicated_dropped"] = ledger.dropped
         return out
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:

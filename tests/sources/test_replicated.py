@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -10,11 +12,13 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
+from blobsdk.gc import collect
 from blobsdk.hedge import Attempt
+from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app
@@ -101,17 +105,28 @@ async def test_replicas_are_the_stores_in_order(tmp_path: Path) -> None:
 async def test_a_write_lands_on_every_replica(store: ReplicatedBlockStore) -> None:
     block = new_block_id()
     await store.write_block(block, [b"everywhere"])
+    await store.settle()  # the third copy may land after the quorum's answer
     for replica in store.replicas:
         assert await replica.read_range(block, 0, 10) == b"everywhere"
 
 
-@pytest.mark.parametrize("quorum", [0, 4, -1])
-async def test_quorum_must_fit_the_replicas(tmp_path: Path, quorum: int) -> None:
+@pytest.mark.parametrize("quorum", [0, 4, -1, True, "most"])
+async def test_quorum_must_fit_the_replicas(tmp_path: Path, quorum: object) -> None:
     stores = [LocalBlockStore(tmp_path / str(i)) for i in range(3)]
-    with pytest.raises(ValueError):
-        ReplicatedBlockStore(stores, write_quorum=quorum)
+    message = f'write_quorum {quorum!r} must be between 1 and 3 (the replicas), or "all"'
+    with pytest.raises(ValueError) as info:
+        ReplicatedBlockStore(stores, write_quorum=quorum)  # type: ignore[arg-type]
+    assert str(info.value) == message
     for s in stores:
         await s.aclose()
+
+
+@pytest.mark.parametrize(("replicas", "quorum"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])
+async def test_the_default_quorum_is_a_majority(tmp_path: Path, replicas: int, quorum: int) -> None:
+    stores = [LocalBlockStore(tmp_path / str(i)) for i in range(replicas)]
+    async with ReplicatedBlockStore(stores) as s:
+        assert s.write_quorum == quorum == majority(replicas)
+    assert resolve_quorum("all", replicas) == replicas and resolve_quorum(1, replicas) == 1
 
 
 async def test_no_stores_is_value_error() -> None:
@@ -148,7 +163,7 @@ async def test_writes_meet_a_quorum_of_two_with_one_server_down(servers: BlockSe
 async def test_writes_needing_every_replica_fail_with_one_server_down(
     servers: BlockServers, session: aiohttp.ClientSession
 ) -> None:
-    async with await replicated(servers, session) as s:
+    async with await replicated(servers, session, write_quorum="all") as s:
         await servers.stop(1)
         with pytest.raises(Unavailable) as info:
             await s.write_block(new_block_id(), [b"all three"])
@@ -263,3 +278,128 @@ async def test_a_listing_with_a_replica_down_fails_rather_than_shrinks(
         await servers.stop(1)
         with pytest.raises(Unavailable):
             await listed(s)
+
+
+async def test_a_write_acked_with_a_server_down_is_recorded_under_replicated(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session) as s:  # default quorum: 2 of 3
+        whole = new_block_id()
+        await s.write_block(whole, [b"three copies"])
+        await s.settle()
+        await servers.stop(1)
+        short = new_block_id()
+        await s.write_block(short, [b"two copies"])  # acked: a majority holds it
+        assert await s.read_range(short, 0, 10) == b"two copies"
+        assert s.under_replicated.blocks() == [short]
+        assert (s.under_replicated.recorded, s.under_replicated.dropped) == (1, 0)
+
+
+class FailsLate(HeldWrites):
+    """A replica whose writes fail once ``gate`` opens: one that times out after the quorum
+    already answered."""
+
+    async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
+        await self.gate.wait()
+        raise Unavailable(f"{self.name}: timed out")
+
+
+async def test_a_lagging_write_that_fails_after_the_ack_is_recorded(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    late = FailsLate(LocalBlockStore(tmp_path / "late"), gate)
+    async with ReplicatedBlockStore([LocalBlockStore(tmp_path / "a"), late, LocalBlockStore(tmp_path / "b")]) as s:
+        block = new_block_id()
+        await s.write_block(block, [b"acked"])
+        assert block not in s.under_replicated  # the third write is still running
+        gate.set()
+        await s.settle()
+        assert s.under_replicated.blocks() == [block]
+
+
+async def test_a_write_without_its_quorum_is_not_acked_nor_recorded(
+    servers: BlockServers, session: aiohttp.ClientSession
+) -> None:
+    async with await replicated(servers, session) as s:
+        await servers.stop(0)
+        await servers.stop(2)
+        block = new_block_id()
+        with pytest.raises(Unavailable) as info:
+            await s.write_block(block, [b"one copy"])
+        assert str(info.value).startswith(f"block {block}: a write needs 2 of the 3 replicas and 2 replica(s) failed: ")
+        assert len(s.under_replicated) == 0  # never committed: gc's, not the repairer's
+
+
+class WatchedDeletes(HeldWrites):
+    """A slow-disk replica that tells when it is asked to delete."""
+
+    def __init__(self, inner: LocalBlockStore, gate: asyncio.Event) -> None:
+        super().__init__(inner, gate)
+        self.deleting = asyncio.Event()
+
+    async def delete_block(self, block_id: str) -> None:
+        self.deleting.set()
+        await self.inner.delete_block(block_id)
+
+
+async def test_a_delete_waits_for_the_blocks_lagging_writes(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    slow = WatchedDeletes(LocalBlockStore(tmp_path / "slow"), gate)
+    async with ReplicatedBlockStore([LocalBlockStore(tmp_path / "a"), slow, LocalBlockStore(tmp_path / "b")]) as s:
+        block = new_block_id()
+        await s.write_block(block, [b"late copy"])  # acked by two; the slow one's write is held
+        delete = asyncio.create_task(s.delete_block(block))
+        for _ in range(10):  # loop steps, no I/O: before, the delete reached every replica in 2
+            await asyncio.sleep(0)
+        assert not slow.deleting.is_set()  # before: deleted, then the held write landed a copy
+        gate.set()
+        await delete
+        assert slow.deleting.is_set() and await listed(s) == []
+
+
+async def test_writes_past_their_quorum_hold_at_most_max_lagging_bytes(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    stopped = HeldWrites(LocalBlockStore(tmp_path / "stopped"), gate)  # like a SIGSTOPped server
+    stores = [LocalBlockStore(tmp_path / "a"), stopped, LocalBlockStore(tmp_path / "b")]
+    async with ReplicatedBlockStore(stores, max_lagging_bytes=10) as s:
+        first, second = new_block_id(), new_block_id()
+        await s.write_block(first, [b"12345"])
+        await s.write_block(second, [b"123", b"45678"])  # 13 bytes held: the oldest write goes
+        gate.set()
+        await s.settle()
+        assert s.under_replicated.blocks() == [first]  # cancelled: a missing copy, for repair
+        assert await listed(stopped) == [(second, 8)]  # before: both landed, 13 bytes pinned till then
+
+
+def test_the_under_replicated_list_is_bounded() -> None:
+    ledger = UnderReplicated(capacity=2)
+    a, b, c = (new_block_id() for _ in range(3))
+    for block in (a, b, a, c):
+        ledger.add(block)
+    assert (ledger.blocks(), ledger.recorded, ledger.dropped) == ([a, b], 2, 1)
+    ledger.discard(a)
+    ledger.add(c)
+    assert ledger.blocks() == [b, c]
+
+
+def _old_block_id() -> str:
+    """A block id minted an hour ago: past any gc grace."""
+    return f"{int((time.time() - 3600) * 1000):012x}{os.urandom(10).hex()}"
+
+
+async def test_gc_deletes_an_under_replicated_block_everywhere_and_refuses_with_a_server_down(
+    servers: BlockServers, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with await replicated(servers, session) as s, SqliteMetadataStore(tmp_path / "meta.sqlite") as metadata:
+        short, elsewhere = _old_block_id(), _old_block_id()
+        for i in (0, 2):  # a copy on two of three: what a write acked by a majority leaves
+            await s.replicas[i].write_block(short, [b"garbage"])
+        report = await collect(metadata, s, grace=10, max_write_seconds=5)
+        assert (report.blocks_scanned, report.blocks_deleted) == (1, 1)  # the replica lacking it is no failure
+        assert await listed(s) == []
+        await s.write_block(elsewhere, [b"more garbage"])
+        await s.settle()
+        await servers.stop(1)
+        with pytest.raises(Unavailable):  # its copies cannot be listed: nothing is deleted anywhere
+            await collect(metadata, s, grace=10, max_write_seconds=5)
+        for i in (0, 2):
+            assert await s.replicas[i].read_range(elsewhere, 0, 12) == b"more garbage"

@@ -78,6 +78,7 @@ async def pack(blocks: ReplicatedBlockStore, raws: list[bytes], compression: str
         )  # type: ignore[arg-type]
         offset += len(enc.payload)
     await blocks.write_block(block_id, parts)
+    await blocks.settle()  # a majority acknowledged: let the last copy land before a test inspects each replica
     return refs
 
 
