@@ -21,12 +21,12 @@ from tests.metadata.unchecked import plant_plan
 
 
 def run(
-    *args: str, store: Path | None = None, env: dict[str, str] | None = None, stdin: bytes = b""
+    *args: str, store: Path | None = None, env: dict[str, str] | None = None, stdin: bytes = b"", umask: int = -1
 ) -> subprocess.CompletedProcess[bytes]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}
     argv = [sys.executable, "-m", "blobsdk", *(["--local", str(store)] if store else []), *args]
     env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=120)
+    return subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=120, umask=umask)
 
 
 def ok(*args: str, store: Path, stdin: bytes = b"") -> bytes:
