@@ -12,18 +12,24 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
 - Every path argument is validated (InvalidPath) before anything else happens, and every
   committed plan is checked against the plan rules of :mod:`blobsdk.plans` (BadRequest).
+- A stored plan that no longer decodes (a row or hash field damaged outside the store) is
+  CorruptData naming its path (:func:`decode_stored`), never a decoder's own exception.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
-from ..errors import BadRequest, PreconditionFailed
+import msgspec
+
+from ..errors import BadRequest, CorruptData, PreconditionFailed
 from ..paths import validate_path, validate_prefix
 from ..plans import check_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -142,3 +148,12 @@ def prefix_end(prefix: str) -> str:
     if 0xD800 <= last <= 0xDFFF:  # surrogates never occur in a valid (UTF-8) path
         last = 0xE000
     return stem[:-1] + chr(last)
+
+
+def decode_stored(path: str, decode: Callable[[], T]) -> T:
+    """``decode()`` of what a store holds for ``path``; CorruptData naming the path if it
+    does not decode (msgspec's errors, or a field of the wrong type or value)."""
+    try:
+        return decode()
+    except (msgspec.DecodeError, TypeError, ValueError) as exc:
+        raise CorruptData(f"the stored plan of {path!r} is corrupt: {exc}") from exc

@@ -115,13 +115,24 @@ class SharedPlanCache:
             return [(None, None)] * len(paths)
         found: builtins.list[tuple[ReadPlan | None, int | None]] = []
         for gen, raw in answers:
-            entry = _decoder.decode(raw) if raw is not None else None
+            entry = self._entry(raw)
             usable = entry is not None and entry.gen == int(gen or 0) and not _near_expiry(entry.plan)
             found.append((entry.plan if usable and entry is not None else None, int(gen or 0)))
         hits = sum(plan is not None for plan, _ in found)
         self.hits += hits
         self.misses += len(found) - hits
         return found
+
+    def _entry(self, raw: bytes | None) -> _Entry | None:
+        """A cached entry, or None: none cached, or one that does not decode (a damaged or
+        foreign value under our key is a miss, counted in ``errors``, never an exception)."""
+        if raw is None:
+            return None
+        try:
+            return _decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            self._failed(exc)
+            return None
 
     async def _put(self, plans: builtins.list[tuple[ReadPlan, int | None]]) -> None:
         """Cache each plan at the generation read before it was fetched (None: not read, so

@@ -141,3 +141,14 @@ async def test_an_answer_that_left_before_a_commit_is_never_served_after_it(tmp_
         late.release.set()
         assert (await asking).version == 1  # it left before the commit
         assert await reader.get_plan("/b/x") == newer and await writer.get_plans(["/b/x"]) == [newer]
+
+
+async def test_a_damaged_entry_is_a_miss_not_an_exception(backing, cache):
+    """issue 20 item 7: a value under the cache's key that does not decode is counted in
+    ``errors`` and read from the store, never msgspec's DecodeError."""
+    shared = cache(backing, secrets.token_hex(4))
+    committed = await put(backing, "/b/x")
+    await shared.get_plan("/b/x")
+    await shared._redis.set(shared._keys("/b/x")[1], b"\xc1")
+    assert await shared.get_plan("/b/x") == committed
+    assert shared.stats() == {"hits": 0, "misses": 2, "errors": 1} and backing.reads == 2
