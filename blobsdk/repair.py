@@ -48,6 +48,7 @@ from typing import Self
 
 import msgspec
 
+from ._numbers import check_numbers, integer, non_negative
 from ._tasks import task_group
 from .codec import decode_chunk
 from .errors import BadCopy, BlobError, BlockNotFound, CorruptData
@@ -69,8 +70,9 @@ class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     demote_seconds: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.queue < 1 or self.batch < 1 or self.concurrency < 1 or not self.demote_seconds >= 0:
-            raise ValueError(f"queue, batch and concurrency must be >= 1 and demote_seconds >= 0, got {self}")
+        check_numbers(
+            "repair", self, {**dict.fromkeys(("queue", "batch", "concurrency"), integer(1)), "demote_seconds": non_negative()}
+        )
 
 
 class Demotions:

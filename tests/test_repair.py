@@ -217,10 +217,19 @@ async def test_closing_cancels_a_repair_in_progress() -> None:
     await repairer.aclose()  # idempotent
 
 
-@pytest.mark.parametrize("bad", [{"queue": 0}, {"batch": 0}, {"concurrency": 0}, {"demote_seconds": -1.0}])
-def test_repair_config_bounds(bad: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="queue, batch and concurrency must be >= 1 and demote_seconds >= 0"):
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"queue": 0}, "repair.queue must be >= 1, got 0"),
+        ({"batch": 0}, "repair.batch must be >= 1, got 0"),
+        ({"concurrency": 0}, "repair.concurrency must be >= 1, got 0"),
+        ({"demote_seconds": -1.0}, "repair.demote_seconds must be >= 0, got -1.0"),
+    ],
+)
+def test_repair_config_bounds(bad: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError) as exc:
         RepairConfig(**bad)  # type: ignore[arg-type]
+    assert str(exc.value) == message
 
 
 async def test_scrub_concurrency_must_be_positive(store: Store) -> None:
