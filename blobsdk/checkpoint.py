@@ -59,7 +59,7 @@ import msgspec
 import xxhash
 
 from ._buffers import fresh_buffer
-from .errors import BadRequest, BlobNotFound, PreconditionFailed
+from .errors import BadRequest, BlobNotFound, CorruptData, PreconditionFailed
 from .metadata.base import MetadataStore
 from .paths import validate_path
 from .plans import MAX_CHUNK_BYTES
@@ -158,10 +158,8 @@ class Checkpoints:
         warm: Callable[[str], object] | None = None,
     ) -> None:
         validate_path(prefix + "/x")
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
-        if not 1 <= chunk_size <= MAX_CHUNK_BYTES:
-            raise ValueError(f"chunk_size must be from 1 to {MAX_CHUNK_BYTES}, got {chunk_size}")
+        _check_int("keep", keep, 1, None)  # before anything is written (issue 20: nan committed, then failed)
+        _check_int("chunk_size", chunk_size, 1, MAX_CHUNK_BYTES)
         self.prefix = prefix.rstrip("/")
         self.keep = keep
         self.chunk_size = chunk_size
@@ -445,7 +443,10 @@ class Checkpoints:
             raw = await self._read(await self._metadata.get_plan(path))
         except BlobNotFound:
             raise BlobNotFound(f"no checkpoint {step} under {self.prefix}") from None
-        return msgspec.msgpack.decode(raw, type=Manifest)
+        try:
+            return msgspec.msgpack.decode(raw, type=Manifest)
+        except msgspec.DecodeError as exc:
+            raise CorruptData(f"checkpoint {step} under {self.prefix}: its manifest does not decode: {exc}") from exc
 
     async def _latest(self) -> _Base | None:
         """The latest checkpoint (its manifest, its data plan, the version of ``latest``)."""
@@ -485,6 +486,14 @@ class _Base:
         if entry is None or self.manifest.chunk_size != chunk_size:
             return None
         return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
+
+
+def _check_int(name: str, value: object, low: int, high: int | None) -> None:
+    """ValueError unless ``value`` is an int (bool refused) from ``low`` to ``high``."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high):
+        return
+    bounds = f">= {low}" if high is None else f"from {low} to {high}"
+    raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
 
 
 def _check_step(step: int) -> None:

@@ -20,7 +20,6 @@ import mmap
 import os
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import (
     AsyncIterator,
@@ -38,6 +37,7 @@ import msgspec
 from tqdm import tqdm
 
 from . import auth
+from ._outfile import write_out
 from ._progress import ProgressLine
 from .client import Client
 from .config import ClientConfig
@@ -93,7 +93,7 @@ async def cmd_get(client: Client, args: argparse.Namespace) -> int:
     if args.out in (None, "-"):
         _write_stdout(data)
     else:
-        await asyncio.to_thread(_write_file_atomic, Path(args.out), data)
+        await asyncio.to_thread(write_out, Path(args.out), data)
     return 0
 
 
@@ -416,17 +416,6 @@ def _load(local: Path) -> Buffer:
 # --- local files -----------------------------------------------------------------------
 
 
-def _write_file_atomic(out: Path, data: Buffer) -> None:
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _write_stdout(data: Buffer) -> None:
     sys.stdout.flush()
     sys.stdout.buffer.write(data)
@@ -480,7 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("get", cmd_get, "read a blob (or a byte range of it) to a file or stdout")
     p.add_argument("path", metavar="PATH")
-    p.add_argument("out", nargs="?", metavar="OUT|-", help="output file (default: stdout)")
+    p.add_argument(
+        "out",
+        nargs="?",
+        metavar="OUT|-",
+        help="output file (default: stdout); a FIFO or device is written through, a symlink is followed (never replaced)",
+    )
     p.add_argument("--offset", type=_non_negative, default=0, metavar="N")
     p.add_argument("--length", type=_non_negative, default=None, metavar="N")
 

@@ -321,7 +321,7 @@ class Client:
             read_into=self._read_into,
             executor=state.executor,
             keep=keep,
-            chunk_size=chunk_size or self.config.write.chunk_size,
+            chunk_size=self.config.write.chunk_size if chunk_size is None else chunk_size,
             background=state.saves,
             warm=warm,
         )

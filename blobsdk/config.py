@@ -13,8 +13,10 @@ from typing import Literal
 
 import msgspec
 
+from ._numbers import check_numbers, integer, non_negative, positive, real
 from .hedge import HedgeConfig
 from .limiter import LimiterConfig
+from .plans import MAX_CHUNK_BYTES
 from .repair import RepairConfig
 
 MiB = 1 << 20
@@ -28,6 +30,9 @@ class L1Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     capacity_bytes: int = 1 << 30  # 0 disables L1
     ttl_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        check_numbers("l1", self, {"capacity_bytes": integer(0), "ttl_seconds": positive(optional=True)})
+
 
 class L2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Local-flash chunk cache (a directory this client may share with others)."""
@@ -37,12 +42,23 @@ class L2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     min_free_ratio: float = 0.05  # never fill the file system beyond 1 - this
     ttl_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        rules = {
+            "capacity_bytes": integer(0),
+            "min_free_ratio": real(0, 1, high_open=True),
+            "ttl_seconds": positive(optional=True),
+        }
+        check_numbers("l2", self, rules)
+
 
 class L3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the client uses the L3 flash nodes named by ``l3_urls``."""
 
     replicas: int = 2  # nodes per chunk, chosen by rendezvous hashing
     down_seconds: float = 5.0  # a node that failed is skipped this long
+
+    def __post_init__(self) -> None:
+        check_numbers("l3", self, {"replicas": integer(1), "down_seconds": non_negative()})
 
 
 PRIVATE_NETWORKS = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
@@ -64,16 +80,9 @@ class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     fetch_budget_s: float | None = None  # None: wait_s + 1
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"[peer] port must be 0-65535, got {self.port}")
-        if self.budget_bytes < 0 or self.max_uploads < 1:
-            raise ValueError(
-                f"[peer] budget_bytes must be >= 0 and max_uploads >= 1, got {self.budget_bytes} and {self.max_uploads}"
-            )
-        for name in ("timeout_s", "wait_s", "tracker_timeout_s", "fetch_budget_s"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"[peer] {name} must be positive, got {value}")
+        rules = {"port": integer(0, 65535), "budget_bytes": integer(0), "max_uploads": integer(1)}
+        rules |= dict.fromkeys(("timeout_s", "wait_s", "tracker_timeout_s"), positive())
+        check_numbers("peer", self, rules | {"fetch_budget_s": positive(optional=True)})
         if self.host in ("0.0.0.0", "::") and self.advertise is None:
             raise ValueError(f"[peer] host {self.host!r} listens everywhere: set advertise to the address peers should use")
         networks(self.allowed_networks)
@@ -128,6 +137,15 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     sock_read: float = 30.0
     total: float = 300.0
 
+    def __post_init__(self) -> None:
+        check_numbers("timeouts", self, dict.fromkeys(("connect", "sock_read", "total"), positive()))
+
+
+def check_quorum(quorum: object) -> None:
+    """``[write] write_quorum``: a number of replicas >= 1, "all", or None (a majority)."""
+    if quorum is not None and quorum != "all" and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
+        raise ValueError(f'[write] write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum!r}')
+
 
 class WriteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     chunk_size: int = 4 * MiB
@@ -136,6 +154,20 @@ class WriteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     write_quorum: int | Literal["all"] | None = None  # block replicas that must acknowledge; None: a majority
     parallel_blocks: int = 4  # blocks written concurrently by one put
     max_write_seconds: float = 600.0  # a put slower than this aborts before committing
+
+    def __post_init__(self) -> None:
+        check_numbers("write", self, _WRITE_NUMBERS)
+        check_quorum(self.write_quorum)
+        if self.block_size < self.chunk_size:
+            raise ValueError(f"block_size {self.block_size} is smaller than chunk_size {self.chunk_size}")
+
+
+_WRITE_NUMBERS = {
+    "chunk_size": integer(1, MAX_CHUNK_BYTES),
+    "block_size": integer(1),
+    "parallel_blocks": integer(1),
+    "max_write_seconds": positive(),
+}
 
 
 class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -146,11 +178,18 @@ class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     shared_plan_cache_ttl_seconds: float = 10.0
 
     def __post_init__(self) -> None:
+        check_numbers("read", self, _READ_NUMBERS)
         url = self.shared_plan_cache_url
         if url is not None and not url.startswith(("redis://", "rediss://")):
             raise ValueError(f"[read] shared_plan_cache_url must be redis://HOST:PORT/DB, got {url!r}")
-        if not self.shared_plan_cache_ttl_seconds > 0:
-            raise ValueError(f"[read] shared_plan_cache_ttl_seconds must be positive, got {self.shared_plan_cache_ttl_seconds}")
+
+
+_READ_NUMBERS = {
+    "parallel_chunks": integer(1),
+    "plan_cache_ttl_seconds": non_negative(),
+    "plan_cache_entries": integer(1),
+    "shared_plan_cache_ttl_seconds": positive(),
+}
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -270,9 +309,7 @@ def check_write_config(write: WriteConfig) -> None:
         raise ValueError(f"block_size {write.block_size} is smaller than chunk_size {write.chunk_size}")
     if write.parallel_blocks < 1:
         raise ValueError(f"parallel_blocks must be positive, got {write.parallel_blocks}")
-    quorum = write.write_quorum
-    if quorum is not None and quorum != "all" and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
-        raise ValueError(f'[write] write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum!r}')
+    check_quorum(write.write_quorum)
 
 
 def _toml_value(value: object) -> str:

@@ -59,6 +59,7 @@ from typing import Generic, Literal, TypeVar
 
 import msgspec
 
+from ._numbers import check_numbers, integer, non_negative, positive, real
 from ._tasks import task_group
 from .errors import BlobError, HedgeExhausted, Unavailable
 from .health import TargetHealth
@@ -120,19 +121,26 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     probe_max_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_delay_ms <= self.max_delay_ms:
+        check_numbers("hedge", self, _HEDGE_NUMBERS)
+        if not self.min_delay_ms <= self.max_delay_ms:
             raise ValueError(f"need 0 <= min_delay_ms <= max_delay_ms, got {self.min_delay_ms}, {self.max_delay_ms}")
-        if not 0 < self.quantile <= 1:
-            raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
-        if self.budget_ratio < 0 or self.budget_burst < 0:
-            raise ValueError(f"budget_ratio and budget_burst must be >= 0, got {self.budget_ratio}, {self.budget_burst}")
-        if self.hang_factor <= 0 or not 0 < self.hang_min_ms <= self.hang_max_ms:
+        if not self.hang_min_ms <= self.hang_max_ms:
             got = f"{self.hang_factor}, {self.hang_min_ms}, {self.hang_max_ms}"
             raise ValueError(f"need hang_factor > 0 and 0 < hang_min_ms <= hang_max_ms, got {got}")
-        if not 0 < self.probe_after_s <= self.probe_max_s:
+        if not self.probe_after_s <= self.probe_max_s:
             raise ValueError(f"need 0 < probe_after_s <= probe_max_s, got {self.probe_after_s}, {self.probe_max_s}")
-        if self.max_parallel < 1 or self.window < MIN_SAMPLES:
-            raise ValueError(f"need max_parallel >= 1 and window >= {MIN_SAMPLES}, got {self.max_parallel}, {self.window}")
+
+
+_HEDGE_NUMBERS = {
+    "min_delay_ms": non_negative(),
+    "max_delay_ms": non_negative(),
+    "quantile": real(0, 1, low_open=True),
+    "budget_ratio": non_negative(),
+    "budget_burst": non_negative(),
+    "max_parallel": integer(1),
+    "window": integer(MIN_SAMPLES),
+    **dict.fromkeys(("hang_factor", "hang_min_ms", "hang_max_ms", "probe_after_s", "probe_max_s"), positive()),
+}
 
 
 def is_failover(exc: BaseException) -> bool:

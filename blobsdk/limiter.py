@@ -76,6 +76,8 @@ from typing import Literal, Self
 
 import msgspec
 
+from ._numbers import check_numbers, integer, positive, real
+
 Clock = Callable[[], float]
 
 
@@ -92,14 +94,19 @@ class LimiterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     min_rtt_window_s: float = 10.0  # a floor not seen again for this long is re-probed
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_limit <= self.initial <= self.max_limit:
+        check_numbers("limiter", self, _LIMITER_NUMBERS)
+        if not self.min_limit <= self.initial <= self.max_limit:
             bounds = f"{self.min_limit}, {self.initial}, {self.max_limit}"
             raise ValueError(f"need 1 <= min_limit <= initial <= max_limit, got {bounds}")
-        if not (0 < self.backoff < 1 and 0 < self.smoothing <= 1):
-            raise ValueError(f"need 0 < backoff < 1 and 0 < smoothing <= 1, got {self.backoff} and {self.smoothing}")
-        if self.tolerance < 1 or self.min_rtt_window_s <= 0:
-            got = f"{self.tolerance} and {self.min_rtt_window_s}"
-            raise ValueError(f"need tolerance >= 1 and min_rtt_window_s > 0, got {got}")
+
+
+_LIMITER_NUMBERS = {
+    **dict.fromkeys(("initial", "min_limit", "max_limit"), integer(1)),
+    "backoff": real(0, 1, low_open=True, high_open=True),
+    "tolerance": real(1),
+    "smoothing": real(0, 1, low_open=True),
+    "min_rtt_window_s": positive(),
+}
 
 
 DEFAULT_CONFIG = LimiterConfig()

@@ -60,6 +60,7 @@ from typing import Self
 
 import msgspec
 
+from ._numbers import check_numbers, integer, non_negative, positive
 from ._tasks import task_group
 from .codec import decode_chunk
 from .errors import BadCopy, BlobError, BlockNotFound, CorruptData
@@ -85,12 +86,18 @@ class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     retry_max_seconds: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.queue < 1 or self.batch < 1 or self.concurrency < 1 or not self.demote_seconds >= 0:
-            raise ValueError(f"queue, batch and concurrency must be >= 1 and demote_seconds >= 0, got {self}")
-        if not 0 < self.retry_seconds <= self.retry_max_seconds < float("inf"):
+        check_numbers(
+            "repair",
+            self,
+            {
+                **dict.fromkeys(("queue", "batch", "concurrency"), integer(1)),
+                "demote_seconds": non_negative(),
+                **dict.fromkeys(("retry_seconds", "retry_max_seconds"), positive()),
+            },
+        )
+        if not self.retry_seconds <= self.retry_max_seconds:
             raise ValueError(
-                f"[repair] retry_seconds must be positive and at most retry_max_seconds (finite), "
-                f"got {self.retry_seconds} and {self.retry_max_seconds}"
+                f"[repair] retry_seconds must be at most retry_max_seconds, got {self.retry_seconds} and {self.retry_max_seconds}"
             )
 
 

@@ -4,6 +4,7 @@ cluster, with a real process SIGKILLed mid-save."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import signal
 import sys
@@ -19,6 +20,7 @@ import torch
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.plans import MAX_CHUNK_BYTES
 from blobsdk.sources.local import LocalBlockStore
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
@@ -139,9 +141,37 @@ async def test_an_unsupported_state_is_a_type_error_before_anything_is_staged(
     assert await ck.list() == [] and [i async for i in client.list("/ck/")] == []
 
 
+@pytest.mark.parametrize(
+    ("keep", "shown"), [(0, "0"), (-1, "-1"), (math.nan, "nan"), (1.5, "1.5"), (math.inf, "inf"), (True, "True"), ("3", "'3'")]
+)
+async def test_a_bad_keep_is_refused_before_anything_is_written(client: blobsdk.Client, keep: Any, shown: str) -> None:
+    """issue 20 item 7: keep=nan or 1.5 used to pass the check, commit, then raise TypeError."""
+    with pytest.raises(ValueError) as exc:
+        client.checkpoints("/ck/x", keep=keep)
+    assert str(exc.value) == f"keep must be an int >= 1, got {shown}"
+    assert [i async for i in client.list("/ck/")] == []
+
+
+@pytest.mark.parametrize("chunk_size", [0, 1.5, math.nan, True, (64 << 20) + 1])
+async def test_a_bad_chunk_size_is_refused(client: blobsdk.Client, chunk_size: Any) -> None:
+    with pytest.raises(ValueError) as exc:
+        client.checkpoints("/ck/x", chunk_size=chunk_size)
+    assert str(exc.value) == f"chunk_size must be an int from 1 to {MAX_CHUNK_BYTES}, got {chunk_size!r}"
+
+
+async def test_a_manifest_that_does_not_decode_is_corrupt_data(client: blobsdk.Client) -> None:
+    """issue 20 item 7: msgspec's DecodeError (a ValueError, the CLI's usage code) never escapes."""
+    ck = client.checkpoints("/ck/m")
+    await (await ck.save(1, {"a": 1})).wait()
+    await client.put("/ck/m/000000000001/manifest", b"\xc1")
+    with pytest.raises(blobsdk.CorruptData) as exc:
+        await ck.load(1)
+    assert str(exc.value) == (
+        "checkpoint 1 under /ck/m: its manifest does not decode: MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)"
+    )
+
+
 async def test_bad_arguments_are_refused(client: blobsdk.Client) -> None:
-    with pytest.raises(ValueError, match="keep must be >= 1, got 0"):
-        client.checkpoints("/ck/x", keep=0)
     with pytest.raises(blobsdk.InvalidPath):
         client.checkpoints("no-slash")
     ck = client.checkpoints("/ck/x")
@@ -219,6 +249,7 @@ import asyncio, sys
 import numpy as np
 import blobsdk
 from blobsdk.config import WriteConfig
+from blobsdk.plans import MAX_CHUNK_BYTES
 
 async def main():
     async with blobsdk.Client.local(sys.argv[1], write=WriteConfig(chunk_size=65536, block_size=1 << 20)) as c:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +22,12 @@ from tests.metadata.unchecked import plant_plan
 
 
 def run(
-    *args: str, store: Path | None = None, env: dict[str, str] | None = None, stdin: bytes = b""
+    *args: str, store: Path | None = None, env: dict[str, str] | None = None, stdin: bytes = b"", umask: int = -1
 ) -> subprocess.CompletedProcess[bytes]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}
     argv = [sys.executable, "-m", "blobsdk", *(["--local", str(store)] if store else []), *args]
     env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=120)
+    return subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=120, umask=umask)
 
 
 def ok(*args: str, store: Path, stdin: bytes = b"") -> bytes:
@@ -140,6 +141,21 @@ def test_cat_of_a_bad_plan_is_one_line_exit_1_not_a_memory_error(store):
         assert error_line(result) == (
             "blobsdk: error: metadata store returned an invalid plan: "
             "plan for '/b/huge': chunks cover 0 bytes, size is 1125899906842624"
+        )
+
+
+def test_a_plan_row_corrupted_by_hand_is_one_line_exit_1_not_the_usage_code(tmp_path, store):
+    """issue 20 item 7: msgspec's DecodeError (a ValueError) used to exit 2, the usage code."""
+    (tmp_path / "in").write_bytes(b"data")
+    ok("put", str(tmp_path / "in"), "/b/x", store=store)
+    with sqlite3.connect(store / "meta.sqlite") as conn:
+        conn.execute("UPDATE plans SET plan = x'c1' WHERE path = '/b/x'")
+    conn.close()
+    for command in (["cat", "/b/x"], ["get", "/b/x", str(tmp_path / "out")], ["stat", "/b/x"]):
+        result = run(*command, store=store)
+        assert result.returncode == 1 and result.stdout == b""
+        assert error_line(result) == (
+            "blobsdk: error: the stored plan of '/b/x' is corrupt: MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)"
         )
 
 

@@ -101,7 +101,7 @@ async def test_repair_settings_come_from_client_toml_and_reach_the_l4_tier(tmp_p
     path = tmp_path / "c.toml"
     path.write_text(cfg.to_toml())
     assert "[repair]" in path.read_text() and ClientConfig.from_toml(path) == cfg
-    with pytest.raises(ValueError, match="queue, batch and concurrency must be >= 1"):
+    with pytest.raises(ValueError, match=r"^invalid client config: repair\.batch must be >= 1, got 0 - at `\$\.repair`$"):
         ClientConfig.from_dict({"repair": {"batch": 0}})
     async with (
         SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
@@ -117,7 +117,7 @@ def test_a_write_quorum_below_one_is_refused(quorum):
     message = f'[write] write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum}'
     with pytest.raises(ValueError) as info:
         ClientConfig.from_dict({"write": {"write_quorum": quorum}})
-    assert str(info.value) == f"invalid client config: {message}"
+    assert str(info.value) == f"invalid client config: {message} - at `$.write`"
     with pytest.raises(ValueError) as info:
         ClientConfig(api_url="http://a", block_urls=("http://b",), write=WriteConfig(write_quorum=quorum))
     assert str(info.value) == message

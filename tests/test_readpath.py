@@ -265,7 +265,9 @@ async def test_a_tier_that_cannot_be_built_closes_the_ones_before_it(tmp_path):
     bad = blobsdk.ClientConfig(
         api_url="http://127.0.0.1:9", block_urls=("http://127.0.0.1:9",), l2=l2, l3_urls=("http://127.0.0.1:9",)
     )
-    bad = msgspec.structs.replace(bad, l3=blobsdk.config.L3Config(replicas=0))  # L3Tier refuses this
+    l3 = blobsdk.config.L3Config()  # a fresh one: the default instance is shared
+    msgspec.structs.force_setattr(l3, "replicas", 0)  # past the config's own check: L3Tier refuses it too
+    bad = msgspec.structs.replace(bad, l3=l3)
     with pytest.raises(ValueError, match="replicas must be >= 1"):
         async with blobsdk.Client(bad):
             pass

@@ -220,10 +220,19 @@ async def test_closing_cancels_a_repair_in_progress() -> None:
     await repairer.aclose()  # idempotent
 
 
-@pytest.mark.parametrize("bad", [{"queue": 0}, {"batch": 0}, {"concurrency": 0}, {"demote_seconds": -1.0}])
-def test_repair_config_bounds(bad: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="queue, batch and concurrency must be >= 1 and demote_seconds >= 0"):
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"queue": 0}, "repair.queue must be >= 1, got 0"),
+        ({"batch": 0}, "repair.batch must be >= 1, got 0"),
+        ({"concurrency": 0}, "repair.concurrency must be >= 1, got 0"),
+        ({"demote_seconds": -1.0}, "repair.demote_seconds must be >= 0, got -1.0"),
+    ],
+)
+def test_repair_config_bounds(bad: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError) as exc:
         RepairConfig(**bad)  # type: ignore[arg-type]
+    assert str(exc.value) == message
 
 
 async def test_scrub_concurrency_must_be_positive(store: Store) -> None:
@@ -276,13 +285,18 @@ async def test_an_uncommitted_block_stays_listed_while_a_write_may_still_commit_
 
 
 @pytest.mark.parametrize(
-    "bad", [{"retry_seconds": 0.0}, {"retry_seconds": 5.0, "retry_max_seconds": 1.0}, {"retry_max_seconds": float("inf")}]
+    ("bad", "message"),
+    [
+        ({"retry_seconds": 0.0}, "repair.retry_seconds must be > 0, got 0.0"),
+        (
+            {"retry_seconds": 5.0, "retry_max_seconds": 1.0},
+            "[repair] retry_seconds must be at most retry_max_seconds, got 5.0 and 1.0",
+        ),
+        ({"retry_max_seconds": float("inf")}, "repair.retry_max_seconds must be finite, got inf"),
+    ],
 )
-def test_repair_retry_bounds(bad: dict[str, float]) -> None:
+def test_repair_retry_bounds(bad: dict[str, float], message: str) -> None:
     config = {"retry_seconds": 5.0, "retry_max_seconds": 120.0, **bad}
     with pytest.raises(ValueError) as info:
         RepairConfig(**config)
-    assert str(info.value) == (
-        "[repair] retry_seconds must be positive and at most retry_max_seconds (finite), "
-        f"got {config['retry_seconds']} and {config['retry_max_seconds']}"
-    )
+    assert str(info.value) == message

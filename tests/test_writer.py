@@ -7,7 +7,7 @@ import xxhash
 from blobsdk.config import WriteConfig
 from blobsdk.readpath import _overlapping, resolve_range
 from blobsdk.wire import ChunkRef
-from blobsdk.writer import Writer, encode_chunk, split
+from blobsdk.writer import encode_chunk, split
 
 
 def test_split_is_zero_copy():
@@ -91,6 +91,5 @@ def test_overlapping(start, end, expected):
 
 
 def test_a_chunk_size_no_plan_may_hold_is_refused_before_any_write():
-    config = WriteConfig(chunk_size=(64 << 20) + 1, block_size=128 << 20)
-    with pytest.raises(ValueError, match="chunk_size 67108865 exceeds the plan limit of 67108864 bytes"):
-        Writer(None, None, config, None)
+    with pytest.raises(ValueError, match=r"^write\.chunk_size must be from 1 to 67108864, got 67108865$"):
+        WriteConfig(chunk_size=(64 << 20) + 1, block_size=128 << 20)

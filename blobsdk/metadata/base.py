@@ -18,19 +18,25 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
   BlockCollected, atomically with the commit's other checks.  ``unfence_blocks(ids)`` lifts
   fences (blocks gc found referenced after all); ``prune_fences(older_than)`` drops fences
   older than ``older_than`` seconds by the store's own clock and returns how many.
+- A stored plan that no longer decodes (a row or hash field damaged outside the store) is
+  CorruptData naming its path (:func:`decode_stored`), never a decoder's own exception.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+import msgspec
 
 from .._ids import validate_hex32
-from ..errors import BadRequest, BlockCollected, PreconditionFailed
+from ..errors import BadRequest, BlockCollected, CorruptData, PreconditionFailed
 from ..paths import validate_path, validate_prefix
 from ..plans import check_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -185,3 +191,12 @@ def prefix_end(prefix: str) -> str:
     if 0xD800 <= last <= 0xDFFF:  # surrogates never occur in a valid (UTF-8) path
         last = 0xE000
     return stem[:-1] + chr(last)
+
+
+def decode_stored(path: str, decode: Callable[[], T]) -> T:
+    """``decode()`` of what a store holds for ``path``; CorruptData naming the path if it
+    does not decode (msgspec's errors, or a field of the wrong type or value)."""
+    try:
+        return decode()
+    except (msgspec.DecodeError, TypeError, ValueError) as exc:
+        raise CorruptData(f"the stored plan of {path!r} is corrupt: {exc}") from exc

@@ -8,6 +8,15 @@ another client's write becomes visible here within ``ttl_seconds``.  Missing pat
 cached, so a blob created elsewhere is visible at once.  Chunk caches cannot be stale at all
 (chunk keys name immutable bytes); only plans can.
 
+Late answers (issue 20): a lookup that left before this client's own commit or delete of the
+path may answer after it, with the older version.  Versions only grow per path (even across
+deletes), so while any call for a path is in flight the cache keeps the newest version it has
+seen of it, and a tombstone (the deleted version) for its own deletes: an answer older than
+the newest seen is neither cached nor returned (the newest is, or BlobNotFound after the
+tombstone), and a cached plan is never replaced by an older one.  Once nothing for the path
+is in flight every new lookup starts after those writes, so the record is dropped (memory is
+bounded by the calls in flight).
+
 Every plan that arrives from the store, read or committed, is checked against the plan rules
 (:func:`blobsdk.plans.checked_plan`) before it is cached or returned: whatever the backend, a
 client never reads through a bad plan; it gets CorruptData.
@@ -17,11 +26,13 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import cachetools
 
 from ..auth import grants_usable_for
+from ..errors import BlobNotFound
 from ..plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import MetadataStore
@@ -39,6 +50,10 @@ class CachedMetadataStore:
         self._plans: cachetools.TLRUCache[str, ReadPlan] = cachetools.TLRUCache(max_entries, self._expiry, timer=time.monotonic)
         self.hits = 0
         self.misses = 0
+        # Per path, while calls for it are in flight: how many, and the newest version seen
+        # with its plan (None: this client deleted that version, a tombstone).
+        self._in_flight: dict[str, int] = {}
+        self._newest: dict[str, tuple[int, ReadPlan | None]] = {}
 
     def peek(self, path: str) -> ReadPlan | None:
         """A cached plan or None, synchronously (the read path's fast path).  Only valid
@@ -52,7 +67,10 @@ class CachedMetadataStore:
         plan = self.peek(path)
         if plan is None:
             self.misses += 1
-            plan = self._remember(await self.store.get_plan(path), path)
+            with self._flight([path]):
+                plan = self._remember(await self.store.get_plan(path), path)
+            if plan is None:
+                raise BlobNotFound(f"no blob at {path!r}")
         return plan
 
     async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
@@ -61,27 +79,40 @@ class CachedMetadataStore:
         missing = [p for p in dict.fromkeys(paths) if p not in found]
         if missing:
             self.misses += len(missing)
-            for path, plan in zip(missing, await self.store.get_plans(missing), strict=True):
-                if plan is not None:
-                    found[path] = self._remember(plan, path)
+            with self._flight(missing):
+                for path, plan in zip(missing, await self.store.get_plans(missing), strict=True):
+                    if plan is not None and (newest := self._remember(plan, path)) is not None:
+                        found[path] = newest
         return [found.get(p) for p in paths]
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
         self._plans.pop(path, None)
-        return self._remember(await self.store.commit(path, plan, if_version), path)
+        with self._flight([path]):
+            committed = await self.store.commit(path, plan, if_version)
+            self._remember(committed, path)
+        return committed
 
     async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
-        for op in ops:
-            self._plans.pop(op.path, None)
-        committed = await self.store.commit_many(ops)
-        return [self._remember(plan, op.path) for plan, op in zip(committed, ops, strict=True)]
+        """Commit, and cache each committed plan unless a newer version of its path is
+        already known (two commits of one path in flight may answer out of order)."""
+        paths = [op.path for op in ops]
+        for path in paths:
+            self._plans.pop(path, None)
+        with self._flight(paths):
+            committed = await self.store.commit_many(ops)
+            for plan, path in zip(committed, paths, strict=True):
+                self._remember(plan, path)
+        return committed
 
     async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
         self._plans.pop(path, None)
-        try:
-            return await self.store.delete(path, if_version)
-        finally:
-            self._plans.pop(path, None)
+        with self._flight([path]):
+            try:
+                deleted = await self.store.delete(path, if_version)
+            finally:
+                self._plans.pop(path, None)
+            self._saw(path, deleted.version, None)
+        return deleted
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
@@ -106,14 +137,54 @@ class CachedMetadataStore:
     async def prune_fences(self, older_than: float) -> int:
         return await self.store.prune_fences(older_than)
 
-    def _remember(self, plan: ReadPlan, path: str) -> ReadPlan:
-        """Check a plan the store answered for ``path`` (CorruptData), cache and return it."""
+    def _remember(self, plan: ReadPlan, path: str) -> ReadPlan | None:
+        """Check a plan the store answered for ``path`` (CorruptData); cache and return it,
+        unless this cache has seen a newer version of the path: then return that (None if
+        this client deleted it) and leave the cache alone."""
         checked_plan(plan, path)
+        newer = self._newer_than(path, plan.version)
+        if newer is not None:
+            return newer[1]
+        self._saw(path, plan.version, plan)
         if self._enabled and self._expiry(path, plan, time.monotonic()) > time.monotonic():
             self._plans[path] = plan
         else:
             self._plans.pop(path, None)
         return plan
+
+    def _newer_than(self, path: str, version: int) -> tuple[int, ReadPlan | None] | None:
+        """The newest version (and plan) seen of ``path`` if it is newer than ``version``
+        (a tombstone of ``version`` itself is newer: that version is gone)."""
+        cached = self._plans.get(path)
+        if cached is not None and cached.version > version:
+            return cached.version, cached
+        seen = self._newest.get(path)
+        if seen is not None and (seen[0] > version or (seen[0] == version and seen[1] is None)):
+            return seen
+        return None
+
+    def _saw(self, path: str, version: int, plan: ReadPlan | None) -> None:
+        """Record ``version`` (``plan`` None: deleted by this client) as the newest of
+        ``path`` while calls for it are in flight."""
+        if path in self._in_flight and self._newer_than(path, version) is None:
+            self._newest[path] = (version, plan)
+
+    @contextmanager
+    def _flight(self, paths: Iterable[str]) -> Iterator[None]:
+        """Count a store call for ``paths`` as in flight; the last one out drops the path's
+        newest-version record (later lookups start after every write it recorded)."""
+        paths = list(paths)
+        for path in paths:
+            self._in_flight[path] = self._in_flight.get(path, 0) + 1
+        try:
+            yield
+        finally:
+            for path in paths:
+                left = self._in_flight.pop(path) - 1
+                if left:
+                    self._in_flight[path] = left
+                else:
+                    self._newest.pop(path, None)
 
     def _expiry(self, path: str, plan: ReadPlan, now: float) -> float:
         """When (monotonic) the cached ``plan`` goes stale: after the TTL, or a margin

@@ -59,6 +59,7 @@ from .base import (
     check_if_version,
     check_limit,
     check_list_args,
+    decode_stored,
     iterate_pages,
     iterate_plans,
     precondition_failed,
@@ -284,7 +285,7 @@ class RedisMetadataStore:
         client = await self._client()
         with self._errors():
             fields = await client.hmget(self._key(path), "plan", "v", "t")
-        plan = _plan_of(fields)
+        plan = _plan_of(path, fields)
         if plan is None:
             raise BlobNotFound(f"no blob at {path!r}")
         return plan
@@ -301,7 +302,7 @@ class RedisMetadataStore:
                 for path in paths:
                     pipe.hmget(self._key(path), "plan", "v", "t")
                 found = await pipe.execute()
-        return [_plan_of(fields) for fields in found]
+        return [_plan_of(path, fields) for path, fields in zip(paths, found, strict=True)]
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
         (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
@@ -409,14 +410,20 @@ class RedisMetadataStore:
         return sorted((b.decode() for b in raw), key=lambda b: b + "/")
 
 
-def _plan_of(fields: builtins.list[bytes | None]) -> ReadPlan | None:
+def _plan_of(path: str, fields: builtins.list[bytes | None]) -> ReadPlan | None:
     plan, version, created = fields
     if plan is None or version is None or created is None:
         return None
-    return msgspec.structs.replace(_plan_decoder.decode(plan), version=int(version), created=float(created))
+    return decode_stored(
+        path, lambda: msgspec.structs.replace(_plan_decoder.decode(plan), version=int(version), created=float(created))
+    )
 
 
 def _info(path: str, fields: Sequence[Any]) -> BlobInfo:
+    return decode_stored(path, lambda: _info_of(path, fields))
+
+
+def _info_of(path: str, fields: Sequence[Any]) -> BlobInfo:
     version, size, etag, chunks, created = fields
     return BlobInfo(
         path=path,

@@ -13,8 +13,10 @@ token).
 
 Staleness: an entry lives ``ttl_seconds`` at most, and never past a margin before its grants
 expire.  A commit or delete through this cache bumps the path's generation, which
-invalidates the path for every scope at once (no scan), then caches the new plan for its own
-scope; so every client using the cache reads a write made through it at once.  A write that
+invalidates the path for every scope at once (no scan); so every client using the cache
+reads a write made through it at once.  A plan fetched from the store is cached at the
+generation read before the fetch, so an answer that left before a write and arrived after
+its bump is never served (issue 20).  A write that
 does not go through it (another deployment's client, a server-side job) is visible within
 ``ttl_seconds``, as with the in-process cache.  Missing paths are not cached.  If Redis is
 down, the cache steps aside: reads and writes go to the store (counted in ``errors``), never
@@ -80,26 +82,27 @@ class SharedPlanCache:
     # --- reads -----------------------------------------------------------------------------
 
     async def get_plan(self, path: str) -> ReadPlan:
-        (found,) = await self._cached([path])
+        ((found, gen),) = await self._cached([path])
         if found is not None:
             return found
         plan = await self.store.get_plan(path)
-        await self._put([plan])
+        await self._put([(plan, gen)])
         return plan
 
     async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
         paths = list(paths)
         cached = await self._cached(paths)
-        missing = [p for p, plan in zip(paths, cached, strict=True) if plan is None]
-        if not missing:
-            return cached
+        gens = {p: gen for p, (plan, gen) in zip(paths, cached, strict=True) if plan is None}
+        if not gens:
+            return [plan for plan, _ in cached]
+        missing = list(gens)
         fetched = dict(zip(missing, await self.store.get_plans(missing), strict=True))
-        await self._put([plan for plan in fetched.values() if plan is not None])
-        return [plan if plan is not None else fetched.get(path) for path, plan in zip(paths, cached, strict=True)]
+        await self._put([(plan, gens[path]) for path, plan in fetched.items() if plan is not None])
+        return [plan if plan is not None else fetched.get(path) for path, (plan, _) in zip(paths, cached, strict=True)]
 
-    async def _cached(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
+    async def _cached(self, paths: builtins.list[str]) -> builtins.list[tuple[ReadPlan | None, int | None]]:
         """Each path's cached plan if its generation is current and it is not near its
-        grants' expiry; None otherwise (and for every path if Redis fails)."""
+        grants' expiry (None otherwise), with the generation read (None if Redis fails)."""
         if not paths:
             return []
         try:
@@ -109,31 +112,40 @@ class SharedPlanCache:
                 answers = await pipe.execute()
         except (rexc.RedisError, OSError) as exc:
             self._failed(exc)
-            return [None] * len(paths)
-        found: builtins.list[ReadPlan | None] = []
+            return [(None, None)] * len(paths)
+        found: builtins.list[tuple[ReadPlan | None, int | None]] = []
         for gen, raw in answers:
-            entry = _decoder.decode(raw) if raw is not None else None
+            entry = self._entry(raw)
             usable = entry is not None and entry.gen == int(gen or 0) and not _near_expiry(entry.plan)
-            found.append(entry.plan if usable and entry is not None else None)
-        hits = sum(plan is not None for plan in found)
+            found.append((entry.plan if usable and entry is not None else None, int(gen or 0)))
+        hits = sum(plan is not None for plan, _ in found)
         self.hits += hits
         self.misses += len(found) - hits
         return found
 
-    async def _put(self, plans: builtins.list[ReadPlan]) -> None:
-        """Cache ``plans`` at their paths' current generation (a WATCH-free race: a commit
-        that bumps the generation meanwhile makes the entry unusable, never wrong)."""
-        if not plans:
+    def _entry(self, raw: bytes | None) -> _Entry | None:
+        """A cached entry, or None: none cached, or one that does not decode (a damaged or
+        foreign value under our key is a miss, counted in ``errors``, never an exception)."""
+        if raw is None:
+            return None
+        try:
+            return _decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            self._failed(exc)
+            return None
+
+    async def _put(self, plans: builtins.list[tuple[ReadPlan, int | None]]) -> None:
+        """Cache each plan at the generation read before it was fetched (None: not read, so
+        not cached).  A commit or delete that bumps the generation after that read makes the
+        entry unusable, so an answer that left before a write and arrived after it (an older
+        version) is never served: the generation is never read again after the fetch."""
+        entries = [(plan, gen) for plan, gen in plans if gen is not None and self._ttl_of(plan) > 0]
+        if not entries:
             return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for plan in plans:
-                    pipe.get(self._keys(plan.path)[0])
-                gens = await pipe.execute()
-                for plan, gen in zip(plans, gens, strict=True):
-                    ttl = self._ttl_of(plan)
-                    if ttl > 0:
-                        pipe.set(self._keys(plan.path)[1], _encoder.encode(_Entry(int(gen or 0), plan)), px=ttl)
+                for plan, gen in entries:
+                    pipe.set(self._keys(plan.path)[1], _encoder.encode(_Entry(gen, plan)), px=self._ttl_of(plan))
                 await pipe.execute()
         except (rexc.RedisError, OSError) as exc:
             self._failed(exc)
@@ -149,9 +161,11 @@ class SharedPlanCache:
         return committed
 
     async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        """Commit, then bump the generations.  The committed plans are not cached here: the
+        bumps of two clients' commits of one path may land in either order, so an entry put
+        at the generation after a bump could be the older commit's.  The next read fills it."""
         committed = await self.store.commit_many(ops)
         await self._bump([op.path for op in ops])
-        await self._put(committed)
         return committed
 
     async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:

@@ -47,6 +47,7 @@ from .base import (
     check_limit,
     check_list_args,
     check_precondition,
+    decode_stored,
     iterate_pages,
     iterate_plans,
     prefix_end,
@@ -281,7 +282,7 @@ def _noop(conn: sqlite3.Connection) -> None:
 
 def _select_plan(conn: sqlite3.Connection, path: str) -> ReadPlan | None:
     row = conn.execute(f"SELECT plan FROM plans WHERE path = ? AND {_LIVE}", (path,)).fetchone()
-    return None if row is None else _plan_decoder.decode(row[0])
+    return None if row is None else _decoded(path, row[0])
 
 
 def _select_plans(conn: sqlite3.Connection, paths: list[str]) -> dict[str, ReadPlan]:
@@ -291,7 +292,7 @@ def _select_plans(conn: sqlite3.Connection, paths: list[str]) -> dict[str, ReadP
             chunk = paths[i : i + _IN_CHUNK]
             marks = ",".join("?" * len(chunk))
             rows = conn.execute(f"SELECT path, plan FROM plans WHERE path IN ({marks}) AND {_LIVE}", chunk)
-            found.update((path, _plan_decoder.decode(blob)) for path, blob in rows)
+            found.update((path, _decoded(path, blob)) for path, blob in rows)
         return found
 
     # Several chunks read in one transaction see one snapshot, like a single query would.
@@ -371,11 +372,15 @@ def _list_page(conn: sqlite3.Connection, prefix: str, start_after: str | None, l
 
 
 def _scan_page(conn: sqlite3.Connection, start_after: str | None, limit: int) -> tuple[list[ReadPlan], str | None]:
-    sql = f"SELECT plan FROM plans WHERE path > ? AND {_LIVE} ORDER BY path LIMIT ?"
+    sql = f"SELECT path, plan FROM plans WHERE path > ? AND {_LIVE} ORDER BY path LIMIT ?"
     # Every path starts with '/', so '' sorts before all of them.
     rows = conn.execute(sql, (start_after or "", limit + 1)).fetchall()
-    plans = [_plan_decoder.decode(row[0]) for row in rows[:limit]]
+    plans = [_decoded(path, blob) for path, blob in rows[:limit]]
     return plans, (plans[-1].path if len(rows) > limit else None)
+
+
+def _decoded(path: str, blob: Any) -> ReadPlan:
+    return decode_stored(path, lambda: _plan_decoder.decode(blob))
 
 
 def _info(row: tuple[Any, ...]) -> BlobInfo:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from blobsdk import Client
-from blobsdk.errors import CorruptData
+from blobsdk.errors import BlobNotFound, CorruptData
 from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 
 from .conformance import bad_plan, make_plan, put
+from .late import LateAnswers
 from .unchecked import plant_plan
 
 NO_CHUNKS = "metadata store returned an invalid plan: plan for '/b/x': chunks cover 0 bytes, size is 10"
@@ -76,3 +79,105 @@ async def test_client_get_of_a_bad_plan_is_corrupt_data_not_zeros(planted):
             await client.get("/b/x")
         with pytest.raises(CorruptData, match="chunks cover 0 bytes, size is 10"):
             await client.get("/b/x", 0, 4)
+
+
+# --- late answers (issue 20 item 1) ------------------------------------------------------
+
+
+def lookup(cache: CachedMetadataStore, path: str, batch: bool):
+    """``get_plans([path])`` or ``get_plan(path)``, as one awaitable of a plan or None."""
+
+    async def one():
+        if batch:
+            return (await cache.get_plans([path]))[0]
+        try:
+            return await cache.get_plan(path)
+        except BlobNotFound:
+            return None
+
+    return asyncio.ensure_future(one())
+
+
+@pytest.fixture
+async def late(tmp_path):
+    async with LateAnswers(tmp_path / "m.sqlite") as store:
+        yield store
+
+
+def no_record_left(cache: CachedMetadataStore) -> bool:
+    """Nothing in flight, no newest-version record kept (memory is bounded)."""
+    return cache._in_flight == {} and cache._newest == {}
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["get_plan", "get_plans"])
+async def test_an_answer_older_than_the_clients_own_commit_never_hides_it(late, batch):
+    await put(late, "/b/x")  # version 1, written by someone else: not cached here
+    cache = CachedMetadataStore(late)
+    asking = lookup(cache, "/b/x", batch)
+    await late.asked.wait()  # the lookup read version 1 ...
+    newer = await cache.commit("/b/x", make_plan("/b/x", seed=5))  # ... then our version 2 commits
+    late.release.set()  # ... then the lookup's answer arrives
+    assert (await asking) == newer and newer.version == 2
+    assert cache.peek("/b/x") == newer
+    assert await cache.get_plan("/b/x") == newer and await cache.get_plans(["/b/x"]) == [newer]
+    assert no_record_left(cache)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["get_plan", "get_plans"])
+async def test_an_answer_older_than_the_clients_own_delete_never_resurrects_it(late, batch):
+    await put(late, "/b/x")
+    cache = CachedMetadataStore(late)
+    asking = lookup(cache, "/b/x", batch)
+    await late.asked.wait()
+    assert (await cache.delete("/b/x")).version == 1
+    late.release.set()
+    assert (await asking) is None
+    assert cache.peek("/b/x") is None
+    with pytest.raises(BlobNotFound, match=r"^no blob at '/b/x'$"):
+        await cache.get_plan("/b/x")
+    assert await cache.get_plans(["/b/x"]) == [None]
+    assert no_record_left(cache)
+
+
+async def test_a_version_newer_than_the_tombstone_is_served(late):
+    """The tombstone hides only the version this client deleted: a later version (another
+    client wrote it after the delete) is newer and is served and cached."""
+    await put(late, "/b/x")
+    cache = CachedMetadataStore(late)
+    first = lookup(cache, "/b/x", True)  # keeps the path in flight, answers version 1
+    await late.asked.wait()
+    await cache.delete("/b/x")
+    late.asked.clear()
+    again = await put(late, "/b/x", seed=7)  # version 2, after our delete
+    second = lookup(cache, "/b/x", False)  # reads version 2
+    await late.asked.wait()
+    late.release.set()
+    assert await first is None and await second == again and again.version == 2
+    assert cache.peek("/b/x") == again and no_record_left(cache)
+
+
+async def test_commits_answered_out_of_order_keep_the_newest_cached(tmp_path):
+    """Two commits of one path in flight: the older one's answer arrives last and is
+    returned to its caller, but never replaces the newer plan in the cache."""
+
+    class LateFirstCommit(SqliteMetadataStore):
+        first = True
+        committed = asyncio.Event()  # the first commit is in the store ...
+        release = asyncio.Event()  # ... and its answer arrives when this is set
+
+        async def commit(self, path, plan, if_version=None):
+            answer = await super().commit(path, plan, if_version)
+            if self.first:
+                self.first = False
+                self.committed.set()
+                await self.release.wait()
+            return answer
+
+    async with LateFirstCommit(tmp_path / "m.sqlite") as store:
+        cache = CachedMetadataStore(store)
+        older = asyncio.ensure_future(cache.commit("/b/x", make_plan("/b/x", seed=1)))
+        await store.committed.wait()
+        newer = await cache.commit("/b/x", make_plan("/b/x", seed=2))
+        store.release.set()
+        assert (await older).version == 1 and newer.version == 2
+        assert cache.peek("/b/x") == newer and no_record_left(cache)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, Unavailable
+from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore, check_commit_op
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.paths import bucket_of
@@ -184,3 +184,36 @@ async def _cluster_with_a_master_down(tmp_path):
 
 def _node_of(store: RedisMetadataStore, bucket: str) -> int:
     return int(store._redis.get_node_from_key(store._index(bucket)).port)
+
+
+@pytest.mark.parametrize(
+    ("field", "stored", "why"),
+    [
+        ("plan", b"\xc1", "MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)"),
+        ("plan", b"\x01", "Expected `object`, got `int`"),
+        ("v", b"two", "invalid literal for int() with base 10: b'two'"),
+        ("t", b"noon", "could not convert string to float: b'noon'"),
+    ],
+    ids=["malformed", "not-a-plan", "version", "created"],
+)
+async def test_a_hash_field_overwritten_is_corrupt_data_naming_the_path(redis_server, field, stored, why):
+    """issue 20 item 7: the decoder's own exception (a ValueError) never escapes."""
+    async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
+        await put(store, "/b/x")
+        await put(store, "/b/y")
+        await (await store._client()).hset(store._key("/b/x"), field, stored)
+        for lookup in (lambda: store.get_plan("/b/x"), lambda: store.get_plans(["/b/y", "/b/x"]), store.scan_page):
+            with pytest.raises(CorruptData) as exc:
+                await lookup()
+            assert str(exc.value) == f"the stored plan of '/b/x' is corrupt: {why}"
+        assert (await store.get_plan("/b/y")).version == 1
+
+
+async def test_a_listed_field_overwritten_is_corrupt_data_naming_the_path(redis_server):
+    async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
+        await put(store, "/b/x")
+        await (await store._client()).hset(store._key("/b/x"), "size", b"big")
+        with pytest.raises(
+            CorruptData, match=r"^the stored plan of '/b/x' is corrupt: invalid literal for int\(\) with base 10: b'big'$"
+        ):
+            await store.list_page("/b/")

@@ -16,6 +16,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from servers.redisd import start_redis
 
 from .conformance import make_plan, put
+from .late import LateAnswers
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +105,8 @@ async def test_a_plan_whose_grants_are_about_to_expire_is_not_served(backing, ca
     ns = secrets.token_hex(4)
     shared = cache(backing, ns)
     plan = msgspec.structs.replace(await put(backing, "/b/x"), grants_expire=time.time() + 1)  # inside the margin
-    await shared._put([plan])
-    assert await shared._cached(["/b/x"]) == [None]
+    await shared._put([(plan, 0)])
+    assert await shared._cached(["/b/x"]) == [(None, 0)]
 
 
 async def test_with_redis_down_reads_and_writes_go_to_the_store(backing, tmp_path, opened):
@@ -124,3 +125,30 @@ async def test_with_redis_down_reads_and_writes_go_to_the_store(backing, tmp_pat
 async def test_bad_settings_are_refused(backing):
     with pytest.raises(ValueError, match=r"^shared plan cache needs ttl_seconds > 0, got 0$"):
         SharedPlanCache(backing, "redis://127.0.0.1:1/0", ttl_seconds=0)
+
+
+async def test_an_answer_that_left_before_a_commit_is_never_served_after_it(tmp_path, cache):
+    """A reader's lookup reads version 1, a writer commits version 2 through the cache, then
+    the reader's answer arrives and is cached: at the generation read before the lookup, so
+    the commit's bump has already made it unusable (issue 20 item 1)."""
+    ns = secrets.token_hex(4)
+    async with LateAnswers(tmp_path / "late.sqlite") as late:
+        await put(late, "/b/x")
+        reader, writer = cache(late, ns), cache(late, ns)
+        asking = asyncio.ensure_future(reader.get_plan("/b/x"))
+        await late.asked.wait()
+        newer = await writer.commit("/b/x", make_plan("/b/x", seed=5))
+        late.release.set()
+        assert (await asking).version == 1  # it left before the commit
+        assert await reader.get_plan("/b/x") == newer and await writer.get_plans(["/b/x"]) == [newer]
+
+
+async def test_a_damaged_entry_is_a_miss_not_an_exception(backing, cache):
+    """issue 20 item 7: a value under the cache's key that does not decode is counted in
+    ``errors`` and read from the store, never msgspec's DecodeError."""
+    shared = cache(backing, secrets.token_hex(4))
+    committed = await put(backing, "/b/x")
+    await shared.get_plan("/b/x")
+    await shared._redis.set(shared._keys("/b/x")[1], b"\xc1")
+    assert await shared.get_plan("/b/x") == committed
+    assert shared.stats() == {"hits": 0, "misses": 2, "errors": 1} and backing.reads == 2

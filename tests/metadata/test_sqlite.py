@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from blobsdk.errors import BlobError, ClientClosed, Unavailable
+from blobsdk.errors import BlobError, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore, prefix_end
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.wire import CommitOp
@@ -174,3 +174,30 @@ async def test_stores_opening_a_new_database_at_once_all_open(tmp_path):
         finally:
             for store in stores:
                 await store.aclose()
+
+
+CORRUPT = "the stored plan of '/b/x' is corrupt: "
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        (b"\xc1", "MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)"),
+        (b"\x01", "Expected `object`, got `int`"),
+        ("text", "a bytes-like object is required, not 'str'"),
+    ],
+    ids=["malformed", "not-a-plan", "text"],
+)
+async def test_a_row_corrupted_by_hand_is_corrupt_data_naming_the_path(tmp_path, stored, why):
+    """issue 20 item 7: the decoder's own exception (a ValueError) never escapes."""
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        await put(store, "/b/x")
+        await put(store, "/b/y")
+        with sqlite3.connect(tmp_path / "m.sqlite") as conn:
+            conn.execute("UPDATE plans SET plan = ? WHERE path = '/b/x'", (stored,))
+        conn.close()
+        for lookup in (lambda: store.get_plan("/b/x"), lambda: store.get_plans(["/b/y", "/b/x"]), store.scan_page):
+            with pytest.raises(CorruptData) as exc:
+                await lookup()
+            assert str(exc.value) == CORRUPT + why
+        assert (await store.get_plan("/b/y")).version == 1  # the others still read

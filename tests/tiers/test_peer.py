@@ -429,11 +429,11 @@ async def test_a_restarted_tracker_learns_again_what_the_peers_hold(cluster: Clu
 
 def test_peer_config_errors_name_the_setting() -> None:
     cases = [
-        ({"port": 70000}, "[peer] port must be 0-65535, got 70000"),
-        ({"max_uploads": 0}, "[peer] budget_bytes must be >= 0 and max_uploads >= 1, got 268435456 and 0"),
-        ({"wait_s": 0}, "[peer] wait_s must be positive, got 0"),
-        ({"fetch_budget_s": -1.0}, "[peer] fetch_budget_s must be positive, got -1.0"),
-        ({"fetch_budget_s": math.nan}, "[peer] fetch_budget_s must be positive, got nan"),
+        ({"port": 70000}, "peer.port must be from 0 to 65535, got 70000"),
+        ({"max_uploads": 0}, "peer.max_uploads must be >= 1, got 0"),
+        ({"wait_s": 0}, "peer.wait_s must be > 0, got 0"),
+        ({"fetch_budget_s": -1.0}, "peer.fetch_budget_s must be > 0, got -1.0"),
+        ({"fetch_budget_s": math.nan}, "peer.fetch_budget_s must be finite, got nan"),
         ({"host": "0.0.0.0"}, "[peer] host '0.0.0.0' listens everywhere: set advertise"),
         (
             {"allowed_networks": ("10.0.0.0/33",)},
