@@ -18,7 +18,8 @@ writer's file is never swept, however old or slow, and a dead one's always is: n
 Between a writer's create and its lock a sweep could take the file; the writer sees its
 name gone once it holds the lock, and starts again with a new name.  On NFS, Linux emulates
 ``flock`` with POSIX locks, which do not exclude within one process: each owner also skips
-the temp files named with its own token.
+the temp files named with its own token.  A process forked during a write shares the lock
+until it exits too: that temp file is swept once both are gone.
 
 **A FORMAT file at the root names the layout:** ``blobsdk <kind> format <n>``, written
 atomically (a locked temp file, fsynced, renamed, the root fsynced).  Each owner decides
@@ -39,6 +40,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ._ids import is_hex32
+from .errors import IncompatibleFormat
 
 TMP_SUFFIX = ".tmp"
 FORMAT_FILE = "FORMAT"
@@ -170,6 +172,40 @@ class RootDir:
             finally:
                 os.close(fd)
 
+    def marked_version(self, kind: str) -> int | None:
+        """The format version ``root/FORMAT`` names; None if there is none.
+        IncompatibleFormat if it is not a marker, or another kind's; UnsafeEntry if it is
+        a symlink or not a regular file."""
+        text = read_marker(self.path)
+        if text is None:
+            return None
+        refused = marker_refusal(self.path, text, kind)
+        found = parse_marker(text)
+        if refused is not None or found is None:
+            raise IncompatibleFormat(f"{self._label}: {refused}")
+        return found[1]
+
+    def clear(self) -> int:
+        """Remove the regular files of every shard directory (a temp file only once its
+        writer is dead); how many were removed.  Nothing outside a shard is touched."""
+        removed = 0
+        for _, dir_fd in self.each_shard():
+            with os.scandir(dir_fd) as entries:
+                names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+            for name in names:
+                removed += remove_if_dead(dir_fd, name) if name.endswith(TMP_SUFFIX) else _unlink(dir_fd, name)
+        return removed
+
+    def mark(self, text: str, token: str) -> None:
+        """Write ``text`` as the FORMAT marker; on a root this process may not write (a
+        read-only mount) log a warning and go on without it: the caller checked the format."""
+        try:
+            write_marker(self.path, text, token)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            self._log.warning("%s: cannot write %s (%s): opened without it", self._label, FORMAT_FILE, exc.strerror)
+
     def ignore(self, message: str) -> None:
         """Log ``ignored <message>`` once per message (it names the entry)."""
         with self._lock:
@@ -249,7 +285,10 @@ def remove_if_dead(dir_fd: int, name: str) -> bool:
             return False  # a live writer holds it
         if not still_named(dir_fd, name, fd):  # renamed to its block meanwhile: done, not dead
             return False
-        os.unlink(name, dir_fd=dir_fd)  # under our lock: its writer cannot be using it
+        try:
+            os.unlink(name, dir_fd=dir_fd)  # under our lock: its writer cannot be using it
+        except PermissionError:  # a directory we may not write: left for one that may
+            return False
         return True
     finally:
         os.close(fd)
@@ -312,6 +351,14 @@ def write_marker(root: Path, text: str, token: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _unlink(dir_fd: int, name: str) -> bool:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _files_at(dir_fd: int) -> list[tuple[str, bool]]:

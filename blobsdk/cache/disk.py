@@ -65,16 +65,12 @@ from .._rootdir import (
     RootDir,
     UnsafeEntry,
     create_temp,
-    marker_refusal,
     marker_text,
     open_regular,
-    parse_marker,
-    read_marker,
     remove_if_dead,
     unlink_if_same,
-    write_marker,
 )
-from ..errors import ClientClosed, IncompatibleFormat, Unavailable
+from ..errors import ClientClosed, Unavailable
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
 
@@ -421,15 +417,11 @@ class DiskCache:
     def _check_format(self) -> None:
         """Open, adopt or discard by ``root/FORMAT`` (module docstring); IncompatibleFormat
         for a directory that is not a disk cache."""
-        text, ours = read_marker(self._root), marker_text(_KIND, _LAYOUT)
-        if text == ours:
+        version = self._dir.marked_version(_KIND)
+        if version == _LAYOUT:
             return
-        if text is not None:
-            refused = marker_refusal(self._root, text, _KIND)
-            if refused is not None:
-                raise IncompatibleFormat(f"cache {self._name}: {refused}")
-            removed = _discard(self._dir)
-            version = (parse_marker(text) or ("", 0))[1]
+        if version is not None:
+            removed = self._dir.clear()
             log.warning(
                 "cache %s: %s is in format %d, this build uses format %d: discarded its %d files",
                 *(self._name, self._root, version, _LAYOUT, removed),
@@ -439,7 +431,7 @@ class DiskCache:
                 "cache %s: %s has no FORMAT (written before markers): marked as format %d, its entries checked by their headers",
                 *(self._name, self._root, _LAYOUT),
             )
-        write_marker(self._root, ours, self._token)
+        self._dir.mark(marker_text(_KIND, _LAYOUT), self._token)
 
     def _write_parts(self, fd: int, parts: list[Buffer]) -> None:
         for part in parts:
@@ -592,18 +584,3 @@ def _inspect(fd: int, key: str, *, times: _FileTimes) -> Entry:
     its payload is verified when it is read."""
     st, head = _read_header(fd, key)
     return Entry(key, head.length, times(st.st_mtime), times(max(st.st_atime, st.st_mtime)), head.tenant)
-
-
-def _discard(root: RootDir) -> int:
-    """Remove the entries of every shard directory (regular files; temp files only once
-    their writer is dead); how many files were removed."""
-    removed = 0
-    for _, dir_fd in root.each_shard():
-        with os.scandir(dir_fd) as entries:
-            names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
-        for name in names:
-            if name.endswith(TMP_SUFFIX):
-                removed += remove_if_dead(dir_fd, name)
-            else:
-                removed += _unlink(dir_fd, name)
-    return removed

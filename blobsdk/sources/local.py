@@ -48,14 +48,10 @@ from .._rootdir import (
     UnsafeEntry,
     create_temp,
     kind_of,
-    marker_refusal,
     marker_text,
     open_regular,
-    parse_marker,
-    read_marker,
     refusal,
     remove_if_dead,
-    write_marker,
 )
 from ..errors import (
     BadRequest,
@@ -472,20 +468,15 @@ def _scan_sync(root: RootDir) -> list[tuple[str, int]]:
 def _open_store(root: RootDir, token: str) -> None:
     """Check (or write) the FORMAT marker, then sweep dead writers' temp files."""
     os.makedirs(root.path, exist_ok=True)
-    text = read_marker(root.path)
-    if text is None:
+    version = root.marked_version(_KIND)
+    if version is None:
         _adopt(root, token)
-    elif text != marker_text(_KIND, _FORMAT):
-        raise IncompatibleFormat(_refusal(root.path, text))
+    elif version != _FORMAT:
+        raise IncompatibleFormat(
+            f"block store {root.path} is in format {version}, this build of blobsdk reads format {_FORMAT}: "
+            "refusing to open it (its blocks are left as they are)"
+        )
     _sweep_temp_files(root, token)
-
-
-def _refusal(root: Path, text: str) -> str:
-    version = (parse_marker(text) or ("", 0))[1]
-    return marker_refusal(root, text, _KIND) or (
-        f"block store {root} is in format {version}, this build of blobsdk reads format {_FORMAT}: "
-        "refusing to open it (its blocks are left as they are)"
-    )
 
 
 def _adopt(root: RootDir, token: str) -> None:
@@ -505,7 +496,7 @@ def _adopt(root: RootDir, token: str) -> None:
             _FORMAT,
             _FORMAT,
         )
-    write_marker(root.path, marker_text(_KIND, _FORMAT), token)
+    root.mark(marker_text(_KIND, _FORMAT), token)
 
 
 def _misplaced_block(root: RootDir) -> str | None:

@@ -4,6 +4,7 @@ the root) and with other builds (the FORMAT marker)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import xxhash
 
 import blobsdk
+from blobsdk import _rootdir
 from blobsdk.errors import IncompatibleFormat, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
@@ -273,7 +275,7 @@ async def test_another_format_is_refused_and_left_as_it_is(store_root: Path, mar
     ],
 )
 async def test_another_kind_of_directory_is_refused_and_left_as_it_is(store_root: Path, marker: str, why: str) -> None:
-    await _refused_and_untouched(store_root, marker, why.format(root=store_root))
+    await _refused_and_untouched(store_root, marker, f"block store {store_root}: " + why.format(root=store_root))
 
 
 async def _refused_and_untouched(root: Path, marker: str, message: str) -> None:
@@ -306,3 +308,22 @@ async def test_a_symlinked_format_marker_is_refused(tmp_path: Path) -> None:
         async with LocalBlockStore(root):
             pass
     assert str(refusal.value) == f"block store {root}: refused {root / 'FORMAT'}: it is a symlink, not a regular file {NOTE}"
+
+
+async def test_an_unmarked_store_on_a_read_only_root_opens_without_a_marker(
+    store_root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with LocalBlockStore(store_root) as store:
+        block = new_block_id()
+        await store.write_block(block, [b"old bytes"])
+    (store_root / "FORMAT").unlink()
+
+    def read_only(*args: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(_rootdir, "write_marker", read_only)
+    async with LocalBlockStore(store_root) as store:
+        assert await store.read_range(block, 0, 9) == b"old bytes"
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"block store {store_root}: cannot write FORMAT (Read-only file system): opened without it"
+    ]
