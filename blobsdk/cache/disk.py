@@ -12,8 +12,8 @@ deleted.  The cache never raises for such an entry: a shard directory or file th
 symlink, or not what the layout puts there, is ignored with one logged warning naming it
 and counted in ``errors``; a fill there fails (``put`` returns False), a read is a miss, a
 delete or eviction removes nothing through it, and opening skips it.  A file
-starts with a header (magic, version, tenant length, payload length, xxh3-64 of the payload,
-xxh3-64 of the header and key, tenant); every read checks both checksums and the size, so a
+starts with a header (blobsdk/cache/_entryfile.py: magic, version, lengths, xxh3-64 of the
+payload, xxh3-64 of the header and key, tenant); every read checks both checksums and the size, so a
 torn, truncated, bit-flipped or misnamed file is deleted, counted as ``corrupt`` and read
 as a miss, never returned.
 
@@ -48,14 +48,13 @@ import asyncio
 import logging
 import math
 import os
-import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import xxhash
 
@@ -71,34 +70,19 @@ from .._rootdir import (
     unlink_if_same,
 )
 from ..errors import ClientClosed, Unavailable
+from ._entryfile import Damaged as _Damaged
+from ._entryfile import encode_header as _encode_header
+from ._entryfile import read_header as _read_header
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
 
 T = TypeVar("T")
 
-_MAGIC = b"BSDC"
-_VERSION = 1
-# magic, version, pad, tenant length, payload length, payload xxh3-64, header xxh3-64
-_HEAD = struct.Struct("<4sBxHQQQ")
-_HEAD_READ = _HEAD.size + 255  # the fixed part and the longest tenant name in one read
 _ATIME_REFRESH = 60.0  # seconds; bounds the inode writes that persisting the LRU costs
 _KIND = "disk-cache"
-_LAYOUT = 1  # the layout above (the FORMAT marker); files carry their own _VERSION too
+_LAYOUT = 1  # the layout above (the FORMAT marker); files carry their own version too (_entryfile.py)
 
 log = logging.getLogger(__name__)
-
-
-class _Damaged(Exception):
-    """A file that fails its header or checksum checks (it has been deleted)."""
-
-
-class _Header(NamedTuple):
-    """What a file's header says about its payload: owner, length, xxh3-64, start."""
-
-    tenant: str
-    length: int
-    checksum: int
-    offset: int
 
 
 @dataclass(slots=True)
@@ -455,39 +439,6 @@ class DiskCache:
 
 
 # --- blocking helpers --------------------------------------------------------------------
-
-
-def _header_check(fixed: bytes, tenant: bytes, key: str) -> int:
-    """Checksum of the header; the key is included, so a misnamed file is caught too."""
-    return xxhash.xxh3_64_intdigest(fixed + tenant + key.encode())
-
-
-def _encode_header(key: str, tenant: str, payload: memoryview) -> bytes:
-    name = tenant.encode()
-    fields = (_MAGIC, _VERSION, len(name), payload.nbytes, xxhash.xxh3_64_intdigest(payload))
-    fixed = _HEAD.pack(*fields, 0)[:-8]
-    return fixed + _header_check(fixed, name, key).to_bytes(8, "little") + name
-
-
-def _decode_header(head: bytes, key: str) -> _Header:
-    if len(head) < _HEAD.size:
-        raise _Damaged(f"{key}: shorter than a header")
-    magic, version, name_len, length, checksum, check = _HEAD.unpack_from(head)
-    name = head[_HEAD.size : _HEAD.size + name_len]
-    if magic != _MAGIC or version != _VERSION or len(name) != name_len:
-        raise _Damaged(f"{key}: not a cache file of version {_VERSION}")
-    if _header_check(head[: _HEAD.size - 8], name, key) != check:
-        raise _Damaged(f"{key}: header checksum mismatch")
-    return _Header(name.decode("utf-8", "replace"), length, checksum, _HEAD.size + name_len)
-
-
-def _read_header(fd: int, key: str) -> tuple[os.stat_result, _Header]:
-    """The file's stat and header, once they agree on its size (else _Damaged)."""
-    st = os.fstat(fd)
-    head = _decode_header(os.pread(fd, _HEAD_READ, 0), key)
-    if head.offset + head.length != st.st_size:
-        raise _Damaged(f"{key}: {st.st_size} bytes, header says {head.offset + head.length}")
-    return st, head
 
 
 def _with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
