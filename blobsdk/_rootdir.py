@@ -263,9 +263,13 @@ def create_temp(dir_fd: int, final: str, token: str) -> tuple[int, str]:
     for _ in range(_CREATE_TRIES):
         name = f"{final}.{token}-{os.urandom(6).hex()}{TMP_SUFFIX}"
         fd = os.open(name, _CREATE_FLAGS, 0o644, dir_fd=dir_fd)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while a sweep looks at it
-        if still_named(dir_fd, name, fd):
-            return fd, name
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while a sweep looks at it
+            if still_named(dir_fd, name, fd):
+                return fd, name
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)  # a sweep took it before we locked it: the next name
     raise OSError(errno.EAGAIN, f"temp files for {final} were swept {_CREATE_TRIES} times before they were locked")
 
