@@ -28,8 +28,10 @@
      │    ├── PayloadTooLarge  a request body over the server's bound (413)
      │    └── UnsupportedEncoding  a compressed request body, which servers never inflate (415)
      ├── ClientClosed          (also RuntimeError)        the client was used outside `async with`
-     └── NotForkSafe           (also RuntimeError)        a backend that cannot run in a process forked
-                                                          after its parent used it (S3: obstore)
+     ├── NotForkSafe           (also RuntimeError)        a backend that cannot run in a process forked
+     │                                                    after its parent used it (S3: obstore)
+     └── IncompatibleFormat    a directory (local block store, disk cache) in an on-disk format
+                               this build does not read, or holding something else: refused
 
 Subclasses whose ``code`` is their parent's travel as the parent (a client sees a 422
 BadUpload as CorruptData); the others map back to themselves.
@@ -199,6 +201,14 @@ class NotForkSafe(BlobError, RuntimeError):
     threads did not survive the fork): start such workers with "forkserver" or "spawn"."""
 
     code = "not_fork_safe"
+    http_status = 500
+
+
+class IncompatibleFormat(BlobError):
+    """A directory whose FORMAT marker names another kind of directory, a version this build
+    does not read, or is not a marker: refused at open, nothing in it touched."""
+
+    code = "incompatible_format"
     http_status = 500
 
 

@@ -293,9 +293,13 @@ def _install(app: web.Application, server: BlockServer) -> None:
     gauges["in_service_requests"] = lambda: server.spindles.in_service
     gauges["bandwidth_bytes"] = lambda: server.bandwidth.moved
 
+    async def open_store(app: web.Application) -> None:
+        await server.store.wait_open()  # a store of another format stops the server here, not on each request
+
     async def close_store(app: web.Application) -> None:
         await server.store.aclose()
 
+    app.on_startup.append(open_store)
     app.on_cleanup.append(close_store)
 
 

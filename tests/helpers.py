@@ -121,6 +121,11 @@ def auth_headers(token: str | None, ref: ChunkRef | None = None) -> dict[str, st
     return headers
 
 
+def stored_files(root: Path) -> list[Path]:
+    """Every file under a block store's or disk cache's ``root`` but its FORMAT marker, sorted."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p != root / "FORMAT")
+
+
 def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     """Poll ``condition`` (blocking) until it holds; the test fails after ``timeout`` s."""
     import pytest

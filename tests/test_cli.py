@@ -16,7 +16,7 @@ import pytest
 
 from blobsdk._progress import ProgressLine
 from blobsdk.cli import MMAP_THRESHOLD, NO_STORE
-from tests.helpers import ROOT
+from tests.helpers import ROOT, stored_files
 from tests.metadata.conformance import bad_plan
 from tests.metadata.unchecked import plant_plan
 
@@ -297,7 +297,7 @@ def test_scrub_verifies_every_block_and_exits_1_for_a_copy_it_cannot_repair(tmp_
         10_000,
     )
     assert "1/1 blocks, " in healthy.stderr.decode()
-    (block,) = [p for p in (store / "blocks").rglob("*") if p.is_file()]
+    (block,) = stored_files(store / "blocks")
     data = bytearray(block.read_bytes())
     data[5000] ^= 0xFF
     block.write_bytes(data)

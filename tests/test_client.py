@@ -11,6 +11,7 @@ from blobsdk.errors import (
     PreconditionFailed,
 )
 from tests.conftest import SMALL
+from tests.helpers import stored_files
 
 
 def payload(n: int, seed: int = 0) -> bytes:
@@ -63,7 +64,7 @@ async def test_negative_range(client):
 async def test_compressible_data_is_stored_compressed(client, tmp_path):
     data = b"the same words again and again " * 40_000
     await client.put("/b/text", data)
-    stored = sum(f.stat().st_size for f in (tmp_path / "data" / "blocks").rglob("*") if f.is_file())
+    stored = sum(f.stat().st_size for f in stored_files(tmp_path / "data" / "blocks"))
     assert stored < len(data) / 5
     assert await client.get("/b/text") == data
     assert await client.get("/b/text", offset=70_000, length=100_000) == data[70_000:170_000]
@@ -115,7 +116,7 @@ async def test_put_many_packs_and_reports_progress(client, tmp_path):
     infos = await client.put_many(iter(items), progress=lambda n, b: seen.append((n, b)))
     assert [i.path for i in infos] == [p for p, _ in items]
     assert seen[-1] == (300, sum(len(d) for _, d in items))
-    blocks = [f for f in (tmp_path / "data" / "blocks").rglob("*") if f.is_file()]
+    blocks = stored_files(tmp_path / "data" / "blocks")
     assert len(blocks) <= 5  # ~1 MiB of samples in 256 KiB blocks
     for path, data in items[::37]:
         assert await client.get(path) == data
@@ -138,7 +139,7 @@ async def test_put_many_bad_path_stops_with_invalid_path(client):
 
 async def test_flipped_byte_is_never_returned(client, tmp_path):
     await client.put("/b/c", payload(200_000, 3))
-    block = next(f for f in (tmp_path / "data" / "blocks").rglob("*") if f.is_file())
+    block = stored_files(tmp_path / "data" / "blocks")[0]
     raw = bytearray(block.read_bytes())
     raw[1000] ^= 0xFF
     block.write_bytes(raw)
@@ -208,12 +209,11 @@ async def test_corrupt_replica_is_skipped_for_a_good_one(tmp_path):
             plan = await c._open.plans.get_plan("/b/rep")
             l4 = next(t for t in c._open.readpath.tiers if t.name == "l4")
             first = l4.candidates(plan.chunks[0].key)[0]  # read first for chunk 0: corrupt that one
-            for f in first.root.rglob("*"):
-                if f.is_file():
-                    raw = bytearray(f.read_bytes())
-                    for i in range(0, len(raw), 4096):  # a flip in every chunk
-                        raw[i] ^= 1
-                    f.write_bytes(raw)
+            for f in stored_files(first.root):
+                raw = bytearray(f.read_bytes())
+                for i in range(0, len(raw), 4096):  # a flip in every chunk
+                    raw[i] ^= 1
+                f.write_bytes(raw)
             assert await c.get("/b/rep") == data
             stats = c.stats()["l4"]
             assert stats["corrupt"] >= 1 and stats["hits"] == 5
@@ -250,7 +250,7 @@ def test_sync_client_local_takes_the_same_tiers_as_client_local(tmp_path):
         c.flush()
         stats = c.stats()
     assert stats["l1"]["enabled"] is False and stats["l2"]["enabled"] is True
-    assert any((tmp_path / "l2").rglob("*"))  # the chunk went to L2
+    assert stored_files(tmp_path / "l2")  # the chunk went to L2
 
 
 async def test_every_tier_is_closed_with_the_client(tmp_path):

@@ -16,7 +16,7 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.hedge import HedgeConfig
 from servers.cluster import start_cluster
-from tests.helpers import ROOT
+from tests.helpers import ROOT, stored_files
 
 SMALL = {"chunk_size": 64 << 10, "block_size": 256 << 10}
 
@@ -28,7 +28,7 @@ def _kill(cluster, name: str) -> None:
 
 
 def _block_files(dir: Path) -> list[Path]:
-    return sorted(f for f in dir.rglob("*") if f.is_file() and not f.name.endswith(".tmp"))
+    return [f for f in stored_files(dir) if not f.name.endswith(".tmp")]
 
 
 def _config(cluster, **write):

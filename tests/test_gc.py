@@ -20,13 +20,13 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ReadPlan, etag_of
 from blobsdk.writer import Writer
-from tests.helpers import ROOT
+from tests.helpers import ROOT, stored_files
 
 FAST = WriteConfig(chunk_size=64 << 10, block_size=256 << 10, max_write_seconds=0.2)
 
 
 def block_files(root):
-    return sorted(f for f in (root / "blocks").rglob("*") if f.is_file())
+    return stored_files(root / "blocks")
 
 
 async def test_gc_collects_only_unreferenced_old_blocks(tmp_path):

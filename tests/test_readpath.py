@@ -17,6 +17,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.wire import ChunkRef
+from tests.helpers import stored_files
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 NO_L1 = L1Config(capacity_bytes=0)
@@ -38,7 +39,7 @@ class CountingBlocks(LocalBlockStore):
 
 
 def l2_files(root):
-    return [f for f in root.rglob("*") if f.is_file() and not f.name.endswith(".tmp")]
+    return [f for f in stored_files(root) if not f.name.endswith(".tmp")]
 
 
 async def l2_flush(client):

@@ -2,18 +2,35 @@
 
 Layout::
 
+    root/FORMAT                                 "blobsdk disk-cache format 1"
     root/<key[:2]>/<key>                        one entry: header, then the payload
     root/<key[:2]>/<key>.<token>-<random>.tmp   a fill in progress
 
-Names come only from validated keys, so nothing is ever created outside ``root``.  A file
-starts with a header (magic, version, tenant length, payload length, xxh3-64 of the payload,
-xxh3-64 of the header and key, tenant); every read checks both checksums and the size, so a
+Names come only from validated keys, and no entry inside ``root`` is followed if it is a
+symlink (blobsdk/_rootdir.py), so nothing outside ``root`` is ever read, created or
+deleted.  The cache never raises for such an entry: a shard directory or file that is a
+symlink, or not what the layout puts there, is ignored with one logged warning naming it
+and counted in ``errors``; a fill there fails (``put`` returns False), a read is a miss, a
+delete or eviction removes nothing through it, and opening skips it.  A file
+starts with a header (blobsdk/cache/_entryfile.py: magic, version, lengths, xxh3-64 of the
+payload, xxh3-64 of the header and key, tenant); every read checks both checksums and the size, so a
 torn, truncated, bit-flipped or misnamed file is deleted, counted as ``corrupt`` and read
 as a miss, never returned.
 
 Fills are all or nothing without fsync: a temp file in the shard directory, renamed over
 the final name.  A crash may lose entries (fine for a cache) but never exposes a partial
-one, and the checksums catch whatever it tore.  Temp files of dead writers are swept at open.
+one, and the checksums catch whatever it tore.  A writer holds a lock on its temp file until
+the rename; opening sweeps the temp files whose lock it can take (their writer died), never a
+live writer's in any process, however old.
+
+``open`` checks ``root/FORMAT`` first.  Format 1 opens.  A root without a marker gets one;
+if it holds entries (a cache written before markers) they are kept, since format 1 is what
+every build wrote and each file's header (magic, version, checksums) is checked before it is
+indexed anyway.  A marker of this kind in another version (a newer or older build): the
+entries are discarded (the regular files in the shard directories, dead writers' temp files)
+with a logged warning, and the marker rewritten; a cache is disposable, a misread is not.  A
+marker of another kind (a local block store) or a FORMAT that is not a marker:
+IncompatibleFormat, nothing touched.
 
 ``open`` rebuilds the index from every file's header (one small read each, shards scanned in
 parallel): it names the tenant that quotas need and catches truncation early; payloads are
@@ -28,50 +45,44 @@ cache's own thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
-import re
-import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import xxhash
 
 from .._forksafe import Executor
-from .._ids import is_hex32
+from .._rootdir import (
+    TMP_SUFFIX,
+    RootDir,
+    UnsafeEntry,
+    create_temp,
+    marker_text,
+    open_regular,
+    remove_if_dead,
+    unlink_if_same,
+)
 from ..errors import ClientClosed, Unavailable
+from ._entryfile import Damaged as _Damaged
+from ._entryfile import encode_header as _encode_header
+from ._entryfile import read_header as _read_header
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
 
 T = TypeVar("T")
 
-_MAGIC = b"BSDC"
-_VERSION = 1
-# magic, version, pad, tenant length, payload length, payload xxh3-64, header xxh3-64
-_HEAD = struct.Struct("<4sBxHQQQ")
-_HEAD_READ = _HEAD.size + 255  # the fixed part and the longest tenant name in one read
-_TMP_SUFFIX = ".tmp"
-_TEMP_GRACE = 60.0  # a younger temp file may belong to a live writer in another process
 _ATIME_REFRESH = 60.0  # seconds; bounds the inode writes that persisting the LRU costs
-_SHARD_NAME = re.compile(r"[0-9a-f]{2}")
+_KIND = "disk-cache"
+_LAYOUT = 1  # the layout above (the FORMAT marker); files carry their own version too (_entryfile.py)
 
-
-class _Damaged(Exception):
-    """A file that fails its header or checksum checks (it has been deleted)."""
-
-
-class _Header(NamedTuple):
-    """What a file's header says about its payload: owner, length, xxh3-64, start."""
-
-    tenant: str
-    length: int
-    checksum: int
-    offset: int
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -109,6 +120,7 @@ class DiskCache:
         if capacity_bytes < 0 or not 0 <= min_free_ratio < 1 or threads < 1:
             raise ValueError(f"bad DiskCache settings: {capacity_bytes=} {min_free_ratio=} {threads=}")
         self._root = Path(os.path.abspath(root))
+        self._dir = RootDir(self._root, label=f"cache {name}", log=log, durable=False)
         self._capacity = capacity_bytes
         self._min_free = min_free_ratio
         self._name = name
@@ -138,16 +150,20 @@ class DiskCache:
         return self._index.used
 
     async def open(self) -> Self:
-        """Create ``root`` if needed, sweep stale temp files and rebuild the index."""
+        """Create ``root`` if needed, check its FORMAT (module docstring), sweep dead
+        writers' temp files and rebuild the index."""
         if self._state != "new":
             return self
         try:
             await self._io(self._root.mkdir, parents=True, exist_ok=True)
-            shards = await self._io(_shard_dirs, self._root)
-            scan = partial(_scan_shard, token=self._token, times=_FileTimes(self._clock()))
+            await self._io(self._check_format)
+            shards = await self._io(self._dir.shards)
+            scan = partial(_scan_shard, self._dir, token=self._token, times=_FileTimes(self._clock()))
             self._load(await asyncio.gather(*(self._io(scan, shard) for shard in shards)))
             for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
-                await self._io(_unlink, self._path(victim.key))
+                await self._unlink_quietly(victim.key)
+        except UnsafeEntry as exc:
+            raise Unavailable(f"cache {self._name} cannot open {self._root}: refused {exc}") from exc
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
@@ -162,12 +178,16 @@ class DiskCache:
             self._counts["misses"] += 1
             return None
         try:
-            data = await self._io(self._read_sync, self._path(key), key, checksum)
+            data = await self._io(self._read_sync, key, checksum)
         except _Damaged:
             self._lost(entry, "corrupt")
             return None
         except FileNotFoundError:  # deleted or evicted by another process sharing root
             self._lost(entry)
+            return None
+        except UnsafeEntry as exc:  # a symlink where the entry or its shard belongs: never read
+            self._dir.ignore(str(exc))
+            self._lost(entry, "errors")
             return None
         except OSError:
             self._lost(entry, "errors")
@@ -184,13 +204,13 @@ class DiskCache:
         view = memoryview(data).cast("B")
         self._fills.pop(key, None)
         if self._index.remove(key) is not None:  # a put that fails must leave no older bytes
-            await self._unlink_quietly(self._path(key))
+            await self._unlink_quietly(key)
         now = self._clock()
         entry = Entry(key, view.nbytes, now, now, tenant, math.inf)  # unevictable until written
         victims = await self._make_room(entry, now)
         if victims is None:
             return False
-        doomed = [self._path(e.key) for _, e in victims]
+        doomed = [e.key for _, e in victims]
         return await self._fill(entry, now + pin_seconds if pin_seconds > 0 else 0.0, view, doomed)
 
     def pin(self, key: str, seconds: float) -> bool:
@@ -212,7 +232,7 @@ class DiskCache:
         key = validate_key(key)
         entry = self._index.remove(key)
         self._fills.pop(key, None)
-        unlinked = await self._unlink_quietly(self._path(key))
+        unlinked = await self._unlink_quietly(key)
         return entry is not None or unlinked
 
     def contains(self, key: str) -> bool:
@@ -246,9 +266,6 @@ class DiskCache:
 
     # --- internals, on the event loop -------------------------------------------------
 
-    def _path(self, key: str) -> Path:
-        return self._root / key[:2] / key  # key is validated: hex only
-
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._state == "closed":
             raise ClientClosed(f"cache {self._name} is closed")
@@ -268,7 +285,7 @@ class DiskCache:
             return None
         if self._chain.expired(entry, self._clock()):
             self._chain.expire(self._index, entry)
-            await self._unlink_quietly(self._path(key))
+            await self._unlink_quietly(key)
             return None
         return entry
 
@@ -300,7 +317,7 @@ class DiskCache:
             self._counts["errors"] += 1
             return None
 
-    async def _fill(self, entry: Entry, pin_until: float, view: memoryview, doomed: list[Path]) -> bool:
+    async def _fill(self, entry: Entry, pin_until: float, view: memoryview, doomed: list[str]) -> bool:
         fill = _Fill(entry, pin_until)
         self._index.add(entry)
         self._fills[entry.key] = fill
@@ -325,42 +342,80 @@ class DiskCache:
             entry.pin_until = fill.pin_until
             self._counts["puts"] += 1
             if not ours and key not in self._index and self._state != "closed":
-                self._pool.submit(_unlink, self._path(key))  # deleted while written: no orphan file
+                self._pool.submit(self._remove_quietly, key)  # deleted while written: no orphan file
             return True
         if ours:
             self._index.remove(key)
         if not isinstance(exc, OSError):
             raise exc
+        if isinstance(exc, UnsafeEntry):
+            self._dir.ignore(str(exc))
         self._counts["errors"] += 1
         return False
 
-    async def _unlink_quietly(self, path: Path) -> bool:
+    async def _unlink_quietly(self, key: str) -> bool:
+        """Remove ``key``'s file; True if there was one.  A failure is counted (and an
+        unsafe entry logged), never raised."""
         try:
-            return await self._io(_unlink, path)
+            return await self._io(self._remove, key)
+        except UnsafeEntry as exc:
+            self._dir.ignore(str(exc))
         except OSError:
-            self._counts["errors"] += 1
-            return False
+            pass
+        self._counts["errors"] += 1
+        return False
 
     # --- on the executor; methods so that tests can inject faults -----------------------
 
-    def _store_sync(self, key: str, tenant: str, payload: memoryview, doomed: list[Path]) -> None:
-        for path in doomed:  # first, so the space they held is free for this file
-            with suppress(OSError):  # an undeletable victim must not fail this put
-                _unlink(path)
-        final = self._path(key)
+    def _store_sync(self, key: str, tenant: str, payload: memoryview, doomed: list[str]) -> None:
+        for victim in doomed:  # first, so the space they held is free for this file
+            self._remove_quietly(victim)  # an undeletable victim must not fail this put
         header = _encode_header(key, tenant, payload)
-        final.parent.mkdir(exist_ok=True)
-        temp = final.with_name(f"{key}.{self._token}-{os.urandom(4).hex()}{_TMP_SUFFIX}")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
+        with self._dir.shard(key[:2], create=True) as dir_fd:
+            fd, temp = create_temp(dir_fd, key, self._token)  # locked until renamed or removed
             try:
                 self._write_parts(fd, [header, payload])
+                os.replace(temp, key, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # no fsync: a crash may lose it, never tear it
+            except BaseException:
+                _unlink(dir_fd, temp)
+                raise
             finally:
                 os.close(fd)
-            os.replace(temp, final)  # no fsync: a crash may lose the entry, never tear it
-        except BaseException:
-            _unlink(temp)
-            raise
+
+    def _remove(self, key: str) -> bool:
+        """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there."""
+        try:
+            with self._dir.shard(key[:2]) as dir_fd:
+                return _unlink(dir_fd, key)
+        except FileNotFoundError:  # no shard directory
+            return False
+
+    def _remove_quietly(self, key: str) -> None:
+        try:
+            self._remove(key)
+        except UnsafeEntry as exc:
+            self._dir.ignore(str(exc))
+        except OSError:
+            pass
+
+    def _check_format(self) -> None:
+        """Open, adopt or discard by ``root/FORMAT`` (module docstring); IncompatibleFormat
+        for a directory that is not a disk cache."""
+        version = self._dir.marked_version(_KIND)
+        if version == _LAYOUT:
+            return
+        if version is not None:
+            removed = self._dir.clear()
+            log.warning(
+                "cache %s: %s is in format %d, this build uses format %d: discarded its %d files",
+                *(self._name, self._root, version, _LAYOUT, removed),
+            )
+        elif self._dir.shards():
+            log.info(
+                "cache %s: %s has no FORMAT (written before markers): marked as format %d, its entries checked by their headers",
+                *(self._name, self._root, _LAYOUT),
+            )
+        self._dir.mark(marker_text(_KIND, _LAYOUT), self._token)
 
     def _write_parts(self, fd: int, parts: list[Buffer]) -> None:
         for part in parts:
@@ -368,8 +423,8 @@ class DiskCache:
             while view:  # a write may be short
                 view = view[os.write(fd, view) :]
 
-    def _read_sync(self, path: Path, key: str, checksum: int | None) -> bytearray:
-        return _with_file(path, key, lambda fd, key: self._read_file(fd, key, checksum))
+    def _read_sync(self, key: str, checksum: int | None) -> bytearray:
+        return _with_file(self._dir, key, lambda fd, key: self._read_file(fd, key, checksum))
 
     def _read_file(self, fd: int, key: str, checksum: int | None) -> bytearray:
         st, head = _read_header(fd, key)
@@ -386,46 +441,20 @@ class DiskCache:
 # --- blocking helpers --------------------------------------------------------------------
 
 
-def _header_check(fixed: bytes, tenant: bytes, key: str) -> int:
-    """Checksum of the header; the key is included, so a misnamed file is caught too."""
-    return xxhash.xxh3_64_intdigest(fixed + tenant + key.encode())
+def _with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
+    """``fn(fd, key)`` on ``key``'s file; a file it finds damaged is deleted."""
+    shard = key[:2]
+    with root.shard(shard) as dir_fd:
+        return _with_entry(dir_fd, root.entry_path(shard, key), key, fn)
 
 
-def _encode_header(key: str, tenant: str, payload: memoryview) -> bytes:
-    name = tenant.encode()
-    fields = (_MAGIC, _VERSION, len(name), payload.nbytes, xxhash.xxh3_64_intdigest(payload))
-    fixed = _HEAD.pack(*fields, 0)[:-8]
-    return fixed + _header_check(fixed, name, key).to_bytes(8, "little") + name
-
-
-def _decode_header(head: bytes, key: str) -> _Header:
-    if len(head) < _HEAD.size:
-        raise _Damaged(f"{key}: shorter than a header")
-    magic, version, name_len, length, checksum, check = _HEAD.unpack_from(head)
-    name = head[_HEAD.size : _HEAD.size + name_len]
-    if magic != _MAGIC or version != _VERSION or len(name) != name_len:
-        raise _Damaged(f"{key}: not a cache file of version {_VERSION}")
-    if _header_check(head[: _HEAD.size - 8], name, key) != check:
-        raise _Damaged(f"{key}: header checksum mismatch")
-    return _Header(name.decode("utf-8", "replace"), length, checksum, _HEAD.size + name_len)
-
-
-def _read_header(fd: int, key: str) -> tuple[os.stat_result, _Header]:
-    """The file's stat and header, once they agree on its size (else _Damaged)."""
-    st = os.fstat(fd)
-    head = _decode_header(os.pread(fd, _HEAD_READ, 0), key)
-    if head.offset + head.length != st.st_size:
-        raise _Damaged(f"{key}: {st.st_size} bytes, header says {head.offset + head.length}")
-    return st, head
-
-
-def _with_file(path: Path | str, key: str, fn: Callable[[int, str], T]) -> T:
-    """``fn(fd, key)`` on the open file; a file it finds damaged is deleted."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # once open, an unlink cannot hurt us
+def _with_entry(dir_fd: int, path: str, key: str, fn: Callable[[int, str], T]) -> T:
+    """``fn(fd, key)`` on file ``key`` of the shard open as ``dir_fd`` (``path`` names it)."""
+    fd = open_regular(dir_fd, key, path)  # once open, an unlink cannot hurt us
     try:
         return fn(fd, key)
     except _Damaged:
-        _unlink_if_same(path, fd)
+        unlink_if_same(dir_fd, key, fd)
         raise
     finally:
         os.close(fd)
@@ -439,19 +468,12 @@ def _refresh_atime(fd: int, st: os.stat_result) -> None:
         os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
 
 
-def _unlink(path: Path) -> bool:
+def _unlink(dir_fd: int, name: str) -> bool:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return False
     return True
-
-
-def _unlink_if_same(path: Path | str, fd: int) -> None:
-    """Delete ``path`` unless another process replaced it with a new file meanwhile."""
-    with suppress(OSError):
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-            os.unlink(path)
 
 
 def _space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:
@@ -459,11 +481,6 @@ def _space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:
     want_free = min_free_ratio * st.f_blocks * st.f_frsize
     free_after = st.f_bavail * st.f_frsize - incoming
     return max(0, math.ceil(want_free - free_after))
-
-
-def _shard_dirs(root: Path) -> list[str]:
-    with os.scandir(root) as entries:  # nothing but shard directories is ours to scan
-        return [e.path for e in entries if _SHARD_NAME.fullmatch(e.name) and e.is_dir()]
 
 
 class _FileTimes:
@@ -476,22 +493,40 @@ class _FileTimes:
         return self.now - max(0.0, self.wall - file_time)
 
 
-def _scan_shard(shard: str, *, token: str, times: _FileTimes) -> tuple[list[Entry], int]:
+def _scan_shard(root: RootDir, shard: str, *, token: str, times: _FileTimes) -> tuple[list[Entry], int]:
     """The entries of one shard directory and how many damaged files were deleted; sweeps
-    other writers' temp files older than :data:`_TEMP_GRACE`."""
+    the temp files of other writers that died (their lock is free)."""
+    try:
+        dir_fd = root.open_shard(shard)
+    except FileNotFoundError:  # removed since the listing
+        return [], 0
+    except UnsafeEntry as exc:  # a symlink since the listing
+        root.ignore(str(exc))
+        return [], 0
+    try:
+        return _scan_entries(root, shard, dir_fd, token, times)
+    finally:
+        os.close(dir_fd)
+
+
+def _scan_entries(root: RootDir, shard: str, dir_fd: int, token: str, times: _FileTimes) -> tuple[list[Entry], int]:
     found: list[Entry] = []
     damaged = 0
-    with os.scandir(shard) as entries:
-        for dirent in entries:
-            if is_hex32(dirent.name) and dirent.name.startswith(os.path.basename(shard)):
-                try:
-                    found.append(_with_file(dirent.path, dirent.name, partial(_inspect, times=times)))
-                except _Damaged:
-                    damaged += 1
-                except FileNotFoundError:  # deleted while we scan
-                    pass
-            elif dirent.name.endswith(_TMP_SUFFIX) and f".{token}-" not in dirent.name:
-                _sweep(dirent, times.wall - _TEMP_GRACE)
+    inspect = partial(_inspect, times=times)
+    for dirent in root.files(shard, dir_fd):
+        name = dirent.name
+        if name.endswith(TMP_SUFFIX):
+            if f".{token}-" not in name:
+                remove_if_dead(dir_fd, name)
+        elif name.startswith(shard):
+            try:
+                found.append(_with_entry(dir_fd, root.entry_path(shard, name), name, inspect))
+            except _Damaged:
+                damaged += 1
+            except FileNotFoundError:  # deleted while we scan
+                pass
+            except UnsafeEntry as exc:  # swapped for a symlink while we scan
+                root.ignore(str(exc))
     return found, damaged
 
 
@@ -500,9 +535,3 @@ def _inspect(fd: int, key: str, *, times: _FileTimes) -> Entry:
     its payload is verified when it is read."""
     st, head = _read_header(fd, key)
     return Entry(key, head.length, times(st.st_mtime), times(max(st.st_atime, st.st_mtime)), head.tenant)
-
-
-def _sweep(dirent: os.DirEntry[str], before: float) -> None:
-    with suppress(FileNotFoundError):
-        if dirent.stat().st_mtime < before:
-            os.unlink(dirent.path)

@@ -2,14 +2,27 @@
 
 Layout::
 
+    root/FORMAT                                                       "blobsdk block-store format 1"
     root/<first 2 hex digits of xxh3_64(block_id)>/<block_id>          a durable block
     root/<shard>/<block_id>.<store token>-<random>.tmp                   a write in progress
 
-File names come only from validated block ids (32 lowercase hex digits), so nothing is
-ever created outside ``root``.  A block appears under its final name only after its bytes
-were fsynced (temp file, ``os.replace``, fsync of the directory), so a crash leaves at most
-temp files; the next store to open ``root`` sweeps those.  Every disk access runs on the
-store's own thread pool: the event loop never waits on a disk.
+File names come only from validated block ids (32 lowercase hex digits), and no entry inside
+``root`` is followed if it is a symlink (blobsdk/_rootdir.py): a read, write or delete that
+meets one, or a file where a shard directory belongs, is refused (Unavailable naming the
+entry); listings and sweeps skip such entries with a logged warning.  So nothing outside
+``root`` is ever read, created or deleted.
+
+A block appears under its final name only after its bytes were fsynced (temp file, rename,
+fsync of the directory), so a crash leaves at most temp files.  A writer holds a lock on its
+temp file until the rename; opening a store sweeps the temp files whose lock it can take
+(their writer died), never a live writer's, in this process or another, however old.
+
+Opening checks ``root/FORMAT``.  Format 1 opens.  A root without a marker gets one: at once
+if it holds no shard directory, else (a store written before markers) once every block is
+found where format 1 puts it.  Anything else -- a newer format, another kind of directory,
+a FORMAT that is not a marker, a misplaced block in an unmarked root -- is
+IncompatibleFormat, and nothing is touched: a block store never discards a block.  Every
+disk access runs on the store's own thread pool: the event loop never waits on a disk.
 """
 
 from __future__ import annotations
@@ -17,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import logging
 import os
-import re
-import time
+import stat
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -28,13 +41,25 @@ from typing import Any, Self, TypeVar
 
 import xxhash
 
-from .._ids import is_hex32
+from .._rootdir import (
+    FORMAT_FILE,
+    TMP_SUFFIX,
+    RootDir,
+    UnsafeEntry,
+    create_temp,
+    kind_of,
+    marker_text,
+    open_regular,
+    refusal,
+    remove_if_dead,
+)
 from ..errors import (
     BadRequest,
     BlobError,
     BlockNotFound,
     ClientClosed,
     CorruptData,
+    IncompatibleFormat,
     PreconditionFailed,
     Unavailable,
 )
@@ -44,18 +69,22 @@ from .base import Buffer, block_time, validate_block_id
 
 T = TypeVar("T")
 
-_TMP_SUFFIX = ".tmp"
-_SHARD_NAME = re.compile(r"[0-9a-f]{2}")
+_KIND = "block-store"
+_FORMAT = 1  # the layout above; bump it (and read the old one, or refuse it) when it changes
 # os.writev takes at most IOV_MAX buffers per call.
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+log = logging.getLogger(__name__)
 
 
 class LocalBlockStore:
     """A :class:`~blobsdk.sources.base.BlockStore` over one directory.
 
     ``threads`` bounds the concurrent disk operations (the store's own executor, shut down
-    by :meth:`aclose`).  Opening a store starts a sweep of temp files left by a crash;
-    ``async with`` waits for it.  Besides the protocol, it offers what the block server
+    by :meth:`aclose`).  Constructing a store starts opening it (the FORMAT check and the
+    sweep of dead writers' temp files); ``async with`` and every operation wait for that,
+    and raise what it raised (IncompatibleFormat, Unavailable).  Besides the protocol, it offers what the block server
     needs: :meth:`block_writer` (stream a block in pieces), :meth:`read_clipped` and
     :meth:`list_page`.
     """
@@ -64,12 +93,12 @@ class LocalBlockStore:
         if threads < 1:
             raise ValueError(f"threads must be positive, got {threads}")
         self._root = Path(os.path.abspath(root))
-        self._prefix = os.path.join(self._root, "")  # root and a separator, for _file_of
+        self._dir = RootDir(self._root, label=f"block store {self._root}", log=log)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="blobsdk-local")
-        # Marks this store's temp files so the start-up sweep never removes them.
-        self._token = os.urandom(4).hex()
+        self._token = os.urandom(4).hex()  # names this store's temp files (see _rootdir on NFS)
         self._closed = False
-        self._sweep = self._pool.submit(_sweep_temp_files, self._root, self._token, time.time())
+        self._opened = False
+        self._opening = self._pool.submit(_open_store, self._dir, self._token)
 
     @property
     def name(self) -> str:
@@ -85,53 +114,49 @@ class LocalBlockStore:
 
     def block_path(self, block_id: str) -> Path:
         """Where a block lives (BadRequest for an invalid id)."""
-        return Path(self._file_of(block_id))
-
-    def _file_of(self, block_id: str) -> str:
-        """:meth:`block_path` as a string, built without pathlib (it is on every read)."""
-        block_id = validate_block_id(block_id)
-        return f"{self._prefix}{xxhash.xxh3_64_hexdigest(block_id.encode())[:2]}{os.sep}{block_id}"
+        return Path(self._dir.entry_path(*_locate(block_id)))
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
-        path = self.block_path(block_id)
-        await self._run(_write_block_sync, path, parts, self._token)
+        await self._run(_write_block_sync, self._dir, *_locate(block_id), parts, self._token)
 
     async def read_into(
         self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
     ) -> None:
-        path = self._file_of(block_id)
+        where = _locate(block_id)
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:
             return
-        await self._run(_read_into_sync, path, block_id, offset, view)
+        await self._run(_read_into_sync, self._dir, *where, offset, view)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
-        path = self._file_of(block_id)
+        where = _locate(block_id)
         if _check_span(offset, length) == 0:
             return b""
-        return await self._run(_read_range_sync, path, block_id, offset, length)
+        return await self._run(_read_range_sync, self._dir, *where, offset, length)
 
     async def read_clipped(self, block_id: str, offset: int, length: int) -> tuple[bytes, int]:
         """The bytes of ``offset .. offset + length`` that lie inside the block (fewer, or
         none, where it ends first) and the block's size, in one disk operation: what a
         server answering a Range needs.  BlockNotFound if there is no such block."""
-        path = self._file_of(block_id)
+        where = _locate(block_id)
         _check_span(offset, length)
-        return await self._run(_read_clipped_sync, path, block_id, offset, length)
+        return await self._run(_read_clipped_sync, self._dir, *where, offset, length)
 
     async def delete_block(self, block_id: str) -> None:
-        await self._run(_delete_sync, self._file_of(block_id))
+        """Remove the block (nothing if there is none); a symlink under its name is removed
+        itself, never what it points to."""
+        await self._run(_delete_sync, self._dir, *_locate(block_id))
 
     async def list_blocks(self, start_after: str | None = None) -> AsyncIterator[BlockInfo]:
         """Every block (after ``start_after``), sorted by id, from one directory scan."""
-        entries = await self._run(_scan_sync, self._root)
+        entries = await self._run(_scan_sync, self._dir)
         for block_id, size in entries[_after(entries, start_after) :]:
             yield BlockInfo(block_id=block_id, size=size, created=block_time(block_id))
 
     async def list_page(self, start_after: str | None, limit: int) -> tuple[list[BlockInfo], str | None]:
         """Up to ``limit`` blocks after ``start_after`` and the ``start_after`` of the next
         page (None at the end).  Each page rescans the directory: O(blocks) per page."""
-        entries = await self._run(_scan_sync, self._root)
+        entries = await self._run(_scan_sync, self._dir)
         first = _after(entries, start_after)
         page = entries[first : first + limit]
         infos = [BlockInfo(block_id=b, size=s, created=block_time(b)) for b, s in page]
@@ -143,7 +168,7 @@ class LocalBlockStore:
         """Stream one block in pieces: ``await w.write(parts)`` any number of times, then
         ``await w.commit()``.  Leaving the block without a commit (an error, a cancelled
         request) discards everything written: no block, no temp file."""
-        writer = BlockWriter(self, await self._open_temp(self.block_path(block_id)))
+        writer = BlockWriter(self, await self._open_temp(*_locate(block_id)))
         try:
             yield writer
         finally:
@@ -157,17 +182,29 @@ class LocalBlockStore:
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 
+    async def wait_open(self) -> None:
+        """Wait until the store is open (FORMAT checked, dead writers' temp files swept);
+        raises what opening raised, on every call."""
+        if not self._opened:
+            await self._wait(self._opening)
+            self._opened = True
+
     async def __aenter__(self) -> Self:
-        await self._wait(self._sweep)
+        try:
+            await self.wait_open()
+        except BaseException:  # the pool must not outlive a failed open
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _open_temp(self, path: Path) -> _TempFile:
+    async def _open_temp(self, shard: str, block_id: str) -> _TempFile:
         if self._closed:
             raise ClientClosed(f"block store {self.name} is closed")
-        future = self._pool.submit(_TempFile, path, self._token)
+        await self.wait_open()
+        future = self._pool.submit(_TempFile, self._dir, shard, block_id, self._token)
         try:
             return await self._wait(future)
         except asyncio.CancelledError:  # the file may still appear: remove it when it does
@@ -177,6 +214,7 @@ class LocalBlockStore:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
             raise ClientClosed(f"block store {self.name} is closed")
+        await self.wait_open()
         return await self._wait(self._pool.submit(fn, *args))
 
     async def _wait(self, future: concurrent.futures.Future[T]) -> T:
@@ -184,6 +222,8 @@ class LocalBlockStore:
             return await asyncio.wrap_future(future)
         except BlobError:  # BlockNotFound is also an OSError: keep it as it is
             raise
+        except UnsafeEntry as exc:
+            raise Unavailable(f"block store {self.name}: refused {exc}") from exc
         except OSError as exc:
             raise Unavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
 
@@ -229,13 +269,18 @@ class BlockWriter:
 
 
 class _TempFile:
-    """A temp file beside ``final``: publish() makes it the block, discard() removes it."""
+    """A locked temp file beside block ``block_id`` in its shard: publish() makes it the
+    block, discard() removes it.  The lock (the open fd) lives until one of them ends."""
 
-    def __init__(self, final: Path, token: str) -> None:
-        _make_shard_dir(final.parent)
-        self.final = final
-        self.path = final.with_name(f"{final.name}.{token}-{os.urandom(6).hex()}{_TMP_SUFFIX}")
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    def __init__(self, root: RootDir, shard: str, block_id: str, token: str) -> None:
+        self.dir_fd = root.open_shard(shard, create=True)
+        try:
+            self.fd, self.name = create_temp(self.dir_fd, block_id, token)
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
+        self.final = block_id
+        self.path = root.entry_path(shard, block_id)  # for messages
         self.size = 0
 
     def write(self, parts: Sequence[Buffer]) -> None:
@@ -243,29 +288,33 @@ class _TempFile:
 
     def publish(self) -> None:
         os.fsync(self.fd)
-        self._close()
-        if _already_stored(self.final, self.size):
-            os.unlink(self.path)
-            return
-        os.replace(self.path, self.final)
-        _fsync_dir(self.final.parent)  # the rename itself must survive a crash
+        if _already_stored(self.dir_fd, self.final, self.path, self.size):
+            os.unlink(self.name, dir_fd=self.dir_fd)
+        else:
+            os.replace(self.name, self.final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            os.fsync(self.dir_fd)  # the rename itself must survive a crash
+        self._close()  # only now: until the rename, the lock says a writer is alive
 
     def discard(self) -> None:
+        if self.fd >= 0:  # else published (or discarded) already
+            with suppress(FileNotFoundError):
+                os.unlink(self.name, dir_fd=self.dir_fd)
         self._close()
-        with suppress(FileNotFoundError):
-            os.unlink(self.path)
 
     def _close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+        for attr in ("fd", "dir_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                setattr(self, attr, -1)
+                os.close(fd)
 
 
-def _write_block_sync(final: Path, parts: Sequence[Buffer], token: str) -> None:
-    if _already_stored(final, sum(memoryview(p).nbytes for p in parts)):
-        return
-    temp = _TempFile(final, token)
+def _write_block_sync(root: RootDir, shard: str, block_id: str, parts: Sequence[Buffer], token: str) -> None:
+    temp = _TempFile(root, shard, block_id, token)
     try:
+        if _already_stored(temp.dir_fd, block_id, temp.path, sum(memoryview(p).nbytes for p in parts)):
+            temp.discard()
+            return
         temp.write(parts)
         temp.publish()
     except BaseException:
@@ -284,15 +333,18 @@ def _discard_created(future: concurrent.futures.Future[_TempFile]) -> None:
         future.result().discard()
 
 
-def _already_stored(final: Path, size: int) -> bool:
-    """True if ``final`` holds a block of ``size`` bytes: blocks are immutable, so that is
-    the same block.  A different size means two writers disagree about one id."""
+def _already_stored(dir_fd: int, block_id: str, path: str, size: int) -> bool:
+    """True if the shard holds block ``block_id`` of ``size`` bytes: blocks are immutable,
+    so that is the same block.  A different size means two writers disagree about one id;
+    something else under its name (a symlink) is refused."""
     try:
-        existing = os.stat(final).st_size
+        st = os.stat(block_id, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    if existing != size:
-        raise PreconditionFailed(f"block {final.name} already exists with {existing} bytes, not {size}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeEntry(refusal(path, kind_of(st.st_mode), "a regular file"))
+    if st.st_size != size:
+        raise PreconditionFailed(f"block {block_id} already exists with {st.st_size} bytes, not {size}")
     return True
 
 
@@ -318,37 +370,30 @@ def _skip(views: list[memoryview], nbytes: int) -> list[memoryview]:
     return rest
 
 
-def _make_shard_dir(shard: Path) -> None:
+def _locate(block_id: str) -> tuple[str, str]:
+    """``(shard, block_id)`` of a block, once its id is valid (BadRequest if not)."""
+    block_id = validate_block_id(block_id)
+    return _shard_of(block_id), block_id
+
+
+def _shard_of(block_id: str) -> str:
+    return xxhash.xxh3_64_hexdigest(block_id.encode())[:2]
+
+
+def _open_block(root: RootDir, shard: str, block_id: str) -> int:
+    """An fd of the block; BlockNotFound if there is none, UnsafeEntry if its shard or its
+    file is a symlink or not what the layout puts there."""
     try:
-        shard.mkdir()
-    except FileExistsError:
-        return
-    except FileNotFoundError:  # first write to a fresh root
-        shard.parent.mkdir(parents=True, exist_ok=True)
-        shard.mkdir(exist_ok=True)
-    _fsync_dir(shard.parent)  # a new shard directory must survive a crash with its block
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _open_block(path: str, block_id: str) -> int:
-    """An fd of the block; BlockNotFound if there is none."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with root.shard(shard) as dir_fd:
+            return open_regular(dir_fd, block_id, root.entry_path(shard, block_id))
     except FileNotFoundError:
         raise BlockNotFound(f"block {block_id} not found") from None
 
 
 @contextmanager
-def _open_span(path: str, block_id: str, offset: int, length: int) -> Iterator[int]:
+def _open_span(root: RootDir, shard: str, block_id: str, offset: int, length: int) -> Iterator[int]:
     """An fd of the block, once ``offset + length`` is known to lie inside it."""
-    fd = _open_block(path, block_id)
+    fd = _open_block(root, shard, block_id)
     try:
         size = os.fstat(fd).st_size
         if offset + length > size:
@@ -358,18 +403,18 @@ def _open_span(path: str, block_id: str, offset: int, length: int) -> Iterator[i
         os.close(fd)
 
 
-def _read_into_sync(path: str, block_id: str, offset: int, out: memoryview) -> None:
-    with _open_span(path, block_id, offset, out.nbytes) as fd:
+def _read_into_sync(root: RootDir, shard: str, block_id: str, offset: int, out: memoryview) -> None:
+    with _open_span(root, shard, block_id, offset, out.nbytes) as fd:
         _preadv_all(fd, block_id, offset, out)
 
 
-def _read_range_sync(path: str, block_id: str, offset: int, length: int) -> bytes:
-    with _open_span(path, block_id, offset, length) as fd:
+def _read_range_sync(root: RootDir, shard: str, block_id: str, offset: int, length: int) -> bytes:
+    with _open_span(root, shard, block_id, offset, length) as fd:
         return _pread_exact(fd, block_id, offset, length)
 
 
-def _read_clipped_sync(path: str, block_id: str, offset: int, length: int) -> tuple[bytes, int]:
-    fd = _open_block(path, block_id)
+def _read_clipped_sync(root: RootDir, shard: str, block_id: str, offset: int, length: int) -> tuple[bytes, int]:
+    fd = _open_block(root, shard, block_id)
     try:
         size = os.fstat(fd).st_size
         inside = min(length, size - offset)
@@ -398,43 +443,77 @@ def _preadv_all(fd: int, block_id: str, offset: int, out: memoryview) -> None:
         done += n
 
 
-def _delete_sync(path: str) -> None:
+def _delete_sync(root: RootDir, shard: str, block_id: str) -> None:
     # No directory fsync: a delete undone by a crash only leaves an orphan for the next GC.
-    with suppress(FileNotFoundError):
-        os.unlink(path)
+    with suppress(FileNotFoundError), root.shard(shard) as dir_fd:
+        os.unlink(block_id, dir_fd=dir_fd)  # unlink never follows: a symlink goes, not its target
 
 
-def _scan_sync(root: Path) -> list[tuple[str, int]]:
-    """(block_id, size) of every block, sorted; temp and foreign files are skipped."""
+def _scan_sync(root: RootDir) -> list[tuple[str, int]]:
+    """(block_id, size) of every block, sorted; temp and foreign files are skipped, and
+    entries that are not what the layout puts there are ignored with a warning."""
     found: list[tuple[str, int]] = []
-    for shard in _subdirs(root):
-        with os.scandir(shard) as entries:
-            for entry in entries:
-                if is_hex32(entry.name):
-                    with suppress(FileNotFoundError):  # deleted while we scan
-                        found.append((entry.name, entry.stat().st_size))
+    for shard, dir_fd in root.each_shard():
+        for entry in root.files(shard, dir_fd):
+            if not entry.name.endswith(TMP_SUFFIX):
+                with suppress(FileNotFoundError):  # deleted while we scan
+                    found.append((entry.name, entry.stat(follow_symlinks=False).st_size))
     found.sort()
     return found
 
 
-def _subdirs(root: Path) -> list[str]:
-    try:
-        with os.scandir(root) as entries:
-            return [e.path for e in entries if _SHARD_NAME.fullmatch(e.name) and e.is_dir()]
-    except FileNotFoundError:  # nothing written yet
-        return []
+# --- opening: the FORMAT marker and the sweep ----------------------------------------------
 
 
-def _sweep_temp_files(root: Path, token: str, opened_at: float) -> None:
-    """Remove temp files of writers that died: not this store's, and older than its
-    opening (a live writer elsewhere keeps touching its file)."""
-    for shard in _subdirs(root):
-        with os.scandir(shard) as entries:
-            for entry in entries:
-                if entry.name.endswith(_TMP_SUFFIX) and f".{token}-" not in entry.name:
-                    with suppress(FileNotFoundError):
-                        if entry.stat().st_mtime < opened_at:
-                            os.unlink(entry.path)
+def _open_store(root: RootDir, token: str) -> None:
+    """Check (or write) the FORMAT marker, then sweep dead writers' temp files."""
+    os.makedirs(root.path, exist_ok=True)
+    version = root.marked_version(_KIND)
+    if version is None:
+        _adopt(root, token)
+    elif version != _FORMAT:
+        raise IncompatibleFormat(
+            f"block store {root.path} is in format {version}, this build of blobsdk reads format {_FORMAT}: "
+            "refusing to open it (its blocks are left as they are)"
+        )
+    _sweep_temp_files(root, token)
+
+
+def _adopt(root: RootDir, token: str) -> None:
+    """Mark an unmarked root as format 1: an empty one at once, one written before markers
+    existed once every block is found under the shard format 1 gives it."""
+    if root.shards():
+        misplaced = _misplaced_block(root)
+        if misplaced is not None:
+            raise IncompatibleFormat(
+                f"block store {root.path} has no {FORMAT_FILE} and {misplaced} is not where format {_FORMAT} puts it: "
+                "refusing to open it (its blocks are left as they are)"
+            )
+        log.info(
+            "block store %s: no %s, every block where format %d puts it: marked as format %d",
+            root.path,
+            FORMAT_FILE,
+            _FORMAT,
+            _FORMAT,
+        )
+    root.mark(marker_text(_KIND, _FORMAT), token)
+
+
+def _misplaced_block(root: RootDir) -> str | None:
+    for shard, dir_fd in root.each_shard():
+        for entry in root.files(shard, dir_fd):
+            if not entry.name.endswith(TMP_SUFFIX) and _shard_of(entry.name) != shard:
+                return root.entry_path(shard, entry.name)
+    return None
+
+
+def _sweep_temp_files(root: RootDir, token: str) -> None:
+    """Remove the temp files of writers that died (their lock is free), never a live
+    writer's: not this store's, nor one another store or process is writing."""
+    for shard, dir_fd in root.each_shard():
+        for entry in root.files(shard, dir_fd):
+            if entry.name.endswith(TMP_SUFFIX) and f".{token}-" not in entry.name:
+                remove_if_dead(dir_fd, entry.name)
 
 
 def _check_span(offset: int, length: int) -> int:

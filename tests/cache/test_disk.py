@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import threading
 import time
@@ -61,7 +62,7 @@ async def test_one_file_per_entry_under_its_shard(tmp_path):
         await fill(cache, 1)
         got = await cache.get(key(1))
     assert type(got) is bytearray  # the caller owns it: the read path may hand it on without a copy
-    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "FORMAT"]
     assert files == [chunk_file(tmp_path, 1)]
     assert files[0].stat().st_size > 100  # the header travels with the payload
 
@@ -195,20 +196,27 @@ async def test_file_deleted_under_the_cache_is_a_plain_miss(tmp_path):
 # --- temp files and foreign files ------------------------------------------------------------
 
 
-async def test_stale_temp_files_are_swept_at_open(tmp_path):
+async def test_dead_writers_temp_files_are_swept_at_open(tmp_path):
+    """Whatever their age: a temp file is a live writer's while its lock is held
+    (tests/cache/test_disk_dirs.py shows it with real processes)."""
     async with open_cache(tmp_path) as cache:
         await fill(cache, 1)
     shard = chunk_file(tmp_path, 1).parent
-    stale = shard / f"{key(1)}.dead0000-0123abcd.tmp"
-    young = shard / f"{key(2)}.live0000-0123abcd.tmp"
+    dead = shard / f"{key(1)}.dead0000-0123abcd.tmp"
+    live = shard / f"{key(2)}.live0000-0123abcd.tmp"
     foreign = shard / "README"
-    for path in (stale, young, foreign):
+    for path in (dead, live, foreign):
         path.write_bytes(b"partial")
-    set_times(stale, atime_ago=3600, mtime_ago=3600)
-    async with open_cache(tmp_path) as cache:
-        assert cache.stats()["entries"] == 1
-    assert not stale.exists()
-    assert young.exists() and foreign.exists()  # a live writer elsewhere; not ours to judge
+    set_times(live, atime_ago=3600, mtime_ago=3600)
+    held = os.open(live, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as its writer holds it
+        async with open_cache(tmp_path) as cache:
+            assert cache.stats()["entries"] == 1
+    finally:
+        os.close(held)
+    assert not dead.exists()
+    assert live.exists() and foreign.exists()  # a live writer's; not ours to judge
 
 
 # --- write failures --------------------------------------------------------------------------
@@ -388,7 +396,7 @@ async def test_hostile_keys_never_touch_the_file_system(tmp_path, bad):
                 await call
         with pytest.raises(BadRequest):
             cache.pin(bad, 10)
-    assert list(tmp_path.rglob("*")) == [root]
+    assert sorted(tmp_path.rglob("*")) == [root, root / "FORMAT"]
 
 
 async def test_use_outside_async_with_is_refused(tmp_path):
@@ -425,4 +433,4 @@ async def test_expected_checksum_mismatch_is_corrupt_and_deleted(tmp_path):
         await fill(cache, 1)
         assert await cache.get(key(1), checksum=12345) is None
         assert cache.stats()["corrupt"] == 1 and not cache.contains(key(1))
-        assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+        assert [p for p in tmp_path.rglob("*") if p.is_file()] == [tmp_path / "FORMAT"]

@@ -15,12 +15,13 @@ import aiohttp
 import msgspec
 import pytest
 
-from blobsdk.errors import BlockNotFound, PayloadTooLarge, Unauthorized
+from blobsdk.errors import BlockNotFound, IncompatibleFormat, PayloadTooLarge, Unauthorized
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.wire import ErrorBody, ListBlocksResponse
+from servers import blockstore as block_server
 from servers.blockstore import PIECE, Spindles
-from tests.helpers import ROOT, server_process
+from tests.helpers import ROOT, running_app, server_process
 
 MiB = 1 << 20
 
@@ -307,3 +308,10 @@ async def test_bandwidth_is_capped(tmp_path: Path, session: aiohttp.ClientSessio
             block_id = new_block_id()
             await store.write_block(block_id, [os.urandom(2 * MiB)])  # ~0.2 s in, too
             assert await timed_read(store, block_id, 2 * MiB) >= 2 * MiB / 10e6 * 0.9
+
+
+async def test_a_store_of_another_format_stops_the_server_at_startup(tmp_path: Path) -> None:
+    (tmp_path / "FORMAT").write_text("blobsdk block-store format 2\n")
+    with pytest.raises(IncompatibleFormat, match=f"block store {tmp_path} is in format 2"):
+        async with running_app(block_server.make_app(tmp_path)):
+            pass
