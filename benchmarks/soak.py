@@ -431,9 +431,10 @@ async def _final_read(client: blobsdk.Client, seed: int, key: KeyModel) -> Verdi
     for attempt in range(FINAL_TRIES):
         try:
             if checkpoint:
-                state = await client.checkpoints(key.path).load()
-                return judge_checkpoint(seed, key, allowed, state)
-            return judge_full(seed, key, allowed, await client.get(key.path))
+                verdict = judge_checkpoint(seed, key, allowed, await client.checkpoints(key.path).load())
+            else:
+                verdict = judge_full(seed, key, allowed, await client.get(key.path))
+            return Verdict("lost", verdict.detail) if verdict.kind == "stale" else verdict
         except BlockNotFound as exc:
             return Verdict("lost", f"{key.path}: {type(exc).__name__}: {exc}, allowed {allowed}")
         except BlobNotFound:

@@ -1,0 +1,105 @@
+"""The chaos soak (``python -m benchmarks soak``, issue 20): its model judges reads as it
+should, its final check finds a lost or damaged write, and a 60-second soak against a local
+cluster under chaos loses nothing and returns no wrong byte.
+
+The soak itself is marked ``soak`` (``pytest -m soak`` runs only it, ``-m 'not soak'`` all
+but it).  It asserts correctness only: 0 wrong bytes and 0 lost acknowledged writes, never
+ops/s or the put success rate, which depend on the machine and on write availability.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import blobsdk
+from benchmarks import soak
+from benchmarks._soak_model import KeyModel, judge_full, judge_range, value
+from benchmarks._soak_worker import ckpt_state, judge_checkpoint
+
+SEED = 7
+PATH = "/soak/w0/t0/k00"
+
+
+def history(*writes: tuple[int, int | None, str]) -> KeyModel:
+    key = KeyModel(PATH)
+    for seq, size, status in writes:
+        key.begin(seq, size).status = status
+    return key
+
+
+def test_allowed_is_the_last_acked_write_and_every_later_one():
+    key = history((1, 100, "acked"), (2, 200, "failed"), (3, None, "acked"), (4, 400, "failed"), (5, 500, "failed"))
+    assert key.allowed() == [None, (4, 400), (5, 500)]
+    assert history().allowed() == [None]
+    assert history((1, 100, "failed")).allowed() == [None, (1, 100)]
+
+
+def test_a_read_of_a_failed_write_makes_it_the_floor():
+    key = history((1, 100, "acked"), (2, 200, "failed"), (3, 300, "failed"))
+    key.observed((2, 200))
+    assert key.allowed() == [(2, 200), (3, 300)]
+
+
+def test_judge_full_tells_ok_stale_and_wrong():
+    key = history((1, 100, "acked"), (2, 200, "acked"))
+    allowed = key.allowed()
+    assert judge_full(SEED, key, allowed, bytearray(value(SEED, PATH, 2, 200))).kind == "ok"
+    stale = judge_full(SEED, key, allowed, bytearray(value(SEED, PATH, 1, 100)))
+    assert (stale.kind, stale.detail) == ("stale", f"{PATH}: seq 1 read, allowed [(2, 200)]")
+    assert judge_full(SEED, key, allowed, None).kind == "stale"
+    flipped = bytearray(value(SEED, PATH, 2, 200))
+    flipped[150] ^= 1
+    wrong = judge_full(SEED, key, allowed, flipped)
+    assert (wrong.kind, wrong.detail) == ("wrong", f"{PATH}: bytes of seq 2 differ from those written")
+    assert judge_full(SEED, key, allowed, bytearray(value(SEED, "/soak/other", 2, 200))).kind == "wrong"
+    assert judge_full(SEED, key, allowed, bytearray(value(SEED, PATH, 2, 200))[:199]).kind == "wrong"
+    assert judge_full(SEED, key, allowed, bytearray(value(SEED + 1, PATH, 2, 200))).kind == "wrong"
+
+
+def test_judge_range_tells_ok_stale_and_wrong():
+    key = history((1, 5000, "acked"), (2, 6000, "acked"))
+    allowed = key.allowed()
+    assert judge_range(SEED, key, allowed, 1000, 300, value(SEED, PATH, 2, 6000)[1000:1300]).kind == "ok"
+    assert judge_range(SEED, key, allowed, 5900, 300, value(SEED, PATH, 2, 6000)[5900:]).kind == "ok"  # clamped
+    assert judge_range(SEED, key, allowed, 1000, 300, value(SEED, PATH, 1, 5000)[1000:1300]).kind == "stale"
+    assert judge_range(SEED, key, allowed, 1000, 300, bytes(300)).kind == "wrong"
+
+
+def test_judge_checkpoint_checks_the_arrays_and_the_step():
+    prefix = "/soak/ckpt/w0t0"
+    model = KeyModel(prefix)
+    model.begin(3, 1).status = "acked"
+    model.begin(5, 1).status = "acked"
+    allowed = model.allowed()
+    assert judge_checkpoint(SEED, model, allowed, ckpt_state(SEED, prefix, 5)).kind == "ok"
+    assert judge_checkpoint(SEED, model, allowed, ckpt_state(SEED, prefix, 3)).kind == "stale"
+    state = ckpt_state(SEED, prefix, 5)
+    state["w"][7] += 1
+    assert judge_checkpoint(SEED, model, allowed, state).kind == "wrong"
+    assert judge_checkpoint(SEED, model, allowed, ckpt_state(SEED, prefix, 4)).kind == "wrong"  # never saved
+
+
+async def test_the_final_check_finds_lost_and_wrong_writes(tmp_path):
+    async with blobsdk.Client.local(tmp_path / "store") as client:
+        await client.put(PATH, value(SEED, PATH, 1, 1000))
+        kept = history((1, 1000, "acked"))
+        lost = history((1, 1000, "acked"), (2, 2000, "acked"))  # the store never got seq 2
+        deleted = history((1, 1000, "acked"), (2, None, "acked"))  # the store still has seq 1
+        assert (await soak._final_read(client, SEED, kept)).kind == "ok"
+        assert (await soak._final_read(client, SEED, lost)).kind == "lost"
+        assert (await soak._final_read(client, SEED, deleted)).kind == "lost"
+        await client.put(PATH, b"x" * 1000)
+        assert (await soak._final_read(client, SEED, kept)).kind == "wrong"
+
+
+@pytest.mark.soak
+async def test_a_minute_of_chaos_loses_no_acked_write_and_returns_no_wrong_byte():
+    """4 client processes, 60 s of SIGKILL, SIGSTOP, disk full and clock steps of ±5 s against a
+    local cluster with a tracker.  Asserts correctness only (see the module docstring)."""
+    report = await soak.run(duration=60, clients=4, seed=20)
+    m, details = report.metrics, report.details
+    assert m["ops"] > 0 and m["keys_checked_at_end"] > 0, details
+    assert m["chaos_kill"] + m["chaos_stop"] + m["chaos_disk_full"] > 0, details["chaos"]
+    assert (m["wrong_bytes"], details["wrong"]) == (0, [])
+    assert (m["lost_acked_writes"], details["lost"]) == (0, [])
+    assert not report.failed
