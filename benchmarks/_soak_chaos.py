@@ -87,7 +87,8 @@ class Chaos:
         try:
             await asyncio.gather(self._faults(deadline), self._clocks(deadline))
         finally:
-            await self.heal()
+            self._release()  # even when cancelled (Ctrl-C): no server is left stopped
+        await self.heal()
 
     async def _faults(self, deadline: float) -> None:
         rng = random.Random(f"{self.seed}:faults")
@@ -156,16 +157,20 @@ class Chaos:
                 self.counts["clock_step"] += 1
                 self.events.append(Event(self._now(), "clock_step", path.stem, float(offset)))
 
-    async def heal(self) -> None:
-        """SIGCONT what is stopped, free what is full, clocks to 0, and every server up."""
+    def _release(self) -> None:
+        """SIGCONT what is stopped, clocks to 0."""
         for pid in list(self._stopped):
             self._signal(pid, signal.SIGCONT)
         self._stopped.clear()
+        for path in self.clock_files:
+            set_clock(path, 0)
+
+    async def heal(self) -> None:
+        """Everything released, every disk freed, every server up."""
+        self._release()
         for target in self.targets:
             if target.name in self._full:
                 await self._free(target)
-        for path in self.clock_files:
-            set_clock(path, 0)
         for target in self.targets:
             if not await _wait_up(target, UP_TIMEOUT_S):
                 self.log(f"{target.name} is not up after the chaos ({UP_TIMEOUT_S:g}s)")

@@ -289,24 +289,31 @@ async def main(spec: Spec) -> None:
     go = asyncio.Event()
     loop = asyncio.get_running_loop()
     threading.Thread(target=_lifeline, args=(lambda: loop.call_soon_threadsafe(go.set),), name="lifeline", daemon=True).start()
-    async with blobsdk.Client(config) as client:
-        gc_lock = asyncio.Lock()
-        tasks = [Task(client, spec, n, tally, gc_lock) for n in range(spec.tasks)]
-        print("ready", flush=True)
-        await go.wait()
-        deadline = time.monotonic() + spec.duration_s
-        await asyncio.gather(*(t.run(deadline) for t in tasks))
-        out = {
-            "index": spec.index,
-            "ops": tally.ops,
-            "ok": tally.ok,
-            "errors": tally.errors,
-            "samples": tally.samples,
-            "violations": tally.violations,
-            "longest_s": tally.longest_s,
-            "longest_op": tally.longest_op,
-            "keys": [k.to_json() for t in tasks for k in (*t.keys, t.ckpt)],
-        }
+    out: dict[str, Any] | None = None
+    try:
+        async with blobsdk.Client(config) as client:
+            gc_lock = asyncio.Lock()
+            tasks = [Task(client, spec, n, tally, gc_lock) for n in range(spec.tasks)]
+            print("ready", flush=True)
+            await go.wait()
+            deadline = time.monotonic() + spec.duration_s
+            await asyncio.gather(*(t.run(deadline) for t in tasks))
+            out = {
+                "index": spec.index,
+                "ops": tally.ops,
+                "ok": tally.ok,
+                "errors": tally.errors,
+                "samples": tally.samples,
+                "violations": tally.violations,
+                "longest_s": tally.longest_s,
+                "longest_op": tally.longest_op,
+                "keys": [k.to_json() for t in tasks for k in (*t.keys, t.ckpt)],
+            }
+    except Exception as exc:  # a failed close is a finding to report, not a reason to lose the model
+        if out is None:
+            raise
+        out["errors"][f"close:{type(exc).__name__}"] += 1
+        out["samples"].setdefault(f"close:{type(exc).__name__}", f"{exc}"[:300])
     _write_atomic(Path(spec.out), json.dumps(out))
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import glob
 import json
 import os
@@ -138,6 +139,9 @@ class Soak:
             self.log("chaos over, every server up; the final check reads every acknowledged write with a fresh client")
             final = await final_check(config, self.seed, results, shared)
         summarize(self.report, results, final, chaos, elapsed, self._mode())
+        for kind in ("wrong", "lost", "stale"):
+            for line in self.report.details[kind][:10]:
+                self.log(f"{kind}: {line}")
         return self.report
 
     def _mode(self) -> dict[str, object]:
@@ -498,5 +502,5 @@ def summarize(
         "stale": stale[:50],
         "lost": final.lost[:50],
         "longest_op": longest_op,
-        "chaos": [msgspec.structs.asdict(e) if hasattr(e, "__struct_fields__") else vars(e) for e in chaos.events],
+        "chaos": [dataclasses.asdict(e) for e in chaos.events],
     }
