@@ -72,7 +72,7 @@ GC_GRACE_S = 30.0
 MAX_WRITE_S = 20.0
 OP_TIMEOUT_S = 60.0  # the soak's own bound on one op (the client's timeouts come first)
 START_TIMEOUT_S = 120.0  # a client process must be ready in this
-FINAL_TRIES = 8  # reads of the final check, 1 s apart, before an unreadable write counts as lost
+FINAL_PATIENCE_S = 60.0  # the final check retries Unavailable this long before an unreadable write counts as lost
 FAKETIME_LIBS = "/usr/lib/*/faketime/libfaketimeMT.so.1"
 WRITE = WriteConfig(chunk_size=256 << 10, block_size=4 << 20, max_write_seconds=MAX_WRITE_S)
 TIMEOUTS = Timeouts(connect=2.0, sock_read=10.0, total=30.0)
@@ -157,7 +157,7 @@ class Soak:
         }
 
     def _cluster_options(self, redis: RedisServer | None, s3: S3Server | None) -> dict[str, Any]:
-        common = {"l3_nodes": 2, "trackers": 1, "admin_token": self.admin, "l3_capacity_mb": 256}
+        common = {"l3_nodes": 2, "trackers": 1, "admin_token": self.admin, "l3_capacity_mb": 256, "startup_timeout": 120.0}
         if redis is None or s3 is None:
             return {**common, "block_servers": 3}
         s3.make_bucket("soak")
@@ -414,11 +414,12 @@ async def final_check(
         key.begin(seq, size).status = "acked"
         keys.append(key)
     slots = asyncio.Semaphore(8)
+    deadline = time.monotonic() + FINAL_PATIENCE_S  # for all the reads together
     async with blobsdk.Client(msgspec.structs.replace(config, l2=None, tracker_urls=())) as client:
 
         async def check(key: KeyModel) -> None:
             async with slots:
-                verdict = await _final_read(client, seed, key)
+                verdict = await _final_read(client, seed, key, deadline)
             final.checked += 1
             if verdict.kind == "wrong":
                 final.wrong.append(verdict.detail)
@@ -429,12 +430,14 @@ async def final_check(
     return final
 
 
-async def _final_read(client: blobsdk.Client, seed: int, key: KeyModel) -> Verdict:
+async def _final_read(client: blobsdk.Client, seed: int, key: KeyModel, deadline: float | None = None) -> Verdict:
+    """Read ``key`` as the final check does; Unavailable is retried until ``deadline``
+    (default: FINAL_PATIENCE_S from now)."""
     allowed = key.allowed()
-    checkpoint = key.path.startswith("/soak/ckpt/")
-    for attempt in range(FINAL_TRIES):
+    deadline = time.monotonic() + FINAL_PATIENCE_S if deadline is None else deadline
+    while True:
         try:
-            if checkpoint:
+            if key.path.startswith("/soak/ckpt/"):
                 verdict = judge_checkpoint(seed, key, allowed, await client.checkpoints(key.path).load())
             else:
                 verdict = judge_full(seed, key, allowed, await client.get(key.path))
@@ -444,12 +447,11 @@ async def _final_read(client: blobsdk.Client, seed: int, key: KeyModel) -> Verdi
         except BlobNotFound:
             return Verdict("ok") if None in allowed else Verdict("lost", f"{key.path}: not found, allowed {allowed}")
         except Unavailable as exc:
-            if attempt == FINAL_TRIES - 1:
-                return Verdict("lost", f"{key.path}: unreadable after {FINAL_TRIES} tries: {type(exc).__name__}: {exc}")
+            if time.monotonic() > deadline:
+                return Verdict("lost", f"{key.path}: unreadable after every server was up again: {type(exc).__name__}: {exc}")
             await asyncio.sleep(1.0)
         except BlobError as exc:
             return Verdict("lost", f"{key.path}: {type(exc).__name__}: {exc}, allowed {allowed}")
-    raise AssertionError("unreachable")
 
 
 # --- the report -----------------------------------------------------------------------------

@@ -9,10 +9,15 @@ ops/s or the put success rate, which depend on the machine and on write availabi
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
 
 import blobsdk
-from benchmarks import soak
+from benchmarks import _soak_chaos, soak
+from benchmarks._soak_chaos import Chaos, Target
 from benchmarks._soak_model import KeyModel, judge_full, judge_range, value
 from benchmarks._soak_worker import ckpt_state, judge_checkpoint
 
@@ -90,6 +95,38 @@ async def test_the_final_check_finds_lost_and_wrong_writes(tmp_path):
         assert (await soak._final_read(client, SEED, deleted)).kind == "lost"
         await client.put(PATH, b"x" * 1000)
         assert (await soak._final_read(client, SEED, kept)).kind == "wrong"
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {condition}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_cancelled_chaos_leaves_no_server_stopped_and_every_clock_at_zero(tmp_path, monkeypatch):
+    """Ctrl-C mid-chaos: the stopped server gets SIGCONT and the stepped clocks go back to 0."""
+    monkeypatch.setattr(_soak_chaos, "GAP_S", (0.0, 0.0))
+    monkeypatch.setattr(_soak_chaos, "HOLD_STOP_S", (3600.0, 3600.0))
+    clock = tmp_path / "clock-1"
+    server = await asyncio.create_subprocess_exec("sleep", "120")
+    try:
+        target = Target("sleeper", pid=lambda: server.pid, healthy=lambda: True)
+        chaos = Chaos([target], [clock], skew_s=1000, seed=1, log=lambda message: None)
+        run = asyncio.create_task(chaos.run(3600))
+        await _until(lambda: _state(server.pid) == "T" and clock.exists() and clock.read_text() != "+0s\n")
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert _state(server.pid) != "T"
+        assert clock.read_text() == "+0s\n"
+    finally:
+        server.kill()
+        await server.wait()
 
 
 @pytest.mark.soak
