@@ -51,7 +51,7 @@ OPS = {  # op -> weight
     "shared": 10,
     "gc": 1,
 }
-PUTS = ("put", "put_many", "ckpt_save")  # what the put success rate counts
+READS = ("get", "range", "ckpt_load", "shared")  # a BlockNotFound of one is a lost write
 
 
 @dataclass
@@ -92,8 +92,9 @@ class Tally:
     ops: Counter[str] = field(default_factory=Counter)
     ok: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    errors_by_op: Counter[str] = field(default_factory=Counter)
     samples: dict[str, str] = field(default_factory=dict)  # error class -> one message
-    violations: dict[str, list[str]] = field(default_factory=lambda: {"wrong": [], "stale": []})
+    violations: dict[str, list[str]] = field(default_factory=lambda: {"wrong": [], "stale": [], "lost": []})
     longest_s: float = 0.0
     longest_op: str = ""
 
@@ -135,19 +136,24 @@ class Task:
             async with asyncio.timeout(self.spec.op_timeout_s):
                 await getattr(self, f"op_{op}")()
             self.tally.ok[op] += 1
+        except BlockNotFound as exc:
+            self._error(op, type(exc).__name__, exc)
+            if op in READS:  # the live version of a key only this task writes: committed, so its blocks must be there
+                self.tally.violations["lost"].append(f"{time.strftime('%H:%M:%S')} {op}: {exc}")
         except BlobError as exc:
-            self._error(type(exc).__name__, exc)
+            self._error(op, type(exc).__name__, exc)
         except TimeoutError as exc:  # the soak's own bound on one op
-            self._error("SoakOpTimeout", exc)
+            self._error(op, "SoakOpTimeout", exc)
         except Exception as exc:  # noqa: BLE001 - a foreign exception is a finding: counted, named, and the soak goes on
-            self._error(f"foreign:{type(exc).__name__}", exc)
+            self._error(op, f"foreign:{type(exc).__name__}", exc)
         seconds = time.monotonic() - began
         if seconds > self.tally.longest_s:
             self.tally.longest_s, self.tally.longest_op = seconds, op
 
-    def _error(self, name: str, exc: BaseException) -> None:
+    def _error(self, op: str, name: str, exc: BaseException) -> None:
         self.tally.errors[name] += 1
-        self.tally.samples.setdefault(name, f"{exc}"[:300])
+        self.tally.errors_by_op[f"{op}:{name}"] += 1
+        self.tally.samples.setdefault(name, f"{op}: {exc}"[:300])
 
     # --- writes: begin in the model, acked or failed by the outcome -----------------------
 
@@ -303,6 +309,7 @@ async def main(spec: Spec) -> None:
                 "ops": tally.ops,
                 "ok": tally.ok,
                 "errors": tally.errors,
+                "errors_by_op": tally.errors_by_op,
                 "samples": tally.samples,
                 "violations": tally.violations,
                 "longest_s": tally.longest_s,

@@ -460,18 +460,20 @@ async def _final_read(client: blobsdk.Client, seed: int, key: KeyModel, deadline
 def summarize(
     report: Report, results: list[dict[str, Any]], final: Final, chaos: Chaos, seconds: float, mode: dict[str, object]
 ) -> None:
-    ops, ok, errors = Counter[str](), Counter[str](), Counter[str]()
+    ops, ok, errors, by_op = Counter[str](), Counter[str](), Counter[str](), Counter[str]()
     samples: dict[str, str] = {}
-    wrong, stale = [], []
+    wrong, stale, lost = [], [], []
     longest, longest_op = 0.0, ""
     for r in results:
         ops.update(r["ops"])
         ok.update(r["ok"])
         errors.update(r["errors"])
+        by_op.update(r["errors_by_op"])
         for name, text in r["samples"].items():
             samples.setdefault(name, text)
         wrong += r["violations"]["wrong"]
         stale += r["violations"]["stale"]
+        lost += r["violations"]["lost"]
         if r["longest_s"] > longest:
             longest, longest_op = r["longest_s"], r["longest_op"]
     m = report.metrics
@@ -479,7 +481,7 @@ def summarize(
     m["ops"] = sum(ops.values())
     m["ops_per_s"] = m["ops"] / seconds
     m["wrong_bytes"] = len(wrong) + len(final.wrong)
-    m["lost_acked_writes"] = len(final.lost)
+    m["lost_acked_writes"] = len(final.lost) + len(lost)  # at the end, or a read of one that found its blocks gone
     m["stale_reads"] = len(stale)
     m["keys_checked_at_end"] = final.checked
     m["longest_stall_s"] = longest
@@ -499,10 +501,11 @@ def summarize(
         "ops": dict(ops),
         "ok": dict(ok),
         "errors": dict(errors),
+        "errors_by_op": dict(by_op),
         "error_samples": samples,
         "wrong": (wrong + final.wrong)[:50],
         "stale": stale[:50],
-        "lost": final.lost[:50],
+        "lost": (lost + final.lost)[:50],
         "longest_op": longest_op,
         "chaos": [dataclasses.asdict(e) for e in chaos.events],
     }
