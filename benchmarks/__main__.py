@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
     soak.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the ops and the chaos (default 0)")
     soak.add_argument("--redis-s3", action="store_true", help="metadata in Redis, L4 in S3 (moto)")
-    soak.add_argument("--clock-skew", type=int, default=5, metavar="S", help="largest clock step of a client, s (default 5)")
+    soak.add_argument("--clock-skew", type=int, default=4, metavar="S", help="largest clock step of a client, s (default 4)")
     args = parser.parse_args(argv)
     if args.name != "soak" and any(
         getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew")

@@ -139,7 +139,8 @@ class Task:
         except BlockNotFound as exc:
             self._error(op, type(exc).__name__, exc)
             if op in READS:  # the live version of a key only this task writes: committed, so its blocks must be there
-                self.tally.violations["lost"].append(f"{time.strftime('%H:%M:%S')} {op}: {exc}")
+                where = self.ckpt_prefix if op == "ckpt_load" else "its key"
+                self.tally.violations["lost"].append(f"{time.strftime('%H:%M:%S')} (its clock) {op} of {where}: {exc}")
         except BlobError as exc:
             self._error(op, type(exc).__name__, exc)
         except TimeoutError as exc:  # the soak's own bound on one op

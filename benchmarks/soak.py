@@ -19,9 +19,17 @@ a later one whose outcome is unknown (it failed, it may have landed); an older o
 
 Meanwhile the chaos driver (benchmarks/_soak_chaos.py) SIGKILLs (and restarts), SIGSTOPs (and
 continues) and fills the disk of one server at a time, every 2–5 s, and steps the wall clock
-of every other client process (run under libfaketime) by up to ``--clock-skew`` seconds
-(default 5: within what gc's rule tolerates, ``grace - max_write_seconds`` = 10 s; more probes
-issue 20 item 2).  Moto is never killed (it keeps objects in memory only), only stopped.
+of every other client process by up to ``--clock-skew`` seconds (default 4: two clients then
+disagree by at most 8 s, inside the 10 s that gc's rule tolerates, ``grace -
+max_write_seconds``; more, e.g. 3600, probes issue 20 item 2).  Moto is never killed (it keeps
+objects in memory only), only stopped.
+
+Clock steps use libfaketime (``LD_PRELOAD``, ``FAKETIME_TIMESTAMP_FILE`` rewritten by the
+driver), not a patched ``time.time``: every wall-clock read of the process steps, in C
+extensions and obstore's Rust too, as under a real NTP step.  The monotonic clock is left
+alone (``FAKETIME_DONT_FAKE_MONOTONIC``), as a real step leaves it: asyncio's timers keep
+their meaning.  (With it, libfaketime breaks ``time.sleep``, EINVAL, which the client
+processes never call.)  Without libfaketime the soak runs without clock steps and says so.
 
 When the time is up the chaos stops, every server is made to answer again, the clients
 finish, and a fresh client reads every key, checkpoint and shared blob: an acknowledged write
@@ -95,7 +103,7 @@ async def run(
     clients: int = 4,
     seed: int = 0,
     redis_s3: bool = False,
-    clock_skew: int = 5,
+    clock_skew: int = 4,
     log: Callable[[str], None] | None = None,
 ) -> Report:
     seconds = duration if duration is not None else (30.0 if quick else 300.0)
@@ -471,9 +479,9 @@ def summarize(
         by_op.update(r["errors_by_op"])
         for name, text in r["samples"].items():
             samples.setdefault(name, text)
-        wrong += r["violations"]["wrong"]
-        stale += r["violations"]["stale"]
-        lost += r["violations"]["lost"]
+        wrong += [f"client {r['index']}: {line}" for line in r["violations"]["wrong"]]
+        stale += [f"client {r['index']}: {line}" for line in r["violations"]["stale"]]
+        lost += [f"client {r['index']}: {line}" for line in r["violations"]["lost"]]
         if r["longest_s"] > longest:
             longest, longest_op = r["longest_s"], r["longest_op"]
     m = report.metrics
