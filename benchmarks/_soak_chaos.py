@@ -18,7 +18,9 @@ Independently, every 2–5 s each clock file (one per client run under libfaketi
 new offset in ``[-skew, +skew]`` seconds: that client's wall clock steps, as an NTP step
 would, while its monotonic clock runs on.
 
-:meth:`Chaos.heal` undoes everything (SIGCONT, disks freed, clocks back to 0, every server up).
+:meth:`Chaos.heal` undoes everything (SIGCONT, disks freed, clocks back to 0, every server up);
+a cancelled run (Ctrl-C) still sends SIGCONT and sets every clock back to 0.
+:func:`cluster_targets` and :func:`third_party_targets` make the targets of a soak's servers.
 """
 
 from __future__ import annotations
@@ -29,13 +31,19 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from servers.cluster import Cluster, ServerProcess, Supervisor
+from servers.redisd import RedisServer
+from servers.s3d import S3Server
 
 HOLD_STOP_S = (1.0, 4.0)
 HOLD_DISK_FULL_S = (2.0, 6.0)
@@ -258,3 +266,111 @@ def child_pid(pid: int | None) -> int | None:
     except OSError:
         return None
     return int(children[0]) if children else None
+
+
+# --- the servers of a soak, as targets ------------------------------------------------------
+
+
+class SupervisorThread:
+    """servers.cluster's Supervisor, polled on a thread: a killed server is started again on its port."""
+
+    def __init__(self, cluster: Cluster, log: Callable[[str], None]) -> None:
+        self._supervisor = Supervisor(cluster.processes, cluster.restart, lambda m: log(f"cluster: {m}"))
+        self._stop = threading.Event()
+        self.lock = threading.Lock()  # held while polling: a kill waits, so no death goes unseen mid-poll
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        thread = threading.Thread(target=self._loop, name="soak-supervisor", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            with self.lock:
+                self._supervisor.poll(time.monotonic())
+
+
+def cluster_targets(cluster: Cluster, admin: str, supervisor: SupervisorThread) -> list[Target]:
+    targets = []
+    for proc in cluster.processes:
+        if proc.kind == "api" and cluster.options.metadata is not None:
+            continue  # with --redis-s3 no client uses it
+        fill = free = None
+        if proc.kind == "block":
+            fill = _bound(admin_faults, proc, admin, BLOCK_PUTS_FULL)
+            free = _bound(admin_faults, proc, admin, None)
+        targets.append(
+            Target(
+                name=proc.name,
+                pid=_bound_pid(proc),
+                healthy=_bound_healthy(proc),
+                kill=_bound_kill(proc, supervisor),
+                fill=fill,
+                free=free,
+            )
+        )
+    return targets
+
+
+def _bound(fn: Callable[[str, str, Any], None], proc: ServerProcess, admin: str, config: Any) -> Callable[[], None]:
+    return lambda: fn(proc.url, admin, config)
+
+
+def _bound_pid(proc: ServerProcess) -> Callable[[], int | None]:
+    return lambda: proc.pid if proc.popen.poll() is None else None
+
+
+def _bound_healthy(proc: ServerProcess) -> Callable[[], bool]:
+    return lambda: proc.popen.poll() is None and http_healthy(proc.url)
+
+
+def _bound_kill(proc: ServerProcess, supervisor: SupervisorThread) -> Callable[[], None]:
+    def kill() -> None:
+        with supervisor.lock:
+            proc.popen.kill()  # SIGKILL; the supervisor starts it again on its port
+            proc.popen.wait()
+
+    return kill
+
+
+def third_party_targets(redis: RedisServer | None, s3: S3Server | None) -> list[Target]:
+    targets = []
+    if redis is not None:
+        port = redis.port
+
+        def kill_redis() -> None:
+            redis.stop()  # SIGKILL (its lifeline wrapper kills it)
+            time.sleep(0.5)
+            redis.start()  # same port, same directory: the AOF brings every write back
+
+        targets.append(
+            Target(
+                name="redis",
+                pid=lambda: child_pid(None if redis.process is None else redis.process.pid),
+                healthy=lambda: _answers(redis),
+                kill=kill_redis,
+                fill=lambda: _redis_maxmemory(port, 1),
+                free=lambda: _redis_maxmemory(port, 0),
+            )
+        )
+    if s3 is not None:
+        targets.append(
+            Target(name="s3", pid=lambda: child_pid(None if s3.process is None else s3.process.pid), healthy=lambda: _answers(s3))
+        )
+    return targets
+
+
+def _answers(service: RedisServer | S3Server) -> bool:
+    try:
+        return service.answers(service.port)
+    except OSError:
+        return False
+
+
+def _redis_maxmemory(port: int, limit: int) -> None:
+    redis_command(port, "CONFIG", "SET", "maxmemory", str(limit))

@@ -51,11 +51,10 @@ import os
 import secrets
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import AsyncExitStack, ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +63,12 @@ import msgspec
 import blobsdk
 from blobsdk.config import ClientConfig, L2Config, S3Config, Timeouts, WriteConfig
 from blobsdk.errors import BlobError, BlobNotFound, BlockNotFound, Unavailable
-from servers.cluster import Cluster, ServerProcess, Supervisor, start_cluster
+from servers.cluster import Cluster, start_cluster
 from servers.redisd import RedisServer, start_redis
 from servers.s3d import S3Server, start_s3
 
 from ._report import Report
-from ._soak_chaos import BLOCK_PUTS_FULL, Chaos, Target, admin_faults, child_pid, http_healthy, redis_command, set_clock
+from ._soak_chaos import Chaos, SupervisorThread, cluster_targets, set_clock, third_party_targets
 from ._soak_model import KeyModel, Verdict, judge_full, value
 from ._soak_worker import judge_checkpoint
 
@@ -107,7 +106,8 @@ async def run(
     log: Callable[[str], None] | None = None,
 ) -> Report:
     seconds = duration if duration is not None else (30.0 if quick else 300.0)
-    say = log or (lambda message: print(f"soak: {message}", file=sys.stderr, flush=True))
+    began = time.monotonic()
+    say = log or (lambda message: print(f"soak: {time.monotonic() - began:6.1f}s {message}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         soak = Soak(Path(tmp), seconds=seconds, clients=clients, seed=seed, redis_s3=redis_s3, skew=clock_skew, log=say)
         return await soak.run()
@@ -132,7 +132,7 @@ class Soak:
             config = self._client_config(cluster, redis)
             self.log(f"cluster up ({', '.join(p.name for p in cluster.processes)}); writing the shared dataset")
             shared = await write_shared(config, self.seed)
-            supervisor = _SupervisorThread(cluster, self.log)
+            supervisor = SupervisorThread(cluster, self.log)
             stack.enter_context(supervisor.running())
             targets = cluster_targets(cluster, self.admin, supervisor) + third_party_targets(redis, s3)
             clients = Clients(self, config, shared)
@@ -146,6 +146,7 @@ class Soak:
             elapsed = time.monotonic() - began
             self.log("chaos over, every server up; the final check reads every acknowledged write with a fresh client")
             final = await final_check(config, self.seed, results, shared)
+            self.log(f"final check done: {final.checked} keys; stopping the servers")
         summarize(self.report, results, final, chaos, elapsed, self._mode())
         for kind in ("wrong", "lost", "stale"):
             for line in self.report.details[kind][:10]:
@@ -181,114 +182,6 @@ class Soak:
         if redis is not None:  # the clients talk to Redis themselves, not through the API server
             config = msgspec.structs.replace(config, api_url=None, metadata_url=redis.url)
         return config
-
-
-# --- the servers the chaos hits -------------------------------------------------------------
-
-
-class _SupervisorThread:
-    """servers.cluster's Supervisor, polled on a thread: a killed server is started again on its port."""
-
-    def __init__(self, cluster: Cluster, log: Callable[[str], None]) -> None:
-        self._supervisor = Supervisor(cluster.processes, cluster.restart, lambda m: log(f"cluster: {m}"))
-        self._stop = threading.Event()
-        self.lock = threading.Lock()  # held while polling: a kill waits, so no death goes unseen mid-poll
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        thread = threading.Thread(target=self._loop, name="soak-supervisor", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            self._stop.set()
-            thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            with self.lock:
-                self._supervisor.poll(time.monotonic())
-
-
-def cluster_targets(cluster: Cluster, admin: str, supervisor: _SupervisorThread) -> list[Target]:
-    targets = []
-    for proc in cluster.processes:
-        if proc.kind == "api" and cluster.options.metadata is not None:
-            continue  # with --redis-s3 no client uses it
-        fill = free = None
-        if proc.kind == "block":
-            fill = _bound(admin_faults, proc, admin, BLOCK_PUTS_FULL)
-            free = _bound(admin_faults, proc, admin, None)
-        targets.append(
-            Target(
-                name=proc.name,
-                pid=_bound_pid(proc),
-                healthy=_bound_healthy(proc),
-                kill=_bound_kill(proc, supervisor),
-                fill=fill,
-                free=free,
-            )
-        )
-    return targets
-
-
-def _bound(fn: Callable[[str, str, Any], None], proc: ServerProcess, admin: str, config: Any) -> Callable[[], None]:
-    return lambda: fn(proc.url, admin, config)
-
-
-def _bound_pid(proc: ServerProcess) -> Callable[[], int | None]:
-    return lambda: proc.pid if proc.popen.poll() is None else None
-
-
-def _bound_healthy(proc: ServerProcess) -> Callable[[], bool]:
-    return lambda: proc.popen.poll() is None and http_healthy(proc.url)
-
-
-def _bound_kill(proc: ServerProcess, supervisor: _SupervisorThread) -> Callable[[], None]:
-    def kill() -> None:
-        with supervisor.lock:
-            proc.popen.kill()  # SIGKILL; the supervisor starts it again on its port
-            proc.popen.wait()
-
-    return kill
-
-
-def third_party_targets(redis: RedisServer | None, s3: S3Server | None) -> list[Target]:
-    targets = []
-    if redis is not None:
-        port = redis.port
-
-        def kill_redis() -> None:
-            redis.stop()  # SIGKILL (its lifeline wrapper kills it)
-            time.sleep(0.5)
-            redis.start()  # same port, same directory: the AOF brings every write back
-
-        targets.append(
-            Target(
-                name="redis",
-                pid=lambda: child_pid(None if redis.process is None else redis.process.pid),
-                healthy=lambda: _answers(redis),
-                kill=kill_redis,
-                fill=lambda: _redis_maxmemory(port, 1),
-                free=lambda: _redis_maxmemory(port, 0),
-            )
-        )
-    if s3 is not None:
-        targets.append(
-            Target(name="s3", pid=lambda: child_pid(None if s3.process is None else s3.process.pid), healthy=lambda: _answers(s3))
-        )
-    return targets
-
-
-def _answers(service: RedisServer | S3Server) -> bool:
-    try:
-        return service.answers(service.port)
-    except OSError:
-        return False
-
-
-def _redis_maxmemory(port: int, limit: int) -> None:
-    redis_command(port, "CONFIG", "SET", "maxmemory", str(limit))
 
 
 def _faketime_lib() -> str | None:
