@@ -23,6 +23,7 @@ BENCHMARKS = {
     "checkpoint": "benchmarks.checkpoint",
     "metadata": "benchmarks.metadata",
     "write_availability": "benchmarks.write_availability",
+    "soak": "benchmarks.soak",
 }
 
 
@@ -31,13 +32,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    soak = parser.add_argument_group("soak only")
+    soak.add_argument("--duration", type=float, metavar="S", help="seconds of chaos (default 300; --quick: 30)")
+    soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
+    soak.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the ops and the chaos (default 0)")
+    soak.add_argument("--redis-s3", action="store_true", help="metadata in Redis, L4 in S3 (moto)")
+    soak.add_argument("--clock-skew", type=int, default=4, metavar="S", help="largest clock step of a client, s (default 4)")
     args = parser.parse_args(argv)
+    if args.name != "soak" and any(
+        getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew")
+    ):
+        parser.error("--duration, --clients, --seed, --redis-s3 and --clock-skew are for the soak")
+    if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
+        parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
     module = importlib.import_module(BENCHMARKS[args.name])
-    report = asyncio.run(module.run(quick=args.quick))
+    extra = module.options(args) if hasattr(module, "options") else {}
+    report = asyncio.run(module.run(quick=args.quick, **extra))
     report.print_table(sys.stdout)
     if args.json:
         report.write_json(args.json)
-    return 0
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import msgspec
 
@@ -18,6 +18,8 @@ class Report:
     metrics: dict[str, float] = field(default_factory=dict)
     ratios: dict[str, float] = field(default_factory=dict)
     goals: dict[str, str] = field(default_factory=dict)  # ratio/metric name -> goal text
+    failed: bool = False  # a correctness check failed: `python -m benchmarks` exits 1
+    details: dict[str, Any] = field(default_factory=dict)  # more, for the JSON only
 
     def print_table(self, out: IO[str]) -> None:
         out.write(f"\n== {self.name} ==\n")
@@ -27,7 +29,9 @@ class Report:
                 out.write(f"  {kind:6} {key:28} {value:12.3f}   {goal}\n")
 
     def write_json(self, path: Path) -> None:
-        body = {"name": self.name, "metrics": self.metrics, "ratios": self.ratios}
+        body: dict[str, Any] = {"name": self.name, "metrics": self.metrics, "ratios": self.ratios}
+        if self.details:
+            body.update(failed=self.failed, details=self.details)
         path.write_bytes(msgspec.json.format(msgspec.json.encode(body)))
 
 
