@@ -38,11 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the ops and the chaos (default 0)")
     soak.add_argument("--redis-s3", action="store_true", help="metadata in Redis, L4 in S3 (moto)")
     soak.add_argument("--clock-skew", type=int, default=4, metavar="S", help="largest clock step of a client, s (default 4)")
+    soak.add_argument(
+        "--targets",
+        metavar="KINDS",
+        help="the kinds of server the chaos hits, e.g. 'block' (default: all; kinds: api, block, l3, tracker, redis, s3)",
+    )
     args = parser.parse_args(argv)
     if args.name != "soak" and any(
-        getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew")
+        getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets")
     ):
-        parser.error("--duration, --clients, --seed, --redis-s3 and --clock-skew are for the soak")
+        parser.error("--duration, --clients, --seed, --redis-s3, --clock-skew and --targets are for the soak")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
         parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
     module = importlib.import_module(BENCHMARKS[args.name])

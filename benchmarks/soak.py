@@ -93,6 +93,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "redis_s3": args.redis_s3,
         "clock_skew": args.clock_skew,
+        "targets": None if args.targets is None else tuple(args.targets.split(",")),
     }
 
 
@@ -103,6 +104,7 @@ async def run(
     seed: int = 0,
     redis_s3: bool = False,
     clock_skew: int = 4,
+    targets: tuple[str, ...] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Report:
     seconds = duration if duration is not None else (30.0 if quick else 300.0)
@@ -110,6 +112,7 @@ async def run(
     say = log or (lambda message: print(f"soak: {time.monotonic() - began:6.1f}s {message}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         soak = Soak(Path(tmp), seconds=seconds, clients=clients, seed=seed, redis_s3=redis_s3, skew=clock_skew, log=say)
+        soak.kinds = targets
         return await soak.run()
 
 
@@ -122,6 +125,7 @@ class Soak:
         self.admin = secrets.token_urlsafe(16)
         self.faketime = _faketime_lib() if skew > 0 else None
         self.report = Report("soak")
+        self.kinds: tuple[str, ...] | None = None  # the kinds of server the chaos hits (None: all)
 
     async def run(self) -> Report:
         async with AsyncExitStack() as stack:
@@ -135,6 +139,8 @@ class Soak:
             supervisor = SupervisorThread(cluster, self.log)
             stack.enter_context(supervisor.running())
             targets = cluster_targets(cluster, self.admin, supervisor) + third_party_targets(redis, s3)
+            if self.kinds is not None:
+                targets = [t for t in targets if t.name.split("-")[0] in self.kinds]
             clients = Clients(self, config, shared)
             await stack.enter_async_context(clients)
             chaos = Chaos(targets, clients.clock_files, self.skew, self.seed, self.log)
@@ -161,6 +167,7 @@ class Soak:
             "seconds": self.seconds,
             "seed": self.seed,
             "clock_skew_s": self.skew if self.faketime else 0,
+            "chaos_targets": "all" if self.kinds is None else ",".join(self.kinds),
             "clock": "libfaketime (FAKETIME_TIMESTAMP_FILE, monotonic not faked)" if self.faketime else "off",
             "disk_full": "fault-injected 503 on block PUTs (a block server's answer to ENOSPC); Redis: maxmemory 1",
         }
