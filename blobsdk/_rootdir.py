@@ -193,7 +193,7 @@ class RootDir:
             with os.scandir(dir_fd) as entries:
                 names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
             for name in names:
-                removed += remove_if_dead(dir_fd, name) if name.endswith(TMP_SUFFIX) else _unlink(dir_fd, name)
+                removed += remove_if_dead(dir_fd, name) if name.endswith(TMP_SUFFIX) else unlink_at(dir_fd, name)
         return removed
 
     def mark(self, text: str, token: str) -> None:
@@ -357,7 +357,8 @@ def write_marker(root: Path, text: str, token: str) -> None:
         os.close(dir_fd)
 
 
-def _unlink(dir_fd: int, name: str) -> bool:
+def unlink_at(dir_fd: int, name: str) -> bool:
+    """Unlink ``name`` in the directory ``dir_fd``; False if it was gone already."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:

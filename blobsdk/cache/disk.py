@@ -67,6 +67,7 @@ from .._rootdir import (
     marker_text,
     open_regular,
     remove_if_dead,
+    unlink_at,
     unlink_if_same,
 )
 from ..errors import ClientClosed, Unavailable
@@ -377,7 +378,7 @@ class DiskCache:
                 self._write_parts(fd, [header, payload])
                 os.replace(temp, key, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # no fsync: a crash may lose it, never tear it
             except BaseException:
-                _unlink(dir_fd, temp)
+                unlink_at(dir_fd, temp)
                 raise
             finally:
                 os.close(fd)
@@ -386,7 +387,7 @@ class DiskCache:
         """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there."""
         try:
             with self._dir.shard(key[:2]) as dir_fd:
-                return _unlink(dir_fd, key)
+                return unlink_at(dir_fd, key)
         except FileNotFoundError:  # no shard directory
             return False
 
@@ -466,14 +467,6 @@ def _refresh_atime(fd: int, st: os.stat_result) -> None:
         return
     with suppress(OSError):  # e.g. a file of another user: the LRU seed is only a hint
         os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
-
-
-def _unlink(dir_fd: int, name: str) -> bool:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:

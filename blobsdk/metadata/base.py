@@ -84,6 +84,36 @@ class MetadataStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+class PassThrough:
+    """The MetadataStore calls a wrapper (the plan caches) hands to ``self.store`` unchanged:
+    listing, gc's scan and fences."""
+
+    store: MetadataStore
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[BlobInfo], str | None]:
+        return await self.store.list_page(prefix, start_after, limit)
+
+    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
+        return self.store.list(prefix, start_after, limit)
+
+    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
+        return await self.store.scan_page(start_after, limit)
+
+    def iter_plans(self) -> AsyncIterator[ReadPlan]:
+        return self.store.iter_plans()
+
+    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+        await self.store.fence_blocks(block_ids)
+
+    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+        await self.store.unfence_blocks(block_ids)
+
+    async def prune_fences(self, older_than: float) -> int:
+        return await self.store.prune_fences(older_than)
+
+
 async def iterate_pages(store: MetadataStore, prefix: str, start_after: str | None, limit: int) -> AsyncIterator[BlobInfo]:
     """Shared ``list`` implementation over ``list_page``."""
     cursor = start_after

@@ -24,9 +24,8 @@ client never reads through a bad plan; it gets CorruptData.
 
 from __future__ import annotations
 
-import builtins
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import cachetools
@@ -35,10 +34,10 @@ from ..auth import grants_usable_for
 from ..errors import BlobNotFound
 from ..plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
-from .base import MetadataStore
+from .base import MetadataStore, PassThrough
 
 
-class CachedMetadataStore:
+class CachedMetadataStore(PassThrough):
     """A MetadataStore wrapper with a TTL + LRU plan cache (``ttl_seconds=0`` disables it)."""
 
     def __init__(self, store: MetadataStore, *, ttl_seconds: float = 10.0, max_entries: int = 100_000) -> None:
@@ -113,29 +112,6 @@ class CachedMetadataStore:
                 self._plans.pop(path, None)
             self._saw(path, deleted.version, None)
         return deleted
-
-    async def list_page(
-        self, prefix: str, start_after: str | None = None, limit: int = 1000
-    ) -> tuple[list[BlobInfo], str | None]:
-        return await self.store.list_page(prefix, start_after, limit)
-
-    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
-        return self.store.list(prefix, start_after, limit)
-
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
-        return await self.store.scan_page(start_after, limit)
-
-    def iter_plans(self) -> AsyncIterator[ReadPlan]:
-        return self.store.iter_plans()
-
-    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
-        await self.store.fence_blocks(block_ids)
-
-    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
-        await self.store.unfence_blocks(block_ids)
-
-    async def prune_fences(self, older_than: float) -> int:
-        return await self.store.prune_fences(older_than)
 
     def _remember(self, plan: ReadPlan, path: str) -> ReadPlan | None:
         """Check a plan the store answered for ``path`` (CorruptData); cache and return it,

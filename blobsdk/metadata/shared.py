@@ -28,7 +28,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -37,7 +37,7 @@ import redis.exceptions as rexc
 
 from ..auth import grants_usable_for
 from ..wire import BlobInfo, CommitOp, ReadPlan
-from .base import MetadataStore
+from .base import MetadataStore, PassThrough
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ _decoder = msgspec.msgpack.Decoder(_Entry)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class SharedPlanCache:
+class SharedPlanCache(PassThrough):
     """A MetadataStore wrapper caching plans in Redis at ``url``; see the module docstring."""
 
     def __init__(
@@ -189,31 +189,6 @@ class SharedPlanCache:
         if self.errors == 0:
             log.warning("shared plan cache %s is failing (%s): reads go to the metadata store", self.url, exc)
         self.errors += 1
-
-    # --- the rest passes through ------------------------------------------------------------
-
-    async def list_page(
-        self, prefix: str, start_after: str | None = None, limit: int = 1000
-    ) -> tuple[builtins.list[BlobInfo], str | None]:
-        return await self.store.list_page(prefix, start_after, limit)
-
-    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
-        return self.store.list(prefix, start_after, limit)
-
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
-        return await self.store.scan_page(start_after, limit)
-
-    def iter_plans(self) -> AsyncIterator[ReadPlan]:
-        return self.store.iter_plans()
-
-    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
-        await self.store.fence_blocks(block_ids)
-
-    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
-        await self.store.unfence_blocks(block_ids)
-
-    async def prune_fences(self, older_than: float) -> int:
-        return await self.store.prune_fences(older_than)
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "errors": self.errors}
