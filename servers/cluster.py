@@ -7,12 +7,16 @@ flash nodes, each a real subprocess on a free loopback port.
                               [--api-faults SPEC] [--block-faults SPEC] [--l3-faults SPEC]
                               [--admin-token T] [--no-restart]
                               [--metadata redis://HOST:PORT/DB] [--source s3://BUCKET/PREFIX [--s3-endpoint URL]
-                               [--s3-region R] [--s3-allow-http]]
+                               [--s3-region R] [--s3-allow-http] | --seaweedfs]
 
 With ``--metadata`` the API server keeps the metadata in Redis; with ``--source`` L4 is that
 object store: no block servers start, the L3 nodes read through from it, and client.toml
 names it (``source_url``, ``[s3]``, with the credentials of ``AWS_ACCESS_KEY_ID`` and
-``AWS_SECRET_ACCESS_KEY`` if set, which the servers get through their environment).
+``AWS_SECRET_ACCESS_KEY`` if set, which the servers get through their environment).  With
+``--seaweedfs`` the cluster starts a local SeaweedFS (servers/seaweedd.py: ``weed mini``, data
+in ``DIR/seaweedfs``, kept across runs) and L4 is its bucket, as if ``--source
+s3://blobsdk/cluster`` named it, with its endpoint and keys in client.toml; it stops with the
+cluster.
 
 Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
 then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
@@ -69,6 +73,7 @@ import msgspec
 
 from blobsdk.config import ClientConfig, S3Config, WriteConfig, s3_location
 from servers._common.stores import add_s3_args, s3_args_of, s3_config_of_args
+from servers.seaweedd import SeaweedServer, start_seaweed_l4
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -105,6 +110,7 @@ class ClusterOptions:
     metadata: str | None = None  # redis://HOST:PORT/DB: the API server keeps the metadata there (default SQLite)
     source: str | None = None  # s3://BUCKET/PREFIX: L4 is that object store (no block servers)
     s3: S3Config = field(default_factory=S3Config)  # for source; its credentials reach the servers as AWS_* variables
+    seaweedfs: bool = False  # L4 on a local SeaweedFS the cluster starts (its source and s3 replace those above)
 
 
 @dataclass(frozen=True)
@@ -213,6 +219,7 @@ class Cluster:
     kinds: Sequence[ServerKind] = KINDS
     processes: list[ServerProcess] = field(default_factory=list)
     config: ClientConfig | None = None
+    seaweed: SeaweedServer | None = None  # with options.seaweedfs: the object store L4 is on
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
 
     @property
@@ -228,6 +235,9 @@ class Cluster:
             stale.unlink(missing_ok=True)
         self._lifeline = self._lifeline or os.pipe()  # both ends non-inheritable
         deadline = time.monotonic() + self.options.startup_timeout
+        if self.options.seaweedfs and self.seaweed is None:
+            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs")
+            self.options = dataclasses.replace(self.options, source=source, s3=s3)
         urls: dict[str, list[str]] = {}
         for kind in self.kinds:
             started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
@@ -300,6 +310,9 @@ class Cluster:
         lifeline, self._lifeline = self._lifeline, None
         for fd in lifeline or ():
             os.close(fd)
+        seaweed, self.seaweed = self.seaweed, None
+        if seaweed is not None:
+            seaweed.stop()
 
     def __enter__(self) -> Cluster:
         try:
@@ -555,6 +568,9 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     parser.add_argument("--source", metavar="S3_URL", help="s3://BUCKET/PREFIX: L4 in an object store, no block servers")
     add_s3_args(parser)
     parser.add_argument(
+        "--seaweedfs", action="store_true", help="L4 on a local SeaweedFS this starts and stops (no block servers)"
+    )
+    parser.add_argument(
         "--no-restart", action="store_true", help="leave a server that dies down (default: restart it, with backoff)"
     )
     args = parser.parse_args(argv)
@@ -591,9 +607,16 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         parser.error(f"--source: {exc}")
     if args.metadata is not None and not args.metadata.startswith(("redis://", "rediss://")):
         parser.error(f"--metadata must be redis://HOST:PORT/DB, got {args.metadata!r}")
+    if args.seaweedfs and (args.source is not None or args.s3_endpoint is not None):
+        parser.error("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")
     s3 = msgspec.structs.replace(s3_config_of_args(args), **_aws_credentials())
     options = ClusterOptions(
-        **{n: getattr(args, n) for n in names}, faults=faults, metadata=args.metadata, source=args.source, s3=s3
+        **{n: getattr(args, n) for n in names},
+        faults=faults,
+        metadata=args.metadata,
+        source=args.source,
+        s3=s3,
+        seaweedfs=args.seaweedfs,
     )
     return args.dir, with_service_token(options), not args.no_restart
 
@@ -609,6 +632,8 @@ def _print_ready(cluster: Cluster) -> None:
     width = max(len(p.name) for p in cluster.processes)
     for p in cluster.processes:
         print(f"{p.name:<{width}}  {p.url}  pid {p.pid}  log {p.log}")
+    if cluster.seaweed is not None:
+        print(f"SeaweedFS S3 {cluster.seaweed.endpoint}  L4 {cluster.options.source}  log {cluster.seaweed.dir / 'weed.log'}")
     print(f"client config: {cluster.config_path}\ncluster ready; Ctrl-C or SIGTERM stops it", flush=True)
 
 

@@ -29,3 +29,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 async def client(tmp_path):
     async with blobsdk.Client.local(tmp_path / "data", write=SMALL) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """One SeaweedFS for the session (servers/seaweedd.py; it starts in about 2 s): each module
+    makes its buckets (``make_bucket`` keeps one it has) and writes under prefixes of its own."""
+    from servers.seaweedd import start_seaweed
+
+    with start_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server

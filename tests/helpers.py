@@ -19,8 +19,24 @@ from blobsdk._serving import ServerLimits, serving
 from blobsdk.auth import GRANT_HEADER, Keyring, new_claims
 from blobsdk.wire import ChunkRef
 from servers._common.auth import ServerAuth
+from servers.s3d import S3Server, start_s3
+from servers.seaweedd import SeaweedServer
 
 ROOT = Path(__file__).resolve().parent.parent
+# The S3 APIs the S3 tests run against: moto (a mock; it can fake faults) and SeaweedFS (a real
+# object store; one for the session, the ``seaweed`` fixture of tests/conftest.py).
+S3_STORES = ("moto", "seaweedfs")
+
+
+@contextmanager
+def s3_server(request: Any) -> Iterator[S3Server | SeaweedServer]:
+    """The S3 server of a fixture parametrized over :data:`S3_STORES` (``request.param``):
+    the session's SeaweedFS, or a moto of its own."""
+    if request.param == "seaweedfs":
+        yield request.getfixturevalue("seaweed")
+        return
+    with start_s3(request.getfixturevalue("tmp_path_factory").mktemp("s3")) as server:
+        yield server
 
 
 def redis_s3_toml(redis_url: str, source_url: str, s3_endpoint: str, **tables: dict[str, object]) -> str:

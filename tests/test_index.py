@@ -1,6 +1,6 @@
 """Indexing S3 objects in place (blobsdk/index.py; issue 13): blobs whose chunks are byte
 ranges of existing objects in a data bucket, read through the tiers of a client whose
-metadata is in Redis and whose L4 is S3 (moto's real S3 API, redis-server)."""
+metadata is in Redis and whose L4 is S3 (moto's S3 API, and SeaweedFS; redis-server)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,15 @@ from blobsdk.index import IndexProgress
 from blobsdk.sources.base import block_time, is_link, links_to
 from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis
-from servers.s3d import start_s3
-from tests.helpers import ROOT, redis_s3_toml
+from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
 
 
-@pytest.fixture(scope="module")
-def services(tmp_path_factory):
-    with start_redis(tmp_path_factory.mktemp("redis")) as redis, start_s3(tmp_path_factory.mktemp("s3")) as s3:
+@pytest.fixture(scope="module", params=S3_STORES)
+def services(request, tmp_path_factory):
+    with start_redis(tmp_path_factory.mktemp("redis")) as redis, s3_server(request) as s3:
         s3.make_bucket("lake")  # the data, where it already is
         s3.make_bucket("blobs")  # the client's own L4: link blocks only
         yield redis, s3
@@ -168,7 +167,7 @@ async def test_blobs_not_indexed_in_place_are_never_removed(services, tmp_path, 
 async def test_keys_that_are_no_blob_paths_are_skipped_and_directory_markers_ignored(services, tmp_path, run_id):
     config = config_of(services, tmp_path, run_id)
     bucket, prefix = lake(services), f"keys-{run_id}"
-    long_name = "x" * 900
+    long_name = "/".join(["x" * 180] * 5)  # SeaweedFS takes no key segment over 255 bytes
     await put_objects(bucket, {f"{prefix}/dir/": b"", f"{prefix}/dir/a": b"a", f"{prefix}/{long_name}": b"long"})
     dest = f"/keys/{run_id}/" + "d" * 200
     async with blobsdk.Client(config) as c:
@@ -236,6 +235,8 @@ async def test_a_key_obstore_cannot_list_is_a_clear_error(services, tmp_path, ru
     import boto3
 
     s3 = services[1]
+    if s3.name == "SeaweedFS":
+        pytest.skip("SeaweedFS refuses a key with a '..' segment (400 InvalidRequest): only moto can hold one")
     boto = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t")
     boto.put_object(Bucket="lake", Key=f"dots-{run_id}/a/../b", Body=b"x")
     async with blobsdk.Client(config_of(services, tmp_path, run_id)) as c:
@@ -336,7 +337,7 @@ async def test_a_cluster_l3_node_reads_indexed_objects_through_and_passes_a_chan
     from servers.cluster import start_cluster
 
     redis, s3 = services
-    s3_config = S3Config(endpoint=s3.endpoint, region="us-east-1", allow_http=True, access_key_id="t", secret_access_key="t")
+    s3_config = S3Config(allow_http=True, **s3.config)
     bucket, prefix = lake(services), f"cl-{run_id}"
     objects = {f"{prefix}/{name}": os.urandom(3 * CHUNK) for name in ("a", "b")}
     await put_objects(bucket, objects)

@@ -1,5 +1,5 @@
 """Past one machine (issue 13): a client whose metadata is in Redis (``metadata_url``) and whose
-L4 is an S3 bucket (``source_url``, moto's real S3 API), through the tiers, from client.toml."""
+L4 is an S3 bucket (``source_url``: moto's S3 API, and SeaweedFS), through the tiers, from client.toml."""
 
 from __future__ import annotations
 
@@ -16,15 +16,14 @@ from blobsdk.config import ClientConfig, S3Config
 from blobsdk.metadata.redis import RedisMetadataStore
 from servers.cluster import start_cluster
 from servers.redisd import start_redis
-from servers.s3d import start_s3
-from tests.helpers import ROOT, redis_s3_toml
+from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server
 
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def services(tmp_path_factory):
-    with start_redis(tmp_path_factory.mktemp("redis")) as redis, start_s3(tmp_path_factory.mktemp("s3")) as s3:
+@pytest.fixture(scope="module", params=S3_STORES)
+def services(request, tmp_path_factory):
+    with start_redis(tmp_path_factory.mktemp("redis")) as redis, s3_server(request) as s3:
         s3.make_bucket("lake")
         yield redis, s3
 
@@ -92,7 +91,7 @@ async def test_a_local_cluster_over_redis_and_s3_reads_through_its_l3_node(servi
     """``servers.cluster --metadata redis://... --source s3://...``: the API server keeps the
     metadata in Redis, the L3 node reads through from S3, and there are no block servers."""
     redis, s3 = services
-    s3_config = S3Config(endpoint=s3.endpoint, region="us-east-1", allow_http=True, access_key_id="t", secret_access_key="t")
+    s3_config = S3Config(allow_http=True, **s3.config)
     options = {"metadata": redis.url, "source": "s3://lake/cluster", "s3": s3_config, "l3_nodes": 1}
     async with start_cluster(tmp_path, **options) as cluster:
         assert cluster.config is not None and cluster.config.block_urls == () and cluster.config.source_url == "s3://lake/cluster"

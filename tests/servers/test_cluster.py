@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -456,3 +457,46 @@ async def test_cancelling_an_async_start_stops_what_it_started(tmp_path):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cluster.processes and all(p.popen.poll() is not None for p in cluster.processes)
+
+
+async def test_cli_with_seaweedfs_puts_l4_on_it_and_stops_it_with_the_cluster(tmp_path):
+    """``--seaweedfs``: no block servers; the L3 node reads through from a local SeaweedFS
+    whose bucket holds the blocks; SIGTERM stops it too; a second run finds the data."""
+    import obstore
+    from obstore.store import S3Store
+
+    data = os.urandom(3 << 20)
+    with _cluster_cli(tmp_path, "--seaweedfs", "--l3-nodes", "1") as proc:
+        assert [s["name"] for s in _servers(tmp_path)] == ["api", "l3"]
+        config = ClientConfig.from_toml(tmp_path / "client.toml")
+        assert config.block_urls == () and config.source_url == "s3://blobsdk/cluster" and config.s3.endpoint is not None
+        async with blobsdk.Client(config) as client:
+            await client.put("/bkt/blob", data)
+        async with blobsdk.Client(config) as client:  # a fresh client: through the L3 node, from SeaweedFS
+            assert bytes(await client.get("/bkt/blob")) == data
+            assert client.stats()["l3"]["hits"] >= 1
+        bucket = S3Store("blobsdk", prefix="cluster", config=config.s3.options(), client_options={"allow_http": True})
+        sizes = [m["size"] async for batch in obstore.list(bucket) for m in batch]
+        assert sum(sizes) >= len(data)  # the blocks are there (random bytes: stored whole)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    with pytest.raises(OSError):  # SeaweedFS stopped with it
+        socket.create_connection(("127.0.0.1", urlsplit(config.s3.endpoint).port), timeout=5).close()
+    for stale in ("client.toml", "cluster.json"):  # the second run's are the ones to wait for
+        (tmp_path / stale).unlink()
+    with _cluster_cli(tmp_path, "--seaweedfs", "--l3-nodes", "1"):  # its data is kept in DIR/seaweedfs
+        async with blobsdk.Client(ClientConfig.from_toml(tmp_path / "client.toml")) as client:
+            assert bytes(await client.get("/bkt/blob")) == data
+
+
+def test_cli_refuses_seaweedfs_with_another_l4(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "servers.cluster", "--dir", str(tmp_path), "--seaweedfs", "--source", "s3://bkt/p"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")

@@ -1,5 +1,5 @@
-"""blobsdk/sources/s3.py against a real S3 API (moto's standalone server, a subprocess on a
-free loopback port): the BlockStore conformance suite, and its faults."""
+"""blobsdk/sources/s3.py against real S3 APIs (moto's standalone server, and SeaweedFS, each a
+subprocess on free loopback ports): the BlockStore conformance suite, and its faults."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from blobsdk.errors import BlockNotFound, PreconditionFailed, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
 from servers.s3d import start_s3
+from servers.seaweedd import start_seaweed
+from tests.helpers import S3_STORES, s3_server
 
 from .conformance import BlockStoreTests, MiB, payload
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with start_s3(tmp_path_factory.mktemp("s3")) as server:
+@pytest.fixture(scope="module", params=S3_STORES)
+def s3(request):
+    with s3_server(request) as server:
         server.make_bucket("blocks")
         yield server
 
@@ -59,8 +61,10 @@ async def test_a_missing_bucket_is_block_not_found_and_a_bad_bucket_name_refused
         S3BlockStore("a/b")
 
 
-async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path):
-    with start_s3(tmp_path / "s3") as server:
+@pytest.mark.parametrize("kind", S3_STORES)
+async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path, kind):
+    start = start_seaweed if kind == "seaweedfs" else start_s3  # a server of its own: it is stopped
+    with start(tmp_path / "s3") as server:
         server.make_bucket("bkt")
         store = S3BlockStore("bkt", config=server.config, allow_http=True, timeout_s=2.0)
         block = new_block_id()
@@ -72,12 +76,13 @@ async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path):
         with pytest.raises(Unavailable):
             await store.write_block(new_block_id(), [b"y"])
         assert time.monotonic() - begun < 10
-        server.start()  # the same port, an empty store: moto keeps nothing
-        server.make_bucket("bkt")
-        with pytest.raises(BlockNotFound):
-            await store.read_range(block, 0, 100)
-        await store.write_block(block, [b"x" * 100])
-        assert await store.read_range(block, 0, 100) == b"x" * 100
+        server.start()  # the same ports
+        if kind == "moto":  # moto keeps nothing: an empty S3
+            server.make_bucket("bkt")
+            with pytest.raises(BlockNotFound):
+                await store.read_range(block, 0, 100)
+            await store.write_block(block, [b"x" * 100])
+        assert await store.read_range(block, 0, 100) == b"x" * 100  # SeaweedFS kept it on disk
 
 
 def test_the_status_is_read_from_the_status_code_never_from_a_port():

