@@ -44,9 +44,12 @@ def run_id() -> str:
     return secrets.token_hex(4)
 
 
-def config_of(services, tmp_path: Path, run_id: str) -> ClientConfig:
+def config_of(services, tmp_path: Path, run_id: str, max_write_seconds: float = 60.0) -> ClientConfig:
+    """A client of the services; ``max_write_seconds`` small only for one that writes nothing
+    and runs gc with a short grace (a write over it fails, on a loaded machine too)."""
     redis, s3 = services
-    tables = {"write": {"chunk_size": CHUNK, "max_write_seconds": 0.2}, "read": {"plan_cache_ttl_seconds": 0}}
+    write = {"chunk_size": CHUNK, "max_write_seconds": max_write_seconds}
+    tables = {"write": write, "read": {"plan_cache_ttl_seconds": 0}}
     (tmp_path / "client.toml").write_text(redis_s3_toml(redis.url, f"s3://blobs/sdk-{run_id}", s3.endpoint, **tables))
     return ClientConfig.from_toml(tmp_path / "client.toml")
 
@@ -123,6 +126,7 @@ async def test_objects_indexed_in_place_read_back_and_a_change_is_detected_until
         with pytest.raises(blobsdk.BlobNotFound):
             await c.stat(path_of[deleted])
 
+    async with blobsdk.Client(config_of(services, tmp_path, run_id, max_write_seconds=0.2)) as c:  # gc only
         await asyncio.sleep(0.3)
         gc = await c.gc(grace=0.25)
         assert gc.blocks_deleted == 2  # the links of 007's old version and of 008: never an object
