@@ -76,6 +76,9 @@ def test_requests_must_be_signed_with_its_keys_and_bucket_names_be_dns_style(sea
         obstore.put(wrong, "k", b"x")
     with pytest.raises(ClientError, match=r"InvalidBucketName"):
         seaweed.make_bucket("b1")
+    missing = S3Store("never-made", config=seaweed.config, client_options={"allow_http": True})
+    with pytest.raises(Exception, match=r"NoSuchBucket"):  # no bucket made on a first upload, as on AWS
+        obstore.put(missing, "k", b"x")
 
 
 def test_it_dies_with_the_process_that_started_it(tmp_path):
