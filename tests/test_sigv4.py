@@ -6,6 +6,7 @@ shown against SeaweedFS where the tests run on it; moto checks none.)"""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,39 @@ def test_an_s3_error_reply_keeps_its_status_code_and_message() -> None:
     assert isinstance(error, S3Refused) and (error.status, error.code) == (404, "NoSuchKey")
     assert str(error) == "GET http://h/b/k: HTTP 404 NoSuchKey: The key does not exist."
     assert str(s3_refusal(503, b"", "http://h/b/k")) == "GET http://h/b/k: HTTP 503"
+
+
+async def test_a_server_that_checks_signatures_serves_signed_gets_and_refuses_a_wrong_secret(tmp_path: Path) -> None:
+    """SeaweedFS checks every signature (moto checks none): the S3 L4's reads of a block,
+    a link block and the object it points at, with a key that needs encoding, are accepted;
+    a wrong secret is Forbidden (SignatureDoesNotMatch), a changed object SourceChanged."""
+    seaweedd = pytest.importorskip("servers.seaweedd", reason="SeaweedFS (servers/seaweedd.py, issue 21 item 1)")
+    import obstore
+    from obstore.store import S3Store
+
+    from blobsdk.errors import Forbidden, SourceChanged
+    from blobsdk.sources.base import new_block_id
+    from blobsdk.sources.s3 import S3BlockStore, S3Object
+
+    with seaweedd.start_seaweed(tmp_path) as server:
+        server.make_bucket("bucket-one")
+        lake = S3Store("bucket-one", config=server.config, client_options={"allow_http": True})
+        key = "lake/dir with space/ü+odd=key~(1).bin"
+        data = bytes(range(256)) * 400
+        etag = (await obstore.put_async(lake, key, data))["e_tag"] or ""
+        block = new_block_id()
+        async with S3BlockStore("bucket-one", "blocks", config=server.config, allow_http=True) as store:
+            assert store._getter is not None  # reads are the SDK's signed GETs
+            await store.write_block(block, [data])
+            assert await store.read_range(block, 1000, 5000) == data[1000:6000]
+            link = await store.link(S3Object(bucket="bucket-one", key=key, etag=etag, size=len(data)))
+        async with S3BlockStore("bucket-one", "blocks", config=server.config, allow_http=True) as fresh:
+            assert await fresh.read_range(link, 7, 70000) == data[7:70007]  # the link block, then the object
+        wrong = {**server.config, "secret_access_key": "not-the-secret"}
+        async with S3BlockStore("bucket-one", "blocks", config=wrong, allow_http=True) as store:
+            with pytest.raises(Forbidden, match=r"HTTP 403 SignatureDoesNotMatch"):
+                await store.read_range(block, 0, 10)
+        await obstore.put_async(lake, key, b"changed")
+        async with S3BlockStore("bucket-one", "blocks", config=server.config, allow_http=True) as store:
+            with pytest.raises(SourceChanged, match=r"^s3://bucket-one/lake/dir with space/ü\+odd=key~\(1\)\.bin changed"):
+                await store.read_range(link, 0, 10)
