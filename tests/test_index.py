@@ -84,7 +84,7 @@ async def test_objects_indexed_in_place_read_back_and_a_change_is_detected_until
 
     async with blobsdk.Client(config) as c:
         report = await c.index_s3(f"s3://lake/{prefix}", f"/data/{run_id}", progress=lambda p: seen.append(p))
-    assert (report.objects, report.indexed, report.unchanged, report.removed) == (100, 100, 0, 0)
+    assert (report.objects, report.indexed, report.unchanged, report.removed) == (100, 100, 0, 0), report.failed
     assert report.failed == [] and report.skipped == [] and report.bytes_indexed == sum(map(len, objects.values()))
     assert seen[-1].objects_done == seen[-1].objects_total == 100 and seen[-1].bytes_done == report.bytes_indexed
 

@@ -30,7 +30,7 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   credentials are static (sources/s3get.py), so they work in any process, a DataLoader
   worker forked after its parent read S3, listed or indexed included.  What needs obstore
   (writes, listings, HEADs, deletes, an index pass; reads without static credentials)
-  raises NotForkSafe, saying what to do, in a process forked after this module's first
+  raises NotForkSafe, saying what to do, in a process forked after the first
   obstore request (:func:`_forked_after_obstore`).  Every read, listing and link also gives up
   after ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for a runtime some
   other code in the parent started.
@@ -47,19 +47,17 @@ checked when the link is read.  gc deletes links like blocks; the object is neve
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Self, TypeVar, cast
 
 import msgspec
 import obstore
 import xxhash
 from cachetools import LRUCache
-from obstore.exceptions import BaseError, InvalidPathError, PermissionDeniedError, PreconditionError, UnauthenticatedError
+from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
 from .._ids import is_hex32
@@ -81,6 +79,7 @@ from ..errors import (
 from ..hedge import Attempt
 from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo
+from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listable, _pieces, _status
 from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
 from .s3get import S3Getter, S3Refused, S3Target, target_of
 
@@ -99,7 +98,6 @@ _FORKED = (
     'multiprocessing_context="forkserver" (or "spawn")'
 )
 _READS_NEED_OBSTORE = "; reads go through obstore too because {why}: give static credentials to read in forked workers"
-_RUNTIME_PID = 0  # the process whose first request started obstore's runtime (see _runtime_here)
 _AGAIN = "index it again (client.index_s3, or blobsdk import --in-place) to read its new bytes"
 
 
@@ -474,63 +472,3 @@ class S3BlockStore:
         except BlobNotFound:
             return False
         return True
-
-
-def _forked_after_obstore() -> bool:
-    """Whether this process was forked after this module's first obstore request (see the
-    module docstring); if not, this process starts the runtime if none has."""
-    global _RUNTIME_PID
-    pid = os.getpid()
-    if pid != _RUNTIME_PID:
-        if _RUNTIME_PID:
-            return True
-        _RUNTIME_PID = pid
-    return False
-
-
-@contextmanager
-def _listable(where: str) -> Iterator[None]:
-    """A listing's own errors: a missing bucket, a key obstore cannot list."""
-    try:
-        yield
-    except Unavailable as exc:
-        cause = exc.__cause__
-        if isinstance(cause, InvalidPathError):  # obstore lists no key with an empty or a ".." segment
-            raise BadRequest(
-                f"{where}: obstore cannot list a key in it ({_first_line(cause)}): list a prefix without it"
-            ) from exc
-        if _status(cause) == 404:  # NoSuchBucket
-            raise BlobNotFound(f"{where}: no such bucket") from exc
-        raise
-
-
-_STATUS = re.compile(r"status code: (\d{3}) ")
-
-
-def _status(exc: BaseException | None) -> int:
-    """The HTTP status an S3 error reply or an obstore error reports (0 if none: a
-    connection error, a timeout)."""
-    if isinstance(exc, S3Refused):
-        return exc.status
-    found = _STATUS.search(str(exc))
-    return int(found.group(1)) if found else 0
-
-
-def _copied(data: Buffer, out: memoryview) -> int:
-    """``data`` (at most ``out``'s size) into the start of ``out``: its size."""
-    view = memoryview(data).cast("B")
-    out[: view.nbytes] = view
-    return view.nbytes
-
-
-def _first_line(exc: BaseException) -> str:
-    """obstore's messages end in a multi-line debug dump: the first line says it."""
-    return str(exc).split("\n", 1)[0] or type(exc).__name__
-
-
-def _pieces(parts: Sequence[Buffer], size: int) -> Iterator[Any]:
-    """The parts as buffers of at most ``size`` bytes (obstore uploads an iterator of them)."""
-    for part in parts:
-        view = memoryview(part).cast("B")
-        for start in range(0, view.nbytes, size):
-            yield view[start : start + size]
