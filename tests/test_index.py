@@ -45,9 +45,10 @@ def run_id() -> str:
     return secrets.token_hex(4)
 
 
-def config_of(services, tmp_path: Path, run_id: str) -> ClientConfig:
+def config_of(services, tmp_path: Path, run_id: str, max_write_seconds: float = 0.2) -> ClientConfig:
     redis, s3 = services
-    tables = {"write": {"chunk_size": CHUNK, "max_write_seconds": 0.2}, "read": {"plan_cache_ttl_seconds": 0}}
+    write = {"chunk_size": CHUNK, "max_write_seconds": max_write_seconds}
+    tables = {"write": write, "read": {"plan_cache_ttl_seconds": 0}}
     (tmp_path / "client.toml").write_text(redis_s3_toml(redis.url, f"s3://blobs/sdk-{run_id}", s3.endpoint, **tables))
     return ClientConfig.from_toml(tmp_path / "client.toml")
 
@@ -316,7 +317,7 @@ def test_a_dataloader_reads_a_lake_indexed_in_place_in_its_worker_processes(serv
 
     from blobsdk.torch import BlobIterableDataset
 
-    config = config_of(services, tmp_path, run_id)
+    config = config_of(services, tmp_path, run_id, max_write_seconds=30)  # not the pass's ticks: no race with the machine
     objects = {f"dl-{run_id}/s/{i:03d}": os.urandom(1000 + 97 * i) for i in range(40)}
     asyncio.run(put_objects(lake(services), objects))
     with blobsdk.SyncClient(config) as c:
