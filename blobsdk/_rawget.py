@@ -12,8 +12,10 @@ Everything else (metadata calls, PUTs, admin) stays on aiohttp.
 
 Rules, so that no reply can be misread:
 - A reply whose status is the expected one must carry exactly ``out``'s size of body
-  (``Content-Length``, no chunked encoding), else Unavailable and the connection is closed.
-- A 4xx/5xx reply's body (at most ``MAX_ERROR_BODY``) becomes the blobsdk error it encodes.
+  (``Content-Length``, no chunked encoding), else Unavailable and the connection is closed;
+  with ``up_to``, any size up to ``out``'s (the body fills the start of ``out``).
+- A 4xx/5xx reply's body (at most ``MAX_ERROR_BODY``) becomes the blobsdk error it encodes
+  (the endpoint's ``refusal`` translates it: blobsdk's own error bodies by default).
 - A connection is reused only after a whole, well-formed reply; a cancelled or failed GET
   closes its connection.  A reused connection the server closed as the GET went out is retried
   once on a new one (a GET is idempotent), and only if no byte of a reply came back.
@@ -25,17 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from ._http import error_for, report_overload
-from .errors import BadRequest, TimedOut, Unavailable
+from .errors import BadRequest, BlobError, TimedOut, Unavailable
 from .limiter import Permit
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20
+Refusal = Callable[[int, bytes, str], BlobError]  # (status, body, url) of an error reply -> the error it means
 MAX_IDLE = 64  # idle keep-alive connections kept per endpoint
 _SCRATCH = 64 << 10  # receive buffer for heads and error bodies
 
@@ -74,6 +77,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._body: memoryview | None = None  # the current reply's body destination
         self._filled = 0
         self._expect = 200
+        self._up_to = False
         self._out: memoryview | None = None
         self._error_body: bytearray | None = None
         self.last_active = 0.0
@@ -125,10 +129,10 @@ class _Conn(asyncio.BufferedProtocol):
 
     # --- one GET -----------------------------------------------------------------------
 
-    def send(self, request: bytes, out: memoryview, expect: int) -> asyncio.Future[_Reply]:
+    def send(self, request: bytes, out: memoryview, expect: int, up_to: bool = False) -> asyncio.Future[_Reply]:
         assert self.transport is not None and self._done is None
         self._done = self._loop.create_future()
-        self._out, self._expect = out, expect
+        self._out, self._expect, self._up_to = out, expect, up_to
         self._head = bytearray()
         self._reply, self._body, self._filled, self._error_body = None, None, 0, None
         self.received_any = False
@@ -140,9 +144,10 @@ class _Conn(asyncio.BufferedProtocol):
         """The head is parsed: pick where the body goes, and take the bytes already read."""
         assert self._out is not None
         if reply.status == self._expect:
-            if reply.length != self._out.nbytes:
-                raise Unavailable(f"Content-Length {reply.length}, expected {self._out.nbytes}")
-            self._body = self._out
+            if reply.length > self._out.nbytes if self._up_to else reply.length != self._out.nbytes:
+                expected = f"at most {self._out.nbytes}" if self._up_to else f"{self._out.nbytes}"
+                raise Unavailable(f"Content-Length {reply.length}, expected {expected}")
+            self._body = self._out[: reply.length]
         else:
             if reply.length > MAX_ERROR_BODY:
                 raise Unavailable(f"HTTP {reply.status} with a {reply.length}-byte body")
@@ -212,10 +217,13 @@ class RawGetEndpoint:
 
     ``token``: the bearer token the server wants.  ``timeout``: an aiohttp ClientTimeout
     (the session's), of which ``connect``/``sock_connect``, ``sock_read`` and ``total`` are
-    used.  Close with :meth:`aclose`.
+    used.  ``refusal``: what an error reply means (default: the blobsdk error its body
+    encodes).  Close with :meth:`aclose`.
     """
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: aiohttp.ClientTimeout) -> None:
+    def __init__(
+        self, base_url: str, token: str | None = None, *, timeout: aiohttp.ClientTimeout, refusal: Refusal = error_for
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"need an http:// or https:// URL, got {base_url!r}")
@@ -231,6 +239,7 @@ class RawGetEndpoint:
         self._common = common + (f"Authorization: Bearer {token}\r\n" if token else "")
         self._idle: list[_Conn] = []
         self._closed = False
+        self._refusal_of = refusal
 
     async def get_into(
         self,
@@ -240,9 +249,11 @@ class RawGetEndpoint:
         expect: int = 200,
         headers: Mapping[str, str] | None = None,
         permit: Permit | None = None,
+        up_to: bool = False,
     ) -> dict[str, str]:
-        """GET ``route``; its body (exactly ``out.nbytes``, status ``expect``) lands in
-        ``out``.  Returns the reply's headers (lower-case names).  An error reply raises the
+        """GET ``route``; its body (exactly ``out.nbytes``, or with ``up_to`` at most that:
+        its ``content-length`` header says how many; status ``expect``) lands in ``out``.
+        Returns the reply's headers (lower-case names).  An error reply raises the
         blobsdk error it encodes; anything else that is not the reply expected raises
         Unavailable.  ``permit``: the concurrency-limiter slot this GET holds; it is told
         when the server sheds the GET (429/503: ``overloaded``) or the GET times out
@@ -255,7 +266,7 @@ class RawGetEndpoint:
         request = f"GET {self._prefix}{route} HTTP/1.1\r\n{self._common}{extra}\r\n".encode("latin-1")
         url = self.base_url + route
         try:
-            reply, conn = await self._exchange(request, out, expect, asyncio.get_running_loop().time())
+            reply, conn = await self._exchange(request, out, expect, up_to, asyncio.get_running_loop().time())
         except Unavailable as exc:
             if permit is not None and isinstance(exc, TimedOut):
                 permit.dropped()
@@ -264,18 +275,18 @@ class RawGetEndpoint:
             return reply.headers
         raise self._refusal(reply, conn.error_body(), url, permit)
 
-    async def _exchange(self, request: bytes, out: memoryview, expect: int, started: float) -> tuple[_Reply, _Conn]:
+    async def _exchange(self, request: bytes, out: memoryview, expect: int, up_to: bool, started: float) -> tuple[_Reply, _Conn]:
         """Send ``request`` and wait for its whole reply; a stale idle connection that fails
         before any reply byte is retried once on a new connection.  ``total`` counts from
         ``started``, so it covers connecting and the retry."""
         conn, reused = await self._connection()
         try:
-            reply = await self._await_reply(conn, conn.send(request, out, expect), started)
+            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to), started)
         except Unavailable:
             if not (reused and conn.peer_closed and not conn.received_any):
                 raise
             conn, _ = await self._connection(fresh=True)
-            reply = await self._await_reply(conn, conn.send(request, out, expect), started)
+            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to), started)
         if not conn.closed and len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(conn)
         else:
@@ -313,7 +324,7 @@ class RawGetEndpoint:
     def _refusal(self, reply: _Reply, body: bytes, url: str, permit: Permit | None) -> Exception:
         if reply.status < 400:
             return Unavailable(f"GET {url}: unexpected HTTP {reply.status}")
-        error = error_for(reply.status, body, url)
+        error = self._refusal_of(reply.status, body, url)
         report_overload(permit, reply.status, error)
         return error
 

@@ -336,6 +336,20 @@ async def test_a_content_length_other_than_outs_size_is_unavailable_and_not_reus
         await until(lambda: server.closed_by_client == [0], "the client to close connection 0")
 
 
+async def test_up_to_takes_a_shorter_body_into_the_start_of_out_and_refuses_a_longer_one() -> None:
+    """``up_to`` (an S3 range that runs past an object's end, a link block's small body):
+    any Content-Length up to out's size; its header says how much landed."""
+    async with Server(answering(reply(206, b"01234"), reply(206, b"0123456789AB"))) as server, endpoint(server.url) as ep:
+        out = bytearray(b"_" * 10)
+        headers = await ep.get_into(ROUTE, memoryview(out), expect=206, up_to=True)
+        assert (out, headers["content-length"]) == (bytearray(b"01234_____"), "5")
+        assert await ep.get_into(ROUTE, memoryview(out), expect=206, up_to=True) == {"content-length": "5"}
+        assert server.connections == 1  # a whole reply: the connection was reused
+    async with Server(answering(reply(206, b"0123456789AB"))) as server, endpoint(server.url) as ep:
+        with raises_exactly(Unavailable, f"GET {server.url}{ROUTE}: Content-Length 12, expected at most 10"):
+            await ep.get_into(ROUTE, memoryview(bytearray(10)), expect=206, up_to=True)
+
+
 async def test_a_body_cut_short_by_the_server_is_unavailable() -> None:
     async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         await read_head(reader)

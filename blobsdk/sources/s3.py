@@ -6,7 +6,8 @@ Layout: one object per block, ``<prefix>/<shard>/<block_id>``, the shard being t
 hex digits of xxh3_64 of the id, as in the local store: S3 scales request rates per key
 prefix, and block ids begin with their time, so unsharded they would all share one.
 
-- Reads are ranged GETs through ``limiter`` (the endpoint's adaptive concurrency limit, the
+- Reads are ranged GETs (SigV4-signed, over the SDK's own HTTP GET path: sources/s3get.py;
+  through obstore only without static credentials) through ``limiter`` (the endpoint's adaptive concurrency limit, the
   one the HTTP block servers' reads go through), marking the hedged attempt queued while
   they wait for a permit.  A 503 SlowDown tells the limiter the store is overloaded.  The L4
   tier hedges and verifies them like any replica's.
@@ -15,20 +16,24 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   whole (an aborted multipart upload leaves nothing visible; a bucket lifecycle rule should
   expire such uploads).  An existing id is a no-op if its size matches, else
   PreconditionFailed (a HEAD first: a conditional PUT would rule out multipart).
-- Retries: obstore retries a failed request with backoff, at most ``max_retries`` times and
-  for at most ``timeout_s`` in all (its defaults, 10 times over 3 minutes, would stall a
-  read far past the tiers' hang deadlines); each request is bounded by ``timeout_s`` too.
+- Retries: a failed request (a connection error, a 5xx) is retried with backoff, at most
+  ``max_retries`` times and for at most ``timeout_s`` in all (obstore's defaults, 10 times
+  over 3 minutes, would stall a read far past the tiers' hang deadlines); each request is
+  bounded by ``timeout_s`` too.
 - Missing objects are BlockNotFound; a range past an object's end is CorruptData; refused
   credentials are Unauthorized or Forbidden; anything else, a connection refused or a
   timeout once retries are spent included, is Unavailable.
 - **fork()**: obstore runs every request on one Rust (tokio) runtime per process, started
-  by its first request, whose threads do not survive a fork: a forked child's requests
-  would hang for ever (measured: obstore 0.12.1).  So a store refuses to work, with
-  NotForkSafe saying why, in a process forked after this module's first request
-  (:func:`_runtime_here`): start DataLoader workers with ``multiprocessing_context=
-  "forkserver"`` (or "spawn") when the parent reads S3.  Every read, listing and link
-  also gives up after ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for
-  a runtime some other code in the parent started.
+  by its first request, whose threads do not survive a fork: a forked child's obstore
+  requests would hang for ever, a new store's too (measured: obstore 0.12.1).  Reads (of
+  blocks, link blocks and the objects they point at) do not use obstore when the
+  credentials are static (sources/s3get.py), so they work in any process, a DataLoader
+  worker forked after its parent read S3, listed or indexed included.  What needs obstore
+  (writes, listings, HEADs, deletes, an index pass; reads without static credentials)
+  raises NotForkSafe, saying what to do, in a process forked after the first
+  obstore request (:func:`_forked_after_obstore`).  Every read, listing and link also gives up
+  after ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for a runtime some
+  other code in the parent started.
 
 Link blocks (indexing in place, blobsdk/index.py): a block id that begins with
 :data:`~blobsdk.sources.base.LINK_TAG` names a small object of this store, under
@@ -42,19 +47,17 @@ checked when the link is read.  gc deletes links like blocks; the object is neve
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Self, TypeVar, cast
 
 import msgspec
 import obstore
 import xxhash
 from cachetools import LRUCache
-from obstore.exceptions import BaseError, InvalidPathError, PermissionDeniedError, PreconditionError, UnauthenticatedError
+from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
 from .._ids import is_hex32
@@ -76,7 +79,9 @@ from ..errors import (
 from ..hedge import Attempt
 from ..limiter import AdaptiveLimiter
 from ..wire import BlockInfo
+from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listable, _pieces, _status
 from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
+from .s3get import S3Getter, S3Refused, S3Target, target_of
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
@@ -86,11 +91,13 @@ T = TypeVar("T")
 MULTIPART_BYTES = 16 << 20
 LINKS = "links"  # link blocks live under PREFIX/links/<shard>/<id>, so they can be listed alone
 LINKS_KEPT = 1 << 16  # link blocks whose object a store remembers (about 200 bytes each)
+LINK_MAX_BYTES = 64 << 10  # a link block's body is under 2 KiB (an S3 key is at most 1 KiB)
 _FORKED = (
-    "S3 (obstore) cannot run in a process forked after its parent used it: obstore's runtime threads do not "
-    'survive fork(). Start the workers with multiprocessing_context="forkserver" (or "spawn")'
+    "S3 {what} (obstore) cannot run in a process forked after its parent used obstore: obstore's runtime threads do "
+    "not survive fork(). Do it in the parent, or start the workers with "
+    'multiprocessing_context="forkserver" (or "spawn")'
 )
-_RUNTIME_PID = 0  # the process whose first request started obstore's runtime (see _runtime_here)
+_READS_NEED_OBSTORE = "; reads go through obstore too because {why}: give static credentials to read in forked workers"
 _AGAIN = "index it again (client.index_s3, or blobsdk import --in-place) to read its new bytes"
 
 
@@ -146,6 +153,9 @@ class S3BlockStore:
         retry: RetryConfig = {"max_retries": max_retries, "retry_timeout": timedelta(seconds=timeout_s)}
         s3 = cast("ObstoreS3Config", dict(config or {}))
         self._open_store = partial(S3Store, config=s3, client_options=options, retry_config=retry)
+        target = target_of(dict(config or {}), allow_http)
+        self._getter = S3Getter(target, timeout_s=timeout_s, max_retries=max_retries) if isinstance(target, S3Target) else None
+        self._why_obstore_reads = target if isinstance(target, str) else ""
         self._store = self._open_store(bucket, prefix=self.prefix or None)
         self._buckets: dict[str, S3Store] = {}  # whole buckets that link blocks point into
         self._links: LRUCache[str, S3Object] = LRUCache(maxsize=LINKS_KEPT)
@@ -163,19 +173,25 @@ class S3BlockStore:
         return (self,)
 
     async def __aenter__(self) -> Self:
-        _runtime_here(requesting=False)  # a forked worker fails as it opens, not at its first read
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop link reads in flight (obstore's pools go with the store objects)."""
+        """Stop link reads in flight and close this process's GET connections (obstore's
+        pools go with the store objects)."""
         await self._link_reads.aclose()
+        if self._getter is not None:
+            await self._getter.aclose()
 
     def _key(self, block_id: str) -> str:
         key = f"{xxhash.xxh3_64_hexdigest(block_id.encode())[:2]}/{block_id}"
         return f"{LINKS}/{key}" if is_link(block_id) else key
+
+    def _full_key(self, block_id: str) -> str:
+        """A block's key in the bucket (the prefix included), for the signed GETs."""
+        return f"{self.prefix}/{self._key(block_id)}" if self.prefix else self._key(block_id)
 
     def _bucket(self, bucket: str) -> S3Store:
         """A store over the whole of ``bucket``, for link blocks' objects."""
@@ -185,14 +201,25 @@ class S3BlockStore:
         return store
 
     @contextmanager
-    def _errors(self, block_id: str = "", *, obj: S3Object | None = None, where: str = "") -> Iterator[None]:
-        """obstore's errors as ours.  ``obj``: the indexed object a link block's read reads;
-        ``where``: what else a request is about (a listing), for messages.  Every request
-        goes through here, so here is where a forked process is refused."""
-        _runtime_here()
+    def _errors(
+        self, block_id: str = "", *, obj: S3Object | None = None, where: str = "", signed: bool = False
+    ) -> Iterator[None]:
+        """obstore's errors, and the signed GETs' (``signed``), as ours.  ``obj``: the
+        indexed object a link block's read reads; ``where``: what else a request is about
+        (a listing), for messages.  Every request goes through here, so here is where a
+        forked process is refused an obstore request."""
+        if not signed and _forked_after_obstore():
+            raise NotForkSafe(self._not_here(block_id, obj, where))
         place = obj.url if obj is not None else (where or self.name)
         try:
             yield
+        except S3Refused as exc:
+            raise self._refused(exc, block_id, obj, place) from exc
+        except Unavailable as exc:
+            if not signed:
+                raise  # ours already
+            cls = TimedOut if isinstance(exc, TimedOut) else Unavailable  # a signed GET's connection error or timeout
+            raise cls(f"{place}: {exc}") from exc
         except BlobError:
             raise  # ours already (BlobNotFound is also a FileNotFoundError)
         except FileNotFoundError as exc:  # obstore's "not found"
@@ -211,6 +238,26 @@ class S3BlockStore:
             raise Forbidden(f"{place}: {_first_line(exc)}") from exc
         except (BaseError, OSError) as exc:
             raise Unavailable(f"{place}: {_first_line(exc)}") from exc
+
+    def _not_here(self, block_id: str, obj: S3Object | None, where: str) -> str:
+        """NotForkSafe's message for an obstore request about a block, object or ``where``."""
+        if self._getter is not None or where or not (block_id or obj):
+            return _FORKED.format(what="writes, listings and indexing")
+        return _FORKED.format(what="reads") + _READS_NEED_OBSTORE.format(why=self._why_obstore_reads)
+
+    def _refused(self, exc: S3Refused, block_id: str, obj: S3Object | None, place: str) -> BlobError:
+        """What an S3 error reply to a signed GET means for the block or object it read."""
+        if exc.status == 404:
+            if obj is not None:
+                return SourceChanged(f"{obj.url} is gone: it was deleted since it was indexed; {_AGAIN}")
+            return BlockNotFound(f"block {block_id} is not in {self.name}")
+        if exc.status == 412 and obj is not None:
+            return SourceChanged(f"{obj.url} changed since it was indexed (its ETag then: {obj.etag}); {_AGAIN}")
+        if exc.status == 401:
+            return Unauthorized(f"{place}: {exc}")
+        if exc.status == 403:
+            return Forbidden(f"{place}: {exc}")
+        return Unavailable(f"{place}: {exc}")
 
     @asynccontextmanager
     async def _bounded(self, what: str) -> AsyncIterator[None]:
@@ -275,7 +322,7 @@ class S3BlockStore:
             if attempt is not None:
                 attempt.in_service()
             try:
-                data = await self._range(block_id, offset, view.nbytes)
+                got = await self._range_into(block_id, offset, view)
             except Unavailable as exc:
                 status = _status(exc.__cause__)
                 if status == 416:  # the range starts past the end
@@ -283,34 +330,41 @@ class S3BlockStore:
                 if status == 503:  # SlowDown, still, after obstore's retries
                     permit.overloaded()
                 raise
-        if data.nbytes != view.nbytes:
-            raise CorruptData(f"{self._what(block_id)}: {data.nbytes} bytes at {offset}, not {view.nbytes}: past its end")
-        view[:] = data
+        if got != view.nbytes:
+            raise CorruptData(f"{self._what(block_id)}: {got} bytes at {offset}, not {view.nbytes}: past its end")
 
-    async def _range(self, block_id: str, offset: int, length: int) -> memoryview:
+    async def _range_into(self, block_id: str, offset: int, out: memoryview) -> int:
+        """Bytes from ``offset`` into ``out``: how many there were (fewer past the end)."""
         if is_link(block_id):
             obj = await self.linked(block_id)
             async with self._bounded(obj.url):
-                return await self._object_range(obj, offset, length)
+                return await self._object_range_into(obj, offset, out)
         async with self._bounded(f"block {block_id}"):
-            return await self._block_range(block_id, offset, length)
+            return await self._block_range_into(block_id, offset, out)
 
     def _what(self, block_id: str) -> str:
         """What a block's bytes are, for messages: a link block's object, or the block."""
         obj = self._links.get(block_id)
         return obj.url if obj is not None else f"block {block_id}"
 
-    async def _block_range(self, block_id: str, offset: int, length: int) -> memoryview:
+    async def _block_range_into(self, block_id: str, offset: int, out: memoryview) -> int:
+        if self._getter is not None:
+            with self._errors(block_id, signed=True):
+                return await self._getter.get_into(self.bucket, self._full_key(block_id), out, start=offset)
         with self._errors(block_id):
-            return memoryview(await obstore.get_range_async(self._store, self._key(block_id), start=offset, length=length))
+            key, length = self._key(block_id), out.nbytes
+            return _copied(memoryview(await obstore.get_range_async(self._store, key, start=offset, length=length)), out)
 
-    async def _object_range(self, obj: S3Object, offset: int, length: int) -> memoryview:
+    async def _object_range_into(self, obj: S3Object, offset: int, out: memoryview) -> int:
         """Bytes of an indexed object, only while it is the version that was indexed."""
+        if self._getter is not None:
+            with self._errors(obj=obj, signed=True):
+                return await self._getter.get_into(obj.bucket, obj.key, out, start=offset, if_match=obj.etag)
         with self._errors(obj=obj):
             got = await obstore.get_async(
-                self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag, "range": (offset, offset + length)}
+                self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag, "range": (offset, offset + out.nbytes)}
             )
-            return memoryview(await got.bytes_async())
+            return _copied(memoryview(await got.bytes_async()), out)
 
     # --- link blocks: objects indexed in place ------------------------------------------------
 
@@ -333,10 +387,14 @@ class S3BlockStore:
         return obj
 
     async def _read_link(self, block_id: str) -> S3Object:
-        with self._errors(block_id):
-            async with self._bounded(f"link block {block_id}"):
-                got = await obstore.get_async(self._store, self._key(block_id))
-                body = await got.bytes_async()
+        async with self._bounded(f"link block {block_id}"):
+            if self._getter is not None:
+                buf = bytearray(LINK_MAX_BYTES)
+                with self._errors(block_id, signed=True):
+                    body = bytes(buf[: await self._getter.get_into(self.bucket, self._full_key(block_id), memoryview(buf))])
+            else:
+                with self._errors(block_id):
+                    body = bytes(await (await obstore.get_async(self._store, self._key(block_id))).bytes_async())
         try:
             obj = msgspec.json.decode(body, type=S3Object)
         except msgspec.DecodeError as exc:
@@ -414,54 +472,3 @@ class S3BlockStore:
         except BlobNotFound:
             return False
         return True
-
-
-def _runtime_here(*, requesting: bool = True) -> None:
-    """NotForkSafe in a process forked after this module's first request (see the module
-    docstring).  ``requesting``: a request follows, so this process starts the runtime
-    if none has."""
-    global _RUNTIME_PID
-    pid = os.getpid()
-    if pid != _RUNTIME_PID:
-        if _RUNTIME_PID:
-            raise NotForkSafe(_FORKED)
-        if requesting:
-            _RUNTIME_PID = pid
-
-
-@contextmanager
-def _listable(where: str) -> Iterator[None]:
-    """A listing's own errors: a missing bucket, a key obstore cannot list."""
-    try:
-        yield
-    except Unavailable as exc:
-        cause = exc.__cause__
-        if isinstance(cause, InvalidPathError):  # obstore lists no key with an empty or a ".." segment
-            raise BadRequest(
-                f"{where}: obstore cannot list a key in it ({_first_line(cause)}): list a prefix without it"
-            ) from exc
-        if _status(cause) == 404:  # NoSuchBucket
-            raise BlobNotFound(f"{where}: no such bucket") from exc
-        raise
-
-
-_STATUS = re.compile(r"status code: (\d{3}) ")
-
-
-def _status(exc: BaseException | None) -> int:
-    """The HTTP status an obstore error reports (0 if none: a connection error, a timeout)."""
-    found = _STATUS.search(str(exc))
-    return int(found.group(1)) if found else 0
-
-
-def _first_line(exc: BaseException) -> str:
-    """obstore's messages end in a multi-line debug dump: the first line says it."""
-    return str(exc).split("\n", 1)[0] or type(exc).__name__
-
-
-def _pieces(parts: Sequence[Buffer], size: int) -> Iterator[Any]:
-    """The parts as buffers of at most ``size`` bytes (obstore uploads an iterator of them)."""
-    for part in parts:
-        view = memoryview(part).cast("B")
-        for start in range(0, view.nbytes, size):
-            yield view[start : start + size]

@@ -1,0 +1,78 @@
+"""obstore's side of the S3 L4 (blobsdk/sources/s3.py): which process its runtime runs in,
+its errors' status and first line, a listing's own errors, and an upload's pieces."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from obstore.exceptions import InvalidPathError
+
+from ..errors import BadRequest, BlobNotFound, Unavailable
+from .base import Buffer
+from .s3get import S3Refused
+
+_RUNTIME_PID = 0  # the process whose first obstore request started its runtime (see _forked_after_obstore)
+
+
+def _forked_after_obstore() -> bool:
+    """Whether this process was forked after the S3 L4's first obstore request (see
+    blobsdk/sources/s3.py); if not, this process starts the runtime if none has."""
+    global _RUNTIME_PID
+    pid = os.getpid()
+    if pid != _RUNTIME_PID:
+        if _RUNTIME_PID:
+            return True
+        _RUNTIME_PID = pid
+    return False
+
+
+@contextmanager
+def _listable(where: str) -> Iterator[None]:
+    """A listing's own errors: a missing bucket, a key obstore cannot list."""
+    try:
+        yield
+    except Unavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, InvalidPathError):  # obstore lists no key with an empty or a ".." segment
+            raise BadRequest(
+                f"{where}: obstore cannot list a key in it ({_first_line(cause)}): list a prefix without it"
+            ) from exc
+        if _status(cause) == 404:  # NoSuchBucket
+            raise BlobNotFound(f"{where}: no such bucket") from exc
+        raise
+
+
+_STATUS = re.compile(r"status code: (\d{3}) ")
+
+
+def _status(exc: BaseException | None) -> int:
+    """The HTTP status an S3 error reply or an obstore error reports (0 if none: a
+    connection error, a timeout)."""
+    if isinstance(exc, S3Refused):
+        return exc.status
+    found = _STATUS.search(str(exc))
+    return int(found.group(1)) if found else 0
+
+
+def _copied(data: Buffer, out: memoryview) -> int:
+    """``data`` (at most ``out``'s size) into the start of ``out``: its size."""
+    view = memoryview(data).cast("B")
+    out[: view.nbytes] = view
+    return view.nbytes
+
+
+def _first_line(exc: BaseException) -> str:
+    """obstore's messages end in a multi-line debug dump: the first line says it."""
+    return str(exc).split("\n", 1)[0] or type(exc).__name__
+
+
+def _pieces(parts: Sequence[Buffer], size: int) -> Iterator[Any]:
+    """The parts as buffers of at most ``size`` bytes (obstore uploads an iterator of them)."""
+    for part in parts:
+        view = memoryview(part).cast("B")
+        for start in range(0, view.nbytes, size):
+            yield view[start : start + size]
