@@ -253,21 +253,21 @@ async def test_a_key_obstore_cannot_list_is_a_clear_error(services, tmp_path, ru
 
 async def test_a_link_block_is_checked_against_its_id(services, run_id):
     s3 = services[1]
-    store = S3BlockStore("blobs", f"links-{run_id}", config=s3.config, allow_http=True)
-    obj = S3Object(bucket="lake", key="k", etag='"e"', size=3)
-    block_id = await store.link(obj)
-    assert is_link(block_id) and links_to(block_id, obj.identity) and abs(block_time(block_id) - time.time()) < 60
-    with pytest.raises(
-        blobsdk.BadRequest, match=rf"^block id {block_id} is a link block's: links are made by link\(\), not written$"
-    ):
-        await store.write_block(block_id, [b"xyz"])
-    other = S3Object(bucket="lake", key="other", etag='"e"', size=3)
-    forged = S3BlockStore("blobs", f"links-{run_id}", config=s3.config, allow_http=True)  # nothing remembered
-    await obstore.put_async(forged._store, forged._key(block_id), msgspec.json.encode(other))
-    with pytest.raises(
-        blobsdk.CorruptData, match=rf"^link block {block_id} in s3://blobs/links-{run_id} at .* points at s3://lake/other"
-    ):
-        await forged.read_range(block_id, 0, 1)
+    async with S3BlockStore("blobs", f"links-{run_id}", config=s3.config, allow_http=True) as store:
+        obj = S3Object(bucket="lake", key="k", etag='"e"', size=3)
+        block_id = await store.link(obj)
+        assert is_link(block_id) and links_to(block_id, obj.identity) and abs(block_time(block_id) - time.time()) < 60
+        with pytest.raises(
+            blobsdk.BadRequest, match=rf"^block id {block_id} is a link block's: links are made by link\(\), not written$"
+        ):
+            await store.write_block(block_id, [b"xyz"])
+        other = S3Object(bucket="lake", key="other", etag='"e"', size=3)
+        async with S3BlockStore("blobs", f"links-{run_id}", config=s3.config, allow_http=True) as forged:  # nothing remembered
+            await obstore.put_async(forged._store, forged._key(block_id), msgspec.json.encode(other))
+            with pytest.raises(
+                blobsdk.CorruptData, match=rf"^link block {block_id} in s3://blobs/links-{run_id} at .* points at s3://lake/other"
+            ):
+                await forged.read_range(block_id, 0, 1)
 
 
 def test_the_cli_indexes_in_place_and_refuses_wrong_arguments(services, tmp_path, run_id):

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import ClassVar
 
 LIFELINE = """
-import os, subprocess, sys, threading
+import os, signal, subprocess, sys, threading
 child = subprocess.Popen(sys.argv[1:])
+signal.signal(signal.SIGTERM, lambda *_: child.kill())  # stop(): a forked process may hold the pipe too
 def watch():
     os.read(0, 1)  # EOF once the starter is gone
     child.kill()
@@ -97,5 +98,8 @@ class LocalService:
             os.close(self._lifeline)  # the lifeline kills the server
             self._lifeline = None
         if self.process is not None:
+            # and so does SIGTERM: the pipe's EOF never comes while a process forked from the
+            # starter meanwhile (a DataLoader worker) still holds a copy of its write end
+            self.process.terminate()
             self.process.wait(timeout=10)
             self.process = None

@@ -37,28 +37,28 @@ class TestS3BlockStore(BlockStoreTests):
 
 
 async def test_a_large_block_is_uploaded_in_parts_and_reads_back(s3):
-    store = S3BlockStore("blocks", "multipart", config=s3.config, allow_http=True, multipart_bytes=5 * MiB)
-    data = payload(3 * MiB) * 4  # 12 MiB: three parts
-    block = new_block_id()
-    await store.write_block(block, [data[: 7 * MiB], data[7 * MiB :]])
-    assert await store.read_range(block, 0, len(data)) == data
-    assert [(info.block_id, info.size) async for info in store.list_blocks()] == [(block, len(data))]
+    async with S3BlockStore("blocks", "multipart", config=s3.config, allow_http=True, multipart_bytes=5 * MiB) as store:
+        data = payload(3 * MiB) * 4  # 12 MiB: three parts
+        block = new_block_id()
+        await store.write_block(block, [data[: 7 * MiB], data[7 * MiB :]])
+        assert await store.read_range(block, 0, len(data)) == data
+        assert [(info.block_id, info.size) async for info in store.list_blocks()] == [(block, len(data))]
 
 
 async def test_a_block_rewritten_with_another_size_is_refused(s3):
-    store = S3BlockStore("blocks", "immutable", config=s3.config, allow_http=True)
-    block = new_block_id()
-    await store.write_block(block, [b"abc"])
-    with pytest.raises(PreconditionFailed, match=rf"^block {block} exists with 3 bytes, not 4: blocks are immutable$"):
-        await store.write_block(block, [b"abcd"])
+    async with S3BlockStore("blocks", "immutable", config=s3.config, allow_http=True) as store:
+        block = new_block_id()
+        await store.write_block(block, [b"abc"])
+        with pytest.raises(PreconditionFailed, match=rf"^block {block} exists with 3 bytes, not 4: blocks are immutable$"):
+            await store.write_block(block, [b"abcd"])
 
 
 async def test_a_missing_bucket_is_block_not_found_and_a_bad_bucket_name_refused(s3):
-    store = S3BlockStore("no-such-bucket", config=s3.config, allow_http=True)
-    with pytest.raises(BlockNotFound):
-        await store.read_range(new_block_id(), 0, 1)
-    with pytest.raises(ValueError, match=r"^an S3 bucket name has no '/', got 'a/b'$"):
-        S3BlockStore("a/b")
+    async with S3BlockStore("no-such-bucket", config=s3.config, allow_http=True) as store:
+        with pytest.raises(BlockNotFound):
+            await store.read_range(new_block_id(), 0, 1)
+        with pytest.raises(ValueError, match=r"^an S3 bucket name has no '/', got 'a/b'$"):
+            S3BlockStore("a/b")
 
 
 @pytest.mark.parametrize("kind", S3_STORES)
@@ -66,25 +66,27 @@ async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path, kind)
     start = start_seaweed if kind == "seaweedfs" else start_s3  # a server of its own: it is stopped
     with start(tmp_path / "s3") as server:
         server.make_bucket("bkt")
-        store = S3BlockStore("bkt", config=server.config, allow_http=True, timeout_s=2.0)
-        block = new_block_id()
-        await store.write_block(block, [b"x" * 100])
-        server.stop()
-        begun = time.monotonic()
-        # Reads are signed GETs of the SDK's own (sources/s3get.py), retried like obstore's requests.
-        refused = rf"^s3://bkt/ at http://127\.0\.0\.1:\d+: GET http://127\.0\.0\.1:\d+/bkt/{store._key(block)}: .*cannot connect"
-        with pytest.raises(Unavailable, match=refused):
-            await store.read_range(block, 0, 100)
-        with pytest.raises(Unavailable):
-            await store.write_block(new_block_id(), [b"y"])
-        assert time.monotonic() - begun < 10
-        server.start()  # the same ports
-        if kind == "moto":  # moto keeps nothing: an empty S3
-            server.make_bucket("bkt")
-            with pytest.raises(BlockNotFound):
-                await store.read_range(block, 0, 100)
+        async with S3BlockStore("bkt", config=server.config, allow_http=True, timeout_s=2.0) as store:
+            block = new_block_id()
             await store.write_block(block, [b"x" * 100])
-        assert await store.read_range(block, 0, 100) == b"x" * 100  # SeaweedFS kept it on disk
+            server.stop()
+            begun = time.monotonic()
+            # Reads are signed GETs of the SDK's own (sources/s3get.py), retried like obstore's requests.
+            refused = (
+                rf"^s3://bkt/ at http://127\.0\.0\.1:\d+: GET http://127\.0\.0\.1:\d+/bkt/{store._key(block)}: .*cannot connect"
+            )
+            with pytest.raises(Unavailable, match=refused):
+                await store.read_range(block, 0, 100)
+            with pytest.raises(Unavailable):
+                await store.write_block(new_block_id(), [b"y"])
+            assert time.monotonic() - begun < 10
+            server.start()  # the same ports
+            if kind == "moto":  # moto keeps nothing: an empty S3
+                server.make_bucket("bkt")
+                with pytest.raises(BlockNotFound):
+                    await store.read_range(block, 0, 100)
+                await store.write_block(block, [b"x" * 100])
+            assert await store.read_range(block, 0, 100) == b"x" * 100  # SeaweedFS kept it on disk
 
 
 def test_the_status_is_read_from_the_status_code_never_from_a_port():

@@ -62,16 +62,16 @@ async def test_a_ranged_get_with_if_match_is_served_only_while_the_etag_holds(bu
 
 async def test_the_sdk_reads_an_indexed_object_and_sees_it_change(s3, bucket):
     """Through S3BlockStore: a link block's ranged If-Match read, then SourceChanged."""
-    store = S3BlockStore("semantics", f"l4-{os.urandom(4).hex()}", config=s3.config, allow_http=True)
-    data = os.urandom(3000)
-    key = f"{bucket.prefix}/obj"
-    whole = S3Store("semantics", config=s3.config, client_options={"allow_http": True})
-    etag = (await obstore.put_async(whole, key, data))["e_tag"]
-    link = await store.link(S3Object(bucket="semantics", key=key, etag=etag, size=len(data)))
-    assert await store.read_range(link, 100, 200) == data[100:300]
-    await obstore.put_async(whole, key, os.urandom(3000))
-    with pytest.raises(SourceChanged, match=r"^s3://semantics/.*/obj changed since it was indexed"):
-        await store.read_range(link, 100, 200)
+    async with S3BlockStore("semantics", f"l4-{os.urandom(4).hex()}", config=s3.config, allow_http=True) as store:
+        data = os.urandom(3000)
+        key = f"{bucket.prefix}/obj"
+        whole = S3Store("semantics", config=s3.config, client_options={"allow_http": True})
+        etag = (await obstore.put_async(whole, key, data))["e_tag"]
+        link = await store.link(S3Object(bucket="semantics", key=key, etag=etag, size=len(data)))
+        assert await store.read_range(link, 100, 200) == data[100:300]
+        await obstore.put_async(whole, key, os.urandom(3000))
+        with pytest.raises(SourceChanged, match=r"^s3://semantics/.*/obj changed since it was indexed"):
+            await store.read_range(link, 100, 200)
 
 
 async def test_a_range_from_past_the_end_is_416_and_one_running_over_it_is_cut_short(s3, bucket):
@@ -81,13 +81,13 @@ async def test_a_range_from_past_the_end_is_416_and_one_running_over_it_is_cut_s
             await obstore.get_range_async(bucket, "r", start=start, end=start + 2)
         assert _status(caught.value) == 416  # what read_into turns into CorruptData
     assert bytes(await obstore.get_range_async(bucket, "r", start=8, end=12)) == b"89"
-    store = S3BlockStore("semantics", f"b-{os.urandom(4).hex()}", config=s3.config, allow_http=True)
-    block = new_block_id()
-    await store.write_block(block, [b"0123456789"])
-    with pytest.raises(CorruptData, match=rf"^block {block}: no 2 bytes at 10: past its end$"):
-        await store.read_range(block, 10, 2)
-    with pytest.raises(CorruptData, match=rf"^block {block}: 2 bytes at 8, not 4: past its end$"):
-        await store.read_range(block, 8, 4)
+    async with S3BlockStore("semantics", f"b-{os.urandom(4).hex()}", config=s3.config, allow_http=True) as store:
+        block = new_block_id()
+        await store.write_block(block, [b"0123456789"])
+        with pytest.raises(CorruptData, match=rf"^block {block}: no 2 bytes at 10: past its end$"):
+            await store.read_range(block, 10, 2)
+        with pytest.raises(CorruptData, match=rf"^block {block}: 2 bytes at 8, not 4: past its end$"):
+            await store.read_range(block, 8, 4)
 
 
 async def test_a_listing_pages_past_a_thousand_keys_on_seaweedfs(seaweed):
