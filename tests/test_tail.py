@@ -15,6 +15,7 @@ import blobsdk
 from blobsdk.config import L1Config, Timeouts, WriteConfig
 from blobsdk.hedge import HedgeConfig
 from blobsdk.placement import rank
+from blobsdk.sources.replicated import ReplicatedBlockStore
 from servers.cluster import start_cluster
 
 ADMIN = "admin-secret"
@@ -140,6 +141,12 @@ async def _readers_through_a_hang(
     config = msgspec.structs.replace(_config(cluster), timeouts=timeouts, hedge=hedge)
     async with blobsdk.Client(config) as c:
         await c.put_many(blobs.items())
+        # Reads in steady state: a majority acked each block, so the third copies may still be
+        # uploading; replicas busy receiving them answered slowly enough, once in a fresh-clone
+        # run, to be taken for hung too.
+        blocks = c._open.blocks
+        assert isinstance(blocks, ReplicatedBlockStore)
+        await blocks.settle()
         latencies: list[float] = []
         stop = time.perf_counter() + seconds
 
