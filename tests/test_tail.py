@@ -131,13 +131,20 @@ async def test_an_overloaded_server_makes_the_limiter_back_off_and_goodput_recov
             assert failed < rejected and all(r == blobs[p] for p, r in answered)
 
 
+# A read that waits for its socket's timeout takes >= 30 s, one the hang deadline catches
+# <= 1 s plus the failed-over read: the tests' bound (8 s) holds on a loaded machine (2.5 s was
+# seen under a CI run beside three busy processes) and still tells the two apart.
+HANG_TIMEOUTS = Timeouts(connect=2.0, sock_read=30.0, total=60.0)
+HANG_BOUND_S = 8.0
+
+
 async def _readers_through_a_hang(
     cluster, hung_url: str, hedge: HedgeConfig, *, readers: int = 16, seconds: float = 4.0
 ) -> tuple[list[float], dict[str, int | float]]:
     """``readers`` tasks read 1 MiB blobs in a loop for ``seconds``; ``hung_url`` stops
     answering (accepts, never replies) a second in.  Every read's latency; every byte checked."""
     blobs = {f"/b/h{i}": os.urandom(1 << 20) for i in range(24)}
-    timeouts = Timeouts(connect=2.0, sock_read=5.0, total=20.0)
+    timeouts = HANG_TIMEOUTS
     config = msgspec.structs.replace(_config(cluster), timeouts=timeouts, hedge=hedge)
     async with blobsdk.Client(config) as c:
         await c.put_many(blobs.items())
@@ -177,9 +184,8 @@ async def test_a_hung_replica_never_stalls_sixteen_readers(cluster, hedge):
     over to the healthy replicas within about a second, whatever the hedge budget has left."""
     latencies, stats = await _readers_through_a_hang(cluster, cluster.config.block_urls[1], hedge)
     # At most the hang deadline (<= 1 s) after the replica's last answer (its reads in flight
-    # when it stalled still finish), plus the failed-over read: 1.55 s was seen once in CI on
-    # the 2-core machine; a read that waits for its 5 s sock_read timeout is what this catches.
-    assert max(latencies) < 1.75, (max(latencies), sorted(stats.items()))
+    # when it stalled still finish), plus the failed-over read, not the socket's 30 s timeout.
+    assert max(latencies) < HANG_BOUND_S, (max(latencies), sorted(stats.items()))
     if hedge is NO_BUDGET:
         assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
         assert stats["hedge_hedges_sent"] == 0
@@ -189,8 +195,7 @@ async def test_a_hung_l3_node_never_stalls_readers(tmp_path):
     """The same for an L3 node: its reads go to the other node (or L4) within about a second."""
     async with start_cluster(tmp_path, block_servers=3, l3_nodes=2, admin_token=ADMIN) as cluster:
         blobs = {f"/b/n{i}": os.urandom(1 << 20) for i in range(16)}
-        timeouts = Timeouts(connect=2.0, sock_read=5.0, total=20.0)
-        config = msgspec.structs.replace(_config(cluster), timeouts=timeouts, hedge=NO_BUDGET)
+        config = msgspec.structs.replace(_config(cluster), timeouts=HANG_TIMEOUTS, hedge=NO_BUDGET)
         async with blobsdk.Client(config) as c:
             await c.put_many(blobs.items())
             for path in blobs:  # warm the nodes
@@ -203,5 +208,5 @@ async def test_a_hung_l3_node_never_stalls_readers(tmp_path):
                     assert await c.get(path) == data
                     worst = max(worst, time.perf_counter() - begun)
             stats = c.stats()["l3"]
-    assert worst < 1.5, (worst, sorted(stats.items()))
+    assert worst < HANG_BOUND_S, (worst, sorted(stats.items()))
     assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
