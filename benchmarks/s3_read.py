@@ -48,15 +48,15 @@ obstore.  At 256 KiB the goal is not met: the signed GETs (``getter``) reach 0.7
 obstore and the whole L4 read (``store``) 0.64-0.70; the signed GETs use less CPU per GB
 than obstore (2.2 against 2.9-3.4), the whole L4 read about as much (2.9-3.2).  Why is not
 found (profiled with cProfile; no py-spy here): with one request at a time the signed GETs
-were faster than obstore (1.24x, one probe), so the
-gap comes with concurrency, and it is before the reply: at 8 in flight a signed GET waited
-42 ms (p50) for its first byte and took 0.6 ms for the rest, where obstore's whole GET took
-26 ms.  Neither a fixed limit (the L4's adaptive limiter settles at 4-5 in flight here,
-against 8 workers), nor dropping the store's outer deadline, nor a 2 MiB socket receive
-buffer, nor signing the empty body's hash as obstore does (not UNSIGNED-PAYLOAD), nor
-dropping the Accept header closed it beyond the noise.  obstore receives on Rust threads
-beside the event loop's one; on two cores shared with the server and other jobs that may
-be what it buys.  boto3 spends ~16 CPU s per GB on 256 KiB ranges, 5x obstore.
+were faster than obstore (1.24x, one probe), so the gap comes with concurrency, and it is
+before the reply: at 8 in flight a signed GET waited 42 ms (p50) for its first byte and took
+0.6 ms for the rest, where obstore's whole GET took 26 ms.  Neither a fixed limit (the L4's
+adaptive limiter settles at 4-5 in flight here, against 8 workers), nor dropping the store's
+outer deadline, nor a 2 MiB socket receive buffer, nor signing the empty body's hash as
+obstore does (not UNSIGNED-PAYLOAD), nor dropping the Accept header closed it beyond the
+noise.  obstore receives on Rust threads beside the event loop's one; on two cores shared
+with the server and other jobs that may be what it buys.  boto3 spends ~16 CPU s per GB on
+256 KiB ranges, 5x obstore.
 """
 
 from __future__ import annotations
