@@ -24,6 +24,7 @@ BENCHMARKS = {
     "metadata": "benchmarks.metadata",
     "write_availability": "benchmarks.write_availability",
     "soak": "benchmarks.soak",
+    "s3_read": "benchmarks.s3_read",
 }
 
 

@@ -1,0 +1,37 @@
+"""The s3_read benchmark (benchmarks/s3_read.py) at a tiny size: it starts SeaweedFS and
+Redis, reads the same ranges through every row, checks every byte and reports each row
+against obstore; no figure is asserted (those are the benchmark's)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from benchmarks import s3_read
+from benchmarks.s3_read import KiB, MiB, Shape
+
+TINY = Shape(objects=2, object_bytes=1 * MiB, rounds=2, pass_bytes={256 * KiB: 1 * MiB, 64 * KiB: 512 * KiB})
+ROWS = ("obstore", "boto3", "getter", "store", "client")
+
+
+def test_every_row_reads_the_same_ranges_and_is_reported_against_obstore() -> None:
+    report = asyncio.run(s3_read.measure(TINY))
+    assert not report.failed
+    labels = ("256KiB", "64KiB")
+    assert set(report.metrics) == {
+        *(f"{row}_{what}_{label}" for row in ROWS for what in ("MBps", "cpu_s_per_GB") for label in labels),
+        *(f"seaweed_cpu_s_per_GB_{label}" for label in labels),
+    }
+    assert all(value > 0 for value in report.metrics.values())
+    ratios = {f"{row}_vs_obstore_{label}" for row in ROWS[1:] for label in labels}
+    assert set(report.ratios) == {f"{r}{end}" for r in ratios for end in ("", "_min", "_max")}
+    for ratio in ratios:
+        assert report.ratios[f"{ratio}_min"] <= report.ratios[ratio] <= report.ratios[f"{ratio}_max"]
+    assert report.goals == {f"store_vs_obstore_{label}": ">= 0.9" for label in labels}
+    assert report.details == {"concurrency": 8, "objects": 2, "object_bytes": MiB, "rounds": 2}
+
+
+def test_a_wrong_byte_stops_the_run() -> None:
+    with pytest.raises(AssertionError, match=r"^boto3: range 7 came back with the wrong bytes$"):
+        s3_read._check(False, "boto3", 7)
