@@ -2,24 +2,21 @@
 loop) that put it; a forked child gets none and sets its parent's aside, never collected;
 another loop's is let go when a new one is put; a pickled holder arrives empty.
 
-Forked children are real (``os.fork``); each reports what it saw through a pipe, and
-``wait_for_child`` fails the test if one has not ended within its deadline."""
+Forked children are real (``os.fork``); each reports what it saw through a pipe, and the
+test fails if one has not ended within its deadline (tests/helpers.py, in_a_forked_child)."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import gc
-import os
 import pickle
 import threading
 import weakref
-from collections.abc import Callable
 
 import pytest
 
 from blobsdk._here import Held
-from tests.helpers import wait_for_child
+from tests.helpers import in_a_forked_child
 
 pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 
@@ -30,24 +27,6 @@ class Resource:
     def __init__(self, name: str) -> None:
         self.name = name
         self.closed = False
-
-
-def in_a_forked_child(observe: Callable[[], object]) -> object:
-    """What ``observe()`` returns (a literal) in a child forked here, or its error."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(read_end)
-        try:
-            seen = repr(observe())
-        except BaseException as exc:  # noqa: BLE001 (reported to the parent, whatever it is)
-            seen = repr(f"{type(exc).__name__}: {exc}")
-        os.write(write_end, seen.encode())
-        os._exit(0)
-    os.close(write_end)
-    assert wait_for_child(pid) == 0  # the hang guard: fails the test after its deadline
-    with os.fdopen(read_end, "rb") as pipe:
-        return ast.literal_eval(pipe.read().decode())
 
 
 # --- one process ------------------------------------------------------------------------------
