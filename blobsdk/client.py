@@ -46,7 +46,7 @@ from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .checkpoint import Checkpoints, Manifest, Part, Pending
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig, s3_location
-from .errors import BlobError, ClientClosed, Forbidden
+from .errors import BlobError, ClientClosed, Forbidden, NotForkSafe
 from .index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .limiter import LimiterRegistry, Priority, request_priority
 from .metadata.base import MetadataStore
@@ -70,6 +70,11 @@ if TYPE_CHECKING:
     from .metadata.shared import SharedPlanCache
 
 T = TypeVar("T")
+STARTED_BEFORE_FORK = (
+    "this was started by a SyncClient in the process this one was forked from (a readahead, prefetch, listing, "
+    "checkpoint save or Checkpoints handle), on that process's loop thread, which fork() does not copy: start it "
+    "again in this process (the SyncClient's own methods open a client here)"
+)
 Item = tuple[str, Buffer]
 
 
@@ -563,6 +568,8 @@ class SyncClient:
         thread = self._loop
         if thread is None:
             coro.close()
+            if self._opened.inherited:  # called by what a parent started: see STARTED_BEFORE_FORK
+                raise NotForkSafe(STARTED_BEFORE_FORK)
             raise ClientClosed("SyncClient is not open: use `with client:`")
         if threading.current_thread() is thread.thread:  # it would wait for itself forever
             coro.close()
