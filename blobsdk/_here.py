@@ -23,6 +23,13 @@ belongs to the process that pickled it.
 
 The test is ``os.getpid()`` at each use, not an ``os.register_at_fork`` hook: it needs no
 registry of holders (no hidden global state) and holds however the process came to be.
+(blobsdk's one fork hook, in _forksafe.py, only quiets its threads while a fork happens.)
+
+Users: SyncClient (its loop thread and client), _stores._ProcessClient (the torch datasets'
+and DCP's client), fsspec.py (each filesystem's client and lock per loop, its IO loop),
+torch.py (the next epoch's readahead), sources/s3get.py (the signed GETs' connections, per
+loop), sources/_s3obstore.py (which process started obstore's runtime), _forksafe.py (its
+registry of threads).
 """
 
 from __future__ import annotations
