@@ -11,8 +11,9 @@ parent, the loops go on.  A loop that does not park within :data:`PAUSE_TIMEOUT_
 callback that blocks, or the fork is called from that loop's own thread) is left running and
 logged: the fork is never held up for long.
 
-The registry of live loops and executors is per process by nature (so are fork hooks), and
-a forked child starts with an empty one: it inherits no thread to pause.
+The registry of live loops and executors is per process by nature (so are fork hooks): a
+forked child starts with an empty one (blobsdk/_here.py sets the parent's aside), as it
+inherits no thread to pause.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
+
+from ._here import Held
 
 PAUSE_TIMEOUT_S = 5.0  # at most this long before a fork for blobsdk's threads to go quiet
 
@@ -41,7 +44,7 @@ class Executor(ThreadPoolExecutor):
         super().__init__(max_workers, thread_name_prefix)
         self._busy = 0
         self._idle = threading.Condition()
-        _registry.add_executor(self)
+        _registry().add_executor(self)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         with self._idle:
@@ -78,11 +81,11 @@ class LoopThread:
         self._parked = threading.Event()
         self._resume = threading.Event()
         self.thread.start()
-        _registry.add_loop(self)
+        _registry().add_loop(self)
 
     def stop(self) -> None:
         """Stop the loop, join its thread, shut its executor down and close it."""
-        _registry.discard_loop(self)
+        _registry().discard_loop(self)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         # Not loop.shutdown_default_executor(): running this loop again here fails when the
@@ -134,7 +137,7 @@ class _Registry:
 
     def before_fork(self) -> None:
         # A snapshot, not the lock held across the fork: a loop thread registering an executor
-        # meanwhile would wait for the lock instead of parking.  (The child makes a new lock.)
+        # meanwhile would wait for the lock instead of parking.  (A child has a registry of its own.)
         with self._lock:
             loops, executors = list(self._loops), list(self._executors)
         deadline = time.monotonic() + PAUSE_TIMEOUT_S
@@ -152,16 +155,16 @@ class _Registry:
         for loop in paused:
             loop.resume()
 
-    def after_fork_in_child(self) -> None:
-        self._loops = set()  # their threads are the parent's
-        self._executors = weakref.WeakSet()
-        self._paused = []
-        self._lock = threading.Lock()
+
+_registries: Held[_Registry] = Held()
 
 
-_registry = _Registry()
+def _registry() -> _Registry:
+    """This process's registry (a new, empty one in a forked child: see the module docstring)."""
+    return _registries.get_or_make(_Registry)
+
+
 os.register_at_fork(
-    before=_registry.before_fork,
-    after_in_parent=_registry.after_fork_in_parent,
-    after_in_child=_registry.after_fork_in_child,
+    before=lambda: _registry().before_fork(),
+    after_in_parent=lambda: _registry().after_fork_in_parent(),
 )

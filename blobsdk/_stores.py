@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Self
 
+from ._here import Held
 from .client import SyncClient
 from .config import ClientConfig
 
@@ -76,38 +77,20 @@ class _ProcessClient:
 
     def __init__(self, store: _Store) -> None:
         self._store = store
-        self._forget()
-
-    def _forget(self) -> None:
-        self._client: SyncClient | None = None
-        self._pid = 0
-        self._finalizer: multiprocessing.util.Finalize[None] | None = None
+        self._opened: Held[tuple[SyncClient, multiprocessing.util.Finalize[None]]] = Held()
 
     def get(self) -> SyncClient:
-        if self._client is None or self._pid != os.getpid():
-            self._open()
-        assert self._client is not None
-        return self._client
+        return self._opened.get_or_make(self._open)[0]
 
-    def _open(self) -> None:
+    def _open(self) -> tuple[SyncClient, multiprocessing.util.Finalize[None]]:
         client = self._store.client()
         client.__enter__()
-        self._client, self._pid = client, os.getpid()
-        self._finalizer = multiprocessing.util.Finalize(self, client.close, exitpriority=0)
+        return client, multiprocessing.util.Finalize(self, client.close, exitpriority=0)
 
     def close(self) -> None:
-        finalizer, self._client, self._finalizer = self._finalizer, None, None
-        if finalizer is not None and self._pid == os.getpid():
-            finalizer()  # closes the client, once
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"_store": self._store}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        store = state["_store"]
-        assert isinstance(store, _Store)
-        self._store = store
-        self._forget()
+        held = self._opened.take()
+        if held is not None:
+            held[1]()  # closes the client, once
 
 
 # --- the map-style sampler ------------------------------------------------------------------------

@@ -12,7 +12,6 @@ exit stack and closed by it in ``__aexit__``/``aclose``.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import (
     AsyncGenerator,
@@ -41,12 +40,13 @@ from . import readahead as readahead_module
 from . import repair as repair_module
 from ._buffers import BufferPool
 from ._forksafe import Executor, LoopThread
+from ._here import Held
 from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .checkpoint import Checkpoints, Manifest, Part, Pending
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig, s3_location
-from .errors import BlobError, ClientClosed, Forbidden
+from .errors import BlobError, ClientClosed, Forbidden, NotForkSafe
 from .index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .limiter import LimiterRegistry, Priority, request_priority
 from .metadata.base import MetadataStore
@@ -70,6 +70,11 @@ if TYPE_CHECKING:
     from .metadata.shared import SharedPlanCache
 
 T = TypeVar("T")
+STARTED_BEFORE_FORK = (
+    "this was started by a SyncClient in the process this one was forked from (a readahead, prefetch, listing, "
+    "checkpoint save or Checkpoints handle), on that process's loop thread, which fork() does not copy: start it "
+    "again in this process (the SyncClient's own methods open a client here)"
+)
 Item = tuple[str, Buffer]
 
 
@@ -499,14 +504,19 @@ class SyncClient:
 
     Fork-safe: a process forked from one where this client is open (a DataLoader worker)
     inherits neither its thread nor its loop, so the first call there opens a fresh client
-    of the same config and stores in the child (the parent's sockets and files are left
-    alone: they still serve the parent), instead of waiting forever on a loop that is not
-    running there."""
+    of the same config and stores in the child (the parent's loop, sockets and files are set
+    aside, not closed: they still serve the parent), instead of waiting forever on a loop
+    that is not running there."""
 
     def __init__(self, config: ClientConfig | Client) -> None:
         self._client = config if isinstance(config, Client) else Client(config)
-        self._loop: LoopThread | None = None
-        self._pid: int | None = None  # the process the loop runs in
+        self._opened: Held[tuple[LoopThread, Client]] = Held()  # the loop thread and the client it runs
+
+    @property
+    def _loop(self) -> LoopThread | None:
+        """The loop thread of this client in this process (None: not open here)."""
+        held = self._opened.get()
+        return None if held is None else held[0]
 
     @classmethod
     def local(
@@ -522,8 +532,7 @@ class SyncClient:
         return cls(Client.local(root, write=write, read=read, l1=l1, l2=l2))
 
     def __enter__(self) -> Self:
-        self._loop = LoopThread("blobsdk-sync")
-        self._pid = os.getpid()
+        self._opened.put((LoopThread("blobsdk-sync"), self._client))
         try:
             self._run(self._client.__aenter__())
         except BaseException:
@@ -535,10 +544,8 @@ class SyncClient:
         self.close()
 
     def close(self) -> None:
-        if self._loop is None:
-            return
-        if self._pid != os.getpid():  # a forked child that never used it: the loop is the parent's
-            self._loop = None
+        if self._loop is None:  # not open, or open in the parent only (a forked child that never used it)
+            self._opened.take()  # sets the parent's aside
             return
         try:
             self._run(self._client.aclose())
@@ -546,30 +553,32 @@ class SyncClient:
             self._stop_loop()
 
     def _stop_loop(self) -> None:
-        loop, self._loop = self._loop, None
-        assert loop is not None
-        loop.stop()
+        held = self._opened.take()
+        assert held is not None
+        held[0].stop()
 
     def _here(self) -> Client:
         """The client to call in this process (a fresh one in a forked child): every method
         asks for it before it makes its coroutine, which is bound to one client."""
-        if self._loop is not None and self._pid != os.getpid():
+        if self._opened.inherited:
             self._reopen_after_fork()
         return self._client
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop is None:
+        thread = self._loop
+        if thread is None:
             coro.close()
+            if self._opened.inherited:  # called by what a parent started: see STARTED_BEFORE_FORK
+                raise NotForkSafe(STARTED_BEFORE_FORK)
             raise ClientClosed("SyncClient is not open: use `with client:`")
-        if threading.current_thread() is self._loop.thread:  # it would wait for itself forever
+        if threading.current_thread() is thread.thread:  # it would wait for itself forever
             coro.close()
             raise RuntimeError("a SyncClient cannot be used from its own loop thread: use the async Client there")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop.loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, thread.loop).result()
 
     def _reopen_after_fork(self) -> None:
-        """In a forked child: forget the parent's loop, thread and client (not closed: they
-        are the parent's) and open a fresh client here."""
-        self._loop = None
+        """In a forked child: open a fresh client here (the parent's loop thread and client
+        are set aside, not closed: they are the parent's)."""
         self._client = self._client.copy()
         self.__enter__()
 
@@ -683,7 +692,7 @@ class SyncReadahead(Iterator[tuple[str, bytearray]]):
     def close(self) -> None:
         """Cancel the reads in flight; the iterator then ends."""
         items, first, self._items, self._first = self._items, self._first, None, None
-        if items is not None and self._client._loop is not None and self._client._pid == os.getpid():
+        if items is not None and self._client._loop is not None:  # open in this process
             self._client._run(_closed(items, first))
 
     def __enter__(self) -> Self:

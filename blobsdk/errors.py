@@ -28,8 +28,9 @@
      │    ├── PayloadTooLarge  a request body over the server's bound (413)
      │    └── UnsupportedEncoding  a compressed request body, which servers never inflate (415)
      ├── ClientClosed          (also RuntimeError)        the client was used outside `async with`
-     ├── NotForkSafe           (also RuntimeError)        a backend that cannot run in a process forked
-     │                                                    after its parent used it (S3: obstore)
+     ├── NotForkSafe           (also RuntimeError)        what cannot run in a process forked after its
+     │                                                    parent used it (S3: obstore; what a parent's
+     │                                                    SyncClient started)
      └── IncompatibleFormat    a directory (local block store, disk cache) in an on-disk format
                                this build does not read, or holding something else: refused
 
@@ -197,8 +198,10 @@ class ClientClosed(BlobError, RuntimeError):
 
 
 class NotForkSafe(BlobError, RuntimeError):
-    """A backend refuses to run in a process forked after its parent used it (its runtime's
-    threads did not survive the fork): start such workers with "forkserver" or "spawn"."""
+    """What cannot run in a process forked after its parent used it (its runtime's threads
+    did not survive the fork): a backend (start such workers with "forkserver" or "spawn"),
+    or what a parent's SyncClient started (start it again in the child).  The message says
+    which, and what to do."""
 
     code = "not_fork_safe"
     http_status = 500

@@ -80,6 +80,7 @@ from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  #
 from fsspec.callbacks import DEFAULT_CALLBACK  # type: ignore[import-untyped]
 from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
+from ._here import Held, running_loop
 from .client import Client, LocalStores
 from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
@@ -113,7 +114,6 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     protocol = "blob"
     root_marker = ""
-    _pid: int  # set by AsyncFileSystem: the process the loop belongs to
 
     def __init__(
         self,
@@ -125,6 +125,9 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         batch_size: int | None = None,
     ) -> None:
         super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size)
+        self._io_loop: Held[asyncio.AbstractEventLoop] = Held()  # a synchronous instance's, per process
+        if not asynchronous:
+            self._io_loop.put(self._loop)
         make = _client_factory(local, config)
         make()  # bad arguments fail here, not at the first call
         self._slot = _ClientSlot(make)
@@ -133,11 +136,9 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """fsspec's IO loop; a forked child gets its own (fsspec resets it on fork)."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            if not self.asynchronous:
-                self._loop = get_loop()
-        return cast("asyncio.AbstractEventLoop | None", self._loop)
+        if self.asynchronous:
+            return cast("asyncio.AbstractEventLoop | None", self._loop)
+        return self._io_loop.get_or_make(get_loop)
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -528,45 +529,32 @@ class _ClientSlot:
 
     def __init__(self, make: Callable[[], Client]) -> None:
         self._make = make
-        self._client: Client | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock: asyncio.Lock | None = None
-        self._pid = os.getpid()
-        self._inherited: list[Client] = []  # a parent process's clients (see above)
+        self._clients: Held[Client] = Held(per_loop=True)
+        self._locks: Held[asyncio.Lock] = Held(per_loop=True)  # one open at a time, on each loop
 
     async def get(self) -> Client:
-        client = self._client
-        if client is not None and self._loop is asyncio.get_running_loop() and self._pid == os.getpid():
+        client = self._clients.get()
+        if client is not None:
             return client
         return await self._open()
 
     async def _open(self) -> Client:
-        self._forget_if_forked()
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._lock is None:
-            self._bind(loop)
-        assert self._lock is not None
-        async with self._lock:
-            if self._client is None:
+        self._check_other_loop()
+        lock = self._locks.get_or_make(asyncio.Lock)
+        async with lock:
+            client = self._clients.get()
+            if client is None:
                 client = self._make()
                 await client.__aenter__()
-                self._client = client
-            return self._client
+                self._clients.put(client)  # one open on a closed loop is gone with it
+            return client
 
-    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        old = self._loop
-        if self._client is not None and old is not None and not old.is_closed():
+    def _check_other_loop(self) -> None:
+        other = self._clients.loop
+        if other is not None and not other.is_closed():
             raise RuntimeError(
                 "this blob:// filesystem's client is open on another event loop: close it first (fs.close() or await fs.aclose())"
             )
-        self._client = None  # open on a closed loop: gone with it
-        self._loop, self._lock = loop, asyncio.Lock()
-
-    def _forget_if_forked(self) -> None:
-        if self._pid != os.getpid():
-            if self._client is not None:
-                self._inherited.append(self._client)
-            self._client, self._loop, self._lock, self._pid = None, None, None, os.getpid()
 
     async def aclose(self) -> None:
         if (taken := self._detach()) is None:
@@ -579,30 +567,29 @@ class _ClientSlot:
 
     def close_blocking(self) -> None:
         """Close from a thread that is not running the client's loop."""
-        if self._client is not None and self._loop is not None and self._loop is _running_loop():
+        if self._clients.loop is not None and self._clients.loop is running_loop():
             raise RuntimeError("fs.close() on the loop its client runs on would block it: await fs.aclose()")
         if (taken := self._detach()) is not None:
             asyncio.run_coroutine_threadsafe(taken[0].aclose(), taken[1]).result()
 
     def _detach(self) -> tuple[Client, asyncio.AbstractEventLoop] | None:
-        """Take the open client off the slot, with the loop to close it on (None: nothing
-        to close, or nothing left to close it with: its loop is closed)."""
-        self._forget_if_forked()
-        client, loop = self._client, self._loop
-        if client is None or loop is None or loop.is_closed():
-            self._client = None
+        """Take this process's open client off the slot, with the loop to close it on (None:
+        nothing to close, or nothing left to close it with: its loop is closed)."""
+        loop = self._clients.loop
+        if loop is None or loop.is_closed():
+            self._clients.take()  # none here (a parent's is set aside), or gone with its loop
             return None
-        if loop is not _running_loop() and not loop.is_running():
+        if loop is not running_loop() and not loop.is_running():
             raise RuntimeError("this blob:// filesystem's client is open on an event loop that is not running: close it there")
-        self._client = None
+        client = self._clients.take()
+        assert client is not None
         return client, loop
 
     def close_soon(self) -> None:
         """The garbage collector's close: start closing on the client's loop; never block,
         never raise (a failure is logged)."""
-        if self._pid != os.getpid():
-            return
-        client, loop, self._client = self._client, self._loop, None
+        loop = self._clients.loop
+        client = self._clients.take()
         if client is None or loop is None or loop.is_closed():
             return
         asyncio.run_coroutine_threadsafe(client.aclose(), loop).add_done_callback(_log_close_failure)
@@ -748,13 +735,6 @@ def _read_local_file(path: str) -> Buffer:
         if not stat.S_ISREG(info.st_mode) or info.st_size < LOCAL_MMAP_BYTES:
             return f.read()
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _log_close_failure(future: concurrent.futures.Future[None]) -> None:

@@ -80,6 +80,7 @@ import torch
 import xxhash
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
+from ._here import Held
 from ._stores import PREFETCH_TIERS, ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .client import SyncClient, SyncPrefetch, SyncReadahead
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
@@ -344,7 +345,7 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self._pending: _Position | None = None  # loaded by load_state_dict, taken by the next __iter__
         self._current: _Iteration | None = None  # this process's latest iteration
-        self._ahead: _Ahead | None = None  # the next iteration's readahead, started by this one
+        self._ahead: Held[_Ahead] = Held()  # the next iteration's readahead, started by this one
         # One client per process, kept from epoch to epoch: its L1, plan cache and connections
         # outlive an epoch.
         self._client = _ProcessClient(self._store)
@@ -415,13 +416,13 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         epoch = position.epoch + 1 if self._sharding.shuffle else position.epoch
         paths = [self.paths[i] for i in self._sharding.indices(epoch, *position.worker)]
         if paths:
-            self._ahead = _Ahead(paths, _readahead(client, paths, self._reading))
+            self._ahead.put(_Ahead(paths, _readahead(client, paths, self._reading)))
 
     def _take_ahead(self, it: _Iteration) -> SyncReadahead | None:
         """The readahead started for ``it`` by the iteration before, if it guessed right."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead.pid != os.getpid() or not ahead.finalizer.still_active():
-            return None  # none, a parent's (inherited over a fork), or closed at exit
+        ahead = self._ahead.take()
+        if ahead is None or not ahead.finalizer.still_active():
+            return None  # none in this process (a parent's is set aside), or closed at exit
         ahead.finalizer.cancel()
         if it.position.yielded == 0 and ahead.paths == it.paths:
             return ahead.reads
@@ -429,7 +430,7 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         return None
 
     def _close_ahead(self) -> None:
-        ahead, self._ahead = self._ahead, None
+        ahead = self._ahead.take()
         if ahead is not None:
             ahead.finalizer()
 
@@ -456,7 +457,7 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         self._client.close()
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_current": None, "_ahead": None}  # they belong to this process
+        return {**self.__dict__, "_current": None}  # it belongs to this process (and _ahead pickles empty)
 
     def __repr__(self) -> str:
         s = self._sharding
@@ -470,7 +471,6 @@ class _Ahead:
     def __init__(self, paths: list[str], reads: SyncReadahead) -> None:
         self.paths = paths
         self.reads = reads
-        self.pid = os.getpid()
         self.finalizer = multiprocessing.util.Finalize(self, reads.close, exitpriority=1)
 
 

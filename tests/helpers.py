@@ -166,3 +166,24 @@ def wait_for_child(pid: int, timeout: float = 30.0) -> int:
             pytest.fail(f"the forked child did not exit within {timeout:g} s (hung on its parent's client?)")
         time.sleep(0.05)
     return os.waitstatus_to_exitcode(done[1])
+
+
+def in_a_forked_child(observe: Callable[[], object], timeout: float = 30.0) -> object:
+    """What ``observe()`` returns (a Python literal) in a child forked here, or its error as
+    ``"Type: message"``; the test fails if the child has not ended within ``timeout`` s."""
+    import ast
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        try:
+            seen = repr(observe())
+        except BaseException as exc:  # noqa: BLE001 (reported to the parent, whatever it is)
+            seen = repr(f"{type(exc).__name__}: {exc}")
+        os.write(write_end, seen.encode())
+        os._exit(0)
+    os.close(write_end)
+    assert wait_for_child(pid, timeout) == 0
+    with os.fdopen(read_end, "rb") as pipe:
+        return ast.literal_eval(pipe.read().decode())

@@ -22,7 +22,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.prefetch import PrefetchProgress
 from servers import api, blockstore
 from servers.cluster import start_cluster
-from tests.helpers import running_app, until, wait_for_child
+from tests.helpers import in_a_forked_child, running_app, until, wait_for_child
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 CHUNK = 64 << 10
@@ -405,6 +405,51 @@ def test_a_forked_child_gets_a_fresh_client(tmp_path: Path) -> None:
                 os._exit(code)
         assert wait_for_child(pid) == 0
         assert bytes(c.get("/a/c")) == b"from the child"  # the parent's client still works
+
+
+def test_what_a_sync_client_started_before_a_fork_says_so_in_the_child_instead_of_hanging(tmp_path: Path) -> None:
+    """A readahead the parent started runs on the parent's loop thread, which the child does not
+    have: its next() there is NotForkSafe, saying what to do (it used to wait for ever), and
+    closing it there is a no-op.  The client itself opens afresh in the child; closed there, it
+    is closed; the parent's readahead and client go on."""
+    data = blobs(4, size=CHUNK)
+    with blobsdk.SyncClient.local(tmp_path / "store") as c:
+        c.put_many(data.items())
+        reads = c.readahead(list(data), depth=2)
+
+        def child() -> object:
+            with pytest.raises(blobsdk.NotForkSafe) as started_in_the_parent:
+                next(reads)
+            reads.close()
+            got = bytes(c.get("/ds/0001")) == data["/ds/0001"]
+            c.close()
+            with pytest.raises(blobsdk.ClientClosed) as closed:
+                c.get("/ds/0001")
+            return str(started_in_the_parent.value), got, str(closed.value)
+
+        started_before_fork = (
+            "this was started by a SyncClient in the process this one was forked from (a readahead, prefetch, listing, "
+            "checkpoint save or Checkpoints handle), on that process's loop thread, which fork() does not copy: start it "
+            "again in this process (the SyncClient's own methods open a client here)"
+        )
+        closed = "SyncClient is not open: use `with client:`"
+        assert in_a_forked_child(child) == (started_before_fork, True, closed)
+        assert [(p, bytes(d)) for p, d in reads] == list(data.items())
+        assert bytes(c.get("/ds/0002")) == data["/ds/0002"]
+
+
+def test_a_sync_client_a_forked_child_never_used_closes_there_at_once(tmp_path: Path) -> None:
+    with blobsdk.SyncClient.local(tmp_path / "store") as c:
+        c.put("/a/b", b"parent")
+
+        def child() -> object:
+            c.close()  # the parent's loop thread and client: set aside, not closed
+            with pytest.raises(blobsdk.ClientClosed) as closed:
+                c.get("/a/b")
+            return str(closed.value)
+
+        assert in_a_forked_child(child) == "SyncClient is not open: use `with client:`"
+        assert bytes(c.get("/a/b")) == b"parent"
 
 
 async def test_chunks_the_tier_would_not_keep_count_as_skipped(tmp_path: Path, stocked: dict[str, bytes]) -> None:

@@ -7,6 +7,7 @@ DataLoader has a ``timeout`` and every bare process a join deadline, so a hang f
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import secrets
 from pathlib import Path
@@ -22,7 +23,7 @@ from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.torch import BlobDataset, BlobIterableDataset
 from servers.redisd import start_redis
 from servers.s3d import start_s3
-from tests.helpers import redis_s3_toml
+from tests.helpers import in_a_forked_child, redis_s3_toml
 
 pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 HANG_S = 120  # a worker that gives no batch (or a process that does not end) this long fails the test
@@ -91,7 +92,32 @@ def test_workers_forked_after_the_parent_wrote_listed_read_and_prefetched_s3_rea
                 assert read(mapped, context) == expected, context
 
 
-def in_a_forked_child(queue: Any, what: str, toml: str, config: dict[str, str], block: str) -> None:
+async def test_a_child_forked_after_the_parent_read_s3_reads_through_the_inherited_store_on_its_own_connections(
+    seaweed: Any,
+) -> None:
+    """Fork after a parent S3 read, the store still open with its keep-alive connection
+    pooled (SeaweedFS keeps connections; moto closes each): the child reads through the same
+    store object on a loop and connections of its own, and closes them; the parent's pooled
+    connection was neither used nor closed there, and serves the parent's next read."""
+    seaweed.make_bucket("fork-held")
+    block = new_block_id()
+    async with S3BlockStore("fork-held", "held", config=seaweed.config, allow_http=True) as store:
+        await store.write_block(block, [b"hello world"])  # obstore's runtime runs in this process now
+        assert await store.read_range(block, 0, 5) == b"hello"  # a signed GET, its connection kept
+        endpoint = store._getter._endpoints.get() if store._getter is not None else None
+        assert endpoint is not None and len(endpoint._idle) == 1
+        pooled = endpoint._idle[0]
+
+        async def in_the_child() -> bytes:
+            async with store:  # closes the child's connections only
+                return bytes(await store.read_range(block, 6, 5))
+
+        assert in_a_forked_child(lambda: asyncio.run(in_the_child()), timeout=HANG_S) == b"world"
+        assert await store.read_range(block, 0, 11) == b"hello world"
+        assert endpoint._idle == [pooled] and not pooled.closed  # the parent's connection served it
+
+
+def child_tries(queue: Any, what: str, toml: str, config: dict[str, str], block: str) -> None:
     """What a forked child gets when it tries ``what`` ("put": a client's put; "read": a
     store's read of ``block``): "ok", or the error's type and message."""
     import asyncio
@@ -114,7 +140,7 @@ def in_a_forked_child(queue: Any, what: str, toml: str, config: dict[str, str], 
 def forked(what: str, toml: Path, config: dict[str, str] | None = None, block: str = "") -> str:
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    child = context.Process(target=in_a_forked_child, args=(queue, what, str(toml), config or {}, block))
+    child = context.Process(target=child_tries, args=(queue, what, str(toml), config or {}, block))
     child.start()
     child.join(HANG_S)
     if child.is_alive():

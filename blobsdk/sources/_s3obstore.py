@@ -3,7 +3,6 @@ its errors' status and first line, a listing's own errors, and an upload's piece
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -11,22 +10,23 @@ from typing import Any
 
 from obstore.exceptions import InvalidPathError
 
+from .._here import Held
 from ..errors import BadRequest, BlobNotFound, Unavailable
 from .base import Buffer
 from .s3get import S3Refused
 
-_RUNTIME_PID = 0  # the process whose first obstore request started its runtime (see _forked_after_obstore)
+# Held in the process whose first obstore request started obstore's runtime (one per
+# process, like the runtime itself): see _forked_after_obstore.
+_RUNTIME: Held[bool] = Held()
 
 
 def _forked_after_obstore() -> bool:
     """Whether this process was forked after the S3 L4's first obstore request (see
     blobsdk/sources/s3.py); if not, this process starts the runtime if none has."""
-    global _RUNTIME_PID
-    pid = os.getpid()
-    if pid != _RUNTIME_PID:
-        if _RUNTIME_PID:
-            return True
-        _RUNTIME_PID = pid
+    if _RUNTIME.inherited:
+        return True
+    if _RUNTIME.get() is None:
+        _RUNTIME.put(True)
     return False
 
 

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
+from .._here import Held
 from .._rawget import RawGetEndpoint
 from .._sigv4 import Credentials, Signer, uri_encode_path
 from ..errors import BlobError, TimedOut, Unavailable
@@ -112,18 +113,16 @@ class S3Getter:
         self._host = urlsplit(target.endpoint).netloc.rpartition("@")[2]
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 5.0), sock_read=timeout_s)
         self._max_retries = max_retries
-        self._where: tuple[int, asyncio.AbstractEventLoop] | None = None
-        self._endpoint: RawGetEndpoint | None = None
+        self._endpoints: Held[RawGetEndpoint] = Held(per_loop=True)
 
     def _here(self) -> RawGetEndpoint:
         """This process's and this loop's endpoint (a new one the first time here)."""
-        where = (os.getpid(), asyncio.get_running_loop())
-        if self._endpoint is None or self._where != where:
-            # Another process's or loop's connections are never touched (not even closed:
-            # a forked child's copies of the parent's sockets are the parent's to use).
-            self._endpoint = RawGetEndpoint(self.target.endpoint, timeout=self._timeout, refusal=s3_refusal)
-            self._where = where
-        return self._endpoint
+        # Another process's or loop's connections are never touched (not even closed: a
+        # forked child's copies of the parent's sockets are the parent's to use).
+        return self._endpoints.get_or_make(self._new_endpoint)
+
+    def _new_endpoint(self) -> RawGetEndpoint:
+        return RawGetEndpoint(self.target.endpoint, timeout=self._timeout, refusal=s3_refusal)
 
     async def get_into(
         self, bucket: str, key: str, out: memoryview, *, start: int | None = None, if_match: str | None = None
@@ -153,8 +152,8 @@ class S3Getter:
 
     async def aclose(self) -> None:
         """Close this process's connections, if this loop opened them."""
-        endpoint, self._endpoint = self._endpoint, None
-        if endpoint is not None and self._where == (os.getpid(), asyncio.get_running_loop()):
+        loop, endpoint = self._endpoints.loop, self._endpoints.take()
+        if endpoint is not None and loop is asyncio.get_running_loop():
             await endpoint.aclose()
 
 
