@@ -321,7 +321,10 @@ async def test_readahead_bounds_the_bytes_ahead(slow: tuple[ClientConfig, SlowBl
     async with blobsdk.Client(await stock(config, gate, data)) as c:
         reads = c.readahead(list(data), depth=8, max_bytes=3 * CHUNK)
         first = asyncio.ensure_future(anext(reads))
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(30):  # the three reads within the bound reach the server...
+            while gate.started < 3:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # ...and a fourth would have by now (on a loaded machine, a miss, never a false failure)
         assert gate.started == 3
         gate.release.set()
         assert [p for p, _ in [await first] + [item async for item in reads]] == list(data)
