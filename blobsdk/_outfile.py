@@ -9,7 +9,8 @@
   itself is never replaced.  A dangling link gets its target created, as ``open`` would.
 - anything else (a FIFO, a character or block device such as /dev/null or a tty): written
   through, opened for writing as it is, never replaced nor truncated.  A directory or a
-  socket is the OSError that opening it for writing raises.
+  socket is the OSError that opening it for writing raises (``blobsdk get PATH DIR`` does
+  not come here with a directory: it writes ``DIR/<last segment of PATH>``, as ``cp`` does).
 """
 
 from __future__ import annotations

@@ -157,10 +157,11 @@ class Checkpoints:
         background: set[asyncio.Task[Any]] | None = None,
         warm: Callable[[str], object] | None = None,
     ) -> None:
+        prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
         _check_int("keep", keep, 1, None)  # before anything is written (issue 20: nan committed, then failed)
         _check_int("chunk_size", chunk_size, 1, MAX_CHUNK_BYTES)
-        self.prefix = prefix.rstrip("/")
+        self.prefix = prefix
         self.keep = keep
         self.chunk_size = chunk_size
         self._metadata, self._writer, self._read, self._executor = metadata, writer, read, executor
@@ -561,21 +562,34 @@ def _leaf(name: tuple[str, ...], value: Any) -> _Leaf:
         return _tensor_leaf(name, value)
     if isinstance(value, bytes | bytearray | memoryview):
         return _Leaf(name, "bytes", data=memoryview(value).cast("B"))
-    if _is_json(value):
+    problem = _json_problem(value, "")
+    if problem is None:
         return _Leaf(name, "json", value=msgspec.json.encode(value))
+    at, what = problem
+    if at:  # a list (of lists) holding something that is not JSON
+        raise TypeError(f"state {where!r}: cannot checkpoint the list: its item {at} is {what}")
+    if isinstance(value, float):
+        raise TypeError(f"state {where!r}: cannot checkpoint {what}")
     raise TypeError(
         f"state {where!r}: cannot checkpoint a {type(value).__name__}"
         " (numpy arrays, CPU torch tensors, bytes, and JSON scalars (finite floats) or lists of them)"
     )
 
 
-def _is_json(value: Any) -> bool:
-    """JSON that loads back equal: scalars (finite floats) and lists of them."""
+def _json_problem(value: Any, at: str) -> tuple[str, str] | None:
+    """None if ``value`` is JSON that loads back equal (scalars, finite floats, and lists of
+    them), else where in it (``[2]``, ``[0][1]``; ``""``: itself) and what is wrong."""
     if isinstance(value, float):
-        return math.isfinite(value)
+        return None if math.isfinite(value) else (at, f"{value!r}, a float that is not finite (JSON has no nan or inf)")
     if isinstance(value, _JSON_SCALARS):
-        return True
-    return isinstance(value, list) and all(_is_json(v) for v in value)
+        return None
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if (problem := _json_problem(item, f"{at}[{i}]")) is not None:
+                return problem
+        return None
+    kind = type(value).__name__
+    return at, f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} (a list holds JSON scalars (finite floats) or lists of them)"
 
 
 def _array_leaf(name: tuple[str, ...], value: Any) -> _Leaf:

@@ -51,7 +51,7 @@ from .index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_so
 from .limiter import LimiterRegistry, Priority, request_priority
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
-from .paths import validate_path, validate_prefix
+from .paths import listing_prefix, validate_path
 from .prefetch import Prefetch, Prefetcher, PrefetchProgress
 from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from .readpath import ReadPath
@@ -256,6 +256,7 @@ class Client:
     async def put(self, path: str, data: Buffer, *, if_version: int | None = None) -> BlobInfo:
         """Write ``data`` as a new version of ``path``; returns once durable and committed.
         ``if_version``: None unconditional, 0 create-only, N only if the live version is N."""
+        _check_bytes_like(data)
         plan = await self._open.writer.put(path, data, if_version)
         return plan.info()
 
@@ -340,8 +341,9 @@ class Client:
         return plan.info()
 
     async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncGenerator[BlobInfo, None]:
-        """Every blob whose path starts with ``prefix``, sorted by path."""
-        async for info in self._open.metadata.list(validate_prefix(prefix), start_after):
+        """Every blob whose path starts with ``prefix``, sorted by path; a bare bucket
+        (``/a``) lists that bucket only, as ``/a/`` does (blobsdk/paths.py)."""
+        async for info in self._open.metadata.list(listing_prefix(prefix), start_after):
             yield info
 
     async def delete(self, path: str, *, if_version: int | None = None) -> BlobInfo:
@@ -389,6 +391,16 @@ class Client:
         bytes, corrupt (copies dropped), errors, p50/p99 latency, enabled; and "plan" (the
         read-plan cache: hits, misses, entries)."""
         return self._open.stats()
+
+
+def _check_bytes_like(data: object) -> None:
+    """A TypeError naming the argument, not memoryview's, for a str or other non-buffer."""
+    try:
+        memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"put: data must be a bytes-like object (bytes, bytearray, memoryview, ...), not {type(data).__name__}"
+        ) from None
 
 
 class _Open:

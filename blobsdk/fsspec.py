@@ -181,7 +181,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             return _dir_entry("")
         client = await self._client()
         try:
-            return _file_entry(await client.stat(_blob_path(name)))
+            return _file_entry(await _stat_blob(client, name))
         except BlobNotFound:
             pass
         if await self._dir_exists(client, name):
@@ -194,7 +194,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         entries = await self._children(client, name)
         if not entries and name:
             try:
-                entries = [_file_entry(await client.stat(_blob_path(name)))]
+                entries = [_file_entry(await _stat_blob(client, name))]
             except BlobNotFound:
                 raise FileNotFoundError(errno.ENOENT, "no blob or directory", name) from None
         entries.sort(key=lambda e: str(e["name"]))
@@ -261,7 +261,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
                     found.setdefault(name, _dir_entry(name))
         if not found and name and not prefix:
             with suppress(BlobNotFound):
-                found[name] = _file_entry(await client.stat(_blob_path(name)))
+                found[name] = _file_entry(await _stat_blob(client, name))
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
 
@@ -315,7 +315,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         name = _name(rpath)
         client = await self._client()
         try:
-            info = await client.stat(_blob_path(name))
+            info = await _stat_blob(client, name)
         except BlobNotFound:
             if not await self._dir_exists(client, name):
                 raise
@@ -358,7 +358,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _stat_entry(self, name: str) -> Entry:
         client = await self._client()
-        return _file_entry(await client.stat(_blob_path(name)))
+        return _file_entry(await _stat_blob(client, name))
 
     # --- writes --------------------------------------------------------------------------------
 
@@ -409,7 +409,10 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
         client = await self._client()
-        await client.delete(_blob_path(_name(path)))
+        name = _name(path)
+        if "/" not in name:  # a bucket: a directory, never a blob (as in _stat_blob)
+            raise BlobNotFound(f"a bucket is not a blob: {name!r}")
+        await client.delete(_blob_path(name))
 
     async def _rm(
         self,
@@ -682,6 +685,14 @@ def _load_config(config: object) -> ClientConfig | None:
 
 def _name(path: object) -> str:
     return cast(str, BlobFileSystem._strip_protocol(path))
+
+
+async def _stat_blob(client: Client, name: str) -> BlobInfo:
+    """The blob at ``name``; a bucket's name (no ``/``) is never one: BlobNotFound, so that
+    it is looked up as a directory."""
+    if "/" not in name:
+        raise BlobNotFound(f"a bucket is not a blob: {name!r}")
+    return await client.stat(_blob_path(name))
 
 
 def _blob_path(name: str) -> str:

@@ -1,8 +1,14 @@
 """Blob path rules (DESIGN §1).
 
-A path is ``/bucket/key...``: absolute, UTF-8, at most 1024 bytes once encoded, made of
-non-empty segments, none of them ``.`` or ``..``, and no NUL.  A *prefix* for listing follows
-the same rules except that it may end with ``/`` and may be just ``/``.
+A path is ``/bucket/key...``: absolute, a bucket and at least one key segment, UTF-8, at most
+1024 bytes once encoded, made of non-empty segments, none of them ``.`` or ``..``, and no
+NUL.  A *prefix* for listing follows the same rules except that it may end with ``/``, may be
+just ``/`` and may name only a bucket.
+
+Listing (:func:`listing_prefix`): ``/`` lists every bucket; ``/a`` and ``/a/`` list bucket
+``a`` only (never ``/a2/...``); a longer prefix is matched as a string inside its bucket, as
+S3's ListObjects does: ``/a/dir/`` lists what is under the directory, ``/a/dir`` also
+``/a/dir2`` and ``/a/dir.x``, ``/a/logs/2024-`` every key that starts with it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ def validate_path(path: object) -> str:
     text = _check_text(path)
     if text == "/":
         raise InvalidPath("path '/' names no blob")
-    _check_segments(text, text[1:].split("/"))
+    segments = text[1:].split("/")
+    _check_segments(text, segments)
+    if len(segments) == 1:
+        raise InvalidPath(f"path {text!r} names a bucket, not a blob: a blob path is /bucket/key")
     return text
 
 
@@ -31,6 +40,13 @@ def validate_prefix(prefix: object) -> str:
     elif text != "/":
         raise InvalidPath(f"invalid prefix {text!r}: empty segment")
     return text
+
+
+def listing_prefix(prefix: object) -> str:
+    """A valid listing prefix, a bare bucket (``/a``) made ``/a/`` so that it never matches
+    another bucket whose name starts with it."""
+    text = validate_prefix(prefix)
+    return text + "/" if text != "/" and "/" not in text[1:] else text
 
 
 def bucket_of(path: str) -> str:

@@ -4,7 +4,8 @@
 and works in the background:
 
 1. **Resolve.** A string ending in ``/`` is a prefix (every blob under it, listed); any other
-   string is one path.  Plans are looked up in batches of 1000 through the client's plan
+   string is one path.  A prefix with no blob under it goes to ``handle.failed`` as
+   ``BlobNotFound``.  Plans are looked up in batches of 1000 through the client's plan
    cache, which this also pre-warms.  A missing path goes to ``handle.failed`` as
    ``BlobNotFound``, a batch or prefix the metadata store refuses (``Forbidden``,
    ``Unavailable``) as that error; the rest proceeds.
@@ -13,7 +14,8 @@ and works in the background:
    - ``"l3"``: hydrate jobs posted to the L3 nodes that own each chunk (the read path's
      rendezvous placement and replicas), pinned for ``pin_seconds`` (None: the nodes'
      default), progress polled from the nodes every ``POLL_S``.  Progress counts chunk
-     *copies*: with 2 L3 replicas each chunk counts twice.  A chunk fails (its paths go to
+     *copies*: with 2 L3 replicas each chunk counts twice (``dataset_chunks`` and
+     ``dataset_bytes`` are the distinct chunks' count and bytes).  A chunk fails (its paths go to
      ``failed``) only when every node it was sent to failed it.
    - ``"l1"`` / ``"l2"``: every chunk not already held is fetched through the read path at
      prefetch priority (each endpoint's limiter queues foreground reads first) by
@@ -54,13 +56,17 @@ CANCEL_TIMEOUT_S = 5.0  # how long a cancelled L3 prefetch waits for its nodes t
 class PrefetchProgress:
     """How far a prefetch is.  ``chunks_done`` counts chunks now in the tier (fetched, or
     held already); ``chunks_skipped`` those left out for the byte budget or that the tier
-    would not keep (full, over a quota); chunks that failed count in neither."""
+    would not keep (full, over a quota); chunks that failed count in neither.  Into L3 the
+    chunk and byte counts are of chunk *copies* (one per replica); ``dataset_chunks`` and
+    ``dataset_bytes`` are always the distinct chunks' count and bytes."""
 
     chunks_done: int = 0
     chunks_total: int = 0
     bytes_done: int = 0
     bytes_total: int = 0
     chunks_skipped: int = 0
+    dataset_chunks: int = 0
+    dataset_bytes: int = 0
 
 
 @dataclass
@@ -70,6 +76,8 @@ class _Tally:
     bytes_done: int = 0
     bytes_total: int = 0
     chunks_skipped: int = 0
+    dataset_chunks: int = 0
+    dataset_bytes: int = 0
     failed: dict[str, BlobError] = field(default_factory=dict)
     jobs: dict[int, tuple[int, int]] = field(default_factory=dict)  # L3 job -> (done, bytes) counted
 
@@ -81,7 +89,19 @@ class _Tally:
         self.bytes_done += status.bytes - nbytes
 
     def snapshot(self) -> PrefetchProgress:
-        return PrefetchProgress(self.chunks_done, self.chunks_total, self.bytes_done, self.bytes_total, self.chunks_skipped)
+        return PrefetchProgress(
+            self.chunks_done,
+            self.chunks_total,
+            self.bytes_done,
+            self.bytes_total,
+            self.chunks_skipped,
+            self.dataset_chunks,
+            self.dataset_bytes,
+        )
+
+    def distinct(self, chunks: dict[str, tuple[ChunkRef, list[str]]]) -> None:
+        self.dataset_chunks = len(chunks)
+        self.dataset_bytes = sum(ref.raw_length for ref, _ in chunks.values())
 
 
 class Prefetch:
@@ -187,11 +207,16 @@ class Prefetcher:
         paths: dict[str, None] = {}
         for target in targets:
             if target.endswith("/"):
+                listed = False
                 try:
                     async for info in self.plans.list(target):
                         paths[info.path] = None
+                        listed = True
                 except BlobError as exc:  # e.g. Forbidden: the prefix is reported, the rest goes on
                     tally.failed[target] = exc
+                    continue
+                if not listed:
+                    tally.failed[target] = BlobNotFound(f"no blobs under {target!r}")
             else:
                 paths[target] = None
         found: list[ReadPlan] = []
@@ -213,6 +238,7 @@ class Prefetcher:
     async def _into_cache(self, targets: Sequence[str], tally: _Tally, top: int, budget: int) -> None:
         with request_priority(Priority.PREFETCH):
             chunks = _chunks_of(await self._resolve(targets, tally))
+            tally.distinct(chunks)
             tally.chunks_total = len(chunks)
             tally.bytes_total = sum(ref.raw_length for ref, _ in chunks.values())
             queue = iter(chunks.values())
@@ -245,6 +271,7 @@ class Prefetcher:
     async def _into_l3(self, targets: Sequence[str], tally: _Tally, pin_seconds: float | None) -> None:
         assert self.l3 is not None  # _tier_index checked it
         chunks = _chunks_of(await self._resolve(targets, tally))
+        tally.distinct(chunks)
         jobs = await self.l3.hydrate([ref for ref, _ in chunks.values()], pin_seconds)
         tally.chunks_total = sum(job.total for job in jobs)
         tally.bytes_total = sum(ref.raw_length for job in jobs for ref in job.refs)

@@ -160,6 +160,7 @@ def test_a_plan_row_corrupted_by_hand_is_one_line_exit_1_not_the_usage_code(tmp_
 
 
 def test_missing_blob_exits_1(store):
+    ok("--create", "ls", "/", store=store)
     result = run("cat", "/b/missing", store=store)
     assert result.returncode == 1 and result.stdout == b""
     assert error_line(result).startswith("blobsdk: error: ") and "/b/missing" in error_line(result)
@@ -391,6 +392,11 @@ def test_prefetch_into_l3_shows_progress_and_reports_failures(tmp_path):
         missing = run("--config", config, "prefetch", "/ds/f0", "/ds/nope")
         assert missing.returncode == 1
         assert json.loads(missing.stdout)["failed"] == {"/ds/nope": "BlobNotFound: no blob at '/ds/nope'"}
+        assert error_line(missing) == "blobsdk: error: no blob at '/ds/nope'"
+        empty = run("--config", config, "prefetch", "/ds/nope/")  # issue 22 CLI item 10
+        assert empty.returncode == 1 and error_line(empty) == "blobsdk: error: no blobs under '/ds/nope/'"
+        assert json.loads(empty.stdout)["failed"] == {"/ds/nope/": "BlobNotFound: no blobs under '/ds/nope/'"}
+        assert b"prefetch into l3" in done.stderr and b" 900k/900k " in done.stderr  # 3 x 300 kB, once each
 
 
 @pytest.mark.parametrize(
@@ -404,5 +410,6 @@ def test_prefetch_into_l3_shows_progress_and_reports_failures(tmp_path):
     ],
 )
 def test_prefetch_errors(store, args, code, message):
+    ok("--create", "ls", "/", store=store)
     result = run(*args, store=store)
     assert result.returncode == code and message in error_line(result)

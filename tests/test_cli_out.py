@@ -121,7 +121,21 @@ def test_a_replaced_file_keeps_its_mode(tmp_path, store):
     assert out.read_bytes() == DATA and stat.S_IMODE(out.stat().st_mode) == 0o640
 
 
-def test_a_directory_is_an_error_and_stays(tmp_path, store):
+def test_a_directory_gets_the_blob_by_its_last_segment_as_cp_does(tmp_path, store):
+    """issue 22 CLI item 6: ``get PATH DIR`` writes DIR/<last segment of PATH>."""
+    out = tmp_path / "out"
+    out.mkdir()
+    ok("get", "/b/x", str(out), store=store)
+    assert [p.name for p in out.iterdir()] == ["x"] and (out / "x").read_bytes() == DATA
+    link = tmp_path / "link"
+    link.symlink_to(out, target_is_directory=True)  # a link to a directory is that directory
+    (out / "x").unlink()
+    ok("get", "/b/x", str(link), store=store)
+    assert link.is_symlink() and (out / "x").read_bytes() == DATA
+
+
+def test_a_directory_in_the_way_of_the_blobs_name_is_an_error_and_stays(tmp_path, store):
+    (tmp_path / "x").mkdir()
     result = run("get", "/b/x", str(tmp_path), store=store)
-    assert result.returncode == 1 and tmp_path.is_dir()
-    assert result.stderr.decode() == f"blobsdk: error: [Errno 21] Is a directory: '{os.path.realpath(tmp_path)}'\n"
+    assert result.returncode == 1 and (tmp_path / "x").is_dir()
+    assert result.stderr.decode() == f"blobsdk: error: [Errno 21] Is a directory: '{os.path.realpath(tmp_path / 'x')}'\n"

@@ -110,6 +110,36 @@ async def test_list_stat_delete(client):
         [i async for i in client.list("b/")]
 
 
+async def test_a_bare_bucket_lists_that_bucket_only(client):
+    """issue 22 CLI item 2: ``/b`` is bucket ``b``, not every bucket whose name starts with b."""
+    for name in ["/b/x", "/b/y/z", "/b2/z", "/bx/k", "/c/x"]:
+        await client.put(name, b"1")
+    assert [i.path async for i in client.list("/b")] == ["/b/x", "/b/y/z"]
+    assert [i.path async for i in client.list("/b", start_after="/b/x")] == ["/b/y/z"]
+    assert [i.path async for i in client.list("/")] == ["/b/x", "/b/y/z", "/b2/z", "/bx/k", "/c/x"]
+
+
+@pytest.mark.parametrize("path", ["/bucketx", "/b/"])
+async def test_a_put_or_get_of_a_path_with_no_key_is_refused(client, path):
+    with pytest.raises(InvalidPath) as put:
+        await client.put(path, b"x")
+    with pytest.raises(InvalidPath) as get:
+        await client.get(path)
+    assert str(put.value) == str(get.value)
+    if path == "/bucketx":
+        assert str(put.value) == "path '/bucketx' names a bucket, not a blob: a blob path is /bucket/key"
+
+
+@pytest.mark.parametrize("data", ["a str", 7, None])
+async def test_put_of_data_that_is_not_bytes_like_names_the_argument(client, data):
+    with pytest.raises(TypeError) as caught:
+        await client.put("/b/x", data)
+    assert str(caught.value) == (
+        f"put: data must be a bytes-like object (bytes, bytearray, memoryview, ...), not {type(data).__name__}"
+    )
+    assert [i async for i in client.list("/b/")] == []
+
+
 async def test_put_many_packs_and_reports_progress(client, tmp_path):
     items = [(f"/ds/s{i:04d}", payload(3000 + i, i)) for i in range(300)]
     seen = []

@@ -1,10 +1,10 @@
 import pytest
 
 from blobsdk.errors import InvalidPath
-from blobsdk.paths import bucket_of, validate_path, validate_prefix
+from blobsdk.paths import bucket_of, listing_prefix, validate_path, validate_prefix
 
 
-@pytest.mark.parametrize("path", ["/b", "/b/k", "/b/a/b/c.bin", "/b/%_*?", "/b/ünïcode", "/b/" + "x" * 1021])
+@pytest.mark.parametrize("path", ["/b/k", "/b/a/b/c.bin", "/b/%_*?", "/b/ünïcode", "/b/" + "x" * 1021])
 def test_valid_paths(path):
     assert validate_path(path) == path
 
@@ -15,6 +15,7 @@ def test_valid_paths(path):
         ("", "path is empty"),
         ("b/k", "path must be absolute"),
         ("/", "path '/' names no blob"),
+        ("/bucketx", "path '/bucketx' names a bucket, not a blob: a blob path is /bucket/key"),
         ("/b/../k", "'..' segment"),
         ("/b/./k", "'.' segment"),
         ("/..", "'..' segment"),
@@ -47,3 +48,16 @@ def test_invalid_prefixes(prefix):
 def test_bucket_of():
     assert bucket_of("/bucket/a/b") == "bucket"
     assert bucket_of("/bucket") == "bucket"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "listed"),
+    [("/", "/"), ("/b", "/b/"), ("/b/", "/b/"), ("/b/dir", "/b/dir"), ("/b/dir/", "/b/dir/"), ("/b/logs/2024-", "/b/logs/2024-")],
+)
+def test_a_bare_bucket_lists_that_bucket_only(prefix, listed):
+    assert listing_prefix(prefix) == listed
+
+
+def test_a_listing_prefix_is_validated():
+    with pytest.raises(InvalidPath, match="empty segment"):
+        listing_prefix("/b//")

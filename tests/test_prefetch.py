@@ -50,7 +50,14 @@ async def test_an_l1_prefetch_makes_the_reads_hits(tmp_path: Path, stocked: dict
         handle = c.prefetch(list(stocked), tier="l1")
         assert not handle.done
         progress = await handle
-        assert progress == PrefetchProgress(chunks_done=36, chunks_total=36, bytes_done=36 * CHUNK, bytes_total=36 * CHUNK)
+        assert progress == PrefetchProgress(
+            chunks_done=36,
+            chunks_total=36,
+            bytes_done=36 * CHUNK,
+            bytes_total=36 * CHUNK,
+            dataset_chunks=36,
+            dataset_bytes=36 * CHUNK,
+        )
         assert handle.done and handle.failed == {} and handle.progress == progress
         l4_reads = c.stats()["l4"]["hits"]
         assert l4_reads == 36
@@ -89,7 +96,8 @@ async def test_missing_paths_are_reported_and_the_rest_proceeds(tmp_path: Path, 
     async with local(tmp_path) as c:
         handle = c.prefetch(["/ds/0000", "/nope/a", "/ds/0001", "/empty/"], tier="l1")
         progress = await handle
-        assert list(handle.failed) == ["/nope/a"] and isinstance(handle.failed["/nope/a"], BlobNotFound)
+        assert list(handle.failed) == ["/empty/", "/nope/a"] and isinstance(handle.failed["/nope/a"], BlobNotFound)
+        assert isinstance(handle.failed["/empty/"], BlobNotFound) and str(handle.failed["/empty/"]) == "no blobs under '/empty/'"
         assert (progress.chunks_done, progress.chunks_total) == (6, 6)
 
 
@@ -244,10 +252,12 @@ async def test_after_an_l3_prefetch_a_cold_client_reads_nothing_from_l4(tmp_path
         data = blobs(10)
         async with blobsdk.Client(config) as c:
             await c.put_many(data.items())
-            handle = c.prefetch(["/ds/", "/gone"], tier="l3", pin_seconds=60)
+            handle = c.prefetch(["/ds/", "/x/gone", "/ds/none/"], tier="l3", pin_seconds=60)
             progress = await handle
-            assert list(handle.failed) == ["/gone"]
+            assert list(handle.failed) == ["/ds/none/", "/x/gone"]
+            assert str(handle.failed["/ds/none/"]) == "no blobs under '/ds/none/'"
             assert (progress.chunks_done, progress.chunks_total) == (60, 60)  # 30 chunks, 2 replicas each
+            assert progress.dataset_chunks == 30 and progress.bytes_total == 2 * progress.dataset_bytes
             assert progress.bytes_done == progress.bytes_total == 60 * CHUNK
             assert c.stats()["l4"]["hits"] == 0  # the nodes read L4, not the client
         async with blobsdk.Client(config) as cold:
@@ -368,7 +378,7 @@ def test_sync_prefetch_and_readahead(tmp_path: Path) -> None:
     with blobsdk.SyncClient.local(tmp_path / "store", write=SMALL) as c:
         c.put_many(data.items())
         handle = c.prefetch(list(data), tier="l1")
-        assert handle.wait() == PrefetchProgress(18, 18, 18 * CHUNK, 18 * CHUNK) and handle.done
+        assert handle.wait() == PrefetchProgress(18, 18, 18 * CHUNK, 18 * CHUNK, 0, 18, 18 * CHUNK) and handle.done
         assert [(p, bytes(d)) for p, d in c.readahead(list(data), depth=2)] == list(data.items())
         assert c.stats()["l1"]["hits"] == 18
         assert c.plan("/ds/0000").size == 3 * CHUNK

@@ -1,0 +1,195 @@
+"""``blobsdk gc | scrub | stats | plan | prefetch | ckpt ...``: the store's upkeep, what a
+client sees, warming tiers, and delta checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tqdm import tqdm
+
+from .._progress import ProgressLine
+from ..client import Client
+from ..prefetch import PrefetchProgress
+from ._common import iso, non_negative, print_json, print_pretty, seconds
+
+PROGRESS_S = 0.2  # how often the prefetch progress bar is redrawn
+STATS_NOTE = (
+    "client: this command's own client, new at each call, so its counters are zero (a process's"
+    " counters are its Client.stats()); nodes: the L3 nodes' own stats, since they started"
+)
+
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+async def cmd_gc(client: Client, args: argparse.Namespace) -> int:
+    print_json(await client.gc(args.grace, dry_run=args.dry_run))
+    return 0
+
+
+async def cmd_scrub(client: Client, args: argparse.Namespace) -> int:
+    """Verify (and unless --dry-run repair) every live block copy; exit 1 if any is left bad."""
+    progress = ScrubProgress(sys.stderr)
+    report = await client.scrub(dry_run=args.dry_run, progress=progress.blocks)
+    progress.finish()
+    print_pretty(report)
+    return 0 if report.ok else 1
+
+
+class ScrubProgress(ProgressLine):
+    """``done/total blocks, MiB verified, MiB/s`` on the progress line."""
+
+    total = 0
+
+    def blocks(self, done: int, total: int, nbytes: int) -> None:
+        self.total = total
+        self.update(done, nbytes)
+
+    def text(self) -> str:
+        return f"{self.blobs}/{self.total} blocks, " + super().text().split(", ", 1)[1]
+
+
+async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
+    """The client's and the L3 nodes' counters, and on ``--local`` the store's totals."""
+    report: dict[str, Any] = {"about": STATS_NOTE, "client": client.stats(), "nodes": await client.node_stats()}
+    if args.local is not None:
+        blobs = nbytes = 0
+        async for info in client.list("/"):
+            blobs += 1
+            nbytes += info.size
+        report["store"] = {"blobs": blobs, "bytes": nbytes}
+    print_pretty(report)
+    return 0
+
+
+async def cmd_plan(client: Client, args: argparse.Namespace) -> int:
+    print_pretty(await client.plan(args.path))
+    return 0
+
+
+async def cmd_prefetch(client: Client, args: argparse.Namespace) -> int:
+    """Warm a tier with these blobs, a progress bar of the dataset's bytes on stderr; the
+    final progress and every failed path (or prefix with no blob) as JSON on stdout; exit 1
+    if any failed."""
+    handle = client.prefetch(args.targets, tier=args.tier, pin_seconds=args.pin_seconds)
+    ended = asyncio.ensure_future(handle.wait())
+    with tqdm(desc=f"prefetch into {args.tier}", unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5) as bar:
+        while not ended.done():
+            _show(bar, handle.progress)
+            await asyncio.wait([ended], timeout=PROGRESS_S)
+        progress = await ended
+        _show(bar, progress)
+    failed = {path: f"{type(exc).__name__}: {exc}" for path, exc in handle.failed.items()}
+    for path, exc in handle.failed.items():  # said on stderr too: a prefix with no blob is easy to miss in the JSON
+        print(f"blobsdk: error: {exc}" if path in str(exc) else f"blobsdk: error: {path}: {exc}", file=sys.stderr)
+    print_json({"progress": progress, "failed": failed})
+    return 1 if failed else 0
+
+
+def _show(bar: tqdm[Any], progress: PrefetchProgress) -> None:
+    """The dataset's bytes (each chunk once); into L3, the replica copies apart."""
+    bar.total = progress.dataset_bytes
+    bar.update(dataset_bytes_done(progress) - bar.n)
+    copies = progress.chunks_total != progress.dataset_chunks
+    if copies:
+        copied = tqdm.format_sizeof(progress.bytes_done, "B")
+        text = f"{progress.chunks_done}/{progress.chunks_total} chunk copies, {copied} copied"
+    else:
+        text = f"{progress.chunks_done}/{progress.chunks_total} chunks"
+    bar.set_postfix_str(text, refresh=False)
+
+
+def dataset_bytes_done(progress: PrefetchProgress) -> int:
+    """How much of the dataset is warm: the copies done, in the dataset's bytes (every chunk
+    has as many copies as the others, so the shares are the same)."""
+    if progress.bytes_total == 0:
+        return 0
+    return progress.bytes_done * progress.dataset_bytes // progress.bytes_total
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+async def cmd_ckpt_ls(client: Client, args: argparse.Namespace) -> int:
+    ck = client.checkpoints(args.prefix)
+    for step in await ck.list():
+        m = await ck.manifest(step)
+        total = m.new_bytes + m.reused_bytes
+        print(f"{step:>12}  {iso(m.created)}  {total:>14} bytes  {m.new_bytes:>14} new  {len(m.entries):>6} entries")
+    return 0
+
+
+async def cmd_ckpt_show(client: Client, args: argparse.Namespace) -> int:
+    m = await client.checkpoints(args.prefix).manifest(args.step)
+    print(f"step {m.step}  created {iso(m.created)}  chunk_size {m.chunk_size}")
+    print(f"{m.new_bytes + m.reused_bytes} bytes: {m.new_bytes} new, {m.reused_bytes} reused from earlier checkpoints")
+    for e in m.entries:
+        name = "/".join(e.name)
+        if e.kind == "json":
+            print(f"  {name}  json  {e.value.decode()}")
+            continue
+        kind = "bytes" if e.kind == "bytes" else f"{e.kind} {e.dtype} [{', '.join(map(str, e.shape))}]"
+        print(f"  {name}  {kind}  {e.nbytes} bytes, {e.new_bytes} new")
+    return 0
+
+
+async def cmd_ckpt_rm(client: Client, args: argparse.Namespace) -> int:
+    await client.checkpoints(args.prefix).remove(args.step)
+    return 0
+
+
+# --- arguments -------------------------------------------------------------------------
+
+
+def add_parsers(command: AddCommand, sub: Any) -> None:
+    p = command("gc", cmd_gc, "delete L4 blocks no blob references")
+    p.add_argument(
+        "--grace",
+        type=seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="only blocks older than this (default 3600; must exceed max_write_seconds)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
+
+    p = command("scrub", cmd_scrub, "verify every replica's copy of every live block and repair bad or missing ones")
+    p.add_argument("--dry-run", action="store_true", help="verify and report only: write nothing")
+
+    command(
+        "stats",
+        cmd_stats,
+        "show as JSON the L3 nodes' own stats, this command's client's per-tier counters (zero: each call is a new"
+        " client), and on --local the store's blob count and bytes",
+    )
+
+    p = command("plan", cmd_plan, "show a blob's read plan (its chunks and where they are) as JSON")
+    p.add_argument("path", metavar="PATH")
+
+    p = command(
+        "prefetch",
+        cmd_prefetch,
+        "warm a shared tier with blobs (a PREFIX ends in '/'), with a progress bar of the dataset's bytes",
+    )
+    p.add_argument("targets", nargs="+", metavar="PATH_OR_PREFIX")
+    p.add_argument(
+        "--tier", choices=("l2", "l3"), default="l3", help="l3: the flash nodes (default); l2: this host's local cache"
+    )
+    p.add_argument("--pin-seconds", type=seconds, default=None, metavar="S", help="l3: keep them pinned this long")
+
+    ckpt = sub.add_parser("ckpt", help="list, show and remove delta checkpoints", description="Delta checkpoints.")
+    kinds = ckpt.add_subparsers(dest="ckpt_command", required=True, metavar="CKPT_COMMAND")
+
+    def ckpt_command(name: str, run: Any, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = kinds.add_parser(name, help=help, description=help)
+        p.set_defaults(run=run, creates=False)
+        p.add_argument("prefix", metavar="PREFIX", help="where the checkpoints are, e.g. /bucket/ckpt/job1")
+        return p
+
+    ckpt_command("ls", cmd_ckpt_ls, "list the kept checkpoints: step, time, bytes, new bytes, entries")
+    p = ckpt_command("show", cmd_ckpt_show, "show one checkpoint's tensors, sizes, and new vs reused bytes")
+    p.add_argument("step", type=non_negative, metavar="STEP")
+    p = ckpt_command("rm", cmd_ckpt_rm, "delete one checkpoint (its unshared blocks go at the next gc)")
+    p.add_argument("step", type=non_negative, metavar="STEP")
