@@ -185,7 +185,7 @@ async def test_a_hung_replica_never_stalls_sixteen_readers(cluster, hedge):
     latencies, stats = await _readers_through_a_hang(cluster, cluster.config.block_urls[1], hedge)
     # At most the hang deadline (<= 1 s) after the replica's last answer (its reads in flight
     # when it stalled still finish), plus the failed-over read, not the socket's 30 s timeout.
-    assert max(latencies) < HANG_BOUND_S, (max(latencies), sorted(stats.items()))
+    assert max(latencies) < HANG_BOUND_S, (sorted(latencies)[-5:], len(latencies), dict(sorted(stats.items())))
     if hedge is NO_BUDGET:
         assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
         assert stats["hedge_hedges_sent"] == 0
