@@ -79,6 +79,7 @@ plus ~0.05-0.1 s in a warm epoch for the L3 nodes' work on the same cores (``mem
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import re
 import sys
@@ -94,6 +95,8 @@ from blobsdk._http import new_session
 from blobsdk.config import Timeouts
 from servers.cluster import start_cluster
 
+from . import _ingest_peers as peers
+from . import _ingest_plot
 from ._ingest_job import JobResult, Variant, run_job
 from ._ingest_variants import CopyThenTrain, Naive, WithL3Traffic, blobsdk_dataset, fsspec_cached, in_memory, plain_http
 from ._ingest_workload import FULL, QUICK, MiB, Samples, Workload
@@ -105,12 +108,19 @@ GOALS = {
     "ingest_vs_copy": ">= 5",
     "ingest_vs_fsspec": ">= 5",
     "utilisation": ">= 0.95",
+    "ingest_vs_best_peer": ">= 2",
 }
 BASELINES = ("naive", "dataloader", "copy", "fsspec")
 UPLOAD_PARALLEL = 16  # per-sample block PUTs in flight while loading the dataset
 
 
-async def run(quick: bool = False) -> Report:
+def options(args: argparse.Namespace) -> dict[str, object]:
+    """``--png PATH``; by default the picture goes next to ``--json`` (``.png``), else ingest.png."""
+    png = args.png or (args.json.with_suffix(".png") if args.json else Path("ingest.png"))
+    return {"png": png}
+
+
+async def run(quick: bool = False, png: Path | None = None) -> Report:
     workload = QUICK if quick else FULL
     samples = Samples(workload)
     _say("== ingest: parameters ==", *workload.describe(samples))
@@ -126,7 +136,50 @@ async def run(quick: bool = False) -> Report:
                 result = results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
                 result.extra.update(l4_delta(before, await l4_answers(cluster.config)))
                 _say(summary(variant.name, result))
-    return report(results)
+        skipped = await s3_rows(root / "s3", samples, workload, results)
+    out = report(results, skipped)
+    if png is not None:
+        picture(results, png, workload)
+    return out
+
+
+async def s3_rows(root: Path, samples: Samples, workload: Workload, results: dict[str, JobResult]) -> dict[str, str]:
+    """The rows on SeaweedFS behind the HDD proxy (benchmarks/_ingest_peers.py): the peers,
+    then blobsdk (whose load starts obstore in this process: the peers' workers fork first).
+    Returns the rows skipped, with why."""
+    why = peers.missing()
+    skipped = dict.fromkeys(peers.PEERS, why) if why else {}
+    for name, reason in skipped.items():
+        _say(f"{name:>10}: skipped, {reason}")
+    with peers.start_origin(root / "origin", workload) as origin, peers.aws_env():
+        peers.load(origin, samples, root, peers=why is None)  # on this thread: litdata's optimize() sets signal handlers
+        if why is None:
+            for make in peer_variants(origin, workload, root):
+                await _play_row(make(), workload, samples, results)
+        async with start_cluster(root / "cluster", **peers.blobsdk_cluster_options(origin, workload, samples)) as cluster:
+            assert cluster.config is not None
+            await peers.load_blobs(cluster.config, origin, samples)
+            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results)
+    return skipped
+
+
+def peer_variants(origin: peers.Origin, workload: Workload, root: Path) -> list[Callable[[], Variant]]:
+    return [lambda: peers.s3torch(origin, workload), lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache")]
+
+
+async def _play_row(variant: Variant, workload: Workload, samples: Samples, results: dict[str, JobResult]) -> None:
+    results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
+    _say(summary(variant.name, results[variant.name]))
+
+
+def picture(results: dict[str, JobResult], png: Path, workload: Workload) -> None:
+    why = _ingest_plot.missing()
+    if why:
+        _say(f"no picture: {why}")
+        return
+    title = f"ingest: {workload.dataset_bytes // MiB} MiB, {workload.epochs} epochs, HDD tier 3 x 60 MB/s"
+    _ingest_plot.write_png(results, png, title)
+    _say(f"picture: {png}")
 
 
 def cluster_options(workload: Workload, samples: Samples) -> dict[str, object]:
@@ -228,7 +281,7 @@ def summary(name: str, result: JobResult) -> str:
     )
 
 
-def report(results: dict[str, JobResult]) -> Report:
+def report(results: dict[str, JobResult], skipped: dict[str, str] | None = None) -> Report:
     out = Report("ingest")
     for name, result in results.items():
         out.metrics[f"{name}_ingest_s"] = result.ingest_s
@@ -242,7 +295,13 @@ def report(results: dict[str, JobResult]) -> Report:
     out.metrics["utilisation"] = ours.utilisation
     for name in BASELINES:
         out.ratios[f"ingest_vs_{name}"] = results[name].ingest_s / max(ours.ingest_s, 1e-3)
-    out.goals.update(GOALS)
+    ran = [name for name in peers.PEERS if name in results]
+    if ran and "blobsdk_s3" in results:
+        best = min(ran, key=lambda name: results[name].ingest_s)
+        out.ratios["ingest_vs_best_peer"] = results[best].ingest_s / max(results["blobsdk_s3"].ingest_s, 1e-3)
+        out.details["best_peer"] = best
+    out.skipped.update(skipped or {})
+    out.goals.update({key: goal for key, goal in GOALS.items() if key in out.ratios or key in out.metrics})
     return out
 
 

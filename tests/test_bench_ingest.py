@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import _ingest_peers as peers
 from benchmarks import ingest
 from benchmarks._ingest_job import Batch, JobResult, WrongData, run_job
 from benchmarks._ingest_variants import WithL3Traffic
@@ -156,3 +157,28 @@ def test_the_report_names_the_issue_figures() -> None:
     assert report.ratios == {"ingest_vs_naive": 15, "ingest_vs_dataloader": 5, "ingest_vs_copy": 2, "ingest_vs_fsspec": 3}
     assert report.metrics["utilisation"] == pytest.approx(1 / 3)
     assert report.metrics["copy_stall_epoch0_s"] == pytest.approx(4)
+
+
+def test_the_s3_rows_feed_the_job_every_sample_each_epoch_through_the_hdd_proxy(tmp_path: Path) -> None:
+    """blobsdk over S3 always; s3torchconnector and litdata when the bench extra is installed
+    (else they are reported as skipped, with why)."""
+    samples = Samples(TINY)
+    results: dict[str, JobResult] = {}
+    skipped = asyncio.run(ingest.s3_rows(tmp_path, samples, TINY, results))
+    expected = ["s3torch", "litdata", "blobsdk_s3"] if peers.missing() is None else ["blobsdk_s3"]
+    assert list(results) == expected
+    assert skipped == ({} if peers.missing() is None else dict.fromkeys(peers.PEERS, peers.missing()))
+    assert all(len(r.epochs) == TINY.epochs and 0 < r.utilisation <= 1 for r in results.values())
+    assert all(len(e.waits) == -(-len(samples) // TINY.batch_size) for r in results.values() for e in r.epochs)
+    assert multiprocessing.active_children() == []  # every loader's workers stopped
+    assert not (tmp_path / "litdata-cache").exists()
+    report = ingest.report({**_blocks(), **results}, skipped)
+    assert ("ingest_vs_best_peer" in report.ratios) == (peers.missing() is None)
+    assert report.skipped == skipped
+
+
+def _blocks() -> dict[str, JobResult]:
+    from benchmarks._ingest_job import EpochTiming
+
+    job = JobResult(setup_s=0.1, epochs=[EpochTiming(wall_s=2.0, compute_s=1.0, first_batch_s=0.0)])
+    return dict.fromkeys(("memory", "naive", "dataloader", "copy", "fsspec", "blobsdk"), job)
