@@ -22,8 +22,12 @@ are under ``litdata/``, blobsdk's blocks under ``blobsdk/``.
   "s3://ingest/litdata", cache_dir=<fresh temp dir>, shuffle=True, storage_options=
   {endpoint_url: proxy, ...})``: each worker downloads whole chunks into the local cache
   (``max_pre_download=2`` ahead) and reads its samples there; later epochs read the cache.
-  Its chunk GETs take its boto3 path (:func:`_litdata_over_boto3`: its obstore path refuses
-  an ``http://`` endpoint).
+  Its chunk GETs take its obstore path, told to allow ``http://`` (:func:`_litdata_allow_http`).
+  With more than one worker over S3, litdata 0.2.76 fails in its first epoch (``struct.error``
+  in ``PyTreeLoader.deserialize``: an item of 0 bytes, read from a chunk in the cache that
+  the workers share; with 1 worker, or from a local directory with 4, it reads every item;
+  its own ``StreamingDataLoader`` fails the same way): the row is reported as failed, and
+  ``litdata_1w`` is litdata with 1 worker, everything else the same.
 - ``blobsdk_s3``: the ``blobsdk`` row's dataset on a cluster whose L4 is the same bucket
   through the proxy (2 L3 nodes that read through from it; no block servers).
 
@@ -35,11 +39,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import multiprocessing
 import os
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +64,7 @@ BUCKET = "ingest"
 OBJECTS = "samples/"
 LITDATA = "litdata"
 BLOBSDK_SOURCE = f"s3://{BUCKET}/blobsdk"
-PEERS = ("s3torch", "litdata")
+PEERS = ("s3torch", "litdata", "litdata_1w")
 BENCH_EXTRA = ("s3torchconnector", "litdata")
 UPLOAD_PARALLEL = 16
 LITDATA_CHUNK = "64MB"
@@ -219,8 +224,22 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
         path.write_bytes(samples.data(i))
         inputs.append((i, str(path)))
     out = dir / "out"
-    with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):  # its progress bars
-        optimize(fn=_litdata_sample, inputs=inputs, output_dir=str(out), chunk_bytes=LITDATA_CHUNK, num_workers=1, verbose=False)
+    # optimize() sets the process's multiprocessing start method (force=True; "spawn" by
+    # default): put it back, or every DataLoader after it spawns its workers.
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):  # its progress bars
+            optimize(
+                fn=_litdata_sample,
+                inputs=inputs,
+                output_dir=str(out),
+                chunk_bytes=LITDATA_CHUNK,
+                num_workers=1,
+                start_method="fork",
+                verbose=False,
+            )
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
     return out
 
 
@@ -228,16 +247,17 @@ def _litdata_item(sample: dict[str, Any]) -> Item:
     return int(sample["index"]), as_tensor(bytearray(sample["data"]))
 
 
-def _litdata_over_boto3(worker_id: int) -> None:
-    """litdata 0.2.76 builds its obstore store (its chunk GETs) without ``allow_http``, so
-    against an ``http://`` endpoint every chunk GET fails (``BadScheme``): its workers take
-    its boto3 path, the one it falls back to in a process forked after obstore started."""
+def _litdata_allow_http(worker_id: int) -> None:
+    """litdata 0.2.76 builds its obstore store (its chunk GETs) with client options of its
+    own and no ``allow_http``, so against an ``http://`` endpoint every chunk GET fails
+    (``BadScheme``); its boto3 fallback (forced) failed to read chunks in the quick run (an
+    empty item), so each worker adds ``allow_http`` to those options: litdata's own path."""
     from litdata.streaming import downloader
 
-    downloader._OBSTORE_INIT_PID = -1
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[typeddict-unknown-key]
 
 
-def litdata_streaming(origin: Origin, workload: Workload, cache_dir: Path) -> LoaderVariant:
+def litdata_streaming(origin: Origin, workload: Workload, cache_dir: Path, workers: int | None = None) -> LoaderVariant:
     """A fresh cache directory per run (the first epoch is cold), removed afterwards.  A
     persistent worker's dataset copy moves to its next epoch by itself."""
     from litdata import StreamingDataset
@@ -259,6 +279,8 @@ def litdata_streaming(origin: Origin, workload: Workload, cache_dir: Path) -> Lo
             storage_options=options,
             transform=_litdata_item,
         )
-        return DataLoader(dataset, worker_init_fn=_litdata_over_boto3, **loader_options(workload))
+        options = loader_options(workload if workers is None else replace(workload, workers=workers))
+        return DataLoader(dataset, worker_init_fn=_litdata_allow_http, **options)
 
-    return LoaderVariant("litdata", make, cleanup=lambda: shutil.rmtree(cache_dir, ignore_errors=True))
+    name = "litdata" if workers is None else f"litdata_{workers}w"
+    return LoaderVariant(name, make, cleanup=lambda: shutil.rmtree(cache_dir, ignore_errors=True))

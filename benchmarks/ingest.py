@@ -155,20 +155,36 @@ async def s3_rows(root: Path, samples: Samples, workload: Workload, results: dic
         peers.load(origin, samples, root, peers=why is None)  # on this thread: litdata's optimize() sets signal handlers
         if why is None:
             for make in peer_variants(origin, workload, root):
-                await _play_row(make(), workload, samples, results)
+                await _play_row(make(), workload, samples, results, skipped)
         async with start_cluster(root / "cluster", **peers.blobsdk_cluster_options(origin, workload, samples)) as cluster:
             assert cluster.config is not None
             await peers.load_blobs(cluster.config, origin, samples)
-            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results)
+            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results, skipped)
     return skipped
 
 
 def peer_variants(origin: peers.Origin, workload: Workload, root: Path) -> list[Callable[[], Variant]]:
-    return [lambda: peers.s3torch(origin, workload), lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache")]
+    return [
+        lambda: peers.s3torch(origin, workload),
+        lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache"),
+        lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache", workers=1),
+    ]
 
 
-async def _play_row(variant: Variant, workload: Workload, samples: Samples, results: dict[str, JobResult]) -> None:
-    results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
+async def _play_row(
+    variant: Variant, workload: Workload, samples: Samples, results: dict[str, JobResult], failed: dict[str, str]
+) -> None:
+    """Play one S3 row; a peer that fails (raises, or delivers other bytes) is reported as
+    failed, with its error, and the run goes on."""
+    try:
+        results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
+    except Exception as exc:  # a peer's failure is a figure of the run, not the end of it
+        if variant.name == "blobsdk_s3":
+            raise
+        last = str(exc).strip().splitlines()[-1:] or [""]
+        failed[variant.name] = f"failed: {type(exc).__name__}: {last[0][:160]}"
+        _say(f"{variant.name:>10}: {failed[variant.name]}")
+        return
     _say(summary(variant.name, results[variant.name]))
 
 

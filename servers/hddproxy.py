@@ -142,9 +142,13 @@ class Proxy:
         return response
 
 
+PROXY_KEY = web.AppKey("proxy", Proxy)
+
+
 def make_app(upstream: str, model: HddModel) -> web.Application:
     proxy = Proxy(upstream, model)
     app = web.Application(client_max_size=1 << 40)  # bodies of any size pass through
+    app[PROXY_KEY] = proxy
     app.router.add_route("*", "/{tail:.*}", proxy.forward)
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.stop)

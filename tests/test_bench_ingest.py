@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import _ingest_peers as peers
-from benchmarks import ingest
+from benchmarks import _ingest_plot, ingest
 from benchmarks._ingest_job import Batch, JobResult, WrongData, run_job
 from benchmarks._ingest_variants import WithL3Traffic
 from benchmarks._ingest_workload import KiB, MiB, Samples, Workload, sample_sizes
@@ -164,8 +164,10 @@ def test_the_s3_rows_feed_the_job_every_sample_each_epoch_through_the_hdd_proxy(
     (else they are reported as skipped, with why)."""
     samples = Samples(TINY)
     results: dict[str, JobResult] = {}
+    start_method = multiprocessing.get_start_method(allow_none=True)
     skipped = asyncio.run(ingest.s3_rows(tmp_path, samples, TINY, results))
-    expected = ["s3torch", "litdata", "blobsdk_s3"] if peers.missing() is None else ["blobsdk_s3"]
+    assert multiprocessing.get_start_method(allow_none=True) == start_method  # litdata's optimize() sets it
+    expected = ["s3torch", "litdata", "litdata_1w", "blobsdk_s3"] if peers.missing() is None else ["blobsdk_s3"]
     assert list(results) == expected
     assert skipped == ({} if peers.missing() is None else dict.fromkeys(peers.PEERS, peers.missing()))
     assert all(len(r.epochs) == TINY.epochs and 0 < r.utilisation <= 1 for r in results.values())
@@ -182,3 +184,22 @@ def _blocks() -> dict[str, JobResult]:
 
     job = JobResult(setup_s=0.1, epochs=[EpochTiming(wall_s=2.0, compute_s=1.0, first_batch_s=0.0)])
     return dict.fromkeys(("memory", "naive", "dataloader", "copy", "fsspec", "blobsdk"), job)
+
+
+@pytest.mark.skipif(_ingest_plot.missing() is not None, reason=str(_ingest_plot.missing()))
+def test_the_picture_is_a_png_of_every_row(tmp_path: Path) -> None:
+    from benchmarks._ingest_job import EpochTiming
+
+    def job(wait: float) -> JobResult:
+        return JobResult(setup_s=0.1, epochs=[EpochTiming(1.0 + wait, 1.0, wait, (wait, 0.0, 0.01))] * 3)
+
+    ingest.picture({"blobsdk_s3": job(0.5), "s3torch": job(3.0)}, tmp_path / "out" / "ingest.png", TINY)
+    assert (tmp_path / "out" / "ingest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_picture_goes_next_to_the_json_unless_named() -> None:
+    import argparse
+
+    assert ingest.options(argparse.Namespace(png=None, json=None)) == {"png": Path("ingest.png")}
+    assert ingest.options(argparse.Namespace(png=None, json=Path("out/run.json"))) == {"png": Path("out/run.png")}
+    assert ingest.options(argparse.Namespace(png=Path("p.png"), json=Path("run.json"))) == {"png": Path("p.png")}
