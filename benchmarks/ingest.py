@@ -182,7 +182,10 @@ async def _play_row(
         if variant.name == "blobsdk_s3":
             raise
         last = str(exc).strip().splitlines()[-1:] or [""]
-        failed[variant.name] = f"failed: {type(exc).__name__}: {last[0][:160]}"
+        kind = (
+            type(exc).__qualname__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__qualname__}"
+        )
+        failed[variant.name] = f"failed: {kind}: {last[0][:160]}"
         _say(f"{variant.name:>10}: {failed[variant.name]}")
         return
     _say(summary(variant.name, results[variant.name]))

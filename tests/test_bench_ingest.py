@@ -203,3 +203,13 @@ def test_the_picture_goes_next_to_the_json_unless_named() -> None:
     assert ingest.options(argparse.Namespace(png=None, json=None)) == {"png": Path("ingest.png")}
     assert ingest.options(argparse.Namespace(png=None, json=Path("out/run.json"))) == {"png": Path("out/run.png")}
     assert ingest.options(argparse.Namespace(png=Path("p.png"), json=Path("run.json"))) == {"png": Path("p.png")}
+
+
+def test_rows_that_could_not_run_are_reported_as_skipped_not_failed() -> None:
+    import io
+
+    report = ingest.report(_blocks(), {"s3torch": "s3torchconnector not installed (pip install blobsdk[bench])"})
+    out = io.StringIO()
+    report.print_table(out)
+    assert "  skip   s3torch                                 -   s3torchconnector not installed" in out.getvalue()
+    assert not report.failed and "ingest_vs_best_peer" not in report.ratios and "ingest_vs_best_peer" not in report.goals
