@@ -164,9 +164,9 @@ def test_the_s3_rows_feed_the_job_every_sample_each_epoch_through_the_hdd_proxy(
     (else they are reported as skipped, with why)."""
     samples = Samples(TINY)
     results: dict[str, JobResult] = {}
-    start_method = multiprocessing.get_start_method(allow_none=True)
+    start_method = multiprocessing.get_start_method()
     skipped = asyncio.run(ingest.s3_rows(tmp_path, samples, TINY, results))
-    assert multiprocessing.get_start_method(allow_none=True) == start_method  # litdata's optimize() sets it
+    assert multiprocessing.get_start_method() == start_method  # litdata's optimize() sets it: it is put back
     expected = ["s3torch", "litdata", "litdata_1w", "blobsdk_s3"] if peers.missing() is None else ["blobsdk_s3"]
     assert list(results) == expected
     assert skipped == ({} if peers.missing() is None else dict.fromkeys(peers.PEERS, peers.missing()))
@@ -213,3 +213,11 @@ def test_rows_that_could_not_run_are_reported_as_skipped_not_failed() -> None:
     report.print_table(out)
     assert "  skip   s3torch                                 -   s3torchconnector not installed" in out.getvalue()
     assert not report.failed and "ingest_vs_best_peer" not in report.ratios and "ingest_vs_best_peer" not in report.goals
+
+
+def test_the_picture_option_is_the_ingest_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["put_get", "--png", "x.png"])
+    assert capsys.readouterr().err.endswith("error: --png is for the ingest benchmark\n")
