@@ -1,6 +1,7 @@
-"""ingest: the start of a training job on a scarce HDD tier, fed five ways in one run (issue 10).
+"""ingest: the start of a training job on a scarce HDD tier, fed five ways in one run (issue 10),
+then on S3 by the loaders data-lake users run today and by blobsdk (issue 21 item 4).
 
-``python -m benchmarks ingest [--quick] [--json FILE]``.  Every parameter is a field of
+``python -m benchmarks ingest [--quick] [--json FILE] [--png PATH]``.  Every parameter is a field of
 :class:`~benchmarks._ingest_workload.Workload` (``FULL``, ``QUICK``), printed at the start.
 
 **The job** (benchmarks/_ingest_job.py): a set-up phase (model load) of 10% of one epoch's
@@ -75,6 +76,44 @@ plus ~0.05-0.1 s in a warm epoch for the L3 nodes' work on the same cores (``mem
 0.5 s more than set-up plus one epoch's compute): together ~1.6-1.7 s, which is what
 ``ingest_vs_copy`` >= 5 asks of blobsdk; utilisation >= 0.95 is above the loader's own
 0.944-0.947.  ``--quick`` (1.5 s epochs) weighs each epoch's fixed costs 4x more.
+
+**The S3 rows** (benchmarks/_ingest_peers.py), after the block-server rows, the same job,
+samples, checks and DataLoader settings: SeaweedFS (servers/seaweedd.py) behind
+servers/hddproxy.py, an aiohttp reverse proxy with the block servers' HDD model
+(servers/_common/hdd.py: 3 disks of 2 spindles, 5 ms a request, 60 MB/s each, FIFO; a
+request meets the disk of its first byte's 4 MiB stripe), so every S3 row meets the same
+180 MB/s.  ``s3torch`` (s3torchconnector ``S3MapDataset.from_prefix``, one object per
+sample), ``litdata`` (``optimize()`` into 64 MB chunks, ``StreamingDataset`` over S3 with a
+fresh local cache), ``litdata_1w`` (the same, 1 worker), ``blobsdk_s3`` (the ``blobsdk`` row
+with L4 on that bucket, 2 L3 nodes reading through from it).  Without the ``bench`` extra the
+peer rows are reported as skipped (``skip`` lines, JSON ``skipped``); a peer that raises is
+reported there as failed, with its error.  Ratio ``ingest_vs_best_peer``: the best peer's
+ingestion time / ``blobsdk_s3``'s (goal >= 2).  The picture (``--png``, default next to
+``--json``, else ingest.png; matplotlib): stall per epoch by row, and the CDF of step wait.
+
+- ``litdata`` (4 workers) fails in its first epoch with litdata 0.2.76 (``struct.error`` in
+  ``PyTreeLoader.deserialize``: a 0-byte item read from a chunk in the cache its workers
+  share); 1 worker reads every item, as do 4 from a local directory, and its own
+  ``StreamingDataLoader`` fails the same way.  ``litdata_1w`` stands for it.
+- Where a peer wins a figure: ``litdata_1w``'s warm epochs (quick: 0.29 / 0.38 s against
+  blobsdk_s3's 0.87 / 0.59 s).  After its cold epoch every chunk is in its local cache
+  directory (in the page cache here), so a warm epoch is the loader alone (``memory``: 0.62 /
+  0.52 s in the same run); blobsdk_s3 reads its warm epochs from the L3 nodes over HTTP, on
+  the same 2 cores.  What would change it: blobsdk's own local tiers (L1 in memory, L2 on
+  local disk), which this row leaves off as the ``blobsdk`` row does (a shuffled epoch hands
+  each sample to another worker).  litdata pays for it in the cold epoch: 1 worker fetches
+  64 MB chunks one after another, and the job waits for the first (26.3 s of stall).
+- ``s3torch`` is the best peer: one GET per sample by each of the 4 workers (4 requests in
+  flight on 6 spindles), no readahead across samples: every warm epoch costs what the cold
+  one does, less the first wait.
+
+Measured (``python -m benchmarks ingest --quick --json q.json``, one run, load average 5.5-7.5
+on the 2 cores: another benchmark and a CI run shared them; the block-server rows were 2-4x
+their figures above), ingestion s / utilisation / stall per epoch s: ``s3torch`` 9.99 / 0.314
+/ 4.77, 2.44, 2.78; ``litdata`` failed (above); ``litdata_1w`` 26.94 / 0.145 / 26.26, 0.29,
+0.38; ``blobsdk_s3`` 5.93 / 0.439 / 4.47, 0.87, 0.59 (``blobsdk`` on block servers, same run:
+6.75 / 0.411).  ``ingest_vs_best_peer`` 1.68 (s3torch), below the goal of 2: each cold epoch
+is bound by the tier (260 MiB at its ceiling), which every row shares.
 """
 
 from __future__ import annotations
