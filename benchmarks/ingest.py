@@ -103,17 +103,27 @@ ingestion time / ``blobsdk_s3``'s (goal >= 2).  The picture (``--png``, default 
   local disk), which this row leaves off as the ``blobsdk`` row does (a shuffled epoch hands
   each sample to another worker).  litdata pays for it in the cold epoch: 1 worker fetches
   64 MB chunks one after another, and the job waits for the first (26.3 s of stall).
-- ``s3torch`` is the best peer: one GET per sample by each of the 4 workers (4 requests in
-  flight on 6 spindles), no readahead across samples: every warm epoch costs what the cold
-  one does, less the first wait.
+- ``s3torch`` wins the cold epoch of the full run (13.2 s of stall against blobsdk_s3's
+  17.1 s; in the quick run they tie, 4.8 / 4.5 s).  Not yet explained: the HDD proxy counts
+  no requests, so this run cannot say whether blobsdk's L3 hydration read chunks from the
+  tier a second time (on the block servers its ``l4_gets`` show one GET per chunk), nor how
+  much of the one Python proxy's 2 loaded cores each row used.  Its warm epochs are where it
+  loses (11.1 / 9.3 s against 1.7 / 2.2 s): one GET per sample by each of the 4 workers and
+  nothing read ahead, so every epoch meets the HDDs again.
 
 Measured (``python -m benchmarks ingest --quick --json q.json``, one run, load average 5.5-7.5
 on the 2 cores: another benchmark and a CI run shared them; the block-server rows were 2-4x
 their figures above), ingestion s / utilisation / stall per epoch s: ``s3torch`` 9.99 / 0.314
 / 4.77, 2.44, 2.78; ``litdata`` failed (above); ``litdata_1w`` 26.94 / 0.145 / 26.26, 0.29,
 0.38; ``blobsdk_s3`` 5.93 / 0.439 / 4.47, 0.87, 0.59 (``blobsdk`` on block servers, same run:
-6.75 / 0.411).  ``ingest_vs_best_peer`` 1.68 (s3torch), below the goal of 2: each cold epoch
-is bound by the tier (260 MiB at its ceiling), which every row shares.
+6.75 / 0.411).  ``ingest_vs_best_peer`` 1.68 (s3torch), below the goal of 2.  Full run
+(``python -m benchmarks ingest --json ingest.json``, one run, load average 6-7: ``memory``
+took 5.66 s, ``blobsdk`` 9.98 s, 3-6x their figures above): ``s3torch`` 33.52 / 0.355 /
+13.17, 11.05, 9.31; ``litdata`` failed; ``litdata_1w`` 33.22 / 0.355 / 30.57, 1.49, 1.16;
+``blobsdk_s3`` 21.01 / 0.472 / 17.14, 1.70, 2.18; ``ingest_vs_best_peer`` 1.58 (litdata_1w,
+by 0.3 s over s3torch), below the goal of 2: blobsdk_s3's cold epoch is the gap (warm epochs
+3.9 s in all against the best peer's 2.7 s for litdata, 20.4 s for s3torch).  Both runs are on
+a loaded machine; a quiet rerun is owed.
 """
 
 from __future__ import annotations
@@ -220,11 +230,8 @@ async def _play_row(
     except Exception as exc:  # a peer's failure is a figure of the run, not the end of it
         if variant.name == "blobsdk_s3":
             raise
-        last = str(exc).strip().splitlines()[-1:] or [""]
-        kind = (
-            type(exc).__qualname__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__qualname__}"
-        )
-        failed[variant.name] = f"failed: {kind}: {last[0][:160]}"
+        last = (str(exc).strip().splitlines() or [""])[-1][:200]
+        failed[variant.name] = f"failed: {last if last.startswith(type(exc).__name__) else f'{type(exc).__name__}: {last}'}"
         _say(f"{variant.name:>10}: {failed[variant.name]}")
         return
     _say(summary(variant.name, results[variant.name]))
