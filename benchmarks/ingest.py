@@ -204,11 +204,11 @@ async def s3_rows(root: Path, samples: Samples, workload: Workload, results: dic
         peers.load(origin, samples, root, peers=why is None)  # on this thread: litdata's optimize() sets signal handlers
         if why is None:
             for make in peer_variants(origin, workload, root):
-                await _play_row(make(), workload, samples, results, skipped)
+                await _play_row(make(), workload, samples, results, skipped, origin)
         async with start_cluster(root / "cluster", **peers.blobsdk_cluster_options(origin, workload, samples)) as cluster:
             assert cluster.config is not None
             await peers.load_blobs(cluster.config, origin, samples)
-            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results, skipped)
+            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results, skipped, origin)
     return skipped
 
 
@@ -221,12 +221,19 @@ def peer_variants(origin: peers.Origin, workload: Workload, root: Path) -> list[
 
 
 async def _play_row(
-    variant: Variant, workload: Workload, samples: Samples, results: dict[str, JobResult], failed: dict[str, str]
+    variant: Variant,
+    workload: Workload,
+    samples: Samples,
+    results: dict[str, JobResult],
+    failed: dict[str, str],
+    origin: peers.Origin,
 ) -> None:
-    """Play one S3 row; a peer that fails (raises, or delivers other bytes) is reported as
+    """Play one S3 row (``tier_requests``, ``tier_mb``: what the HDD proxy served it, every
+    byte either way, MB); a peer that fails (raises, or delivers other bytes) is reported as
     failed, with its error, and the run goes on."""
+    before = origin.proxy.stats()
     try:
-        results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
+        results[variant.name] = result = await asyncio.to_thread(play, variant, workload, samples)
     except Exception as exc:  # a peer's failure is a figure of the run, not the end of it
         if variant.name == "blobsdk_s3":
             raise
@@ -234,7 +241,9 @@ async def _play_row(
         failed[variant.name] = f"failed: {last if last.startswith(type(exc).__name__) else f'{type(exc).__name__}: {last}'}"
         _say(f"{variant.name:>10}: {failed[variant.name]}")
         return
-    _say(summary(variant.name, results[variant.name]))
+    after = origin.proxy.stats()
+    result.extra.update(tier_requests=after["requests"] - before["requests"], tier_mb=(after["bytes"] - before["bytes"]) / 1e6)
+    _say(summary(variant.name, result))
 
 
 def picture(results: dict[str, JobResult], png: Path, workload: Workload) -> None:

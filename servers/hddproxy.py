@@ -17,6 +17,8 @@ disk: a hash of the path and of the request's first byte / ``stripe_mb`` (its ``
 start, else 0), as an object store spreads an object's stripes over its disks: a request
 for the same bytes always meets the same disk.
 
+``GET /-/stats`` (no bucket name starts with ``-``) answers what its disks served so far,
+``{"requests": N, "bytes": N}`` (bytes either way), which the benchmark reads around a row.
 It answers ``GET /`` as its upstream does (the S3 bucket listing), which is how
 :class:`HddProxy` (a :class:`~servers._common.lifeline.LocalService`: free loopback port,
 dies with its starter) sees it is up.
@@ -27,8 +29,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import json
 import re
 import sys
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +102,12 @@ class Proxy:
         stripe = (int(match[1]) if match else 0) // self.model.stripe_bytes
         return self.disks[xxhash.xxh3_64_intdigest(f"{path}#{stripe}".encode()) % len(self.disks)]
 
+    async def stats(self, request: web.Request) -> web.Response:
+        """What the disks served so far: requests, and bytes either way."""
+        return web.json_response(
+            {"requests": sum(d.requests for d in self.disks), "bytes": sum(d.bandwidth.moved for d in self.disks)}
+        )
+
     async def start(self, app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
         connector = aiohttp.TCPConnector(limit=0)  # the spindles limit what is in flight
@@ -149,6 +159,7 @@ def make_app(upstream: str, model: HddModel) -> web.Application:
     proxy = Proxy(upstream, model)
     app = web.Application(client_max_size=1 << 40)  # bodies of any size pass through
     app[PROXY_KEY] = proxy
+    app.router.add_get("/-/stats", proxy.stats)  # no S3 bucket name starts with "-"
     app.router.add_route("*", "/{tail:.*}", proxy.forward)
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.stop)
@@ -172,6 +183,11 @@ class HddProxy(LocalService):
 
     def command(self, port: int) -> list[str]:
         return [sys.executable, "-m", "servers.hddproxy", f"--upstream={self.upstream}", f"--port={port}", *self.model.args()]
+
+    def stats(self) -> dict[str, int]:
+        """``GET /-/stats``: requests and bytes its disks served so far."""
+        with urllib.request.urlopen(f"{self.endpoint}/-/stats", timeout=10) as response:
+            return dict(json.load(response))
 
     def answers(self, port: int) -> bool:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

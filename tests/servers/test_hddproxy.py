@@ -125,6 +125,9 @@ def test_seaweedfs_answers_signed_requests_through_the_proxy(tmp_path: Path) -> 
         ranged = s3.get_object(Bucket="bucket-one", Key="dir/one two", Range="bytes=1000-1999")["Body"].read()
         listed = [o["Key"] for o in s3.list_objects_v2(Bucket="bucket-one", Prefix="dir/")["Contents"]]
         assert proxy.process is not None and proxy.process.poll() is None
+        stats = proxy.stats()
+    assert stats["requests"] >= 4  # the readiness probe, the PUT, the GET and the listing
+    assert stats["bytes"] >= len(data) + 1000
     assert (ranged, listed) == (data[1000:2000], ["dir/one two"])
 
 
