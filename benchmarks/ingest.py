@@ -103,13 +103,17 @@ ingestion time / ``blobsdk_s3``'s (goal >= 2).  The picture (``--png``, default 
   local disk), which this row leaves off as the ``blobsdk`` row does (a shuffled epoch hands
   each sample to another worker).  litdata pays for it in the cold epoch: 1 worker fetches
   64 MB chunks one after another, and the job waits for the first (26.3 s of stall).
-- ``s3torch`` wins the cold epoch of the full run (13.2 s of stall against blobsdk_s3's
-  17.1 s; in the quick run they tie, 4.8 / 4.5 s).  Not yet explained: the HDD proxy counts
-  no requests, so this run cannot say whether blobsdk's L3 hydration read chunks from the
-  tier a second time (on the block servers its ``l4_gets`` show one GET per chunk), nor how
-  much of the one Python proxy's 2 loaded cores each row used.  Its warm epochs are where it
-  loses (11.1 / 9.3 s against 1.7 / 2.2 s): one GET per sample by each of the 4 workers and
-  nothing read ahead, so every epoch meets the HDDs again.
+- ``s3torch`` wins the cold epoch of the full run (13.2 s of stall against blobsdk_s3's 17.1
+  s), and the whole of a second quick run (8.67 s against 12.39 s).  Why, from the proxy's
+  counts (``tier_requests``, ``tier_mb``, second quick run): blobsdk_s3 moved 380 MB through
+  the HDD tier in 217 requests for a 272 MB dataset, 1.4x its bytes over its 3 epochs (the
+  per-epoch split was not recorded), on a tier that bounds the cold epoch; litdata_1w moved
+  272 MB (9 requests), s3torch 272 MB an epoch (one GET per sample).  On the block servers
+  blobsdk reads each chunk once (its ``l4_gets``); over S3 something reads chunks twice, most
+  likely the L3 nodes hydrating a prefetch window (``prefetch_tier="l3"``) while the workers'
+  own reads of the same chunks go to L4 before it lands.  What would change it: find and stop
+  that double read (cold epoch at the tier's 1.0x); s3torch would still pay the tier every
+  warm epoch (2.5 s each here, against blobsdk_s3's 1.5 s).
 
 Measured (``python -m benchmarks ingest --quick --json q.json``, one run, load average 5.5-7.5
 on the 2 cores: another benchmark and a CI run shared them; the block-server rows were 2-4x
@@ -122,8 +126,11 @@ took 5.66 s, ``blobsdk`` 9.98 s, 3-6x their figures above): ``s3torch`` 33.52 / 
 13.17, 11.05, 9.31; ``litdata`` failed; ``litdata_1w`` 33.22 / 0.355 / 30.57, 1.49, 1.16;
 ``blobsdk_s3`` 21.01 / 0.472 / 17.14, 1.70, 2.18; ``ingest_vs_best_peer`` 1.58 (litdata_1w,
 by 0.3 s over s3torch), below the goal of 2: blobsdk_s3's cold epoch is the gap (warm epochs
-3.9 s in all against the best peer's 2.7 s for litdata, 20.4 s for s3torch).  Both runs are on
-a loaded machine; a quiet rerun is owed.
+3.9 s in all against the best peer's 2.7 s for litdata, 20.4 s for s3torch).  A second quick
+run (load average 6-7): ``s3torch`` 8.67 / 0.346 / 3.63, 2.53, 2.51; ``litdata_1w`` 27.61 /
+0.142 / 27.08, 0.21, 0.32; ``blobsdk_s3`` 12.39 / 0.280 / 9.28, 1.54, 1.57 (``blobsdk`` 4.60);
+``ingest_vs_best_peer`` 0.70.  All three runs are on a loaded machine (blobsdk_s3's cold epoch
+moved 4.5 -> 9.3 s between two quick runs); a quiet rerun is owed, after the double read.
 """
 
 from __future__ import annotations
@@ -238,7 +245,8 @@ async def _play_row(
         if variant.name == "blobsdk_s3":
             raise
         last = (str(exc).strip().splitlines() or [""])[-1][:200]
-        failed[variant.name] = f"failed: {last if last.startswith(type(exc).__name__) else f'{type(exc).__name__}: {last}'}"
+        named = type(exc).__name__ in last.partition(":")[0]  # torch re-raises a worker's error with its name
+        failed[variant.name] = f"failed: {last if named else f'{type(exc).__name__}: {last}'}"
         _say(f"{variant.name:>10}: {failed[variant.name]}")
         return
     after = origin.proxy.stats()
