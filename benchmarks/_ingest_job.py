@@ -83,6 +83,7 @@ class EpochTiming:
     wall_s: float
     compute_s: float
     first_batch_s: float  # wait for the epoch's first batch
+    waits: tuple[float, ...] = ()  # each step's wait for its batch (the first: from the epoch's start)
 
     @property
     def stall_s(self) -> float:
@@ -158,11 +159,16 @@ def run_job(variant: Variant, workload: Workload, samples: Samples) -> JobResult
 def _epoch(batches: Iterable[Batch], per_sample: float, checker: Checker, start: float) -> EpochTiming:
     compute = 0.0
     first = None
+    waits: list[float] = []
     it = iter(batches)
+    asked = start
     while (batch := next(it, None)) is not None:
-        first = time.perf_counter() - start if first is None else first
+        came = time.perf_counter()
+        waits.append(came - asked)
+        first = came - start if first is None else first
         checker.batch(batch)
         began = time.perf_counter()
         time.sleep(per_sample * len(batch))  # the step: the accelerator is busy
-        compute += time.perf_counter() - began
-    return EpochTiming(wall_s=time.perf_counter() - start, compute_s=compute, first_batch_s=first or 0.0)
+        asked = time.perf_counter()
+        compute += asked - began
+    return EpochTiming(wall_s=time.perf_counter() - start, compute_s=compute, first_batch_s=first or 0.0, waits=tuple(waits))

@@ -328,7 +328,7 @@ def _tensor_item(sample: tuple[str, bytearray]) -> Item:
     return sample[0], as_tensor(sample[1])
 
 
-def blobsdk_dataset(config: blobsdk.ClientConfig, samples: Samples, workload: Workload) -> LoaderVariant:
+def blobsdk_dataset(config: blobsdk.ClientConfig, samples: Samples, workload: Workload, name: str = "blobsdk") -> LoaderVariant:
     """``BlobIterableDataset`` (shuffled, sharded over the workers; each worker reads ahead
     ``readahead`` samples and deep-prefetches its next ``prefetch_window`` into L3) in the
     common DataLoader, ``set_epoch`` before each epoch."""
@@ -344,7 +344,7 @@ def blobsdk_dataset(config: blobsdk.ClientConfig, samples: Samples, workload: Wo
         prefetch_window=workload.prefetch_window,
         prefetch_tier="l3",
     )
-    return LoaderVariant("blobsdk", lambda: DataLoader(dataset, **loader_options(workload)), before_epoch=dataset.set_epoch)
+    return LoaderVariant(name, lambda: DataLoader(dataset, **loader_options(workload)), before_epoch=dataset.set_epoch)
 
 
 # --- reference: the loader alone -------------------------------------------------------------------

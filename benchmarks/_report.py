@@ -20,6 +20,7 @@ class Report:
     goals: dict[str, str] = field(default_factory=dict)  # ratio/metric name -> goal text
     failed: bool = False  # a correctness check failed: `python -m benchmarks` exits 1
     details: dict[str, Any] = field(default_factory=dict)  # more, for the JSON only
+    skipped: dict[str, str] = field(default_factory=dict)  # rows that could not run here -> why (not a failure)
 
     def print_table(self, out: IO[str]) -> None:
         out.write(f"\n== {self.name} ==\n")
@@ -27,11 +28,15 @@ class Report:
             for key, value in values.items():
                 goal = self.goals.get(key, "")
                 out.write(f"  {kind:6} {key:28} {value:12.3f}   {goal}\n")
+        for key, why in self.skipped.items():
+            out.write(f"  {'skip':6} {key:28} {'-':>12}   {why}\n")
 
     def write_json(self, path: Path) -> None:
         body: dict[str, Any] = {"name": self.name, "metrics": self.metrics, "ratios": self.ratios}
         if self.details:
             body.update(failed=self.failed, details=self.details)
+        if self.skipped:
+            body["skipped"] = self.skipped
         path.write_bytes(msgspec.json.format(msgspec.json.encode(body)))
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import ingest
+from benchmarks import _ingest_peers as peers
+from benchmarks import _ingest_plot, ingest
 from benchmarks._ingest_job import Batch, JobResult, WrongData, run_job
 from benchmarks._ingest_variants import WithL3Traffic
 from benchmarks._ingest_workload import KiB, MiB, Samples, Workload, sample_sizes
@@ -156,3 +157,68 @@ def test_the_report_names_the_issue_figures() -> None:
     assert report.ratios == {"ingest_vs_naive": 15, "ingest_vs_dataloader": 5, "ingest_vs_copy": 2, "ingest_vs_fsspec": 3}
     assert report.metrics["utilisation"] == pytest.approx(1 / 3)
     assert report.metrics["copy_stall_epoch0_s"] == pytest.approx(4)
+
+
+def test_the_s3_rows_feed_the_job_every_sample_each_epoch_through_the_hdd_proxy(tmp_path: Path) -> None:
+    """blobsdk over S3 always; s3torchconnector and litdata when the bench extra is installed
+    (else they are reported as skipped, with why)."""
+    samples = Samples(TINY)
+    results: dict[str, JobResult] = {}
+    start_method = multiprocessing.get_start_method()
+    skipped = asyncio.run(ingest.s3_rows(tmp_path, samples, TINY, results))
+    assert multiprocessing.get_start_method() == start_method  # litdata's optimize() sets it: it is put back
+    expected = ["s3torch", "litdata", "litdata_1w", "blobsdk_s3"] if peers.missing() is None else ["blobsdk_s3"]
+    assert list(results) == expected
+    assert skipped == ({} if peers.missing() is None else dict.fromkeys(peers.PEERS, peers.missing()))
+    assert all(len(r.epochs) == TINY.epochs and 0 < r.utilisation <= 1 for r in results.values())
+    assert all(r.extra["tier_requests"] > 0 and r.extra["tier_mb"] > 0 for r in results.values())  # through the proxy
+    assert all(len(e.waits) == -(-len(samples) // TINY.batch_size) for r in results.values() for e in r.epochs)
+    assert multiprocessing.active_children() == []  # every loader's workers stopped
+    assert not (tmp_path / "litdata-cache").exists()
+    report = ingest.report({**_blocks(), **results}, skipped)
+    assert ("ingest_vs_best_peer" in report.ratios) == (peers.missing() is None)
+    assert report.skipped == skipped
+
+
+def _blocks() -> dict[str, JobResult]:
+    from benchmarks._ingest_job import EpochTiming
+
+    job = JobResult(setup_s=0.1, epochs=[EpochTiming(wall_s=2.0, compute_s=1.0, first_batch_s=0.0)])
+    return dict.fromkeys(("memory", "naive", "dataloader", "copy", "fsspec", "blobsdk"), job)
+
+
+@pytest.mark.skipif(_ingest_plot.missing() is not None, reason=str(_ingest_plot.missing()))
+def test_the_picture_is_a_png_of_every_row(tmp_path: Path) -> None:
+    from benchmarks._ingest_job import EpochTiming
+
+    def job(wait: float) -> JobResult:
+        return JobResult(setup_s=0.1, epochs=[EpochTiming(1.0 + wait, 1.0, wait, (wait, 0.0, 0.01))] * 3)
+
+    ingest.picture({"blobsdk_s3": job(0.5), "s3torch": job(3.0)}, tmp_path / "out" / "ingest.png", TINY)
+    assert (tmp_path / "out" / "ingest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_picture_goes_next_to_the_json_unless_named() -> None:
+    import argparse
+
+    assert ingest.options(argparse.Namespace(png=None, json=None)) == {"png": Path("ingest.png")}
+    assert ingest.options(argparse.Namespace(png=None, json=Path("out/run.json"))) == {"png": Path("out/run.png")}
+    assert ingest.options(argparse.Namespace(png=Path("p.png"), json=Path("run.json"))) == {"png": Path("p.png")}
+
+
+def test_rows_that_could_not_run_are_reported_as_skipped_not_failed() -> None:
+    import io
+
+    report = ingest.report(_blocks(), {"s3torch": "s3torchconnector not installed (pip install blobsdk[bench])"})
+    out = io.StringIO()
+    report.print_table(out)
+    assert "  skip   s3torch                                 -   s3torchconnector not installed" in out.getvalue()
+    assert not report.failed and "ingest_vs_best_peer" not in report.ratios and "ingest_vs_best_peer" not in report.goals
+
+
+def test_the_picture_option_is_the_ingest_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["put_get", "--png", "x.png"])
+    assert capsys.readouterr().err.endswith("error: --png is for the ingest benchmark\n")

@@ -1,0 +1,286 @@
+"""The ingest benchmark's S3 rows: the loaders data-lake users run today, and blobsdk, on one
+object store behind one HDD model (see benchmarks/ingest.py).
+
+**The origin** (:func:`start_origin`): a local SeaweedFS (servers/seaweedd.py) with bucket
+``ingest``, behind servers/hddproxy.py with the block servers' model: ``block_servers``
+disks of ``spindles`` each, ``latency_ms`` a request, ``bandwidth_mbps`` each (3 x 60 MB/s,
+2 in service, 5 ms), so the tier has the same 180 MB/s as the block-server rows.  Every
+timed read goes through the proxy; the uploads (not timed) go to SeaweedFS directly.  Each
+sample is the object ``samples/NNNNNN`` (what the per-object loaders read), litdata's chunks
+are under ``litdata/``, blobsdk's blocks under ``blobsdk/``.
+
+**The rows** (each a :class:`~benchmarks._ingest_job.Variant` in the common DataLoader:
+``workers`` persistent workers, :func:`~benchmarks._ingest_variants.collate`):
+
+- ``s3torch``: s3torchconnector's ``S3MapDataset.from_prefix(..., endpoint=proxy,
+  s3client_config=S3ClientConfig(force_path_style=True))``, shuffled by the DataLoader's
+  sampler; each item ``S3Reader.read()`` (the CRT client, made per worker: it drops its
+  clients at fork).  Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+  (:func:`aws_env`, set while the rows run).
+- ``litdata``: ``litdata.optimize()`` into its chunk format (``chunk_bytes="64MB"``, as its
+  docs show; not timed), uploaded to ``litdata/``, then ``StreamingDataset(input_dir=
+  "s3://ingest/litdata", cache_dir=<fresh temp dir>, shuffle=True, storage_options=
+  {endpoint_url: proxy, ...})``: each worker downloads whole chunks into the local cache
+  (``max_pre_download=2`` ahead) and reads its samples there; later epochs read the cache.
+  Its chunk GETs take its obstore path, told to allow ``http://`` (:func:`_litdata_allow_http`).
+  With more than one worker over S3, litdata 0.2.76 fails in its first epoch (``struct.error``
+  in ``PyTreeLoader.deserialize``: an item of 0 bytes, read from a chunk in the cache that
+  the workers share; with 1 worker, or from a local directory with 4, it reads every item;
+  its own ``StreamingDataLoader`` fails the same way): the row is reported as failed, and
+  ``litdata_1w`` is litdata with 1 worker, everything else the same.
+- ``blobsdk_s3``: the ``blobsdk`` row's dataset on a cluster whose L4 is the same bucket
+  through the proxy (2 L3 nodes that read through from it; no block servers).
+
+:func:`missing` says why the peer rows cannot run (the ``bench`` extra is not installed):
+the benchmark then reports them as skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import multiprocessing
+import os
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from torch.utils.data import DataLoader
+
+import blobsdk
+from blobsdk.config import S3Config
+from servers.hddproxy import HddModel, HddProxy, start_hddproxy
+from servers.seaweedd import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, start_seaweed
+
+from ._ingest_job import Variant
+from ._ingest_variants import Item, LoaderVariant, as_tensor, blobsdk_dataset, loader_options, map_loader
+from ._ingest_workload import MiB, Samples, Workload
+
+BUCKET = "ingest"
+OBJECTS = "samples/"
+LITDATA = "litdata"
+BLOBSDK_SOURCE = f"s3://{BUCKET}/blobsdk"
+PEERS = ("s3torch", "litdata", "litdata_1w")
+BENCH_EXTRA = ("s3torchconnector", "litdata")
+UPLOAD_PARALLEL = 16
+LITDATA_CHUNK = "64MB"
+
+
+def missing() -> str | None:
+    """Why the peer rows cannot run here, or None."""
+    absent = [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]
+    return f"{', '.join(absent)} not installed (pip install blobsdk[bench])" if absent else None
+
+
+@dataclass(frozen=True)
+class Origin:
+    seaweed: SeaweedServer
+    proxy: HddProxy
+
+    @property
+    def endpoint(self) -> str:
+        """Where the timed reads go: the proxy."""
+        return self.proxy.endpoint
+
+    def s3_config(self, endpoint: str | None = None) -> S3Config:
+        options = {**self.seaweed.config, "endpoint": endpoint or self.endpoint}
+        return S3Config(allow_http=True, **options)
+
+    def boto3(self, endpoint: str) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            config=Config(s3={"addressing_style": "path"}, max_pool_connections=UPLOAD_PARALLEL),
+        )
+
+    def upload(self, items: Iterator[tuple[str, bytes | memoryview | Path]]) -> None:
+        """PUT every (key, bytes or file) straight to SeaweedFS (not through the proxy)."""
+        client = self.boto3(self.seaweed.endpoint)
+
+        def put(item: tuple[str, bytes | memoryview | Path]) -> None:
+            key, body = item
+            data = body.read_bytes() if isinstance(body, Path) else bytes(body)
+            client.put_object(Bucket=BUCKET, Key=key, Body=data)
+
+        with ThreadPoolExecutor(UPLOAD_PARALLEL) as pool:
+            list(pool.map(put, items))
+
+
+def hdd_model(workload: Workload) -> HddModel:
+    return HddModel(
+        disks=workload.block_servers,
+        spindles=workload.spindles,
+        latency_ms=workload.latency_ms,
+        bandwidth_mbps=workload.bandwidth_mbps,
+    )
+
+
+@contextlib.contextmanager
+def start_origin(root: Path, workload: Workload) -> Iterator[Origin]:
+    with start_seaweed(root / "seaweedfs") as seaweed:
+        seaweed.make_bucket(BUCKET)
+        with start_hddproxy(root / "hddproxy", seaweed.endpoint, hdd_model(workload)) as proxy:
+            yield Origin(seaweed, proxy)
+
+
+@contextlib.contextmanager
+def aws_env() -> Iterator[None]:
+    """The origin's keys in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (s3torchconnector's
+    CRT client reads the standard chain, and forked workers inherit the environment), put
+    back as they were afterwards."""
+    keys = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
+    before = {key: os.environ.get(key) for key in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def load(origin: Origin, samples: Samples, root: Path, *, peers: bool) -> None:
+    """Every sample as its own object, and (``peers``) litdata's optimized chunks."""
+    origin.upload((f"{OBJECTS}{i:06d}", samples.data(i)) for i in range(len(samples)))
+    if peers:
+        chunks = optimize_for_litdata(samples, root / "litdata-build")
+        origin.upload((f"{LITDATA}/{path.name}", path) for path in sorted(chunks.iterdir()))
+        shutil.rmtree(root / "litdata-build", ignore_errors=True)
+
+
+def blobsdk_cluster_options(origin: Origin, workload: Workload, samples: Samples) -> dict[str, Any]:
+    return {
+        "l3_nodes": workload.l3_nodes,
+        "l3_capacity_mb": samples.total_bytes // MiB + 256,
+        "source": BLOBSDK_SOURCE,
+        "s3": origin.s3_config(),
+    }
+
+
+async def load_blobs(config: blobsdk.ClientConfig, origin: Origin, samples: Samples) -> None:
+    """blobsdk's copy of the dataset (``put_many``), written to SeaweedFS directly."""
+    direct = msgspec.structs.replace(config, s3=origin.s3_config(origin.seaweed.endpoint))
+    async with blobsdk.Client(direct) as client:
+        await client.put_many((samples.paths[i], samples.data(i)) for i in range(len(samples)))
+
+
+def blobsdk_s3(config: blobsdk.ClientConfig, samples: Samples, workload: Workload) -> Variant:
+    return blobsdk_dataset(config, samples, workload, name="blobsdk_s3")
+
+
+# --- s3torchconnector -----------------------------------------------------------------------
+
+
+def _s3torch_item(reader: Any) -> Item:
+    index = int(reader.key.rsplit("/", 1)[1])
+    return index, as_tensor(bytearray(reader.read()))
+
+
+def s3torch(origin: Origin, workload: Workload) -> LoaderVariant:
+    from s3torchconnector import S3ClientConfig, S3MapDataset
+
+    def make() -> DataLoader[Item]:
+        dataset = S3MapDataset.from_prefix(
+            f"s3://{BUCKET}/{OBJECTS}",
+            region=REGION,
+            endpoint=origin.endpoint,
+            transform=_s3torch_item,
+            s3client_config=S3ClientConfig(force_path_style=True),
+        )
+        return map_loader(dataset, workload)
+
+    return LoaderVariant("s3torch", make)
+
+
+# --- litdata --------------------------------------------------------------------------------
+
+
+def _litdata_sample(item: tuple[int, str]) -> dict[str, Any]:
+    index, path = item
+    return {"index": index, "data": Path(path).read_bytes()}
+
+
+def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
+    """The dataset in litdata's chunk format (``dir/out``), from one file per sample."""
+    from litdata import optimize
+
+    source = dir / "src"
+    source.mkdir(parents=True, exist_ok=True)
+    inputs = []
+    for i in range(len(samples)):
+        path = source / f"{i:06d}"
+        path.write_bytes(samples.data(i))
+        inputs.append((i, str(path)))
+    out = dir / "out"
+    # optimize() sets the process's multiprocessing start method (force=True; "spawn" by
+    # default): put it back, or every DataLoader after it spawns its workers.
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):  # its progress bars
+            optimize(
+                fn=_litdata_sample,
+                inputs=inputs,
+                output_dir=str(out),
+                chunk_bytes=LITDATA_CHUNK,
+                num_workers=1,
+                start_method="fork",
+                verbose=False,
+            )
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
+    return out
+
+
+def _litdata_item(sample: dict[str, Any]) -> Item:
+    return int(sample["index"]), as_tensor(bytearray(sample["data"]))
+
+
+def _litdata_allow_http(worker_id: int) -> None:
+    """litdata 0.2.76 builds its obstore store (its chunk GETs) with client options of its
+    own and no ``allow_http``, so against an ``http://`` endpoint every chunk GET fails
+    (``BadScheme``); its boto3 fallback (forced) failed to read chunks in the quick run (an
+    empty item), so each worker adds ``allow_http`` to those options: litdata's own path."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[typeddict-unknown-key]
+
+
+def litdata_streaming(origin: Origin, workload: Workload, cache_dir: Path, workers: int | None = None) -> LoaderVariant:
+    """A fresh cache directory per run (the first epoch is cold), removed afterwards.  A
+    persistent worker's dataset copy moves to its next epoch by itself."""
+    from litdata import StreamingDataset
+
+    def make() -> DataLoader[Item]:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        options = {
+            "endpoint_url": origin.endpoint,
+            "region_name": REGION,
+            "aws_access_key_id": ACCESS_KEY,
+            "aws_secret_access_key": SECRET_KEY,
+        }
+        dataset = StreamingDataset(
+            f"s3://{BUCKET}/{LITDATA}",
+            cache_dir=str(cache_dir),
+            shuffle=True,
+            seed=workload.seed,
+            drop_last=False,
+            storage_options=options,
+            transform=_litdata_item,
+        )
+        options = loader_options(workload if workers is None else replace(workload, workers=workers))
+        return DataLoader(dataset, worker_init_fn=_litdata_allow_http, **options)
+
+    name = "litdata" if workers is None else f"litdata_{workers}w"
+    return LoaderVariant(name, make, cleanup=lambda: shutil.rmtree(cache_dir, ignore_errors=True))

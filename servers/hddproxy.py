@@ -1,0 +1,232 @@
+"""An HDD-throttling reverse proxy: puts the block servers' HDD model in front of any HTTP
+origin (an S3 gateway: SeaweedFS in the ingest benchmark), so loaders that speak S3 meet the
+same disks blobsdk's block servers emulate.
+
+    python -m servers.hddproxy --upstream http://127.0.0.1:PORT [--disks 3] [--spindles 2]
+                               [--latency-ms 5] [--bandwidth-mbps 60] [--stripe-mb 4]
+                               [--host H] [--port P] [--port-file F]
+
+Every request (any method) is forwarded as it came (method, raw path and query, headers
+including ``Host``, so a SigV4 signature made for the proxy's address still verifies
+upstream; the body read whole first), and the answer streamed back as it comes, bodies and
+``Content-Encoding`` untouched.  Each request is served by one of ``disks`` emulated disks,
+with the block server's model (servers/_common/hdd.py): it waits for one of the disk's
+``spindles`` (FIFO), pays ``latency_ms`` once, then every byte either way goes through the
+disk's ``bandwidth_mbps``; the spindle is held until the answer's last byte is sent.  The
+disk: a hash of the path and of the request's first byte / ``stripe_mb`` (its ``Range``
+start, else 0), as an object store spreads an object's stripes over its disks: a request
+for the same bytes always meets the same disk.
+
+``GET /-/stats`` (no bucket name starts with ``-``) answers what its disks served so far,
+``{"requests": N, "bytes": N}`` (bytes either way), which the benchmark reads around a row.
+It answers ``GET /`` as its upstream does (the S3 bucket listing), which is how
+:class:`HddProxy` (a :class:`~servers._common.lifeline.LocalService`: free loopback port,
+dies with its starter) sees it is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import re
+import sys
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import aiohttp
+import xxhash
+from aiohttp import web
+from yarl import URL
+
+from servers._common.hdd import Bandwidth, Spindles
+from servers._common.http import serve
+from servers._common.lifeline import LocalService
+
+MiB = 1 << 20
+PIECE = 1 << 20  # bytes paced and sent per step of an answer
+# Hop-by-hop headers, and those aiohttp sets itself from the body it sends.
+_NOT_FORWARDED = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length", "proxy-connection"}
+)
+_RANGE_START = re.compile(r"bytes=(\d+)-")
+
+
+@dataclass(frozen=True)
+class HddModel:
+    """The disks behind the proxy: ``disks`` of ``spindles`` each, ``latency_ms`` a request,
+    ``bandwidth_mbps`` (1e6 B/s) each, objects striped over them every ``stripe_bytes``."""
+
+    disks: int = 3
+    spindles: int = 2
+    latency_ms: float = 5.0
+    bandwidth_mbps: float = 60.0
+    stripe_bytes: int = 4 * MiB
+
+    def __post_init__(self) -> None:
+        if self.disks < 1 or self.spindles < 0 or self.latency_ms < 0 or self.bandwidth_mbps < 0 or self.stripe_bytes < 1:
+            raise ValueError("need disks >= 1, spindles, latency_ms and bandwidth_mbps >= 0, stripe_bytes >= 1")
+
+    def args(self) -> list[str]:
+        return [
+            f"--disks={self.disks}",
+            f"--spindles={self.spindles}",
+            f"--latency-ms={self.latency_ms}",
+            f"--bandwidth-mbps={self.bandwidth_mbps}",
+            f"--stripe-bytes={self.stripe_bytes}",
+        ]
+
+
+class Disk:
+    def __init__(self, model: HddModel) -> None:
+        self.spindles = Spindles(model.spindles, model.latency_ms / 1000.0)
+        self.bandwidth = Bandwidth(model.bandwidth_mbps * 1e6)
+        self.requests = 0  # served so far (entered a spindle)
+
+
+class Proxy:
+    """The forwarding handler over ``upstream`` (``http://host:port``) and the model's disks."""
+
+    def __init__(self, upstream: str, model: HddModel) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.model = model
+        self.disks = [Disk(model) for _ in range(model.disks)]
+        self._session: aiohttp.ClientSession | None = None
+
+    def disk_of(self, path: str, range_header: str | None) -> Disk:
+        match = _RANGE_START.match(range_header.strip()) if range_header else None
+        stripe = (int(match[1]) if match else 0) // self.model.stripe_bytes
+        return self.disks[xxhash.xxh3_64_intdigest(f"{path}#{stripe}".encode()) % len(self.disks)]
+
+    async def stats(self, request: web.Request) -> web.Response:
+        """What the disks served so far: requests, and bytes either way."""
+        return web.json_response(
+            {"requests": sum(d.requests for d in self.disks), "bytes": sum(d.bandwidth.moved for d in self.disks)}
+        )
+
+    async def start(self, app: web.Application) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
+        connector = aiohttp.TCPConnector(limit=0)  # the spindles limit what is in flight
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+
+    async def stop(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        disk = self.disk_of(request.path, request.headers.get("Range"))
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        async with disk.spindles:
+            disk.requests += 1
+            await disk.bandwidth.take(len(body))
+            url = URL(self.upstream + request.raw_path, encoded=True)
+            async with self._session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+                skip_auto_headers=("Content-Type",),
+            ) as upstream:
+                return await self._relay(request, upstream, disk)
+
+    @staticmethod
+    async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, disk: Disk) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for key, value in upstream.headers.items():
+            if key.lower() not in _NOT_FORWARDED:
+                response.headers.add(key, value)
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        async for piece in upstream.content.iter_chunked(PIECE):
+            await disk.bandwidth.take(len(piece))
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+
+PROXY_KEY = web.AppKey("proxy", Proxy)
+
+
+def make_app(upstream: str, model: HddModel) -> web.Application:
+    proxy = Proxy(upstream, model)
+    app = web.Application(client_max_size=1 << 40)  # bodies of any size pass through
+    app[PROXY_KEY] = proxy
+    app.router.add_get("/-/stats", proxy.stats)  # no S3 bucket name starts with "-"
+    app.router.add_route("*", "/{tail:.*}", proxy.forward)
+    app.on_startup.append(proxy.start)
+    app.on_cleanup.append(proxy.stop)
+    return app
+
+
+@dataclass
+class HddProxy(LocalService):
+    """``python -m servers.hddproxy`` in front of ``upstream`` on a free loopback port
+    (``endpoint``), under a lifeline (it dies with the process that started it)."""
+
+    upstream: str = ""
+    model: HddModel = HddModel()
+
+    name: ClassVar[str] = "HDD proxy"
+    log_name: ClassVar[str] = "hddproxy.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "servers.hddproxy", f"--upstream={self.upstream}", f"--port={port}", *self.model.args()]
+
+    def stats(self) -> dict[str, int]:
+        """``GET /-/stats``: requests and bytes its disks served so far."""
+        with urllib.request.urlopen(f"{self.endpoint}/-/stats", timeout=10) as response:
+            return dict(json.load(response))
+
+    def answers(self, port: int) -> bool:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            connection.request("GET", "/")
+            connection.getresponse().read()
+        finally:
+            connection.close()
+        return True  # any answer: the proxy and its upstream are up
+
+
+@contextlib.contextmanager
+def start_hddproxy(dir: Path, upstream: str, model: HddModel) -> Iterator[HddProxy]:
+    proxy = HddProxy(dir, upstream=upstream, model=model)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m servers.hddproxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True, help="the origin, http://host:port")
+    parser.add_argument("--disks", type=int, default=3)
+    parser.add_argument("--spindles", type=int, default=2, help="requests each disk serves at once (0: unlimited)")
+    parser.add_argument("--latency-ms", type=float, default=5.0, help="per request")
+    parser.add_argument("--bandwidth-mbps", type=float, default=60.0, help="each disk, MB/s (1e6 B/s); 0: unlimited")
+    parser.add_argument("--stripe-bytes", type=int, default=4 * MiB)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        model = HddModel(args.disks, args.spindles, args.latency_ms, args.bandwidth_mbps, args.stripe_bytes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve(make_app(args.upstream, model), args.host, args.port, args.port_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""servers/hddproxy.py: the block servers' HDD model in front of an HTTP origin, by counting
+(requests in service at the origin, bytes through each disk's budget), not by timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from servers.hddproxy import PROXY_KEY, HddModel, Proxy, make_app, start_hddproxy
+from servers.seaweedd import start_seaweed
+from tests.helpers import running_app
+
+MiB = 1 << 20
+
+
+class Origin:
+    """An origin that records what reached it and holds each answer until released."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.release = asyncio.Event()
+        self.reached = asyncio.Condition()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        async with self.reached:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.seen.append((request.method, request.raw_path, dict(request.headers), body))
+            self.reached.notify_all()
+        await self.release.wait()
+        self.in_flight -= 1
+        return web.Response(body=b"answer:" + body, status=207, headers={"X-Origin": "yes"})
+
+    async def until_in_flight(self, n: int) -> None:
+        async with self.reached:
+            await self.reached.wait_for(lambda: self.in_flight == n)
+
+
+@pytest.fixture
+async def origin() -> AsyncIterator[tuple[Origin, str]]:
+    origin = Origin()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", origin.handle)
+    async with running_app(app) as url:
+        yield origin, url
+
+
+async def test_each_disk_serves_its_spindles_at_once_and_queues_the_rest_fifo(origin: tuple[Origin, str]) -> None:
+    fake, upstream = origin
+    app = make_app(upstream, HddModel(disks=1, spindles=2, latency_ms=0, bandwidth_mbps=0))
+    async with running_app(app) as url, aiohttp.ClientSession() as session:
+        gets = [asyncio.create_task(_get(session, f"{url}/b/k{i}")) for i in range(5)]
+        await fake.until_in_flight(2)
+        disk = app[PROXY_KEY].disks[0]
+        await _until(lambda: disk.spindles.queued == 3)
+        assert (disk.spindles.in_service, fake.in_flight) == (2, 2)
+        fake.release.set()
+        answers = await asyncio.gather(*gets)
+    assert fake.most == 2  # never more than the disk's spindles at the origin
+    assert answers == [(207, b"answer:")] * 5
+    assert disk.requests == 5 and (disk.spindles.in_service, disk.spindles.queued) == (0, 0)
+
+
+async def test_a_request_reaches_the_origin_as_it_came_and_its_bytes_go_through_one_disk(origin: tuple[Origin, str]) -> None:
+    fake, upstream = origin
+    fake.release.set()
+    app = make_app(upstream, HddModel(disks=3, spindles=1, latency_ms=0, bandwidth_mbps=0))
+    async with running_app(app) as url, aiohttp.ClientSession() as session:
+        headers = {"Authorization": "AWS4-HMAC-SHA256 sig", "Range": "bytes=5-9", "Host": "signed.example:1234"}
+        async with session.put(f"{url}/bucket/a%2Fb?x=1&y=%20", data=b"12345", headers=headers) as response:
+            assert (response.status, await response.read(), response.headers["X-Origin"]) == (207, b"answer:12345", "yes")
+    method, path, got, body = fake.seen[0]
+    assert (method, path, body) == ("PUT", "/bucket/a%2Fb?x=1&y=%20", b"12345")
+    assert {k: got[k] for k in ("Authorization", "Range", "Host")} == headers  # a SigV4 signature still verifies
+    proxy = app[PROXY_KEY]
+    disk = proxy.disk_of("/bucket/a/b", "bytes=5-9")  # the path as decoded
+    assert disk.bandwidth.moved == len(b"12345") + len(b"answer:12345")  # both ways, through that disk's budget
+    assert sum(d.requests for d in proxy.disks) == disk.requests == 1
+
+
+def test_a_request_meets_the_disk_of_its_first_bytes_stripe() -> None:
+    proxy = Proxy("http://origin", HddModel(disks=3, stripe_bytes=4 * MiB))
+    assert proxy.disk_of("/b/k", None) is proxy.disk_of("/b/k", "bytes=0-99") is proxy.disk_of("/b/k", f"bytes={4 * MiB - 1}-")
+    stripes = {id(proxy.disk_of("/b/big", f"bytes={s * 4 * MiB}-{s * 4 * MiB + 10}")) for s in range(32)}
+    assert stripes == {id(d) for d in proxy.disks}  # a large object's stripes spread over every disk
+    objects = [proxy.disk_of(f"/b/k{i}", None) for i in range(300)]
+    assert all(60 < objects.count(d) < 140 for d in proxy.disks)
+
+
+def test_the_model_must_make_sense() -> None:
+    with pytest.raises(ValueError, match=r"^need disks >= 1, spindles, latency_ms and bandwidth_mbps >= 0, stripe_bytes >= 1$"):
+        HddModel(disks=0)
+
+
+def test_seaweedfs_answers_signed_requests_through_the_proxy(tmp_path: Path) -> None:
+    """A SigV4-signed PUT, ranged GET and listing made for the proxy's address verify at
+    SeaweedFS (the proxy forwards Host as it came)."""
+    import boto3
+    from botocore.config import Config
+
+    with (
+        start_seaweed(tmp_path / "seaweedfs") as seaweed,
+        start_hddproxy(tmp_path / "proxy", seaweed.endpoint, HddModel()) as proxy,
+    ):
+        seaweed.make_bucket("bucket-one")
+        options = seaweed.config
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=proxy.endpoint,
+            region_name=options["region"],
+            aws_access_key_id=options["access_key_id"],
+            aws_secret_access_key=options["secret_access_key"],
+            config=Config(s3={"addressing_style": "path"}),
+        )
+        data = bytes(range(256)) * 4096
+        s3.put_object(Bucket="bucket-one", Key="dir/one two", Body=data)
+        ranged = s3.get_object(Bucket="bucket-one", Key="dir/one two", Range="bytes=1000-1999")["Body"].read()
+        listed = [o["Key"] for o in s3.list_objects_v2(Bucket="bucket-one", Prefix="dir/")["Contents"]]
+        assert proxy.process is not None and proxy.process.poll() is None
+        stats = proxy.stats()
+    assert stats["requests"] >= 4  # the readiness probe, the PUT, the GET and the listing
+    assert stats["bytes"] >= len(data) + 1000
+    assert (ranged, listed) == (data[1000:2000], ["dir/one two"])
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+    async with session.get(url) as response:
+        return response.status, await response.read()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met in 5 s")
