@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +51,10 @@ if TYPE_CHECKING:
 
 __all__ = ("BlobCluster", "ClusterFactory")
 
+KINDS = ("api", "block", "l3", "tracker")  # servers.cluster.KINDS' names
 DEFAULTS: dict[str, Any] = {"block_servers": 3, "l3_nodes": 0, "trackers": 0}
-FaultsOption = bool | Mapping[str, Sequence[str]]
+FaultsOption = bool | Mapping[str, str | Sequence[str]]
 ClusterFactory = Callable[..., "BlobCluster"]
-# urllib would send loopback requests through an http_proxy from the environment.
-_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass
@@ -127,13 +125,16 @@ class BlobCluster:
             raise RuntimeError("this cluster was started without faults: start it with faults=True")
         urls = [target] if target.startswith("http") else self.urls(target)
         if not urls:
-            raise ValueError(f"no {target!r} server in this cluster: kinds are api, block, l3, tracker, or a server's URL")
+            raise ValueError(f"no {target!r} server in this cluster: give a kind ({', '.join(KINDS)}) or a server's URL")
         return urls
 
     def _admin(self, url: str, method: str, body: bytes | None = None) -> bytes:
+        import urllib.request
+
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy for loopback
         headers = {"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"}
         request = urllib.request.Request(f"{url}/admin/faults", data=body, headers=headers, method=method)
-        with _direct.open(request, timeout=10.0) as response:
+        with direct.open(request, timeout=10.0) as response:
             data: bytes = response.read()
             return data
 
@@ -143,7 +144,9 @@ def _cluster_options(faults: FaultsOption, options: dict[str, Any]) -> tuple[dic
     if faults is False:
         return {**DEFAULTS, **options}, None
     token = options.pop("admin_token", None) or secrets.token_urlsafe(16)
-    specs = {} if faults is True else {kind: tuple(s) for kind, s in faults.items()}
+    specs = {} if faults is True else {kind: (s,) if isinstance(s, str) else tuple(s) for kind, s in faults.items()}
+    if unknown := sorted(set(specs) - set(KINDS)):
+        raise ValueError(f"faults: no server kind {', '.join(map(repr, unknown))}: kinds are {', '.join(KINDS)}")
     return {**DEFAULTS, **options, "admin_token": token, "faults": specs}, token
 
 

@@ -83,6 +83,8 @@ def test_default_cluster(blob_cluster, blob_client_toml):
         c.put("/b/x", b"hello")
     with blob_cluster.sync_client() as c:
         assert c.get("/b/x") == b"hello"
+    with pytest.raises(RuntimeError, match="^this cluster was started without faults: start it with faults=True$"):
+        blob_cluster.set_faults("block", "error_rate=1")
 
 @pytest.mark.parametrize("blob_cluster", [{"block_servers": 1, "l3_nodes": 1, "trackers": 1}], indirect=True)
 @pytest.mark.asyncio
@@ -111,14 +113,20 @@ def test_faults_switched_on_and_off(blob_cluster_factory):
     cluster.set_faults("block", {"route": "/v1/blocks", "methods": ["GET"], "error_rate": 1.0})
     with cluster.sync_client() as c, pytest.raises(blobsdk.Unavailable):
         c.get("/b/x")
+    wrong = r"^no 'blocks' server in this cluster: give a kind \\(api, block, l3, tracker\\) or a server's URL$"
+    with pytest.raises(ValueError, match=wrong):
+        cluster.set_faults("blocks", "error_rate=1")
     cluster.clear_faults("block")
     with cluster.sync_client() as c:
         assert c.get("/b/x") == b"hello"
 
-def test_a_cluster_without_faults_has_no_fault_endpoint(blob_cluster):
-    _record(blob_cluster)
-    with pytest.raises(RuntimeError, match="this cluster was started without faults: start it with faults=True"):
-        blob_cluster.set_faults("block", "error_rate=1")
+def test_a_fault_for_a_kind_that_is_not_one(blob_cluster_factory):
+    with pytest.raises(ValueError, match=r"^faults: no server kind 'blocks': kinds are api, block, l3, tracker$"):
+        blob_cluster_factory(faults={"blocks": "error_rate=1"})
+
+@pytest.mark.parametrize("blob_cluster", ["l3"], indirect=True)
+def test_a_parameter_that_is_not_options(blob_cluster):
+    pass
 """
 
 
@@ -126,9 +134,11 @@ def test_clusters_start_as_asked_show_their_faults_and_leave_no_process(user, mo
     pids_file = user.path / "pids"
     monkeypatch.setenv("PIDS_FILE", str(pids_file))
     user.makepyfile(CLUSTERS)
-    user.runpytest_subprocess("-p", "servers.testing").assert_outcomes(passed=5)
+    result = user.runpytest_subprocess("-p", "servers.testing")
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines(["E * TypeError: blob_cluster's parameter is a dict of cluster options, got 'l3'"])
     pids = [int(line) for line in pids_file.read_text().split()]
-    assert len(pids) == 4 + 4 + 2 + 2 + 4  # api + block servers (+ l3 + tracker) of each cluster
+    assert len(pids) == 4 + 4 + 2 + 2  # api + block servers (+ l3 + tracker) of each cluster
     assert [pid for pid in pids if _alive(pid)] == []
 
 
