@@ -24,8 +24,10 @@ Every server listens on a free loopback port and holds a lifeline to this proces
 fixture's teardown stops them all (and checks that they exited), and they stop themselves
 if pytest is killed.  Each test gets its own directories: nothing is shared between tests.
 
-Loading the plugin imports only pytest (and pytest-asyncio if installed); blobsdk and the
-servers are imported by the fixtures that use them.
+Loading the plugin imports only pytest (and pytest-asyncio if installed): pytest loads it
+in every run, so blobsdk and the servers are imported by the fixtures that use them.  It
+lives in ``servers`` because it starts them, and the SDK never imports the servers
+(tests/test_imports.py).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 
+from servers import cluster, testing
 from tests.helpers import ROOT
 
 pytest_plugins = ["pytester"]
@@ -23,6 +24,10 @@ def user(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     pytester.makeini(INI)
     return pytester
+
+
+def test_the_plugin_knows_every_kind_of_server():
+    assert tuple(kind.name for kind in cluster.KINDS) == testing.KINDS
 
 
 EMBEDDED = """
