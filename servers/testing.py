@@ -13,8 +13,9 @@ point, ``pytest -p servers.testing`` or ``pytest_plugins = ["servers.testing"]``
     blob_cluster_factory  ``start(**options)`` starts one more cluster per call
     blob_client_toml      the path of blob_cluster's client.toml
 
-Options are :class:`servers.cluster.ClusterOptions` fields (``block_servers``, ``l3_nodes``,
-``trackers``, ``write_quorum``, ``latency_ms``, ...) and ``faults``: ``False`` (default),
+Options are :class:`servers.cluster.ClusterOptions` fields (``block_servers`` (3),
+``l3_nodes`` (0), ``trackers`` (0), ``startup_timeout`` (120 s), ``write_quorum``,
+``latency_ms``, ...) and ``faults``: ``False`` (default),
 ``True`` (every server mounts ``/admin/faults``: :meth:`BlobCluster.set_faults` switches
 faults on while the test runs) or a mapping of server kind (``"api"``, ``"block"``,
 ``"l3"``, ``"tracker"``) to fault specs the servers start with (servers/_common/faults.py),
@@ -54,7 +55,8 @@ if TYPE_CHECKING:
 __all__ = ("BlobCluster", "ClusterFactory")
 
 KINDS = ("api", "block", "l3", "tracker")  # servers.cluster.KINDS' names
-DEFAULTS: dict[str, Any] = {"block_servers": 3, "l3_nodes": 0, "trackers": 0}
+# A shared CI box may take a while to start a dozen Python processes: more time than servers.cluster's 30 s.
+DEFAULTS: dict[str, Any] = {"block_servers": 3, "l3_nodes": 0, "trackers": 0, "startup_timeout": 120.0}
 FaultsOption = bool | Mapping[str, str | Sequence[str]]
 ClusterFactory = Callable[..., "BlobCluster"]
 
