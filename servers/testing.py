@@ -145,8 +145,8 @@ class BlobCluster:
 
 def _cluster_options(faults: FaultsOption, options: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """start_cluster's options for these fixture options, and the admin token of /admin/faults."""
-    if faults is False:
-        return {**DEFAULTS, **options}, None
+    if faults is False:  # an admin_token among the options still mounts /admin/faults
+        return {**DEFAULTS, **options}, options.get("admin_token")
     token = options.pop("admin_token", None) or secrets.token_urlsafe(16)
     specs = {} if faults is True else {kind: (s,) if isinstance(s, str) else tuple(s) for kind, s in faults.items()}
     if unknown := sorted(set(specs) - set(KINDS)):
