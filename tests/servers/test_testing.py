@@ -1,0 +1,180 @@
+"""The pytest plugin servers/testing.py as a user's suite uses it: each test writes a small
+test module and runs pytest on it in a subprocess (``pytester``), with the plugin loaded by
+``-p servers.testing`` or by its pytest11 entry point."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+
+import pytest
+
+from servers import cluster, testing
+from tests.helpers import ROOT
+
+pytest_plugins = ["pytester"]
+
+# The user's suite: strict asyncio mode (async tests and fixtures are marked), warnings are errors.
+INI = "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\nfilterwarnings = error\n"
+
+
+@pytest.fixture
+def user(pytester, monkeypatch):
+    """pytester with this tree first on the subprocess's path (as the cluster's servers get it)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    pytester.makeini(INI)
+    return pytester
+
+
+def test_the_plugin_knows_every_kind_of_server():
+    assert tuple(kind.name for kind in cluster.KINDS) == testing.KINDS
+
+
+EMBEDDED = """
+import pytest
+import blobsdk
+
+@pytest.mark.asyncio
+async def test_async(blob_client):
+    assert isinstance(blob_client, blobsdk.Client)
+    await blob_client.put("/b/x", b"hello")
+    assert await blob_client.get("/b/x") == b"hello"
+
+def test_sync(blob_sync_client):
+    blob_sync_client.put("/b/x", b"hello")
+    assert blob_sync_client.get("/b/x") == b"hello"
+
+def test_each_test_has_its_own_store(blob_sync_client):
+    with pytest.raises(blobsdk.BlobNotFound):
+        blob_sync_client.get("/b/x")
+"""
+
+
+def test_the_embedded_clients_are_open_on_a_store_of_their_own(user):
+    user.makepyfile(EMBEDDED)
+    user.runpytest_subprocess("-p", "servers.testing").assert_outcomes(passed=3)
+
+
+def test_the_sync_fixtures_need_no_pytest_asyncio_and_the_async_one_says_it_does(user):
+    user.makeini("[pytest]\nfilterwarnings = error\n")
+    user.makepyfile(
+        """
+        def test_sync(blob_sync_client):
+            blob_sync_client.put("/b/x", b"hello")
+
+        def test_async(blob_client):
+            pass
+        """
+    )
+    result = user.runpytest_subprocess("-p", "no:asyncio", "-p", "servers.testing")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*blob_client is an async fixture and needs pytest-asyncio; blob_sync_client does not*"])
+
+
+CLUSTERS = """
+import os
+import pytest
+import blobsdk
+
+def _record(cluster):
+    with open(os.environ["PIDS_FILE"], "a") as out:
+        out.writelines(f"{pid}\\n" for pid in cluster.pids)
+
+def test_default_cluster(blob_cluster, blob_client_toml):
+    _record(blob_cluster)
+    assert len(blob_cluster.urls("block")) == 3 and blob_cluster.urls("l3") == [] and blob_cluster.urls("tracker") == []
+    assert blobsdk.ClientConfig.from_toml(blob_client_toml) == blob_cluster.config
+    with blob_cluster.sync_client() as c:
+        c.put("/b/x", b"hello")
+    with blob_cluster.sync_client() as c:
+        assert c.get("/b/x") == b"hello"
+    with pytest.raises(RuntimeError, match="^this cluster was started without faults: start it with faults=True$"):
+        blob_cluster.set_faults("block", "error_rate=1")
+
+@pytest.mark.parametrize("blob_cluster", [{"block_servers": 1, "l3_nodes": 1, "trackers": 1}], indirect=True)
+@pytest.mark.asyncio
+async def test_cluster_with_l3_and_a_tracker(blob_cluster):
+    _record(blob_cluster)
+    assert blob_cluster.config.l3_urls == tuple(blob_cluster.urls("l3")) and len(blob_cluster.urls("l3")) == 1
+    assert blob_cluster.config.tracker_urls == tuple(blob_cluster.urls("tracker")) and len(blob_cluster.urls("tracker")) == 1
+    async with blob_cluster.client() as c:
+        await c.put("/b/x", b"hello")
+        assert await c.get("/b/x") == b"hello"
+
+def test_faults_from_the_start(blob_cluster_factory):
+    cluster = blob_cluster_factory(block_servers=1, faults={"block": ["route=/v1/blocks;methods=GET;error_rate=100%"]})
+    _record(cluster)
+    with cluster.sync_client() as c:
+        c.put("/b/x", b"hello")
+    with cluster.sync_client() as c, pytest.raises(blobsdk.Unavailable):
+        c.get("/b/x")
+    assert cluster.injected("block")["error"] >= 1
+
+def test_faults_switched_on_and_off(blob_cluster_factory):
+    cluster = blob_cluster_factory(block_servers=1, faults=True)
+    _record(cluster)
+    with cluster.sync_client() as c:
+        c.put("/b/x", b"hello")
+    cluster.set_faults("block", {"route": "/v1/blocks", "methods": ["GET"], "error_rate": 1.0})
+    with cluster.sync_client() as c, pytest.raises(blobsdk.Unavailable):
+        c.get("/b/x")
+    wrong = r"^no 'blocks' server in this cluster: give a kind \\(api, block, l3, tracker\\) or a server's URL$"
+    with pytest.raises(ValueError, match=wrong):
+        cluster.set_faults("blocks", "error_rate=1")
+    cluster.clear_faults("block")
+    with cluster.sync_client() as c:
+        assert c.get("/b/x") == b"hello"
+
+def test_a_fault_for_a_kind_that_is_not_one(blob_cluster_factory):
+    with pytest.raises(ValueError, match=r"^faults: no server kind 'blocks': kinds are api, block, l3, tracker$"):
+        blob_cluster_factory(faults={"blocks": "error_rate=1"})
+
+@pytest.mark.parametrize("blob_cluster", ["l3"], indirect=True)
+def test_a_parameter_that_is_not_options(blob_cluster):
+    pass
+"""
+
+
+def test_clusters_start_as_asked_show_their_faults_and_leave_no_process(user, monkeypatch):
+    pids_file = user.path / "pids"
+    monkeypatch.setenv("PIDS_FILE", str(pids_file))
+    user.makepyfile(CLUSTERS)
+    result = user.runpytest_subprocess("-p", "servers.testing")
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines(["E * TypeError: blob_cluster's parameter is a dict of cluster options, got 'l3'"])
+    pids = [int(line) for line in pids_file.read_text().split()]
+    assert len(pids) == 4 + 4 + 2 + 2  # api + block servers (+ l3 + tracker) of each cluster
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_entry_point_loads_the_plugin_and_nothing_heavy(user, monkeypatch):
+    """An installed distribution whose entry points are pyproject.toml's pytest11 table:
+    pytest loads the plugin by itself, and loading it imports neither blobsdk nor torch."""
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    dist = user.mkdir("site") / "blobsdk_plugin_probe-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: blobsdk-plugin-probe\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((str(user.path / "site"), os.environ["PYTHONPATH"])))
+    user.makeconftest(
+        """
+        import sys
+
+        def pytest_configure(config):
+            heavy = sorted(m for m in ("torch", "blobsdk", "servers.cluster", "aiohttp") if m in sys.modules)
+            assert heavy == [], heavy
+        """
+    )
+    user.makepyfile("def test_sync(blob_sync_client):\n    blob_sync_client.put('/b/x', b'hello')\n")
+    user.runpytest_subprocess().assert_outcomes(passed=1)
+    result = user.runpytest_subprocess("-p", "no:servers.testing")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'blob_sync_client' not found*"])
