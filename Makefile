@@ -1,16 +1,20 @@
 # `make demo` and `make test` work on a fresh clone: they create .venv and install the
-# project (with its dev extras) first, again only when pyproject.toml changes.
+# project first, again only when pyproject.toml changes.  `make demo` installs only the core
+# (`pip install -e .`: what the demo and servers.swarm import, no torch), so a first demo is
+# quick; `make test`, `make lint` and `make bench` install the dev extras (torch, the S3 and
+# Redis clients, pytest, ruff, mypy, ...).  Each install has its stamp in .venv.
 # `make test` runs `make lint` (ruff and mypy, configured in pyproject.toml) and installs the
 # system services the tests use (`make services`: redis-server) before pytest.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+CORE   := $(VENV)/.installed-core
+DEV    := $(VENV)/.installed-dev
 
 .PHONY: demo test lint services bench install clean
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(VENV)/bin/blobsdk demo
 	$(PY) -m servers.swarm --clients 4 --size-mb 256
 
@@ -27,26 +31,31 @@ services:
 		service redis-server stop >/dev/null 2>&1 || true; }
 
 # All three always run, so one pass reports every kind of problem; any failure fails lint.
-lint: $(STAMP)
+lint: $(DEV)
 	@status=0; \
 	$(VENV)/bin/ruff check . || status=1; \
 	$(VENV)/bin/ruff format --check . || status=1; \
 	$(VENV)/bin/mypy || status=1; \
 	exit $$status
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(PY) -m benchmarks put_get --quick
 
-install: $(STAMP)
+install: $(DEV)
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "blobsdk needs Python >= 3.11; try: make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --disable-pip-version-check -e '.[dev]'
+$(CORE): pyproject.toml | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -e .
 	touch $@
+
+# The dev extras include the core: a venv made by `make test` needs no second install for the demo.
+$(DEV): pyproject.toml | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -e '.[dev]'
+	touch $(CORE) $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

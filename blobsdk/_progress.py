@@ -34,6 +34,13 @@ class ProgressLine:
     def finish(self) -> None:
         self._emit(final=True)
 
+    def clear(self) -> None:
+        """End without a final line (the caller reports the totals itself): a TTY's line is
+        erased; elsewhere the lines printed so far stay."""
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
     def text(self) -> str:
         seconds = max(time.monotonic() - self.start, 1e-9)
         mib = self.nbytes / MiB

@@ -1,13 +1,19 @@
-"""Start a whole local blobsdk cluster: the metadata API server, N L4 block servers and M L3
-flash nodes, each a real subprocess on a free loopback port.
+"""Start a whole local blobsdk cluster: the metadata API server, N L4 block servers, M L3
+flash nodes and the peer tier's trackers, each a real subprocess on a free loopback port.
 
     python -m servers.cluster --dir DIR [--block-servers 3] [--write-quorum Q]
                               [--latency-ms F] [--bandwidth-mbps F] [--spindles N] [--token T] [--keys FILE]
-                              [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S]
+                              [--l3-nodes M] [--l3-capacity-mb N] [--l3-hold-seconds S] [--trackers N]
                               [--api-faults SPEC] [--block-faults SPEC] [--l3-faults SPEC]
                               [--admin-token T] [--no-restart]
                               [--metadata redis://HOST:PORT/DB] [--source s3://BUCKET/PREFIX [--s3-endpoint URL]
                                [--s3-region R] [--s3-allow-http] | --seaweedfs]
+
+The command starts one tracker (``servers.tracker``) unless ``--trackers`` says otherwise:
+client.toml names it (``tracker_urls``), so every client of the cluster runs a peer server
+and reads its peers' chunks before L3 and L4; ``--trackers 0`` turns the peer tier off.
+:func:`start_cluster` (tests, benchmarks) starts none unless given ``trackers=``: each of
+them chooses the tiers it measures.
 
 With ``--metadata`` the API server keeps the metadata in Redis; with ``--source`` L4 is that
 object store: no block servers start, the L3 nodes read through from it, and client.toml
@@ -102,7 +108,7 @@ class ClusterOptions:
     l3_nodes: int = 2  # L3 flash nodes, each reading through every block server
     l3_capacity_mb: float = 1024
     l3_hold_seconds: float = 0.0
-    trackers: int = 0  # peer-tier trackers (servers.tracker); their URLs go in tracker_urls
+    trackers: int = 0  # peer-tier trackers (servers.tracker); their URLs go in tracker_urls (the command's default: 1)
     startup_timeout: float = 30.0
     # kind name ("api", "block", "l3", "tracker") -> its servers' --fault specs (servers/_common/faults.py)
     faults: Mapping[str, Sequence[str]] = field(default_factory=dict)
@@ -553,7 +559,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)"
     )
     parser.add_argument("--l3-hold-seconds", type=float, default=0.0, metavar="S", help="hold period of the L3 nodes (default 0)")
-    parser.add_argument("--trackers", type=int, default=0, metavar="N", help="peer-tier trackers (default 0)")
+    parser.add_argument("--trackers", type=int, default=1, metavar="N", help="peer-tier trackers (default 1; 0: no peer tier)")
     parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
     for kind in KINDS:
         parser.add_argument(

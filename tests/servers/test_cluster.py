@@ -112,15 +112,17 @@ def _servers(dir: Path) -> list[dict]:
 async def test_cli_serves_a_client_and_stops_every_server_on_sigterm(cluster_cli):
     proc, dir = cluster_cli
     servers = _servers(dir)
-    assert [s["name"] for s in servers] == ["api", "block-0", "block-1", "block-2", "l3-0", "l3-1"]
+    assert [s["name"] for s in servers] == ["api", "block-0", "block-1", "block-2", "l3-0", "l3-1", "tracker"]
     config = ClientConfig.from_toml(dir / "client.toml")
     assert config.api_url == servers[0]["url"] and list(config.block_urls) == [s["url"] for s in servers[1:4]]
-    assert list(config.l3_urls) == [s["url"] for s in servers[4:]]
+    assert list(config.l3_urls) == [s["url"] for s in servers[4:6]]
+    assert list(config.tracker_urls) == [servers[6]["url"]]  # the default cluster has the peer tier
 
     data = os.urandom(3 << 20)
     async with blobsdk.Client(config) as client:
         await client.put("/bkt/blob", data)
         assert bytes(await client.get("/bkt/blob")) == data
+        assert client.stats()["peer"]["enabled"] is True
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
@@ -164,6 +166,19 @@ async def test_cli_restarts_a_killed_l3_node_on_its_port_while_the_rest_keep_ser
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     assert not [name for name, s in now.items() if _alive(s["pid"])]
+
+
+async def test_cli_with_no_trackers_starts_none_and_its_clients_have_no_peer_tier(tmp_path):
+    with _cluster_cli(tmp_path, "--trackers", "0", "--l3-nodes", "0") as proc:
+        assert [s["name"] for s in _servers(tmp_path)] == ["api", "block-0", "block-1", "block-2"]
+        config = ClientConfig.from_toml(tmp_path / "client.toml")
+        assert config.tracker_urls == () and "tracker_urls = []" in (tmp_path / "client.toml").read_text()
+        async with blobsdk.Client(config) as client:
+            await client.put("/bkt/blob", b"x")
+            assert bytes(await client.get("/bkt/blob")) == b"x"
+            assert client.stats()["peer"]["enabled"] is False
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
 
 
 def test_cli_with_no_restart_leaves_a_dead_server_down_and_the_rest_running(tmp_path):
@@ -322,6 +337,13 @@ def test_cli_restarts_dead_servers_unless_told_not_to(tmp_path):
     assert parse_args(["--dir", str(tmp_path), "--no-restart"]) == parse_args(["--dir", str(tmp_path)])
 
 
+def test_the_command_starts_one_tracker_unless_told_otherwise(tmp_path):
+    assert parse_args(["--dir", str(tmp_path)])[1].trackers == 1
+    assert parse_args(["--dir", str(tmp_path), "--trackers", "0"])[1].trackers == 0
+    assert parse_args(["--dir", str(tmp_path), "--trackers", "3"])[1].trackers == 3
+    assert ClusterOptions().trackers == 0  # start_cluster(): tests and benchmarks choose their tiers
+
+
 def test_only_a_dead_server_that_had_served_can_be_restarted(tmp_path):
     cluster, proc = Cluster(tmp_path), _server()
     with pytest.raises(ClusterError, match=r"^l3-0 is still running \(pid 100\)$"):
@@ -467,7 +489,7 @@ async def test_cli_with_seaweedfs_puts_l4_on_it_and_stops_it_with_the_cluster(tm
 
     data = os.urandom(3 << 20)
     with _cluster_cli(tmp_path, "--seaweedfs", "--l3-nodes", "1") as proc:
-        assert [s["name"] for s in _servers(tmp_path)] == ["api", "l3"]
+        assert [s["name"] for s in _servers(tmp_path)] == ["api", "l3", "tracker"]
         config = ClientConfig.from_toml(tmp_path / "client.toml")
         assert config.block_urls == () and config.source_url == "s3://blobsdk/cluster" and config.s3.endpoint is not None
         async with blobsdk.Client(config) as client:
