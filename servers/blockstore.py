@@ -56,7 +56,7 @@ class Bandwidth:
     def __init__(self, bytes_per_second: float) -> None:
         self._rate = bytes_per_second
         self._next_free = 0.0
-        self.moved = 0  # bytes through it so far, either way (the /metrics gauge bandwidth_bytes)
+        self.moved = 0  # bytes through it so far, either way (the /metrics counter bandwidth_bytes_total)
 
     async def take(self, nbytes: int) -> None:
         self.moved += max(0, nbytes)
@@ -288,10 +288,16 @@ def _install(app: web.Application, server: BlockServer) -> None:
     app.router.add_get("/v1/blocks/{block_id}", server.get_block, allow_head=False)
     app.router.add_delete("/v1/blocks/{block_id}", server.delete_block)
     app.router.add_get("/v1/blocks", server.list_blocks, allow_head=False)
-    gauges = app[METRICS_KEY].gauges
-    gauges["queued_requests"] = lambda: server.spindles.queued
-    gauges["in_service_requests"] = lambda: server.spindles.in_service
-    gauges["bandwidth_bytes"] = lambda: server.bandwidth.moved
+    metrics = app[METRICS_KEY]
+    metrics.gauge(
+        "queued_requests", "Block reads and writes waiting for a spindle (the queue depth).", lambda: server.spindles.queued
+    )
+    metrics.gauge("in_service_requests", "Block reads and writes a spindle is serving now.", lambda: server.spindles.in_service)
+    metrics.counter(
+        "bandwidth_bytes",
+        "Block bytes moved through the bandwidth cap, either way (PUT bodies in, GET bodies out).",
+        lambda: server.bandwidth.moved,
+    )
 
     async def open_store(app: web.Application) -> None:
         await server.store.wait_open()  # a store of another format stops the server here, not on each request

@@ -370,6 +370,10 @@ class Tracker:
     def swarm_count(self) -> int:
         return len(self._swarms)
 
+    def event_counts(self) -> dict[tuple[str, ...], float]:
+        """``counts`` keyed for the /metrics ``events`` family."""
+        return {(event,): n for event, n in self.counts.items()}
+
     def stats(self) -> dict[str, object]:
         self._expire()
         now = self._clock()
@@ -455,11 +459,20 @@ def make_app(
     app.router.add_post("/v1/announce", announce)
     app.router.add_post("/v1/report", report)
     app.router.add_get("/stats", stats, allow_head=False)
-    gauges = app[METRICS_KEY].gauges
-    gauges["peers"] = tracker.peer_count
-    gauges["swarms"] = tracker.swarm_count
+    metrics = app[METRICS_KEY]
+    metrics.gauge("peers", "Peers registered now.", tracker.peer_count)
+    metrics.gauge(
+        "swarms", "Chunks the tracker follows now (each with its holders, fetchers and recent asks).", tracker.swarm_count
+    )
+    metrics.labelled("counter", "events", _EVENTS_HELP, ("event",), tracker.event_counts)
     return app
 
+
+_EVENTS_HELP = (
+    "What the tracker did, by event: peers_registered, peers_expired, peers_banned, located_peer "
+    "(a chunk located at a peer), located_origin (sent to the origin), fills_not_kept, last_copies_held, "
+    "reports_<problem> (peers' reports of bad sources)."
+)
 
 # The flags that set TrackerConfig fields: (flag, field, what it sets).
 _FLAGS = (
