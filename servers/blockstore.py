@@ -41,6 +41,7 @@ from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
 from servers._common.auth import ServerAuth, check_grant, require_admin
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
+from servers._common.logs import setup_logging
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -312,6 +313,7 @@ def _install(app: web.Application, server: BlockServer) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    setup_logging("blockstore", args.log_level)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)

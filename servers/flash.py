@@ -97,6 +97,7 @@ from servers._common.http import (
     send_bytes,
     serve,
 )
+from servers._common.logs import setup_logging
 from servers._common.metrics import ServerMetrics
 from servers._common.stores import add_s3_args, s3_config_of_args
 
@@ -558,6 +559,7 @@ def _l4_stat(node: FlashNode, name: str) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    setup_logging("flash", args.log_level)
     try:
         config = config_of(args)
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))

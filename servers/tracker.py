@@ -80,6 +80,7 @@ from blobsdk.wire import (
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
+from ._common.logs import setup_logging
 
 HOT_KEYS = 20  # keys /stats shows
 
@@ -490,6 +491,7 @@ _FLAGS = (
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    setup_logging("tracker", args.log_level)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -28,11 +28,13 @@ from blobsdk.wire import (
 )
 
 from .auth import ADMIN_FAULTS_ROUTE, AUTH_KEY, PUBLIC_ROUTES, Handler, ServerAuth
+from .logs import add_log_args
 from .metrics import CLIENT_CLOSED, ServerMetrics
 
 __all__ = ("ADMIN_FAULTS_ROUTE", "CLIENT_CLOSED", "PUBLIC_ROUTES", "Handler", "ServerMetrics")
 
 T = TypeVar("T")
+log = logging.getLogger("servers.http")
 
 
 async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BODY_BYTES) -> T:
@@ -201,6 +203,7 @@ def add_serve_args(parser: Any) -> None:
         "--admin-token", default=None, help="mount /admin/faults (GET/PUT/DELETE) behind this bearer token (default: not mounted)"
     )
     add_limit_args(parser)
+    add_log_args(parser)
 
 
 def auth_of_args(args: Any) -> ServerAuth:
@@ -262,7 +265,7 @@ def _announce(host: str, bound: int, port_file: Path | None) -> None:
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(bound))
         tmp.replace(port_file)
-    print(f"serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+    log.info("serving on http://%s:%d", host, bound)
 
 
 async def _until_signalled() -> None:
