@@ -243,3 +243,12 @@ async def test_every_dashboard_query_names_metrics_that_exist(client_text: str, 
         names = set(re.findall(r"\bblobsdk_[a-z0-9_]+", expr))
         assert names, expr
         assert names <= exported, (expr, names - exported)
+
+
+def test_the_ingest_benchmark_reads_the_block_servers_answers(observed: tuple[str, dict[str, str]], cluster: Cluster) -> None:
+    from benchmarks.ingest import l4_answers
+
+    assert cluster.config is not None
+    answers = asyncio.run(l4_answers(cluster.config))
+    expected = by_label(observed[1]["blockstore"], "blobsdk_blockstore_requests_total", "status", route=BLOCK_ROUTE)
+    assert answers == {int(status): int(n) for status, n in expected.items()} and answers[201] >= 1  # the blob's PUT
