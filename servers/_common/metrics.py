@@ -14,7 +14,10 @@ A request whose client left before its answer is counted with status 499 (nginx'
 closed request"); one that matched no route has route ``unmatched``.  What a server keeps in
 its own objects (queue depths, cache counters, hedges) is read when /metrics is scraped, by
 callbacks the server registers with :meth:`ServerMetrics.counter` and
-:meth:`ServerMetrics.gauge`.
+:meth:`ServerMetrics.gauge`.  The text is Prometheus's format 0.0.4; counters and histograms
+also carry prometheus_client's ``_created`` samples (when each series began).  The readers
+below (:func:`sample_values`, :func:`sample_sum`, :func:`by_label`) parse it with
+``prometheus_client.parser`` for the tests, the benchmarks and ``servers/swarm.py``.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class ServerMetrics:
         )
         self.response_bytes = Counter(
             f"{server}_response_bytes",
-            "Response body bytes answered, by route (what the server served; a body cut short counts what was sent).",
+            "Response body bytes served, by route (a request whose client went away counts none).",
             ("route",),
             registry=self.registry,
         )
