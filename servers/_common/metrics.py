@@ -9,6 +9,7 @@ which would make one series per block) and the answer's status:
     <server>_requests_total{route,status}            counter
     <server>_request_seconds{route,status}           histogram (_bucket, _sum, _count)
     <server>_response_bytes_total{route}             counter: body bytes answered
+    <server>_requests_in_flight                      gauge: requests being handled now
 
 A request whose client left before its answer is counted with status 499 (nginx's "client
 closed request"); one that matched no route has route ``unmatched``.  What a server keeps in
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -101,6 +102,11 @@ class ServerMetrics:
             ("route",),
             registry=self.registry,
         )
+        self.in_flight = Gauge(
+            f"{server}_requests_in_flight",
+            "Requests being handled now: arrived, not yet answered (a scrape counts itself).",
+            registry=self.registry,
+        )
         self._callbacks = _Callbacks()
         self.registry.register(self._callbacks)
 
@@ -122,6 +128,7 @@ class ServerMetrics:
         resource = request.match_info.route.resource
         route = "unmatched" if resource is None else resource.canonical
         status, sent = 500, 0
+        self.in_flight.inc()
         try:
             response = await handler(request)
             status, sent = response.status, _body_bytes(response)
@@ -133,6 +140,7 @@ class ServerMetrics:
             status = CLIENT_CLOSED
             raise
         finally:
+            self.in_flight.dec()
             labels = (route, str(status))
             self.requests.labels(*labels).inc()
             self.latency.labels(*labels).observe(time.perf_counter() - start)

@@ -27,7 +27,12 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "blobsdk.json"
 BLOCK_ROUTE = "/v1/blocks/{block_id}"
 
 # Families every server of a kind exports (names as the parser gives them: counters without _total).
-REQUEST_FAMILIES = {"requests": "counter", "request_seconds": "histogram", "response_bytes": "counter"}
+REQUEST_FAMILIES = {
+    "requests": "counter",
+    "request_seconds": "histogram",
+    "response_bytes": "counter",
+    "requests_in_flight": "gauge",
+}
 FAMILIES = {
     "api": {},
     "blockstore": {
@@ -165,6 +170,7 @@ async def test_exact_figures_after_known_requests(tmp_path: Path) -> None:
     assert by_label(text, name, "route", status="404") == {BLOCK_ROUTE: 1, "unmatched": 1}
     assert sample_sum(text, "blobsdk_blockstore_response_bytes_total", route=BLOCK_ROUTE) == 300 + received
     assert sample_sum(text, "blobsdk_blockstore_bandwidth_bytes_total") == 1300  # 1000 in, 300 out
+    assert sample_values(text, "blobsdk_blockstore_requests_in_flight") == [({}, 1.0)]  # the scrape itself
     for status in ("201", "206", "404"):
         labels = {"route": BLOCK_ROUTE, "status": status}
         buckets = [v for found, v in sample_values(text, "blobsdk_blockstore_request_seconds_bucket", **labels)]
