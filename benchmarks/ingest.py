@@ -137,7 +137,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import tempfile
 from collections import Counter
@@ -149,6 +148,7 @@ import aiohttp
 import blobsdk
 from blobsdk._http import new_session
 from blobsdk.config import Timeouts
+from servers._common.metrics import by_label
 from servers.cluster import start_cluster
 
 from . import _ingest_peers as peers
@@ -329,7 +329,7 @@ async def _put_block(session: aiohttp.ClientSession, slots: asyncio.Semaphore, u
         response.raise_for_status()
 
 
-_BLOCK_ANSWERS = re.compile(r'_requests_total\{route="/v1/blocks/\{block_id\}",status="(\d+)"\} (\d+)')
+BLOCK_ROUTE = "/v1/blocks/{block_id}"
 
 
 async def l4_answers(config: blobsdk.ClientConfig) -> Counter[int]:
@@ -339,7 +339,7 @@ async def l4_answers(config: blobsdk.ClientConfig) -> Counter[int]:
         for url in config.block_urls:
             async with session.get(f"{url}/metrics") as response:
                 text = await response.text()
-            for status, count in _BLOCK_ANSWERS.findall(text):
+            for status, count in by_label(text, "blobsdk_blockstore_requests_total", "status", route=BLOCK_ROUTE).items():
                 answers[int(status)] += int(count)
     return answers
 

@@ -9,7 +9,7 @@ block servers emulating HDD, 1 tracker; separate processes), in one run:
 The origin is the scarce resource, as in production: the block servers move at most
 ``ORIGIN_MBPS`` MB/s between them (each half of it, shared by every transfer), and each
 has 4 spindles with a 5 ms seek.  Origin egress is what the block servers' bandwidth
-budgets moved during a run (their ``bandwidth_bytes`` gauges), so hedged or abandoned L4
+budgets moved during a run (their ``bandwidth_bytes_total`` counters), so hedged or abandoned L4
 reads count too.  Every reader checks every blob's digest.
 
 Ratios: ``origin_egress`` (peers run: origin bytes ÷ dataset size; goal <= 1.25),

@@ -55,6 +55,7 @@ from blobsdk.wire import (
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import Handler, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
+from ._common.logs import setup_logging
 from ._common.stores import metadata_store_of
 
 
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_serve_args(parser)
     args = parser.parse_args(argv)
+    setup_logging("api", args.log_level)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)

@@ -41,6 +41,7 @@ from servers._common.auth import ServerAuth, check_grant, require_admin
 from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from servers._common.hdd import Bandwidth, Spindles
 from servers._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
+from servers._common.logs import setup_logging
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -231,10 +232,16 @@ def _install(app: web.Application, server: BlockServer) -> None:
     app.router.add_get("/v1/blocks/{block_id}", server.get_block, allow_head=False)
     app.router.add_delete("/v1/blocks/{block_id}", server.delete_block)
     app.router.add_get("/v1/blocks", server.list_blocks, allow_head=False)
-    gauges = app[METRICS_KEY].gauges
-    gauges["queued_requests"] = lambda: server.spindles.queued
-    gauges["in_service_requests"] = lambda: server.spindles.in_service
-    gauges["bandwidth_bytes"] = lambda: server.bandwidth.moved
+    metrics = app[METRICS_KEY]
+    metrics.gauge(
+        "queued_requests", "Block reads and writes waiting for a spindle (the queue depth).", lambda: server.spindles.queued
+    )
+    metrics.gauge("in_service_requests", "Block reads and writes a spindle is serving now.", lambda: server.spindles.in_service)
+    metrics.counter(
+        "bandwidth_bytes",
+        "Block bytes moved through the bandwidth cap, either way (PUT bodies in, GET bodies out).",
+        lambda: server.bandwidth.moved,
+    )
 
     async def open_store(app: web.Application) -> None:
         await server.store.wait_open()  # a store of another format stops the server here, not on each request
@@ -249,6 +256,7 @@ def _install(app: web.Application, server: BlockServer) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    setup_logging("blockstore", args.log_level)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)

@@ -31,7 +31,8 @@ SIGTERM stops every server and exits 0.  A server that dies on its own is restar
 same port with the same directory and flags after a backoff (0.5 s, doubling to 10 s; back
 to 0.5 s once it had run 10 s), for as long as it keeps dying; the others keep running.
 With ``--no-restart`` it stays down and the others keep running.  Each death and restart
-is logged to stderr and ``DIR/logs/cluster.log``, and ``cluster.json`` gets the new pid.
+is logged to stdout and ``DIR/logs/cluster.log`` (with time and level, in the servers' format:
+servers/_common/logs.py), and ``cluster.json`` gets the new pid; a clean stop logs ``stopped``.
 
 With ``--keys FILE`` (a keyring: ``blobsdk token keygen FILE``) every server takes signed
 tenant tokens (``blobsdk token create --keys FILE ...``) and chunk grants; ``client.toml``
@@ -59,6 +60,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import runpy
 import secrets
@@ -78,6 +80,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from blobsdk.config import ClientConfig, S3Config, WriteConfig, s3_location
+from servers._common.logs import formatter
 from servers._common.stores import add_s3_args, s3_args_of, s3_config_of_args
 from servers.seaweedd import SeaweedServer, start_seaweed_l4
 
@@ -468,10 +471,15 @@ class Supervisor:
     (``restart=None``) those that died and logs what happened; the others are never touched."""
 
     def __init__(
-        self, processes: Sequence[ServerProcess], restart: Callable[[ServerProcess], None] | None, log: Callable[[str], None]
+        self,
+        processes: Sequence[ServerProcess],
+        restart: Callable[[ServerProcess], None] | None,
+        log: Callable[[str], None],
+        warn: Callable[[str], None] | None = None,
     ) -> None:
+        """``log`` takes restarts and recoveries; ``warn`` (default: ``log``) deaths and failed restarts."""
         self._watched = [_Watched(proc=p) for p in processes]
-        self._restart, self._log = restart, log
+        self._restart, self._log, self._warn = restart, log, log if warn is None else warn
 
     def poll(self, now: float) -> None:
         for w in self._watched:
@@ -488,13 +496,13 @@ class Supervisor:
                 self._log(f"{p.name} is serving again on {p.url} (pid {p.pid})")
         elif self._restart is None:
             w.down = True
-            self._log(
+            self._warn(
                 f"{p.name} (pid {p.pid}) exited with code {p.popen.returncode}; left down (--no-restart), the rest keep running"
             )
         else:
             w.backoff = BACKOFF_FIRST if now - p.started >= STABLE_SECONDS else w.backoff
             w.due = now + w.backoff
-            self._log(
+            self._warn(
                 f"{p.name} (pid {p.pid}) exited with code {p.popen.returncode}; restarting it in {w.backoff:g}s; its log: {p.log}"
             )
             w.backoff = min(2 * w.backoff, BACKOFF_MAX)
@@ -505,21 +513,38 @@ class Supervisor:
         try:
             self._restart(w.proc)
         except OSError as exc:  # its old popen is still the dead one: the next poll reschedules it
-            self._log(f"{w.proc.name} could not be restarted: {exc}")
+            self._warn(f"{w.proc.name} could not be restarted: {exc}")
             return
         self._log(f"{w.proc.name} restarted on {w.proc.url} (pid {w.proc.pid}, restart {w.restarts})")
 
 
-def _cluster_log(dir: Path) -> Callable[[str], None]:
-    """Log lines go to stderr and DIR/logs/cluster.log."""
-    path = dir / "logs" / "cluster.log"
+class ClusterLog:
+    """The cluster command's log: each record goes to its stdout and to DIR/logs/cluster.log,
+    in the servers' format (servers/_common/logs.py)."""
 
-    def log(message: str) -> None:
-        print(f"cluster: {message}", file=sys.stderr, flush=True)
-        with open(path, "a") as out:  # a line per server death: tiny, and there is no event loop
-            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}\n")
+    def __init__(self, dir: Path) -> None:
+        (dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.logger = logging.getLogger("servers.cluster")  # its handlers are this run's, removed by close()
+        self.logger.setLevel(logging.INFO)
+        self.logger.propagate = False
+        self._handlers: list[logging.Handler] = [
+            logging.StreamHandler(sys.stdout),
+            logging.FileHandler(dir / "logs" / "cluster.log"),
+        ]
+        for handler in self._handlers:
+            handler.setFormatter(formatter("cluster"))
+            self.logger.addHandler(handler)
 
-    return log
+    def info(self, message: str) -> None:
+        self.logger.info(message)
+
+    def warning(self, message: str) -> None:
+        self.logger.warning(message)
+
+    def close(self) -> None:
+        for handler in self._handlers:
+            self.logger.removeHandler(handler)
+            handler.close()
 
 
 # --- command line ---------------------------------------------------------------------
@@ -643,9 +668,9 @@ def _print_ready(cluster: Cluster) -> None:
     print(f"client config: {cluster.config_path}\ncluster ready; Ctrl-C or SIGTERM stops it", flush=True)
 
 
-def _supervise(cluster: Cluster, restart: bool) -> NoReturn:
+def _supervise(cluster: Cluster, restart: bool, log: ClusterLog) -> NoReturn:
     """Watch the servers until a signal interrupts this with _Shutdown."""
-    supervisor = Supervisor(cluster.processes, cluster.restart if restart else None, _cluster_log(cluster.dir))
+    supervisor = Supervisor(cluster.processes, cluster.restart if restart else None, log.info, log.warning)
     while True:
         supervisor.poll(time.monotonic())
         time.sleep(0.2)
@@ -653,11 +678,15 @@ def _supervise(cluster: Cluster, restart: bool) -> NoReturn:
 
 def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
     cluster = Cluster(dir, options)
+    log = ClusterLog(dir)
+    stopped_by = None
     try:
         cluster.start()
         _print_ready(cluster)
-        _supervise(cluster, restart)
-    except _Shutdown:
+        log.info(f"ready: {len(cluster.processes)} servers; client config {cluster.config_path}")
+        _supervise(cluster, restart, log)
+    except _Shutdown as exc:
+        stopped_by = str(exc)
         return 0
     except ClusterError as exc:
         print(f"cluster: error: {exc}", file=sys.stderr)
@@ -666,6 +695,9 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second signal must not interrupt the stop
         cluster.stop()
+        if stopped_by is not None:
+            log.info(f"stopped ({stopped_by}): every server is down")
+        log.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

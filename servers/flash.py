@@ -97,6 +97,8 @@ from servers._common.http import (
     send_bytes,
     serve,
 )
+from servers._common.logs import setup_logging
+from servers._common.metrics import ServerMetrics
 from servers._common.stores import add_s3_args, s3_config_of_args
 
 MiB = 1 << 20
@@ -487,23 +489,68 @@ def _install(app: web.Application, node: FlashNode) -> None:
     app.router.add_get("/v1/hydrate/{job_id}", node.get_hydrate, allow_head=False)
     app.router.add_delete("/v1/hydrate/{job_id}", node.cancel_hydrate)
     app.router.add_get("/stats", node.stats, allow_head=False)
-    gauges = app[METRICS_KEY].gauges
-    for name in ("bytes", "entries", "capacity_bytes", "evictions", "corrupt"):
-        gauges[f"cache_{name}"] = partial(_cache_gauge, node, name)
-    for name in asdict(Counters()):
-        gauges[f"chunk_{name}"] = partial(_counter_gauge, node, name)
-    gauges["l4_corrupt_copies"] = lambda: node.l4.stats.corrupt
-    gauges["l4_errors"] = lambda: node.l4.stats.errors
-    gauges["hydrate_jobs_running"] = node.running_jobs
+    _export(app[METRICS_KEY], node)
 
 
-def _cache_gauge(node: FlashNode, name: str) -> float:
+_CACHE_GAUGES = {
+    "bytes": "Bytes of chunks the flash cache holds (L3 fill; see cache_capacity_bytes).",
+    "entries": "Chunks the flash cache holds.",
+    "capacity_bytes": "Bytes the flash cache may hold.",
+}
+_CACHE_COUNTERS = {
+    "evictions": "Chunks evicted from the flash cache.",
+    "corrupt": "Stored chunks found damaged on read and dropped.",
+}
+_CHUNK_COUNTERS = {
+    "hits": "Chunk GETs served from flash (cache hits).",
+    "misses": "Chunk GETs read through from L4 (cache misses).",
+    "fills": "Read-through copies stored in flash.",
+    "fills_refused": "Read-through copies the cache did not admit.",
+    "quota_rejections": "Read-through copies over the requester's quota: served, not stored.",
+    "puts": "Chunks stored by PUT.",
+}
+_HEDGE_COUNTERS = {
+    "primaries": "L4 reads run (first attempts).",
+    "hedges_sent": "Hedged L4 attempts started (a second replica asked while the first was slow).",
+    "hedges_won": "Hedged L4 attempts that returned first.",
+    "budget_exhausted": "L4 reads that wanted a hedge and had no hedge budget left.",
+    "failovers": "L4 attempts started because another one failed.",
+    "hedges_deferred": "L4 hedges that waited for their target to have room.",
+    "hung_failovers": "L4 attempts failed over because they outlived their hang deadline or their target was hung.",
+    "probes": "Probes sent to hung L4 replicas.",
+}
+
+
+def _export(metrics: ServerMetrics, node: FlashNode) -> None:
+    """The node's cache, request, L4 and job figures on /metrics (read at each scrape)."""
+    for name, text in _CACHE_GAUGES.items():
+        metrics.gauge(f"cache_{name}", text, partial(_cache_stat, node, name))
+    for name, text in _CACHE_COUNTERS.items():
+        metrics.counter(f"cache_{name}", text, partial(_cache_stat, node, name))
+    for name, text in _CHUNK_COUNTERS.items():
+        metrics.counter(f"chunk_{name}", text, partial(_counter_stat, node, name))
+    metrics.counter("l4_corrupt_copies", "L4 copies that failed their checksum.", lambda: node.l4.stats.corrupt)
+    metrics.counter("l4_errors", "L4 reads that failed.", lambda: node.l4.stats.errors)
+    for name, text in _HEDGE_COUNTERS.items():
+        metrics.counter(f"l4_{name}", text, partial(_l4_stat, node, f"hedge_{name}"))
+    metrics.gauge("l4_targets_hung", "L4 replicas judged hung now.", partial(_l4_stat, node, "hedge_targets_hung"))
+    metrics.gauge(
+        "l4_replicas_demoted", "L4 replicas demoted now (they served bad bytes).", partial(_l4_stat, node, "replicas_demoted")
+    )
+    metrics.gauge("hydrate_jobs_running", "Hydrate jobs running (the job queue depth).", node.running_jobs)
+
+
+def _cache_stat(node: FlashNode, name: str) -> float:
     return node.cache.stats().get(name, 0)
 
 
-def _counter_gauge(node: FlashNode, name: str) -> float:
+def _counter_stat(node: FlashNode, name: str) -> float:
     value: int = getattr(node.counters, name)
     return value
+
+
+def _l4_stat(node: FlashNode, name: str) -> float:
+    return node.l4.extra_stats().get(name, 0)
 
 
 # --- command line ---------------------------------------------------------------------
@@ -512,6 +559,7 @@ def _counter_gauge(node: FlashNode, name: str) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    setup_logging("flash", args.log_level)
     try:
         config = config_of(args)
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))

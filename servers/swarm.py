@@ -36,6 +36,7 @@ import xxhash
 import blobsdk
 from blobsdk.config import ClientConfig
 
+from ._common.metrics import sample_sum
 from .cluster import ROOT, start_cluster
 
 DEPTH = 8  # a reader's reads in flight ahead of its consumer
@@ -140,13 +141,11 @@ async def write_dataset(config: ClientConfig, size_mb: int, prefix: str = "/swar
 
 
 def origin_bytes(block_urls: Sequence[str]) -> int:
-    """Bytes the block servers have moved so far (their ``bandwidth_bytes`` gauges)."""
+    """Bytes the block servers have moved so far (their ``bandwidth_bytes_total`` counters)."""
     total = 0
     for url in block_urls:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{url}/metrics", timeout=10) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("blobsdk_blockstore_bandwidth_bytes "):
-                    total += int(float(line.split()[1]))
+            total += int(sample_sum(resp.read().decode(), "blobsdk_blockstore_bandwidth_bytes_total"))
     return total
 
 

@@ -80,6 +80,7 @@ from blobsdk.wire import (
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
+from ._common.logs import setup_logging
 
 HOT_KEYS = 20  # keys /stats shows
 
@@ -370,6 +371,10 @@ class Tracker:
     def swarm_count(self) -> int:
         return len(self._swarms)
 
+    def event_counts(self) -> dict[tuple[str, ...], float]:
+        """``counts`` keyed for the /metrics ``events`` family."""
+        return {(event,): n for event, n in self.counts.items()}
+
     def stats(self) -> dict[str, object]:
         self._expire()
         now = self._clock()
@@ -455,11 +460,20 @@ def make_app(
     app.router.add_post("/v1/announce", announce)
     app.router.add_post("/v1/report", report)
     app.router.add_get("/stats", stats, allow_head=False)
-    gauges = app[METRICS_KEY].gauges
-    gauges["peers"] = tracker.peer_count
-    gauges["swarms"] = tracker.swarm_count
+    metrics = app[METRICS_KEY]
+    metrics.gauge("peers", "Peers registered now.", tracker.peer_count)
+    metrics.gauge(
+        "swarms", "Chunks the tracker follows now (each with its holders, fetchers and recent asks).", tracker.swarm_count
+    )
+    metrics.labelled("counter", "events", _EVENTS_HELP, ("event",), tracker.event_counts)
     return app
 
+
+_EVENTS_HELP = (
+    "What the tracker did, by event: peers_registered, peers_expired, peers_banned, located_peer "
+    "(a chunk located at a peer), located_origin (sent to the origin), fills_not_kept, last_copies_held, "
+    "reports_<problem> (peers' reports of bad sources)."
+)
 
 # The flags that set TrackerConfig fields: (flag, field, what it sets).
 _FLAGS = (
@@ -477,6 +491,7 @@ _FLAGS = (
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    setup_logging("tracker", args.log_level)
     try:
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)

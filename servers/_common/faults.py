@@ -34,8 +34,9 @@ A SPEC is ``KEY=VALUE`` pairs separated by ``;``, KEY a :class:`FaultRule` field
 take ``0.1`` or ``10%``; ``methods=GET,PUT``; ``latency_lognormal=MEDIAN_MS,SIGMA``.
 PUT /admin/faults takes a FaultConfig (JSON or msgpack) and affects requests that arrive
 afterwards; GET answers a :class:`FaultStatus`; DELETE switches faults off.  Injected
-faults are counted per kind in both GET /admin/faults and /metrics (``faults_<kind>``;
-``faults_stalled_now`` is the requests held by stalls).
+faults are counted per kind in both GET /admin/faults and /metrics (counter
+``<server>_faults_injected_total{kind}``; gauge ``<server>_faults_stalled_now`` is the
+requests held by stalls).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Literal
 
 import msgspec
@@ -366,6 +366,9 @@ class FaultInjector:
         self.config = config
         self._active = _Active(config, self.injected) if config.rules else None
 
+    def _injected(self) -> dict[tuple[str, ...], float]:
+        return {(kind,): self.injected[kind] for kind in KINDS}
+
     def status(self) -> FaultStatus:
         return FaultStatus(config=self.config, injected=dict(self.injected), stalled=self.stalled)
 
@@ -375,10 +378,11 @@ class FaultInjector:
         app[FAULTS_KEY] = self
         app.on_response_prepare.append(self._on_prepare)
         app.on_shutdown.append(self._release_stalls)
-        gauges = app[METRICS_KEY].gauges
-        for kind in KINDS:
-            gauges[f"faults_{kind}"] = partial(self.injected.__getitem__, kind)
-        gauges["faults_stalled_now"] = lambda: self.stalled
+        metrics = app[METRICS_KEY]
+        metrics.labelled(
+            "counter", "faults_injected", "Faults injected, by kind (see servers/_common/faults.py).", ("kind",), self._injected
+        )
+        metrics.gauge("faults_stalled_now", "Requests held by an injected stall now.", lambda: self.stalled)
         if self._admin_token:
             _Admin(self, self._admin_token).mount(app)
 

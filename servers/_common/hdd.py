@@ -16,7 +16,7 @@ class Bandwidth:
     def __init__(self, bytes_per_second: float) -> None:
         self._rate = bytes_per_second
         self._next_free = 0.0
-        self.moved = 0  # bytes through it so far, either way (the /metrics gauge bandwidth_bytes)
+        self.moved = 0  # bytes through it so far, either way (the /metrics counter bandwidth_bytes_total)
 
     async def take(self, nbytes: int) -> None:
         self.moved += max(0, nbytes)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
-import sys
-import time
-from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -30,10 +28,13 @@ from blobsdk.wire import (
 )
 
 from .auth import ADMIN_FAULTS_ROUTE, AUTH_KEY, PUBLIC_ROUTES, Handler, ServerAuth
+from .logs import add_log_args
+from .metrics import CLIENT_CLOSED, ServerMetrics
 
-__all__ = ("ADMIN_FAULTS_ROUTE", "PUBLIC_ROUTES", "Handler")
+__all__ = ("ADMIN_FAULTS_ROUTE", "CLIENT_CLOSED", "PUBLIC_ROUTES", "Handler", "ServerMetrics")
 
 T = TypeVar("T")
+log = logging.getLogger("servers.http")
 
 
 async def read_body(request: web.Request, kind: type[T], max_bytes: int = MAX_BODY_BYTES) -> T:
@@ -123,55 +124,7 @@ def refuse_encoded(request: web.Request) -> None:
         raise UnsupportedEncoding(f"request bodies with Content-Encoding {encoding!r} are not accepted; send them as they are")
 
 
-CLIENT_CLOSED = 499  # the status counted for a request whose client left before the answer (nginx's)
-
-
-class Metrics:
-    """Request counters and latency sums per route and status, as Prometheus text."""
-
-    def __init__(self, server: str) -> None:
-        self.server = server
-        self.requests: Counter[tuple[str, int]] = Counter()
-        self.seconds: defaultdict[str, float] = defaultdict(float)
-        self.gauges: dict[str, Callable[[], float]] = {}
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        start = time.perf_counter()
-        resource = request.match_info.route.resource
-        route = "unmatched" if resource is None else resource.canonical
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except asyncio.CancelledError:  # the client went away first (serving() cancels)
-            status = CLIENT_CLOSED
-            raise
-        finally:
-            self.requests[(route, status)] += 1
-            self.seconds[route] += time.perf_counter() - start
-
-    def render(self) -> str:
-        name = self.server
-        lines = [f"# TYPE {name}_requests_total counter"]
-        for (route, status), n in sorted(self.requests.items()):
-            lines.append(f'{name}_requests_total{{route="{route}",status="{status}"}} {n}')
-        lines.append(f"# TYPE {name}_request_seconds_total counter")
-        for route, s in sorted(self.seconds.items()):
-            lines.append(f'{name}_request_seconds_total{{route="{route}"}} {s:.6f}')
-        for gauge, read in sorted(self.gauges.items()):
-            lines += [f"# TYPE {name}_{gauge} gauge", f"{name}_{gauge} {read()}"]
-        return "\n".join(lines) + "\n"
-
-    async def handle(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.render(), content_type="text/plain")
-
-
-METRICS_KEY = web.AppKey("metrics", Metrics)
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -202,7 +155,7 @@ def base_app(
     """An Application with the shared middlewares, /healthz + /metrics routes and the
     caller's ``extensions``; ``auth`` (default: none) checks every request's token."""
     auth = ServerAuth() if auth is None else auth
-    metrics = Metrics(server)
+    metrics = ServerMetrics(server)
     middlewares: list[Middleware] = [metrics.middleware, *(e.middleware for e in extensions), errors_middleware]
     if auth.required:  # no token, no middleware: every request passes through each one
         middlewares.append(auth.middleware)
@@ -250,6 +203,7 @@ def add_serve_args(parser: Any) -> None:
         "--admin-token", default=None, help="mount /admin/faults (GET/PUT/DELETE) behind this bearer token (default: not mounted)"
     )
     add_limit_args(parser)
+    add_log_args(parser)
 
 
 def auth_of_args(args: Any) -> ServerAuth:
@@ -311,7 +265,7 @@ def _announce(host: str, bound: int, port_file: Path | None) -> None:
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(bound))
         tmp.replace(port_file)
-    print(f"serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+    log.info("serving on http://%s:%d", host, bound)
 
 
 async def _until_signalled() -> None:

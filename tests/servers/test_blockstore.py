@@ -20,6 +20,7 @@ from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.wire import ErrorBody, ListBlocksResponse
 from servers import blockstore as block_server
+from servers._common.metrics import sample_sum, sample_values
 from servers.blockstore import PIECE, Spindles
 from tests.helpers import ROOT, running_app, server_process
 
@@ -75,8 +76,8 @@ async def test_healthz_and_metrics(plain: tuple[str, Path], session: aiohttp.Cli
         assert resp.status == 200
     async with session.get(f"{plain[0]}/metrics") as resp:
         text = await resp.text()
-    assert "blobsdk_blockstore_queued_requests 0" in text
-    assert "blobsdk_blockstore_in_service_requests 0" in text
+    assert sample_values(text, "blobsdk_blockstore_queued_requests") == [({}, 0.0)]
+    assert sample_values(text, "blobsdk_blockstore_in_service_requests") == [({}, 0.0)]
 
 
 async def test_metrics_count_the_bytes_moved_either_way(
@@ -85,7 +86,9 @@ async def test_metrics_count_the_bytes_moved_either_way(
     async with session.get(f"{plain[0]}/v1/blocks/{block}", headers={"Range": "bytes=100-399"}) as resp:
         assert len(await resp.read()) == 300
     async with session.get(f"{plain[0]}/metrics") as resp:
-        assert "blobsdk_blockstore_bandwidth_bytes 1300" in await resp.text()  # the 1000-byte PUT, then 300 out
+        text = await resp.text()
+    assert sample_sum(text, "blobsdk_blockstore_bandwidth_bytes_total") == 1300  # the 1000-byte PUT, then 300 out
+    assert sample_sum(text, "blobsdk_blockstore_response_bytes_total", route="/v1/blocks/{block_id}") == 300
 
 
 @pytest.mark.parametrize("bad_id", ["ABC", "0" * 31, "z" * 32, "0" * 33])
@@ -281,24 +284,30 @@ async def test_a_get_whose_client_left_gives_its_place_in_the_queue_up(tmp_path:
             await store.write_block(block_id, [b"x" * 100])
             start = time.perf_counter()
             reads = [asyncio.create_task(store.read_range(block_id, 0, 100)) for _ in range(3)]
-            await until_metric(session, url, "blobsdk_blockstore_queued_requests 2")
+            await until_metric(session, url, 2, "blobsdk_blockstore_queued_requests")
             for read in reads[1:]:  # two clients give up while queued behind the first
                 read.cancel()
-            await until_metric(session, url, "blobsdk_blockstore_queued_requests 0")
+            await until_metric(session, url, 0, "blobsdk_blockstore_queued_requests")
             assert await reads[0] == b"x" * 100
             assert await store.read_range(block_id, 0, 100) == b"x" * 100
             # Two seeks (0.6 s), not four: the next read waited for no abandoned one.
             assert time.perf_counter() - start < 0.9
-            await until_metric(session, url, 'route="/v1/blocks/{block_id}",status="499"} 2')  # counted as given up
+            await until_metric(session, url, 2, "blobsdk_blockstore_requests_total", route=BLOCK_ROUTE, status="499")  # given up
 
 
-async def until_metric(session: aiohttp.ClientSession, url: str, line: str, timeout: float = 5.0) -> None:
+BLOCK_ROUTE = "/v1/blocks/{block_id}"
+
+
+async def until_metric(
+    session: aiohttp.ClientSession, url: str, value: float, name: str, timeout: float = 5.0, **labels: str
+) -> None:
+    """Wait until /metrics's samples ``name`` with ``labels`` sum to ``value``."""
     deadline = time.monotonic() + timeout
     while True:
         async with session.get(f"{url}/metrics") as resp:
-            if line in (text := await resp.text()):
+            if sample_sum(text := await resp.text(), name, **labels) == value:
                 return
-        assert time.monotonic() < deadline, f"{line!r} not in {text}"
+        assert time.monotonic() < deadline, f"{name}{labels} != {value} in {text}"
         await asyncio.sleep(0.02)
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -61,6 +62,9 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"  # servers/_common/logs.py: UTC, to the millisecond
+
+
 def _kill_leftovers(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -105,6 +109,10 @@ def cluster_cli(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]
         yield proc, tmp_path
 
 
+def _text(path: str | Path) -> str:
+    return Path(path).read_text()
+
+
 def _servers(dir: Path) -> list[dict]:
     return json.loads((dir / "cluster.json").read_text())
 
@@ -127,6 +135,14 @@ async def test_cli_serves_a_client_and_stops_every_server_on_sigterm(cluster_cli
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     assert not [s["name"] for s in servers if _alive(s["pid"])]
+    out = proc.stdout.read().decode()
+    cluster = rf"^{STAMP} INFO cluster\[{proc.pid}\] servers.cluster: "
+    assert re.search(rf"{cluster}ready: 6 servers; client config ", out, re.MULTILINE)
+    assert re.search(rf"{cluster}stopped \(SIGTERM\): every server is down$", out, re.MULTILINE)
+    assert out.splitlines()[-1] == _text(dir / "logs" / "cluster.log").splitlines()[-1]  # one line, both places
+    block = servers[1]
+    head = rf"^{STAMP} INFO blockstore\[{block['pid']}\] servers.http: serving on {re.escape(block['url'])}$"
+    assert re.search(head, _text(block["log"]), re.MULTILINE)
 
 
 def _held_connection(url: str) -> socket.socket:
@@ -166,6 +182,11 @@ async def test_cli_restarts_a_killed_l3_node_on_its_port_while_the_rest_keep_ser
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     assert not [name for name, s in now.items() if _alive(s["pid"])]
+    out = proc.stdout.read().decode()  # what the user sees: the death (a warning), the restart, the stop
+    died = rf"^{STAMP} WARNING cluster\[{proc.pid}\] servers.cluster: l3-0 \(pid {l3['pid']}\) exited with code -9; restarting"
+    assert re.search(died, out, re.MULTILINE) and re.search(died, log, re.MULTILINE)
+    assert f"INFO cluster[{proc.pid}] servers.cluster: l3-0 restarted on {l3['url']}" in out
+    assert out.rstrip().endswith("stopped (SIGTERM): every server is down")
 
 
 async def test_cli_with_no_trackers_starts_none_and_its_clients_have_no_peer_tier(tmp_path):

@@ -42,6 +42,7 @@ from servers._common.faults import (
     parse_rule,
 )
 from servers._common.http import METRICS_KEY
+from servers._common.metrics import sample_sum
 from servers.cluster import KINDS, _common_args, parse_args, start_cluster
 from tests.helpers import ROOT, Tenancy, running_app, server_process
 
@@ -309,7 +310,7 @@ async def test_overload_rejects_beyond_the_queue(tmp_path: Path) -> None:
     async with block_server(tmp_path, latency_ms=300) as b:  # a slow handler: 300 ms a request
         b.use(FaultRule(route=BLOCK_ROUTE, max_in_service=1, queue_limit=0))
         first = asyncio.create_task(get(b.session, b.block_url))
-        await until(lambda: b.app[METRICS_KEY].gauges["in_service_requests"]() == 1)
+        await until(lambda: sample_sum(b.app[METRICS_KEY].render().decode(), "blobsdk_blockstore_in_service_requests") == 1)
         status, body = await get(b.session, b.block_url)
         assert (status, error_code(body)) == (429, "unavailable")
         async with HttpBlockStore(b.session, b.url) as store:
@@ -363,7 +364,8 @@ async def test_admin_endpoint_changes_faults_at_runtime(blocks: Blocks) -> None:
     status, body = await get(blocks.session, admin, headers=auth)
     current = msgspec.json.decode(body, type=FaultStatus)
     assert (current.config, current.injected["error"], current.stalled) == (config, 1, 0)
-    assert "blobsdk_blockstore_faults_error 1\n" in (await get(blocks.session, f"{blocks.url}/metrics"))[1].decode()
+    text = (await get(blocks.session, f"{blocks.url}/metrics"))[1].decode()
+    assert sample_sum(text, "blobsdk_blockstore_faults_injected_total", kind="error") == 1
     async with blocks.session.put(admin, data=b'{"rules": [{"error_rate": 2}]}', headers=put_json) as resp:
         assert resp.status == 400
     async with blocks.session.delete(admin, headers=auth) as resp:

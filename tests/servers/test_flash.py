@@ -23,6 +23,7 @@ from blobsdk.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.wire import CACHE_HEADER, JSON, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
 from servers._common.auth import ServerAuth
+from servers._common.metrics import sample_values
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, make_app
 from tests.helpers import ROOT, Tenancy, auth_headers, running_app, server_process
 from tests.tiers.test_l4 import Replicas, pack
@@ -494,14 +495,17 @@ async def test_metrics_and_healthz(env: Env) -> None:
     await env.get(url, ref, "t0k")
     async with env.session.get(f"{url}/metrics") as resp:
         text = await resp.text()
-    for line in (
-        "blobsdk_flash_cache_entries 1",
-        f"blobsdk_flash_cache_bytes {CHUNK}",
-        "blobsdk_flash_chunk_misses 1",
-        "blobsdk_flash_hydrate_jobs_running 0",
-        "blobsdk_flash_l4_corrupt_copies 0",
+    for name, value in (
+        ("blobsdk_flash_cache_entries", 1),
+        ("blobsdk_flash_cache_bytes", CHUNK),
+        ("blobsdk_flash_chunk_misses_total", 1),
+        ("blobsdk_flash_chunk_hits_total", 0),
+        ("blobsdk_flash_hydrate_jobs_running", 0),
+        ("blobsdk_flash_l4_corrupt_copies_total", 0),
+        ("blobsdk_flash_l4_primaries_total", 1),
+        ("blobsdk_flash_l4_replicas_demoted", 0),
     ):
-        assert line in text
+        assert sample_values(text, name) == [({}, value)], name
     async with env.session.get(f"{url}/healthz") as resp:
         assert resp.status == 200
 

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -60,6 +59,7 @@ from servers import api as api_server
 from servers import blockstore as block_server
 from servers import flash as flash_server
 from servers._common.auth import ServerAuth
+from servers._common.metrics import by_label
 from tests.helpers import Tenancy, running_app
 from tests.metadata.conformance import make_plan
 
@@ -734,8 +734,8 @@ def test_flash_node_survives_malformed_requests(flash: Server, request: Malforme
 def requests_counted(server: Server, prefix: str, route: str) -> Counter[str]:
     """The server's /metrics request counts of ``route``, by status."""
     body = server.loop.run(exchange(server.port, b"GET /metrics HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n")).body
-    pattern = re.compile(rf'{prefix}_requests_total{{route="{re.escape(route)}",status="(\d+)"}} (\d+)')
-    return Counter({m[1]: int(m[2]) for m in pattern.finditer(body.decode())})
+    counts = by_label(body.decode(), f"{prefix}_requests_total", "status", route=route)
+    return Counter({status: int(n) for status, n in counts.items()})
 
 
 HANG_UP_REF = ChunkRef(block_id="0" * 32, offset=0, length=1, raw_length=1, checksum=xxhash.xxh3_64_intdigest(b"x"))

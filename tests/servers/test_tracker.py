@@ -26,6 +26,7 @@ from blobsdk.wire import (
     ReportRequest,
     ReportResponse,
 )
+from servers._common.metrics import sample_sum, sample_values
 from servers.tracker import Tracker, TrackerConfig, make_app
 from tests.helpers import ROOT, Tenancy, auth_headers, running_app, server_process
 
@@ -384,7 +385,11 @@ async def test_peers_use_it_over_http_with_their_tenants_tokens(served: tuple[st
             stats = await resp.json()
         assert stats["peers"] == 2 and stats["counts"]["reports_bad_bytes"] == 1
         async with s.get(f"{url}/metrics") as resp:
-            assert "blobsdk_tracker_peers 2" in await resp.text()
+            text = await resp.text()
+        assert sample_sum(text, "blobsdk_tracker_peers") == 2
+        assert sample_values(text, "blobsdk_tracker_events_total", event="reports_bad_bytes") == [
+            ({"event": "reports_bad_bytes"}, 1.0)
+        ]
 
 
 def test_help_exits_zero_and_the_process_serves(tmp_path) -> None:
