@@ -105,7 +105,7 @@ class L3Tier(KeepsNothing, Closing):
         self._down_seconds = down_seconds
         self._clock = clock
         self._down_until: dict[str, float] = {}
-        self.hedger = Hedger(hedge)
+        self.hedger = Hedger(hedge, clock=clock)
         # Twice within the shortest hang deadline: a node reading through says so in time.
         self._progress_ms = f"{max(MIN_PROGRESS_MS, self.hedger.config.hang_min_ms / 2):g}"
 
