@@ -265,7 +265,7 @@ class FlashNode:
     async def get_chunk(self, request: web.Request) -> web.StreamResponse:
         ref = self._ref_of(request)
         tenant = check_grant(request, ref.block_id, ref.offset, ref.length).tenant
-        data, hit = await with_progress(request, self.load(ref, tenant))
+        data, hit = await with_progress(request, partial(self.load, ref, tenant))
         if hit:
             self.counters.hits += 1
         else:

@@ -99,15 +99,16 @@ async def send_bytes(
     return response
 
 
-async def with_progress(request: web.Request, work: Awaitable[T]) -> T:
-    """``work``'s result; meanwhile, if the request asks for it (``X-Blobsdk-Progress: MS``,
-    HTTP/1.1) and ``work`` takes longer, an interim ``102 Processing`` every MS milliseconds,
+async def with_progress(request: web.Request, work: Callable[[], Awaitable[T]]) -> T:
+    """``work()``'s result; meanwhile, if the request asks for it (``X-Blobsdk-Progress: MS``,
+    HTTP/1.1) and the work takes longer, an interim ``102 Processing`` every MS milliseconds,
     so the client knows the server is working on its request (an L3 node reading through a
-    slow L4) and is not hung.  Sent as aiohttp sends ``100 Continue``, before the reply."""
+    slow L4) and is not hung.  Sent as aiohttp sends ``100 Continue``, before the reply.  A
+    malformed MS is BadRequest, before any work."""
     every = _progress_every(request)
     if every is None:
-        return await work
-    task = asyncio.ensure_future(work)
+        return await work()
+    task = asyncio.ensure_future(work())
     try:
         while not (await asyncio.wait({task}, timeout=every))[0]:
             await request.writer.write(PROCESSING)
