@@ -236,7 +236,8 @@ async def _play_row(
     origin: peers.Origin,
 ) -> None:
     """Play one S3 row (``tier_requests``, ``tier_mb``: what the HDD proxy served it, every
-    byte either way, MB); a peer that fails (raises, or delivers other bytes) is reported as
+    byte either way, MB; ``tier_repeats``: its requests for bytes asked for before, in this
+    row or an earlier one); a peer that fails (raises, or delivers other bytes) is reported as
     failed, with its error, and the run goes on."""
     before = origin.proxy.stats()
     try:
@@ -250,7 +251,8 @@ async def _play_row(
         _say(f"{variant.name:>10}: {failed[variant.name]}")
         return
     after = origin.proxy.stats()
-    result.extra.update(tier_requests=after["requests"] - before["requests"], tier_mb=(after["bytes"] - before["bytes"]) / 1e6)
+    moved = {key: after[key] - before[key] for key in ("requests", "bytes", "repeats")}
+    result.extra.update(tier_requests=moved["requests"], tier_mb=moved["bytes"] / 1e6, tier_repeats=moved["repeats"])
     _say(summary(variant.name, result))
 
 

@@ -142,8 +142,7 @@ def _socket_owner(port: int) -> dict[str, object]:
                     cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
                 with open(f"/proc/{pid}/stat") as f:
                     ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                if int(pid) != os.getpid():
-                    return {"pid": int(pid), "ppid": ppid, "cmdline": cmdline[:200]}
+                return {"pid": int(pid), "ppid": ppid, "cmdline": cmdline[:200]}
     return {}
 
 
