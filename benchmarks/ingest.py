@@ -125,9 +125,18 @@ epoch s: ``s3torch`` 13.37 / 0.258 / 6.72, 3.18, 3.48 (397 requests, 816.7 MB th
 tier); ``litdata`` failed (above); ``litdata_1w`` 29.32 / 0.134 / 28.73, 0.36, 0.22 (9, 272.2
 MB); ``blobsdk_s3`` 4.63 / 0.501 / 3.73, 0.46, 0.44 (157, 272.2 MB: the dataset once;
 ``blobsdk`` on block servers, same run: 10.27 / 0.332).  ``ingest_vs_best_peer`` 2.89
-(s3torch), above the goal of 2.  Before the fix (same command, load average 5.5-7.5, three
-runs): ``ingest_vs_best_peer`` 1.68, 0.70 (quick) and 1.58 (full, litdata_1w), blobsdk_s3's
-cold epoch 4.5-17.1 s of stall, the gap.
+(s3torch), above the goal of 2.  Full run after the fix (``python -m benchmarks ingest --json
+ingest.json``, one run, load average 7.5 falling to 6.5; ``memory`` took 5.21 s, ``blobsdk``
+17.23 s): ``s3torch`` 25.73 / 0.414 / 9.98, 8.39, 7.37 (1807 requests, 3228 MB, 1204
+repeats: every epoch); ``litdata_1w`` 30.47 / 0.372 / 28.41, 1.00, 1.06 (27, 1348 MB, 22
+repeats: after the 4-worker row's failure); ``blobsdk_s3`` 17.32 / 0.520 / 14.52, 1.59, 1.20
+(698 requests for its 698 chunks, 1076 MB, 0 repeats); ``ingest_vs_best_peer`` 1.49
+(s3torch), below the goal of 2.  What is left is blobsdk_s3's cold epoch: 14.5 s of stall
+for the dataset once, where s3torch reads the same bytes in a 10.0 s epoch, and the tier
+could in 6 s (1076 MB at 180 MB/s); not yet explained (the nodes' S3 concurrency, their
+limiter, the prefetch's share of the disks are the suspects).  Before the fix (same
+commands, load average 5.5-7.5, three runs): ``ingest_vs_best_peer`` 1.68, 0.70 (quick)
+and 1.58 (full, litdata_1w).
 """
 
 from __future__ import annotations
