@@ -95,42 +95,48 @@ ingestion time / ``blobsdk_s3``'s (goal >= 2).  The picture (``--png``, default 
   ``PyTreeLoader.deserialize``: a 0-byte item read from a chunk in the cache its workers
   share); 1 worker reads every item, as do 4 from a local directory, and its own
   ``StreamingDataLoader`` fails the same way.  ``litdata_1w`` stands for it.
-- Where a peer wins a figure: ``litdata_1w``'s warm epochs (quick: 0.29 / 0.38 s against
-  blobsdk_s3's 0.87 / 0.59 s).  After its cold epoch every chunk is in its local cache
-  directory (in the page cache here), so a warm epoch is the loader alone (``memory``: 0.62 /
-  0.52 s in the same run); blobsdk_s3 reads its warm epochs from the L3 nodes over HTTP, on
+- Where a peer wins a figure: ``litdata_1w``'s warm epochs (quick, after the fix below:
+  0.36 / 0.22 s against blobsdk_s3's 0.46 / 0.44 s).  After its cold epoch every chunk is in its local cache
+  directory (in the page cache here), so a warm epoch is the loader alone (``memory``: 0.89 /
+  0.61 s in the same run); blobsdk_s3 reads its warm epochs from the L3 nodes over HTTP, on
   the same 2 cores.  What would change it: blobsdk's own local tiers (L1 in memory, L2 on
   local disk), which this row leaves off as the ``blobsdk`` row does (a shuffled epoch hands
   each sample to another worker).  litdata pays for it in the cold epoch: 1 worker fetches
-  64 MB chunks one after another, and the job waits for the first (26.3 s of stall).
-- ``s3torch`` wins the cold epoch of the full run (13.2 s of stall against blobsdk_s3's 17.1
-  s), and the whole of a second quick run (8.67 s against 12.39 s).  Why, from the proxy's
-  counts (``tier_requests``, ``tier_mb``, second quick run): blobsdk_s3 moved 380 MB through
-  the HDD tier in 217 requests for a 272 MB dataset, 1.4x its bytes over its 3 epochs (the
-  per-epoch split was not recorded), on a tier that bounds the cold epoch; litdata_1w moved
-  272 MB (9 requests), s3torch 272 MB an epoch (one GET per sample).  On the block servers
-  blobsdk reads each chunk once (its ``l4_gets``); over S3 something reads chunks twice, most
-  likely the L3 nodes hydrating a prefetch window (``prefetch_tier="l3"``) while the workers'
-  own reads of the same chunks go to L4 before it lands.  What would change it: find and stop
-  that double read (cold epoch at the tier's 1.0x); s3torch would still pay the tier every
-  warm epoch (2.5 s each here, against blobsdk_s3's 1.5 s).
+  64 MB chunks one after another, and the job waits for the first (28.7 s of stall).
+- The double read (fixed): blobsdk_s3 used to move ~1.4x the dataset through the HDD tier
+  (quick: 217-231 requests, 380-390 MB for 272 MB; ``tier_repeats`` 131-134).  The proxy's
+  request log (``--log``: who sent each request) put every repeat on the pair "L3 node's
+  read-through + a worker's own L4 read" of one chunk: the node, queued behind the HDD
+  model, answered nothing for over the client hedger's hang deadline (1 s), so the client's
+  L3 read was failed over as hung, missed, and the worker read the chunk from L4 itself;
+  cancelling the GET cancelled the node's read too (half the bytes already moved), so a
+  warm epoch read the chunk through once more.  Now a chunk GET asks the node for ``102
+  Processing`` every half ``hang_min_ms`` while it reads through (servers/flash.py,
+  blobsdk/tiers/l3.py): a node that speaks is working, not hung, and is neither failed over
+  nor hedged; a node that falls silent still fails over within its deadline.  blobsdk_s3 now
+  reads each chunk once (quick: 157 requests, 272.2 MB, 1.0x the dataset).
+- ``s3torch`` pays the tier every epoch (one GET per sample: 397 requests, 817 MB over the
+  quick run's 3 epochs); blobsdk_s3 pays it once and reads its warm epochs from the L3 nodes.
 
-Measured (``python -m benchmarks ingest --quick --json q.json``, one run, load average 5.5-7.5
-on the 2 cores: another benchmark and a CI run shared them; the block-server rows were 2-4x
-their figures above), ingestion s / utilisation / stall per epoch s: ``s3torch`` 9.99 / 0.314
-/ 4.77, 2.44, 2.78; ``litdata`` failed (above); ``litdata_1w`` 26.94 / 0.145 / 26.26, 0.29,
-0.38; ``blobsdk_s3`` 5.93 / 0.439 / 4.47, 0.87, 0.59 (``blobsdk`` on block servers, same run:
-6.75 / 0.411).  ``ingest_vs_best_peer`` 1.68 (s3torch), below the goal of 2.  Full run
-(``python -m benchmarks ingest --json ingest.json``, one run, load average 6-7: ``memory``
-took 5.66 s, ``blobsdk`` 9.98 s, 3-6x their figures above): ``s3torch`` 33.52 / 0.355 /
-13.17, 11.05, 9.31; ``litdata`` failed; ``litdata_1w`` 33.22 / 0.355 / 30.57, 1.49, 1.16;
-``blobsdk_s3`` 21.01 / 0.472 / 17.14, 1.70, 2.18; ``ingest_vs_best_peer`` 1.58 (litdata_1w,
-by 0.3 s over s3torch), below the goal of 2: blobsdk_s3's cold epoch is the gap (warm epochs
-3.9 s in all against the best peer's 2.7 s for litdata, 20.4 s for s3torch).  A second quick
-run (load average 6-7): ``s3torch`` 8.67 / 0.346 / 3.63, 2.53, 2.51; ``litdata_1w`` 27.61 /
-0.142 / 27.08, 0.21, 0.32; ``blobsdk_s3`` 12.39 / 0.280 / 9.28, 1.54, 1.57 (``blobsdk`` 4.60);
-``ingest_vs_best_peer`` 0.70.  All three runs are on a loaded machine (blobsdk_s3's cold epoch
-moved 4.5 -> 9.3 s between two quick runs); a quiet rerun is owed, after the double read.
+Measured after the fix (``python -m benchmarks ingest --quick --json q.json``, one run, load
+average 7.3 falling to 5.0 on the 2 cores, shared with other benchmarks and a CI run; the
+block-server rows were 1.5-3x their figures above), ingestion s / utilisation / stall per
+epoch s: ``s3torch`` 13.37 / 0.258 / 6.72, 3.18, 3.48 (397 requests, 816.7 MB through the
+tier); ``litdata`` failed (above); ``litdata_1w`` 29.32 / 0.134 / 28.73, 0.36, 0.22 (9, 272.2
+MB); ``blobsdk_s3`` 4.63 / 0.501 / 3.73, 0.46, 0.44 (157, 272.2 MB: the dataset once;
+``blobsdk`` on block servers, same run: 10.27 / 0.332).  ``ingest_vs_best_peer`` 2.89
+(s3torch), above the goal of 2.  Full run after the fix (``python -m benchmarks ingest --json
+ingest.json``, one run, load average 7.5 falling to 6.5; ``memory`` took 5.21 s, ``blobsdk``
+17.23 s): ``s3torch`` 25.73 / 0.414 / 9.98, 8.39, 7.37 (1807 requests, 3228 MB, 1204
+repeats: every epoch); ``litdata_1w`` 30.47 / 0.372 / 28.41, 1.00, 1.06 (27, 1348 MB, 22
+repeats: after the 4-worker row's failure); ``blobsdk_s3`` 17.32 / 0.520 / 14.52, 1.59, 1.20
+(698 requests for its 698 chunks, 1076 MB, 0 repeats); ``ingest_vs_best_peer`` 1.49
+(s3torch), below the goal of 2.  What is left is blobsdk_s3's cold epoch: 14.5 s of stall
+for the dataset once, where s3torch reads the same bytes in a 10.0 s epoch, and the tier
+could in 6 s (1076 MB at 180 MB/s); not yet explained (the nodes' S3 concurrency, their
+limiter, the prefetch's share of the disks are the suspects).  Before the fix (same
+commands, load average 5.5-7.5, three runs): ``ingest_vs_best_peer`` 1.68, 0.70 (quick)
+and 1.58 (full, litdata_1w).
 """
 
 from __future__ import annotations
@@ -236,7 +242,8 @@ async def _play_row(
     origin: peers.Origin,
 ) -> None:
     """Play one S3 row (``tier_requests``, ``tier_mb``: what the HDD proxy served it, every
-    byte either way, MB); a peer that fails (raises, or delivers other bytes) is reported as
+    byte either way, MB; ``tier_repeats``: its requests for bytes asked for before, in this
+    row or an earlier one); a peer that fails (raises, or delivers other bytes) is reported as
     failed, with its error, and the run goes on."""
     before = origin.proxy.stats()
     try:
@@ -250,7 +257,8 @@ async def _play_row(
         _say(f"{variant.name:>10}: {failed[variant.name]}")
         return
     after = origin.proxy.stats()
-    result.extra.update(tier_requests=after["requests"] - before["requests"], tier_mb=(after["bytes"] - before["bytes"]) / 1e6)
+    moved = {key: after[key] - before[key] for key in ("requests", "bytes", "repeats")}
+    result.extra.update(tier_requests=moved["requests"], tier_mb=moved["bytes"] / 1e6, tier_repeats=moved["repeats"])
     _say(summary(variant.name, result))
 
 

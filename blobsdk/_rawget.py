@@ -21,6 +21,9 @@ Rules, so that no reply can be misread:
   once on a new one (a GET is idempotent), and only if no byte of a reply came back.
 - Timeouts: ``connect`` bounds the connect; ``sock_read`` bounds each wait for the next
   bytes; ``total`` bounds the whole GET.  One timer per GET enforces both of the last two.
+- An interim reply (1xx other than 101: an L3 node's ``102 Processing`` while it reads a
+  chunk through from L4, see servers/flash.py) is no reply: its head is skipped, counts as
+  activity for ``sock_read``, and is told to the GET's ``on_interim`` callback.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._up_to = False
         self._out: memoryview | None = None
         self._error_body: bytearray | None = None
+        self._on_interim: Callable[[], None] | None = None
         self.last_active = 0.0
 
     # --- asyncio.BufferedProtocol ------------------------------------------------------
@@ -103,16 +107,28 @@ class _Conn(asyncio.BufferedProtocol):
             self._maybe_finish()
             return
         self._head += memoryview(self._scratch)[:nbytes]
-        end = self._head.find(b"\r\n\r\n")
-        if end < 0 and len(self._head) <= MAX_HEAD:
+        self._parse()
+
+    def _parse(self) -> None:
+        """Parse the head received so far: skip interim replies, then start the body."""
+        while True:
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0 and len(self._head) <= MAX_HEAD:
+                return
+            if end < 0 or end > MAX_HEAD:
+                self.fail(Unavailable(f"reply head over {MAX_HEAD} bytes"))
+                return
+            try:
+                reply = _parse_head(bytes(self._head[:end]))
+                if _is_interim(reply.status):
+                    del self._head[: end + 4]
+                    if self._on_interim is not None:
+                        self._on_interim()
+                    continue
+                self._start_body(reply, memoryview(self._head)[end + 4 :])
+            except Unavailable as exc:
+                self.fail(exc)
             return
-        if end < 0 or end > MAX_HEAD:
-            self.fail(Unavailable(f"reply head over {MAX_HEAD} bytes"))
-            return
-        try:
-            self._start_body(_parse_head(bytes(self._head[:end])), memoryview(self._head)[end + 4 :])
-        except Unavailable as exc:
-            self.fail(exc)
 
     def eof_received(self) -> bool:
         self.peer_closed = True
@@ -129,10 +145,17 @@ class _Conn(asyncio.BufferedProtocol):
 
     # --- one GET -----------------------------------------------------------------------
 
-    def send(self, request: bytes, out: memoryview, expect: int, up_to: bool = False) -> asyncio.Future[_Reply]:
+    def send(
+        self,
+        request: bytes,
+        out: memoryview,
+        expect: int,
+        up_to: bool = False,
+        on_interim: Callable[[], None] | None = None,
+    ) -> asyncio.Future[_Reply]:
         assert self.transport is not None and self._done is None
         self._done = self._loop.create_future()
-        self._out, self._expect, self._up_to = out, expect, up_to
+        self._out, self._expect, self._up_to, self._on_interim = out, expect, up_to, on_interim
         self._head = bytearray()
         self._reply, self._body, self._filled, self._error_body = None, None, 0, None
         self.received_any = False
@@ -165,7 +188,7 @@ class _Conn(asyncio.BufferedProtocol):
         assert self._body is not None and self._reply is not None and self._done is not None
         if self._filled < self._body.nbytes:
             return
-        done, self._done, self._body, self._out = self._done, None, None, None
+        done, self._done, self._body, self._out, self._on_interim = self._done, None, None, None, None
         if not self._reply.keep_alive:
             self.close()
         if not done.done():
@@ -175,7 +198,7 @@ class _Conn(asyncio.BufferedProtocol):
         return bytes(self._error_body or b"")
 
     def fail(self, exc: Exception) -> None:
-        done, self._done, self._body = self._done, None, None
+        done, self._done, self._body, self._on_interim = self._done, None, None, None
         self.close()
         if done is not None and not done.done():
             done.set_exception(exc)
@@ -184,6 +207,11 @@ class _Conn(asyncio.BufferedProtocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+
+def _is_interim(status: int) -> bool:
+    """A 1xx reply that another reply follows (101 Switching Protocols does not)."""
+    return 100 <= status < 200 and status != 101
 
 
 def _parse_head(head: bytes) -> _Reply:
@@ -203,7 +231,7 @@ def _parse_head(head: bytes) -> _Reply:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise Unavailable(f"HTTP {status} reply is chunked; a data GET needs a Content-Length")
     length = headers.get("content-length")
-    if length is None and status not in (204, 304):
+    if length is None and status not in (204, 304) and not _is_interim(status):
         raise Unavailable(f"HTTP {status} reply has no Content-Length")
     if length is not None and not (length.isascii() and length.isdigit()):
         raise Unavailable(f"bad Content-Length {length!r}")
@@ -250,6 +278,7 @@ class RawGetEndpoint:
         headers: Mapping[str, str] | None = None,
         permit: Permit | None = None,
         up_to: bool = False,
+        on_interim: Callable[[], None] | None = None,
     ) -> dict[str, str]:
         """GET ``route``; its body (exactly ``out.nbytes``, or with ``up_to`` at most that:
         its ``content-length`` header says how many; status ``expect``) lands in ``out``.
@@ -257,7 +286,8 @@ class RawGetEndpoint:
         blobsdk error it encodes; anything else that is not the reply expected raises
         Unavailable.  ``permit``: the concurrency-limiter slot this GET holds; it is told
         when the server sheds the GET (429/503: ``overloaded``) or the GET times out
-        (connect, ``sock_read`` or ``total``: ``dropped``)."""
+        (connect, ``sock_read`` or ``total``: ``dropped``).  ``on_interim`` is called on
+        each interim (1xx) reply before the reply."""
         if out.readonly:
             raise BadRequest("out must be a writable buffer")
         if self._closed:
@@ -266,7 +296,8 @@ class RawGetEndpoint:
         request = f"GET {self._prefix}{route} HTTP/1.1\r\n{self._common}{extra}\r\n".encode("latin-1")
         url = self.base_url + route
         try:
-            reply, conn = await self._exchange(request, out, expect, up_to, asyncio.get_running_loop().time())
+            started = asyncio.get_running_loop().time()
+            reply, conn = await self._exchange(request, out, expect, up_to, started, on_interim)
         except Unavailable as exc:
             if permit is not None and isinstance(exc, TimedOut):
                 permit.dropped()
@@ -275,18 +306,26 @@ class RawGetEndpoint:
             return reply.headers
         raise self._refusal(reply, conn.error_body(), url, permit)
 
-    async def _exchange(self, request: bytes, out: memoryview, expect: int, up_to: bool, started: float) -> tuple[_Reply, _Conn]:
+    async def _exchange(
+        self,
+        request: bytes,
+        out: memoryview,
+        expect: int,
+        up_to: bool,
+        started: float,
+        on_interim: Callable[[], None] | None = None,
+    ) -> tuple[_Reply, _Conn]:
         """Send ``request`` and wait for its whole reply; a stale idle connection that fails
         before any reply byte is retried once on a new connection.  ``total`` counts from
         ``started``, so it covers connecting and the retry."""
         conn, reused = await self._connection()
         try:
-            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to), started)
+            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
         except Unavailable:
             if not (reused and conn.peer_closed and not conn.received_any):
                 raise
             conn, _ = await self._connection(fresh=True)
-            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to), started)
+            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
         if not conn.closed and len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(conn)
         else:

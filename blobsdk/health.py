@@ -96,7 +96,8 @@ class TargetHealth:
         return self._clock() >= self.silent_since(target, seconds)
 
     def answered(self, target: str) -> None:
-        """An attempt at ``target`` returned: it is healthy."""
+        """An attempt at ``target`` returned, or its server said it is working on one: it is
+        healthy."""
         self._answered_at[target] = self._clock()
         state = self._targets.get(target)
         if state is not None and state.hung:

@@ -55,6 +55,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Generic, Literal, TypeVar
 
 import msgspec
@@ -80,21 +81,38 @@ class Attempt:
     :meth:`in_service` after it.  Until then the attempt is not hedged, and its latency and
     hedge delay count from :meth:`in_service`, so a read that waited its turn in this client
     is never taken for a slow server.  An attempt that never calls them is in service from
-    its start."""
+    its start.
 
-    __slots__ = ("_clock", "begun", "serving")
+    A server that answers "still working on it, waiting on my own upstream" (an L3 node
+    reading a chunk through from L4 sends ``102 Processing``, repeated while it waits) calls
+    :meth:`progress`: the attempt's hang deadline then counts from the last such word
+    (``heard``), so a node queued behind a busy L4 is not taken for hung while a node that
+    falls silent still is (and the target, which spoke, is not hung for the hedger's other
+    reads either), and it is no longer hedged (a hedge would make another node read
+    the same chunk through: the upstream's queue again, twice).  Its latency still counts
+    from :meth:`in_service`."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    __slots__ = ("_clock", "_on_progress", "begun", "heard", "serving", "upstream")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, on_progress: Callable[[], None] | None = None) -> None:
         self._clock = clock
-        self.begun = clock()
+        self._on_progress = on_progress  # the hedger's: the target spoke, so it is not hung
+        self.begun = self.heard = clock()
         self.serving = True
+        self.upstream = False  # the server said it waits on its own upstream for this attempt
 
     def queued(self) -> None:
         self.serving = False
 
     def in_service(self) -> None:
-        self.begun = self._clock()
+        self.begun = self.heard = self._clock()
         self.serving = True
+
+    def progress(self) -> None:
+        self.heard = self._clock()
+        self.upstream = True
+        if self._on_progress is not None:
+            self._on_progress()
 
 
 AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
@@ -403,7 +421,7 @@ class _Race(Generic[T, R]):
             key = self._key_of(candidate)
             deadline = health.deadline(self._hedger.latency.estimate(key))
             # Past its deadline at a target that still answers others: when it falls silent.
-            times.append(max(mark.begun + deadline, health.silent_since(key, deadline)))
+            times.append(max(mark.heard + deadline, health.silent_since(key, deadline)))
         return min(times, default=None)
 
     def _fail_over_hung(self) -> None:
@@ -415,7 +433,7 @@ class _Race(Generic[T, R]):
                 continue
             key = self._key_of(candidate)
             deadline = health.deadline(self._hedger.latency.estimate(key))
-            if mark.serving and now - mark.begun >= deadline and health.silent_for(key, deadline):
+            if mark.serving and now - mark.heard >= deadline and health.silent_for(key, deadline):
                 health.mark_hung(key)
             elif key == self._probe or not health.is_hung(key):
                 continue  # a probe of a hung target fails only by its own deadline
@@ -430,11 +448,11 @@ class _Race(Generic[T, R]):
 
     def _due(self) -> float | None:
         """Clock time of the next hedge (inf while the watched attempt is queued in this
-        client); None: no hedge due."""
+        client or its server waits on its upstream); None: no hedge due."""
         if self._armed is None:
             return None
         mark, delay = self._armed
-        return max(mark.begun + delay, self._not_before) if mark.serving else math.inf
+        return max(mark.begun + delay, self._not_before) if mark.serving and not mark.upstream else math.inf
 
     async def _wait(self) -> set[asyncio.Task[_Outcome[R]]]:
         """The attempts that finished, or none once the hedge may be due (a queued attempt
@@ -454,7 +472,7 @@ class _Race(Generic[T, R]):
         candidate = self._candidates[self._next]
         self._next += 1
         assert self._tasks is not None
-        mark = Attempt(self._hedger.clock)
+        mark = Attempt(self._hedger.clock, partial(self._hedger.health.answered, self._key_of(candidate)))
         task = self._tasks.create_task(self._timed(candidate, mark), name=f"hedge:{kind}:{self._key_of(candidate)}")
         self._running[task] = (candidate, kind, mark)
         self._arm(candidate, mark)

@@ -204,6 +204,7 @@ class FenceResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 # --- L3 flash nodes (servers/flash.py) ---------------------------------------------------
 #
 #     GET    /v1/chunks/{key}?<chunk query>   stored bytes; X-Blobsdk-Cache: hit | miss
+#            [X-Blobsdk-Progress: MS]   interim 102 Processing every MS ms until the reply
 #     PUT    /v1/chunks/{key}?<chunk query>[&pin_seconds=S]   body = stored bytes; 201
 #     POST   /v1/hydrate      HydrateRequest -> 202 HydrateStatus (pull chunks from L4, pinned)
 #     GET    /v1/hydrate/{id} HydrateStatus;  DELETE cancels the job
@@ -212,6 +213,10 @@ class FenceResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 # chunk key.
 
 CACHE_HEADER = "X-Blobsdk-Cache"  # "hit": served from the node's flash; "miss": read through L4
+# A chunk GET may ask for "102 Processing" every MS ms while the node works on it (reading
+# it through from L4), so the client does not take a node queued behind L4 for hung.
+PROGRESS_HEADER = "X-Blobsdk-Progress"
+MIN_PROGRESS_MS, MAX_PROGRESS_MS = 10.0, 60_000.0
 HYDRATE_BATCH = 10_000  # refs per hydrate request (keeps bodies far below MAX_BODY_BYTES)
 MAX_FAILED_KEYS = 1000  # failed chunk keys a hydrate status lists
 _REF_FIELDS = ("block_id", "offset", "length", "raw_length", "checksum", "codec")

@@ -3,6 +3,7 @@
 Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verifies them)::
 
     GET    /v1/chunks/{key}?<ChunkRef>  the chunk; X-Blobsdk-Cache: hit (flash) or miss (L4)
+           [X-Blobsdk-Progress: MS]     and an interim 102 Processing every MS ms meanwhile
     PUT    /v1/chunks/{key}?<ChunkRef>[&pin_seconds=S]   body = stored bytes; 201 stored
     POST   /v1/hydrate                  HydrateRequest (msgpack or JSON) -> 202 HydrateStatus
     GET    /v1/hydrate/{job_id}         HydrateStatus;  DELETE cancels the job
@@ -16,7 +17,10 @@ stores the first good one for the requesting tenant and serves it; one load per 
 in flight (single-flight: the fill is charged to the tenant that asked first).  No good copy
 is 502 ``corrupt_data`` (404 if the block is gone, 503 if L4 is down) and nothing is stored.
 A fill the cache refuses (full, chunk larger than the capacity, over the requester's quota:
-counted as ``quota_rejections``) still serves the bytes.
+counted as ``quota_rejections``) still serves the bytes.  A GET with ``X-Blobsdk-Progress:
+MS`` gets ``102 Processing`` every MS ms until its answer (servers/_common/http.py
+``with_progress``): a read-through queued behind a busy L4 is then not taken for a hung node
+by the client's hedger, which would read the chunk from L4 itself, a second time.
 
 Tenants (``--keys``; servers/_common/auth.py): a request's tenant is the one its signed
 token names; ``--token`` is a static admin token (tenant "default"); with neither,
@@ -96,6 +100,7 @@ from servers._common.http import (
     reply,
     send_bytes,
     serve,
+    with_progress,
 )
 from servers._common.logs import setup_logging
 from servers._common.metrics import ServerMetrics
@@ -261,7 +266,8 @@ class FlashNode:
 
     async def get_chunk(self, request: web.Request) -> web.StreamResponse:
         ref = self._ref_of(request)
-        data, hit = await self.load(ref, check_grant(request, ref.block_id, ref.offset, ref.length).tenant)
+        tenant = check_grant(request, ref.block_id, ref.offset, ref.length).tenant
+        data, hit = await with_progress(request, partial(self.load, ref, tenant))
         if hit:
             self.counters.hits += 1
         else:

@@ -4,7 +4,7 @@ same disks blobsdk's block servers emulate.
 
     python -m servers.hddproxy --upstream http://127.0.0.1:PORT [--disks 3] [--spindles 2]
                                [--latency-ms 5] [--bandwidth-mbps 60] [--stripe-mb 4]
-                               [--host H] [--port P] [--port-file F]
+                               [--host H] [--port P] [--port-file F] [--log FILE]
 
 Every request (any method) is forwarded as it came (method, raw path and query, headers
 including ``Host``, so a SigV4 signature made for the proxy's address still verifies
@@ -18,7 +18,9 @@ start, else 0), as an object store spreads an object's stripes over its disks: a
 for the same bytes always meets the same disk.
 
 ``GET /-/stats`` (no bucket name starts with ``-``) answers what its disks served so far,
-``{"requests": N, "bytes": N}`` (bytes either way), which the benchmark reads around a row.
+``{"requests": N, "bytes": N, "repeats": N}`` (bytes either way; repeats: requests for a
+method, path and ``Range`` asked before), which the benchmark reads around a row.
+``--log FILE`` appends a JSON line per request, naming the process that sent it (debugging).
 It answers ``GET /`` as its upstream does (the S3 bucket listing), which is how
 :class:`HddProxy` (a :class:`~servers._common.lifeline.LocalService`: free loopback port,
 dies with its starter) sees it is up.
@@ -30,8 +32,10 @@ import argparse
 import contextlib
 import http.client
 import json
+import os
 import re
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -88,13 +92,72 @@ class Disk:
         self.requests = 0  # served so far (entered a spindle)
 
 
-class Proxy:
-    """The forwarding handler over ``upstream`` (``http://host:port``) and the model's disks."""
+class RequestLog:
+    """One JSON line per request served (``--log``, for debugging who reads what): its
+    method, path, ``Range``, status, start and end (monotonic s), bytes relayed back, and the
+    client: its address and, found through /proc (Linux, same user), the process that owns
+    that socket (pid, parent pid, command line), looked up once per connection."""
 
-    def __init__(self, upstream: str, model: HddModel) -> None:
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._owners: dict[str, dict[str, object]] = {}
+
+    def write(self, request: web.Request, status: int, begun: float, sent: int) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        client = f"{peer[0]}:{peer[1]}" if peer else "?"
+        owner = self._owners.get(client)
+        if owner is None:
+            owner = self._owners[client] = _socket_owner(peer[1]) if peer else {}
+        entry = {
+            "method": request.method,
+            "path": request.path,
+            "range": request.headers.get("Range"),
+            "status": status,
+            "begun": begun,
+            "ended": time.monotonic(),
+            "bytes": sent,
+            "client": client,
+            **owner,
+        }
+        self._file.write(json.dumps(entry) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _socket_owner(port: int) -> dict[str, object]:
+    """The process holding the loopback TCP socket whose local port is ``port``, if found."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                return {"pid": int(pid), "ppid": ppid, "cmdline": cmdline[:200]}
+    return {}
+
+
+class Proxy:
+    """The forwarding handler over ``upstream`` (``http://host:port``) and the model's disks.
+    ``repeats`` counts requests for bytes already asked for (the same method, path and
+    ``Range``): a reader that reads each byte once makes none."""
+
+    def __init__(self, upstream: str, model: HddModel, log: Path | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.model = model
         self.disks = [Disk(model) for _ in range(model.disks)]
+        self.repeats = 0
+        self._seen: set[str] = set()
+        self._log = RequestLog(log) if log is not None else None
         self._session: aiohttp.ClientSession | None = None
 
     def disk_of(self, path: str, range_header: str | None) -> Disk:
@@ -105,7 +168,11 @@ class Proxy:
     async def stats(self, request: web.Request) -> web.Response:
         """What the disks served so far: requests, and bytes either way."""
         return web.json_response(
-            {"requests": sum(d.requests for d in self.disks), "bytes": sum(d.bandwidth.moved for d in self.disks)}
+            {
+                "requests": sum(d.requests for d in self.disks),
+                "bytes": sum(d.bandwidth.moved for d in self.disks),
+                "repeats": self.repeats,
+            }
         )
 
     async def start(self, app: web.Application) -> None:
@@ -116,28 +183,39 @@ class Proxy:
     async def stop(self, app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._log is not None:
+            self._log.close()
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         disk = self.disk_of(request.path, request.headers.get("Range"))
+        asked = f"{request.method} {request.path} {request.headers.get('Range')}"
+        self.repeats += asked in self._seen
+        self._seen.add(asked)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         async with disk.spindles:
             disk.requests += 1
             await disk.bandwidth.take(len(body))
             url = URL(self.upstream + request.raw_path, encoded=True)
-            async with self._session.request(
-                request.method,
-                url,
-                headers=headers,
-                data=body or None,
-                allow_redirects=False,
-                skip_auto_headers=("Content-Type",),
-            ) as upstream:
-                return await self._relay(request, upstream, disk)
+            begun, sent, status = time.monotonic(), [0], 0
+            try:
+                async with self._session.request(
+                    request.method,
+                    url,
+                    headers=headers,
+                    data=body or None,
+                    allow_redirects=False,
+                    skip_auto_headers=("Content-Type",),
+                ) as upstream:
+                    status = upstream.status
+                    return await self._relay(request, upstream, disk, sent)
+            finally:
+                if self._log is not None:
+                    self._log.write(request, status, begun, sent[0])
 
     @staticmethod
-    async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, disk: Disk) -> web.StreamResponse:
+    async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, disk: Disk, sent: list[int]) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
             if key.lower() not in _NOT_FORWARDED:
@@ -148,6 +226,7 @@ class Proxy:
         async for piece in upstream.content.iter_chunked(PIECE):
             await disk.bandwidth.take(len(piece))
             await response.write(piece)
+            sent[0] += len(piece)
         await response.write_eof()
         return response
 
@@ -155,8 +234,8 @@ class Proxy:
 PROXY_KEY = web.AppKey("proxy", Proxy)
 
 
-def make_app(upstream: str, model: HddModel) -> web.Application:
-    proxy = Proxy(upstream, model)
+def make_app(upstream: str, model: HddModel, log: Path | None = None) -> web.Application:
+    proxy = Proxy(upstream, model, log)
     app = web.Application(client_max_size=1 << 40)  # bodies of any size pass through
     app[PROXY_KEY] = proxy
     app.router.add_get("/-/stats", proxy.stats)  # no S3 bucket name starts with "-"
@@ -173,6 +252,7 @@ class HddProxy(LocalService):
 
     upstream: str = ""
     model: HddModel = HddModel()
+    log: Path | None = None  # --log: one JSON line per request (RequestLog)
 
     name: ClassVar[str] = "HDD proxy"
     log_name: ClassVar[str] = "hddproxy.log"
@@ -182,10 +262,12 @@ class HddProxy(LocalService):
         return f"http://127.0.0.1:{self.port}"
 
     def command(self, port: int) -> list[str]:
-        return [sys.executable, "-m", "servers.hddproxy", f"--upstream={self.upstream}", f"--port={port}", *self.model.args()]
+        log = [f"--log={self.log}"] if self.log is not None else []
+        base = [sys.executable, "-m", "servers.hddproxy", f"--upstream={self.upstream}", f"--port={port}"]
+        return [*base, *self.model.args(), *log]
 
     def stats(self) -> dict[str, int]:
-        """``GET /-/stats``: requests and bytes its disks served so far."""
+        """``GET /-/stats``: requests and bytes its disks served so far, and repeats."""
         with urllib.request.urlopen(f"{self.endpoint}/-/stats", timeout=10) as response:
             return dict(json.load(response))
 
@@ -200,8 +282,8 @@ class HddProxy(LocalService):
 
 
 @contextlib.contextmanager
-def start_hddproxy(dir: Path, upstream: str, model: HddModel) -> Iterator[HddProxy]:
-    proxy = HddProxy(dir, upstream=upstream, model=model)
+def start_hddproxy(dir: Path, upstream: str, model: HddModel, log: Path | None = None) -> Iterator[HddProxy]:
+    proxy = HddProxy(dir, upstream=upstream, model=model, log=log)
     proxy.start()
     try:
         yield proxy
@@ -220,12 +302,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", type=Path)
+    parser.add_argument("--log", type=Path, help="append one JSON line per request (who read what)")
     args = parser.parse_args(argv)
     try:
         model = HddModel(args.disks, args.spindles, args.latency_ms, args.bandwidth_mbps, args.stripe_bytes)
     except ValueError as exc:
         parser.error(str(exc))
-    serve(make_app(args.upstream, model), args.host, args.port, args.port_file)
+    serve(make_app(args.upstream, model, args.log), args.host, args.port, args.port_file)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,7 @@ def test_the_s3_rows_feed_the_job_every_sample_each_epoch_through_the_hdd_proxy(
     assert skipped == ({} if peers.missing() is None else dict.fromkeys(peers.PEERS, peers.missing()))
     assert all(len(r.epochs) == TINY.epochs and 0 < r.utilisation <= 1 for r in results.values())
     assert all(r.extra["tier_requests"] > 0 and r.extra["tier_mb"] > 0 for r in results.values())  # through the proxy
+    assert all(r.extra["tier_repeats"] >= 0 for r in results.values())  # 0 for blobsdk_s3 unless a node stalled 1 s
     assert all(len(e.waits) == -(-len(samples) // TINY.batch_size) for r in results.values() for e in r.epochs)
     assert multiprocessing.active_children() == []  # every loader's workers stopped
     assert not (tmp_path / "litdata-cache").exists()

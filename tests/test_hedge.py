@@ -511,3 +511,40 @@ async def test_a_lone_candidate_of_a_cache_tier_is_failed_over_once_hung() -> No
             await asyncio.wait_for(hedger.run(["a"], Fakes(a="stall")), 1.0)
     result, seconds = await timed(Hedger(HANG_20MS).run(["a"], Fakes(a=0.1), patient=True))
     assert result == "from a" and seconds >= 0.1  # the last tier waits for it
+
+
+async def test_an_attempt_whose_server_says_it_works_is_neither_hedged_nor_hung_until_it_falls_silent() -> None:
+    """An L3 node reading a chunk through a busy L4 sends ``102 Processing`` (the attempt's
+    ``progress()``): its hang deadline counts from its last word, and it is not hedged (that
+    would make another node read the chunk from L4 too).  Once it falls silent it is hung a
+    deadline later.  The clock is fake and moves only with the attempt: 10 words 15 ms apart
+    (150 ms: over 7 of its 20 ms deadlines), then silence."""
+    now = [0.0]
+    hedger = Hedger(HedgeConfig(min_delay_ms=1, max_delay_ms=1, hang_min_ms=20, hang_max_ms=20), clock=lambda: now[0])
+    forever = asyncio.Event()
+
+    async def attempt(name: str, mark: Attempt) -> str:
+        if name == "b":
+            return "from b"
+        for _ in range(10):
+            now[0] += 0.015
+            mark.progress()
+            await asyncio.sleep(0.001)
+        now[0] += 1.0
+        await forever.wait()
+        return "from a"
+
+    async with no_leftover_tasks():
+        assert await hedger.run(["a", "b"], attempt) == "from b"
+    stats = hedger.stats()
+    assert (stats["hedges_sent"], stats["hung_failovers"], stats["targets_hung"]) == (0, 1, 1)
+    assert now[0] == pytest.approx(1.15)  # a spoke all ten times before it was found hung
+
+
+def test_an_attempt_handle_records_its_servers_progress() -> None:
+    now, heard = [5.0], []
+    mark = Attempt(lambda: now[0], on_progress=lambda: heard.append(now[0]))
+    assert (mark.begun, mark.heard, mark.upstream) == (5.0, 5.0, False)
+    now[0] = 7.0
+    mark.progress()
+    assert (mark.begun, mark.heard, mark.upstream, heard) == (5.0, 7.0, True, [7.0])

@@ -259,6 +259,32 @@ async def test_get_lands_in_out_and_reuses_the_connection() -> None:
         ]
 
 
+async def test_interim_replies_are_skipped_and_told_to_on_interim_each_as_it_comes() -> None:
+    """An L3 node reading through says ``102 Processing`` while it waits (in its own packets,
+    or with the reply): each is told to ``on_interim`` when it arrives, then the reply lands
+    in ``out``, and the connection is reused."""
+    interim = b"HTTP/1.1 102 Processing\r\n\r\n"
+    heard: list[int] = []
+    told = asyncio.Event()
+
+    async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        while True:
+            await read_head(reader)
+            writer.write(interim)
+            await writer.drain()
+            await told.wait()  # the client was told before the reply came
+            writer.write(interim + interim + GOOD)
+            await writer.drain()
+
+    def on_interim() -> None:
+        heard.append(len(heard))
+        told.set()
+
+    async with Server(handler) as server, endpoint(server.url) as ep:
+        assert (await get(ep, on_interim=on_interim))[0] == b"0123456789" and heard == [0, 1, 2]
+        assert (await get(ep))[0] == b"0123456789" and server.connections == 1  # no callback: skipped all the same
+
+
 async def test_without_token_or_extra_headers_the_request_is_minimal() -> None:
     async with Server(answering(reply(200, b"abc", reason="OK"))) as server, endpoint(server.url) as ep:
         assert await get(ep, 3, expect=200) == (b"abc", {"content-length": "3"})

@@ -3,7 +3,11 @@
 Each chunk lives on ``replicas`` nodes chosen by rendezvous hashing of its chunk key over
 the node URLs (:mod:`blobsdk.placement`).  A node that misses reads the chunk through from
 L4 itself, so a GET answers with the chunk's stored bytes either way; the client verifies
-every copy (``decode``) and tries the next node on a bad or failed one.  L3 is a cache: it
+every copy (``decode``) and tries the next node on a bad or failed one.  Each GET asks the
+node for ``102 Processing`` every half ``hang_min_ms`` while it reads the chunk through: the
+hedger then takes a node queued behind a busy L4 for working, not hung, and neither fails
+the read over to L4 nor hedges it to another node (either would read the chunk from L4 a
+second time, while the node's own read goes on or is cancelled half done).  L3 is a cache: it
 never raises to the reader, it misses (None) and the read falls through to L4.
 
 A node that fails with Unavailable (refused, timed out, 5xx) is marked down and skipped for
@@ -33,7 +37,16 @@ from ..hedge import Attempt, HedgeConfig, Hedger
 from ..limiter import LimiterRegistry
 from ..placement import rank
 from ..stats import TierStats
-from ..wire import CACHE_HEADER, HYDRATE_BATCH, ChunkRef, HydrateRequest, HydrateStatus, chunk_query
+from ..wire import (
+    CACHE_HEADER,
+    HYDRATE_BATCH,
+    MIN_PROGRESS_MS,
+    PROGRESS_HEADER,
+    ChunkRef,
+    HydrateRequest,
+    HydrateStatus,
+    chunk_query,
+)
 from .base import Closing, Decoder, KeepsNothing, cache_failover
 
 
@@ -92,7 +105,9 @@ class L3Tier(KeepsNothing, Closing):
         self._down_seconds = down_seconds
         self._clock = clock
         self._down_until: dict[str, float] = {}
-        self.hedger = Hedger(hedge)
+        self.hedger = Hedger(hedge, clock=clock)
+        # Twice within the shortest hang deadline: a node reading through says so in time.
+        self._progress_ms = f"{max(MIN_PROGRESS_MS, self.hedger.config.hang_min_ms / 2):g}"
 
     @property
     def urls(self) -> list[str]:
@@ -183,8 +198,8 @@ class L3Tier(KeepsNothing, Closing):
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = self.buffers.take(ref.length)
-        grant = {GRANT_HEADER: ref.grant} if ref.grant else None
-        headers = await self._nodes[url].get_into(route, buf, headers=grant, attempt=attempt)
+        asked = {PROGRESS_HEADER: self._progress_ms, **({GRANT_HEADER: ref.grant} if ref.grant else {})}
+        headers = await self._nodes[url].get_into(route, buf, headers=asked, attempt=attempt)
         return buf, headers.get(CACHE_HEADER.lower(), "")
 
     def _count_source(self, served_from: str) -> None:

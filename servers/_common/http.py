@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -23,7 +23,10 @@ from blobsdk.wire import (
     KEEPALIVE_TIMEOUT_S,
     MAX_BODY_BYTES,
     MAX_CONNECTIONS,
+    MAX_PROGRESS_MS,
+    MIN_PROGRESS_MS,
     MSGPACK,
+    PROGRESS_HEADER,
     ErrorBody,
 )
 
@@ -75,6 +78,7 @@ def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
 
 
 SEND_PIECE = 1 << 20
+PROCESSING = b"HTTP/1.1 102 Processing\r\n\r\n"
 
 
 async def send_bytes(
@@ -94,6 +98,39 @@ async def send_bytes(
         await response.write(view[i : i + SEND_PIECE])
     await response.write_eof()
     return response
+
+
+async def with_progress(request: web.Request, work: Callable[[], Awaitable[T]]) -> T:
+    """``work()``'s result; meanwhile, if the request asks for it (``X-Blobsdk-Progress: MS``,
+    HTTP/1.1) and the work takes longer, an interim ``102 Processing`` every MS milliseconds,
+    so the client knows the server is working on its request (an L3 node reading through a
+    slow L4) and is not hung.  Sent as aiohttp sends ``100 Continue``, before the reply.  A
+    malformed MS is BadRequest, before any work."""
+    every = _progress_every(request)
+    if every is None:
+        return await work()
+    task = asyncio.ensure_future(work())
+    try:
+        while not (await asyncio.wait({task}, timeout=every))[0]:
+            await request.writer.write(PROCESSING)
+        return task.result()
+    finally:
+        if not task.done():  # this handler was cancelled (the client left): so is the work
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _progress_every(request: web.Request) -> float | None:
+    raw = request.headers.get(PROGRESS_HEADER)
+    if raw is None or request.version < (1, 1):
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not MIN_PROGRESS_MS <= ms <= MAX_PROGRESS_MS:  # nan compares false: refused too
+        raise BadRequest(f"{PROGRESS_HEADER} must be {MIN_PROGRESS_MS:g} to {MAX_PROGRESS_MS:g} ms, got {raw!r}")
+    return ms / 1000
 
 
 def error_reply(request: web.Request, exc: BlobError) -> web.Response:

@@ -17,11 +17,12 @@ import msgspec
 import pytest
 import xxhash
 
+from blobsdk._rawget import RawGetEndpoint
 from blobsdk.codec import decode_chunk
 from blobsdk.hedge import Attempt
 from blobsdk.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.wire import CACHE_HEADER, JSON, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
+from blobsdk.wire import CACHE_HEADER, JSON, PROGRESS_HEADER, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
 from servers._common.auth import ServerAuth
 from servers._common.metrics import sample_values
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, make_app
@@ -208,6 +209,44 @@ async def test_a_corrupt_l4_copy_is_skipped(env: Env) -> None:
     decode_chunk(ref, memoryview(body))
     stats = await env.stats(url)
     assert stats["l4"]["corrupt"] == 1 and stats["l4"]["hits"] == 1
+
+
+async def test_a_read_through_asked_for_progress_says_102_until_its_answer(env: Env) -> None:
+    """``X-Blobsdk-Progress: MS``: while the read-through waits on L4 (held here), an interim
+    ``102 Processing`` every MS ms, then the answer (the client's hedger then knows the node
+    works and is not hung); a hit answers before any; an interval out of range is 400."""
+    (ref,) = await chunks(env, 1)
+    counting = CountingStore(env.blocks)
+    counting.gate.clear()
+    url, _ = await env.node(blocks=counting)
+    route, out, heard = f"/v1/chunks/{ref.key}?{chunk_query(ref)}", bytearray(ref.length), asyncio.Event()
+    count = 0
+
+    def on_interim() -> None:
+        nonlocal count
+        count += 1
+        if count == 3:
+            heard.set()
+
+    ep = RawGetEndpoint(url, timeout=aiohttp.ClientTimeout(total=30))
+    try:
+        reading = asyncio.create_task(ep.get_into(route, memoryview(out), headers={PROGRESS_HEADER: "10"}, on_interim=on_interim))
+        async with asyncio.timeout(10):
+            await heard.wait()
+        counting.gate.set()
+        assert (await reading)[CACHE_HEADER.lower()] == "miss" and counting.reads == 1
+        stored = await env.blocks.read_range(ref.block_id, ref.offset, ref.length)
+        assert bytes(out) == bytes(decode_chunk(ref, memoryview(stored)))
+        count = 0
+        headers = await ep.get_into(route, memoryview(out), headers={PROGRESS_HEADER: "60000"}, on_interim=on_interim)
+        assert (headers[CACHE_HEADER.lower()], count) == ("hit", 0)
+    finally:
+        await ep.aclose()
+    for bad in ("9", "60001", "soon", "nan"):
+        async with env.session.get(f"{url}{route}", headers={PROGRESS_HEADER: bad}) as resp:
+            error = msgspec.msgpack.decode(await resp.read(), type=ErrorBody)
+        message = f"{PROGRESS_HEADER} must be 10 to 60000 ms, got {bad!r}"
+        assert (resp.status, error.code, error.message) == (400, "bad_request", message)
 
 
 async def test_every_l4_copy_bad_is_502_and_nothing_is_cached(env: Env) -> None:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -84,6 +86,32 @@ async def test_a_request_reaches_the_origin_as_it_came_and_its_bytes_go_through_
     disk = proxy.disk_of("/bucket/a/b", "bytes=5-9")  # the path as decoded
     assert disk.bandwidth.moved == len(b"12345") + len(b"answer:12345")  # both ways, through that disk's budget
     assert sum(d.requests for d in proxy.disks) == disk.requests == 1
+
+
+async def test_stats_count_repeats_and_the_log_names_each_requests_process(origin: tuple[Origin, str], tmp_path: Path) -> None:
+    """A repeat is a request for a method, path and Range asked for before; ``--log`` writes
+    a line per request naming the process whose socket sent it (this one)."""
+    fake, upstream = origin
+    fake.release.set()
+    log = tmp_path / "requests.jsonl"
+    app = make_app(upstream, HddModel(disks=1, spindles=1, latency_ms=0, bandwidth_mbps=0), log)
+    async with running_app(app) as url, aiohttp.ClientSession() as session:
+        for path, ranged in (("a", "bytes=0-9"), ("a", "bytes=10-19"), ("a", "bytes=0-9"), ("b", None), ("b", None)):
+            async with session.get(f"{url}/bucket/{path}", headers={"Range": ranged} if ranged else {}) as response:
+                assert response.status == 207
+        async with session.get(f"{url}/-/stats") as response:
+            stats = await response.json()
+    assert (stats["requests"], stats["repeats"]) == (5, 2)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["method"], e["path"], e["range"], e["status"], e["bytes"]) for e in lines] == [
+        ("GET", "/bucket/a", "bytes=0-9", 207, len(b"answer:")),
+        ("GET", "/bucket/a", "bytes=10-19", 207, len(b"answer:")),
+        ("GET", "/bucket/a", "bytes=0-9", 207, len(b"answer:")),
+        ("GET", "/bucket/b", None, 207, len(b"answer:")),
+        ("GET", "/bucket/b", None, 207, len(b"answer:")),
+    ]
+    assert {(e["pid"], e["ppid"]) for e in lines} == {(os.getpid(), os.getppid())}
+    assert all(e["begun"] <= e["ended"] and e["client"].startswith("127.0.0.1:") for e in lines)
 
 
 def test_a_request_meets_the_disk_of_its_first_bytes_stripe() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.codec import decode_chunk
 from blobsdk.hedge import HedgeConfig
 from blobsdk.placement import rank
 from blobsdk.tiers.base import Tier
@@ -20,7 +22,7 @@ from blobsdk.tiers.l3 import HydrateJob, L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 from servers.flash import FlashNode
 from tests.helpers import running_app
-from tests.servers.test_flash import CHUNK, TENANCY, TOK_A, Env, FakeClock, chunks, for_a
+from tests.servers.test_flash import CHUNK, TENANCY, TOK_A, CountingStore, Env, FakeClock, chunks, for_a
 from tests.tiers.test_l4 import decode, pack
 
 
@@ -136,6 +138,53 @@ async def test_all_nodes_down_misses_at_once_once_they_are_marked(env: Env) -> N
             assert (tier.stats.errors, tier.stats.misses) == (2, 2)
         finally:
             release.set()  # else the servers wait for their hanging handlers on shutdown
+
+
+async def test_a_node_reading_through_past_the_hang_deadline_is_waited_for_so_l4_reads_each_chunk_once(env: Env) -> None:
+    """A node whose read-through waits behind a busy L4 (here: held by an event) says ``102
+    Processing`` meanwhile, so the client does not take it for hung: no read misses and
+    falls through to L4, which sees each chunk once, the node's read.  (Before, each read
+    outlived its hang deadline, missed, and the client read the chunk from L4 itself while
+    the node read it too, or cancelled its read half done.)  The hedger's clock is fake and
+    moves on in steps shorter than the deadline, each once the node has spoken since: six
+    deadlines pass, and the node is never silent for one only if it says 102."""
+    refs = await chunks(env, 4)
+    source = CountingStore(env.blocks)
+    source.gate.clear()
+    url, _ = await env.node(blocks=source)
+    clock = FakeClock()
+    tier = L3Tier(env.session, [url], replicas=1, hedge=HedgeConfig(hang_min_ms=100, hang_max_ms=100), clock=clock)
+    client_reads = 0
+
+    async def read(ref: ChunkRef) -> bytes:
+        nonlocal client_reads
+        raw = await tier.fetch(ref, decode)
+        if raw is not None:
+            return bytes(raw)
+        client_reads += 1  # a miss: the client reads L4 itself
+        return await l4_bytes(ref)
+
+    async def l4_bytes(ref: ChunkRef) -> bytes:
+        assert env.blocks is not None
+        return bytes(decode_chunk(ref, memoryview(await env.blocks.read_range(ref.block_id, ref.offset, ref.length))))
+
+    readers = [asyncio.create_task(read(ref)) for ref in refs]
+    while source.reads < len(refs):
+        await asyncio.sleep(0.01)
+    for _ in range(10):
+        clock.now += 0.06
+        with contextlib.suppress(TimeoutError):  # without a 102 it may never speak: go on
+            async with asyncio.timeout(1.0):
+                while tier.hedger.health.silent_since(url, 0.0) < clock.now:
+                    await asyncio.sleep(0.005)
+    source.gate.set()
+    got = await asyncio.gather(*readers)
+    assert got == [
+        bytes(decode_chunk(ref, memoryview(await env.blocks.read_range(ref.block_id, ref.offset, ref.length)))) for ref in refs
+    ]
+    stats = tier.extra_stats()
+    assert (source.reads, client_reads, tier.stats.misses) == (len(refs), 0, 0), sorted(stats.items())
+    assert (stats["node_fills"], stats["hedge_hung_failovers"]) == (len(refs), 0)
 
 
 async def test_a_tenant_sends_its_grants_and_a_refused_read_is_a_miss_not_an_error(env: Env) -> None:
