@@ -51,7 +51,7 @@ def check_total_is_the_workers_sum(out: dict[str, Any]) -> None:
             assert out["total"][tier][name] == sum(w[tier][name] for w in out["workers"].values())
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
 def test_iterable_workers_counters_reach_the_main_process_and_add_up(store: Path, context: str) -> None:
     ds = BlobIterableDataset.local(store, PREFIX, prefetch_window=None)
     with ds:
