@@ -507,7 +507,19 @@ def _publish(stats: WorkerStats, client: SyncClient, *, force: bool = False) -> 
     """In a DataLoader worker, publish its client's counters (if ``force`` or due)."""
     info = get_worker_info()
     if info is not None and (force or stats.due()):
-        stats.publish(info.id, client.stats(), force=True)
+        counters = _stats_of(client)
+        if counters is not None:
+            stats.publish(info.id, counters, force=True)
+
+
+def _stats_of(client: SyncClient) -> dict[str, dict[str, int | float]] | None:
+    """``client.stats()``, read in this thread while the client's loop thread runs: some
+    tiers' extra stats iterate a dict that loop may change meanwhile (RuntimeError), so it
+    is read again, and given up for this publish (never failing a read) if it keeps failing."""
+    for _ in range(3):
+        with contextlib.suppress(RuntimeError):
+            return client.stats()
+    return None
 
 
 def _worker_stats(stats: WorkerStats, client: _ProcessClient) -> dict[str, Any]:
