@@ -131,8 +131,7 @@ class _Writer:
         self.worker = worker
         self.base = base
         self.last = -PUBLISH_EVERY
-        if fd is not None:
-            weakref.finalize(self, os.close, fd)
+        self._closer = None if fd is None else weakref.finalize(self, os.close, fd)
 
     @classmethod
     def open(cls, path: str, worker: int) -> _Writer:
@@ -156,8 +155,9 @@ class _Writer:
         body = SLOT.pack(0, self.pid, mask, *counters)[8:]
         try:
             os.pwrite(self.fd, struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + body, self.worker * SLOT.size)
-        except OSError:
-            os.close(self.fd)
+        except OSError:  # e.g. no space left: publishing is off in this process
+            if self._closer is not None:
+                self._closer()
             self.fd = None
             return
         self.last = time.monotonic()
