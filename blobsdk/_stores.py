@@ -82,6 +82,11 @@ class _ProcessClient:
     def get(self) -> SyncClient:
         return self._opened.get_or_make(self._open)[0]
 
+    def opened(self) -> SyncClient | None:
+        """This process's client if it has opened one, else None (never opens one)."""
+        held = self._opened.get()
+        return None if held is None else held[0]
+
     def _open(self) -> tuple[SyncClient, multiprocessing.util.Finalize[None]]:
         client = self._store.client()
         client.__enter__()
