@@ -73,7 +73,7 @@ class TargetHealth:
         return state is not None and state.hung
 
     def hung_count(self) -> int:
-        return sum(state.hung for state in self._targets.values())
+        return sum(state.hung for state in list(self._targets.values()))  # list(): one step beside the loop thread
 
     def mark_hung(self, target: str) -> None:
         """An attempt at ``target`` outlived its hang deadline."""

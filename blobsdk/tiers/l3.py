@@ -151,7 +151,7 @@ class L3Tier(KeepsNothing, Closing):
 
     def extra_stats(self) -> dict[str, int | float]:
         now = self._clock()
-        down = sum(until > now for until in self._down_until.values())
+        down = sum(until > now for until in list(self._down_until.values()))  # list(): one step, safe beside the loop thread
         hedges = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
         return {"node_hits": self.node_hits, "node_fills": self.node_fills, "nodes_down": down, **hedges}
 

@@ -264,7 +264,7 @@ class PeerTier:
         trackers = {} if self._trackers is None else self._trackers.counts
         return {
             "serving_entries": len(self._serving) + len(self._held),
-            "serving_bytes": self._serving.currsize + sum(raw.nbytes for raw, _ in self._held.values()),
+            "serving_bytes": self._serving.currsize + sum(raw.nbytes for raw, _ in list(self._held.values())),
             "uploads": served["uploads"],
             "bytes_served": served["bytes_served"],
             "uploads_refused": served["refused"],
