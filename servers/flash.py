@@ -565,13 +565,13 @@ def _l4_stat(node: FlashNode, name: str) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
-    setup_logging("flash", args.log_level)
     try:
         config = config_of(args)
         faults = config_of_args(args, os.environ.get(FAULTS_ENV))
         auth = auth_of_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    setup_logging("flash", args.log_level)  # once the flags are good: a refused start changes nothing
     app = make_app(config, auth=auth, faults=faults, admin_token=args.admin_token)
     serve(app, args.host, args.port, args.port_file, limits_of_args(args))
 

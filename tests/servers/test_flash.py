@@ -23,6 +23,7 @@ from blobsdk.hedge import Attempt
 from blobsdk.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.wire import CACHE_HEADER, JSON, PROGRESS_HEADER, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
+from servers import flash
 from servers._common.auth import ServerAuth
 from servers._common.metrics import sample_values
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, make_app
@@ -572,7 +573,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
-def test_help_and_invalid_flags(tmp_path: Path) -> None:
+def test_help_and_a_bad_flag_as_a_process(tmp_path: Path) -> None:
     done = _run("--help")
     assert done.returncode == 0
     for flag in (
@@ -586,18 +587,35 @@ def test_help_and_invalid_flags(tmp_path: Path) -> None:
         b"--token",
     ):
         assert flag in done.stdout
+    done = _run("--dir", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines()[-1] == (
+        "python -m servers.flash: error: invalid flash config: "
+        "block_urls must name at least one L4 block server (or source_url S3)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--quota", "nocolon"], "--quota 'nocolon': want TENANT:MiB with a number of MiB >= 0"),
+        (["--capacity-mb", "0"], "invalid flash config: capacity_bytes must be positive"),
+        (["--quota", "a:lots"], "--quota 'a:lots': want TENANT:MiB with a number of MiB >= 0"),
+        (["--quota", "a:-1"], "--quota 'a:-1': want TENANT:MiB with a number of MiB >= 0"),
+        (["--keys", "{tmp}/missing.toml"], "cannot read keyring '{tmp}/missing.toml': No such file or directory"),
+        (["--min-free-ratio", "2"], "invalid flash config: min_free_ratio must be in [0, 1)"),
+    ],
+)
+def test_invalid_flags_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """In this process (one interpreter start per case cost ~2.5 s on a loaded machine): main()
+    refuses before it sets up logging or serves anything."""
     base = ["--dir", str(tmp_path), "--block-url", "http://127.0.0.1:9"]
-    for bad in (
-        ["--dir", str(tmp_path)],
-        [*base, "--quota", "nocolon"],
-        [*base, "--capacity-mb", "0"],
-        [*base, "--quota", "a:lots"],
-        [*base, "--quota", "a:-1"],
-        [*base, "--keys", str(tmp_path / "missing.toml")],
-        [*base, "--min-free-ratio", "2"],
-    ):
-        done = _run(*bad)
-        assert done.returncode == 2 and b"error" in done.stderr, bad
+    with pytest.raises(SystemExit) as exit:
+        flash.main([*base, *(f.format(tmp=tmp_path) for f in flags)])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m servers.flash: error: {message.format(tmp=tmp_path)}"
 
 
 async def test_as_a_process_it_reads_through_and_checks_tenants(env: Env, tmp_path: Path) -> None:
