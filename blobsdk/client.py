@@ -56,7 +56,7 @@ from .prefetch import Prefetch, Prefetcher, PrefetchProgress
 from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from .readpath import ReadPath
 from .sources.base import BlockStore, Buffer
-from .stats import TierStats
+from .stats import LatencyHistogram, TierStats
 from .tiers.base import Tier
 from .tiers.l1 import L1Tier
 from .tiers.l2 import L2Tier
@@ -392,6 +392,12 @@ class Client:
         read-plan cache: hits, misses, entries)."""
         return self._open.stats()
 
+    def latency_histograms(self) -> dict[str, LatencyHistogram]:
+        """Each tier's hits by the seconds they took, since the client opened, over fixed
+        buckets (``blobsdk.stats.LATENCY_BUCKETS``): what ``ClientCollector`` exports as a
+        Prometheus histogram.  Tiers the client does not have are absent."""
+        return self._open.latency_histograms()
+
 
 def _check_bytes_like(data: object) -> None:
     """A TypeError naming the argument, not memoryview's, for a str or other non-buffer."""
@@ -459,6 +465,9 @@ class _Open:
         if self.limiters is not None:
             out["limits"] = {url: stats["limit"] for url, stats in self.limiters.stats().items()}
         return out
+
+    def latency_histograms(self) -> dict[str, LatencyHistogram]:
+        return {tier.name: tier.stats.histogram() for tier in self.readpath.tiers}
 
 
 TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")
@@ -674,6 +683,9 @@ class SyncClient:
 
     def stats(self) -> dict[str, dict[str, int | float]]:
         return self._here().stats()
+
+    def latency_histograms(self) -> dict[str, LatencyHistogram]:
+        return self._here().latency_histograms()
 
 
 async def _next(pages: AsyncIterator[T]) -> T:

@@ -7,7 +7,7 @@
     registry.register(ClientCollector(client))
     start_http_server(9400, addr="127.0.0.1", registry=registry)   # or generate_latest(registry)
 
-Every scrape reads ``client.stats()`` once; nothing is counted twice and nothing runs between
+Every scrape reads ``client.stats()`` and ``client.latency_histograms()`` once; nothing is counted twice and nothing runs between
 scrapes.  The families (``tier`` is l1, l2, peer, l3 or l4):
 
     blobsdk_client_tier_hits_total{tier}              counter  chunks the tier served
@@ -15,6 +15,7 @@ scrapes.  The families (``tier`` is l1, l2, peer, l3 or l4):
     blobsdk_client_tier_bytes_total{tier}             counter  bytes the tier served
     blobsdk_client_tier_corrupt_total{tier}           counter  copies dropped for a bad checksum
     blobsdk_client_tier_errors_total{tier}            counter  failed requests
+    blobsdk_client_tier_read_seconds{tier,le}         histogram seconds each hit took, since the client opened
     blobsdk_client_tier_latency_seconds{tier,quantile} gauge   p50/p99 of the tier's recent hits
     blobsdk_client_tier_enabled{tier}                 gauge    1 if the client has the tier
     blobsdk_client_hedges_sent_total{tier}            counter  hedged attempts started
@@ -26,8 +27,9 @@ scrapes.  The families (``tier`` is l1, l2, peer, l3 or l4):
     blobsdk_client_plan_cache_misses_total            counter  read plans fetched from metadata
     blobsdk_client_plan_cache_entries                 gauge    read plans cached
 
-The latency quantiles are over each tier's last 1024 to 2048 hits (``blobsdk/stats.py``), as
-``stats()`` gives them: a Prometheus histogram cannot be rebuilt from them.  A process with
+The histogram is the one to aggregate and alert on (``histogram_quantile`` over its rate, summed
+across clients); the quantile gauges are each tier's last 1024 to 2048 hits, as ``stats()``
+gives them (``blobsdk/stats.py``), and do not add up across clients.  A process with
 several clients (one per DataLoader worker) registers one collector per client, each with a
 distinct ``client`` label (``ClientCollector(c, name="worker3")``).
 """
@@ -37,8 +39,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from .stats import LatencyHistogram
 
 PREFIX = "blobsdk_client"
 
@@ -65,6 +69,8 @@ Stats = Mapping[str, Mapping[str, int | float]]
 class HasStats(Protocol):
     def stats(self) -> Stats: ...
 
+    def latency_histograms(self) -> Mapping[str, LatencyHistogram]: ...
+
 
 class ClientCollector(Collector):
     """The figures of ``client.stats()`` as Prometheus families (see the module docstring).
@@ -79,6 +85,7 @@ class ClientCollector(Collector):
         stats = self._client.stats()
         tiers = {name: s for name, s in stats.items() if "enabled" in s}
         yield from self._tier_families(tiers)
+        yield self._histogram_family(self._client.latency_histograms())
         yield from self._extra_families(tiers)
         plan = stats.get("plan")
         if plan is not None:
@@ -105,6 +112,17 @@ class ClientCollector(Collector):
             enabled.add_metric([*self._values, tier], float(s["enabled"]))
         yield latency
         yield enabled
+
+    def _histogram_family(self, histograms: Mapping[str, LatencyHistogram]) -> Metric:
+        family = HistogramMetricFamily(
+            f"{PREFIX}_tier_read_seconds",
+            "Seconds each chunk the tier served took, since the client opened.",
+            labels=[*self._labels, "tier"],
+        )
+        for tier, h in histograms.items():
+            bounds = [*(repr(float(b)) for b in h.bounds), "+Inf"]
+            family.add_metric([*self._values, tier], buckets=list(zip(bounds, h.cumulative(), strict=True)), sum_value=h.sum)
+        return family
 
     def _extra_families(self, tiers: Mapping[str, Mapping[str, int | float]]) -> Iterator[Metric]:
         labels = [*self._labels, "tier"]

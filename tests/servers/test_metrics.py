@@ -198,9 +198,14 @@ async def test_client_collector_exports_stats(client_text: str) -> None:
         assert family.documentation, family.name
     assert families["blobsdk_client_tier_hits"].type == "counter"
     assert families["blobsdk_client_tier_latency_seconds"].type == "gauge"
+    assert families["blobsdk_client_tier_read_seconds"].type == "histogram"
     hits = by_label(client_text, "blobsdk_client_tier_hits_total", "tier")
     assert set(hits) == {"l1", "l2", "peer", "l3", "l4"}
     assert hits["l1"] >= 1 and 2 * hits["l1"] == sum(hits.values())  # the second read's chunks, all from L1
+    counts = by_label(client_text, "blobsdk_client_tier_read_seconds_count", "tier")
+    assert counts == {tier: n for tier, n in hits.items() if tier != "l2"}  # a histogram per tier the client has
+    infinite = by_label(client_text, "blobsdk_client_tier_read_seconds_bucket", "tier", le="+Inf")
+    assert infinite == counts
     assert sample_sum(client_text, "blobsdk_client_tier_bytes_total") == 2 << 20
     assert sample_sum(client_text, "blobsdk_client_tier_enabled", tier="l2") == 0
 

@@ -116,8 +116,9 @@ class Harness(Protocol):
 
 
 def counts(tier: Tier) -> tuple[int, int, int, int]:
-    """(hits, misses, bytes, corrupt)."""
+    """(hits, misses, bytes, corrupt); every hit is in the latency histogram too."""
     s = tier.stats
+    assert s.histogram().count == s.hits
     return s.hits, s.misses, s.bytes, s.corrupt
 
 
