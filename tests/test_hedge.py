@@ -4,6 +4,7 @@ cancellation.  Attempts are in-loop fakes; delays are a few ms so the file runs 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -229,7 +230,12 @@ def test_delay_follows_each_targets_p95_within_the_bounds() -> None:
 
 
 async def test_hedger_learns_latencies_of_attempts_that_returned() -> None:
-    hedger, fakes = Hedger(HedgeConfig(min_delay_ms=2, max_delay_ms=500)), Fakes(a="ok", b=Unavailable("x"))
+    """Returned attempts take a fraction of a millisecond on the hedger's clock: a fake one
+    that steps 0.1 ms per reading (on the real clock a loaded machine makes them slower than
+    the 2 ms floor)."""
+    ticks = itertools.count()
+    hedger = Hedger(HedgeConfig(min_delay_ms=2, max_delay_ms=500), clock=lambda: next(ticks) / 10_000)
+    fakes = Fakes(a="ok", b=Unavailable("x"))
     for _ in range(20):
         await hedger.run(["a"], fakes)
         with pytest.raises(HedgeExhausted):

@@ -391,9 +391,12 @@ class CommitsSlowlyOrFails:
         return await self._inner.commit_many(ops)
 
 
-def store_client(services, tmp_path: Path, run_id: str, metadata) -> blobsdk.Client:
+def store_client(services, tmp_path: Path, run_id: str, metadata, max_write_seconds: float = 60.0) -> blobsdk.Client:
+    """A client over ``metadata``; commits every ``max_write_seconds / 4`` at most, and a link
+    older than half of it is made again before its commit (index.py)."""
     blocks = S3BlockStore("blobs", f"sdk-{run_id}", config=services[1].config, allow_http=True)
-    return blobsdk.Client.from_stores(metadata, blocks, write=blobsdk.WriteConfig(chunk_size=CHUNK, max_write_seconds=0.2))
+    write = blobsdk.WriteConfig(chunk_size=CHUNK, max_write_seconds=max_write_seconds)
+    return blobsdk.Client.from_stores(metadata, blocks, write=write)
 
 
 async def test_a_failed_batch_fails_its_objects_and_only_committed_ones_count(services, tmp_path, run_id, monkeypatch):
@@ -439,21 +442,23 @@ async def test_batches_stay_within_the_limit_and_a_blob_written_meanwhile_fails_
 
 
 async def test_a_commit_in_flight_when_the_last_object_is_read_is_kept(services, tmp_path, run_id):
-    """Slow reads (0.05 s) and commits (0.15 s) on a 0.05 s tick: the last objects are read
-    while a tick's commit is in flight; every object ends up committed and counted once."""
+    """Slow reads (0.3 s) and commits (0.5 s) on a 0.5 s tick: the last objects are read
+    while a tick's commit is in flight; every object ends up committed and counted once.
+    (Links older than 1 s are made again before a commit: a loaded machine's pauses stay far
+    from the 2 s age limit.)"""
     from blobsdk.metadata.sqlite import SqliteMetadataStore
 
     bucket, prefix = lake(services), f"tick-{run_id}"
     await put_objects(bucket, {f"{prefix}/{i:02d}": os.urandom(50_000 + i) for i in range(8)})
     async with SqliteMetadataStore(tmp_path / "meta.sqlite") as sqlite:
-        metadata = CommitsSlowlyOrFails(sqlite, delay=0.15)
-        async with store_client(services, tmp_path, run_id, metadata) as c:
+        metadata = CommitsSlowlyOrFails(sqlite, delay=0.5)
+        async with store_client(services, tmp_path, run_id, metadata, max_write_seconds=2.0) as c:
             store = c._open.blocks
             assert isinstance(store, S3BlockStore)
             read_object = store.read_object
 
-            async def slowly(obj, piece_bytes=CHUNK):  # 8 reads over 2 workers: >= 0.2 s, several ticks
-                await asyncio.sleep(0.05)
+            async def slowly(obj, piece_bytes=CHUNK):  # 8 reads over 2 workers: >= 1.2 s, several ticks
+                await asyncio.sleep(0.3)
                 async for piece in read_object(obj, piece_bytes):
                     yield piece
 
