@@ -121,9 +121,11 @@ class DemoReport:
         )
 
 
-async def run_demo(dir: Path | None, size_mb: int = 300, out: TextIO = sys.stdout, *, keep: bool = False) -> DemoReport:
+async def run_demo(dir: Path | None, size_mb: int = 300, out: TextIO | None = None, *, keep: bool = False) -> DemoReport:
     """Run the demo on ``Client.local(dir)`` (a temporary directory, removed afterwards
-    unless ``keep``, when ``dir`` is None); print the report to ``out`` and return it."""
+    unless ``keep``, when ``dir`` is None); print the report to ``out`` (``sys.stdout`` as it
+    is at the call) and return it."""
+    out = sys.stdout if out is None else out
     root = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="blobsdk-demo-"))
     try:
         report = await _run(root, size_mb, out)

@@ -1,8 +1,10 @@
-"""The ``blobsdk`` command, run as a real subprocess (``python -m blobsdk``)."""
+"""The ``blobsdk`` command: ``blobsdk.cli.main`` in this process, and as a real subprocess
+(``python -m blobsdk``) where a test needs one (fd 0, the entry point)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -10,28 +12,67 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from blobsdk._progress import ProgressLine
-from blobsdk.cli import MMAP_THRESHOLD, NO_STORE
+from blobsdk.cli import MMAP_THRESHOLD, NO_STORE, main
 from tests.helpers import ROOT, stored_files
 from tests.metadata.conformance import bad_plan
 from tests.metadata.unchecked import plant_plan
 
 
 def run(
-    *args: str, store: Path | None = None, env: dict[str, str] | None = None, stdin: bytes = b"", umask: int = -1
+    *args: str,
+    store: Path | None = None,
+    env: dict[str, str] | None = None,
+    stdin: bytes = b"",
+    umask: int = -1,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[bytes]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}
-    argv = [sys.executable, "-m", "blobsdk", *(["--local", str(store)] if store else []), *args]
-    env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=120, umask=umask)
+    """``blobsdk [--local STORE] ARGS`` with no ``BLOBSDK_*`` variables but ``env``'s: its exit
+    code, stdout and stderr.  In this process (``main(argv)`` with the standard streams, the
+    environment and the umask swapped for the call) unless ``process``: an interpreter per
+    call cost 1-3 s on a loaded 2-core box, most of the CLI tests' time."""
+    argv = [*(["--local", str(store)] if store else []), *args]
+    if process:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}
+        full = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
+        command = [sys.executable, "-m", "blobsdk", *argv]
+        return subprocess.run(command, cwd=ROOT, env=full, input=stdin, capture_output=True, timeout=120, umask=umask)
+    out, err = io.BytesIO(), io.BytesIO()
+    with _called_as_a_command(env or {}, stdin, umask, out, err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse: usage errors, --version, --help
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["blobsdk", *argv], code, out.getvalue(), err.getvalue())
 
 
-def ok(*args: str, store: Path, stdin: bytes = b"") -> bytes:
-    result = run(*args, store=store, stdin=stdin)
+@contextlib.contextmanager
+def _called_as_a_command(env: dict[str, str], stdin: bytes, umask: int, out: io.BytesIO, err: io.BytesIO) -> Iterator[None]:
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("BLOBSDK_")}, **env}
+    streams = [io.TextIOWrapper(b, encoding="utf-8", write_through=True) for b in (io.BytesIO(stdin), out, err)]
+    old_umask = os.umask(umask) if umask >= 0 else None
+    try:
+        with (
+            mock.patch.dict(os.environ, environ, clear=True),
+            mock.patch.multiple(sys, stdin=streams[0], stdout=streams[1], stderr=streams[2]),
+        ):
+            yield
+    finally:
+        if old_umask is not None:
+            os.umask(old_umask)
+        for stream in streams:
+            stream.flush()
+            stream.detach()
+
+
+def ok(*args: str, store: Path, stdin: bytes = b"", process: bool = False) -> bytes:
+    result = run(*args, store=store, stdin=stdin, process=process)
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout
 
@@ -195,7 +236,7 @@ def test_put_to_an_unreachable_cluster_is_one_line_exit_1(tmp_path):
 @pytest.mark.parametrize("size", [0, 6, MMAP_THRESHOLD + 1])
 def test_put_of_stdin_stores_what_was_piped(store, size):
     data = os.urandom(size)
-    info = json.loads(ok("put", "/dev/stdin", "/b/piped", store=store, stdin=data))
+    info = json.loads(ok("put", "/dev/stdin", "/b/piped", store=store, stdin=data, process=True))  # fd 0
     assert info["size"] == size
     assert ok("cat", "/b/piped", store=store) == data
 
@@ -241,6 +282,7 @@ def test_store_from_environment_and_bad_config(tmp_path):
 )
 def test_usage_errors_exit_2(args):
     assert run(*args).returncode == 2
+    assert run(*args, process=True).returncode == 2  # the real entry point too
 
 
 def test_gc(tmp_path, store):
