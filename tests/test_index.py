@@ -10,7 +10,6 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from blobsdk.index import IndexProgress
 from blobsdk.sources.base import block_time, is_link, links_to
 from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis
-from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server
+from tests.helpers import S3_STORES, redis_s3_toml, s3_server
+from tests.test_cli import run as run_cli
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
@@ -277,13 +277,8 @@ def test_the_cli_indexes_in_place_and_refuses_wrong_arguments(services, tmp_path
     asyncio.run(put_objects(bucket, objects))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "blobsdk", *args],
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = run_cli(*args)
+        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
     toml = str(tmp_path / "client.toml")
     done = cli("--config", toml, "import", f"s3://lake/cli-{run_id}", f"/cli/{run_id}", "--in-place")
