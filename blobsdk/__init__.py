@@ -1,5 +1,6 @@
 """blobsdk: an asyncio fat-client SDK that feeds training jobs from tiered BLOB storage."""
 
+from ._version import __version__
 from .client import Client, SyncClient
 from .config import ClientConfig, L1Config, L2Config, PeerConfig, ReadConfig, Timeouts, WriteConfig
 from .errors import (
@@ -55,4 +56,5 @@ __all__ = (
     "Unauthorized",
     "Unavailable",
     "WriteConfig",
+    "__version__",
 )

@@ -21,9 +21,9 @@ import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 
+from .._version import __version__
 from ..client import Client
 from ..config import ClientConfig
 from ..errors import BadRequest, BlobError
@@ -63,16 +63,9 @@ def open_client(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
 # --- argument parsing ------------------------------------------------------------------
 
 
-def version() -> str:
-    try:
-        return metadata.version("blobsdk")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blobsdk", description="Read and write blobs in a blobsdk store.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     store = parser.add_mutually_exclusive_group()
     store.add_argument("--local", metavar="DIR", help="embedded store in DIR (SQLite + local blocks)")
     store.add_argument("--config", metavar="FILE", help="cluster client.toml (default: $BLOBSDK_CONFIG)")
