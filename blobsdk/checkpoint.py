@@ -59,6 +59,7 @@ import msgspec
 import xxhash
 
 from ._buffers import fresh_buffer
+from ._extras import requires_extra
 from .errors import BadRequest, BlobNotFound, CorruptData, PreconditionFailed
 from .metadata.base import MetadataStore
 from .paths import validate_path
@@ -642,7 +643,8 @@ def _value_of(entry: Entry, piece: memoryview) -> Any:
         import numpy as np
 
         return np.frombuffer(piece, dtype=np.dtype(entry.dtype)).reshape(entry.shape)
-    import torch
+    with requires_extra("torch", "loading a checkpoint that holds tensors"):
+        import torch
 
     dtype = getattr(torch, entry.dtype)
     if not piece.nbytes:

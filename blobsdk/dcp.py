@@ -34,12 +34,15 @@ import os
 import pickle
 from typing import Any, NamedTuple
 
-import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
-from torch.futures import Future
+from ._extras import requires_extra
+
+with requires_extra("torch", __name__):
+    import torch
+    from torch.distributed._shard._utils import narrow_tensor_by_index
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+    from torch.futures import Future
 
 from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .checkpoint import Part

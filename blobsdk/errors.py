@@ -34,6 +34,9 @@
      └── IncompatibleFormat    a directory (local block store, disk cache) in an on-disk format
                                this build does not read, or holding something else: refused
 
+    MissingExtra               (an ImportError, not a BlobError) a module needs an optional extra
+                               that is not installed; the message names it: pip install 'blobsdk[torch]'
+
 Subclasses whose ``code`` is their parent's travel as the parent (a client sees a 422
 BadUpload as CorruptData); the others map back to themselves.
 Backends translate foreign errors (aiohttp, sqlite3, OSError) at the boundary where they meet
@@ -213,6 +216,13 @@ class IncompatibleFormat(BlobError):
 
     code = "incompatible_format"
     http_status = 500
+
+
+class MissingExtra(ImportError):
+    """An optional dependency group ("extra") is not installed: the message names the module
+    that needs it and the ``pip install`` that fixes it.  An ImportError, so code that treats
+    an optional import as absent keeps working; not a BlobError: it is about the install, not
+    a store, and never travels on the wire.  Raised by :func:`blobsdk._extras.requires_extra`."""
 
 
 _BY_CODE: dict[str, type[BlobError]] = {

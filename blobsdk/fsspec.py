@@ -76,9 +76,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
-from fsspec.callbacks import DEFAULT_CALLBACK  # type: ignore[import-untyped]
-from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
+from ._extras import requires_extra
+
+with requires_extra("fsspec", __name__):
+    from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
+    from fsspec.callbacks import DEFAULT_CALLBACK  # type: ignore[import-untyped]
+    from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
 from ._here import Held, running_loop
 from .client import Client, LocalStores

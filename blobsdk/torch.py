@@ -85,9 +85,13 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeGuard, Unpack
 
-import torch
 import xxhash
-from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+
+from ._extras import requires_extra
+
+with requires_extra("torch", __name__):
+    import torch
+    from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 from ._here import Held
 from ._stores import PREFETCH_TIERS, ConfigLike, _ClosedOnExit, _ProcessClient, _Store

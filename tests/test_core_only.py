@@ -61,3 +61,35 @@ def test_the_demo_runs_without_the_extras(tmp_path):
     done = _run(f"from blobsdk.cli import main\nsys.exit(main(['demo', '--dir', {str(tmp_path)!r}, '--size-mb', '1']))")
     assert done.returncode == 0, done.stderr
     assert "OK: every byte verified" in done.stdout
+
+
+# Each module that imports an extra's packages: its extra (pyproject.toml) and the package it
+# imports first.
+NEEDS_AN_EXTRA = {
+    "blobsdk.torch": ("torch", "torch"),
+    "blobsdk.dcp": ("torch", "torch"),
+    "blobsdk.fsspec": ("fsspec", "fsspec"),
+    "blobsdk.sources.s3": ("s3", "obstore"),
+    "blobsdk.metadata.redis": ("redis", "redis"),
+    "blobsdk.metadata.shared": ("redis", "redis"),
+}
+
+
+def test_a_module_that_needs_an_extra_says_which():
+    """In a core install each names its extra (MissingExtra, an ImportError), not only the
+    missing package; tests/test_packaging.py checks the rest in the test process."""
+    code = f"""
+import importlib
+from blobsdk.errors import MissingExtra
+for m in {list(NEEDS_AN_EXTRA)!r}:
+    try:
+        importlib.import_module(m)
+    except MissingExtra as exc:
+        print(isinstance(exc, ImportError), exc)
+"""
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"True {module} needs the {extra!r} extra: pip install 'blobsdk[{extra}]' ({package} is not in a core install)"
+        for module, (extra, package) in NEEDS_AN_EXTRA.items()
+    ]

@@ -1,12 +1,29 @@
 """What an installed blobsdk tells its user about itself: its version (``blobsdk.__version__``,
-``blobsdk --version``), its type information (``py.typed``) and its licence."""
+``blobsdk --version``), its type information (``py.typed``), its licence, and which extra to
+install when a module needs one (``MissingExtra``).
+
+The extras are taken away in this process: the extra's modules are dropped from
+``sys.modules`` and a finder refuses them as an uninstalled package is refused (``No module
+named ...``), then the module under test is imported afresh.  ``monkeypatch`` puts every
+module back after the test.  tests/test_core_only.py checks the same in a fresh interpreter.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import sys
 import tomllib
+from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 import blobsdk
+from blobsdk import Client, ClientConfig, MissingExtra
 from blobsdk._version import UNKNOWN, installed_version
 from tests.helpers import ROOT
 from tests.test_cli import run
@@ -35,3 +52,99 @@ def test_the_licence_is_apache_2():
     text = (ROOT / "LICENSE").read_text()
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
     assert "\n   Copyright 2026 the blobsdk authors\n" in text and "[yyyy]" not in text
+
+
+# --- missing extras ---------------------------------------------------------------------------
+
+
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    """Refuses ``packages`` (and their submodules) as an environment without them does."""
+
+    def __init__(self, packages: Sequence[str]) -> None:
+        self.packages = set(packages)
+
+    def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None) -> None:
+        if name.split(".")[0] in self.packages:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def _without(monkeypatch: pytest.MonkeyPatch, packages: Sequence[str], *forget: str) -> None:
+    """From here to the test's end, ``packages`` are not installed and the ``forget`` modules
+    are not imported yet."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in packages or name in forget:
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_NotInstalled(packages), *sys.meta_path])
+
+
+def _message(module: str, extra: str, missing: str) -> str:
+    return f"{module} needs the {extra!r} extra: pip install 'blobsdk[{extra}]' (No module named {missing!r})"
+
+
+GUARDED = [  # module, its extra, the extra's packages
+    ("blobsdk.torch", "torch", ("torch", "torchdata")),
+    ("blobsdk.dcp", "torch", ("torch", "torchdata")),
+    ("blobsdk.fsspec", "fsspec", ("fsspec",)),
+    ("blobsdk.sources.s3", "s3", ("obstore",)),
+    ("blobsdk.sources._s3obstore", "s3", ("obstore",)),
+    ("blobsdk.metadata.redis", "redis", ("redis",)),
+    ("blobsdk.metadata.shared", "redis", ("redis",)),
+]
+
+
+@pytest.mark.parametrize(("module", "extra", "packages"), GUARDED)
+def test_a_module_names_the_extra_it_needs(monkeypatch, module, extra, packages):
+    importlib.import_module(module)  # it imports with the extra installed
+    _without(monkeypatch, packages, module)
+    with pytest.raises(MissingExtra) as caught:
+        importlib.import_module(module)
+    assert str(caught.value) == _message(module, extra, packages[0])
+    assert isinstance(caught.value, ImportError) and caught.value.name == packages[0]
+    assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+    assert module not in sys.modules  # a later import (with the extra installed) starts afresh
+
+
+S3_SOURCE = {"api_url": "http://127.0.0.1:9", "source_url": "s3://bucket/dir"}
+REDIS_METADATA = {"metadata_url": "redis://127.0.0.1:9/0", "block_urls": ["http://127.0.0.1:9"]}
+
+
+@pytest.mark.parametrize(
+    ("settings", "module", "extra", "package"),
+    [(S3_SOURCE, "blobsdk.sources.s3", "s3", "obstore"), (REDIS_METADATA, "blobsdk.metadata.redis", "redis", "redis")],
+)
+async def test_a_client_config_names_the_extra_its_stores_need(monkeypatch, settings, module, extra, package):
+    """The config is valid without the extra; opening the client is what needs it."""
+    config = ClientConfig.from_dict(settings)
+    _without(monkeypatch, [package], module, "blobsdk.sources._s3obstore")
+    with pytest.raises(MissingExtra) as caught:
+        async with Client(config):
+            pass
+    assert str(caught.value) == _message(module, extra, package)
+
+
+def test_the_cli_says_which_extra_to_install(monkeypatch, tmp_path: Path):
+    """Exit 1, one line, no traceback."""
+    (tmp_path / "client.toml").write_text('api_url = "http://127.0.0.1:9"\nsource_url = "s3://bucket/dir"\n')
+    _without(monkeypatch, ["obstore"], "blobsdk.sources.s3", "blobsdk.sources._s3obstore")
+    result = run("--config", str(tmp_path / "client.toml"), "ls", "/bucket/")
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode() == f"blobsdk: error: {_message('blobsdk.sources.s3', 's3', 'obstore')}\n"
+
+
+def test_a_checkpoint_holding_tensors_needs_torch_to_load(monkeypatch):
+    from blobsdk.checkpoint import Entry, _value_of
+
+    entry = Entry(name=("w",), kind="tensor", dtype="float32", shape=(0,))
+    _without(monkeypatch, ["torch"])
+    with pytest.raises(MissingExtra) as caught:
+        _value_of(entry, memoryview(b""))
+    expected = "loading a checkpoint that holds tensors needs the 'torch' extra: pip install 'blobsdk[torch]'"
+    assert str(caught.value) == f"{expected} (No module named 'torch')"
+
+
+def test_only_an_import_error_becomes_missing_extra():
+    from blobsdk._extras import requires_extra
+
+    with pytest.raises(ZeroDivisionError), requires_extra("torch", "here"):
+        _ = 1 / 0

@@ -26,7 +26,7 @@ from pathlib import Path
 from .._version import __version__
 from ..client import Client
 from ..config import ClientConfig
-from ..errors import BadRequest, BlobError
+from ..errors import BadRequest, BlobError, MissingExtra
 from . import admin, blobs, offline
 from ._common import Command, Offline, UsageError
 from .blobs import MMAP_THRESHOLD
@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a setting the client refused
         return _fail(exc, 2)
     except OSError as exc:  # a local file: missing, unreadable, unwritable
+        return _fail(exc, 1)
+    except MissingExtra as exc:  # a store this install cannot reach (s3://, redis://): what to pip install
         return _fail(exc, 1)
     except KeyboardInterrupt:
         return 130

@@ -43,9 +43,13 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 import msgspec
-import redis.asyncio as aioredis
-import redis.exceptions as rexc
-from redis.asyncio.cluster import RedisCluster
+
+from .._extras import requires_extra
+
+with requires_extra("redis", __name__):
+    import redis.asyncio as aioredis
+    import redis.exceptions as rexc
+    from redis.asyncio.cluster import RedisCluster
 
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
 from ..paths import bucket_of, validate_path

@@ -32,8 +32,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
-import redis.exceptions as rexc
+
+from .._extras import requires_extra
+
+with requires_extra("redis", __name__):
+    import redis.asyncio as aioredis
+    import redis.exceptions as rexc
 
 from ..auth import grants_usable_for
 from ..wire import BlobInfo, CommitOp, ReadPlan

@@ -8,7 +8,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from obstore.exceptions import InvalidPathError
+from .._extras import requires_extra
+
+with requires_extra("s3", __name__):
+    from obstore.exceptions import InvalidPathError
 
 from .._here import Held
 from ..errors import BadRequest, BlobNotFound, Unavailable

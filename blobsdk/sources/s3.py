@@ -54,11 +54,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Self, TypeVar, cast
 
 import msgspec
-import obstore
 import xxhash
 from cachetools import LRUCache
-from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
-from obstore.store import S3Store
+
+from .._extras import requires_extra
+
+with requires_extra("s3", __name__):
+    import obstore
+    from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
+    from obstore.store import S3Store
 
 from .._ids import is_hex32
 from .._singleflight import SingleFlight
