@@ -43,8 +43,8 @@ from torch.futures import Future
 
 from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .checkpoint import Part
-from .client import SyncCheckpoints
 from .config import ClientConfig
+from .sync import SyncCheckpoints
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key
