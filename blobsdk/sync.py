@@ -67,6 +67,7 @@ class _Blocking:
 
 
 Then = Callable[["SyncClient", Any], Any]
+NAMED = ("__name__", "__doc__")  # what a made method takes of its original: not its module nor qualname
 
 
 def _made(method: Callable[..., Any], call: Callable[[SyncClient, Callable[[], Any]], Any], then: Then | None) -> Any:
@@ -81,7 +82,7 @@ def _made(method: Callable[..., Any], call: Callable[[SyncClient, Callable[[], A
         result = call(runner, partial(bound, *args, **kwargs))
         return result if then is None else then(runner, result)
 
-    functools.update_wrapper(blocking, method)
+    functools.update_wrapper(blocking, method, assigned=NAMED)
     blocking.__dict__["__signature__"] = inspect.signature(method).replace(return_annotation=inspect.Signature.empty)
     return blocking
 
@@ -137,7 +138,7 @@ def constructor(make: Callable[P, Client]) -> classmethod[SyncClient, P, SyncCli
     def sync_make(cls: type[SyncClient], /, *args: P.args, **kwargs: P.kwargs) -> SyncClient:
         return cls(make(*args, **kwargs))
 
-    functools.update_wrapper(sync_make, make)
+    functools.update_wrapper(sync_make, make, assigned=NAMED)
     signature = inspect.signature(make)  # of the bound classmethod: without ``cls``, which is put back
     cls = inspect.Parameter("cls", inspect.Parameter.POSITIONAL_ONLY)
     parameters = [cls, *signature.parameters.values()]

@@ -48,7 +48,7 @@ def parameters(method: Any) -> Parameters:
 def test_every_public_method_and_property_has_a_blocking_twin(async_cls: type, sync_cls: type) -> None:
     wanted = {RENAMED.get(name, name) for name in public_methods(async_cls)} | public_properties(async_cls)
     missing = sorted(name for name in wanted if not hasattr(sync_cls, name))
-    assert missing == []
+    assert not missing, f"{sync_cls.__name__} lacks {', '.join(missing)}"
 
 
 @pytest.mark.parametrize(("async_cls", "sync_cls"), TWINS, ids=[s.__name__ for _, s in TWINS])
@@ -58,7 +58,7 @@ def test_each_blocking_twin_takes_the_same_parameters(async_cls: type, sync_cls:
         twin = getattr(sync_cls, RENAMED.get(name, name), None)
         if twin is not None and parameters(twin) != parameters(method):
             differ[name] = (parameters(method), parameters(twin))
-    assert differ == {}
+    assert not differ, f"{sync_cls.__name__} takes other parameters in {', '.join(differ)}: {differ}"
 
 
 def test_a_blocking_twin_keeps_the_docstring_and_a_bound_one_drops_self(tmp_path: Path) -> None:
