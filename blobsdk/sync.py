@@ -6,7 +6,8 @@ helpers chosen by how that method must run:
 
 - :func:`awaited`: an ``async def``, awaited on the loop thread while the caller blocks;
 - :func:`on_loop`: a plain method that starts tasks (``prefetch``, ``checkpoints``), called on
-  the loop thread, where a task can start;
+  the loop thread, where a task can start (``prefetch``'s paths are read into a list first,
+  in the caller's thread, so that they may come from this same client: ``c.list(...)``);
 - :func:`here`: a plain method that needs no loop (``stats``; ``list`` and ``readahead``, which
   only make an async generator), called in the caller's thread.
 
@@ -70,21 +71,38 @@ Then = Callable[["SyncClient", Any], Any]
 NAMED = ("__name__", "__doc__")  # what a made method takes of its original: not its module nor qualname
 
 
-def _made(method: Callable[..., Any], call: Callable[[SyncClient, Callable[[], Any]], Any], then: Then | None) -> Any:
+def _made(
+    method: Callable[..., Any], call: Callable[[SyncClient, Callable[[], Any]], Any], then: Then | None, listed: str | None = None
+) -> Any:
     """A method that calls ``method``'s namesake on ``self._target()`` by ``call`` and hands
     the result to ``then``, with ``method``'s name, docstring and parameters.  By name, not
-    ``method`` itself: a subclass's override is the one called, as it would be in async code."""
-    name = method.__name__
+    ``method`` itself: a subclass's override is the one called, as it would be in async code.
+    The argument named ``listed`` (an iterable, unless a str) is read here, into a list."""
+    name, signature = method.__name__, inspect.signature(method)
 
     def blocking(self: _Blocking, /, *args: Any, **kwargs: Any) -> Any:
-        bound = getattr(self._target(), name)  # first: a forked child's client opens here
+        if listed is not None:
+            args, kwargs = _listed(signature, listed, args, kwargs)
+        bound = getattr(self._target(), name)  # before the call is made: a forked child's client opens here
         runner = self._runner()
         result = call(runner, partial(bound, *args, **kwargs))
         return result if then is None else then(runner, result)
 
     functools.update_wrapper(blocking, method, assigned=NAMED)
-    blocking.__dict__["__signature__"] = inspect.signature(method).replace(return_annotation=inspect.Signature.empty)
+    blocking.__dict__["__signature__"] = signature.replace(return_annotation=inspect.Signature.empty)
     return blocking
+
+
+def _listed(
+    signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` with the argument ``name``, an iterable unless a str, read into a
+    list in the caller's thread: a generator over this same client (``c.list(...)``) would
+    otherwise be read on its loop thread, where the client refuses to be called."""
+    arguments = signature.bind(None, *args, **kwargs)  # None: ``self``
+    if not isinstance(value := arguments.arguments[name], str):
+        arguments.arguments[name] = list(value)
+    return arguments.args[1:], arguments.kwargs
 
 
 @overload
@@ -99,12 +117,15 @@ def awaited(method: Callable[..., Any], then: Then | None = None) -> Any:
 
 
 @overload
-def on_loop(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]: ...
+def on_loop(method: Callable[Concatenate[Any, P], R], *, listed: str | None = None) -> Callable[Concatenate[Any, P], R]: ...
 @overload
-def on_loop(method: Callable[Concatenate[Any, P], R], then: Callable[[SyncClient, R], S]) -> Callable[Concatenate[Any, P], S]: ...
-def on_loop(method: Callable[..., Any], then: Then | None = None) -> Any:
-    """``method`` (plain, but it starts tasks), called on the loop thread."""
-    return _made(method, _call_on_loop, then)
+def on_loop(
+    method: Callable[Concatenate[Any, P], R], then: Callable[[SyncClient, R], S], *, listed: str | None = None
+) -> Callable[Concatenate[Any, P], S]: ...
+def on_loop(method: Callable[..., Any], then: Then | None = None, *, listed: str | None = None) -> Any:
+    """``method`` (plain, but it starts tasks), called on the loop thread; its argument named
+    ``listed`` (an iterable of paths) is read into a list first, in the caller's thread."""
+    return _made(method, _call_on_loop, then, listed)
 
 
 @overload
@@ -394,6 +415,6 @@ class SyncClient(_Blocking):
     stats = here(Client.stats)
     latency_histograms = here(Client.latency_histograms)
     readahead = here(Client.readahead, SyncReadahead)  # its reads start at once, on the loop thread
-    prefetch = on_loop(Client.prefetch, SyncPrefetch)
+    prefetch = on_loop(Client.prefetch, SyncPrefetch, listed="paths_or_prefixes")
     checkpoints = on_loop(Client.checkpoints, SyncCheckpoints)
     list = here(Client.list, _iterate)

@@ -84,6 +84,14 @@ def test_the_methods_the_blocking_client_lacked_work(tmp_path: Path) -> None:
         asyncio.run(close(meta, blocks))
 
 
+def test_a_prefetch_reads_its_paths_in_the_callers_thread(tmp_path: Path) -> None:
+    """So that they may come from the same client: its loop thread may not call it."""
+    with blobsdk.SyncClient.local(tmp_path, write=SMALL) as c:
+        c.put_many([("/b/x", b"x"), ("/b/y", b"y")])
+        handle = c.prefetch((info.path for info in c.list("/b/")), tier="l1")
+        assert handle.wait().chunks_total == 2
+
+
 async def close(meta: SqliteMetadataStore, blocks: LocalBlockStore) -> None:
     await meta.aclose()
     await blocks.aclose()
