@@ -1,7 +1,7 @@
 """blobsdk: an asyncio fat-client SDK that feeds training jobs from tiered BLOB storage."""
 
 from ._version import __version__
-from .client import Client, SyncClient
+from .client import Client
 from .config import ClientConfig, L1Config, L2Config, PeerConfig, ReadConfig, Timeouts, WriteConfig
 from .errors import (
     BadRequest,
@@ -24,6 +24,7 @@ from .errors import (
     Unavailable,
 )
 from .gc import GcReport
+from .sync import SyncClient
 from .wire import BlobInfo, ChunkRef, ReadPlan
 
 __all__ = (

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Self
 
 from ._here import Held
-from .client import SyncClient
 from .config import ClientConfig
+from .sync import SyncClient
 
 ConfigLike = ClientConfig | str | os.PathLike[str]
 PREFETCH_TIERS = ("l3", "l2", "l1")  # "auto" takes the first the store has

@@ -46,8 +46,8 @@ with requires_extra("torch", __name__):
 
 from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .checkpoint import Part
-from .client import SyncCheckpoints
 from .config import ClientConfig
+from .sync import SyncCheckpoints
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key

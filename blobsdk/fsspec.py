@@ -84,7 +84,8 @@ with requires_extra("fsspec", __name__):
     from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
 from ._here import Held, running_loop
-from .client import Client, LocalStores
+from .assembly import LocalStores
+from .client import Client
 from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
 from .paths import validate_path, validate_prefix

@@ -96,12 +96,12 @@ with requires_extra("torch", __name__):
 from ._here import Held
 from ._stores import PREFETCH_TIERS, ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from ._workerstats import WorkerStats, counters_of, total
-from .client import SyncClient, SyncPrefetch, SyncReadahead
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
 from .paths import validate_path, validate_prefix
 from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+from .sync import SyncClient, SyncPrefetch, SyncReadahead
 
 # Imported here, in the process that builds the dataset, not first in a forked DataLoader
 # worker: CPython 3.11's import lock can fail in a child forked while other threads run

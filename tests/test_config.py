@@ -1,7 +1,7 @@
 import pytest
 
 import blobsdk
-from blobsdk.client import GivenStores
+from blobsdk.assembly import GivenStores
 from blobsdk.config import ClientConfig, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import blobsdk
 from blobsdk._workerstats import COUNTERS, SLOT, WorkerStats
-from blobsdk.client import TIER_NAMES
+from blobsdk.assembly import TIER_NAMES
 from blobsdk.config import L1Config, L2Config
 from blobsdk.torch import BlobDataset, BlobIterableDataset
 

@@ -32,7 +32,7 @@ from ._common import Command, Offline, UsageError
 from .blobs import MMAP_THRESHOLD
 
 NO_STORE = "no store: pass --local DIR or --config FILE"
-LOCAL_META = "meta.sqlite"  # what makes a directory a local store (blobsdk.client.LocalStores)
+LOCAL_META = "meta.sqlite"  # what makes a directory a local store (blobsdk.assembly.LocalStores)
 
 
 def no_local_store(root: str) -> str:

@@ -1,0 +1,261 @@
+"""How a client is assembled from its config: its stores, then its tiers and read/write paths.
+
+Two steps, both on the client's one exit stack, so that whatever was opened is closed in
+reverse order, also after a failure part-way:
+
+- a :class:`Stores` object opens the metadata and block stores (:class:`Backends`):
+  ``ClusterStores`` (the servers or object store the config names), ``LocalStores`` (the
+  embedded SQLite + block directory of ``Client.local``) or ``GivenStores`` (stores the caller
+  built, ``Client.from_stores``);
+- :meth:`Assembled.start` builds over them the plan cache, the tiers named by the config (top
+  to bottom: :data:`TIER_NAMES`), the read path, the prefetcher and the writer.
+
+It is its own module so that the async API (blobsdk/client.py) reads as the API, and the
+wiring of stores and tiers, which grows with every tier or backend, is read in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+from ._buffers import BufferPool
+from ._http import new_session
+from .cache.disk import DiskCache
+from .cache.memory import MemoryCache
+from .config import ClientConfig, L2Config, s3_location
+from .limiter import LimiterRegistry
+from .metadata.base import MetadataStore
+from .metadata.cache import CachedMetadataStore
+from .prefetch import Prefetcher
+from .readpath import ReadPath
+from .sources.base import BlockStore
+from .stats import LatencyHistogram, TierStats
+from .tiers.base import Tier
+from .tiers.l1 import L1Tier
+from .tiers.l2 import L2Tier
+from .tiers.l3 import L3Tier
+from .tiers.l4 import L4Tier
+from .tiers.peer import PeerTier
+from .writer import Writer
+
+if TYPE_CHECKING:
+    from .metadata.shared import SharedPlanCache
+
+TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")  # every tier a client can have, top to bottom
+
+
+@dataclass(frozen=True)
+class Backends:
+    """A client's open stores, and in cluster mode what its remote tiers share."""
+
+    metadata: MetadataStore
+    blocks: BlockStore
+    session: aiohttp.ClientSession | None = None  # cluster mode: the one shared session
+    limiters: LimiterRegistry | None = None  # cluster mode: one adaptive limit per endpoint
+    shared_plans: SharedPlanCache | None = None  # with [read] shared_plan_cache_url: it is ``metadata``
+
+
+class Stores(Protocol):
+    """Where a client's metadata and blocks are: ``open`` opens them, putting everything it
+    opens on ``stack`` (closed with the client)."""
+
+    async def open(self, stack: AsyncExitStack) -> Backends: ...
+
+
+class ClusterStores:
+    """The stores that ``config`` names (ValueError if none): the metadata API server
+    (``api_url``) or Redis (``metadata_url``), and block servers (``block_urls``) or an
+    object store (``source_url``)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        if not config.names_stores:  # __post_init__ saw to it that L4 is named with the metadata
+            raise ValueError(
+                "no stores configured: need api_url (or metadata_url) and block_urls (or source_url), or use Client.local(DIR)"
+            )
+        self.config = config
+
+    async def open(self, stack: AsyncExitStack) -> Backends:
+        cfg = self.config
+        session = await stack.enter_async_context(new_session(cfg.timeouts))
+        limiters = LimiterRegistry(cfg.limiter)
+        metadata = await stack.enter_async_context(_metadata_store(cfg, session))
+        shared = None
+        if cfg.read.shared_plan_cache_url is not None:
+            from .metadata.shared import SharedPlanCache
+
+            shared = SharedPlanCache(
+                metadata, cfg.read.shared_plan_cache_url, ttl_seconds=cfg.read.shared_plan_cache_ttl_seconds, token=cfg.token
+            )
+            stack.push_async_callback(shared.aclose)  # closes Redis, then the store again (idempotent)
+        blocks = await stack.enter_async_context(_block_store(cfg, session, limiters))
+        return Backends(shared or metadata, blocks, session, limiters, shared)
+
+
+def _metadata_store(cfg: ClientConfig, session: aiohttp.ClientSession) -> Any:
+    """The metadata store ``cfg`` names, to enter (an async context manager)."""
+    if cfg.metadata_url is not None:
+        from .metadata.redis import RedisMetadataStore
+
+        return RedisMetadataStore(cfg.metadata_url)
+    from .metadata.http import HttpMetadataStore
+
+    assert cfg.api_url is not None
+    return HttpMetadataStore(session, cfg.api_url, cfg.token)
+
+
+def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: LimiterRegistry) -> Any:
+    """The L4 store ``cfg`` names, to enter (an async context manager)."""
+    if cfg.source_url is not None:
+        from .sources.s3 import S3BlockStore
+
+        bucket, prefix = s3_location(cfg.source_url)
+        s3 = cfg.s3
+        return S3BlockStore(bucket, prefix, config=s3.options(), allow_http=s3.allow_http, limiter=limiters.get(cfg.source_url))
+    from .sources.http import HttpBlockStore
+    from .sources.replicated import ReplicatedBlockStore
+
+    replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
+    return ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
+
+
+class LocalStores:
+    """Embedded: SQLite metadata in ``root/meta.sqlite``, blocks in ``root/blocks``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    async def open(self, stack: AsyncExitStack) -> Backends:
+        from .metadata.sqlite import SqliteMetadataStore
+        from .sources.local import LocalBlockStore
+
+        await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
+        metadata = await stack.enter_async_context(SqliteMetadataStore(self.root / "meta.sqlite"))
+        blocks = await stack.enter_async_context(LocalBlockStore(self.root / "blocks"))
+        return Backends(metadata, blocks)
+
+
+class GivenStores:
+    """Stores the caller built, opened and closes."""
+
+    def __init__(self, metadata: MetadataStore, blocks: BlockStore) -> None:
+        self.backends = Backends(metadata, blocks)
+
+    async def open(self, stack: AsyncExitStack) -> Backends:
+        return self.backends
+
+
+class Assembled:
+    """What an open client holds: its stores, plan cache, tiers, read path and writer."""
+
+    def __init__(
+        self,
+        backends: Backends,
+        plans: CachedMetadataStore,
+        readpath: ReadPath,
+        writer: Writer,
+        prefetcher: Prefetcher,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.blocks = backends.blocks
+        self.shared_plans = backends.shared_plans
+        self.executor = executor
+        self.saves: set[asyncio.Task[Any]] = set()  # checkpoint saves in the background
+        self.limiters = backends.limiters
+        self.plans = plans
+        self.metadata = plans  # every metadata call goes through the plan cache
+        self.readpath = readpath
+        self.writer = writer
+        self.prefetcher = prefetcher
+        self.l3 = next((t for t in readpath.tiers if isinstance(t, L3Tier)), None)
+
+    @classmethod
+    async def start(
+        cls, stack: AsyncExitStack, backends: Backends, executor: ThreadPoolExecutor, config: ClientConfig
+    ) -> Assembled:
+        read = config.read
+        plans = CachedMetadataStore(
+            backends.metadata, ttl_seconds=read.plan_cache_ttl_seconds, max_entries=read.plan_cache_entries
+        )
+        buffers = BufferPool(read.parallel_chunks * config.write.chunk_size)  # a read's chunks in flight
+        tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config, buffers)]
+        readpath = ReadPath(tiers, executor, read.parallel_chunks, buffers)
+        stack.push_async_callback(readpath.aclose)  # no fetch outlives its tiers
+        capacities = {"l1": config.l1.capacity_bytes, "l2": config.l2.capacity_bytes if config.l2 else 0}
+        prefetcher = Prefetcher(plans, readpath, read.parallel_chunks, capacities)
+        stack.push_async_callback(prefetcher.aclose)  # first out: no prefetch outlives the read path
+        writer = Writer(plans, backends.blocks, config.write, executor)
+        state = cls(backends, plans, readpath, writer, prefetcher, executor)
+        stack.push_async_callback(state.finish_saves)  # first out: a save finishes before its stores close
+        return state
+
+    async def finish_saves(self) -> None:
+        """Wait for the checkpoint saves still running (their errors are their handles')."""
+        await asyncio.gather(*self.saves, return_exceptions=True)
+
+    def stats(self) -> dict[str, dict[str, int | float]]:
+        out: dict[str, dict[str, int | float]] = {name: {**TierStats().as_dict(), "enabled": False} for name in TIER_NAMES}
+        for tier in self.readpath.tiers:
+            out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **tier.extra_stats()}
+        out["plan"] = self.plans.stats()
+        if self.shared_plans is not None:
+            out["shared_plan"] = {**self.shared_plans.stats()}
+        if self.limiters is not None:
+            out["limits"] = {url: stats["limit"] for url, stats in self.limiters.stats().items()}
+        return out
+
+    def latency_histograms(self) -> dict[str, LatencyHistogram]:
+        return {tier.name: tier.stats.histogram() for tier in self.readpath.tiers}
+
+
+def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Iterator[Tier]:
+    """The read path's tiers, top to bottom, for ``config`` (each is entered by the caller,
+    as it is built, so a failure part-way closes the ones before it)."""
+    if config.l1.capacity_bytes > 0:
+        yield L1Tier(MemoryCache(config.l1.capacity_bytes, ttl_seconds=config.l1.ttl_seconds, name="l1"))
+    if config.l2 is not None:
+        yield _l2_tier(config.l2)
+    if config.tracker_urls and backends.session is not None:
+        yield PeerTier(
+            backends.session,
+            config.tracker_urls,
+            config.peer,
+            token=config.token,
+            hedge=config.hedge,
+            limiters=LimiterRegistry(config.limiter),
+        )
+    if config.l3_urls and backends.session is not None:
+        l3 = config.l3
+        yield L3Tier(
+            backends.session,
+            config.l3_urls,
+            token=config.token,
+            replicas=l3.replicas,
+            down_seconds=l3.down_seconds,
+            hedge=config.hedge,
+            limiters=backends.limiters,
+            buffers=buffers,
+        )
+    yield L4Tier(
+        backends.blocks,
+        hedge=config.hedge,
+        limiters=backends.limiters,
+        metadata=backends.metadata,
+        repair=config.repair,
+        buffers=buffers,
+        write_horizon=config.write.max_write_seconds,
+    )
+
+
+def _l2_tier(cfg: L2Config) -> L2Tier:
+    cache = DiskCache(
+        cfg.dir, capacity_bytes=cfg.capacity_bytes, min_free_ratio=cfg.min_free_ratio, ttl_seconds=cfg.ttl_seconds, name="l2"
+    )
+    return L2Tier(cache)
