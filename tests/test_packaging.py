@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import json
+import subprocess
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -82,9 +84,7 @@ def _message(module: str, extra: str, missing: str) -> str:
     return f"{module} needs the {extra!r} extra: pip install 'blobsdk[{extra}]' (No module named {missing!r})"
 
 
-GUARDED = [  # module, its extra, the extra's packages
-    ("blobsdk.torch", "torch", ("torch", "torchdata")),
-    ("blobsdk.dcp", "torch", ("torch", "torchdata")),
+GUARDED = [  # module, its extra, the extra's packages (torch's: in a process of its own, below)
     ("blobsdk.fsspec", "fsspec", ("fsspec",)),
     ("blobsdk.sources.s3", "s3", ("obstore",)),
     ("blobsdk.sources._s3obstore", "s3", ("obstore",)),
@@ -132,15 +132,43 @@ def test_the_cli_says_which_extra_to_install(monkeypatch, tmp_path: Path):
     assert result.stderr.decode() == f"blobsdk: error: {_message('blobsdk.sources.s3', 's3', 'obstore')}\n"
 
 
-def test_a_checkpoint_holding_tensors_needs_torch_to_load(monkeypatch):
-    from blobsdk.checkpoint import Entry, _value_of
+WITHOUT_TORCH = """
+import importlib.abc, json, sys
 
-    entry = Entry(name=("w",), kind="tensor", dtype="float32", shape=(0,))
-    _without(monkeypatch, ["torch"])
-    with pytest.raises(MissingExtra) as caught:
-        _value_of(entry, memoryview(b""))
-    expected = "loading a checkpoint that holds tensors needs the 'torch' extra: pip install 'blobsdk[torch]'"
-    assert str(caught.value) == f"{expected} (No module named 'torch')"
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchdata"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+from blobsdk.errors import MissingExtra
+from blobsdk.checkpoint import Entry, _value_of
+
+said = {}
+for module in ("blobsdk.torch", "blobsdk.dcp"):
+    try:
+        __import__(module)
+    except MissingExtra as exc:
+        said[module] = [str(exc), isinstance(exc, ImportError), exc.name]
+try:
+    _value_of(Entry(name=("w",), kind="tensor", dtype="float32", shape=(0,)), memoryview(b""))
+except MissingExtra as exc:
+    said["checkpoint"] = [str(exc), isinstance(exc, ImportError), exc.name]
+print(json.dumps(said))
+"""
+
+
+def test_the_torch_extra_is_named_where_torch_is_missing():
+    """In a process of its own: taking torch away in this one (and putting it back) reorders
+    sys.modules, and torch's finalizers then run after its modules are torn down at exit."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loading = "loading a checkpoint that holds tensors needs the 'torch' extra: pip install 'blobsdk[torch]'"
+    assert json.loads(done.stdout) == {
+        "blobsdk.torch": [_message("blobsdk.torch", "torch", "torch"), True, "torch"],
+        "blobsdk.dcp": [_message("blobsdk.dcp", "torch", "torch"), True, "torch"],
+        "checkpoint": [f"{loading} (No module named 'torch')", True, "torch"],
+    }
 
 
 def test_only_an_import_error_becomes_missing_extra():
