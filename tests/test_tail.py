@@ -187,7 +187,9 @@ async def test_a_hung_replica_never_stalls_sixteen_readers(cluster, hedge):
     # when it stalled still finish), plus the failed-over read, not the socket's 30 s timeout.
     assert max(latencies) < HANG_BOUND_S, (sorted(latencies)[-5:], len(latencies), dict(sorted(stats.items())))
     if hedge is NO_BUDGET:
-        assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] == 1, sorted(stats.items())
+        # The stalled replica is taken for hung; on a loaded machine a healthy one that is slow
+        # past the hang deadline (0.5-1 s) may be too, for a while (seen: 2 of 3).
+        assert stats["hedge_hung_failovers"] >= 1 and stats["hedge_targets_hung"] >= 1, sorted(stats.items())
         assert stats["hedge_hedges_sent"] == 0
 
 
