@@ -181,7 +181,7 @@ async def _restore(report: Report, root: Path, state: dict[str, Any], store: Pat
     kernel, as a restarted process's is: the allocator maps every large array anew
     (``_fresh_allocations``) where it would hand a read the last one's freed pages (then the
     file read is a memcpy into warm memory: 10-16 GB/s here), and numpy's arrays are not
-    advised for huge pages, as blobsdk's buffers are not (see blobsdk/_buffers.py).
+    advised for huge pages, as blobsdk's buffers are not (see blobsdk/runtime/buffers.py).
 
     Not keeping the results matters on this VM: past a few GiB the kernel hands out pages
     the host must back first, and a page fault costs 5x more; the full run's loads took

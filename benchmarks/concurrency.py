@@ -53,12 +53,12 @@ from pathlib import Path
 
 import aiohttp
 
-from blobsdk._http import new_session
 from blobsdk.config import Timeouts
 from blobsdk.errors import Unavailable
-from blobsdk.limiter import AdaptiveLimiter, LimiterConfig
+from blobsdk.net.rpc import new_session
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.tail.limiter import AdaptiveLimiter, LimiterConfig
 
 from ._report import Report, percentile
 from ._servers import block_servers

@@ -164,8 +164,8 @@ from pathlib import Path
 import aiohttp
 
 import blobsdk
-from blobsdk._http import new_session
 from blobsdk.config import Timeouts
+from blobsdk.net.rpc import new_session
 from servers._common.metrics import by_label
 from servers.cluster import start_cluster
 

@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from blobsdk._http import new_session
 from blobsdk.config import Timeouts
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.metadata.shared import SharedPlanCache
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.net.rpc import new_session
 from blobsdk.wire import ChunkRef, CommitOp, ReadPlan, etag_of
 from servers.cluster import start_cluster
 from servers.redisd import start_redis

@@ -24,9 +24,9 @@ import aiohttp
 import msgspec
 
 import blobsdk
-from blobsdk._http import new_session
 from blobsdk.config import L1Config, Timeouts
 from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
 from ._report import Report, best_of, percentile

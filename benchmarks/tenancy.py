@@ -30,10 +30,10 @@ from pathlib import Path
 import msgspec
 
 import blobsdk
-from blobsdk._http import new_session
 from blobsdk.auth import Keyring, new_claims
 from blobsdk.config import L1Config, ReadConfig
 from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
 from ._report import Report, median

@@ -38,8 +38,8 @@ import msgspec
 import numpy as np
 
 import blobsdk
-from blobsdk._http import new_session
 from blobsdk.config import L1Config, L2Config, Timeouts
+from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
 from ._report import Report

@@ -26,7 +26,7 @@ import msgspec
 
 import blobsdk
 from blobsdk.config import ClientConfig, Timeouts, WriteConfig
-from blobsdk.repair import Repairer
+from blobsdk.ops.repair import Repairer
 from blobsdk.sources.replicated import Quorum, ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from servers.cluster import Cluster, ServerProcess, start_cluster

@@ -23,7 +23,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .gc import GcReport
+from .ops.gc import GcReport
 from .sync import SyncClient
 from .wire import BlobInfo, ChunkRef, ReadPlan
 

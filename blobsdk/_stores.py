@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Self
 
-from ._here import Held
 from .config import ClientConfig
+from .runtime.here import Held
 from .sync import SyncClient
 
 ConfigLike = ClientConfig | str | os.PathLike[str]

@@ -26,25 +26,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from ._buffers import BufferPool
-from ._http import new_session
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .config import ClientConfig, L2Config, s3_location
-from .limiter import LimiterRegistry
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
-from .prefetch import Prefetcher
-from .readpath import ReadPath
+from .net.rpc import new_session
+from .read.prefetch import Prefetcher
+from .read.readpath import ReadPath
+from .runtime.buffers import BufferPool
 from .sources.base import BlockStore
 from .stats import LatencyHistogram, TierStats
+from .tail.limiter import LimiterRegistry
 from .tiers.base import Tier
 from .tiers.l1 import L1Tier
 from .tiers.l2 import L2Tier
 from .tiers.l3 import L3Tier
 from .tiers.l4 import L4Tier
 from .tiers.peer import PeerTier
-from .writer import Writer
+from .write.writer import Writer
 
 if TYPE_CHECKING:
     from .metadata.shared import SharedPlanCache

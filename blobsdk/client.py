@@ -23,24 +23,24 @@ from functools import partial
 from pathlib import Path
 from typing import Self, TypeVar
 
-from . import gc as gc_module
-from . import readahead as readahead_module
-from . import repair as repair_module
-from ._forksafe import Executor
 from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
-from .checkpoint import Checkpoints
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import ClientClosed, Forbidden
-from .index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
-from .limiter import Priority, request_priority
 from .metadata.base import MetadataStore
+from .ops import gc as gc_module
+from .ops import repair as repair_module
+from .ops.index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .paths import listing_prefix, validate_path
-from .prefetch import Prefetch
-from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+from .read import readahead as readahead_module
+from .read.prefetch import Prefetch
+from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+from .runtime.forksafe import Executor
 from .sources.base import BlockStore, Buffer
 from .stats import LatencyHistogram
+from .tail.limiter import Priority, request_priority
 from .wire import BlobInfo, ReadPlan
-from .writer import Progress
+from .write.checkpoint import Checkpoints
+from .write.writer import Progress
 
 T = TypeVar("T")
 Item = tuple[str, Buffer]
@@ -167,7 +167,7 @@ class Client:
         max_bytes: int | None = None,
     ) -> Prefetch:
         """Start warming ``tier`` ("l1", "l2" or "l3") with these blobs (a string ending in
-        "/" is a prefix) and return its handle at once; see blobsdk/prefetch.py.  A tier
+        "/" is a prefix) and return its handle at once; see blobsdk/read/prefetch.py.  A tier
         this client does not have is a ValueError naming the ones it has."""
         return self._open.prefetcher.start(paths_or_prefixes, tier, pin_seconds=pin_seconds, max_bytes=max_bytes)
 
@@ -175,7 +175,7 @@ class Client:
         self, paths: Iterable[str], *, depth: int = READAHEAD_DEPTH, max_bytes: int = READAHEAD_BYTES
     ) -> AsyncGenerator[tuple[str, bytearray], None]:
         """``(path, data)`` for each path, in order, with up to ``depth`` reads (and at most
-        ``max_bytes`` of blobs) in flight ahead of the consumer; see blobsdk/readahead.py.
+        ``max_bytes`` of blobs) in flight ahead of the consumer; see blobsdk/read/readahead.py.
         Leave it early with ``aclose()`` (or ``contextlib.aclosing``): that cancels the
         reads in flight at once, where an abandoned generator waits for the collector."""
         return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
@@ -183,7 +183,7 @@ class Client:
     def checkpoints(self, prefix: str, *, keep: int = 3, chunk_size: int | None = None) -> Checkpoints:
         """The delta checkpoints under ``prefix`` (a path prefix: ``/bucket/ckpt/job1``),
         keeping the last ``keep``, cut into ``chunk_size`` chunks (default: the write
-        config's); see blobsdk/checkpoint.py.  A save still running when the client closes
+        config's); see blobsdk/write/checkpoint.py.  A save still running when the client closes
         is waited for."""
         state = self._open
         warm = None if state.l3 is None else partial(state.prefetcher.start, tier="l3")
@@ -225,13 +225,13 @@ class Client:
         place: their chunks are byte ranges of the objects, checksummed once now, and a read
         of an object changed since raises SourceChanged; indexing again is incremental.  This
         client's L4 must be S3 (``source_url``), and reach ``url``'s bucket with the same
-        endpoint and credentials.  ``parallel``: objects read at once.  See blobsdk/index.py."""
+        endpoint and credentials.  ``parallel``: objects read at once.  See blobsdk/ops/index.py."""
         state = self._open
         return await index_s3(s3_source(state.blocks), state.writer, url, dest, progress=progress, parallel=parallel)
 
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds
-        (see blobsdk/gc.py).  Its requests queue behind this client's foreground ones."""
+        (see blobsdk/ops/gc.py).  Its requests queue behind this client's foreground ones."""
         state = self._open
         with request_priority(Priority.PREFETCH):
             return await gc_module.collect(
@@ -240,7 +240,7 @@ class Client:
 
     async def scrub(self, *, dry_run: bool = False, progress: repair_module.Progress | None = None) -> repair_module.ScrubReport:
         """Verify every replica's copy of every live L4 block; repair bad and missing copies
-        from a verified one (not if ``dry_run``).  See blobsdk/repair.py."""
+        from a verified one (not if ``dry_run``).  See blobsdk/ops/repair.py."""
         state = self._open
         return await repair_module.scrub(state.metadata, state.blocks, dry_run=dry_run, progress=progress)
 

@@ -14,10 +14,10 @@ from typing import Literal
 import msgspec
 
 from ._numbers import check_numbers, integer, non_negative, positive, real
-from .hedge import HedgeConfig
-from .limiter import LimiterConfig
-from .plans import MAX_CHUNK_BYTES
-from .repair import RepairConfig
+from .ops.repair import RepairConfig
+from .read.plans import MAX_CHUNK_BYTES
+from .tail.hedge import HedgeConfig
+from .tail.limiter import LimiterConfig
 
 MiB = 1 << 20
 

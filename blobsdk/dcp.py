@@ -2,7 +2,7 @@
 ``dcp.save(state, storage_writer=BlobStorageWriter(config, prefix))`` and ``dcp.load(state,
 storage_reader=BlobStorageReader(config, prefix))``; also importable from ``blobsdk.torch``.
 
-Each DCP save is one checkpoint of :mod:`blobsdk.checkpoint` under ``prefix``: its state is
+Each DCP save is one checkpoint of :mod:`blobsdk.write.checkpoint` under ``prefix``: its state is
 every write item DCP hands over (tensors, and the pickled objects DCP writes as bytes), by a
 key made of the item's fully qualified name and shard offsets, plus DCP's own ``Metadata``.
 So the chunk-level deduplication applies: a second save of a nearly unchanged model names
@@ -10,7 +10,7 @@ the unchanged chunks of the previous checkpoint under the same prefix and writes
 nothing new, and a save is committed atomically or not at all.
 
 Ranks: in ``write_data`` every rank writes the changed chunks of its own items durably, as a
-:class:`~blobsdk.checkpoint.Part` (``Checkpoints.write_part``: nothing committed), and hands
+:class:`~blobsdk.write.checkpoint.Part` (``Checkpoints.write_part``: nothing committed), and hands
 the part to the coordinator inside its write results, which DCP gathers; the coordinator's
 ``finish`` writes the metadata and commits every rank's part as one checkpoint
 (``Checkpoints.commit``).  A rank that dies before then leaves only orphan blocks, which gc
@@ -45,9 +45,9 @@ with requires_extra("torch", __name__):
     from torch.futures import Future
 
 from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
-from .checkpoint import Part
 from .config import ClientConfig
 from .sync import SyncCheckpoints
+from .write.checkpoint import Part
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key

@@ -29,9 +29,9 @@ from typing import TextIO
 
 import xxhash
 
-from ._progress import ProgressLine
 from .client import Client
 from .config import L2Config
+from .runtime.progress import ProgressLine
 
 KiB, MiB = 1 << 10, 1 << 20
 MIN_SAMPLE, MAX_SAMPLE = 64 * KiB, 1 * MiB

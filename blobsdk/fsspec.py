@@ -83,12 +83,12 @@ with requires_extra("fsspec", __name__):
     from fsspec.callbacks import DEFAULT_CALLBACK  # type: ignore[import-untyped]
     from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
-from ._here import Held, running_loop
 from .assembly import LocalStores
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
 from .paths import validate_path, validate_prefix
+from .runtime.here import Held, running_loop
 from .sources.base import Buffer
 from .wire import BlobInfo
 

@@ -34,13 +34,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, 
 from functools import partial
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
-from ._forksafe import LoopThread
-from ._here import Held
-from .checkpoint import Checkpoints, Pending
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobError, ClientClosed, NotForkSafe
-from .prefetch import Prefetch, PrefetchProgress
+from .read.prefetch import Prefetch, PrefetchProgress
+from .runtime.forksafe import LoopThread
+from .runtime.here import Held
+from .write.checkpoint import Checkpoints, Pending
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -242,7 +242,7 @@ async def _closed(items: AsyncGenerator[T, None], first: asyncio.Task[T] | None)
 
 
 class SyncPending(_Handle[Pending]):
-    """A checkpoint save's :class:`~blobsdk.checkpoint.Pending`, from a SyncClient's thread."""
+    """A checkpoint save's :class:`~blobsdk.write.checkpoint.Pending`, from a SyncClient's thread."""
 
     @property
     def done(self) -> bool:
@@ -256,7 +256,7 @@ class SyncPending(_Handle[Pending]):
 
 
 class SyncCheckpoints(_Handle[Checkpoints]):
-    """:class:`~blobsdk.checkpoint.Checkpoints` from the thread of a :class:`SyncClient`;
+    """:class:`~blobsdk.write.checkpoint.Checkpoints` from the thread of a :class:`SyncClient`;
     ``save`` blocks while the state is staged (the training pause), the upload goes on."""
 
     save = awaited(Checkpoints.save, SyncPending)
@@ -269,7 +269,7 @@ class SyncCheckpoints(_Handle[Checkpoints]):
 
 
 class SyncPrefetch(_Handle[Prefetch]):
-    """A :class:`~blobsdk.prefetch.Prefetch` seen from the thread of a :class:`SyncClient`:
+    """A :class:`~blobsdk.read.prefetch.Prefetch` seen from the thread of a :class:`SyncClient`:
     ``wait()`` blocks until it ended."""
 
     @property

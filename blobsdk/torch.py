@@ -61,7 +61,7 @@ ahead, so it is the iterable's job.
 **Workers' stats.** ``dataset.worker_stats()``, in the main process, gives the tier counters
 (hits, misses, bytes, corrupt, errors) of each DataLoader worker's client, as it last published
 them, of the main process's own client, and their total: workers publish into a small shared
-file the dataset made (blobsdk/_workerstats.py), at most every 0.5 s while reading, the iterable
+file the dataset made (blobsdk/runtime/workerstats.py), at most every 0.5 s while reading, the iterable
 at the last sample of its epoch and the map-style after each batch (a client's ``stats()``
 takes ~1 ms on this machine, loaded).  Counters are cumulative across epochs, for re-created
 workers too.  ``close()`` in the main process removes that file: workers' stats are then no
@@ -93,14 +93,14 @@ with requires_extra("torch", __name__):
     import torch
     from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from ._here import Held
 from ._stores import PREFETCH_TIERS, ConfigLike, _ClosedOnExit, _ProcessClient, _Store
-from ._workerstats import WorkerStats, counters_of, total
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
 from .paths import validate_path, validate_prefix
-from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+from .runtime.here import Held
+from .runtime.workerstats import WorkerStats, counters_of, total
 from .sync import SyncClient, SyncPrefetch, SyncReadahead
 
 # Imported here, in the process that builds the dataset, not first in a forked DataLoader
@@ -529,7 +529,7 @@ def _stats_of(client: SyncClient) -> dict[str, dict[str, int | float]] | None:
 def _worker_stats(stats: WorkerStats, client: _ProcessClient) -> dict[str, Any]:
     """``{"workers": {id: counters}, "main": counters, "total": counters}``: per tier
     ("l1" ... "l4") ``hits, misses, bytes, corrupt, errors`` and ``enabled``, cumulative, as
-    each worker last published them (see blobsdk/_workerstats.py); "main" is this process's
+    each worker last published them (see blobsdk/runtime/workerstats.py); "main" is this process's
     own client (when it read, e.g. ``num_workers=0``), left out if it has none; "total" sums
     them all."""
     workers = stats.read()

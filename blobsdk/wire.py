@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 import msgspec
 import xxhash
 
-from ._ids import validate_hex32
 from .errors import BadRequest
+from .runtime.ids import validate_hex32
 
 Codec = Literal["none", "lz4"]
 
@@ -153,7 +153,7 @@ MSGPACK = "application/msgpack"
 JSON = "application/json"
 MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
 MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
-# How long a server waits on a client (blobsdk/_serving.py; each has a serve flag).
+# How long a server waits on a client (blobsdk/net/serving.py; each has a serve flag).
 HEADER_TIMEOUT_S = 10.0  # a request head must be complete this long after its first byte
 BODY_TIMEOUT_S = 30.0  # a request body that gets no bytes this long is answered 408
 KEEPALIVE_TIMEOUT_S = 15.0  # an idle connection is closed after this long

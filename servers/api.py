@@ -30,11 +30,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 import msgspec
 from aiohttp import web
 
-from blobsdk._serving import limits_of_args
 from blobsdk.auth import GRANT_TTL_S, Claims
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.http import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST
+from blobsdk.net.serving import limits_of_args
 from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
     CommitRequest,

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from blobsdk._serving import limits_of_args
 from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
+from blobsdk.net.serving import limits_of_args
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse

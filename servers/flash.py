@@ -56,12 +56,8 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from blobsdk._http import new_session
-from blobsdk._serving import limits_of_args
-from blobsdk._singleflight import SingleFlight
 from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
-from blobsdk.codec import ChunkDecoder
 from blobsdk.config import S3Config, Timeouts, s3_location
 from blobsdk.errors import (
     BadCopy,
@@ -73,10 +69,14 @@ from blobsdk.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from blobsdk.limiter import LimiterRegistry
+from blobsdk.net.rpc import new_session
+from blobsdk.net.serving import limits_of_args
+from blobsdk.read.codec import ChunkDecoder
+from blobsdk.runtime.singleflight import SingleFlight
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import (
     CACHE_HEADER,
@@ -289,7 +289,7 @@ class FlashNode:
 
     async def load(self, ref: ChunkRef, tenant: str, pin_seconds: float = 0.0) -> tuple[Buffer, bool]:
         """The chunk's stored bytes and whether they came from flash; one load per key in
-        flight, shared by whoever waits for it (blobsdk._singleflight's rule: the load is
+        flight, shared by whoever waits for it (blobsdk.runtime.singleflight's rule: the load is
         cancelled when the last of them leaves)."""
         loaded, _ = await self._loads.run(ref.key, lambda: self._load(ref, tenant, pin_seconds))
         return loaded

@@ -38,7 +38,7 @@ Memory is bounded: at most ``max_peers`` peers and ``max_keys_per_peer`` keys ea
 fetched (past either, 429 ``Overloaded``), every list in a request at most 4096 keys.
 
 Several trackers shard the key space: clients pick a key's tracker by rendezvous hashing
-(``blobsdk.placement``), so each tracker is independent.  Like every server: ``make_app``,
+(``blobsdk.read.placement``), so each tracker is independent.  Like every server: ``make_app``,
 ``--help``, ``/healthz``, ``/metrics``, bearer auth, fault injection, bounded clients.
 """
 
@@ -57,10 +57,10 @@ from urllib.parse import urlsplit
 import msgspec
 from aiohttp import web
 
-from blobsdk._ids import validate_hex32
-from blobsdk._serving import check_positive_fields, limits_of_args
 from blobsdk.auth import TICKET_TTL_S, ServeKey
 from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
+from blobsdk.net.serving import check_positive_fields, limits_of_args
+from blobsdk.runtime.ids import validate_hex32
 from blobsdk.wire import (
     TRACKER_MAX_KEYS,
     AnnounceRequest,

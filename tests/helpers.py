@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from blobsdk._serving import ServerLimits, serving
 from blobsdk.auth import GRANT_HEADER, Keyring, new_claims
+from blobsdk.net.serving import ServerLimits, serving
 from blobsdk.wire import ChunkRef
 from servers._common.auth import ServerAuth
 from servers.s3d import S3Server, start_s3

@@ -1,4 +1,4 @@
-"""blobsdk/_buffers.py: fresh buffers, mapped when large, and the pool."""
+"""blobsdk/runtime/buffers.py: fresh buffers, mapped when large, and the pool."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import mmap
 
 import pytest
 
-from blobsdk._buffers import MAPPED_FROM, BufferPool, fresh_buffer
+from blobsdk.runtime.buffers import MAPPED_FROM, BufferPool, fresh_buffer
 
 
 @pytest.mark.parametrize("size", [0, 1, MAPPED_FROM - 1])

@@ -1,4 +1,4 @@
-"""blobsdk/checkpoint.py: delta checkpoints, embedded (SQLite + local blocks) and on a real
+"""blobsdk/write/checkpoint.py: delta checkpoints, embedded (SQLite + local blocks) and on a real
 cluster, with a real process SIGKILLed mid-save."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.plans import MAX_CHUNK_BYTES
+from blobsdk.read.plans import MAX_CHUNK_BYTES
 from blobsdk.sources.local import LocalBlockStore
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
@@ -260,7 +260,7 @@ import asyncio, sys
 import numpy as np
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.plans import MAX_CHUNK_BYTES
+from blobsdk.read.plans import MAX_CHUNK_BYTES
 
 async def main():
     async with blobsdk.Client.local(sys.argv[1], write=WriteConfig(chunk_size=65536, block_size=1 << 20)) as c:

@@ -18,8 +18,8 @@ from unittest import mock
 
 import pytest
 
-from blobsdk._progress import ProgressLine
 from blobsdk.cli import MMAP_THRESHOLD, NO_STORE, main
+from blobsdk.runtime.progress import ProgressLine
 from tests.helpers import ROOT, stored_files
 from tests.metadata.conformance import bad_plan
 from tests.metadata.unchecked import plant_plan

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from blobsdk.cli.admin import STATS_NOTE, _show, dataset_bytes_done
-from blobsdk.prefetch import PrefetchProgress
+from blobsdk.read.prefetch import PrefetchProgress
 from tests.test_cli import error_line, ok, run
 
 

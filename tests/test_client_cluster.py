@@ -14,7 +14,7 @@ import pytest
 
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.hedge import HedgeConfig
+from blobsdk.tail.hedge import HedgeConfig
 from servers.cluster import start_cluster
 from tests.helpers import ROOT, stored_files
 

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from blobsdk.config import ClientConfig, L1Config, L2Config, L3Config, PeerConfig, ReadConfig, Timeouts, WriteConfig
-from blobsdk.hedge import HedgeConfig
-from blobsdk.limiter import LimiterConfig
-from blobsdk.repair import RepairConfig
+from blobsdk.ops.repair import RepairConfig
+from blobsdk.tail.hedge import HedgeConfig
+from blobsdk.tail.limiter import LimiterConfig
 
 TABLES: dict[str, tuple[type[msgspec.Struct], dict[str, Any]]] = {
     "l1": (L1Config, {}),

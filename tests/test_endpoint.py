@@ -1,4 +1,4 @@
-"""blobsdk._endpoint and blobsdk._http: one server's control requests, data GETs and
+"""blobsdk.net.endpoint and blobsdk.net.rpc: one server's control requests, data GETs and
 concurrency limit, against a real block server on a loopback port."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from blobsdk._endpoint import Endpoint
 from blobsdk.errors import BlockNotFound, InsufficientStorage, TimedOut, error_from_code
-from blobsdk.hedge import Attempt
-from blobsdk.limiter import AdaptiveLimiter, LimiterConfig
+from blobsdk.net.endpoint import Endpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.tail.hedge import Attempt
+from blobsdk.tail.limiter import AdaptiveLimiter, LimiterConfig
 from servers.blockstore import make_app
 from tests.helpers import running_app
 

@@ -1,4 +1,4 @@
-"""blobsdk/_forksafe.py: a fork waits for blobsdk's loop threads and executors to be quiet,
+"""blobsdk/runtime/forksafe.py: a fork waits for blobsdk's loop threads and executors to be quiet,
 so a child never inherits a lock one of them held (the DataLoader worker hang)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import blobsdk
-from blobsdk._forksafe import Executor, LoopThread
+from blobsdk.runtime.forksafe import Executor, LoopThread
 from tests.helpers import wait_for_child
 
 HOLD_S = 0.002  # each step holds the lock this long, back to back: ~always held

@@ -19,7 +19,7 @@ from blobsdk.errors import BadRequest, BlockCollected, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ReadPlan, etag_of
-from blobsdk.writer import Writer
+from blobsdk.write.writer import Writer
 from tests.helpers import ROOT, stored_files
 
 FAST = WriteConfig(chunk_size=64 << 10, block_size=256 << 10, max_write_seconds=0.2)
@@ -80,7 +80,7 @@ async def test_slow_write_is_not_committed(tmp_path):
             await c.stat("/b/slow")
 
 
-# --- gc against clock skew and races: the fence (blobsdk/gc.py) ----------------------------
+# --- gc against clock skew and races: the fence (blobsdk/ops/gc.py) ----------------------------
 
 FAKETIME = shutil.which("faketime")
 CKPT = WriteConfig(chunk_size=64 << 10, block_size=1 << 20)

@@ -1,4 +1,4 @@
-"""blobsdk.hedge: hedged requests with adaptive delays, a budget, failover and clean
+"""blobsdk.tail.hedge: hedged requests with adaptive delays, a budget, failover and clean
 cancellation.  Attempts are in-loop fakes; delays are a few ms so the file runs in ~1 s."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from contextlib import asynccontextmanager
 import pytest
 import xxhash
 
-from blobsdk.codec import decode_chunk
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, Unavailable
-from blobsdk.hedge import (
+from blobsdk.read.codec import decode_chunk
+from blobsdk.tail.hedge import (
     Attempt,
     HedgeBudget,
     HedgeConfig,
@@ -371,7 +371,7 @@ async def test_every_attempt_gets_a_handle_of_its_own() -> None:
     assert len(handles) == 2 and handles[0] is not handles[1]
 
 
-# --- hung targets (blobsdk/health.py) ---------------------------------------------------------
+# --- hung targets (blobsdk/tail/health.py) ---------------------------------------------------------
 
 HANG_20MS = HedgeConfig(
     min_delay_ms=1000,

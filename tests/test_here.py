@@ -1,4 +1,4 @@
-"""blobsdk/_here.py: a Held value is given back in the process (and, per loop, on the event
+"""blobsdk/runtime/here.py: a Held value is given back in the process (and, per loop, on the event
 loop) that put it; a forked child gets none and sets its parent's aside, never collected;
 another loop's is let go when a new one is put; a pickled holder arrives empty.
 
@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 
-from blobsdk._here import Held
+from blobsdk.runtime.here import Held
 from tests.helpers import in_a_forked_child
 
 pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")

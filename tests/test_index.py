@@ -1,4 +1,4 @@
-"""Indexing S3 objects in place (blobsdk/index.py; issue 13): blobs whose chunks are byte
+"""Indexing S3 objects in place (blobsdk/ops/index.py; issue 13): blobs whose chunks are byte
 ranges of existing objects in a data bucket, read through the tiers of a client whose
 metadata is in Redis and whose L4 is S3 (moto's S3 API, and SeaweedFS; redis-server)."""
 
@@ -20,7 +20,7 @@ from obstore.store import S3Store
 
 import blobsdk
 from blobsdk.config import ClientConfig
-from blobsdk.index import IndexProgress
+from blobsdk.ops.index import IndexProgress
 from blobsdk.sources.base import block_time, is_link, links_to
 from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis

@@ -11,7 +11,7 @@ import selectors
 import pytest
 
 from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
-from blobsdk.limiter import (
+from blobsdk.tail.limiter import (
     AdaptiveLimiter,
     LimiterConfig,
     LimiterRegistry,

@@ -1,4 +1,4 @@
-"""blobsdk.placement: rendezvous hashing."""
+"""blobsdk.read.placement: rendezvous hashing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from blobsdk.placement import place, rank
+from blobsdk.read.placement import place, rank
 
 NODES = [f"http://10.0.0.{i}:7201" for i in range(4)]
 KEYS = [f"{i:032x}" for i in range(10_000)]

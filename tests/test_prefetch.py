@@ -1,4 +1,4 @@
-"""Deep prefetch (blobsdk/prefetch.py) into L1, L2 and L3, and dataloader readahead."""
+"""Deep prefetch (blobsdk/read/prefetch.py) into L1, L2 and L3, and dataloader readahead."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from aiohttp import web
 import blobsdk
 from blobsdk.config import ClientConfig, L1Config, L2Config, WriteConfig
 from blobsdk.errors import BadRequest, BlobNotFound, Unavailable
-from blobsdk.limiter import LimiterConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.prefetch import PrefetchProgress
+from blobsdk.read.prefetch import PrefetchProgress
+from blobsdk.tail.limiter import LimiterConfig
 from servers import api, blockstore
 from servers.cluster import start_cluster
 from tests.helpers import in_a_forked_child, running_app, until, wait_for_child

@@ -1,4 +1,4 @@
-"""blobsdk._rawget: the data path's lean HTTP/1.1 GET, against real sockets.
+"""blobsdk.net.rawget: the data path's lean HTTP/1.1 GET, against real sockets.
 
 Most tests run a scripted TCP server in the test's loop (127.0.0.1, port 0) that sends
 exact bytes, so every way a reply can be wrong is reproduced byte for byte; the happy path
@@ -23,7 +23,6 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from blobsdk._rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.errors import (
     BadRequest,
     BlobError,
@@ -36,9 +35,10 @@ from blobsdk.errors import (
     Unauthorized,
     Unavailable,
 )
-from blobsdk.limiter import AdaptiveLimiter, LimiterConfig
+from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.tail.limiter import AdaptiveLimiter, LimiterConfig
 from blobsdk.wire import ErrorBody, encode
 from servers._common.auth import ServerAuth
 from servers.blockstore import make_app

@@ -1,4 +1,4 @@
-"""blobsdk.repair: read repair and scrub of L4 replicas, against real (in-loop) block servers."""
+"""blobsdk.ops.repair: read repair and scrub of L4 replicas, against real (in-loop) block servers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from blobsdk.client import Client
 from blobsdk.config import L1Config, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.repair import Copy, Demotions, RepairConfig, Repairer, check_block, live_chunks
+from blobsdk.ops.repair import Copy, Demotions, RepairConfig, Repairer, check_block, live_chunks
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated
@@ -236,7 +236,7 @@ def test_repair_config_bounds(bad: dict[str, float], message: str) -> None:
 
 
 async def test_scrub_concurrency_must_be_positive(store: Store) -> None:
-    from blobsdk.repair import scrub
+    from blobsdk.ops.repair import scrub
 
     with pytest.raises(ValueError, match="concurrency must be >= 1, got 0"):
         await scrub(store.metadata, store.blocks, concurrency=0)

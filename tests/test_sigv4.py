@@ -1,4 +1,4 @@
-"""blobsdk/_sigv4.py and the target of the S3 L4's signed GETs (blobsdk/sources/s3get.py):
+"""blobsdk/net/sigv4.py and the target of the S3 L4's signed GETs (blobsdk/sources/s3get.py):
 AWS's own documented example, botocore's signer as a reference, and how the endpoint,
 region and credentials are found.  (That a server which checks signatures accepts them is
 shown against SeaweedFS where the tests run on it; moto checks none.)"""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk._sigv4 import UNSIGNED_PAYLOAD, Credentials, Signer, uri_encode_path
+from blobsdk.net.sigv4 import UNSIGNED_PAYLOAD, Credentials, Signer, uri_encode_path
 from blobsdk.sources.s3get import S3Refused, S3Target, s3_refusal, target_of
 
 EXAMPLE = Credentials(access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")

@@ -1,4 +1,4 @@
-"""blobsdk._singleflight: one task per key, shared; cancelled when its last waiter leaves."""
+"""blobsdk.runtime.singleflight: one task per key, shared; cancelled when its last waiter leaves."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from blobsdk._singleflight import SingleFlight
+from blobsdk.runtime.singleflight import SingleFlight
 
 
 class Work:

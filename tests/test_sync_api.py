@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 import blobsdk
-from blobsdk.checkpoint import Checkpoints, Pending
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.prefetch import Prefetch
+from blobsdk.read.prefetch import Prefetch
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sync import SyncCheckpoints, SyncPending, SyncPrefetch
+from blobsdk.write.checkpoint import Checkpoints, Pending
 from tests.conftest import SMALL
 
 TWINS = [

@@ -13,9 +13,9 @@ import pytest
 
 import blobsdk
 from blobsdk.config import L1Config, Timeouts, WriteConfig
-from blobsdk.hedge import HedgeConfig
-from blobsdk.placement import rank
+from blobsdk.read.placement import rank
 from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tail.hedge import HedgeConfig
 from servers.cluster import start_cluster
 
 ADMIN = "admin-secret"
@@ -61,7 +61,7 @@ async def test_a_stalled_replica_never_stalls_a_read(cluster):
         begun = time.perf_counter()
         assert await c.get("/b/x") == data  # 10 chunks: about a third have the stalled replica first
         assert time.perf_counter() - begun < DEADLINE.sock_read  # hedged away, not timed out
-        l4 = c.stats()["l4"]  # a hedge, or under load the hang deadline first (blobsdk/health.py)
+        l4 = c.stats()["l4"]  # a hedge, or under load the hang deadline first (blobsdk/tail/health.py)
         assert l4["hedge_hedges_sent"] + l4["hedge_hung_failovers"] >= 1
 
 

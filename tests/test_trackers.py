@@ -1,4 +1,4 @@
-"""blobsdk/trackers.py against real trackers (servers/tracker.py, in-loop on port 0)."""
+"""blobsdk/peer/trackers.py against real trackers (servers/tracker.py, in-loop on port 0)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from aiohttp import web
 
 from blobsdk import trackers
 from blobsdk.auth import ServeKey
-from blobsdk.trackers import HEARTBEAT_MIN_S, HOLD_MAX_S, MAX_SOURCES, Announced, Trackers
+from blobsdk.peer.trackers import HEARTBEAT_MIN_S, HOLD_MAX_S, MAX_SOURCES, Announced, Trackers
 from blobsdk.wire import (
     AnnounceResponse,
     ChunkRef,
@@ -227,7 +227,7 @@ async def liar(deployment: Deployment) -> Liar:
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "blobsdk.trackers" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "blobsdk.peer.trackers" and r.levelno == logging.WARNING]
 
 
 async def test_bad_sources_from_a_tracker_are_skipped_and_counted(
@@ -251,7 +251,7 @@ async def test_bad_sources_from_a_tracker_are_skipped_and_counted(
         other,
     ]
     client = await deployment.peer(1)
-    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+    with caplog.at_level(logging.WARNING, logger="blobsdk.peer.trackers"):
         found = await client.locate(REFS[:1])
     assert found == {
         KEYS[0]: [
@@ -290,7 +290,7 @@ async def test_a_hello_answered_with_nonsense_is_a_failing_tracker_never_a_busy_
     deployment: Deployment, liar: Liar, hello: HelloResponse, what: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     liar.hello = hello
-    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+    with caplog.at_level(logging.WARNING, logger="blobsdk.peer.trackers"):
         client = await deployment.peer(1, down_s=60)
         await asyncio.sleep(0.1)  # a busy heartbeat loop said thousands of hellos by now
     url = deployment.urls[0]
@@ -304,7 +304,7 @@ async def test_a_heartbeat_shorter_than_the_floor_is_sent_at_the_floor(
     deployment: Deployment, liar: Liar, caplog: pytest.LogCaptureFixture
 ) -> None:
     liar.hello = msgspec.structs.replace(HELLO, heartbeat_s=1e-9)
-    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+    with caplog.at_level(logging.WARNING, logger="blobsdk.peer.trackers"):
         client = await deployment.peer(1)
         await asyncio.sleep(0.1)  # at most 0.1 / HEARTBEAT_MIN_S + 1 hellos, never a busy loop
     assert 1 <= liar.hellos <= 0.1 / HEARTBEAT_MIN_S + 1 and not client.is_down(deployment.urls[0])
@@ -318,7 +318,7 @@ async def test_a_tracker_that_changes_the_peer_s_tenant_is_a_failing_tracker(
     client = await deployment.peer(1, forgotten=lambda url: None)
     assert client.tenant == "default"
     liar.hello = msgspec.structs.replace(HELLO, tenant="mallory")
-    with caplog.at_level(logging.WARNING, logger="blobsdk.trackers"):
+    with caplog.at_level(logging.WARNING, logger="blobsdk.peer.trackers"):
         await client._hello(deployment.urls[0])  # the next heartbeat
     assert client.tenant == "default" and client.is_down(deployment.urls[0])
     what = "tenant 'mallory', but this peer serves tenant 'default'"

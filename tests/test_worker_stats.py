@@ -1,5 +1,5 @@
 """dataset.worker_stats(): real DataLoader worker processes (fork and spawn) publish their
-clients' tier counters to the main process (blobsdk/_workerstats.py)."""
+clients' tier counters to the main process (blobsdk/runtime/workerstats.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 import blobsdk
-from blobsdk._workerstats import COUNTERS, SLOT, WorkerStats
 from blobsdk.assembly import TIER_NAMES
 from blobsdk.config import L1Config, L2Config
+from blobsdk.runtime.workerstats import COUNTERS, SLOT, WorkerStats
 from blobsdk.torch import BlobDataset, BlobIterableDataset
 
 N = 200  # samples in the store

@@ -5,9 +5,9 @@ import pytest
 import xxhash
 
 from blobsdk.config import WriteConfig
-from blobsdk.readpath import _overlapping, resolve_range
+from blobsdk.read.readpath import _overlapping, resolve_range
 from blobsdk.wire import ChunkRef
-from blobsdk.writer import encode_chunk, split
+from blobsdk.write.writer import encode_chunk, split
 
 
 def test_split_is_zero_copy():

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .._ids import validate_hex32
 from ..auth import STATIC_TENANT
+from ..runtime.ids import validate_hex32
 
 Buffer = bytes | bytearray | memoryview
 

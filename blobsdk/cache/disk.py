@@ -7,7 +7,7 @@ Layout::
     root/<key[:2]>/<key>.<token>-<random>.tmp   a fill in progress
 
 Names come only from validated keys, and no entry inside ``root`` is followed if it is a
-symlink (blobsdk/_rootdir.py), so nothing outside ``root`` is ever read, created or
+symlink (blobsdk/runtime/rootdir.py), so nothing outside ``root`` is ever read, created or
 deleted.  The cache never raises for such an entry: a shard directory or file that is a
 symlink, or not what the layout puts there, is ignored with one logged warning naming it
 and counted in ``errors``; a fill there fails (``put`` returns False), a read is a miss, a
@@ -58,8 +58,9 @@ from typing import Any, Self, TypeVar
 
 import xxhash
 
-from .._forksafe import Executor
-from .._rootdir import (
+from ..errors import ClientClosed, Unavailable
+from ..runtime.forksafe import Executor
+from ..runtime.rootdir import (
     TMP_SUFFIX,
     RootDir,
     UnsafeEntry,
@@ -70,7 +71,6 @@ from .._rootdir import (
     unlink_at,
     unlink_if_same,
 )
-from ..errors import ClientClosed, Unavailable
 from ._entryfile import Damaged as _Damaged
 from ._entryfile import encode_header as _encode_header
 from ._entryfile import read_header as _read_header

@@ -11,9 +11,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .._progress import ProgressLine
 from ..client import Client
-from ..prefetch import PrefetchProgress
+from ..read.prefetch import PrefetchProgress
+from ..runtime.progress import ProgressLine
 from ._common import iso, non_negative, print_json, print_pretty, seconds
 
 PROGRESS_S = 0.2  # how often the prefetch progress bar is redrawn

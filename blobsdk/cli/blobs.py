@@ -11,14 +11,14 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path, PurePosixPath
 
-from .._outfile import write_out
-from .._progress import ProgressLine
 from ..client import Client
 from ..errors import InvalidPath
-from ..index import IndexProgress
+from ..ops.index import IndexProgress
 from ..paths import validate_path, validate_prefix
+from ..runtime.progress import ProgressLine
 from ..sources.base import Buffer
 from ._common import Command, UsageError, iso, non_negative, print_json, print_pretty, write_stdout
+from .outfile import write_out
 
 MiB = 1 << 20
 MMAP_THRESHOLD = 4 * MiB  # import reads smaller files into memory, maps larger ones

@@ -11,8 +11,8 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
 - ``delete`` removes the live version (BlobNotFound if none) with the same ``if_version`` rule.
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
 - Every path argument is validated (InvalidPath) before anything else happens, and every
-  committed plan is checked against the plan rules of :mod:`blobsdk.plans` (BadRequest).
-- **Fences** (garbage collection's handshake with writers, :mod:`blobsdk.gc`):
+  committed plan is checked against the plan rules of :mod:`blobsdk.read.plans` (BadRequest).
+- **Fences** (garbage collection's handshake with writers, :mod:`blobsdk.ops.gc`):
   ``fence_blocks(ids)`` marks blocks gc is about to delete; from the moment it returns, every
   commit (``commit``, ``commit_many``) naming a fenced block is refused whole with
   BlockCollected, atomically with the commit's other checks.  ``unfence_blocks(ids)`` lifts
@@ -30,10 +30,10 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from .._ids import validate_hex32
 from ..errors import BadRequest, BlockCollected, CorruptData, PreconditionFailed
 from ..paths import validate_path, validate_prefix
-from ..plans import check_plan
+from ..read.plans import check_plan
+from ..runtime.ids import validate_hex32
 from ..wire import BlobInfo, CommitOp, ReadPlan
 
 T = TypeVar("T")

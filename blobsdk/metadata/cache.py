@@ -18,7 +18,7 @@ is in flight every new lookup starts after those writes, so the record is droppe
 bounded by the calls in flight).
 
 Every plan that arrives from the store, read or committed, is checked against the plan rules
-(:func:`blobsdk.plans.checked_plan`) before it is cached or returned: whatever the backend, a
+(:func:`blobsdk.read.plans.checked_plan`) before it is cached or returned: whatever the backend, a
 client never reads through a bad plan; it gets CorruptData.
 """
 
@@ -32,7 +32,7 @@ import cachetools
 
 from ..auth import grants_usable_for
 from ..errors import BlobNotFound
-from ..plans import checked_plan
+from ..read.plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import MetadataStore, PassThrough
 

@@ -2,7 +2,7 @@
 
 Arguments are checked here exactly as the embedded store checks them, so a bad path fails
 the same way without a round trip; the server checks them again.  Every plan the server
-answers is checked too (:func:`blobsdk.plans.checked_plan`): a bad one is CorruptData.
+answers is checked too (:func:`blobsdk.read.plans.checked_plan`): a bad one is CorruptData.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Self, TypeVar
 
 import aiohttp
 
-from .._http import HttpEndpoint
 from ..errors import BadRequest, BlobNotFound, Unavailable
+from ..net.rpc import HttpEndpoint
 from ..paths import validate_path
-from ..plans import checked_plan
+from ..read.plans import checked_plan
 from ..wire import (
     BlobInfo,
     CommitOp,

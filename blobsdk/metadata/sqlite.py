@@ -28,7 +28,6 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from .._forksafe import Executor
 from ..errors import (
     BlobError,
     BlobNotFound,
@@ -36,6 +35,7 @@ from ..errors import (
     Unavailable,
 )
 from ..paths import validate_path
+from ..runtime.forksafe import Executor
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .base import (
     block_collected,

@@ -13,8 +13,8 @@ from .._extras import requires_extra
 with requires_extra("s3", __name__):
     from obstore.exceptions import InvalidPathError
 
-from .._here import Held
 from ..errors import BadRequest, BlobNotFound, Unavailable
+from ..runtime.here import Held
 from .base import Buffer
 from .s3get import S3Refused
 

@@ -32,8 +32,8 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
-from .._ids import validate_hex32
-from ..hedge import Attempt
+from ..runtime.ids import validate_hex32
+from ..tail.hedge import Attempt
 from ..wire import BlockInfo
 
 Buffer = bytes | bytearray | memoryview

@@ -16,11 +16,11 @@ import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
-from .._endpoint import Endpoint
 from ..auth import GRANT_HEADER
 from ..errors import BadRequest
-from ..hedge import Attempt
-from ..limiter import AdaptiveLimiter
+from ..net.endpoint import Endpoint
+from ..tail.hedge import Attempt
+from ..tail.limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
 
@@ -35,7 +35,7 @@ class HttpBlockStore:
     use connections of their own, with the session's timeouts, closed by :meth:`aclose`);
     ``token`` is the server's bearer token, if it requires one.  Data reads go through
     ``limiter``, the endpoint's adaptive concurrency limit (writes are bounded by the
-    writer instead); see :class:`~blobsdk._endpoint.Endpoint`.
+    writer instead); see :class:`~blobsdk.net.endpoint.Endpoint`.
     """
 
     def __init__(

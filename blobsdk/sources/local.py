@@ -7,7 +7,7 @@ Layout::
     root/<shard>/<block_id>.<store token>-<random>.tmp                   a write in progress
 
 File names come only from validated block ids (32 lowercase hex digits), and no entry inside
-``root`` is followed if it is a symlink (blobsdk/_rootdir.py): a read, write or delete that
+``root`` is followed if it is a symlink (blobsdk/runtime/rootdir.py): a read, write or delete that
 meets one, or a file where a shard directory belongs, is refused (Unavailable naming the
 entry); listings and sweeps skip such entries with a logged warning.  So nothing outside
 ``root`` is ever read, created or deleted.
@@ -41,7 +41,17 @@ from typing import Any, Self, TypeVar
 
 import xxhash
 
-from .._rootdir import (
+from ..errors import (
+    BadRequest,
+    BlobError,
+    BlockNotFound,
+    ClientClosed,
+    CorruptData,
+    IncompatibleFormat,
+    PreconditionFailed,
+    Unavailable,
+)
+from ..runtime.rootdir import (
     FORMAT_FILE,
     TMP_SUFFIX,
     RootDir,
@@ -53,17 +63,7 @@ from .._rootdir import (
     refusal,
     remove_if_dead,
 )
-from ..errors import (
-    BadRequest,
-    BlobError,
-    BlockNotFound,
-    ClientClosed,
-    CorruptData,
-    IncompatibleFormat,
-    PreconditionFailed,
-    Unavailable,
-)
-from ..hedge import Attempt
+from ..tail.hedge import Attempt
 from ..wire import BlockInfo
 from .base import Buffer, block_time, validate_block_id
 

@@ -8,7 +8,7 @@ slower writes keep running as tasks this store owns (awaited, then cancelled aft
 ``max_lagging_bytes`` of block data (past it the oldest are cancelled).  A block
 acknowledged while some replica failed to store it (refused at once, or a lagging write
 that failed, timed out or was cancelled later) goes on :attr:`ReplicatedBlockStore.under_replicated`, the list the repairer
-works through (blobsdk/repair.py) to make up the missing copies once the replica is back.
+works through (blobsdk/ops/repair.py) to make up the missing copies once the replica is back.
 That list is in memory: a process that dies first forgets it, and ``blobsdk scrub`` (which
 checks every replica of every live block) finds those blocks instead.
 
@@ -34,7 +34,7 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from ..hedge import Attempt
+from ..tail.hedge import Attempt
 from ..wire import BlockInfo
 from .base import BlockStore, Buffer, validate_block_id
 

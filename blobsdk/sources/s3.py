@@ -35,7 +35,7 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   after ``2 * timeout_s + 5`` seconds whatever obstore does (TimedOut), for a runtime some
   other code in the parent started.
 
-Link blocks (indexing in place, blobsdk/index.py): a block id that begins with
+Link blocks (indexing in place, blobsdk/ops/index.py): a block id that begins with
 :data:`~blobsdk.sources.base.LINK_TAG` names a small object of this store, under
 ``PREFIX/links/<shard>/<id>`` (listed on their own by :meth:`S3BlockStore.links`), holding an
 :class:`S3Object` (bucket, key, ETag, size) in any bucket the credentials reach.  Its bytes
@@ -64,8 +64,6 @@ with requires_extra("s3", __name__):
     from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
     from obstore.store import S3Store
 
-from .._ids import is_hex32
-from .._singleflight import SingleFlight
 from ..errors import (
     BadRequest,
     BlobError,
@@ -80,8 +78,10 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from ..hedge import Attempt
-from ..limiter import AdaptiveLimiter
+from ..runtime.ids import is_hex32
+from ..runtime.singleflight import SingleFlight
+from ..tail.hedge import Attempt
+from ..tail.limiter import AdaptiveLimiter
 from ..wire import BlockInfo
 from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listable, _pieces, _status
 from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id

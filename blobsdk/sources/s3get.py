@@ -1,5 +1,5 @@
 """The S3 L4's data GETs (issue 21): SigV4-signed ranged GETs over the SDK's own HTTP GET
-path (blobsdk/_rawget.py: keep-alive connections, the body received straight into the
+path (blobsdk/net/rawget.py: keep-alive connections, the body received straight into the
 caller's buffer), not over obstore.
 
 Why: obstore runs every request on one Rust (tokio) runtime per process, whose threads do not
@@ -30,10 +30,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from .._here import Held
-from .._rawget import RawGetEndpoint
-from .._sigv4 import Credentials, Signer, uri_encode_path
 from ..errors import BlobError, TimedOut, Unavailable
+from ..net.rawget import RawGetEndpoint
+from ..net.sigv4 import Credentials, Signer, uri_encode_path
+from ..runtime.here import Held
 
 # The config options a signed GET understands (S3Config.options() and obstore's names for them).
 KNOWN_OPTIONS = frozenset({"endpoint", "region", "access_key_id", "secret_access_key", "session_token", "token"})

@@ -15,7 +15,7 @@ to ``decode``, which decodes and checks the ChunkRef checksum, raising BadCopy f
 that does not match; the tier then counts it as ``corrupt`` and tries its next candidate.
 Local tiers hold raw bytes that were verified before they were filled.
 
-Deep prefetch (blobsdk/prefetch.py) asks two more things: ``holds`` (does the tier keep this
+Deep prefetch (blobsdk/read/prefetch.py) asks two more things: ``holds`` (does the tier keep this
 chunk now, known without a read: L1's and L2's index) and ``keep`` (store these bytes and
 return only once they are stored: where ``fill`` may drop bytes when the disk is behind, as
 L2's write-behind does, ``keep`` waits).  Tiers that keep nothing answer False and ignore it.

@@ -1,7 +1,7 @@
 """L3: the regional flash nodes (``servers/flash.py``), seen from the client.
 
 Each chunk lives on ``replicas`` nodes chosen by rendezvous hashing of its chunk key over
-the node URLs (:mod:`blobsdk.placement`).  A node that misses reads the chunk through from
+the node URLs (:mod:`blobsdk.read.placement`).  A node that misses reads the chunk through from
 L4 itself, so a GET answers with the chunk's stored bytes either way; the client verifies
 every copy (``decode``) and tries the next node on a bad or failed one.  Each GET asks the
 node for ``102 Processing`` every half ``hang_min_ms`` while it reads the chunk through: the
@@ -14,7 +14,7 @@ A node that fails with Unavailable (refused, timed out, 5xx) is marked down and 
 ``down_seconds``; while it is down its keys go to the next nodes in rendezvous order, as if
 it had been removed.
 
-Each node is one :class:`~blobsdk._endpoint.Endpoint` (control requests, data GETs, its
+Each node is one :class:`~blobsdk.net.endpoint.Endpoint` (control requests, data GETs, its
 concurrency limit).  The wire, shared with ``servers/flash.py``, is in ``blobsdk/wire.py``.
 """
 
@@ -29,14 +29,14 @@ from functools import partial
 import aiohttp
 import msgspec
 
-from .._buffers import BufferPool
-from .._endpoint import Endpoint
 from ..auth import GRANT_HEADER
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
-from ..hedge import Attempt, HedgeConfig, Hedger
-from ..limiter import LimiterRegistry
-from ..placement import rank
+from ..net.endpoint import Endpoint
+from ..read.placement import rank
+from ..runtime.buffers import BufferPool
 from ..stats import TierStats
+from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.limiter import LimiterRegistry
 from ..wire import (
     CACHE_HEADER,
     HYDRATE_BATCH,

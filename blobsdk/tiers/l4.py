@@ -7,7 +7,7 @@ the last tier, L4 never misses quietly: when every replica failed it raises Corr
 
 A replica that served a bad copy is ranked after the others for a while; given the
 metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
-then got a verified one has the block repaired in the background (blobsdk/repair.py), and
+then got a verified one has the block repaired in the background (blobsdk/ops/repair.py), and
 so has every block a write acknowledged without a copy on each replica (the replicated
 store's ``under_replicated`` list).
 """
@@ -18,16 +18,16 @@ import time
 from functools import partial
 from typing import Self
 
-from .._buffers import BufferPool
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, SourceChanged, Unavailable
-from ..hedge import Attempt, HedgeConfig, Hedger
-from ..limiter import LimiterRegistry
 from ..metadata.base import MetadataStore
-from ..placement import rank
-from ..repair import Demotions, RepairConfig, Repairer
+from ..ops.repair import Demotions, RepairConfig, Repairer
+from ..read.placement import rank
+from ..runtime.buffers import BufferPool
 from ..sources.base import BlockStore
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
+from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
 from .base import Closing, Decoder, KeepsNothing
 
@@ -40,7 +40,7 @@ SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 class L4Tier(KeepsNothing, Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
-    :class:`~blobsdk.repair.Repairer`, started on entry and stopped on close, which also
+    :class:`~blobsdk.ops.repair.Repairer`, started on entry and stopped on close, which also
     makes up the copies a replicated store's writes missed (``write_horizon``: the
     writer's ``max_write_seconds``)."""
 

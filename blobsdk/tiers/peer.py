@@ -3,8 +3,8 @@ of the same tenant, Owl-style, with the trackers (``servers/tracker.py``) as con
 
 A client with ``tracker_urls`` runs one :class:`PeerTier`, which owns three things:
 
-- a :class:`~blobsdk.trackers.Trackers` (hello and heartbeats, locate, announce, report);
-- a :class:`~blobsdk.peerserver.PeerServer` that serves this tier's chunks to other peers;
+- a :class:`~blobsdk.peer.trackers.Trackers` (hello and heartbeats, locate, announce, report);
+- a :class:`~blobsdk.peer.server.PeerServer` that serves this tier's chunks to other peers;
 - the *serving cache*: the chunks this peer has told its trackers it holds, a byte-budgeted
   LRU (``[peer] budget_bytes``) of the very buffers the read path filled into L1, so a chunk
   in both costs its memory once.
@@ -19,7 +19,7 @@ tried.  No source, every source failed, or the tracker down or slow (``tracker_t
 a miss, and the read goes on to L3/L4 without an error.  Whatever the sources (stopped,
 silent, lying that they are fetching it), one chunk's read spends at most
 ``fetch_budget_s`` (default ``wait_s`` + 1 s) here, locate included: then it is a miss
-(``over_budget``).  The tracker's answers are checked in ``blobsdk.trackers``; a tracker
+(``over_budget``).  The tracker's answers are checked in ``blobsdk.peer.trackers``; a tracker
 that forgot this peer (restarted) gets its serving cache's keys announced again.
 
 **Trees.** The tracker records every asker as a fetcher of the chunk and sends the next askers
@@ -59,16 +59,16 @@ from urllib.parse import urlsplit
 import aiohttp
 import cachetools
 
-from .._endpoint import Endpoint
 from ..auth import TICKET_HEADER, ServeKey
-from ..codec import verify_raw
 from ..config import PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
-from ..hedge import Attempt, HedgeConfig, Hedger
-from ..limiter import LimiterRegistry
-from ..peerserver import PeerServer
+from ..net.endpoint import Endpoint
+from ..peer.server import PeerServer
+from ..peer.trackers import Trackers
+from ..read.codec import verify_raw
 from ..stats import TierStats
-from ..trackers import Trackers
+from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover
 

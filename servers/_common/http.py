@@ -13,9 +13,9 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from blobsdk._serving import ServerLimits, serving
 from blobsdk.auth import CLOCK_SKEW_S, Keyring
 from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, UnsupportedEncoding
+from blobsdk.net.serving import ServerLimits, serving
 from blobsdk.wire import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,

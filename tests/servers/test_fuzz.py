@@ -49,12 +49,12 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blobsdk._serving import ServerLimits
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.net.serving import ServerLimits
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import JSON, MSGPACK, ChunkRef, CommitOp, CommitRequest, ErrorBody, chunk_query, encode
-from blobsdk.writer import encode_chunk
+from blobsdk.write.writer import encode_chunk
 from servers import api as api_server
 from servers import blockstore as block_server
 from servers import flash as flash_server

@@ -1,4 +1,4 @@
-"""Every server bounds slow and idle clients (blobsdk/_serving.py), over real loopback
+"""Every server bounds slow and idle clients (blobsdk/net/serving.py), over real loopback
 sockets: header, body and keep-alive timeouts, the connection cap, compressed and
 oversized bodies, malformed requests."""
 
@@ -25,9 +25,9 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from blobsdk._http import error_for
-from blobsdk._serving import ACCEPT_IN_FLIGHT, FD_RESERVE, ServerLimits, limits_of_args
 from blobsdk.errors import BadRequest, PayloadTooLarge, TimedOut, Unavailable
+from blobsdk.net.rpc import error_for
+from blobsdk.net.serving import ACCEPT_IN_FLIGHT, FD_RESERVE, ServerLimits, limits_of_args
 from blobsdk.wire import ErrorBody
 from servers._common.http import add_serve_args, base_app, read_body
 from tests.helpers import ROOT, running_app, stop_process

@@ -12,13 +12,13 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
-from blobsdk.gc import collect
-from blobsdk.hedge import Attempt
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.ops.gc import collect
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
+from blobsdk.tail.hedge import Attempt
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app

@@ -39,12 +39,12 @@ from typing import Literal, Protocol
 
 import pytest
 
-from blobsdk.codec import decode_chunk
 from blobsdk.errors import BlockNotFound, CorruptData
+from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.tiers.base import Tier
 from blobsdk.wire import ChunkRef
-from blobsdk.writer import encode_chunk
+from blobsdk.write.writer import encode_chunk
 
 Codec = Literal["none", "lz4"]
 STATS_KEYS = {"hits", "misses", "bytes", "corrupt", "errors", "p50_ms", "p99_ms"}

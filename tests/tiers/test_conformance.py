@@ -162,7 +162,7 @@ class L4Tests(TierTests):
     name = "l4"
     last = True
     extra_keys = HEDGE_KEYS | {"replicas_demoted"}
-    extra_prefixes = ("hedge_", "repairs_")  # repairs_*: only with metadata (blobsdk/repair.py)
+    extra_prefixes = ("hedge_", "repairs_")  # repairs_*: only with metadata (blobsdk/ops/repair.py)
 
 
 class TestL4TierOverALocalStore(L4Tests):

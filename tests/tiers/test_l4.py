@@ -10,17 +10,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from blobsdk.codec import decode_chunk
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
-from blobsdk.hedge import HedgeConfig
-from blobsdk.limiter import LimiterRegistry
+from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tail.hedge import HedgeConfig
+from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
-from blobsdk.writer import encode_chunk
+from blobsdk.write.writer import encode_chunk
 from servers.blockstore import make_app
 from tests.helpers import running_app
 

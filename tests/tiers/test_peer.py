@@ -1,4 +1,4 @@
-"""The peer tier (blobsdk/tiers/peer.py, blobsdk/peerserver.py): real clients, each with its
+"""The peer tier (blobsdk/tiers/peer.py, blobsdk/peer/server.py): real clients, each with its
 own peer server, over a real cluster (API and block server processes) and a real tracker
 (in-loop, so each test has a fresh one and can look at its state)."""
 
@@ -20,11 +20,11 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk._serving import serving
 from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
+from blobsdk.net.serving import serving
+from blobsdk.peer.trackers import Trackers
 from blobsdk.tiers.peer import PeerTier
-from blobsdk.trackers import Trackers
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
 from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app

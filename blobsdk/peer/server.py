@@ -17,12 +17,12 @@ verified raw bytes.  Its rules, in the order they are checked:
   waited is not refused afterwards: it queues for one of the ``max_uploads`` sends (the
   tracker's fan-out bounds how many wait per chunk);
 - each upload must be taken within ``timeout_s`` (a child that stops reading loses it);
-  and like every server (``blobsdk/_serving.py``) it bounds header, body and idle time and
+  and like every server (``blobsdk/net/serving.py``) it bounds header, body and idle time and
   its connection count.
 
 The server holds no keyring and never sees a bearer token: a client's secrets stay its own.
 Errors are the servers' ``ErrorBody`` in msgpack, so a child's endpoint maps them back to
-the same exceptions (``blobsdk/_http.py``).
+the same exceptions (``blobsdk/net/rpc.py``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from contextlib import AsyncExitStack
 import msgspec
 from aiohttp import web
 
-from ._serving import serving
-from .auth import TICKET_HEADER, ServeKey
-from .config import PeerConfig
-from .errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
-from .wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
+from ..auth import TICKET_HEADER, ServeKey
+from ..config import PeerConfig
+from ..errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
+from ..net.serving import serving
+from ..wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
 
 Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

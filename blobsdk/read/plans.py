@@ -17,9 +17,9 @@ not in a chunk, and its block ids are safe as file names and URL segments.  A ba
 
 from __future__ import annotations
 
-from ._ids import is_hex32
-from .errors import BadRequest, CorruptData
-from .wire import ChunkRef, ReadPlan
+from ..errors import BadRequest, CorruptData
+from ..runtime.ids import is_hex32
+from ..wire import ChunkRef, ReadPlan
 
 MAX_CHUNK_BYTES = 64 << 20  # the largest chunk (raw bytes) a plan may name; the L3 node's default limit
 _UINT64 = 1 << 64

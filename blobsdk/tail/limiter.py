@@ -76,7 +76,7 @@ from typing import Literal, Self
 
 import msgspec
 
-from ._numbers import check_numbers, integer, positive, real
+from .._numbers import check_numbers, integer, positive, real
 
 Clock = Callable[[], float]
 

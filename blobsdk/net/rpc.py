@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
-from .config import Timeouts
-from .errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
-from .limiter import Permit
-from .wire import MSGPACK, ErrorBody, encode
+from ..config import Timeouts
+from ..errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
+from ..tail.limiter import Permit
+from ..wire import MSGPACK, ErrorBody, encode
 
 T = TypeVar("T")
 

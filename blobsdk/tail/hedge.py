@@ -60,9 +60,9 @@ from typing import Generic, Literal, TypeVar
 
 import msgspec
 
-from ._numbers import check_numbers, integer, non_negative, positive, real
-from ._tasks import task_group
-from .errors import BlobError, HedgeExhausted, Unavailable
+from .._numbers import check_numbers, integer, non_negative, positive, real
+from ..errors import BlobError, HedgeExhausted, Unavailable
+from ..runtime.tasks import task_group
 from .health import TargetHealth
 
 T = TypeVar("T")
@@ -131,7 +131,7 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     window: int = 128  # recent latencies kept per target
     # A target is hung once an attempt is in service longer than hang_factor x its latency
     # estimate, clamped to [hang_min_ms, hang_max_ms]; probed back after probe_after_s,
-    # doubling to probe_max_s (blobsdk/health.py).
+    # doubling to probe_max_s (blobsdk/tail/health.py).
     hang_factor: float = 8.0
     hang_min_ms: float = 500.0
     hang_max_ms: float = 1000.0
@@ -254,7 +254,7 @@ class HedgeStats:
     ``failovers``: attempts started because another one failed; ``hedges_deferred``:
     requests whose hedge waited for its target to have room; ``hung_failovers``: attempts
     failed over because they outlived their hang deadline or their target was hung (see
-    blobsdk/health.py)."""
+    blobsdk/tail/health.py)."""
 
     primaries: int = 0
     hedges_sent: int = 0

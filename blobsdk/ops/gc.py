@@ -36,9 +36,9 @@ from typing import TypeVar
 
 import msgspec
 
-from .errors import BadRequest, BlobError
-from .metadata.base import MAX_FENCE_IDS, MetadataStore
-from .sources.base import BlockStore, block_time
+from ..errors import BadRequest, BlobError
+from ..metadata.base import MAX_FENCE_IDS, MetadataStore
+from ..sources.base import BlockStore, block_time
 
 T = TypeVar("T")
 

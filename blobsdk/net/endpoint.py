@@ -2,14 +2,14 @@
 server, an L3 node or (later) a peer needs, owned together for one base URL.
 
 - control requests (msgpack calls, PUTs, deletes, stats) over the caller's long-lived
-  ``aiohttp.ClientSession`` (:class:`~blobsdk._http.HttpEndpoint`);
+  ``aiohttp.ClientSession`` (:class:`~blobsdk.net.rpc.HttpEndpoint`);
 - data GETs on keep-alive connections of its own, the body received straight into the
-  caller's buffer (:class:`~blobsdk._rawget.RawGetEndpoint`);
-- the server's adaptive concurrency limit (:class:`~blobsdk.limiter.AdaptiveLimiter`), which
+  caller's buffer (:class:`~blobsdk.net.rawget.RawGetEndpoint`);
+- the server's adaptive concurrency limit (:class:`~blobsdk.tail.limiter.AdaptiveLimiter`), which
   every data GET waits for.
 
 A data GET that is one attempt of a hedged read is handed that read's
-:class:`~blobsdk.hedge.Attempt`: it is marked queued while it waits for a permit and in
+:class:`~blobsdk.tail.hedge.Attempt`: it is marked queued while it waits for a permit and in
 service once it has one, so the hedger never hedges a read that is only waiting its turn in
 this client; an interim ``102 Processing`` from the server is its ``progress()``.  The
 permit is told, by the GET itself, when the server sheds the request or it times out.
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ._http import HttpEndpoint
-from ._rawget import RawGetEndpoint
-from .hedge import Attempt
-from .limiter import AdaptiveLimiter
+from ..tail.hedge import Attempt
+from ..tail.limiter import AdaptiveLimiter
+from .rawget import RawGetEndpoint
+from .rpc import HttpEndpoint
 
 T = TypeVar("T")
 

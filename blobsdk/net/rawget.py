@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ._http import error_for, report_overload
-from .errors import BadRequest, BlobError, TimedOut, Unavailable
-from .limiter import Permit
+from ..errors import BadRequest, BlobError, TimedOut, Unavailable
+from ..tail.limiter import Permit
+from .rpc import error_for, report_overload
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20

@@ -1,5 +1,5 @@
 """How every server bounds slow and idle clients (DESIGN §6): the servers of ``servers/``
-and the peer server a client runs (``blobsdk/peerserver.py``), so it lives in the SDK.
+and the peer server a client runs (``blobsdk/peer/server.py``), so it lives in the SDK.
 
 :func:`serving` runs an app behind :class:`BoundedSite`, whose connections are
 :class:`BoundedRequestHandler` (aiohttp's own protocol plus three bounds):

@@ -1,7 +1,7 @@
 """The tiered read path (DESIGN §2): for each chunk a plan needs, walk the tiers in order —
 L1 memory, L2 local disk, (peers), L3 regional flash, L4 durable — with one fetch per chunk
-key in flight (single-flight, :mod:`blobsdk._singleflight`), verify bytes at every tier
-boundary (:mod:`blobsdk.codec`), and fill the upper tiers on the way back.
+key in flight (single-flight, :mod:`blobsdk.runtime.singleflight`), verify bytes at every tier
+boundary (:mod:`blobsdk.read.codec`), and fill the upper tiers on the way back.
 
 The walk: first every tier's synchronous ``peek``, in order (an L1 hit costs no await and
 no task); the first hit is the answer.  Otherwise one fetch task per chunk key asks each
@@ -15,7 +15,7 @@ A reader gets the buffer itself, with no copy, only when it reads the chunk whol
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
 part out of it.  A one-off read (``read_into(..., fill_memory=False)``: a checkpoint restore)
 gives the buffers it alone copied from, and no tier kept, back to the tiers'
-:class:`~blobsdk._buffers.BufferPool`, for its next fetches to read into.
+:class:`~blobsdk.runtime.buffers.BufferPool`, for its next fetches to read into.
 
 Range rule: ``offset`` past the end gives an empty result; ``offset + length`` past the end
 gives the bytes up to the end; a negative ``offset`` or ``length`` is a BadRequest (a
@@ -31,13 +31,13 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from ._buffers import BufferPool
-from ._singleflight import SingleFlight
-from ._tasks import task_group
+from ..errors import BadRequest, Unavailable
+from ..runtime.buffers import BufferPool
+from ..runtime.singleflight import SingleFlight
+from ..runtime.tasks import task_group
+from ..tiers.base import Tier
+from ..wire import ChunkRef, ReadPlan
 from .codec import ChunkDecoder
-from .errors import BadRequest, Unavailable
-from .tiers.base import Tier
-from .wire import ChunkRef, ReadPlan
 
 
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:

@@ -60,14 +60,14 @@ from typing import Self
 
 import msgspec
 
-from ._numbers import check_numbers, integer, non_negative, positive
-from ._tasks import task_group
-from .codec import decode_chunk
-from .errors import BadCopy, BlobError, BlockNotFound, CorruptData
-from .metadata.base import MetadataStore
-from .sources.base import BlockStore, block_time
-from .sources.replicated import UnderReplicated
-from .wire import ChunkRef
+from .._numbers import check_numbers, integer, non_negative, positive
+from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
+from ..metadata.base import MetadataStore
+from ..read.codec import decode_chunk
+from ..runtime.tasks import task_group
+from ..sources.base import BlockStore, block_time
+from ..sources.replicated import UnderReplicated
+from ..wire import ChunkRef
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
 
@@ -103,7 +103,7 @@ class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 class Demotions:
     """Replicas that served bad bytes, per name: ranked after the others until ``seconds``
-    have passed or they serve a verified copy again (mirrors :mod:`blobsdk.health`)."""
+    have passed or they serve a verified copy again (mirrors :mod:`blobsdk.tail.health`)."""
 
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._seconds = seconds

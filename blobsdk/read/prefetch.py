@@ -38,13 +38,13 @@ from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import BadRequest, BlobError, BlobNotFound, Unavailable
-from .limiter import Priority, request_priority
-from .metadata.cache import CachedMetadataStore
-from .paths import bucket_of, validate_path, validate_prefix
+from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
+from ..metadata.cache import CachedMetadataStore
+from ..paths import bucket_of, validate_path, validate_prefix
+from ..tail.limiter import Priority, request_priority
+from ..tiers.l3 import HydrateJob, L3Tier
+from ..wire import ChunkRef, HydrateStatus, ReadPlan
 from .readpath import ReadPath
-from .tiers.l3 import HydrateJob, L3Tier
-from .wire import ChunkRef, HydrateStatus, ReadPlan
 
 TierName = Literal["l1", "l2", "l3"]
 PLAN_BATCH = 1000  # paths per plan lookup (the API server's bound)

@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from .errors import BadRequest, BlobError, BlobNotFound
-from .metadata.cache import CachedMetadataStore
-from .paths import validate_path
-from .wire import ReadPlan
+from ..errors import BadRequest, BlobError, BlobNotFound
+from ..metadata.cache import CachedMetadataStore
+from ..paths import validate_path
+from ..wire import ReadPlan
 
 READAHEAD_DEPTH = 32  # reads in flight ahead of the consumer
 READAHEAD_BYTES = 256 << 20  # bytes of blobs ahead of the consumer

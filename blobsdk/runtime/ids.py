@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import BadRequest
+from ..errors import BadRequest
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 

@@ -11,8 +11,8 @@ from concurrent.futures import Executor
 import lz4.block
 import xxhash
 
-from .errors import BadCopy
-from .wire import ChunkRef
+from ..errors import BadCopy
+from ..wire import ChunkRef
 
 # Smaller lz4 payloads are decoded on the event loop: below this the hop to a thread costs
 # more than the work.  Uncompressed chunks are only hashed (xxh3, ~8 GB/s), always inline:

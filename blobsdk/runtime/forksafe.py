@@ -12,7 +12,7 @@ callback that blocks, or the fork is called from that loop's own thread) is left
 logged: the fork is never held up for long.
 
 The registry of live loops and executors is per process by nature (so are fork hooks): a
-forked child starts with an empty one (blobsdk/_here.py sets the parent's aside), as it
+forked child starts with an empty one (blobsdk/runtime/here.py sets the parent's aside), as it
 inherits no thread to pause.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from ._here import Held
+from .here import Held
 
 PAUSE_TIMEOUT_S = 5.0  # at most this long before a fork for blobsdk's threads to go quiet
 

@@ -6,7 +6,7 @@ from a client (issue 11).
 the peer's serve tickets with, and learning the tenant the peer serves) and then heartbeats
 each every ``heartbeat_s`` (as the tracker asks), with the peer's current upload count.
 Each chunk key belongs to one tracker, chosen by rendezvous hashing over ``urls``
-(``blobsdk.placement``), so trackers shard the key space and never talk to each other.
+(``blobsdk.read.placement``), so trackers shard the key space and never talk to each other.
 ``locate``, ``announce`` and ``report`` batch their keys per tracker and ask the trackers
 concurrently.
 
@@ -50,12 +50,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from ._http import HttpEndpoint
-from ._ids import is_hex32
-from .auth import ServeKey
-from .errors import BlobError, PeerNotFound, Unavailable
-from .placement import rank
-from .wire import (
+from ..auth import ServeKey
+from ..errors import BlobError, PeerNotFound, Unavailable
+from ..net.rpc import HttpEndpoint
+from ..read.placement import rank
+from ..runtime.ids import is_hex32
+from ..wire import (
     MAX_BODY_BYTES,
     TRACKER_MAX_KEYS,
     AnnounceRequest,
@@ -81,7 +81,7 @@ MAX_SOURCES = 8  # sources kept per key, whatever a tracker hands out
 MAX_TENANT = 256  # characters of a tenant name
 MAX_ANSWER_BYTES = MAX_BODY_BYTES  # a tracker's answer past this is a failure, never read whole
 _TICKET = re.compile(r"[0-9]{1,12}\.[A-Za-z0-9_-]{1,128}={0,2}")  # blobsdk.auth.ServeKey.ticket
-logger = logging.getLogger("blobsdk.trackers")
+logger = logging.getLogger("blobsdk.peer.trackers")
 
 T = TypeVar("T")
 
