@@ -395,8 +395,8 @@ def store_client(services, tmp_path: Path, run_id: str, metadata, max_write_seco
 
 
 async def test_a_failed_batch_fails_its_objects_and_only_committed_ones_count(services, tmp_path, run_id, monkeypatch):
-    from blobsdk import index
     from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.ops import index
 
     monkeypatch.setattr(index, "MAX_BATCH", 5)
     bucket, prefix = lake(services), f"batch-{run_id}"
@@ -419,8 +419,8 @@ async def test_batches_stay_within_the_limit_and_a_blob_written_meanwhile_fails_
     """Slow commits while four workers add: no commit carries more than MAX_BATCH plans.  A
     blob written by someone else just before the first commit: the transaction is refused
     whole, that object fails, and the rest of its batch is committed."""
-    from blobsdk import index
     from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.ops import index
 
     monkeypatch.setattr(index, "MAX_BATCH", 5)
     bucket, prefix = lake(services), f"cap-{run_id}"

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from blobsdk import trackers
 from blobsdk.auth import ServeKey
+from blobsdk.peer import trackers
 from blobsdk.peer.trackers import HEARTBEAT_MIN_S, HOLD_MAX_S, MAX_SOURCES, Announced, Trackers
 from blobsdk.wire import (
     AnnounceResponse,

@@ -13,8 +13,8 @@ import pytest
 import xxhash
 
 import blobsdk
-from blobsdk import _rootdir
 from blobsdk.errors import IncompatibleFormat, Unavailable
+from blobsdk.runtime import rootdir as _rootdir
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
 from tests.helpers import stored_files
