@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from blobsdk.client import Client
-from blobsdk.config import L1Config, WriteConfig
+from blobsdk.config import L1Config, RepairConfig, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.ops.repair import Copy, Demotions, RepairConfig, Repairer, check_block, live_chunks
+from blobsdk.ops.repair import Copy, Demotions, Repairer, check_block, live_chunks
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated

@@ -60,7 +60,7 @@ from typing import Self
 
 import msgspec
 
-from .._numbers import check_numbers, integer, non_negative, positive
+from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
 from ..metadata.base import MetadataStore
 from ..read.codec import decode_chunk
@@ -70,35 +70,6 @@ from ..sources.replicated import UnderReplicated
 from ..wire import ChunkRef
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
-
-
-class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Bounds of background repair: ``queue`` blocks waiting at most, ``batch`` blocks per
-    metadata walk, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
-    that served bad bytes is ranked after the others; ``retry_seconds`` until an
-    under-replicated block is tried again (doubling up to ``retry_max_seconds``)."""
-
-    queue: int = 64
-    batch: int = 16
-    concurrency: int = 2
-    demote_seconds: float = 60.0
-    retry_seconds: float = 5.0
-    retry_max_seconds: float = 120.0
-
-    def __post_init__(self) -> None:
-        check_numbers(
-            "repair",
-            self,
-            {
-                **dict.fromkeys(("queue", "batch", "concurrency"), integer(1)),
-                "demote_seconds": non_negative(),
-                **dict.fromkeys(("retry_seconds", "retry_max_seconds"), positive()),
-            },
-        )
-        if not self.retry_seconds <= self.retry_max_seconds:
-            raise ValueError(
-                f"[repair] retry_seconds must be at most retry_max_seconds, got {self.retry_seconds} and {self.retry_max_seconds}"
-            )
 
 
 class Demotions:

@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 import xxhash
 
 from ..runtime.ids import validate_hex32
-from ..tail.hedge import Attempt
+from ..tail.attempt import Attempt
 from ..wire import BlockInfo
 
 Buffer = bytes | bytearray | memoryview

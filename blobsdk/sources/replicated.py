@@ -34,7 +34,7 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from ..tail.hedge import Attempt
+from ..tail.attempt import Attempt
 from ..wire import BlockInfo
 from .base import BlockStore, Buffer, validate_block_id
 

@@ -33,10 +33,9 @@ The rule, kept per target (an L4 replica, an L3 node) by :class:`TargetHealth`:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from .hedge import HedgeConfig
+from ..config import HedgeConfig
 
 T = TypeVar("T")
 

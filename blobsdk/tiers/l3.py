@@ -30,12 +30,14 @@ import aiohttp
 import msgspec
 
 from ..auth import GRANT_HEADER
+from ..config import HedgeConfig
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..stats import TierStats
-from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.attempt import Attempt
+from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import (
     CACHE_HEADER,

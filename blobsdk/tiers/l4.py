@@ -18,15 +18,17 @@ import time
 from functools import partial
 from typing import Self
 
+from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, SourceChanged, Unavailable
 from ..metadata.base import MetadataStore
-from ..ops.repair import Demotions, RepairConfig, Repairer
+from ..ops.repair import Demotions, Repairer
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..sources.base import BlockStore
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
-from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.attempt import Attempt
+from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
 from .base import Closing, Decoder, KeepsNothing

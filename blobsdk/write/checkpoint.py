@@ -62,9 +62,8 @@ from .._extras import requires_extra
 from ..errors import BadRequest, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
-from ..read.plans import MAX_CHUNK_BYTES
 from ..runtime.buffers import fresh_buffer
-from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
+from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 from .writer import Writer, split
 
 Kind = Literal["ndarray", "tensor", "bytes", "json"]

@@ -21,7 +21,7 @@ from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.read.codec import decode_chunk
 from blobsdk.read.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.tail.hedge import Attempt
+from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import CACHE_HEADER, JSON, PROGRESS_HEADER, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
 from servers import flash
 from servers._common.auth import ServerAuth

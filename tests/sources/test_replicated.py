@@ -18,7 +18,7 @@ from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
-from blobsdk.tail.hedge import Attempt
+from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app

@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.hedge import HedgeConfig
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
