@@ -145,7 +145,6 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 # --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/tail/limiter.py, blobsdk/ops/repair.py
 
-
 MIN_SAMPLES = 8  # fewer recent latencies than this: a hedger's target borrows the tier-wide estimate
 
 

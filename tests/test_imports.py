@@ -283,7 +283,6 @@ def test_an_arrow_up_from_the_ground_floor_is_found_through_a_leaf(tmp_path: Pat
 
 
 def test_type_checking_imports_are_typing_only(tmp_path: Path):
-
     root = _tree(
         tmp_path,
         {

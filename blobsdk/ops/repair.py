@@ -45,8 +45,9 @@ list lives in this process: if it dies first, ``blobsdk scrub`` finds those bloc
 **Scrub** (:func:`scrub`, ``blobsdk scrub``): every live block, every replica, verified and
 (unless ``dry_run``) repaired as above.
 
-A replica that served bad bytes is also ranked after the others for a while
-(:class:`Demotions`), so one corrupt replica costs one dropped copy, not one per read.
+A replica that served bad bytes is also ranked after the others for a while (the L4 tier's
+:class:`~blobsdk.tail.health.TargetHealth`, reason ``BAD_BYTES``), so one corrupt replica
+costs one dropped copy, not one per read.
 """
 
 from __future__ import annotations
@@ -70,34 +71,6 @@ from ..sources.replicated import UnderReplicated
 from ..wire import ChunkRef
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
-
-
-class Demotions:
-    """Replicas that served bad bytes, per name: ranked after the others until ``seconds``
-    have passed or they serve a verified copy again (mirrors :mod:`blobsdk.tail.health`)."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._seconds = seconds
-        self._clock = clock
-        self._until: dict[str, float] = {}
-
-    def served_bad(self, target: str) -> None:
-        self._until[target] = self._clock() + self._seconds
-
-    def served_good(self, target: str) -> None:
-        self._until.pop(target, None)
-
-    def is_demoted(self, target: str) -> bool:
-        until = self._until.get(target)
-        if until is None:
-            return False
-        if self._clock() < until:
-            return True
-        del self._until[target]
-        return False
-
-    def demoted_count(self) -> int:
-        return sum(self.is_demoted(t) for t in list(self._until))
 
 
 # --- one block -------------------------------------------------------------------------

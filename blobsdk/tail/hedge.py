@@ -62,7 +62,7 @@ from ..config import MIN_SAMPLES, HedgeConfig
 from ..errors import BlobError, HedgeExhausted, Unavailable
 from ..runtime.tasks import task_group
 from .attempt import Attempt
-from .health import TargetHealth
+from .health import Reason, TargetHealth
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -180,15 +180,25 @@ class HedgeStats:
 
 
 class Hedger:
-    """Runs hedged requests for one tier; see the module docstring."""
+    """Runs hedged requests for one tier; see the module docstring.  ``health``: the tier's
+    tracker (blobsdk/tail/health.py), made with the same ``config`` and ``clock``, to share;
+    by default the hedger keeps one of its own."""
 
-    def __init__(self, config: HedgeConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: HedgeConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        health: TargetHealth | None = None,
+    ) -> None:
         self.config = config if config is not None else HedgeConfig()
         self.latency = LatencyTracker(self.config)
         self.budget = HedgeBudget(self.config.budget_ratio, self.config.budget_burst)
         self.counts = HedgeStats()
         self.clock = clock
-        self.health = TargetHealth(self.config, clock)
+        self.health = health if health is not None else TargetHealth(self.config, clock)
+        if self.health.config != self.config:
+            raise ValueError("a hedger and the health tracker it shares need the same HedgeConfig")
 
     async def run(
         self,
@@ -248,7 +258,7 @@ class Hedger:
 
     def stats(self) -> dict[str, int]:
         """The counters, plus ``targets_hung`` (now) and ``probes`` of hung targets."""
-        return {**asdict(self.counts), "targets_hung": self.health.hung_count(), "probes": self.health.probes}
+        return {**asdict(self.counts), "targets_hung": self.health.count(Reason.HUNG), "probes": self.health.probes}
 
 
 @dataclass
@@ -348,8 +358,8 @@ class _Race(Generic[T, R]):
             key = self._key_of(candidate)
             deadline = health.deadline(self._hedger.latency.estimate(key))
             if mark.serving and now - mark.heard >= deadline and health.silent_for(key, deadline):
-                health.mark_hung(key)
-            elif key == self._probe or not health.is_hung(key):
+                health.mark(key, Reason.HUNG)
+            elif key == self._probe or not health.has(key, Reason.HUNG):
                 continue  # a probe of a hung target fails only by its own deadline
             if self._patient and len(self._running) == 1 and self._next >= len(self._candidates):
                 self._waited_for.add(mark)  # nowhere else to go: wait for it

@@ -5,7 +5,8 @@ A chunk's stored bytes are read from each replica of the store in order (the sto
 the last tier, L4 never misses quietly: when every replica failed it raises CorruptData
 (some copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
 
-A replica that served a bad copy is ranked after the others for a while; given the
+A replica that served a bad copy is ranked after the others for a while (bad bytes, kept with
+hung in the tier's one :class:`~blobsdk.tail.health.TargetHealth`, which its hedger shares); given the
 metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
 then got a verified one has the block repaired in the background (blobsdk/ops/repair.py), and
 so has every block a write acknowledged without a copy on each replica (the replicated
@@ -21,13 +22,14 @@ from typing import Self
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, SourceChanged, Unavailable
 from ..metadata.base import MetadataStore
-from ..ops.repair import Demotions, Repairer
+from ..ops.repair import Repairer
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..sources.base import BlockStore
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
 from ..tail.attempt import Attempt
+from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
@@ -63,10 +65,11 @@ class L4Tier(KeepsNothing, Closing):
         self.blocks = blocks
         self.buffers = buffers if buffers is not None else BufferPool()
         self.stats = stats if stats is not None else TierStats()
-        self.hedger = Hedger(hedge)
-        self._limiters = limiters if limiters is not None else LimiterRegistry()
+        hedge = hedge if hedge is not None else HedgeConfig()
         repair = repair if repair is not None else RepairConfig()
-        self.demotions = Demotions(repair.demote_seconds)
+        self.health = TargetHealth(hedge, bad_bytes_seconds=repair.demote_seconds)
+        self.hedger = Hedger(hedge, health=self.health)
+        self._limiters = limiters if limiters is not None else LimiterRegistry()
         replicas = blocks.replicas
         ledger = blocks.under_replicated if isinstance(blocks, ReplicatedBlockStore) else None
         self.repairer = (
@@ -133,7 +136,7 @@ class L4Tier(KeepsNothing, Closing):
         return sorted(
             ranked,
             key=lambda r: (
-                self.demotions.is_demoted(r.name),
+                self.health.has(r.name, Reason.BAD_BYTES),
                 (self.hedger.latency.estimate(r.name) or 0.0) > limit,
                 self._limiters.load(r.name),
             ),
@@ -156,11 +159,11 @@ class L4Tier(KeepsNothing, Closing):
         except _FAILOVER as exc:
             self._count(exc)
             if isinstance(exc, CorruptData):  # a bad copy, or one too short for the chunk
-                self.demotions.served_bad(replica.name)
+                self.health.mark(replica.name, Reason.BAD_BYTES)
             if isinstance(exc, CorruptData | BlockNotFound):
                 skipped.append(exc)
             raise
-        self.demotions.served_good(replica.name)
+        self.health.clear(replica.name, Reason.BAD_BYTES)
         return stored, raw
 
     async def flush(self) -> None:
@@ -168,7 +171,7 @@ class L4Tier(KeepsNothing, Closing):
 
     def extra_stats(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
-        out["replicas_demoted"] = self.demotions.demoted_count()
+        out["replicas_demoted"] = self.health.count(Reason.BAD_BYTES)
         if self.repairer is not None:
             out.update(self.repairer.stats.as_dict())
             if (ledger := self.repairer.under_replicated) is not None:

@@ -16,6 +16,7 @@ from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.tail.health import Reason
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
@@ -236,7 +237,7 @@ async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas
     assert tier.stats.corrupt == 1  # was 6: the corrupt replica stayed first for every read
     assert all(tier.candidates(r.key)[-1] is bad for r in refs)
     assert tier.extra_stats()["replicas_demoted"] == 1 and "repairs_queued" not in tier.extra_stats()  # no metadata
-    tier.demotions.served_good(bad.name)
+    tier.health.clear(bad.name, Reason.BAD_BYTES)
     assert tier.candidates(firsts[0].key)[0] is bad
 
 
