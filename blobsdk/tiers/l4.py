@@ -16,6 +16,7 @@ store's ``under_replicated`` list).
 from __future__ import annotations
 
 import time
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Self
 
@@ -44,7 +45,7 @@ SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 class L4Tier(KeepsNothing, Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
-    :class:`~blobsdk.ops.repair.Repairer`, started on entry and stopped on close, which also
+    :class:`~blobsdk.ops.repair.Repairer`, entered on its exit stack and stopped on close, which also
     makes up the copies a replicated store's writes missed (``write_horizon``: the
     writer's ``max_write_seconds``)."""
 
@@ -77,16 +78,16 @@ class L4Tier(KeepsNothing, Closing):
             if metadata is not None and len(replicas) > 1
             else None
         )
+        self._stack = AsyncExitStack()  # what the tier owns: the repairer, once entered
 
     async def __aenter__(self) -> Self:
         if self.repairer is not None:
-            await self.repairer.__aenter__()
+            await self._stack.enter_async_context(self.repairer)
         return self
 
     async def aclose(self) -> None:
         """Stop background repair (a repair cut short is finished by a later read or scrub)."""
-        if self.repairer is not None:
-            await self.repairer.aclose()
+        await self._stack.aclose()
 
     def peek(self, ref: ChunkRef) -> memoryview | None:
         """Nothing without a read: ask fetch."""

@@ -12,6 +12,7 @@ import pytest
 
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
+from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
@@ -239,6 +240,18 @@ async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas
     assert tier.extra_stats()["replicas_demoted"] == 1 and "repairs_queued" not in tier.extra_stats()  # no metadata
     tier.health.clear(bad.name, Reason.BAD_BYTES)
     assert tier.candidates(firsts[0].key)[0] is bad
+
+
+async def test_the_tier_owns_its_repairer_from_entry_to_close(replicas: Replicas, tmp_path: Path) -> None:
+    blocks = await replicas.start(2)
+    async with SqliteMetadataStore(tmp_path / "meta.sqlite") as metadata:
+        tier = L4Tier(blocks, metadata=metadata)
+        assert tier.repairer is not None and tier.repairer._task is None  # nothing starts before entry
+        async with tier:
+            tasks = [tier.repairer._task, tier.repairer._ledger_task]
+            assert all(task is not None and not task.done() for task in tasks)
+        assert all(task is not None and task.done() for task in tasks) and tier.repairer._task is None
+        await tier.aclose()  # closing again is harmless
 
 
 def test_give_up_keeps_a_changed_sources_message_when_every_replica_lost_the_block():
