@@ -66,7 +66,7 @@ from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
 from ..metadata.base import MetadataStore
 from ..read.codec import decode_chunk
 from ..runtime.tasks import task_group
-from ..sources.base import BlockStore, block_time
+from ..sources.base import BlockReplica, BlockStore, block_time
 from ..sources.replicated import UnderReplicated
 from ..wire import ChunkRef
 
@@ -112,7 +112,9 @@ async def live_chunks(metadata: MetadataStore, only: set[str] | None = None) -> 
     return {b: sorted(refs.values(), key=lambda r: r.offset) for b, refs in sorted(index.items())}
 
 
-async def check_block(block_id: str, chunks: Sequence[ChunkRef], replicas: Sequence[BlockStore], *, repair: bool) -> BlockOutcome:
+async def check_block(
+    block_id: str, chunks: Sequence[ChunkRef], replicas: Sequence[BlockReplica], *, repair: bool
+) -> BlockOutcome:
     """Verify every replica's copy of ``block_id`` against its live ``chunks`` and, if
     ``repair``, rewrite the bad and missing ones from a verified copy (module docstring)."""
     outcome = BlockOutcome(block_id)
@@ -130,7 +132,7 @@ async def check_block(block_id: str, chunks: Sequence[ChunkRef], replicas: Seque
     return outcome
 
 
-async def read_verified(replica: BlockStore, block_id: str, chunks: Sequence[ChunkRef]) -> tuple[Copy, bytes | None]:
+async def read_verified(replica: BlockReplica, block_id: str, chunks: Sequence[ChunkRef]) -> tuple[Copy, bytes | None]:
     """One replica's copy of the block's live extent and whether it verifies."""
     extent = max(ref.offset + ref.length for ref in chunks)
     try:
@@ -156,7 +158,7 @@ def _verifies(data: bytes, chunks: Sequence[ChunkRef]) -> bool:
 
 
 async def _rewrite(
-    replica: BlockStore, block_id: str, chunks: Sequence[ChunkRef], verified: bytes, outcome: BlockOutcome
+    replica: BlockReplica, block_id: str, chunks: Sequence[ChunkRef], verified: bytes, outcome: BlockOutcome
 ) -> None:
     """Write ``verified`` to ``replica`` (deleting its bad copy first) and read it back."""
     try:
@@ -193,7 +195,7 @@ class Repairer:
     def __init__(
         self,
         metadata: MetadataStore,
-        replicas: Sequence[BlockStore],
+        replicas: Sequence[BlockReplica],
         config: RepairConfig | None = None,
         *,
         under_replicated: UnderReplicated | None = None,

@@ -1,7 +1,9 @@
 """L4: the durable block store, the last tier of the read path.
 
 A chunk's stored bytes are read from each replica of the store in order (the store's
-``replicas``), each copy handed to the decoder; the first copy that verifies wins.  Being
+``replicas``), each copy handed to the decoder; the first copy that verifies wins.  This
+tier is the one reader of L4: a store of several replicas only writes
+(blobsdk/sources/replicated.py).  Being
 the last tier, L4 never misses quietly: when every replica failed it raises CorruptData
 (some copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
 
@@ -26,7 +28,7 @@ from ..metadata.base import MetadataStore
 from ..ops.repair import Repairer
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
-from ..sources.base import BlockStore
+from ..sources.base import BlockReplica, BlockStore
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
 from ..tail.attempt import Attempt
@@ -116,7 +118,7 @@ class L4Tier(KeepsNothing, Closing):
             self.repairer.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
 
-    def candidates(self, key: str) -> list[BlockStore]:
+    def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
         lately after the others, then replicas whose latency estimate is over SLOW_FACTOR
         times the best one after those that are not, then the least loaded first (requests
@@ -143,12 +145,12 @@ class L4Tier(KeepsNothing, Closing):
             ),
         )
 
-    def _has_room(self, replica: BlockStore) -> bool:
+    def _has_room(self, replica: BlockReplica) -> bool:
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
         return self._limiters.has_room(replica.name)
 
     async def _read_copy(
-        self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockStore, attempt: Attempt
+        self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockReplica, attempt: Attempt
     ) -> tuple[memoryview, memoryview]:
         """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
         go on in a thread, so no two attempts ever share one.  A bad or missing copy goes
@@ -191,7 +193,7 @@ class L4Tier(KeepsNothing, Closing):
             self.stats.errors += 1
 
 
-def _name(replica: BlockStore) -> str:
+def _name(replica: BlockReplica) -> str:
     return replica.name
 
 

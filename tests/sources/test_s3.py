@@ -15,7 +15,7 @@ from servers.s3d import start_s3
 from servers.seaweedd import start_seaweed
 from tests.helpers import S3_STORES, s3_server
 
-from .conformance import BlockStoreTests, MiB, payload
+from .conformance import BlockReplicaTests, MiB, payload
 
 
 @pytest.fixture(scope="module", params=S3_STORES)
@@ -25,7 +25,7 @@ def s3(request):
         yield server
 
 
-class TestS3BlockStore(BlockStoreTests):
+class TestS3BlockStore(BlockReplicaTests):
     @pytest.fixture
     async def store(self, s3):
         # A fresh prefix per test (the bucket is shared); small parts, so the large-block test

@@ -205,6 +205,16 @@ async def test_a_dead_replica_fails_over_and_all_dead_is_unavailable(replicas: R
         await tier.fetch(ref, decode)
 
 
+async def test_a_replica_that_lost_the_block_fails_over(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    raw = os.urandom(100)
+    (ref,) = await pack(blocks, [raw])
+    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    await tier.candidates(ref.key)[0].delete_block(ref.block_id)
+    assert bytes(await tier.fetch(ref, decode)) == raw
+    assert (tier.stats.hits, tier.stats.errors) == (1, 1)
+
+
 async def test_missing_on_one_and_dead_on_the_other_is_unavailable(replicas: Replicas) -> None:
     blocks = await replicas.start(2)
     (ref,) = await pack(blocks, [os.urandom(100)])
