@@ -3,11 +3,17 @@ its own rule, on a fake clock."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import aiohttp
 import pytest
 
-from blobsdk.config import HedgeConfig
+from blobsdk.config import HedgeConfig, RepairConfig
+from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tail.health import Reason, TargetHealth
 from blobsdk.tail.hedge import Hedger
+from blobsdk.tiers.l3 import L3Tier
+from blobsdk.tiers.l4 import L4Tier
 
 HANG = HedgeConfig(hang_factor=4.0, hang_min_ms=100, hang_max_ms=1000, probe_after_s=1.0, probe_max_s=3.0)
 
@@ -120,3 +126,18 @@ def test_a_hedger_shares_its_tiers_tracker_made_with_its_config(clock: Clock) ->
     assert hedger.health is health and hedger.stats()["targets_hung"] == 1
     with pytest.raises(ValueError, match=r"^a hedger and the health tracker it shares need the same HedgeConfig$"):
         Hedger(HedgeConfig(), health=health)
+
+
+async def test_the_l3_and_l4_tiers_each_keep_one_tracker_their_hedger_shares(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:9"
+    async with aiohttp.ClientSession() as session:
+        l3 = L3Tier(session, [url], down_seconds=5.0)
+        assert l3.hedger.health is l3.health and l3.health.down_seconds == 5.0
+        l3.health.mark(url, Reason.DOWN)
+        assert l3.candidates("key") == [] and l3.extra_stats()["nodes_down"] == 1
+        await l3.aclose()
+    async with LocalBlockStore(tmp_path) as blocks:
+        l4 = L4Tier(blocks, repair=RepairConfig(demote_seconds=7.0))
+        assert l4.hedger.health is l4.health and l4.health.bad_bytes_seconds == 7.0
+        l4.health.mark(blocks.name, Reason.BAD_BYTES)
+        assert l4.extra_stats()["replicas_demoted"] == 1
