@@ -192,7 +192,6 @@ class L3Tier(KeepsNothing, Closing):
             raise
         self.health.clear(url, Reason.DOWN)
         self._count_source(served_from)
-
         return raw
 
     async def _get(self, url: str, ref: ChunkRef, attempt: Attempt) -> tuple[memoryview, str]:

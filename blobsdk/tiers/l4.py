@@ -3,13 +3,13 @@
 A chunk's stored bytes are read from each replica of the store in order (the store's
 ``replicas``), each copy handed to the decoder; the first copy that verifies wins.  This
 tier is the one reader of L4: a store of several replicas only writes
-(blobsdk/sources/replicated.py).  Being
-the last tier, L4 never misses quietly: when every replica failed it raises CorruptData
-(some copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
+(blobsdk/sources/replicated.py).  Being the last tier, L4 never misses quietly: when every
+replica failed it raises CorruptData (some copy was bad), BlockNotFound (every replica said
+the block is gone) or Unavailable.
 
-A replica that served a bad copy is ranked after the others for a while (bad bytes, kept with
-hung in the tier's one :class:`~blobsdk.tail.health.TargetHealth`, which its hedger shares); given the
-metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
+A replica that served a bad copy is ranked after the others for a while (bad bytes, kept
+with hung in the tier's one :class:`~blobsdk.tail.health.TargetHealth`, which its hedger
+shares); given the metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
 then got a verified one has the block repaired in the background (blobsdk/ops/repair.py), and
 so has every block a write acknowledged without a copy on each replica (the replicated
 store's ``under_replicated`` list).
