@@ -637,16 +637,44 @@ def _rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
 
 
 def _value_of(entry: Entry, piece: memoryview) -> Any:
+    """The leaf ``entry`` names, over its bytes ``piece``.  The dtype and shape come from
+    stored data, so they are checked before use: a dtype name must name a dtype (never any
+    other attribute of torch or numpy), and the shape must hold exactly the bytes."""
     if entry.kind == "bytes":
         return bytes(piece)
     if entry.kind == "ndarray":
         import numpy as np
 
-        return np.frombuffer(piece, dtype=np.dtype(entry.dtype)).reshape(entry.shape)
+        return np.frombuffer(piece, dtype=_numpy_dtype(entry)).reshape(_shape(entry, piece))
     with requires_extra("torch", "loading a checkpoint that holds tensors"):
         import torch
 
-    dtype = getattr(torch, entry.dtype)
+    dtype = getattr(torch, entry.dtype, None) if entry.dtype.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptData(f"checkpoint leaf {'/'.join(entry.name)!r}: {entry.dtype!r} is not a torch dtype")
+    shape = _shape(entry, piece, dtype.itemsize)
     if not piece.nbytes:
-        return torch.empty(entry.shape, dtype=dtype)
-    return torch.frombuffer(piece, dtype=torch.uint8).view(dtype).reshape(entry.shape)
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(piece, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _numpy_dtype(entry: Entry) -> Any:
+    import numpy as np
+
+    try:
+        dtype = np.dtype(entry.dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.hasobject or dtype.fields is not None:
+        raise CorruptData(f"checkpoint leaf {'/'.join(entry.name)!r}: {entry.dtype!r} is not a plain numpy dtype")
+    return dtype
+
+
+def _shape(entry: Entry, piece: memoryview, itemsize: int | None = None) -> tuple[int, ...]:
+    """``entry.shape``, if it holds exactly ``piece``'s bytes."""
+    if itemsize is None:
+        itemsize = _numpy_dtype(entry).itemsize
+    if any(n < 0 for n in entry.shape) or math.prod(entry.shape) * itemsize != piece.nbytes:
+        where = "/".join(entry.name)
+        raise CorruptData(f"checkpoint leaf {where!r}: shape {list(entry.shape)} does not hold its {piece.nbytes} bytes")
+    return entry.shape
