@@ -3,6 +3,7 @@ in each process: shared by both, so neither imports the other's module to get th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.util
 import os
 from dataclasses import dataclass
@@ -88,9 +89,12 @@ class _ProcessClient:
         return None if held is None else held[0]
 
     def _open(self) -> tuple[SyncClient, multiprocessing.util.Finalize[None]]:
-        client = self._store.client()
-        client.__enter__()
-        return client, multiprocessing.util.Finalize(self, client.close, exitpriority=0)
+        """The client, opened on an exit stack whose ownership passes to the finalizer once
+        both exist (an error between the two closes the client)."""
+        with contextlib.ExitStack() as stack:
+            client = stack.enter_context(self._store.client())
+            owner = stack.pop_all()
+        return client, multiprocessing.util.Finalize(self, owner.close, exitpriority=0)
 
     def close(self) -> None:
         held = self._opened.take()

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import io
 import logging
@@ -551,9 +552,10 @@ class _ClientSlot:
         async with lock:
             client = self._clients.get()
             if client is None:
-                client = self._make()
-                await client.__aenter__()
-                self._clients.put(client)  # one open on a closed loop is gone with it
+                async with contextlib.AsyncExitStack() as stack:  # closed again if it cannot be held
+                    client = await stack.enter_async_context(self._make())
+                    self._clients.put(client)  # one open on a closed loop is gone with it
+                    stack.pop_all()  # the slot owns it now: aclose, close_blocking, close_soon
             return client
 
     def _check_other_loop(self) -> None:
