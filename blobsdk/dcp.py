@@ -47,7 +47,7 @@ with requires_extra("torch", __name__):
 from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .config import ClientConfig
 from .sync import SyncCheckpoints
-from .write.checkpoint import Part
+from .write.manifest import Part
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key

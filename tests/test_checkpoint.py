@@ -199,7 +199,7 @@ async def test_a_stored_dtype_or_shape_is_checked_before_use(
 ) -> None:
     """The dtype name and shape come from stored data: only a dtype is ever looked up by that
     name, and a shape must hold exactly the leaf's bytes."""
-    from blobsdk.write.checkpoint import Manifest
+    from blobsdk.write.manifest import Manifest
 
     ck = client.checkpoints("/ck/d")
     await (await ck.save(1, {"t": torch.arange(8, dtype=torch.float32), "a": np.arange(3, dtype=np.int64)})).wait()
