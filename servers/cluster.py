@@ -78,14 +78,16 @@ from urllib.parse import urlsplit
 import msgspec
 
 from blobsdk.config import ClientConfig, S3Config, WriteConfig, s3_location
-from servers._common.stores import add_s3_args, s3_args_of, s3_config_of_args
-from servers.seaweedd import SeaweedServer, start_seaweed_l4
-from servers.supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready
+
+from ._common import prog
+from ._common.stores import add_s3_args, s3_args_of, s3_config_of_args
+from .seaweedd import SeaweedServer, start_seaweed_l4
+from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 ORPHAN_GRACE_SECONDS = 5.0  # an orphaned server that has not stopped on SIGTERM by then exits hard
 # Every server runs through serve_child: argv is the lifeline's fd, the module, its flags.
-_CHILD = "from servers.cluster import serve_child; serve_child()"
+_CHILD = f"from {__package__}.cluster import serve_child; serve_child()"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +156,7 @@ def _flash_args(launch: Launch, i: int) -> list[str]:
 KINDS: tuple[ServerKind, ...] = (
     ServerKind(
         name="api",
-        module="servers.api",
+        module=f"{__package__}.api",
         count=lambda o: 1,
         args=lambda launch, i: (
             ["--metadata", o.metadata] if (o := launch.options).metadata else ["--db", str(launch.dir / "meta.sqlite")]
@@ -163,21 +165,21 @@ KINDS: tuple[ServerKind, ...] = (
     ),
     ServerKind(
         name="block",
-        module="servers.blockstore",
+        module=f"{__package__}.blockstore",
         count=lambda o: 0 if o.source is not None else o.block_servers,
         args=_block_args,
         to_config=lambda urls: {"block_urls": tuple(urls)} if urls else {},
     ),
     ServerKind(
         name="l3",
-        module="servers.flash",
+        module=f"{__package__}.flash",
         count=lambda o: o.l3_nodes,
         args=_flash_args,
         to_config=lambda urls: {"l3_urls": tuple(urls)},
     ),
     ServerKind(
         name="tracker",
-        module="servers.tracker",
+        module=f"{__package__}.tracker",
         count=lambda o: o.trackers,
         args=lambda launch, i: [],
         to_config=lambda urls: {"tracker_urls": tuple(urls)},
@@ -406,7 +408,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
 
 def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, bool]:
     """The cluster's directory, options, and whether dead servers are restarted."""
-    parser = argparse.ArgumentParser(prog="python -m servers.cluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.cluster"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="data, logs and client.toml go here")
     parser.add_argument("--block-servers", type=int, default=3, metavar="N", help="L4 block servers (default 3)")
     parser.add_argument("--write-quorum", type=int, metavar="Q", help="block replicas a write needs (default: a majority)")

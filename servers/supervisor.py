@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servers._common.logs import formatter
+from ._common.logs import formatter
 
 HOST = "127.0.0.1"
 POLL_SECONDS = 0.05

@@ -292,3 +292,17 @@ def test_type_checking_imports_are_typing_only(tmp_path: Path):
     }
     assert find_cycles(e for e in edges if not e.typing_only) == []
     assert len(find_cycles(edges)) == 1
+
+
+def test_servers_import_each_other_relatively():
+    """So the same files run as ``servers.X`` in a checkout and as ``blobsdk_servers.X``
+    installed (pyproject.toml maps the one onto the other)."""
+    between = [e for e in import_edges(ROOT) if e.source.split(".")[0] == e.target.split(".")[0] == "servers"]
+    absolute = []
+    for path in sorted((ROOT / "servers").rglob("*.py")):
+        for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.Import) or node.level == 0:
+                absolute += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "servers"]
+    assert between, "the servers import each other: the check must see those imports"
+    assert not absolute, "absolute imports of servers inside servers/: " + ", ".join(absolute)
