@@ -10,8 +10,13 @@ import ast
 import fnmatch
 import importlib
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 import types
 import typing
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,7 @@ import msgspec
 import pytest
 
 from blobsdk import ClientConfig
-from tests.helpers import ROOT
+from tests.helpers import ROOT, Tenancy, server_process
 
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
@@ -287,3 +292,64 @@ def test_every_relative_link_resolves(page: Path):
 def test_no_internal_issue_numbers(page: Path):
     found = re.findall(r"(?i)\bissues? \d+|(?<![&\w])#\d+\b", page.read_text())
     assert not found, f"{page.name} refers to internal issues: {found}"
+
+
+# --- docs/deployment.md: the systemd units ------------------------------------------------------
+
+DEPLOYMENT = ROOT / "docs" / "deployment.md"
+_UNIT = re.compile(r"`/etc/systemd/system/([\w-]+\.service)`.*?```ini\n(.*?)```", re.DOTALL)
+
+
+def units() -> dict[str, str]:
+    """File name -> text of every systemd unit in docs/deployment.md."""
+    found = dict(_UNIT.findall(DEPLOYMENT.read_text()))
+    assert set(found) == {f"blobsdk-{s}.service" for s in ("api", "blockstore", "flash", "tracker")}, sorted(found)
+    return found
+
+
+def exec_start(unit: str) -> list[str]:
+    (line,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def _as_in_a_test(argv: list[str], tmp: Path, keys: Path) -> tuple[str, list[str]]:
+    """(module, args) of a unit's command line, with the test's paths, keyring and token, and
+    no --host or --port (server_process binds a free loopback port)."""
+    python, dash_m, module, *args = argv
+    assert (python, dash_m) == ("/opt/blobsdk/venv/bin/python", "-m"), argv
+    out: list[str] = []
+    pairs = iter(args)
+    for arg in pairs:
+        if arg in ("--host", "--port"):
+            next(pairs)
+            continue
+        arg = arg.replace("/var/lib/blobsdk", str(tmp / "lib")).replace("/var/cache/blobsdk", str(tmp / "cache"))
+        arg = arg.replace("/etc/blobsdk/keys.toml", str(keys))
+        out.append(re.sub(r"\$\{\w+\}", "a-token", arg))
+    return module, out
+
+
+@pytest.mark.parametrize("name", sorted(units()))
+def test_the_systemd_units_start_their_servers(name: str, tmp_path: Path):
+    argv = exec_start(units()[name])
+    assert "--host" in argv and "--port" in argv, "a deployed server listens on a fixed port of the host"
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "cache").mkdir()
+    keys = Tenancy().write_keys(tmp_path / "keys.toml")
+    module, args = _as_in_a_test(argv, tmp_path, keys)
+    with server_process(module, *args, tmp=tmp_path) as (url, proc):
+        with urllib.request.urlopen(f"{url}/healthz", timeout=30) as answer:
+            assert answer.status == 200
+        proc.terminate()  # what systemd's stop sends
+        assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_the_systemd_units_verify(tmp_path: Path):
+    paths = []
+    for name, text in units().items():
+        path = tmp_path / name
+        path.write_text(text.replace("/opt/blobsdk/venv/bin/python", sys.executable))
+        paths.append(str(path))
+    result = subprocess.run(["systemd-analyze", "verify", *paths], capture_output=True, text=True, timeout=120, check=False)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
