@@ -353,3 +353,47 @@ def test_the_systemd_units_verify(tmp_path: Path):
         paths.append(str(path))
     result = subprocess.run(["systemd-analyze", "verify", *paths], capture_output=True, text=True, timeout=120, check=False)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+# --- the README: a user's front door -------------------------------------------------------------
+
+README = ROOT / "README.md"
+FRONT_DOOR = [
+    "What it is",
+    "Install",
+    "Quick start",
+    "Concepts",
+    "API",
+    "Integrations",
+    "Configuration",
+    "Errors and guarantees",
+    "Deployment",
+    "Operations and troubleshooting",
+    "Performance",
+    "Contributing",
+]
+
+
+def test_the_readme_is_ordered_for_a_user():
+    headings = [line[3:] for line in README.read_text().splitlines() if line.startswith("## ")]
+    assert headings == FRONT_DOOR
+
+
+def test_the_readme_reaches_a_first_get_on_its_first_screen():
+    lines = README.read_text().splitlines()
+    first = {what: next(i for i, line in enumerate(lines) if what in line) for what in ("pip install", ".get(", "make ")}
+    assert first["pip install"] < first[".get("] < 70 < first["make "], first
+
+
+def test_the_readmes_self_contained_snippets_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """The README's Python blocks that begin by importing blobsdk run as written, in a fresh directory."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    snippets = [block for block in blocks if block.startswith(("import blobsdk", "import asyncio, blobsdk"))]
+    assert len(snippets) >= 3
+    monkeypatch.chdir(tmp_path)
+    for snippet in snippets:
+        exec(compile(snippet, "README.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "b'hello world'\n['/bucket/hello.txt']\n" in out and "bytearray(b'world')\n" in out and "/bucket/a/b.bin 11\n" in out
