@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 import types
 import typing
 import urllib.request
@@ -197,6 +198,14 @@ def test_every_environment_variable_is_documented():
     assert {"BLOBSDK_CONFIG", "BLOBSDK_API_URL", "BLOBSDK_BLOCK_URLS", "BLOBSDK_TOKEN", "BLOBSDK_FAULTS"} <= read
     assert not read - documented, f"read by the code, missing from docs/configuration.md: {sorted(read - documented)}"
     assert not documented - read, f"in docs/configuration.md, read nowhere: {sorted(documented - read)}"
+
+
+def test_every_client_toml_shown_is_a_valid_config():
+    """Each ```toml block of README.md and docs/ (a client.toml) builds a ClientConfig as written."""
+    blocks = [block for page in PAGES for block in re.findall(r"```toml\n(.*?)```", page.read_text(), re.DOTALL)]
+    assert len(blocks) >= 3
+    for block in blocks:
+        ClientConfig.from_dict(tomllib.loads(block))
 
 
 # --- names and paths in README.md and docs/ -----------------------------------------------------
