@@ -33,10 +33,11 @@ from aiohttp import web
 from blobsdk.auth import GRANT_TTL_S, Claims
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.http import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST
 from blobsdk.net.serving import limits_of_args
 from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
+    MAX_OPS_PER_REQUEST,
+    MAX_PATHS_PER_REQUEST,
     CommitRequest,
     CommitResponse,
     DeleteRequest,

@@ -142,7 +142,7 @@ class NotInstalled(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NotInstalled())
 from blobsdk.errors import MissingExtra
-from blobsdk.write.checkpoint import Entry, _value_of
+from blobsdk.write.leaves import Entry, _value_of
 
 said = {}
 for module in ("blobsdk.torch", "blobsdk.dcp"):
