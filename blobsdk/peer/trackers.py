@@ -32,6 +32,11 @@ heartbeat or TTL that is not a positive finite number, a negative or non-finite 
 tenant that is empty or changes) makes the answer a failure: logged, the tracker marked down
 for ``down_s`` like one that refused, nothing of it obeyed.  A heartbeat shorter than
 ``HEARTBEAT_MIN_S`` is obeyed at that, a hold longer than ``HOLD_MAX_S`` cut to it.
+
+The peer tier sees its trackers only as a :class:`TrackerClient` (locate, announce, report,
+``tracker_of``, ``tenant``, ``counts``), made by a :data:`ConnectTrackers` from the peer's
+:class:`Registration` once its server listens: :func:`tracker_servers` makes a
+:class:`Trackers`, and the tier's conformance tests an in-process fake.
 """
 
 from __future__ import annotations

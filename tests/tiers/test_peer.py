@@ -23,7 +23,7 @@ import blobsdk
 from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
 from blobsdk.net.serving import serving
-from blobsdk.peer.trackers import Trackers
+from blobsdk.peer.trackers import Trackers, tracker_servers
 from blobsdk.tiers.peer import PeerTier
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
@@ -429,6 +429,11 @@ async def test_a_restarted_tracker_learns_again_what_the_peers_hold(cluster: Clu
             assert await b.get("/p/restart") == data
             assert hits(b) == {"peer": 5, "l4": 0} and a.stats()["peer"]["reannounced"] == 5
             await clients.aclose()  # while the tracker still answers their goodbyes
+
+
+def test_the_peer_tier_needs_a_tracker() -> None:
+    with pytest.raises(ValueError, match=r"^the peer tier needs at least one tracker URL$"):
+        tracker_servers(None, [])  # type: ignore[arg-type]
 
 
 def test_peer_config_errors_name_the_setting() -> None:
