@@ -32,6 +32,7 @@ from .config import ClientConfig, L2Config, s3_location
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
 from .net.rpc import new_session
+from .peer.trackers import tracker_servers
 from .read.prefetch import Prefetcher
 from .read.readpath import ReadPath
 from .runtime.buffers import BufferPool
@@ -223,14 +224,8 @@ def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Ite
     if config.l2 is not None:
         yield _l2_tier(config.l2)
     if config.tracker_urls and backends.session is not None:
-        yield PeerTier(
-            backends.session,
-            config.tracker_urls,
-            config.peer,
-            token=config.token,
-            hedge=config.hedge,
-            limiters=LimiterRegistry(config.limiter),
-        )
+        trackers = tracker_servers(backends.session, config.tracker_urls, config.token, timeout_s=config.peer.tracker_timeout_s)
+        yield PeerTier(backends.session, trackers, config.peer, hedge=config.hedge, limiters=LimiterRegistry(config.limiter))
     if config.l3_urls and backends.session is not None:
         l3 = config.l3
         yield L3Tier(

@@ -44,16 +44,16 @@ with requires_extra("torch", __name__):
     from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
     from torch.futures import Future
 
-from ._stores import ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .config import ClientConfig
+from .integrations.stores import ClosedOnExit, ConfigLike, ProcessClient, Store
 from .sync import SyncCheckpoints
-from .write.checkpoint import Part
+from .write.manifest import Part
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key
 
 
-class _Backend(_ClosedOnExit):
+class _Backend(ClosedOnExit):
     """The checkpoints under ``prefix`` of one store, opened on first use in each process."""
 
     def __init__(
@@ -65,9 +65,9 @@ class _Backend(_ClosedOnExit):
         keep: int = 3,
         chunk_size: int | None = None,
     ) -> None:
-        self._store = _Store.of(config, local)
+        self._store = Store.of(config, local)
         self.prefix, self.keep, self.chunk_size = prefix, keep, chunk_size
-        self._client = _ProcessClient(self._store)
+        self._client = ProcessClient(self._store)
         self.step: int | None = None
 
     def checkpoints(self) -> SyncCheckpoints:
@@ -93,7 +93,7 @@ class _Backend(_ClosedOnExit):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._store, self.prefix, self.keep = state["store"], state["prefix"], state["keep"]
         self.chunk_size, self.step = state["chunk_size"], state["step"]
-        self._client = _ProcessClient(self._store)
+        self._client = ProcessClient(self._store)
 
 
 def _step_of(checkpoint_id: str | os.PathLike[Any] | int) -> int:

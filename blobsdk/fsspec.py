@@ -60,45 +60,32 @@ of three (a file costs a copy; in the third, on a busier machine, both were ~1x)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import errno
-import io
-import logging
-import mmap
 import os
-import secrets
-import stat
-import tempfile
 import weakref
-from collections.abc import Callable
 from contextlib import aclosing, suppress
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ._extras import requires_extra
 
 with requires_extra("fsspec", __name__):
     from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
     from fsspec.callbacks import DEFAULT_CALLBACK  # type: ignore[import-untyped]
-    from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
-from .assembly import LocalStores
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
+from .integrations.fsclient import ClientSlot, client_factory
+from .integrations.fsfiles import BlobFile, BlobWriteFile, Entry, LocalFile, Pin, Spool, read_local_file
 from .paths import validate_path, validate_prefix
-from .runtime.here import Held, running_loop
+from .runtime.here import Held
 from .sources.base import Buffer
 from .wire import BlobInfo
-
-if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
 
 __all__ = ("BlobFile", "BlobFileSystem", "BlobWriteFile")
 
 MiB = 1 << 20
-READ_BLOCK_BYTES = 4 * MiB
 SPOOL_MEMORY_BYTES = 64 * MiB
 RANGE_BYTES = 32 * MiB
 LOCAL_MMAP_BYTES = 4 * MiB
@@ -106,11 +93,6 @@ LIST_SKIP_AFTER = 1000  # ls: entries of one subdirectory read before jumping pa
 # A listing cursor past every path below a directory: a valid path is at most 1024 bytes, and
 # U+10FFFF is the greatest code point (4 bytes in UTF-8), so no path below "D/" reaches it.
 _PAST_EVERY_PATH = "\U0010ffff" * 256
-
-Entry = dict[str, Any]
-Pin = tuple[int, str]  # (version, etag) of the blob version a read must come from
-
-logger = logging.getLogger(__name__)
 
 
 class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untyped
@@ -132,9 +114,9 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         self._io_loop: Held[asyncio.AbstractEventLoop] = Held()  # a synchronous instance's, per process
         if not asynchronous:
             self._io_loop.put(self._loop)
-        make = _client_factory(local, config)
+        make = client_factory(local, config)
         make()  # bad arguments fail here, not at the first call
-        self._slot = _ClientSlot(make)
+        self._slot = ClientSlot(make)
         weakref.finalize(self, self._slot.close_soon).atexit = False
 
     @property
@@ -326,7 +308,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             await asyncio.to_thread(os.makedirs, lpath, exist_ok=True)
             return
         callback.set_size(info.size)
-        out = await asyncio.to_thread(_LocalFile, os.fspath(lpath))
+        out = await asyncio.to_thread(LocalFile, os.fspath(lpath))
         try:
             for offset in range(0, info.size, RANGE_BYTES):
                 data = await self._read_pinned(info.path, offset, offset + RANGE_BYTES, (info.version, info.etag))
@@ -358,7 +340,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         validate_path("/" + name)
         if mode == "xb" and self.exists(name):
             raise FileExistsError(errno.EEXIST, "already exists", name)
-        return BlobWriteFile(self, name, create=mode == "xb", autocommit=autocommit)
+        return BlobWriteFile(self, name, create=mode == "xb", autocommit=autocommit, spool_bytes=SPOOL_MEMORY_BYTES)
 
     async def _stat_entry(self, name: str) -> Entry:
         client = await self._client()
@@ -387,7 +369,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         blob = _blob_path(_name(rpath))
         if await asyncio.to_thread(os.path.isdir, lpath):
             return
-        data = await asyncio.to_thread(_read_local_file, os.fspath(lpath))
+        data = await asyncio.to_thread(read_local_file, os.fspath(lpath), LOCAL_MMAP_BYTES)
         size = memoryview(data).nbytes
         callback.set_size(size)
         await self._write_blob(blob, data, create=create)
@@ -402,7 +384,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         if info.size <= SPOOL_MEMORY_BYTES:
             await self._write_blob(target, await client.get(source))  # one get reads one version
             return
-        spool = _Spool(memory_bytes=0)
+        spool = Spool(memory_bytes=0)
         try:
             for offset in range(0, info.size, RANGE_BYTES):
                 data = await self._read_pinned(source, offset, offset + RANGE_BYTES, (info.version, info.etag))
@@ -442,249 +424,6 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
                 raise result
             if not recursive:
                 raise IsADirectoryError(errno.EISDIR, "is a directory: pass recursive=True", name)
-
-
-class BlobFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
-    """A blob open for reading: seekable, read through fsspec's block cache with ranged
-    gets, every one of them from the version the file was opened at."""
-
-    DEFAULT_BLOCK_SIZE = READ_BLOCK_BYTES
-
-    def __init__(self, fs: BlobFileSystem, name: str, info: Entry, **kwargs: Any) -> None:
-        super().__init__(fs, name, mode="rb", size=info["size"], **kwargs)
-        self.details = info
-        self._blob = "/" + name
-        self._pin: Pin = (info["version"], info["etag"])
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return cast(bytes, sync(self.fs.loop, self.fs._read_pinned, self._blob, start, end, self._pin))
-
-
-class BlobWriteFile(io.RawIOBase):
-    """A blob being written: the bytes are spooled and put as one new version by
-    :meth:`commit`, which ``close`` calls (``autocommit``; in ``fs.transaction`` the
-    transaction does).  Leaving a ``with`` block by an exception discards them."""
-
-    def __init__(self, fs: BlobFileSystem, name: str, *, create: bool, autocommit: bool) -> None:
-        super().__init__()
-        self.fs = fs
-        self.path = name
-        self.mode = "xb" if create else "wb"
-        self.autocommit = autocommit
-        self.committed: BlobInfo | None = None  # what commit wrote
-        self._create = create
-        self._spool: _Spool | None = _Spool(SPOOL_MEMORY_BYTES)
-        self._size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: ReadableBuffer) -> int:
-        if self.closed:
-            raise ValueError("I/O operation on closed file.")
-        if self._spool is None:
-            raise ValueError(f"{self.path!r} was discarded: nothing more can be written")
-        written = self._spool.write(data)
-        self._size += written
-        return written
-
-    def tell(self) -> int:
-        return self._size
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            if self.autocommit:
-                self.commit()
-        finally:
-            super().close()
-
-    def commit(self) -> None:
-        """Put what was written as the blob's new version (once; a no-op if discarded)."""
-        spool, self._spool = self._spool, None
-        if spool is None:
-            return
-        try:
-            blob = "/" + self.path
-            self.committed = sync(self.fs.loop, self.fs._write_blob, blob, spool.view(), create=self._create)
-        finally:
-            spool.close()
-
-    def discard(self) -> None:
-        """Drop what was written; the blob keeps its previous version."""
-        spool, self._spool = self._spool, None
-        if spool is not None:
-            spool.close()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if exc_type is not None:
-            self.discard()
-        self.close()
-
-    def __del__(self) -> None:
-        self.discard()  # never commit from a finalizer
-
-    def __repr__(self) -> str:
-        return f"<BlobWriteFile {self.fs.unstrip_protocol(self.path)} mode={self.mode!r}>"
-
-
-class _ClientSlot:
-    """A filesystem's one Client: opened on first use on the loop that uses it, closed by
-    :meth:`aclose`/:meth:`close_blocking` (the next use opens a new one).  After a fork the
-    inherited client is set aside, never used and never closed, and a new one opens."""
-
-    def __init__(self, make: Callable[[], Client]) -> None:
-        self._make = make
-        self._clients: Held[Client] = Held(per_loop=True)
-        self._locks: Held[asyncio.Lock] = Held(per_loop=True)  # one open at a time, on each loop
-
-    async def get(self) -> Client:
-        client = self._clients.get()
-        if client is not None:
-            return client
-        return await self._open()
-
-    async def _open(self) -> Client:
-        self._check_other_loop()
-        lock = self._locks.get_or_make(asyncio.Lock)
-        async with lock:
-            client = self._clients.get()
-            if client is None:
-                client = self._make()
-                await client.__aenter__()
-                self._clients.put(client)  # one open on a closed loop is gone with it
-            return client
-
-    def _check_other_loop(self) -> None:
-        other = self._clients.loop
-        if other is not None and not other.is_closed():
-            raise RuntimeError(
-                "this blob:// filesystem's client is open on another event loop: close it first (fs.close() or await fs.aclose())"
-            )
-
-    async def aclose(self) -> None:
-        if (taken := self._detach()) is None:
-            return
-        client, loop = taken
-        if loop is asyncio.get_running_loop():
-            await client.aclose()
-        else:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(client.aclose(), loop))
-
-    def close_blocking(self) -> None:
-        """Close from a thread that is not running the client's loop."""
-        if self._clients.loop is not None and self._clients.loop is running_loop():
-            raise RuntimeError("fs.close() on the loop its client runs on would block it: await fs.aclose()")
-        if (taken := self._detach()) is not None:
-            asyncio.run_coroutine_threadsafe(taken[0].aclose(), taken[1]).result()
-
-    def _detach(self) -> tuple[Client, asyncio.AbstractEventLoop] | None:
-        """Take this process's open client off the slot, with the loop to close it on (None:
-        nothing to close, or nothing left to close it with: its loop is closed)."""
-        loop = self._clients.loop
-        if loop is None or loop.is_closed():
-            self._clients.take()  # none here (a parent's is set aside), or gone with its loop
-            return None
-        if loop is not running_loop() and not loop.is_running():
-            raise RuntimeError("this blob:// filesystem's client is open on an event loop that is not running: close it there")
-        client = self._clients.take()
-        assert client is not None
-        return client, loop
-
-    def close_soon(self) -> None:
-        """The garbage collector's close: start closing on the client's loop; never block,
-        never raise (a failure is logged)."""
-        loop = self._clients.loop
-        client = self._clients.take()
-        if client is None or loop is None or loop.is_closed():
-            return
-        asyncio.run_coroutine_threadsafe(client.aclose(), loop).add_done_callback(_log_close_failure)
-
-
-class _Spool:
-    """Bytes written so far: in memory up to ``memory_bytes``, then in an anonymous
-    temporary file (``tempfile``'s directory, so ``TMPDIR``)."""
-
-    def __init__(self, memory_bytes: int) -> None:
-        self._limit = memory_bytes
-        self._memory = bytearray()
-        self._file: IO[bytes] | None = None
-        self.size = 0
-
-    def write(self, data: ReadableBuffer) -> int:
-        n = memoryview(data).nbytes
-        if self._file is None and self.size + n > self._limit:
-            self._file = tempfile.TemporaryFile()  # noqa: SIM115  # closed by close()
-            self._file.write(self._memory)
-            self._memory = bytearray()
-        if self._file is None:
-            self._memory += data
-        else:
-            self._file.write(data)
-        self.size += n
-        return n
-
-    def view(self) -> Buffer:
-        """Everything written: the memory itself, or a map of the file (the view keeps the
-        map, so it outlives :meth:`close`)."""
-        if self._file is None:
-            return self._memory
-        self._file.flush()
-        return memoryview(mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ))
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._memory = bytearray()
-
-
-class _LocalFile:
-    """A local file written under a temporary name beside it and renamed into place by
-    :meth:`commit` (blocking: run on a thread).  The temporary file is created as ``open``
-    would create the file, so the result has the usual permissions."""
-
-    def __init__(self, path: str) -> None:
-        parent, base = os.path.split(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        self._path = path
-        self._tmp = os.path.join(parent, f".{base}.{secrets.token_hex(6)}.partial")
-        self._file = open(self._tmp, "xb")  # noqa: SIM115  # closed by commit or abort
-
-    def write(self, data: Buffer) -> None:
-        self._file.write(data)
-
-    def commit(self) -> None:
-        self._file.close()
-        os.replace(self._tmp, self._path)
-
-    def abort(self) -> None:
-        self._file.close()
-        if os.path.exists(self._tmp):
-            os.unlink(self._tmp)
-
-
-def _client_factory(local: object, config: object) -> Callable[[], Client]:
-    """How to make the client ``local``/``config`` describe (ValueError/TypeError if bad)."""
-    cfg = _load_config(config)
-    if local is None:
-        resolved = cfg if cfg is not None else ClientConfig.from_env()
-        return lambda: Client(resolved)
-    if not isinstance(local, str | os.PathLike):
-        raise TypeError(f"local must be a directory path, not {type(local).__name__}")
-    if cfg is not None and cfg.names_stores:
-        raise ValueError("local=DIR is the embedded store: its config must not name stores (api_url, metadata_url)")
-    tuned = cfg if cfg is not None else ClientConfig()
-    stores = LocalStores(Path(local))
-    return lambda: Client(tuned, stores=stores)
-
-
-def _load_config(config: object) -> ClientConfig | None:
-    if config is None or isinstance(config, ClientConfig):
-        return config
-    if isinstance(config, str | os.PathLike):
-        return ClientConfig.from_toml(config)
-    raise TypeError(f"config must be a client.toml path or a ClientConfig, not {type(config).__name__}")
 
 
 def _name(path: object) -> str:
@@ -740,18 +479,3 @@ def _is_create(mode: str) -> bool:
     if mode not in ("overwrite", "create"):
         raise ValueError(f"mode must be 'overwrite' or 'create', not {mode!r}")
     return mode == "create"
-
-
-def _read_local_file(path: str) -> Buffer:
-    """A local file's bytes: a large regular file is mapped, not copied (the view keeps the
-    map); anything else is read to its end."""
-    with open(path, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size < LOCAL_MMAP_BYTES:
-            return f.read()
-        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-
-
-def _log_close_failure(future: concurrent.futures.Future[None]) -> None:
-    if not future.cancelled() and (exc := future.exception()) is not None:
-        logger.warning("closing a garbage-collected blob:// filesystem's client failed", exc_info=exc)

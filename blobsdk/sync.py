@@ -323,7 +323,7 @@ class SyncClient(_Blocking):
         return None if held is None else held[0]
 
     def __enter__(self) -> Self:
-        self._opened.put((LoopThread("blobsdk-sync"), self._client))
+        self._opened.put((LoopThread("blobsdk-sync").start(), self._client))
         try:
             self._run(self._client.__aenter__())
         except BaseException:

@@ -78,30 +78,38 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import multiprocessing.util
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextlib import closing
-from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeGuard, Unpack
-
-import xxhash
+from typing import Any, TypedDict, Unpack
 
 from ._extras import requires_extra
 
 with requires_extra("torch", __name__):
     import torch
-    from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+    from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from ._stores import PREFETCH_TIERS, ConfigLike, _ClosedOnExit, _ProcessClient, _Store
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
-from .paths import validate_path, validate_prefix
+from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank, restore
+from .integrations.reading import (
+    Ahead,
+    Iteration,
+    Reading,
+    Transform,
+    WindowPrefetch,
+    check_transform,
+    current_worker,
+    publish,
+    readahead,
+    worker_stats,
+)
+from .integrations.stores import ClosedOnExit, ConfigLike, ProcessClient, Store
 from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from .runtime.here import Held
-from .runtime.workerstats import WorkerStats, counters_of, total
-from .sync import SyncClient, SyncPrefetch, SyncReadahead
+from .runtime.workerstats import WorkerStats
+from .sync import SyncClient, SyncReadahead
 
 # Imported here, in the process that builds the dataset, not first in a forked DataLoader
 # worker: CPython 3.11's import lock can fail in a child forked while other threads run
@@ -120,162 +128,8 @@ for _module in _IMPORTED_BEFORE_FORK:
     with contextlib.suppress(ImportError):
         importlib.import_module(_module)
 
-Sample = tuple[str, bytearray]
-Transform = Callable[[Sample], Any]
 
 PREFETCH_WINDOW = 4096  # samples per deep-prefetch window (see the module docstring)
-FINGERPRINT_BATCH = 4096  # paths hashed per update
-
-
-# --- where the blobs are ------------------------------------------------------------------------
-
-
-def _resolve_paths(store: _Store, paths_or_prefix: object) -> tuple[str, ...]:
-    """The dataset's list: a prefix listed once (sorted), or the caller's paths, validated."""
-    if isinstance(paths_or_prefix, str):
-        if not paths_or_prefix.endswith("/"):
-            raise ValueError(f"paths_or_prefix must be a list of blob paths or a prefix ending in '/', got {paths_or_prefix!r}")
-        prefix = validate_prefix(paths_or_prefix)
-        with store.client() as client:
-            paths = tuple(info.path for info in client.list(prefix))
-        if not paths:
-            raise ValueError(f"no blobs under {prefix!r}")
-        return paths
-    if not isinstance(paths_or_prefix, Sequence):
-        raise TypeError(f"paths_or_prefix must be a list of blob paths or a prefix string, not {type(paths_or_prefix).__name__}")
-    if not paths_or_prefix:
-        raise ValueError("paths_or_prefix is an empty list")
-    return tuple(validate_path(path) for path in paths_or_prefix)
-
-
-def _fingerprint(paths: Sequence[str]) -> str:
-    """xxh3-64 of the list (NUL-separated): resuming against another list is refused."""
-    digest = xxhash.xxh3_64()
-    for i in range(0, len(paths), FINGERPRINT_BATCH):
-        digest.update("\0".join(paths[i : i + FINGERPRINT_BATCH]).encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
-# --- which samples, in which order ---------------------------------------------------------------
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_epoch(epoch: object) -> int:
-    if not _is_int(epoch) or epoch < 0:
-        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-    return epoch
-
-
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else torch.distributed's when it is initialised, else
-    the ``RANK`` and ``WORLD_SIZE`` environment variables, else ``(0, 1)``."""
-    if (rank is None) != (world_size is None):
-        raise ValueError(f"pass both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
-    if rank is None or world_size is None:
-        rank, world_size = _default_rank()
-    if not _is_int(world_size) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if not _is_int(rank) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
-    return rank, world_size
-
-
-def _default_rank() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    rank, world_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None and world_size is None:
-        return 0, 1
-    if rank is None or world_size is None:
-        given, missing = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
-        raise ValueError(f"the environment sets {given} but not {missing}")
-    return _env_int("RANK", rank), _env_int("WORLD_SIZE", world_size)
-
-
-def _env_int(name: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an int, got {value!r}") from None
-
-
-@dataclass(frozen=True)
-class _Sharding:
-    """One epoch's order (a permutation of all ``samples`` when ``shuffle``), cut by stride
-    into ranks and each rank's share into workers."""
-
-    samples: int
-    shuffle: bool
-    seed: int
-    rank: int
-    world_size: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.shuffle, bool):
-            raise ValueError(f"shuffle must be a bool, got {self.shuffle!r}")
-        if not _is_int(self.seed):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
-
-    def indices(self, epoch: int, worker: int = 0, workers: int = 1) -> list[int]:
-        """The sample indices of this rank's ``worker`` of ``workers`` in ``epoch``, in order."""
-        order = self._order(epoch)[self.rank :: self.world_size]
-        return order[worker::workers].tolist()
-
-    def count(self, worker: int = 0, workers: int = 1) -> int:
-        return len(range(self.rank, self.samples, self.world_size)[worker::workers])
-
-    def _order(self, epoch: int) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.samples)
-        mixed = xxhash.xxh3_64_intdigest(f"{self.seed}:{epoch}".encode()) >> 1  # (seed, epoch) -> a 63-bit seed
-        return torch.randperm(self.samples, generator=torch.Generator().manual_seed(mixed))
-
-    def identity(self) -> dict[str, object]:
-        """What a saved state must match to be resumed here."""
-        return {
-            "samples": self.samples,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "rank": self.rank,
-            "world_size": self.world_size,
-        }
-
-
-@dataclass
-class _Position:
-    """Where one iteration is: its epoch and how many of its samples it has handed out (and,
-    in an iterable dataset, which worker's samples)."""
-
-    epoch: int
-    yielded: int = 0
-    worker: tuple[int, int] = (0, 1)  # (id, num_workers)
-
-
-def _restore(state: object, expected: Mapping[str, object], what: str, samples: int) -> _Position:
-    """The position a saved state names, once every identifying key matches ``expected``."""
-    state = _check_identity(state, expected, what, "epoch", "yielded")
-    epoch, yielded = _check_epoch(state["epoch"]), state["yielded"]
-    if not _is_int(yielded) or not 0 <= yielded <= samples:
-        raise ValueError(f"cannot resume: yielded={yielded!r} is not in [0, {samples}]")
-    return _Position(epoch, yielded)
-
-
-def _check_identity(state: object, expected: Mapping[str, object], what: str, *more: str) -> Mapping[str, object]:
-    """``state``, once it has every key of ``expected`` (and ``more``) and they match."""
-    if not isinstance(state, Mapping):
-        raise ValueError(f"a {what} state is a dict, got {type(state).__name__}")
-    missing = sorted({*expected, *more} - state.keys())
-    if missing:
-        raise ValueError(f"not a {what} state: missing {', '.join(missing)}")
-    for key, value in expected.items():
-        if state[key] != value:
-            raise ValueError(f"cannot resume: the state was saved with {key}={state[key]!r}, this {what} has {key}={value!r}")
-    return state
 
 
 # --- the iterable dataset ------------------------------------------------------------------------
@@ -295,40 +149,7 @@ class IterableOptions(TypedDict, total=False):
     prefetch_tier: str | None
 
 
-@dataclass(frozen=True)
-class _Reading:
-    """How an iteration reads: readahead depth and bytes, deep-prefetch window and tier."""
-
-    readahead: int
-    readahead_bytes: int
-    prefetch_window: int | None
-    prefetch_tier: str | None  # resolved: a tier the store has, or None (no deep prefetch)
-
-    @classmethod
-    def of(cls, store: _Store, readahead: int, readahead_bytes: int, window: int | None, tier: str | None) -> _Reading:
-        if not _is_int(readahead) or readahead < 1:
-            raise ValueError(f"readahead must be an int >= 1, got {readahead!r}")
-        if not _is_int(readahead_bytes) or readahead_bytes < 1:
-            raise ValueError(f"readahead_bytes must be an int >= 1, got {readahead_bytes!r}")
-        if window is not None and (not _is_int(window) or window < 1):
-            raise ValueError(f"prefetch_window must be an int >= 1 or None, got {window!r}")
-        tier = _prefetch_tier(store, tier)
-        return cls(readahead, readahead_bytes, window, tier if window is not None else None)
-
-
-def _prefetch_tier(store: _Store, tier: str | None) -> str | None:
-    has = store.cache_tiers()
-    if tier == "auto":
-        return has[0] if has else None
-    if tier is not None and tier not in PREFETCH_TIERS:
-        raise ValueError(f"prefetch_tier must be 'auto', 'l1', 'l2', 'l3' or None, got {tier!r}")
-    if tier is not None and tier not in has:
-        configured = ", ".join(map(repr, has)) or "none"
-        raise ValueError(f"prefetch_tier {tier!r} is not configured for this store; configured: {configured}")
-    return tier
-
-
-class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
+class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     """Every sample of ``paths_or_prefix`` once per epoch, sharded over ranks and DataLoader
     workers, read ahead and deep-prefetched in each worker; see the module docstring."""
 
@@ -348,21 +169,21 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         prefetch_window: int | None = PREFETCH_WINDOW,
         prefetch_tier: str | None = "auto",
     ) -> None:
-        self._store = _Store.of(config, local)
-        self._reading = _Reading.of(self._store, readahead, readahead_bytes, prefetch_window, prefetch_tier)
-        self._transform = _check_transform(transform)
+        self._store = Store.of(config, local)
+        self._reading = Reading.of(self._store, readahead, readahead_bytes, prefetch_window, prefetch_tier)
+        self._transform = check_transform(transform)
         rank, world_size = resolve_rank(rank, world_size)
-        self.paths = _resolve_paths(self._store, paths_or_prefix)
-        self._sharding = _Sharding(len(self.paths), shuffle, seed, rank, world_size)
-        self._fingerprint = _fingerprint(self.paths)
+        self.paths = resolve_paths(self._store, paths_or_prefix)
+        self._sharding = Sharding(len(self.paths), shuffle, seed, rank, world_size)
+        self._fingerprint = fingerprint(self.paths)
         # One int in shared memory: the workers' copies (forked or spawned) share it.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
-        self._pending: _Position | None = None  # loaded by load_state_dict, taken by the next __iter__
-        self._current: _Iteration | None = None  # this process's latest iteration
-        self._ahead: Held[_Ahead] = Held()  # the next iteration's readahead, started by this one
+        self._pending: Position | None = None  # loaded by load_state_dict, taken by the next __iter__
+        self._current: Iteration | None = None  # this process's latest iteration
+        self._ahead: Held[Ahead] = Held()  # the next iteration's readahead, started by this one
         # One client per process, kept from epoch to epoch: its L1, plan cache and connections
         # outlive an epoch.
-        self._client = _ProcessClient(self._store)
+        self._client = ProcessClient(self._store)
         self._stats = WorkerStats()  # the workers' clients' counters, for worker_stats()
 
     @classmethod
@@ -385,7 +206,7 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iterations run (call it in the main process, between epochs)."""
-        self._epoch.fill_(_check_epoch(epoch))
+        self._epoch.fill_(check_epoch(epoch))
         self._current = None
 
     def __len__(self) -> int:
@@ -393,13 +214,13 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         return self._sharding.count()
 
     def __iter__(self) -> Iterator[Any]:
-        worker = _worker()
-        position = self._take_pending(worker) or _Position(self.epoch, worker=worker)
+        worker = current_worker()
+        position = self._take_pending(worker) or Position(self.epoch, worker=worker)
         indices = self._sharding.indices(position.epoch, *worker)
-        self._current = _Iteration(position, [self.paths[i] for i in indices])
+        self._current = Iteration(position, [self.paths[i] for i in indices])
         return self._samples(self._current)
 
-    def _take_pending(self, worker: tuple[int, int]) -> _Position | None:
+    def _take_pending(self, worker: tuple[int, int]) -> Position | None:
         pending, self._pending = self._pending, None
         if pending is not None and pending.worker != worker:
             saved, here = pending.worker, worker
@@ -409,22 +230,22 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
             )
         return pending
 
-    def _samples(self, it: _Iteration) -> Iterator[Any]:
+    def _samples(self, it: Iteration) -> Iterator[Any]:
         reading = self._reading
         client = self._client.get()
-        reads = self._take_ahead(it) or _readahead(client, it.paths[it.position.yielded :], reading)
+        reads = self._take_ahead(it) or readahead(client, it.paths[it.position.yielded :], reading)
         last = len(it.paths) - 1
-        with _WindowPrefetch(client, it.paths, reading.prefetch_window, reading.prefetch_tier) as prefetch, closing(reads):
+        with WindowPrefetch(client, it.paths, reading.prefetch_window, reading.prefetch_tier) as prefetch, closing(reads):
             for position, sample in enumerate(reads, start=it.position.yielded):
                 prefetch.enter(position)
-                _publish(self._stats, client, force=position == last)  # all of this epoch's reads, at its last sample
+                publish(self._stats, client, force=position == last)  # all of this epoch's reads, at its last sample
                 if position == last:
                     self._read_next_ahead(client, it.position)
                 item = self._transform(sample)
                 it.position.yielded = position + 1
                 yield item
 
-    def _read_next_ahead(self, client: SyncClient, position: _Position) -> None:
+    def _read_next_ahead(self, client: SyncClient, position: Position) -> None:
         """Start the readahead of the iteration that likely comes next in this process (the
         next epoch when shuffled, else the same order again) while this one hands its last
         samples out: a worker's first batch of an epoch is then read in its idle time."""
@@ -432,9 +253,9 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         epoch = position.epoch + 1 if self._sharding.shuffle else position.epoch
         paths = [self.paths[i] for i in self._sharding.indices(epoch, *position.worker)]
         if paths:
-            self._ahead.put(_Ahead(paths, _readahead(client, paths, self._reading)))
+            self._ahead.put(Ahead(paths, readahead(client, paths, self._reading)))
 
-    def _take_ahead(self, it: _Iteration) -> SyncReadahead | None:
+    def _take_ahead(self, it: Iteration) -> SyncReadahead | None:
         """The readahead started for ``it`` by the iteration before, if it guessed right."""
         ahead = self._ahead.take()
         if ahead is None or not ahead.finalizer.still_active():
@@ -454,22 +275,22 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         """This process's (worker's) position: the running or last iteration's, else where the
         next one starts."""
         it = self._current
-        position = self._pending or (it.position if it is not None else _Position(self.epoch, worker=_worker()))
+        position = self._pending or (it.position if it is not None else Position(self.epoch, worker=current_worker()))
         return {**self._identity(position.worker), "epoch": position.epoch, "yielded": position.yielded}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Make the next iteration in this process resume where ``state`` was taken."""
-        worker = _worker()
-        position = _restore(state, self._identity(worker), type(self).__name__, self._sharding.count(*worker))
-        self._pending = _Position(position.epoch, position.yielded, worker)
+        worker = current_worker()
+        position = restore(state, self._identity(worker), type(self).__name__, self._sharding.count(*worker))
+        self._pending = Position(position.epoch, position.yielded, worker)
 
     def _identity(self, worker: tuple[int, int]) -> dict[str, object]:
         identity = {**self._sharding.identity(), "fingerprint": self._fingerprint}
         return {**identity, "worker": worker[0], "workers": worker[1]}
 
     def worker_stats(self) -> dict[str, Any]:
-        """The tier counters of the DataLoader workers' clients, see :func:`_worker_stats`."""
-        return _worker_stats(self._stats, self._client)
+        """The tier counters of the DataLoader workers' clients, see :func:`worker_stats`."""
+        return worker_stats(self._stats, self._client)
 
     def close(self) -> None:
         """Close this process's client (the next iteration opens another); in the process
@@ -486,115 +307,6 @@ class BlobIterableDataset(_ClosedOnExit, IterableDataset[Any]):
         return f"<{type(self).__name__} {s.samples} samples, rank {s.rank} of {s.world_size}, epoch {self.epoch}>"
 
 
-class _Ahead:
-    """An iteration's readahead started before it: closed when taken by a wrong guess, when
-    the dataset closes, or at the exit of its process (before the client closes)."""
-
-    def __init__(self, paths: list[str], reads: SyncReadahead) -> None:
-        self.paths = paths
-        self.reads = reads
-        self.finalizer = multiprocessing.util.Finalize(self, reads.close, exitpriority=1)
-
-
-@dataclass
-class _Iteration:
-    position: _Position
-    paths: list[str] = field(repr=False)  # this worker's samples of the epoch, in order
-
-
-def _readahead(client: SyncClient, paths: Sequence[str], reading: _Reading) -> SyncReadahead:
-    """``client.readahead``: a generator, whose closing cancels the reads in flight."""
-    return client.readahead(paths, depth=reading.readahead, max_bytes=reading.readahead_bytes)
-
-
-def _publish(stats: WorkerStats, client: SyncClient, *, force: bool = False) -> None:
-    """In a DataLoader worker, publish its client's counters (if ``force`` or due)."""
-    info = get_worker_info()
-    if info is not None and (force or stats.due()):
-        counters = _stats_of(client)
-        if counters is not None:
-            stats.publish(info.id, counters, force=True)
-
-
-def _stats_of(client: SyncClient) -> dict[str, dict[str, int | float]] | None:
-    """``client.stats()``, read in this thread while the client's loop thread runs: some
-    tiers' extra stats iterate a dict that loop may change meanwhile (RuntimeError), so it
-    is read again, and given up for this publish (never failing a read) if it keeps failing."""
-    for _ in range(3):
-        with contextlib.suppress(RuntimeError):
-            return client.stats()
-    return None
-
-
-def _worker_stats(stats: WorkerStats, client: _ProcessClient) -> dict[str, Any]:
-    """``{"workers": {id: counters}, "main": counters, "total": counters}``: per tier
-    ("l1" ... "l4") ``hits, misses, bytes, corrupt, errors`` and ``enabled``, cumulative, as
-    each worker last published them (see blobsdk/runtime/workerstats.py); "main" is this process's
-    own client (when it read, e.g. ``num_workers=0``), left out if it has none; "total" sums
-    them all."""
-    workers = stats.read()
-    out: dict[str, Any] = {"workers": workers}
-    parts = list(workers.values())
-    main = client.opened()
-    if main is not None:
-        out["main"] = counters_of(main.stats())
-        parts.append(out["main"])
-    out["total"] = total(parts)
-    return out
-
-
-def _worker() -> tuple[int, int]:
-    """``(id, num_workers)`` of the DataLoader worker this runs in; ``(0, 1)`` outside one."""
-    info = get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-def _check_transform(transform: object) -> Transform:
-    if transform is None:
-        return _identity
-    if not callable(transform):
-        raise TypeError(f"transform must be callable or None, not {type(transform).__name__}")
-    return transform
-
-
-def _identity(sample: Sample) -> Sample:
-    return sample
-
-
-class _WindowPrefetch(_ClosedOnExit):
-    """Deep prefetch of one iteration's samples, a window ahead: :meth:`enter` at each position
-    starts window ``k+1`` on entering window ``k`` and cancels the windows before ``k``;
-    :meth:`close` cancels what still runs."""
-
-    def __init__(self, client: SyncClient, paths: Sequence[str], window: int | None, tier: str | None) -> None:
-        self._client = client
-        self._paths = paths
-        self._window = window
-        self._tier = tier
-        self._entered: int | None = None
-        self.running: dict[int, SyncPrefetch] = {}  # window -> its prefetch
-
-    def enter(self, position: int) -> None:
-        if self._window is None or self._tier is None or position // self._window == self._entered:
-            return
-        first, current = self._entered is None, position // self._window
-        self._entered = current
-        self._cancel([w for w in self.running if w < current])
-        for window in (current, current + 1) if first else (current + 1,):  # the first also warms its own
-            ahead = self._paths[window * self._window : (window + 1) * self._window]
-            if ahead:
-                self.running[window] = self._client.prefetch(ahead, tier=self._tier)
-
-    def close(self) -> None:
-        self._cancel(list(self.running))
-
-    def _cancel(self, windows: list[int]) -> None:
-        for window in windows:
-            handle = self.running.pop(window)
-            if not handle.done:
-                handle.cancel()
-
-
 # --- the map-style dataset ------------------------------------------------------------------------
 
 
@@ -606,7 +318,7 @@ class MapOptions(TypedDict, total=False):
     readahead_bytes: int
 
 
-class BlobDataset(_ClosedOnExit, Dataset[Any]):
+class BlobDataset(ClosedOnExit, Dataset[Any]):
     """``dataset[i]`` is ``transform((path, data))`` of the ``i``-th path; a batch of indices
     is read through one readahead.  Order, sharding and resume are the sampler's: use
     :class:`BlobSampler` (or the DataLoader's ``shuffle``/``generator``)."""
@@ -621,12 +333,12 @@ class BlobDataset(_ClosedOnExit, Dataset[Any]):
         readahead: int = READAHEAD_DEPTH,
         readahead_bytes: int = READAHEAD_BYTES,
     ) -> None:
-        store = _Store.of(config, local)
-        self._reading = _Reading.of(store, readahead, readahead_bytes, None, None)
-        self._transform = _check_transform(transform)
-        self.paths = _resolve_paths(store, paths_or_prefix)
-        self._fingerprint = _fingerprint(self.paths)
-        self._client = _ProcessClient(store)
+        store = Store.of(config, local)
+        self._reading = Reading.of(store, readahead, readahead_bytes, None, None)
+        self._transform = check_transform(transform)
+        self.paths = resolve_paths(store, paths_or_prefix)
+        self._fingerprint = fingerprint(self.paths)
+        self._client = ProcessClient(store)
         self._stats = WorkerStats()  # the workers' clients' counters, for worker_stats()
 
     @classmethod
@@ -650,16 +362,16 @@ class BlobDataset(_ClosedOnExit, Dataset[Any]):
         path = self.paths[index]
         client = self._client.get()
         data = client.get(path)
-        _publish(self._stats, client)
+        publish(self._stats, client)
         return self._transform((path, data))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch (the DataLoader's fetcher calls this): its reads run concurrently."""
         paths = [self.paths[i] for i in indices]
         client = self._client.get()
-        with closing(_readahead(client, paths, self._reading)) as reads:
+        with closing(readahead(client, paths, self._reading)) as reads:
             items = [self._transform(sample) for sample in reads]
-        _publish(self._stats, client, force=True)  # before the batch reaches the main process
+        publish(self._stats, client, force=True)  # before the batch reaches the main process
         return items
 
     def state_dict(self) -> dict[str, object]:
@@ -668,11 +380,11 @@ class BlobDataset(_ClosedOnExit, Dataset[Any]):
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Check that ``state`` was saved over this same list (ValueError if not)."""
-        _check_identity(state, self.state_dict(), type(self).__name__)
+        check_identity(state, self.state_dict(), type(self).__name__)
 
     def worker_stats(self) -> dict[str, Any]:
-        """The tier counters of the DataLoader workers' clients, see :func:`_worker_stats`."""
-        return _worker_stats(self._stats, self._client)
+        """The tier counters of the DataLoader workers' clients, see :func:`worker_stats`."""
+        return worker_stats(self._stats, self._client)
 
     def close(self) -> None:
         """Close this process's client (the next read opens a new one); in the process that
@@ -694,32 +406,32 @@ class BlobSampler(Sampler[int]):
         self, data_source: Sized, *, shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None
     ) -> None:
         rank, world_size = resolve_rank(rank, world_size)
-        self._sharding = _Sharding(len(data_source), shuffle, seed, rank, world_size)
+        self._sharding = Sharding(len(data_source), shuffle, seed, rank, world_size)
         self.epoch = 0
-        self._pending: _Position | None = None
-        self._current: _Position | None = None
+        self._pending: Position | None = None
+        self._current: Position | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = _check_epoch(epoch)
+        self.epoch = check_epoch(epoch)
         self._current = None
 
     def __len__(self) -> int:
         return self._sharding.count()
 
     def __iter__(self) -> Iterator[int]:
-        position = self._current = self._pending or _Position(self.epoch)
+        position = self._current = self._pending or Position(self.epoch)
         self._pending = None
         return self._indices(position, self._sharding.indices(position.epoch))
 
     @staticmethod
-    def _indices(position: _Position, indices: list[int]) -> Iterator[int]:
+    def _indices(position: Position, indices: list[int]) -> Iterator[int]:
         for i in range(position.yielded, len(indices)):
             position.yielded = i + 1
             yield indices[i]
 
     def state_dict(self) -> dict[str, object]:
-        position = self._pending or self._current or _Position(self.epoch)
+        position = self._pending or self._current or Position(self.epoch)
         return {**self._sharding.identity(), "epoch": position.epoch, "yielded": position.yielded}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        self._pending = _restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())
+        self._pending = restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())

@@ -154,6 +154,8 @@ JSON = "application/json"
 MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
 MAX_CHUNK_BYTES = 64 << 20  # the largest chunk (raw bytes) a plan may name; the L3 node's default limit
 MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
+MAX_PATHS_PER_REQUEST = 1000  # the API server's bound on GetPlansRequest.paths
+MAX_OPS_PER_REQUEST = 1000  # the API server's bound on CommitRequest.ops
 # How long a server waits on a client (blobsdk/net/serving.py; each has a serve flag).
 HEADER_TIMEOUT_S = 10.0  # a request head must be complete this long after its first byte
 BODY_TIMEOUT_S = 30.0  # a request body that gets no bytes this long is answered 408

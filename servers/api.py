@@ -33,10 +33,11 @@ from aiohttp import web
 from blobsdk.auth import GRANT_TTL_S, Claims
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.http import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST
 from blobsdk.net.serving import limits_of_args
 from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
+    MAX_OPS_PER_REQUEST,
+    MAX_PATHS_PER_REQUEST,
     CommitRequest,
     CommitResponse,
     DeleteRequest,
@@ -52,6 +53,7 @@ from blobsdk.wire import (
     ScanResponse,
 )
 
+from ._common import prog
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import Handler, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
@@ -216,7 +218,7 @@ async def _value_errors_as_bad_request(request: web.Request, handler: Handler) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m servers.api", description="blobsdk metadata API server.")
+    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.api"), description="blobsdk metadata API server.")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", help="SQLite database file (created if missing)")
     where.add_argument("--metadata", metavar="URL", help="redis://HOST:PORT/DB: the metadata in Redis (or a Redis Cluster)")

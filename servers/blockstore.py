@@ -37,11 +37,13 @@ from blobsdk.net.serving import limits_of_args
 from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
-from servers._common.auth import ServerAuth, check_grant, require_admin
-from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
-from servers._common.hdd import Bandwidth, Spindles
-from servers._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
-from servers._common.logs import setup_logging
+
+from ._common import prog
+from ._common.auth import ServerAuth, check_grant, require_admin
+from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
+from ._common.hdd import Bandwidth, Spindles
+from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
+from ._common.logs import setup_logging
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -276,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m servers.blockstore", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.blockstore"), description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="directory holding the blocks")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="emulated seek latency per request")
     parser.add_argument("--bandwidth-mbps", type=float, default=0.0, help="server-wide MB/s (1e6 B/s); 0 = unlimited")

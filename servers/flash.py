@@ -88,9 +88,11 @@ from blobsdk.wire import (
     ref_from_query,
     validate_ref,
 )
-from servers._common.auth import AUTH_KEY, ServerAuth, check_grant, claims_of
-from servers._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
-from servers._common.http import (
+
+from ._common import prog
+from ._common.auth import AUTH_KEY, ServerAuth, check_grant, claims_of
+from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
+from ._common.http import (
     METRICS_KEY,
     add_serve_args,
     auth_of_args,
@@ -102,9 +104,9 @@ from servers._common.http import (
     serve,
     with_progress,
 )
-from servers._common.logs import setup_logging
-from servers._common.metrics import ServerMetrics
-from servers._common.stores import add_s3_args, s3_config_of_args
+from ._common.logs import setup_logging
+from ._common.metrics import ServerMetrics
+from ._common.stores import add_s3_args, s3_config_of_args
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
@@ -608,7 +610,7 @@ def parse_quota(spec: str) -> tuple[str, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m servers.flash", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.flash"), description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="directory of the flash cache")
     parser.add_argument(
         "--block-url",

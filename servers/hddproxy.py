@@ -47,9 +47,10 @@ import xxhash
 from aiohttp import web
 from yarl import URL
 
-from servers._common.hdd import Bandwidth, Spindles
-from servers._common.http import serve
-from servers._common.lifeline import LocalService
+from ._common import prog
+from ._common.hdd import Bandwidth, Spindles
+from ._common.http import serve
+from ._common.lifeline import LocalService
 
 MiB = 1 << 20
 PIECE = 1 << 20  # bytes paced and sent per step of an answer
@@ -263,7 +264,7 @@ class HddProxy(LocalService):
 
     def command(self, port: int) -> list[str]:
         log = [f"--log={self.log}"] if self.log is not None else []
-        base = [sys.executable, "-m", "servers.hddproxy", f"--upstream={self.upstream}", f"--port={port}"]
+        base = [sys.executable, "-m", f"{__package__}.hddproxy", f"--upstream={self.upstream}", f"--port={port}"]
         return [*base, *self.model.args(), *log]
 
     def stats(self) -> dict[str, int]:
@@ -292,7 +293,7 @@ def start_hddproxy(dir: Path, upstream: str, model: HddModel, log: Path | None =
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m servers.hddproxy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.hddproxy"), description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True, help="the origin, http://host:port")
     parser.add_argument("--disks", type=int, default=3)
     parser.add_argument("--spindles", type=int, default=2, help="requests each disk serves at once (0: unlimited)")

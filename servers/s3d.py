@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from servers._common.lifeline import LocalService
+from ._common.lifeline import LocalService
 
 
 @dataclass

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from blobsdk.config import S3Config
-from servers._common.lifeline import LocalService, free_port
+
+from ._common.lifeline import LocalService, free_port
 
 ACCESS_KEY = "test"
 SECRET_KEY = "test"

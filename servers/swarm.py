@@ -36,6 +36,7 @@ import xxhash
 import blobsdk
 from blobsdk.config import ClientConfig
 
+from ._common import prog
 from ._common.metrics import sample_sum
 from .cluster import ROOT, start_cluster
 
@@ -110,7 +111,7 @@ async def _start_reader(config: Path, paths: Path) -> asyncio.subprocess.Process
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "servers.swarm",
+        f"{__package__}.swarm",
         "--reader",
         str(config),
         str(paths),
@@ -210,7 +211,7 @@ async def demo(dir: Path, clients: int, size_mb: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servers.swarm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.swarm"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4, help="reader processes (default 4)")
     parser.add_argument("--size-mb", type=int, default=128, help=f"dataset size, in {BLOB_MB} MB blobs (default 128)")
     parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one, removed after)")

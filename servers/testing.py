@@ -1,8 +1,9 @@
 """pytest fixtures for a suite whose code reads through blobsdk: an embedded store, a local
 cluster of real servers, and its ``client.toml``.  Installing blobsdk registers this module
-as a pytest plugin (the ``pytest11`` entry point ``servers.testing``); without the entry
-point, ``pytest -p servers.testing`` or ``pytest_plugins = ["servers.testing"]`` loads it, and
-``-p no:servers.testing`` keeps it out.
+as a pytest plugin (the ``pytest11`` entry point ``blobsdk_servers.testing``: servers/ is
+installed as the package ``blobsdk_servers``); without the entry point, ``pytest -p
+blobsdk_servers.testing`` or ``pytest_plugins = ["blobsdk_servers.testing"]`` loads it, and
+``-p no:blobsdk_servers.testing`` keeps it out.
 
     blob_client           an open async blobsdk.Client on an embedded store in tmp_path
                           (needs pytest-asyncio: an async fixture runs on its event loop)
@@ -50,7 +51,8 @@ except ImportError:
 
 if TYPE_CHECKING:
     from blobsdk import Client, ClientConfig, SyncClient
-    from servers.cluster import Cluster
+
+    from .cluster import Cluster
 
 __all__ = ("BlobCluster", "ClusterFactory")
 
@@ -104,7 +106,7 @@ class BlobCluster:
         specs or FaultRule fields as a dict) in requests that arrive from now on."""
         import msgspec
 
-        from servers._common.faults import FaultConfig, FaultRule, parse_rule
+        from ._common.faults import FaultConfig, FaultRule, parse_rule
 
         parsed = tuple(parse_rule(r) if isinstance(r, str) else FaultRule(**r) for r in rules)
         body = msgspec.json.encode(FaultConfig(rules=parsed, seed=seed))
@@ -164,7 +166,7 @@ def _stop(cluster: Cluster) -> None:
 def blob_cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
     """``start(faults=False, **options)`` starts a cluster in a fresh directory and returns
     it as a :class:`BlobCluster`; every cluster it started stops at teardown."""
-    from servers.cluster import start_cluster
+    from .cluster import start_cluster
 
     started: list[Cluster] = []
 
@@ -226,6 +228,6 @@ def pytest_configure(config: pytest.Config) -> None:
         fixture = pytest_asyncio.fixture(_embedded_client, name="blob_client")
     else:
         fixture = pytest.fixture(_needs_pytest_asyncio, name="blob_client")
-    holder = ModuleType("servers.testing.blob_client")  # pytest reads a plugin's fixtures from a module's attributes
+    holder = ModuleType(f"{__name__}.blob_client")  # pytest reads a plugin's fixtures from a module's attributes
     holder.blob_client = fixture  # type: ignore[attr-defined]
     config.pluginmanager.register(holder, holder.__name__)

@@ -77,6 +77,7 @@ from blobsdk.wire import (
     validate_ref,
 )
 
+from ._common import prog
 from ._common.auth import AUTH_KEY, ServerAuth, claims_of, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, positive, read_body, reply, serve
@@ -504,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m servers.tracker", description="The peer tier's tracker (Owl's control plane)."
+        prog=prog(f"{__package__}.tracker"), description="The peer tier's tracker (Owl's control plane)."
     )
     defaults = TrackerConfig()
     for flag, name, what in _FLAGS:

@@ -182,6 +182,39 @@ async def test_a_manifest_that_does_not_decode_is_corrupt_data(client: blobsdk.C
     )
 
 
+@pytest.mark.parametrize(
+    ("leaf", "dtype", "shape", "message"),
+    [
+        ("t", "load", None, "checkpoint leaf 't': 'load' is not a torch dtype"),
+        ("t", "__class__", None, "checkpoint leaf 't': '__class__' is not a torch dtype"),
+        ("t", "float32.__class__", None, "checkpoint leaf 't': 'float32.__class__' is not a torch dtype"),
+        ("t", None, (3, 3), "checkpoint leaf 't': shape [3, 3] does not hold its 32 bytes"),
+        ("a", "|O", None, "checkpoint leaf 'a': '|O' is not a plain numpy dtype"),
+        ("a", "no-such-dtype", None, "checkpoint leaf 'a': 'no-such-dtype' is not a plain numpy dtype"),
+        ("a", None, (-1,), "checkpoint leaf 'a': shape [-1] does not hold its 24 bytes"),
+    ],
+)
+async def test_a_stored_dtype_or_shape_is_checked_before_use(
+    client: blobsdk.Client, leaf: str, dtype: str | None, shape: tuple[int, ...] | None, message: str
+) -> None:
+    """The dtype name and shape come from stored data: only a dtype is ever looked up by that
+    name, and a shape must hold exactly the leaf's bytes."""
+    from blobsdk.write.manifest import Manifest
+
+    ck = client.checkpoints("/ck/d")
+    await (await ck.save(1, {"t": torch.arange(8, dtype=torch.float32), "a": np.arange(3, dtype=np.int64)})).wait()
+    path = "/ck/d/000000000001/manifest"
+    manifest = msgspec.msgpack.decode(await client.get(path), type=Manifest)
+    entries = tuple(
+        msgspec.structs.replace(e, dtype=dtype or e.dtype, shape=shape or e.shape) if e.name == (leaf,) else e
+        for e in manifest.entries
+    )
+    await client.put(path, msgspec.msgpack.encode(msgspec.structs.replace(manifest, entries=entries)))
+    with pytest.raises(blobsdk.CorruptData) as exc:
+        await ck.load(1)
+    assert str(exc.value) == message
+
+
 async def test_bad_arguments_are_refused(client: blobsdk.Client) -> None:
     with pytest.raises(blobsdk.InvalidPath):
         client.checkpoints("no-slash")

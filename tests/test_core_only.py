@@ -32,6 +32,7 @@ MODULES = (
     "blobsdk.demo",
     "blobsdk.tiers.peer",
     "blobsdk.peer.server",
+    "blobsdk.peer.sharing",
     "blobsdk.peer.trackers",
     "servers.swarm",
     "servers.cluster",

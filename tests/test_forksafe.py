@@ -37,7 +37,7 @@ def _hold(lock: threading.Lock) -> None:
 def busy() -> Iterator[threading.Lock]:
     """A lock that blobsdk threads hold nearly all the time, until the test ends."""
     lock = threading.Lock()
-    thread = LoopThread("test-busy")
+    thread = LoopThread("test-busy").start()
     executor = Executor(max_workers=2)
     job = asyncio.run_coroutine_threadsafe(hold_forever(lock, executor), thread.loop)
     time.sleep(0.05)
@@ -62,7 +62,7 @@ def test_no_lock_a_blobsdk_thread_held_is_held_in_a_forked_child(busy: threading
 
 
 def test_a_fork_from_a_loop_thread_itself_is_not_held_up() -> None:
-    thread = LoopThread("test-self")
+    thread = LoopThread("test-self").start()
 
     async def fork_here() -> int:
         pid = os.fork()  # on the loop thread, which cannot park for it
@@ -93,3 +93,18 @@ def test_a_sync_client_busy_reading_in_the_parent_lets_forked_children_open_thei
             assert wait_for_child(pid) == 0
             next(reading)
         reading.close()
+
+
+def test_a_loop_thread_runs_nothing_until_started() -> None:
+    """Made idle (no thread, not parked at forks); start() runs it, stop() ends it."""
+    from blobsdk.runtime.forksafe import _registry
+
+    thread = LoopThread("test-idle")
+    assert not thread.thread.is_alive()
+    assert thread not in _registry()._loops
+    assert thread.start() is thread
+    assert thread.thread.is_alive()
+    assert thread in _registry()._loops
+    thread.stop()
+    assert not thread.thread.is_alive()
+    assert thread not in _registry()._loops

@@ -235,6 +235,52 @@ def test_blobsdk_never_imports_servers_or_benchmarks():
     assert not wrong, "blobsdk imports: " + ", ".join(f"{e.target} ({e.where})" for e in wrong)
 
 
+# What servers/ may use of blobsdk: the wire types and limits, the errors, auth, config, the
+# storage protocols and their backends, and the serving and data-path helpers a server shares
+# with the client.  docs/architecture.md lists the same modules; a server that needs another
+# one makes it public there first, so a change to the SDK's internals never breaks a server.
+SERVER_IMPORTS = {
+    "blobsdk",
+    "blobsdk.auth",
+    "blobsdk.cache.base",
+    "blobsdk.cache.disk",
+    "blobsdk.config",
+    "blobsdk.errors",
+    "blobsdk.metadata.base",
+    "blobsdk.metadata.redis",
+    "blobsdk.metadata.sqlite",
+    "blobsdk.net.rpc",
+    "blobsdk.net.serving",
+    "blobsdk.paths",
+    "blobsdk.read.codec",
+    "blobsdk.runtime.ids",
+    "blobsdk.runtime.singleflight",
+    "blobsdk.sources.base",
+    "blobsdk.sources.http",
+    "blobsdk.sources.local",
+    "blobsdk.sources.replicated",
+    "blobsdk.sources.s3",
+    "blobsdk.tail.limiter",
+    "blobsdk.tiers.l4",
+    "blobsdk.wire",
+}
+
+
+def test_servers_import_only_the_modules_made_for_them():
+    used = {e.target for e in import_edges(ROOT) if e.source.split(".")[0] == "servers" and e.target.split(".")[0] == "blobsdk"}
+    assert used <= SERVER_IMPORTS, "servers import blobsdk modules not made for them: " + ", ".join(sorted(used - SERVER_IMPORTS))
+
+
+def test_servers_import_no_private_name_of_blobsdk():
+    private = []
+    for path in sorted((ROOT / "servers").rglob("*.py")):
+        for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blobsdk"):
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                private += [f"{node.module}.{a.name} ({where})" for a in node.names if a.name.startswith("_")]
+    assert not private, "servers import private names: " + ", ".join(private)
+
+
 # --- the checker itself can fail ------------------------------------------------------------
 
 
@@ -300,3 +346,17 @@ def test_type_checking_imports_are_typing_only(tmp_path: Path):
     }
     assert find_cycles(e for e in edges if not e.typing_only) == []
     assert len(find_cycles(edges)) == 1
+
+
+def test_servers_import_each_other_relatively():
+    """So the same files run as ``servers.X`` in a checkout and as ``blobsdk_servers.X``
+    installed (pyproject.toml maps the one onto the other)."""
+    between = [e for e in import_edges(ROOT) if e.source.split(".")[0] == e.target.split(".")[0] == "servers"]
+    absolute = []
+    for path in sorted((ROOT / "servers").rglob("*.py")):
+        for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.Import) or node.level == 0:
+                absolute += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "servers"]
+    assert between, "the servers import each other: the check must see those imports"
+    assert not absolute, "absolute imports of servers inside servers/: " + ", ".join(absolute)

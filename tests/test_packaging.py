@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import json
+import os
 import subprocess
 import sys
 import tomllib
+import zipfile
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -54,6 +56,63 @@ def test_the_licence_is_apache_2():
     text = (ROOT / "LICENSE").read_text()
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
     assert "\n   Copyright 2026 the blobsdk authors\n" in text and "[yyyy]" not in text
+
+
+# --- what the wheel installs -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from this tree (no network: the venv's setuptools builds it)."""
+    out = tmp_path_factory.mktemp("wheel")
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("blobsdk-*.whl")
+    return built
+
+
+def _repo_modules(directory: str, installed_as: str) -> set[str]:
+    return {f"{installed_as}/{p.relative_to(ROOT / directory).as_posix()}" for p in (ROOT / directory).rglob("*.py")}
+
+
+def test_the_wheel_installs_blobsdk_and_its_servers_under_unambiguous_names(wheel: Path):
+    """No ``servers`` or ``benchmarks`` at site-packages' top level: the servers are
+    ``blobsdk_servers``, and every module of blobsdk/ and servers/ is in the wheel."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"blobsdk", "blobsdk_servers", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "blobsdk/py.typed" in names
+    shipped = {n for n in names if n.endswith(".py")}
+    assert shipped == _repo_modules("blobsdk", "blobsdk") | _repo_modules("servers", "blobsdk_servers")
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    for script in ("blobsdk-cluster", "blobsdk-api", "blobsdk-blockstore", "blobsdk-flash", "blobsdk-tracker"):
+        assert f"{script} = blobsdk_servers." in entry_points
+    assert "blobsdk_servers.testing = blobsdk_servers.testing" in entry_points
+
+
+def test_the_installed_servers_run_without_the_checkout(wheel: Path, tmp_path: Path):
+    """The wheel unpacked on its own, away from the checkout: each server module imports from
+    there (every import inside servers/ is relative) and ``--help`` names it as installed."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import importlib, sys\n"
+        "for name in ('api', 'blockstore', 'flash', 'tracker', 'cluster', 'testing'):\n"
+        "    module = importlib.import_module('blobsdk_servers.' + name)\n"
+        "    assert module.__file__.startswith(sys.argv[1]), module.__file__\n"
+        "assert 'servers' not in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, check=True, timeout=120)
+    shown = subprocess.run(
+        [sys.executable, "-m", "blobsdk_servers.cluster", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("usage: python -m blobsdk_servers.cluster ")
 
 
 # --- missing extras ---------------------------------------------------------------------------
@@ -142,7 +201,7 @@ class NotInstalled(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NotInstalled())
 from blobsdk.errors import MissingExtra
-from blobsdk.write.checkpoint import Entry, _value_of
+from blobsdk.write.leaves import Entry, _value_of
 
 said = {}
 for module in ("blobsdk.torch", "blobsdk.dcp"):

@@ -24,7 +24,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import blobsdk
 from blobsdk.config import ClientConfig, L1Config, L2Config
 from blobsdk.errors import InvalidPath
-from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, _WindowPrefetch
+from blobsdk.integrations.reading import WindowPrefetch
+from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler
 from servers.cluster import start_cluster
 from tests.helpers import until
 
@@ -368,7 +369,7 @@ def test_the_prefetch_runs_one_window_ahead_and_stops_with_the_iteration(tmp_pat
     paths = [f"/w/{i:03d}" for i in range(250)]
     with blobsdk.SyncClient.local(tmp_path / "store") as c:
         c.put_many((p, content(p)) for p in paths)
-        with _WindowPrefetch(c, paths, 100, "l1") as prefetch:
+        with WindowPrefetch(c, paths, 100, "l1") as prefetch:
             prefetch.enter(0)
             assert list(prefetch.running) == [0, 1]  # the first window entered is warmed too
             assert prefetch.running[0].wait().chunks_done == 100
@@ -382,7 +383,7 @@ def test_the_prefetch_runs_one_window_ahead_and_stops_with_the_iteration(tmp_pat
             assert list(prefetch.running) == [2]
         assert prefetch.running == {}
         assert c.stats()["l1"]["cache_entries"] == 250  # each sample is one chunk
-        with _WindowPrefetch(c, paths, 100, "l1") as resumed:
+        with WindowPrefetch(c, paths, 100, "l1") as resumed:
             resumed.enter(150)  # a resumed iteration enters window 1 first
             assert list(resumed.running) == [1, 2]
 

@@ -19,6 +19,8 @@ from ..net.rpc import HttpEndpoint
 from ..paths import validate_path
 from ..read.plans import checked_plan
 from ..wire import (
+    MAX_OPS_PER_REQUEST,
+    MAX_PATHS_PER_REQUEST,
     BlobInfo,
     CommitOp,
     CommitRequest,
@@ -48,9 +50,6 @@ from .base import (
 )
 
 T = TypeVar("T")
-
-MAX_PATHS_PER_REQUEST = 1000  # the server's bound on GetPlansRequest.paths
-MAX_OPS_PER_REQUEST = 1000  # the server's bound on CommitRequest.ops
 
 
 class HttpMetadataStore:

@@ -32,6 +32,11 @@ heartbeat or TTL that is not a positive finite number, a negative or non-finite 
 tenant that is empty or changes) makes the answer a failure: logged, the tracker marked down
 for ``down_s`` like one that refused, nothing of it obeyed.  A heartbeat shorter than
 ``HEARTBEAT_MIN_S`` is obeyed at that, a hold longer than ``HOLD_MAX_S`` cut to it.
+
+The peer tier sees its trackers only as a :class:`TrackerClient` (locate, announce, report,
+``tracker_of``, ``tenant``, ``counts``), made by a :data:`ConnectTrackers` from the peer's
+:class:`Registration` once its server listens: :func:`tracker_servers` makes a
+:class:`Trackers`, and the tier's conformance tests an in-process fake.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Self, TypeVar
+from typing import Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -94,6 +100,54 @@ class Announced:
     keep: set[str] = field(default_factory=set)  # filled keys to keep serving
     hold: set[str] = field(default_factory=set)  # evicting keys to hold a while longer
     hold_s: float = 0.0
+
+
+class TrackerClient(Protocol):
+    """What a peer asks of its trackers: :class:`Trackers` (the tracker servers), or a test's
+    in-process fake.  ``counts`` has at least ``errors``, ``timeouts``, ``nonsense`` and
+    ``bad_sources`` (the peer tier's ``tracker_*`` stats)."""
+
+    counts: Counter[str]
+    tenant: str | None  # as the trackers say, once one has answered a hello
+
+    def tracker_of(self, key: str) -> str:
+        """The tracker that ``key`` belongs to."""
+        ...
+
+    async def locate(self, refs: Iterable[ChunkRef]) -> dict[str, list[Source]]:
+        """Each chunk key's sources worth contacting, best first (none: from the origin)."""
+        ...
+
+    async def announce(
+        self,
+        *,
+        filled: Iterable[str] = (),
+        failed: Iterable[str] = (),
+        evicting: Iterable[str] = (),
+        evicted: Iterable[str] = (),
+    ) -> Announced:
+        """Tell the trackers; which filled keys to keep and which evicting ones to hold."""
+        ...
+
+    async def report(self, source: str, key: str, problem: Problem) -> bool:
+        """Report peer ``source`` for ``key``; whether it is banned now."""
+        ...
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a peer tells its trackers at hello, and how they reach back into it."""
+
+    peer_id: str
+    address: str  # where its peer server answers
+    serve_key: ServeKey  # the secret its serve tickets are signed with
+    budget_bytes: int  # its serving cache's budget
+    uploads: Callable[[], int]  # uploads sending now (sent with every heartbeat)
+    forgotten: Callable[[str], None]  # tracker URL answered ``registered``: announce again
+
+
+# Connects a peer, once its server listens, to its trackers; entering the result says hello.
+ConnectTrackers = Callable[[Registration], AbstractAsyncContextManager[TrackerClient]]
 
 
 class Trackers:
@@ -338,6 +392,31 @@ class Trackers:
         while True:
             await asyncio.sleep(self._heartbeat_s)
             await asyncio.gather(*(self._hello(url) for url in self._endpoints if not self.is_down(url)))
+
+
+def tracker_servers(
+    session: aiohttp.ClientSession, urls: Sequence[str], token: str | None = None, *, timeout_s: float = TIMEOUT_S
+) -> ConnectTrackers:
+    """Connects a peer to the tracker servers at ``urls`` (a :class:`Trackers`)."""
+    if not urls:
+        raise ValueError("the peer tier needs at least one tracker URL")
+    urls = tuple(urls)
+
+    def connect(peer: Registration) -> Trackers:
+        return Trackers(
+            session,
+            urls,
+            token,
+            peer_id=peer.peer_id,
+            address=peer.address,
+            serve_key=peer.serve_key,
+            uploads=peer.uploads,
+            forgotten=peer.forgotten,
+            budget_bytes=peer.budget_bytes,
+            timeout_s=timeout_s,
+        )
+
+    return connect
 
 
 def _source_address(address: str) -> str | None:

@@ -106,11 +106,12 @@ class _Tally:
 
 class Prefetch:
     """The handle of one running prefetch: ``await handle`` (its final progress),
-    ``done``, ``progress``, ``failed`` (path -> error) and ``cancel()``."""
+    ``done``, ``progress``, ``failed`` (path -> error) and ``cancel()``.  The task is the
+    :class:`Prefetcher`'s, which started it and cancels it on close; the handle only watches it."""
 
-    def __init__(self, work: Callable[[_Tally], Coroutine[object, object, None]], name: str) -> None:
-        self._tally = _Tally()
-        self._task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work(self._tally), name=name)
+    def __init__(self, task: asyncio.Task[None], tally: _Tally) -> None:
+        self._task = task
+        self._tally = tally
 
     @property
     def done(self) -> bool:
@@ -154,7 +155,7 @@ class Prefetcher:
         self.parallel = parallel
         self.capacities = capacities  # tier name -> bytes, for the default budget
         self.l3 = next((t for t in readpath.tiers if isinstance(t, L3Tier)), None)
-        self._running: set[Prefetch] = set()
+        self._running: set[asyncio.Task[None]] = set()
 
     def start(
         self,
@@ -174,21 +175,25 @@ class Prefetcher:
         if tier == "l3":
             if max_bytes is not None:
                 raise BadRequest("max_bytes bounds an l1 or l2 prefetch; an l3 prefetch is bounded by the nodes' pins")
-            handle = Prefetch(lambda tally: self._into_l3(wanted, tally, pin_seconds), name="blobsdk-prefetch-l3")
-        else:
-            if pin_seconds is not None:
-                raise BadRequest("pin_seconds applies to an l3 prefetch only")
-            budget = max_bytes if max_bytes is not None else self.capacities[tier] // 2
-            handle = Prefetch(lambda tally: self._into_cache(wanted, tally, top, budget), name=f"blobsdk-prefetch-{tier}")
-        self._running.add(handle)
-        handle._task.add_done_callback(lambda _: self._running.discard(handle))
-        return handle
+            return self._launch(lambda tally: self._into_l3(wanted, tally, pin_seconds), "blobsdk-prefetch-l3")
+        if pin_seconds is not None:
+            raise BadRequest("pin_seconds applies to an l3 prefetch only")
+        budget = max_bytes if max_bytes is not None else self.capacities[tier] // 2
+        return self._launch(lambda tally: self._into_cache(wanted, tally, top, budget), f"blobsdk-prefetch-{tier}")
+
+    def _launch(self, work: Callable[[_Tally], Coroutine[object, object, None]], name: str) -> Prefetch:
+        """Start ``work`` as a task of this prefetcher's, and its handle."""
+        tally = _Tally()
+        task = asyncio.get_running_loop().create_task(work(tally), name=name)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return Prefetch(task, tally)
 
     async def aclose(self) -> None:
         running = list(self._running)
-        for handle in running:
-            handle.cancel()
-        await asyncio.gather(*(handle._task for handle in running), return_exceptions=True)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     def _tier_index(self, tier: str) -> int:
         names = [t.name for t in self.readpath.tiers]

@@ -26,7 +26,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Self, TypeVar
 
 from .here import Held
 
@@ -71,7 +71,8 @@ class Executor(ThreadPoolExecutor):
 
 class LoopThread:
     """An event loop running forever on its own daemon thread, with a default executor of
-    blobsdk's own (:class:`Executor`), parked at every fork of this process."""
+    blobsdk's own (:class:`Executor`), parked at every fork of this process.  Made idle;
+    :meth:`start` starts the thread (and returns the LoopThread), :meth:`stop` ends it."""
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
@@ -80,8 +81,12 @@ class LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._parked = threading.Event()
         self._resume = threading.Event()
+
+    def start(self) -> Self:
+        """Run the loop on its thread, parked at every fork from now on."""
         self.thread.start()
         _registry().add_loop(self)
+        return self
 
     def stop(self) -> None:
         """Stop the loop, join its thread, shut its executor down and close it."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from .._extras import requires_extra
@@ -13,7 +12,7 @@ from .._extras import requires_extra
 with requires_extra("s3", __name__):
     from obstore.exceptions import InvalidPathError
 
-from ..errors import BadRequest, BlobNotFound, Unavailable
+from ..errors import BadRequest, BlobError, BlobNotFound, Overloaded, RangeNotSatisfiable, Unavailable
 from ..runtime.here import Held
 from .base import Buffer
 from .s3get import S3Refused
@@ -33,32 +32,38 @@ def _forked_after_obstore() -> bool:
     return False
 
 
-@contextmanager
-def _listable(where: str) -> Iterator[None]:
-    """A listing's own errors: a missing bucket, a key obstore cannot list."""
-    try:
-        yield
-    except Unavailable as exc:
-        cause = exc.__cause__
-        if isinstance(cause, InvalidPathError):  # obstore lists no key with an empty or a ".." segment
-            raise BadRequest(
-                f"{where}: obstore cannot list a key in it ({_first_line(cause)}): list a prefix without it"
-            ) from exc
-        if _status(cause) == 404:  # NoSuchBucket
-            raise BlobNotFound(f"{where}: no such bucket") from exc
-        raise
+def _listing_error(where: str, exc: BaseException) -> BlobError | None:
+    """What a listing's own obstore error means, if it is one: a key obstore cannot list, or
+    a missing bucket."""
+    if isinstance(exc, InvalidPathError):  # obstore lists no key with an empty or a ".." segment
+        return BadRequest(f"{where}: obstore cannot list a key in it ({_first_line(exc)}): list a prefix without it")
+    if _status(exc) == 404:  # NoSuchBucket
+        return BlobNotFound(f"{where}: no such bucket")
+    return None
 
 
 _STATUS = re.compile(r"status code: (\d{3}) ")
 
 
-def _status(exc: BaseException | None) -> int:
+def _status(exc: BaseException) -> int:
     """The HTTP status an S3 error reply or an obstore error reports (0 if none: a
-    connection error, a timeout)."""
+    connection error, a timeout).  obstore's errors carry it only in their message, so it
+    is read there once, where they are translated (S3BlockStore._errors)."""
     if isinstance(exc, S3Refused):
         return exc.status
     found = _STATUS.search(str(exc))
     return int(found.group(1)) if found else 0
+
+
+def _unavailable(message: str, exc: BaseException) -> Unavailable | RangeNotSatisfiable:
+    """A failed request as the class its status names: a range past the end, SlowDown
+    (still, after obstore's retries), or any other failure."""
+    status = _status(exc)
+    if status == 416:
+        return RangeNotSatisfiable(message)
+    if status == 503:
+        return Overloaded(message)
+    return Unavailable(message)
 
 
 def _copied(data: Buffer, out: memoryview) -> int:

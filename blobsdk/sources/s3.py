@@ -72,7 +72,9 @@ from ..errors import (
     CorruptData,
     Forbidden,
     NotForkSafe,
+    Overloaded,
     PreconditionFailed,
+    RangeNotSatisfiable,
     SourceChanged,
     TimedOut,
     Unauthorized,
@@ -83,7 +85,7 @@ from ..runtime.singleflight import SingleFlight
 from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import BlockInfo
-from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listable, _pieces, _status
+from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listing_error, _pieces, _unavailable
 from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
 from .s3get import S3Getter, S3Refused, S3Target, target_of
 
@@ -206,12 +208,13 @@ class S3BlockStore:
 
     @contextmanager
     def _errors(
-        self, block_id: str = "", *, obj: S3Object | None = None, where: str = "", signed: bool = False
+        self, block_id: str = "", *, obj: S3Object | None = None, where: str = "", signed: bool = False, listing: bool = False
     ) -> Iterator[None]:
-        """obstore's errors, and the signed GETs' (``signed``), as ours.  ``obj``: the
-        indexed object a link block's read reads; ``where``: what else a request is about
-        (a listing), for messages.  Every request goes through here, so here is where a
-        forked process is refused an obstore request."""
+        """obstore's errors, and the signed GETs' (``signed``), as ours: the one place where
+        they are read, so what a failure means (a status among them) travels in our classes,
+        never in ``__cause__``.  ``obj``: the indexed object a link block's read reads;
+        ``where``: what else a request is about (a ``listing``), for messages.  Every request
+        goes through here, so here is where a forked process is refused an obstore request."""
         if not signed and _forked_after_obstore():
             raise NotForkSafe(self._not_here(block_id, obj, where))
         place = obj.url if obj is not None else (where or self.name)
@@ -241,7 +244,8 @@ class S3BlockStore:
         except PermissionDeniedError as exc:
             raise Forbidden(f"{place}: {_first_line(exc)}") from exc
         except (BaseError, OSError) as exc:
-            raise Unavailable(f"{place}: {_first_line(exc)}") from exc
+            listed = _listing_error(place, exc) if listing else None
+            raise (listed or _unavailable(f"{place}: {_first_line(exc)}", exc)) from exc
 
     def _not_here(self, block_id: str, obj: S3Object | None, where: str) -> str:
         """NotForkSafe's message for an obstore request about a block, object or ``where``."""
@@ -261,7 +265,7 @@ class S3BlockStore:
             return Unauthorized(f"{place}: {exc}")
         if exc.status == 403:
             return Forbidden(f"{place}: {exc}")
-        return Unavailable(f"{place}: {exc}")
+        return _unavailable(f"{place}: {exc}", exc)
 
     @asynccontextmanager
     async def _bounded(self, what: str) -> AsyncIterator[None]:
@@ -327,12 +331,10 @@ class S3BlockStore:
                 attempt.in_service()
             try:
                 got = await self._range_into(block_id, offset, view)
-            except Unavailable as exc:
-                status = _status(exc.__cause__)
-                if status == 416:  # the range starts past the end
-                    raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
-                if status == 503:  # SlowDown, still, after obstore's retries
-                    permit.overloaded()
+            except RangeNotSatisfiable as exc:  # the range starts past the end
+                raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
+            except Overloaded:  # SlowDown, still, after obstore's retries
+                permit.overloaded()
                 raise
         if got != view.nbytes:
             raise CorruptData(f"{self._what(block_id)}: {got} bytes at {offset}, not {view.nbytes}: past its end")
@@ -414,7 +416,7 @@ class S3BlockStore:
         BlobNotFound if there is no such bucket, BadRequest if a key there has an empty or a
         ".." segment (obstore lists none)."""
         where = f"s3://{bucket}/{prefix}"
-        with _listable(where), self._errors(where=where):
+        with self._errors(where=where, listing=True):
             listing = obstore.list(self._bucket(bucket), prefix=prefix or None, chunk_size=1000)
             async for batch in self._each(listing, where):
                 for meta in batch:

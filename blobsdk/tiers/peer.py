@@ -1,13 +1,11 @@
 """The peer tier (issue 11; DESIGN §2): between L2 and L3, chunks fetched from other clients
 of the same tenant, Owl-style, with the trackers (``servers/tracker.py``) as control plane.
 
-A client with ``tracker_urls`` runs one :class:`PeerTier`, which owns three things:
-
-- a :class:`~blobsdk.peer.trackers.Trackers` (hello and heartbeats, locate, announce, report);
-- a :class:`~blobsdk.peer.server.PeerServer` that serves this tier's chunks to other peers;
-- the *serving cache*: the chunks this peer has told its trackers it holds, a byte-budgeted
-  LRU (``[peer] budget_bytes``) of the very buffers the read path filled into L1, so a chunk
-  in both costs its memory once.
+A client with ``tracker_urls`` runs one :class:`PeerTier`: the part of a peer that fetches.
+The part that shares, its serving cache, peer server and announce loop, is
+:class:`~blobsdk.peer.sharing.Sharing`; the tier owns one, and the trackers (a
+:class:`~blobsdk.peer.trackers.TrackerClient`: hello and heartbeats, locate, announce,
+report), on one exit stack that entering the tier fills and leaving it empties.
 
 **Fetch** (a chunk L1 and L2 missed): ask the chunk's tracker for sources (the asks of one
 loop turn go in one request per tracker), keep those at addresses inside ``[peer]
@@ -19,8 +17,7 @@ tried.  No source, every source failed, or the tracker down or slow (``tracker_t
 a miss, and the read goes on to L3/L4 without an error.  Whatever the sources (stopped,
 silent, lying that they are fetching it), one chunk's read spends at most
 ``fetch_budget_s`` (default ``wait_s`` + 1 s) here, locate included: then it is a miss
-(``over_budget``).  The tracker's answers are checked in ``blobsdk.peer.trackers``; a tracker
-that forgot this peer (restarted) gets its serving cache's keys announced again.
+(``over_budget``).  The tracker's answers are checked in ``blobsdk.peer.trackers``.
 
 **Trees.** The tracker records every asker as a fetcher of the chunk and sends the next askers
 to it (at most its fan-out each), so while a peer fetches a chunk, children are already
@@ -30,13 +27,7 @@ child waits at most ``wait_s`` for a chunk its source is still fetching.  The tr
 chunk, so a blob of many chunks streams through the peers chunk by chunk, never stored and
 forwarded whole.  (Not byte by byte inside a chunk: a peer serves a chunk once it has it all
 and has verified it.  At 4 MiB chunks and the benchmark's rates that costs each hop a few ms.)
-
-**Caching.** Every verified chunk this peer fetched is announced as filled; the trackers
-answer which to keep (hot chunks on enough peers for the fan-out) and the rest leave the
-serving cache ``_DROP_GRACE_S`` later.  A chunk the LRU evicts is announced as evicting; if it is the last copy
-others still ask for, the tracker says hold, and it is kept ``hold_s`` more outside the
-budget (at most ``_MAX_HELD`` chunks) before it is announced as evicted.  Announcements are
-batched every ``_ANNOUNCE_S``.
+What a peer keeps serving, and for how long, is :mod:`blobsdk.peer.sharing`'s.
 
 Deep prefetch: the peer tier is no prefetch target (``holds`` is False), but a chunk a
 prefetch brings from L3/L4 through it lands here as a read's does (``keep``).
@@ -46,25 +37,24 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
-import cachetools
 
-from ..auth import TICKET_HEADER, ServeKey
+from ..auth import TICKET_HEADER
 from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
 from ..net.endpoint import Endpoint
-from ..peer.server import PeerServer
-from ..peer.trackers import Trackers
+from ..peer.sharing import Sharing
+from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..read.codec import verify_raw
 from ..stats import TierStats
 from ..tail.attempt import Attempt
@@ -73,134 +63,71 @@ from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover
 
-_ANNOUNCE_S = 0.05  # announcements wait this long to be batched
-logger = logging.getLogger("blobsdk.peer")
-_MAX_HELD = 1024  # chunks kept past the budget because a tracker said hold
 _ANSWER_S = 1.0  # past a source's wait_s, how long its 404 may take to arrive
-# A fill the trackers said not to keep is served this much longer: children it was handed to
-# before the announcement may still be on their way (dropping it at once cost the p2p
-# benchmark ~17 404s an epoch).
-_DROP_GRACE_S = 2.0
-
-
-class _ServingCache(cachetools.LRUCache[str, memoryview]):
-    """The serving cache's LRU; what it evicts is collected for the next announcement."""
-
-    def __init__(self, budget_bytes: int) -> None:
-        super().__init__(maxsize=budget_bytes, getsizeof=len)
-        self.evicted: list[tuple[str, memoryview]] = []
-
-    def popitem(self) -> tuple[str, memoryview]:
-        key, raw = super().popitem()
-        self.evicted.append((key, raw))
-        return key, raw
+# The peer tier's own counters, in the order its stats list them (``Sharing`` counts the rest).
+_COUNTS = ("disallowed", "reported", "not_kept", "held", "over_budget", "reannounced")
 
 
 class PeerTier:
-    """See the module docstring.  Enter it (``async with``) to start its server and trackers."""
+    """See the module docstring.  ``trackers`` connects this peer to its trackers
+    (:func:`blobsdk.peer.trackers.tracker_servers`); enter the tier (``async with``) to start
+    its server and say hello."""
 
     name = "peer"
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        tracker_urls: Sequence[str],
+        trackers: ConnectTrackers,
         config: PeerConfig | None = None,
         *,
-        token: str | None = None,
         hedge: HedgeConfig | None = None,
         limiters: LimiterRegistry | None = None,
     ) -> None:
-        if not tracker_urls:
-            raise ValueError("the peer tier needs at least one tracker URL")
         self.config = config or PeerConfig()
         self.stats = TierStats()
         self.peer_id = secrets.token_hex(16)
         self.hedger = Hedger(hedge)
-        self.limiters = limiters if limiters is not None else LimiterRegistry()
         self.counts: Counter[str] = Counter()
-        self._session, self._tracker_urls, self._token = session, tuple(tracker_urls), token
+        self.sharing = Sharing(self.config)
+        self._connect = trackers
+        self._trackers: TrackerClient | None = None
         self._allowed = networks(self.config.allowed_networks)
-        self._serve_key = ServeKey.generate()
-        self._server = PeerServer(self.config, self._serve_key, self._lookup, self._trackers_tenant)
-        self._trackers: Trackers | None = None
-        self._serving = _ServingCache(self.config.budget_bytes)
-        self._held: dict[str, tuple[memoryview, float]] = {}  # key -> (bytes, held until)
-        self._dropping: dict[str, float] = {}  # key the trackers said not to keep -> when it leaves
-        self._landing: dict[str, tuple[asyncio.Future[memoryview | None], float]] = {}  # key -> (lands, since)
-        self._endpoints: dict[str, Endpoint] = {}
-        # A source still fetching the chunk sends nothing until it lands (at most wait_s).
-        wait = self.config.wait_s + self.config.timeout_s
         budget = self.config.fetch_budget_s
         self._budget_s = self.config.wait_s + _ANSWER_S if budget is None else budget
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.config.timeout_s, sock_connect=self.config.timeout_s, sock_read=wait
-        )
+        self._endpoints = _Endpoints(session, self.config, limiters if limiters is not None else LimiterRegistry())
+        self._background = _Background()
         self._locating: dict[str, tuple[ChunkRef, asyncio.Future[list[Source]]]] = {}
-        self._filled: set[str] = set()
-        self._evicting: set[str] = set()
-        self._evicted: set[str] = set()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._announcer: asyncio.Task[None] | None = None
+        self._stack: AsyncExitStack | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        address = await self._server.start()
-        try:
-            trackers = Trackers(
-                self._session,
-                self._tracker_urls,
-                self._token,
-                peer_id=self.peer_id,
-                address=address,
-                serve_key=self._serve_key,
-                uploads=lambda: self._server.uploads,
-                forgotten=self._forgotten,
-                budget_bytes=self.config.budget_bytes,
-                timeout_s=self.config.tracker_timeout_s,
-            )
-            self._trackers = await trackers.__aenter__()
-        except BaseException:
-            await self._server.aclose()
-            raise
-        self._announcer = asyncio.create_task(self._announce_loop(), name="blobsdk-peer-announcer")
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(self._endpoints.aclose)
+            self._trackers = await self.sharing.open(stack, self._connect, self.peer_id)
+            stack.callback(self._forget_trackers)
+            stack.push_async_callback(self._background.aclose)
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop serving, tell the trackers what this peer held, close its connections."""
-        tasks = [t for t in (self._announcer, *self._background) if t is not None]
-        self._announcer = None
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._server.aclose()
-        for lands, _ in self._landing.values():
-            if not lands.done():
-                lands.set_result(None)
-        self._landing.clear()
-        trackers, self._trackers = self._trackers, None
-        if trackers is not None:
-            gone = set(self._serving) | set(self._held) | self._evicting | self._evicted
-            self._serving.clear()
-            self._held.clear()
-            if gone:
-                await trackers.announce(evicted=gone)
-            await trackers.__aexit__(None, None, None)
-        endpoints, self._endpoints = self._endpoints, {}
-        for endpoint in endpoints.values():
-            await endpoint.aclose()
+        """Stop fetching and serving, tell the trackers what this peer held, close its
+        connections."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    def _forget_trackers(self) -> None:
+        self._trackers = None
 
     @property
     def address(self) -> str:
         """Where this peer's server answers."""
-        return self._server.address
-
-    def _trackers_tenant(self) -> str | None:
-        return None if self._trackers is None else self._trackers.tenant
+        return self.sharing.server.address
 
     # --- the Tier ------------------------------------------------------------------------------------
 
@@ -212,15 +139,46 @@ class PeerTier:
         begun = time.perf_counter()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._budget_s
-        self._expect(ref.key)
+        self.sharing.expect(ref.key)
         raw = await self._from_peers(ref, deadline)
         if raw is None:
             self.counts["over_budget"] += loop.time() >= deadline
             self.stats.misses += 1
             return None
         self.stats.hit(ref.raw_length, time.perf_counter() - begun)
-        self._landed(ref.key, raw)
+        self.sharing.landed(ref.key, raw)
         return raw
+
+    async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
+        """A chunk L3 or L4 served: serve it to the peers waiting for it, and announce it."""
+        self.sharing.landed(ref.key, raw)
+
+    def holds(self, ref: ChunkRef) -> bool:
+        """Never a prefetch target (``client.prefetch`` warms L1, L2 or L3)."""
+        return False
+
+    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
+        """A chunk a deep prefetch brought from L3 or L4: as ``fill`` (children may be waiting
+        for it: without this, a worker's prefetched windows answered every child 404)."""
+        self.sharing.landed(ref.key, raw)
+
+    async def flush(self) -> None:
+        """Nothing deferred (announcements are advice)."""
+
+    def extra_stats(self) -> dict[str, int | float]:
+        trackers = {} if self._trackers is None else self._trackers.counts
+        counts = self.counts + self.sharing.counts
+        return {
+            **self.sharing.stats(),
+            "tracker_errors": trackers.get("errors", 0),
+            "tracker_timeouts": trackers.get("timeouts", 0),
+            "tracker_nonsense": trackers.get("nonsense", 0),
+            "bad_sources": trackers.get("bad_sources", 0),
+            **{name: counts[name] for name in _COUNTS},
+            **{f"hedge_{name}": value for name, value in self.hedger.stats().items()},
+        }
+
+    # --- fetching from peers ---------------------------------------------------------------------------
 
     async def _from_peers(self, ref: ChunkRef, deadline: float) -> memoryview | None:
         """The chunk from the first of its sources to serve a verified copy by ``deadline``
@@ -239,46 +197,10 @@ class PeerTier:
                 partial(self._fetch_from, ref, deadline),
                 key_of=_address_of,
                 failover=cache_failover,
-                ready=lambda s: self._endpoint(s.address).has_room,
+                ready=lambda s: self._endpoints.get(s.address).has_room,
             )
         except HedgeExhausted:
             return None
-
-    async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
-        """A chunk L3 or L4 served: serve it to the peers waiting for it, and announce it."""
-        self._landed(ref.key, raw)
-
-    def holds(self, ref: ChunkRef) -> bool:
-        """Never a prefetch target (``client.prefetch`` warms L1, L2 or L3)."""
-        return False
-
-    async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
-        """A chunk a deep prefetch brought from L3 or L4: as ``fill`` (children may be waiting
-        for it: without this, a worker's prefetched windows answered every child 404)."""
-        self._landed(ref.key, raw)
-
-    async def flush(self) -> None:
-        """Nothing deferred (announcements are advice)."""
-
-    def extra_stats(self) -> dict[str, int | float]:
-        served = self._server.counts
-        trackers = {} if self._trackers is None else self._trackers.counts
-        return {
-            "serving_entries": len(self._serving) + len(self._held),
-            "serving_bytes": self._serving.currsize + sum(raw.nbytes for raw, _ in list(self._held.values())),
-            "uploads": served["uploads"],
-            "bytes_served": served["bytes_served"],
-            "uploads_refused": served["refused"],
-            "uploads_missing": served["missing"],
-            "tracker_errors": trackers.get("errors", 0),
-            "tracker_timeouts": trackers.get("timeouts", 0),
-            "tracker_nonsense": trackers.get("nonsense", 0),
-            "bad_sources": trackers.get("bad_sources", 0),
-            **{name: self.counts[name] for name in ("disallowed", "reported", "not_kept", "held", "over_budget", "reannounced")},
-            **{f"hedge_{name}": value for name, value in self.hedger.stats().items()},
-        }
-
-    # --- fetching from peers ---------------------------------------------------------------------------
 
     def _may_contact(self, source: Source) -> bool:
         """Whether ``source``'s address is an IP address inside ``allowed_networks``."""
@@ -290,13 +212,6 @@ class PeerTier:
         if not allowed:
             self.counts["disallowed"] += 1
         return allowed
-
-    def _endpoint(self, address: str) -> Endpoint:
-        endpoint = self._endpoints.get(address)
-        if endpoint is None:
-            endpoint = Endpoint(self._session, address, limiter=self.limiters.get(address), timeout=self._timeout)
-            self._endpoints[address] = endpoint
-        return endpoint
 
     async def _fetch_from(self, ref: ChunkRef, deadline: float, source: Source, attempt: Attempt) -> memoryview:
         """The verified raw bytes from one peer; a failure is counted, reported and raised (the
@@ -328,12 +243,13 @@ class PeerTier:
         buf = memoryview(bytearray(ref.raw_length))
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         headers = {TICKET_HEADER: source.ticket}
+        endpoint = self._endpoints.get(source.address)
         try:
             if source.complete:
-                await self._endpoint(source.address).get_into(route, buf, headers=headers, attempt=attempt)
+                await endpoint.get_into(route, buf, headers=headers, attempt=attempt)
             else:
                 attempt.queued()
-                await self._endpoint(source.address).get_into(route, buf, headers=headers)
+                await endpoint.get_into(route, buf, headers=headers)
             return verify_raw(ref, buf)
         except BadCopy:
             self.stats.corrupt += 1
@@ -353,7 +269,7 @@ class PeerTier:
     def _report(self, source: Source, key: str, problem: Problem) -> None:
         if self._trackers is not None:
             self.counts["reported"] += 1
-            self._spawn(self._trackers.report(source.peer_id, key, problem))
+            self._background.spawn(self._trackers.report(source.peer_id, key, problem))
 
     # --- locate: one request per tracker for the asks of one loop turn --------------------------------
 
@@ -368,7 +284,7 @@ class PeerTier:
 
     def _send_locates(self) -> None:
         pending, self._locating = list(self._locating.values()), {}
-        self._spawn(self._ask(pending))  # Trackers splits it per tracker and request size
+        self._background.spawn(self._ask(pending))  # the trackers split it per tracker and request size
 
     async def _ask(self, batch: list[tuple[ChunkRef, asyncio.Future[list[Source]]]]) -> None:
         try:
@@ -386,106 +302,47 @@ class PeerTier:
             if not answer.done():
                 answer.set_result(found.get(ref.key, []))
 
-    # --- serving ------------------------------------------------------------------------------------
 
-    def _expect(self, key: str) -> None:
-        """This peer is fetching ``key``: children sent here meanwhile wait for it."""
-        if key not in self._landing:
-            self._landing[key] = (asyncio.get_running_loop().create_future(), time.monotonic())
+class _Endpoints:
+    """One :class:`Endpoint` per peer address, made when first fetched from, each with a
+    concurrency limiter of its own; ``aclose`` closes them all."""
 
-    def _landed(self, key: str, raw: memoryview) -> None:
-        """``key``'s verified bytes are here: hand them to the waiting children, serve them
-        from now on, and announce them."""
-        landing = self._landing.pop(key, None)
-        if landing is not None and not landing[0].done():
-            landing[0].set_result(raw)
-        if self.config.budget_bytes and key not in self._serving and raw.nbytes <= self.config.budget_bytes:
-            self._serving[key] = raw
-            self._filled.add(key)
+    def __init__(self, session: aiohttp.ClientSession, config: PeerConfig, limiters: LimiterRegistry) -> None:
+        self._session, self._limiters = session, limiters
+        self._made: dict[str, Endpoint] = {}
+        # A source still fetching the chunk sends nothing until it lands (at most wait_s).
+        wait = config.wait_s + config.timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=config.timeout_s, sock_connect=config.timeout_s, sock_read=wait)
 
-    async def _lookup(self, ref: ChunkRef) -> memoryview | None:
-        """What the peer server serves for ``ref``: the serving cache's copy, or the chunk this
-        peer is fetching once it lands (waiting at most ``wait_s``), or None."""
-        raw = self._serving.get(ref.key)
-        if raw is None and ref.key in self._held:
-            raw = self._held[ref.key][0]
-        if raw is not None:
-            return raw
-        landing = self._landing.get(ref.key)
-        if landing is None:
-            return None
-        try:
-            async with asyncio.timeout(self.config.wait_s):
-                return await asyncio.shield(landing[0])
-        except TimeoutError:
-            return None
+    def get(self, address: str) -> Endpoint:
+        endpoint = self._made.get(address)
+        if endpoint is None:
+            endpoint = Endpoint(self._session, address, limiter=self._limiters.get(address), timeout=self._timeout)
+            self._made[address] = endpoint
+        return endpoint
 
-    # --- announcements ----------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        made, self._made = self._made, {}
+        for endpoint in made.values():
+            await endpoint.aclose()
 
-    async def _announce_loop(self) -> None:
-        while True:
-            await asyncio.sleep(_ANNOUNCE_S)
-            try:
-                now = time.monotonic()
-                self._expire(now)
-                await self._announce(now)
-            except Exception:  # a bug: logged, and the next round goes on
-                logger.exception("peer tier: announcing to the trackers failed")
 
-    def _expire(self, now: float) -> None:
-        """Free the waiters of fetches that never landed (they failed below, or their reader
-        left); drop the not-kept fills whose grace is over; let held chunks go when due."""
-        for key, (lands, since) in list(self._landing.items()):
-            if now - since > self.config.wait_s:
-                del self._landing[key]
-                if not lands.done():
-                    lands.set_result(None)
-        for key, at in list(self._dropping.items()):
-            if at <= now:
-                del self._dropping[key]
-                if self._serving.pop(key, None) is not None:
-                    self.counts["not_kept"] += 1
-        for key, (_, until) in list(self._held.items()):
-            if until <= now:
-                del self._held[key]
-                self._evicted.add(key)
+class _Background:
+    """Work nobody waits for (reports, locate batches): cancelled and awaited on ``aclose``."""
 
-    async def _announce(self, now: float) -> None:
-        """Tell the trackers what was filled, is being evicted and was evicted; act on what
-        they answer (keep, hold)."""
-        assert self._trackers is not None
-        evicted_bytes = dict(self._serving.evicted)
-        self._serving.evicted.clear()
-        self._evicting.update(evicted_bytes)
-        filled, evicting, evicted = self._filled, self._evicting - set(self._serving), self._evicted
-        self._filled, self._evicting, self._evicted = set(), set(), set()
-        if not (filled or evicting or evicted):
-            return
-        answer = await self._trackers.announce(filled=filled, evicting=evicting, evicted=evicted)
-        for key in filled - answer.keep:  # served a little longer: children may be on their way
-            self._dropping.setdefault(key, now + _DROP_GRACE_S)
-        for key in evicting & answer.hold:
-            raw = evicted_bytes.get(key)
-            if raw is not None and len(self._held) < _MAX_HELD:
-                self._held[key] = (raw, now + answer.hold_s)
-                self.counts["held"] += 1
-            else:
-                self._evicted.add(key)
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def _forgotten(self, url: str) -> None:
-        """Tracker ``url`` knows none of this peer's copies (it restarted, or this peer aged out
-        there): announce those it owns again, with the next announcement."""
-        trackers = self._trackers
-        if trackers is None:  # the first hellos: nothing served yet
-            return
-        keys = [key for key in (*self._serving, *self._held) if trackers.tracker_of(key) == url]
-        self._filled.update(keys)
-        self.counts["reannounced"] += len(keys)
-
-    def _spawn(self, work: Any) -> None:
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _address_of(source: Source) -> str:

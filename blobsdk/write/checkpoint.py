@@ -50,61 +50,25 @@ import builtins
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import xxhash
 
-from .._extras import requires_extra
-from ..errors import BadRequest, BlobNotFound, CorruptData, PreconditionFailed
+from ..errors import BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
 from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
+from .leaves import Leaf, flatten, rebuild
+from .manifest import Entry, Manifest, Part
 from .writer import Writer, split
 
-Kind = Literal["ndarray", "tensor", "bytes", "json"]
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
 _STEP_DIGITS = 12
-
-
-class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One leaf of a saved state."""
-
-    name: tuple[str, ...]  # its keys, from the root
-    kind: Kind
-    dtype: str = ""  # numpy's dtype.str, or the torch dtype's name
-    shape: tuple[int, ...] = ()
-    value: bytes = b""  # a json leaf's JSON text
-    nbytes: int = 0
-    new_bytes: int = 0  # of them, written by this save (the rest named from earlier ones)
-    first: int = 0  # index of its first chunk in the data plan
-    digests: tuple[bytes, ...] = ()  # xxh3-128 of each chunk
-
-
-class Manifest(msgspec.Struct, frozen=True, kw_only=True):
-    step: int
-    created: float
-    chunk_size: int
-    entries: tuple[Entry, ...]
-    new_bytes: int  # written by this save
-    reused_bytes: int  # named from earlier checkpoints
-
-
-class Part(msgspec.Struct, frozen=True, kw_only=True):
-    """One process's share of a checkpoint, written durably but not committed (see
-    :meth:`Checkpoints.write_part`): its entries (each ``first`` counts from this part's
-    first chunk), their chunks, the blocks it wrote, and the version of ``latest`` its chunks
-    were compared with (0: none)."""
-
-    entries: tuple[Entry, ...]
-    chunks: tuple[ChunkRef, ...]
-    new_blocks: tuple[str, ...]
-    base_version: int
-    chunk_size: int
 
 
 class Pending:
@@ -128,16 +92,6 @@ class Pending:
     async def wait(self) -> Manifest:
         """The committed manifest, or the error that stopped the save."""
         return await asyncio.shield(self._task)
-
-
-@dataclass
-class _Leaf:
-    name: tuple[str, ...]
-    kind: Kind
-    dtype: str = ""
-    shape: tuple[int, ...] = ()
-    value: bytes = b""
-    data: memoryview | None = None  # the bytes to chunk, flat
 
 
 class Checkpoints:
@@ -186,7 +140,7 @@ class Checkpoints:
     async def save(self, step: int, state: Mapping[str, Any]) -> Pending:
         """Stage ``state`` as checkpoint ``step`` and return once it is safe to change it."""
         _check_step(step)
-        leaves = list(_flatten(state, ()))  # TypeError for what cannot be saved, before any work
+        leaves = list(flatten(state, ()))  # TypeError for what cannot be saved, before any work
         await self._idle()
         base = await self._latest()
         staged = await self._stage(leaves, base, copy=True)
@@ -206,7 +160,7 @@ class Checkpoints:
         writes its own share (blobsdk.dcp).  Nothing is staged: it returns once written,
         and ``state`` must not change until then.  Its blocks are orphans, collected by gc,
         unless a commit names them within the write config's ``max_write_seconds``."""
-        leaves = list(_flatten(state, ()))
+        leaves = list(flatten(state, ()))
         await self._idle()
         base = await self._latest()
         return await self._write(await self._stage(leaves, base, copy=False), base)
@@ -234,7 +188,7 @@ class Checkpoints:
         if self._pending is not None:
             await asyncio.gather(self._pending._task, return_exceptions=True)
 
-    async def _stage(self, leaves: list[_Leaf], base: _Base | None, *, copy: bool) -> _Staged:
+    async def _stage(self, leaves: list[Leaf], base: _Base | None, *, copy: bool) -> _Staged:
         digests = await self._digests([leaf.data for leaf in leaves if leaf.data is not None])
         staged = _Staged(leaves=leaves)
         buffers = iter(self._staging)
@@ -436,7 +390,7 @@ class Checkpoints:
             manifest, plan = _selected(manifest, plan, select)
         data = fresh_buffer(plan.size)  # the arrays are views of it: no copy after the read
         await self._read_into(plan, data, False)  # a restore is read once: L1 keeps its working set
-        return _rebuild(manifest, data)
+        return rebuild(manifest, data)
 
     async def _manifest_of(self, step: int) -> Manifest:
         path = f"{self._step_dir(step)}/manifest"
@@ -468,7 +422,7 @@ class _Staged:
     """A save's leaves; per leaf its chunks (a reused ChunkRef, or a staged copy to write) and
     their digests."""
 
-    leaves: list[_Leaf]
+    leaves: list[Leaf]
     chunks: list[list[ChunkRef | memoryview]] = field(default_factory=list)
     digests: list[list[bytes]] = field(default_factory=list)
 
@@ -481,7 +435,7 @@ class _Base:
         self.manifest, self.plan, self.latest_version = manifest, plan, latest_version
         self._by_name = {entry.name: entry for entry in manifest.entries}
 
-    def match(self, leaf: _Leaf, chunk_size: int) -> Entry | None:
+    def match(self, leaf: Leaf, chunk_size: int) -> Entry | None:
         """The entry whose chunks ``leaf`` may reuse: same name, kind, dtype, shape, chunk size."""
         entry = self._by_name.get(leaf.name)
         if entry is None or self.manifest.chunk_size != chunk_size:
@@ -533,119 +487,3 @@ def _selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, .
 
 def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(data[start : start + chunk_size]) for start in starts]
-
-
-# --- state <-> leaves ---------------------------------------------------------------------------
-
-_JSON_SCALARS = (type(None), bool, int, float, str)
-
-
-def _flatten(state: Mapping[str, Any], name: tuple[str, ...]) -> Iterator[_Leaf]:
-    if not isinstance(state, Mapping):
-        raise TypeError(f"a checkpoint state is a dict of str keys, got {type(state).__name__}")
-    for key, value in state.items():
-        if not isinstance(key, str):
-            raise TypeError(f"state key {key!r} at {'/'.join(name) or 'the root'}: keys must be str")
-        here = (*name, key)
-        if isinstance(value, Mapping):
-            yield from _flatten(value, here)
-        else:
-            yield _leaf(here, value)
-
-
-def _leaf(name: tuple[str, ...], value: Any) -> _Leaf:
-    where = "/".join(name)
-    module = type(value).__module__
-    if module == "numpy" or module.startswith("numpy."):
-        return _array_leaf(name, value)
-    if module == "torch" or module.startswith("torch."):
-        return _tensor_leaf(name, value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return _Leaf(name, "bytes", data=memoryview(value).cast("B"))
-    problem = _json_problem(value, "")
-    if problem is None:
-        return _Leaf(name, "json", value=msgspec.json.encode(value))
-    at, what = problem
-    if at:  # a list (of lists) holding something that is not JSON
-        raise TypeError(f"state {where!r}: cannot checkpoint the list: its item {at} is {what}")
-    if isinstance(value, float):
-        raise TypeError(f"state {where!r}: cannot checkpoint {what}")
-    raise TypeError(
-        f"state {where!r}: cannot checkpoint a {type(value).__name__}"
-        " (numpy arrays, CPU torch tensors, bytes, and JSON scalars (finite floats) or lists of them)"
-    )
-
-
-def _json_problem(value: Any, at: str) -> tuple[str, str] | None:
-    """None if ``value`` is JSON that loads back equal (scalars, finite floats, and lists of
-    them), else where in it (``[2]``, ``[0][1]``; ``""``: itself) and what is wrong."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (at, f"{value!r}, a float that is not finite (JSON has no nan or inf)")
-    if isinstance(value, _JSON_SCALARS):
-        return None
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            if (problem := _json_problem(item, f"{at}[{i}]")) is not None:
-                return problem
-        return None
-    kind = type(value).__name__
-    return at, f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} (a list holds JSON scalars (finite floats) or lists of them)"
-
-
-def _array_leaf(name: tuple[str, ...], value: Any) -> _Leaf:
-    import numpy as np
-
-    if not isinstance(value, np.ndarray):
-        value = np.asarray(value)  # a numpy scalar
-    if value.dtype.hasobject or value.dtype.fields is not None:
-        raise TypeError(f"state {'/'.join(name)!r}: cannot checkpoint a numpy array of dtype {value.dtype} (objects or fields)")
-    flat: Any = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-    return _Leaf(name, "ndarray", dtype=value.dtype.str, shape=tuple(value.shape), data=memoryview(flat))
-
-
-def _tensor_leaf(name: tuple[str, ...], value: Any) -> _Leaf:
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"state {'/'.join(name)!r}: cannot checkpoint a {type(value).__name__}")
-    if value.device.type != "cpu" or value.is_sparse or value.is_quantized:
-        where = "/".join(name)
-        raise TypeError(f"state {where!r}: only dense CPU tensors can be checkpointed, got {value.device} {value.layout}")
-    flat: Any = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return _Leaf(name, "tensor", dtype=str(value.dtype).removeprefix("torch."), shape=tuple(value.shape), data=memoryview(flat))
-
-
-def _rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    offset = 0
-    for entry in manifest.entries:
-        value: Any
-        if entry.kind == "json":
-            value = msgspec.json.decode(entry.value)
-        else:
-            piece = data[offset : offset + entry.nbytes]
-            offset += entry.nbytes
-            value = _value_of(entry, piece)
-        node = state
-        for key in entry.name[:-1]:
-            node = node.setdefault(key, {})
-        node[entry.name[-1]] = value
-    if offset != len(data):
-        raise BadRequest(f"checkpoint {manifest.step}: its data is {len(data)} bytes, its manifest names {offset}")
-    return state
-
-
-def _value_of(entry: Entry, piece: memoryview) -> Any:
-    if entry.kind == "bytes":
-        return bytes(piece)
-    if entry.kind == "ndarray":
-        import numpy as np
-
-        return np.frombuffer(piece, dtype=np.dtype(entry.dtype)).reshape(entry.shape)
-    with requires_extra("torch", "loading a checkpoint that holds tensors"):
-        import torch
-
-    dtype = getattr(torch, entry.dtype)
-    if not piece.nbytes:
-        return torch.empty(entry.shape, dtype=dtype)
-    return torch.frombuffer(piece, dtype=torch.uint8).view(dtype).reshape(entry.shape)

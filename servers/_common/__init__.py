@@ -1,0 +1,9 @@
+def prog(module: str) -> str:
+    """A server's name in its usage line: the console script that runs it (``blobsdk-api``),
+    else ``python -m PACKAGE.MODULE`` (``servers.api`` in a checkout, ``blobsdk_servers.api``
+    installed)."""
+    import os
+    import sys
+
+    script = os.path.basename(sys.argv[0])
+    return script if script.startswith("blobsdk-") else f"python -m {module}"

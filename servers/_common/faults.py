@@ -56,7 +56,8 @@ import msgspec
 from aiohttp import hdrs, web
 
 from blobsdk.errors import Overloaded, Unauthorized, Unavailable
-from servers._common.http import (
+
+from .._common.http import (
     ADMIN_FAULTS_ROUTE,
     METRICS_KEY,
     PUBLIC_ROUTES,

@@ -11,7 +11,7 @@ from blobsdk.errors import BlobNotFound, CorruptData
 from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 
-from .conformance import bad_plan, make_plan, put
+from .conformance import MetadataStoreTests, bad_plan, make_plan, put
 from .late import LateAnswers
 from .unchecked import plant_plan
 
@@ -29,6 +29,15 @@ class OtherPathStore:
 
     async def get_plans(self, paths):
         return [await self.get_plan(p) for p in paths]
+
+
+class TestCachedMetadataStore(MetadataStoreTests):
+    """The plan cache in front of SQLite is a MetadataStore like the store itself."""
+
+    @pytest.fixture
+    async def store(self, tmp_path):
+        async with SqliteMetadataStore(tmp_path / "meta.sqlite") as backing:
+            yield CachedMetadataStore(backing)
 
 
 @pytest.fixture

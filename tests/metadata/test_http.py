@@ -6,9 +6,9 @@ from aiohttp import web
 
 from blobsdk.errors import BadRequest, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.http import MAX_PATHS_PER_REQUEST, HttpMetadataStore
+from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.wire import MSGPACK, CommitOp, GetPlansResponse, encode
+from blobsdk.wire import MAX_PATHS_PER_REQUEST, MSGPACK, CommitOp, GetPlansResponse, encode
 from servers.api import make_app
 from tests.helpers import running_app
 

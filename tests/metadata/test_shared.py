@@ -15,7 +15,7 @@ from blobsdk.metadata.shared import SharedPlanCache
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from servers.redisd import start_redis
 
-from .conformance import make_plan, put
+from .conformance import MetadataStoreTests, make_plan, put
 from .late import LateAnswers
 
 
@@ -59,6 +59,15 @@ def cache(opened, redis_server):
         return opened[-1]
 
     return make
+
+
+class TestSharedPlanCache(MetadataStoreTests):
+    """The shared plan cache in front of SQLite (a namespace of its own per test) is a
+    MetadataStore like the store itself."""
+
+    @pytest.fixture
+    async def store(self, backing, cache):
+        return cache(backing, secrets.token_hex(4))
 
 
 async def test_a_plan_one_client_read_is_served_to_the_next_from_redis(backing, cache):

@@ -35,11 +35,11 @@ from servers.cluster import (
     ServerKind,
     ServerProcess,
     Supervisor,
-    _healthy,
     parse_args,
     parse_cli,
     start_cluster,
 )
+from servers.supervisor import _healthy
 from tests.helpers import ROOT, Tenancy, auth_headers
 
 START_TIMEOUT = 60.0

@@ -1,6 +1,7 @@
 """The pytest plugin servers/testing.py as a user's suite uses it: each test writes a small
 test module and runs pytest on it in a subprocess (``pytester``), with the plugin loaded by
-``-p servers.testing`` or by its pytest11 entry point."""
+``-p blobsdk_servers.testing`` (the installed name of servers/testing.py) or by its pytest11
+entry point."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_each_test_has_its_own_store(blob_sync_client):
 
 def test_the_embedded_clients_are_open_on_a_store_of_their_own(user):
     user.makepyfile(EMBEDDED)
-    user.runpytest_subprocess("-p", "servers.testing").assert_outcomes(passed=3)
+    user.runpytest_subprocess("-p", "blobsdk_servers.testing").assert_outcomes(passed=3)
 
 
 def test_the_sync_fixtures_need_no_pytest_asyncio_and_the_async_one_says_it_does(user):
@@ -66,7 +67,7 @@ def test_the_sync_fixtures_need_no_pytest_asyncio_and_the_async_one_says_it_does
             pass
         """
     )
-    result = user.runpytest_subprocess("-p", "no:asyncio", "-p", "servers.testing")
+    result = user.runpytest_subprocess("-p", "no:asyncio", "-p", "blobsdk_servers.testing")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*blob_client is an async fixture and needs pytest-asyncio; blob_sync_client does not*"])
 
@@ -139,7 +140,7 @@ def test_clusters_start_as_asked_show_their_faults_and_leave_no_process(user, mo
     pids_file = user.path / "pids"
     monkeypatch.setenv("PIDS_FILE", str(pids_file))
     user.makepyfile(CLUSTERS)
-    result = user.runpytest_subprocess("-p", "servers.testing")
+    result = user.runpytest_subprocess("-p", "blobsdk_servers.testing")
     result.assert_outcomes(passed=5, errors=1)
     result.stdout.fnmatch_lines(["E * TypeError: blob_cluster's parameter is a dict of cluster options, got 'l3'"])
     pids = [int(line) for line in pids_file.read_text().split()]
@@ -169,12 +170,13 @@ def test_the_entry_point_loads_the_plugin_and_nothing_heavy(user, monkeypatch):
         import sys
 
         def pytest_configure(config):
-            heavy = sorted(m for m in ("torch", "blobsdk", "servers.cluster", "aiohttp") if m in sys.modules)
+            heavy = ("torch", "blobsdk", "blobsdk_servers.cluster", "servers.cluster", "aiohttp")
+            heavy = sorted(m for m in heavy if m in sys.modules)
             assert heavy == [], heavy
         """
     )
     user.makepyfile("def test_sync(blob_sync_client):\n    blob_sync_client.put('/b/x', b'hello')\n")
     user.runpytest_subprocess().assert_outcomes(passed=1)
-    result = user.runpytest_subprocess("-p", "no:servers.testing")
+    result = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'blob_sync_client' not found*"])

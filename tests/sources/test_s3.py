@@ -7,13 +7,16 @@ import secrets
 import time
 
 import pytest
+from aiohttp import web
 
-from blobsdk.errors import BlockNotFound, PreconditionFailed, Unavailable
+from blobsdk.config import LimiterConfig
+from blobsdk.errors import BlockNotFound, Overloaded, PreconditionFailed, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
+from blobsdk.tail.limiter import AdaptiveLimiter
 from servers.s3d import start_s3
 from servers.seaweedd import start_seaweed
-from tests.helpers import S3_STORES, s3_server
+from tests.helpers import S3_STORES, running_app, s3_server
 
 from .conformance import BlockReplicaTests, MiB, payload
 
@@ -90,14 +93,35 @@ async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path, kind)
 
 
 def test_the_status_is_read_from_the_status_code_never_from_a_port():
-    from blobsdk.sources.s3 import _status
+    from blobsdk.sources._s3obstore import _status
 
     assert (
         _status(Exception("Error performing GET http://127.0.0.1:41653/b/k - Server returned non-2xx status code: 416 Range"))
         == 416
     )
     assert _status(Exception("Error performing GET http://127.0.0.1:41653/b/k in 3ms - error sending request")) == 0
-    assert _status(None) == 0
+
+
+async def test_slow_down_after_the_retries_is_overloaded_and_backs_the_limiter_off():
+    """A 503 SlowDown that outlasts the retries reaches the read as Overloaded (its status
+    carried by the class, not read back from ``__cause__``), and the limiter backs off."""
+    slow_down = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+    seen: list[str] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        seen.append(request.method)
+        return web.Response(status=503, body=slow_down, content_type="application/xml")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    async with running_app(app) as url:
+        config = {"endpoint": url, "region": "us-east-1", "access_key_id": "test", "secret_access_key": "test"}
+        limiter = AdaptiveLimiter(LimiterConfig(initial=20, min_limit=1, max_limit=40))
+        async with S3BlockStore("bkt", config=config, allow_http=True, max_retries=1, limiter=limiter) as store:
+            with pytest.raises(Overloaded, match=r"^s3://bkt/ at http://127\.0\.0\.1:\d+: .*503.*SlowDown"):
+                await store.read_range(new_block_id(), 0, 100)
+    assert seen == ["GET", "GET"]  # the first try and one retry
+    assert limiter.limit < 20
 
 
 async def test_only_keys_of_the_block_layout_are_listed_as_blocks(s3):

@@ -14,8 +14,9 @@ from obstore.exceptions import PreconditionError
 from obstore.store import S3Store
 
 from blobsdk.errors import CorruptData, SourceChanged
+from blobsdk.sources._s3obstore import _status
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore, S3Object, _status
+from blobsdk.sources.s3 import S3BlockStore, S3Object
 from tests.helpers import S3_STORES, s3_server
 
 MiB = 1 << 20

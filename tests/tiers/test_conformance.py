@@ -1,6 +1,7 @@
 """Every tier passes the Tier conformance suite (tests/tiers/conformance.py): L1 over a
-MemoryCache, L2 over a DiskCache, L3 against a real in-loop flash node, L4 over a local block
-store and over two HTTP block servers."""
+MemoryCache, L2 over a DiskCache, the peer tier fetching from another peer found through
+in-process fake trackers, L3 against a real in-loop flash node, L4 over a local block store
+and over two HTTP block servers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from blobsdk.tiers.l1 import L1Tier
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.tiers.l3 import L3Tier
 from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers.peer import PeerTier
 from blobsdk.wire import ChunkRef
 from servers._common.faults import FAULTS_KEY, FaultConfig, FaultInjector, FaultRule
 from servers.flash import FlashConfig, make_app
@@ -26,6 +28,7 @@ from tests.helpers import running_app
 from tests.tiers.test_l4 import Replicas
 
 from .conformance import Chunks, TierTests, flip_byte
+from .fake_trackers import FakeTrackers
 
 CACHE_KEYS = frozenset({"cache_entries", "cache_bytes", "cache_capacity_bytes", "cache_evictions"})
 HEDGE_KEYS = frozenset({"hedge_primaries", "hedge_hedges_sent"})
@@ -88,6 +91,48 @@ class TestL2Tier(TierTests):
     async def harness(self, tmp_path: Path) -> L2Harness:
         cache = DiskCache(tmp_path / "l2", capacity_bytes=64 << 20, min_free_ratio=0)
         return L2Harness(cache, L2Tier(cache))  # the tier owns the cache: entering it opens it
+
+
+# --- peer -------------------------------------------------------------------------------------
+
+
+@dataclass
+class PeerHarness:
+    """The tier under test and a second peer, the holder, both on one fake tracker
+    deployment: what the holder serves is what the tier reads."""
+
+    tier: PeerTier
+    holder: PeerTier
+    trackers: FakeTrackers
+
+    async def hold(self, chunks: Chunks) -> None:
+        """The holder serves ``chunks`` (as chunks it read from L3/L4) and has announced them."""
+        for ref, raw in zip(chunks.refs, chunks.raws, strict=True):
+            await self.holder.fill(ref, memoryview(raw))
+        await self.trackers.until_held(self.holder.peer_id, [ref.key for ref in chunks.refs])
+
+    async def corrupt(self, ref: ChunkRef) -> None:
+        """The holder's copy goes bad in its memory (a peer holds no other)."""
+        serving = self.holder.sharing.serving
+        bad = bytearray(serving[ref.key])
+        bad[len(bad) // 2] ^= 0xFF
+        serving[ref.key] = memoryview(bad)
+
+
+class TestPeerTier(TierTests):
+    name = "peer"
+    extra_keys = frozenset(
+        {"serving_entries", "serving_bytes", "uploads", "bytes_served", "uploads_refused", "uploads_missing"}
+        | {"tracker_errors", "tracker_timeouts", "tracker_nonsense", "bad_sources", "disallowed", "reported"}
+        | {"not_kept", "held", "over_budget", "reannounced"}
+    )
+    extra_prefixes = ("hedge_",)
+
+    @pytest.fixture
+    async def harness(self) -> AsyncIterator[PeerHarness]:
+        trackers = FakeTrackers()
+        async with aiohttp.ClientSession() as session, PeerTier(session, trackers.connect) as holder:
+            yield PeerHarness(PeerTier(session, trackers.connect), holder, trackers)
 
 
 # --- L3 ---------------------------------------------------------------------------------------

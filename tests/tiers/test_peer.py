@@ -23,7 +23,7 @@ import blobsdk
 from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
 from blobsdk.net.serving import serving
-from blobsdk.peer.trackers import Trackers
+from blobsdk.peer.trackers import Trackers, tracker_servers
 from blobsdk.tiers.peer import PeerTier
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
@@ -147,7 +147,7 @@ async def test_a_peer_serving_wrong_bytes_is_rejected_reported_then_banned(swarm
     bad, victim, later = await swarm.client(), await swarm.client(), await swarm.client()
     data = await written(bad, "/p/bad", 3)
     assert await bad.get("/p/bad") == data
-    serving = peer_of(bad)._serving
+    serving = peer_of(bad).sharing.serving
     for key in list(serving):
         serving[key] = memoryview(bytes(len(serving[key])))  # its memory went bad
     await announced()
@@ -166,7 +166,7 @@ async def test_a_stale_entry_is_a_404_and_the_read_goes_on(swarm: Swarm) -> None
     data = await written(a, "/p/stale", 4)
     assert await a.get("/p/stale") == data
     await announced()
-    peer_of(a)._serving.clear()  # evicted without telling the tracker
+    peer_of(a).sharing.serving.clear()  # evicted without telling the tracker
     assert await b.get("/p/stale") == data
     assert hits(b) == {"peer": 0, "l4": 4} and a.stats()["peer"]["uploads_missing"] == 4
     await asyncio.sleep(0.1)
@@ -204,7 +204,7 @@ async def test_the_peer_server_serves_only_against_a_valid_ticket(swarm: Swarm) 
     ref, other = (await b.plan("/p/guarded")).chunks
     tier = peer_of(a)
     url = f"{tier.address}/v1/chunks/{ref.key}?{chunk_query(ref)}"
-    good = tier._serve_key.ticket("default", ref.key, int(time.time()) + 60)
+    good = tier.sharing.serve_key.ticket("default", ref.key, int(time.time()) + 60)
 
     async def get(session: aiohttp.ClientSession, url: str, ticket: str | None) -> tuple[int, object]:
         async with session.get(url, headers={TICKET_HEADER: ticket} if ticket else {}) as resp:
@@ -224,26 +224,26 @@ async def test_the_peer_server_serves_only_against_a_valid_ticket(swarm: Swarm) 
             code="forbidden", message=f"the serve ticket is not this peer's for tenant 'default' and chunk {ref.key}"
         )
         assert await get(s, url, ServeKey.generate().ticket("default", ref.key, int(time.time()) + 60)) == (403, refused)
-        assert await get(s, url, tier._serve_key.ticket("bob", ref.key, int(time.time()) + 60)) == (403, refused)
-        assert await get(s, url, tier._serve_key.ticket("default", other.key, int(time.time()) + 60)) == (403, refused)
-        expired = await get(s, url, tier._serve_key.ticket("default", ref.key, int(time.time()) - 120))
+        assert await get(s, url, tier.sharing.serve_key.ticket("bob", ref.key, int(time.time()) + 60)) == (403, refused)
+        assert await get(s, url, tier.sharing.serve_key.ticket("default", other.key, int(time.time()) + 60)) == (403, refused)
+        expired = await get(s, url, tier.sharing.serve_key.ticket("default", ref.key, int(time.time()) - 120))
         assert expired[0] == 403 and "serve ticket expired at" in expired[1].message  # type: ignore[union-attr]
         wrong_key = f"{tier.address}/v1/chunks/{other.key}?{chunk_query(ref)}"
         assert await get(s, wrong_key, good) == (
             400,
             ErrorBody(code="bad_request", message=f"the chunk reference in the query is not that of chunk {other.key}"),
         )
-        tier._serving.clear()
+        tier.sharing.serving.clear()
         assert await get(s, url, good) == (
             404,
             ErrorBody(code="not_found", message=f"chunk {ref.key}: this peer does not hold it (any more)"),
         )
-        tier._server.uploads = tier.config.max_uploads  # as if that many were sending
+        tier.sharing.server.uploads = tier.config.max_uploads  # as if that many were sending
         assert await get(s, url, good) == (
             429,
             ErrorBody(code="peer_busy", message="peer busy: 8 uploads in flight, at most 8"),
         )
-        tier._server.uploads = 0
+        tier.sharing.server.uploads = 0
 
 
 PEER_SCRIPT = """
@@ -315,7 +315,7 @@ async def test_a_source_whose_chunk_never_lands_answers_404_after_its_wait(swarm
     (ref,) = (await writer.plan("/p/never")).chunks
     stuck = peer_of(await swarm.client(PeerConfig(wait_s=0.3)))
     expected = time.perf_counter()
-    stuck._expect(ref.key)  # as if its fetch from the origin never ended
+    stuck.sharing.expect(ref.key)  # as if its fetch from the origin never ended
     assert stuck._trackers is not None and await stuck._trackers.locate([ref]) == {ref.key: []}  # the first asker
     child = await swarm.client()
     begun = time.perf_counter()
@@ -429,6 +429,11 @@ async def test_a_restarted_tracker_learns_again_what_the_peers_hold(cluster: Clu
             assert await b.get("/p/restart") == data
             assert hits(b) == {"peer": 5, "l4": 0} and a.stats()["peer"]["reannounced"] == 5
             await clients.aclose()  # while the tracker still answers their goodbyes
+
+
+def test_the_peer_tier_needs_a_tracker() -> None:
+    with pytest.raises(ValueError, match=r"^the peer tier needs at least one tracker URL$"):
+        tracker_servers(None, [])  # type: ignore[arg-type]
 
 
 def test_peer_config_errors_name_the_setting() -> None:

@@ -3,21 +3,22 @@ in each process: shared by both, so neither imports the other's module to get th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.util
 import os
 from dataclasses import dataclass
 from typing import Self
 
-from .config import ClientConfig
-from .runtime.here import Held
-from .sync import SyncClient
+from ..config import ClientConfig
+from ..runtime.here import Held
+from ..sync import SyncClient
 
 ConfigLike = ClientConfig | str | os.PathLike[str]
 PREFETCH_TIERS = ("l3", "l2", "l1")  # "auto" takes the first the store has
 
 
 @dataclass(frozen=True)
-class _Store:
+class Store:
     """How to open a client: the servers ``config`` names, or the embedded store in ``local``
     tuned by ``config``.  Pickles as that, never as an open client."""
 
@@ -25,8 +26,8 @@ class _Store:
     local: str | None = None
 
     @classmethod
-    def of(cls, config: ConfigLike, local: str | os.PathLike[str] | None) -> _Store:
-        cfg = _load_config(config)
+    def of(cls, config: ConfigLike, local: str | os.PathLike[str] | None) -> Store:
+        cfg = load_config(config)
         if local is None and not cfg.names_stores:
             raise ValueError("config names no stores (api_url or metadata_url): use .local(DIR, ...) for an embedded store")
         if local is not None and cfg.names_stores:
@@ -47,7 +48,7 @@ class _Store:
         return [tier for tier in PREFETCH_TIERS if has[tier]]
 
 
-def _load_config(config: object) -> ClientConfig:
+def load_config(config: object) -> ClientConfig:
     if isinstance(config, ClientConfig):
         return config
     if isinstance(config, str | os.PathLike):
@@ -55,7 +56,7 @@ def _load_config(config: object) -> ClientConfig:
     raise TypeError(f"config must be a ClientConfig or a client.toml path, not {type(config).__name__}")
 
 
-class _ClosedOnExit:
+class ClosedOnExit:
     """``with x:`` calls ``x.close()`` on the way out."""
 
     def close(self) -> None:
@@ -68,14 +69,14 @@ class _ClosedOnExit:
         self.close()
 
 
-class _ProcessClient:
+class ProcessClient:
     """The map-style dataset's client in this process: opened on first use, closed by
     :meth:`close`, when this object is collected, or at process exit (``multiprocessing``'s
     finalizers run in DataLoader workers too, where ``atexit`` does not).  A copy made by
     ``fork`` sets the parent's client aside (the parent's to close) and opens its own; a
     pickled copy carries only the store."""
 
-    def __init__(self, store: _Store) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._opened: Held[tuple[SyncClient, multiprocessing.util.Finalize[None]]] = Held()
 
@@ -88,9 +89,12 @@ class _ProcessClient:
         return None if held is None else held[0]
 
     def _open(self) -> tuple[SyncClient, multiprocessing.util.Finalize[None]]:
-        client = self._store.client()
-        client.__enter__()
-        return client, multiprocessing.util.Finalize(self, client.close, exitpriority=0)
+        """The client, opened on an exit stack whose ownership passes to the finalizer once
+        both exist (an error between the two closes the client)."""
+        with contextlib.ExitStack() as stack:
+            client = stack.enter_context(self._store.client())
+            owner = stack.pop_all()
+        return client, multiprocessing.util.Finalize(self, owner.close, exitpriority=0)
 
     def close(self) -> None:
         held = self._opened.take()

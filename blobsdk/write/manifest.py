@@ -1,0 +1,48 @@
+"""What a delta checkpoint stores about itself (blobsdk/write/checkpoint.py): its manifest of
+entries, one per leaf of the saved state, and a part, one process's uncommitted share."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ..wire import ChunkRef
+
+Kind = Literal["ndarray", "tensor", "bytes", "json"]
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One leaf of a saved state."""
+
+    name: tuple[str, ...]  # its keys, from the root
+    kind: Kind
+    dtype: str = ""  # numpy's dtype.str, or the torch dtype's name
+    shape: tuple[int, ...] = ()
+    value: bytes = b""  # a json leaf's JSON text
+    nbytes: int = 0
+    new_bytes: int = 0  # of them, written by this save (the rest named from earlier ones)
+    first: int = 0  # index of its first chunk in the data plan
+    digests: tuple[bytes, ...] = ()  # xxh3-128 of each chunk
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    step: int
+    created: float
+    chunk_size: int
+    entries: tuple[Entry, ...]
+    new_bytes: int  # written by this save
+    reused_bytes: int  # named from earlier checkpoints
+
+
+class Part(msgspec.Struct, frozen=True, kw_only=True):
+    """One process's share of a checkpoint, written durably but not committed (see
+    :meth:`Checkpoints.write_part`): its entries (each ``first`` counts from this part's
+    first chunk), their chunks, the blocks it wrote, and the version of ``latest`` its chunks
+    were compared with (0: none)."""
+
+    entries: tuple[Entry, ...]
+    chunks: tuple[ChunkRef, ...]
+    new_blocks: tuple[str, ...]
+    base_version: int
+    chunk_size: int
