@@ -37,7 +37,6 @@ from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from .runtime.forksafe import Executor
 from .sources.base import BlockStore, Buffer
 from .stats import LatencyHistogram
-from .tail.limiter import Priority, request_priority
 from .wire import BlobInfo, ReadPlan
 from .write.checkpoint import Checkpoints
 from .write.writer import Progress
@@ -231,12 +230,10 @@ class Client:
 
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds
-        (see blobsdk/ops/gc.py).  Its requests queue behind this client's foreground ones."""
+        (see blobsdk/ops/gc.py).  It lists and deletes: no data GET of it waits for a slot
+        a read could use."""
         state = self._open
-        with request_priority(Priority.PREFETCH):
-            return await gc_module.collect(
-                state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run
-            )
+        return await gc_module.collect(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
 
     async def scrub(self, *, dry_run: bool = False, progress: repair_module.Progress | None = None) -> repair_module.ScrubReport:
         """Verify every replica's copy of every live L4 block; repair bad and missing copies

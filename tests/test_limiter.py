@@ -11,12 +11,12 @@ import selectors
 import pytest
 
 from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
+from blobsdk.tail.demand import Demand
 from blobsdk.tail.limiter import (
     AdaptiveLimiter,
     LimiterConfig,
     LimiterRegistry,
     Priority,
-    request_priority,
 )
 
 FIXED_5 = LimiterConfig(initial=5, min_limit=5, max_limit=5)
@@ -103,11 +103,62 @@ async def test_waiters_go_foreground_first_then_in_arrival_order():
     assert order == ["f1", "f2", "p1", "p2"]
 
 
-async def test_priority_comes_from_the_context_by_default():
+async def test_priority_is_the_demands_and_foreground_by_default():
     limiter = AdaptiveLimiter("e", FIXED_1)
-    with request_priority(Priority.PREFETCH):
-        assert limiter.acquire().priority is Priority.PREFETCH
+    prefetch = Demand(Priority.PREFETCH)
+    assert limiter.acquire(prefetch).priority is Priority.PREFETCH
+    assert limiter.acquire(Priority.PREFETCH).priority is Priority.PREFETCH
     assert limiter.acquire().priority is Priority.FOREGROUND
+    prefetch.promote()
+    assert limiter.acquire(prefetch).priority is Priority.FOREGROUND
+
+
+async def test_a_promoted_waiter_moves_to_the_foreground_queue():
+    """Queued at prefetch priority, then promoted (a foreground reader joined its fetch): it
+    goes after the foreground waiters that were there first, before every prefetch one."""
+    limiter = AdaptiveLimiter("e", FIXED_1)
+    order: list[str] = []
+
+    async def request(name: str, demand: Demand) -> None:
+        async with limiter.acquire(demand):
+            order.append(name)
+
+    holder = limiter.acquire()
+    await holder.__aenter__()
+    fg, pf = Priority.FOREGROUND, Priority.PREFETCH
+    demands = {name: Demand(priority) for name, priority in [("p1", pf), ("f1", fg), ("p2", pf), ("p3", pf)]}
+    tasks = []
+    for name, demand in demands.items():
+        tasks.append(asyncio.create_task(request(name, demand)))
+        await settle(lambda: limiter.queued == len(tasks))
+    demands["p3"].promote()
+    demands["p3"].promote()  # once is enough: it is queued once more, not twice
+    await holder.__aexit__(None, None, None)
+    await asyncio.gather(*tasks)
+    assert order == ["f1", "p3", "p1", "p2"]
+    assert (limiter.in_flight, limiter.queued) == (0, 0)
+
+
+async def test_a_promoted_waiter_cancelled_leaks_no_slot():
+    limiter = AdaptiveLimiter("e", FIXED_1)
+    holder = limiter.acquire()
+    await holder.__aenter__()
+    demand = Demand(Priority.PREFETCH)
+
+    async def request() -> None:
+        async with limiter.acquire(demand):
+            pass
+
+    task = asyncio.create_task(request())
+    await settle(lambda: limiter.queued == 1)
+    demand.promote()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await holder.__aexit__(None, None, None)
+    assert (limiter.in_flight, limiter.queued) == (0, 0)
+    async with limiter.acquire():  # the slot is free
+        pass
 
 
 async def test_cancelled_waiter_leaks_no_slot():

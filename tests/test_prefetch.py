@@ -6,7 +6,7 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from blobsdk.config import ClientConfig, L1Config, L2Config, LimiterConfig, Writ
 from blobsdk.errors import BadRequest, BlobNotFound, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.read.prefetch import PrefetchProgress
+from blobsdk.tail.demand import Priority
 from servers import api, blockstore
 from servers.cluster import start_cluster
 from tests.helpers import in_a_forked_child, running_app, until, wait_for_child
@@ -240,6 +241,53 @@ async def test_a_foreground_read_goes_before_the_queued_prefetch_reads(tmp_path:
     position = next(i for i, r in enumerate(seen_after) if r == wanted)
     assert position <= 2, f"the foreground read was the server's {position + 1}th GET after it was issued"
     assert progress.chunks_done == 120 and served < 0.25
+
+
+async def _eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_a_read_that_joins_a_queued_prefetch_fetch_promotes_it(tmp_path: Path) -> None:
+    """A prefetch has chunks queued at the block server's limit (2 in flight, held by the
+    server); a get of the last one queued joins that fetch (no second GET) and promotes it:
+    once the server answers, it is among the next two GETs, ahead of the prefetch's chunks
+    queued before it (without the promotion it would be the last)."""
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    @web.middleware
+    async def held(request: web.Request, handler: object) -> web.StreamResponse:
+        if request.method == "GET" and request.path.startswith("/v1/blocks/"):
+            order.append(f"{request.path.rsplit('/', 1)[-1]} {request.headers.get('Range', '')}")
+            await gate.wait()
+        return await handler(request)  # type: ignore[operator]
+
+    async with AsyncExitStack() as stack:
+        api_url = await stack.enter_async_context(running_app(api.make_app(SqliteMetadataStore(tmp_path / "m.sqlite"))))
+        app = blockstore.make_app(tmp_path / "blocks")
+        app.middlewares.insert(0, held)
+        block_url = await stack.enter_async_context(running_app(app))
+        fixed = LimiterConfig(initial=2, min_limit=2, max_limit=2)
+        config = ClientConfig(api_url=api_url, block_urls=(block_url,), write=SMALL, limiter=fixed)
+        async with blobsdk.Client(config) as c:
+            data = blobs(8, size=CHUNK)
+            await c.put_many(data.items())
+            refs = {path: (await c.plan(path)).chunks[0] for path in data}
+            ranges = {path: f"{r.block_id} bytes={r.offset}-{r.offset + r.length - 1}" for path, r in refs.items()}
+            limiter = c._open.limiters.get(block_url)  # type: ignore[union-attr]
+            handle = c.prefetch("/ds/", tier="l1")
+            await _eventually(lambda: len(order) == 2 and limiter.queued == 6)
+            last = [path for path in data if ranges[path] not in order][-1]  # the prefetch queues in path order
+            reader = asyncio.create_task(c.get(last))
+            demands = c._open.readpath._demands
+            await _eventually(lambda: demands[refs[last].key].priority is Priority.FOREGROUND)
+            gate.set()
+            assert await reader == data[last]
+            await handle
+    assert len(order) == 8  # the get joined the prefetch's fetch: one GET per chunk
+    assert ranges[last] in order[2:4], f"the joined fetch was GET {order.index(ranges[last]) + 1} of 8"
 
 
 # --- L3 -----------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ class Endpoint:
         the limiter admits it."""
         if attempt is not None:
             attempt.queued()
-        async with self.limiter.acquire(size=out.nbytes) as permit:
+        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes) as permit:
             if attempt is not None:
                 attempt.in_service()
             on_interim = attempt.progress if attempt is not None else None

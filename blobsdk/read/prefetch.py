@@ -41,7 +41,6 @@ from typing import Literal
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
 from ..metadata.cache import CachedMetadataStore
 from ..paths import bucket_of, validate_path, validate_prefix
-from ..tail.limiter import Priority, request_priority
 from ..tiers.l3 import HydrateJob, L3Tier
 from ..wire import ChunkRef, HydrateStatus, ReadPlan
 from .readpath import ReadPath
@@ -241,16 +240,15 @@ class Prefetcher:
     # --- into L1 / L2 -------------------------------------------------------------------------
 
     async def _into_cache(self, targets: Sequence[str], tally: _Tally, top: int, budget: int) -> None:
-        with request_priority(Priority.PREFETCH):
-            chunks = _chunks_of(await self._resolve(targets, tally))
-            tally.distinct(chunks)
-            tally.chunks_total = len(chunks)
-            tally.bytes_total = sum(ref.raw_length for ref, _ in chunks.values())
-            queue = iter(chunks.values())
-            left = [budget]
-            async with asyncio.TaskGroup() as workers:
-                for _ in range(min(self.parallel, len(chunks))):
-                    workers.create_task(self._cache_worker(queue, tally, top, left))
+        chunks = _chunks_of(await self._resolve(targets, tally))
+        tally.distinct(chunks)
+        tally.chunks_total = len(chunks)
+        tally.bytes_total = sum(ref.raw_length for ref, _ in chunks.values())
+        queue = iter(chunks.values())
+        left = [budget]
+        async with asyncio.TaskGroup() as workers:
+            for _ in range(min(self.parallel, len(chunks))):
+                workers.create_task(self._cache_worker(queue, tally, top, left))
 
     async def _cache_worker(self, queue: Iterable[tuple[ChunkRef, list[str]]], tally: _Tally, top: int, left: list[int]) -> None:
         target = self.readpath.tiers[top]

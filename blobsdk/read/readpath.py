@@ -17,6 +17,11 @@ part out of it.  A one-off read (``read_into(..., fill_memory=False)``: a checkp
 gives the buffers it alone copied from, and no tier kept, back to the tiers'
 :class:`~blobsdk.runtime.buffers.BufferPool`, for its next fetches to read into.
 
+Priority: each fetch carries a :class:`~blobsdk.tail.demand.Demand` down to the limiters its
+requests queue at: foreground for a reader's fetch, prefetch for :meth:`ReadPath.warm`'s.  A
+reader that joins a fetch a prefetch started promotes it, so it never waits at prefetch
+priority behind the rest of a prefetch.
+
 Range rule: ``offset`` past the end gives an empty result; ``offset + length`` past the end
 gives the bytes up to the end; a negative ``offset`` or ``length`` is a BadRequest (a
 ValueError).
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ from ..errors import BadRequest, Unavailable
 from ..runtime.buffers import BufferPool
 from ..runtime.singleflight import SingleFlight
 from ..runtime.tasks import task_group
+from ..tail.demand import Demand, Priority
 from ..tiers.base import Tier
 from ..wire import ChunkRef, ReadPlan
 from .codec import ChunkDecoder
@@ -72,6 +79,9 @@ class ReadPath:
         self.decode = ChunkDecoder(executor)
         self._parallel = parallel_chunks
         self._fetches: SingleFlight[_Served] = SingleFlight()
+        # chunk key -> the demand of its fetch in flight; weak, so a fetch cancelled before it
+        # ever ran (and so never unlisted itself) leaves no entry behind
+        self._demands: weakref.WeakValueDictionary[str, Demand] = weakref.WeakValueDictionary()
         # Where a one-off read's fetches start filling: below L1, when there is one above L4.
         self._one_off_top = 1 if self.tiers[0].name == "l1" and len(self.tiers) > 1 else 0
 
@@ -123,7 +133,7 @@ class ReadPath:
             hit = tier.peek(ref)
             if hit is not None:
                 return hit, False
-        served, readers = await self._fetches.run(ref.key, lambda: self._walk(ref, top))
+        served, readers = await self._fetch(ref, top, Priority.FOREGROUND)
         return served.raw, readers == 1 and not served.kept
 
     async def aclose(self) -> None:
@@ -154,15 +164,36 @@ class ReadPath:
         fetch (single-flight), whoever started it."""
         if self.tiers[top].holds(ref):
             return False
-        await self._fetches.run(ref.key, lambda: self._walk(ref, top, prefetch=True))
+        await self._fetch(ref, top, Priority.PREFETCH)
         return True
 
-    async def _walk(self, ref: ChunkRef, top: int = 0, *, prefetch: bool = False) -> _Served:
+    async def _fetch(self, ref: ChunkRef, top: int, priority: Priority) -> tuple[_Served, int]:
+        """The chunk's fetch, started at ``priority`` or joined: a foreground caller that
+        joins a prefetch's fetch promotes it (see the module docstring)."""
+        running = self._demands.get(ref.key)
+        if running is not None and priority is Priority.FOREGROUND:
+            running.promote()
+        prefetch = priority is Priority.PREFETCH
+        return await self._fetches.run(ref.key, lambda: self._walk(ref, top, self._demand_of(ref.key, priority), prefetch))
+
+    def _demand_of(self, key: str, priority: Priority) -> Demand:
+        """A new fetch's demand, listed while it runs (``_walk`` unlists it)."""
+        demand = self._demands[key] = Demand(priority)
+        return demand
+
+    async def _walk(self, ref: ChunkRef, top: int, demand: Demand, prefetch: bool) -> _Served:
         """The raw bytes from the first tier from ``top`` on whose ``fetch`` has them,
         offered to every tier from ``top`` to above it (``fill``; ``keep`` for a prefetch,
         which waits until they are stored, and skips ``tiers[top]``'s fetch: it does not hold them)."""
+        try:
+            return await self._walk_tiers(ref, top, demand, prefetch)
+        finally:
+            if self._demands.get(ref.key) is demand:
+                del self._demands[ref.key]
+
+    async def _walk_tiers(self, ref: ChunkRef, top: int, demand: Demand, prefetch: bool) -> _Served:
         for depth in range(top + prefetch, len(self.tiers)):
-            raw = await self.tiers[depth].fetch(ref, self.decode)
+            raw = await self.tiers[depth].fetch(ref, self.decode, demand)
             if raw is not None:
                 uppers = self.tiers[top:depth]
                 for upper in uppers:

@@ -326,7 +326,7 @@ class S3BlockStore:
             return
         if attempt is not None:
             attempt.queued()
-        async with self.limiter.acquire(size=view.nbytes) as permit:
+        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=view.nbytes) as permit:
             if attempt is not None:
                 attempt.in_service()
             try:

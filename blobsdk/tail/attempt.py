@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from .demand import Demand
+
 
 class Attempt:
     """What one attempt of a hedged request tells its hedger: whether it is in service, and
@@ -28,10 +30,16 @@ class Attempt:
     the same chunk through: the upstream's queue again, twice).  Its latency still counts
     from :meth:`in_service`."""
 
-    __slots__ = ("_clock", "_on_progress", "begun", "heard", "serving", "upstream")
+    __slots__ = ("_clock", "_on_progress", "begun", "demand", "heard", "serving", "upstream")
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, on_progress: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        on_progress: Callable[[], None] | None = None,
+        demand: Demand | None = None,
+    ) -> None:
         self._clock = clock
+        self.demand = demand if demand is not None else Demand()  # the fetch's: its requests queue at its priority
         self._on_progress = on_progress  # the hedger's: the target spoke, so it is not hung
         self.begun = self.heard = clock()
         self.serving = True

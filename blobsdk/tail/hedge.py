@@ -62,6 +62,7 @@ from ..config import MIN_SAMPLES, HedgeConfig
 from ..errors import BlobError, HedgeExhausted, Unavailable
 from ..runtime.tasks import task_group
 from .attempt import Attempt
+from .demand import Demand
 from .health import Reason, TargetHealth
 
 T = TypeVar("T")
@@ -209,6 +210,7 @@ class Hedger:
         failover: Callable[[BaseException], bool] = is_failover,
         ready: Callable[[T], bool] | None = None,
         patient: bool = False,
+        demand: Demand | None = None,
     ) -> R:
         """The result of the first ``attempt(candidate)`` to return, trying ``candidates`` in
         rank order; HedgeExhausted if every one failed over; any other error at once.
@@ -217,15 +219,18 @@ class Hedger:
         hedge now (see the module docstring).  ``patient`` (the last tier, which has nowhere
         to fall through to): an attempt found hung is not cancelled when it is the last one
         running and no candidate is left; it is waited for (its request timeout bounds it),
-        so a tier that is only slow for this client never fails the read."""
+        so a tier that is only slow for this client never fails the read.  ``demand``: the
+        fetch this read serves (None: a foreground one); every attempt carries it to the
+        limiter it queues at (blobsdk/tail/demand.py)."""
+        demand = demand if demand is not None else Demand()
         self.counts.primaries += 1
         self.budget.earn()
         ranked, probed = self.health.rank(candidates, key_of)
         try:
             single = len(ranked) == 1
             if not self.config.enabled or self.config.max_parallel == 1 or not ranked or (single and patient):
-                return await self._in_turn(ranked, attempt, key_of, failover)
-            return await _Race(self, ranked, attempt, key_of, failover, ready, probed, patient).run()
+                return await self._in_turn(ranked, attempt, key_of, failover, demand)
+            return await _Race(self, ranked, attempt, key_of, failover, ready, demand, probed, patient).run()
         finally:
             if probed is not None:
                 self.health.probe_done(probed)
@@ -236,6 +241,7 @@ class Hedger:
         attempt: AttemptFn[T, R],
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
+        demand: Demand,
     ) -> R:
         """No hedge possible: one attempt at a time, in this task (no task or timer to pay
         for), failing over in rank order."""
@@ -243,7 +249,7 @@ class Hedger:
         for candidate in candidates:
             if failures:
                 self.counts.failovers += 1
-            mark = Attempt(self.clock)
+            mark = Attempt(self.clock, demand=demand)
             try:
                 value = await attempt(candidate, mark)
             except Exception as exc:
@@ -280,10 +286,12 @@ class _Race(Generic[T, R]):
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
         ready: Callable[[T], bool] | None,
+        demand: Demand,
         probe: str | None = None,
         patient: bool = False,
     ) -> None:
         self._hedger = hedger
+        self._demand = demand
         self._patient = patient
         self._waited_for: set[Attempt] = set()  # hung, but the last hope: not failed over
         self._ready = ready
@@ -396,7 +404,7 @@ class _Race(Generic[T, R]):
         candidate = self._candidates[self._next]
         self._next += 1
         assert self._tasks is not None
-        mark = Attempt(self._hedger.clock, partial(self._hedger.health.answered, self._key_of(candidate)))
+        mark = Attempt(self._hedger.clock, partial(self._hedger.health.answered, self._key_of(candidate)), self._demand)
         task = self._tasks.create_task(self._timed(candidate, mark), name=f"hedge:{kind}:{self._key_of(candidate)}")
         self._running[task] = (candidate, kind, mark)
         self._arm(candidate, mark)

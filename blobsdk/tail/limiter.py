@@ -55,9 +55,10 @@ Either way a limit only grows from requests that found it at least half used (el
 caller, not the server, was the bottleneck, and an unused limit would drift to
 ``max_limit``), and it stays within ``[min_limit, max_limit]``.
 
-Priority travels in a context variable, so the tiers between a prefetcher and the HTTP call
-need no extra argument: run prefetch work under ``with request_priority(Priority.PREFETCH)``
-and every ``acquire()`` below it (including in tasks it creates) queues as prefetch.
+Priority is passed explicitly: ``acquire(demand)`` takes the :class:`~blobsdk.tail.demand.Demand`
+of the fetch the request belongs to (the read path makes one per chunk fetch and hands it
+down through the tier, the hedger and the attempt).  A waiting request whose demand is
+promoted (a foreground reader joined a prefetch's fetch) moves to the foreground queue.
 """
 
 from __future__ import annotations
@@ -67,43 +68,18 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from enum import Enum, IntEnum
+from collections.abc import Callable
+from enum import Enum
 from types import TracebackType
 from typing import Self
 
 from ..config import LimiterConfig
+from .demand import Demand, Priority
 
 Clock = Callable[[], float]
 
 
 DEFAULT_CONFIG = LimiterConfig()
-
-
-class Priority(IntEnum):
-    """Queue order when an endpoint is at its limit: lower values go first."""
-
-    FOREGROUND = 0
-    PREFETCH = 1
-
-
-_priority: ContextVar[Priority] = ContextVar("blobsdk_request_priority", default=Priority.FOREGROUND)
-
-
-@contextmanager
-def request_priority(priority: Priority) -> Iterator[None]:
-    """Requests acquired inside this block (and in tasks created inside it) queue at ``priority``."""
-    token = _priority.set(priority)
-    try:
-        yield
-    finally:
-        _priority.reset(token)
-
-
-def current_priority() -> Priority:
-    return _priority.get()
 
 
 class _Outcome(Enum):
@@ -127,11 +103,11 @@ class Permit:
     an exception, and a cancellation says nothing about load.
     """
 
-    __slots__ = ("_entered", "_limiter", "drop", "in_flight_at_start", "priority", "sample", "started")
+    __slots__ = ("_entered", "_limiter", "demand", "drop", "in_flight_at_start", "sample", "started")
 
-    def __init__(self, limiter: AdaptiveLimiter, priority: Priority, sample: bool) -> None:
+    def __init__(self, limiter: AdaptiveLimiter, demand: Demand, sample: bool) -> None:
         self._limiter = limiter
-        self.priority = priority
+        self.demand = demand
         self.sample = sample  # whether its RTT is a sample (see ``acquire(size=)``)
         self.drop = False  # told it was shed or timed out
         self.started = 0.0  # limiter clock when it was admitted
@@ -145,6 +121,10 @@ class Permit:
     def dropped(self) -> None:
         """The request timed out (no answer in time): shrink the limit, whatever is raised."""
         self.drop = True
+
+    @property
+    def priority(self) -> Priority:
+        return self.demand.priority
 
     async def __aenter__(self) -> Self:
         if self._entered:
@@ -276,11 +256,14 @@ class AdaptiveLimiter:
         probe_cap = self._floor.probe_cap
         return self.limit if probe_cap is None else min(probe_cap, self.limit)
 
-    def acquire(self, priority: Priority | None = None, *, size: int | None = None) -> Permit:
-        """A permit to enter with ``async with``; ``priority`` defaults to the one set by
-        :func:`request_priority` (FOREGROUND outside any).  ``size``: the bytes the
-        request moves, where that varies (see the module docstring)."""
-        return Permit(self, current_priority() if priority is None else priority, self._samples_size(size))
+    def acquire(self, demand: Demand | Priority | None = None, *, size: int | None = None) -> Permit:
+        """A permit to enter with ``async with``, queued at ``demand``'s priority (None:
+        FOREGROUND), and moved ahead if that demand is promoted while it waits (see
+        blobsdk/tail/demand.py).  ``size``: the bytes the request moves, where that varies
+        (see the module docstring)."""
+        if not isinstance(demand, Demand):
+            demand = Demand(Priority.FOREGROUND if demand is None else demand)
+        return Permit(self, demand, self._samples_size(size))
 
     def _samples_size(self, size: int | None) -> bool:
         """Whether a request of ``size`` bytes is comparable with the largest recent ones."""
@@ -318,11 +301,19 @@ class AdaptiveLimiter:
         waiter = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (permit.priority, next(self._seq), waiter))
         self._queued += 1
+
+        def promoted() -> None:  # queued again at the front's priority; _wake skips the old entry
+            if not waiter.done():
+                heapq.heappush(self._waiters, (permit.priority, next(self._seq), waiter))
+
+        permit.demand.watch(promoted)
         try:
             await waiter
         except asyncio.CancelledError:
             self._leave_queue(waiter)
             raise
+        finally:
+            permit.demand.unwatch(promoted)
 
     def _leave_queue(self, waiter: asyncio.Future[None]) -> None:
         """A waiter was cancelled: if it had already been granted a slot, pass the slot on."""

@@ -32,6 +32,7 @@ from typing import Protocol, Self, runtime_checkable
 
 from ..errors import BlobError
 from ..stats import TierStats
+from ..tail.demand import Demand
 from ..wire import ChunkRef
 
 Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
@@ -52,8 +53,10 @@ class Tier(Protocol):
         None (then ``fetch`` decides; a miss is counted there, not here)."""
         ...
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
-        """The verified raw bytes of ``ref``, or None if this tier cannot serve them."""
+    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
+        """The verified raw bytes of ``ref``, or None if this tier cannot serve them.
+        ``demand``: the fetch this is (None: a foreground read); a tier that sends requests
+        hands it to its hedger, so they queue at its priority (blobsdk/tail/demand.py)."""
         ...
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:

@@ -10,6 +10,7 @@ import time
 
 from ..cache.memory import MemoryCache
 from ..stats import TierStats
+from ..tail.demand import Demand
 from ..wire import ChunkRef
 from .base import Closing, Decoder
 
@@ -32,7 +33,7 @@ class L1Tier(Closing):
         self.stats.hit(len(data), time.perf_counter() - begun)
         return memoryview(data)
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
+    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         raw = self.peek(ref)
         if raw is None:
             self.stats.misses += 1

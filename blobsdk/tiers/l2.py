@@ -25,6 +25,7 @@ from typing import Self
 from ..cache.disk import DiskCache
 from ..errors import BlobError
 from ..stats import TierStats
+from ..tail.demand import Demand
 from ..wire import ChunkRef
 from .base import Decoder
 
@@ -64,7 +65,7 @@ class L2Tier:
         """Nothing without a disk read: ask fetch."""
         return None
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
+    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         begun = time.perf_counter()
         data = await self.cache.get(ref.key, checksum=ref.checksum)  # verified on the executor
         if data is None:

@@ -38,6 +38,7 @@ from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..stats import TierStats
 from ..tail.attempt import Attempt
+from ..tail.demand import Demand
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
@@ -122,7 +123,7 @@ class L3Tier(KeepsNothing, Closing):
         up = [url for url in rank(key, self.urls) if not self.health.has(url, Reason.DOWN)]
         return up[: self._replicas]
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
+    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         begun = time.perf_counter()
         try:
             raw = await self.hedger.run(
@@ -130,6 +131,7 @@ class L3Tier(KeepsNothing, Closing):
                 partial(self._fetch_from, ref, decode),
                 failover=cache_failover,
                 ready=self._has_room,
+                demand=demand,
             )
         except HedgeExhausted:
             self.stats.misses += 1

@@ -32,6 +32,7 @@ from ..sources.base import BlockReplica, BlockStore
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
 from ..tail.attempt import Attempt
+from ..tail.demand import Demand
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
@@ -95,12 +96,12 @@ class L4Tier(KeepsNothing, Closing):
         """Nothing without a read: ask fetch."""
         return None
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview:
+    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview:
         """The verified raw bytes of ``ref`` (never None: L4 raises instead)."""
-        _, raw = await self.fetch_stored(ref, decode)
+        _, raw = await self.fetch_stored(ref, decode, demand)
         return raw
 
-    async def fetch_stored(self, ref: ChunkRef, decode: Decoder) -> tuple[memoryview, memoryview]:
+    async def fetch_stored(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> tuple[memoryview, memoryview]:
         """The verified stored copy of ``ref`` and its raw bytes (a view of that copy for
         an uncompressed chunk), hedged across the replicas in order."""
         begun = time.perf_counter()
@@ -108,7 +109,13 @@ class L4Tier(KeepsNothing, Closing):
         attempt = partial(self._read_copy, ref, decode, skipped)
         try:
             stored, raw = await self.hedger.run(
-                self.candidates(ref.key), attempt, key_of=_name, failover=_is_failover, ready=self._has_room, patient=True
+                self.candidates(ref.key),
+                attempt,
+                key_of=_name,
+                failover=_is_failover,
+                ready=self._has_room,
+                patient=True,
+                demand=demand,
             )
         except HedgeExhausted as exc:
             self.stats.misses += 1

@@ -58,6 +58,7 @@ from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..read.codec import verify_raw
 from ..stats import TierStats
 from ..tail.attempt import Attempt
+from ..tail.demand import Demand
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef, Problem, Source, chunk_query
@@ -135,12 +136,12 @@ class PeerTier:
         """Nothing without a request: ask fetch."""
         return None
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
+    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         begun = time.perf_counter()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._budget_s
         self.sharing.expect(ref.key)
-        raw = await self._from_peers(ref, deadline)
+        raw = await self._from_peers(ref, deadline, demand)
         if raw is None:
             self.counts["over_budget"] += loop.time() >= deadline
             self.stats.misses += 1
@@ -180,7 +181,7 @@ class PeerTier:
 
     # --- fetching from peers ---------------------------------------------------------------------------
 
-    async def _from_peers(self, ref: ChunkRef, deadline: float) -> memoryview | None:
+    async def _from_peers(self, ref: ChunkRef, deadline: float, demand: Demand | None) -> memoryview | None:
         """The chunk from the first of its sources to serve a verified copy by ``deadline``
         (loop time); None: none did."""
         try:
@@ -198,6 +199,7 @@ class PeerTier:
                 key_of=_address_of,
                 failover=cache_failover,
                 ready=lambda s: self._endpoints.get(s.address).has_room,
+                demand=demand,
             )
         except HedgeExhausted:
             return None
