@@ -53,12 +53,12 @@ from pathlib import Path
 
 import aiohttp
 
-from blobsdk.config import Timeouts
+from blobsdk.config import LimiterConfig, Timeouts
 from blobsdk.errors import Unavailable
 from blobsdk.net.rpc import new_session
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterConfig
+from blobsdk.tail.limiter import AdaptiveLimiter
 
 from ._report import Report, percentile
 from ._servers import block_servers

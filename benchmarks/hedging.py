@@ -31,13 +31,12 @@ from pathlib import Path
 
 import xxhash
 
-from blobsdk.config import Timeouts
+from blobsdk.config import HedgeConfig, Timeouts
 from blobsdk.net.rpc import new_session
 from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.hedge import HedgeConfig
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef

@@ -1,6 +1,11 @@
-"""Frozen, keyword-only configuration structs.
+"""Frozen, keyword-only configuration structs: every table of ``client.toml``.
 
 Environment variables are read in exactly one place, :meth:`ClientConfig.from_env`.
+
+The ground floor: the structs of the modules with behaviour (the hedger, the limiter,
+repair) live here and those modules import them, never the other way round.  This module
+imports only leaves (``_numbers``, ``errors``, ``wire``); tests/test_imports.py holds it to
+that.
 """
 
 from __future__ import annotations
@@ -14,10 +19,7 @@ from typing import Literal
 import msgspec
 
 from ._numbers import check_numbers, integer, non_negative, positive, real
-from .ops.repair import RepairConfig
-from .read.plans import MAX_CHUNK_BYTES
-from .tail.hedge import HedgeConfig
-from .tail.limiter import LimiterConfig
+from .wire import MAX_CHUNK_BYTES
 
 MiB = 1 << 20
 
@@ -139,6 +141,113 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     def __post_init__(self) -> None:
         check_numbers("timeouts", self, dict.fromkeys(("connect", "sock_read", "total"), positive()))
+
+
+# --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/tail/limiter.py, blobsdk/ops/repair.py
+
+MIN_SAMPLES = 8  # fewer recent latencies than this: a hedger's target borrows the tier-wide estimate
+
+
+class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one tier hedges its reads (``enabled = false``: plain failover in rank order; see
+    blobsdk/tail/hedge.py)."""
+
+    enabled: bool = True
+    min_delay_ms: float = 2.0
+    max_delay_ms: float = 500.0  # also the delay while nothing has been measured yet
+    quantile: float = 0.95
+    budget_ratio: float = 0.05  # hedges earned per primary request
+    budget_burst: float = 50.0  # token bucket capacity (it starts full): a fan-out's worth of hedges
+    max_parallel: int = 2  # attempts in flight per request
+    window: int = 128  # recent latencies kept per target
+    # A target is hung once an attempt is in service longer than hang_factor x its latency
+    # estimate, clamped to [hang_min_ms, hang_max_ms]; probed back after probe_after_s,
+    # doubling to probe_max_s (blobsdk/tail/health.py).
+    hang_factor: float = 8.0
+    hang_min_ms: float = 500.0
+    hang_max_ms: float = 1000.0
+    probe_after_s: float = 1.0
+    probe_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_numbers("hedge", self, _HEDGE_NUMBERS)
+        if not self.min_delay_ms <= self.max_delay_ms:
+            raise ValueError(f"need 0 <= min_delay_ms <= max_delay_ms, got {self.min_delay_ms}, {self.max_delay_ms}")
+        if not self.hang_min_ms <= self.hang_max_ms:
+            got = f"{self.hang_factor}, {self.hang_min_ms}, {self.hang_max_ms}"
+            raise ValueError(f"need hang_factor > 0 and 0 < hang_min_ms <= hang_max_ms, got {got}")
+        if not self.probe_after_s <= self.probe_max_s:
+            raise ValueError(f"need 0 < probe_after_s <= probe_max_s, got {self.probe_after_s}, {self.probe_max_s}")
+
+
+_HEDGE_NUMBERS = {
+    "min_delay_ms": non_negative(),
+    "max_delay_ms": non_negative(),
+    "quantile": real(0, 1, low_open=True),
+    "budget_ratio": non_negative(),
+    "budget_burst": non_negative(),
+    "max_parallel": integer(1),
+    "window": integer(MIN_SAMPLES),
+    **dict.fromkeys(("hang_factor", "hang_min_ms", "hang_max_ms", "probe_after_s", "probe_max_s"), positive()),
+}
+
+
+class LimiterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one endpoint's in-flight limit adapts (see blobsdk/tail/limiter.py)."""
+
+    initial: int = 16
+    min_limit: int = 1
+    max_limit: int = 256
+    algorithm: Literal["gradient", "aimd"] = "gradient"
+    backoff: float = 0.9  # multiplicative decrease on a drop
+    tolerance: float = 2.0  # RTT inflation tolerated over the floor
+    smoothing: float = 0.2  # share of the way to its target the gradient moves per round trip
+    min_rtt_window_s: float = 10.0  # a floor not seen again for this long is re-probed
+
+    def __post_init__(self) -> None:
+        check_numbers("limiter", self, _LIMITER_NUMBERS)
+        if not self.min_limit <= self.initial <= self.max_limit:
+            bounds = f"{self.min_limit}, {self.initial}, {self.max_limit}"
+            raise ValueError(f"need 1 <= min_limit <= initial <= max_limit, got {bounds}")
+
+
+_LIMITER_NUMBERS = {
+    **dict.fromkeys(("initial", "min_limit", "max_limit"), integer(1)),
+    "backoff": real(0, 1, low_open=True, high_open=True),
+    "tolerance": real(1),
+    "smoothing": real(0, 1, low_open=True),
+    "min_rtt_window_s": positive(),
+}
+
+
+class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Bounds of background repair: ``queue`` blocks waiting at most, ``batch`` blocks per
+    metadata walk, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
+    that served bad bytes is ranked after the others; ``retry_seconds`` until an
+    under-replicated block is tried again (doubling up to ``retry_max_seconds``); see
+    blobsdk/ops/repair.py."""
+
+    queue: int = 64
+    batch: int = 16
+    concurrency: int = 2
+    demote_seconds: float = 60.0
+    retry_seconds: float = 5.0
+    retry_max_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_numbers(
+            "repair",
+            self,
+            {
+                **dict.fromkeys(("queue", "batch", "concurrency"), integer(1)),
+                "demote_seconds": non_negative(),
+                **dict.fromkeys(("retry_seconds", "retry_max_seconds"), positive()),
+            },
+        )
+        if not self.retry_seconds <= self.retry_max_seconds:
+            raise ValueError(
+                f"[repair] retry_seconds must be at most retry_max_seconds, got {self.retry_seconds} and {self.retry_max_seconds}"
+            )
 
 
 def check_quorum(quorum: object) -> None:

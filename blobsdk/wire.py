@@ -152,6 +152,7 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 MAX_BODY_BYTES = 16 << 20  # the servers' bound on msgpack/JSON request bodies
+MAX_CHUNK_BYTES = 64 << 20  # the largest chunk (raw bytes) a plan may name; the L3 node's default limit
 MAX_LIST_BLOCKS = 10_000  # block ids a block server lists per page
 MAX_PATHS_PER_REQUEST = 1000  # the API server's bound on GetPlansRequest.paths
 MAX_OPS_PER_REQUEST = 1000  # the API server's bound on CommitRequest.ops

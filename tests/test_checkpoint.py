@@ -20,8 +20,8 @@ import torch
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.read.plans import MAX_CHUNK_BYTES
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.wire import MAX_CHUNK_BYTES
 from servers.cluster import start_cluster
 from tests.helpers import ROOT
 from tests.test_cli import error_line, ok, run
@@ -293,7 +293,7 @@ import asyncio, sys
 import numpy as np
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.read.plans import MAX_CHUNK_BYTES
+from blobsdk.wire import MAX_CHUNK_BYTES
 
 async def main():
     async with blobsdk.Client.local(sys.argv[1], write=WriteConfig(chunk_size=65536, block_size=1 << 20)) as c:

@@ -13,8 +13,7 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk.config import WriteConfig
-from blobsdk.tail.hedge import HedgeConfig
+from blobsdk.config import HedgeConfig, WriteConfig
 from servers.cluster import start_cluster
 from tests.helpers import ROOT, stored_files
 

@@ -109,7 +109,7 @@ async def test_repair_settings_come_from_client_toml_and_reach_the_l4_tier(tmp_p
         blobsdk.Client(cfg, stores=GivenStores(meta, blocks)) as c,
     ):
         l4 = c._open.readpath.tiers[-1]
-        assert l4.repairer is not None and l4.repairer.config == cfg.repair and l4.demotions._seconds == 5.0
+        assert l4.repairer is not None and l4.repairer.config == cfg.repair and l4.health.bad_bytes_seconds == 5.0
 
 
 @pytest.mark.parametrize("quorum", [0, -1])

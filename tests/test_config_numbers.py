@@ -11,10 +11,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from blobsdk.config import ClientConfig, L1Config, L2Config, L3Config, PeerConfig, ReadConfig, Timeouts, WriteConfig
-from blobsdk.ops.repair import RepairConfig
-from blobsdk.tail.hedge import HedgeConfig
-from blobsdk.tail.limiter import LimiterConfig
+from blobsdk.config import (
+    ClientConfig,
+    HedgeConfig,
+    L1Config,
+    L2Config,
+    L3Config,
+    LimiterConfig,
+    PeerConfig,
+    ReadConfig,
+    RepairConfig,
+    Timeouts,
+    WriteConfig,
+)
 
 TABLES: dict[str, tuple[type[msgspec.Struct], dict[str, Any]]] = {
     "l1": (L1Config, {}),

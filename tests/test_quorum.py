@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk.config import ClientConfig, Timeouts, WriteConfig
+from blobsdk.config import ClientConfig, RepairConfig, Timeouts, WriteConfig
 from blobsdk.errors import BlobNotFound, Unavailable
-from blobsdk.ops.repair import RepairConfig, Repairer
+from blobsdk.ops.repair import Repairer
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from servers.cluster import Cluster, ServerProcess, start_cluster

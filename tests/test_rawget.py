@@ -23,6 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from blobsdk.config import LimiterConfig
 from blobsdk.errors import (
     BadRequest,
     BlobError,
@@ -38,7 +39,7 @@ from blobsdk.errors import (
 from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterConfig
+from blobsdk.tail.limiter import AdaptiveLimiter
 from blobsdk.wire import ErrorBody, encode
 from servers._common.auth import ServerAuth
 from servers.blockstore import make_app

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from blobsdk.client import Client
-from blobsdk.config import L1Config, WriteConfig
+from blobsdk.config import L1Config, RepairConfig, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.ops.repair import Copy, Demotions, RepairConfig, Repairer, check_block, live_chunks
+from blobsdk.ops.repair import Copy, Repairer, check_block, live_chunks
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated
@@ -240,19 +240,6 @@ async def test_scrub_concurrency_must_be_positive(store: Store) -> None:
 
     with pytest.raises(ValueError, match="concurrency must be >= 1, got 0"):
         await scrub(store.metadata, store.blocks, concurrency=0)
-
-
-def test_demotion_lasts_its_time_or_until_good_bytes() -> None:
-    now = [0.0]
-    demotions = Demotions(60.0, clock=lambda: now[0])
-    demotions.served_bad("a")
-    demotions.served_bad("b")
-    now[0] = 59.0
-    assert demotions.is_demoted("a") and demotions.demoted_count() == 2
-    demotions.served_good("b")
-    assert not demotions.is_demoted("b")
-    now[0] = 60.0
-    assert not demotions.is_demoted("a") and demotions.demoted_count() == 0
 
 
 async def test_a_recorded_under_replicated_block_is_made_whole_without_a_read(store: Store) -> None:

@@ -12,10 +12,9 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk.config import L1Config, Timeouts, WriteConfig
+from blobsdk.config import HedgeConfig, L1Config, Timeouts, WriteConfig
 from blobsdk.read.placement import rank
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.hedge import HedgeConfig
 from servers.cluster import start_cluster
 
 ADMIN = "admin-secret"

@@ -45,8 +45,9 @@ list lives in this process: if it dies first, ``blobsdk scrub`` finds those bloc
 **Scrub** (:func:`scrub`, ``blobsdk scrub``): every live block, every replica, verified and
 (unless ``dry_run``) repaired as above.
 
-A replica that served bad bytes is also ranked after the others for a while
-(:class:`Demotions`), so one corrupt replica costs one dropped copy, not one per read.
+A replica that served bad bytes is also ranked after the others for a while (the L4 tier's
+:class:`~blobsdk.tail.health.TargetHealth`, reason ``BAD_BYTES``), so one corrupt replica
+costs one dropped copy, not one per read.
 """
 
 from __future__ import annotations
@@ -60,73 +61,16 @@ from typing import Self
 
 import msgspec
 
-from .._numbers import check_numbers, integer, non_negative, positive
+from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
 from ..metadata.base import MetadataStore
 from ..read.codec import decode_chunk
 from ..runtime.tasks import task_group
-from ..sources.base import BlockStore, block_time
+from ..sources.base import BlockReplica, BlockStore, block_time
 from ..sources.replicated import UnderReplicated
 from ..wire import ChunkRef
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
-
-
-class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Bounds of background repair: ``queue`` blocks waiting at most, ``batch`` blocks per
-    metadata walk, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
-    that served bad bytes is ranked after the others; ``retry_seconds`` until an
-    under-replicated block is tried again (doubling up to ``retry_max_seconds``)."""
-
-    queue: int = 64
-    batch: int = 16
-    concurrency: int = 2
-    demote_seconds: float = 60.0
-    retry_seconds: float = 5.0
-    retry_max_seconds: float = 120.0
-
-    def __post_init__(self) -> None:
-        check_numbers(
-            "repair",
-            self,
-            {
-                **dict.fromkeys(("queue", "batch", "concurrency"), integer(1)),
-                "demote_seconds": non_negative(),
-                **dict.fromkeys(("retry_seconds", "retry_max_seconds"), positive()),
-            },
-        )
-        if not self.retry_seconds <= self.retry_max_seconds:
-            raise ValueError(
-                f"[repair] retry_seconds must be at most retry_max_seconds, got {self.retry_seconds} and {self.retry_max_seconds}"
-            )
-
-
-class Demotions:
-    """Replicas that served bad bytes, per name: ranked after the others until ``seconds``
-    have passed or they serve a verified copy again (mirrors :mod:`blobsdk.tail.health`)."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._seconds = seconds
-        self._clock = clock
-        self._until: dict[str, float] = {}
-
-    def served_bad(self, target: str) -> None:
-        self._until[target] = self._clock() + self._seconds
-
-    def served_good(self, target: str) -> None:
-        self._until.pop(target, None)
-
-    def is_demoted(self, target: str) -> bool:
-        until = self._until.get(target)
-        if until is None:
-            return False
-        if self._clock() < until:
-            return True
-        del self._until[target]
-        return False
-
-    def demoted_count(self) -> int:
-        return sum(self.is_demoted(t) for t in list(self._until))
 
 
 # --- one block -------------------------------------------------------------------------
@@ -168,7 +112,9 @@ async def live_chunks(metadata: MetadataStore, only: set[str] | None = None) -> 
     return {b: sorted(refs.values(), key=lambda r: r.offset) for b, refs in sorted(index.items())}
 
 
-async def check_block(block_id: str, chunks: Sequence[ChunkRef], replicas: Sequence[BlockStore], *, repair: bool) -> BlockOutcome:
+async def check_block(
+    block_id: str, chunks: Sequence[ChunkRef], replicas: Sequence[BlockReplica], *, repair: bool
+) -> BlockOutcome:
     """Verify every replica's copy of ``block_id`` against its live ``chunks`` and, if
     ``repair``, rewrite the bad and missing ones from a verified copy (module docstring)."""
     outcome = BlockOutcome(block_id)
@@ -186,7 +132,7 @@ async def check_block(block_id: str, chunks: Sequence[ChunkRef], replicas: Seque
     return outcome
 
 
-async def read_verified(replica: BlockStore, block_id: str, chunks: Sequence[ChunkRef]) -> tuple[Copy, bytes | None]:
+async def read_verified(replica: BlockReplica, block_id: str, chunks: Sequence[ChunkRef]) -> tuple[Copy, bytes | None]:
     """One replica's copy of the block's live extent and whether it verifies."""
     extent = max(ref.offset + ref.length for ref in chunks)
     try:
@@ -212,7 +158,7 @@ def _verifies(data: bytes, chunks: Sequence[ChunkRef]) -> bool:
 
 
 async def _rewrite(
-    replica: BlockStore, block_id: str, chunks: Sequence[ChunkRef], verified: bytes, outcome: BlockOutcome
+    replica: BlockReplica, block_id: str, chunks: Sequence[ChunkRef], verified: bytes, outcome: BlockOutcome
 ) -> None:
     """Write ``verified`` to ``replica`` (deleting its bad copy first) and read it back."""
     try:
@@ -249,7 +195,7 @@ class Repairer:
     def __init__(
         self,
         metadata: MetadataStore,
-        replicas: Sequence[BlockStore],
+        replicas: Sequence[BlockReplica],
         config: RepairConfig | None = None,
         *,
         under_replicated: UnderReplicated | None = None,

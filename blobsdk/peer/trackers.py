@@ -61,6 +61,7 @@ from ..errors import BlobError, PeerNotFound, Unavailable
 from ..net.rpc import HttpEndpoint
 from ..read.placement import rank
 from ..runtime.ids import is_hex32
+from ..tail.health import Reason, TargetHealth
 from ..wire import (
     MAX_BODY_BYTES,
     TRACKER_MAX_KEYS,
@@ -174,8 +175,8 @@ class Trackers:
         self.peer_id, self.address, self._serve_key = peer_id, address, serve_key
         self.tenant: str | None = None  # as the trackers say, once one has answered a hello
         self._uploads, self._budget, self._forgotten = uploads, budget_bytes, forgotten
-        self._timeout_s, self._down_s, self._clock = timeout_s, down_s, clock
-        self._down_until: dict[str, float] = {}
+        self._timeout_s = timeout_s
+        self._health = TargetHealth(clock=clock, down_seconds=down_s)  # down trackers (blobsdk/tail/health.py)
         self._slow: Counter[str] = Counter()  # calls in a row past the timeout, per tracker
         self._heartbeat_s = HEARTBEAT_S
         self._heartbeat: asyncio.Task[None] | None = None
@@ -197,7 +198,7 @@ class Trackers:
         return rank(key, list(self._endpoints))[0]
 
     def is_down(self, url: str) -> bool:
-        return self._clock() < self._down_until.get(url.rstrip("/"), 0.0)
+        return self._health.has(url.rstrip("/"), Reason.DOWN)
 
     # --- the calls --------------------------------------------------------------------------------
 
@@ -311,7 +312,7 @@ class Trackers:
             self._mark_down(url)
             return None
         self._slow.pop(url, None)
-        self._down_until.pop(url, None)
+        self._health.clear(url, Reason.DOWN)
         return result
 
     async def _say_hello(self, url: str) -> None:
@@ -384,7 +385,7 @@ class Trackers:
     def _mark_down(self, url: str) -> None:
         self.counts["errors"] += 1
         self._slow.pop(url, None)
-        self._down_until[url] = self._clock() + self._down_s
+        self._health.mark(url, Reason.DOWN)
 
     async def _beat(self) -> None:
         """Heartbeat every tracker; a down one only once its ``down_s`` has passed."""

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from ..errors import BadRequest, CorruptData
 from ..runtime.ids import is_hex32
-from ..wire import ChunkRef, ReadPlan
+from ..wire import MAX_CHUNK_BYTES, ChunkRef, ReadPlan
 
-MAX_CHUNK_BYTES = 64 << 20  # the largest chunk (raw bytes) a plan may name; the L3 node's default limit
 _UINT64 = 1 << 64
 
 

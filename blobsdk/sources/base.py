@@ -1,4 +1,16 @@
-"""The BlockStore protocol: L4, the durable source of truth, as immutable blocks.
+"""The BlockStore protocols: L4, the durable source of truth, as immutable blocks.
+
+Two protocols, because L4 is written as a whole and read one copy at a time:
+
+- :class:`BlockStore`: L4 as a whole, what the writer, gc and the L4 tier are given:
+  ``write_block``, ``delete_block``, ``list_blocks``, and ``replicas``, its independent copies.
+- :class:`BlockReplica`: one copy (one backend: a directory, a block server, an S3 bucket),
+  a BlockStore that can also be read (``read_into``, ``read_range``).  A single backend is
+  its own only replica.
+
+A store of several replicas (blobsdk/sources/replicated.py) is a BlockStore and no
+BlockReplica: the one reader of L4 is the L4 tier (blobsdk/tiers/l4.py), which reads each
+replica itself, verifying every copy and failing over between them.
 
 Semantics every backend holds (tests/sources/conformance.py checks them):
 
@@ -19,8 +31,8 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
   with BadRequest before it comes near a file name or URL.  An id that begins with
   :data:`LINK_TAG` names a *link block* (:func:`new_link_id`): an object indexed in place
   (blobsdk/sources/s3.py), whose bytes stay in that object.
-- ``replicas`` lists the independent copies a reader may fail over between (verifying
-  each answer itself); a single backend is its own only replica.
+- ``replicas`` lists the independent copies a reader fails over between (verifying each
+  answer itself); a single backend is its own only replica.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from typing import Protocol, runtime_checkable
 import xxhash
 
 from ..runtime.ids import validate_hex32
-from ..tail.hedge import Attempt
+from ..tail.attempt import Attempt
 from ..wire import BlockInfo
 
 Buffer = bytes | bytearray | memoryview
@@ -73,15 +85,28 @@ def validate_block_id(block_id: object) -> str:
 
 @runtime_checkable
 class BlockStore(Protocol):
+    """L4 as a whole: written, listed and deleted here, read through its ``replicas``."""
+
     @property
     def name(self) -> str:
         """Human-readable identity (a URL or directory) for stats and errors."""
         ...
 
     @property
-    def replicas(self) -> Sequence[BlockStore]: ...
+    def replicas(self) -> Sequence[BlockReplica]: ...
 
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None: ...
+
+    async def delete_block(self, block_id: str) -> None: ...
+
+    def list_blocks(self) -> AsyncIterator[BlockInfo]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class BlockReplica(BlockStore, Protocol):
+    """One independent copy of L4: a BlockStore that can be read."""
 
     async def read_into(
         self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
@@ -92,12 +117,6 @@ class BlockStore(Protocol):
         ...
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes: ...
-
-    async def delete_block(self, block_id: str) -> None: ...
-
-    def list_blocks(self) -> AsyncIterator[BlockInfo]: ...
-
-    async def aclose(self) -> None: ...
 
 
 def block_time(block_id: str) -> float:

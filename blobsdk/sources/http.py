@@ -19,7 +19,7 @@ from aiohttp.payload import Payload
 from ..auth import GRANT_HEADER
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
-from ..tail.hedge import Attempt
+from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id

@@ -63,7 +63,7 @@ from ..runtime.rootdir import (
     refusal,
     remove_if_dead,
 )
-from ..tail.hedge import Attempt
+from ..tail.attempt import Attempt
 from ..wire import BlockInfo
 from .base import Buffer, block_time, validate_block_id
 

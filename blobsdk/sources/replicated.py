@@ -12,36 +12,28 @@ works through (blobsdk/ops/repair.py) to make up the missing copies once the rep
 That list is in memory: a process that dies first forgets it, and ``blobsdk scrub`` (which
 checks every replica of every live block) finds those blocks instead.
 
-Reads try the replicas in order and fail over on any error about a replica.  This store
-does not verify bytes: ``replicas`` exposes the copies so the read path can check each
-answer and fail over.
+**Write-only.**  This store is a :class:`~blobsdk.sources.base.BlockStore` and no
+:class:`~blobsdk.sources.base.BlockReplica`: it writes, deletes and lists, and ``replicas``
+exposes the copies; it reads nothing.  The one reader of L4 is the L4 tier
+(blobsdk/tiers/l4.py): it ranks the replicas (load, latency, health), hedges across them,
+verifies every copy and fails over from a bad one, which a plain in-order read here could
+not do.  A second reader, unverified and unhedged, would be a second place for a fix to
+miss.  (Repair and scrub, blobsdk/ops/repair.py, read each replica on its own, by design:
+they judge every copy.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from contextlib import aclosing
 from functools import partial
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
-from ..errors import (
-    BlobError,
-    BlockNotFound,
-    ClientClosed,
-    CorruptData,
-    Unauthorized,
-    Unavailable,
-)
-from ..tail.hedge import Attempt
+from ..errors import ClientClosed, Unavailable
 from ..wire import BlockInfo
-from .base import BlockStore, Buffer, validate_block_id
-
-T = TypeVar("T")
-
-# When every replica failed the same way, that error says more than "Unavailable".
-_UNANIMOUS = (BlockNotFound, CorruptData, Unauthorized)
+from .base import BlockReplica, BlockStore, Buffer, validate_block_id
 
 Quorum = int | Literal["all"] | None  # None: a majority
 
@@ -106,7 +98,7 @@ class UnderReplicated:
 
 
 class ReplicatedBlockStore:
-    """A :class:`~blobsdk.sources.base.BlockStore` over independent replicas.
+    """A write-only :class:`~blobsdk.sources.base.BlockStore` over independent replicas (module docstring).
 
     ``write_quorum`` replicas must acknowledge a write (None, the default: a majority;
     "all": every one); ``close_timeout`` bounds how long :meth:`aclose` waits for writes
@@ -141,7 +133,7 @@ class ReplicatedBlockStore:
         return "replicated[" + ", ".join(s.name for s in self._stores) + "]"
 
     @property
-    def replicas(self) -> tuple[BlockStore, ...]:
+    def replicas(self) -> tuple[BlockReplica, ...]:
         """Every independent copy, in read order (nested replicated stores are flattened)."""
         return tuple(r for s in self._stores for r in s.replicas)
 
@@ -203,14 +195,6 @@ class ReplicatedBlockStore:
         tasks = set(self._writes)
         if tasks:
             await asyncio.wait(tasks)
-
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        await self._first_answer(block_id, lambda s: s.read_into(block_id, offset, out, attempt=attempt, grant=grant))
-
-    async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
-        return await self._first_answer(block_id, lambda s: s.read_range(block_id, offset, length))
 
     async def delete_block(self, block_id: str) -> None:
         """Delete on every replica, once the block's writes still running past their quorum
@@ -301,21 +285,6 @@ class ReplicatedBlockStore:
                 task.cancel()  # no-op for the finished ones
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _first_answer(self, block_id: str, op: Callable[[BlockStore], Awaitable[T]]) -> T:
-        """``op`` on each replica in order until one answers.  ValueError (a bad request,
-        BadRequest included) is the caller's fault and is raised at once."""
-        validate_block_id(block_id)
-        self._check_open()
-        errors: list[tuple[BlockStore, BlobError]] = []
-        for store in self._stores:
-            try:
-                return await op(store)
-            except ValueError:
-                raise
-            except BlobError as exc:
-                errors.append((store, exc))
-        raise _read_failure(block_id, errors)
-
 
 def _outcome(task: asyncio.Task[None]) -> str | None:
     """None if the write succeeded, else why it failed."""
@@ -333,16 +302,6 @@ def _failures(stores: Sequence[BlockStore], results: Sequence[object]) -> list[s
         if isinstance(result, Exception):
             failed.append(f"{store.name}: {type(result).__name__}: {result}")
     return failed
-
-
-def _read_failure(block_id: str, errors: list[tuple[BlockStore, BlobError]]) -> BlobError:
-    detail = "; ".join(f"{s.name}: {type(e).__name__}: {e}" for s, e in errors)
-    kind = type(errors[0][1])
-    if kind in _UNANIMOUS and all(type(e) is kind for _, e in errors):
-        return kind(f"block {block_id}: every replica failed the same way: {detail}")
-    if all(type(e) in (BlockNotFound, CorruptData) for _, e in errors):  # some lag behind a write
-        return CorruptData(f"block {block_id}: the replicas holding it are too short, the others lack it: {detail}")
-    return Unavailable(f"block {block_id}: no replica could answer: {detail}")
 
 
 def _frozen(parts: Sequence[Buffer]) -> tuple[Buffer, ...]:

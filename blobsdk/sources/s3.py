@@ -82,7 +82,7 @@ from ..errors import (
 )
 from ..runtime.ids import is_hex32
 from ..runtime.singleflight import SingleFlight
-from ..tail.hedge import Attempt
+from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import BlockInfo
 from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listing_error, _pieces, _unavailable

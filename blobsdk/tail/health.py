@@ -1,4 +1,22 @@
-"""Which targets of a tier are hung (DESIGN §2): a failure, not a straggler.
+"""The health of a tier's targets (an L4 replica, an L3 node, a tracker), kept in one place.
+
+One :class:`TargetHealth` per tier (or per set of trackers) says, per target name, whether
+it is unhealthy and why.  A target may be so for any of three reasons (:class:`Reason`),
+each with its own rule, each cleared by its own evidence:
+
+- ``DOWN``: it failed in a way that says it is not there (refused, 5xx, timed out, an answer
+  that makes no sense).  Skipped for ``down_seconds`` (its keys go to the next targets, as
+  if it had been removed), then tried again; a success clears it at once.  Marked by the
+  L3 tier (a node that failed with Unavailable) and by :mod:`blobsdk.peer.trackers`.
+- ``BAD_BYTES``: it served a copy that failed its checksum.  Ranked after the others for
+  ``bad_bytes_seconds`` (``[repair] demote_seconds``), or until it serves a verified copy,
+  so one corrupt replica costs one dropped copy, not one per read.  Marked by the L4 tier.
+- ``HUNG`` (DESIGN §2): no answer within its hang deadline, a failure, not a straggler.
+  Marked by the hedger (blobsdk/tail/hedge.py); the rest of this docstring is its rule.
+
+A tier and its hedger share one tracker (``Hedger(..., health=)``): the hedger ranks and
+fails over hung targets, the tier skips or demotes the others, and the tier's counts
+(``targets_hung``, ``nodes_down``, ``replicas_demoted``) all come from it.
 
 A hung server accepts connections (the kernel does that for a stopped process) and never
 answers.  Hedging alone cannot cope: the hung replica keeps getting first attempts, each
@@ -7,7 +25,7 @@ requests so new attempts to it queue in the client, and a queued attempt is, by 
 never hedged.  So every read that ranks the hung replica first waits for its ``sock_read``
 timeout (30 s by default).
 
-The rule, kept per target (an L4 replica, an L3 node) by :class:`TargetHealth`:
+The rule, kept per target:
 
 - **Hung:** an attempt that has been *in service* (past its client-side queue) for longer
   than the target's hang deadline — ``hang_factor`` x its latency estimate, clamped to
@@ -27,21 +45,30 @@ The rule, kept per target (an L4 replica, an L3 node) by :class:`TargetHealth`:
   up to ``probe_max_s``), one read at a time may try the hung target first again: if it
   answers within the deadline the target is healthy again; if it hangs, the read fails over
   after at most one hang deadline and the next probe waits twice as long.  Any attempt that
-  returns from a target marks it healthy.
+  returns from a target marks it not hung.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from enum import Enum
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from .hedge import HedgeConfig
+from ..config import HedgeConfig
 
 T = TypeVar("T")
 
 
-class _State:
+class Reason(Enum):
+    """Why a target is unhealthy (see the module docstring for each rule)."""
+
+    HUNG = "hung"
+    DOWN = "down"
+    BAD_BYTES = "bad bytes"
+
+
+class _Hung:
     __slots__ = ("backoff", "hung", "probe_at", "probing")
 
     def __init__(self) -> None:
@@ -52,35 +79,82 @@ class _State:
 
 
 class TargetHealth:
-    """Hung or healthy, per target name; see the module docstring."""
+    """Healthy, or unhealthy for some :class:`Reason`, per target name; see the module
+    docstring.  ``config`` holds the hang rule (the tier's hedge settings); ``down_seconds``
+    and ``bad_bytes_seconds`` how long a target stays down or ranked last."""
 
-    def __init__(self, config: HedgeConfig, clock: Callable[[], float]) -> None:
-        self._config = config
+    def __init__(
+        self,
+        config: HedgeConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        down_seconds: float = 0.0,
+        bad_bytes_seconds: float = 0.0,
+    ) -> None:
+        self.config = config if config is not None else HedgeConfig()
+        self.down_seconds = down_seconds
+        self.bad_bytes_seconds = bad_bytes_seconds
         self._clock = clock
-        self._targets: dict[str, _State] = {}
+        self._hung: dict[str, _Hung] = {}
+        self._until: dict[Reason, dict[str, float]] = {Reason.DOWN: {}, Reason.BAD_BYTES: {}}  # unhealthy until
         self._answered_at: dict[str, float] = {}  # when an attempt at each target last returned
         self.probes = 0
+
+    # --- every reason ---------------------------------------------------------------------
+
+    def mark(self, target: str, reason: Reason) -> None:
+        """``target`` is unhealthy for ``reason`` (now, or again)."""
+        if reason is Reason.HUNG:
+            self._mark_hung(target)
+        else:
+            seconds = self.down_seconds if reason is Reason.DOWN else self.bad_bytes_seconds
+            self._until[reason][target] = self._clock() + seconds
+
+    def clear(self, target: str, reason: Reason) -> None:
+        """``target`` showed it is healthy again as far as ``reason`` goes."""
+        if reason is Reason.HUNG:
+            state = self._hung.get(target)
+            if state is not None and state.hung:
+                state.hung = state.probing = False
+        else:
+            self._until[reason].pop(target, None)
+
+    def has(self, target: str, reason: Reason) -> bool:
+        """Whether ``target`` is unhealthy for ``reason`` now."""
+        if reason is Reason.HUNG:
+            state = self._hung.get(target)
+            return state is not None and state.hung
+        timed = self._until[reason]
+        until = timed.get(target)
+        if until is None:
+            return False
+        if self._clock() < until:
+            return True
+        del timed[target]
+        return False
+
+    def count(self, reason: Reason) -> int:
+        """How many targets are unhealthy for ``reason`` now."""
+        if reason is Reason.HUNG:
+            return sum(state.hung for state in list(self._hung.values()))  # list(): one step beside the loop thread
+        now = self._clock()
+        return sum(until > now for until in list(self._until[reason].values()))
+
+    # --- the hang rule --------------------------------------------------------------------
 
     def deadline(self, estimate: float | None) -> float:
         """Seconds in service after which an attempt at a target with this latency
         estimate is hung."""
-        c = self._config
+        c = self.config
         low, high = c.hang_min_ms / 1000, c.hang_max_ms / 1000
         return high if estimate is None else min(high, max(low, c.hang_factor * estimate))
 
-    def is_hung(self, target: str) -> bool:
-        state = self._targets.get(target)
-        return state is not None and state.hung
-
-    def hung_count(self) -> int:
-        return sum(state.hung for state in list(self._targets.values()))  # list(): one step beside the loop thread
-
-    def mark_hung(self, target: str) -> None:
+    def _mark_hung(self, target: str) -> None:
         """An attempt at ``target`` outlived its hang deadline."""
-        state = self._targets.setdefault(target, _State())
+        state = self._hung.setdefault(target, _Hung())
         if state.hung and not state.probing:
             return  # already known: another read's attempt crossed its deadline too
-        c = self._config
+        c = self.config
         state.backoff = c.probe_after_s if not state.hung else min(c.probe_max_s, 2 * state.backoff)
         state.hung, state.probing = True, False
         state.probe_at = self._clock() + state.backoff
@@ -97,28 +171,26 @@ class TargetHealth:
 
     def answered(self, target: str) -> None:
         """An attempt at ``target`` returned, or its server said it is working on one: it is
-        healthy."""
+        not hung."""
         self._answered_at[target] = self._clock()
-        state = self._targets.get(target)
-        if state is not None and state.hung:
-            state.hung = state.probing = False
+        self.clear(target, Reason.HUNG)
 
     def probe_done(self, target: str) -> None:
         """A probe ended without a verdict (cancelled: another candidate won first)."""
-        state = self._targets.get(target)
+        state = self._hung.get(target)
         if state is not None:
             state.probing = False
 
     def rank(self, candidates: Sequence[T], key_of: Callable[[T], str]) -> tuple[list[T], str | None]:
         """``candidates`` with hung targets last (stable), except that one hung target whose
         probe is due goes first; and the name of that probed target, if any."""
-        healthy = [c for c in candidates if not self.is_hung(key_of(c))]
+        healthy = [c for c in candidates if not self.has(key_of(c), Reason.HUNG)]
         if len(healthy) == len(candidates):
             return list(candidates), None
-        hung = [c for c in candidates if self.is_hung(key_of(c))]
+        hung = [c for c in candidates if self.has(key_of(c), Reason.HUNG)]
         now = self._clock()
         for c in hung:
-            state = self._targets[key_of(c)]
+            state = self._hung[key_of(c)]
             if not state.probing and now >= state.probe_at:
                 state.probing = True
                 self.probes += 1

@@ -58,107 +58,21 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Generic, Literal, TypeVar
 
-import msgspec
-
-from .._numbers import check_numbers, integer, non_negative, positive, real
+from ..config import MIN_SAMPLES, HedgeConfig
 from ..errors import BlobError, HedgeExhausted, Unavailable
 from ..runtime.tasks import task_group
-from .health import TargetHealth
+from .attempt import Attempt
+from .health import Reason, TargetHealth
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-MIN_SAMPLES = 8  # fewer recent latencies than this: the target borrows the tier-wide estimate
 _REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
 
 Kind = Literal["primary", "hedge", "failover"]
 
 
-class Attempt:
-    """What one attempt of a hedged request tells its hedger: whether it is in service, and
-    since when.  The hedger hands one to every attempt it starts; code below it that waits in
-    a client-side queue (for a concurrency permit) calls :meth:`queued` before the wait and
-    :meth:`in_service` after it.  Until then the attempt is not hedged, and its latency and
-    hedge delay count from :meth:`in_service`, so a read that waited its turn in this client
-    is never taken for a slow server.  An attempt that never calls them is in service from
-    its start.
-
-    A server that answers "still working on it, waiting on my own upstream" (an L3 node
-    reading a chunk through from L4 sends ``102 Processing``, repeated while it waits) calls
-    :meth:`progress`: the attempt's hang deadline then counts from the last such word
-    (``heard``), so a node queued behind a busy L4 is not taken for hung while a node that
-    falls silent still is (and the target, which spoke, is not hung for the hedger's other
-    reads either), and it is no longer hedged (a hedge would make another node read
-    the same chunk through: the upstream's queue again, twice).  Its latency still counts
-    from :meth:`in_service`."""
-
-    __slots__ = ("_clock", "_on_progress", "begun", "heard", "serving", "upstream")
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic, on_progress: Callable[[], None] | None = None) -> None:
-        self._clock = clock
-        self._on_progress = on_progress  # the hedger's: the target spoke, so it is not hung
-        self.begun = self.heard = clock()
-        self.serving = True
-        self.upstream = False  # the server said it waits on its own upstream for this attempt
-
-    def queued(self) -> None:
-        self.serving = False
-
-    def in_service(self) -> None:
-        self.begun = self.heard = self._clock()
-        self.serving = True
-
-    def progress(self) -> None:
-        self.heard = self._clock()
-        self.upstream = True
-        if self._on_progress is not None:
-            self._on_progress()
-
-
 AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
-
-
-class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one tier hedges its reads (``enabled = false``: plain failover in rank order)."""
-
-    enabled: bool = True
-    min_delay_ms: float = 2.0
-    max_delay_ms: float = 500.0  # also the delay while nothing has been measured yet
-    quantile: float = 0.95
-    budget_ratio: float = 0.05  # hedges earned per primary request
-    budget_burst: float = 50.0  # token bucket capacity (it starts full): a fan-out's worth of hedges
-    max_parallel: int = 2  # attempts in flight per request
-    window: int = 128  # recent latencies kept per target
-    # A target is hung once an attempt is in service longer than hang_factor x its latency
-    # estimate, clamped to [hang_min_ms, hang_max_ms]; probed back after probe_after_s,
-    # doubling to probe_max_s (blobsdk/tail/health.py).
-    hang_factor: float = 8.0
-    hang_min_ms: float = 500.0
-    hang_max_ms: float = 1000.0
-    probe_after_s: float = 1.0
-    probe_max_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        check_numbers("hedge", self, _HEDGE_NUMBERS)
-        if not self.min_delay_ms <= self.max_delay_ms:
-            raise ValueError(f"need 0 <= min_delay_ms <= max_delay_ms, got {self.min_delay_ms}, {self.max_delay_ms}")
-        if not self.hang_min_ms <= self.hang_max_ms:
-            got = f"{self.hang_factor}, {self.hang_min_ms}, {self.hang_max_ms}"
-            raise ValueError(f"need hang_factor > 0 and 0 < hang_min_ms <= hang_max_ms, got {got}")
-        if not self.probe_after_s <= self.probe_max_s:
-            raise ValueError(f"need 0 < probe_after_s <= probe_max_s, got {self.probe_after_s}, {self.probe_max_s}")
-
-
-_HEDGE_NUMBERS = {
-    "min_delay_ms": non_negative(),
-    "max_delay_ms": non_negative(),
-    "quantile": real(0, 1, low_open=True),
-    "budget_ratio": non_negative(),
-    "budget_burst": non_negative(),
-    "max_parallel": integer(1),
-    "window": integer(MIN_SAMPLES),
-    **dict.fromkeys(("hang_factor", "hang_min_ms", "hang_max_ms", "probe_after_s", "probe_max_s"), positive()),
-}
 
 
 def is_failover(exc: BaseException) -> bool:
@@ -266,15 +180,25 @@ class HedgeStats:
 
 
 class Hedger:
-    """Runs hedged requests for one tier; see the module docstring."""
+    """Runs hedged requests for one tier; see the module docstring.  ``health``: the tier's
+    tracker (blobsdk/tail/health.py), made with the same ``config`` and ``clock``, to share;
+    by default the hedger keeps one of its own."""
 
-    def __init__(self, config: HedgeConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: HedgeConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        health: TargetHealth | None = None,
+    ) -> None:
         self.config = config if config is not None else HedgeConfig()
         self.latency = LatencyTracker(self.config)
         self.budget = HedgeBudget(self.config.budget_ratio, self.config.budget_burst)
         self.counts = HedgeStats()
         self.clock = clock
-        self.health = TargetHealth(self.config, clock)
+        self.health = health if health is not None else TargetHealth(self.config, clock)
+        if self.health.config != self.config:
+            raise ValueError("a hedger and the health tracker it shares need the same HedgeConfig")
 
     async def run(
         self,
@@ -334,7 +258,7 @@ class Hedger:
 
     def stats(self) -> dict[str, int]:
         """The counters, plus ``targets_hung`` (now) and ``probes`` of hung targets."""
-        return {**asdict(self.counts), "targets_hung": self.health.hung_count(), "probes": self.health.probes}
+        return {**asdict(self.counts), "targets_hung": self.health.count(Reason.HUNG), "probes": self.health.probes}
 
 
 @dataclass
@@ -434,8 +358,8 @@ class _Race(Generic[T, R]):
             key = self._key_of(candidate)
             deadline = health.deadline(self._hedger.latency.estimate(key))
             if mark.serving and now - mark.heard >= deadline and health.silent_for(key, deadline):
-                health.mark_hung(key)
-            elif key == self._probe or not health.is_hung(key):
+                health.mark(key, Reason.HUNG)
+            elif key == self._probe or not health.has(key, Reason.HUNG):
                 continue  # a probe of a hung target fails only by its own deadline
             if self._patient and len(self._running) == 1 and self._next >= len(self._candidates):
                 self._waited_for.add(mark)  # nowhere else to go: wait for it

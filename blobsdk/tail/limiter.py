@@ -72,41 +72,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from enum import Enum, IntEnum
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self
 
-import msgspec
-
-from .._numbers import check_numbers, integer, positive, real
+from ..config import LimiterConfig
 
 Clock = Callable[[], float]
-
-
-class LimiterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one endpoint's in-flight limit adapts (see the module docstring)."""
-
-    initial: int = 16
-    min_limit: int = 1
-    max_limit: int = 256
-    algorithm: Literal["gradient", "aimd"] = "gradient"
-    backoff: float = 0.9  # multiplicative decrease on a drop
-    tolerance: float = 2.0  # RTT inflation tolerated over the floor
-    smoothing: float = 0.2  # share of the way to its target the gradient moves per round trip
-    min_rtt_window_s: float = 10.0  # a floor not seen again for this long is re-probed
-
-    def __post_init__(self) -> None:
-        check_numbers("limiter", self, _LIMITER_NUMBERS)
-        if not self.min_limit <= self.initial <= self.max_limit:
-            bounds = f"{self.min_limit}, {self.initial}, {self.max_limit}"
-            raise ValueError(f"need 1 <= min_limit <= initial <= max_limit, got {bounds}")
-
-
-_LIMITER_NUMBERS = {
-    **dict.fromkeys(("initial", "min_limit", "max_limit"), integer(1)),
-    "backoff": real(0, 1, low_open=True, high_open=True),
-    "tolerance": real(1),
-    "smoothing": real(0, 1, low_open=True),
-    "min_rtt_window_s": positive(),
-}
 
 
 DEFAULT_CONFIG = LimiterConfig()

@@ -12,7 +12,8 @@ never raises to the reader, it misses (None) and the read falls through to L4.
 
 A node that fails with Unavailable (refused, timed out, 5xx) is marked down and skipped for
 ``down_seconds``; while it is down its keys go to the next nodes in rendezvous order, as if
-it had been removed.
+it had been removed.  Down and hung are kept in the tier's one
+:class:`~blobsdk.tail.health.TargetHealth`, which its hedger shares.
 
 Each node is one :class:`~blobsdk.net.endpoint.Endpoint` (control requests, data GETs, its
 concurrency limit).  The wire, shared with ``servers/flash.py``, is in ``blobsdk/wire.py``.
@@ -30,12 +31,15 @@ import aiohttp
 import msgspec
 
 from ..auth import GRANT_HEADER
+from ..config import HedgeConfig
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..stats import TierStats
-from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.attempt import Attempt
+from ..tail.health import Reason, TargetHealth
+from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import (
     CACHE_HEADER,
@@ -102,10 +106,9 @@ class L3Tier(KeepsNothing, Closing):
             for e in (Endpoint(session, url, token, limiter=self.limiters.get(url), timeout=timeout) for url in urls)
         }
         self._replicas = replicas
-        self._down_seconds = down_seconds
-        self._clock = clock
-        self._down_until: dict[str, float] = {}
-        self.hedger = Hedger(hedge, clock=clock)
+        hedge = hedge if hedge is not None else HedgeConfig()
+        self.health = TargetHealth(hedge, clock, down_seconds=down_seconds)
+        self.hedger = Hedger(hedge, clock=clock, health=self.health)
         # Twice within the shortest hang deadline: a node reading through says so in time.
         self._progress_ms = f"{max(MIN_PROGRESS_MS, self.hedger.config.hang_min_ms / 2):g}"
 
@@ -116,8 +119,7 @@ class L3Tier(KeepsNothing, Closing):
     def candidates(self, key: str) -> list[str]:
         """The nodes to ask for ``key``, best first: the first ``replicas`` nodes in
         rendezvous order that are not marked down."""
-        now = self._clock()
-        up = [url for url in rank(key, self.urls) if self._down_until.get(url, 0.0) <= now]
+        up = [url for url in rank(key, self.urls) if not self.health.has(url, Reason.DOWN)]
         return up[: self._replicas]
 
     async def fetch(self, ref: ChunkRef, decode: Decoder) -> memoryview | None:
@@ -150,9 +152,8 @@ class L3Tier(KeepsNothing, Closing):
         """Nothing deferred."""
 
     def extra_stats(self) -> dict[str, int | float]:
-        now = self._clock()
-        down = sum(until > now for until in list(self._down_until.values()))  # list(): one step, safe beside the loop thread
         hedges = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
+        down = self.health.count(Reason.DOWN)
         return {"node_hits": self.node_hits, "node_fills": self.node_fills, "nodes_down": down, **hedges}
 
     async def node_stats(self) -> dict[str, object]:
@@ -184,12 +185,12 @@ class L3Tier(KeepsNothing, Closing):
             raise
         except Unavailable:
             self.stats.errors += 1
-            self._down_until[url] = self._clock() + self._down_seconds
+            self.health.mark(url, Reason.DOWN)
             raise
         except BlobError:  # e.g. the node found every L4 copy bad: L4 will say so itself
             self.stats.errors += 1
             raise
-        self._down_until.pop(url, None)
+        self.health.clear(url, Reason.DOWN)
         self._count_source(served_from)
         return raw
 

@@ -1,12 +1,15 @@
 """L4: the durable block store, the last tier of the read path.
 
 A chunk's stored bytes are read from each replica of the store in order (the store's
-``replicas``), each copy handed to the decoder; the first copy that verifies wins.  Being
-the last tier, L4 never misses quietly: when every replica failed it raises CorruptData
-(some copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
+``replicas``), each copy handed to the decoder; the first copy that verifies wins.  This
+tier is the one reader of L4: a store of several replicas only writes
+(blobsdk/sources/replicated.py).  Being the last tier, L4 never misses quietly: when every
+replica failed it raises CorruptData (some copy was bad), BlockNotFound (every replica said
+the block is gone) or Unavailable.
 
-A replica that served a bad copy is ranked after the others for a while; given the
-metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
+A replica that served a bad copy is ranked after the others for a while (bad bytes, kept
+with hung in the tier's one :class:`~blobsdk.tail.health.TargetHealth`, which its hedger
+shares); given the metadata (to know a block's live chunks), a read that skipped a bad or missing copy and
 then got a verified one has the block repaired in the background (blobsdk/ops/repair.py), and
 so has every block a write acknowledged without a copy on each replica (the replicated
 store's ``under_replicated`` list).
@@ -15,18 +18,22 @@ store's ``under_replicated`` list).
 from __future__ import annotations
 
 import time
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Self
 
+from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, SourceChanged, Unavailable
 from ..metadata.base import MetadataStore
-from ..ops.repair import Demotions, RepairConfig, Repairer
+from ..ops.repair import Repairer
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
-from ..sources.base import BlockStore
+from ..sources.base import BlockReplica, BlockStore
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
-from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.attempt import Attempt
+from ..tail.health import Reason, TargetHealth
+from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
 from .base import Closing, Decoder, KeepsNothing
@@ -40,7 +47,7 @@ SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
 class L4Tier(KeepsNothing, Closing):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
-    :class:`~blobsdk.ops.repair.Repairer`, started on entry and stopped on close, which also
+    :class:`~blobsdk.ops.repair.Repairer`, entered on its exit stack and stopped on close, which also
     makes up the copies a replicated store's writes missed (``write_horizon``: the
     writer's ``max_write_seconds``)."""
 
@@ -61,10 +68,11 @@ class L4Tier(KeepsNothing, Closing):
         self.blocks = blocks
         self.buffers = buffers if buffers is not None else BufferPool()
         self.stats = stats if stats is not None else TierStats()
-        self.hedger = Hedger(hedge)
-        self._limiters = limiters if limiters is not None else LimiterRegistry()
+        hedge = hedge if hedge is not None else HedgeConfig()
         repair = repair if repair is not None else RepairConfig()
-        self.demotions = Demotions(repair.demote_seconds)
+        self.health = TargetHealth(hedge, bad_bytes_seconds=repair.demote_seconds)
+        self.hedger = Hedger(hedge, health=self.health)
+        self._limiters = limiters if limiters is not None else LimiterRegistry()
         replicas = blocks.replicas
         ledger = blocks.under_replicated if isinstance(blocks, ReplicatedBlockStore) else None
         self.repairer = (
@@ -72,16 +80,16 @@ class L4Tier(KeepsNothing, Closing):
             if metadata is not None and len(replicas) > 1
             else None
         )
+        self._stack = AsyncExitStack()  # what the tier owns: the repairer, once entered
 
     async def __aenter__(self) -> Self:
         if self.repairer is not None:
-            await self.repairer.__aenter__()
+            await self._stack.enter_async_context(self.repairer)
         return self
 
     async def aclose(self) -> None:
         """Stop background repair (a repair cut short is finished by a later read or scrub)."""
-        if self.repairer is not None:
-            await self.repairer.aclose()
+        await self._stack.aclose()
 
     def peek(self, ref: ChunkRef) -> memoryview | None:
         """Nothing without a read: ask fetch."""
@@ -110,7 +118,7 @@ class L4Tier(KeepsNothing, Closing):
             self.repairer.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
 
-    def candidates(self, key: str) -> list[BlockStore]:
+    def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
         lately after the others, then replicas whose latency estimate is over SLOW_FACTOR
         times the best one after those that are not, then the least loaded first (requests
@@ -131,18 +139,18 @@ class L4Tier(KeepsNothing, Closing):
         return sorted(
             ranked,
             key=lambda r: (
-                self.demotions.is_demoted(r.name),
+                self.health.has(r.name, Reason.BAD_BYTES),
                 (self.hedger.latency.estimate(r.name) or 0.0) > limit,
                 self._limiters.load(r.name),
             ),
         )
 
-    def _has_room(self, replica: BlockStore) -> bool:
+    def _has_room(self, replica: BlockReplica) -> bool:
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
         return self._limiters.has_room(replica.name)
 
     async def _read_copy(
-        self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockStore, attempt: Attempt
+        self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockReplica, attempt: Attempt
     ) -> tuple[memoryview, memoryview]:
         """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
         go on in a thread, so no two attempts ever share one.  A bad or missing copy goes
@@ -154,11 +162,11 @@ class L4Tier(KeepsNothing, Closing):
         except _FAILOVER as exc:
             self._count(exc)
             if isinstance(exc, CorruptData):  # a bad copy, or one too short for the chunk
-                self.demotions.served_bad(replica.name)
+                self.health.mark(replica.name, Reason.BAD_BYTES)
             if isinstance(exc, CorruptData | BlockNotFound):
                 skipped.append(exc)
             raise
-        self.demotions.served_good(replica.name)
+        self.health.clear(replica.name, Reason.BAD_BYTES)
         return stored, raw
 
     async def flush(self) -> None:
@@ -166,7 +174,7 @@ class L4Tier(KeepsNothing, Closing):
 
     def extra_stats(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
-        out["replicas_demoted"] = self.demotions.demoted_count()
+        out["replicas_demoted"] = self.health.count(Reason.BAD_BYTES)
         if self.repairer is not None:
             out.update(self.repairer.stats.as_dict())
             if (ledger := self.repairer.under_replicated) is not None:
@@ -185,7 +193,7 @@ class L4Tier(KeepsNothing, Closing):
             self.stats.errors += 1
 
 
-def _name(replica: BlockStore) -> str:
+def _name(replica: BlockReplica) -> str:
     return replica.name
 
 

@@ -50,14 +50,15 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..auth import TICKET_HEADER
-from ..config import PeerConfig, networks
+from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
 from ..net.endpoint import Endpoint
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..read.codec import verify_raw
 from ..stats import TierStats
-from ..tail.hedge import Attempt, HedgeConfig, Hedger
+from ..tail.attempt import Attempt
+from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover

@@ -61,9 +61,8 @@ import xxhash
 from ..errors import BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
-from ..read.plans import MAX_CHUNK_BYTES
 from ..runtime.buffers import fresh_buffer
-from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
+from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 from .leaves import Leaf, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .writer import Writer, split

@@ -28,10 +28,9 @@ from ..config import Compression, WriteConfig, check_write_config
 from ..errors import BlockCollected, Unavailable
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
-from ..read.plans import MAX_CHUNK_BYTES
 from ..runtime.tasks import task_group
 from ..sources.base import BlockStore, Buffer, block_time, new_block_id
-from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
+from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 
 _SAMPLE = 64 << 10  # bytes compressed first to decide whether a chunk is worth compressing
 _MIN_SAVING = 0.10

@@ -21,7 +21,7 @@ from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.read.codec import decode_chunk
 from blobsdk.read.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.tail.hedge import Attempt
+from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import CACHE_HEADER, JSON, PROGRESS_HEADER, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
 from servers import flash
 from servers._common.auth import ServerAuth
@@ -42,7 +42,8 @@ class FakeClock:
 
 
 class CountingStore:
-    """The real replicated L4 store, its reads counted and held while ``gate`` is clear."""
+    """The real replicated L4 store, its reads (of its first replica, which holds every
+    settled write) counted and held while ``gate`` is clear."""
 
     def __init__(self, inner: BlockStore) -> None:
         self.inner = inner
@@ -63,7 +64,7 @@ class CountingStore:
     ) -> None:
         self.reads += 1
         await self.gate.wait()
-        await self.inner.read_into(block_id, offset, out)
+        await self.inner.replicas[0].read_into(block_id, offset, out)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         raise AssertionError("the flash node reads into buffers")
@@ -236,7 +237,7 @@ async def test_a_read_through_asked_for_progress_says_102_until_its_answer(env: 
             await heard.wait()
         counting.gate.set()
         assert (await reading)[CACHE_HEADER.lower()] == "miss" and counting.reads == 1
-        stored = await env.blocks.read_range(ref.block_id, ref.offset, ref.length)
+        stored = await env.blocks.replicas[0].read_range(ref.block_id, ref.offset, ref.length)
         assert bytes(out) == bytes(decode_chunk(ref, memoryview(stored)))
         count = 0
         headers = await ep.get_into(route, memoryview(out), headers={PROGRESS_HEADER: "60000"}, on_interim=on_interim)
@@ -319,7 +320,7 @@ async def test_the_hold_period_keeps_epoch_data_that_lru_would_evict(env: Env, h
 async def test_put_stores_verified_bytes_only(env: Env) -> None:
     await env.start(1)
     (ref,) = await pack(env.blocks, [os.urandom(CHUNK)])
-    body = await env.blocks.read_range(ref.block_id, ref.offset, ref.length)
+    body = await env.blocks.replicas[0].read_range(ref.block_id, ref.offset, ref.length)
     await env.blocks.delete_block(ref.block_id)  # from now on only the node has it
     url, _ = await env.node()
     bad = bytes([body[0] ^ 1]) + body[1:]
@@ -373,7 +374,7 @@ async def test_bad_tokens_are_401_and_every_bad_grant_is_403(env: Env) -> None:
 async def test_put_and_hydrate_need_a_grant_for_each_chunk(env: Env) -> None:
     refs = await chunks(env, 2)
     url, node = await tenant_node(env)
-    stored = await env.blocks.read_range(refs[0].block_id, refs[0].offset, refs[0].length)
+    stored = await env.blocks.replicas[0].read_range(refs[0].block_id, refs[0].offset, refs[0].length)
     status, body = await env.put(url, for_b(refs[0]), stored, TOK_A)
     assert (status, code_of(body)) == (403, "forbidden")
     status, body = await env.post_hydrate(url, [for_a(refs[0]), refs[1]], TOK_A)
@@ -390,7 +391,7 @@ async def test_put_and_hydrate_need_a_grant_for_each_chunk(env: Env) -> None:
 async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> None:
     refs = await chunks(env, 6)
     url, node = await tenant_node(env)
-    stored = [await env.blocks.read_range(r.block_id, r.offset, r.length) for r in refs]
+    stored = [await env.blocks.replicas[0].read_range(r.block_id, r.offset, r.length) for r in refs]
     assert [(await env.put(url, for_a(refs[i]), stored[i], TOK_A, pin=600))[0] for i in (0, 1)] == [201, 201]
     status, body = await env.put(url, for_a(refs[2]), stored[2], TOK_A, pin=600)
     assert (status, code_of(body)) == (429, "quota_exceeded")

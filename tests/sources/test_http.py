@@ -14,7 +14,7 @@ from blobsdk.sources.http import HttpBlockStore
 from servers.blockstore import make_app
 from tests.helpers import running_app
 
-from .conformance import BlockStoreTests
+from .conformance import BlockReplicaTests
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ async def store(tmp_path: Path, session: aiohttp.ClientSession) -> AsyncIterator
         yield s
 
 
-class TestHttpBlockStore(BlockStoreTests):
+class TestHttpBlockStore(BlockReplicaTests):
     pass
 
 

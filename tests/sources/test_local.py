@@ -13,7 +13,7 @@ from blobsdk.errors import BlockNotFound, ClientClosed, PreconditionFailed
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
 
-from .conformance import BlockStoreTests, listed, payload
+from .conformance import BlockReplicaTests, listed, payload
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def leftover_temp(root: Path, block_id: str, age_s: float) -> Path:
     return temp
 
 
-class TestLocalBlockStore(BlockStoreTests):
+class TestLocalBlockStore(BlockReplicaTests):
     pass
 
 

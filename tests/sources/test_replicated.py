@@ -14,16 +14,16 @@ from aiohttp import web
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops.gc import collect
-from blobsdk.sources.base import BlockStore, Buffer, new_block_id
+from blobsdk.sources.base import BlockReplica, BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
-from blobsdk.tail.hedge import Attempt
+from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app
 
-from .conformance import BlockStoreTests, listed, payload
+from .conformance import BlockStoreTests, listed
 
 
 class BlockServers:
@@ -90,7 +90,16 @@ async def store(servers: BlockServers, session: aiohttp.ClientSession) -> AsyncI
 
 
 class TestReplicatedBlockStore(BlockStoreTests):
-    pass
+    @pytest.fixture
+    async def store(self, servers: BlockServers, session: aiohttp.ClientSession) -> AsyncIterator[ReplicatedBlockStore]:
+        async with await replicated(servers, session, write_quorum="all") as s:  # each write on every replica: read back
+            yield s
+
+
+async def test_it_is_write_only_the_l4_tier_reads_its_replicas(store: ReplicatedBlockStore) -> None:
+    assert isinstance(store, BlockStore) and not isinstance(store, BlockReplica)
+    assert not hasattr(store, "read_into") and not hasattr(store, "read_range")
+    assert all(isinstance(r, BlockReplica) for r in store.replicas)
 
 
 async def test_replicas_are_the_stores_in_order(tmp_path: Path) -> None:
@@ -134,30 +143,12 @@ async def test_no_stores_is_value_error() -> None:
         ReplicatedBlockStore([])
 
 
-async def test_reads_fail_over_when_a_server_is_down(servers: BlockServers, session: aiohttp.ClientSession) -> None:
-    async with await replicated(servers, session) as s:
-        block = new_block_id()
-        await s.write_block(block, [payload(5000)])
-        await servers.stop(0)
-        assert await s.read_range(block, 10, 100) == payload(5000)[10:110]
-        out = bytearray(5000)
-        await s.read_into(block, 0, memoryview(out))
-        assert out == payload(5000)
-
-
-async def test_reads_fail_over_when_a_replica_lost_the_block(store: ReplicatedBlockStore) -> None:
-    block = new_block_id()
-    await store.write_block(block, [b"survivor"])
-    await store.replicas[0].delete_block(block)
-    assert await store.read_range(block, 0, 8) == b"survivor"
-
-
 async def test_writes_meet_a_quorum_of_two_with_one_server_down(servers: BlockServers, session: aiohttp.ClientSession) -> None:
     async with await replicated(servers, session, write_quorum=2) as s:
         await servers.stop(1)
         block = new_block_id()
         await s.write_block(block, [b"two of three"])
-        assert await s.read_range(block, 0, 12) == b"two of three"
+        assert await s.replicas[0].read_range(block, 0, 12) == b"two of three"  # with replica 2: the quorum
 
 
 async def test_writes_needing_every_replica_fail_with_one_server_down(
@@ -178,19 +169,9 @@ async def test_everything_fails_when_every_server_is_down(servers: BlockServers,
         for i in range(3):
             await servers.stop(i)
         with pytest.raises(Unavailable):
-            await s.read_range(block, 0, 1)
-        with pytest.raises(Unavailable):
             await s.write_block(new_block_id(), [b"x"])
         with pytest.raises(Unavailable):
             await s.delete_block(block)
-
-
-async def test_not_found_on_some_and_down_on_others_is_unavailable(servers: BlockServers, session: aiohttp.ClientSession) -> None:
-    async with await replicated(servers, session) as s:
-        await servers.stop(2)  # it might hold the block: "not found" would be a lie
-        with pytest.raises(Unavailable) as info:
-            await s.read_range(new_block_id(), 0, 1)
-        assert not isinstance(info.value, BlockNotFound)
 
 
 async def test_quorum_returns_before_a_slow_replica_which_close_then_awaits(
@@ -290,7 +271,7 @@ async def test_a_write_acked_with_a_server_down_is_recorded_under_replicated(
         await servers.stop(1)
         short = new_block_id()
         await s.write_block(short, [b"two copies"])  # acked: a majority holds it
-        assert await s.read_range(short, 0, 10) == b"two copies"
+        assert await s.replicas[0].read_range(short, 0, 10) == b"two copies"  # with replica 2: the quorum
         assert s.under_replicated.blocks() == [short]
         assert (s.under_replicated.recorded, s.under_replicated.dropped) == (1, 0)
 

@@ -10,15 +10,16 @@ import time
 import pytest
 from aiohttp import web
 
+from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, Overloaded, PreconditionFailed, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterConfig
+from blobsdk.tail.limiter import AdaptiveLimiter
 from servers.s3d import start_s3
 from servers.seaweedd import start_seaweed
 from tests.helpers import S3_STORES, running_app, s3_server
 
-from .conformance import BlockStoreTests, MiB, payload
+from .conformance import BlockReplicaTests, MiB, payload
 
 
 @pytest.fixture(scope="module", params=S3_STORES)
@@ -28,7 +29,7 @@ def s3(request):
         yield server
 
 
-class TestS3BlockStore(BlockStoreTests):
+class TestS3BlockStore(BlockReplicaTests):
     @pytest.fixture
     async def store(self, s3):
         # A fresh prefix per test (the bucket is shared); small parts, so the large-block test

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.config import HedgeConfig
 from blobsdk.read.codec import decode_chunk
 from blobsdk.read.placement import rank
-from blobsdk.tail.hedge import HedgeConfig
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l3 import HydrateJob, L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
@@ -166,7 +166,7 @@ async def test_a_node_reading_through_past_the_hang_deadline_is_waited_for_so_l4
 
     async def l4_bytes(ref: ChunkRef) -> bytes:
         assert env.blocks is not None
-        return bytes(decode_chunk(ref, memoryview(await env.blocks.read_range(ref.block_id, ref.offset, ref.length))))
+        return bytes(decode_chunk(ref, memoryview(await env.blocks.replicas[0].read_range(ref.block_id, ref.offset, ref.length))))
 
     readers = [asyncio.create_task(read(ref)) for ref in refs]
     while source.reads < len(refs):
@@ -179,9 +179,7 @@ async def test_a_node_reading_through_past_the_hang_deadline_is_waited_for_so_l4
                     await asyncio.sleep(0.005)
     source.gate.set()
     got = await asyncio.gather(*readers)
-    assert got == [
-        bytes(decode_chunk(ref, memoryview(await env.blocks.read_range(ref.block_id, ref.offset, ref.length)))) for ref in refs
-    ]
+    assert got == [await l4_bytes(ref) for ref in refs]
     stats = tier.extra_stats()
     assert (source.reads, client_reads, tier.stats.misses) == (len(refs), 0, 0), sorted(stats.items())
     assert (stats["node_fills"], stats["hedge_hung_failovers"]) == (len(refs), 0)

@@ -10,12 +10,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
+from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.hedge import HedgeConfig
+from blobsdk.tail.health import Reason
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
@@ -203,6 +205,16 @@ async def test_a_dead_replica_fails_over_and_all_dead_is_unavailable(replicas: R
         await tier.fetch(ref, decode)
 
 
+async def test_a_replica_that_lost_the_block_fails_over(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    raw = os.urandom(100)
+    (ref,) = await pack(blocks, [raw])
+    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    await tier.candidates(ref.key)[0].delete_block(ref.block_id)
+    assert bytes(await tier.fetch(ref, decode)) == raw
+    assert (tier.stats.hits, tier.stats.errors) == (1, 1)
+
+
 async def test_missing_on_one_and_dead_on_the_other_is_unavailable(replicas: Replicas) -> None:
     blocks = await replicas.start(2)
     (ref,) = await pack(blocks, [os.urandom(100)])
@@ -236,8 +248,20 @@ async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas
     assert tier.stats.corrupt == 1  # was 6: the corrupt replica stayed first for every read
     assert all(tier.candidates(r.key)[-1] is bad for r in refs)
     assert tier.extra_stats()["replicas_demoted"] == 1 and "repairs_queued" not in tier.extra_stats()  # no metadata
-    tier.demotions.served_good(bad.name)
+    tier.health.clear(bad.name, Reason.BAD_BYTES)
     assert tier.candidates(firsts[0].key)[0] is bad
+
+
+async def test_the_tier_owns_its_repairer_from_entry_to_close(replicas: Replicas, tmp_path: Path) -> None:
+    blocks = await replicas.start(2)
+    async with SqliteMetadataStore(tmp_path / "meta.sqlite") as metadata:
+        tier = L4Tier(blocks, metadata=metadata)
+        assert tier.repairer is not None and tier.repairer._task is None  # nothing starts before entry
+        async with tier:
+            tasks = [tier.repairer._task, tier.repairer._ledger_task]
+            assert all(task is not None and not task.done() for task in tasks)
+        assert all(task is not None and task.done() for task in tasks) and tier.repairer._task is None
+        await tier.aclose()  # closing again is harmless
 
 
 def test_give_up_keeps_a_changed_sources_message_when_every_replica_lost_the_block():
