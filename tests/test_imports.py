@@ -214,12 +214,14 @@ def test_no_import_cycles():
 
 # The ground floor: modules that everything may import, and that import only these leaves
 # (with what those leaves import).  Config structs live in blobsdk.config, not beside the
-# behaviour they configure; the hedged attempt a block store marks lives in a leaf of its own.
+# behaviour they configure; the hedged attempt a block store marks, and the demand it carries,
+# live in leaves of their own.
 LEAVES = {"blobsdk._numbers", "blobsdk.errors", "blobsdk.runtime.ids", "blobsdk.wire"}
 GROUND_FLOOR = {
     "blobsdk.config": LEAVES,
-    "blobsdk.tail.attempt": set(),
-    "blobsdk.sources.base": LEAVES | {"blobsdk.tail.attempt"},
+    "blobsdk.tail.demand": set(),
+    "blobsdk.tail.attempt": {"blobsdk.tail.demand"},
+    "blobsdk.sources.base": LEAVES | {"blobsdk.tail.attempt", "blobsdk.tail.demand"},
 }
 
 
