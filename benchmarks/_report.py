@@ -57,3 +57,15 @@ def percentile(samples: list[float], q: float) -> float:
 
 def median(samples: list[float]) -> float:
     return statistics.median(samples)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall time of one call."""
+    begun = time.perf_counter()
+    fn()
+    return time.perf_counter() - begun
+
+
+def du(path: Path) -> int:
+    """Bytes in the files under ``path`` (0 if it does not exist yet)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0

@@ -19,6 +19,11 @@ Ratios: ``stall_cut`` (numpy's stall ÷ blobsdk's median delta stall; goal >= 20
 ``restore_vs_file`` (goal >= 0.5; and ``restore_vs_fresh_memory``, against only writing that much
 fresh memory once, the floor of any restore into new arrays), ``dcp_bytes_vs_filesystem`` (BlobStorageWriter's second
 save's new bytes ÷ FileSystemWriter's bytes for it; goal <= 0.2).
+
+Then the rows of deduplication as training frameworks save (:mod:`benchmarks._checkpoint_dedup`):
+Check-N-Run's embedding table with 1% of its rows changed per save (``cnr_*``), 5% of an array
+changed in 20 scattered regions (``scattered_*``), and DCP with a path per step
+(``dcp_steps_*``), each beside its goal.
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from servers.cluster import start_cluster
 
+from . import _checkpoint_dedup
 from ._report import Report, median
+from ._report import du as _du
+from ._report import timed as _timed
 
 MiB = 1 << 20
 CHUNK = WriteConfig().chunk_size  # the default, 4 MiB: checkpoints are cut as blobs are
@@ -65,16 +73,6 @@ def _dirty(state: dict[str, Any], rng: np.random.Generator) -> int:
         array = arrays[pick // per_array]
         array[(pick % per_array) * (CHUNK // 4)] += 1.0
     return len(picks) * CHUNK
-
-
-def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    begun = time.perf_counter()
-    fn()
-    return time.perf_counter() - begun
 
 
 def _numpy_save(state: dict[str, Any], path: Path) -> None:
@@ -110,15 +108,26 @@ async def run(quick: bool = False) -> Report:
     total, steps = (256 * MiB, 5) if quick else (1024 * MiB, 10)
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir=os.environ.get("BENCH_DIR", "/work")) as tmp:
         root = Path(tmp)
-        state = _state(total)
-        full = [_timed(lambda: _numpy_save(state, root / "full.npy")) for _ in range(3)]
-        report.metrics["numpy_save_s"] = median(full)
-        report.metrics["torch_save_s"] = median([_timed(lambda: _torch_save(state, root / "full.pt")) for _ in range(2)])
-        report.metrics["numpy_bytes_per_save"] = (root / "full.npy").stat().st_size
-        embedded = await _blobsdk_saves(report, "blobsdk", state, steps, root, cluster=False)
-        await _blobsdk_saves(report, "blobsdk_cluster", _state(total, 1), steps, root, cluster=True)
-        await _restore(report, root, state, embedded)
-        _dcp(report, root, _state(total, 2))
+        await _delta_rows(report, root, total, steps)
+        _ratios(report)
+        await _checkpoint_dedup.run(report, root, quick=quick)
+    return report
+
+
+async def _delta_rows(report: Report, root: Path, total: int, steps: int) -> None:
+    """The rows of delta saves under one prefix, against the file-based full saves."""
+    state = _state(total)
+    full = [_timed(lambda: _numpy_save(state, root / "full.npy")) for _ in range(3)]
+    report.metrics["numpy_save_s"] = median(full)
+    report.metrics["torch_save_s"] = median([_timed(lambda: _torch_save(state, root / "full.pt")) for _ in range(2)])
+    report.metrics["numpy_bytes_per_save"] = (root / "full.npy").stat().st_size
+    embedded = await _blobsdk_saves(report, "blobsdk", state, steps, root, cluster=False)
+    await _blobsdk_saves(report, "blobsdk_cluster", _state(total, 1), steps, root, cluster=True)
+    await _restore(report, root, state, embedded)
+    _dcp(report, root, _state(total, 2))
+
+
+def _ratios(report: Report) -> None:
     report.ratios["stall_cut"] = report.metrics["numpy_save_s"] / report.metrics["blobsdk_delta_stall_s"]
     report.ratios["bytes_vs_dirty"] = report.metrics["blobsdk_bytes_per_delta"] / report.metrics["dirty_bytes_per_step"]
     report.ratios["restore_vs_file"] = report.metrics["restore_mb_s"] / report.metrics["file_read_mb_s"]
@@ -132,7 +141,6 @@ async def run(quick: bool = False) -> Report:
             "dcp_bytes_vs_filesystem": "goal <= 0.2",
         }
     )
-    return report
 
 
 async def _blobsdk_saves(report: Report, name: str, state: dict[str, Any], steps: int, root: Path, *, cluster: bool) -> Path:

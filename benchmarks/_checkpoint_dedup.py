@@ -1,0 +1,228 @@
+"""The checkpoint benchmark's rows for deduplication as training frameworks save (issue 24):
+
+- ``cnr``: Check-N-Run's workload, an embedding table (float32 rows of 128 dims, 512 B) of
+  1 GiB (``--quick``: 256 MiB), saved 10 times (``--quick``: 4) with ``client.checkpoints``
+  on the embedded store; before every save but the first, 1% of its rows change, picked by a
+  Zipf law over the rows' popularity (exponent 1.05, without replacement; the ranks mapped to
+  rows by a fixed permutation, as hashed ids land, so the hot rows are spread over the table;
+  fixed seeds).  Per save: the bytes written ÷ the bytes changed (the distinct rows touched x
+  512 B) and the stall (how long ``save`` blocks), against a synchronous ``np.save`` + fsync of
+  the table.  At the end, the restore (``load`` of the last checkpoint by a fresh client: into
+  the caller's array if ``load`` takes ``into=``, else into fresh memory) ÷ a numpy memcpy of
+  the same bytes into warm memory, in the same run.
+- ``scattered``: 5% of a 64 MiB array (quick and full alike) changed in 20 regions of 160 KiB
+  spread over it (one at a random place in each twentieth), 5 times (``--quick``: 2) after a
+  first save: the bytes written ÷ the bytes changed.
+- ``dcp_steps``: DCP with a path per step, ``BlobStorageWriter`` on the embedded store with the
+  prefix ``/bkt/ckpt/step-{n}``, for a ~52 MiB model (an embedding and 3 transformer layers)
+  of which one norm (512 floats) changes between saves; 4 saves (``--quick``: 3): every later
+  save's bytes written ÷ the first's.
+
+Every save uses the store's default grain (the checkpoints' ``chunk_size`` is left unset), so
+the rows measure whatever the default becomes.  Bytes written: what the store's block
+directory grew by.  Figures that repeat are reported as their median, with their range in the
+goal column, which also says whether the goal is met.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import blobsdk
+from blobsdk.config import WriteConfig
+
+from ._report import Report, du, median, timed
+
+MiB = 1 << 20
+GB = 1e9
+DIMS = 128  # float32: 512 B a row
+ROW = DIMS * 4
+ZIPF = 1.05
+CHANGED_ROWS = 0.01
+REGIONS, REGION = 20, 160 << 10  # 3.2 MiB: 5% of 64 MiB
+SCATTERED_BYTES = 64 * MiB
+
+
+def goal(report: Report, key: str, samples: list[float], op: str, bound: float, note: str = "") -> None:
+    """Report the median of ``samples`` as the ratio ``key``, beside its goal, whether it is met,
+    and the samples' range (the samples go to the JSON's details)."""
+    value = median(samples)
+    met = value <= bound if op == "<=" else value >= bound
+    spread = f", range {min(samples):.3g}-{max(samples):.3g} over {len(samples)}" if len(samples) > 1 else ""
+    report.ratios[key] = value
+    report.goals[key] = f"goal {op} {bound:g}: {'met' if met else 'MISS'}{spread}{note}"
+    report.details[key] = samples
+
+
+async def run(report: Report, root: Path, *, quick: bool) -> None:
+    await check_n_run(report, root, quick=quick)
+    await scattered(report, root, saves=3 if quick else 6)
+    dcp_path_per_step(report, root, saves=3 if quick else 4)
+
+
+class _Zipf:
+    """Rows picked without replacement by a Zipf law over their popularity ranks; rank r is row
+    ``order[r]``, fixed for the run (the hot rows stay hot, wherever they are)."""
+
+    def __init__(self, rows: int, rng: np.random.Generator) -> None:
+        weights = np.arange(1, rows + 1, dtype=np.float64) ** -ZIPF
+        self.cdf = np.cumsum(weights)
+        self.cdf /= self.cdf[-1]
+        self.order = rng.permutation(rows)
+        self.rng = rng
+
+    def pick(self, count: int) -> np.ndarray:
+        seen = np.empty(0, dtype=np.int64)
+        while len(seen) < count:
+            ranks = np.concatenate([seen, np.searchsorted(self.cdf, self.rng.random(2 * count))])
+            _, first = np.unique(ranks, return_index=True)
+            seen = ranks[np.sort(first)]  # in the order drawn
+        picked: np.ndarray = self.order[np.minimum(seen[:count], len(self.order) - 1)]
+        return picked
+
+
+async def check_n_run(report: Report, root: Path, *, quick: bool) -> None:
+    total, saves = (256 * MiB, 4) if quick else (1024 * MiB, 10)
+    rng = np.random.default_rng(24)
+    table = rng.standard_normal((total // ROW, DIMS), dtype=np.float32)
+    state = {"emb": {"table": table}}
+    zipf = _Zipf(len(table), rng)
+    sync = [timed(lambda: _np_save(table, root / "cnr.npy")) for _ in range(2)]
+    (root / "cnr.npy").unlink()
+    store = root / "cnr"
+    stalls, ratios = [], []
+    async with blobsdk.Client.local(store, write=WriteConfig(compression="none")) as client:
+        ck = client.checkpoints("/ck/cnr", keep=2)
+        for step in range(saves):
+            changed = 0
+            if step:
+                rows = zipf.pick(int(len(table) * CHANGED_ROWS))
+                table[rows] += rng.standard_normal((len(rows), DIMS), dtype=np.float32)
+                changed = len(np.unique(rows)) * ROW
+            before = du(store / "blocks")
+            begun = time.perf_counter()
+            pending = await ck.save(step, state)
+            stall = time.perf_counter() - begun
+            await pending.wait()
+            if step:
+                stalls.append(stall)
+                ratios.append((du(store / "blocks") - before) / changed)
+            else:
+                report.metrics["cnr_first_stall_s"] = stall
+    report.metrics["cnr_table_mib"] = total / MiB
+    report.metrics["cnr_changed_mib_per_save"] = int(len(table) * CHANGED_ROWS) * ROW / MiB
+    report.metrics["cnr_sync_save_s"] = median(sync)
+    report.metrics["cnr_delta_stall_s"] = median(stalls)
+    report.details["cnr_delta_stalls_s"] = stalls
+    goal(report, "cnr_bytes_vs_changed", ratios, "<=", 1.2)
+    at = "" if not quick else " (goal at 1 GiB)"
+    goal(report, "cnr_stall_cut", [median(sync) / s for s in stalls], ">=", 50, at)
+    await _restore(report, store, table)
+
+
+def _np_save(array: np.ndarray, path: Path) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def _restore(report: Report, store: Path, table: np.ndarray) -> None:
+    """3 loads of the latest checkpoint, each by a fresh client, against 3 numpy copies of the
+    table into an array already touched (a memcpy); the restore's loads fill that same array
+    (zeroed first, untimed) when ``load`` takes ``into=``."""
+    into = np.zeros_like(table)
+    copies = [timed(lambda: np.copyto(into, table)) for _ in range(3)]
+    loads = []
+    in_place = False
+    for _ in range(3):
+        into.fill(0)
+        async with blobsdk.Client.local(store) as client:
+            ck = client.checkpoints("/ck/cnr")
+            in_place = "into" in inspect.signature(ck.load).parameters
+            begun = time.perf_counter()
+            if in_place:
+                await ck.load(into={"emb": {"table": into}})
+                loaded = into
+            else:
+                loaded = (await ck.load())["emb"]["table"]
+            loads.append(time.perf_counter() - begun)
+        assert np.array_equal(loaded, table), "restore is not exact"
+        del loaded
+    memcpy = table.nbytes / median(copies) / GB
+    report.metrics["memcpy_gb_s"] = memcpy
+    report.metrics["cnr_restore_gb_s"] = table.nbytes / median(loads) / GB
+    report.metrics["cnr_restore_in_place"] = float(in_place)
+    goal(report, "cnr_restore_vs_memcpy", [table.nbytes / t / GB / memcpy for t in loads], ">=", 0.9)
+
+
+async def scattered(report: Report, root: Path, *, saves: int) -> None:
+    rng = np.random.default_rng(25)
+    array = rng.standard_normal(SCATTERED_BYTES // 4, dtype=np.float32)
+    state = {"model": {"weights": array}}
+    store = root / "scattered"
+    slot, region = len(array) // REGIONS, REGION // 4
+    ratios = []
+    async with blobsdk.Client.local(store, write=WriteConfig(compression="none")) as client:
+        ck = client.checkpoints("/ck/scattered", keep=2)
+        for step in range(saves):
+            if step:
+                for i in range(REGIONS):
+                    start = i * slot + int(rng.integers(0, slot - region + 1))
+                    array[start : start + region] = rng.standard_normal(region, dtype=np.float32)
+            before = du(store / "blocks")
+            await (await ck.save(step, state)).wait()
+            if step:
+                ratios.append((du(store / "blocks") - before) / (REGIONS * REGION))
+    goal(report, "scattered_bytes_vs_changed", ratios, "<=", 1.2)
+
+
+def _model() -> dict[str, Any]:
+    """~52 MiB of float32: an embedding of 8192 x 512 (16 MiB) and 3 layers of 12 MiB each."""
+    import torch
+
+    generator = torch.Generator().manual_seed(26)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    model = {"tok_embeddings": randn(8192, 512), "norm": torch.ones(512)}
+    for i in range(3):
+        for name in ("wq", "wk", "wv", "wo"):
+            model[f"layers.{i}.attention.{name}"] = randn(512, 512)
+        model[f"layers.{i}.feed_forward.w1"] = randn(2048, 512)
+        model[f"layers.{i}.feed_forward.w2"] = randn(512, 2048)
+        model[f"layers.{i}.attention_norm"] = torch.ones(512)
+        model[f"layers.{i}.ffn_norm"] = torch.ones(512)
+    return model
+
+
+def dcp_path_per_step(report: Report, root: Path, *, saves: int) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from blobsdk.torch import BlobStorageWriter
+
+    model = _model()
+    store = root / "dcp-steps"
+    written = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        for n in range(saves):
+            if n:
+                with torch.no_grad():
+                    model["layers.2.ffn_norm"] += 1.0  # 512 floats of ~13.6M change
+            before = du(store / "blocks")
+            with BlobStorageWriter.local(store, f"/bkt/ckpt/step-{n}") as writer:
+                dcp.save({"model": model}, storage_writer=writer)
+            written.append(du(store / "blocks") - before)
+    report.metrics["dcp_steps_model_mib"] = sum(t.nbytes for t in model.values()) / MiB
+    report.metrics["dcp_steps_first_mib"] = written[0] / MiB
+    goal(report, "dcp_steps_later_vs_first", [w / written[0] for w in written[1:]], "<=", 0.05)
