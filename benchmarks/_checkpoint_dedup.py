@@ -30,6 +30,7 @@ import inspect
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,25 +47,39 @@ DIMS = 128  # float32: 512 B a row
 ROW = DIMS * 4
 ZIPF = 1.05
 CHANGED_ROWS = 0.01
-REGIONS, REGION = 20, 160 << 10  # 3.2 MiB: 5% of 64 MiB
-SCATTERED_BYTES = 64 * MiB
+REGIONS = 20
+
+
+@dataclass(frozen=True)
+class Shape:
+    table_bytes: int  # Check-N-Run's embedding table
+    saves: int  # of the table
+    scattered_bytes: int  # the array of the scattered case
+    region: int  # bytes: one of its 20 changed regions
+    scattered_saves: int
+    dcp_width: int  # the model's: 512 makes ~52 MiB
+    dcp_saves: int
+
+
+FULL = Shape(1024 * MiB, 10, 64 * MiB, 160 << 10, 6, 512, 4)
+QUICK = Shape(256 * MiB, 4, 64 * MiB, 160 << 10, 3, 512, 3)
 
 
 def goal(report: Report, key: str, samples: list[float], op: str, bound: float, note: str = "") -> None:
-    """Report the median of ``samples`` as the ratio ``key``, beside its goal, whether it is met,
-    and the samples' range (the samples go to the JSON's details)."""
+    """Report the median of ``samples`` as the ratio ``key`` beside its goal and whether it is
+    met, their least and greatest as ``key_min`` and ``key_max``, and the samples in the JSON's
+    details."""
     value = median(samples)
     met = value <= bound if op == "<=" else value >= bound
-    spread = f", range {min(samples):.3g}-{max(samples):.3g} over {len(samples)}" if len(samples) > 1 else ""
-    report.ratios[key] = value
-    report.goals[key] = f"goal {op} {bound:g}: {'met' if met else 'MISS'}{spread}{note}"
+    report.ratios.update({key: value, f"{key}_min": min(samples), f"{key}_max": max(samples)})
+    report.goals[key] = f"goal {op} {bound:g}: {'met' if met else 'MISS'} (median of {len(samples)}){note}"
     report.details[key] = samples
 
 
-async def run(report: Report, root: Path, *, quick: bool) -> None:
-    await check_n_run(report, root, quick=quick)
-    await scattered(report, root, saves=3 if quick else 6)
-    dcp_path_per_step(report, root, saves=3 if quick else 4)
+async def run(report: Report, root: Path, shape: Shape) -> None:
+    await check_n_run(report, root, shape)
+    await scattered(report, root, shape)
+    dcp_path_per_step(report, root, shape)
 
 
 class _Zipf:
@@ -88,8 +103,8 @@ class _Zipf:
         return picked
 
 
-async def check_n_run(report: Report, root: Path, *, quick: bool) -> None:
-    total, saves = (256 * MiB, 4) if quick else (1024 * MiB, 10)
+async def check_n_run(report: Report, root: Path, shape: Shape) -> None:
+    total = shape.table_bytes
     rng = np.random.default_rng(24)
     table = rng.standard_normal((total // ROW, DIMS), dtype=np.float32)
     state = {"emb": {"table": table}}
@@ -100,7 +115,7 @@ async def check_n_run(report: Report, root: Path, *, quick: bool) -> None:
     stalls, ratios = [], []
     async with blobsdk.Client.local(store, write=WriteConfig(compression="none")) as client:
         ck = client.checkpoints("/ck/cnr", keep=2)
-        for step in range(saves):
+        for step in range(shape.saves):
             changed = 0
             if step:
                 rows = zipf.pick(int(len(table) * CHANGED_ROWS))
@@ -122,7 +137,7 @@ async def check_n_run(report: Report, root: Path, *, quick: bool) -> None:
     report.metrics["cnr_delta_stall_s"] = median(stalls)
     report.details["cnr_delta_stalls_s"] = stalls
     goal(report, "cnr_bytes_vs_changed", ratios, "<=", 1.2)
-    at = "" if not quick else " (goal at 1 GiB)"
+    at = "" if total >= 1024 * MiB else f"; the goal is at 1 GiB, this at {total / MiB:g} MiB"
     goal(report, "cnr_stall_cut", [median(sync) / s for s in stalls], ">=", 50, at)
     await _restore(report, store, table)
 
@@ -163,16 +178,16 @@ async def _restore(report: Report, store: Path, table: np.ndarray) -> None:
     goal(report, "cnr_restore_vs_memcpy", [table.nbytes / t / GB / memcpy for t in loads], ">=", 0.9)
 
 
-async def scattered(report: Report, root: Path, *, saves: int) -> None:
+async def scattered(report: Report, root: Path, shape: Shape) -> None:
     rng = np.random.default_rng(25)
-    array = rng.standard_normal(SCATTERED_BYTES // 4, dtype=np.float32)
+    array = rng.standard_normal(shape.scattered_bytes // 4, dtype=np.float32)
     state = {"model": {"weights": array}}
     store = root / "scattered"
-    slot, region = len(array) // REGIONS, REGION // 4
+    slot, region = len(array) // REGIONS, shape.region // 4
     ratios = []
     async with blobsdk.Client.local(store, write=WriteConfig(compression="none")) as client:
         ck = client.checkpoints("/ck/scattered", keep=2)
-        for step in range(saves):
+        for step in range(shape.scattered_saves):
             if step:
                 for i in range(REGIONS):
                     start = i * slot + int(rng.integers(0, slot - region + 1))
@@ -180,12 +195,13 @@ async def scattered(report: Report, root: Path, *, saves: int) -> None:
             before = du(store / "blocks")
             await (await ck.save(step, state)).wait()
             if step:
-                ratios.append((du(store / "blocks") - before) / (REGIONS * REGION))
+                ratios.append((du(store / "blocks") - before) / (REGIONS * region * 4))
     goal(report, "scattered_bytes_vs_changed", ratios, "<=", 1.2)
 
 
-def _model() -> dict[str, Any]:
-    """~52 MiB of float32: an embedding of 8192 x 512 (16 MiB) and 3 layers of 12 MiB each."""
+def _model(width: int) -> dict[str, Any]:
+    """Of width 512, ~52 MiB of float32: an embedding of 8192 x 512 (16 MiB) and 3 layers of
+    12 MiB each."""
     import torch
 
     generator = torch.Generator().manual_seed(26)
@@ -193,32 +209,32 @@ def _model() -> dict[str, Any]:
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator)
 
-    model = {"tok_embeddings": randn(8192, 512), "norm": torch.ones(512)}
+    model = {"tok_embeddings": randn(16 * width, width), "norm": torch.ones(width)}
     for i in range(3):
         for name in ("wq", "wk", "wv", "wo"):
-            model[f"layers.{i}.attention.{name}"] = randn(512, 512)
-        model[f"layers.{i}.feed_forward.w1"] = randn(2048, 512)
-        model[f"layers.{i}.feed_forward.w2"] = randn(512, 2048)
-        model[f"layers.{i}.attention_norm"] = torch.ones(512)
-        model[f"layers.{i}.ffn_norm"] = torch.ones(512)
+            model[f"layers.{i}.attention.{name}"] = randn(width, width)
+        model[f"layers.{i}.feed_forward.w1"] = randn(4 * width, width)
+        model[f"layers.{i}.feed_forward.w2"] = randn(width, 4 * width)
+        model[f"layers.{i}.attention_norm"] = torch.ones(width)
+        model[f"layers.{i}.ffn_norm"] = torch.ones(width)
     return model
 
 
-def dcp_path_per_step(report: Report, root: Path, *, saves: int) -> None:
+def dcp_path_per_step(report: Report, root: Path, shape: Shape) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
 
     from blobsdk.torch import BlobStorageWriter
 
-    model = _model()
+    model = _model(shape.dcp_width)
     store = root / "dcp-steps"
     written = []
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        for n in range(saves):
+        for n in range(shape.dcp_saves):
             if n:
                 with torch.no_grad():
-                    model["layers.2.ffn_norm"] += 1.0  # 512 floats of ~13.6M change
+                    model["layers.2.ffn_norm"] += 1.0  # a norm: 512 floats of ~13.6M change (at width 512)
             before = du(store / "blocks")
             with BlobStorageWriter.local(store, f"/bkt/ckpt/step-{n}") as writer:
                 dcp.save({"model": model}, storage_writer=writer)

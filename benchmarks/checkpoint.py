@@ -110,7 +110,7 @@ async def run(quick: bool = False) -> Report:
         root = Path(tmp)
         await _delta_rows(report, root, total, steps)
         _ratios(report)
-        await _checkpoint_dedup.run(report, root, quick=quick)
+        await _checkpoint_dedup.run(report, root, _checkpoint_dedup.QUICK if quick else _checkpoint_dedup.FULL)
     return report
 
 
