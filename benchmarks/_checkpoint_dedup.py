@@ -109,7 +109,7 @@ async def check_n_run(report: Report, root: Path, shape: Shape) -> None:
     table = rng.standard_normal((total // ROW, DIMS), dtype=np.float32)
     state = {"emb": {"table": table}}
     zipf = _Zipf(len(table), rng)
-    sync = [timed(lambda: _np_save(table, root / "cnr.npy")) for _ in range(2)]
+    sync = [timed(lambda: _np_save(table, root / "cnr.npy")) for _ in range(3)]
     (root / "cnr.npy").unlink()
     store = root / "cnr"
     stalls, ratios = [], []
