@@ -90,7 +90,12 @@ def test_map_style_workers_of_each_epoch_add_to_the_same_slots(store: Path, cont
         second = epoch(ds, context)  # new worker processes, the same L2 directory
         total = ds.worker_stats()["total"]
         assert summed(total, "bytes") == first + second
-        assert total["l2"]["hits"] == N and total["l4"]["hits"] == N  # cumulative over both epochs
+        # Cumulative over both epochs: every sample was an L2 miss in the first and a hit or a
+        # miss in the second, and every miss went to L4 (no L1).  Not "all N hit": L2 is a cache,
+        # and a worker that exits with fills still queued (DataLoader ends workers at the epoch's
+        # end) loses them, more often on a loaded machine (191 of 200 hit, seen in CI).
+        assert total["l2"]["hits"] + total["l2"]["misses"] == 2 * N and total["l2"]["hits"] > 0
+        assert total["l4"]["hits"] == total["l2"]["misses"]
         assert not total["l1"]["enabled"] and total["l2"]["enabled"]
         path = ds._stats.path
     assert not os.path.exists(path)
