@@ -17,7 +17,7 @@ the two cannot drift apart).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
@@ -143,7 +143,7 @@ class Client:
     async def _read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         return await self._fresh_grants(plan, lambda p: self._open.readpath.read(p, offset, length))
 
-    async def _read_into(self, plan: ReadPlan, out: memoryview, fill_memory: bool) -> None:
+    async def _read_into(self, plan: ReadPlan, out: memoryview | Sequence[memoryview], fill_memory: bool) -> None:
         await self._fresh_grants(plan, lambda p: self._open.readpath.read_into(p, out, fill_memory=fill_memory))
 
     async def _fresh_grants(self, plan: ReadPlan, read: Callable[[ReadPlan], Awaitable[T]]) -> T:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -65,6 +64,7 @@ from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 from .leaves import Leaf, flatten, rebuild
 from .manifest import Entry, Manifest, Part
+from .restore import restore, selected
 from .writer import Writer, split
 
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
@@ -104,7 +104,7 @@ class Checkpoints:
         metadata: MetadataStore,
         writer: Writer,
         read: Callable[[ReadPlan], Awaitable[bytearray]],
-        read_into: Callable[[ReadPlan, memoryview, bool], Awaitable[None]],
+        read_into: Callable[[ReadPlan, memoryview | Sequence[memoryview], bool], Awaitable[None]],
         executor: Executor,
         keep: int,
         chunk_size: int,
@@ -380,14 +380,24 @@ class Checkpoints:
             return base.manifest
         return await self._manifest_of(step)
 
-    async def load(self, step: int | None = None, *, select: Callable[[tuple[str, ...]], bool] | None = None) -> dict[str, Any]:
+    async def load(
+        self,
+        step: int | None = None,
+        *,
+        select: Callable[[tuple[str, ...]], bool] | None = None,
+        into: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """The state saved as ``step`` (None: the latest), rebuilt exactly; with ``select``,
         only the leaves whose name (their keys from the root) it accepts, and only their
-        chunks are read."""
+        chunks are read.  With ``into`` (a state shaped like the saved one), its arrays and
+        tensors are filled in place and it is returned: see blobsdk/write/restore.py."""
         manifest = await self.manifest(step)
         plan = await self._metadata.get_plan(f"{self._step_dir(manifest.step)}/data")
         if select is not None:
-            manifest, plan = _selected(manifest, plan, select)
+            manifest, plan = selected(manifest, plan, select)
+        if into is not None:
+            await restore(manifest, plan.size, into, lambda outs: self._read_into(plan, outs, False))
+            return into
         data = fresh_buffer(plan.size)  # the arrays are views of it: no copy after the read
         await self._read_into(plan, data, False)  # a restore is read once: L1 keeps its working set
         return rebuild(manifest, data)
@@ -467,22 +477,6 @@ def _plan(path: str, refs: list[ChunkRef], chunk_size: int | None = None) -> Rea
     size = sum(ref.raw_length for ref in refs)
     size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in refs), default=1)
     return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=size_of_chunks, chunks=tuple(refs))
-
-
-def _selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, ...]], bool]) -> tuple[Manifest, ReadPlan]:
-    """The manifest of only the entries ``select`` accepts, and the plan of only their chunks."""
-    entries: list[Entry] = []
-    chunks: list[ChunkRef] = []
-    for entry in manifest.entries:
-        if not select(entry.name):
-            continue
-        count = math.ceil(entry.nbytes / manifest.chunk_size) if entry.nbytes else 0
-        entries.append(msgspec.structs.replace(entry, first=len(chunks)))
-        chunks.extend(plan.chunks[entry.first : entry.first + count])
-    size = sum(ref.raw_length for ref in chunks)
-    return msgspec.structs.replace(manifest, entries=tuple(entries)), msgspec.structs.replace(
-        plan, chunks=tuple(chunks), size=size
-    )
 
 
 def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:

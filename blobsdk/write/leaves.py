@@ -6,7 +6,7 @@ checked before use."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,17 +115,22 @@ def rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
         else:
             piece = data[offset : offset + entry.nbytes]
             offset += entry.nbytes
-            value = _value_of(entry, piece)
-        node = state
-        for key in entry.name[:-1]:
-            node = node.setdefault(key, {})
-        node[entry.name[-1]] = value
+            value = value_of(entry, piece)
+        put(state, entry.name, value)
     if offset != len(data):
         raise BadRequest(f"checkpoint {manifest.step}: its data is {len(data)} bytes, its manifest names {offset}")
     return state
 
 
-def _value_of(entry: Entry, piece: memoryview) -> Any:
+def put(state: MutableMapping[str, Any], name: tuple[str, ...], value: Any) -> None:
+    """Set ``value`` at ``name`` in ``state``, making the dicts on the way as needed."""
+    node = state
+    for key in name[:-1]:
+        node = node.setdefault(key, {})
+    node[name[-1]] = value
+
+
+def value_of(entry: Entry, piece: memoryview) -> Any:
     """The leaf ``entry`` names, over its bytes ``piece``.  The dtype and shape come from
     stored data, so they are checked before use: a dtype name must name a dtype (never any
     other attribute of torch or numpy), and the shape must hold exactly the bytes."""
