@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import blobsdk
-from tests.test_checkpoint import assert_same, model
+from tests.test_checkpoint import CHUNK, assert_same, model
 
 
 def zeroed(state: dict[str, Any]) -> dict[str, Any]:
@@ -180,3 +180,127 @@ def test_the_blocking_twin_restores_in_place(tmp_path: Any) -> None:
         into = {"w": torch.zeros(6)}
         target = into["w"]
         assert ck.load(into=into)["w"] is target and torch.equal(target, torch.arange(6.0))
+
+
+# --- trust_version_counters: a tensor whose stamp did not change is not hashed again ------------
+
+MiB = 1 << 20
+
+
+def tensors(seed: int = 0) -> dict[str, Any]:
+    """64 MiB of tensors, a numpy array (always hashed) and an inference tensor (no counter)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        frozen = torch.ones(CHUNK // 4)
+    return {
+        "layers": {f"l{i}": torch.randn(4 * MiB, generator=generator) for i in range(4)},
+        "n": np.arange(CHUNK // 8, dtype=np.int64),
+        "frozen": frozen,
+    }
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes every call of the chunk hash is given, counted apart from ``hashed_bytes``."""
+    import blobsdk.write.checkpoint as module
+
+    calls: list[int] = []
+    real = module._hash
+
+    def counting(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:
+        calls.append(sum(len(data[s : s + chunk_size]) for s in starts))
+        return real(data, starts, chunk_size)
+
+    monkeypatch.setattr(module, "_hash", counting)
+    return calls
+
+
+@pytest.mark.parametrize("trust", [True, False])
+async def test_with_trust_an_unchanged_tensor_is_not_hashed_again_and_a_changed_one_is(
+    client: blobsdk.Client, hashed: list[int], trust: bool
+) -> None:
+    ck = client.checkpoints("/ck/stamps", trust_version_counters=trust)
+    state = tensors()
+    always = 2 * CHUNK  # the numpy array and the inference tensor: no counter to trust
+    await (await ck.save(1, state)).wait()
+    assert ck.hashed_bytes == sum(hashed) == 64 * MiB + always
+    second = await (await ck.save(2, state)).wait()
+    assert ck.hashed_bytes - (64 * MiB + always) == (always if trust else 64 * MiB + always)
+    assert second.new_bytes == 0
+    with torch.no_grad():
+        state["layers"]["l2"][5] += 1.0  # one chunk of one tensor
+    before = ck.hashed_bytes
+    third = await (await ck.save(3, state)).wait()
+    assert ck.hashed_bytes - before == (16 * MiB + always if trust else 64 * MiB + always) and sum(hashed) == ck.hashed_bytes
+    assert third.new_bytes == CHUNK
+    assert_same(state, await ck.load(3))
+
+
+WRITES: list[tuple[str, Callable[[torch.Tensor], None], bool, bool]] = [
+    # (how, the write, whether the tensor's counter moves, whether a save with trust sees it)
+    ("in place under no_grad", lambda t: t.add_(1.0), True, True),
+    ("through detach()", lambda t: t.detach().add_(1.0), True, True),
+    ("through a view", lambda t: t[3:].add_(1.0), True, True),
+    ("its data swapped (t.data = ...)", lambda t: setattr(t, "data", torch.full_like(t, 7.0)), False, True),  # another storage
+    ("through .data", lambda t: t.data.add_(1.0), False, False),  # .data has a counter of its own
+    ("through a numpy view", lambda t: t.numpy().__iadd__(1.0), False, False),
+]
+
+
+@pytest.mark.parametrize(("write", "moves", "seen"), [w[1:] for w in WRITES], ids=[w[0] for w in WRITES])
+@pytest.mark.parametrize("trust", [True, False])
+async def test_only_writes_that_move_the_version_counter_or_the_storage_are_seen_with_trust(
+    client: blobsdk.Client, write: Callable[[torch.Tensor], None], moves: bool, seen: bool, trust: bool
+) -> None:
+    """What trust_version_counters costs: a write that bypasses the tensor's counter (through
+    ``.data``, or a numpy view) goes unseen, the tensor's chunks are reused from the last save
+    unread.  Without trust every save hashes, and sees every write."""
+    ck = client.checkpoints("/ck/bypass", trust_version_counters=trust)
+    t = torch.zeros(2 * CHUNK // 4)
+    await (await ck.save(1, {"t": t})).wait()
+    version = t._version
+    with torch.no_grad():
+        write(t)
+    assert (t._version != version) is moves and t.any()
+    await (await ck.save(2, {"t": t})).wait()
+    saved = (await ck.load(2))["t"]
+    assert torch.equal(saved, t) is (seen or not trust)
+    assert (not saved.any()) is (trust and not seen)  # unseen: checkpoint 2 still holds the zeros
+
+
+async def test_a_write_to_the_numpy_array_a_tensor_was_made_from_goes_unseen_with_trust(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/from-numpy", trust_version_counters=True)
+    source = np.zeros(CHUNK // 4, dtype=np.float32)
+    state = {"t": torch.from_numpy(source)}
+    await (await ck.save(1, state)).wait()
+    source[0] = 1.0  # the tensor's memory, but not through it: its counter does not move
+    await (await ck.save(2, state)).wait()
+    assert float((await ck.load(2))["t"][0]) == 0.0  # stale: the documented caveat
+    await (await client.checkpoints("/ck/from-numpy").save(3, state)).wait()  # without trust: hashed
+    assert float((await ck.load(3))["t"][0]) == 1.0
+
+
+async def test_stamps_count_only_against_the_checkpoint_this_object_committed(client: blobsdk.Client) -> None:
+    """Another writer's save in between is the base of the next one: nothing in it was
+    stamped by this object, so everything is hashed (and the checkpoint is exact)."""
+    mine = client.checkpoints("/ck/two-writers", trust_version_counters=True)
+    state = {"t": torch.zeros(2 * CHUNK // 4)}
+    await (await mine.save(1, state)).wait()
+    other = {"t": torch.ones(2 * CHUNK // 4)}
+    await (await client.checkpoints("/ck/two-writers", trust_version_counters=True).save(2, other)).wait()
+    before = mine.hashed_bytes
+    await (await mine.save(3, state)).wait()
+    assert mine.hashed_bytes - before == 2 * CHUNK
+    assert_same(state, await mine.load(3))
+
+
+async def test_a_restore_in_place_counts_as_a_write_for_the_next_save(client: blobsdk.Client) -> None:
+    ck = client.checkpoints("/ck/restore-then-save", trust_version_counters=True)
+    state = {"t": torch.zeros(2 * CHUNK // 4)}
+    await (await ck.save(1, state)).wait()
+    with torch.no_grad():
+        state["t"].add_(1.0)
+    await (await ck.save(2, state)).wait()
+    await ck.load(1, into=state)  # back to zeros, in place: the counter moves
+    await (await ck.save(3, state)).wait()
+    assert torch.equal((await ck.load(3))["t"], torch.zeros(2 * CHUNK // 4))

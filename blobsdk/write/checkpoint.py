@@ -62,7 +62,7 @@ from ..metadata.base import MetadataStore
 from ..paths import validate_path
 from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
-from .leaves import Leaf, flatten, rebuild
+from .leaves import Leaf, Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
 from .writer import Writer, split
@@ -110,6 +110,7 @@ class Checkpoints:
         chunk_size: int,
         background: set[asyncio.Task[Any]] | None = None,
         warm: Callable[[str], object] | None = None,
+        trust_version_counters: bool = False,
     ) -> None:
         prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
@@ -125,6 +126,15 @@ class Checkpoints:
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
         self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
+        self.trust_version_counters = trust_version_counters
+        self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
+        self._hashed_bytes = 0
+
+    @property
+    def hashed_bytes(self) -> int:
+        """How many bytes this object's saves and parts have hashed (a tensor whose version
+        stamp matched is not hashed)."""
+        return self._hashed_bytes
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -152,7 +162,7 @@ class Checkpoints:
         return self._pending
 
     async def _save(self, step: int, staged: _Staged, base: _Base | None) -> Manifest:
-        return await self._commit_parts(step, [await self._write(staged, base)], base)
+        return await self._commit_parts(step, [await self._write(staged, base)], base, staged.stamps)
 
     async def write_part(self, state: Mapping[str, Any]) -> Part:
         """Write ``state``'s changed chunks durably without committing anything, for
@@ -163,7 +173,11 @@ class Checkpoints:
         leaves = list(flatten(state, ()))
         await self._idle()
         base = await self._latest()
-        return await self._write(await self._stage(leaves, base, copy=False), base)
+        staged = await self._stage(leaves, base, copy=False)
+        part = await self._write(staged, base)
+        if staged.stamps:  # valid once this object commits the part
+            self._unclaimed = [*self._unclaimed[-3:], (part, staged.stamps)]
+        return part
 
     async def commit(self, step: int, parts: Sequence[Part]) -> Manifest:
         """Commit ``parts`` (from :meth:`write_part`, by any process) as checkpoint ``step``,
@@ -181,7 +195,10 @@ class Checkpoints:
                 )
             if part.chunk_size != self.chunk_size:
                 raise ValueError(f"a part cut in {part.chunk_size}-byte chunks, this prefix's are {self.chunk_size}")
-        return await self._commit_parts(step, parts, base)
+        stamps = {name: stamp for mine, of in self._unclaimed if any(mine is p for p in parts) for name, stamp in of.items()}
+        manifest = await self._commit_parts(step, parts, base, stamps)
+        self._unclaimed = []
+        return manifest
 
     async def _idle(self) -> None:
         """Wait for the save in flight, if any, to end (its error is its own)."""
@@ -189,17 +206,20 @@ class Checkpoints:
             await asyncio.gather(self._pending._task, return_exceptions=True)
 
     async def _stage(self, leaves: list[Leaf], base: _Base | None, *, copy: bool) -> _Staged:
-        digests = await self._digests([leaf.data for leaf in leaves if leaf.data is not None])
+        known = self._known(leaves, base)
+        hashing = [leaf.data for leaf in leaves if leaf.data is not None and leaf.name not in known]
+        hashed = iter(await self._digests(hashing))
+        self._hashed_bytes += sum(len(data) for data in hashing)
         staged = _Staged(leaves=leaves)
+        if self.trust_version_counters:
+            staged.stamps = {leaf.name: leaf.stamp for leaf in leaves if leaf.stamp is not None}
         buffers = iter(self._staging)
         used: list[bytearray] = []
-        at = 0
         for leaf in leaves:
             if leaf.data is None:
                 staged.chunks.append([])
                 continue
-            mine = digests[at]
-            at += 1
+            mine = known[leaf.name] if leaf.name in known else next(hashed)
             previous = base.match(leaf, self.chunk_size) if base is not None else None
             slots: list[ChunkRef | memoryview] = []
             for i, digest in enumerate(mine):
@@ -220,6 +240,20 @@ class Checkpoints:
         if copy:
             self._staging = used
         return staged
+
+    def _known(self, leaves: list[Leaf], base: _Base | None) -> dict[tuple[str, ...], list[bytes]]:
+        """With ``trust_version_counters``, the chunk digests of the tensors whose stamp is the
+        one they had when this object committed ``base`` (the digests of that checkpoint's
+        entry for them): not hashed again.  Any other base (another writer's, or read back)
+        has no stamps."""
+        if not self.trust_version_counters or base is None or base is not self._base:
+            return {}
+        known = {}
+        for leaf in leaves:
+            entry = base.match(leaf, self.chunk_size)
+            if entry is not None and leaf.stamp is not None and leaf.stamp.same(base.stamps.get(leaf.name)):
+                known[leaf.name] = list(entry.digests)
+        return known
 
     async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
         """Each array's chunk digests, hashed on the executor in batches of ~16 MiB."""
@@ -271,7 +305,9 @@ class Checkpoints:
             chunk_size=self.chunk_size,
         )
 
-    async def _commit_parts(self, step: int, parts: Sequence[Part], base: _Base | None) -> Manifest:
+    async def _commit_parts(
+        self, step: int, parts: Sequence[Part], base: _Base | None, stamps: dict[tuple[str, ...], Stamp]
+    ) -> Manifest:
         """Commit ``parts`` as checkpoint ``step`` (see :meth:`_commit`), retire old ones, warm L3."""
         self._writer.check_age({block for part in parts for block in part.new_blocks})  # reused: held by live plans
         refs: list[ChunkRef] = []
@@ -292,13 +328,15 @@ class Checkpoints:
             new_bytes=new_bytes,
             reused_bytes=sum(e.nbytes for e in entries) - new_bytes,
         )
-        await self._commit(step, refs, manifest, base)
+        await self._commit(step, refs, manifest, base, stamps)
         await self._retire()
         if self._warm is not None:  # the L3 nodes pull its new chunks from L4 (cached ones are only pinned)
             self._warm(f"{self._step_dir(step)}/data")
         return manifest
 
-    async def _commit(self, step: int, refs: list[ChunkRef], manifest: Manifest, base: _Base | None) -> None:
+    async def _commit(
+        self, step: int, refs: list[ChunkRef], manifest: Manifest, base: _Base | None, stamps: dict[tuple[str, ...], Stamp]
+    ) -> None:
         """One transaction: the data plan and the manifest (create-only) and ``latest``
         (compare-and-swap on the version this save started from)."""
         directory = self._step_dir(step)
@@ -321,7 +359,7 @@ class Checkpoints:
                 f"checkpoint {step} under {self.prefix}: the step exists, or another writer saved or removed a checkpoint"
                 f" since this save began ({exc})"
             ) from exc
-        self._base = _Base(manifest, data, latest.version)  # the next save's base, without a read
+        self._base = _Base(manifest, data, latest.version, stamps)  # the next save's base, without a read
 
     async def _retire(self) -> None:
         """Delete all but the last ``keep`` checkpoints: manifests first, then their data."""
@@ -435,14 +473,18 @@ class _Staged:
     leaves: list[Leaf]
     chunks: list[list[ChunkRef | memoryview]] = field(default_factory=list)
     digests: list[list[bytes]] = field(default_factory=list)
+    stamps: dict[tuple[str, ...], Stamp] = field(default_factory=dict)  # its tensors', with trust_version_counters
 
 
 class _Base:
-    """The checkpoint a save compares with: its manifest, its data blob's plan, and the
-    version of ``latest`` that names it."""
+    """The checkpoint a save compares with: its manifest, its data blob's plan, the version of
+    ``latest`` that names it, and (one this object committed) its tensors' stamps."""
 
-    def __init__(self, manifest: Manifest, plan: ReadPlan, latest_version: int) -> None:
+    def __init__(
+        self, manifest: Manifest, plan: ReadPlan, latest_version: int, stamps: dict[tuple[str, ...], Stamp] | None = None
+    ) -> None:
         self.manifest, self.plan, self.latest_version = manifest, plan, latest_version
+        self.stamps = stamps or {}
         self._by_name = {entry.name: entry for entry in manifest.entries}
 
     def match(self, leaf: Leaf, chunk_size: int) -> Entry | None:
