@@ -39,8 +39,22 @@ it.  A save is a part of its own committed at once.
 ``await ck.load(step=None)`` (None: the latest) reads the data blob through the tiers (chunks
 in parallel, every one verified, none filled into L1) straight into one fresh buffer and
 rebuilds the state exactly: nesting, dtypes, shapes, scalars; arrays are views of that
-buffer.  ``load(select=...)`` reads only the leaves whose name it accepts.  ``await
+buffer.  ``load(select=...)`` reads only the leaves whose name it accepts.
+``load(into=state)`` restores in place: each leaf's chunks are read straight into the
+caller's array or tensor of that name (one scatter read), refused before anything is read if
+one cannot take them (other kind, dtype or shape, not contiguous, read-only); a leaf ``state``
+lacks goes into fresh memory and is set in it (blobsdk/write/restore.py has the rule).  ``await
 ck.list()`` lists the kept steps.
+
+``trust_version_counters=True`` (off by default) skips hashing a tensor that did not change:
+each tensor leaf's stamp (blobsdk/write/leaves.py: its storage by identity, its view of it,
+and its version counter, which every in-place op on it or its views bumps) is kept with the
+checkpoint this object commits; the next save compared with that same checkpoint reuses, unread, a
+tensor whose stamp is the same.  Numpy arrays, inference tensors and any other base are
+always hashed.  Unsound for writes that bypass the counter: through ``.data``, a numpy view
+(``t.numpy()[...] = x``), the numpy array a tensor was made from, another tensor over the
+same memory made outside autograd, or another process: such a change is not saved.
+``ck.hashed_bytes`` counts what was hashed.
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ from ..metadata.base import MetadataStore
 from ..paths import validate_path
 from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
+from .compare import Base
 from .leaves import Leaf, Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
@@ -122,7 +137,7 @@ class Checkpoints:
         self._metadata, self._writer, self._read, self._executor = metadata, writer, read, executor
         self._read_into = read_into
         self._pending: Pending | None = None
-        self._base: _Base | None = None  # the last checkpoint this object committed
+        self._base: Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
         self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
@@ -161,7 +176,7 @@ class Checkpoints:
         self._pending = Pending(step, task)
         return self._pending
 
-    async def _save(self, step: int, staged: _Staged, base: _Base | None) -> Manifest:
+    async def _save(self, step: int, staged: _Staged, base: Base | None) -> Manifest:
         return await self._commit_parts(step, [await self._write(staged, base)], base, staged.stamps)
 
     async def write_part(self, state: Mapping[str, Any]) -> Part:
@@ -205,7 +220,7 @@ class Checkpoints:
         if self._pending is not None:
             await asyncio.gather(self._pending._task, return_exceptions=True)
 
-    async def _stage(self, leaves: list[Leaf], base: _Base | None, *, copy: bool) -> _Staged:
+    async def _stage(self, leaves: list[Leaf], base: Base | None, *, copy: bool) -> _Staged:
         known = self._known(leaves, base)
         hashing = [leaf.data for leaf in leaves if leaf.data is not None and leaf.name not in known]
         hashed = iter(await self._digests(hashing))
@@ -241,19 +256,13 @@ class Checkpoints:
             self._staging = used
         return staged
 
-    def _known(self, leaves: list[Leaf], base: _Base | None) -> dict[tuple[str, ...], list[bytes]]:
-        """With ``trust_version_counters``, the chunk digests of the tensors whose stamp is the
-        one they had when this object committed ``base`` (the digests of that checkpoint's
-        entry for them): not hashed again.  Any other base (another writer's, or read back)
-        has no stamps."""
+    def _known(self, leaves: list[Leaf], base: Base | None) -> dict[tuple[str, ...], list[bytes]]:
+        """With ``trust_version_counters``, the digests of the tensors whose stamp is the one
+        they had when this object committed ``base``: not hashed again.  Any other base
+        (another writer's, or read back) has no stamps."""
         if not self.trust_version_counters or base is None or base is not self._base:
             return {}
-        known = {}
-        for leaf in leaves:
-            entry = base.match(leaf, self.chunk_size)
-            if entry is not None and leaf.stamp is not None and leaf.stamp.same(base.stamps.get(leaf.name)):
-                known[leaf.name] = list(entry.digests)
-        return known
+        return base.known(leaves, self.chunk_size)
 
     async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
         """Each array's chunk digests, hashed on the executor in batches of ~16 MiB."""
@@ -266,7 +275,7 @@ class Checkpoints:
             jobs.append([loop.run_in_executor(self._executor, _hash, data, batch, self.chunk_size) for batch in batches])
         return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
 
-    async def _write(self, staged: _Staged, base: _Base | None) -> Part:
+    async def _write(self, staged: _Staged, base: Base | None) -> Part:
         """Write the staged chunks that changed (the rest are reused by reference)."""
         new = [slot for slots in staged.chunks for slot in slots if isinstance(slot, memoryview)]
         written = iter(await self._writer.write_chunks(new))
@@ -306,7 +315,7 @@ class Checkpoints:
         )
 
     async def _commit_parts(
-        self, step: int, parts: Sequence[Part], base: _Base | None, stamps: dict[tuple[str, ...], Stamp]
+        self, step: int, parts: Sequence[Part], base: Base | None, stamps: dict[tuple[str, ...], Stamp]
     ) -> Manifest:
         """Commit ``parts`` as checkpoint ``step`` (see :meth:`_commit`), retire old ones, warm L3."""
         self._writer.check_age({block for part in parts for block in part.new_blocks})  # reused: held by live plans
@@ -335,7 +344,7 @@ class Checkpoints:
         return manifest
 
     async def _commit(
-        self, step: int, refs: list[ChunkRef], manifest: Manifest, base: _Base | None, stamps: dict[tuple[str, ...], Stamp]
+        self, step: int, refs: list[ChunkRef], manifest: Manifest, base: Base | None, stamps: dict[tuple[str, ...], Stamp]
     ) -> None:
         """One transaction: the data plan and the manifest (create-only) and ``latest``
         (compare-and-swap on the version this save started from)."""
@@ -359,7 +368,7 @@ class Checkpoints:
                 f"checkpoint {step} under {self.prefix}: the step exists, or another writer saved or removed a checkpoint"
                 f" since this save began ({exc})"
             ) from exc
-        self._base = _Base(manifest, data, latest.version, stamps)  # the next save's base, without a read
+        self._base = Base(manifest, data, latest.version, stamps)  # the next save's base, without a read
 
     async def _retire(self) -> None:
         """Delete all but the last ``keep`` checkpoints: manifests first, then their data."""
@@ -451,7 +460,7 @@ class Checkpoints:
         except msgspec.DecodeError as exc:
             raise CorruptData(f"checkpoint {step} under {self.prefix}: its manifest does not decode: {exc}") from exc
 
-    async def _latest(self) -> _Base | None:
+    async def _latest(self) -> Base | None:
         """The latest checkpoint (its manifest, its data plan, the version of ``latest``)."""
         try:
             latest = await self._metadata.get_plan(self._latest_path)
@@ -462,7 +471,7 @@ class Checkpoints:
         step = int(bytes(await self._read(latest)))
         manifest = await self._manifest_of(step)
         plan = await self._metadata.get_plan(f"{self._step_dir(step)}/data")
-        return _Base(manifest, plan, latest.version)
+        return Base(manifest, plan, latest.version)
 
 
 @dataclass
@@ -474,25 +483,6 @@ class _Staged:
     chunks: list[list[ChunkRef | memoryview]] = field(default_factory=list)
     digests: list[list[bytes]] = field(default_factory=list)
     stamps: dict[tuple[str, ...], Stamp] = field(default_factory=dict)  # its tensors', with trust_version_counters
-
-
-class _Base:
-    """The checkpoint a save compares with: its manifest, its data blob's plan, the version of
-    ``latest`` that names it, and (one this object committed) its tensors' stamps."""
-
-    def __init__(
-        self, manifest: Manifest, plan: ReadPlan, latest_version: int, stamps: dict[tuple[str, ...], Stamp] | None = None
-    ) -> None:
-        self.manifest, self.plan, self.latest_version = manifest, plan, latest_version
-        self.stamps = stamps or {}
-        self._by_name = {entry.name: entry for entry in manifest.entries}
-
-    def match(self, leaf: Leaf, chunk_size: int) -> Entry | None:
-        """The entry whose chunks ``leaf`` may reuse: same name, kind, dtype, shape, chunk size."""
-        entry = self._by_name.get(leaf.name)
-        if entry is None or self.manifest.chunk_size != chunk_size:
-            return None
-        return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
 
 
 def _check_int(name: str, value: object, low: int, high: int | None) -> None:
