@@ -17,7 +17,7 @@ the two cannot drift apart).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
@@ -143,7 +143,7 @@ class Client:
     async def _read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         return await self._fresh_grants(plan, lambda p: self._open.readpath.read(p, offset, length))
 
-    async def _read_into(self, plan: ReadPlan, out: memoryview, fill_memory: bool) -> None:
+    async def _read_into(self, plan: ReadPlan, out: memoryview | Sequence[memoryview], fill_memory: bool) -> None:
         await self._fresh_grants(plan, lambda p: self._open.readpath.read_into(p, out, fill_memory=fill_memory))
 
     async def _fresh_grants(self, plan: ReadPlan, read: Callable[[ReadPlan], Awaitable[T]]) -> T:
@@ -179,11 +179,13 @@ class Client:
         reads in flight at once, where an abandoned generator waits for the collector."""
         return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
 
-    def checkpoints(self, prefix: str, *, keep: int = 3, chunk_size: int | None = None) -> Checkpoints:
+    def checkpoints(
+        self, prefix: str, *, keep: int = 3, chunk_size: int | None = None, trust_version_counters: bool = False
+    ) -> Checkpoints:
         """The delta checkpoints under ``prefix`` (a path prefix: ``/bucket/ckpt/job1``),
         keeping the last ``keep``, cut into ``chunk_size`` chunks (default: the write
-        config's); see blobsdk/write/checkpoint.py.  A save still running when the client closes
-        is waited for."""
+        config's); see blobsdk/write/checkpoint.py, which says when ``trust_version_counters``
+        is sound.  A save still running when the client closes is waited for."""
         state = self._open
         warm = None if state.l3 is None else partial(state.prefetcher.start, tier="l3")
         return Checkpoints(
@@ -197,6 +199,7 @@ class Client:
             chunk_size=self.config.write.chunk_size if chunk_size is None else chunk_size,
             background=state.saves,
             warm=warm,
+            trust_version_counters=trust_version_counters,
         )
 
     async def plan(self, path: str) -> ReadPlan:

@@ -40,14 +40,23 @@ with requires_extra("torch", __name__):
     import torch
     from torch.distributed._shard._utils import narrow_tensor_by_index
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+    from torch.distributed.checkpoint.planner import (
+        LoadItemType,
+        LoadPlan,
+        LoadPlanner,
+        ReadItem,
+        SavePlan,
+        SavePlanner,
+        WriteItemType,
+    )
     from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
     from torch.futures import Future
 
 from .config import ClientConfig
 from .integrations.stores import ClosedOnExit, ConfigLike, ProcessClient, Store
 from .sync import SyncCheckpoints
-from .write.manifest import Part
+from .write.manifest import Entry, Part
+from .write.restore import problem
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key
@@ -183,6 +192,7 @@ class BlobStorageReader(_Backend, StorageReader):
     def __init__(self, config: ConfigLike, prefix: str, *, local: str | os.PathLike[str] | None = None) -> None:
         super().__init__(config, prefix, local=local)
         self._loaded: int | None = None  # the step read_metadata found
+        self._entries: dict[str, Entry] = {}  # its items' manifest entries, by storage key
         self._storage: dict[MetadataIndex, Any] = {}
 
     @classmethod
@@ -198,7 +208,9 @@ class BlobStorageReader(_Backend, StorageReader):
         """The checkpoint's DCP metadata (the latest one's, if no ``checkpoint_id``): the
         step is fixed here, so a save meanwhile does not change what ``read_data`` reads."""
         checkpoints = self.checkpoints()
-        self._loaded = checkpoints.manifest(self.step).step
+        manifest = checkpoints.manifest(self.step)
+        self._loaded = manifest.step
+        self._entries = {entry.name[-1]: entry for entry in manifest.entries if entry.name[0] == _ITEMS}
         state = checkpoints.load(self._loaded, select=lambda name: name == (_METADATA,))
         if _METADATA not in state:
             raise ValueError(f"checkpoint {self._loaded} under {self.prefix} is not a DCP checkpoint")
@@ -218,21 +230,42 @@ class BlobStorageReader(_Backend, StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read the items this rank's plan needs (every chunk of them in parallel through
-        the tiers, verified), and only those."""
+        the tiers, verified), and only those: a tensor the plan wants whole, into a target
+        that can take it (a contiguous CPU tensor of its dtype and shape), straight into the
+        target's memory (``load(into=...)``); the rest into fresh memory, then copied."""
         if self._loaded is None:
             self.read_metadata()
         keys = {self._storage[item.storage_index] for item in plan.items}
-        state = self.checkpoints().load(self._loaded, select=lambda name: name[0] == _ITEMS and name[-1] in keys)
+        targets: dict[int, torch.Tensor] = {}
+        into: dict[str, torch.Tensor] = {}
+        for i, item in enumerate(plan.items):
+            if item.type == LoadItemType.BYTE_IO:
+                continue
+            targets[i] = target = planner.resolve_tensor(item).detach()
+            key = self._storage[item.storage_index]
+            if key not in into and self._whole(key, item, target):
+                into[key] = target
+        state = self.checkpoints().load(
+            self._loaded, select=lambda name: name[0] == _ITEMS and name[-1] in keys, into={_ITEMS: into}
+        )
         items = state.get(_ITEMS, {})
-        for read_item in plan.items:
+        for i, read_item in enumerate(plan.items):
             value = items[self._storage[read_item.storage_index]]
             if read_item.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(read_item, io.BytesIO(value))
                 continue
-            source = narrow_tensor_by_index(value, read_item.storage_offsets, read_item.lengths)
-            target = planner.resolve_tensor(read_item).detach()
-            target.copy_(source)
+            target = targets[i]
+            if value is not target:  # not filled in place
+                target.copy_(narrow_tensor_by_index(value, read_item.storage_offsets, read_item.lengths))
             planner.commit_tensor(read_item, target)
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _whole(self, key: str, item: ReadItem, target: torch.Tensor) -> bool:
+        """Whether the stored item ``key`` can be read straight into ``target``: the read
+        item wants it whole, and the target can take its bytes in place."""
+        entry = self._entries.get(key)
+        if entry is None or any(item.storage_offsets) or tuple(item.lengths) != entry.shape:
+            return False
+        return not problem(entry, target)

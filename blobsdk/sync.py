@@ -267,6 +267,11 @@ class SyncCheckpoints(_Handle[Checkpoints]):
     remove = awaited(Checkpoints.remove)
     list = awaited(Checkpoints.list)
 
+    @property
+    def hashed_bytes(self) -> int:
+        """How many bytes its saves and parts have hashed (``Checkpoints.hashed_bytes``)."""
+        return self._wrapped.hashed_bytes
+
 
 class SyncPrefetch(_Handle[Prefetch]):
     """A :class:`~blobsdk.read.prefetch.Prefetch` seen from the thread of a :class:`SyncClient`:

@@ -48,6 +48,32 @@ def test_dcp_save_and_load_round_trip(tmp_path: Path) -> None:
     assert_loaded(target, saved)
 
 
+def test_dcp_load_reads_whole_tensors_straight_into_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader hands DCP's targets to ``load(into=...)``: only what cannot take its bytes in
+    place (the pickled objects; a non-contiguous tensor) is read into fresh memory, then copied."""
+    import blobsdk.write.restore
+
+    fresh: list[int] = []
+    real = blobsdk.write.restore.fresh_buffer
+    monkeypatch.setattr(blobsdk.write.restore, "fresh_buffer", lambda size: fresh.append(size) or real(size))
+    saved = state()
+    with BlobStorageWriter.local(tmp_path, "/ck/in-place") as writer:
+        dcp.save(saved, storage_writer=writer)
+    target = zeroed(saved)
+    weight = target["model"]["0.weight"]
+    with BlobStorageReader.local(tmp_path, "/ck/in-place") as reader:
+        dcp.load(target, storage_reader=reader)
+    assert_loaded(target, saved)
+    assert target["model"]["0.weight"] is weight and fresh and max(fresh) < 4096  # the pickled objects alone (2.5 KB)
+    fresh.clear()
+    target = zeroed(saved)
+    target["model"]["0.weight"] = torch.zeros(256, 512).T  # its shape, not contiguous: read, then copied
+    with BlobStorageReader.local(tmp_path, "/ck/in-place") as reader:
+        dcp.load(target, storage_reader=reader)
+    assert_loaded(target, saved)
+    assert max(fresh) >= 512 * 256 * 4
+
+
 def test_a_second_save_of_a_nearly_unchanged_model_writes_almost_nothing(tmp_path: Path) -> None:
     saved = state()
     with BlobStorageWriter.local(tmp_path, "/ck/delta") as writer:

@@ -201,7 +201,7 @@ class NotInstalled(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NotInstalled())
 from blobsdk.errors import MissingExtra
-from blobsdk.write.leaves import Entry, _value_of
+from blobsdk.write.leaves import Entry, value_of
 
 said = {}
 for module in ("blobsdk.torch", "blobsdk.dcp"):
@@ -210,7 +210,7 @@ for module in ("blobsdk.torch", "blobsdk.dcp"):
     except MissingExtra as exc:
         said[module] = [str(exc), isinstance(exc, ImportError), exc.name]
 try:
-    _value_of(Entry(name=("w",), kind="tensor", dtype="float32", shape=(0,)), memoryview(b""))
+    value_of(Entry(name=("w",), kind="tensor", dtype="float32", shape=(0,)), memoryview(b""))
 except MissingExtra as exc:
     said["checkpoint"] = [str(exc), isinstance(exc, ImportError), exc.name]
 print(json.dumps(said))

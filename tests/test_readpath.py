@@ -356,6 +356,20 @@ async def test_read_into_fills_the_buffer_and_can_leave_l1_alone(tmp_path):
         assert out == data and c.stats()["l4"]["hits"] == 10
 
 
+async def test_read_into_scatters_the_blob_over_a_sequence_of_buffers(tmp_path):
+    """A scatter read (a checkpoint restored into the caller's arrays): the blob's bytes go into
+    the buffers one after another, a chunk split across two of them included."""
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        data = data_of(300_000, 13)  # 5 chunks of 64 KiB
+        await c.put("/b/x", data)
+        plan = await c.plan("/b/x")
+        outs = [bytearray(n) for n in (0, 65_536, 100_000, 1, 134_463)]  # 100_000: a chunk and part of the next
+        await c._open.readpath.read_into(plan, [memoryview(o) for o in outs], fill_memory=False)
+        assert b"".join(outs) == data
+        with pytest.raises(blobsdk.BadRequest, match=r"^/b/x: a buffer of 299999 bytes for a blob of 300000$"):
+            await c._open.readpath.read_into(plan, [memoryview(o) for o in outs[:-1]] + [memoryview(bytearray(134_462))])
+
+
 async def test_read_into_a_buffer_of_the_wrong_size_is_refused(tmp_path):
     async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
         await c.put("/b/x", b"0123456789")

@@ -91,26 +91,37 @@ class ReadPath:
         if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
             return await self._whole_chunk(jobs[0][0])
         out = bytearray(end - start)
-        await self._read_jobs(memoryview(out), start, jobs, one_off=False)
+        window = memoryview(out)
+        await self._read_jobs([(window, start, ref, chunk_start) for ref, chunk_start in jobs], one_off=False)
         return out
 
-    async def read_into(self, plan: ReadPlan, out: memoryview, *, fill_memory: bool = True) -> None:
-        """Read the whole of ``plan`` into ``out`` (exactly ``plan.size`` bytes).  With
-        ``fill_memory=False`` the chunks fetched are not filled into L1: a one-off read (a
-        checkpoint restore) would only evict the working set, and its buffers are free
-        again as soon as they are copied out."""
-        if out.nbytes != plan.size:
-            raise BadRequest(f"{plan.path}: a buffer of {out.nbytes} bytes for a blob of {plan.size}")
-        await self._read_jobs(out.cast("B"), 0, _overlapping(plan.chunks, 0, plan.size), one_off=not fill_memory)
+    async def read_into(self, plan: ReadPlan, out: memoryview | Sequence[memoryview], *, fill_memory: bool = True) -> None:
+        """Read the whole of ``plan`` into ``out`` (exactly ``plan.size`` bytes), or into the
+        buffers of a sequence one after another (a scatter read: a checkpoint restored into
+        the caller's arrays).  With ``fill_memory=False`` the chunks fetched are not filled
+        into L1: a one-off read (a checkpoint restore) would only evict the working set, and
+        its buffers are free again as soon as they are copied out."""
+        outs = [out] if isinstance(out, memoryview) else list(out)
+        size = sum(o.nbytes for o in outs)
+        if size != plan.size:
+            raise BadRequest(f"{plan.path}: a buffer of {size} bytes for a blob of {plan.size}")
+        jobs: list[tuple[memoryview, int, ChunkRef, int]] = []
+        start = 0
+        for o in outs:
+            jobs.extend((o.cast("B"), start, ref, at) for ref, at in _overlapping(plan.chunks, start, start + o.nbytes))
+            start += o.nbytes
+        await self._read_jobs(jobs, one_off=not fill_memory)
 
-    async def _read_jobs(self, out: memoryview, start: int, jobs: list[tuple[ChunkRef, int]], *, one_off: bool) -> None:
+    async def _read_jobs(self, jobs: list[tuple[memoryview, int, ChunkRef, int]], *, one_off: bool) -> None:
+        """Each job: (an output window, the blob offset it begins at, a chunk, the blob offset
+        the chunk begins at)."""
         if len(jobs) == 1:
-            await self._place(out, start, *jobs[0], one_off)
+            await self._place(*jobs[0], one_off)
             return
         slots = asyncio.Semaphore(self._parallel)
         async with task_group() as tasks:
-            for ref, chunk_start in jobs:
-                tasks.create_task(self._bounded(slots, out, start, ref, chunk_start, one_off))
+            for job in jobs:
+                tasks.create_task(self._bounded(slots, *job, one_off))
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:

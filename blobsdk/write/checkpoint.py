@@ -39,8 +39,22 @@ it.  A save is a part of its own committed at once.
 ``await ck.load(step=None)`` (None: the latest) reads the data blob through the tiers (chunks
 in parallel, every one verified, none filled into L1) straight into one fresh buffer and
 rebuilds the state exactly: nesting, dtypes, shapes, scalars; arrays are views of that
-buffer.  ``load(select=...)`` reads only the leaves whose name it accepts.  ``await
+buffer.  ``load(select=...)`` reads only the leaves whose name it accepts.
+``load(into=state)`` restores in place: each leaf's chunks are read straight into the
+caller's array or tensor of that name (one scatter read), refused before anything is read if
+one cannot take them (other kind, dtype or shape, not contiguous, read-only); a leaf ``state``
+lacks goes into fresh memory and is set in it (blobsdk/write/restore.py has the rule).  ``await
 ck.list()`` lists the kept steps.
+
+``trust_version_counters=True`` (off by default) skips hashing a tensor that did not change:
+each tensor leaf's stamp (blobsdk/write/leaves.py: its storage by identity, its view of it,
+and its version counter, which every in-place op on it or its views bumps) is kept with the
+checkpoint this object commits; the next save compared with that same checkpoint reuses, unread, a
+tensor whose stamp is the same.  Numpy arrays, inference tensors and any other base are
+always hashed.  Unsound for writes that bypass the counter: through ``.data``, a numpy view
+(``t.numpy()[...] = x``), the numpy array a tensor was made from, another tensor over the
+same memory made outside autograd, or another process: such a change is not saved.
+``ck.hashed_bytes`` counts what was hashed.
 """
 
 from __future__ import annotations
@@ -48,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -63,8 +76,10 @@ from ..metadata.base import MetadataStore
 from ..paths import validate_path
 from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
-from .leaves import Leaf, flatten, rebuild
+from .compare import Base
+from .leaves import Leaf, Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
+from .restore import restore, selected
 from .writer import Writer, split
 
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
@@ -104,12 +119,13 @@ class Checkpoints:
         metadata: MetadataStore,
         writer: Writer,
         read: Callable[[ReadPlan], Awaitable[bytearray]],
-        read_into: Callable[[ReadPlan, memoryview, bool], Awaitable[None]],
+        read_into: Callable[[ReadPlan, memoryview | Sequence[memoryview], bool], Awaitable[None]],
         executor: Executor,
         keep: int,
         chunk_size: int,
         background: set[asyncio.Task[Any]] | None = None,
         warm: Callable[[str], object] | None = None,
+        trust_version_counters: bool = False,
     ) -> None:
         prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
@@ -121,10 +137,19 @@ class Checkpoints:
         self._metadata, self._writer, self._read, self._executor = metadata, writer, read, executor
         self._read_into = read_into
         self._pending: Pending | None = None
-        self._base: _Base | None = None  # the last checkpoint this object committed
+        self._base: Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
         self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
+        self.trust_version_counters = trust_version_counters
+        self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
+        self._hashed_bytes = 0
+
+    @property
+    def hashed_bytes(self) -> int:
+        """How many bytes this object's saves and parts have hashed (a tensor whose version
+        stamp matched is not hashed)."""
+        return self._hashed_bytes
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -151,8 +176,8 @@ class Checkpoints:
         self._pending = Pending(step, task)
         return self._pending
 
-    async def _save(self, step: int, staged: _Staged, base: _Base | None) -> Manifest:
-        return await self._commit_parts(step, [await self._write(staged, base)], base)
+    async def _save(self, step: int, staged: _Staged, base: Base | None) -> Manifest:
+        return await self._commit_parts(step, [await self._write(staged, base)], base, staged.stamps)
 
     async def write_part(self, state: Mapping[str, Any]) -> Part:
         """Write ``state``'s changed chunks durably without committing anything, for
@@ -163,7 +188,11 @@ class Checkpoints:
         leaves = list(flatten(state, ()))
         await self._idle()
         base = await self._latest()
-        return await self._write(await self._stage(leaves, base, copy=False), base)
+        staged = await self._stage(leaves, base, copy=False)
+        part = await self._write(staged, base)
+        if staged.stamps:  # valid once this object commits the part
+            self._unclaimed = [*self._unclaimed[-3:], (part, staged.stamps)]
+        return part
 
     async def commit(self, step: int, parts: Sequence[Part]) -> Manifest:
         """Commit ``parts`` (from :meth:`write_part`, by any process) as checkpoint ``step``,
@@ -181,25 +210,31 @@ class Checkpoints:
                 )
             if part.chunk_size != self.chunk_size:
                 raise ValueError(f"a part cut in {part.chunk_size}-byte chunks, this prefix's are {self.chunk_size}")
-        return await self._commit_parts(step, parts, base)
+        stamps = {name: stamp for mine, of in self._unclaimed if any(mine is p for p in parts) for name, stamp in of.items()}
+        manifest = await self._commit_parts(step, parts, base, stamps)
+        self._unclaimed = []
+        return manifest
 
     async def _idle(self) -> None:
         """Wait for the save in flight, if any, to end (its error is its own)."""
         if self._pending is not None:
             await asyncio.gather(self._pending._task, return_exceptions=True)
 
-    async def _stage(self, leaves: list[Leaf], base: _Base | None, *, copy: bool) -> _Staged:
-        digests = await self._digests([leaf.data for leaf in leaves if leaf.data is not None])
+    async def _stage(self, leaves: list[Leaf], base: Base | None, *, copy: bool) -> _Staged:
+        known = self._known(leaves, base)
+        hashing = [leaf.data for leaf in leaves if leaf.data is not None and leaf.name not in known]
+        hashed = iter(await self._digests(hashing))
+        self._hashed_bytes += sum(len(data) for data in hashing)
         staged = _Staged(leaves=leaves)
+        if self.trust_version_counters:
+            staged.stamps = {leaf.name: leaf.stamp for leaf in leaves if leaf.stamp is not None}
         buffers = iter(self._staging)
         used: list[bytearray] = []
-        at = 0
         for leaf in leaves:
             if leaf.data is None:
                 staged.chunks.append([])
                 continue
-            mine = digests[at]
-            at += 1
+            mine = known[leaf.name] if leaf.name in known else next(hashed)
             previous = base.match(leaf, self.chunk_size) if base is not None else None
             slots: list[ChunkRef | memoryview] = []
             for i, digest in enumerate(mine):
@@ -221,6 +256,14 @@ class Checkpoints:
             self._staging = used
         return staged
 
+    def _known(self, leaves: list[Leaf], base: Base | None) -> dict[tuple[str, ...], list[bytes]]:
+        """With ``trust_version_counters``, the digests of the tensors whose stamp is the one
+        they had when this object committed ``base``: not hashed again.  Any other base
+        (another writer's, or read back) has no stamps."""
+        if not self.trust_version_counters or base is None or base is not self._base:
+            return {}
+        return base.known(leaves, self.chunk_size)
+
     async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
         """Each array's chunk digests, hashed on the executor in batches of ~16 MiB."""
         loop = asyncio.get_running_loop()
@@ -232,7 +275,7 @@ class Checkpoints:
             jobs.append([loop.run_in_executor(self._executor, _hash, data, batch, self.chunk_size) for batch in batches])
         return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
 
-    async def _write(self, staged: _Staged, base: _Base | None) -> Part:
+    async def _write(self, staged: _Staged, base: Base | None) -> Part:
         """Write the staged chunks that changed (the rest are reused by reference)."""
         new = [slot for slots in staged.chunks for slot in slots if isinstance(slot, memoryview)]
         written = iter(await self._writer.write_chunks(new))
@@ -271,7 +314,9 @@ class Checkpoints:
             chunk_size=self.chunk_size,
         )
 
-    async def _commit_parts(self, step: int, parts: Sequence[Part], base: _Base | None) -> Manifest:
+    async def _commit_parts(
+        self, step: int, parts: Sequence[Part], base: Base | None, stamps: dict[tuple[str, ...], Stamp]
+    ) -> Manifest:
         """Commit ``parts`` as checkpoint ``step`` (see :meth:`_commit`), retire old ones, warm L3."""
         self._writer.check_age({block for part in parts for block in part.new_blocks})  # reused: held by live plans
         refs: list[ChunkRef] = []
@@ -292,13 +337,15 @@ class Checkpoints:
             new_bytes=new_bytes,
             reused_bytes=sum(e.nbytes for e in entries) - new_bytes,
         )
-        await self._commit(step, refs, manifest, base)
+        await self._commit(step, refs, manifest, base, stamps)
         await self._retire()
         if self._warm is not None:  # the L3 nodes pull its new chunks from L4 (cached ones are only pinned)
             self._warm(f"{self._step_dir(step)}/data")
         return manifest
 
-    async def _commit(self, step: int, refs: list[ChunkRef], manifest: Manifest, base: _Base | None) -> None:
+    async def _commit(
+        self, step: int, refs: list[ChunkRef], manifest: Manifest, base: Base | None, stamps: dict[tuple[str, ...], Stamp]
+    ) -> None:
         """One transaction: the data plan and the manifest (create-only) and ``latest``
         (compare-and-swap on the version this save started from)."""
         directory = self._step_dir(step)
@@ -321,7 +368,7 @@ class Checkpoints:
                 f"checkpoint {step} under {self.prefix}: the step exists, or another writer saved or removed a checkpoint"
                 f" since this save began ({exc})"
             ) from exc
-        self._base = _Base(manifest, data, latest.version)  # the next save's base, without a read
+        self._base = Base(manifest, data, latest.version, stamps)  # the next save's base, without a read
 
     async def _retire(self) -> None:
         """Delete all but the last ``keep`` checkpoints: manifests first, then their data."""
@@ -380,14 +427,24 @@ class Checkpoints:
             return base.manifest
         return await self._manifest_of(step)
 
-    async def load(self, step: int | None = None, *, select: Callable[[tuple[str, ...]], bool] | None = None) -> dict[str, Any]:
+    async def load(
+        self,
+        step: int | None = None,
+        *,
+        select: Callable[[tuple[str, ...]], bool] | None = None,
+        into: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """The state saved as ``step`` (None: the latest), rebuilt exactly; with ``select``,
         only the leaves whose name (their keys from the root) it accepts, and only their
-        chunks are read."""
+        chunks are read.  With ``into`` (a state shaped like the saved one), its arrays and
+        tensors are filled in place and it is returned: see blobsdk/write/restore.py."""
         manifest = await self.manifest(step)
         plan = await self._metadata.get_plan(f"{self._step_dir(manifest.step)}/data")
         if select is not None:
-            manifest, plan = _selected(manifest, plan, select)
+            manifest, plan = selected(manifest, plan, select)
+        if into is not None:
+            await restore(manifest, plan.size, into, lambda outs: self._read_into(plan, outs, False))
+            return into
         data = fresh_buffer(plan.size)  # the arrays are views of it: no copy after the read
         await self._read_into(plan, data, False)  # a restore is read once: L1 keeps its working set
         return rebuild(manifest, data)
@@ -403,7 +460,7 @@ class Checkpoints:
         except msgspec.DecodeError as exc:
             raise CorruptData(f"checkpoint {step} under {self.prefix}: its manifest does not decode: {exc}") from exc
 
-    async def _latest(self) -> _Base | None:
+    async def _latest(self) -> Base | None:
         """The latest checkpoint (its manifest, its data plan, the version of ``latest``)."""
         try:
             latest = await self._metadata.get_plan(self._latest_path)
@@ -414,7 +471,7 @@ class Checkpoints:
         step = int(bytes(await self._read(latest)))
         manifest = await self._manifest_of(step)
         plan = await self._metadata.get_plan(f"{self._step_dir(step)}/data")
-        return _Base(manifest, plan, latest.version)
+        return Base(manifest, plan, latest.version)
 
 
 @dataclass
@@ -425,22 +482,7 @@ class _Staged:
     leaves: list[Leaf]
     chunks: list[list[ChunkRef | memoryview]] = field(default_factory=list)
     digests: list[list[bytes]] = field(default_factory=list)
-
-
-class _Base:
-    """The checkpoint a save compares with: its manifest, its data blob's plan, and the
-    version of ``latest`` that names it."""
-
-    def __init__(self, manifest: Manifest, plan: ReadPlan, latest_version: int) -> None:
-        self.manifest, self.plan, self.latest_version = manifest, plan, latest_version
-        self._by_name = {entry.name: entry for entry in manifest.entries}
-
-    def match(self, leaf: Leaf, chunk_size: int) -> Entry | None:
-        """The entry whose chunks ``leaf`` may reuse: same name, kind, dtype, shape, chunk size."""
-        entry = self._by_name.get(leaf.name)
-        if entry is None or self.manifest.chunk_size != chunk_size:
-            return None
-        return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
+    stamps: dict[tuple[str, ...], Stamp] = field(default_factory=dict)  # its tensors', with trust_version_counters
 
 
 def _check_int(name: str, value: object, low: int, high: int | None) -> None:
@@ -467,22 +509,6 @@ def _plan(path: str, refs: list[ChunkRef], chunk_size: int | None = None) -> Rea
     size = sum(ref.raw_length for ref in refs)
     size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in refs), default=1)
     return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=size_of_chunks, chunks=tuple(refs))
-
-
-def _selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, ...]], bool]) -> tuple[Manifest, ReadPlan]:
-    """The manifest of only the entries ``select`` accepts, and the plan of only their chunks."""
-    entries: list[Entry] = []
-    chunks: list[ChunkRef] = []
-    for entry in manifest.entries:
-        if not select(entry.name):
-            continue
-        count = math.ceil(entry.nbytes / manifest.chunk_size) if entry.nbytes else 0
-        entries.append(msgspec.structs.replace(entry, first=len(chunks)))
-        chunks.extend(plan.chunks[entry.first : entry.first + count])
-    size = sum(ref.raw_length for ref in chunks)
-    return msgspec.structs.replace(manifest, entries=tuple(entries)), msgspec.structs.replace(
-        plan, chunks=tuple(chunks), size=size
-    )
 
 
 def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:

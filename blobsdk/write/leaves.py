@@ -6,7 +6,8 @@ checked before use."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,29 @@ from ..errors import BadRequest, CorruptData
 from .manifest import Entry, Kind, Manifest
 
 
+class Stamp:
+    """What says a tensor still holds the bytes it held at an earlier save, if its version
+    counter is trusted (``trust_version_counters``, blobsdk/write/checkpoint.py): the same
+    storage (by identity, held weakly: a storage freed and its address reused is another one),
+    at the same address, of the same size, viewed at the same offset, shape, strides and dtype,
+    and a version counter (bumped by every in-place op on the tensor or a view of it) that has
+    not moved."""
+
+    __slots__ = ("_key", "_storage")
+
+    def __init__(self, tensor: Any) -> None:
+        storage = tensor.untyped_storage()
+        self._storage = weakref.ref(storage)
+        shape, stride = tuple(tensor.shape), tensor.stride()
+        self._key = (storage.data_ptr(), storage.nbytes(), tensor._version, tensor.storage_offset(), shape, stride, tensor.dtype)
+
+    def same(self, other: Stamp | None) -> bool:
+        if other is None or other._key != self._key:
+            return False
+        storage = self._storage()
+        return storage is not None and storage is other._storage()
+
+
 @dataclass
 class Leaf:
     name: tuple[str, ...]
@@ -25,6 +49,7 @@ class Leaf:
     shape: tuple[int, ...] = ()
     value: bytes = b""
     data: memoryview | None = None  # the bytes to chunk, flat
+    stamp: Stamp | None = None  # a tensor's (None: an inference tensor, which has no version counter)
 
 
 _JSON_SCALARS = (type(None), bool, int, float, str)
@@ -101,8 +126,10 @@ def _tensor_leaf(name: tuple[str, ...], value: Any) -> Leaf:
     if value.device.type != "cpu" or value.is_sparse or value.is_quantized:
         where = "/".join(name)
         raise TypeError(f"state {where!r}: only dense CPU tensors can be checkpointed, got {value.device} {value.layout}")
+    stamp = None if value.is_inference() else Stamp(value)  # before its bytes are read
     flat: Any = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return Leaf(name, "tensor", dtype=str(value.dtype).removeprefix("torch."), shape=tuple(value.shape), data=memoryview(flat))
+    dtype = str(value.dtype).removeprefix("torch.")
+    return Leaf(name, "tensor", dtype=dtype, shape=tuple(value.shape), data=memoryview(flat), stamp=stamp)
 
 
 def rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
@@ -115,17 +142,22 @@ def rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
         else:
             piece = data[offset : offset + entry.nbytes]
             offset += entry.nbytes
-            value = _value_of(entry, piece)
-        node = state
-        for key in entry.name[:-1]:
-            node = node.setdefault(key, {})
-        node[entry.name[-1]] = value
+            value = value_of(entry, piece)
+        put(state, entry.name, value)
     if offset != len(data):
         raise BadRequest(f"checkpoint {manifest.step}: its data is {len(data)} bytes, its manifest names {offset}")
     return state
 
 
-def _value_of(entry: Entry, piece: memoryview) -> Any:
+def put(state: MutableMapping[str, Any], name: tuple[str, ...], value: Any) -> None:
+    """Set ``value`` at ``name`` in ``state``, making the dicts on the way as needed."""
+    node = state
+    for key in name[:-1]:
+        node = node.setdefault(key, {})
+    node[name[-1]] = value
+
+
+def value_of(entry: Entry, piece: memoryview) -> Any:
     """The leaf ``entry`` names, over its bytes ``piece``.  The dtype and shape come from
     stored data, so they are checked before use: a dtype name must name a dtype (never any
     other attribute of torch or numpy), and the shape must hold exactly the bytes."""
