@@ -14,6 +14,7 @@ import xxhash
 
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, Unavailable
 from blobsdk.read.codec import decode_chunk
+from blobsdk.tail.health import Reason
 from blobsdk.tail.hedge import (
     Attempt,
     HedgeBudget,
@@ -479,6 +480,20 @@ async def test_a_patient_tier_waits_for_its_last_attempt_rather_than_fail_it_as_
     assert result == "from b" and seconds >= 0.1 and hedger.stats()["hung_failovers"] == 1  # a failed over, b waited for
     with pytest.raises(HedgeExhausted, match="b: no answer within its hang deadline"):
         await Hedger(HANG_20MS).run(["a", "b"], Fakes(a="stall", b=0.1))  # a cache tier moves on instead
+
+
+async def test_a_patient_tier_waits_for_a_slow_replica_rather_than_move_on_to_a_hung_one() -> None:
+    """ "c" is known hung (it stalled before); "a" is only slow, past its 20 ms hang deadline
+    (a loaded machine).  The last tier waits for "a" rather than fail over to "c", which would
+    never answer: before, the read waited on "c" until its socket timed out."""
+    hedger = Hedger(HANG_20MS)
+    await hedger.run(["c", "b"], Fakes(c="stall", b="ok"))  # c is found hung
+    assert hedger.health.has("c", Reason.HUNG)
+    fakes = Fakes(a=0.1, c="stall")
+    async with no_leftover_tasks():
+        result = await asyncio.wait_for(hedger.run(["a", "c"], fakes, patient=True), 1.5)
+    assert result == "from a" and fakes.started == ["a"]  # c never tried
+    assert hedger.health.has("a", Reason.HUNG) is False  # it answered: not hung any more
 
 
 async def test_a_hung_attempts_wait_is_no_latency_sample() -> None:

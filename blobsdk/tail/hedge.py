@@ -369,14 +369,23 @@ class _Race(Generic[T, R]):
                 health.mark(key, Reason.HUNG)
             elif key == self._probe or not health.has(key, Reason.HUNG):
                 continue  # a probe of a hung target fails only by its own deadline
-            if self._patient and len(self._running) == 1 and self._next >= len(self._candidates):
-                self._waited_for.add(mark)  # nowhere else to go: wait for it
+            if self._patient and len(self._running) == 1 and not self._healthy_left():
+                self._waited_for.add(mark)  # nowhere better to go: wait for it
                 continue
             del self._running[task]
             self._hung.add(mark)
             task.cancel()
             self._hedger.counts.hung_failovers += 1
             self._fail_over(candidate, Unavailable(f"{key}: no answer within its hang deadline (hung)"))
+
+    def _healthy_left(self) -> bool:
+        """Whether a candidate not yet tried is a target not known to be hung.  A patient tier
+        (the last: nowhere to fall through to) waits for its last attempt rather than move on
+        only to targets already found hung: on a loaded machine a healthy replica may outlive
+        its hang deadline, and failing over from it to a stalled one would wait out a socket
+        timeout instead (seen: 30 s, in a fresh-clone run beside another suite)."""
+        health = self._hedger.health
+        return any(not health.has(self._key_of(c), Reason.HUNG) for c in self._candidates[self._next :])
 
     def _due(self) -> float | None:
         """Clock time of the next hedge (inf while the watched attempt is queued in this
