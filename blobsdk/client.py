@@ -23,6 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Self, TypeVar
 
+import msgspec
+
 from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import ClientClosed, Forbidden
@@ -155,7 +157,7 @@ class Client:
             if not plan.grants_expire:
                 raise
         self._open.plans.invalidate(plan.path)
-        return await read(await self._open.plans.get_plan(plan.path))
+        return await read(_regranted(plan, await self._open.plans.get_plan(plan.path)))
 
     def prefetch(
         self,
@@ -275,3 +277,17 @@ def _check_bytes_like(data: object) -> None:
         raise TypeError(
             f"put: data must be a bytes-like object (bytes, bytearray, memoryview, ...), not {type(data).__name__}"
         ) from None
+
+
+def _regranted(plan: ReadPlan, fresh: ReadPlan) -> ReadPlan:
+    """``plan``'s chunks with ``fresh``'s grants, so a read of some of a blob's chunks (a
+    checkpoint's selected leaves) keeps its shape; ``fresh`` itself if the blob changed
+    meanwhile or a chunk is not in it (the read then reads what the path holds now)."""
+    if fresh.version != plan.version:
+        return fresh
+    grants = {(c.block_id, c.offset, c.length): c.grant for c in fresh.chunks}
+    try:
+        chunks = tuple(msgspec.structs.replace(c, grant=grants[c.block_id, c.offset, c.length]) for c in plan.chunks)
+    except KeyError:
+        return fresh
+    return msgspec.structs.replace(plan, chunks=chunks, grants_expire=fresh.grants_expire)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import numpy as np
 import pytest
 
 import blobsdk
@@ -194,6 +195,29 @@ async def test_expired_grants_are_refused_and_the_client_asks_for_fresh_ones(dep
         assert cache.peek("/train/a.bin") is None
         cache._remember(msgspec.structs.replace(plan, grants_expire=int(time.time()) + 70), "/train/a.bin")
         assert cache.peek("/train/a.bin") is not None
+
+
+async def test_a_selective_checkpoint_load_gets_fresh_grants_for_only_its_chunks(deployment: Deployment) -> None:
+    """``load(select=...)`` reads some of the data blob's chunks; when their grants have
+    expired, the retry takes fresh grants for the same chunks (before: the whole blob's plan,
+    refused as "a buffer of N bytes for a blob of M")."""
+    d = deployment
+    token = d.tenancy.token("acme", "train", ttl=7 * 86400)
+    state = {"a": np.arange(50_000, dtype=np.int64), "b": np.arange(70_000, dtype=np.float32)}
+    async with d.client(token, l1=blobsdk.L1Config(capacity_bytes=0)) as c:
+        await (await c.checkpoints("/train/ck").save(1, state)).wait()
+        cache = c._open.plans
+        path = "/train/ck/000000000001/data"
+        plan = await cache.get_plan(path)
+        stale = int(time.time()) - 100
+        chunks = [d.tenancy.granted(ch, "acme", ttl=0, now=stale) for ch in plan.chunks]
+        # Grants the data servers refuse, in a plan the cache still serves (the client thinks
+        # they are good for an hour: a long pause, a clock far behind).
+        expires = int(time.time()) + 3600
+        cache._plans[path] = msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=expires)
+        loaded = await c.checkpoints("/train/ck").load(1, select=lambda name: name == ("b",))
+        assert list(loaded) == ["b"] and np.array_equal(loaded["b"], state["b"])
+        assert cache.peek(path).grants_expire not in (0, expires)  # type: ignore[union-attr]  # fetched again
 
 
 async def test_a_static_service_token_is_an_admin_only_where_it_is_configured(deployment: Deployment) -> None:
