@@ -273,13 +273,21 @@ def test_servers_import_only_the_modules_made_for_them():
     assert used <= SERVER_IMPORTS, "servers import blobsdk modules not made for them: " + ", ".join(sorted(used - SERVER_IMPORTS))
 
 
-def test_servers_import_no_private_name_of_blobsdk():
-    private = []
+def server_imports() -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Every import statement in servers/, with its file:line."""
     for path in sorted((ROOT / "servers").rglob("*.py")):
         for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blobsdk"):
-                where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                private += [f"{node.module}.{a.name} ({where})" for a in node.names if a.name.startswith("_")]
+            yield node, f"{path.relative_to(ROOT)}:{node.lineno}"
+
+
+def test_servers_import_no_private_name_of_blobsdk():
+    private = [
+        f"{node.module}.{a.name} ({where})"
+        for node, where in server_imports()
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blobsdk")
+        for a in node.names
+        if a.name.startswith("_")
+    ]
     assert not private, "servers import private names: " + ", ".join(private)
 
 
@@ -355,10 +363,9 @@ def test_servers_import_each_other_relatively():
     installed (pyproject.toml maps the one onto the other)."""
     between = [e for e in import_edges(ROOT) if e.source.split(".")[0] == e.target.split(".")[0] == "servers"]
     absolute = []
-    for path in sorted((ROOT / "servers").rglob("*.py")):
-        for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            if isinstance(node, ast.Import) or node.level == 0:
-                absolute += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "servers"]
+    for node, where in server_imports():
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if isinstance(node, ast.Import) or node.level == 0:
+            absolute += [where for n in names if n.split(".")[0] == "servers"]
     assert between, "the servers import each other: the check must see those imports"
     assert not absolute, "absolute imports of servers inside servers/: " + ", ".join(absolute)
