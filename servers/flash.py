@@ -34,19 +34,18 @@ is 429 ``quota_exceeded`` for that tenant only; a PUT body that does not match i
 is 422 ``corrupt_data``; a chunk the cache cannot admit is 507 ``insufficient_storage``.
 ``/stats`` shows a tenant its own usage and quota only (an admin sees everything).
 
-Hydrate jobs pull their chunks from L4 in the background (``hydrate_concurrency`` chunks at a
-time across all jobs), verify, store and pin them (``pin_seconds``) for the tenant; a job
-ends "done" if every chunk is stored, else "failed".  The last ``max_jobs`` jobs are kept for
-status queries.  Jobs and loads are owned tasks: app cleanup cancels and awaits them.
+Hydrate jobs (servers/hydrate.py) pull their chunks from L4 in the background
+(``hydrate_concurrency`` chunks at a time across all jobs), verify, store and pin them
+(``pin_seconds``) for the tenant; a job ends "done" if every chunk is stored, else "failed".
+The last ``max_jobs`` jobs are kept for status queries.  Jobs and loads are owned tasks: app
+cleanup cancels and awaits them.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
@@ -59,16 +58,7 @@ from aiohttp import web
 from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
 from blobsdk.config import S3Config, Timeouts, s3_location
-from blobsdk.errors import (
-    BadCopy,
-    BadRequest,
-    BadUpload,
-    BlobError,
-    BlobNotFound,
-    InsufficientStorage,
-    QuotaExceeded,
-    Unavailable,
-)
+from blobsdk.errors import BadCopy, BadRequest, BadUpload, InsufficientStorage, QuotaExceeded
 from blobsdk.net.rpc import new_session
 from blobsdk.net.serving import limits_of_args
 from blobsdk.read.codec import ChunkDecoder
@@ -78,39 +68,28 @@ from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
-from blobsdk.wire import (
-    CACHE_HEADER,
-    MAX_FAILED_KEYS,
-    ChunkRef,
-    HydrateRequest,
-    HydrateStatus,
-    JobState,
-    ref_from_query,
-    validate_ref,
-)
+from blobsdk.wire import CACHE_HEADER, ChunkRef, ref_from_query
 
 from ._common import prog
-from ._common.auth import AUTH_KEY, ServerAuth, check_grant, claims_of
+from ._common.auth import ServerAuth, check_grant, claims_of
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import (
     METRICS_KEY,
     add_serve_args,
     auth_of_args,
     base_app,
-    read_body,
     read_piece,
-    reply,
     send_bytes,
     serve,
     with_progress,
 )
 from ._common.logs import setup_logging
-from ._common.metrics import ServerMetrics
 from ._common.stores import add_s3_args, s3_config_of_args
+from .flashmetrics import export
+from .hydrate import Hydrator, Job
 
 MiB = 1 << 20
 OCTETS = "application/octet-stream"
-_JOB_ERRORS = 5  # failure messages a job keeps
 
 
 class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -163,44 +142,6 @@ class Counters:
     puts: int = 0  # chunks stored by PUT
 
 
-class Job:
-    """One hydrate job: its refs, counters, and the task that works on them."""
-
-    def __init__(self, refs: list[ChunkRef], tenant: str, pin_seconds: float) -> None:
-        self.job_id = os.urandom(8).hex()
-        self.refs, self.tenant, self.pin_seconds = refs, tenant, pin_seconds
-        self.done = self.failed = self.bytes = 0
-        self.errors: list[str] = []
-        self.failed_keys: list[str] = []
-        self.task: asyncio.Task[None] | None = None
-
-    def failure(self, ref: ChunkRef, exc: BaseException) -> None:
-        self.failed += 1
-        if len(self.errors) < _JOB_ERRORS:
-            self.errors.append(f"chunk {ref.key}: {type(exc).__name__}: {exc}")
-        if len(self.failed_keys) < MAX_FAILED_KEYS:
-            self.failed_keys.append(ref.key)
-
-    def status(self) -> HydrateStatus:
-        return HydrateStatus(
-            job_id=self.job_id,
-            state=self._state(),
-            total=len(self.refs),
-            done=self.done,
-            failed=self.failed,
-            bytes=self.bytes,
-            errors=list(self.errors),
-            failed_keys=list(self.failed_keys),
-        )
-
-    def _state(self) -> JobState:
-        if self.task is None or not self.task.done():
-            return "running"
-        if self.task.cancelled():
-            return "cancelled"
-        return "failed" if self.failed or self.task.exception() is not None else "done"
-
-
 class FlashNode:
     """The route handlers over one DiskCache and the L4 replicas behind it.  Its resources
     open in :meth:`open` (app start-up) and close with the stack given there."""
@@ -215,9 +156,13 @@ class FlashNode:
         self._clock = clock
         self._loads: SingleFlight[tuple[Buffer, bool]] = SingleFlight()
         self._verify = ChunkDecoder()
-        self._jobs: dict[str, Job] = {}
-        self._finished: deque[str] = deque()
-        self._slots = asyncio.Semaphore(config.hydrate_concurrency)
+        self.hydrator = Hydrator(
+            self._hydrate_chunk,
+            self._check_size,
+            concurrency=config.hydrate_concurrency,
+            max_jobs=config.max_jobs,
+            pin_seconds=config.pin_seconds,
+        )
         self._limiters = LimiterRegistry()  # one per block server: reads wait for it, hedges look at it
 
     async def open(self, stack: AsyncExitStack) -> None:
@@ -258,10 +203,7 @@ class FlashNode:
         return blocks
 
     async def _stop_tasks(self) -> None:
-        tasks = [j.task for j in self._jobs.values() if j.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.hydrator.aclose()
         await self._loads.aclose()
 
     # --- chunks ---------------------------------------------------------------------------
@@ -328,78 +270,19 @@ class FlashNode:
             raise BadRequest(f"chunk key {key} is not the key of {ref} ({ref.key})")
         return self._check_size(ref)
 
-    # --- hydrate --------------------------------------------------------------------------
-
-    async def post_hydrate(self, request: web.Request) -> web.Response:
-        body = await read_body(request, HydrateRequest)
-        claims, auth = claims_of(request), request.app[AUTH_KEY]
-        for ref in body.refs:
-            self._check_size(validate_ref(ref))
-            auth.check_grant(claims, ref.grant, ref.block_id, ref.offset, ref.length)
-        pin_seconds = self.config.pin_seconds if body.pin_seconds is None else body.pin_seconds
-        if not 0 <= pin_seconds < float("inf"):  # nan compares false: refused too
-            raise BadRequest(f"pin_seconds must be a finite number >= 0, got {pin_seconds}")
-        job = self._start_job(Job(list({r.key: r for r in body.refs}.values()), claims.tenant, pin_seconds))
-        return reply(request, job.status(), status=202)
-
-    async def get_hydrate(self, request: web.Request) -> web.Response:
-        return reply(request, self._job_of(request).status())
-
-    async def cancel_hydrate(self, request: web.Request) -> web.Response:
-        job = self._job_of(request)
-        if job.task is not None and not job.task.done():
-            job.task.cancel()
-            await asyncio.gather(job.task, return_exceptions=True)
-        return reply(request, job.status())
-
     def _check_size(self, ref: ChunkRef) -> ChunkRef:
         if ref.length > self.config.max_chunk_bytes:
             raise BadRequest(f"chunk of {ref.length} bytes exceeds this node's limit of {self.config.max_chunk_bytes}")
         return ref
 
+    # --- hydrate (the jobs: servers/hydrate.py) ---------------------------------------------
+
     def job(self, job_id: str) -> Job | None:
         """A running or recently finished hydrate job."""
-        return self._jobs.get(job_id)
+        return self.hydrator.job(job_id)
 
-    def _job_of(self, request: web.Request) -> Job:
-        """The request's job: another tenant's is as unknown as a job that never was."""
-        job = self.job(request.match_info["job_id"])
-        claims = claims_of(request)
-        if job is None or not (claims.admin or claims.tenant == job.tenant):
-            raise BlobNotFound(f"no hydrate job {request.match_info['job_id']!r} (unknown or forgotten)")
-        return job
-
-    def _start_job(self, job: Job) -> Job:
-        while len(self._jobs) >= self.config.max_jobs and self._finished:
-            self._jobs.pop(self._finished.popleft(), None)
-        if len(self._jobs) >= self.config.max_jobs:
-            raise Unavailable(f"{len(self._jobs)} hydrate jobs are running; try again later")
-        job.task = asyncio.get_running_loop().create_task(self._run_job(job))
-        job.task.add_done_callback(lambda task: self._job_ended(job))
-        self._jobs[job.job_id] = job
-        return job
-
-    def _job_ended(self, job: Job) -> None:
-        self._finished.append(job.job_id)
-        if job.task is not None and not job.task.cancelled():
-            job.task.exception()  # a bug shows as state "failed", never as an unretrieved error
-
-    async def _run_job(self, job: Job) -> None:
-        refs = iter(job.refs)
-        async with asyncio.TaskGroup() as workers:
-            for _ in range(min(self.config.hydrate_concurrency, len(job.refs))):
-                workers.create_task(self._hydrate_worker(job, refs))
-
-    async def _hydrate_worker(self, job: Job, refs: Iterator[ChunkRef]) -> None:
-        for ref in refs:  # shared by the job's workers: each ref is taken once
-            async with self._slots:
-                try:
-                    stored = await self._hydrate_chunk(ref, job.tenant, job.pin_seconds)
-                except BlobError as exc:
-                    job.failure(ref, exc)
-                    continue
-                job.done += 1
-                job.bytes += stored  # not `+= await ...`: that would read job.bytes before the await
+    def running_jobs(self) -> int:
+        return self.hydrator.running_jobs()
 
     async def _hydrate_chunk(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> int:
         """Make sure the chunk is stored and pinned; its stored size."""
@@ -429,11 +312,8 @@ class FlashNode:
             "tenants": self.cache.tenant_usage(),
             "requests": asdict(self.counters),
             "l4": self.l4.stats.as_dict(),
-            "jobs": {"running": self.running_jobs(), "kept": len(self._jobs)},
+            "jobs": {"running": self.running_jobs(), "kept": self.hydrator.kept_jobs()},
         }
-
-    def running_jobs(self) -> int:
-        return sum(job.task is not None and not job.task.done() for job in self._jobs.values())
 
 
 FLASH_NODE = web.AppKey("flash_node", FlashNode)
@@ -493,72 +373,12 @@ def make_app(
 def _install(app: web.Application, node: FlashNode) -> None:
     app.router.add_get("/v1/chunks/{key}", node.get_chunk, allow_head=False)
     app.router.add_put("/v1/chunks/{key}", node.put_chunk)
-    app.router.add_post("/v1/hydrate", node.post_hydrate)
-    app.router.add_get("/v1/hydrate/{job_id}", node.get_hydrate, allow_head=False)
-    app.router.add_delete("/v1/hydrate/{job_id}", node.cancel_hydrate)
+    hydrator = node.hydrator
+    app.router.add_post("/v1/hydrate", hydrator.post_hydrate)
+    app.router.add_get("/v1/hydrate/{job_id}", hydrator.get_hydrate, allow_head=False)
+    app.router.add_delete("/v1/hydrate/{job_id}", hydrator.cancel_hydrate)
     app.router.add_get("/stats", node.stats, allow_head=False)
-    _export(app[METRICS_KEY], node)
-
-
-_CACHE_GAUGES = {
-    "bytes": "Bytes of chunks the flash cache holds (L3 fill; see cache_capacity_bytes).",
-    "entries": "Chunks the flash cache holds.",
-    "capacity_bytes": "Bytes the flash cache may hold.",
-}
-_CACHE_COUNTERS = {
-    "evictions": "Chunks evicted from the flash cache.",
-    "corrupt": "Stored chunks found damaged on read and dropped.",
-}
-_CHUNK_COUNTERS = {
-    "hits": "Chunk GETs served from flash (cache hits).",
-    "misses": "Chunk GETs read through from L4 (cache misses).",
-    "fills": "Read-through copies stored in flash.",
-    "fills_refused": "Read-through copies the cache did not admit.",
-    "quota_rejections": "Read-through copies over the requester's quota: served, not stored.",
-    "puts": "Chunks stored by PUT.",
-}
-_HEDGE_COUNTERS = {
-    "primaries": "L4 reads run (first attempts).",
-    "hedges_sent": "Hedged L4 attempts started (a second replica asked while the first was slow).",
-    "hedges_won": "Hedged L4 attempts that returned first.",
-    "budget_exhausted": "L4 reads that wanted a hedge and had no hedge budget left.",
-    "failovers": "L4 attempts started because another one failed.",
-    "hedges_deferred": "L4 hedges that waited for their target to have room.",
-    "hung_failovers": "L4 attempts failed over because they outlived their hang deadline or their target was hung.",
-    "probes": "Probes sent to hung L4 replicas.",
-}
-
-
-def _export(metrics: ServerMetrics, node: FlashNode) -> None:
-    """The node's cache, request, L4 and job figures on /metrics (read at each scrape)."""
-    for name, text in _CACHE_GAUGES.items():
-        metrics.gauge(f"cache_{name}", text, partial(_cache_stat, node, name))
-    for name, text in _CACHE_COUNTERS.items():
-        metrics.counter(f"cache_{name}", text, partial(_cache_stat, node, name))
-    for name, text in _CHUNK_COUNTERS.items():
-        metrics.counter(f"chunk_{name}", text, partial(_counter_stat, node, name))
-    metrics.counter("l4_corrupt_copies", "L4 copies that failed their checksum.", lambda: node.l4.stats.corrupt)
-    metrics.counter("l4_errors", "L4 reads that failed.", lambda: node.l4.stats.errors)
-    for name, text in _HEDGE_COUNTERS.items():
-        metrics.counter(f"l4_{name}", text, partial(_l4_stat, node, f"hedge_{name}"))
-    metrics.gauge("l4_targets_hung", "L4 replicas judged hung now.", partial(_l4_stat, node, "hedge_targets_hung"))
-    metrics.gauge(
-        "l4_replicas_demoted", "L4 replicas demoted now (they served bad bytes).", partial(_l4_stat, node, "replicas_demoted")
-    )
-    metrics.gauge("hydrate_jobs_running", "Hydrate jobs running (the job queue depth).", node.running_jobs)
-
-
-def _cache_stat(node: FlashNode, name: str) -> float:
-    return node.cache.stats().get(name, 0)
-
-
-def _counter_stat(node: FlashNode, name: str) -> float:
-    value: int = getattr(node.counters, name)
-    return value
-
-
-def _l4_stat(node: FlashNode, name: str) -> float:
-    return node.l4.extra_stats().get(name, 0)
+    export(app[METRICS_KEY], node)
 
 
 # --- command line ---------------------------------------------------------------------
