@@ -64,6 +64,15 @@ async def no_leftover_tasks() -> AsyncIterator[None]:
     assert asyncio.all_tasks() == before
 
 
+async def on_the_brink(fakes: Fakes, now: list[float], brink: float) -> None:
+    """Once the primary started, set the fake clock ``now`` to just short of ``brink`` (the
+    hedger's clock time of its next move) and let the race look at it a few times."""
+    while not fakes.started:
+        await asyncio.sleep(0.001)
+    now[0] = brink - 0.0001
+    await asyncio.sleep(0.05)  # a race waits out its first real delay, then looks every 0.1 ms
+
+
 async def timed(coro: Awaitable[str]) -> tuple[str, float]:
     begun = time.perf_counter()
     result = await coro
@@ -88,11 +97,16 @@ async def test_fast_primary_wins_without_a_hedge() -> None:
 
 
 async def test_stalled_primary_is_hedged_after_the_delay_and_cancelled() -> None:
-    hedger, fakes = Hedger(FIXED_10MS), Fakes(a="stall", b="ok")
+    """On a fake clock: the hedge goes out when the clock reaches the 10 ms delay, not before."""
+    now = [0.0]
+    hedger, fakes = Hedger(FIXED_10MS, clock=lambda: now[0]), Fakes(a="stall", b="ok")
     async with no_leftover_tasks():
-        result, seconds = await timed(hedger.run(["a", "b"], fakes))
+        run = asyncio.create_task(hedger.run(["a", "b"], fakes))
+        await on_the_brink(fakes, now, 0.010)
+        assert fakes.started == ["a"]  # not hedged before the delay
+        now[0] = 0.010
+        result = await run
     assert result == "from b"
-    assert 0.009 <= seconds < 0.5
     assert fakes.cancelled == ["a"]
     assert hedger.stats()["hedges_sent"] == 1 and hedger.stats()["hedges_won"] == 1
 
@@ -387,10 +401,16 @@ HANG_20MS = HedgeConfig(
 
 
 async def test_an_attempt_past_its_hang_deadline_fails_over_without_budget() -> None:
-    hedger, fakes = Hedger(HANG_20MS), Fakes(a="stall", b="ok")
+    """On a fake clock: the failover comes when the clock reaches the 20 ms deadline, not before."""
+    now = [0.0]
+    hedger, fakes = Hedger(HANG_20MS, clock=lambda: now[0]), Fakes(a="stall", b="ok")
     async with no_leftover_tasks():
-        result, seconds = await timed(hedger.run(["a", "b"], fakes))
-    assert result == "from b" and 0.02 <= seconds < 0.5
+        run = asyncio.create_task(hedger.run(["a", "b"], fakes))
+        await on_the_brink(fakes, now, 0.020)
+        assert fakes.started == ["a"] and hedger.stats()["hung_failovers"] == 0  # not hung before its deadline
+        now[0] = 0.020
+        result = await run
+    assert result == "from b"
     assert fakes.cancelled == ["a"] and hedger.budget.tokens == 0
     stats = hedger.stats()
     assert (stats["hung_failovers"], stats["targets_hung"], stats["hedges_sent"], stats["failovers"]) == (1, 1, 0, 1)
