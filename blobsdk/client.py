@@ -182,12 +182,19 @@ class Client:
         return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
 
     def checkpoints(
-        self, prefix: str, *, keep: int = 3, chunk_size: int | None = None, trust_version_counters: bool = False
+        self,
+        prefix: str,
+        *,
+        keep: int = 3,
+        chunk_size: int | None = None,
+        trust_version_counters: bool = False,
+        dedup: bool = True,
     ) -> Checkpoints:
         """The delta checkpoints under ``prefix`` (a path prefix: ``/bucket/ckpt/job1``),
         keeping the last ``keep``, cut into ``chunk_size`` chunks (default: the write
         config's); see blobsdk/write/checkpoint.py, which says when ``trust_version_counters``
-        is sound.  A save still running when the client closes is waited for."""
+        is sound and what ``dedup`` (name chunks any checkpoint of the bucket stored) does.
+        A save still running when the client closes is waited for."""
         state = self._open
         warm = None if state.l3 is None else partial(state.prefetcher.start, tier="l3")
         return Checkpoints(
@@ -202,6 +209,7 @@ class Client:
             background=state.saves,
             warm=warm,
             trust_version_counters=trust_version_counters,
+            dedup=dedup,
         )
 
     async def plan(self, path: str) -> ReadPlan:

@@ -5,7 +5,10 @@ Safety does not rest on clocks.  A pass:
 1. lists the blocks, keeping as candidates those minted more than ``grace`` seconds ago by
    the ids' clock (a heuristic: it spares the blocks of writes still in flight, so they are
    not refused; with skewed clocks it may pick young blocks, which step 3 makes safe);
-2. scans every live plan: candidates none names are *doomed*;
+2. scans every live plan and sweeps the checkpoints' chunk index (blobsdk/write/dedup.py): an
+   index entry whose blocks no other live plan names is deleted (compare-and-swap on the
+   version scanned; one that changed meanwhile is kept, its blocks with it); candidates no
+   plan left names are *doomed*;
 3. **fences** the doomed blocks in the metadata store (:meth:`MetadataStore.fence_blocks`):
    from then on any commit naming one is refused with BlockCollected, atomically with the
    commit, whatever the writer's clock says;
@@ -36,9 +39,11 @@ from typing import TypeVar
 
 import msgspec
 
-from ..errors import BadRequest, BlobError
+from ..errors import BadRequest, BlobError, BlobNotFound, PreconditionFailed
 from ..metadata.base import MAX_FENCE_IDS, MetadataStore
 from ..sources.base import BlockStore, block_time
+from ..wire import ReadPlan
+from ..write.dedup import is_index_path
 
 T = TypeVar("T")
 
@@ -55,6 +60,7 @@ class GcReport(msgspec.Struct, frozen=True, kw_only=True):
     dry_run: bool = False
     blocks_spared: int = 0  # doomed at the first scan, named by a commit before their fence
     blocks_failed: int = 0  # deletes that failed or timed out (fenced, retried next pass)
+    index_entries_deleted: int = 0  # chunk index entries naming blocks nothing else names
     seconds: float = 0.0
     longest_pause_s: float = 0.0  # the longest single wait of the pass
 
@@ -101,7 +107,8 @@ async def collect(
     if not dry_run:
         await steps.run("pruning old fences", metadata.prune_fences(FENCE_KEEP_S))
     scanned, candidates = await _candidates(blocks, clock() - grace, steps)
-    referenced = await _referenced(metadata, steps)
+    referenced, index = await _referenced_and_index(metadata, steps)
+    swept = await _sweep(metadata, index, referenced, steps, dry_run=dry_run)
     doomed = {b: size for b, size in candidates.items() if b not in referenced}
     spared, failed = 0, set[str]()
     if not dry_run:
@@ -115,6 +122,7 @@ async def collect(
         dry_run=dry_run,
         blocks_spared=spared,
         blocks_failed=len(failed),
+        index_entries_deleted=swept,
         seconds=time.monotonic() - started,
         longest_pause_s=steps.longest,
     )
@@ -127,6 +135,39 @@ async def _candidates(blocks: BlockStore, cutoff: float, steps: _Steps) -> tuple
         if block_time(block.block_id) < cutoff:
             candidates[block.block_id] = block.size
     return scanned, candidates
+
+
+async def _referenced_and_index(metadata: MetadataStore, steps: _Steps) -> tuple[set[str], list[ReadPlan]]:
+    """The blocks every live plan but the chunk index's entries names, and those entries."""
+    referenced: set[str] = set()
+    index: list[ReadPlan] = []
+    async for plan in steps.each("scanning plans", aiter(metadata.iter_plans())):
+        if is_index_path(plan.path):
+            index.append(plan)
+        else:
+            referenced.update(plan.block_ids())
+    return referenced, index
+
+
+async def _sweep(metadata: MetadataStore, index: list[ReadPlan], referenced: set[str], steps: _Steps, *, dry_run: bool) -> int:
+    """Delete the index entries that name a block no other plan names; how many.  The blocks
+    of an entry kept (all named elsewhere, or changed since the scan) join ``referenced``."""
+    deleted = 0
+    for entry in index:
+        if entry.block_ids() <= referenced:
+            continue
+        if dry_run:
+            deleted += 1
+            continue
+        try:
+            await steps.run(f"deleting index entry {entry.path}", metadata.delete(entry.path, if_version=entry.version))
+        except BlobNotFound:
+            pass  # another pass took it
+        except PreconditionFailed:
+            referenced.update(entry.block_ids())  # recorded anew since the scan: keep what it names
+            continue
+        deleted += 1
+    return deleted
 
 
 async def _referenced(metadata: MetadataStore, steps: _Steps) -> set[str]:

@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -71,16 +72,19 @@ from typing import Any
 import msgspec
 import xxhash
 
-from ..errors import BlobNotFound, CorruptData, PreconditionFailed
+from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
 from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 from .compare import Base
+from .dedup import ChunkIndex
 from .leaves import Leaf, Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
 from .writer import Writer, split
+
+_log = logging.getLogger(__name__)
 
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
 _STEP_DIGITS = 12
@@ -126,6 +130,7 @@ class Checkpoints:
         background: set[asyncio.Task[Any]] | None = None,
         warm: Callable[[str], object] | None = None,
         trust_version_counters: bool = False,
+        dedup: bool = True,
     ) -> None:
         prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
@@ -144,6 +149,7 @@ class Checkpoints:
         self.trust_version_counters = trust_version_counters
         self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
         self._hashed_bytes = 0
+        self._index = ChunkIndex(metadata, prefix) if dedup else None  # the bucket's chunks, by content
 
     @property
     def hashed_bytes(self) -> int:
@@ -221,6 +227,9 @@ class Checkpoints:
             await asyncio.gather(self._pending._task, return_exceptions=True)
 
     async def _stage(self, leaves: list[Leaf], base: Base | None, *, copy: bool) -> _Staged:
+        """Hash ``leaves`` (those ``_known`` does not vouch for) and sort their chunks: held by
+        the base at the same place, held by the bucket's chunk index, a repeat of one staged
+        before in this save, or new (copied into a staging buffer if ``copy``)."""
         known = self._known(leaves, base)
         hashing = [leaf.data for leaf in leaves if leaf.data is not None and leaf.name not in known]
         hashed = iter(await self._digests(hashing))
@@ -228,33 +237,52 @@ class Checkpoints:
         staged = _Staged(leaves=leaves)
         if self.trust_version_counters:
             staged.stamps = {leaf.name: leaf.stamp for leaf in leaves if leaf.stamp is not None}
+        wanted: dict[bytes, int] = {}  # digest -> length, of the chunks the base does not hold in place
+        for leaf in leaves:
+            mine = [] if leaf.data is None else known[leaf.name] if leaf.name in known else next(hashed)
+            previous = base.match(leaf, self.chunk_size) if base is not None and leaf.data is not None else None
+            held = base.chunk_refs(previous) if base is not None and previous is not None else []
+            slots: list[_Slot | None] = []
+            for i, digest in enumerate(mine):
+                if previous is not None and previous.digests[i] == digest:
+                    slots.append(held[i])
+                    continue
+                slots.append(None)
+                wanted.setdefault(digest, min(self.chunk_size, len(leaf.data or b"") - i * self.chunk_size))
+            staged.chunks.append(slots)  # type: ignore[arg-type]  # its Nones are filled below
+            staged.digests.append(mine)
+        found = await self._index.lookup(wanted) if self._index is not None and wanted else {}
+        self._fill(staged, found, copy=copy)
+        return staged
+
+    def _fill(self, staged: _Staged, found: dict[bytes, tuple[ChunkRef, ...]], *, copy: bool) -> None:
+        """Fill the chunks ``_stage`` left open: from the index, as a repeat, or staged new."""
         buffers = iter(self._staging)
         used: list[bytearray] = []
-        for leaf in leaves:
-            if leaf.data is None:
-                staged.chunks.append([])
-                continue
-            mine = known[leaf.name] if leaf.name in known else next(hashed)
-            previous = base.match(leaf, self.chunk_size) if base is not None else None
-            slots: list[ChunkRef | memoryview] = []
-            for i, digest in enumerate(mine):
-                if base is not None and previous is not None and previous.digests[i] == digest:
-                    slots.append(base.plan.chunks[previous.first + i])  # same shape: same chunk count
+        new: set[bytes] = set()
+        for leaf, slots, digests in zip(staged.leaves, staged.chunks, staged.digests, strict=True):
+            for i, digest in enumerate(digests):
+                if slots[i] is not None:
                     continue
+                if digest in found:
+                    slots[i] = found[digest]
+                    continue
+                if digest in new:
+                    slots[i] = _Same(digest)
+                    continue
+                new.add(digest)
+                assert leaf.data is not None  # a leaf without data has no digests
                 piece = leaf.data[i * self.chunk_size : (i + 1) * self.chunk_size]
                 if not copy:
-                    slots.append(piece)
+                    slots[i] = piece
                     continue
                 buffer = next(buffers, None) or bytearray(self.chunk_size)
                 used.append(buffer)
                 view = memoryview(buffer)[: len(piece)]
                 view[:] = piece
-                slots.append(view)
-            staged.chunks.append(slots)
-            staged.digests.append(mine)
+                slots[i] = view
         if copy:
             self._staging = used
-        return staged
 
     def _known(self, leaves: list[Leaf], base: Base | None) -> dict[tuple[str, ...], list[bytes]]:
         """With ``trust_version_counters``, the digests of the tensors whose stamp is the one
@@ -276,23 +304,27 @@ class Checkpoints:
         return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
 
     async def _write(self, staged: _Staged, base: Base | None) -> Part:
-        """Write the staged chunks that changed (the rest are reused by reference)."""
+        """Write the staged chunks that are new (the rest are named by reference)."""
         new = [slot for slots in staged.chunks for slot in slots if isinstance(slot, memoryview)]
         written = iter(await self._writer.write_chunks(new))
         refs: list[ChunkRef] = []
         new_blocks: set[str] = set()
         entries = []
-        digests = iter(staged.digests)
-        for leaf, slots in zip(staged.leaves, staged.chunks, strict=True):
+        fresh: dict[bytes, tuple[ChunkRef, ...]] = {}  # this save's new chunks, by digest
+        for leaf, slots, digests in zip(staged.leaves, staged.chunks, staged.digests, strict=True):
             first = len(refs)
             new_bytes = 0
-            for slot in slots:
+            extents = []
+            for slot, digest in zip(slots, digests, strict=True):
                 if isinstance(slot, memoryview):
-                    refs.append(next(written))
-                    new_blocks.add(refs[-1].block_id)
+                    held: tuple[ChunkRef, ...] = (next(written),)
+                    fresh[digest] = held
+                    new_blocks.add(held[0].block_id)
                     new_bytes += len(slot)
                 else:
-                    refs.append(slot)
+                    held = fresh[slot.digest] if isinstance(slot, _Same) else slot
+                refs.extend(held)
+                extents.append(len(held))
             entries.append(
                 Entry(
                     name=leaf.name,
@@ -303,7 +335,8 @@ class Checkpoints:
                     nbytes=0 if leaf.data is None else len(leaf.data),
                     new_bytes=new_bytes,
                     first=first,
-                    digests=tuple(next(digests)) if leaf.data is not None else (),
+                    digests=tuple(digests),
+                    extents=tuple(extents) if any(n != 1 for n in extents) else (),
                 )
             )
         return Part(
@@ -338,6 +371,7 @@ class Checkpoints:
             reused_bytes=sum(e.nbytes for e in entries) - new_bytes,
         )
         await self._commit(step, refs, manifest, base, stamps)
+        await self._record(entries, refs, {block for part in parts for block in part.new_blocks})
         await self._retire()
         if self._warm is not None:  # the L3 nodes pull its new chunks from L4 (cached ones are only pinned)
             self._warm(f"{self._step_dir(step)}/data")
@@ -369,6 +403,23 @@ class Checkpoints:
                 f" since this save began ({exc})"
             ) from exc
         self._base = Base(manifest, data, latest.version, stamps)  # the next save's base, without a read
+
+    async def _record(self, entries: Sequence[Entry], refs: Sequence[ChunkRef], new_blocks: set[str]) -> None:
+        """Record in the bucket's chunk index the chunks this checkpoint stored anew (any of
+        whose refs is in a block it wrote).  Best effort: the checkpoint is committed, so a
+        failure only loses later saves' dedup against these chunks, and is logged."""
+        if self._index is None:
+            return
+        chunks = []
+        for entry in entries:
+            for digest, span in zip(entry.digests, entry.chunk_refs(), strict=True):
+                held = tuple(refs[i] for i in span)
+                if any(ref.block_id in new_blocks for ref in held):
+                    chunks.append((digest, held))
+        try:
+            await self._index.record(chunks)
+        except BlobError as exc:
+            _log.warning("checkpoints under %s: the chunk index was not updated: %s", self.prefix, exc)
 
     async def _retire(self) -> None:
         """Delete all but the last ``keep`` checkpoints: manifests first, then their data."""
@@ -474,13 +525,23 @@ class Checkpoints:
         return Base(manifest, plan, latest.version)
 
 
+@dataclass(frozen=True)
+class _Same:
+    """A chunk whose bytes an earlier chunk of the same save holds: named, not written twice."""
+
+    digest: bytes
+
+
+_Slot = tuple[ChunkRef, ...] | memoryview | _Same  # held refs, new bytes to write, or a repeat
+
+
 @dataclass
 class _Staged:
     """A save's leaves; per leaf its chunks (a reused ChunkRef, or a staged copy to write) and
     their digests."""
 
     leaves: list[Leaf]
-    chunks: list[list[ChunkRef | memoryview]] = field(default_factory=list)
+    chunks: list[list[_Slot]] = field(default_factory=list)
     digests: list[list[bytes]] = field(default_factory=list)
     stamps: dict[tuple[str, ...], Stamp] = field(default_factory=dict)  # its tensors', with trust_version_counters
 

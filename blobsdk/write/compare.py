@@ -3,7 +3,7 @@ a leaf of the new state may take its chunks, or its digests, from."""
 
 from __future__ import annotations
 
-from ..wire import ReadPlan
+from ..wire import ChunkRef, ReadPlan
 from .leaves import Leaf, Stamp
 from .manifest import Entry, Manifest
 
@@ -25,6 +25,10 @@ class Base:
         if entry is None or self.manifest.chunk_size != chunk_size:
             return None
         return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
+
+    def chunk_refs(self, entry: Entry) -> list[tuple[ChunkRef, ...]]:
+        """The refs that hold each chunk of ``entry`` (an entry of this manifest)."""
+        return [tuple(self.plan.chunks[i] for i in span) for span in entry.chunk_refs()]
 
     def known(self, leaves: list[Leaf], chunk_size: int) -> dict[tuple[str, ...], list[bytes]]:
         """The chunk digests of the tensors of ``leaves`` whose stamp is the one recorded here

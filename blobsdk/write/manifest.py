@@ -22,8 +22,22 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     value: bytes = b""  # a json leaf's JSON text
     nbytes: int = 0
     new_bytes: int = 0  # of them, written by this save (the rest named from earlier ones)
-    first: int = 0  # index of its first chunk in the data plan
+    first: int = 0  # index of its first ref in the data plan
     digests: tuple[bytes, ...] = ()  # xxh3-128 of each chunk
+    extents: tuple[int, ...] = ()  # how many refs hold each chunk (empty: one each)
+
+    def ref_count(self) -> int:
+        """How many refs of the data plan hold this entry's bytes."""
+        return sum(self.extents) if self.extents else len(self.digests)
+
+    def chunk_refs(self) -> list[range]:
+        """The data plan's refs of each chunk, as index ranges."""
+        counts = self.extents or (1,) * len(self.digests)
+        ranges, at = [], self.first
+        for count in counts:
+            ranges.append(range(at, at + count))
+            at += count
+        return ranges
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

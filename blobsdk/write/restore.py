@@ -23,7 +23,6 @@ Leaves of ``into`` that the load does not read are left as they are.  ``load`` r
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
@@ -80,9 +79,8 @@ def selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, ..
     for entry in manifest.entries:
         if not select(entry.name):
             continue
-        count = math.ceil(entry.nbytes / manifest.chunk_size) if entry.nbytes else 0
         entries.append(msgspec.structs.replace(entry, first=len(chunks)))
-        chunks.extend(plan.chunks[entry.first : entry.first + count])
+        chunks.extend(plan.chunks[entry.first : entry.first + entry.ref_count()])
     size = sum(ref.raw_length for ref in chunks)
     return msgspec.structs.replace(manifest, entries=tuple(entries)), msgspec.structs.replace(
         plan, chunks=tuple(chunks), size=size

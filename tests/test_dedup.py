@@ -1,0 +1,158 @@
+"""blobsdk/write/dedup.py: checkpoints name chunks any checkpoint of the same bucket stored,
+whatever the prefix; gc sweeps index entries nothing else needs, and never loses what a
+kept checkpoint names."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+
+import blobsdk
+from blobsdk.config import WriteConfig
+from blobsdk.errors import BlockCollected
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.ops import gc as gc_module
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.write.dedup import INDEX_DIR, is_index_path
+
+CHUNK = 64 << 10
+WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)
+LATER = 3600.0  # gc's clock this far ahead: every block is past its grace
+
+
+def weights(seed: int, chunks: int = 8) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(chunks * CHUNK // 4, dtype=np.float32)
+
+
+def blocks_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "blocks").rglob("*") if p.is_file())
+
+
+async def index_entries(client: blobsdk.Client, bucket: str) -> list[str]:
+    return [info.path async for info in client.list(f"/{bucket}/{INDEX_DIR}/")]
+
+
+async def gc(client: blobsdk.Client) -> gc_module.GcReport:
+    state = client._open
+    return await gc_module.collect(state.metadata, state.blocks, 0.3, 0.2, clock=lambda: time.time() + LATER)
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> Any:
+    async with blobsdk.Client.local(tmp_path, write=WRITE) as c:
+        yield c
+
+
+async def test_a_second_prefix_names_the_first_ones_chunks(client: blobsdk.Client, tmp_path: Path) -> None:
+    base = {"frozen": weights(0), "head": weights(1, chunks=1)}
+    first = await (await client.checkpoints("/bkt/jobs/base").save(1, base)).wait()
+    assert first.new_bytes == 9 * CHUNK
+    assert len(await index_entries(client, "bkt")) == 9
+    grown = blocks_bytes(tmp_path)
+    tuned = {"frozen": base["frozen"], "head": weights(2, chunks=1)}  # a fine-tuning job: only its head differs
+    manifest = await (await client.checkpoints("/bkt/jobs/tuned").save(1, tuned)).wait()
+    assert (manifest.new_bytes, manifest.reused_bytes) == (CHUNK, 8 * CHUNK)
+    assert blocks_bytes(tmp_path) - grown < 2 * CHUNK  # the new head chunk and the manifest
+    loaded = await client.checkpoints("/bkt/jobs/tuned").load()
+    assert np.array_equal(loaded["frozen"], base["frozen"]) and np.array_equal(loaded["head"], tuned["head"])
+    assert len(await index_entries(client, "bkt")) == 10
+
+
+async def test_each_index_entry_holds_the_bytes_its_name_hashes(client: blobsdk.Client) -> None:
+    await (await client.checkpoints("/bkt/a").save(1, {"w": weights(0, chunks=3)})).wait()
+    for path in await index_entries(client, "bkt"):
+        assert xxhash.xxh3_128_hexdigest(await client.get(path)) == path.rsplit("/", 1)[1]
+        assert is_index_path(path)
+    assert not is_index_path("/bkt/a/000000000001/data")
+
+
+async def test_repeated_chunks_in_one_save_are_written_once(client: blobsdk.Client) -> None:
+    w = weights(0, chunks=2)
+    manifest = await (await client.checkpoints("/bkt/a").save(1, {"a": w, "b": w.copy(), "z": np.zeros(CHUNK, np.uint8)})).wait()
+    assert (manifest.new_bytes, manifest.reused_bytes) == (3 * CHUNK, 2 * CHUNK)
+    loaded = await client.checkpoints("/bkt/a").load()
+    assert np.array_equal(loaded["b"], w) and not loaded["z"].any()
+
+
+async def test_another_bucket_does_not_dedup(client: blobsdk.Client) -> None:
+    """The index is per bucket: the scope a tenant's token grants (DESIGN §7)."""
+    state = {"w": weights(0)}
+    await (await client.checkpoints("/one/ck").save(1, state)).wait()
+    manifest = await (await client.checkpoints("/two/ck").save(1, state)).wait()
+    assert manifest.new_bytes == 8 * CHUNK
+    assert len(await index_entries(client, "two")) == 8
+
+
+async def test_dedup_false_writes_everything_and_records_nothing(client: blobsdk.Client) -> None:
+    state = {"w": weights(0)}
+    await (await client.checkpoints("/bkt/a").save(1, state)).wait()
+    manifest = await (await client.checkpoints("/bkt/b", dedup=False).save(1, state)).wait()
+    assert manifest.new_bytes == 8 * CHUNK
+    assert len(await index_entries(client, "bkt")) == 8  # the first save's only
+
+
+async def test_gc_keeps_what_a_kept_checkpoint_names_through_the_index_then_sweeps(client: blobsdk.Client) -> None:
+    state = {"w": weights(0)}
+    a, b = client.checkpoints("/bkt/a"), client.checkpoints("/bkt/b")
+    await (await a.save(1, state)).wait()
+    await (await b.save(1, state)).wait()  # names a's blocks
+    await a.remove(1)
+    report = await gc(client)
+    assert (report.blocks_deleted, report.index_entries_deleted) == (1, 0)  # a's manifest block only
+    assert np.array_equal((await b.load())["w"], state["w"])
+    await b.remove(1)
+    report = await gc(client)
+    assert report.index_entries_deleted == 8
+    assert await index_entries(client, "bkt") == []
+    left = await gc(client)
+    assert (left.blocks_scanned, left.blocks_deleted) == (0, 0)  # nothing pinned, nothing leaked
+
+
+async def test_an_index_entry_recorded_again_during_the_sweep_is_kept(tmp_path: Path) -> None:
+    class Racing(SqliteMetadataStore):
+        """Re-records every index entry just before gc deletes it (a save that wrote them anew)."""
+
+        async def delete(self, path: str, if_version: int | None = None) -> Any:
+            if is_index_path(path):
+                await self.commit(path, await self.get_plan(path))
+            return await super().delete(path, if_version)
+
+    async with (
+        Racing(tmp_path / "meta.sqlite") as meta,
+        LocalBlockStore(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=WRITE) as c,
+    ):
+        ck = c.checkpoints("/bkt/a")
+        await (await ck.save(1, {"w": weights(0, chunks=2)})).wait()
+        await ck.remove(1)
+        report = await gc(c)
+        assert report.index_entries_deleted == 0  # each changed since the scan: kept, with its block
+        entries = await index_entries(c, "bkt")
+        assert len(entries) == 2
+        assert [len(await c.get(path)) for path in entries] == [CHUNK, CHUNK]
+
+
+async def test_a_save_naming_an_indexed_block_gc_fenced_is_refused_not_committed(client: blobsdk.Client) -> None:
+    state = {"w": weights(0, chunks=2)}
+    await (await client.checkpoints("/bkt/a").save(1, state)).wait()
+    plan = await client.plan(f"/bkt/{INDEX_DIR}/{xxhash.xxh3_128_hexdigest(state['w'][: CHUNK // 4].tobytes())}")
+    await client._open.metadata.fence_blocks(sorted(plan.block_ids()))  # gc's step 3, between lookup and commit
+    b = client.checkpoints("/bkt/b")
+    pending = await b.save(1, state)
+    with pytest.raises(BlockCollected):
+        await pending.wait()
+    assert await b.list() == []
+
+
+async def test_a_lookup_ignores_an_entry_of_the_wrong_length(client: blobsdk.Client) -> None:
+    w = weights(0, chunks=1)
+    path = f"/bkt/{INDEX_DIR}/{xxhash.xxh3_128_hexdigest(w.tobytes())}"
+    await client.put(path, b"not the chunk")  # a bucket writer's bad entry
+    manifest = await (await client.checkpoints("/bkt/a").save(1, {"w": w})).wait()
+    assert manifest.new_bytes == CHUNK
+    assert np.array_equal((await client.checkpoints("/bkt/a").load())["w"], w)
