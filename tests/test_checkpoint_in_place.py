@@ -202,7 +202,7 @@ def tensors(seed: int = 0) -> dict[str, Any]:
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The bytes every call of the chunk hash is given, counted apart from ``hashed_bytes``."""
-    import blobsdk.write.checkpoint as module
+    import blobsdk.write.stage as module
 
     calls: list[int] = []
     real = module._hash

@@ -9,14 +9,19 @@ lists of them).  What it does before it returns is the only time training waits:
    client's threads: it releases the GIL);
 3. compare with the previous checkpoint's manifest: a chunk whose digest, entry name,
    dtype, shape and chunk size match is *reused*: its ChunkRef is taken as is;
-4. copy only the changed chunks into staging buffers (reused from save to save).
+4. look the other chunks up in the bucket's chunk index (``dedup=True``, the default;
+   blobsdk/write/dedup.py): a chunk any checkpoint of the bucket stored, under any prefix,
+   is reused too, and a chunk repeated within the save is written once;
+5. copy only the chunks left into staging buffers (reused from save to save).
+(blobsdk/write/stage.py does 2-5.)
 
 Then, in the background: the changed chunks are checksummed, maybe compressed, packed into
 new blocks and written durably (``Writer.write_chunks``), and one metadata transaction
 (``commit_many``) creates ``PREFIX/<step>/data`` (a blob whose plan lists every chunk of the
 checkpoint, new and reused, entry after entry), ``PREFIX/<step>/manifest`` (the entries:
 names, kinds, dtypes, shapes, their chunks and digests) and moves ``PREFIX/latest`` with a
-compare-and-swap on the version this save started from.  So a crash at any moment leaves
+compare-and-swap on the version this save started from.  The chunks it stored anew are
+then recorded in the bucket's chunk index.  So a crash at any moment leaves
 the previous checkpoint intact and the new one absent or complete; its unreferenced blocks
 are collected by ``client.gc`` like any write's.  With L3 nodes, the committed data blob is
 then prefetched into L3 in the background (the nodes pull the new chunks from L4), so a
@@ -25,7 +30,9 @@ committed; ``pending.done``, ``pending.error``.  At most one save is in flight: 
 ``save`` first waits for the first to end.
 
 A reused chunk is named by the new data plan, so every block a kept checkpoint needs stays
-referenced by a live plan and gc never deletes it.  Retention keeps the last ``keep``
+referenced by a live plan and gc never deletes it.  A save that reuses a chunk through the
+index while gc collects it (its entry swept, nothing else naming it) fails with
+BlockCollected, never commits a name of a deleted block.  Retention keeps the last ``keep``
 checkpoints: older manifests are deleted first, then their data blobs (a crash between the
 two leaves a data blob without a manifest, which the next save's retention deletes).
 
@@ -66,11 +73,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import xxhash
 
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
@@ -79,9 +84,10 @@ from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 from .compare import Base
 from .dedup import ChunkIndex
-from .leaves import Leaf, Stamp, flatten, rebuild
+from .leaves import Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
+from .stage import Staged, Stager
 from .writer import Writer, split
 
 _log = logging.getLogger(__name__)
@@ -145,17 +151,21 @@ class Checkpoints:
         self._base: Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
-        self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
-        self.trust_version_counters = trust_version_counters
-        self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
-        self._hashed_bytes = 0
         self._index = ChunkIndex(metadata, prefix) if dedup else None  # the bucket's chunks, by content
+        self._stager = Stager(
+            chunk_size=chunk_size,
+            writer=writer,
+            executor=executor,
+            index=self._index,
+            trust_version_counters=trust_version_counters,
+        )
+        self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
 
     @property
     def hashed_bytes(self) -> int:
         """How many bytes this object's saves and parts have hashed (a tensor whose version
         stamp matched is not hashed)."""
-        return self._hashed_bytes
+        return self._stager.hashed_bytes
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -174,7 +184,7 @@ class Checkpoints:
         leaves = list(flatten(state, ()))  # TypeError for what cannot be saved, before any work
         await self._idle()
         base = await self._latest()
-        staged = await self._stage(leaves, base, copy=True)
+        staged = await self._stager.stage(leaves, base, copy=True, own=base is not None and base is self._base)
         task = asyncio.get_running_loop().create_task(self._save(step, staged, base), name=f"blobsdk-ckpt-{step}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -182,8 +192,8 @@ class Checkpoints:
         self._pending = Pending(step, task)
         return self._pending
 
-    async def _save(self, step: int, staged: _Staged, base: Base | None) -> Manifest:
-        return await self._commit_parts(step, [await self._write(staged, base)], base, staged.stamps)
+    async def _save(self, step: int, staged: Staged, base: Base | None) -> Manifest:
+        return await self._commit_parts(step, [await self._stager.write(staged, base)], base, staged.stamps)
 
     async def write_part(self, state: Mapping[str, Any]) -> Part:
         """Write ``state``'s changed chunks durably without committing anything, for
@@ -194,8 +204,8 @@ class Checkpoints:
         leaves = list(flatten(state, ()))
         await self._idle()
         base = await self._latest()
-        staged = await self._stage(leaves, base, copy=False)
-        part = await self._write(staged, base)
+        staged = await self._stager.stage(leaves, base, copy=False, own=base is not None and base is self._base)
+        part = await self._stager.write(staged, base)
         if staged.stamps:  # valid once this object commits the part
             self._unclaimed = [*self._unclaimed[-3:], (part, staged.stamps)]
         return part
@@ -225,127 +235,6 @@ class Checkpoints:
         """Wait for the save in flight, if any, to end (its error is its own)."""
         if self._pending is not None:
             await asyncio.gather(self._pending._task, return_exceptions=True)
-
-    async def _stage(self, leaves: list[Leaf], base: Base | None, *, copy: bool) -> _Staged:
-        """Hash ``leaves`` (those ``_known`` does not vouch for) and sort their chunks: held by
-        the base at the same place, held by the bucket's chunk index, a repeat of one staged
-        before in this save, or new (copied into a staging buffer if ``copy``)."""
-        known = self._known(leaves, base)
-        hashing = [leaf.data for leaf in leaves if leaf.data is not None and leaf.name not in known]
-        hashed = iter(await self._digests(hashing))
-        self._hashed_bytes += sum(len(data) for data in hashing)
-        staged = _Staged(leaves=leaves)
-        if self.trust_version_counters:
-            staged.stamps = {leaf.name: leaf.stamp for leaf in leaves if leaf.stamp is not None}
-        wanted: dict[bytes, int] = {}  # digest -> length, of the chunks the base does not hold in place
-        for leaf in leaves:
-            mine = [] if leaf.data is None else known[leaf.name] if leaf.name in known else next(hashed)
-            previous = base.match(leaf, self.chunk_size) if base is not None and leaf.data is not None else None
-            held = base.chunk_refs(previous) if base is not None and previous is not None else []
-            slots: list[_Slot | None] = []
-            for i, digest in enumerate(mine):
-                if previous is not None and previous.digests[i] == digest:
-                    slots.append(held[i])
-                    continue
-                slots.append(None)
-                wanted.setdefault(digest, min(self.chunk_size, len(leaf.data or b"") - i * self.chunk_size))
-            staged.chunks.append(slots)  # type: ignore[arg-type]  # its Nones are filled below
-            staged.digests.append(mine)
-        found = await self._index.lookup(wanted) if self._index is not None and wanted else {}
-        self._fill(staged, found, copy=copy)
-        return staged
-
-    def _fill(self, staged: _Staged, found: dict[bytes, tuple[ChunkRef, ...]], *, copy: bool) -> None:
-        """Fill the chunks ``_stage`` left open: from the index, as a repeat, or staged new."""
-        buffers = iter(self._staging)
-        used: list[bytearray] = []
-        new: set[bytes] = set()
-        for leaf, slots, digests in zip(staged.leaves, staged.chunks, staged.digests, strict=True):
-            for i, digest in enumerate(digests):
-                if slots[i] is not None:
-                    continue
-                if digest in found:
-                    slots[i] = found[digest]
-                    continue
-                if digest in new:
-                    slots[i] = _Same(digest)
-                    continue
-                new.add(digest)
-                assert leaf.data is not None  # a leaf without data has no digests
-                piece = leaf.data[i * self.chunk_size : (i + 1) * self.chunk_size]
-                if not copy:
-                    slots[i] = piece
-                    continue
-                buffer = next(buffers, None) or bytearray(self.chunk_size)
-                used.append(buffer)
-                view = memoryview(buffer)[: len(piece)]
-                view[:] = piece
-                slots[i] = view
-        if copy:
-            self._staging = used
-
-    def _known(self, leaves: list[Leaf], base: Base | None) -> dict[tuple[str, ...], list[bytes]]:
-        """With ``trust_version_counters``, the digests of the tensors whose stamp is the one
-        they had when this object committed ``base``: not hashed again.  Any other base
-        (another writer's, or read back) has no stamps."""
-        if not self.trust_version_counters or base is None or base is not self._base:
-            return {}
-        return base.known(leaves, self.chunk_size)
-
-    async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
-        """Each array's chunk digests, hashed on the executor in batches of ~16 MiB."""
-        loop = asyncio.get_running_loop()
-        jobs = []
-        for data in datas:
-            starts = range(0, len(data), self.chunk_size)
-            per_job = max(1, _HASH_BATCH // self.chunk_size)
-            batches = [starts[i : i + per_job] for i in range(0, len(starts), per_job)]
-            jobs.append([loop.run_in_executor(self._executor, _hash, data, batch, self.chunk_size) for batch in batches])
-        return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
-
-    async def _write(self, staged: _Staged, base: Base | None) -> Part:
-        """Write the staged chunks that are new (the rest are named by reference)."""
-        new = [slot for slots in staged.chunks for slot in slots if isinstance(slot, memoryview)]
-        written = iter(await self._writer.write_chunks(new))
-        refs: list[ChunkRef] = []
-        new_blocks: set[str] = set()
-        entries = []
-        fresh: dict[bytes, tuple[ChunkRef, ...]] = {}  # this save's new chunks, by digest
-        for leaf, slots, digests in zip(staged.leaves, staged.chunks, staged.digests, strict=True):
-            first = len(refs)
-            new_bytes = 0
-            extents = []
-            for slot, digest in zip(slots, digests, strict=True):
-                if isinstance(slot, memoryview):
-                    held: tuple[ChunkRef, ...] = (next(written),)
-                    fresh[digest] = held
-                    new_blocks.add(held[0].block_id)
-                    new_bytes += len(slot)
-                else:
-                    held = fresh[slot.digest] if isinstance(slot, _Same) else slot
-                refs.extend(held)
-                extents.append(len(held))
-            entries.append(
-                Entry(
-                    name=leaf.name,
-                    kind=leaf.kind,
-                    dtype=leaf.dtype,
-                    shape=leaf.shape,
-                    value=leaf.value,
-                    nbytes=0 if leaf.data is None else len(leaf.data),
-                    new_bytes=new_bytes,
-                    first=first,
-                    digests=tuple(digests),
-                    extents=tuple(extents) if any(n != 1 for n in extents) else (),
-                )
-            )
-        return Part(
-            entries=tuple(entries),
-            chunks=tuple(msgspec.structs.replace(ref, grant="") if ref.grant else ref for ref in refs),
-            new_blocks=tuple(sorted(new_blocks)),
-            base_version=base.latest_version if base is not None else 0,
-            chunk_size=self.chunk_size,
-        )
 
     async def _commit_parts(
         self, step: int, parts: Sequence[Part], base: Base | None, stamps: dict[tuple[str, ...], Stamp]
@@ -525,27 +414,6 @@ class Checkpoints:
         return Base(manifest, plan, latest.version)
 
 
-@dataclass(frozen=True)
-class _Same:
-    """A chunk whose bytes an earlier chunk of the same save holds: named, not written twice."""
-
-    digest: bytes
-
-
-_Slot = tuple[ChunkRef, ...] | memoryview | _Same  # held refs, new bytes to write, or a repeat
-
-
-@dataclass
-class _Staged:
-    """A save's leaves; per leaf its chunks (a reused ChunkRef, or a staged copy to write) and
-    their digests."""
-
-    leaves: list[Leaf]
-    chunks: list[list[_Slot]] = field(default_factory=list)
-    digests: list[list[bytes]] = field(default_factory=list)
-    stamps: dict[tuple[str, ...], Stamp] = field(default_factory=dict)  # its tensors', with trust_version_counters
-
-
 def _check_int(name: str, value: object, low: int, high: int | None) -> None:
     """ValueError unless ``value`` is an int (bool refused) from ``low`` to ``high``."""
     if isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high):
@@ -570,7 +438,3 @@ def _plan(path: str, refs: list[ChunkRef], chunk_size: int | None = None) -> Rea
     size = sum(ref.raw_length for ref in refs)
     size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in refs), default=1)
     return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=size_of_chunks, chunks=tuple(refs))
-
-
-def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:
-    return [xxhash.xxh3_128_digest(data[start : start + chunk_size]) for start in starts]
