@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import lz4.block
 import pytest
@@ -19,7 +20,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobsdk.wire import ChunkRef
+from blobsdk.wire import ChunkRef, Codec
 from blobsdk.write.delta import Keep, Reuse, Run, Span, Write, changed_runs, refs_of, tile, write_ranges
 
 PROPERTIES = settings(max_examples=300, derandomize=True, deadline=None)
@@ -74,9 +75,9 @@ def _naive_runs(old: bytes, new: bytes, granule: int) -> list[Run]:
     return runs
 
 
-def _ref(block_id: str, offset: int, n: int, codec: str = "none", grant: str = "") -> ChunkRef:
+def _ref(block_id: str, offset: int, n: int, codec: Codec = "none", grant: str = "") -> ChunkRef:
     length = n // 2 if codec == "lz4" else n
-    return ChunkRef(block_id=block_id, offset=offset, length=length, raw_length=n, checksum=0, codec=codec, grant=grant)  # type: ignore[arg-type]
+    return ChunkRef(block_id=block_id, offset=offset, length=length, raw_length=n, checksum=0, codec=codec, grant=grant)
 
 
 # --- changed_runs ----------------------------------------------------------------------------
@@ -115,8 +116,8 @@ def test_changed_runs_round_the_tail_granule() -> None:
 
 
 def test_changed_runs_of_a_typed_buffer_count_bytes() -> None:
-    old = memoryview(bytearray(32)).cast("d")  # 4 doubles: 32 bytes
-    new = memoryview(bytearray(31) + b"\x01").cast("d")
+    old: Any = memoryview(bytearray(32)).cast("d")  # 4 doubles: 32 bytes (any buffer goes, typed or not)
+    new: Any = memoryview(bytearray(31) + b"\x01").cast("d")
     assert changed_runs(old, new, 8) == [(24, 32)]
 
 
