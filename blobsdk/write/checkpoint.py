@@ -87,7 +87,7 @@ from .dedup import ChunkIndex
 from .leaves import Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
-from .stage import Staged, Stager
+from .stage import MAX_EXTENTS, Staged, Stager
 from .writer import Writer, split
 
 _log = logging.getLogger(__name__)
@@ -137,11 +137,14 @@ class Checkpoints:
         warm: Callable[[str], object] | None = None,
         trust_version_counters: bool = False,
         dedup: bool = True,
+        mirror: bool = False,
+        max_extents: int = MAX_EXTENTS,
     ) -> None:
         prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
         _check_int("keep", keep, 1, None)  # before anything is written (issue 20: nan committed, then failed)
         _check_int("chunk_size", chunk_size, 1, MAX_CHUNK_BYTES)
+        _check_int("max_extents", max_extents, 1, chunk_size)
         self.prefix = prefix
         self.keep = keep
         self.chunk_size = chunk_size
@@ -158,6 +161,8 @@ class Checkpoints:
             executor=executor,
             index=self._index,
             trust_version_counters=trust_version_counters,
+            mirror=mirror,
+            max_extents=max_extents,
         )
         self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
 
