@@ -1,27 +1,34 @@
-"""The checkpoint benchmark's rows for deduplication as training frameworks save (issue 24):
+"""The checkpoint benchmark's rows for deduplication as training frameworks save:
 
 - ``cnr``: Check-N-Run's workload, an embedding table (float32 rows of 128 dims, 512 B) of
   1 GiB (``--quick``: 256 MiB), saved 10 times (``--quick``: 4) with ``client.checkpoints``
   on the embedded store; before every save but the first, 1% of its rows change, picked by a
   Zipf law over the rows' popularity (exponent 1.05, without replacement; the ranks mapped to
   rows by a fixed permutation, as hashed ids land, so the hot rows are spread over the table;
-  fixed seeds).  Per save: the bytes written ÷ the bytes changed (the distinct rows touched x
-  512 B) and the stall (how long ``save`` blocks), against a synchronous ``np.save`` + fsync of
-  the table.  At the end, the restore (``load`` of the last checkpoint by a fresh client: into
-  the caller's array if ``load`` takes ``into=``, else into fresh memory) ÷ a numpy memcpy of
-  the same bytes into warm memory, in the same run.
+  fixed seeds).  Three variants replay the same changes (``CNR_VARIANTS``): ``cnr`` with
+  ``mirror=True`` (the changed runs of a chunk written, at most the default ``max_extents``
+  refs a chunk), ``cnr256`` with ``max_extents=256``, ``cnr_whole`` without the mirror (a
+  changed chunk written whole).  Per save: the bytes written ÷ the bytes changed (the distinct
+  rows touched x 512 B), the stall (how long ``save`` blocks) against a synchronous
+  ``np.save`` + fsync of the table, and the data plan's size.  At the end, the restore
+  (``load(into=)`` of the last checkpoint by a fresh client) ÷ a numpy memcpy of the same
+  bytes into warm memory, in the same run.  ``cnr_stall_cut_floor``: the synchronous save ÷
+  hashing the table once on 2 threads, the best cut a save that must look at every byte can
+  reach.
+- ``unchanged``: the stall of a save of the same size in 16 torch tensors of which only a
+  1-float one changed, with ``trust_version_counters=True`` (the unchanged tensors are not
+  hashed), against ``np.save`` + fsync of the same bytes; 5 saves.
 - ``scattered``: 5% of a 64 MiB array (quick and full alike) changed in 20 regions of 160 KiB
   spread over it (one at a random place in each twentieth), 5 times (``--quick``: 2) after a
-  first save: the bytes written ÷ the bytes changed.
+  first save, with ``mirror=True``: the bytes written ÷ the bytes changed.
 - ``dcp_steps``: DCP with a path per step, ``BlobStorageWriter`` on the embedded store with the
   prefix ``/bkt/ckpt/step-{n}``, for a ~52 MiB model (an embedding and 3 transformer layers)
   of which one norm (512 floats) changes between saves; 4 saves (``--quick``: 3): every later
-  save's bytes written ÷ the first's.
+  save's bytes written ÷ the first's (the bucket's chunk index finds the chunks).
 
-Every save uses the store's default grain (the checkpoints' ``chunk_size`` is left unset), so
-the rows measure whatever the default becomes.  Bytes written: what the store's block
-directory grew by.  Figures that repeat are reported as their median, with their range in the
-goal column, which also says whether the goal is met.
+Every save uses the store's default grain (the checkpoints' ``chunk_size`` is left unset).
+Bytes written: what the store's block directory grew by.  Figures that repeat are reported as
+their median, with their range in the goal column, which also says whether the goal is met.
 """
 
 from __future__ import annotations

@@ -168,8 +168,9 @@ class Checkpoints:
 
     @property
     def hashed_bytes(self) -> int:
-        """How many bytes this object's saves and parts have hashed (a tensor whose version
-        stamp matched is not hashed)."""
+        """How many bytes this object's saves and parts have hashed while the caller waited (a
+        tensor whose version stamp matched is not hashed; with ``mirror``, a chunk compared with
+        its mirror copy is not, and a changed one is hashed in the background)."""
         return self._stager.hashed_bytes
 
     # --- paths -----------------------------------------------------------------------------

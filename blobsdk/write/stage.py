@@ -14,7 +14,6 @@ import asyncio
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import xxhash
@@ -55,52 +54,98 @@ class Stager:
         self.hashed_bytes = 0  # hashed by its saves and parts (a tensor whose stamp matched is not)
 
     async def stage(self, leaves: list[Leaf], base: Base | None, *, copy: bool, own: bool) -> Staged:
-        """Hash ``leaves`` (those ``_known`` does not vouch for) and sort their chunks: held by
-        the base at the same place, held by the bucket's chunk index, a repeat of one staged
-        before in this save, or new (copied into a staging buffer if ``copy``)."""
+        """Sort every chunk of ``leaves``: held by the base at the same place, held by the
+        bucket's chunk index, a repeat of one staged before in this save, or new (copied into
+        a staging buffer if ``copy``).  A chunk the mirror holds the base's bytes of is
+        compared with them instead of hashed: unchanged, it is held; changed, a patch."""
         known = self._known(leaves, base, own)
-        hashing = [leaf.data for leaf in leaves if leaf.data is not None and leaf.name not in known]
-        hashed = iter(await self._digests(hashing))
-        self.hashed_bytes += sum(len(data) for data in hashing)
         staged = Staged(leaves=leaves)
         if self.trust_version_counters:
             staged.stamps = {leaf.name: leaf.stamp for leaf in leaves if leaf.stamp is not None}
+        previous = [None if base is None or leaf.data is None else base.match(leaf, self.chunk_size) for leaf in leaves]
+        mirrored = self._mirrored(leaves, previous, known) if self.mirror and copy else {}
+        compared = await self._compare(leaves, mirrored)
+        hashing = [
+            (leaf.data, [i for i in range(_count(leaf.data, self.chunk_size)) if (leaf.name, i) not in mirrored])
+            for leaf in leaves
+            if leaf.data is not None and leaf.name not in known
+        ]
+        hashed = iter(await self._digests(hashing))
+        self.hashed_bytes += sum(
+            min(self.chunk_size, len(data) - i * self.chunk_size) for data, chunks in hashing for i in chunks
+        )
         wanted: dict[bytes, int] = {}  # digest -> length, of the chunks the base does not hold in place
-        for leaf in leaves:
+        for leaf, entry in zip(leaves, previous, strict=True):
             mine = [] if leaf.data is None else known[leaf.name] if leaf.name in known else next(hashed)
-            previous = base.match(leaf, self.chunk_size) if base is not None and leaf.data is not None else None
-            held = base.chunk_refs(previous) if base is not None and previous is not None else []
+            held = base.chunk_refs(entry) if base is not None and entry is not None else []
             slots: list[_Slot | None] = []
-            olds: dict[int, tuple[bytes, tuple[ChunkRef, ...]]] = {}  # the base's digest and refs of a changed chunk
             for i, digest in enumerate(mine):
-                if previous is not None and previous.digests[i] == digest:
+                runs = compared.get((leaf.name, i))
+                if runs is not None:  # compared with the mirror
+                    assert entry is not None
+                    slots.append(
+                        _Patch(mirrored[(leaf.name, i)].view(len(runs.new)), held[i], runs.runs) if runs.runs else held[i]
+                    )
+                    mine[i] = b"" if runs.runs else entry.digests[i]  # a patch's digest: hashed in the background
+                elif entry is not None and entry.digests[i] == digest:
                     slots.append(held[i])
-                    continue
-                if previous is not None:
-                    olds[i] = (previous.digests[i], held[i])
-                slots.append(None)
-                wanted.setdefault(digest, min(self.chunk_size, len(leaf.data or b"") - i * self.chunk_size))
+                else:
+                    slots.append(None)
+                    wanted.setdefault(digest, min(self.chunk_size, len(leaf.data or b"") - i * self.chunk_size))
             staged.chunks.append(slots)  # type: ignore[arg-type]  # its Nones are filled below
             staged.digests.append(mine)
-            staged.olds.append(olds)
         found = await self._index.lookup(wanted) if self._index is not None and wanted else {}
-        await self._fill(staged, found, copy=copy)
+        self._fill(staged, found, copy=copy)
         return staged
 
-    async def _fill(self, staged: Staged, found: dict[bytes, tuple[ChunkRef, ...]], *, copy: bool) -> None:
+    def _mirrored(
+        self, leaves: list[Leaf], previous: list[Entry | None], known: dict[tuple[str, ...], list[bytes]]
+    ) -> dict[_Place, _Copy]:
+        """The chunks whose base bytes the mirror holds (its copy's digest is the base's)."""
+        mirrored = {}
+        for leaf, entry in zip(leaves, previous, strict=True):
+            if entry is None or leaf.name in known:
+                continue
+            for i, digest in enumerate(entry.digests):
+                kept = self._mirror.get((leaf.name, i))
+                if kept is not None and kept.digest == digest:
+                    mirrored[(leaf.name, i)] = kept
+        return mirrored
+
+    async def _compare(self, leaves: list[Leaf], mirrored: dict[_Place, _Copy]) -> dict[_Place, _Compared]:
+        """Compare each mirrored chunk with the mirror and copy its changed runs in (on the
+        executor, ~16 MiB a job)."""
+        pairs: list[tuple[_Place, memoryview, memoryview]] = []
+        for leaf in leaves:
+            for i in range(_count(leaf.data, self.chunk_size)):
+                kept = mirrored.get((leaf.name, i))
+                if kept is not None and leaf.data is not None:
+                    piece = leaf.data[i * self.chunk_size : (i + 1) * self.chunk_size]
+                    pairs.append(((leaf.name, i), kept.view(len(piece)), piece))
+        loop = asyncio.get_running_loop()
+        per_job = max(1, _HASH_BATCH // self.chunk_size)
+        batches = [pairs[i : i + per_job] for i in range(0, len(pairs), per_job)]
+        jobs = [loop.run_in_executor(self._executor, _diff_all, [(old, new) for _, old, new in b]) for b in batches]
+        compared = {}
+        for batch, runs in zip(batches, await asyncio.gather(*jobs), strict=True):
+            for (place, _, new), changed in zip(batch, runs, strict=True):
+                compared[place] = _Compared(new, changed)
+                if changed:
+                    mirrored[place].digest = b""  # its bytes moved on: known again once hashed (write)
+        return compared
+
+    def _fill(self, staged: Staged, found: dict[bytes, tuple[ChunkRef, ...]], *, copy: bool) -> None:
         """Fill the chunks ``stage`` left open: from the index, as a repeat, or new: a view of
-        the state (``copy=False``), a staged copy, or, with the mirror holding the base's
-        bytes of that chunk, a patch (only its changed runs are written)."""
+        the state (``copy=False``) or a staged copy (in the mirror, with ``mirror``)."""
         buffers = iter(self._staging)
         used: list[bytearray] = []
         new: set[bytes] = set()
         mirror: dict[_Place, _Copy] = {}
-        patches: list[_Patching] = []
-        for leaf, slots, digests, olds in zip(staged.leaves, staged.chunks, staged.digests, staged.olds, strict=True):
+        for leaf, slots, digests in zip(staged.leaves, staged.chunks, staged.digests, strict=True):
             for i, digest in enumerate(digests):
                 place, kept = (leaf.name, i), self._mirror.get((leaf.name, i))
-                if slots[i] is not None:  # held in place: so is the mirror's copy, if any
-                    if kept is not None and kept.digest == digest:
+                if slots[i] is not None:  # held in place or patched: so is the mirror's copy, if any
+                    if kept is not None and (kept.digest == digest or isinstance(slots[i], _Patch)):
                         mirror[place] = kept
                     continue
                 if digest in found or digest in new:
@@ -115,33 +160,16 @@ class Stager:
                 if self.mirror:
                     buffer = kept.buffer if kept is not None else bytearray(self.chunk_size)
                     mirror[place] = _Copy(digest, buffer)
-                    view = memoryview(buffer)[: len(piece)]
-                    old = olds.get(i)
-                    if kept is not None and old is not None and kept.digest == old[0]:
-                        patches.append((slots, i, view, piece, old[1]))  # the mirror holds the base's bytes
-                        continue
                 else:
                     buffer = next(buffers, None) or bytearray(self.chunk_size)
                     used.append(buffer)
-                    view = memoryview(buffer)[: len(piece)]
+                view = memoryview(buffer)[: len(piece)]
                 view[:] = piece
                 slots[i] = view
         if copy:
             self._staging = used
         if self.mirror and copy:
             self._mirror = mirror
-        await self._patch(patches)
-
-    async def _patch(self, patches: list[_Patching]) -> None:
-        """Find each patched chunk's changed runs against the mirror and copy it in (on the
-        executor, a batch per job)."""
-        loop = asyncio.get_running_loop()
-        per_job = max(1, _HASH_BATCH // self.chunk_size)
-        batches = [patches[i : i + per_job] for i in range(0, len(patches), per_job)]
-        jobs = [loop.run_in_executor(self._executor, _diff_all, [(view, piece) for _, _, view, piece, _ in b]) for b in batches]
-        for batch, runs in zip(batches, await asyncio.gather(*jobs), strict=True):
-            for (slots, i, view, _, old), changed in zip(batch, runs, strict=True):
-                slots[i] = _Patch(view, old, changed)
 
     def _known(self, leaves: list[Leaf], base: Base | None, own: bool) -> dict[tuple[str, ...], list[bytes]]:
         """With ``trust_version_counters``, the digests of the tensors whose stamp is the one
@@ -151,20 +179,28 @@ class Stager:
             return {}
         return base.known(leaves, self.chunk_size)
 
-    async def _digests(self, datas: list[memoryview]) -> list[list[bytes]]:
-        """Each array's chunk digests, hashed on the executor in batches of ~16 MiB."""
+    async def _digests(self, leaves: list[tuple[memoryview, list[int]]]) -> list[list[bytes]]:
+        """Each array's chunk digests (b"" for a chunk not listed: compared with the mirror),
+        hashed on the executor in batches of ~16 MiB."""
         loop = asyncio.get_running_loop()
+        per_job = max(1, _HASH_BATCH // self.chunk_size)
         jobs = []
-        for data in datas:
-            starts = range(0, len(data), self.chunk_size)
-            per_job = max(1, _HASH_BATCH // self.chunk_size)
+        for data, chunks in leaves:
+            starts = [i * self.chunk_size for i in chunks]
             batches = [starts[i : i + per_job] for i in range(0, len(starts), per_job)]
             jobs.append([loop.run_in_executor(self._executor, _hash, data, batch, self.chunk_size) for batch in batches])
-        return [[d for batch in await asyncio.gather(*job) for d in batch] for job in jobs]
+        digests = []
+        for (data, chunks), job in zip(leaves, jobs, strict=True):
+            mine = [b""] * _count(data, self.chunk_size)
+            for i, digest in zip(chunks, (d for batch in await asyncio.gather(*job) for d in batch), strict=True):
+                mine[i] = digest
+            digests.append(mine)
+        return digests
 
     async def write(self, staged: Staged, base: Base | None) -> Part:
         """Write the staged chunks that are new and the changed runs of the patched ones (the
-        rest are named by reference)."""
+        rest are named by reference).  A patched chunk is hashed first (from the mirror)."""
+        await self._hash_patches(staged)
         tilings = {id(slot): tile(slot.old, slot.runs, len(slot.view), max_extents=self.max_extents) for slot in _patches(staged)}
         views: list[memoryview] = []
         for slot in (slot for slots in staged.chunks for slot in slots):
@@ -203,6 +239,17 @@ class Stager:
             base_version=base.latest_version if base is not None else 0,
             chunk_size=self.chunk_size,
         )
+
+    async def _hash_patches(self, staged: Staged) -> None:
+        """Set each patched chunk's digest (and its mirror copy's): xxh3-128 of its new bytes."""
+        loop = asyncio.get_running_loop()
+        places = [(li, i) for li, slots in enumerate(staged.chunks) for i, slot in enumerate(slots) if isinstance(slot, _Patch)]
+        views = [staged.chunks[li][i].view for li, i in places]  # type: ignore[union-attr]
+        for (li, i), digest in zip(places, await loop.run_in_executor(self._executor, _hash_views, views), strict=True):
+            staged.digests[li][i] = digest
+            kept = self._mirror.get((staged.leaves[li].name, i))
+            if kept is not None and kept.buffer is staged.chunks[li][i].view.obj:  # type: ignore[union-attr]
+                kept.digest = digest
 
     async def _held(self, staged: Staged, tilings: dict[int, list[Span]], written: Iterator[ChunkRef]) -> _Held:
         """The refs that hold each chunk, given ``written`` (the new refs, in slot order): a
@@ -250,12 +297,23 @@ class _Patch:
     runs: list[Run]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Copy:
-    """The mirror's copy of one chunk of the last save: its digest and bytes."""
+    """The mirror's copy of one chunk of the last save: its digest (b"" while unknown) and bytes."""
 
     digest: bytes
     buffer: bytearray
+
+    def view(self, length: int) -> memoryview:
+        return memoryview(self.buffer)[:length]
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """A chunk compared with the mirror: its new bytes and the runs that changed (copied in)."""
+
+    new: memoryview
+    runs: list[Run]
 
 
 @dataclass
@@ -266,7 +324,7 @@ class _Held:
     new_bytes: list[int] = field(default_factory=list)  # per leaf, written by this save
 
 
-_Patching = tuple[list[Any], int, memoryview, memoryview, tuple[ChunkRef, ...]]  # slots, index, mirror, new, old
+_Known = dict[tuple[str, ...], list[bytes]]  # digests by leaf name, vouched for by version stamps
 _Place = tuple[tuple[str, ...], int]  # a chunk's place: its leaf's name and its index
 _Slot = tuple[ChunkRef, ...] | memoryview | _Same | _Patch  # held refs, new bytes, a repeat, or a patch
 
@@ -279,21 +337,31 @@ class Staged:
     leaves: list[Leaf]
     chunks: list[list[_Slot]] = field(default_factory=list)
     digests: list[list[bytes]] = field(default_factory=list)
-    olds: list[dict[int, tuple[bytes, tuple[ChunkRef, ...]]]] = field(default_factory=list)  # see stage
     stamps: dict[tuple[str, ...], Stamp] = field(default_factory=dict)  # its tensors', with trust_version_counters
 
 
-def _hash(data: memoryview, starts: range, chunk_size: int) -> list[bytes]:
+def _hash(data: memoryview, starts: list[int], chunk_size: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(data[start : start + chunk_size]) for start in starts]
 
 
 def _diff_all(pairs: list[tuple[memoryview, memoryview]]) -> list[list[Run]]:
-    """For each (mirror, new): the runs where they differ; then the mirror takes the new bytes."""
+    """For each (mirror, new): the runs where they differ, copied into the mirror."""
     out = []
     for mirror, new in pairs:
-        out.append(changed_runs(mirror, new, GRANULE))
-        mirror[:] = new
+        runs = changed_runs(mirror, new, GRANULE)
+        for start, end in runs:
+            mirror[start:end] = new[start:end]
+        out.append(runs)
     return out
+
+
+def _hash_views(views: list[memoryview]) -> list[bytes]:
+    return [xxhash.xxh3_128_digest(view) for view in views]
+
+
+def _count(data: memoryview | None, chunk_size: int) -> int:
+    """How many chunks ``data`` is cut into."""
+    return 0 if data is None else -(-len(data) // chunk_size)
 
 
 def _refs_of(spans: list[Span], view: memoryview, written: list[ChunkRef]) -> list[ChunkRef]:
