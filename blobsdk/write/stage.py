@@ -4,8 +4,19 @@ blobsdk/write/dedup.py), a repeat of one earlier in the same save, or new; copy 
 into staging buffers (``save``) or take them as views (``write_part``); then write the new
 ones and make the part that names them all.
 
-Hashing runs on the client's executor in batches of ~16 MiB (xxh3 releases the GIL, so both
-cores hash).  ``stage`` is what training waits for; ``write`` runs in the background.
+With ``mirror`` (``save`` only), the object keeps a copy of every chunk it last staged or
+kept, with its digest.  A chunk whose copy holds the base's bytes (same digest as the base's
+chunk at that place) is compared with the copy instead of hashed (blobsdk/write/delta.py's
+``changed_runs``, 64-byte granules); only its changed runs are copied in, and it becomes a
+*patch*: ``write`` hashes it from the copy, writes only the changed runs and names the rest
+from the base's stored bytes (a tiling of at most ``max_extents`` refs).  A copy that does not
+hold the base's bytes (another writer saved, a save failed, the object is new) is never
+trusted: the chunk is hashed and, if changed, written whole.  Memory: one copy of the
+state's arrays.
+
+Hashing and comparing run on the client's executor in batches of ~16 MiB (xxh3 and numpy
+release the GIL, so both cores work).  ``stage`` is what training waits for; ``write`` runs in
+the background.
 """
 
 from __future__ import annotations
