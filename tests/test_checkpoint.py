@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 import blobsdk
 from blobsdk.config import WriteConfig
@@ -340,6 +341,11 @@ async def test_a_process_killed_mid_save_leaves_the_last_checkpoint_whole(tmp_pa
         assert np.array_equal((await ck.load())["w"], expected)
         left = await c.gc(grace=0.3, dry_run=True)
         assert left.blocks_scanned == left.blocks_referenced  # every orphan is gone
+        assert left.index_entries_deleted == 0  # each entry left names blocks a kept checkpoint names
+        entries = [info.path async for info in c.list("/ck/.blobsdk/chunks/")]
+        assert entries  # the kept checkpoints' chunks
+        for path in entries:  # recorded only after their commit: each holds the bytes it is named by
+            assert xxhash.xxh3_128_hexdigest(await c.get(path)) == path.rsplit("/", 1)[1]
 
 
 # --- remove, and the command line -----------------------------------------------------------------

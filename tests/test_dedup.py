@@ -4,7 +4,10 @@ kept checkpoint names."""
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops import gc as gc_module
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.write.dedup import INDEX_DIR, is_index_path
+from servers.redisd import start_redis, start_redis_cluster
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)
@@ -156,3 +160,47 @@ async def test_a_lookup_ignores_an_entry_of_the_wrong_length(client: blobsdk.Cli
     manifest = await (await client.checkpoints("/bkt/a").save(1, {"w": w})).wait()
     assert manifest.new_bytes == CHUNK
     assert np.array_equal((await client.checkpoints("/bkt/a").load())["w"], w)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with start_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
+        yield cluster.url
+
+
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+async def backend_client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[blobsdk.Client]:
+    """A client over local blocks and each metadata backend (the API server's is in
+    tests/test_tenancy.py): a checkpoint's commit and its index entries stay in one bucket,
+    as a Redis Cluster requires of a transaction."""
+    async with AsyncExitStack() as stack:
+        if request.param == "sqlite":
+            meta: Any = await stack.enter_async_context(SqliteMetadataStore(tmp_path / "meta.sqlite"))
+        else:
+            from blobsdk.metadata.redis import RedisMetadataStore
+
+            url = request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
+            meta = await stack.enter_async_context(RedisMetadataStore(url, namespace=f"t{secrets.token_hex(6)}"))
+        blocks = await stack.enter_async_context(LocalBlockStore(tmp_path / "blocks"))
+        yield await stack.enter_async_context(blobsdk.Client.from_stores(meta, blocks, write=WRITE))
+
+
+async def test_every_metadata_backend_dedups_across_prefixes_and_sweeps(backend_client: blobsdk.Client) -> None:
+    c = backend_client
+    state = {"w": weights(0, chunks=3)}
+    x, y = c.checkpoints("/b/x"), c.checkpoints("/b/y")
+    await (await x.save(1, state)).wait()
+    assert (await (await y.save(1, state)).wait()).new_bytes == 0
+    assert np.array_equal((await y.load())["w"], state["w"])
+    await x.remove(1)
+    await y.remove(1)
+    report = await gc(c)
+    assert report.index_entries_deleted == 3
+    assert await index_entries(c, "b") == []
+    assert (await gc(c)).blocks_scanned == 0

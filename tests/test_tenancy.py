@@ -257,3 +257,40 @@ async def test_a_tenant_prefetches_its_own_buckets_into_l3_under_its_grants(depl
     async with d.client(token, l1=blobsdk.L1Config(capacity_bytes=0)) as cold:
         await cold.get("/train/a")
         assert cold.stats()["l3"]["hits"] == 3 and cold.stats()["l3"]["node_fills"] == 0
+
+
+async def test_checkpoint_dedup_stays_inside_a_tenants_bucket(deployment: Deployment) -> None:
+    """Tenant acme's chunk index is in its bucket: acme's second job dedups against its first
+    through the API server (the stored refs carry no grants, the reads get fresh ones); tenant
+    globex saving the same state in its own bucket writes every chunk, and cannot read
+    acme's index entries."""
+    d = deployment
+    state = {"w": np.random.default_rng(0).standard_normal(4 * (64 << 10) // 4, dtype=np.float32)}
+    async with d.client(d.tenancy.token("acme", "train")) as acme:
+        first = await (await acme.checkpoints("/train/job1").save(1, state)).wait()
+        second = await (await acme.checkpoints("/train/job2").save(1, state)).wait()
+        assert (first.new_bytes, second.new_bytes, second.reused_bytes) == (4 << 16, 0, 4 << 16)
+        entries = [i.path async for i in acme.list("/train/.blobsdk/chunks/")]
+        assert len(entries) == 4
+        stored = await acme._open.metadata.get_plan("/train/job2/000000000001/data")
+        assert all(ref.grant for ref in stored.chunks)  # granted on the way out
+    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
+        raw = await admin._open.metadata.get_plan("/train/job2/000000000001/data")
+        assert np.array_equal((await admin.checkpoints("/train/job2").load())["w"], state["w"])
+    async with d.client(d.tenancy.token("acme", "train")) as acme:
+        assert np.array_equal((await acme.checkpoints("/train/job2").load())["w"], state["w"])
+    async with d.client(d.tenancy.token("globex", "rival")) as globex:
+        mine = await (await globex.checkpoints("/rival/job").save(1, state)).wait()
+        assert mine.new_bytes == 4 << 16  # nothing named from acme's bucket
+        with pytest.raises(Forbidden, match="tenant 'globex' may not use bucket 'train'"):
+            await globex.get(entries[0])
+        with pytest.raises(Forbidden, match="tenant 'globex' may not use bucket 'train'"):
+            [i async for i in globex.list("/train/.blobsdk/chunks/")]
+    assert {ref.block_id for ref in raw.chunks} == {
+        ref.block_id for ref in (await _plan_of(d, "/train/job1/000000000001/data")).chunks
+    }
+
+
+async def _plan_of(d: Deployment, path: str) -> blobsdk.ReadPlan:
+    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
+        return await admin._open.metadata.get_plan(path)
