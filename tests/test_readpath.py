@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 
@@ -14,6 +15,7 @@ import blobsdk
 from blobsdk.cache.disk import DiskCache
 from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.runtime.buffers import BufferPool
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.wire import ChunkRef
@@ -381,7 +383,8 @@ async def test_read_into_a_buffer_of_the_wrong_size_is_refused(tmp_path):
 @pytest.mark.parametrize("l1", [NO_L1, L1Config()])
 async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_path, l1):
     """A one-off read (``fill_memory=False``) gives each chunk buffer back once copied out,
-    and its later fetches read into them (bytes still exact); a plain get never does."""
+    and its later fetches read into them (bytes still exact); a plain get never does.  (Its
+    whole chunks go straight into the output: the windows here cut every chunk in two.)"""
     async with blobsdk.Client.local(tmp_path, write=SMALL, l1=l1) as c:
         data = data_of(600_000, 12)  # 10 chunks
         await c.put("/b/x", data)
@@ -390,8 +393,80 @@ async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_pa
             assert await c.get("/b/x", offset=1) == data[1:]
         assert pool.reused == 0
         plan = await c.plan("/b/x")
+        cuts = [0, *(plan.chunk_size * i + 7 for i in range(1, len(plan.chunks))), len(data)]
         for _ in range(3):
             out = bytearray(len(data))
-            await c._open.readpath.read_into(plan, memoryview(out), fill_memory=False)
+            windows = [memoryview(out)[a:b] for a, b in itertools.pairwise(cuts)]
+            await c._open.readpath.read_into(plan, windows, fill_memory=False)
             assert out == data
         assert (pool.reused > 0) is (l1 is NO_L1)  # with L1, the gets filled it: nothing was fetched
+
+
+class NoBuffers(BufferPool):
+    """A buffer pool that refuses to hand out a buffer: the read must not need one."""
+
+    def take(self, size: int) -> memoryview:
+        raise AssertionError("a chunk buffer was taken")
+
+
+async def test_a_one_off_read_of_whole_chunks_goes_straight_into_the_output(tmp_path):
+    """From a lone L4 replica, a one-off read's whole uncompressed chunks are read into the
+    caller's memory and verified there: no chunk buffer, no copy; a chunk L1 holds still
+    comes from L1, and a bad copy is CorruptData as ever."""
+    async with blobsdk.Client.local(tmp_path, write=SMALL) as c:
+        data = data_of(600_000, 13)
+        await c.put("/b/x", data)
+        plan = await c.plan("/b/x")
+        path = c._open.readpath
+        l4 = path.tiers[-1]
+        real, l4.buffers = l4.buffers, NoBuffers()
+        out = bytearray(len(data))
+        await path.read_into(plan, memoryview(out), fill_memory=False)
+        assert out == data and l4.stats.hits == len(plan.chunks)
+        l4.buffers = real
+        block = next(p for p in (tmp_path / "blocks").rglob("*") if p.is_file() and p.name == plan.chunks[0].block_id)
+        raw = bytearray(block.read_bytes())
+        raw[plan.chunks[3].offset] ^= 0xFF
+        block.chmod(0o644)
+        block.write_bytes(raw)
+        with pytest.raises(blobsdk.CorruptData):
+            await path.read_into(plan, memoryview(bytearray(len(data))), fill_memory=False)
+
+
+class Gated(LocalBlockStore):
+    """A block store whose reads wait for the test to release them."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+        self.finished = 0
+
+    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
+        self.started.set()
+        await self.release.wait()
+        await super().read_into(block_id, offset, out, attempt=attempt, grant=grant)
+        self.finished += 1
+
+
+async def test_a_cancelled_direct_read_ends_before_the_cancellation_goes_on(tmp_path):
+    """Nothing writes into the caller's memory once its read is over, cancelled included:
+    the cancelled read waits for the replica's read it started."""
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        Gated(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL) as c,
+    ):
+        data = data_of(64 << 10, 14)
+        await c.put("/b/x", data)
+        plan = await c.plan("/b/x")
+        out = bytearray(len(data))
+        read = asyncio.create_task(c._open.readpath.read_into(plan, memoryview(out), fill_memory=False))
+        await blocks.started.wait()
+        read.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not read.done()  # waiting for the replica's read into out
+        blocks.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        assert blocks.finished == 1 and out == data

@@ -39,6 +39,20 @@ Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
 
 
 @runtime_checkable
+class DirectTier(Protocol):
+    """A tier that can read an uncompressed chunk straight into the caller's memory (a
+    restore into the caller's arrays), with no buffer of its own and no copy after."""
+
+    async def fetch_into(self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None) -> bool:
+        """Read ``ref``'s raw bytes into ``out`` (exactly ``ref.raw_length`` bytes) and verify
+        them there; False, with nothing written, if this tier cannot do that safely now (it
+        would race other attempts into ``out``).  Nothing writes into ``out`` once it has
+        returned or raised, cancelled included.  A bad copy raises as ``fetch`` would; ``out``
+        then holds what was read."""
+        ...
+
+
+@runtime_checkable
 class Tier(Protocol):
     @property
     def name(self) -> str:

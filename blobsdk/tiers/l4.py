@@ -17,6 +17,7 @@ store's ``under_replicated`` list).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import AsyncExitStack
 from functools import partial
@@ -125,6 +126,30 @@ class L4Tier(KeepsNothing, Closing):
             self.repairer.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
 
+    async def fetch_into(self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None) -> bool:
+        """``ref``'s verified raw bytes read straight into ``out`` (see DirectTier): only from
+        a lone replica, whose one attempt at a time the hedger waits for (patient, in turn), so
+        no two reads ever write into ``out``; a cancelled read is waited for before the
+        cancellation goes on, so none writes into it after this returns."""
+        candidates = self.candidates(ref.key)
+        if len(candidates) != 1 or ref.codec != "none" or len(out) != ref.raw_length:
+            return False
+        begun = time.perf_counter()
+        skipped: list[BlobError] = []
+        attempt = partial(self._read_copy, ref, decode, skipped, into=out)
+        run = self.hedger.run(candidates, attempt, key_of=_name, failover=_is_failover, patient=True, demand=demand)
+        read = asyncio.ensure_future(run)
+        try:
+            await asyncio.shield(read)
+        except asyncio.CancelledError:
+            await asyncio.wait([read])  # its thread may still be writing into out
+            raise
+        except HedgeExhausted as exc:
+            self.stats.misses += 1
+            raise give_up(ref, [error for _, error in exc.failures]) from exc
+        self.stats.hit(ref.raw_length, time.perf_counter() - begun)
+        return True
+
     def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
         lately after the others, then replicas whose latency estimate is over SLOW_FACTOR
@@ -157,12 +182,20 @@ class L4Tier(KeepsNothing, Closing):
         return self._limiters.has_room(replica.name)
 
     async def _read_copy(
-        self, ref: ChunkRef, decode: Decoder, skipped: list[BlobError], replica: BlockReplica, attempt: Attempt
+        self,
+        ref: ChunkRef,
+        decode: Decoder,
+        skipped: list[BlobError],
+        replica: BlockReplica,
+        attempt: Attempt,
+        *,
+        into: memoryview | None = None,
     ) -> tuple[memoryview, memoryview]:
-        """One replica's verified copy, in a buffer of its own: a cancelled loser's read may
-        go on in a thread, so no two attempts ever share one.  A bad or missing copy goes
-        on ``skipped``; a bad one demotes its replica, a verified one restores it."""
-        stored = self.buffers.take(ref.length)
+        """One replica's verified copy, in a buffer of its own (or ``into``, by fetch_into): a
+        cancelled loser's read may go on in a thread, so no two attempts ever share one.  A
+        bad or missing copy goes on ``skipped``; a bad one demotes its replica, a verified one
+        restores it."""
+        stored = self.buffers.take(ref.length) if into is None else into
         try:
             await replica.read_into(ref.block_id, ref.offset, stored, attempt=attempt, grant=ref.grant)
             raw = await decode(ref, stored)
