@@ -15,7 +15,10 @@ A reader gets the buffer itself, with no copy, only when it reads the chunk whol
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
 part out of it.  A one-off read (``read_into(..., fill_memory=False)``: a checkpoint restore)
 gives the buffers it alone copied from, and no tier kept, back to the tiers'
-:class:`~blobsdk.runtime.buffers.BufferPool`, for its next fetches to read into.
+:class:`~blobsdk.runtime.buffers.BufferPool`, for its next fetches to read into.  Its whole
+uncompressed chunks need no buffer at all when the tier it would fetch from is L4 with a
+lone replica (:class:`~blobsdk.tiers.base.DirectTier`): they are read straight into the
+caller's memory and verified there, on the executor (``_direct``).
 
 Priority: each fetch carries a :class:`~blobsdk.tail.demand.Demand` down to the limiters its
 requests queue at: foreground for a reader's fetch, prefetch for :meth:`ReadPath.warm`'s.  A
