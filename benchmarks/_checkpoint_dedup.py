@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -213,6 +214,7 @@ async def _cnr_variant(report: Report, root: Path, shape: Shape, name: str, opti
     at = "" if shape.table_bytes >= 1024 * MiB else f"; the goal is at 1 GiB, this at {shape.table_bytes / MiB:g} MiB"
     goal(report, f"{name}_stall_cut", [median(sync) / s for s in stalls], ">=", 50, at)
     await _restore(report, store, table, name)
+    shutil.rmtree(store)  # up to 10 GiB (whole chunks, 10 saves): the next variant needs the disk
 
 
 def _hash_once(array: np.ndarray) -> None:
