@@ -1,13 +1,17 @@
 """blobsdk/write/dedup.py: checkpoints name chunks any checkpoint of the same bucket stored,
 whatever the prefix; gc sweeps index entries nothing else needs, and never loses what a
-kept checkpoint names."""
+kept checkpoint names; on every metadata backend (SQLite, the API server, Redis, Redis Cluster)."""
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 import xxhash
@@ -15,10 +19,16 @@ import xxhash
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BlockCollected
+from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops import gc as gc_module
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.write.dedup import INDEX_DIR, is_index_path
+from servers import api
+from servers.redisd import RedisCluster, RedisServer, start_redis, start_redis_cluster
+from tests.helpers import running_app
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)
@@ -35,6 +45,10 @@ def blocks_bytes(root: Path) -> int:
 
 async def index_entries(client: blobsdk.Client, bucket: str) -> list[str]:
     return [info.path async for info in client.list(f"/{bucket}/{INDEX_DIR}/")]
+
+
+async def stored_blocks(blocks: LocalBlockStore) -> set[str]:
+    return {info.block_id async for info in blocks.list_blocks()}
 
 
 async def gc(client: blobsdk.Client) -> gc_module.GcReport:
@@ -156,3 +170,64 @@ async def test_a_lookup_ignores_an_entry_of_the_wrong_length(client: blobsdk.Cli
     manifest = await (await client.checkpoints("/bkt/a").save(1, {"w": w})).wait()
     assert manifest.new_bytes == CHUNK
     assert np.array_equal((await client.checkpoints("/bkt/a").load())["w"], w)
+
+
+# --- every metadata backend keeps the index: it is ordinary metadata --------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with start_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["sqlite", "api", "redis", "redis-cluster"])
+async def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
+    """An open, empty metadata store of each backend (the Redis servers are the module's, so
+    each test takes a namespace of its own)."""
+    async with AsyncExitStack() as stack:
+        store: Any
+        if request.param == "sqlite":
+            store = SqliteMetadataStore(tmp_path / "meta.sqlite")
+        elif request.param == "api":
+            url = await stack.enter_async_context(running_app(api.make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"))))
+            store = HttpMetadataStore(await stack.enter_async_context(aiohttp.ClientSession()), url)
+        else:
+            server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
+            store = RedisMetadataStore(server.url, namespace=f"t{secrets.token_hex(6)}")
+        await stack.enter_async_context(store)
+        if isinstance(store, RedisMetadataStore):
+            assert store.cluster is (request.param == "redis-cluster")  # found out once open
+        yield store
+
+
+async def test_every_metadata_backend_dedups_across_prefixes_and_gc_sweeps_the_index(
+    metadata: MetadataStore, tmp_path: Path
+) -> None:
+    async with LocalBlockStore(tmp_path / "blocks") as blocks, blobsdk.Client.from_stores(metadata, blocks, write=WRITE) as c:
+        state = {"w": weights(0, chunks=4)}
+        x, y = c.checkpoints("/b/x"), c.checkpoints("/b/y")
+        assert (await (await x.save(1, state)).wait()).new_bytes == 4 * CHUNK
+        manifest = await (await y.save(1, state)).wait()
+        assert (manifest.new_bytes, manifest.reused_bytes) == (0, 4 * CHUNK)
+        named = [(await c.plan(f"/b/{p}/000000000001/data")).block_ids() for p in "xy"]
+        assert named[0] == named[1]  # y names x's blocks
+        assert np.array_equal((await y.load())["w"], state["w"])
+        assert len(await index_entries(c, "b")) == 4
+        await x.remove(1)
+        kept = await gc(c)
+        assert kept.index_entries_deleted == 0 and named[1] <= await stored_blocks(blocks)
+        assert np.array_equal((await y.load())["w"], state["w"])  # y names them: kept, and their entries
+        await y.remove(1)
+        report = await gc(c)
+        assert report.index_entries_deleted == 4 and report.blocks_deleted == report.blocks_scanned > 0
+        assert await index_entries(c, "b") == []
+        assert [plan.path async for plan in metadata.iter_plans()] == []
+        left = await gc(c)
+        assert (left.blocks_scanned, left.blocks_deleted) == (0, 0)  # nothing pinned, nothing leaked
