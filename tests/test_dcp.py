@@ -1,6 +1,6 @@
 """blobsdk/dcp.py: torch.distributed.checkpoint over blobsdk's delta checkpoints, in DCP's
-single-process (no-dist) mode, sync and async (thread) saves, and on 2 gloo ranks; under one
-prefix and with a new prefix per step."""
+single-process (no-dist) mode, sync and async (thread) saves, and as 2 gloo ranks; with a path
+per step (a new prefix each save), deduplicated through the bucket's chunk index."""
 
 from __future__ import annotations
 
@@ -98,35 +98,6 @@ def test_a_second_save_of_a_nearly_unchanged_model_writes_almost_nothing(tmp_pat
     assert not torch.equal(older["model"]["2.bias"], saved["model"]["2.bias"])
 
 
-def blocks_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in (root / "blocks").rglob("*") if p.is_file())
-
-
-def test_a_path_per_step_dedups_through_the_buckets_chunk_index(tmp_path: Path) -> None:
-    """torchtitan's and Lightning's layout: each save under a new prefix compares with no
-    previous checkpoint there, and still writes only the changed chunks."""
-    saved = state()
-    grown = []
-    for step in range(3):
-        if step:
-            with torch.no_grad():
-                saved["model"]["2.bias"] += 1.0
-        before = blocks_bytes(tmp_path)
-        with BlobStorageWriter.local(tmp_path, f"/ck/run/step-{step}", chunk_size=1 << 14) as writer:
-            dcp.save(saved, storage_writer=writer)
-        grown.append(blocks_bytes(tmp_path) - before)
-    with blobsdk.SyncClient.local(tmp_path) as client:
-        first, last = (client.checkpoints(f"/ck/run/step-{n}").manifest() for n in (0, 2))
-    assert last.new_bytes <= 0.05 * first.new_bytes and last.reused_bytes >= 0.9 * first.new_bytes
-    assert grown[1] <= 0.05 * grown[0] and grown[2] <= 0.05 * grown[0]
-    for step in (0, 2):
-        target = zeroed(saved)
-        with BlobStorageReader.local(tmp_path, f"/ck/run/step-{step}") as reader:
-            dcp.load(target, storage_reader=reader)
-        assert torch.equal(target["model"]["0.weight"], saved["model"]["0.weight"])
-        assert torch.equal(target["model"]["2.bias"], saved["model"]["2.bias"]) == (step == 2)
-
-
 def test_async_save_in_thread_mode(tmp_path: Path) -> None:
     saved = state(1)
     with BlobStorageWriter.local(tmp_path, "/ck/async") as writer:
@@ -179,20 +150,8 @@ dist.destroy_process_group()
 """
 
 
-def test_two_gloo_ranks_save_one_delta_checkpoint_and_each_loads_its_share(tmp_path: Path) -> None:
-    """Each rank writes its own items as a part; the coordinator commits both ranks' parts
-    and the metadata as one checkpoint; the second save writes only the changed chunks."""
-    outs = run_ranks(RANK, tmp_path)
-    assert outs[0]["same"] and outs[1]["same"]
-    assert outs[0]["steps"] == [0, 1]
-    first, second = outs[0]["new"]
-    assert first >= 4 * (1 << 18) * 2 + 4 * (1 << 16)  # both ranks' tensors and the shared one, once
-    assert second < 3 * (1 << 16) + 64 * 1024  # a chunk per rank, plus DCP's pickled metadata
-    assert outs[0]["names"] == ["items/model.rank0@0#0", "items/model.rank1@0#0", "items/model.shared@0#0", "metadata"]
-
-
-def run_ranks(script: str, root: Path) -> list[dict[str, Any]]:
-    """``script`` run as 2 gloo ranks (real processes); each one's last line of output, as JSON."""
+def run_ranks(script: str, *args: str) -> list[dict[str, Any]]:
+    """Run ``script`` as 2 gloo ranks; each one's last stdout line, as JSON."""
     import json
     import socket
     import subprocess
@@ -206,7 +165,7 @@ def run_ranks(script: str, root: Path) -> list[dict[str, Any]]:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(root)],
+            [sys.executable, "-c", script, *args],
             cwd=ROOT,
             env={**os.environ, **env, "RANK": str(rank)},
             stdout=subprocess.PIPE,
@@ -219,13 +178,70 @@ def run_ranks(script: str, root: Path) -> list[dict[str, Any]]:
     return outs
 
 
-RANK_STEPS = """
-import json, sys, warnings
+def test_two_gloo_ranks_save_one_delta_checkpoint_and_each_loads_its_share(tmp_path: Path) -> None:
+    """Each rank writes its own items as a part; the coordinator commits both ranks' parts
+    and the metadata as one checkpoint; the second save writes only the changed chunks."""
+    outs = run_ranks(RANK, str(tmp_path))
+    assert outs[0]["same"] and outs[1]["same"]
+    assert outs[0]["steps"] == [0, 1]
+    first, second = outs[0]["new"]
+    assert first >= 4 * (1 << 18) * 2 + 4 * (1 << 16)  # both ranks' tensors and the shared one, once
+    assert second < 3 * (1 << 16) + 64 * 1024  # a chunk per rank, plus DCP's pickled metadata
+    assert outs[0]["names"] == ["items/model.rank0@0#0", "items/model.rank1@0#0", "items/model.shared@0#0", "metadata"]
+
+
+# --- a path per step (torchtitan's and Lightning's layout): a new prefix each save ------------------
+
+
+def blocks_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "blocks").rglob("*") if p.is_file())
+
+
+def big_state(seed: int = 0) -> dict[str, Any]:
+    """~12.7 MiB of weights in the default 4 MiB grain, and DCP's pickled objects."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1200)
+    )
+    return {"model": model.state_dict(), "extra": {"step": 3, "note": "hello"}, "bf": torch.ones(7, dtype=torch.bfloat16)}
+
+
+def test_a_path_per_step_second_save_writes_almost_nothing(tmp_path: Path) -> None:
+    """Each save under its own prefix (``/ck/run/step-{n}``) names the chunks the previous
+    step's checkpoint stored, through the bucket's chunk index."""
+    saved = big_state()
+    steps, grown = [], []  # the weights saved, the blocks directory's size after each save
+    for n in range(2):
+        with BlobStorageWriter.local(tmp_path, f"/ck/run/step-{n}") as writer:
+            dcp.save(saved, storage_writer=writer)
+        grown.append(blocks_bytes(tmp_path))
+        steps.append({k: v.clone() for k, v in saved["model"].items()})
+        with torch.no_grad():
+            saved["model"]["2.bias"] += 1.0  # 1024 floats of ~3.3M change
+            saved["extra"]["step"] += 1
+    with blobsdk.SyncClient.local(tmp_path) as client:
+        first, second = (client.checkpoints(f"/ck/run/step-{n}").manifest() for n in range(2))
+    assert first.reused_bytes == 0 and first.new_bytes > 12 << 20
+    assert second.new_bytes <= 0.05 * first.new_bytes
+    changed = {"/".join(e.name): e.new_bytes for e in second.entries if e.new_bytes}
+    assert sorted(changed) == ["items/extra.step@-#-", "items/model.2.bias@0#0"]  # DCP pickles the changed int
+    assert changed["items/model.2.bias@0#0"] == 4096 and second.new_bytes < 2 * 4096
+    assert grown[1] - grown[0] <= 0.05 * grown[0]
+    for n, weights in enumerate(steps):
+        target = {"model": {k: torch.zeros_like(v) for k, v in weights.items()}, "extra": {"step": 0, "note": ""}}
+        target["bf"] = torch.zeros(7, dtype=torch.bfloat16)
+        with BlobStorageReader.local(tmp_path, f"/ck/run/step-{n}") as reader:
+            dcp.load(target, storage_reader=reader)
+        assert all(torch.equal(target["model"][k], v) for k, v in weights.items()), n
+        assert target["extra"] == {"step": 3 + n, "note": "hello"}
+
+
+RANK_PER_STEP = """
+import json, os, sys, warnings
 from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import blobsdk
 from blobsdk.torch import BlobStorageReader, BlobStorageWriter
 
 warnings.simplefilter("error")
@@ -233,36 +249,41 @@ root = sys.argv[1]
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(rank)
-state = {"model": {"shared": torch.arange(1 << 16, dtype=torch.float32), f"rank{rank}": torch.randn(1 << 18)}}
-saved = []
-for step in range(2):
-    if step:
-        with torch.no_grad():
-            state["model"][f"rank{rank}"][:10] += 1.0  # one chunk of this rank's 16 changes
-    with BlobStorageWriter.local(root, f"/ck/run/step-{step}", chunk_size=1 << 16) as writer:
-        dcp.save(state, storage_writer=writer)
+state = {"model": {"shared": torch.arange(1 << 16, dtype=torch.float32), f"rank{rank}": torch.randn(1 << 19)}}
+saved, grown = [], []
+for n in range(2):
+    with BlobStorageWriter.local(root, f"/ck/run/step-{n}", chunk_size=1 << 16) as writer:
+        dcp.save(state, storage_writer=writer)  # returns once the coordinator committed it
+    grown.append(sum(p.stat().st_size for p in Path(root, "blocks").rglob("*") if p.is_file()))
     saved.append({k: v.clone() for k, v in state["model"].items()})
+    with torch.no_grad():
+        state["model"][f"rank{rank}"][:10] += 1.0  # one chunk of this rank's 32 changes
 same = []
-for step in range(2):
-    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
-    with BlobStorageReader.local(root, f"/ck/run/step-{step}") as reader:
+for n, weights in enumerate(saved):
+    target = {"model": {k: torch.zeros_like(v) for k, v in weights.items()}}
+    with BlobStorageReader.local(root, f"/ck/run/step-{n}") as reader:
         dcp.load(target, storage_reader=reader)
-    same.append(all(torch.equal(target["model"][k], v) for k, v in saved[step].items()))
+    same.append(all(torch.equal(target["model"][k], v) for k, v in weights.items()))
 dist.barrier()
 out = {"same": same}
 if rank == 0:
+    import blobsdk
     with blobsdk.SyncClient.local(root) as client:
-        out["new"] = [client.checkpoints(f"/ck/run/step-{step}").manifest().new_bytes for step in range(2)]
+        manifests = [client.checkpoints(f"/ck/run/step-{n}").manifest() for n in range(2)]
+    out.update(grown=grown, new=[m.new_bytes for m in manifests])
 print(json.dumps(out))
 dist.destroy_process_group()
 """
 
 
-def test_two_gloo_ranks_with_a_path_per_step_write_only_the_changed_chunks(tmp_path: Path) -> None:
-    """DCP with a new prefix per step on 2 ranks: the second step's parts name the first
-    step's chunks through the bucket's chunk index, on each rank."""
-    outs = run_ranks(RANK_STEPS, tmp_path)
+def test_two_gloo_ranks_with_a_path_per_step_write_almost_nothing_the_second_time(tmp_path: Path) -> None:
+    """Each rank's part of step 1 names, through the bucket's chunk index, the chunks step 0
+    (another prefix) stored: the index is recorded before step 0's ``dcp.save`` returns."""
+    outs = run_ranks(RANK_PER_STEP, str(tmp_path))
     assert outs[0]["same"] == [True, True] and outs[1]["same"] == [True, True]
     first, second = outs[0]["new"]
-    assert first >= 4 * (1 << 18) * 2 + 4 * (1 << 16)
-    assert second < 3 * (1 << 16) + 64 * 1024  # a chunk per rank (of 16 each), plus DCP's pickled metadata
+    assert first >= 4 * (1 << 19) * 2 + 4 * (1 << 16)  # both ranks' tensors and the shared one, once
+    assert second <= 0.05 * first
+    assert second < 2 * (1 << 16) + 8 * 1024  # a chunk per rank, plus DCP's pickled metadata
+    after_first, after_second = outs[0]["grown"]  # the blocks directory's size
+    assert after_second - after_first <= 0.05 * after_first

@@ -1,16 +1,20 @@
 """blobsdk/write/dedup.py: checkpoints name chunks any checkpoint of the same bucket stored,
 whatever the prefix; gc sweeps index entries nothing else needs, and never loses what a
-kept checkpoint names."""
+kept checkpoint names; on every metadata backend (SQLite, the API server, Redis, Redis Cluster)."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 import xxhash
@@ -18,11 +22,16 @@ import xxhash
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BlockCollected
+from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops import gc as gc_module
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.write.dedup import INDEX_DIR, is_index_path
-from servers.redisd import start_redis, start_redis_cluster
+from servers import api
+from servers.redisd import RedisCluster, RedisServer, start_redis, start_redis_cluster
+from tests.helpers import ROOT, running_app
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)
@@ -39,6 +48,24 @@ def blocks_bytes(root: Path) -> int:
 
 async def index_entries(client: blobsdk.Client, bucket: str) -> list[str]:
     return [info.path async for info in client.list(f"/{bucket}/{INDEX_DIR}/")]
+
+
+async def stored_blocks(blocks: LocalBlockStore) -> set[str]:
+    return {info.block_id async for info in blocks.list_blocks()}
+
+
+async def assert_index_sound_after_gc(client: blobsdk.Client, bucket: str) -> list[str]:
+    """After a gc pass: each index entry of ``bucket`` reads back bytes whose xxh3-128 is its
+    name, and names only blocks that exist and that a live plan other than the index names
+    (the index pins nothing of its own).  Its entries."""
+    state = client._open
+    stored = {info.block_id async for info in state.blocks.list_blocks()}
+    named = {b async for plan in state.metadata.iter_plans() if not is_index_path(plan.path) for b in plan.block_ids()}
+    entries = await index_entries(client, bucket)
+    for path in entries:
+        assert (await client.plan(path)).block_ids() <= stored & named, path
+        assert xxhash.xxh3_128_hexdigest(await client.get(path)) == path.rsplit("/", 1)[1], path
+    return entries
 
 
 async def gc(client: blobsdk.Client) -> gc_module.GcReport:
@@ -162,45 +189,192 @@ async def test_a_lookup_ignores_an_entry_of_the_wrong_length(client: blobsdk.Cli
     assert np.array_equal((await client.checkpoints("/bkt/a").load())["w"], w)
 
 
+# --- every metadata backend keeps the index: it is ordinary metadata --------------------------------
+
+
 @pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with start_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server.url
+        yield server
 
 
 @pytest.fixture(scope="module")
-def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
-        yield cluster.url
+        yield cluster
 
 
-@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
-async def backend_client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[blobsdk.Client]:
-    """A client over local blocks and each metadata backend (the API server's is in
-    tests/test_tenancy.py): a checkpoint's commit and its index entries stay in one bucket,
-    as a Redis Cluster requires of a transaction."""
+@pytest.fixture(params=["sqlite", "api", "redis", "redis-cluster"])
+async def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
+    """An open, empty metadata store of each backend (the Redis servers are the module's, so
+    each test takes a namespace of its own)."""
     async with AsyncExitStack() as stack:
+        store: Any
         if request.param == "sqlite":
-            meta: Any = await stack.enter_async_context(SqliteMetadataStore(tmp_path / "meta.sqlite"))
+            store = SqliteMetadataStore(tmp_path / "meta.sqlite")
+        elif request.param == "api":
+            url = await stack.enter_async_context(running_app(api.make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"))))
+            store = HttpMetadataStore(await stack.enter_async_context(aiohttp.ClientSession()), url)
         else:
-            from blobsdk.metadata.redis import RedisMetadataStore
+            server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
+            store = RedisMetadataStore(server.url, namespace=f"t{secrets.token_hex(6)}")
+        await stack.enter_async_context(store)
+        if isinstance(store, RedisMetadataStore):
+            assert store.cluster is (request.param == "redis-cluster")  # found out once open
+        yield store
 
-            url = request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
-            meta = await stack.enter_async_context(RedisMetadataStore(url, namespace=f"t{secrets.token_hex(6)}"))
-        blocks = await stack.enter_async_context(LocalBlockStore(tmp_path / "blocks"))
-        yield await stack.enter_async_context(blobsdk.Client.from_stores(meta, blocks, write=WRITE))
+
+async def test_every_metadata_backend_dedups_across_prefixes_and_gc_sweeps_the_index(
+    metadata: MetadataStore, tmp_path: Path
+) -> None:
+    async with LocalBlockStore(tmp_path / "blocks") as blocks, blobsdk.Client.from_stores(metadata, blocks, write=WRITE) as c:
+        state = {"w": weights(0, chunks=4)}
+        x, y = c.checkpoints("/b/x"), c.checkpoints("/b/y")
+        assert (await (await x.save(1, state)).wait()).new_bytes == 4 * CHUNK
+        manifest = await (await y.save(1, state)).wait()
+        assert (manifest.new_bytes, manifest.reused_bytes) == (0, 4 * CHUNK)
+        named = [(await c.plan(f"/b/{p}/000000000001/data")).block_ids() for p in "xy"]
+        assert named[0] == named[1]  # y names x's blocks
+        assert np.array_equal((await y.load())["w"], state["w"])
+        assert len(await index_entries(c, "b")) == 4
+        await x.remove(1)
+        kept = await gc(c)
+        assert kept.index_entries_deleted == 0 and named[1] <= await stored_blocks(blocks)
+        assert np.array_equal((await y.load())["w"], state["w"])  # y names them: kept, and their entries
+        await y.remove(1)
+        report = await gc(c)
+        assert report.index_entries_deleted == 4 and report.blocks_deleted == report.blocks_scanned > 0
+        assert await index_entries(c, "b") == []
+        assert [plan.path async for plan in metadata.iter_plans()] == []
+        left = await gc(c)
+        assert (left.blocks_scanned, left.blocks_deleted) == (0, 0)  # nothing pinned, nothing leaked
 
 
-async def test_every_metadata_backend_dedups_across_prefixes_and_sweeps(backend_client: blobsdk.Client) -> None:
-    c = backend_client
-    state = {"w": weights(0, chunks=3)}
-    x, y = c.checkpoints("/b/x"), c.checkpoints("/b/y")
-    await (await x.save(1, state)).wait()
-    assert (await (await y.save(1, state)).wait()).new_bytes == 0
-    assert np.array_equal((await y.load())["w"], state["w"])
-    await x.remove(1)
-    await y.remove(1)
-    report = await gc(c)
-    assert report.index_entries_deleted == 3
-    assert await index_entries(c, "b") == []
-    assert (await gc(c)).blocks_scanned == 0
+# --- a process SIGKILLed at each step of a deduplicating save -----------------------------------------
+
+SAVER = """
+import asyncio, sys
+import numpy as np
+import blobsdk
+from blobsdk.config import WriteConfig
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.write import checkpoint, dedup
+
+store, kill_at = sys.argv[1], sys.argv[2]
+armed = False
+
+
+def stop_in(cls, name, when=lambda *args: True):
+    real = getattr(cls, name)
+
+    async def stopped(self, *args):
+        if armed and when(*args):
+            print("stopped", flush=True)
+            await asyncio.Event().wait()  # SIGKILLed here
+        return await real(self, *args)
+
+    setattr(cls, name, stopped)
+
+
+def nth(n, which):
+    seen = []
+
+    def when(*args):
+        seen.extend([args] if which(*args) else [])
+        return bool(seen) and seen[-1] is args and len(seen) == n
+
+    return when
+
+
+dedup.MAX_OPS_PER_REQUEST = 4  # the index is recorded 4 entries per transaction
+if kill_at == "upload":  # the first of the save's 4 blocks written, not the others
+    write_block, first = LocalBlockStore.write_block, []
+
+    async def first_only(self, block_id, parts):
+        if not armed:
+            return await write_block(self, block_id, parts)
+        if not first:
+            first.append(asyncio.ensure_future(write_block(self, block_id, parts)))
+        else:
+            await first[0]
+            print("stopped", flush=True)
+            await asyncio.Event().wait()  # SIGKILLed here
+        return await first[0]
+
+    LocalBlockStore.write_block = first_only
+elif kill_at == "commit":  # its chunks written, nothing committed
+    stop_in(checkpoint.Checkpoints, "_commit")
+elif kill_at == "record":  # committed, nothing recorded in the index
+    stop_in(checkpoint.Checkpoints, "_record")
+elif kill_at == "mid-record":  # 4 of its 16 entries recorded
+    stop_in(SqliteMetadataStore, "commit_many", nth(2, lambda ops: dedup.is_index_path(ops[0].path)))
+elif kill_at == "retire":  # recorded, not yet retired or returned
+    stop_in(checkpoint.Checkpoints, "_retire")
+
+
+async def main():
+    async with blobsdk.Client.local(store, write=WriteConfig(chunk_size=65536, block_size=1 << 18)) as c:
+        w = np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32)
+        await (await c.checkpoints("/ck/base").save(1, {"w": w})).wait()
+        global armed
+        for n in (2, 3):
+            w[::65536] += 1.0  # 16 chunks of 64 change
+            armed = n == 3
+            await (await c.checkpoints(f"/ck/run/step-{n}").save(1, {"w": w})).wait()
+
+
+asyncio.run(main())
+"""
+
+# Where the save of step 3 stops: whether it is committed, how many blocks it leaves orphaned,
+# and how many of its 16 new chunks a later save of the same state writes again (those the
+# index did not record).
+KILLED = {
+    "upload": (False, 1, 16),
+    "commit": (False, 4, 16),
+    "record": (True, 0, 16),
+    "mid-record": (True, 0, 12),
+    "retire": (True, 0, 0),
+}
+
+
+def stepped(n: int) -> np.ndarray:
+    w = np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32)
+    for _ in range(n - 1):
+        w[::65536] += 1.0  # as the saver did: float32 sums, one at a time
+    return w
+
+
+@pytest.mark.parametrize("kill_at", KILLED)
+async def test_a_process_killed_in_a_deduplicating_save_loses_dedup_at_worst_never_data(tmp_path: Path, kill_at: str) -> None:
+    """The killed save (path per step, deduplicating against the earlier prefixes) stops at a
+    known point; what is committed loads whole, gc keeps what it names and leaves nothing
+    else, and the index holds only sound entries."""
+    store = tmp_path / "store"
+    saver = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SAVER, str(store), kill_at, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    assert saver.stdout is not None
+    assert await asyncio.wait_for(saver.stdout.readline(), 60) == b"stopped\n"
+    saver.send_signal(signal.SIGKILL)
+    await saver.wait()
+    committed, orphans, rewritten = KILLED[kill_at]
+    async with blobsdk.Client.local(store, write=WRITE) as c:
+        prefixes = ["/ck/base", "/ck/run/step-2", "/ck/run/step-3"][: 3 if committed else 2]
+        assert [await c.checkpoints(p).list() for p in prefixes] == [[1]] * len(prefixes)
+        assert await c.checkpoints("/ck/run/step-3").list() == ([1] if committed else [])
+        assert (await gc(c)).blocks_deleted == orphans  # the killed save's orphans go; nothing a checkpoint names does
+        for n, prefix in enumerate(prefixes, start=1):
+            assert np.array_equal((await c.checkpoints(prefix).load())["w"], stepped(n)), prefix
+        assert len(await assert_index_sound_after_gc(c, "ck")) == 64 + 16 + (16 - rewritten)  # base, step 2, what step 3 recorded
+        left = await gc(c)
+        assert (left.blocks_deleted, left.index_entries_deleted) == (0, 0)
+        again = await (await c.checkpoints("/ck/run/step-4").save(1, {"w": stepped(3)})).wait()
+        assert again.new_bytes == rewritten * CHUNK
+        assert np.array_equal((await c.checkpoints("/ck/run/step-4").load())["w"], stepped(3))
+        for prefix in [*prefixes, "/ck/run/step-4"]:
+            await c.checkpoints(prefix).remove(1)
+        await gc(c)
+        assert await index_entries(c, "ck") == []
+        assert [info async for info in c._open.blocks.list_blocks()] == []  # nothing orphaned is kept

@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 
 import blobsdk
+from blobsdk.auth import GRANT_TTL_S
 from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
 from blobsdk.errors import Forbidden, Unauthorized
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.wire import CommitOp, ReadPlan
+from blobsdk.write.dedup import INDEX_DIR
 from servers import api, blockstore, flash
 from tests.helpers import Tenancy, running_app
 
@@ -43,6 +46,7 @@ class Deployment:
     block_urls: list[str]
     l3_url: str
     data_clock: Clock  # the block servers' and the node's clock
+    api_clock: Clock  # the metadata API's (its tokens' and grants' time)
 
     def config(self, token: str | None, **kw: object) -> ClientConfig:
         return ClientConfig(
@@ -60,10 +64,10 @@ class Deployment:
 
 @pytest.fixture
 async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
-    tenancy, clock = Tenancy(), Clock()
+    tenancy, clock, api_clock = Tenancy(), Clock(), Clock()
     async with AsyncExitStack() as stack:
         serve = stack.enter_async_context
-        meta = api.make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"), tenancy.auth())
+        meta = api.make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"), tenancy.auth(clock=api_clock))
         api_url = await serve(running_app(meta))
         blocks = [
             await serve(running_app(blockstore.make_app(tmp_path / f"b{i}", auth=tenancy.auth(SERVICE, clock=clock))))
@@ -71,7 +75,7 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
         ]
         node = flash.FlashConfig(dir=str(tmp_path / "l3"), block_urls=tuple(blocks), capacity_bytes=64 << 20, block_token=SERVICE)
         l3_url = await serve(running_app(flash.make_app(node, auth=tenancy.auth(clock=clock))))
-        yield Deployment(tenancy, api_url, blocks, l3_url, clock)
+        yield Deployment(tenancy, api_url, blocks, l3_url, clock, api_clock)
 
 
 async def test_a_tenant_reads_and_writes_its_buckets_through_every_tier(deployment: Deployment) -> None:
@@ -259,38 +263,82 @@ async def test_a_tenant_prefetches_its_own_buckets_into_l3_under_its_grants(depl
         assert cold.stats()["l3"]["hits"] == 3 and cold.stats()["l3"]["node_fills"] == 0
 
 
-async def test_checkpoint_dedup_stays_inside_a_tenants_bucket(deployment: Deployment) -> None:
-    """Tenant acme's chunk index is in its bucket: acme's second job dedups against its first
-    through the API server (the stored refs carry no grants, the reads get fresh ones); tenant
-    globex saving the same state in its own bucket writes every chunk, and cannot read
-    acme's index entries."""
+# --- the checkpoints' chunk index (blobsdk/write/dedup.py) is a bucket's, so a tenant's -----------
+
+CHUNK = SMALL.chunk_size
+
+
+def weights(seed: int, chunks: int = 4) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(chunks * CHUNK // 4, dtype=np.float32)
+
+
+async def index_of(client: blobsdk.Client, bucket: str) -> list[str]:
+    return [info.path async for info in client.list(f"/{bucket}/{INDEX_DIR}/")]
+
+
+async def test_a_tenant_neither_dedups_against_nor_reaches_another_tenants_chunk_index(deployment: Deployment) -> None:
     d = deployment
-    state = {"w": np.random.default_rng(0).standard_normal(4 * (64 << 10) // 4, dtype=np.float32)}
-    async with d.client(d.tenancy.token("acme", "train")) as acme:
-        first = await (await acme.checkpoints("/train/job1").save(1, state)).wait()
-        second = await (await acme.checkpoints("/train/job2").save(1, state)).wait()
-        assert (first.new_bytes, second.new_bytes, second.reused_bytes) == (4 << 16, 0, 4 << 16)
-        entries = [i.path async for i in acme.list("/train/.blobsdk/chunks/")]
-        assert len(entries) == 4
-        stored = await acme._open.metadata.get_plan("/train/job2/000000000001/data")
-        assert all(ref.grant for ref in stored.chunks)  # granted on the way out
-    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
-        raw = await admin._open.metadata.get_plan("/train/job2/000000000001/data")
-        assert np.array_equal((await admin.checkpoints("/train/job2").load())["w"], state["w"])
-    async with d.client(d.tenancy.token("acme", "train")) as acme:
-        assert np.array_equal((await acme.checkpoints("/train/job2").load())["w"], state["w"])
-    async with d.client(d.tenancy.token("globex", "rival")) as globex:
-        mine = await (await globex.checkpoints("/rival/job").save(1, state)).wait()
-        assert mine.new_bytes == 4 << 16  # nothing named from acme's bucket
-        with pytest.raises(Forbidden, match="tenant 'globex' may not use bucket 'train'"):
-            await globex.get(entries[0])
-        with pytest.raises(Forbidden, match="tenant 'globex' may not use bucket 'train'"):
-            [i async for i in globex.list("/train/.blobsdk/chunks/")]
-    assert {ref.block_id for ref in raw.chunks} == {
-        ref.block_id for ref in (await _plan_of(d, "/train/job1/000000000001/data")).chunks
+    state = {"w": weights(0)}
+    acme, beta = d.tenancy.token("acme", "train"), d.tenancy.token("beta", "eval")
+    async with d.client(acme) as a:
+        first = await (await a.checkpoints("/train/ck").save(1, state)).wait()
+        entries = await index_of(a, "train")
+    assert (first.new_bytes, len(entries)) == (4 * CHUNK, 4)
+    message = "tenant 'beta' may not use bucket 'train'"
+    async with d.client(beta) as b:
+        theirs = await (await b.checkpoints("/eval/ck").save(1, state)).wait()
+        assert (theirs.new_bytes, theirs.reused_bytes) == (4 * CHUNK, 0)  # the same bytes, written again
+        assert [p.removeprefix("/eval/") for p in await index_of(b, "eval")] == [p.removeprefix("/train/") for p in entries]
+        for call in (b.get(entries[0]), b.stat(entries[0]), b.put(entries[0], b"forged"), b.delete(entries[0])):
+            with pytest.raises(Forbidden, match=message):
+                await call
+        with pytest.raises(Forbidden, match=message):
+            await index_of(b, "train")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(Forbidden, match=message):
+            await HttpMetadataStore(session, d.api_url, beta).get_plans(entries)  # a save's lookup, for acme's digests
+        admin = HttpMetadataStore(session, d.api_url, d.tenancy.token("ops", admin=True))
+        plans = [p async for p in admin.iter_plans()]
+    named = {
+        bucket: {b for p in plans if p.path.startswith(f"/{bucket}/") for b in p.block_ids()} for bucket in ("train", "eval")
     }
+    assert named["train"] and named["eval"] and named["train"].isdisjoint(named["eval"])
 
 
-async def _plan_of(d: Deployment, path: str) -> blobsdk.ReadPlan:
-    async with d.client(d.tenancy.token("ops", admin=True)) as admin:
-        return await admin._open.metadata.get_plan(path)
+async def test_a_second_prefix_dedups_through_the_api_and_loads_once_the_grants_it_named_expired(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks a save takes from the index come with acme's grants; none is sent back in a
+    commit, none is stored, and both checkpoints load with fresh ones after they expired."""
+    d = deployment
+    sent: list[CommitOp] = []
+    commit_many = HttpMetadataStore.commit_many
+
+    async def spy(self: HttpMetadataStore, ops: list[CommitOp]) -> list[ReadPlan]:
+        sent.extend(ops)
+        return await commit_many(self, ops)
+
+    monkeypatch.setattr(HttpMetadataStore, "commit_many", spy)
+    base = {"frozen": weights(0), "head": weights(1, chunks=1)}
+    tuned = {"frozen": base["frozen"], "head": weights(2, chunks=1)}  # a fine-tuning job: only its head differs
+    async with d.client(d.tenancy.token("acme", "train", ttl=7 * 86400), l1=blobsdk.L1Config(capacity_bytes=0)) as c:
+        await (await c.checkpoints("/train/base").save(1, base)).wait()
+        manifest = await (await c.checkpoints("/train/tuned").save(1, tuned)).wait()
+        assert (manifest.new_bytes, manifest.reused_bytes) == (CHUNK, 4 * CHUNK)
+        assert len(await index_of(c, "train")) == 6
+        assert sent and not [ref for op in sent for ref in op.plan.chunks if ref.grant]
+        path = "/train/tuned/000000000001/data"
+        cached = c._open.plans.peek(path) or await c._open.plans.get_plan(path)
+        assert cached.grants_expire and all(ref.grant for ref in cached.chunks)
+        d.data_clock.skew = 2 * GRANT_TTL_S  # every grant handed out so far has expired
+        with pytest.raises(Forbidden, match=r"chunk grant expired at"):
+            await c.checkpoints("/train/tuned").load()  # and so have those the API signs by its own clock
+        d.api_clock.skew = d.data_clock.skew  # its clock too: fresh grants are good
+        for prefix, state in (("/train/tuned", tuned), ("/train/base", base)):
+            loaded = await c.checkpoints(prefix).load()
+            assert loaded.keys() == state.keys() and all(np.array_equal(loaded[k], v) for k, v in state.items())
+        assert c._open.plans.peek(path).grants_expire > cached.grants_expire + GRANT_TTL_S  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as session:
+        admin = HttpMetadataStore(session, d.api_url, d.tenancy.token("ops", admin=True))
+        stored = [p async for p in admin.iter_plans()]
+    assert len(stored) == 6 + 2 * 3 and not [ref for p in stored for ref in p.chunks if ref.grant]
