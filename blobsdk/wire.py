@@ -32,6 +32,10 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # (blobsdk.auth); "" when the API has no keyring.  Never stored, not part of the key.
     grant: str = ""
 
+    def unsigned(self) -> ChunkRef:
+        """This ref as stored: without a grant."""
+        return msgspec.structs.replace(self, grant="") if self.grant else self
+
     @property
     def key(self) -> str:
         """Cache key: names these exact bytes forever, because blocks are immutable.  It
@@ -58,7 +62,7 @@ class ReadPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """This plan as stored: without grants."""
         if not self.grants_expire and not any(c.grant for c in self.chunks):
             return self
-        chunks = tuple(msgspec.structs.replace(c, grant="") for c in self.chunks)
+        chunks = tuple(c.unsigned() for c in self.chunks)
         return msgspec.structs.replace(self, chunks=chunks, grants_expire=0)
 
     def info(self) -> BlobInfo:

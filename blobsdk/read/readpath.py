@@ -88,6 +88,10 @@ class ReadPath:
         self._demands: weakref.WeakValueDictionary[str, Demand] = weakref.WeakValueDictionary()
         # Where a one-off read's fetches start filling: below L1, when there is one above L4.
         self._one_off_top = 1 if self.tiers[0].name == "l1" and len(self.tiers) > 1 else 0
+        # The tier a one-off read's whole chunks go straight into the caller's memory from: the
+        # first it asks, when that is the last one and can (see _direct); else None.
+        first = self.tiers[self._one_off_top]
+        self._direct_tier = first if first is self.tiers[-1] and isinstance(first, DirectTier) else None
 
     async def read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         start, end = resolve_range(plan.size, offset, length)
@@ -181,8 +185,8 @@ class ReadPath:
         Verified on the executor: a restore's hashing uses both cores.  Measured (1 GiB
         ``load(into=)``, embedded, 4 MiB chunks): 1.9-2.1 GB/s through a chunk buffer and a
         copy on the loop's thread; see docs/benchmarks.md for the direct figure."""
-        tier = self.tiers[self._one_off_top]
-        if ref.codec != "none" or tier is not self.tiers[-1] or not isinstance(tier, DirectTier) or ref.key in self._demands:
+        tier = self._direct_tier
+        if tier is None or ref.codec != "none" or ref.key in self._demands:
             return False
         if any(t.peek(ref) is not None for t in self.tiers):
             return False

@@ -35,7 +35,7 @@ from ..stats import TierStats
 from ..tail.attempt import Attempt
 from ..tail.demand import Demand
 from ..tail.health import Reason, TargetHealth
-from ..tail.hedge import Hedger
+from ..tail.hedge import AttemptFn, Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
 from .base import Closing, Decoder, KeepsNothing
@@ -105,23 +105,8 @@ class L4Tier(KeepsNothing, Closing):
     async def fetch_stored(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> tuple[memoryview, memoryview]:
         """The verified stored copy of ``ref`` and its raw bytes (a view of that copy for
         an uncompressed chunk), hedged across the replicas in order."""
-        begun = time.perf_counter()
         skipped: list[BlobError] = []  # bad or missing copies met on the way
-        attempt = partial(self._read_copy, ref, decode, skipped)
-        try:
-            stored, raw = await self.hedger.run(
-                self.candidates(ref.key),
-                attempt,
-                key_of=_name,
-                failover=_is_failover,
-                ready=self._has_room,
-                patient=True,
-                demand=demand,
-            )
-        except HedgeExhausted as exc:
-            self.stats.misses += 1
-            raise give_up(ref, [error for _, error in exc.failures]) from exc
-        self.stats.hit(ref.raw_length, time.perf_counter() - begun)
+        stored, raw = await self._hedged(ref, self.candidates(ref.key), partial(self._read_copy, ref, decode, skipped), demand)
         if skipped and self.repairer is not None:
             self.repairer.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
@@ -134,21 +119,30 @@ class L4Tier(KeepsNothing, Closing):
         candidates = self.candidates(ref.key)
         if len(candidates) != 1 or ref.codec != "none" or len(out) != ref.raw_length:
             return False
-        begun = time.perf_counter()
-        skipped: list[BlobError] = []
-        attempt = partial(self._read_copy, ref, decode, skipped, into=out)
-        run = self.hedger.run(candidates, attempt, key_of=_name, failover=_is_failover, patient=True, demand=demand)
-        read = asyncio.ensure_future(run)
+        attempt = partial(self._read_copy, ref, decode, [], into=out)
+        read = asyncio.ensure_future(self._hedged(ref, candidates, attempt, demand))
         try:
             await asyncio.shield(read)
         except asyncio.CancelledError:
             await asyncio.wait([read])  # its thread may still be writing into out
             raise
+        return True
+
+    async def _hedged(
+        self, ref: ChunkRef, candidates: list[BlockReplica], attempt: AttemptFn[BlockReplica, _Copy], demand: Demand | None
+    ) -> _Copy:
+        """The first verified copy ``attempt`` reads from ``candidates``, hedged, counted in
+        this tier's stats; the telling error if none could be read."""
+        begun = time.perf_counter()
+        try:
+            copy = await self.hedger.run(
+                candidates, attempt, key_of=_name, failover=_is_failover, ready=self._has_room, patient=True, demand=demand
+            )
         except HedgeExhausted as exc:
             self.stats.misses += 1
             raise give_up(ref, [error for _, error in exc.failures]) from exc
         self.stats.hit(ref.raw_length, time.perf_counter() - begun)
-        return True
+        return copy
 
     def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
@@ -190,7 +184,7 @@ class L4Tier(KeepsNothing, Closing):
         attempt: Attempt,
         *,
         into: memoryview | None = None,
-    ) -> tuple[memoryview, memoryview]:
+    ) -> _Copy:
         """One replica's verified copy, in a buffer of its own (or ``into``, by fetch_into): a
         cancelled loser's read may go on in a thread, so no two attempts ever share one.  A
         bad or missing copy goes on ``skipped``; a bad one demotes its replica, a verified one
@@ -231,6 +225,9 @@ class L4Tier(KeepsNothing, Closing):
             self.stats.corrupt += 1
         else:
             self.stats.errors += 1
+
+
+_Copy = tuple[memoryview, memoryview]  # a verified stored copy and its raw bytes
 
 
 def _name(replica: BlockReplica) -> str:

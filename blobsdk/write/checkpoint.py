@@ -81,14 +81,14 @@ from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
 from ..runtime.buffers import fresh_buffer
-from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
+from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from .compare import Base
 from .dedup import ChunkIndex
 from .leaves import Stamp, flatten, rebuild
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
 from .stage import MAX_EXTENTS, Staged, Stager
-from .writer import Writer, split
+from .writer import Writer, plan_of, split
 
 _log = logging.getLogger(__name__)
 
@@ -282,11 +282,11 @@ class Checkpoints:
         *manifest_refs, latest_ref = await self._writer.write_chunks([*pieces, memoryview(str(step).encode())])
         latest_refs = [latest_ref]
         ops = [
-            CommitOp(path=f"{directory}/data", plan=_plan(f"{directory}/data", refs, self.chunk_size), if_version=0),
-            CommitOp(path=f"{directory}/manifest", plan=_plan(f"{directory}/manifest", manifest_refs), if_version=0),
+            CommitOp(path=f"{directory}/data", plan=plan_of(f"{directory}/data", refs, self.chunk_size), if_version=0),
+            CommitOp(path=f"{directory}/manifest", plan=plan_of(f"{directory}/manifest", manifest_refs), if_version=0),
             CommitOp(
                 path=self._latest_path,
-                plan=_plan(self._latest_path, latest_refs),
+                plan=plan_of(self._latest_path, latest_refs),
                 if_version=0 if base is None else base.latest_version,
             ),
         ]
@@ -336,7 +336,7 @@ class Checkpoints:
             rest = [s for s in steps if s != step]
             if rest:
                 (ref,) = await self._writer.write_chunks([memoryview(str(rest[-1]).encode())])
-                op = CommitOp(path=self._latest_path, plan=_plan(self._latest_path, [ref]), if_version=latest.latest_version)
+                op = CommitOp(path=self._latest_path, plan=plan_of(self._latest_path, [ref]), if_version=latest.latest_version)
                 await self._metadata.commit_many([op])
             else:
                 await self._metadata.delete(self._latest_path, if_version=latest.latest_version)
@@ -436,11 +436,3 @@ def _check_step(step: int) -> None:
 def _retrieved(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _plan(path: str, refs: list[ChunkRef], chunk_size: int | None = None) -> ReadPlan:
-    """A plan for ``refs`` (reused ones came from a plan read with grants: stored without)."""
-    refs = [msgspec.structs.replace(ref, grant="") if ref.grant else ref for ref in refs]
-    size = sum(ref.raw_length for ref in refs)
-    size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in refs), default=1)
-    return ReadPlan(path=path, version=0, etag=etag_of(refs, size), size=size, chunk_size=size_of_chunks, chunks=tuple(refs))

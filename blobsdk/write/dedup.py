@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-import msgspec
-
 from ..errors import BlockCollected
 from ..metadata.base import MetadataStore
 from ..paths import bucket_of
-from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan, etag_of
+from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp
+from .writer import plan_of
 
 INDEX_DIR = ".blobsdk/chunks"
 
@@ -67,13 +66,13 @@ class ChunkIndex:
             plans = await self._metadata.get_plans([self.path(d) for d in batch])
             for digest, plan in zip(batch, plans, strict=True):
                 if plan is not None and plan.size == wanted[digest] and sum(r.raw_length for r in plan.chunks) == plan.size:
-                    found[digest] = tuple(_stored(ref) for ref in plan.chunks)
+                    found[digest] = tuple(ref.unsigned() for ref in plan.chunks)
         return found
 
     async def record(self, chunks: Iterable[tuple[bytes, Sequence[ChunkRef]]]) -> int:
         """Record ``chunks`` (digest, its refs), overwriting; how many were recorded.  Best
         effort: a batch gc refused (one of its blocks was collected meanwhile) is skipped."""
-        ops = [CommitOp(path=self.path(digest), plan=_plan(self.path(digest), refs)) for digest, refs in dict(chunks).items()]
+        ops = [CommitOp(path=self.path(digest), plan=plan_of(self.path(digest), refs)) for digest, refs in dict(chunks).items()]
         recorded = 0
         for start in range(0, len(ops), MAX_OPS_PER_REQUEST):
             batch = ops[start : start + MAX_OPS_PER_REQUEST]
@@ -83,15 +82,3 @@ class ChunkIndex:
                 continue
             recorded += len(batch)
         return recorded
-
-
-def _stored(ref: ChunkRef) -> ChunkRef:
-    return msgspec.structs.replace(ref, grant="") if ref.grant else ref
-
-
-def _plan(path: str, refs: Sequence[ChunkRef]) -> ReadPlan:
-    stored = tuple(_stored(ref) for ref in refs)
-    size = sum(ref.raw_length for ref in stored)
-    return ReadPlan(
-        path=path, version=0, etag=etag_of(stored, size), size=size, chunk_size=max(r.raw_length for r in stored), chunks=stored
-    )

@@ -30,7 +30,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import xxhash
 
 from ..sources.base import Buffer
@@ -337,4 +336,4 @@ def _ref_of(span: Span, data: memoryview, written: Iterator[ChunkRef]) -> ChunkR
             checksum = xxhash.xxh3_64_intdigest(data[start:end])
             return ChunkRef(block_id=block_id, offset=offset, length=end - start, raw_length=end - start, checksum=checksum)
         case Keep(_, _, ref):
-            return msgspec.structs.replace(ref, grant="") if ref.grant else ref
+            return ref.unsigned()

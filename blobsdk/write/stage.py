@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-import msgspec
 import xxhash
 
 from ..wire import ChunkRef
@@ -245,7 +244,7 @@ class Stager:
             )
         return Part(
             entries=tuple(entries),
-            chunks=tuple(msgspec.structs.replace(ref, grant="") if ref.grant else ref for ref in refs),
+            chunks=tuple(ref.unsigned() for ref in refs),
             new_blocks=tuple(sorted(new_blocks)),
             base_version=base.latest_version if base is not None else 0,
             chunk_size=self.chunk_size,

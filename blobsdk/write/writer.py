@@ -69,6 +69,15 @@ def _sample_compresses(raw: memoryview) -> bool:
     return len(lz4.block.compress(sample, store_size=False)) <= _SAMPLE * (1 - _MIN_SAVING)
 
 
+def plan_of(path: str, refs: Sequence[ChunkRef], chunk_size: int | None = None) -> ReadPlan:
+    """An uncommitted plan naming ``refs`` in order, as stored (no grants: refs reused from a
+    plan read with grants carry them); ``chunk_size`` defaults to the largest ref's."""
+    stored = tuple(ref.unsigned() for ref in refs)
+    size = sum(ref.raw_length for ref in stored)
+    size_of_chunks = chunk_size if chunk_size is not None else max((r.raw_length for r in stored), default=1)
+    return ReadPlan(path=path, version=0, etag=etag_of(stored, size), size=size, chunk_size=size_of_chunks, chunks=stored)
+
+
 def split(data: Buffer, chunk_size: int) -> list[memoryview]:
     """Zero-copy chunk views of ``data`` (none for empty data)."""
     view = memoryview(data).cast("B")
