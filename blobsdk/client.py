@@ -41,7 +41,7 @@ from .sources.base import BlockStore, Buffer
 from .stats import LatencyHistogram
 from .wire import BlobInfo, ReadPlan
 from .write.checkpoint import Checkpoints
-from .write.stage import MAX_EXTENTS
+from .write.stage import REWRITE_AT
 from .write.writer import Progress
 
 T = TypeVar("T")
@@ -191,14 +191,14 @@ class Client:
         trust_version_counters: bool = False,
         dedup: bool = True,
         mirror: bool = False,
-        max_extents: int = MAX_EXTENTS,
+        rewrite_at: float = REWRITE_AT,
     ) -> Checkpoints:
         """The delta checkpoints under ``prefix`` (a path prefix: ``/bucket/ckpt/job1``),
         keeping the last ``keep``, cut into ``chunk_size`` chunks (default: the write
         config's); see blobsdk/write/checkpoint.py, which says when ``trust_version_counters``
         is sound, what ``dedup`` (name chunks any checkpoint of the bucket stored) and
-        ``mirror`` (keep a copy of the last save, so a changed chunk writes only its changed
-        bytes, in at most ``max_extents`` pieces per chunk) do.
+        ``mirror`` (keep a copy of the last save, so a changed chunk writes only a patch of its
+        changed bytes, until its patches would add up to ``rewrite_at`` of it) do.
         A save still running when the client closes is waited for."""
         state = self._open
         warm = None if state.l3 is None else partial(state.prefetcher.start, tier="l3")
@@ -216,7 +216,7 @@ class Client:
             trust_version_counters=trust_version_counters,
             dedup=dedup,
             mirror=mirror,
-            max_extents=max_extents,
+            rewrite_at=rewrite_at,
         )
 
     async def plan(self, path: str) -> ReadPlan:

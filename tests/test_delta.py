@@ -1,65 +1,23 @@
-"""blobsdk/write/delta.py: a changed chunk tiled from its old version's stored bytes and the
-bytes written anew.
-
-Stored bytes live in fake blocks (``_Blocks``): an old version is cut at random places into
-refs in one or more blocks, some lz4-compressed, with junk between some of them; the written
-spans go into a block of their own.  Every tiling is read back from those blocks, each ref
-decoded and checked against its checksum, and must give the new bytes exactly.
-"""
+"""blobsdk/write/delta.py and blobsdk/write/patch.py: the runs where a chunk changed, and the
+patch record of those runs, applied to the chunk's previous version in place."""
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
-from collections.abc import Iterator, Sequence
+import struct
 from typing import Any
 
-import lz4.block
 import pytest
-import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobsdk.wire import ChunkRef, Codec
-from blobsdk.write.delta import Keep, Reuse, Run, Span, Write, changed_runs, refs_of, tile, write_ranges
+from blobsdk.errors import CorruptData
+from blobsdk.write import patch
+from blobsdk.write.delta import Run, changed_runs
 
 PROPERTIES = settings(max_examples=300, derandomize=True, deadline=None)
 GRANULES = (1, 2, 3, 4, 5, 8, 12, 16, 24, 40, 64, 100, 136, 512)
-
-
-class _Blocks:
-    """Fake blocks: bytes appended to named blocks, and the refs that name them."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[str, bytearray] = {}
-
-    def store(self, block_id: str, raw: bytes, *, lz4_: bool = False, gap: int = 0) -> ChunkRef:
-        """``raw`` appended to ``block_id`` after ``gap`` junk bytes, lz4-compressed if asked."""
-        block = self.blocks.setdefault(block_id, bytearray())
-        block += b"\xa5" * gap
-        payload = lz4.block.compress(raw, store_size=False) if lz4_ else raw
-        ref = ChunkRef(
-            block_id=block_id,
-            offset=len(block),
-            length=len(payload),
-            raw_length=len(raw),
-            checksum=xxhash.xxh3_64_intdigest(raw),
-            codec="lz4" if lz4_ else "none",
-        )
-        block += payload
-        return ref
-
-    def read(self, ref: ChunkRef) -> bytes:
-        """The raw bytes of ``ref``, decoded and checked against its checksum."""
-        payload = bytes(self.blocks[ref.block_id][ref.offset : ref.offset + ref.length])
-        assert len(payload) == ref.length
-        raw = lz4.block.decompress(payload, uncompressed_size=ref.raw_length) if ref.codec == "lz4" else payload
-        assert len(raw) == ref.raw_length and xxhash.xxh3_64_intdigest(raw) == ref.checksum
-        return raw
-
-    def write(self, data: bytes, spans: Sequence[Span]) -> Iterator[ChunkRef]:
-        """What a writer returns for the write spans of ``spans``: refs in block "w"."""
-        return iter([self.store("w", data[start:end], lz4_=i % 2 == 1) for i, (start, end) in enumerate(write_ranges(spans))])
 
 
 def _naive_runs(old: bytes, new: bytes, granule: int) -> list[Run]:
@@ -73,11 +31,6 @@ def _naive_runs(old: bytes, new: bytes, granule: int) -> list[Run]:
         else:
             runs.append((start, end))
     return runs
-
-
-def _ref(block_id: str, offset: int, n: int, codec: Codec = "none", grant: str = "") -> ChunkRef:
-    length = n // 2 if codec == "lz4" else n
-    return ChunkRef(block_id=block_id, offset=offset, length=length, raw_length=n, checksum=0, codec=codec, grant=grant)
 
 
 # --- changed_runs ----------------------------------------------------------------------------
@@ -132,207 +85,76 @@ def test_changed_runs_refuse_a_bad_granule(granule: object) -> None:
         changed_runs(b"ab", b"ab", granule)  # type: ignore[arg-type]
 
 
-# --- tile and refs_of: properties ------------------------------------------------------------
+# --- patch records ---------------------------------------------------------------------------
 
 
-@st.composite
-def _versions(draw: st.DrawFn, *, lz4_: bool) -> tuple[bytes, bytes, int, _Blocks, list[ChunkRef]]:
-    """An old chunk stored as refs cut at random places (in blocks "a".."c", some lz4 if
-    ``lz4_``, some back to back, some after junk), a new chunk, and a granule."""
-    old = draw(st.binary(max_size=600))
+@PROPERTIES
+@given(data=st.data(), granule=st.sampled_from(GRANULES))
+def test_a_patch_of_the_changed_runs_turns_the_old_chunk_into_the_new(data: st.DataObject, granule: int) -> None:
+    old = data.draw(st.binary(min_size=1, max_size=2000))
     new = bytearray(old)
-    for at, n in draw(st.lists(st.tuples(st.integers(0, max(0, len(old) - 1)), st.integers(1, 40)), max_size=8)):
-        new[at : at + n] = draw(st.binary(min_size=len(new[at : at + n]), max_size=len(new[at : at + n])))
-    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(old) - 1)), max_size=10)) if len(old) > 1 else set())
-    blocks = _Blocks()
-    refs = []
-    for low, high in zip([0, *cuts], [*cuts, len(old)], strict=True):
-        block = draw(st.sampled_from("abc"))
-        compressed = lz4_ and draw(st.booleans())
-        refs.append(blocks.store(block, old[low:high], lz4_=compressed, gap=draw(st.sampled_from((0, 0, 1, 3)))))
-    return old, bytes(new), draw(st.sampled_from(GRANULES)), blocks, refs
+    for at in data.draw(st.lists(st.integers(0, len(old) - 1), max_size=12)):
+        new[at] ^= data.draw(st.integers(1, 255))
+    runs = changed_runs(old, new, granule)
+    record = patch.encode(new, runs)
+    assert len(record) == patch.record_size(runs) == 12 + 8 * len(runs) + sum(end - start for start, end in runs)
+    chunk = bytearray(old)
+    patch.apply(record, memoryview(chunk))
+    assert chunk == new
 
 
-Tiled = tuple[list[Span], list[ChunkRef], bytes]
+def test_patches_applied_in_order_give_the_latest_bytes() -> None:
+    versions = [bytearray(os.urandom(4096))]
+    for step in range(5):
+        new = bytearray(versions[-1])
+        new[step * 64 : step * 64 + 200] = os.urandom(200)  # overlapping runs, step after step
+        new[4000 + step] ^= 0xFF
+        versions.append(new)
+    records = [patch.encode(new, changed_runs(old, new, 64)) for old, new in itertools.pairwise(versions)]
+    chunk = bytearray(versions[0])
+    for record in records:
+        patch.apply(record, memoryview(chunk))
+    assert chunk == versions[-1]
 
 
-def _tiled(old: bytes, new: bytes, granule: int, blocks: _Blocks, refs: list[ChunkRef], cap: int) -> Tiled:
-    """Tile ``new``, write its write spans; the spans, the tiling, and its bytes read back
-    (checksums verified)."""
-    spans = tile(refs, changed_runs(old, new, granule), len(new), max_extents=cap)
-    tiling = refs_of(spans, new, blocks.write(new, spans))
-    assert len(tiling) == len(spans) <= cap
-    return spans, tiling, b"".join(blocks.read(ref) for ref in tiling)
+def test_a_patch_of_no_runs_changes_nothing() -> None:
+    chunk = bytearray(b"abcd")
+    patch.apply(patch.encode(b"wxyz", []), memoryview(chunk))
+    assert chunk == b"abcd"
 
 
-def _reused_only_as_allowed(refs: list[ChunkRef], tiling: list[ChunkRef]) -> None:
-    """Each ref of ``tiling`` outside the written block is an old lz4 ref whole, or lies in
-    bytes that old uncompressed refs stored."""
-    plain = {(r.block_id, at) for r in refs if r.codec == "none" for at in range(r.offset, r.offset + r.length)}
-    for ref in tiling:
-        if ref.block_id != "w":
-            assert (
-                ref in refs
-                if ref.codec == "lz4"
-                else all((ref.block_id, at) in plain for at in range(ref.offset, ref.offset + ref.length))
-            )
-
-
-@PROPERTIES
-@given(case=_versions(lz4_=True), cap=st.integers(1, 12))
-def test_a_tiling_reads_back_as_the_new_chunk(case: tuple[bytes, bytes, int, _Blocks, list[ChunkRef]], cap: int) -> None:
-    old, new, granule, blocks, refs = case
-    spans, tiling, read = _tiled(old, new, granule, blocks, refs, cap)
-    assert read == new
-    ends = [0, *(s.end for s in spans)]
-    assert [s.start for s in spans] == ends[:-1] and ends[-1] == len(new)  # in order, end to end
-    _reused_only_as_allowed(refs, tiling)
-
-
-@PROPERTIES
-@given(case=_versions(lz4_=False))
-def test_uncapped_only_the_dirty_granules_are_written(case: tuple[bytes, bytes, int, _Blocks, list[ChunkRef]]) -> None:
-    old, new, granule, blocks, refs = case
-    spans, _, read = _tiled(old, new, granule, blocks, refs, len(new) + 1)
-    assert read == new
-    assert write_ranges(spans) == _naive_runs(old, new, granule)
-    assert all(isinstance(s, Write | Reuse) for s in spans)
-
-
-# --- tile: cases -----------------------------------------------------------------------------
-
-
-def test_an_unchanged_chunk_is_all_reused_in_as_few_refs_as_its_blocks_allow() -> None:
-    refs = [_ref("a", 0, 10), _ref("a", 10, 5), _ref("a", 15, 8, "lz4"), _ref("a", 19, 6), _ref("a", 25, 4), _ref("a", 30, 2)]
-    assert tile(refs, [], 35, max_extents=10) == [
-        Reuse(0, 15, "a", 0),  # back to back in one block: one span
-        Keep(15, 23, refs[2]),  # compressed: reused whole, never merged
-        Reuse(23, 33, "a", 19),
-        Reuse(33, 35, "a", 30),  # one junk byte before it in the block
-    ]
-
-
-def test_reuse_spans_merge_only_within_one_block() -> None:
-    refs = [_ref("a", 0, 4), _ref("b", 4, 4), _ref("b", 8, 4)]
-    assert tile(refs, [], 12, max_extents=10) == [Reuse(0, 4, "a", 0), Reuse(4, 12, "b", 4)]
-
-
-def test_a_dirty_byte_writes_its_compressed_ref_whole_and_only_a_slice_of_a_plain_one() -> None:
-    refs = [_ref("a", 0, 10), _ref("a", 10, 10, "lz4"), _ref("a", 15, 10)]
-    assert tile(refs, [(4, 6), (12, 13)], 30, max_extents=10) == [
-        Reuse(0, 4, "a", 0),
-        Write(4, 6),
-        Reuse(6, 10, "a", 6),
-        Write(10, 20),
-        Reuse(20, 30, "a", 15),
-    ]
-
-
-def test_a_run_across_refs_is_one_write() -> None:
-    refs = [_ref("a", 0, 10), _ref("b", 0, 10)]
-    assert tile(refs, [(8, 12)], 20, max_extents=10) == [Reuse(0, 8, "a", 0), Write(8, 12), Reuse(12, 20, "b", 2)]
-
-
-def test_an_empty_chunk_has_no_spans() -> None:
-    assert tile([], [], 0, max_extents=1) == []
-    assert refs_of([], b"", iter([])) == []
-
-
-# The chunk: reuse [0,10) W [10,20) R(5) W [25,30) R(2) W [32,40) R(9) W [49,50) R(3) W [53,60) R [60,100): 11 spans.
-_GAPS = [(10, 20), (25, 30), (32, 40), (49, 50), (53, 60)]
+def _record(length: int, runs: list[Run], data: bytes, magic: bytes = b"BPT1") -> bytes:
+    starts, ends = [s for s, _ in runs], [e for _, e in runs]
+    return struct.pack(f"<4sII{len(runs)}I{len(runs)}I", magic, length, len(runs), *starts, *ends) + data
 
 
 @pytest.mark.parametrize(
-    ("cap", "written"),
+    ("record", "message"),
     [
-        (11, _GAPS),
-        (10, [(10, 20), (25, 40), (49, 50), (53, 60)]),  # the gap of 2 first, though it saves 2 spans
-        (9, [(10, 20), (25, 40), (49, 50), (53, 60)]),
-        (7, [(10, 20), (25, 40), (49, 60)]),  # then 3
-        (5, [(10, 40), (49, 60)]),  # then 5
-        (3, [(10, 60)]),  # then 9
-        (2, [(0, 60)]),  # then the edge of 10, before the edge of 40
-        (1, [(0, 100)]),
+        (b"BPT1", "a patch record of 4 bytes is shorter than its header"),
+        (_record(8, [], b"", magic=b"XXXX"), "not a patch record (magic b'XXXX')"),
+        (_record(8, [(0, 2)], b"")[:-4], "a patch record of 16 bytes cannot hold its 1 runs"),
+        (_record(8, [(0, 2)], b"a"), "a patch record of 21 bytes, its runs need 22"),
+        (
+            _record(8, [(2, 4), (0, 1)], b"abc"),
+            "a malformed patch record: runs must be ordered, disjoint, non-empty ranges inside [0, 8): got (0, 1) after 4",
+        ),
+        (
+            _record(8, [(6, 9)], b"abc"),
+            "a malformed patch record: runs must be ordered, disjoint, non-empty ranges inside [0, 8): got (6, 9) after 0",
+        ),
+        (_record(4, [(0, 1)], b"a"), "a patch for a chunk of 4 bytes, applied to one of 8"),
     ],
 )
-def test_a_cap_writes_the_smallest_gaps_first(cap: int, written: list[Run]) -> None:
-    spans = tile([_ref("a", 0, 100)], _GAPS, 100, max_extents=cap)
-    assert write_ranges(spans) == written and len(spans) <= cap
-    assert all(s == Reuse(s.start, s.end, "a", s.start) for s in spans if not isinstance(s, Write))
+def test_a_malformed_patch_is_refused_with_nothing_written(record: bytes, message: str) -> None:
+    chunk = bytearray(8)
+    with pytest.raises(CorruptData) as exc:
+        patch.apply(record, memoryview(chunk))
+    assert str(exc.value) == message
+    assert chunk == bytearray(8)
 
 
-def test_a_cap_on_an_unchanged_chunk_writes_its_smallest_ref_then_grows_that_write() -> None:
-    refs = [_ref("a", 0, 5), _ref("b", 0, 3), _ref("c", 0, 8, "lz4"), _ref("d", 0, 6)]
-    whole = tile(refs, [], 22, max_extents=4)
-    assert whole == [Reuse(0, 5, "a", 0), Reuse(5, 8, "b", 0), Keep(8, 16, refs[2]), Reuse(16, 22, "d", 0)]
-    # b (3 bytes) is written first, which saves no span; then a (5), next to that write
-    assert tile(refs, [], 22, max_extents=3) == [Write(0, 8), Keep(8, 16, refs[2]), Reuse(16, 22, "d", 0)]
-    assert tile(refs, [], 22, max_extents=2) == [Write(0, 16), Reuse(16, 22, "d", 0)]  # c, not d: d is not next to it
-    assert tile(refs, [], 22, max_extents=1) == [Write(0, 22)]
-
-
-@pytest.mark.parametrize("cap", [0, -1, True, 2.0, None])
-def test_tile_refuses_a_bad_cap(cap: object) -> None:
-    with pytest.raises(ValueError, match=rf"^max_extents must be an int >= 1, got {cap!r}$"):
-        tile([_ref("a", 0, 4)], [], 4, max_extents=cap)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(("sizes", "length"), [([4, 4], 9), ([4, 4], 7), ([], 1), ([6, -2], 4)])
-def test_tile_refuses_old_refs_that_do_not_tile_the_chunk(sizes: list[int], length: int) -> None:
-    refs = [_ref("a", 0, n) for n in sizes]
-    with pytest.raises(ValueError, match=rf"^the old refs cover {sum(sizes)} bytes, the chunk is {length}$"):
-        tile(refs, [], length, max_extents=4)
-
-
-@pytest.mark.parametrize(
-    ("runs", "bad", "after"),
-    [
-        ([(2, 2)], (2, 2), 0),  # empty
-        ([(-1, 2)], (-1, 2), 0),
-        ([(8, 11)], (8, 11), 0),  # past the end
-        ([(4, 6), (1, 2)], (1, 2), 6),  # out of order
-        ([(4, 6), (5, 8)], (5, 8), 6),  # overlapping
-    ],
-)
-def test_tile_refuses_runs_that_are_not_ordered_disjoint_ranges(runs: list[Run], bad: Run, after: int) -> None:
-    message = f"runs must be ordered, disjoint, non-empty ranges inside [0, 10): got {bad} after {after}"
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        tile([_ref("a", 0, 10)], runs, 10, max_extents=4)
-
-
-# --- refs_of ---------------------------------------------------------------------------------
-
-
-def test_refs_of_names_the_old_bytes_and_takes_the_written_refs_in_order() -> None:
-    data = bytes(range(30))
-    kept = _ref("k", 40, 10, "lz4", grant="g")
-    first, second = _ref("w", 0, 5), _ref("w", 5, 5, "lz4")
-    spans: list[Span] = [Write(0, 5), Reuse(5, 10, "a", 100), Keep(10, 20, kept), Write(20, 25), Reuse(25, 30, "b", 7)]
-    following = _ref("w", 10, 1)
-    written = iter([first, second, following])
-    assert (
-        refs_of(spans, data, written)
-        == [
-            first,
-            ChunkRef(block_id="a", offset=100, length=5, raw_length=5, checksum=xxhash.xxh3_64_intdigest(data[5:10])),
-            ChunkRef(block_id="k", offset=40, length=5, raw_length=10, checksum=0, codec="lz4"),  # its grant dropped
-            second,
-            ChunkRef(block_id="b", offset=7, length=5, raw_length=5, checksum=xxhash.xxh3_64_intdigest(data[25:30])),
-        ]
-    )
-    assert next(written) is following  # refs of later chunks stay for them
-
-
-def test_refs_of_refuses_too_few_written_refs() -> None:
-    with pytest.raises(ValueError, match=r"^no written ref left for the write span \[5, 9\)$"):
-        refs_of([Write(0, 5), Write(5, 9)], bytes(9), iter([_ref("w", 0, 5)]))
-
-
-def test_refs_of_refuses_a_written_ref_of_another_length() -> None:
-    with pytest.raises(ValueError, match=r"^a written ref of 4 raw bytes for the write span \[0, 5\)$"):
-        refs_of([Write(0, 5)], bytes(5), iter([_ref("w", 0, 4)]))
-
-
-def test_refs_of_refuses_data_of_another_length() -> None:
-    with pytest.raises(ValueError, match=r"^data is 6 bytes, the spans cover 5$"):
-        refs_of([Write(0, 5)], bytes(6), iter([_ref("w", 0, 5)]))
+def test_encode_refuses_runs_outside_the_chunk() -> None:
+    with pytest.raises(ValueError) as exc:
+        patch.encode(b"abcd", [(2, 6)])
+    assert str(exc.value) == "runs must be ordered, disjoint, non-empty ranges inside [0, 4): got (2, 6) after 0"

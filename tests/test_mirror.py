@@ -1,7 +1,8 @@
-"""``checkpoints(prefix, mirror=True)`` (blobsdk/write/stage.py, blobsdk/write/delta.py): a
-changed chunk whose previous bytes the mirror holds writes only its changed runs; the rest
-is named from the previous version's stored bytes.  Every restore stays exact, gc keeps
-what the tilings name, and a mirror that no longer matches the base is never trusted."""
+"""``checkpoints(prefix, mirror=True)`` (blobsdk/write/stage.py, blobsdk/write/patch.py): a
+changed chunk whose previous bytes the mirror holds writes only a patch of its changed runs,
+appended to its base's refs, until its patches would pass the budget (``rewrite_at``,
+MAX_PATCHES): then it is written whole.  Every restore stays exact, gc keeps the bases the
+patches need, and a mirror that no longer matches the base is never trusted."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import xxhash
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.ops import gc as gc_module
-from blobsdk.write.stage import GRANULE, MAX_EXTENTS
+from blobsdk.write import patch
+from blobsdk.write.stage import GRANULE, MAX_PATCHES
 
 CHUNK = 256 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=4 << 20, compression="none", max_write_seconds=0.2)
@@ -47,9 +49,11 @@ async def test_scattered_changes_write_close_to_the_bytes_changed(client: blobsd
     for step in range(1, 5):
         changed = scatter(array, rng, 20, 4000)  # 16 KB regions, over every chunk
         manifest = await (await ck.save(step, {"w": array})).wait()
-        assert changed * 0.5 < manifest.new_bytes <= changed + 20 * 2 * GRANULE  # at most a granule each side
+        runs = 20 + 16  # a region, maybe cut in two by a chunk's end
+        overhead = 20 * 2 * GRANULE + 16 * 12 + runs * 8  # a granule each side; the records' headers and run tables
+        assert changed * 0.5 < manifest.new_bytes <= changed + overhead
         saved.append(array.copy())
-    for step, expected in enumerate(saved):  # every step reads back whole, through its tiling
+    for step, expected in enumerate(saved):  # every step reads back whole, through its patches
         assert np.array_equal((await ck.load(step))["w"], expected)
 
 
@@ -62,15 +66,41 @@ async def test_without_the_mirror_a_changed_chunk_is_written_whole(client: blobs
     assert (await (await ck.save(1, {"w": array})).wait()).new_bytes == 4 * CHUNK
 
 
-async def test_a_patched_chunk_has_at_most_max_extents_refs(client: blobsdk.Client) -> None:
-    array = np.zeros(CHUNK // 4, dtype=np.float32) + 1.0
-    ck = client.checkpoints("/bkt/ck", mirror=True)
+async def test_a_chunk_is_its_base_and_its_patches_until_it_is_written_whole(client: blobsdk.Client) -> None:
+    """Each save appends one patch to the chunk's refs; the save whose patches would pass
+    ``rewrite_at`` of the chunk writes it whole, and the next patches start from that."""
+    array = np.zeros(CHUNK // 4, dtype=np.float32)
+    ck = client.checkpoints("/bkt/ck", keep=20, mirror=True, rewrite_at=0.25, dedup=False)
+    first = await (await ck.save(0, {"w": array})).wait()
+    assert first.new_bytes == CHUNK
+    one = patch.record_size([(0, CHUNK // 16)])  # each save below changes 1/16 of the chunk
+    shapes = []
+    for step in range(1, 7):
+        array[: CHUNK // 64] += 1.0
+        manifest = await (await ck.save(step, {"w": array})).wait()
+        shapes.append((manifest.new_bytes, manifest.entries[0].extents, manifest.entries[0].patches))
+        assert np.array_equal((await ck.load(step))["w"], array)
+    budget = int(0.25 * CHUNK) // one  # patches that fit: 3
+    assert budget == 3
+    assert shapes == [
+        (one, (2,), (1,)),
+        (one, (3,), (2,)),
+        (one, (4,), (3,)),
+        (CHUNK, (), ()),  # a 4th would pass the budget: written whole
+        (one, (2,), (1,)),
+        (one, (3,), (2,)),
+    ]
+
+
+async def test_a_chunk_is_written_whole_after_max_patches(client: blobsdk.Client) -> None:
+    array = np.zeros(CHUNK // 4, dtype=np.float32)
+    ck = client.checkpoints("/bkt/ck", keep=2, mirror=True, rewrite_at=100.0, dedup=False)
     await (await ck.save(0, {"w": array})).wait()
-    array[:: 2 * GRANULE // 4] += 1.0  # a change in every other granule: far more runs than the cap
-    manifest = await (await ck.save(1, {"w": array})).wait()
-    plan = await client.plan("/bkt/ck/000000000001/data")
-    assert len(plan.chunks) <= MAX_EXTENTS
-    assert manifest.entries[0].extents == (len(plan.chunks),)
+    for step in range(1, MAX_PATCHES + 2):
+        array[0] += 1.0
+        manifest = await (await ck.save(step, {"w": array})).wait()
+        assert manifest.entries[0].patches == ((step,) if step <= MAX_PATCHES else ())
+    assert manifest.new_bytes == CHUNK
     assert np.array_equal((await ck.load())["w"], array)
 
 
@@ -90,7 +120,7 @@ async def test_zipf_rows_of_a_table_write_about_the_rows_changed(client: blobsdk
     assert np.array_equal((await ck.load())["table"], table)
 
 
-async def test_retention_and_gc_keep_the_old_blocks_a_tiling_names(client: blobsdk.Client) -> None:
+async def test_retention_and_gc_keep_the_bases_and_patches_a_kept_checkpoint_names(client: blobsdk.Client) -> None:
     rng = np.random.default_rng(2)
     array = rng.standard_normal(4 * CHUNK // 4, dtype=np.float32)
     ck = client.checkpoints("/bkt/ck", keep=1, mirror=True)
@@ -136,20 +166,21 @@ async def test_a_failed_save_leaves_no_trusted_mirror(client: blobsdk.Client) ->
     assert np.array_equal((await ck.load())["w"], array)
 
 
-async def test_a_compressed_chunk_is_written_whole_or_named_whole(tmp_path: Path) -> None:
+async def test_a_compressed_chunk_is_patched_like_a_plain_one(tmp_path: Path) -> None:
     write = WriteConfig(chunk_size=CHUNK, block_size=4 << 20, compression="lz4")
     async with blobsdk.Client.local(tmp_path, write=write) as c:
-        array = np.zeros(2 * CHUNK // 4, dtype=np.float32)  # compresses
+        array = np.repeat(np.arange(2, dtype=np.float32), CHUNK // 4)  # two chunks that compress, and differ
         ck = c.checkpoints("/bkt/ck", mirror=True)
         await (await ck.save(0, {"w": array})).wait()
-        array[CHUNK // 4 + 3] = 1.0  # the second chunk only
-        await (await ck.save(1, {"w": array})).wait()
+        array[CHUNK // 4 + 3] = 5.0  # the second chunk only
+        manifest = await (await ck.save(1, {"w": array})).wait()
+        assert manifest.entries[0].patches == (0, 1)
         plan = await c.plan("/bkt/ck/000000000001/data")
-        assert all(ref.codec == "lz4" or ref.raw_length == CHUNK for ref in plan.chunks)
+        assert [ref.codec for ref in plan.chunks[:2]] == ["lz4", "lz4"]  # the bases, as step 0 stored them
         assert np.array_equal((await ck.load())["w"], array)
 
 
-async def test_a_selective_and_an_in_place_load_read_tilings(client: blobsdk.Client) -> None:
+async def test_a_selective_and_an_in_place_load_apply_patches(client: blobsdk.Client) -> None:
     rng = np.random.default_rng(5)
     state = {"a": rng.standard_normal(3 * CHUNK // 4, dtype=np.float32), "b": rng.standard_normal(1000, dtype=np.float32)}
     ck = client.checkpoints("/bkt/ck", mirror=True)
@@ -166,35 +197,37 @@ async def test_a_selective_and_an_in_place_load_read_tilings(client: blobsdk.Cli
 
 async def test_a_chunk_that_becomes_a_copy_of_a_patched_one_restores_exactly(client: blobsdk.Client) -> None:
     """Patched chunks are hashed after the stall, so a repeat of one is not found: b is
-    compared with its own mirror copy and written (whole: every granule changed)."""
+    compared with its own mirror copy and written (whole: every granule changed, over the
+    budget)."""
     rng = np.random.default_rng(6)
     a = rng.standard_normal(CHUNK // 4, dtype=np.float32)
     ck = client.checkpoints("/bkt/ck", mirror=True)
     await (await ck.save(0, {"a": a, "b": rng.standard_normal(CHUNK // 4, dtype=np.float32)})).wait()
     a[7] = 0.5
     manifest = await (await ck.save(1, {"a": a, "b": a.copy()})).wait()  # b: the same bytes as patched a
-    assert manifest.entries[0].new_bytes == GRANULE and manifest.entries[1].new_bytes == CHUNK
+    assert manifest.entries[0].new_bytes == patch.record_size([(0, GRANULE)]) and manifest.entries[1].new_bytes == CHUNK
     loaded = await ck.load()
     assert np.array_equal(loaded["a"], a) and np.array_equal(loaded["b"], a)
 
 
-@pytest.mark.parametrize("max_extents", [0, 1.5, True, CHUNK + 1])
-async def test_a_bad_max_extents_is_refused(client: blobsdk.Client, max_extents: Any) -> None:
+@pytest.mark.parametrize("rewrite_at", [0, -1.0, float("nan"), float("inf"), True, "0.5", None])
+async def test_a_bad_rewrite_at_is_refused(client: blobsdk.Client, rewrite_at: Any) -> None:
     with pytest.raises(ValueError) as exc:
-        client.checkpoints("/bkt/ck", mirror=True, max_extents=max_extents)
-    assert str(exc.value) == f"max_extents must be an int from 1 to {CHUNK}, got {max_extents!r}"
+        client.checkpoints("/bkt/ck", mirror=True, rewrite_at=rewrite_at)
+    assert str(exc.value) == f"rewrite_at must be a number > 0 (a share of a chunk), got {rewrite_at!r}"
 
 
-async def test_a_higher_max_extents_writes_fewer_bytes_for_wide_scatter(client: blobsdk.Client) -> None:
-    written = []
-    for cap in (8, 128):
-        array = np.zeros(CHUNK // 4, dtype=np.float32) + 1.0
-        ck = client.checkpoints(f"/bkt/cap{cap}", mirror=True, max_extents=cap, dedup=False)
-        await (await ck.save(0, {"w": array})).wait()
-        array[:: CHUNK // 4 // 40] += 1.0  # 40 changes spread over the chunk: 81 spans uncapped
-        written.append((await (await ck.save(1, {"w": array})).wait()).new_bytes)
-        assert len((await client.plan(f"/bkt/cap{cap}/000000000001/data")).chunks) <= cap
-    assert written[1] < written[0] / 4
+async def test_a_patched_chunk_is_not_recorded_in_the_chunk_index(client: blobsdk.Client) -> None:
+    """The index maps a digest to refs holding the chunk's bytes back to back: a base and its
+    patches are not that, so another prefix writes that chunk whole (and then indexes it)."""
+    array = np.random.default_rng(8).standard_normal(2 * CHUNK // 4, dtype=np.float32)
+    ck = client.checkpoints("/bkt/a", mirror=True)
+    await (await ck.save(0, {"w": array})).wait()
+    array[3] += 1.0  # the first chunk: patched; the second: unchanged, indexed by step 0
+    await (await ck.save(1, {"w": array})).wait()
+    other = await (await client.checkpoints("/bkt/b").save(0, {"w": array})).wait()
+    assert other.new_bytes == CHUNK  # the first chunk written whole, the second found
+    assert np.array_equal((await client.checkpoints("/bkt/b").load())["w"], array)
 
 
 async def test_with_the_mirror_a_save_compares_instead_of_hashing(client: blobsdk.Client) -> None:
@@ -207,6 +240,6 @@ async def test_with_the_mirror_a_save_compares_instead_of_hashing(client: blobsd
     for step in (1, 2):
         array[step] += 1.0
         manifest = await (await ck.save(step, {"w": array})).wait()
-        assert manifest.new_bytes == GRANULE
+        assert manifest.new_bytes == patch.record_size([(0, GRANULE)])
     assert ck.hashed_bytes == 4 * CHUNK
     assert manifest.entries[0].digests[0] == xxhash.xxh3_128_digest(array[: CHUNK // 4].tobytes())

@@ -46,7 +46,8 @@ it.  A save is a part of its own committed at once.
 ``await ck.load(step=None)`` (None: the latest) reads the data blob through the tiers (chunks
 in parallel, every one verified, none filled into L1) straight into one fresh buffer and
 rebuilds the state exactly: nesting, dtypes, shapes, scalars; arrays are views of that
-buffer.  ``load(select=...)`` reads only the leaves whose name it accepts.
+buffer.  A chunk saved as patches (``mirror=True``, blobsdk/write/stage.py) is read as its
+base, then its patches are applied in order.  ``load(select=...)`` reads only the leaves whose name it accepts.
 ``load(into=state)`` restores in place: each leaf's chunks are read straight into the
 caller's array or tensor of that name (one scatter read), refused before anything is read if
 one cannot take them (other kind, dtype or shape, not contiguous, read-only); a leaf ``state``
@@ -80,14 +81,13 @@ import msgspec
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
-from ..runtime.buffers import fresh_buffer
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from .compare import Base
 from .dedup import ChunkIndex
-from .leaves import Stamp, flatten, rebuild
+from .leaves import Stamp, flatten
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
-from .stage import MAX_EXTENTS, Staged, Stager
+from .stage import REWRITE_AT, Staged, Stager
 from .writer import Writer, plan_of, split
 
 _log = logging.getLogger(__name__)
@@ -138,13 +138,14 @@ class Checkpoints:
         trust_version_counters: bool = False,
         dedup: bool = True,
         mirror: bool = False,
-        max_extents: int = MAX_EXTENTS,
+        rewrite_at: float = REWRITE_AT,
     ) -> None:
         prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
         _check_int("keep", keep, 1, None)  # before anything is written (issue 20: nan committed, then failed)
         _check_int("chunk_size", chunk_size, 1, MAX_CHUNK_BYTES)
-        _check_int("max_extents", max_extents, 1, chunk_size)
+        if not isinstance(rewrite_at, int | float) or isinstance(rewrite_at, bool) or not 0 < rewrite_at < float("inf"):
+            raise ValueError(f"rewrite_at must be a number > 0 (a share of a chunk), got {rewrite_at!r}")
         self.prefix = prefix
         self.keep = keep
         self.chunk_size = chunk_size
@@ -162,7 +163,7 @@ class Checkpoints:
             index=self._index,
             trust_version_counters=trust_version_counters,
             mirror=mirror,
-            max_extents=max_extents,
+            rewrite_at=rewrite_at,
         )
         self._unclaimed: list[tuple[Part, dict[tuple[str, ...], Stamp]]] = []  # parts written, their stamps
 
@@ -307,9 +308,9 @@ class Checkpoints:
             return
         chunks = []
         for entry in entries:
-            for digest, span in zip(entry.digests, entry.chunk_refs(), strict=True):
+            for digest, span, patches in zip(entry.digests, entry.chunk_refs(), entry.patch_counts(), strict=True):
                 held = tuple(refs[i] for i in span)
-                if any(ref.block_id in new_blocks for ref in held):
+                if not patches and any(ref.block_id in new_blocks for ref in held):  # a patched chunk's refs are no copy
                     chunks.append((digest, held))
         try:
             await self._index.record(chunks)
@@ -388,12 +389,10 @@ class Checkpoints:
         plan = await self._metadata.get_plan(f"{self._step_dir(manifest.step)}/data")
         if select is not None:
             manifest, plan = selected(manifest, plan, select)
-        if into is not None:
-            await restore(manifest, plan.size, into, lambda outs: self._read_into(plan, outs, False))
-            return into
-        data = fresh_buffer(plan.size)  # the arrays are views of it: no copy after the read
-        await self._read_into(plan, data, False)  # a restore is read once: L1 keeps its working set
-        return rebuild(manifest, data)
+        state: dict[str, Any] = {} if into is None else into  # {}: every array into one fresh buffer
+        # a restore is read once: L1 keeps its working set (fill_memory=False)
+        await restore(manifest, plan, state, lambda outs: self._read_into(plan, outs, False))
+        return state
 
     async def _manifest_of(self, step: int) -> Manifest:
         path = f"{self._step_dir(step)}/manifest"

@@ -3,9 +3,9 @@ a leaf of the new state may take its chunks, or its digests, from."""
 
 from __future__ import annotations
 
-from ..wire import ChunkRef, ReadPlan
+from ..wire import ReadPlan
 from .leaves import Leaf, Stamp
-from .manifest import Entry, Manifest
+from .manifest import Entry, Held, Manifest
 
 
 class Base:
@@ -26,9 +26,12 @@ class Base:
             return None
         return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
 
-    def chunk_refs(self, entry: Entry) -> list[tuple[ChunkRef, ...]]:
+    def chunk_refs(self, entry: Entry) -> list[Held]:
         """The refs that hold each chunk of ``entry`` (an entry of this manifest)."""
-        return [tuple(self.plan.chunks[i] for i in span) for span in entry.chunk_refs()]
+        return [
+            Held(tuple(self.plan.chunks[i] for i in span), patches)
+            for span, patches in zip(entry.chunk_refs(), entry.patch_counts(), strict=True)
+        ]
 
     def known(self, leaves: list[Leaf], chunk_size: int) -> dict[tuple[str, ...], list[bytes]]:
         """The chunk digests of the tensors of ``leaves`` whose stamp is the one recorded here

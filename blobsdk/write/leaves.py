@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 
 from .._extras import requires_extra
-from ..errors import BadRequest, CorruptData
-from .manifest import Entry, Kind, Manifest
+from ..errors import CorruptData
+from .manifest import Entry, Kind
 
 
 class Stamp:
@@ -130,23 +130,6 @@ def _tensor_leaf(name: tuple[str, ...], value: Any) -> Leaf:
     flat: Any = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
     dtype = str(value.dtype).removeprefix("torch.")
     return Leaf(name, "tensor", dtype=dtype, shape=tuple(value.shape), data=memoryview(flat), stamp=stamp)
-
-
-def rebuild(manifest: Manifest, data: memoryview) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    offset = 0
-    for entry in manifest.entries:
-        value: Any
-        if entry.kind == "json":
-            value = msgspec.json.decode(entry.value)
-        else:
-            piece = data[offset : offset + entry.nbytes]
-            offset += entry.nbytes
-            value = value_of(entry, piece)
-        put(state, entry.name, value)
-    if offset != len(data):
-        raise BadRequest(f"checkpoint {manifest.step}: its data is {len(data)} bytes, its manifest names {offset}")
-    return state
 
 
 def put(state: MutableMapping[str, Any], name: tuple[str, ...], value: Any) -> None:

@@ -3,6 +3,7 @@ entries, one per leaf of the saved state, and a part, one process's uncommitted 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -25,6 +26,9 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     first: int = 0  # index of its first ref in the data plan
     digests: tuple[bytes, ...] = ()  # xxh3-128 of each chunk
     extents: tuple[int, ...] = ()  # how many refs hold each chunk (empty: one each)
+    # of them, how many are patches (blobsdk/write/patch.py), last (empty: none): the others
+    # hold the chunk's base, back to back
+    patches: tuple[int, ...] = ()
 
     def ref_count(self) -> int:
         """How many refs of the data plan hold this entry's bytes."""
@@ -38,6 +42,23 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             ranges.append(range(at, at + count))
             at += count
         return ranges
+
+    def patch_counts(self) -> tuple[int, ...]:
+        """How many of each chunk's refs are patches."""
+        return self.patches or (0,) * len(self.digests)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The refs that hold one chunk in a data plan: its base's, back to back, then its
+    ``patches`` patches, oldest first (blobsdk/write/patch.py)."""
+
+    refs: tuple[ChunkRef, ...]
+    patches: int = 0
+
+    def patch_bytes(self) -> int:
+        """The bytes of its patch records: what a restore reads beyond the base."""
+        return sum(ref.raw_length for ref in self.refs[len(self.refs) - self.patches :]) if self.patches else 0
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

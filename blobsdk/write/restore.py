@@ -32,6 +32,7 @@ import msgspec
 from ..errors import BadRequest, CorruptData
 from ..runtime.buffers import fresh_buffer
 from ..wire import ChunkRef, ReadPlan
+from . import patch
 from .leaves import put, value_of
 from .manifest import Entry, Manifest
 
@@ -46,30 +47,71 @@ class _Place(NamedTuple):
     memory: memoryview
 
 
-async def restore(manifest: Manifest, size: int, into: Any, read: Callable[[list[memoryview]], Awaitable[None]]) -> None:
-    """Fill ``into`` with the leaves of ``manifest``, whose data blob (of ``size`` bytes) ``read``
-    scatters into one buffer per entry; see the module docstring."""
+async def restore(manifest: Manifest, plan: ReadPlan, into: Any, read: Callable[[list[memoryview]], Awaitable[None]]) -> None:
+    """Fill ``into`` with the leaves of ``manifest``, whose data blob's ``plan`` ``read``
+    scatters into one buffer per entry (per chunk, and per patch record, for an entry with
+    patches: the patches are applied once all is read); see the module docstring."""
     if not isinstance(into, MutableMapping):
         raise TypeError(f"into must be a dict (the state to fill), got {type(into).__name__}")
     places = [_place(manifest.step, entry, _lookup(manifest.step, entry, into)) for entry in manifest.entries]
-    wanted = sum(entry.nbytes for entry in manifest.entries)
-    if wanted != size:
-        raise BadRequest(f"checkpoint {manifest.step}: its data is {size} bytes, its manifest names {wanted}")
+    records = [_records(manifest, entry, plan) for entry in manifest.entries]
+    wanted = sum(
+        entry.nbytes + sum(sum(chunk) for chunk in chunk_records)
+        for entry, chunk_records in zip(manifest.entries, records, strict=True)
+    )
+    if wanted != plan.size:
+        raise BadRequest(f"checkpoint {manifest.step}: its data is {plan.size} bytes, its manifest names {wanted}")
     fresh = fresh_buffer(sum(entry.nbytes for entry, place in zip(manifest.entries, places, strict=True) if place is None))
-    outs = []
-    at = 0
-    for entry, place in zip(manifest.entries, places, strict=True):
-        if place is not None:
-            outs.append(place.memory)
-            continue
-        outs.append(fresh[at : at + entry.nbytes])
-        at += entry.nbytes
-    await read(outs)
-    for entry, place, out in zip(manifest.entries, places, outs, strict=True):
+    scratch = fresh_buffer(sum(sum(sum(chunk) for chunk in chunk_records) for chunk_records in records))
+    outs: list[memoryview] = []
+    patched: list[tuple[memoryview, list[memoryview]]] = []  # a chunk's memory, its patch records
+    at = used = 0
+    memories = []
+    for entry, place, chunk_records in zip(manifest.entries, places, records, strict=True):
         if place is None:
-            put(into, entry.name, msgspec.json.decode(entry.value) if entry.kind == "json" else value_of(entry, out))
+            memory, at = fresh[at : at + entry.nbytes], at + entry.nbytes
+        else:
+            memory = place.memory
+        memories.append(memory)
+        if not entry.patches:
+            outs.append(memory)
+            continue
+        for i, sizes in enumerate(chunk_records):
+            chunk = memory[i * manifest.chunk_size : (i + 1) * manifest.chunk_size]
+            mine = []
+            for size in sizes:
+                mine.append(scratch[used : used + size])
+                used += size
+            outs += [chunk, *mine]
+            if mine:
+                patched.append((chunk, mine))
+    await read(outs)
+    for chunk, mine in patched:
+        for record in mine:
+            patch.apply(record, chunk)
+    for entry, place, memory in zip(manifest.entries, places, memories, strict=True):
+        if place is None:
+            put(into, entry.name, msgspec.json.decode(entry.value) if entry.kind == "json" else value_of(entry, memory))
         elif entry.kind == "tensor":
             _written(place.value)
+
+
+def _records(manifest: Manifest, entry: Entry, plan: ReadPlan) -> list[list[int]]:
+    """The sizes of each chunk's patch records (none: []), checked against the plan: a
+    chunk's base refs must hold exactly its bytes."""
+    if not entry.patches:
+        return []
+    out = []
+    for i, (span, count) in enumerate(zip(entry.chunk_refs(), entry.patch_counts(), strict=True)):
+        refs = [plan.chunks[k] for k in span]
+        base = sum(ref.raw_length for ref in refs[: len(refs) - count])
+        length = min(manifest.chunk_size, entry.nbytes - i * manifest.chunk_size)
+        if base != length or count > len(refs):
+            raise CorruptData(
+                f"checkpoint {manifest.step} leaf {'/'.join(entry.name)!r}: chunk {i}'s refs do not hold its {length} bytes"
+            )
+        out.append([ref.raw_length for ref in refs[len(refs) - count :]])
+    return out
 
 
 def selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, ...]], bool]) -> tuple[Manifest, ReadPlan]:

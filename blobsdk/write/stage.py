@@ -8,11 +8,13 @@ With ``mirror`` (``save`` only), the object keeps a copy of every chunk it last 
 kept, with its digest.  A chunk whose copy holds the base's bytes (same digest as the base's
 chunk at that place) is compared with the copy instead of hashed (blobsdk/write/delta.py's
 ``changed_runs``, 64-byte granules); only its changed runs are copied in, and it becomes a
-*patch*: ``write`` hashes it from the copy, writes only the changed runs and names the rest
-from the base's stored bytes (a tiling of at most ``max_extents`` refs).  A copy that does not
-hold the base's bytes (another writer saved, a save failed, the object is new) is never
-trusted: the chunk is hashed and, if changed, written whole.  Memory: one copy of the
-state's arrays.
+*patch*: ``write`` hashes it from the copy and writes a patch record of only the changed runs
+(blobsdk/write/patch.py), appended to the base's refs of the chunk.  A chunk is written whole
+again instead when its patches would add up to more than ``rewrite_at`` of it, or number more
+than ``MAX_PATCHES``: what a restore reads beyond the chunk stays bounded.  A copy that does
+not hold the base's bytes (another writer saved, a save failed, the object is new) is never
+trusted: the chunk is hashed and, if changed, written whole.  Memory: one copy of the state's
+arrays.
 
 Hashing and comparing run on the client's executor in batches of ~16 MiB (xxh3 and numpy
 release the GIL, so both cores work).  ``stage`` is what training waits for; ``write`` runs in
@@ -29,16 +31,18 @@ from dataclasses import dataclass, field
 import xxhash
 
 from ..wire import ChunkRef
+from . import patch
 from .compare import Base
 from .dedup import ChunkIndex
-from .delta import Run, Span, changed_runs, refs_of, tile, write_ranges
+from .delta import Run, changed_runs
 from .leaves import Leaf, Stamp
-from .manifest import Entry, Part
+from .manifest import Entry, Held, Part
 from .writer import Writer
 
 _HASH_BATCH = 16 << 20  # bytes hashed (or compared with the mirror) per executor job
 GRANULE = 64  # bytes: the resolution of a patch's changed runs
-MAX_EXTENTS = 64  # the default cap of refs per patched chunk (delta.tile's): bounds plan size and restore cost
+REWRITE_AT = 0.5  # default: a chunk is written whole once its patches would add up to this share of it
+MAX_PATCHES = 32  # patches a chunk may have: bounds its refs in the plan and a restore's reads
 
 
 class Stager:
@@ -53,13 +57,13 @@ class Stager:
         index: ChunkIndex | None,
         trust_version_counters: bool,
         mirror: bool = False,
-        max_extents: int = MAX_EXTENTS,
+        rewrite_at: float = REWRITE_AT,
     ) -> None:
         self.chunk_size = chunk_size
         self._writer, self._executor, self._index = writer, executor, index
         self.trust_version_counters = trust_version_counters
         self._staging: list[bytearray] = []  # chunk buffers, reused from save to save
-        self.mirror, self.max_extents = mirror, max_extents
+        self.mirror, self.rewrite_at = mirror, rewrite_at
         self._mirror: dict[_Place, _Copy] = {}  # with ``mirror``: the last save's bytes of each chunk it staged or kept
         self.hashed_bytes = 0  # hashed by its saves and parts (a tensor whose stamp matched is not)
 
@@ -87,15 +91,14 @@ class Stager:
         wanted: dict[bytes, int] = {}  # digest -> length, of the chunks the base does not hold in place
         for leaf, entry in zip(leaves, previous, strict=True):
             mine = [] if leaf.data is None else known[leaf.name] if leaf.name in known else next(hashed)
-            held = base.chunk_refs(entry) if base is not None and entry is not None else []
+            held: list[Held] = base.chunk_refs(entry) if base is not None and entry is not None else []
             slots: list[_Slot | None] = []
             for i, digest in enumerate(mine):
                 runs = compared.get((leaf.name, i))
                 if runs is not None:  # compared with the mirror
                     assert entry is not None
-                    slots.append(
-                        _Patch(mirrored[(leaf.name, i)].view(len(runs.new)), held[i], runs.runs) if runs.runs else held[i]
-                    )
+                    view = mirrored[(leaf.name, i)].view(len(runs.new))
+                    slots.append(self._patch(view, held[i], runs.runs) if runs.runs else held[i])
                     mine[i] = b"" if runs.runs else entry.digests[i]  # a patch's digest: hashed in the background
                 elif entry is not None and entry.digests[i] == digest:
                     slots.append(held[i])
@@ -159,7 +162,7 @@ class Stager:
                         mirror[place] = kept
                     continue
                 if digest in found or digest in new:
-                    slots[i] = found[digest] if digest in found else _Same(digest)
+                    slots[i] = Held(found[digest]) if digest in found else _Same(digest)
                     continue
                 new.add(digest)
                 assert leaf.data is not None  # a leaf without data has no digests
@@ -207,27 +210,34 @@ class Stager:
             digests.append(mine)
         return digests
 
+    def _patch(self, view: memoryview, old: Held, runs: list[Run]) -> _Patch:
+        """A changed chunk compared with the mirror: patched onto ``old``, or written whole if
+        its patches would then exceed the budget (``rewrite_at`` of it, or MAX_PATCHES)."""
+        over = old.patches >= MAX_PATCHES or old.patch_bytes() + patch.record_size(runs) > self.rewrite_at * len(view)
+        return _Patch(view, old, runs, whole=over)
+
     async def write(self, staged: Staged, base: Base | None) -> Part:
-        """Write the staged chunks that are new and the changed runs of the patched ones (the
-        rest are named by reference).  A patched chunk is hashed first (from the mirror)."""
-        await self._hash_patches(staged)
-        tilings = {id(slot): tile(slot.old, slot.runs, len(slot.view), max_extents=self.max_extents) for slot in _patches(staged)}
+        """Write the staged chunks that are new, and a patch record (or the whole chunk) of each
+        patched one (the rest are named by reference).  A patched chunk is hashed, and its
+        record made, first (from the mirror)."""
+        records = await self._seal_patches(staged)
         views: list[memoryview] = []
         for slot in (slot for slots in staged.chunks for slot in slots):
             if isinstance(slot, memoryview):
                 views.append(slot)
             elif isinstance(slot, _Patch):
-                views.extend(slot.view[start:end] for start, end in write_ranges(tilings[id(slot)]))
+                views.append(slot.view if slot.whole else memoryview(records[id(slot)]))
         written = await self._writer.write_chunks(views)
-        held = await self._held(staged, tilings, iter(written))
+        held = _held(staged, iter(written))
         new_blocks = {ref.block_id for ref in written}
         refs: list[ChunkRef] = []
         entries = []
         for leaf, digests, chunks, new_bytes in zip(staged.leaves, staged.digests, held.refs, held.new_bytes, strict=True):
             first = len(refs)
             for chunk in chunks:
-                refs.extend(chunk)
-            counts = [len(chunk) for chunk in chunks]
+                refs.extend(chunk.refs)
+            counts = [len(chunk.refs) for chunk in chunks]
+            patches = [chunk.patches for chunk in chunks]
             entries.append(
                 Entry(
                     name=leaf.name,
@@ -240,6 +250,7 @@ class Stager:
                     first=first,
                     digests=tuple(digests),
                     extents=tuple(counts) if any(n != 1 for n in counts) else (),
+                    patches=tuple(patches) if any(patches) else (),
                 )
             )
         return Part(
@@ -250,43 +261,51 @@ class Stager:
             chunk_size=self.chunk_size,
         )
 
-    async def _hash_patches(self, staged: Staged) -> None:
-        """Set each patched chunk's digest (and its mirror copy's): xxh3-128 of its new bytes."""
+    async def _seal_patches(self, staged: Staged) -> dict[int, bytearray]:
+        """Set each patched chunk's digest (and its mirror copy's): xxh3-128 of its new bytes;
+        and make the patch record of each one not written whole (by id of its slot)."""
         loop = asyncio.get_running_loop()
         places = [(li, i) for li, slots in enumerate(staged.chunks) for i, slot in enumerate(slots) if isinstance(slot, _Patch)]
-        views = [staged.chunks[li][i].view for li, i in places]  # type: ignore[union-attr]
-        for (li, i), digest in zip(places, await loop.run_in_executor(self._executor, _hash_views, views), strict=True):
+        patches: list[_Patch] = [staged.chunks[li][i] for li, i in places]  # type: ignore[misc]
+        sealed = await loop.run_in_executor(self._executor, _seal, patches)
+        records = {}
+        for (li, i), slot, (digest, record) in zip(places, patches, sealed, strict=True):
             staged.digests[li][i] = digest
+            if record is not None:
+                records[id(slot)] = record
             kept = self._mirror.get((staged.leaves[li].name, i))
-            if kept is not None and kept.buffer is staged.chunks[li][i].view.obj:  # type: ignore[union-attr]
+            if kept is not None and kept.buffer is slot.view.obj:
                 kept.digest = digest
+        return records
 
-    async def _held(self, staged: Staged, tilings: dict[int, list[Span]], written: Iterator[ChunkRef]) -> _Held:
-        """The refs that hold each chunk, given ``written`` (the new refs, in slot order): a
-        patch's tiling is made on the executor (it checksums the reused sub-ranges)."""
-        loop = asyncio.get_running_loop()
-        fresh: dict[bytes, tuple[ChunkRef, ...]] = {}  # this save's new chunks, by digest
-        patched: list[tuple[bytes, asyncio.Future[list[ChunkRef]]]] = []
-        held = _Held()
-        for slots, digests in zip(staged.chunks, staged.digests, strict=True):
-            new_bytes = 0
-            for slot, digest in zip(slots, digests, strict=True):
-                if isinstance(slot, memoryview):
-                    fresh[digest] = (next(written),)
-                    new_bytes += len(slot)
-                elif isinstance(slot, _Patch):
-                    spans = tilings[id(slot)]
-                    refs = [next(written) for _ in write_ranges(spans)]
-                    new_bytes += sum(ref.raw_length for ref in refs)
-                    patched.append((digest, loop.run_in_executor(self._executor, _refs_of, spans, slot.view, refs)))
-            held.new_bytes.append(new_bytes)
-        for digest, future in patched:
-            fresh[digest] = tuple(await future)
-        for slots, digests in zip(staged.chunks, staged.digests, strict=True):
-            held.refs.append(
-                [slot if isinstance(slot, tuple) else fresh[_digest(slot, d)] for slot, d in zip(slots, digests, strict=True)]
-            )
-        return held
+
+def _held(staged: Staged, written: Iterator[ChunkRef]) -> _Written:
+    """The refs that hold each chunk, given ``written`` (the new refs, in slot order)."""
+    fresh: dict[bytes, Held] = {}  # this save's new whole chunks, by digest
+    patched: dict[int, Held] = {}  # this save's patched chunks, by id of their slot
+    out = _Written()
+    for slots, digests in zip(staged.chunks, staged.digests, strict=True):
+        new_bytes = 0
+        for slot, digest in zip(slots, digests, strict=True):
+            if isinstance(slot, memoryview) or (isinstance(slot, _Patch) and slot.whole):
+                fresh[digest] = Held((next(written),))
+                new_bytes += len(slot) if isinstance(slot, memoryview) else len(slot.view)
+            elif isinstance(slot, _Patch):
+                ref = next(written)
+                patched[id(slot)] = Held((*slot.old.refs, ref), slot.old.patches + 1)
+                new_bytes += ref.raw_length
+        out.new_bytes.append(new_bytes)
+    for slots, digests in zip(staged.chunks, staged.digests, strict=True):
+        out.refs.append([_refs_of(slot, digest, fresh, patched) for slot, digest in zip(slots, digests, strict=True)])
+    return out
+
+
+def _refs_of(slot: _Slot, digest: bytes, fresh: dict[bytes, Held], patched: dict[int, Held]) -> Held:
+    if isinstance(slot, Held):
+        return slot
+    if isinstance(slot, _Patch) and not slot.whole:
+        return patched[id(slot)]
+    return fresh[slot.digest if isinstance(slot, _Same) else digest]
 
 
 @dataclass(frozen=True)
@@ -300,11 +319,13 @@ class _Same:
 class _Patch:
     """A changed chunk of which only ``runs`` differ from the base's version (held by ``old``),
     known because the mirror held the base's bytes; ``view``, the mirror's copy, now holds the
-    new bytes: only the runs are written, the rest is named from ``old``'s stored bytes."""
+    new bytes: a patch record of the runs is written and appended to ``old``'s refs, or
+    (``whole``: over the patch budget) the chunk is written whole."""
 
     view: memoryview
-    old: tuple[ChunkRef, ...]
+    old: Held
     runs: list[Run]
+    whole: bool = False
 
 
 @dataclass
@@ -327,16 +348,16 @@ class _Compared:
 
 
 @dataclass
-class _Held:
-    """What ``Stager._held`` makes: per leaf, the refs of each chunk and the bytes written."""
+class _Written:
+    """What ``_held`` makes: per leaf, the refs of each chunk and the bytes written."""
 
-    refs: list[list[tuple[ChunkRef, ...]]] = field(default_factory=list)
+    refs: list[list[Held]] = field(default_factory=list)
     new_bytes: list[int] = field(default_factory=list)  # per leaf, written by this save
 
 
 _Known = dict[tuple[str, ...], list[bytes]]  # digests by leaf name, vouched for by version stamps
 _Place = tuple[tuple[str, ...], int]  # a chunk's place: its leaf's name and its index
-_Slot = tuple[ChunkRef, ...] | memoryview | _Same | _Patch  # held refs, new bytes, a repeat, or a patch
+_Slot = Held | memoryview | _Same | _Patch  # held refs, new bytes, a repeat, or a patch
 
 
 @dataclass
@@ -365,23 +386,11 @@ def _diff_all(pairs: list[tuple[memoryview, memoryview]]) -> list[list[Run]]:
     return out
 
 
-def _hash_views(views: list[memoryview]) -> list[bytes]:
-    return [xxhash.xxh3_128_digest(view) for view in views]
+def _seal(patches: list[_Patch]) -> list[tuple[bytes, bytearray | None]]:
+    """Each patched chunk's digest, and its patch record (None: written whole)."""
+    return [(xxhash.xxh3_128_digest(p.view), None if p.whole else patch.encode(p.view, p.runs)) for p in patches]
 
 
 def _count(data: memoryview | None, chunk_size: int) -> int:
     """How many chunks ``data`` is cut into."""
     return 0 if data is None else -(-len(data) // chunk_size)
-
-
-def _refs_of(spans: list[Span], view: memoryview, written: list[ChunkRef]) -> list[ChunkRef]:
-    return refs_of(spans, view, iter(written))
-
-
-def _digest(slot: memoryview | _Same | _Patch, digest: bytes) -> bytes:
-    """The digest of the chunk a slot's refs are this save's: its own, or its repeat's first."""
-    return slot.digest if isinstance(slot, _Same) else digest
-
-
-def _patches(staged: Staged) -> Iterator[_Patch]:
-    return (slot for slots in staged.chunks for slot in slots if isinstance(slot, _Patch))
