@@ -16,8 +16,12 @@ import xxhash
 
 import blobsdk
 from blobsdk.config import WriteConfig
+from blobsdk.errors import CorruptData
 from blobsdk.ops import gc as gc_module
+from blobsdk.wire import ChunkRef, ReadPlan
 from blobsdk.write import patch
+from blobsdk.write.manifest import Entry, Manifest
+from blobsdk.write.restore import restore
 from blobsdk.write.stage import GRANULE, MAX_PATCHES
 
 CHUNK = 256 << 10
@@ -243,3 +247,72 @@ async def test_with_the_mirror_a_save_compares_instead_of_hashing(client: blobsd
         assert manifest.new_bytes == patch.record_size([(0, GRANULE)])
     assert ck.hashed_bytes == 4 * CHUNK
     assert manifest.entries[0].digests[0] == xxhash.xxh3_128_digest(array[: CHUNK // 4].tobytes())
+
+
+def _ref(n: int, block: str = "b", offset: int = 0) -> ChunkRef:
+    return ChunkRef(block_id=block, offset=offset, length=n, raw_length=n, checksum=0)
+
+
+@pytest.mark.parametrize(
+    ("entry", "refs", "message"),
+    [
+        (
+            Entry(name=("w",), kind="bytes", nbytes=8, digests=(b"d",), extents=(2,), patches=(1,)),
+            [_ref(8)],
+            "checkpoint 3: its manifest names 2 refs, its data plan holds 1",
+        ),
+        (
+            Entry(name=("w",), kind="bytes", nbytes=8, first=1, digests=(b"d",), extents=(2,), patches=(1,)),
+            [_ref(8), _ref(20)],
+            "checkpoint 3: its manifest names 2 refs, its data plan holds 2",
+        ),
+        (
+            Entry(name=("w",), kind="bytes", nbytes=8, digests=(b"d",), extents=(2,), patches=(1,)),
+            [_ref(6), _ref(20)],
+            "checkpoint 3 leaf 'w' chunk 0: its base refs do not hold its 8 bytes",
+        ),
+        (
+            Entry(name=("w",), kind="bytes", nbytes=8, digests=(b"d",), extents=(2,), patches=(3,)),
+            [_ref(8), _ref(20)],
+            "checkpoint 3 leaf 'w' chunk 0: its base refs do not hold its 8 bytes",
+        ),
+    ],
+)
+async def test_a_manifest_that_does_not_match_its_plan_is_refused_before_anything_is_read(
+    entry: Entry, refs: list[ChunkRef], message: str
+) -> None:
+    manifest = Manifest(step=3, created=0.0, chunk_size=8, entries=(entry,), new_bytes=0, reused_bytes=0)
+    plan = ReadPlan(path="/b/x", version=1, etag="", size=sum(r.raw_length for r in refs), chunk_size=8, chunks=tuple(refs))
+    reads: list[ReadPlan] = []
+
+    async def read(part: ReadPlan, outs: list[memoryview]) -> None:
+        reads.append(part)
+
+    with pytest.raises(CorruptData) as exc:
+        await restore(manifest, plan, {}, read)
+    assert str(exc.value) == message
+    assert reads == []
+
+
+async def test_patches_are_read_in_the_order_they_are_stored_and_applied_in_the_order_saved() -> None:
+    """Bases first, in plan order; then the patch records sorted by block and offset (one
+    save's records lie back to back), each chunk's applied oldest first."""
+    old = bytes(range(8))
+    first = patch.encode(b"AB" + old[2:], [(0, 2)])
+    second = patch.encode(b"xyz" + old[3:], [(0, 3)])  # overwrites what the first wrote
+    stored = {("z1", 0): first, ("a2", 0): second, ("base", 0): old}  # the later save's block sorts first
+    entry = Entry(name=("w",), kind="bytes", nbytes=8, digests=(b"d",), extents=(3,), patches=(2,))
+    refs = (_ref(8, "base"), _ref(len(first), "z1"), _ref(len(second), "a2"))
+    manifest = Manifest(step=1, created=0.0, chunk_size=8, entries=(entry,), new_bytes=0, reused_bytes=0)
+    plan = ReadPlan(path="/b/x", version=1, etag="", size=sum(r.raw_length for r in refs), chunk_size=8, chunks=refs)
+    reads: list[list[str]] = []
+
+    async def read(part: ReadPlan, outs: list[memoryview]) -> None:
+        reads.append([ref.block_id for ref in part.chunks])
+        for ref, out in zip(part.chunks, outs, strict=True):
+            out[:] = stored[(ref.block_id, ref.offset)]
+
+    state: dict[str, Any] = {}
+    await restore(manifest, plan, state, read)
+    assert reads == [["base"], ["a2", "z1"]]
+    assert bytes(state["w"]) == b"xyz" + old[3:]

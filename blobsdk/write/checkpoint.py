@@ -391,7 +391,7 @@ class Checkpoints:
             manifest, plan = selected(manifest, plan, select)
         state: dict[str, Any] = {} if into is None else into  # {}: every array into one fresh buffer
         # a restore is read once: L1 keeps its working set (fill_memory=False)
-        await restore(manifest, plan, state, lambda outs: self._read_into(plan, outs, False))
+        await restore(manifest, plan, state, lambda part, outs: self._read_into(part, outs, False))
         return state
 
     async def _manifest_of(self, step: int) -> Manifest:

@@ -23,6 +23,7 @@ Leaves of ``into`` that the load does not read are left as they are.  ``load`` r
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
@@ -47,48 +48,24 @@ class _Place(NamedTuple):
     memory: memoryview
 
 
-async def restore(manifest: Manifest, plan: ReadPlan, into: Any, read: Callable[[list[memoryview]], Awaitable[None]]) -> None:
-    """Fill ``into`` with the leaves of ``manifest``, whose data blob's ``plan`` ``read``
-    scatters into one buffer per entry (per chunk, and per patch record, for an entry with
-    patches: the patches are applied once all is read); see the module docstring."""
+async def restore(
+    manifest: Manifest, plan: ReadPlan, into: Any, read: Callable[[ReadPlan, list[memoryview]], Awaitable[None]]
+) -> None:
+    """Fill ``into`` with the leaves of ``manifest``, whose data blob has ``plan``; ``read``
+    scatters a plan into buffers, one after another (see :class:`_Reads`).  See the module
+    docstring."""
     if not isinstance(into, MutableMapping):
         raise TypeError(f"into must be a dict (the state to fill), got {type(into).__name__}")
     places = [_place(manifest.step, entry, _lookup(manifest.step, entry, into)) for entry in manifest.entries]
-    records = [_records(manifest, entry, plan) for entry in manifest.entries]
-    wanted = sum(
-        entry.nbytes + sum(sum(chunk) for chunk in chunk_records)
-        for entry, chunk_records in zip(manifest.entries, records, strict=True)
-    )
-    if wanted != plan.size:
-        raise BadRequest(f"checkpoint {manifest.step}: its data is {plan.size} bytes, its manifest names {wanted}")
     fresh = fresh_buffer(sum(entry.nbytes for entry, place in zip(manifest.entries, places, strict=True) if place is None))
-    scratch = fresh_buffer(sum(sum(sum(chunk) for chunk in chunk_records) for chunk_records in records))
-    outs: list[memoryview] = []
-    patched: list[tuple[memoryview, list[memoryview]]] = []  # a chunk's memory, its patch records
-    at = used = 0
-    memories = []
-    for entry, place, chunk_records in zip(manifest.entries, places, records, strict=True):
+    memories, at = [], 0
+    for entry, place in zip(manifest.entries, places, strict=True):
         if place is None:
-            memory, at = fresh[at : at + entry.nbytes], at + entry.nbytes
+            memories.append(fresh[at : at + entry.nbytes])
+            at += entry.nbytes
         else:
-            memory = place.memory
-        memories.append(memory)
-        if not entry.patches:
-            outs.append(memory)
-            continue
-        for i, sizes in enumerate(chunk_records):
-            chunk = memory[i * manifest.chunk_size : (i + 1) * manifest.chunk_size]
-            mine = []
-            for size in sizes:
-                mine.append(scratch[used : used + size])
-                used += size
-            outs += [chunk, *mine]
-            if mine:
-                patched.append((chunk, mine))
-    await read(outs)
-    for chunk, mine in patched:
-        for record in mine:
-            patch.apply(record, chunk)
+            memories.append(place.memory)
+    await _Reads(manifest, plan, memories).run(plan, read)
     for entry, place, memory in zip(manifest.entries, places, memories, strict=True):
         if place is None:
             put(into, entry.name, msgspec.json.decode(entry.value) if entry.kind == "json" else value_of(entry, memory))
@@ -96,22 +73,69 @@ async def restore(manifest: Manifest, plan: ReadPlan, into: Any, read: Callable[
             _written(place.value)
 
 
-def _records(manifest: Manifest, entry: Entry, plan: ReadPlan) -> list[list[int]]:
-    """The sizes of each chunk's patch records (none: []), checked against the plan: a
-    chunk's base refs must hold exactly its bytes."""
-    if not entry.patches:
-        return []
-    out = []
-    for i, (span, count) in enumerate(zip(entry.chunk_refs(), entry.patch_counts(), strict=True)):
-        refs = [plan.chunks[k] for k in span]
-        base = sum(ref.raw_length for ref in refs[: len(refs) - count])
-        length = min(manifest.chunk_size, entry.nbytes - i * manifest.chunk_size)
-        if base != length or count > len(refs):
-            raise CorruptData(
-                f"checkpoint {manifest.step} leaf {'/'.join(entry.name)!r}: chunk {i}'s refs do not hold its {length} bytes"
-            )
-        out.append([ref.raw_length for ref in refs[len(refs) - count :]])
-    return out
+class _Reads:
+    """What a restore reads: every chunk's base refs, in plan order, into the leaves' memory;
+    then the patch records (blobsdk/write/patch.py), in the order they are stored (one save's
+    patches lie back to back in its blocks: few, large reads), into scratch memory; then each
+    chunk's patches applied, oldest first.  Checked against the plan before anything is read."""
+
+    def __init__(self, manifest: Manifest, plan: ReadPlan, memories: list[memoryview]) -> None:
+        self.bases: list[ChunkRef] = []
+        self.base_outs: list[memoryview] = []
+        self.patches: list[ChunkRef] = []
+        self.chains: list[tuple[memoryview, range]] = []  # a chunk's memory, its patches' indexes
+        where = f"checkpoint {manifest.step}"
+        firsts = list(itertools.accumulate((entry.ref_count() for entry in manifest.entries), initial=0))
+        if firsts[-1] != len(plan.chunks) or any(e.first != at for e, at in zip(manifest.entries, firsts, strict=False)):
+            raise CorruptData(f"{where}: its manifest names {firsts[-1]} refs, its data plan holds {len(plan.chunks)}")
+        for entry, memory in zip(manifest.entries, memories, strict=True):
+            if not entry.patches:
+                self.bases.extend(plan.chunks[entry.first : entry.first + entry.ref_count()])
+                self.base_outs.append(memory)
+                continue
+            for i, (span, count) in enumerate(zip(entry.chunk_refs(), entry.patch_counts(), strict=True)):
+                self._chunk(
+                    plan.chunks[span.start : span.stop],
+                    count,
+                    memory[i * manifest.chunk_size : (i + 1) * manifest.chunk_size],
+                    f"{where} leaf {'/'.join(entry.name)!r} chunk {i}",
+                )
+        size = sum(ref.raw_length for ref in self.bases) + sum(ref.raw_length for ref in self.patches)
+        wanted = sum(entry.nbytes for entry in manifest.entries) + sum(ref.raw_length for ref in self.patches)
+        if size != wanted:
+            raise BadRequest(f"{where}: its data is {size} bytes, its manifest names {wanted}")
+
+    def _chunk(self, held: tuple[ChunkRef, ...], count: int, memory: memoryview, where: str) -> None:
+        """A chunk with ``count`` patches: its base refs and its patches, listed."""
+        base = held[: len(held) - count]
+        if count > len(held) or sum(ref.raw_length for ref in base) != len(memory):
+            raise CorruptData(f"{where}: its base refs do not hold its {len(memory)} bytes")
+        self.bases.extend(base)
+        self.base_outs.append(memory)
+        if count:
+            self.chains.append((memory, range(len(self.patches), len(self.patches) + count)))
+            self.patches.extend(held[len(held) - count :])
+
+    async def run(self, plan: ReadPlan, read: Callable[[ReadPlan, list[memoryview]], Awaitable[None]]) -> None:
+        if not self.patches:
+            await read(plan, self.base_outs)
+            return
+        await read(_subplan(plan, self.bases), self.base_outs)
+        order = sorted(range(len(self.patches)), key=lambda k: (self.patches[k].block_id, self.patches[k].offset))
+        scratch = fresh_buffer(sum(ref.raw_length for ref in self.patches))
+        records: list[memoryview] = [memoryview(b"")] * len(self.patches)
+        at = 0
+        for k in order:
+            records[k] = scratch[at : at + self.patches[k].raw_length]
+            at += self.patches[k].raw_length
+        await read(_subplan(plan, [self.patches[k] for k in order]), [records[k] for k in order])
+        for memory, indexes in self.chains:
+            for k in indexes:
+                patch.apply(records[k], memory)
+
+
+def _subplan(plan: ReadPlan, refs: list[ChunkRef]) -> ReadPlan:
+    return msgspec.structs.replace(plan, chunks=tuple(refs), size=sum(ref.raw_length for ref in refs))
 
 
 def selected(manifest: Manifest, plan: ReadPlan, select: Callable[[tuple[str, ...]], bool]) -> tuple[Manifest, ReadPlan]:
