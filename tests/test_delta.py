@@ -158,3 +158,16 @@ def test_encode_refuses_runs_outside_the_chunk() -> None:
     with pytest.raises(ValueError) as exc:
         patch.encode(b"abcd", [(2, 6)])
     assert str(exc.value) == "runs must be ordered, disjoint, non-empty ranges inside [0, 4): got (2, 6) after 0"
+
+
+@pytest.mark.parametrize(("granule", "rows"), [(64, True), (8, True), (4, False), (3, False)])
+def test_whole_rows_of_8_bytes_or_more_are_gathered_at_once_and_give_the_same_bytes(granule: int, rows: bool) -> None:
+    old = os.urandom(4096)
+    new = bytearray(old)
+    for at in (0, 100, 2000, 4095):
+        new[at] ^= 0xFF
+    record = patch.encode(new, changed_runs(old, new, granule))
+    fast, slow = bytearray(old), bytearray(old)
+    assert patch._apply_rows(memoryview(record), memoryview(fast)) is rows
+    patch.apply(record, memoryview(slow))
+    assert slow == new and (fast == new if rows else fast == old)

