@@ -15,7 +15,17 @@ from benchmarks import _checkpoint_dedup
 from benchmarks._checkpoint_dedup import MiB, Shape
 from benchmarks._report import Report
 
-TINY = Shape(table_bytes=4 * MiB, saves=3, scattered_bytes=4 * MiB, region=8 << 10, scattered_saves=3, dcp_width=32, dcp_saves=3)
+TINY = Shape(
+    table_bytes=4 * MiB,
+    saves=3,
+    scattered_bytes=4 * MiB,
+    region=8 << 10,
+    scattered_saves=3,
+    dcp_width=32,
+    dcp_saves=3,
+    long_table_bytes=4 * MiB,
+    long_saves=5,
+)
 CNR = {"bytes_vs_changed": "<= 1.2", "stall_cut": ">= 50", "restore_vs_memcpy": ">= 0.9"}
 GOALS = {
     **{f"{name}_{key}": bound for name, _ in _checkpoint_dedup.CNR_VARIANTS for key, bound in CNR.items()},
@@ -40,6 +50,8 @@ def test_every_row_runs_and_is_reported_beside_its_goal(tmp_path: Path) -> None:
     assert report.ratios["cnr_whole_bytes_vs_changed_min"] >= report.ratios["cnr_bytes_vs_changed_max"]  # the mirror writes less
     assert report.metrics["cnr_changed_mib_per_save"] == (4 * MiB // 512 // 100) * 512 / MiB
     assert report.metrics["cnr_restore_in_place"] in (0.0, 1.0)
+    assert report.metrics["cnr_long_saves"] == 5 and report.metrics["cnr_long_bytes_vs_changed"] >= 1.0
+    assert len(report.details["cnr_long_written"]) == 4
 
 
 def test_a_goal_says_whether_the_median_meets_it() -> None:
