@@ -17,6 +17,7 @@ from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.wire import ChunkRef
 from tests.helpers import stored_files
@@ -383,9 +384,13 @@ async def test_read_into_a_buffer_of_the_wrong_size_is_refused(tmp_path):
 @pytest.mark.parametrize("l1", [NO_L1, L1Config()])
 async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_path, l1):
     """A one-off read (``fill_memory=False``) gives each chunk buffer back once copied out,
-    and its later fetches read into them (bytes still exact); a plain get never does.  (Its
-    whole chunks go straight into the output: the windows here cut every chunk in two.)"""
-    async with blobsdk.Client.local(tmp_path, write=SMALL, l1=l1) as c:
+    and its later fetches read into them (bytes still exact); a plain get never does.  (From
+    a lone replica its whole chunks would go straight into the output: two replicas here.)"""
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        ReplicatedBlockStore([LocalBlockStore(tmp_path / "r0"), LocalBlockStore(tmp_path / "r1")]) as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=l1) as c,
+    ):
         data = data_of(600_000, 12)  # 10 chunks
         await c.put("/b/x", data)
         pool = c._open.readpath.buffers
@@ -433,11 +438,49 @@ async def test_a_one_off_read_of_whole_chunks_goes_straight_into_the_output(tmp_
             await path.read_into(plan, memoryview(bytearray(len(data))), fill_memory=False)
 
 
-class Gated(LocalBlockStore):
+class OneAtATime:
+    """A lone replica over a local store that reads one chunk per request, as a block server
+    or S3 does (it reads no spans): a one-off read's chunks go to it one at a time."""
+
+    def __init__(self, store: LocalBlockStore) -> None:
+        self.store = store
+        self.name = store.name
+
+    @property
+    def replicas(self):
+        return (self,)
+
+    async def write_block(self, block_id, parts):
+        await self.store.write_block(block_id, parts)
+
+    async def delete_block(self, block_id):
+        await self.store.delete_block(block_id)
+
+    def list_blocks(self, start_after=None):
+        return self.store.list_blocks(start_after)
+
+    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
+        await self.store.read_into(block_id, offset, out, attempt=attempt, grant=grant)
+
+    async def read_range(self, block_id, offset, length):
+        return await self.store.read_range(block_id, offset, length)
+
+    async def aclose(self):
+        await self.store.aclose()
+
+    async def __aenter__(self):
+        await self.store.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.aclose()
+
+
+class Gated(OneAtATime):
     """A block store whose reads wait for the test to release them."""
 
     def __init__(self, root) -> None:
-        super().__init__(root)
+        super().__init__(LocalBlockStore(root))
         self.started, self.release = asyncio.Event(), asyncio.Event()
         self.finished = 0
 

@@ -6,6 +6,7 @@ invariant 1): the read path's tiers in the client, and the L3 node's read-throug
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import Executor
 
 import lz4.block
@@ -25,6 +26,20 @@ def verify_raw(ref: ChunkRef, raw: memoryview) -> memoryview:
     if len(raw) != ref.raw_length or xxhash.xxh3_64_intdigest(raw) != ref.checksum:
         raise BadCopy(f"chunk {ref.key} at block {ref.block_id}+{ref.offset}: checksum mismatch")
     return raw
+
+
+def verify_windows(ref: ChunkRef, windows: Sequence[memoryview]) -> None:
+    """Nothing if ``windows``, one after another, hold the chunk's exact raw bytes, else
+    BadCopy: the check of an uncompressed chunk read straight into the caller's memory,
+    maybe split over several of its buffers (one hash over them all, no join)."""
+    if len(windows) == 1:
+        verify_raw(ref, windows[0])
+        return
+    digest = xxhash.xxh3_64()
+    for window in windows:
+        digest.update(window)
+    if sum(w.nbytes for w in windows) != ref.raw_length or digest.intdigest() != ref.checksum:
+        raise BadCopy(f"chunk {ref.key} at block {ref.block_id}+{ref.offset}: checksum mismatch")
 
 
 def decode_chunk(ref: ChunkRef, stored: memoryview) -> memoryview:

@@ -36,7 +36,7 @@ import asyncio
 import bisect
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -45,9 +45,9 @@ from ..runtime.buffers import BufferPool
 from ..runtime.singleflight import SingleFlight
 from ..runtime.tasks import task_group
 from ..tail.demand import Demand, Priority
-from ..tiers.base import DirectTier, Tier
+from ..tiers.base import DirectTier, Piece, Tier
 from ..wire import ChunkRef, ReadPlan
-from .codec import ChunkDecoder
+from .codec import ChunkDecoder, verify_windows
 
 
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:
@@ -59,6 +59,25 @@ def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]
     start = min(offset, size)
     end = size if length is None else min(size, offset + length)
     return start, max(start, end)
+
+
+_Job = tuple[memoryview, int, ChunkRef, int]  # see ReadPath._read_jobs
+
+# A one-off read's groups of whole chunks (ReadPath._direct_groups): big enough that a group's
+# request, thread hop and open cost little per byte, small enough that a restore of a few
+# blocks still keeps every core busy; at most GROUPS_IN_FLIGHT of them at once.
+GROUP_BYTES = 16 << 20
+GROUP_CHUNKS = 256
+GROUPS_IN_FLIGHT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Direct:
+    """A whole chunk a one-off read gives the direct tier, and its jobs (for ``_place``, if
+    the tier cannot)."""
+
+    piece: Piece
+    jobs: list[_Job]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,23 +132,71 @@ class ReadPath:
         size = sum(o.nbytes for o in outs)
         if size != plan.size:
             raise BadRequest(f"{plan.path}: a buffer of {size} bytes for a blob of {plan.size}")
-        jobs: list[tuple[memoryview, int, ChunkRef, int]] = []
+        jobs: list[_Job] = []
+        starts = _starts(plan.chunks)
         start = 0
         for o in outs:
-            jobs.extend((o.cast("B"), start, ref, at) for ref, at in _overlapping(plan.chunks, start, start + o.nbytes))
+            jobs.extend((o.cast("B"), start, ref, at) for ref, at in _overlapping(plan.chunks, start, start + o.nbytes, starts))
             start += o.nbytes
         await self._read_jobs(jobs, one_off=not fill_memory)
 
-    async def _read_jobs(self, jobs: list[tuple[memoryview, int, ChunkRef, int]], *, one_off: bool) -> None:
+    async def _read_jobs(self, jobs: list[_Job], *, one_off: bool) -> None:
         """Each job: (an output window, the blob offset it begins at, a chunk, the blob offset
-        the chunk begins at)."""
-        if len(jobs) == 1:
+        the chunk begins at).  A one-off read's whole chunks that can go straight into the
+        output go in groups (see ``_direct_groups``)."""
+        groups: list[list[_Direct]] = []
+        if one_off and self._direct_tier is not None:
+            groups, jobs = self._direct_groups(jobs)
+        if not groups and len(jobs) == 1:
             await self._place(*jobs[0], one_off)
             return
-        slots = asyncio.Semaphore(self._parallel)
+        slots, group_slots = asyncio.Semaphore(self._parallel), asyncio.Semaphore(GROUPS_IN_FLIGHT)
         async with task_group() as tasks:
+            for group in groups:
+                tasks.create_task(self._group(group_slots, slots, group))
             for job in jobs:
                 tasks.create_task(self._bounded(slots, *job, one_off))
+
+    def _direct_groups(self, jobs: list[_Job]) -> tuple[list[list[_Direct]], list[_Job]]:
+        """A one-off read's jobs split in two: the whole uncompressed chunks that no tier has
+        at hand and no fetch is reading, in groups for the direct tier (``_group``), and the
+        jobs of every other chunk.  A group: chunks of one block in the order of their
+        offsets, at most GROUP_BYTES (or one chunk) and GROUP_CHUNKS of them."""
+        by_block: dict[str, list[_Direct]] = {}
+        rest: list[_Job] = []
+        for chunk_jobs, windows in _chunks_of(jobs):
+            ref = chunk_jobs[0][2]
+            if windows is not None and self._directable(ref):
+                same = by_block.get(ref.block_id)
+                if same is None:
+                    same = by_block[ref.block_id] = []
+                same.append(_Direct(Piece(ref, windows), chunk_jobs))
+            else:
+                rest.extend(chunk_jobs)
+        return [group for same in by_block.values() for group in _cut(same)], rest
+
+    def _directable(self, ref: ChunkRef) -> bool:
+        """Whether a whole chunk may be read straight into the caller's memory: uncompressed,
+        no fetch of it in flight, no tier above the direct one (the last) has it at hand."""
+        if ref.codec != "none" or ref.length != ref.raw_length or not ref.raw_length:
+            return False
+        if self._demands and ref.key in self._demands:
+            return False
+        return all(t.peek(ref) is None for t in self.tiers[:-1])
+
+    async def _group(self, group_slots: asyncio.Semaphore, slots: asyncio.Semaphore, group: list[_Direct]) -> None:
+        """A group of whole chunks of one block read straight into the output by the direct
+        tier, in one request (on the local store: one open, one preadv per run of adjacent
+        chunks, each verified on the thread that read it, while still in the CPU's cache);
+        one at a time (``_place``) if the tier cannot."""
+        assert self._direct_tier is not None
+        async with group_slots:
+            if await self._direct_tier.fetch_many_into([d.piece for d in group], verify_windows):
+                return
+        async with task_group() as tasks:
+            for direct in group:
+                for job in direct.jobs:
+                    tasks.create_task(self._bounded(slots, *job, True))
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:
@@ -186,9 +253,7 @@ class ReadPath:
         ``load(into=)``, embedded, 4 MiB chunks): 1.9-2.1 GB/s through a chunk buffer and a
         copy on the loop's thread; see docs/benchmarks.md for the direct figure."""
         tier = self._direct_tier
-        if tier is None or ref.codec != "none" or ref.key in self._demands:
-            return False
-        if any(t.peek(ref) is not None for t in self.tiers):
+        if tier is None or not self._directable(ref):
             return False
         return await tier.fetch_into(ref, window, self._decode_direct)
 
@@ -237,13 +302,63 @@ class ReadPath:
         raise Unavailable(f"chunk {ref.key}: no tier could serve it")  # L4 raises before this
 
 
-def _overlapping(chunks: Sequence[ChunkRef], start: int, end: int) -> list[tuple[ChunkRef, int]]:
-    """(chunk, blob offset where it begins) for every chunk overlapping ``[start, end)``."""
+def _starts(chunks: Sequence[ChunkRef]) -> list[int]:
+    """The blob offset each chunk begins at, and the blob's size last."""
+    return list(itertools.accumulate((c.raw_length for c in chunks), initial=0))
+
+
+def _overlapping(chunks: Sequence[ChunkRef], start: int, end: int, starts: list[int] | None = None) -> list[tuple[ChunkRef, int]]:
+    """(chunk, blob offset where it begins) for every chunk overlapping ``[start, end)``;
+    ``starts``: ``_starts(chunks)``, if known."""
     if start >= end:
         return []
     if len(chunks) == 1:
         return [(chunks[0], 0)]
-    starts = list(itertools.accumulate((c.raw_length for c in chunks), initial=0))
+    starts = starts if starts is not None else _starts(chunks)
     first = bisect.bisect_right(starts, start) - 1
     last = bisect.bisect_left(starts, end)
     return [(chunks[i], starts[i]) for i in range(first, min(last, len(chunks)))]
+
+
+def _window(out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> memoryview:
+    """The part of output window ``out`` (beginning at blob offset ``start``) that chunk
+    ``ref`` (beginning at ``chunk_start``) fills."""
+    lo = max(chunk_start, start)
+    hi = min(chunk_start + ref.raw_length, start + len(out))
+    return out[lo - start : hi - start]
+
+
+def _chunks_of(jobs: list[_Job]) -> Iterator[tuple[list[_Job], tuple[memoryview, ...] | None]]:
+    """Each chunk's jobs (consecutive: the jobs are in blob order, and a chunk that straddles
+    output windows has one in each) and, when they cover all of it, its windows in order."""
+    i, n = 0, len(jobs)
+    while i < n:
+        out, start, ref, chunk_start = jobs[i]
+        lo = chunk_start - start
+        if lo >= 0 and lo + ref.raw_length <= out.nbytes:  # in one window: the common case
+            yield [jobs[i]], (out[lo : lo + ref.raw_length],)
+            i += 1
+            continue
+        j = i + 1
+        while j < n and jobs[j][3] == chunk_start and jobs[j][2] is ref:
+            j += 1
+        same = jobs[i:j]
+        windows = tuple(_window(*job) for job in same)
+        yield same, (windows if lo >= 0 and sum(w.nbytes for w in windows) == ref.raw_length else None)
+        i = j
+
+
+def _cut(same_block: list[_Direct]) -> Iterator[list[_Direct]]:
+    """A block's chunks in the order of their offsets, in groups of at most GROUP_BYTES (or
+    one chunk) and GROUP_CHUNKS."""
+    group: list[_Direct] = []
+    nbytes = 0
+    for direct in sorted(same_block, key=lambda d: d.piece.ref.offset):
+        length = direct.piece.ref.length
+        if group and (nbytes + length > GROUP_BYTES or len(group) == GROUP_CHUNKS):
+            yield group
+            group, nbytes = [], 0
+        group.append(direct)
+        nbytes += length
+    if group:
+        yield group

@@ -33,17 +33,25 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
   (blobsdk/sources/s3.py), whose bytes stay in that object.
 - ``replicas`` lists the independent copies a reader fails over between (verifying each
   answer itself); a single backend is its own only replica.
+
+A replica may also read several spans of one block in one request (:class:`SpanReader`,
+``read_spans``): a restore's many chunks of a block, straight into the caller's memory.
+The local store does (one open, one ``preadv`` for each run of adjacent spans, each span
+checked on the thread that read it); a block server or S3 could with one multi-range or
+single-range GET; the others do not, and are read one chunk at a time.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import xxhash
 
+from ..errors import BlobError
 from ..runtime.ids import validate_hex32
 from ..tail.attempt import Attempt
 from ..wire import BlockInfo
@@ -117,6 +125,40 @@ class BlockReplica(BlockStore, Protocol):
         ...
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """``length`` bytes of a block at ``offset``, to be read into ``windows`` one after
+    another (writable byte views whose sizes add up to ``length``); ``grant``: the chunk
+    grant for exactly these bytes, for a server with tenants (blobsdk.auth)."""
+
+    offset: int
+    length: int
+    windows: tuple[memoryview, ...]
+    grant: str = ""
+
+
+SpanCheck = Callable[[int], None]  # called with a span's index once its bytes are in; raises if they are bad
+
+
+@runtime_checkable
+class SpanReader(Protocol):
+    """A replica that reads several spans of one block in one request, into the caller's
+    memory (see the module docstring)."""
+
+    async def read_spans(
+        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
+    ) -> list[BlobError | None]:
+        """Read every span of ``block_id`` into its windows, spans adjacent in the block
+        (``spans[i].offset + spans[i].length == spans[i + 1].offset``) with one read where
+        the backend can; ``check(i)``, if given, runs where span ``i`` was read (the local
+        store's thread), once its bytes are in.  Per span: None, or the error about that span
+        alone (CorruptData for a span past the end of the block, the BlobError ``check``
+        raised).  An error about the whole block (BlockNotFound, Unavailable) is raised.
+        It returns or raises, cancelled included, only once nothing writes into the windows
+        any more (a cancelled read stops at its next span, and is waited for)."""
+        ...
 
 
 def block_time(block_id: str) -> float:

@@ -33,9 +33,10 @@ import concurrent.futures
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -44,9 +45,7 @@ import xxhash
 from ..errors import (
     BadRequest,
     BlobError,
-    BlockNotFound,
     ClientClosed,
-    CorruptData,
     IncompatibleFormat,
     PreconditionFailed,
     Unavailable,
@@ -59,20 +58,18 @@ from ..runtime.rootdir import (
     create_temp,
     kind_of,
     marker_text,
-    open_regular,
     refusal,
     remove_if_dead,
 )
 from ..tail.attempt import Attempt
 from ..wire import BlockInfo
-from .base import Buffer, block_time, validate_block_id
+from .base import Buffer, Span, SpanCheck, block_time, validate_block_id
+from .localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 
 T = TypeVar("T")
 
 _KIND = "block-store"
 _FORMAT = 1  # the layout above; bump it (and read the old one, or refuse it) when it changes
-# os.writev takes at most IOV_MAX buffers per call.
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 log = logging.getLogger(__name__)
@@ -126,13 +123,33 @@ class LocalBlockStore:
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:
             return
-        await self._run(_read_into_sync, self._dir, *where, offset, view)
+        await self._run(read_into_sync, self._dir, *where, offset, view)
+
+    async def read_spans(
+        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
+    ) -> list[BlobError | None]:
+        """See :class:`~blobsdk.sources.base.SpanReader`: one open, one preadv per run of
+        adjacent spans and the checks, in one job on the store's thread pool."""
+        where = _locate(block_id)
+        for span in spans:
+            _check_span(span.offset, span.length)
+        stop = threading.Event()
+        if self._closed:
+            raise ClientClosed(f"block store {self.name} is closed")
+        await self.wait_open()
+        future = self._pool.submit(read_spans_sync, self._dir, *where, spans, check, stop)
+        try:
+            return await self._wait(future)
+        except asyncio.CancelledError:
+            stop.set()  # the job stops at its next run; until it has, it may write into the windows
+            await asyncio.wait([asyncio.wrap_future(future)])
+            raise
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         where = _locate(block_id)
         if _check_span(offset, length) == 0:
             return b""
-        return await self._run(_read_range_sync, self._dir, *where, offset, length)
+        return await self._run(read_range_sync, self._dir, *where, offset, length)
 
     async def read_clipped(self, block_id: str, offset: int, length: int) -> tuple[bytes, int]:
         """The bytes of ``offset .. offset + length`` that lie inside the block (fewer, or
@@ -140,7 +157,7 @@ class LocalBlockStore:
         server answering a Range needs.  BlockNotFound if there is no such block."""
         where = _locate(block_id)
         _check_span(offset, length)
-        return await self._run(_read_clipped_sync, self._dir, *where, offset, length)
+        return await self._run(read_clipped_sync, self._dir, *where, offset, length)
 
     async def delete_block(self, block_id: str) -> None:
         """Remove the block (nothing if there is none); a symlink under its name is removed
@@ -353,21 +370,9 @@ def _write_all(fd: int, parts: Sequence[Buffer]) -> int:
     views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
     total = sum(v.nbytes for v in views)
     while views:
-        written = os.writev(fd, views[:_IOV_MAX])
-        views = _skip(views, written)
+        written = os.writev(fd, views[:IOV_MAX])
+        views = skip(views, written)
     return total
-
-
-def _skip(views: list[memoryview], nbytes: int) -> list[memoryview]:
-    """The views left after ``nbytes`` of them were written (writev may write less)."""
-    i = 0
-    while i < len(views) and nbytes >= views[i].nbytes:
-        nbytes -= views[i].nbytes
-        i += 1
-    rest = views[i:]
-    if rest and nbytes:
-        rest[0] = rest[0][nbytes:]
-    return rest
 
 
 def _locate(block_id: str) -> tuple[str, str]:
@@ -378,69 +383,6 @@ def _locate(block_id: str) -> tuple[str, str]:
 
 def _shard_of(block_id: str) -> str:
     return xxhash.xxh3_64_hexdigest(block_id.encode())[:2]
-
-
-def _open_block(root: RootDir, shard: str, block_id: str) -> int:
-    """An fd of the block; BlockNotFound if there is none, UnsafeEntry if its shard or its
-    file is a symlink or not what the layout puts there."""
-    try:
-        with root.shard(shard) as dir_fd:
-            return open_regular(dir_fd, block_id, root.entry_path(shard, block_id))
-    except FileNotFoundError:
-        raise BlockNotFound(f"block {block_id} not found") from None
-
-
-@contextmanager
-def _open_span(root: RootDir, shard: str, block_id: str, offset: int, length: int) -> Iterator[int]:
-    """An fd of the block, once ``offset + length`` is known to lie inside it."""
-    fd = _open_block(root, shard, block_id)
-    try:
-        size = os.fstat(fd).st_size
-        if offset + length > size:
-            raise CorruptData(f"range {offset}+{length} is past the end of block {block_id} ({size} bytes)")
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _read_into_sync(root: RootDir, shard: str, block_id: str, offset: int, out: memoryview) -> None:
-    with _open_span(root, shard, block_id, offset, out.nbytes) as fd:
-        _preadv_all(fd, block_id, offset, out)
-
-
-def _read_range_sync(root: RootDir, shard: str, block_id: str, offset: int, length: int) -> bytes:
-    with _open_span(root, shard, block_id, offset, length) as fd:
-        return _pread_exact(fd, block_id, offset, length)
-
-
-def _read_clipped_sync(root: RootDir, shard: str, block_id: str, offset: int, length: int) -> tuple[bytes, int]:
-    fd = _open_block(root, shard, block_id)
-    try:
-        size = os.fstat(fd).st_size
-        inside = min(length, size - offset)
-        return (_pread_exact(fd, block_id, offset, inside) if inside > 0 else b""), size
-    finally:
-        os.close(fd)
-
-
-def _pread_exact(fd: int, block_id: str, offset: int, length: int) -> bytes:
-    """``length`` bytes at ``offset``, which lie inside the block (it was fstat'ed)."""
-    data = os.pread(fd, length, offset)  # one read, no extra copy: the common case
-    if len(data) == length:
-        return data
-    buf = bytearray(length)  # a short read: fill the rest the careful way
-    buf[: len(data)] = data
-    _preadv_all(fd, block_id, offset + len(data), memoryview(buf)[len(data) :])
-    return bytes(buf)
-
-
-def _preadv_all(fd: int, block_id: str, offset: int, out: memoryview) -> None:
-    done = 0
-    while done < out.nbytes:
-        n = os.preadv(fd, [out[done:]], offset + done)
-        if n == 0:
-            raise CorruptData(f"block {block_id} shrank while it was read")
-        done += n
 
 
 def _delete_sync(root: RootDir, shard: str, block_id: str) -> None:

@@ -27,7 +27,8 @@ passed to ``fill`` may be kept as they are (see readpath.py on buffer ownership)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, Self, runtime_checkable
 
 from ..errors import BlobError
@@ -36,12 +37,25 @@ from ..tail.demand import Demand
 from ..wire import ChunkRef
 
 Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
+# Checks a chunk's raw bytes in the caller's windows, one after another; raises BadCopy if bad.
+Verifier = Callable[[ChunkRef, Sequence[memoryview]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A whole uncompressed chunk and where its raw bytes go: ``windows``, one after another
+    (writable byte views of the caller's memory, ``ref.raw_length`` bytes in all; several
+    when the chunk straddles the caller's buffers)."""
+
+    ref: ChunkRef
+    windows: tuple[memoryview, ...]
 
 
 @runtime_checkable
 class DirectTier(Protocol):
-    """A tier that can read an uncompressed chunk straight into the caller's memory (a
-    restore into the caller's arrays), with no buffer of its own and no copy after."""
+    """A tier that can read uncompressed chunks straight into the caller's memory (a
+    restore into the caller's arrays), with no buffer of its own and no copy after: one at
+    a time (``fetch_into``), or many chunks of one block in one request (``fetch_many_into``)."""
 
     async def fetch_into(self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None) -> bool:
         """Read ``ref``'s raw bytes into ``out`` (exactly ``ref.raw_length`` bytes) and verify
@@ -49,6 +63,15 @@ class DirectTier(Protocol):
         would race other attempts into ``out``).  Nothing writes into ``out`` once it has
         returned or raised, cancelled included.  A bad copy raises as ``fetch`` would; ``out``
         then holds what was read."""
+        ...
+
+    async def fetch_many_into(self, pieces: Sequence[Piece], verify: Verifier, demand: Demand | None = None) -> bool:
+        """Read the chunks of ``pieces`` (all of one block, best in the order of their
+        offsets) into their windows, each checked by ``verify`` where it was read; False,
+        with nothing written, if this tier cannot do that safely now (then read them one at a
+        time).  Counted per chunk as ``fetch`` counts.  The first bad chunk raises as
+        ``fetch`` would (the others may be read or not); nothing writes into the windows once
+        it has returned or raised, cancelled included."""
         ...
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Self
@@ -29,7 +30,7 @@ from ..metadata.base import MetadataStore
 from ..ops.repair import Repairer
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
-from ..sources.base import BlockReplica, BlockStore
+from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
 from ..tail.attempt import Attempt
@@ -38,7 +39,7 @@ from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import AttemptFn, Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
-from .base import Closing, Decoder, KeepsNothing
+from .base import Closing, Decoder, KeepsNothing, Piece, Verifier
 
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
@@ -127,6 +128,73 @@ class L4Tier(KeepsNothing, Closing):
             await asyncio.wait([read])  # its thread may still be writing into out
             raise
         return True
+
+    async def fetch_many_into(self, pieces: Sequence[Piece], verify: Verifier, demand: Demand | None = None) -> bool:
+        """The chunks of ``pieces`` (of one block) read straight into their windows (see
+        DirectTier): only from a lone replica, and one that reads spans
+        (:class:`~blobsdk.sources.base.SpanReader`: the local store, one open and one
+        ``preadv`` per run of adjacent chunks, each verified on the thread that read it), in
+        one attempt, counted per chunk.  Other replicas (a block server, S3) answer False
+        and their chunks are read one at a time; one multi-range or single-range GET per
+        group could serve them later, through the same ``read_spans``."""
+        if not pieces:
+            return True
+        block_id = pieces[0].ref.block_id
+        candidates = self.candidates(block_id)
+        if len(candidates) != 1 or not isinstance(candidates[0], SpanReader) or not all(_fits(p, block_id) for p in pieces):
+            return False
+        spans = [Span(p.ref.offset, p.ref.length, p.windows, p.ref.grant) for p in pieces]
+
+        def check(i: int) -> None:
+            verify(pieces[i].ref, pieces[i].windows)
+
+        begun = time.perf_counter()
+        try:
+            outcomes = await self.hedger.run(
+                candidates,
+                partial(self._read_spans, block_id, spans, check),
+                key_of=_name,
+                failover=_is_failover,
+                ready=self._has_room,
+                patient=True,
+                demand=demand,
+            )
+        except HedgeExhausted as exc:
+            self.stats.misses += len(pieces)
+            raise give_up(pieces[0].ref, [error for _, error in exc.failures]) from exc
+        self._settle(pieces, outcomes, candidates[0].name, time.perf_counter() - begun)
+        return True
+
+    async def _read_spans(
+        self, block_id: str, spans: list[Span], check: Callable[[int], None], replica: BlockReplica, attempt: Attempt
+    ) -> list[BlobError | None]:
+        """One replica's read of a group's spans (errors about the whole block counted here,
+        as ``_read_copy`` counts them)."""
+        assert isinstance(replica, SpanReader)
+        try:
+            return await replica.read_spans(block_id, spans, check=check, attempt=attempt)
+        except _FAILOVER as exc:
+            self._count(exc)
+            if isinstance(exc, CorruptData):  # the block shrank under the read
+                self.health.mark(replica.name, Reason.BAD_BYTES)
+            raise
+
+    def _settle(self, pieces: Sequence[Piece], outcomes: list[BlobError | None], replica: str, seconds: float) -> None:
+        """Count each chunk of a group as a hit or a bad copy; the first bad one raises as a
+        one-chunk read would (CorruptData), and demotes the replica."""
+        bad: tuple[ChunkRef, BlobError] | None = None
+        for piece, error in zip(pieces, outcomes, strict=True):
+            if error is None:
+                self.stats.hit(piece.ref.raw_length, seconds)
+                continue
+            self._count(error)
+            self.stats.misses += 1
+            bad = bad or (piece.ref, error)
+        if bad is None:
+            self.health.clear(replica, Reason.BAD_BYTES)
+            return
+        self.health.mark(replica, Reason.BAD_BYTES)
+        raise give_up(bad[0], [bad[1]])
 
     async def _hedged(
         self, ref: ChunkRef, candidates: list[BlockReplica], attempt: AttemptFn[BlockReplica, _Copy], demand: Demand | None
@@ -228,6 +296,17 @@ class L4Tier(KeepsNothing, Closing):
 
 
 _Copy = tuple[memoryview, memoryview]  # a verified stored copy and its raw bytes
+
+
+def _fits(piece: Piece, block_id: str) -> bool:
+    """Whether a piece is a whole uncompressed chunk of ``block_id`` with room for all of it."""
+    ref = piece.ref
+    return (
+        ref.block_id == block_id
+        and ref.codec == "none"
+        and ref.length == ref.raw_length
+        and sum(w.nbytes for w in piece.windows) == ref.raw_length
+    )
 
 
 def _name(replica: BlockReplica) -> str:
