@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import operator
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
@@ -63,21 +64,12 @@ def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]
 
 _Job = tuple[memoryview, int, ChunkRef, int]  # see ReadPath._read_jobs
 
-# A one-off read's groups of whole chunks (ReadPath._direct_groups): big enough that a group's
+# A one-off read's groups of whole chunks (ReadPath._start_groups): big enough that a group's
 # request, thread hop and open cost little per byte, small enough that a restore of a few
 # blocks still keeps every core busy; at most GROUPS_IN_FLIGHT of them at once.
 GROUP_BYTES = 16 << 20
 GROUP_CHUNKS = 256
 GROUPS_IN_FLIGHT = 4
-
-
-@dataclass(frozen=True, slots=True)
-class _Direct:
-    """A whole chunk a one-off read gives the direct tier, and its jobs (for ``_place``, if
-    the tier cannot)."""
-
-    piece: Piece
-    jobs: list[_Job]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +103,7 @@ class ReadPath:
         # first it asks, when that is the last one and can (see _direct); else None.
         first = self.tiers[self._one_off_top]
         self._direct_tier = first if first is self.tiers[-1] and isinstance(first, DirectTier) else None
+        self._above_direct = self.tiers[:-1]
 
     async def read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         start, end = resolve_range(plan.size, offset, length)
@@ -136,44 +129,50 @@ class ReadPath:
         starts = _starts(plan.chunks)
         start = 0
         for o in outs:
-            jobs.extend((o.cast("B"), start, ref, at) for ref, at in _overlapping(plan.chunks, start, start + o.nbytes, starts))
+            window = o.cast("B")
+            jobs.extend((window, start, ref, at) for ref, at in _overlapping(plan.chunks, start, start + o.nbytes, starts))
             start += o.nbytes
         await self._read_jobs(jobs, one_off=not fill_memory)
 
     async def _read_jobs(self, jobs: list[_Job], *, one_off: bool) -> None:
         """Each job: (an output window, the blob offset it begins at, a chunk, the blob offset
         the chunk begins at).  A one-off read's whole chunks that can go straight into the
-        output go in groups (see ``_direct_groups``)."""
-        groups: list[list[_Direct]] = []
-        if one_off and self._direct_tier is not None:
-            groups, jobs = self._direct_groups(jobs)
-        if not groups and len(jobs) == 1:
+        output go in groups (see ``_start_groups``)."""
+        direct = one_off and self._direct_tier is not None
+        if len(jobs) == 1 and not direct:
             await self._place(*jobs[0], one_off)
             return
-        slots, group_slots = asyncio.Semaphore(self._parallel), asyncio.Semaphore(GROUPS_IN_FLIGHT)
+        slots = asyncio.Semaphore(self._parallel)
         async with task_group() as tasks:
-            for group in groups:
-                tasks.create_task(self._group(group_slots, slots, group))
+            if direct:
+                jobs = await self._start_groups(jobs, tasks, slots)
             for job in jobs:
                 tasks.create_task(self._bounded(slots, *job, one_off))
 
-    def _direct_groups(self, jobs: list[_Job]) -> tuple[list[list[_Direct]], list[_Job]]:
-        """A one-off read's jobs split in two: the whole uncompressed chunks that no tier has
-        at hand and no fetch is reading, in groups for the direct tier (``_group``), and the
-        jobs of every other chunk.  A group: chunks of one block in the order of their
-        offsets, at most GROUP_BYTES (or one chunk) and GROUP_CHUNKS of them."""
-        by_block: dict[str, list[_Direct]] = {}
+    async def _start_groups(self, jobs: list[_Job], tasks: asyncio.TaskGroup, slots: asyncio.Semaphore) -> list[_Job]:
+        """Start a one-off read's whole uncompressed chunks that no tier has at hand and no
+        fetch is reading on the direct tier, in groups (``_group``), each as soon as it is
+        full, so that the first are read while the rest are found; the jobs of every other
+        chunk are returned.  A group: chunks of one block, at most GROUP_BYTES (or one chunk)
+        and GROUP_CHUNKS of them."""
+        group_slots = asyncio.Semaphore(GROUPS_IN_FLIGHT)
+        filling: dict[str, _Filling] = {}
         rest: list[_Job] = []
-        for chunk_jobs, windows in _chunks_of(jobs):
-            ref = chunk_jobs[0][2]
-            if windows is not None and self._directable(ref):
-                same = by_block.get(ref.block_id)
-                if same is None:
-                    same = by_block[ref.block_id] = []
-                same.append(_Direct(Piece(ref, windows), chunk_jobs))
-            else:
-                rest.extend(chunk_jobs)
-        return [group for same in by_block.values() for group in _cut(same)], rest
+        for same, windows in _chunks_of(jobs):
+            ref = same[0][2]
+            if windows is None or not self._directable(ref):
+                rest.extend(same)
+                continue
+            group = filling.get(ref.block_id)
+            if group is None:
+                group = filling[ref.block_id] = _Filling()
+            elif group.nbytes + ref.length > GROUP_BYTES or len(group.pieces) == GROUP_CHUNKS:
+                tasks.create_task(self._group(group_slots, slots, group.take()))
+                await asyncio.sleep(0)  # it starts reading while the rest are grouped
+            group.add(Piece(ref, windows))
+        for group in filling.values():
+            tasks.create_task(self._group(group_slots, slots, group.take()))
+        return rest
 
     def _directable(self, ref: ChunkRef) -> bool:
         """Whether a whole chunk may be read straight into the caller's memory: uncompressed,
@@ -182,21 +181,21 @@ class ReadPath:
             return False
         if self._demands and ref.key in self._demands:
             return False
-        return all(t.peek(ref) is None for t in self.tiers[:-1])
+        return all(tier.peek(ref) is None for tier in self._above_direct)
 
-    async def _group(self, group_slots: asyncio.Semaphore, slots: asyncio.Semaphore, group: list[_Direct]) -> None:
+    async def _group(self, group_slots: asyncio.Semaphore, slots: asyncio.Semaphore, group: list[Piece]) -> None:
         """A group of whole chunks of one block read straight into the output by the direct
         tier, in one request (on the local store: one open, one preadv per run of adjacent
         chunks, each verified on the thread that read it, while still in the CPU's cache);
         one at a time (``_place``) if the tier cannot."""
         assert self._direct_tier is not None
         async with group_slots:
-            if await self._direct_tier.fetch_many_into([d.piece for d in group], verify_windows):
+            if await self._direct_tier.fetch_many_into(group, verify_windows):
                 return
         async with task_group() as tasks:
-            for direct in group:
-                for job in direct.jobs:
-                    tasks.create_task(self._bounded(slots, *job, True))
+            for piece in group:
+                for window, at in zip(piece.windows, _starts_of(piece.windows), strict=False):
+                    tasks.create_task(self._bounded(slots, window, at, piece.ref, 0, True))
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:
@@ -336,7 +335,7 @@ def _chunks_of(jobs: list[_Job]) -> Iterator[tuple[list[_Job], tuple[memoryview,
         out, start, ref, chunk_start = jobs[i]
         lo = chunk_start - start
         if lo >= 0 and lo + ref.raw_length <= out.nbytes:  # in one window: the common case
-            yield [jobs[i]], (out[lo : lo + ref.raw_length],)
+            yield jobs[i : i + 1], (out[lo : lo + ref.raw_length],)
             i += 1
             continue
         j = i + 1
@@ -348,17 +347,29 @@ def _chunks_of(jobs: list[_Job]) -> Iterator[tuple[list[_Job], tuple[memoryview,
         i = j
 
 
-def _cut(same_block: list[_Direct]) -> Iterator[list[_Direct]]:
-    """A block's chunks in the order of their offsets, in groups of at most GROUP_BYTES (or
-    one chunk) and GROUP_CHUNKS."""
-    group: list[_Direct] = []
-    nbytes = 0
-    for direct in sorted(same_block, key=lambda d: d.piece.ref.offset):
-        length = direct.piece.ref.length
-        if group and (nbytes + length > GROUP_BYTES or len(group) == GROUP_CHUNKS):
-            yield group
-            group, nbytes = [], 0
-        group.append(direct)
-        nbytes += length
-    if group:
-        yield group
+class _Filling:
+    """The chunks of one block a one-off read is gathering into its next group."""
+
+    __slots__ = ("nbytes", "pieces")
+
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = []
+        self.nbytes = 0
+
+    def add(self, piece: Piece) -> None:
+        self.pieces.append(piece)
+        self.nbytes += piece.ref.length
+
+    def take(self) -> list[Piece]:
+        """The group gathered, in the order of the chunks' offsets; empty again."""
+        group = sorted(self.pieces, key=_offset)
+        self.pieces, self.nbytes = [], 0
+        return group
+
+
+_offset = operator.attrgetter("ref.offset")
+
+
+def _starts_of(windows: tuple[memoryview, ...]) -> Iterator[int]:
+    """Where each of a chunk's windows begins in the chunk."""
+    return itertools.accumulate((w.nbytes for w in windows), initial=0)

@@ -2,10 +2,11 @@
 store's thread pool, each of which opens the block's file (never through a symlink), checks
 that the bytes asked for lie inside it, reads them and closes it.
 
-:func:`read_spans_sync` reads many spans of one block with one open: each run of adjacent
-spans (up to :data:`RUN_BYTES`) with one ``preadv`` into their windows, then each span of
-the run is handed to the caller's check while its bytes are still warm in the cache.  A
-restore's chunks so cost one thread hop and one open per group, not per chunk.
+:func:`read_spans_sync` reads many spans of one block with one open: each run of spans in
+order (adjacent, or at most :data:`GAP_BYTES` apart; up to :data:`RUN_BYTES`) with one
+``preadv`` into their windows, then each span of the run is handed to the caller's check
+while its bytes are still warm in the cache.  A restore's chunks so cost one thread hop and
+one open per group, not per chunk.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ from .base import Span, SpanCheck
 
 # os.preadv and os.writev take at most IOV_MAX buffers per call.
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-# A run of adjacent spans read with one preadv stops growing past this: its bytes are checked
-# right after, while the last of them may still be in the CPU's cache.
+# A run of spans read with one preadv stops growing past this: its bytes are checked right
+# after, while the last of them may still be in the CPU's cache.
 RUN_BYTES = 4 << 20
+# Spans at most this far apart in a block are read in one run, the bytes between them into a
+# scratch buffer: a syscall per span costs more than copying a few pages more (a restore of
+# 16,000 refs of ~16 KiB, 10,000 runs: 110 ms of reads on one thread without, 90 ms with).
+GAP_BYTES = 64 << 10
 
 
 def open_block(root: RootDir, shard: str, block_id: str) -> int:
@@ -91,41 +96,65 @@ def read_spans_sync(
         for run in _runs(spans, size, outcomes, block_id):
             if stop.is_set():
                 break
-            preadv_all(fd, block_id, spans[run[0]].offset, [w for i in run for w in spans[i].windows])
+            _read_run(fd, block_id, run)
             if check is not None:
-                _check_run(check, run, outcomes)
+                for i in run.spans:
+                    try:
+                        check(i)
+                    except BlobError as exc:
+                        outcomes[i] = exc
         return outcomes
     finally:
         os.close(fd)
 
 
-def _runs(spans: Sequence[Span], size: int, outcomes: list[BlobError | None], block_id: str) -> Iterator[list[int]]:
-    """The indexes of ``spans`` in runs to read with one preadv each: adjacent in the block,
-    at most RUN_BYTES (or one span) and IOV_MAX windows; a span past the end of the block is
-    in none, its outcome CorruptData."""
-    run: list[int] = []
-    end = nbytes = windows = 0
+class _Run:
+    """Spans read with one preadv: from ``offset``, ``nbytes`` bytes into ``views`` (their
+    windows, and a scratch ``sink`` for each gap of at most GAP_BYTES between them)."""
+
+    __slots__ = ("nbytes", "offset", "spans", "views")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.spans: list[int] = []
+        self.views: list[memoryview] = []
+        self.nbytes = 0
+
+
+def _runs(spans: Sequence[Span], size: int, outcomes: list[BlobError | None], block_id: str) -> Iterator[_Run]:
+    """``spans`` in runs to read with one preadv each: in order in the block, each beginning
+    where the last ended or at most GAP_BYTES after it, at most RUN_BYTES (or one span) and
+    IOV_MAX views; a span past the end of the block is in none, its outcome CorruptData."""
+    run: _Run | None = None
+    sink = memoryview(bytearray(GAP_BYTES)) if len(spans) > 1 else memoryview(b"")
     for i, span in enumerate(spans):
         if span.offset + span.length > size:
             outcomes[i] = _past_end(block_id, span.offset, span.length, size)
             continue
-        if run and (span.offset != end or nbytes + span.length > RUN_BYTES or windows + len(span.windows) > IOV_MAX):
-            yield run
-            run, nbytes, windows = [], 0, 0
-        run.append(i)
-        end = span.offset + span.length
-        nbytes += span.length
-        windows += len(span.windows)
-    if run:
+        if run is not None:
+            gap = span.offset - run.offset - run.nbytes
+            full = run.nbytes + gap + span.length > RUN_BYTES or len(run.views) + 1 + len(span.windows) > IOV_MAX
+            if full or not 0 <= gap <= GAP_BYTES:
+                yield run
+                run = None
+            elif gap:
+                run.views.append(sink[:gap])
+                run.nbytes += gap
+        if run is None:
+            run = _Run(span.offset)
+        run.spans.append(i)
+        run.views.extend(span.windows)
+        run.nbytes += span.length
+    if run is not None:
         yield run
 
 
-def _check_run(check: SpanCheck, run: list[int], outcomes: list[BlobError | None]) -> None:
-    for i in run:
-        try:
-            check(i)
-        except BlobError as exc:
-            outcomes[i] = exc
+def _read_run(fd: int, block_id: str, run: _Run) -> None:
+    """Fill a run's views (one preadv, unless it reads less than asked or one span has more
+    than IOV_MAX windows)."""
+    done = os.preadv(fd, run.views, run.offset) if run.nbytes and len(run.views) <= IOV_MAX else 0
+    if done < run.nbytes:
+        preadv_all(fd, block_id, run.offset + done, skip(run.views, done))
 
 
 def _pread_exact(fd: int, block_id: str, offset: int, length: int) -> bytes:

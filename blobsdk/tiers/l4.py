@@ -300,13 +300,10 @@ _Copy = tuple[memoryview, memoryview]  # a verified stored copy and its raw byte
 
 def _fits(piece: Piece, block_id: str) -> bool:
     """Whether a piece is a whole uncompressed chunk of ``block_id`` with room for all of it."""
-    ref = piece.ref
-    return (
-        ref.block_id == block_id
-        and ref.codec == "none"
-        and ref.length == ref.raw_length
-        and sum(w.nbytes for w in piece.windows) == ref.raw_length
-    )
+    ref, windows = piece.ref, piece.windows
+    if ref.block_id != block_id or ref.codec != "none" or ref.length != ref.raw_length:
+        return False
+    return (windows[0].nbytes if len(windows) == 1 else sum(w.nbytes for w in windows)) == ref.raw_length
 
 
 def _name(replica: BlockReplica) -> str:
