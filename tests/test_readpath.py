@@ -20,6 +20,7 @@ from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.wire import ChunkRef
+from tests.block_fixtures import OneAtATime
 from tests.helpers import stored_files
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
@@ -436,44 +437,6 @@ async def test_a_one_off_read_of_whole_chunks_goes_straight_into_the_output(tmp_
         block.write_bytes(raw)
         with pytest.raises(blobsdk.CorruptData):
             await path.read_into(plan, memoryview(bytearray(len(data))), fill_memory=False)
-
-
-class OneAtATime:
-    """A lone replica over a local store that reads one chunk per request, as a block server
-    or S3 does (it reads no spans): a one-off read's chunks go to it one at a time."""
-
-    def __init__(self, store: LocalBlockStore) -> None:
-        self.store = store
-        self.name = store.name
-
-    @property
-    def replicas(self):
-        return (self,)
-
-    async def write_block(self, block_id, parts):
-        await self.store.write_block(block_id, parts)
-
-    async def delete_block(self, block_id):
-        await self.store.delete_block(block_id)
-
-    def list_blocks(self, start_after=None):
-        return self.store.list_blocks(start_after)
-
-    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
-        await self.store.read_into(block_id, offset, out, attempt=attempt, grant=grant)
-
-    async def read_range(self, block_id, offset, length):
-        return await self.store.read_range(block_id, offset, length)
-
-    async def aclose(self):
-        await self.store.aclose()
-
-    async def __aenter__(self):
-        await self.store.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info):
-        await self.aclose()
 
 
 class Gated(OneAtATime):

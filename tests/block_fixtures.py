@@ -1,0 +1,73 @@
+"""Blocks for read-path tests: chunks packed into a block by hand, and a lone replica that
+reads one chunk per request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Self
+
+from blobsdk.sources.base import BlockStore, Buffer, new_block_id
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.tail.attempt import Attempt
+from blobsdk.wire import BlockInfo, ChunkRef
+from blobsdk.write.writer import encode_chunk
+
+
+async def pack_chunks(blocks: BlockStore, raws: Sequence[bytes], compression: str = "none") -> list[ChunkRef]:
+    """Write ``raws`` as the chunks of one new block, in order; their refs."""
+    block_id, parts, refs, offset = new_block_id(), [], [], 0
+    for raw in raws:
+        enc = encode_chunk(memoryview(raw), compression)  # type: ignore[arg-type]
+        parts.append(bytes(enc.payload))
+        ref = ChunkRef(
+            block_id=block_id,
+            offset=offset,
+            length=len(enc.payload),
+            raw_length=enc.raw_length,
+            checksum=enc.checksum,
+            codec=enc.codec,
+        )
+        refs.append(ref)
+        offset += len(enc.payload)
+    await blocks.write_block(block_id, parts)
+    return refs
+
+
+class OneAtATime:
+    """A lone replica over a local store that reads one chunk per request, as a block server
+    or S3 does (it reads no spans): a one-off read's chunks go to it one at a time."""
+
+    def __init__(self, store: LocalBlockStore) -> None:
+        self.store = store
+        self.name = store.name
+
+    @property
+    def replicas(self) -> tuple[Self]:
+        return (self,)
+
+    async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
+        await self.store.write_block(block_id, parts)
+
+    async def delete_block(self, block_id: str) -> None:
+        await self.store.delete_block(block_id)
+
+    def list_blocks(self, start_after: str | None = None) -> AsyncIterator[BlockInfo]:
+        return self.store.list_blocks(start_after)
+
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
+        await self.store.read_into(block_id, offset, out, attempt=attempt, grant=grant)
+
+    async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
+        return await self.store.read_range(block_id, offset, length)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.store.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
