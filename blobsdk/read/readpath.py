@@ -160,8 +160,12 @@ class ReadPath:
         rest: list[_Job] = []
         for same, windows in _chunks_of(jobs):
             ref = same[0][2]
-            if windows is None or not self._directable(ref):
+            if windows is None or not _direct_kind(ref) or self._in_flight(ref):
                 rest.extend(same)
+                continue
+            held = self._at_hand(ref)
+            if held is not None:
+                _copy(held, windows)
                 continue
             group = filling.get(ref.block_id)
             if group is None:
@@ -174,28 +178,40 @@ class ReadPath:
             tasks.create_task(self._group(group_slots, slots, group.take()))
         return rest
 
-    def _directable(self, ref: ChunkRef) -> bool:
-        """Whether a whole chunk may be read straight into the caller's memory: uncompressed,
-        no fetch of it in flight, no tier above the direct one (the last) has it at hand."""
-        if ref.codec != "none" or ref.length != ref.raw_length or not ref.raw_length:
-            return False
-        if self._demands and ref.key in self._demands:
-            return False
-        return all(tier.peek(ref) is None for tier in self._above_direct)
+    def _in_flight(self, ref: ChunkRef) -> bool:
+        """Whether a fetch of the chunk is under way (then a reader shares it)."""
+        return bool(self._demands) and ref.key in self._demands
+
+    def _at_hand(self, ref: ChunkRef) -> memoryview | None:
+        """The chunk's raw bytes if a tier above the direct one (the last) has them without
+        an await (L1), else None."""
+        for tier in self._above_direct:
+            hit = tier.peek(ref)
+            if hit is not None:
+                return hit
+        return None
 
     async def _group(self, group_slots: asyncio.Semaphore, slots: asyncio.Semaphore, group: list[Piece]) -> None:
         """A group of whole chunks of one block read straight into the output by the direct
         tier, in one request (on the local store: one open, one preadv per run of adjacent
         chunks, each verified on the thread that read it, while still in the CPU's cache);
-        one at a time (``_place``) if the tier cannot."""
+        one at a time (``_piece``) if the tier cannot."""
         assert self._direct_tier is not None
         async with group_slots:
             if await self._direct_tier.fetch_many_into(group, verify_windows):
                 return
         async with task_group() as tasks:
             for piece in group:
-                for window, at in zip(piece.windows, _starts_of(piece.windows), strict=False):
-                    tasks.create_task(self._bounded(slots, window, at, piece.ref, 0, True))
+                tasks.create_task(self._piece(slots, piece))
+
+    async def _piece(self, slots: asyncio.Semaphore, piece: Piece) -> None:
+        """One whole chunk of a group the direct tier could not read as a group: straight into
+        its window if it has one (``_direct``), else copied into each of its windows."""
+        async with slots:
+            if len(piece.windows) == 1 and await self._direct(piece.ref, piece.windows[0]):
+                return
+            for window, at in zip(piece.windows, _starts_of(piece.windows), strict=False):
+                await self._place(window, at, piece.ref, 0, True)
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
         """The verified raw bytes of one chunk, from the highest tier that has them (shared:
@@ -237,22 +253,18 @@ class ReadPath:
         fills no L1 and gives the buffer back (see the module docstring)."""
         lo = max(chunk_start, start)
         hi = min(chunk_start + ref.raw_length, start + len(out))
-        if one_off and lo == chunk_start and hi - lo == ref.raw_length and await self._direct(ref, out[lo - start : hi - start]):
-            return
         raw, sole = await self._chunk(ref, self._one_off_top if one_off else 0)
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
         if sole and one_off:  # copied out, and nobody else has it: this read's next fetch reads into it
             self.buffers.give(raw)
 
     async def _direct(self, ref: ChunkRef, window: memoryview) -> bool:
-        """A one-off read of a whole chunk straight into ``window``, when the first tier it
-        would ask is the last one and reads into the caller's memory (DirectTier), no tier
-        has the chunk at hand and no fetch of it is in flight; False (nothing read) else.
-        Verified on the executor: a restore's hashing uses both cores.  Measured (1 GiB
-        ``load(into=)``, embedded, 4 MiB chunks): 1.9-2.1 GB/s through a chunk buffer and a
-        copy on the loop's thread; see docs/benchmarks.md for the direct figure."""
+        """A one-off read of one whole chunk straight into ``window`` (DirectTier.fetch_into),
+        when no tier has the chunk at hand and no fetch of it is in flight; False (nothing
+        read) else.  Verified on the executor: a restore's hashing uses both cores.  For a
+        replica that reads no spans (a block server, S3); the local store reads groups."""
         tier = self._direct_tier
-        if tier is None or not self._directable(ref):
+        if tier is None or not _direct_kind(ref) or self._in_flight(ref) or self._at_hand(ref) is not None:
             return False
         return await tier.fetch_into(ref, window, self._decode_direct)
 
@@ -325,6 +337,19 @@ def _window(out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> mem
     lo = max(chunk_start, start)
     hi = min(chunk_start + ref.raw_length, start + len(out))
     return out[lo - start : hi - start]
+
+
+def _direct_kind(ref: ChunkRef) -> bool:
+    """Whether a chunk can be read straight into the caller's memory: stored uncompressed."""
+    return ref.codec == "none" and ref.length == ref.raw_length and ref.raw_length > 0
+
+
+def _copy(raw: memoryview, windows: tuple[memoryview, ...]) -> None:
+    """A chunk's raw bytes into its windows, one after another."""
+    at = 0
+    for window in windows:
+        window[:] = raw[at : at + window.nbytes]
+        at += window.nbytes
 
 
 def _chunks_of(jobs: list[_Job]) -> Iterator[tuple[list[_Job], tuple[memoryview, ...] | None]]:
