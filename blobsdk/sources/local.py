@@ -22,7 +22,9 @@ if it holds no shard directory, else (a store written before markers) once every
 found where format 1 puts it.  Anything else -- a newer format, another kind of directory,
 a FORMAT that is not a marker, a misplaced block in an unmarked root -- is
 IncompatibleFormat, and nothing is touched: a block store never discards a block.  Every
-disk access runs on the store's own thread pool: the event loop never waits on a disk.
+disk access runs on the store's own thread pool: the event loop never waits on a disk.  The
+reads themselves are in blobsdk/sources/localread.py, ``read_spans`` among them: many spans
+of one block (a restore's chunks) in one job, with one open.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class LocalBlockStore:
         self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
     ) -> list[BlobError | None]:
         """See :class:`~blobsdk.sources.base.SpanReader`: one open, one preadv per run of
-        adjacent spans and the checks, in one job on the store's thread pool."""
+        nearby spans and the checks, in one job on the store's thread pool."""
         where = _locate(block_id)
         for span in spans:
             _check_span(span.offset, span.length)
