@@ -316,3 +316,25 @@ async def test_patches_are_read_in_the_order_they_are_stored_and_applied_in_the_
     await restore(manifest, plan, state, read)
     assert reads == [["base"], ["a2", "z1"]]
     assert bytes(state["w"]) == b"xyz" + old[3:]
+
+
+async def test_a_corrupt_patch_record_fails_the_restore_with_corrupt_data(client: blobsdk.Client) -> None:
+    array = np.random.default_rng(9).standard_normal(2 * CHUNK // 4, dtype=np.float32)
+    ck = client.checkpoints("/bkt/ck", mirror=True)
+    await (await ck.save(0, {"w": array})).wait()
+    array[5] += 1.0
+    await (await ck.save(1, {"w": array})).wait()
+    plan = await client.plan("/bkt/ck/000000000001/data")
+    record = plan.chunks[1]  # chunk 0: its base, then its patch
+    assert record.raw_length == patch.record_size([(0, GRANULE)])
+    _flip(client._open.blocks.block_path(record.block_id), record.offset + record.length - 1)
+    with pytest.raises(CorruptData) as exc:
+        await ck.load(into={"w": np.zeros_like(array)})
+    assert str(exc.value).startswith(f"chunk {record.key}: no replica returned bytes matching its checksum")
+
+
+def _flip(path: Path, offset: int) -> None:
+    """Invert one byte of a file."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(data)
