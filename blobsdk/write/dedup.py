@@ -4,7 +4,8 @@ whatever its prefix, step or job.
 
 The index is ordinary metadata.  Its entry for a chunk is the blob
 ``/{bucket}/.blobsdk/chunks/<xxh3-128 of the chunk, hex>`` whose plan lists the refs that
-hold the chunk's bytes (one, or a tiling of several).  So:
+hold the chunk's bytes back to back (one whole chunk; a patched chunk, whose refs are a base
+and its patches, is never recorded).  So:
 
 - every metadata backend keeps it (SQLite, the API server, Redis, Redis Cluster) with no
   new protocol, and a lookup is one ``get_plans`` per 1000 digests;
