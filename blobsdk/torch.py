@@ -92,7 +92,8 @@ with requires_extra("torch", __name__):
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
-from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank, restore
+from .integrations import elastic
+from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
 from .integrations.reading import (
     Ahead,
     Iteration,
@@ -179,6 +180,7 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
         # One int in shared memory: the workers' copies (forked or spawned) share it.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self._pending: Position | None = None  # loaded by load_state_dict, taken by the next __iter__
+        self._resumed: Position | None = None  # an epoch resumed in another shape, for every worker
         self._current: Iteration | None = None  # this process's latest iteration
         self._ahead: Held[Ahead] = Held()  # the next iteration's readahead, started by this one
         # One client per process, kept from epoch to epoch: its L1, plan cache and connections
@@ -207,18 +209,28 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iterations run (call it in the main process, between epochs)."""
         self._epoch.fill_(check_epoch(epoch))
-        self._current = None
+        self._current = self._resumed = None
 
     def __len__(self) -> int:
-        """This rank's samples per epoch (all its workers together)."""
-        return self._sharding.count()
+        """This rank's samples per epoch (all its workers together): in an epoch resumed in
+        another shape, its share of what was left."""
+        resumed = self._resumed
+        return self._sharding.count() if resumed is None else elastic.count(self._sharding, resumed)
 
     def __iter__(self) -> Iterator[Any]:
         worker = current_worker()
-        position = self._take_pending(worker) or Position(self.epoch, worker=worker)
-        indices = self._sharding.indices(position.epoch, *worker)
+        position = self._take_pending(worker) or self._take_resumed(worker) or Position(self.epoch, worker=worker)
+        indices = elastic.indices(self._sharding, position)
         self._current = Iteration(position, [self.paths[i] for i in indices])
         return self._samples(self._current)
+
+    def _take_resumed(self, worker: tuple[int, int]) -> Position | None:
+        """This worker's start in the epoch resumed in another shape, if it is still running
+        (taken once per process: the process's next iteration runs a whole epoch)."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is None or resumed.epoch != self.epoch:
+            return None
+        return Position(resumed.epoch, 0, worker, resumed.consumed)
 
     def _take_pending(self, worker: tuple[int, int]) -> Position | None:
         pending, self._pending = self._pending, None
@@ -274,19 +286,31 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     def state_dict(self) -> dict[str, object]:
         """This process's (worker's) position: the running or last iteration's, else where the
         next one starts."""
-        it = self._current
-        position = self._pending or (it.position if it is not None else Position(self.epoch, worker=current_worker()))
-        return {**self._identity(position.worker), "epoch": position.epoch, "yielded": position.yielded}
+        it, worker = self._current, current_worker()
+        resumed = self._resumed and Position(self._resumed.epoch, 0, worker, self._resumed.consumed)
+        position = self._pending or (it.position if it is not None else resumed or Position(self.epoch, worker=worker))
+        return {**self._identity(position.worker), **elastic.position_state(position)}
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Make the next iteration in this process resume where ``state`` was taken."""
-        worker = current_worker()
-        position = restore(state, self._identity(worker), type(self).__name__, self._sharding.count(*worker))
-        self._pending = Position(position.epoch, position.yielded, worker)
+    def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
+        """Make the next iteration in this process resume where ``state`` was taken; or, given
+        the states of every worker of every rank of a job (of any shape), in the main process
+        before the DataLoader is made, make this rank's workers share what they left."""
+        if not elastic.is_states(state):
+            self._pending = elastic.restore_one(
+                state, self._identity(worker := current_worker()), self.what, self._sharding, worker
+            )
+            return
+        epoch, consumed = elastic.gather(state, elastic.shared(self._identity((0, 1))), self.what, self._sharding.samples)
+        self._epoch.fill_(epoch)
+        self._current, self._pending, self._resumed = None, None, Position(epoch, consumed=consumed)
 
     def _identity(self, worker: tuple[int, int]) -> dict[str, object]:
         identity = {**self._sharding.identity(), "fingerprint": self._fingerprint}
         return {**identity, "worker": worker[0], "workers": worker[1]}
+
+    @property
+    def what(self) -> str:
+        return type(self).__name__
 
     def worker_stats(self) -> dict[str, Any]:
         """The tier counters of the DataLoader workers' clients, see :func:`worker_stats`."""
@@ -416,12 +440,15 @@ class BlobSampler(Sampler[int]):
         self._current = None
 
     def __len__(self) -> int:
-        return self._sharding.count()
+        """This rank's indices per epoch: in an epoch resumed in another shape, its share of
+        what was left."""
+        position = self._pending or self._current
+        return elastic.count(self._sharding, position) if position is not None else self._sharding.count()
 
     def __iter__(self) -> Iterator[int]:
         position = self._current = self._pending or Position(self.epoch)
         self._pending = None
-        return self._indices(position, self._sharding.indices(position.epoch))
+        return self._indices(position, elastic.indices(self._sharding, position))
 
     @staticmethod
     def _indices(position: Position, indices: list[int]) -> Iterator[int]:
@@ -431,7 +458,14 @@ class BlobSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, object]:
         position = self._pending or self._current or Position(self.epoch)
-        return {**self._sharding.identity(), "epoch": position.epoch, "yielded": position.yielded}
+        return {**self._sharding.identity(), **elastic.position_state(position)}
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        self._pending = restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())
+    def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
+        """Resume where ``state`` was taken (by this same rank); or, given the states of every
+        rank of a job of any world size, resume its epoch with this rank's share of what was left."""
+        what, identity = type(self).__name__, self._sharding.identity()
+        if not elastic.is_states(state):
+            self._pending = elastic.restore_one(state, identity, what, self._sharding, (0, 1))
+            return
+        epoch, consumed = elastic.gather(state, elastic.shared(identity), what, self._sharding.samples)
+        self._pending = Position(epoch, consumed=consumed)
