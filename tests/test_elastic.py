@@ -76,7 +76,9 @@ def test_an_epoch_stopped_in_any_shapes_finishes_in_another_each_sample_once(
             place = {"rank": slot[0], "world_size": shape[0], "worker": slot[1], "workers": shape[1]}
             states.append({**IDENTITY, "samples": samples, **place, **elastic.position_state(position)})
         states = data.draw(st.permutations(states))
-        got_epoch, consumed = elastic.gather(states, {**IDENTITY, "samples": samples}, "BlobIterableDataset", samples)
+        got_epoch, consumed = elastic.gather(
+            states, {**IDENTITY, "samples": samples}, "BlobIterableDataset", samples, by_worker=True
+        )
         assert got_epoch == epoch and len(consumed) == len(states[0].get("consumed", [])) + 1
         gone = set(handed)
         rest = [i for i in rest if i not in gone]
@@ -189,7 +191,8 @@ SAMPLER_REFUSALS: list[tuple[str, Any, str]] = [
     (
         "different resumes",
         lambda a, b: [a, {**b, "consumed": [GENERATION]}],
-        "cannot resume: the states come from different resumes of their epoch (0 and 5 consumed before)",
+        "cannot resume: the states come from different resumes of their epoch: nothing before one,"
+        " 5 samples by 1x1 (ranks x workers) before another",
     ),
     ("consumed not a list", lambda a, b: [a, {**b, "consumed": GENERATION}], "cannot resume: consumed must be a list, got dict"),
     (
@@ -219,6 +222,12 @@ def test_a_sampler_refuses_states_that_do_not_make_one_epoch_of_this_list(case: 
     assert str(raised.value) == message
     here.load_state_dict([a, b])  # the good set: accepted
     assert len(here) == len(range(0, 70, 3))
+
+
+def test_gathering_no_state_is_refused() -> None:
+    with pytest.raises(ValueError) as raised:
+        elastic.gather([], IDENTITY, "BlobIterableDataset", 10, by_worker=True)
+    assert str(raised.value) == "cannot resume from an empty list of states"
 
 
 def test_a_single_state_of_a_resumed_epoch_is_checked_too() -> None:

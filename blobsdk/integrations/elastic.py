@@ -139,38 +139,43 @@ def parse_generation(entry: object, total: int) -> Generation:
         raise ValueError(bad)
     if len(yielded) != world_size * workers:
         raise ValueError(bad)
-    for slot, y in enumerate(yielded):
-        check_yielded(y, total, divmod(slot, workers), (world_size, workers))
-    return Generation(world_size, workers, tuple(yielded))
+    counts = (check_yielded(y, total, divmod(slot, workers), (world_size, workers)) for slot, y in enumerate(yielded))
+    return Generation(world_size, workers, tuple(counts))
 
 
 # --- gathering every old (rank, worker)'s state ---------------------------------------------------
 
 
-def gather(states: object, expected: Mapping[str, object], what: str, samples: int) -> tuple[int, tuple[Generation, ...]]:
+def gather(
+    states: object, expected: Mapping[str, object], what: str, samples: int, *, by_worker: bool
+) -> tuple[int, tuple[Generation, ...]]:
     """The epoch and the generations of the states of every (rank, worker) of one shape, the
-    new one last (``expected``: the keys they share with this dataset, not the rank nor worker;
-    an iterable's states name their worker, a sampler's do not)."""
+    new one last.  ``expected``: the keys they share with this dataset (not the rank nor the
+    worker); ``by_worker``: whether they name their worker (an iterable's do, a sampler's not)."""
     if not isinstance(states, Sequence) or isinstance(states, str) or not states:
         raise ValueError("cannot resume from an empty list of states")
-    named = "fingerprint" in expected  # an iterable dataset's states name their worker
-    keys = (*SLOT_KEYS, *WORKER_KEYS) if named else SLOT_KEYS
+    keys = (*SLOT_KEYS, *WORKER_KEYS) if by_worker else SLOT_KEYS
     checked = [check_identity(state, expected, what, "epoch", "yielded", *keys) for state in states]
-    slots = [check_slot(state, named) for state in checked]
+    slots = [check_slot(state, by_worker) for state in checked]
     epoch = one_of(sorted(check_epoch(s["epoch"]) for s in checked), "cannot resume: the states are from epochs {} and {}")
     world_size = one_of([w for _, _, w, _ in slots], "cannot resume: the states were saved with world_size={} and {}")
     workers = one_of([k for _, _, _, k in slots], "cannot resume: the states were saved with workers={} and {}")
     before = one_of(
         [parse_consumed(s.get("consumed", []), samples) for s in checked],
-        "cannot resume: the states come from different resumes of their epoch ({} and {} consumed before)",
-        lambda consumed: sum(g.consumed for g in consumed),
+        "cannot resume: the states come from different resumes of their epoch: {} before one, {} before another",
+        describe,
     )
     yielded = slot_counts(
-        [(rank, worker, s["yielded"]) for (rank, worker, _, _), s in zip(slots, checked, strict=True)], world_size, workers
+        [(rank, worker, s["yielded"]) for (rank, worker, _, _), s in zip(slots, checked, strict=True)], (world_size, workers)
     )
-    for slot, y in enumerate(yielded):
-        check_yielded(y, left(samples, before), divmod(slot, workers), (world_size, workers))
-    return epoch, (*before, Generation(world_size, workers, tuple(yielded)))  # type: ignore[arg-type]  # checked ints
+    total = left(samples, before)
+    counts = tuple(check_yielded(y, total, divmod(slot, workers), (world_size, workers)) for slot, y in enumerate(yielded))
+    return epoch, (*before, Generation(world_size, workers, counts))
+
+
+def describe(consumed: tuple[Generation, ...]) -> str:
+    shapes = (f"{g.consumed} samples by {g.world_size}x{g.workers} (ranks x workers)" for g in consumed)
+    return ", then ".join(shapes) or "nothing"
 
 
 def one_of(values: list[T], message: str, shown: Callable[[T], object] = lambda value: value) -> T:
@@ -181,21 +186,32 @@ def one_of(values: list[T], message: str, shown: Callable[[T], object] = lambda 
     return distinct[0]
 
 
-def check_slot(state: Mapping[str, object], named: bool) -> tuple[int, int, int, int]:
+def check_slot(state: Mapping[str, object], by_worker: bool) -> tuple[int, int, int, int]:
     """A state's ``(rank, worker, world_size, workers)``, each an int in range."""
-    world_size, workers = state["world_size"], state["workers"] if named else 1
-    for key, value in (("world_size", world_size), ("workers", workers)):
-        if not is_int(value) or value < 1:
-            raise ValueError(f"cannot resume: a state has {key}={value!r}, not an int >= 1")
-    rank, worker = state["rank"], state["worker"] if named else 0
-    for key, value, size in (("rank", rank, world_size), ("worker", worker, workers)):
-        if not is_int(value) or not 0 <= value < size:  # type: ignore[operator]  # size checked above
-            raise ValueError(f"cannot resume: a state has {key}={value!r}, not an int in [0, {size})")
-    return rank, worker, world_size, workers  # type: ignore[return-value]  # all checked above
+    world_size = check_size(state, "world_size")
+    workers = check_size(state, "workers") if by_worker else 1
+    rank = check_index(state, "rank", world_size)
+    worker = check_index(state, "worker", workers) if by_worker else 0
+    return rank, worker, world_size, workers
 
 
-def slot_counts(slots: list[tuple[int, int, object]], world_size: int, workers: int) -> list[object]:
+def check_size(state: Mapping[str, object], key: str) -> int:
+    value = state[key]
+    if not is_int(value) or value < 1:
+        raise ValueError(f"cannot resume: a state has {key}={value!r}, not an int >= 1")
+    return value
+
+
+def check_index(state: Mapping[str, object], key: str, size: int) -> int:
+    value = state[key]
+    if not is_int(value) or not 0 <= value < size:
+        raise ValueError(f"cannot resume: a state has {key}={value!r}, not an int in [0, {size})")
+    return value
+
+
+def slot_counts(slots: list[tuple[int, int, object]], shape: tuple[int, int]) -> list[object]:
     """Each (rank, worker)'s ``yielded``, rank-major: exactly one state each."""
+    world_size, workers = shape
     counts: dict[tuple[int, int], object] = {}
     for rank, worker, yielded in slots:
         if (rank, worker) in counts:
@@ -208,10 +224,11 @@ def slot_counts(slots: list[tuple[int, int, object]], world_size: int, workers: 
     return [counts[divmod(slot, workers)] for slot in range(world_size * workers)]
 
 
-def check_yielded(yielded: object, total: int, slot: tuple[int, int], shape: tuple[int, int]) -> None:
+def check_yielded(yielded: object, total: int, slot: tuple[int, int], shape: tuple[int, int]) -> int:
     bound = share(total, slot[0], shape[0], slot[1], shape[1])
     if not is_int(yielded) or not 0 <= yielded <= bound:
         raise ValueError(f"cannot resume: yielded={yielded!r} of {label(*slot, shape)} is not in [0, {bound}]")
+    return yielded
 
 
 def label(rank: int, worker: int, shape: tuple[int, int]) -> str:
