@@ -314,11 +314,12 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
         """Make the next iteration in this process resume where ``state`` was taken; or, given
         the states of every worker of every rank of a job (of any shape), in the main process
-        before the DataLoader is made, make this rank's workers share what they left."""
+        before the DataLoader is made, make this rank's workers share what they left: each
+        process's first iteration of that epoch, until ``set_epoch``."""
         if not elastic.is_states(state):
-            self._pending = elastic.restore_one(
-                state, self._identity(worker := current_worker()), self.what, self._sharding, worker
-            )
+            worker = current_worker()
+            self._pending = elastic.restore_one(state, self._identity(worker), self.what, self._sharding, worker)
+            self._resumed = None  # this state says where this worker is
             return
         shared = elastic.shared(self._identity((0, 1)))
         epoch, consumed = elastic.gather(state, shared, self.what, self._sharding.samples, by_worker=True)
@@ -467,12 +468,11 @@ class BlobSampler(Sampler[int]):
         return elastic.count(self._sharding, position) if position is not None else self._sharding.count()
 
     def __iter__(self) -> Iterator[int]:
+        # A generator: the loaded position is taken at the first index, not when the iterator
+        # is made (a DataLoader with workers makes one it drops before the one it reads).
         position = self._current = self._pending or Position(self.epoch)
         self._pending = None
-        return self._indices(position, elastic.indices(self._sharding, position))
-
-    @staticmethod
-    def _indices(position: Position, indices: list[int]) -> Iterator[int]:
+        indices = elastic.indices(self._sharding, position)
         for i in range(position.yielded, len(indices)):
             position.yielded = i + 1
             yield indices[i]

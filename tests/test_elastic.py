@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import blobsdk
 from blobsdk.integrations import elastic
 from blobsdk.integrations.order import Position, Sharding
-from blobsdk.torch import BlobIterableDataset, BlobSampler
+from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler
 
 PROPERTIES = settings(max_examples=300, derandomize=True, deadline=None)
 SEED = 3
@@ -122,7 +122,7 @@ def test_a_sampler_epoch_stopped_on_two_ranks_finishes_on_three_then_on_one() ->
     one = samplers(n, 1, epoch=0)[0]  # ... and in yet another shape
     one.load_state_dict(middle)
     assert len(one) == n - 47 - 15 and sorted(one) == sorted(flat(tails))
-    assert one.state_dict()["consumed"] == [*middle[0]["consumed"], {"world_size": 3, "workers": 1, "yielded": [5, 5, 5]}]  # type: ignore[index]
+    assert one.state_dict()["consumed"] == [*middle[0]["consumed"], {"world_size": 3, "workers": 1, "yielded": [5, 5, 5]}]
 
     for sampler in new:  # the next epoch: a whole permutation in the new shape
         sampler.set_epoch(5)
@@ -332,6 +332,47 @@ def test_a_state_taken_in_a_resumed_iterable_epoch_resumes_in_place_and_elsewher
     for half in halves:
         half.load_state_dict([state])
     assert sorted(flat([path for path, _ in half] for half in halves)) == sorted(tail)
+
+
+def sampler_loader(ds: BlobDataset, rank: int, world_size: int, epoch: int, workers: int = 2) -> StatefulDataLoader[Any]:
+    sampler = BlobSampler(ds, shuffle=True, seed=SEED, rank=rank, world_size=world_size)
+    sampler.set_epoch(epoch)
+    return StatefulDataLoader(ds, sampler=sampler, num_workers=workers, batch_size=4, collate_fn=list)
+
+
+def epoch_and_state(loader: StatefulDataLoader[Any], after: int) -> tuple[list[list[str]], dict[str, Any]]:
+    """Every batch of one epoch, and the loader's state once ``after`` batches were taken."""
+    batches, state = [], None
+    for i, batch in enumerate(loader):
+        batches.append(read([batch]))
+        if i + 1 == after:
+            state = loader.state_dict()
+    assert state is not None
+    return batches, state
+
+
+@stateful
+def test_a_map_style_epoch_through_stateful_loaders_finishes_on_three_ranks_and_their_states_resume(
+    store: tuple[Path, list[str]],
+) -> None:
+    root, paths = store
+    with BlobDataset.local(root, paths) as ds:
+        saved = [epoch_and_state(sampler_loader(ds, rank, 2, epoch=1), after) for rank, after in ((0, 4), (1, 9))]
+        seen = flat(flat(batches[:after]) for (batches, _), after in zip(saved, (4, 9), strict=True))
+        # the sampler's state as of the last batch delivered (the live sampler runs ahead)
+        states = [state["_snapshot"]["_main_snapshot"]["_sampler_iter_state"]["sampler_state"] for _, state in saved]
+        assert [state["yielded"] for state in states] == [16, 36]
+        rest = []
+        for rank in range(3):
+            loader = sampler_loader(ds, rank, 3, epoch=0)
+            loader.sampler.load_state_dict(states)  # type: ignore[attr-defined]
+            batches, state = epoch_and_state(loader, after=2)
+            assert len(loader) == len(batches)
+            again = sampler_loader(ds, rank, 3, epoch=0)  # a state of the resumed epoch, through its loader
+            again.load_state_dict(state)
+            assert [read([batch]) for batch in again] == batches[2:]
+            rest += flat(batches)
+    assert len(seen + rest) == N and sorted(seen + rest) == paths
 
 
 def test_an_iterable_refuses_an_incomplete_or_foreign_set_of_workers(store: tuple[Path, list[str]]) -> None:
