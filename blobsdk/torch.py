@@ -113,6 +113,7 @@ from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
 from .integrations import elastic
+from .integrations.elastic import gather_states as gather_states  # every rank's states, through torch.distributed
 from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
 from .integrations.reading import (
     Ahead,

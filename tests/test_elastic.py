@@ -5,6 +5,9 @@ BlobIterableDataset, the latter with real DataLoader workers)."""
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -401,3 +404,94 @@ def test_an_iterable_refuses_an_incomplete_or_foreign_set_of_workers(store: tupl
         assert str(raised.value) == message
     here.load_state_dict(states)
     assert len(here) == len(range(0, 88, 3))
+
+
+# --- real gloo ranks, real DataLoader workers ------------------------------------------------------
+
+RANK = """
+import json, sys, warnings
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+from blobsdk.torch import BlobIterableDataset, BlobSampler, gather_states
+
+warnings.simplefilter("error")
+warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
+warnings.filterwarnings("ignore", "This DataLoader will create 3 worker processes", UserWarning)
+store, work, phase, rank, world_size, workers = sys.argv[1:7]
+rank, world_size, workers = int(rank), int(world_size), int(workers)
+dist.init_process_group("gloo", init_method=f"file://{work}/pg-{phase}", rank=rank, world_size=world_size)
+with open(f"{work}/paths.json") as f:
+    paths = json.load(f)
+sampler = BlobSampler(range(len(paths)), shuffle=True, seed=3)  # rank and world size: torch.distributed's
+ds = BlobIterableDataset.local(store, paths, shuffle=True, seed=3, prefetch_window=None)
+
+def read(loader):
+    return [path for batch in loader for path, _ in batch]
+
+if phase == "old":  # epoch 2, stopped part-way
+    sampler.set_epoch(2)
+    ds.set_epoch(2)
+    indices = iter(sampler)
+    out = {"taken": [next(indices) for _ in range(10 + 7 * rank)], "seen": []}
+    loader = StatefulDataLoader(ds, num_workers=workers, batch_size=4, collate_fn=list, snapshot_every_n_steps=1)
+    for i, batch in enumerate(loader):
+        if i < 3 + 2 * rank:
+            out["seen"] += [path for path, _ in batch]
+        if i + 1 == 3 + 2 * rank:
+            snapshots = loader.state_dict()["_snapshot"]["_worker_snapshots"]
+    out["sampler"] = gather_states(sampler.state_dict())
+    out["iterable"] = gather_states([snapshots[f"worker_{k}"]["dataset_state"] for k in range(workers)])
+else:  # resumed in another shape, then the next epoch
+    with open(f"{work}/states.json") as f:
+        states = json.load(f)
+    sampler.load_state_dict(states["sampler"])
+    ds.load_state_dict(states["iterable"])
+    out = {"taken": list(sampler), "seen": read(DataLoader(ds, num_workers=workers, batch_size=4, collate_fn=list))}
+    sampler.set_epoch(3)
+    ds.set_epoch(3)
+    out["next_taken"] = list(sampler)
+    out["next_seen"] = read(DataLoader(ds, num_workers=workers, batch_size=4, collate_fn=list))
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def run_ranks(store: Path, work: Path, phase: str, world_size: int, workers: int) -> list[dict[str, Any]]:
+    """``RANK`` as ``world_size`` gloo ranks of ``workers`` DataLoader workers; each one's output."""
+    from tests.helpers import ROOT
+
+    args = [str(store), str(work), phase]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, *args, str(rank), str(world_size), str(workers)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+    outs = [json.loads(rank.communicate(timeout=300)[0].strip().splitlines()[-1]) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0] * world_size
+    return outs
+
+
+def test_two_gloo_ranks_of_two_workers_stopped_mid_epoch_finish_it_as_three_by_one_and_one_by_three(
+    store: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    root, paths = store
+    (tmp_path / "paths.json").write_text(json.dumps(paths))
+    old = run_ranks(root, tmp_path, "old", world_size=2, workers=2)
+    assert old[0]["sampler"] == old[1]["sampler"] and len(old[0]["sampler"]) == 2  # every rank has every state
+    assert old[0]["iterable"] == old[1]["iterable"] and len(old[0]["iterable"]) == 4
+    (tmp_path / "states.json").write_text(json.dumps({"sampler": old[0]["sampler"], "iterable": old[0]["iterable"]}))
+    for world_size, workers in ((3, 1), (1, 3)):
+        new = run_ranks(root, tmp_path, f"new{world_size}x{workers}", world_size, workers)
+        taken = flat(out["taken"] for out in old + new)
+        seen = flat(out["seen"] for out in old + new)
+        assert len(taken) == N and sorted(taken) == list(range(N))  # epoch 2, each index once
+        assert len(seen) == N and sorted(seen) == paths  # epoch 2, each sample once
+        following = flat(out["next_taken"] for out in new)
+        assert len(following) == N and sorted(following) == list(range(N))  # epoch 3: whole, in the new shape
+        following_seen = flat(out["next_seen"] for out in new)
+        assert len(following_seen) == N and sorted(following_seen) == paths

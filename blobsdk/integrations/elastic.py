@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from .._extras import requires_extra
 
@@ -144,6 +144,14 @@ def parse_generation(entry: object, total: int) -> Generation:
 
 
 # --- gathering every old (rank, worker)'s state ---------------------------------------------------
+
+
+def gather_states(state: Mapping[str, object] | Sequence[Mapping[str, object]], group: Any = None) -> list[Mapping[str, object]]:
+    """Every rank's states, on every rank of a torch.distributed job: pass this rank's state
+    (its sampler's) or the list of its workers' states.  The list ``load_state_dict`` takes."""
+    gathered: list[object] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(gathered, state, group=group)
+    return [one for ranks in gathered for one in (ranks if isinstance(ranks, list) else [cast(Mapping[str, object], ranks)])]
 
 
 def gather(
