@@ -44,7 +44,8 @@ fingerprint, checked on resume.
 workers) finishes the epoch it stopped in with every sample of it exactly once: each new rank
 passes ``load_state_dict`` the list of every old rank's sampler state, or every old worker's
 of every rank for the iterable (in any order; the iterable's in the main process, before the
-DataLoader is made: its workers inherit the plan).  Take them from the saved loader states
+DataLoader is made: its workers inherit the plan).  ``gather_states(state)`` collects them on
+every rank through torch.distributed.  Take them from the saved loader states
 (``StatefulDataLoader`` keeps the worker states of the last batch it delivered and the
 sampler's then), not from the live sampler, which runs ahead of the batches.  Old (rank,
 worker) handed out the first ``yielded`` of its share, so what is left is the epoch's order
@@ -87,11 +88,13 @@ longer collected.
 Figures measured on this machine (2 cores), for 1M paths: the fingerprint ~20 ms when the
 dataset is built; the permutation and one worker's shard ~40 ms per epoch and worker; validating
 a caller's list ~0.6 s (a listed prefix is valid already).  For 10M paths, elastic resume:
-a state is ~100-150 B, ~0.3-0.4 KB after a resume from 8 ranks of 8 workers, ~1.7 KB from 64 of
-8 (a count per old worker); all 384 workers' states of a 48x8 job ~0.65 MB; gathering 512
-states ~3 ms; a resumed share ~0.45-0.8 s against ~0.3-0.5 s for a whole epoch's.  ``PREFETCH_WINDOW`` = 4096 samples
-is hand-set, not measured (DESIGN's example): each worker has at most two windows in flight,
-one hydrate job per L3 node each, so a node runs at most two jobs per worker.
+a state is ~100-150 B pickled, ~0.3-0.4 KB once resumed from 8 ranks of 8 workers, ~1.7 KB
+from 64 of 8 (a count per old worker, whatever the list's length; JSON about twice that); all
+384 workers' states of a 48x8 job ~0.65 MB, a 48-rank sampler's ~16 KB; gathering 512 states
+~3 ms; a worker's share of a resumed epoch ~0.45-0.8 s, of a whole epoch ~0.3-0.5 s (loaded
+machine).  ``PREFETCH_WINDOW`` = 4096 samples is hand-set, not measured (DESIGN's example):
+each worker has at most two windows in flight, one hydrate job per L3 node each, so a node
+runs at most two jobs per worker.
 """
 
 from __future__ import annotations
@@ -307,9 +310,15 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     def state_dict(self) -> dict[str, object]:
         """This process's (worker's) position: the running or last iteration's, else where the
         next one starts."""
-        it, worker = self._current, current_worker()
-        resumed = self._resumed and Position(self._resumed.epoch, 0, worker, self._resumed.consumed)
-        position = self._pending or (it.position if it is not None else resumed or Position(self.epoch, worker=worker))
+        it, worker, resumed = self._current, current_worker(), self._resumed
+        if self._pending is not None:
+            position = self._pending
+        elif it is not None:
+            position = it.position
+        elif resumed is not None:
+            position = Position(resumed.epoch, 0, worker, resumed.consumed)
+        else:
+            position = Position(self.epoch, worker=worker)
         return {**self._identity(position.worker), **elastic.position_state(position)}
 
     def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
@@ -319,21 +328,17 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
         process's first iteration of that epoch, until ``set_epoch``."""
         if not elastic.is_states(state):
             worker = current_worker()
-            self._pending = elastic.restore_one(state, self._identity(worker), self.what, self._sharding, worker)
+            self._pending = elastic.restore_one(state, self._identity(worker), type(self).__name__, self._sharding, worker)
             self._resumed = None  # this state says where this worker is
             return
         shared = elastic.shared(self._identity((0, 1)))
-        epoch, consumed = elastic.gather(state, shared, self.what, self._sharding.samples, by_worker=True)
+        epoch, consumed = elastic.gather(state, shared, type(self).__name__, self._sharding.samples, by_worker=True)
         self._epoch.fill_(epoch)
         self._current, self._pending, self._resumed = None, None, Position(epoch, consumed=consumed)
 
     def _identity(self, worker: tuple[int, int]) -> dict[str, object]:
         identity = {**self._sharding.identity(), "fingerprint": self._fingerprint}
         return {**identity, "worker": worker[0], "workers": worker[1]}
-
-    @property
-    def what(self) -> str:
-        return type(self).__name__
 
     def worker_stats(self) -> dict[str, Any]:
         """The tier counters of the DataLoader workers' clients, see :func:`worker_stats`."""
@@ -469,8 +474,13 @@ class BlobSampler(Sampler[int]):
         return elastic.count(self._sharding, position) if position is not None else self._sharding.count()
 
     def __iter__(self) -> Iterator[int]:
-        # A generator: the loaded position is taken at the first index, not when the iterator
-        # is made (a DataLoader with workers makes one it drops before the one it reads).
+        if self._pending is None:
+            self._current = None  # a whole epoch starts
+        return self._indices()
+
+    def _indices(self) -> Iterator[int]:
+        # A loaded position is taken at the first index, not when the iterator is made (a
+        # DataLoader with workers makes one that it drops before the one it reads).
         position = self._current = self._pending or Position(self.epoch)
         self._pending = None
         indices = elastic.indices(self._sharding, position)
