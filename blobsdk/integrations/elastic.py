@@ -122,7 +122,7 @@ def restore_one(
 
 def parse_consumed(value: object, samples: int) -> tuple[Generation, ...]:
     """The generations a state names, each checked against what the ones before it left."""
-    if not isinstance(value, list):
+    if not isinstance(value, list | tuple):
         raise ValueError(f"cannot resume: consumed must be a list, got {type(value).__name__}")
     consumed: list[Generation] = []
     for entry in value:
@@ -135,7 +135,7 @@ def parse_generation(entry: object, total: int) -> Generation:
     if not isinstance(entry, Mapping) or {"world_size", "workers", "yielded"} - entry.keys():
         raise ValueError(bad)
     world_size, workers, yielded = entry["world_size"], entry["workers"], entry["yielded"]
-    if not (is_int(world_size) and world_size >= 1 and is_int(workers) and workers >= 1 and isinstance(yielded, list)):
+    if not (is_int(world_size) and world_size >= 1 and is_int(workers) and workers >= 1 and isinstance(yielded, list | tuple)):
         raise ValueError(bad)
     if len(yielded) != world_size * workers:
         raise ValueError(bad)
