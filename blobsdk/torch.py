@@ -40,6 +40,24 @@ is a ValueError, not a silently different epoch.  It restores the epoch it was s
 sampler's state with each batch it hands out); ``BlobDataset``'s own state is only its list's
 fingerprint, checked on resume.
 
+**Elastic resume.** A job restarted in another shape (more or fewer ranks, or DataLoader
+workers) finishes the epoch it stopped in with every sample of it exactly once: each new rank
+passes ``load_state_dict`` the list of every old rank's sampler state, or every old worker's
+of every rank for the iterable (in any order; the iterable's in the main process, before the
+DataLoader is made: its workers inherit the plan).  ``gather_states(state)`` collects them on
+every rank through torch.distributed.  Take them from the saved loader states
+(``StatefulDataLoader`` keeps the worker states of the last batch it delivered and the
+sampler's then), not from the live sampler, which runs ahead of the batches.  Old (rank,
+worker) handed out the first ``yielded`` of its share, so what is left is the epoch's order
+minus those, in order; the new ranks and workers cut it as they cut a whole epoch, and
+``set_epoch`` goes on with whole epochs in the new shape.  A state taken in the resumed epoch
+also carries ``consumed``, the counts of the shapes before (blobsdk/integrations/elastic.py
+says why counts): it resumes in place, or in yet another shape.  Refused, each naming what
+differs: states of another list, seed or shuffle, from different epochs, a missing or doubled
+rank or worker, a count out of range.  States are as fresh as their save: a job that saves
+them every N steps and loses a rank re-reads, after its restart, what the ranks handed out
+since the last save (at most N steps' batches per rank), and skips nothing.
+
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
 a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
 from epoch to epoch (its L1, plan cache, connections and the next epoch's readahead outlive an
@@ -69,9 +87,14 @@ longer collected.
 
 Figures measured on this machine (2 cores), for 1M paths: the fingerprint ~20 ms when the
 dataset is built; the permutation and one worker's shard ~40 ms per epoch and worker; validating
-a caller's list ~0.6 s (a listed prefix is valid already).  ``PREFETCH_WINDOW`` = 4096 samples
-is hand-set, not measured (DESIGN's example): each worker has at most two windows in flight,
-one hydrate job per L3 node each, so a node runs at most two jobs per worker.
+a caller's list ~0.6 s (a listed prefix is valid already).  For 10M paths, elastic resume:
+a state is ~100-150 B pickled, ~0.3-0.4 KB once resumed from 8 ranks of 8 workers, ~1.7 KB
+from 64 of 8 (a count per old worker, whatever the list's length; JSON about twice that); all
+384 workers' states of a 48x8 job ~0.65 MB, a 48-rank sampler's ~16 KB; gathering 512 states
+~3 ms; a worker's share of a resumed epoch ~0.45-0.8 s, of a whole epoch ~0.3-0.5 s (loaded
+machine).  ``PREFETCH_WINDOW`` = 4096 samples is hand-set, not measured (DESIGN's example):
+each worker has at most two windows in flight, one hydrate job per L3 node each, so a node
+runs at most two jobs per worker.
 """
 
 from __future__ import annotations
@@ -92,7 +115,9 @@ with requires_extra("torch", __name__):
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
-from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank, restore
+from .integrations import elastic
+from .integrations.elastic import gather_states as gather_states  # every rank's states, through torch.distributed
+from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
 from .integrations.reading import (
     Ahead,
     Iteration,
@@ -179,6 +204,7 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
         # One int in shared memory: the workers' copies (forked or spawned) share it.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self._pending: Position | None = None  # loaded by load_state_dict, taken by the next __iter__
+        self._resumed: Position | None = None  # an epoch resumed in another shape, for every worker
         self._current: Iteration | None = None  # this process's latest iteration
         self._ahead: Held[Ahead] = Held()  # the next iteration's readahead, started by this one
         # One client per process, kept from epoch to epoch: its L1, plan cache and connections
@@ -207,18 +233,28 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iterations run (call it in the main process, between epochs)."""
         self._epoch.fill_(check_epoch(epoch))
-        self._current = None
+        self._current = self._resumed = None
 
     def __len__(self) -> int:
-        """This rank's samples per epoch (all its workers together)."""
-        return self._sharding.count()
+        """This rank's samples per epoch (all its workers together): in an epoch resumed in
+        another shape, its share of what was left."""
+        resumed = self._resumed
+        return self._sharding.count() if resumed is None else elastic.count(self._sharding, resumed)
 
     def __iter__(self) -> Iterator[Any]:
         worker = current_worker()
-        position = self._take_pending(worker) or Position(self.epoch, worker=worker)
-        indices = self._sharding.indices(position.epoch, *worker)
+        position = self._take_pending(worker) or self._take_resumed(worker) or Position(self.epoch, worker=worker)
+        indices = elastic.indices(self._sharding, position)
         self._current = Iteration(position, [self.paths[i] for i in indices])
         return self._samples(self._current)
+
+    def _take_resumed(self, worker: tuple[int, int]) -> Position | None:
+        """This worker's start in the epoch resumed in another shape, if it is still running
+        (taken once per process: the process's next iteration runs a whole epoch)."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is None or resumed.epoch != self.epoch:
+            return None
+        return Position(resumed.epoch, 0, worker, resumed.consumed)
 
     def _take_pending(self, worker: tuple[int, int]) -> Position | None:
         pending, self._pending = self._pending, None
@@ -274,15 +310,31 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
     def state_dict(self) -> dict[str, object]:
         """This process's (worker's) position: the running or last iteration's, else where the
         next one starts."""
-        it = self._current
-        position = self._pending or (it.position if it is not None else Position(self.epoch, worker=current_worker()))
-        return {**self._identity(position.worker), "epoch": position.epoch, "yielded": position.yielded}
+        it, worker, resumed = self._current, current_worker(), self._resumed
+        if self._pending is not None:
+            position = self._pending
+        elif it is not None:
+            position = it.position
+        elif resumed is not None:
+            position = Position(resumed.epoch, 0, worker, resumed.consumed)
+        else:
+            position = Position(self.epoch, worker=worker)
+        return {**self._identity(position.worker), **elastic.position_state(position)}
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Make the next iteration in this process resume where ``state`` was taken."""
-        worker = current_worker()
-        position = restore(state, self._identity(worker), type(self).__name__, self._sharding.count(*worker))
-        self._pending = Position(position.epoch, position.yielded, worker)
+    def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
+        """Make the next iteration in this process resume where ``state`` was taken; or, given
+        the states of every worker of every rank of a job (of any shape), in the main process
+        before the DataLoader is made, make this rank's workers share what they left: each
+        process's first iteration of that epoch, until ``set_epoch``."""
+        if not elastic.is_states(state):
+            worker = current_worker()
+            self._pending = elastic.restore_one(state, self._identity(worker), type(self).__name__, self._sharding, worker)
+            self._resumed = None  # this state says where this worker is
+            return
+        shared = elastic.shared(self._identity((0, 1)))
+        epoch, consumed = elastic.gather(state, shared, type(self).__name__, self._sharding.samples, by_worker=True)
+        self._epoch.fill_(epoch)
+        self._current, self._pending, self._resumed = None, None, Position(epoch, consumed=consumed)
 
     def _identity(self, worker: tuple[int, int]) -> dict[str, object]:
         identity = {**self._sharding.identity(), "fingerprint": self._fingerprint}
@@ -416,22 +468,36 @@ class BlobSampler(Sampler[int]):
         self._current = None
 
     def __len__(self) -> int:
-        return self._sharding.count()
+        """This rank's indices per epoch: in an epoch resumed in another shape, its share of
+        what was left."""
+        position = self._pending or self._current
+        return elastic.count(self._sharding, position) if position is not None else self._sharding.count()
 
     def __iter__(self) -> Iterator[int]:
+        if self._pending is None:
+            self._current = None  # a whole epoch starts
+        return self._indices()
+
+    def _indices(self) -> Iterator[int]:
+        # A loaded position is taken at the first index, not when the iterator is made (a
+        # DataLoader with workers makes one that it drops before the one it reads).
         position = self._current = self._pending or Position(self.epoch)
         self._pending = None
-        return self._indices(position, self._sharding.indices(position.epoch))
-
-    @staticmethod
-    def _indices(position: Position, indices: list[int]) -> Iterator[int]:
+        indices = elastic.indices(self._sharding, position)
         for i in range(position.yielded, len(indices)):
             position.yielded = i + 1
             yield indices[i]
 
     def state_dict(self) -> dict[str, object]:
         position = self._pending or self._current or Position(self.epoch)
-        return {**self._sharding.identity(), "epoch": position.epoch, "yielded": position.yielded}
+        return {**self._sharding.identity(), **elastic.position_state(position)}
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        self._pending = restore(state, self._sharding.identity(), type(self).__name__, self._sharding.count())
+    def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
+        """Resume where ``state`` was taken (by this same rank); or, given the states of every
+        rank of a job of any world size, resume its epoch with this rank's share of what was left."""
+        what, identity = type(self).__name__, self._sharding.identity()
+        if not elastic.is_states(state):
+            self._pending = elastic.restore_one(state, identity, what, self._sharding, (0, 1))
+            return
+        epoch, consumed = elastic.gather(state, elastic.shared(identity), what, self._sharding.samples, by_worker=False)
+        self._pending = Position(epoch, consumed=consumed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
 import xxhash
 
@@ -19,6 +19,9 @@ with requires_extra("torch", "blobsdk.torch"):
 
 from ..paths import validate_path, validate_prefix
 from .stores import Store
+
+if TYPE_CHECKING:
+    from .elastic import Generation
 
 FINGERPRINT_BATCH = 4096  # paths hashed per update
 
@@ -113,13 +116,14 @@ class Sharding:
 
     def indices(self, epoch: int, worker: int = 0, workers: int = 1) -> list[int]:
         """The sample indices of this rank's ``worker`` of ``workers`` in ``epoch``, in order."""
-        order = self._order(epoch)[self.rank :: self.world_size]
+        order = self.order(epoch)[self.rank :: self.world_size]
         return order[worker::workers].tolist()
 
     def count(self, worker: int = 0, workers: int = 1) -> int:
         return len(range(self.rank, self.samples, self.world_size)[worker::workers])
 
-    def _order(self, epoch: int) -> torch.Tensor:
+    def order(self, epoch: int) -> torch.Tensor:
+        """The whole epoch, before the rank cut."""
         if not self.shuffle:
             return torch.arange(self.samples)
         mixed = xxhash.xxh3_64_intdigest(f"{self.seed}:{epoch}".encode()) >> 1  # (seed, epoch) -> a 63-bit seed
@@ -139,11 +143,13 @@ class Sharding:
 @dataclass
 class Position:
     """Where one iteration is: its epoch and how many of its samples it has handed out (and,
-    in an iterable dataset, which worker's samples)."""
+    in an iterable dataset, which worker's samples; in an epoch resumed in another shape, what
+    the shapes before handed out, see blobsdk/integrations/elastic.py)."""
 
     epoch: int
     yielded: int = 0
     worker: tuple[int, int] = (0, 1)  # (id, num_workers)
+    consumed: tuple[Generation, ...] = ()
 
 
 def restore(state: object, expected: Mapping[str, object], what: str, samples: int) -> Position:
