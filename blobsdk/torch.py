@@ -44,19 +44,28 @@ fingerprint, checked on resume.
 workers) finishes the epoch it stopped in with every sample of it exactly once: each new rank
 passes ``load_state_dict`` the list of every old rank's sampler state, or every old worker's
 of every rank for the iterable (in any order; the iterable's in the main process, before the
-DataLoader is made: its workers inherit the plan).  ``gather_states(state)`` collects them on
-every rank through torch.distributed.  Take them from the saved loader states
-(``StatefulDataLoader`` keeps the worker states of the last batch it delivered and the
-sampler's then), not from the live sampler, which runs ahead of the batches.  Old (rank,
-worker) handed out the first ``yielded`` of its share, so what is left is the epoch's order
-minus those, in order; the new ranks and workers cut it as they cut a whole epoch, and
-``set_epoch`` goes on with whole epochs in the new shape.  A state taken in the resumed epoch
-also carries ``consumed``, the counts of the shapes before (blobsdk/integrations/elastic.py
-says why counts): it resumes in place, or in yet another shape.  Refused, each naming what
-differs: states of another list, seed or shuffle, from different epochs, a missing or doubled
-rank or worker, a count out of range.  States are as fresh as their save: a job that saves
-them every N steps and loses a rank re-reads, after its restart, what the ranks handed out
-since the last save (at most N steps' batches per rank), and skips nothing.
+DataLoader is made: its workers inherit the plan).  ``gather_states(states)`` collects them on
+every rank through torch.distributed.  Take them from the saved loader states,
+``states_of(loader.state_dict())`` (``StatefulDataLoader`` keeps the worker states of the last
+batch it delivered and the sampler's then), not from the live sampler or dataset, which run
+ahead of the batches.  Old (rank, worker) handed out the first ``yielded`` of its share, so
+what is left is the epoch's order minus those, in order; the new ranks and workers cut it as
+they cut a whole epoch, and ``set_epoch`` goes on with whole epochs in the new shape.  A state
+taken in the resumed epoch also carries ``consumed``, the counts of the shapes before
+(blobsdk/integrations/elastic.py says why counts): it resumes in place, or in yet another
+shape.  Refused, each naming what differs: states of another list, seed or shuffle, from
+different epochs, a missing or doubled rank or worker, a count out of range.  States are as
+fresh as their save: a job that saves them every N steps and loses a rank re-reads, after its
+restart, what the ranks handed out since the last save (at most N steps' batches per rank),
+and skips nothing.
+
+**With the model.** ``DataState(loader)`` (loader: this rank's ``StatefulDataLoader`` over a
+BlobIterableDataset or with a BlobSampler) is ``Stateful``: ``dcp.save({"model": ...,
+"data": DataState(loader)})`` on every rank saves every rank's states once (gathered: one
+value, the same on every rank, which DCP's dedup keeps whole), and ``dcp.load`` of the same
+dict in a new job of any shape resumes each rank's share, before its loader is iterated.  In
+a blobsdk checkpoint: save ``{"data": data_state.state_dict()}``, then pass the loaded
+``state["data"]`` to ``data_state.load_state_dict`` (blobsdk/integrations/datastate.py).
 
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
 a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
@@ -116,6 +125,8 @@ from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
 from .integrations import elastic
+from .integrations.datastate import DataState as DataState  # the data state of a DCP save or a checkpoint
+from .integrations.datastate import states_of as states_of  # the states a StatefulDataLoader saved
 from .integrations.elastic import gather_states as gather_states  # every rank's states, through torch.distributed
 from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
 from .integrations.reading import (
