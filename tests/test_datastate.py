@@ -71,6 +71,7 @@ def test_a_data_state_in_a_blobsdk_checkpoint_finishes_the_epoch_with_other_work
 
     new = loader_of(kind, root, paths, new_workers, epoch=0)
     DataState(new).load_state_dict(loaded["data"])
+    set_epoch(new, 2)  # as a training loop does: the epoch the states name stays resumed
     left = len(new.sampler if kind == "sampled" else new.dataset)  # type: ignore[arg-type]
     rest = read(new)
     assert left == len(rest) == N - 20
@@ -93,6 +94,26 @@ def test_a_data_state_taken_before_the_loader_runs_resumes_the_whole_epoch(store
         assert len(got) == N and sorted(got) == paths
         set_epoch(new, 4)
         assert read(new) == got  # the same epoch: epoch 4's order, whole
+
+
+@stateful
+def test_a_loaded_epoch_stays_resumed_through_its_set_epoch_not_another(store: tuple[Path, list[str]]) -> None:
+    root, paths = store
+    for kind in KINDS:
+        old = loader_of(kind, root, paths, 0, epoch=2)
+        batches = iter(old)
+        seen = read(next(batches) for _ in range(5))
+        state = DataState(old).state_dict()
+        new = loader_of(kind, root, paths, 0, epoch=0)
+        DataState(new).load_state_dict(state)
+        set_epoch(new, 2)
+        rest = read(new)
+        assert len(rest) == N - 20 and sorted(seen + rest) == paths
+        other = loader_of(kind, root, paths, 0, epoch=0)
+        DataState(other).load_state_dict(state)
+        set_epoch(other, 3)
+        set_epoch(new, 3)
+        assert read(other) == read(new) and len(read(other)) == N  # epoch 3, whole
 
 
 # --- states_of --------------------------------------------------------------------------------------
@@ -223,6 +244,8 @@ else:  # another shape: load, finish epoch 2, then epoch 3
     state = {"model": {"w": torch.zeros(8)}, **{name: DataState(loader) for name, loader in loaders.items()}}
     with BlobStorageReader.local(f"{work}/ck", "/ck/job") as reader:
         dcp.load(state, storage_reader=reader)
+    ds.set_epoch(2)  # as a training loop does: the epoch the states name stays resumed
+    sampler.set_epoch(2)
     out = {"model": state["model"]["w"].tolist(), **{name: read(loader) for name, loader in loaders.items()}}
     ds.set_epoch(3)
     sampler.set_epoch(3)
