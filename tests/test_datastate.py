@@ -97,6 +97,19 @@ def test_a_data_state_taken_before_the_loader_runs_resumes_the_whole_epoch(store
 
 
 @stateful
+def test_a_data_state_of_a_loader_given_a_state_is_that_state(store: tuple[Path, list[str]]) -> None:
+    root, paths = store
+    for kind in KINDS:
+        old = loader_of(kind, root, paths, 0, epoch=1)
+        batches = iter(old)
+        read(next(batches) for _ in range(2))
+        restored = loader_of(kind, root, paths, 0, epoch=0)
+        restored.load_state_dict(old.state_dict())
+        assert DataState(restored).state_dict() == DataState(old).state_dict()
+        assert json.loads(DataState(old).state_dict()["states"])[0]["yielded"] == 8
+
+
+@stateful
 def test_a_loaded_epoch_stays_resumed_through_its_set_epoch_not_another(store: tuple[Path, list[str]]) -> None:
     root, paths = store
     for kind in KINDS:

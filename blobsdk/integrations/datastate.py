@@ -11,7 +11,8 @@ returns one value, the same on every rank: ``{"states": <bytes: JSON of every (r
 state>}``.  DCP keeps one copy of an entry every rank saved under one key, so per-rank entries
 would lose all ranks' but one; this one loses nothing, and a job of any shape loads that same
 key.  ``load_state_dict`` hands the list to the dataset's or the sampler's
-``load_state_dict``, before the loader is iterated.
+``load_state_dict``, before the loader is iterated: it resumes the epoch the states name
+(``set_epoch`` of that epoch keeps the resume, of another drops it).
 """
 
 from __future__ import annotations
@@ -79,13 +80,19 @@ class DataState:
 
     def state_dict(self) -> dict[str, bytes]:
         """Every rank's states, the same on every rank (a collective under torch.distributed)."""
-        # A loader not iterated yet has no saved states: its dataset's or sampler's own state
-        # is where it starts (its state_dict() would start its workers to ask them).
-        started = getattr(self.loader, "_iterator", None) is not None
-        states = states_of(self.loader.state_dict()) if started else [self._resumable.state_dict()]
+        states = self._states()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             states = gather_states(states, self._group)
         return {"states": json.dumps(states, separators=(",", ":")).encode()}
+
+    def _states(self) -> list[Mapping[str, object]]:
+        """This rank's states.  A loader not iterated yet (its state_dict() would start its
+        workers to ask them) starts where the state it was given says, else where its dataset
+        or sampler is."""
+        if getattr(self.loader, "_iterator", None) is not None:
+            return states_of(self.loader.state_dict())
+        given = getattr(self.loader, "next_iter_state", None)
+        return states_of(given) if given else [self._resumable.state_dict()]
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Resume the epoch the states name, this rank's share of what was left (before the
