@@ -13,6 +13,10 @@ would lose all ranks' but one; this one loses nothing, and a job of any shape lo
 key.  ``load_state_dict`` hands the list to the dataset's or the sampler's
 ``load_state_dict``, before the loader is iterated: it resumes the epoch the states name
 (``set_epoch`` of that epoch keeps the resume, of another drops it).
+
+Its size, for a 10M-sample list (measured on this machine): a 48x8 job's ~59 KB, ~0.23 MB in
+an epoch resumed from 8x8, ~0.9 MB resumed from 48x8 (each state repeats the counts of the
+shapes before it); DCP writes it once.
 """
 
 from __future__ import annotations
