@@ -49,8 +49,8 @@ a job of any shape, before its loaders run, resumes each rank's share; in a blob
 save ``data_state.state_dict()``, load it back with ``data_state.load_state_dict``.  By hand:
 each new rank passes ``load_state_dict`` the list of all old ranks' sampler states, or all old
 workers' for the iterable (in any order; in the main process, before the DataLoader is made),
-``gather_states(states_of(loader.state_dict()))`` on every old rank: the states of the last
-batch delivered (the live sampler and dataset run ahead).  What is left is the epoch's order
+which ``gather_states(states_of(loader.state_dict()))`` collects on every old rank as of the
+last batch delivered (the live sampler and dataset run ahead).  What is left is the epoch's order
 minus the first ``yielded`` of each old (rank, worker)'s share, cut by the new shape as a whole
 epoch; ``set_epoch`` of that epoch keeps the resume, of another goes on with whole epochs.  A
 state of a resumed epoch carries ``consumed``, counts of the shapes before
