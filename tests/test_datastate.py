@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,31 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     return root, paths
 
 
+OPEN: list[BlobDataset | BlobIterableDataset] = []  # the datasets loader_of made, closed by close_all
+
+
+def close_all() -> None:
+    """Close the clients this process opened over the store: SQLite must not be open in a
+    process that forks DataLoader workers which open it in turn (they may share its locks)."""
+    while OPEN:
+        OPEN.pop().close()
+
+
+@pytest.fixture(autouse=True)
+def closed() -> Iterator[None]:
+    yield
+    close_all()
+
+
 def loader_of(kind: str, root: Path, paths: list[str], workers: int, epoch: int, **options: Any) -> StatefulDataLoader[Any]:
     """A one-rank StatefulDataLoader over the iterable, or over the map-style with a sampler."""
     if kind == "iterable":
         ds = BlobIterableDataset.local(root, paths, shuffle=True, seed=SEED, rank=0, world_size=1, prefetch_window=None)
+        OPEN.append(ds)
         ds.set_epoch(epoch)
         return StatefulDataLoader(ds, num_workers=workers, batch_size=4, collate_fn=list, **options)
     mapped = BlobDataset.local(root, paths)
+    OPEN.append(mapped)
     sampler = BlobSampler(mapped, shuffle=True, seed=SEED, rank=0, world_size=1)
     sampler.set_epoch(epoch)
     return StatefulDataLoader(mapped, sampler=sampler, num_workers=workers, batch_size=4, collate_fn=list, **options)
@@ -69,6 +88,7 @@ def test_a_data_state_in_a_blobsdk_checkpoint_finishes_the_epoch_with_other_work
     assert torch.equal(loaded["model"]["w"], model["w"]) and isinstance(loaded["data"]["states"], bytes)
     assert len(json.loads(loaded["data"]["states"])) == (1 if kind == "sampled" else max(old_workers, 1))
 
+    close_all()  # before new workers fork
     new = loader_of(kind, root, paths, new_workers, epoch=0)
     DataState(new).load_state_dict(loaded["data"])
     set_epoch(new, 2)  # as a training loop does: the epoch the states name stays resumed
@@ -145,6 +165,7 @@ def test_states_of_takes_the_states_of_the_last_batch_handed_out(store: tuple[Pa
         read(next(batches) for _ in range(3))
         assert [state["yielded"] for state in states_of(loader.state_dict())] == ([12] if workers == 0 else [8, 4])
         assert [state.get("worker") for state in states_of(loader.state_dict())] == list(range(max(workers, 1)))
+        close_all()  # before the next round's workers fork
 
 
 @stateful
