@@ -40,23 +40,24 @@ is a ValueError, not a silently different epoch.  It restores the epoch it was s
 sampler's state with each batch it hands out); ``BlobDataset``'s own state is only its list's
 fingerprint, checked on resume.
 
-**Elastic resume.** A job restarted in another shape (more or fewer ranks, or DataLoader
-workers) finishes the epoch it stopped in with every sample of it exactly once: each new rank
-passes ``load_state_dict`` the list of every old rank's sampler state, or every old worker's
-of every rank for the iterable (in any order; the iterable's in the main process, before the
-DataLoader is made: its workers inherit the plan).  ``gather_states(state)`` collects them on
-every rank through torch.distributed.  Take them from the saved loader states
-(``StatefulDataLoader`` keeps the worker states of the last batch it delivered and the
-sampler's then), not from the live sampler, which runs ahead of the batches.  Old (rank,
-worker) handed out the first ``yielded`` of its share, so what is left is the epoch's order
-minus those, in order; the new ranks and workers cut it as they cut a whole epoch, and
-``set_epoch`` goes on with whole epochs in the new shape.  A state taken in the resumed epoch
-also carries ``consumed``, the counts of the shapes before (blobsdk/integrations/elastic.py
-says why counts): it resumes in place, or in yet another shape.  Refused, each naming what
-differs: states of another list, seed or shuffle, from different epochs, a missing or doubled
-rank or worker, a count out of range.  States are as fresh as their save: a job that saves
-them every N steps and loses a rank re-reads, after its restart, what the ranks handed out
-since the last save (at most N steps' batches per rank), and skips nothing.
+**Elastic resume.** A job restarted in another shape (ranks or DataLoader workers) finishes the
+epoch it stopped in, each of its samples exactly once.  ``DataState(loader)`` (this rank's
+``StatefulDataLoader`` over a BlobIterableDataset or with a BlobSampler) is ``Stateful``:
+``dcp.save({"model": ..., "data": DataState(loader)})`` on every rank saves all ranks' data
+states once (gathered into one value, the same on every rank), and ``dcp.load`` of that dict in
+a job of any shape, before its loaders run, resumes each rank's share; in a blobsdk checkpoint,
+save ``data_state.state_dict()``, load it back with ``data_state.load_state_dict``.  By hand:
+each new rank passes ``load_state_dict`` the list of all old ranks' sampler states, or all old
+workers' for the iterable (in any order; in the main process, before the DataLoader is made),
+which ``gather_states(states_of(loader.state_dict()))`` collects on every old rank as of the
+last batch delivered (the live sampler and dataset run ahead).  What is left is the epoch's order
+minus the first ``yielded`` of each old (rank, worker)'s share, cut by the new shape as a whole
+epoch; ``set_epoch`` of that epoch keeps the resume, of another goes on with whole epochs.  A
+state of a resumed epoch carries ``consumed``, counts of the shapes before
+(blobsdk/integrations/elastic.py): it resumes in place, or in yet another shape.  Refused,
+naming what differs: another list, seed or shuffle, different epochs, a missing or doubled rank
+or worker, a count out of range.  A job that saves its data state every N steps and loses a
+rank re-reads, after its restart, at most N steps' batches per rank, and skips nothing.
 
 **Reading.** Each process opens its own :class:`~blobsdk.SyncClient`, never one inherited over
 a fork nor pickled (the datasets keep the config, not a client), on first use, and keeps it
@@ -116,6 +117,8 @@ from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
 from .integrations import elastic
+from .integrations.datastate import DataState as DataState  # the data state of a DCP save or a checkpoint
+from .integrations.datastate import states_of as states_of  # the states a StatefulDataLoader saved
 from .integrations.elastic import gather_states as gather_states  # every rank's states, through torch.distributed
 from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
 from .integrations.reading import (
@@ -231,9 +234,11 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
         return int(self._epoch.item())
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iterations run (call it in the main process, between epochs)."""
+        """The epoch the next iterations run (in the main process; a resumed epoch stays resumed)."""
         self._epoch.fill_(check_epoch(epoch))
-        self._current = self._resumed = None
+        resumed, self._current = self._resumed, None
+        if resumed is not None and resumed.epoch != epoch:
+            self._resumed = None
 
     def __len__(self) -> int:
         """This rank's samples per epoch (all its workers together): in an epoch resumed in
@@ -325,7 +330,7 @@ class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
         """Make the next iteration in this process resume where ``state`` was taken; or, given
         the states of every worker of every rank of a job (of any shape), in the main process
         before the DataLoader is made, make this rank's workers share what they left: each
-        process's first iteration of that epoch, until ``set_epoch``."""
+        process's first iteration of that epoch, until ``set_epoch`` to another."""
         if not elastic.is_states(state):
             worker = current_worker()
             self._pending = elastic.restore_one(state, self._identity(worker), type(self).__name__, self._sharding, worker)
@@ -464,8 +469,11 @@ class BlobSampler(Sampler[int]):
         self._current: Position | None = None
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iterations run; a loaded position stays if ``epoch`` is its epoch."""
         self.epoch = check_epoch(epoch)
         self._current = None
+        if self._pending is not None and self._pending.epoch != epoch:
+            self._pending = None
 
     def __len__(self) -> int:
         """This rank's indices per epoch: in an epoch resumed in another shape, its share of

@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import blobsdk
 from blobsdk.integrations import elastic
 from blobsdk.integrations.order import Position, Sharding
-from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler
+from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, states_of
 
 PROPERTIES = settings(max_examples=300, derandomize=True, deadline=None)
 SEED = 3
@@ -283,8 +283,7 @@ def stopped_rank(root: Path, paths: list[str], rank: int, after: int) -> tuple[l
         if i + 1 == after:
             state = loader.state_dict()
     assert state is not None
-    workers = state["_snapshot"]["_worker_snapshots"]
-    return delivered, [workers[f"worker_{k}"]["dataset_state"] for k in range(2)]
+    return delivered, states_of(state)
 
 
 @stateful
@@ -363,7 +362,7 @@ def test_a_map_style_epoch_through_stateful_loaders_finishes_on_three_ranks_and_
         saved = [epoch_and_state(sampler_loader(ds, rank, 2, epoch=1), after) for rank, after in ((0, 4), (1, 9))]
         seen = flat(flat(batches[:after]) for (batches, _), after in zip(saved, (4, 9), strict=True))
         # the sampler's state as of the last batch delivered (the live sampler runs ahead)
-        states = [state["_snapshot"]["_main_snapshot"]["_sampler_iter_state"]["sampler_state"] for _, state in saved]
+        states = flat(states_of(state) for _, state in saved)
         assert [state["yielded"] for state in states] == [16, 36]
         rest = []
         for rank in range(3):
@@ -413,7 +412,7 @@ import json, sys, warnings
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
-from blobsdk.torch import BlobIterableDataset, BlobSampler, gather_states
+from blobsdk.torch import BlobIterableDataset, BlobSampler, gather_states, states_of
 
 warnings.simplefilter("error")
 warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
@@ -439,9 +438,9 @@ if phase == "old":  # epoch 2, stopped part-way
         if i < 3 + 2 * rank:
             out["seen"] += [path for path, _ in batch]
         if i + 1 == 3 + 2 * rank:
-            snapshots = loader.state_dict()["_snapshot"]["_worker_snapshots"]
+            saved = states_of(loader.state_dict())
     out["sampler"] = gather_states(sampler.state_dict())
-    out["iterable"] = gather_states([snapshots[f"worker_{k}"]["dataset_state"] for k in range(workers)])
+    out["iterable"] = gather_states(saved)
 else:  # resumed in another shape, then the next epoch
     with open(f"{work}/states.json") as f:
         states = json.load(f)
