@@ -177,7 +177,7 @@ class IterableOptions(TypedDict, total=False):
     prefetch_tier: str | None
 
 
-class BlobIterableDataset(ClosedOnExit, IterableDataset[Any]):
+class BlobIterableDataset(ClosedOnExit, elastic.Resumable, IterableDataset[Any]):
     """Every sample of ``paths_or_prefix`` once per epoch, sharded over ranks and DataLoader
     workers, read ahead and deep-prefetched in each worker; see the module docstring."""
 
@@ -453,7 +453,7 @@ class BlobDataset(ClosedOnExit, Dataset[Any]):
         return f"<{type(self).__name__} {len(self.paths)} samples>"
 
 
-class BlobSampler(Sampler[int]):
+class BlobSampler(elastic.Resumable, Sampler[int]):
     """This rank's indices of ``data_source`` for one epoch: the same permutation and rank cut
     as :class:`BlobIterableDataset` (every index once per epoch over all ranks, rank counts
     within one), with ``set_epoch`` and a ``state_dict`` that ``StatefulDataLoader`` saves and

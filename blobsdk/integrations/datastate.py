@@ -30,7 +30,7 @@ from .._extras import requires_extra
 with requires_extra("torch", "blobsdk.torch"):
     import torch
 
-from .elastic import gather_states
+from .elastic import Resumable, gather_states
 
 # The keys of a torchdata StatefulDataLoader's state_dict() this reads (torchdata 0.8 to 0.11).
 SNAPSHOT, MAIN, WORKERS, STEPS_SINCE = "_snapshot", "_main_snapshot", "_worker_snapshots", "_steps_since_snapshot"
@@ -110,14 +110,12 @@ class DataState:
 
 def resumable(loader: Any) -> Any:
     """What ``loader``'s position is kept in: its BlobSampler, else its BlobIterableDataset."""
-    from ..torch import BlobIterableDataset, BlobSampler  # blobsdk.torch imports this module
-
     sampler, dataset = getattr(loader, "sampler", None), getattr(loader, "dataset", None)
     if not callable(getattr(loader, "state_dict", None)):
         raise TypeError(f"DataState takes a torchdata StatefulDataLoader, got {type(loader).__name__}")
-    if isinstance(sampler, BlobSampler):
+    if isinstance(sampler, Resumable):  # a BlobSampler
         return sampler
-    if isinstance(dataset, BlobIterableDataset):
+    if isinstance(dataset, Resumable):  # a BlobIterableDataset
         return dataset
     raise TypeError(
         "DataState takes a StatefulDataLoader over a BlobIterableDataset or with a BlobSampler,"

@@ -27,6 +27,20 @@ from .order import Position, Sharding, check_epoch, check_identity, is_int, rest
 
 T = TypeVar("T")
 
+
+class Resumable:
+    """A dataset or sampler of blobsdk.torch whose ``load_state_dict`` takes the list of a whole
+    job's states (BlobIterableDataset, BlobSampler): what ``DataState`` resumes (declared by
+    subclassing, so blobsdk/integrations/datastate.py need not import blobsdk.torch, which
+    imports it)."""
+
+    def state_dict(self) -> dict[str, object]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
+        raise NotImplementedError
+
+
 SLOT_KEYS = ("rank", "world_size")
 WORKER_KEYS = ("worker", "workers")
 
