@@ -6,31 +6,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Self
 
-from blobsdk.sources.base import BlockStore, Buffer, new_block_id
+from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tail.attempt import Attempt
-from blobsdk.wire import BlockInfo, ChunkRef
-from blobsdk.write.writer import encode_chunk
+from blobsdk.wire import BlockInfo, ChunkRef, Codec
+from tests.tiers.conformance import pack
 
 
-async def pack_chunks(blocks: BlockStore, raws: Sequence[bytes], compression: str = "none") -> list[ChunkRef]:
+async def pack_chunks(blocks: BlockStore, raws: Sequence[bytes], compression: Codec = "none") -> list[ChunkRef]:
     """Write ``raws`` as the chunks of one new block, in order; their refs."""
-    block_id, parts, refs, offset = new_block_id(), [], [], 0
-    for raw in raws:
-        enc = encode_chunk(memoryview(raw), compression)  # type: ignore[arg-type]
-        parts.append(bytes(enc.payload))
-        ref = ChunkRef(
-            block_id=block_id,
-            offset=offset,
-            length=len(enc.payload),
-            raw_length=enc.raw_length,
-            checksum=enc.checksum,
-            codec=enc.codec,
-        )
-        refs.append(ref)
-        offset += len(enc.payload)
-    await blocks.write_block(block_id, parts)
-    return refs
+    chunks = pack(raws, compression)
+    await blocks.write_block(chunks.block_id, chunks.stored)
+    return chunks.refs
 
 
 class OneAtATime:

@@ -187,3 +187,27 @@ def in_a_forked_child(observe: Callable[[], object], timeout: float = 30.0) -> o
     assert wait_for_child(pid, timeout) == 0
     with os.fdopen(read_end, "rb") as pipe:
         return ast.literal_eval(pipe.read().decode())
+
+
+def run_ranks(script: str, world_size: int, *args: str, timeout: float = 300) -> list[dict[str, Any]]:
+    """Run ``script`` (``python -c``, with ``args``) as ``world_size`` processes, each with
+    ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``MASTER_PORT`` (a free loopback port) in its
+    environment, as torch.distributed's env:// rendezvous reads them; each one's last stdout
+    line, as JSON, once every one exited 0."""
+    import json
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args], cwd=ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, text=True
+        )
+        for rank in range(world_size)
+    ]
+    outs = [json.loads(rank.communicate(timeout=timeout)[0].strip().splitlines()[-1]) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0] * world_size
+    return outs

@@ -5,8 +5,6 @@ DataLoader workers loaded as 3 ranks of 1 and 1 of 3; ``states_of`` and the refu
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import blobsdk
 from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, DataState, states_of
+from tests import helpers
 from tests.test_elastic import SEED, N, flat, read, stateful
 
 KINDS = ("iterable", "sampled")
@@ -239,7 +238,7 @@ def test_a_data_state_refuses_what_is_not_one_or_another_lists(store: tuple[Path
 # --- a DCP save on real gloo ranks, loaded in other shapes ------------------------------------------
 
 RANK = """
-import json, sys, warnings
+import json, os, sys, warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -249,8 +248,8 @@ from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, BlobSto
 warnings.simplefilter("error")
 warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
 warnings.filterwarnings("ignore", "This DataLoader will create 3 worker processes", UserWarning)
-store, work, phase, rank, world_size, workers = sys.argv[1:7]
-rank, world_size, workers = int(rank), int(world_size), int(workers)
+store, work, phase, workers = sys.argv[1:5]
+rank, world_size, workers = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(workers)
 dist.init_process_group("gloo", init_method=f"file://{work}/pg-{phase}", rank=rank, world_size=world_size)
 with open(f"{work}/paths.json") as f:
     paths = json.load(f)
@@ -291,20 +290,7 @@ print(json.dumps(out))
 
 def run_ranks(store: Path, work: Path, phase: str, world_size: int, workers: int) -> list[dict[str, Any]]:
     """``RANK`` as ``world_size`` gloo ranks of ``workers`` DataLoader workers; each one's output."""
-    from tests.helpers import ROOT
-
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(store), str(work), phase, str(rank), str(world_size), str(workers)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
-    outs = [json.loads(rank.communicate(timeout=300)[0].strip().splitlines()[-1]) for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0] * world_size
-    return outs
+    return helpers.run_ranks(RANK, world_size, str(store), str(work), phase, str(workers))
 
 
 def test_a_dcp_save_on_two_ranks_of_two_workers_finishes_its_epoch_as_three_by_one_and_one_by_three(

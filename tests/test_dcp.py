@@ -4,7 +4,6 @@ per step (a new prefix each save), deduplicated through the bucket's chunk index
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 import blobsdk
 from blobsdk.torch import BlobStorageReader, BlobStorageWriter
+from tests import helpers
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -150,38 +150,10 @@ dist.destroy_process_group()
 """
 
 
-def run_ranks(script: str, *args: str) -> list[dict[str, Any]]:
-    """Run ``script`` as 2 gloo ranks; each one's last stdout line, as JSON."""
-    import json
-    import socket
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, *args],
-            cwd=ROOT,
-            env={**os.environ, **env, "RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    outs = [json.loads(rank.communicate(timeout=120)[0].strip().splitlines()[-1]) for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0]
-    return outs
-
-
 def test_two_gloo_ranks_save_one_delta_checkpoint_and_each_loads_its_share(tmp_path: Path) -> None:
     """Each rank writes its own items as a part; the coordinator commits both ranks' parts
     and the metadata as one checkpoint; the second save writes only the changed chunks."""
-    outs = run_ranks(RANK, str(tmp_path))
+    outs = helpers.run_ranks(RANK, 2, str(tmp_path))
     assert outs[0]["same"] and outs[1]["same"]
     assert outs[0]["steps"] == [0, 1]
     first, second = outs[0]["new"]
@@ -279,7 +251,7 @@ dist.destroy_process_group()
 def test_two_gloo_ranks_with_a_path_per_step_write_almost_nothing_the_second_time(tmp_path: Path) -> None:
     """Each rank's part of step 1 names, through the bucket's chunk index, the chunks step 0
     (another prefix) stored: the index is recorded before step 0's ``dcp.save`` returns."""
-    outs = run_ranks(RANK_PER_STEP, str(tmp_path))
+    outs = helpers.run_ranks(RANK_PER_STEP, 2, str(tmp_path))
     assert outs[0]["same"] == [True, True] and outs[1]["same"] == [True, True]
     first, second = outs[0]["new"]
     assert first >= 4 * (1 << 19) * 2 + 4 * (1 << 16)  # both ranks' tensors and the shared one, once

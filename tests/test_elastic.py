@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import blobsdk
 from blobsdk.integrations import elastic
 from blobsdk.integrations.order import Position, Sharding
 from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, states_of
+from tests import helpers
 
 PROPERTIES = settings(max_examples=300, derandomize=True, deadline=None)
 SEED = 3
@@ -408,7 +407,7 @@ def test_an_iterable_refuses_an_incomplete_or_foreign_set_of_workers(store: tupl
 # --- real gloo ranks, real DataLoader workers ------------------------------------------------------
 
 RANK = """
-import json, sys, warnings
+import json, os, sys, warnings
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -417,8 +416,8 @@ from blobsdk.torch import BlobIterableDataset, BlobSampler, gather_states, state
 warnings.simplefilter("error")
 warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
 warnings.filterwarnings("ignore", "This DataLoader will create 3 worker processes", UserWarning)
-store, work, phase, rank, world_size, workers = sys.argv[1:7]
-rank, world_size, workers = int(rank), int(world_size), int(workers)
+store, work, phase, workers = sys.argv[1:5]
+rank, world_size, workers = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(workers)
 dist.init_process_group("gloo", init_method=f"file://{work}/pg-{phase}", rank=rank, world_size=world_size)
 with open(f"{work}/paths.json") as f:
     paths = json.load(f)
@@ -458,21 +457,7 @@ print(json.dumps(out))
 
 def run_ranks(store: Path, work: Path, phase: str, world_size: int, workers: int) -> list[dict[str, Any]]:
     """``RANK`` as ``world_size`` gloo ranks of ``workers`` DataLoader workers; each one's output."""
-    from tests.helpers import ROOT
-
-    args = [str(store), str(work), phase]
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, *args, str(rank), str(world_size), str(workers)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
-    outs = [json.loads(rank.communicate(timeout=300)[0].strip().splitlines()[-1]) for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0] * world_size
-    return outs
+    return helpers.run_ranks(RANK, world_size, str(store), str(work), phase, str(workers))
 
 
 def test_two_gloo_ranks_of_two_workers_stopped_mid_epoch_finish_it_as_three_by_one_and_one_by_three(

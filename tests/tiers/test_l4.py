@@ -14,16 +14,15 @@ from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.read.codec import decode_chunk
-from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.health import Reason
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
-from blobsdk.wire import ChunkRef
-from blobsdk.write.writer import encode_chunk
+from blobsdk.wire import ChunkRef, Codec
 from servers.blockstore import make_app
+from tests.block_fixtures import pack_chunks
 from tests.helpers import running_app
 
 
@@ -62,24 +61,9 @@ class Replicas:
             f.write(bytes([byte[0] ^ 0xFF]))
 
 
-async def pack(blocks: ReplicatedBlockStore, raws: list[bytes], compression: str = "none") -> list[ChunkRef]:
+async def pack(blocks: ReplicatedBlockStore, raws: list[bytes], compression: Codec = "none") -> list[ChunkRef]:
     """Write ``raws`` as the chunks of one new block; their refs."""
-    block_id, parts, refs, offset = new_block_id(), [], [], 0
-    for raw in raws:
-        enc = encode_chunk(memoryview(raw), compression)  # type: ignore[arg-type]
-        parts.append(bytes(enc.payload))
-        refs.append(
-            ChunkRef(
-                block_id=block_id,
-                offset=offset,
-                length=len(enc.payload),
-                raw_length=enc.raw_length,
-                checksum=enc.checksum,
-                codec=enc.codec,
-            )
-        )  # type: ignore[arg-type]
-        offset += len(enc.payload)
-    await blocks.write_block(block_id, parts)
+    refs = await pack_chunks(blocks, raws, compression)
     await blocks.settle()  # a majority acknowledged: let the last copy land before a test inspects each replica
     return refs
 
