@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..wire import ReadPlan
 from .leaves import Leaf, Stamp
-from .manifest import Entry, Held, Manifest
+from .manifest import Entry, Holding, Manifest
 
 
 class Base:
@@ -26,10 +26,10 @@ class Base:
             return None
         return entry if (entry.kind, entry.dtype, entry.shape) == (leaf.kind, leaf.dtype, leaf.shape) else None
 
-    def chunk_refs(self, entry: Entry) -> list[Held]:
+    def chunk_refs(self, entry: Entry) -> list[Holding]:
         """The refs that hold each chunk of ``entry`` (an entry of this manifest)."""
         return [
-            Held(tuple(self.plan.chunks[i] for i in span), patches)
+            Holding(tuple(self.plan.chunks[i] for i in span), patches)
             for span, patches in zip(entry.chunk_refs(), entry.patch_counts(), strict=True)
         ]
 

@@ -49,7 +49,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class Holding:
     """The refs that hold one chunk in a data plan: its base's, back to back, then its
     ``patches`` patches, oldest first (blobsdk/write/patch.py)."""
 

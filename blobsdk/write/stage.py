@@ -36,7 +36,7 @@ from .compare import Base
 from .dedup import ChunkIndex
 from .delta import Run, changed_runs
 from .leaves import Leaf, Stamp
-from .manifest import Entry, Held, Part
+from .manifest import Entry, Holding, Part
 from .writer import Writer
 
 _HASH_BATCH = 16 << 20  # bytes hashed (or compared with the mirror) per executor job
@@ -91,7 +91,7 @@ class Stager:
         wanted: dict[bytes, int] = {}  # digest -> length, of the chunks the base does not hold in place
         for leaf, entry in zip(leaves, previous, strict=True):
             mine = [] if leaf.data is None else known[leaf.name] if leaf.name in known else next(hashed)
-            held: list[Held] = base.chunk_refs(entry) if base is not None and entry is not None else []
+            held: list[Holding] = base.chunk_refs(entry) if base is not None and entry is not None else []
             slots: list[_Slot | None] = []
             for i, digest in enumerate(mine):
                 runs = compared.get((leaf.name, i))
@@ -162,7 +162,7 @@ class Stager:
                         mirror[place] = kept
                     continue
                 if digest in found or digest in new:
-                    slots[i] = Held(found[digest]) if digest in found else _Same(digest)
+                    slots[i] = Holding(found[digest]) if digest in found else _Same(digest)
                     continue
                 new.add(digest)
                 assert leaf.data is not None  # a leaf without data has no digests
@@ -210,7 +210,7 @@ class Stager:
             digests.append(mine)
         return digests
 
-    def _patch(self, view: memoryview, old: Held, runs: list[Run]) -> _Patch:
+    def _patch(self, view: memoryview, old: Holding, runs: list[Run]) -> _Patch:
         """A changed chunk compared with the mirror: patched onto ``old``, or written whole if
         its patches would then exceed the budget (``rewrite_at`` of it, or MAX_PATCHES)."""
         over = old.patches >= MAX_PATCHES or old.patch_bytes() + patch.record_size(runs) > self.rewrite_at * len(view)
@@ -281,18 +281,18 @@ class Stager:
 
 def _held(staged: Staged, written: Iterator[ChunkRef]) -> _Written:
     """The refs that hold each chunk, given ``written`` (the new refs, in slot order)."""
-    fresh: dict[bytes, Held] = {}  # this save's new whole chunks, by digest
-    patched: dict[int, Held] = {}  # this save's patched chunks, by id of their slot
+    fresh: dict[bytes, Holding] = {}  # this save's new whole chunks, by digest
+    patched: dict[int, Holding] = {}  # this save's patched chunks, by id of their slot
     out = _Written()
     for slots, digests in zip(staged.chunks, staged.digests, strict=True):
         new_bytes = 0
         for slot, digest in zip(slots, digests, strict=True):
             if isinstance(slot, memoryview) or (isinstance(slot, _Patch) and slot.whole):
-                fresh[digest] = Held((next(written),))
+                fresh[digest] = Holding((next(written),))
                 new_bytes += len(slot) if isinstance(slot, memoryview) else len(slot.view)
             elif isinstance(slot, _Patch):
                 ref = next(written)
-                patched[id(slot)] = Held((*slot.old.refs, ref), slot.old.patches + 1)
+                patched[id(slot)] = Holding((*slot.old.refs, ref), slot.old.patches + 1)
                 new_bytes += ref.raw_length
         out.new_bytes.append(new_bytes)
     for slots, digests in zip(staged.chunks, staged.digests, strict=True):
@@ -300,8 +300,8 @@ def _held(staged: Staged, written: Iterator[ChunkRef]) -> _Written:
     return out
 
 
-def _refs_of(slot: _Slot, digest: bytes, fresh: dict[bytes, Held], patched: dict[int, Held]) -> Held:
-    if isinstance(slot, Held):
+def _refs_of(slot: _Slot, digest: bytes, fresh: dict[bytes, Holding], patched: dict[int, Holding]) -> Holding:
+    if isinstance(slot, Holding):
         return slot
     if isinstance(slot, _Patch) and not slot.whole:
         return patched[id(slot)]
@@ -323,7 +323,7 @@ class _Patch:
     (``whole``: over the patch budget) the chunk is written whole."""
 
     view: memoryview
-    old: Held
+    old: Holding
     runs: list[Run]
     whole: bool = False
 
@@ -351,13 +351,13 @@ class _Compared:
 class _Written:
     """What ``_held`` makes: per leaf, the refs of each chunk and the bytes written."""
 
-    refs: list[list[Held]] = field(default_factory=list)
+    refs: list[list[Holding]] = field(default_factory=list)
     new_bytes: list[int] = field(default_factory=list)  # per leaf, written by this save
 
 
 _Known = dict[tuple[str, ...], list[bytes]]  # digests by leaf name, vouched for by version stamps
 _Place = tuple[tuple[str, ...], int]  # a chunk's place: its leaf's name and its index
-_Slot = Held | memoryview | _Same | _Patch  # held refs, new bytes, a repeat, or a patch
+_Slot = Holding | memoryview | _Same | _Patch  # held refs, new bytes, a repeat, or a patch
 
 
 @dataclass
