@@ -141,6 +141,9 @@ class Client:
         """The bytes of ``path`` (or of ``[offset, offset+length)``, clamped to the blob)."""
         state = self._open
         plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
+        hit = state.readpath.read_now(plan, offset, length)
+        if hit is not None:
+            return hit
         return await self._read(plan, offset, length)
 
     async def _read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:

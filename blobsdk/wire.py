@@ -6,6 +6,7 @@ these structs: they go raw in HTTP bodies.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import urlencode
@@ -19,8 +20,12 @@ from .runtime.ids import validate_hex32
 Codec = Literal["none", "lz4"]
 
 
-class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Where the stored bytes of one chunk live and how to check them."""
+class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, dict=True):
+    """Where the stored bytes of one chunk live and how to check them.
+
+    ``dict=True`` gives each ref a ``__dict__`` (16 bytes, filled only once ``key`` is read)
+    so that :attr:`key` is computed once per ref: an L1 hit asks for it on every read, and
+    hashing the ref again cost ~0.7 of the ~10 µs a 4 KiB get from L1 took."""
 
     block_id: str
     offset: int  # byte offset of the stored bytes inside the block
@@ -36,7 +41,7 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """This ref as stored: without a grant."""
         return msgspec.structs.replace(self, grant="") if self.grant else self
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Cache key: names these exact bytes forever, because blocks are immutable.  It
         covers the whole ref, checksum and codec included, so bytes stored under a key

@@ -47,18 +47,34 @@ async def test_ranges(client, offset, length):
 
 
 async def test_range_past_end_is_short_then_empty(client):
+    """The same from the store and from L1 (where a get of one chunk takes no await)."""
     await client.put("/b/r", b"0123456789")
-    assert await client.get("/b/r", offset=8, length=10) == b"89"
-    assert await client.get("/b/r", offset=10) == b""
-    assert await client.get("/b/r", offset=99, length=1) == b""
+    for _ in range(2):
+        hits = client.stats()["l1"]["hits"]
+        assert await client.get("/b/r", offset=8, length=10) == b"89"
+        assert await client.get("/b/r", offset=10) == b""
+        assert await client.get("/b/r", offset=99, length=1) == b""
+        assert await client.get("/b/r", offset=3, length=0) == b""
+    assert client.stats()["l1"]["hits"] - hits == 1  # the second round: from L1 (an empty range asks no tier)
 
 
-async def test_negative_range(client):
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "from_l1"])
+@pytest.mark.parametrize(
+    ("offset", "length", "message"),
+    [
+        (-1, None, "offset must be an int >= 0, got -1"),
+        (0, -2, "length must be None or an int >= 0, got -2"),
+        (1.5, None, "offset must be an int >= 0, got 1.5"),
+        (0, "3", "length must be None or an int >= 0, got '3'"),
+    ],
+)
+async def test_a_bad_range_is_refused(client, warm, offset, length, message):
     await client.put("/b/r", b"0123456789")
-    with pytest.raises(ValueError, match="offset must be an int >= 0, got -1"):
-        await client.get("/b/r", offset=-1)
-    with pytest.raises(ValueError, match="length must be None or an int >= 0, got -2"):
-        await client.get("/b/r", length=-2)
+    if warm:
+        assert await client.get("/b/r") == b"0123456789"
+    with pytest.raises(ValueError) as exc:
+        await client.get("/b/r", offset=offset, length=length)
+    assert str(exc.value) == message
 
 
 async def test_compressible_data_is_stored_compressed(client, tmp_path):

@@ -20,15 +20,18 @@ bounded by the calls in flight).
 Every plan that arrives from the store, read or committed, is checked against the plan rules
 (:func:`blobsdk.read.plans.checked_plan`) before it is cached or returned: whatever the backend, a
 client never reads through a bad plan; it gets CorruptData.
+
+The TTL + LRU map is :class:`_Plans`, not cachetools' ``TLRUCache``: a lookup is on every
+``get``, and ``TLRUCache.get`` took ~30% of a 4 KiB get served from L1 (~1.5 µs of ~5);
+``_Plans.get`` is one dict lookup, a clock read and a ``move_to_end``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-
-import cachetools
 
 from ..auth import grants_usable_for
 from ..errors import BlobNotFound
@@ -40,13 +43,21 @@ from .base import MetadataStore, PassThrough
 class CachedMetadataStore(PassThrough):
     """A MetadataStore wrapper with a TTL + LRU plan cache (``ttl_seconds=0`` disables it)."""
 
-    def __init__(self, store: MetadataStore, *, ttl_seconds: float = 10.0, max_entries: int = 100_000) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        *,
+        ttl_seconds: float = 10.0,
+        max_entries: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if ttl_seconds < 0 or max_entries < 1:
             raise ValueError(f"plan cache needs ttl_seconds >= 0 and max_entries >= 1, got {ttl_seconds}, {max_entries}")
         self.store = store
         self._enabled = ttl_seconds > 0
         self._ttl = ttl_seconds
-        self._plans: cachetools.TLRUCache[str, ReadPlan] = cachetools.TLRUCache(max_entries, self._expiry, timer=time.monotonic)
+        self._clock = clock
+        self._plans = _Plans(max_entries, clock)
         self.hits = 0
         self.misses = 0
         # Per path, while calls for it are in flight: how many, and the newest version seen
@@ -85,7 +96,7 @@ class CachedMetadataStore(PassThrough):
         return [found.get(p) for p in paths]
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
-        self._plans.pop(path, None)
+        self._plans.discard(path)
         with self._flight([path]):
             committed = await self.store.commit(path, plan, if_version)
             self._remember(committed, path)
@@ -96,7 +107,7 @@ class CachedMetadataStore(PassThrough):
         already known (two commits of one path in flight may answer out of order)."""
         paths = [op.path for op in ops]
         for path in paths:
-            self._plans.pop(path, None)
+            self._plans.discard(path)
         with self._flight(paths):
             committed = await self.store.commit_many(ops)
             for plan, path in zip(committed, paths, strict=True):
@@ -104,12 +115,12 @@ class CachedMetadataStore(PassThrough):
         return committed
 
     async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
-        self._plans.pop(path, None)
+        self._plans.discard(path)
         with self._flight([path]):
             try:
                 deleted = await self.store.delete(path, if_version)
             finally:
-                self._plans.pop(path, None)
+                self._plans.discard(path)
             self._saw(path, deleted.version, None)
         return deleted
 
@@ -122,10 +133,11 @@ class CachedMetadataStore(PassThrough):
         if newer is not None:
             return newer[1]
         self._saw(path, plan.version, plan)
-        if self._enabled and self._expiry(path, plan, time.monotonic()) > time.monotonic():
-            self._plans[path] = plan
+        expires = self._clock() + min(self._ttl, grants_usable_for(plan.grants_expire))
+        if self._enabled and expires > self._clock():
+            self._plans.set(path, plan, expires)
         else:
-            self._plans.pop(path, None)
+            self._plans.discard(path)
         return plan
 
     def _newer_than(self, path: str, version: int) -> tuple[int, ReadPlan | None] | None:
@@ -162,20 +174,53 @@ class CachedMetadataStore(PassThrough):
                 else:
                     self._newest.pop(path, None)
 
-    def _expiry(self, path: str, plan: ReadPlan, now: float) -> float:
-        """When (monotonic) the cached ``plan`` goes stale: after the TTL, or a margin
-        before its grants expire by this machine's wall clock."""
-        return now + min(self._ttl, grants_usable_for(plan.grants_expire))
-
     def invalidate(self, path: str | None = None) -> None:
         """Forget one path's plan, or every plan."""
         if path is None:
             self._plans.clear()
         else:
-            self._plans.pop(path, None)
+            self._plans.discard(path)
 
     def stats(self) -> dict[str, int | float]:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._plans)}
 
     async def aclose(self) -> None:
         await self.store.aclose()
+
+
+class _Plans:
+    """Path -> plan, each with the ``clock`` time it goes stale (after the TTL, or a margin
+    before its grants expire by this machine's wall clock), at most ``max_entries``: the least
+    recently used goes first.  A stale plan is dropped when looked up or pushed out."""
+
+    __slots__ = ("_clock", "_entries", "_max")
+
+    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
+        self._entries: OrderedDict[str, tuple[ReadPlan, float]] = OrderedDict()
+        self._max = max_entries
+        self._clock = clock
+
+    def get(self, path: str) -> ReadPlan | None:
+        entry = self._entries.get(path)
+        if entry is None:
+            return None
+        if entry[1] <= self._clock():
+            del self._entries[path]
+            return None
+        self._entries.move_to_end(path)
+        return entry[0]
+
+    def set(self, path: str, plan: ReadPlan, expires: float) -> None:
+        self._entries[path] = (plan, expires)
+        self._entries.move_to_end(path)
+        if len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def discard(self, path: str) -> None:
+        self._entries.pop(path, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -115,6 +115,27 @@ class ReadPath:
         self._direct_tier = first if first is self.tiers[-1] and isinstance(first, DirectTier) else None
         self._above_direct = self.tiers[:-1]
 
+    def read_now(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray | None:
+        """A read of a one-chunk blob whose chunk a tier holds at hand (``peek``: L1), done
+        without an await: the range copied out; None if no tier has it (or the range is bad:
+        then ``read`` says why).  Small gets from L1 take this path: the five coroutine
+        layers they skip cost ~1 µs each of a ~7 µs get (4 KiB gets from L1: 134k per
+        CPU-second before, 210k after; 320k with the plan cache's own map)."""
+        chunks = plan.chunks
+        if len(chunks) != 1 or type(offset) is not int or offset < 0:
+            return None  # bad input: read's BadRequest
+        if length is not None and (type(length) is not int or length < 0):
+            return None
+        end = plan.size if length is None else min(plan.size, offset + length)
+        if offset >= end:
+            return bytearray()  # as read: no chunk asked for
+        ref = chunks[0]
+        for tier in self.tiers:
+            hit = tier.peek(ref)
+            if hit is not None:
+                return bytearray(hit[offset:end])
+        return None
+
     async def read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         start, end = resolve_range(plan.size, offset, length)
         jobs = _overlapping(plan.chunks, start, end)

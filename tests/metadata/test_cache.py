@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
-from blobsdk import Client
+from blobsdk import Client, auth
 from blobsdk.errors import BlobNotFound, CorruptData
 from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
@@ -190,3 +191,54 @@ async def test_commits_answered_out_of_order_keep_the_newest_cached(tmp_path):
         store.release.set()
         assert (await older).version == 1 and newer.version == 2
         assert cache.peek("/b/x") == newer and no_record_left(cache)
+
+
+# --- the TTL + LRU map, on a fake clock ----------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_cached_plan_is_served_until_its_ttl_and_not_after(tmp_path):
+    clock = Clock()
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        cache = CachedMetadataStore(store, ttl_seconds=10, clock=clock)
+        committed = await cache.commit("/b/x", make_plan("/b/x"))
+        clock.now += 9.99
+        assert cache.peek("/b/x") == committed
+        clock.now += 0.01
+        assert cache.peek("/b/x") is None and cache.stats()["entries"] == 0  # a stale plan is dropped
+        assert await cache.get_plan("/b/x") == committed and cache.stats()["misses"] == 1
+
+
+async def test_a_full_cache_drops_the_least_recently_used_plan(tmp_path):
+    clock = Clock()
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        cache = CachedMetadataStore(store, max_entries=2, clock=clock)
+        a, b = [await cache.commit(p, make_plan(p)) for p in ("/b/a", "/b/b")]
+        assert cache.peek("/b/a") == a  # a is now used more recently than b
+        await cache.commit("/b/c", make_plan("/b/c"))
+        assert cache.peek("/b/b") is None and cache.peek("/b/a") == a and cache.stats()["entries"] == 2
+        assert b.version == 1
+
+
+async def test_a_plan_whose_grants_expire_is_dropped_a_margin_before(tmp_path, monkeypatch):
+    """Grants expire by the wall clock: the cache keeps the plan until GRANT_MARGIN_S before."""
+    clock = Clock()
+    monkeypatch.setattr(auth.time, "time", lambda: 5000.0)
+    async with SqliteMetadataStore(tmp_path / "m.sqlite") as store:
+        cache = CachedMetadataStore(store, ttl_seconds=3600, clock=clock)
+        plan = msgspec.structs.replace(make_plan("/b/x"), grants_expire=5000 + auth.GRANT_MARGIN_S + 30)
+        cache._remember(msgspec.structs.replace(plan, version=1), "/b/x")
+        clock.now += 29.9
+        assert cache.peek("/b/x") is not None
+        clock.now += 0.1
+        assert cache.peek("/b/x") is None
+        soon = msgspec.structs.replace(plan, version=2, grants_expire=5000 + auth.GRANT_MARGIN_S)
+        cache._remember(soon, "/b/x")
+        assert cache.peek("/b/x") is None  # usable for 0 s: never cached
