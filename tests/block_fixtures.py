@@ -4,13 +4,14 @@ reads one chunk per request."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Self
 
-from blobsdk.sources.base import BlockStore, Buffer
+from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import BlockInfo, ChunkRef, Codec
-from tests.tiers.conformance import pack
+from blobsdk.write.writer import encode_chunk
 
 
 async def pack_chunks(blocks: BlockStore, raws: Sequence[bytes], compression: Codec = "none") -> list[ChunkRef]:
@@ -58,3 +59,32 @@ class OneAtATime:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.aclose()
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Chunks packed into one (not yet written) block: ``stored`` are the block's parts."""
+
+    block_id: str
+    refs: list[ChunkRef]
+    raws: list[bytes]
+    stored: list[bytes]
+
+
+def pack(raws: Sequence[bytes], codec: Codec = "none") -> Chunks:
+    """``raws`` encoded with ``codec`` as consecutive chunks of a new block."""
+    block_id, refs, stored, offset = new_block_id(), [], [], 0
+    for raw in raws:
+        enc = encode_chunk(memoryview(raw), codec)
+        stored.append(bytes(enc.payload))
+        ref = ChunkRef(
+            block_id=block_id,
+            offset=offset,
+            length=len(enc.payload),
+            raw_length=enc.raw_length,
+            checksum=enc.checksum,
+            codec=enc.codec,
+        )
+        refs.append(ref)
+        offset += len(enc.payload)
+    return Chunks(block_id, refs, list(raws), stored)

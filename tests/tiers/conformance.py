@@ -32,8 +32,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -41,10 +40,9 @@ import pytest
 
 from blobsdk.errors import BlockNotFound, CorruptData
 from blobsdk.read.codec import decode_chunk
-from blobsdk.sources.base import new_block_id
 from blobsdk.tiers.base import Tier
 from blobsdk.wire import ChunkRef
-from blobsdk.write.writer import encode_chunk
+from tests.block_fixtures import Chunks, pack
 
 Codec = Literal["none", "lz4"]
 STATS_KEYS = {"hits", "misses", "bytes", "corrupt", "errors", "p50_ms", "p99_ms"}
@@ -61,35 +59,6 @@ def payload(seed: int, size: int = CHUNK) -> bytes:
     offset or key mix-up cannot pass."""
     rng = random.Random(seed)
     return rng.randbytes(size // 2) + bytes([seed % 256]) * (size - size // 2)
-
-
-@dataclass(frozen=True)
-class Chunks:
-    """Chunks packed into one (not yet written) block: ``stored`` are the block's parts."""
-
-    block_id: str
-    refs: list[ChunkRef]
-    raws: list[bytes]
-    stored: list[bytes]
-
-
-def pack(raws: Sequence[bytes], codec: Codec = "none") -> Chunks:
-    """``raws`` encoded with ``codec`` as consecutive chunks of a new block."""
-    block_id, refs, stored, offset = new_block_id(), [], [], 0
-    for raw in raws:
-        enc = encode_chunk(memoryview(raw), codec)
-        stored.append(bytes(enc.payload))
-        ref = ChunkRef(
-            block_id=block_id,
-            offset=offset,
-            length=len(enc.payload),
-            raw_length=enc.raw_length,
-            checksum=enc.checksum,
-            codec=enc.codec,
-        )
-        refs.append(ref)
-        offset += len(enc.payload)
-    return Chunks(block_id, refs, list(raws), stored)
 
 
 def flip_byte(path: Path, at: int) -> None:
