@@ -27,15 +27,17 @@ import msgspec
 
 from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
-from .errors import ClientClosed, Forbidden
+from .errors import BadRequest, BlobNotFound, ClientClosed, Forbidden
 from .metadata.base import MetadataStore
 from .ops import gc as gc_module
 from .ops import repair as repair_module
 from .ops.index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .paths import listing_prefix, validate_path
 from .read import readahead as readahead_module
+from .read.into import writable_bytes
 from .read.prefetch import Prefetch
 from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
+from .read.readpath import check_offset
 from .runtime.forksafe import Executor
 from .sources.base import BlockStore, Buffer
 from .stats import LatencyHistogram
@@ -145,6 +147,50 @@ class Client:
         if hit is not None:
             return hit
         return await self._read(plan, offset, length)
+
+    async def get_into(self, path: str, buffer: object, offset: int = 0) -> int:
+        """Read ``path`` from blob offset ``offset`` into ``buffer``, memory the caller owns, as
+        ``readinto`` does: ``min(len(buffer), size - offset)`` bytes (in bytes, whatever its
+        item type; 0 at or past the end) written at its start, the rest of it untouched;
+        returns how many.  ``buffer``: a bytearray, writable memoryview, numpy array or CPU
+        torch tensor (pinned too), C-contiguous (blobsdk/read/into.py).  No buffer of the
+        client's is handed over and none is copied again: without L1, whole uncompressed
+        chunks of a lone-replica L4 are read into ``buffer`` and verified there, others pass
+        through one pooled buffer; with L1, the chunks fetched are kept there as ``get`` keeps
+        them, and copied into ``buffer`` (blobsdk/read/readpath.py, ``read_ranges_into``).
+        Once it returns or raises, cancelled too, nothing writes into ``buffer``."""
+        out = writable_bytes(buffer, "get_into")
+        check_offset(offset)
+        state = self._open
+        plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
+        (count,) = await self._fresh_grants(plan, lambda p: self._open.readpath.read_ranges_into([(p, offset, out)]))
+        return count
+
+    async def get_many_into(self, paths: Sequence[str], buffer: object | Callable[[int], object]) -> list[int]:
+        """The whole blobs of ``paths``, back to back from the start of ``buffer``, all read at
+        once (the chunks of small blobs packed in one block in one request); returns each
+        one's size (where each begins is their running sum).  ``buffer``: as for
+        :meth:`get_into`, or a function that, given the total size, returns one (a batch
+        tensor allocated once the sizes are known; called on the event loop's thread, again
+        if expired grants make the read start over).  A buffer smaller than the total is a
+        BadRequest and a missing path a BlobNotFound, both before any read."""
+        if isinstance(paths, str):
+            raise TypeError("get_many_into: paths must be a sequence of paths, not a str (use get_into for one)")
+        return await self._read_many([validate_path(path) for path in paths], buffer)
+
+    async def _read_many(self, paths: list[str], buffer: object, *, regrant: bool = True) -> list[int]:
+        """get_many_into's read; once more with fresh plans if a cached one's chunk grants expired."""
+        state = self._open
+        plans = [_found(path, plan) for path, plan in zip(paths, await state.plans.get_plans(paths), strict=True)]
+        reads = _laid_out(plans, buffer)
+        try:
+            return await state.readpath.read_ranges_into(reads)
+        except Forbidden:
+            if not regrant or not any(plan.grants_expire for plan in plans):
+                raise
+        for path in paths:
+            state.plans.invalidate(path)
+        return await self._read_many(paths, buffer, regrant=False)
 
     async def _read(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray:
         return await self._fresh_grants(plan, lambda p: self._open.readpath.read(p, offset, length))
@@ -295,6 +341,28 @@ def _check_bytes_like(data: object) -> None:
         raise TypeError(
             f"put: data must be a bytes-like object (bytes, bytearray, memoryview, ...), not {type(data).__name__}"
         ) from None
+
+
+def _found(path: str, plan: ReadPlan | None) -> ReadPlan:
+    if plan is None:
+        raise BlobNotFound(f"no blob at {path!r}")
+    return plan
+
+
+def _laid_out(plans: list[ReadPlan], buffer: object) -> list[tuple[ReadPlan, int, memoryview]]:
+    """get_many_into's reads: each plan whole, into its window of ``buffer`` (or of the buffer
+    it makes, given the total), back to back."""
+    total = sum(plan.size for plan in plans)
+    if callable(buffer):
+        buffer = buffer(total)
+    out = writable_bytes(buffer, "get_many_into")
+    if out.nbytes < total:
+        raise BadRequest(f"get_many_into: a buffer of {out.nbytes} bytes for {len(plans)} blobs of {total} bytes")
+    reads, at = [], 0
+    for plan in plans:
+        reads.append((plan, 0, out[at : at + plan.size]))
+        at += plan.size
+    return reads
 
 
 def _regranted(plan: ReadPlan, fresh: ReadPlan) -> ReadPlan:

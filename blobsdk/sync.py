@@ -409,6 +409,8 @@ class SyncClient(_Blocking):
     put = awaited(Client.put)
     put_many = awaited(Client.put_many)
     get = awaited(Client.get)
+    get_into = awaited(Client.get_into)
+    get_many_into = awaited(Client.get_many_into)
     plan = awaited(Client.plan)
     stat = awaited(Client.stat)
     delete = awaited(Client.delete)

@@ -62,13 +62,18 @@ from .codec import ChunkDecoder, verify_windows
 
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:
     """Clamp a requested range to ``[start, end)`` inside a blob of ``size`` bytes."""
-    if not isinstance(offset, int) or offset < 0:
-        raise BadRequest(f"offset must be an int >= 0, got {offset!r}")
+    check_offset(offset)
     if length is not None and (not isinstance(length, int) or length < 0):
         raise BadRequest(f"length must be None or an int >= 0, got {length!r}")
     start = min(offset, size)
     end = size if length is None else min(size, offset + length)
     return start, max(start, end)
+
+
+def check_offset(offset: object) -> None:
+    """BadRequest unless ``offset`` is an int >= 0 (a blob offset)."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise BadRequest(f"offset must be an int >= 0, got {offset!r}")
 
 
 _Job = tuple[memoryview, int, ChunkRef, int]  # see ReadPath._read_jobs
@@ -114,6 +119,7 @@ class ReadPath:
         first = self.tiers[self._one_off_top]
         self._direct_tier = first if first is self.tiers[-1] and isinstance(first, DirectTier) else None
         self._above_direct = self.tiers[:-1]
+        self._fills_memory = self.tiers[0].name == "l1"  # a read that is not one-off fills L1
 
     def read_now(self, plan: ReadPlan, offset: int = 0, length: int | None = None) -> bytearray | None:
         """A read of a one-chunk blob whose chunk a tier holds at hand (``peek``: L1), done
@@ -164,6 +170,32 @@ class ReadPath:
             jobs.extend((window, start, ref, at) for ref, at in _overlapping(plan.chunks, start, start + o.nbytes, starts))
             start += o.nbytes
         await self._read_jobs(jobs, one_off=not fill_memory)
+
+    async def read_ranges_into(self, reads: Sequence[tuple[ReadPlan, int, memoryview]]) -> list[int]:
+        """``get_into``'s and ``get_many_into``'s read: for each (plan, offset, out), the
+        blob's bytes from ``offset`` into the start of ``out`` (a writable byte view), as many
+        as fit before the blob ends; the count of each.  All at once, in one set of jobs: the
+        chunks of several small blobs in one block are read as one group.
+
+        Where the bytes come from, and what is copied (see the module docstring): a chunk L1
+        holds is copied from it.  A client with L1 fills it as ``read`` does, so a chunk
+        fetched lands in a buffer L1 keeps (the caller's memory cannot be kept: the caller
+        reuses it) and is copied out of it.  A client without L1 reads as a one-off read: its
+        whole uncompressed chunks from a lone-replica L4 go straight into ``out`` and are
+        verified there; the rest (a chunk cut by the range, lz4, one fetched from L2, L3, a
+        peer or a hedged L4) land in a pooled buffer, copied into ``out`` and given back to
+        the pool, unless L2 keeps it."""
+        counts: list[int] = []
+        jobs: list[_Job] = []
+        for plan, offset, out in reads:
+            start, end = resolve_range(plan.size, offset, out.nbytes)
+            counts.append(end - start)
+            if end > start:
+                window = out[: end - start]
+                jobs.extend((window, start, ref, at) for ref, at in _overlapping(plan.chunks, start, end))
+        if jobs:
+            await self._read_jobs(jobs, one_off=not self._fills_memory)
+        return counts
 
     async def _read_jobs(self, jobs: list[_Job], *, one_off: bool) -> None:
         """Each job: (an output window, the blob offset it begins at, a chunk, the blob offset
