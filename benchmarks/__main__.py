@@ -25,6 +25,7 @@ BENCHMARKS = {
     "write_availability": "benchmarks.write_availability",
     "soak": "benchmarks.soak",
     "s3_read": "benchmarks.s3_read",
+    "get_into": "benchmarks.get_into",
 }
 
 
