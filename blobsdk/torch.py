@@ -103,7 +103,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from typing import Any, TypedDict, Unpack
 
@@ -111,7 +111,7 @@ from ._extras import requires_extra
 
 with requires_extra("torch", __name__):
     import torch
-    from torch.utils.data import Dataset, IterableDataset, Sampler
+    from torch.utils.data import IterableDataset
 
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
@@ -120,7 +120,12 @@ from .integrations import elastic
 from .integrations.datastate import DataState as DataState  # the data state of a DCP save or a checkpoint
 from .integrations.datastate import states_of as states_of  # the states a StatefulDataLoader saved
 from .integrations.elastic import gather_states as gather_states  # every rank's states, through torch.distributed
-from .integrations.order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
+from .integrations.mapstyle import BlobBatchDataset as BlobBatchDataset  # the map-style datasets, and their sampler
+from .integrations.mapstyle import BlobDataset as BlobDataset
+from .integrations.mapstyle import BlobSampler as BlobSampler
+from .integrations.mapstyle import SampleBatch as SampleBatch
+from .integrations.mapstyle import collate_batch as collate_batch
+from .integrations.order import Position, Sharding, check_epoch, fingerprint, resolve_paths, resolve_rank
 from .integrations.reading import (
     Ahead,
     Iteration,
@@ -362,150 +367,3 @@ class BlobIterableDataset(ClosedOnExit, elastic.Resumable, IterableDataset[Any])
     def __repr__(self) -> str:
         s = self._sharding
         return f"<{type(self).__name__} {s.samples} samples, rank {s.rank} of {s.world_size}, epoch {self.epoch}>"
-
-
-# --- the map-style dataset ------------------------------------------------------------------------
-
-
-class MapOptions(TypedDict, total=False):
-    """The keyword arguments of :class:`BlobDataset` (and its ``local``)."""
-
-    transform: Transform | None
-    readahead: int
-    readahead_bytes: int
-
-
-class BlobDataset(ClosedOnExit, Dataset[Any]):
-    """``dataset[i]`` is ``transform((path, data))`` of the ``i``-th path; a batch of indices
-    is read through one readahead.  Order, sharding and resume are the sampler's: use
-    :class:`BlobSampler` (or the DataLoader's ``shuffle``/``generator``)."""
-
-    def __init__(
-        self,
-        config: ConfigLike,
-        paths_or_prefix: str | Sequence[str],
-        *,
-        local: str | os.PathLike[str] | None = None,
-        transform: Transform | None = None,
-        readahead: int = READAHEAD_DEPTH,
-        readahead_bytes: int = READAHEAD_BYTES,
-    ) -> None:
-        store = Store.of(config, local)
-        self._reading = Reading.of(store, readahead, readahead_bytes, None, None)
-        self._transform = check_transform(transform)
-        self.paths = resolve_paths(store, paths_or_prefix)
-        self._fingerprint = fingerprint(self.paths)
-        self._client = ProcessClient(store)
-        self._stats = WorkerStats()  # the workers' clients' counters, for worker_stats()
-
-    @classmethod
-    def local(
-        cls,
-        root: str | os.PathLike[str],
-        paths_or_prefix: str | Sequence[str],
-        *,
-        read: ReadConfig = ReadConfig(),
-        l1: L1Config = L1Config(),
-        l2: L2Config | None = None,
-        **options: Unpack[MapOptions],
-    ) -> BlobDataset:
-        """Over the embedded store in ``root`` (as :meth:`blobsdk.Client.local`)."""
-        return cls(ClientConfig(read=read, l1=l1, l2=l2), paths_or_prefix, local=root, **options)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> Any:
-        path = self.paths[index]
-        client = self._client.get()
-        data = client.get(path)
-        publish(self._stats, client)
-        return self._transform((path, data))
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch (the DataLoader's fetcher calls this): its reads run concurrently."""
-        paths = [self.paths[i] for i in indices]
-        client = self._client.get()
-        with closing(readahead(client, paths, self._reading)) as reads:
-            items = [self._transform(sample) for sample in reads]
-        publish(self._stats, client, force=True)  # before the batch reaches the main process
-        return items
-
-    def state_dict(self) -> dict[str, object]:
-        """The list's identity (the position is the sampler's)."""
-        return {"samples": len(self.paths), "fingerprint": self._fingerprint}
-
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Check that ``state`` was saved over this same list (ValueError if not)."""
-        check_identity(state, self.state_dict(), type(self).__name__)
-
-    def worker_stats(self) -> dict[str, Any]:
-        """The tier counters of the DataLoader workers' clients, see :func:`worker_stats`."""
-        return worker_stats(self._stats, self._client)
-
-    def close(self) -> None:
-        """Close this process's client (the next read opens a new one); in the process that
-        built the dataset, also remove the workers' stats (no longer collected)."""
-        self._client.close()
-        self._stats.close()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {len(self.paths)} samples>"
-
-
-class BlobSampler(elastic.Resumable, Sampler[int]):
-    """This rank's indices of ``data_source`` for one epoch: the same permutation and rank cut
-    as :class:`BlobIterableDataset` (every index once per epoch over all ranks, rank counts
-    within one), with ``set_epoch`` and a ``state_dict`` that ``StatefulDataLoader`` saves and
-    restores, so a resumed epoch yields exactly the indices that were left, in order."""
-
-    def __init__(
-        self, data_source: Sized, *, shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None
-    ) -> None:
-        rank, world_size = resolve_rank(rank, world_size)
-        self._sharding = Sharding(len(data_source), shuffle, seed, rank, world_size)
-        self.epoch = 0
-        self._pending: Position | None = None
-        self._current: Position | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iterations run; a loaded position stays if ``epoch`` is its epoch."""
-        self.epoch = check_epoch(epoch)
-        self._current = None
-        if self._pending is not None and self._pending.epoch != epoch:
-            self._pending = None
-
-    def __len__(self) -> int:
-        """This rank's indices per epoch: in an epoch resumed in another shape, its share of
-        what was left."""
-        position = self._pending or self._current
-        return elastic.count(self._sharding, position) if position is not None else self._sharding.count()
-
-    def __iter__(self) -> Iterator[int]:
-        if self._pending is None:
-            self._current = None  # a whole epoch starts
-        return self._indices()
-
-    def _indices(self) -> Iterator[int]:
-        # A loaded position is taken at the first index, not when the iterator is made (a
-        # DataLoader with workers makes one that it drops before the one it reads).
-        position = self._current = self._pending or Position(self.epoch)
-        self._pending = None
-        indices = elastic.indices(self._sharding, position)
-        for i in range(position.yielded, len(indices)):
-            position.yielded = i + 1
-            yield indices[i]
-
-    def state_dict(self) -> dict[str, object]:
-        position = self._pending or self._current or Position(self.epoch)
-        return {**self._sharding.identity(), **elastic.position_state(position)}
-
-    def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
-        """Resume where ``state`` was taken (by this same rank); or, given the states of every
-        rank of a job of any world size, resume its epoch with this rank's share of what was left."""
-        what, identity = type(self).__name__, self._sharding.identity()
-        if not elastic.is_states(state):
-            self._pending = elastic.restore_one(state, identity, what, self._sharding, (0, 1))
-            return
-        epoch, consumed = elastic.gather(state, elastic.shared(identity), what, self._sharding.samples, by_worker=False)
-        self._pending = Position(epoch, consumed=consumed)
