@@ -21,6 +21,9 @@ their workers start, and begin fetching, in the set-up phase.
   for concurrent use, and a training job reads whole samples.)  Its HTTP filesystem checks
   that a URL exists with a GET of its own before the GET that downloads it.
 - :func:`blobsdk_dataset` (e): ``blobsdk.torch.BlobIterableDataset`` over every tier.
+- :func:`blobsdk_map` and :func:`blobsdk_into`: the map-style ``BlobDataset`` (a bytearray per
+  sample, then the collate's copy) against ``BlobBatchDataset`` (each batch read straight into
+  its one tensor by ``get_many_into``), the same DataLoader over the same client config.
 - :func:`in_memory` (reference): the same DataLoader over samples already in host memory:
   what the loader itself costs, which no storage can beat; and :class:`WithL3Traffic`
   around it, the same while the L3 nodes serve another process at the job's demand: what
@@ -345,6 +348,37 @@ def blobsdk_dataset(config: blobsdk.ClientConfig, samples: Samples, workload: Wo
         prefetch_tier="l3",
     )
     return LoaderVariant(name, lambda: DataLoader(dataset, **loader_options(workload)), before_epoch=dataset.set_epoch)
+
+
+def blobsdk_map(config: blobsdk.ClientConfig, samples: Samples, workload: Workload, name: str = "blobsdk_map") -> LoaderVariant:
+    """``BlobDataset`` (map-style, shuffled by the DataLoader): a batch read through one
+    readahead, each sample a bytearray of its own, then the common collate's copy of them all
+    into one shared-memory tensor.  The baseline of :func:`blobsdk_into`."""
+    from blobsdk.torch import BlobDataset
+
+    dataset = BlobDataset(blobsdk_config(config), samples.paths, transform=_tensor_item, readahead=workload.batch_size)
+    return LoaderVariant(name, lambda: map_loader(dataset, workload), cleanup=dataset.close)
+
+
+def _as_batch(batch: Any) -> Batch:
+    """A SampleBatch as the job's Batch: the same tensor, no copy."""
+    return Batch(keys=batch.paths, sizes=batch.sizes, data=batch.data)
+
+
+def blobsdk_into(config: blobsdk.ClientConfig, samples: Samples, workload: Workload, name: str = "blobsdk_into") -> LoaderVariant:
+    """``BlobBatchDataset``, the same loader and order as :func:`blobsdk_map`: a batch read by
+    one ``get_many_into`` straight into its shared-memory tensor, which is what the loader
+    hands over (``collate_batch``): no buffer per sample, no collate copy."""
+    from blobsdk.torch import BlobBatchDataset, collate_batch
+
+    dataset = BlobBatchDataset(blobsdk_config(config), samples.paths, transform=_as_batch)
+    generator = torch.Generator().manual_seed(workload.seed)
+
+    def loader() -> DataLoader[Any]:
+        options = {**loader_options(workload), "collate_fn": collate_batch}
+        return DataLoader(dataset, shuffle=True, generator=generator, **options)
+
+    return LoaderVariant(name, loader, cleanup=dataset.close)
 
 
 # --- reference: the loader alone -------------------------------------------------------------------

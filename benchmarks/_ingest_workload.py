@@ -41,6 +41,7 @@ class Workload:
     copy_parallel: int = 10  # copy-then-train's concurrent downloads (the AWS CLI's default)
     readahead: int = 8  # blobsdk: reads in flight ahead of each worker's loop
     prefetch_window: int = 16  # blobsdk: samples per deep-prefetch window (each worker prefetches its next)
+    into_pairs: int = 2  # blobsdk_map / blobsdk_into rows, played in turn (their ratio's spread)
     seed: int = 0
 
     @property

@@ -155,6 +155,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -172,7 +174,17 @@ from servers.cluster import start_cluster
 from . import _ingest_peers as peers
 from . import _ingest_plot
 from ._ingest_job import JobResult, Variant, run_job
-from ._ingest_variants import CopyThenTrain, Naive, WithL3Traffic, blobsdk_dataset, fsspec_cached, in_memory, plain_http
+from ._ingest_variants import (
+    CopyThenTrain,
+    Naive,
+    WithL3Traffic,
+    blobsdk_dataset,
+    blobsdk_into,
+    blobsdk_map,
+    fsspec_cached,
+    in_memory,
+    plain_http,
+)
 from ._ingest_workload import FULL, QUICK, MiB, Samples, Workload
 from ._report import Report
 
@@ -308,16 +320,38 @@ def variants(
         lambda: CopyThenTrain(urls, workload, root / "copy"),
         lambda: fsspec_cached(urls, workload, root / "fsspec-cache"),
         lambda: blobsdk_dataset(config, samples, workload),
+        *map_and_into(config, samples, workload),
         lambda: WithL3Traffic(in_memory(samples, workload, "memory_l3_busy"), config, workload, root / "traffic"),
     ]
 
 
+def map_and_into(config: blobsdk.ClientConfig, samples: Samples, workload: Workload) -> list[Callable[[], Variant]]:
+    """``blobsdk_map`` and ``blobsdk_into`` in turn, ``into_pairs`` times (``_2``, ``_3``: the
+    later pairs): a batch per sample buffer and a collate copy, against one read into it."""
+    rows: list[Callable[[], Variant]] = []
+    for pair in range(workload.into_pairs):
+        tail = f"_{pair + 1}" if pair else ""
+        rows.append(lambda tail=tail: blobsdk_map(config, samples, workload, f"blobsdk_map{tail}"))
+        rows.append(lambda tail=tail: blobsdk_into(config, samples, workload, f"blobsdk_into{tail}"))
+    return rows
+
+
 def play(variant: Variant, workload: Workload, samples: Samples) -> JobResult:
-    """Run the job, then close the variant, whatever happened."""
+    """Run the job, then close the variant, whatever happened.  ``workers_cpu_s``: the CPU
+    seconds of the processes the variant started and stopped (its DataLoader workers, once
+    joined; the background reader of ``memory_l3_busy``)."""
+    before = _children_cpu_s()
     try:
-        return run_job(variant, workload, samples)
+        result = run_job(variant, workload, samples)
     finally:
         variant.close()
+    result.extra["workers_cpu_s"] = _children_cpu_s() - before
+    return result
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def load(config: blobsdk.ClientConfig, samples: Samples) -> list[str]:
@@ -397,6 +431,7 @@ def report(results: dict[str, JobResult], skipped: dict[str, str] | None = None)
     out.metrics["utilisation"] = ours.utilisation
     for name in BASELINES:
         out.ratios[f"ingest_vs_{name}"] = results[name].ingest_s / max(ours.ingest_s, 1e-3)
+    _into_vs_map(out, results)
     ran = [name for name in peers.PEERS if name in results]
     if ran and "blobsdk_s3" in results:
         best = min(ran, key=lambda name: results[name].ingest_s)
@@ -405,6 +440,32 @@ def report(results: dict[str, JobResult], skipped: dict[str, str] | None = None)
     out.skipped.update(skipped or {})
     out.goals.update({key: goal for key, goal in GOALS.items() if key in out.ratios or key in out.metrics})
     return out
+
+
+def _into_vs_map(out: Report, results: dict[str, JobResult]) -> None:
+    """``into_vs_map``: blobsdk_map's ingestion time / blobsdk_into's, the median of the pairs
+    (``_lo``, ``_hi``: their least and greatest); ``into_vs_map_workers_cpu`` the same of
+    their workers' CPU seconds."""
+    pairs = [(results[f"blobsdk_map{t}"], results[f"blobsdk_into{t}"]) for t in _pair_tails(results)]
+    if not pairs:
+        return
+    for key, figure in (("into_vs_map", _ingest_s), ("into_vs_map_workers_cpu", _workers_cpu_s)):
+        ratios = [figure(m) / max(figure(i), 1e-3) for m, i in pairs]
+        out.ratios[key] = statistics.median(ratios)
+        out.metrics[f"{key}_lo"], out.metrics[f"{key}_hi"] = min(ratios), max(ratios)
+
+
+def _pair_tails(results: dict[str, JobResult]) -> list[str]:
+    tails = [name.removeprefix("blobsdk_into") for name in results if name.startswith("blobsdk_into")]
+    return [t for t in tails if f"blobsdk_map{t}" in results]
+
+
+def _ingest_s(result: JobResult) -> float:
+    return result.ingest_s
+
+
+def _workers_cpu_s(result: JobResult) -> float:
+    return result.extra["workers_cpu_s"]
 
 
 def _say(*lines: str) -> None:

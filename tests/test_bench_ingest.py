@@ -34,7 +34,9 @@ TINY = Workload(
     copy_parallel=4,
     readahead=4,
     prefetch_window=4,  # each worker has ~6 samples: its second window is prefetched
+    into_pairs=1,
 )
+INTO = ("into_vs_map", "into_vs_map_workers_cpu")
 
 
 def test_every_variant_feeds_the_job_every_sample_each_epoch(tmp_path: Path) -> None:
@@ -47,7 +49,8 @@ def test_every_variant_feeds_the_job_every_sample_each_epoch(tmp_path: Path) -> 
             variant = make()
             results[variant.name] = ingest.play(variant, TINY, samples)  # WrongData if a byte or sample is off
             played.append(variant)
-    assert list(results) == ["memory", "naive", "dataloader", "copy", "fsspec", "blobsdk", "memory_l3_busy"]
+    rows = ["memory", "naive", "dataloader", "copy", "fsspec", "blobsdk", "blobsdk_map", "blobsdk_into", "memory_l3_busy"]
+    assert list(results) == rows
     traffic = played[-1]
     assert isinstance(traffic, WithL3Traffic)
     assert traffic._reader.returncode is not None  # the background reader stopped with its variant
@@ -56,9 +59,12 @@ def test_every_variant_feeds_the_job_every_sample_each_epoch(tmp_path: Path) -> 
     assert multiprocessing.active_children() == []  # every loader's workers stopped
     assert not (tmp_path / "copy").exists() and not (tmp_path / "fsspec-cache").exists()
     report = ingest.report(results)
-    assert set(report.ratios) == {"ingest_vs_naive", "ingest_vs_dataloader", "ingest_vs_copy", "ingest_vs_fsspec"}
+    assert set(report.ratios) == {"ingest_vs_naive", "ingest_vs_dataloader", "ingest_vs_copy", "ingest_vs_fsspec", *INTO}
+    assert report.metrics["into_vs_map_lo"] == report.ratios["into_vs_map"] == report.metrics["into_vs_map_hi"]
+    assert all(results[name].extra["workers_cpu_s"] > 0 for name in ("dataloader", "blobsdk", "blobsdk_map", "blobsdk_into"))
+    assert results["naive"].extra["workers_cpu_s"] == 0
     assert report.metrics["utilisation"] == results["blobsdk"].utilisation
-    assert set(report.goals) == {*report.ratios, "utilisation"}
+    assert set(report.goals) == {*report.ratios, "utilisation"} - set(INTO)
 
 
 def test_each_sample_has_its_own_block_url_with_its_bytes(tmp_path: Path) -> None:
