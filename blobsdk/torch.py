@@ -5,7 +5,10 @@ are built like the client: ``config`` is a :class:`~blobsdk.ClientConfig` or a `
 path, and ``X.local(dir, paths_or_prefix, ...)`` is the embedded store.  ``paths_or_prefix`` is a
 list of blob paths (kept in its order) or a prefix ending in ``/``, listed once, sorted, when the
 dataset is built, so every worker and rank works on the same list.  An item is
-``transform((path, data))``, by default that pair itself.
+``transform((path, data))``, by default that pair itself.  ``BlobBatchDataset`` (map-style too)
+reads each DataLoader batch straight into one tensor instead (``get_many_into``: no buffer per
+sample, no collate copy); it, ``BlobDataset`` and ``BlobSampler`` live in
+blobsdk/integrations/mapstyle.py, which says how.
 
 **Data is a bytearray**, the client's own buffer: no copy, and writable, so
 ``torch.frombuffer(data, dtype=torch.uint8)`` and ``numpy.frombuffer`` need no copy and raise no

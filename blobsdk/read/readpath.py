@@ -29,6 +29,11 @@ that reads no spans (a block server, S3) gets them one at a time (``_direct``). 
 floor (``preadv`` from the page cache and xxh3 on both cores) and 0.33-0.34 before groups
 (``benchmarks checkpoint --quick``).
 
+The caller's memory (``get_into``, ``get_many_into``: ``read_ranges_into``): a client without
+L1 reads as a one-off read does, so whole chunks from a lone L4 replica go straight into the
+caller's buffer (a lone chunk with no task of its own: ``_direct_job``); with L1 the chunks
+are filled into it as ``read`` fills them and copied out.
+
 Priority: each fetch carries a :class:`~blobsdk.tail.demand.Demand` down to the limiters its
 requests queue at: foreground for a reader's fetch, prefetch for :meth:`ReadPath.warm`'s.  A
 reader that joins a fetch a prefetch started promotes it, so it never waits at prefetch
