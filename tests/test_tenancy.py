@@ -224,6 +224,34 @@ async def test_a_selective_checkpoint_load_gets_fresh_grants_for_only_its_chunks
         assert cache.peek(path).grants_expire not in (0, expires)  # type: ignore[union-attr]  # fetched again
 
 
+async def test_get_into_and_get_many_into_ask_for_fresh_grants_once(deployment: Deployment) -> None:
+    """A cached plan whose grants the data servers refuse (the client thinks them good for an
+    hour): get_into and get_many_into fetch the plans again, once, and read."""
+    d = deployment
+    token = d.tenancy.token("acme", "train", ttl=7 * 86400)
+    data = {"/train/i0": os.urandom(150_000), "/train/i1": os.urandom(3000)}
+    async with d.client(token, l1=blobsdk.L1Config(capacity_bytes=0)) as c:
+        for path, blob in data.items():
+            await c.put(path, blob)
+        cache = c._open.plans
+
+        async def spoil() -> None:
+            stale, expires = int(time.time()) - 100, int(time.time()) + 3600
+            for path in data:
+                plan = await cache.get_plan(path)
+                chunks = [d.tenancy.granted(ch, "acme", ttl=0, now=stale) for ch in plan.chunks]
+                cache._plans[path] = msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=expires)
+
+        await spoil()
+        out = bytearray(150_000)
+        assert await c.get_into("/train/i0", out) == 150_000 and out == data["/train/i0"]
+        await spoil()
+        made: list[bytearray] = []
+        sizes = await c.get_many_into(list(data), lambda total: made.append(bytearray(total)) or made[-1])
+        assert sizes == [150_000, 3000] and len(made) == 2  # allocated again for the second read
+        assert made[-1] == data["/train/i0"] + data["/train/i1"]
+
+
 async def test_a_static_service_token_is_an_admin_only_where_it_is_configured(deployment: Deployment) -> None:
     d = deployment
     async with aiohttp.ClientSession() as session:
