@@ -207,7 +207,7 @@ async def test_get_many_into_reads_small_blobs_of_one_block_as_one_group(tmp_pat
     ):
         items = [(f"/b/{i:02d}", data_of(1000 + 17 * i, i)) for i in range(20)]
         await c.put_many(items)
-        order = [path for path, _ in items][::-1] + ["/b/03", "/b/03"]  # a path twice: two windows
+        order = [*[path for path, _ in items][::-1], "/b/03", "/b/03"]  # a path twice: two windows
         made: list[int] = []
 
         def batch(total: int) -> torch.Tensor:
