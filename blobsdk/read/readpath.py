@@ -249,8 +249,9 @@ class ReadPath:
 
     async def _direct_job(self, out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> bool:
         """A lone job's whole chunk straight into its window, with no task of its own (a
-        ``get_into`` of one chunk): as a group of one, else by ``_direct``; False (nothing
-        read) if the chunk is cut by the window or cannot go direct.  A 16 KiB get_into cost
+        ``get_into`` of one chunk, a restore of one): as a group of one, else by the tier's
+        ``fetch_into``; False (nothing read) if the chunk is cut by the window or cannot go
+        direct.  A 16 KiB get_into cost
         more than a get through the groups' tasks (``benchmarks get_into --quick``: 10.3
         CPU-s/GB, against 8.7 for get; 9.3 against 10.7 with this)."""
         lo = chunk_start - start
