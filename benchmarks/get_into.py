@@ -20,6 +20,9 @@ Scenarios (FULL / QUICK):
 - ``16k_batch``: the same blobs in batches of 64: ``gather`` of 64 ``get`` then a copy of each
   into a batch array, against one ``get_many_into`` into it (a block's chunks in one request).
 - ``4m_cluster``: a lone block server process over HTTP, no L1, the 4 MiB blobs.
+- ``loader``: a torch DataLoader, 4 workers, over 300 / 100 embedded samples of 64 KiB-8 MiB
+  (log-uniform), no L1: ``BlobDataset`` and a collate copy against ``BlobBatchDataset``
+  (``loader_into_vs_map``, and each one's workers' CPU per GB).
 
 Measured (three full runs, shared 2-core machine at load 7-10; docs/benchmarks.md has the
 table): ``get_into`` over ``get`` + copy 1.9-2.8 (``4m_l4``), 1.7-1.8 (``4m_l1``), 1.3
@@ -31,12 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -59,10 +65,11 @@ class Sizes:
     big: int  # 4 MiB blobs
     small: int  # 16 KiB blobs
     rounds: int
+    loader_samples: int  # the DataLoader scenario's samples, 64 KiB-8 MiB
 
 
-FULL = Sizes(big=64, small=4096, rounds=7)
-QUICK = Sizes(big=16, small=1024, rounds=3)
+FULL = Sizes(big=64, small=4096, rounds=7, loader_samples=300)
+QUICK = Sizes(big=16, small=1024, rounds=3, loader_samples=100)
 
 
 @dataclass
@@ -170,7 +177,80 @@ async def run(quick: bool = False) -> Report:
             assert client.stats()["l4"]["hits"] == len(big), "L1 did not hold the blobs"
             scenario.report(out, "get_into")
         await _cluster(root / "cluster", big, sizes, out)
+        await asyncio.to_thread(_loaders, root / "loader", sizes, out)
     return out
+
+
+def _loaders(root: Path, sizes: Sizes, out: Report) -> None:
+    """``loader``: a DataLoader (4 workers, persistent, shuffled, batches of 8) over an embedded
+    store without L1, ``BlobDataset`` + the ingest benchmark's collate (a bytearray per sample,
+    then one copy into a shared-memory batch) against ``BlobBatchDataset`` (each batch read
+    straight into its shared-memory tensor); 2 epochs a round, in turn.  The workers' CPU is
+    theirs once joined (``RUSAGE_CHILDREN``)."""
+    from blobsdk.torch import BlobBatchDataset, BlobDataset, collate_batch
+
+    from ._ingest_variants import _as_batch, _tensor_item, collate
+
+    rng = np.random.default_rng(0)
+    lengths = np.exp(rng.uniform(np.log(64 * KiB), np.log(8 * MiB), sizes.loader_samples)).astype(int).tolist()
+    paths = [f"/bench/loader/{i:04d}" for i in range(len(lengths))]
+    with blobsdk.SyncClient.local(root) as client:
+        client.put_many((path, os.urandom(n)) for path, n in zip(paths, lengths, strict=True))
+    gb = 2 * sum(lengths) / 1e9
+    wall: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    for r in range(sizes.rounds):
+        for kind in ("map", "into") if r % 2 == 0 else ("into", "map"):
+            if kind == "map":
+                dataset: Any = BlobDataset.local(root, paths, l1=NO_L1, transform=_tensor_item, readahead=8)
+                collate_fn: Any = collate
+            else:
+                dataset, collate_fn = BlobBatchDataset.local(root, paths, l1=NO_L1, transform=_as_batch), collate_batch
+            seconds, workers = _two_epochs(dataset, collate_fn)
+            wall.setdefault(kind, []).append(seconds)
+            cpu.setdefault(kind, []).append(workers)
+    ratios = [m / i for m, i in zip(wall["map"], wall["into"], strict=True)]
+    out.ratios["loader_into_vs_map"] = statistics.median(ratios)
+    out.metrics["loader_into_vs_map_lo"], out.metrics["loader_into_vs_map_hi"] = min(ratios), max(ratios)
+    for kind in wall:
+        out.metrics[f"loader_{kind}_GBps"] = gb / statistics.median(wall[kind])
+        out.metrics[f"loader_{kind}_workers_cpu_s_per_GB"] = statistics.median(cpu[kind]) / gb
+    _say("loader", wall, cpu, gb)
+
+
+def _two_epochs(dataset: Any, collate_fn: Any) -> tuple[float, float]:
+    """Wall seconds of two epochs once the workers are up, and the workers' CPU seconds."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    before = _children_cpu_s()
+    generator = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        loader = DataLoader(
+            dataset,
+            batch_size=8,
+            shuffle=True,
+            generator=generator,
+            num_workers=4,
+            persistent_workers=True,
+            collate_fn=collate_fn,
+        )
+        batches = iter(loader)
+    first = next(batches)
+    start = time.perf_counter()
+    for epoch in range(2):
+        for _ in batches if epoch == 0 else iter(loader):
+            pass
+    seconds = time.perf_counter() - start
+    del first, batches, loader  # the workers stop and are joined
+    dataset.close()
+    return seconds, _children_cpu_s() - before
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def _cluster(root: Path, big: list[tuple[str, bytes]], sizes: Sizes, out: Report) -> None:
