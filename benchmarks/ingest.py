@@ -28,7 +28,14 @@ DataLoader over samples already in memory, the loader's own cost), (a) ``naive``
 prefetch_tier="l3")``), then ``memory_l3_busy`` (reference: ``memory`` again while another
 process reads the dataset from L3 at the job's demand, benchmarks/_ingest_traffic.py: the
 loader's cost when the L3 nodes do what blobsdk's warm epochs make them do on the same 2
-cores).  Every DataLoader has 4 workers, persistent, started in the set-up phase, and the
+cores).  Between them, ``blobsdk_map`` and ``blobsdk_into`` in turn, ``into_pairs`` times
+(later pairs ``_2``, ...): ``BlobDataset`` with the common collate against ``BlobBatchDataset``
+(each batch read straight into its shared-memory tensor), the same DataLoader and client
+config; ratio ``into_vs_map`` (and ``_workers_cpu``), the median of the pairs with their
+``_lo``/``_hi``.  Every row reports ``workers_cpu_s``, the CPU of the processes it started
+(its workers, once joined).  Two quick runs, load 9-13: ``into_vs_map`` 0.71 / 0.96, within
+the noise; the warm epochs come from L3, whose chunks are copied into the batch once either
+way (docs/benchmarks.md).  Every DataLoader has 4 workers, persistent, started in the set-up phase, and the
 same collate function (one shared-memory tensor per batch).
 
 **Figures**: per variant ``_ingest_s`` (wall time not spent computing, set-up phase
