@@ -28,7 +28,7 @@ DataLoader over samples already in memory, the loader's own cost), (a) ``naive``
 prefetch_tier="l3")``), then ``memory_l3_busy`` (reference: ``memory`` again while another
 process reads the dataset from L3 at the job's demand, benchmarks/_ingest_traffic.py: the
 loader's cost when the L3 nodes do what blobsdk's warm epochs make them do on the same 2
-cores).  Between them, ``blobsdk_map`` and ``blobsdk_into`` in turn, ``into_pairs`` times
+cores).  Between ``blobsdk`` and ``memory_l3_busy``: ``blobsdk_map`` and ``blobsdk_into`` in turn, ``into_pairs`` times
 (later pairs ``_2``, ...): ``BlobDataset`` with the common collate against ``BlobBatchDataset``
 (each batch read straight into its shared-memory tensor), the same DataLoader and client
 config; ratio ``into_vs_map`` (and ``_workers_cpu``), the median of the pairs with their
