@@ -186,7 +186,7 @@ async def test_expired_grants_are_refused_and_the_client_asks_for_fresh_ones(dep
         # data servers refuse them, and the client fetches the plan again, once.
         stale = int(time.time()) - 100
         chunks = [d.tenancy.granted(ch, "acme", ttl=0, now=stale) for ch in plan.chunks]
-        cache._plans["/train/a.bin"] = msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=stale)
+        cache._plans.set("/train/a.bin", msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=stale), float("inf"))
         assert await c.get("/train/a.bin") == data
         assert cache.peek("/train/a.bin").grants_expire > time.time()  # type: ignore[union-attr]
         # Data servers whose clock is past the expiry (plus the skew) of fresh grants too.
@@ -218,7 +218,7 @@ async def test_a_selective_checkpoint_load_gets_fresh_grants_for_only_its_chunks
         # Grants the data servers refuse, in a plan the cache still serves (the client thinks
         # they are good for an hour: a long pause, a clock far behind).
         expires = int(time.time()) + 3600
-        cache._plans[path] = msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=expires)
+        cache._plans.set(path, msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=expires), float("inf"))
         loaded = await c.checkpoints("/train/ck").load(1, select=lambda name: name == ("b",))
         assert list(loaded) == ["b"] and np.array_equal(loaded["b"], state["b"])
         assert cache.peek(path).grants_expire not in (0, expires)  # type: ignore[union-attr]  # fetched again
@@ -240,7 +240,7 @@ async def test_get_into_and_get_many_into_ask_for_fresh_grants_once(deployment: 
             for path in data:
                 plan = await cache.get_plan(path)
                 chunks = [d.tenancy.granted(ch, "acme", ttl=0, now=stale) for ch in plan.chunks]
-                cache._plans[path] = msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=expires)
+                cache._plans.set(path, msgspec.structs.replace(plan, chunks=tuple(chunks), grants_expire=expires), float("inf"))
 
         await spoil()
         out = bytearray(150_000)
