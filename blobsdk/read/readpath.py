@@ -188,8 +188,8 @@ class ReadPath:
         reuses it) and is copied out of it.  A client without L1 reads as a one-off read: its
         whole uncompressed chunks from a lone-replica L4 go straight into ``out`` and are
         verified there; the rest (a chunk cut by the range, lz4, one fetched from L2, L3, a
-        peer or a hedged L4) land in a pooled buffer, copied into ``out`` and given back to
-        the pool, unless L2 keeps it."""
+        peer or a hedged L4) land in a buffer of the tier's, are copied into ``out``, and the
+        buffer is given back to the pool unless L2 keeps it."""
         counts: list[int] = []
         jobs: list[_Job] = []
         for plan, offset, out in reads:
