@@ -4,8 +4,10 @@ buffer rules, ReadPath.read_ranges_into for where the bytes come from)."""
 from __future__ import annotations
 
 import array
+import asyncio
 import mmap
 import random
+import threading
 from pathlib import Path
 
 import msgspec
@@ -17,6 +19,7 @@ import blobsdk
 from blobsdk.config import L1Config, L2Config
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
+from blobsdk.sources import localread
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from servers.cluster import start_cluster
@@ -332,3 +335,52 @@ async def test_over_a_cluster(tmp_path: Path, servers: int, l3_nodes: int, tier:
             assert await c.get_many_into(paths, batch) == [3000 + i for i in range(5)]
             assert batch == b"".join(data_of(3000 + i, i) for i in range(5))
             assert c.stats()[tier]["hits"] > 0
+
+
+class GatedSpans(LocalBlockStore):
+    """A local store whose span reads stop, after the first span is in, until released."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.started, self.release = asyncio.Event(), threading.Event()
+        self.checked: list[int] = []
+
+    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+        loop = asyncio.get_running_loop()
+
+        def gated(i: int) -> None:
+            assert check is not None
+            check(i)
+            if i == 0:
+                loop.call_soon_threadsafe(self.started.set)
+                self.release.wait()
+            self.checked.append(i)
+
+        return await super().read_spans(block_id, spans, check=gated, attempt=attempt)
+
+
+async def test_a_cancelled_get_many_into_ends_only_when_nothing_writes_into_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while the store's thread is inside its read, get_many_into waits for that
+    thread before the cancellation goes on; the thread reads nothing after its run."""
+    monkeypatch.setattr(localread, "RUN_BYTES", 1)  # each chunk a run of its own
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        GatedSpans(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, l1=NO_L1) as c,
+    ):
+        items = [(f"/b/{i}", data_of(2000, i)) for i in range(3)]
+        await c.put_many(items)
+        out, paths = bytearray(6000), [path for path, _ in items]
+        task = asyncio.create_task(c.get_many_into(paths, out))
+        await blocks.started.wait()
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done()  # waiting for the store's thread
+        blocks.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert blocks.checked == [0]
+        assert out == items[0][1] + bytes(4000)
