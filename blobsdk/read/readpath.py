@@ -51,7 +51,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from ..errors import BadRequest, Unavailable
-from ..runtime.buffers import BufferPool
+from ..runtime.buffers import BufferPool, uninitialized
 from ..runtime.singleflight import SingleFlight
 from ..runtime.tasks import task_group
 from ..tail.demand import Demand, Priority
@@ -141,9 +141,11 @@ class ReadPath:
         jobs = _overlapping(plan.chunks, start, end)
         if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
             return await self._whole_chunk(jobs[0][0])
-        out = bytearray(end - start)
+        # unzeroed when the chunks fill every byte of it (a plan's always do), else zeroed
+        out = uninitialized(end - start) if _tiles(jobs, start, end) else bytearray(end - start)
         window = memoryview(out)
-        await self._read_jobs([(window, start, ref, chunk_start) for ref, chunk_start in jobs], one_off=False)
+        # with L4 the only tier, no read fills anything: every get reads as a one-off one does
+        await self._read_jobs([(window, start, ref, chunk_start) for ref, chunk_start in jobs], one_off=len(self.tiers) == 1)
         return out
 
     async def read_into(self, plan: ReadPlan, out: memoryview | Sequence[memoryview], *, fill_memory: bool = True) -> None:
@@ -289,7 +291,7 @@ class ReadPath:
         hi = min(chunk_start + ref.raw_length, start + len(out))
         raw, sole = await self._chunk(ref, self._one_off_top if one_off else 0)
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
-        if sole and one_off:  # copied out, and nobody else has it: this read's next fetch reads into it
+        if sole:  # copied out, and nobody else has it: the next fetch reads into it
             self.buffers.give(raw)
 
     async def _direct(self, ref: ChunkRef, window: memoryview) -> bool:
@@ -363,6 +365,16 @@ def _overlapping(chunks: Sequence[ChunkRef], start: int, end: int, starts: list[
     first = bisect.bisect_right(starts, start) - 1
     last = bisect.bisect_left(starts, end)
     return [(chunks[i], starts[i]) for i in range(first, min(last, len(chunks)))]
+
+
+def _tiles(jobs: list[tuple[ChunkRef, int]], start: int, end: int) -> bool:
+    """Whether ``jobs`` (from ``_overlapping``) cover every byte of ``[start, end)``."""
+    at = start
+    for ref, chunk_start in jobs:
+        if chunk_start > at:
+            return False
+        at = max(at, chunk_start + ref.raw_length)
+    return at >= end
 
 
 def _window(out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> memoryview:
