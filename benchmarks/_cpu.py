@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from blobsdk.runtime.buffers import uninitialized
+
 from ._report import Report
 
 GB = 1e9
@@ -83,6 +85,23 @@ def floor_cpu_s_per_gb(sample: bytes | bytearray | memoryview, min_seconds: floa
     return (time.process_time() - cpu) / (done / GB)
 
 
+def fresh_floor_cpu_s_per_gb(sample: bytes | bytearray | memoryview, out_bytes: int, min_seconds: float = FLOOR_SECONDS) -> float:
+    """The floor of a read that returns new memory: CPU seconds per GB of copying ``sample``
+    over a new, unzeroed ``out_bytes`` buffer (the kernel zeroes each page at its first
+    touch) and hashing it, the buffer freed after each pass."""
+    src = np.frombuffer(sample, dtype=np.uint8)
+    done, begun, cpu = 0, time.perf_counter(), time.process_time()
+    while not done or time.perf_counter() - begun < min_seconds:
+        # malloc'd as a get's result is (numpy would advise huge pages: see runtime/buffers.py)
+        out = np.frombuffer(uninitialized(max(out_bytes, src.nbytes)), dtype=np.uint8)
+        for at in range(0, out.nbytes - src.nbytes + 1, src.nbytes):
+            np.copyto(out[at : at + src.nbytes], src)
+            xxhash.xxh3_64_intdigest(out[at : at + src.nbytes])
+            done += src.nbytes
+        del out
+    return (time.process_time() - cpu) / (done / GB)
+
+
 def record_rows(report: Report, rows: dict[str, Row]) -> None:
     """Each path's median MB/s and its CPU seconds per GB."""
     for name, row in rows.items():
@@ -109,3 +128,9 @@ def record_cpu(report: Report, floor: float, rows: dict[str, Row], names: list[s
         key = f"{name}_cpu_vs_floor"
         report.ratios[key] = rows[name].cpu_s_per_gb() / floor
         report.goals[key] = CPU_GOAL
+
+
+def record_cpu_vs(report: Report, rows: dict[str, Row], pairs: list[tuple[str, str]]) -> None:
+    """``OURS_cpu_vs_BASE``: a path's CPU per GB over its plain baseline's (lower is better)."""
+    for ours, base in pairs:
+        report.ratios[f"{ours}_cpu_vs_{base}"] = rows[ours].cpu_s_per_gb() / rows[base].cpu_s_per_gb()

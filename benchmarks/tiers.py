@@ -43,7 +43,7 @@ from blobsdk.config import L1Config, L2Config, Timeouts
 from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
-from ._cpu import Row, floor_cpu_s_per_gb, interleave, measured, record_cpu, record_ratio, record_rows
+from ._cpu import Row, floor_cpu_s_per_gb, interleave, measured, record_cpu, record_cpu_vs, record_ratio, record_rows
 from ._report import Report
 from .put_get import TrivialServer
 
@@ -126,6 +126,7 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
         floor = floor_cpu_s_per_gb(samples[0])
     record_rows(report, measured_paths)
     record_cpu(report, floor, measured_paths, ["l1", "l2", "l3"])
+    record_cpu_vs(report, measured_paths, [("l1", "memcpy"), ("l2", "file"), ("l3", "http")])
     for key, ours, theirs, goal in RATIOS:
         record_ratio(report, key, measured_paths[ours], measured_paths[theirs], goal)
 
