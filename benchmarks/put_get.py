@@ -1,13 +1,22 @@
 """put_get: the foundation's data path against the plainest baselines, in one run.
 
 - ``get_vs_file``: embedded ``get`` of a blob vs ``readinto`` of the same bytes from a local
-  file (both from the page cache).  Goal >= 0.5.
-- ``put_vs_file``: embedded ``put`` vs ``write`` + ``fsync`` of the same bytes.  Goal >= 0.5.
+  file into a new bytearray (both from the page cache).  Goal >= 0.9.
+- ``put_vs_file``: embedded ``put`` vs ``write`` + ``fsync`` of the same bytes (best of 2).
+  Goal >= 0.5.
 - ``cluster_get_vs_http``: cluster ``get`` (API server + 3 block servers, separate
   processes) vs one plain aiohttp GET of the same bytes from a trivial aiohttp server
   process.  Goal >= 0.5.
 - ``plan_p50_ms`` / ``plan_p99_ms``: getReadPlan latency through the API server, single
   path; ``plan_batch100_*``: a batch of 100 paths.  Goal p50 single <= 2 ms.
+
+Each get and its baseline are measured interleaved (benchmarks/_cpu.py): one of each per
+round, the order reversed every other round, 5 rounds with ``--quick`` and 11 in a full run,
+of the same 256 MiB blob; a ratio is the median of the per-round ratios, with ``_min`` and
+``_max``.  Client CPU per GB of each (``*_cpu_s_per_GB``), against two floors measured in
+the same run: ``floor_cpu_s_per_GB`` (memcpy into a reused buffer + xxh3: ``*_cpu_vs_floor``,
+goal <= 1.5) and ``fresh_floor_cpu_s_per_GB`` (the same into a new 256 MiB buffer, as a
+get's result is: every page faulted in and zeroed by the kernel at its first touch).
 """
 
 from __future__ import annotations

@@ -8,17 +8,26 @@ sample once, shuffled, 16 reads in flight.  Epochs, each from one tier only:
 - L1 hits; L2 hits (L1 disabled); L3 hits (L1 and L2 disabled).
 
 Every warm epoch and every baseline repeats whole passes for at least ``MIN_MEASURE_S``
-(1 s), so ``--quick`` (fewer samples) measures the same sustained throughput as a full run.
+(0.5 s), so ``--quick`` (fewer samples) measures the same sustained throughput as a full
+run, and they run interleaved (benchmarks/_cpu.py): each round measures every path and
+baseline once, in turn, the order reversed every other round; 5 rounds with ``--quick``,
+9 in a full run.  The L1, L2 and L3 clients and the baselines stay open through the rounds.
 
-Ratios, each against a baseline measured in the same run:
+Ratios, each the median of the per-round ratios against a baseline measured in the same
+round, with ``_min`` and ``_max``:
 
 - ``l1_vs_memcpy``: L1 epoch vs a numpy copy of each sample (``a.copy()``: a new buffer
   per sample, as a get returns one) (goal >= 0.5); ``l1_vs_memcpy_reused`` is the stricter
-  ceiling: copies into one reused, cache-hot buffer;
+  ceiling: copies into one reused, cache-hot buffer (best of 3, not interleaved);
 - ``l2_vs_file``: L2 epoch vs reading the same bytes from local files (goal >= 0.6);
 - ``l3_vs_http``: L3 epoch vs plain aiohttp GETs of the same bytes from a trivial server
-  process (goal >= 0.7);
+  process (goal >= 0.9);
 - ``warm_vs_cold``: L1 epoch vs cold epoch (goal >= 5).
+
+Client CPU: ``*_cpu_s_per_GB`` of every path and baseline (``process_time`` of this process
+over the rounds), ``floor_cpu_s_per_GB`` (memcpy + xxh3 of a sample, same run), and
+``l1/l2/l3_cpu_vs_floor`` (goal <= 1.5); ``l2_cpu_vs_file``, ``l3_cpu_vs_http``: a tier's CPU
+per GB over its plain baseline's.
 
 Metrics: ``small_reads_per_s`` (sequential gets of 4 KiB blobs served from L1, one process;
 goal >= 50,000) and ``plan_lookup_us`` (a cached read-plan lookup; goal <= 20).
