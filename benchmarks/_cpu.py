@@ -14,8 +14,9 @@ different machine: on the shared 2-core host ``l3_vs_http`` swung 0.53-1.0 and
 ``get_vs_file`` 0.39-0.62 between runs of the same code.  :func:`interleave` measures every
 path once per round, in turn, reversing the order every other round (A B, B A: a drift
 over the run falls on both alike), for as many rounds as asked; a ratio is the median of
-the per-round ratios (each from one round, minutes of noise apart from none), reported
-with its min and max (``*_min`` / ``*_max``), so a 10% change shows above the spread.
+the per-round ratios (each from one round: the pair measured moments apart), reported with
+its quartiles (``*_p25`` / ``*_p75``; each round's ratio in the JSON's details), so a 10%
+change shows above the spread.
 ``--quick`` runs fewer rounds of the same measurement, not a different one.
 """
 
@@ -110,12 +111,13 @@ def record_rows(report: Report, rows: dict[str, Row]) -> None:
 
 
 def record_ratio(report: Report, key: str, ours: Row, base: Row, goal: str) -> list[float]:
-    """``key``: the median of ours / base over the rounds (each round's pair), with its min
-    and max; returns the per-round ratios."""
+    """``key``: the median of ours / base over the rounds (each round's pair), with its
+    quartiles; returns the per-round ratios (also in the report's details)."""
     ratios = [o / b for o, b in zip(ours.mbps(), base.mbps(), strict=True)]
-    report.ratios[key] = statistics.median(ratios)
-    report.ratios[f"{key}_min"] = min(ratios)
-    report.ratios[f"{key}_max"] = max(ratios)
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    report.ratios[key] = median
+    report.ratios[f"{key}_p25"] = q1
+    report.ratios[f"{key}_p75"] = q3
     report.goals[key] = goal
     report.details.setdefault("rounds", {})[key] = [round(r, 3) for r in ratios]
     return ratios

@@ -11,7 +11,7 @@
   path; ``plan_batch100_*``: a batch of 100 paths.  Goal p50 single <= 2 ms.
 
 Each get and its baseline are measured interleaved (benchmarks/_cpu.py): one of each per
-round, the order reversed every other round, 5 rounds with ``--quick`` and 11 in a full run,
+round, the order reversed every other round, 7 rounds with ``--quick`` and 15 in a full run,
 of the same 256 MiB blob; a ratio is the median of the per-round ratios, with ``_min`` and
 ``_max``.  Client CPU per GB of each (``*_cpu_s_per_GB``), against two floors measured in
 the same run: ``floor_cpu_s_per_GB`` (memcpy into a reused buffer + xxh3: ``*_cpu_vs_floor``,
@@ -44,8 +44,8 @@ from ._report import Report, best_of, percentile
 MiB = 1 << 20
 SIZE = 256 * MiB  # quick and full alike: the same measurement, quick in fewer rounds
 CHUNK = 4 * MiB  # the floor's sample: one chunk
-QUICK_ROUNDS = 5
-FULL_ROUNDS = 11
+QUICK_ROUNDS = 7
+FULL_ROUNDS = 15
 PUT_REPEATS = 2
 NO_L1 = L1Config(capacity_bytes=0)  # every get reads L4: this benchmark is about the data path, not caches
 

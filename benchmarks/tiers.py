@@ -7,14 +7,16 @@ sample once, shuffled, 16 reads in flight.  Epochs, each from one tier only:
 - cold: nothing cached anywhere (L1, L2 and the L3 nodes fill on the way);
 - L1 hits; L2 hits (L1 disabled); L3 hits (L1 and L2 disabled).
 
-Every warm epoch and every baseline repeats whole passes for at least ``MIN_MEASURE_S``
-(0.5 s), so ``--quick`` (fewer samples) measures the same sustained throughput as a full
-run, and they run interleaved (benchmarks/_cpu.py): each round measures every path and
-baseline once, in turn, the order reversed every other round; 5 rounds with ``--quick``,
-9 in a full run.  The L1, L2 and L3 clients and the baselines stay open through the rounds.
+The warm tiers and the baselines are measured in interleaved rounds (benchmarks/_cpu.py):
+each round reads one window of 32 samples (128 MiB) from every path and baseline, in turn,
+the order reversed every other round; 9 rounds with ``--quick``, 15 in a full run, so both
+measure the same thing (issue 8: one ~0.1 s quick pass per path, a minute from its
+baseline, gave l3_vs_http anywhere from 0.55 to 1.95 for the same code; issue 26: 1 s
+passes, baselines after the tiers, still 0.53-1.0).  The L1, L2 and L3 clients and the
+baselines stay open through the rounds.
 
 Ratios, each the median of the per-round ratios against a baseline measured in the same
-round, with ``_min`` and ``_max``:
+round, with its spread (``_p25``, ``_p75``; every round's ratio is in the JSON's details):
 
 - ``l1_vs_memcpy``: L1 epoch vs a numpy copy of each sample (``a.copy()``: a new buffer
   per sample, as a get returns one) (goal >= 0.5); ``l1_vs_memcpy_reused`` is the stricter
@@ -27,7 +29,11 @@ round, with ``_min`` and ``_max``:
 Client CPU: ``*_cpu_s_per_GB`` of every path and baseline (``process_time`` of this process
 over the rounds), ``floor_cpu_s_per_GB`` (memcpy + xxh3 of a sample, same run), and
 ``l1/l2/l3_cpu_vs_floor`` (goal <= 1.5); ``l2_cpu_vs_file``, ``l3_cpu_vs_http``: a tier's CPU
-per GB over its plain baseline's.
+per GB over its plain baseline's.  Two more rows, interleaved too, are the floors of the
+tiers that cross the kernel: ``file_reused`` (``preadv`` of each file into a reused buffer,
+then xxh3: under L2) and ``http_reused`` (the SDK's own GET, blobsdk/net/rawget.py, into a
+reused buffer, then xxh3: under L3); ``l2_cpu_vs_file_reused`` and ``l3_cpu_vs_http_reused``
+are what the read path adds over them.
 
 Metrics: ``small_reads_per_s`` (sequential gets of 4 KiB blobs served from L1, one process;
 goal >= 50,000) and ``plan_lookup_us`` (a cached read-plan lookup; goal <= 20).
@@ -46,9 +52,11 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+import xxhash
 
 import blobsdk
 from blobsdk.config import L1Config, L2Config, Timeouts
+from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
@@ -59,13 +67,15 @@ from .put_get import TrivialServer
 MiB = 1 << 20
 SAMPLE = 4 * MiB
 INFLIGHT = 16
-# Every warm epoch and baseline is measured over whole passes lasting at least this long: one
-# --quick pass (128 MiB) takes ~0.1 s, and on a shared 2-core machine that gave l3_vs_http
-# anywhere from 0.55 to 1.95 for the same code (issue 8).  A full pass (1 GiB) is already ~1 s.
-MIN_MEASURE_S = 0.5
-# Rounds of interleaved measurements (benchmarks/_cpu.py): every path and baseline once a round.
-QUICK_ROUNDS = 5
-FULL_ROUNDS = 9
+# Measured: rounds of interleaved windows (benchmarks/_cpu.py), every path and baseline one
+# window a round, a window the next WINDOW samples of its own shuffled cycle over the dataset
+# (128 MiB): the same work in a quick and a full run, which differ in rounds and dataset
+# size.  Short windows, many rounds: a path and its baseline are measured close together,
+# and the median of many per-round ratios shrugs off a neighbour's burst.
+WINDOW = 32
+MEMCPY_WINDOWS = 4
+QUICK_ROUNDS = 9
+FULL_ROUNDS = 15
 # (ratio, path, baseline, goal), each the median of its per-round ratios
 RATIOS = (
     ("l1_vs_memcpy", "l1", "memcpy", ">= 0.5"),
@@ -100,7 +110,7 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
         async with blobsdk.Client(full) as c:
             await c.put_many(zip(paths, samples, strict=True))
             cold = Row()
-            await measured(cold, lambda: _epoch(c, paths, size, once=True))
+            await measured(cold, lambda: _epoch(c, paths, size))
             report.metrics["cold_MBps"] = cold.mbps()[0]
             report.metrics["cold_cpu_s_per_GB"] = cold.cpu_s_per_gb()
             await _flush_l2(c)
@@ -118,50 +128,67 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
                 await _epoch(c, paths, size)
                 await c.flush()
             before = {tier: c.stats()[tier]["hits"] for tier, c in clients.items()}
+            windows = {tier: _Cycle(paths) for tier in clients}
             measured_paths = await interleave(
                 rounds,
                 {
                     "memcpy": base.memcpy,
-                    "l1": lambda: _epoch(l1, paths, size),
+                    "l1": lambda: _window(windows["l1"], l1.get),
                     "file": base.files,
-                    "l2": lambda: _epoch(l2, paths, size),
+                    "l2": lambda: _window(windows["l2"], l2.get),
                     "http": base.http,
-                    "l3": lambda: _epoch(l3, paths, size),
+                    "l3": lambda: _window(windows["l3"], l3.get),
+                    "file_reused": base.files_reused,
+                    "http_reused": base.http_reused,
                 },
             )
             for tier, c in clients.items():
-                _check_served(c, tier, before[tier] + len(paths) * rounds)
+                _check_served(c, tier, before[tier] + WINDOW * rounds)
         report.metrics["memcpy_reused_MBps"] = base.memcpy_reused_mbps()
         floor = floor_cpu_s_per_gb(samples[0])
     record_rows(report, measured_paths)
     record_cpu(report, floor, measured_paths, ["l1", "l2", "l3"])
-    record_cpu_vs(report, measured_paths, [("l1", "memcpy"), ("l2", "file"), ("l3", "http")])
+    pairs = [("l1", "memcpy"), ("l2", "file"), ("l2", "file_reused"), ("l3", "http"), ("l3", "http_reused")]
+    record_cpu_vs(report, measured_paths, pairs)
     for key, ours, theirs, goal in RATIOS:
         record_ratio(report, key, measured_paths[ours], measured_paths[theirs], goal)
 
 
-async def _epoch(c: blobsdk.Client, paths: list[str], size: int, *, once: bool = False) -> int:
-    """Shuffled epochs, INFLIGHT gets at a time, for at least MIN_MEASURE_S (``once``: one
-    epoch, e.g. the cold one, which a second pass would not be); returns the bytes read."""
-    order = random.Random(len(paths)).sample(paths, len(paths))
-    return await _passes(size, order, c.get, min_seconds=0.0 if once else MIN_MEASURE_S)
+async def _epoch(c: blobsdk.Client, paths: list[str], size: int) -> int:
+    """One shuffled epoch, INFLIGHT gets at a time; returns the bytes read."""
+    await _all(random.Random(len(paths)).sample(paths, len(paths)), c.get)
+    return size
 
 
-async def _passes(size: int, items: list, read: Callable[..., Awaitable[object]], *, min_seconds: float = 0.0) -> int:
-    """Whole passes over ``items`` (``size`` bytes each pass), INFLIGHT at a time, repeated
-    until ``min_seconds`` have passed; returns the bytes read."""
+async def _all(items: list, read: Callable[..., Awaitable[object]]) -> None:
+    """``read(item)`` for every item, INFLIGHT at a time."""
 
     async def worker(queue: Iterator[object]) -> None:
         for item in queue:
             await read(item)
 
-    start, passes = time.perf_counter(), 0
-    while True:
-        queue = iter(items)
-        await asyncio.gather(*(worker(queue) for _ in range(INFLIGHT)))
-        passes += 1
-        if time.perf_counter() - start >= min_seconds:
-            return passes * size
+    queue = iter(items)
+    await asyncio.gather(*(worker(queue) for _ in range(INFLIGHT)))
+
+
+class _Cycle:
+    """An epoch's items in a shuffled order, handed out a window at a time, round and round."""
+
+    def __init__(self, items: list) -> None:
+        self._items = random.Random(len(items)).sample(items, len(items))
+        self._at = 0
+
+    def next(self) -> list:
+        n = len(self._items)
+        window = [self._items[(self._at + i) % n] for i in range(WINDOW)]
+        self._at = (self._at + WINDOW) % n
+        return window
+
+
+async def _window(cycle: _Cycle, read: Callable[..., Awaitable[object]]) -> int:
+    """One measured window: the next WINDOW samples of ``cycle``, INFLIGHT at a time."""
+    await _all(cycle.next(), read)
+    return WINDOW * SAMPLE
 
 
 def _check_served(c: blobsdk.Client, tier: str, expected: int) -> None:
@@ -182,12 +209,17 @@ class _Baselines:
         self._size = sum(map(len, samples))
         self._arrays = [np.frombuffer(s, dtype=np.uint8) for s in samples]
         self._files = _write_files(root / "files", samples)
+        self._cycles = {name: _Cycle(list(range(len(samples)))) for name in ("files", "http", "files_reused", "http_reused")}
         self._server = TrivialServer(root, SAMPLE)
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> _Baselines:
         self._url = self._stack.enter_context(self._server)
         self._session = await self._stack.enter_async_context(new_session(Timeouts()))
+        base, _, route = self._url.rpartition("/")
+        self._raw = RawGetEndpoint(base, timeout=self._session.timeout)
+        self._stack.push_async_callback(self._raw.aclose)
+        self._route = f"/{route}"
         await self._get(0)
         return self
 
@@ -195,14 +227,12 @@ class _Baselines:
         await self._stack.aclose()
 
     async def memcpy(self) -> int:
-        """A new array per sample (``a.copy()``), as a get returns a new buffer."""
-        begun, done = time.perf_counter(), 0
-        while not done or time.perf_counter() - begun < MIN_MEASURE_S:
-            for a in self._arrays:
-                a.copy()
-            done += self._size
-            await asyncio.sleep(0)
-        return done
+        """A new array per sample (``a.copy()``), as a get returns a new buffer: MEMCPY_WINDOWS
+        windows (one is too short to time)."""
+        for _ in range(MEMCPY_WINDOWS):
+            for i in range(WINDOW):
+                self._arrays[i % len(self._arrays)].copy()
+        return MEMCPY_WINDOWS * WINDOW * SAMPLE
 
     def memcpy_reused_mbps(self) -> float:
         """Copies into one reused, cache-hot buffer: the stricter ceiling (best of 3)."""
@@ -215,14 +245,44 @@ class _Baselines:
         return _timed_mbps(self._size, copy_all)
 
     async def files(self) -> int:
-        return await _passes(self._size, self._files, lambda f: asyncio.to_thread(_read_file, f), min_seconds=MIN_MEASURE_S)
+        return await _window(self._cycles["files"], lambda i: asyncio.to_thread(_read_file, self._files[i]))
 
     async def http(self) -> int:
-        return await _passes(self._size, list(range(len(self._arrays))), self._get, min_seconds=MIN_MEASURE_S)
+        return await _window(self._cycles["http"], self._get)
 
     async def _get(self, _: int) -> None:
         async with self._session.get(self._url) as resp:
             await resp.read()
+
+    async def files_reused(self) -> int:
+        """The floor under L2: ``preadv`` of each file into a reused buffer, then xxh3."""
+        buffers = [bytearray(SAMPLE) for _ in range(INFLIGHT)]
+
+        def read(path: Path) -> None:
+            buf = buffers.pop()
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    os.preadv(f.fileno(), [buf], 0)
+                xxhash.xxh3_64_intdigest(buf)
+            finally:
+                buffers.append(buf)
+
+        return await _window(self._cycles["files_reused"], lambda i: asyncio.to_thread(read, self._files[i]))
+
+    async def http_reused(self) -> int:
+        """The floor under L3: the SDK's own GET (blobsdk/net/rawget.py) of each sample into
+        a reused buffer, then xxh3: what is left of an L3 read without the read path."""
+        buffers = [memoryview(bytearray(SAMPLE)) for _ in range(INFLIGHT)]
+
+        async def get(_: int) -> None:
+            buf = buffers.pop()
+            try:
+                await self._raw.get_into(self._route, buf)
+                xxhash.xxh3_64_intdigest(buf)
+            finally:
+                buffers.append(buf)
+
+        return await _window(self._cycles["http_reused"], get)
 
 
 def _timed_mbps(size: int, fn: Callable[[], object]) -> float:
