@@ -13,10 +13,12 @@ is filled into an upper tier (which may keep it as is, as L1 does, or until writ
 L2's write-behind does) or shared by several readers, it is shared: read-only to everyone.
 A reader gets the buffer itself, with no copy, only when it reads the chunk whole, it was
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
-part out of it.  A one-off read (``read_into(..., fill_memory=False)``: a checkpoint restore)
-gives the buffers it alone copied from, and no tier kept, back to the tiers'
-:class:`~blobsdk.runtime.buffers.BufferPool`, for its next fetches to read into.  Its whole
-uncompressed chunks need no buffer at all when the tier it would fetch from is L4 with a
+part out of it.  A read gives the buffers it alone copied from, and no tier kept, back to
+the tiers' :class:`~blobsdk.runtime.buffers.BufferPool`, for the next fetches to read into
+(a get of a client without L1, or a one-off read: ``read_into(..., fill_memory=False)``, a
+checkpoint restore).  A get's result is taken unzeroed: every byte of it is a chunk's.
+
+A one-off read's whole uncompressed chunks need no buffer at all when the tier it would fetch from is L4 with a
 lone replica (:class:`~blobsdk.tiers.base.DirectTier`): they are read straight into the
 caller's memory (into each of its windows, for a chunk that straddles the caller's
 buffers) and verified there.  They go in groups, a block's chunks in the order of their
@@ -27,7 +29,11 @@ refs of 16 KiB: 0.89-0.92 s before, 57-66 ms with groups, 14-16 µs a ref).  A r
 that reads no spans (a block server, S3) gets them one at a time (``_direct``).  A 256 MiB
 ``load(into=)`` of 4 MiB chunks runs at 0.48-0.52 of a memcpy, against 0.52-0.63 for the
 floor (``preadv`` from the page cache and xxh3 on both cores) and 0.33-0.34 before groups
-(``benchmarks checkpoint --quick``).
+(``benchmarks checkpoint --quick``).  A client whose only tier is L4 fills nothing, so its
+gets of several chunks read as one-off reads do, in groups straight into the result: with
+the unzeroed result, an embedded L1-less get of 256 MiB went from 1.4-1.6 to 0.46-0.62 CPU
+s/GB, and from 0.45-0.47 to 1.00-1.17 of a plain file read (``benchmarks put_get --quick``,
+two runs each).
 
 Priority: each fetch carries a :class:`~blobsdk.tail.demand.Demand` down to the limiters its
 requests queue at: foreground for a reader's fetch, prefetch for :meth:`ReadPath.warm`'s.  A
