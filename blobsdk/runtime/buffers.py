@@ -83,12 +83,13 @@ class BufferPool:
     client CPU, same page faults"), though embedded ones were 1.7x faster.  Measured again,
     alternating pool on and off round by round in one process (64 and 256 MiB gets, 3
     block servers, 12-16 rounds): on/off 0.96 [0.68-1.15], 0.98 [0.60-1.45] and 1.25
-    [0.84-1.99] (median [min-max] per round), client CPU per GB equal within 2%: the
-    slowdown is not there beyond this shared host's spread.  What the pool does change is
-    where the allocator finds a get's result: a 64 MiB result came from the heap the freed
-    chunk buffers left (3 page faults per GB) or from a new mapping (244,000 per GB, the
-    kernel zeroing each page: 0.35 s/GB more), which way depending on the heap's history,
-    in either mode.  The tiers the pool does not reach take unzeroed buffers instead: L2
+    [0.84-1.99] (median [min-max] per round): the slowdown is not there beyond this shared
+    host's spread.  Client CPU per GB was equal within 2% in the first two; in the third,
+    the pool's rounds took 0.57 s/GB and the others 0.91.  That is where the allocator
+    found each get's result: a 64 MiB result came from the heap the freed chunk buffers
+    left (3 page faults per GB) or from a new mapping (244,000 per GB, the kernel zeroing
+    each page), which way depending on the heap's history: in the first run both modes
+    had 3, in the third only the pool's did.  The tiers the pool does not reach take unzeroed buffers instead: L2
     reads on a worker thread, and the peer tier, whose buffers its serving cache keeps.
     The peer server sends those very buffers (no copy: on loopback the kernel took each
     4 MiB send whole, 64 of 64, nothing left in asyncio's write buffer).
