@@ -209,7 +209,8 @@ class _Baselines:
         self._size = sum(map(len, samples))
         self._arrays = [np.frombuffer(s, dtype=np.uint8) for s in samples]
         self._files = _write_files(root / "files", samples)
-        self._cycles = {name: _Cycle(list(range(len(samples)))) for name in ("files", "http", "files_reused", "http_reused")}
+        names = ("memcpy", "files", "http", "files_reused", "http_reused")
+        self._cycles = {name: _Cycle(list(range(len(samples)))) for name in names}
         self._server = TrivialServer(root, SAMPLE)
         self._stack = AsyncExitStack()
 
@@ -230,8 +231,8 @@ class _Baselines:
         """A new array per sample (``a.copy()``), as a get returns a new buffer: MEMCPY_WINDOWS
         windows (one is too short to time)."""
         for _ in range(MEMCPY_WINDOWS):
-            for i in range(WINDOW):
-                self._arrays[i % len(self._arrays)].copy()
+            for i in self._cycles["memcpy"].next():
+                self._arrays[i].copy()
         return MEMCPY_WINDOWS * WINDOW * SAMPLE
 
     def memcpy_reused_mbps(self) -> float:
