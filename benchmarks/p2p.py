@@ -17,6 +17,9 @@ Ratios: ``origin_egress`` (peers run: origin bytes ÷ dataset size; goal <= 1.25
 reader's time ÷ the single reader's; goal <= 1.5).  Metrics: each run's seconds and MB/s
 per reader, and ``*_readers_cpu_floor_s``: the readers' CPU seconds ÷ the machine's cores, a
 floor on the run's time that no schedule beats here (the servers' CPU comes on top).
+``*_reader_cpu_s_per_GB``: the median reader's CPU seconds per GB it read (its peer
+server's sends included), and ``peers_cpu_vs_floor`` the peers run's against the memcpy +
+xxh3 floor measured in the same run (benchmarks/_cpu.py; goal <= 1.5, issue 26).
 ``--quick`` reads 128 MiB instead of 512 MiB.
 """
 
@@ -31,6 +34,7 @@ import msgspec
 from servers.cluster import start_cluster
 from servers.swarm import BLOB_MB, Read, read_together, write_dataset
 
+from ._cpu import CPU_GOAL, floor_cpu_s_per_gb
 from ._report import Report, median
 
 READERS = 8
@@ -60,8 +64,15 @@ async def run(quick: bool = False) -> Report:
     report.ratios["origin_egress"] = runs["peers"][1] / dataset
     report.ratios["origin_egress_no_peers"] = runs["no_peers"][1] / dataset
     report.ratios["slowest_vs_single"] = max(r.seconds for r in runs["peers"][0]) / single
+    floor = report.metrics["floor_cpu_s_per_GB"] = floor_cpu_s_per_gb(os.urandom(4 << 20))
+    report.ratios["peers_cpu_vs_floor"] = report.metrics["peers_reader_cpu_s_per_GB"] / floor
     report.goals.update(
-        {"origin_egress": "goal <= 1.25", "origin_egress_no_peers": f"about {READERS}", "slowest_vs_single": "goal <= 1.5"}
+        {
+            "origin_egress": "goal <= 1.25",
+            "origin_egress_no_peers": f"about {READERS}",
+            "slowest_vs_single": "goal <= 1.5",
+            "peers_cpu_vs_floor": CPU_GOAL,
+        }
     )
     return report
 
@@ -77,3 +88,5 @@ def _run_metrics(report: Report, name: str, reads: list[Read], served: int, data
     report.metrics["dataset_mb"] = dataset / 1e6
     # The readers' own CPU time spread over every core: a floor no schedule of them beats here.
     report.metrics[f"{name}_readers_cpu_floor_s"] = sum(r.cpu_s for r in reads) / (os.cpu_count() or 1)
+    # A reader's own CPU per GB it read (the median reader; its peer server's sends included).
+    report.metrics[f"{name}_reader_cpu_s_per_GB"] = median([r.cpu_s / (dataset / 1e9) for r in reads])

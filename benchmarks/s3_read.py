@@ -21,7 +21,9 @@ those ratios (``store_vs_obstore_4MiB``, ...) and their min and max (``..._min``
 ``..._max``); each row's median MB/s, and its CPU seconds per GB read (``process_time`` of
 this process, all threads: obstore's Rust runtime and boto3's pool included) and
 SeaweedFS's (``seaweed_cpu_s_per_GB_*``: the server's CPU over the whole run, every row).
-Goal: ``store_vs_obstore_*`` >= 0.9.
+Goal: ``store_vs_obstore_*`` >= 0.9.  ``floor_cpu_s_per_GB``: a memcpy + xxh3 per GB,
+measured in the same run (benchmarks/_cpu.py), and ``client_cpu_vs_floor_*`` the whole
+client's read against it (goal <= 1.5, issue 26).
 
 Measured on the 2-core dev machine, shared (load average 7-11 from other jobs), SeaweedFS on
 the same cores; ``python -m benchmarks s3_read`` (21 rounds, ~2 min), two runs; median
@@ -82,6 +84,7 @@ from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.sources.s3get import S3Getter, S3Target, target_of
 
+from ._cpu import CPU_GOAL, floor_cpu_s_per_gb
 from ._report import Report, median
 
 CONCURRENCY = 8
@@ -124,6 +127,7 @@ async def measure(shape: Shape) -> Report:
             cpu = _ServerCpu(s3.process.pid)
             rows = await _size(s3.config, redis.url, shape, range_bytes)
             _record(report, _label(range_bytes), rows, cpu.seconds())
+    _record_floor(report, list(shape.pass_bytes))
     report.details.update(concurrency=CONCURRENCY, objects=shape.objects, object_bytes=shape.object_bytes, rounds=shape.rounds)
     return report
 
@@ -155,6 +159,16 @@ def _record(report: Report, label: str, rows: dict[str, _Row], server_cpu_s: flo
             report.goals[key] = GOAL
     total = sum(row.bytes_read for row in rows.values())
     report.metrics[f"seaweed_cpu_s_per_GB_{label}"] = server_cpu_s / (total / 1e9)
+
+
+def _record_floor(report: Report, sizes: list[int]) -> None:
+    """The client CPU floor (memcpy + xxh3, benchmarks/_cpu.py), measured now, and each
+    size's whole-client read against it (``client_cpu_vs_floor_*``; goal <= 1.5)."""
+    floor = report.metrics["floor_cpu_s_per_GB"] = floor_cpu_s_per_gb(os.urandom(max(sizes)))
+    for label in map(_label, sizes):
+        key = f"client_cpu_vs_floor_{label}"
+        report.ratios[key] = report.metrics[f"client_cpu_s_per_GB_{label}"] / floor
+        report.goals[key] = CPU_GOAL
 
 
 class _ServerCpu:

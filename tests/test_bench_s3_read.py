@@ -22,13 +22,15 @@ def test_every_row_reads_the_same_ranges_and_is_reported_against_obstore() -> No
     assert set(report.metrics) == {
         *(f"{row}_{what}_{label}" for row in ROWS for what in ("MBps", "cpu_s_per_GB") for label in labels),
         *(f"seaweed_cpu_s_per_GB_{label}" for label in labels),
+        "floor_cpu_s_per_GB",
     }
     assert all(value > 0 for value in report.metrics.values())
     ratios = {f"{row}_vs_obstore_{label}" for row in ROWS[1:] for label in labels}
-    assert set(report.ratios) == {f"{r}{end}" for r in ratios for end in ("", "_min", "_max")}
+    floors = {f"client_cpu_vs_floor_{label}" for label in labels}
+    assert set(report.ratios) == {f"{r}{end}" for r in ratios for end in ("", "_min", "_max")} | floors
     for ratio in ratios:
         assert report.ratios[f"{ratio}_min"] <= report.ratios[ratio] <= report.ratios[f"{ratio}_max"]
-    assert report.goals == {f"store_vs_obstore_{label}": ">= 0.9" for label in labels}
+    assert report.goals == {f"store_vs_obstore_{label}": ">= 0.9" for label in labels} | dict.fromkeys(floors, "<= 1.5")
     assert report.details == {"concurrency": 8, "objects": 2, "object_bytes": MiB, "rounds": 2}
 
 

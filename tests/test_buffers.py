@@ -6,7 +6,7 @@ import mmap
 
 import pytest
 
-from blobsdk.runtime.buffers import MAPPED_FROM, BufferPool, fresh_buffer
+from blobsdk.runtime.buffers import MAPPED_FROM, UNZEROED_FROM, BufferPool, fresh_buffer, uninitialized
 
 
 @pytest.mark.parametrize("size", [0, 1, MAPPED_FROM - 1])
@@ -59,3 +59,29 @@ def test_the_pool_takes_back_only_bytearrays() -> None:
     pool.give(fresh_buffer(MAPPED_FROM))
     assert pool.free_bytes == 0
     assert isinstance(pool.take(MAPPED_FROM).obj, bytearray)
+
+
+@pytest.mark.parametrize("size", [0, 1, UNZEROED_FROM - 1])
+def test_a_small_uninitialized_buffer_is_a_zeroed_bytearray(size: int) -> None:
+    buf = uninitialized(size)
+    assert type(buf) is bytearray and len(buf) == size and not any(buf)
+
+
+@pytest.mark.parametrize("size", [UNZEROED_FROM, 4 * MAPPED_FROM + 3])
+def test_a_large_uninitialized_buffer_is_a_writable_bytearray_of_its_size(size: int) -> None:
+    buf = uninitialized(size)
+    assert type(buf) is bytearray and len(buf) == size
+    buf[:] = b"\x07" * size
+    assert buf.count(7) == size
+    buf.extend(b"x")  # an ordinary bytearray: it grows
+    assert len(buf) == size + 1
+
+
+def test_an_uninitialized_buffer_of_a_negative_size_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^size must be >= 0, got -1$"):
+        uninitialized(-1)
+
+
+def test_the_pool_hands_out_unzeroed_buffers_of_the_size_asked() -> None:
+    view = BufferPool(max_bytes=0).take(UNZEROED_FROM)
+    assert isinstance(view.obj, bytearray) and view.nbytes == UNZEROED_FROM and not view.readonly

@@ -383,10 +383,11 @@ async def test_read_into_a_buffer_of_the_wrong_size_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("l1", [NO_L1, L1Config()])
-async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_path, l1):
-    """A one-off read (``fill_memory=False``) gives each chunk buffer back once copied out,
-    and its later fetches read into them (bytes still exact); a plain get never does.  (From
-    a lone replica its whole chunks would go straight into the output: two replicas here.)"""
+async def test_a_read_that_copies_a_chunk_out_gives_its_buffer_back_and_one_that_fills_l1_does_not(tmp_path, l1):
+    """A get or a one-off read (``fill_memory=False``) gives each chunk buffer it alone
+    copied out of back, and later fetches read into them (bytes still exact); a get that
+    filled L1 gave none back (L1 keeps them).  (From a lone replica whole chunks would go
+    straight into the output: two replicas here.)"""
     async with (
         SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
         ReplicatedBlockStore([LocalBlockStore(tmp_path / "r0"), LocalBlockStore(tmp_path / "r1")]) as blocks,
@@ -397,7 +398,8 @@ async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_pa
         pool = c._open.readpath.buffers
         for _ in range(2):
             assert await c.get("/b/x", offset=1) == data[1:]
-        assert pool.reused == 0
+        assert (pool.reused > 0) is (l1 is NO_L1)
+        reused = pool.reused
         plan = await c.plan("/b/x")
         cuts = [0, *(plan.chunk_size * i + 7 for i in range(1, len(plan.chunks))), len(data)]
         for _ in range(3):
@@ -405,7 +407,7 @@ async def test_a_one_off_read_reuses_its_chunk_buffers_and_a_get_does_not(tmp_pa
             windows = [memoryview(out)[a:b] for a, b in itertools.pairwise(cuts)]
             await c._open.readpath.read_into(plan, windows, fill_memory=False)
             assert out == data
-        assert (pool.reused > 0) is (l1 is NO_L1)  # with L1, the gets filled it: nothing was fetched
+        assert (pool.reused > reused) is (l1 is NO_L1)  # with L1, the gets filled it: nothing was fetched
 
 
 class NoBuffers(BufferPool):

@@ -59,6 +59,7 @@ from typing import Any, Self, TypeVar
 import xxhash
 
 from ..errors import ClientClosed, Unavailable
+from ..runtime.buffers import uninitialized
 from ..runtime.forksafe import Executor
 from ..runtime.rootdir import (
     TMP_SUFFIX,
@@ -431,7 +432,7 @@ class DiskCache:
         st, head = _read_header(fd, key)
         if checksum is not None and head.checksum != checksum:
             raise _Damaged(f"{key}: holds other bytes than the caller expects")
-        payload = bytearray(head.length)
+        payload = uninitialized(head.length)  # filled whole, or discarded: no zeroing pass
         filled = os.preadv(fd, [payload], head.offset)  # straight into the buffer: no extra copy
         if filled != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:
             raise _Damaged(f"{key}: payload checksum mismatch")

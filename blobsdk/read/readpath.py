@@ -13,10 +13,12 @@ is filled into an upper tier (which may keep it as is, as L1 does, or until writ
 L2's write-behind does) or shared by several readers, it is shared: read-only to everyone.
 A reader gets the buffer itself, with no copy, only when it reads the chunk whole, it was
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
-part out of it.  A one-off read (``read_into(..., fill_memory=False)``: a checkpoint restore)
-gives the buffers it alone copied from, and no tier kept, back to the tiers'
-:class:`~blobsdk.runtime.buffers.BufferPool`, for its next fetches to read into.  Its whole
-uncompressed chunks need no buffer at all when the tier it would fetch from is L4 with a
+part out of it.  A read gives the buffers it alone copied from, and no tier kept, back to
+the tiers' :class:`~blobsdk.runtime.buffers.BufferPool`, for the next fetches to read into
+(a get of a client without L1, or a one-off read: ``read_into(..., fill_memory=False)``, a
+checkpoint restore).  A get's result is taken unzeroed: every byte of it is a chunk's.
+
+A one-off read's whole uncompressed chunks need no buffer at all when the tier it would fetch from is L4 with a
 lone replica (:class:`~blobsdk.tiers.base.DirectTier`): they are read straight into the
 caller's memory (into each of its windows, for a chunk that straddles the caller's
 buffers) and verified there.  They go in groups, a block's chunks in the order of their
@@ -27,7 +29,11 @@ refs of 16 KiB: 0.89-0.92 s before, 57-66 ms with groups, 14-16 µs a ref).  A r
 that reads no spans (a block server, S3) gets them one at a time (``_direct``).  A 256 MiB
 ``load(into=)`` of 4 MiB chunks runs at 0.48-0.52 of a memcpy, against 0.52-0.63 for the
 floor (``preadv`` from the page cache and xxh3 on both cores) and 0.33-0.34 before groups
-(``benchmarks checkpoint --quick``).
+(``benchmarks checkpoint --quick``).  A client whose only tier is L4 fills nothing, so its
+gets of several chunks read as one-off reads do, in groups straight into the result: with
+the unzeroed result, an embedded L1-less get of 256 MiB went from 1.4-1.6 to 0.46-0.62 CPU
+s/GB, and from 0.45-0.47 to 1.00-1.17 of a plain file read (``benchmarks put_get --quick``,
+two runs each).
 
 The caller's memory (``get_into``, ``get_many_into``: ``read_ranges_into``): a client without
 L1 reads as a one-off read does, so whole chunks from a lone L4 replica go straight into the
@@ -56,7 +62,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from ..errors import BadRequest, Unavailable
-from ..runtime.buffers import BufferPool
+from ..runtime.buffers import BufferPool, uninitialized
 from ..runtime.singleflight import SingleFlight
 from ..runtime.tasks import task_group
 from ..tail.demand import Demand, Priority
@@ -152,9 +158,11 @@ class ReadPath:
         jobs = _overlapping(plan.chunks, start, end)
         if len(jobs) == 1 and jobs[0][1] == start and jobs[0][0].raw_length == end - start:
             return await self._whole_chunk(jobs[0][0])
-        out = bytearray(end - start)
+        # unzeroed when the chunks fill every byte of it (a plan's always do), else zeroed
+        out = uninitialized(end - start) if _tiles(jobs, start, end) else bytearray(end - start)
         window = memoryview(out)
-        await self._read_jobs([(window, start, ref, chunk_start) for ref, chunk_start in jobs], one_off=False)
+        # with L4 the only tier, no read fills anything: every get reads as a one-off one does
+        await self._read_jobs([(window, start, ref, chunk_start) for ref, chunk_start in jobs], one_off=len(self.tiers) == 1)
         return out
 
     async def read_into(self, plan: ReadPlan, out: memoryview | Sequence[memoryview], *, fill_memory: bool = True) -> None:
@@ -351,7 +359,7 @@ class ReadPath:
         hi = min(chunk_start + ref.raw_length, start + len(out))
         raw, sole = await self._chunk(ref, self._one_off_top if one_off else 0)
         out[lo - start : hi - start] = raw[lo - chunk_start : hi - chunk_start]
-        if sole and one_off:  # copied out, and nobody else has it: this read's next fetch reads into it
+        if sole:  # copied out, and nobody else has it: the next fetch reads into it
             self.buffers.give(raw)
 
     async def _direct(self, ref: ChunkRef, window: memoryview) -> bool:
@@ -425,6 +433,16 @@ def _overlapping(chunks: Sequence[ChunkRef], start: int, end: int, starts: list[
     first = bisect.bisect_right(starts, start) - 1
     last = bisect.bisect_left(starts, end)
     return [(chunks[i], starts[i]) for i in range(first, min(last, len(chunks)))]
+
+
+def _tiles(jobs: list[tuple[ChunkRef, int]], start: int, end: int) -> bool:
+    """Whether ``jobs`` (from ``_overlapping``) cover every byte of ``[start, end)``."""
+    at = start
+    for ref, chunk_start in jobs:
+        if chunk_start > at:
+            return False
+        at = max(at, chunk_start + ref.raw_length)
+    return at >= end
 
 
 def _window(out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> memoryview:

@@ -14,6 +14,13 @@ back in from it).  Restores took 0.06-0.56 s with them; predictable beats someti
 
 A mapping is unmapped when its last view (a numpy array or tensor over it, too) is gone.
 
+Buffers a read fills whole are not zeroed at all (:func:`uninitialized`): ``bytearray(n)``
+``memset``s every byte the read then overwrites.  That pass was the largest item of an L3
+get's client CPU (22% of the L3 epoch's samples under py-spy: more than receiving the bytes,
+15%, or hashing them, 8%), and ~570 us per 4 MiB chunk alone, where taking the same bytes
+unzeroed costs ~0.5 us (malloc hands back memory the last chunk freed; a first touch of new
+memory is zeroed by the kernel, once).
+
 Chunk buffers stay bytearrays (:meth:`BufferPool.take`): a whole-chunk ``get`` hands its
 reader the fetched bytearray itself (readpath.py), and a freed one goes back to the
 allocator's heap, where the next one reuses it without a fault; with mappings for chunks the
@@ -23,9 +30,31 @@ into a bytearray per get, and every buffer faulted in anew).
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 
 MAPPED_FROM = 1 << 20  # smaller buffers are bytearrays: a mapping each would cost more in syscalls
+# Smaller buffers are zeroed bytearrays: below this the ctypes call costs more than the memset.
+UNZEROED_FROM = 16 << 10
+
+# CPython's PyByteArray_FromStringAndSize(NULL, n) mallocs the bytes and leaves them as they are.
+_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_new_bytearray.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+_new_bytearray.restype = ctypes.py_object
+
+
+def uninitialized(size: int) -> bytearray:
+    """A bytearray of ``size`` bytes whose contents are undefined (what its memory held
+    before): for a buffer its caller fills whole before anyone reads it (a chunk received
+    or read into it; a get's result, every byte of which a chunk fills), and discards on
+    any failure part-way.  Never hand one out before it is filled: it may hold bytes this
+    process freed earlier."""
+    if size < 0:
+        raise ValueError(f"size must be >= 0, got {size}")
+    if size < UNZEROED_FROM:
+        return bytearray(size)
+    out: bytearray = _new_bytearray(None, size)
+    return out
 
 
 def fresh_buffer(size: int) -> memoryview:
@@ -48,6 +77,22 @@ class BufferPool:
     back only by its sole owner, so none is ever in two places; one a hedge's loser read
     into is never given back (its read may still be running in a thread).  Used from the
     event loop's thread only.
+
+    Every read gives back what it copied out of, gets too (issue 26).  Gets once did not:
+    with the pool, cluster gets of L1-less clients measured 15-20% slower (issue 12, "same
+    client CPU, same page faults"), though embedded ones were 1.7x faster.  Measured again,
+    alternating pool on and off round by round in one process (64 and 256 MiB gets, 3
+    block servers, 12-16 rounds): on/off 0.96 [0.68-1.15], 0.98 [0.60-1.45] and 1.25
+    [0.84-1.99] (median [min-max] per round): the slowdown is not there beyond this shared
+    host's spread.  Client CPU per GB was equal within 2% in the first two; in the third,
+    the pool's rounds took 0.57 s/GB and the others 0.91.  That is where the allocator
+    found each get's result: a 64 MiB result came from the heap the freed chunk buffers
+    left (3 page faults per GB) or from a new mapping (244,000 per GB, the kernel zeroing
+    each page), which way depending on the heap's history: in the first run both modes
+    had 3, in the third only the pool's did.  The tiers the pool does not reach take unzeroed buffers instead: L2
+    reads on a worker thread, and the peer tier, whose buffers its serving cache keeps.
+    The peer server sends those very buffers (no copy: on loopback the kernel took each
+    4 MiB send whole, 64 of 64, nothing left in asyncio's write buffer).
     """
 
     def __init__(self, max_bytes: int = 0) -> None:
@@ -65,7 +110,7 @@ class BufferPool:
             self._bytes -= size
             self.reused += 1
             return free.pop()
-        return memoryview(bytearray(size))
+        return memoryview(uninitialized(size))
 
     def give(self, buffer: memoryview) -> None:
         """Take back ``buffer``, which its giver no longer uses, if it is a whole writable

@@ -56,6 +56,7 @@ from ..net.endpoint import Endpoint
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..read.codec import verify_raw
+from ..runtime.buffers import uninitialized
 from ..stats import TierStats
 from ..tail.attempt import Attempt
 from ..tail.demand import Demand
@@ -242,7 +243,7 @@ class PeerTier:
             raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None
 
     async def _verified_from(self, ref: ChunkRef, source: Source, attempt: Attempt) -> memoryview:
-        buf = memoryview(bytearray(ref.raw_length))
+        buf = memoryview(uninitialized(ref.raw_length))  # filled whole and verified, or discarded
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         headers = {TICKET_HEADER: source.ticket}
         endpoint = self._endpoints.get(source.address)
