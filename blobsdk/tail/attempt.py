@@ -28,17 +28,23 @@ class Attempt:
     falls silent still is (and the target, which spoke, is not hung for the hedger's other
     reads either), and it is no longer hedged (a hedge would make another node read
     the same chunk through: the upstream's queue again, twice).  Its latency still counts
-    from :meth:`in_service`."""
+    from :meth:`in_service`.
 
-    __slots__ = ("_clock", "_on_progress", "begun", "demand", "heard", "serving", "upstream")
+    ``on_service`` (the hedger's) is called when the attempt enters service, so the hedger
+    times its hedge from then without polling the attempt while it waits."""
+
+    __slots__ = ("_clock", "_on_progress", "_on_service", "begun", "demand", "heard", "serving", "upstream")
 
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
         on_progress: Callable[[], None] | None = None,
         demand: Demand | None = None,
+        *,
+        on_service: Callable[[], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._on_service = on_service
         self.demand = demand if demand is not None else Demand()  # the fetch's: its requests queue at its priority
         self._on_progress = on_progress  # the hedger's: the target spoke, so it is not hung
         self.begun = self.heard = clock()
@@ -51,6 +57,8 @@ class Attempt:
     def in_service(self) -> None:
         self.begun = self.heard = self._clock()
         self.serving = True
+        if self._on_service is not None:
+            self._on_service()
 
     def progress(self) -> None:
         self.heard = self._clock()

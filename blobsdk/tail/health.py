@@ -181,9 +181,12 @@ class TargetHealth:
         if state is not None:
             state.probing = False
 
-    def rank(self, candidates: Sequence[T], key_of: Callable[[T], str]) -> tuple[list[T], str | None]:
+    def rank(self, candidates: Sequence[T], key_of: Callable[[T], str]) -> tuple[Sequence[T], str | None]:
         """``candidates`` with hung targets last (stable), except that one hung target whose
-        probe is due goes first; and the name of that probed target, if any."""
+        probe is due goes first; and the name of that probed target, if any.  With no target
+        hung (the usual case), ``candidates`` itself."""
+        if not any(state.hung for state in self._hung.values()):
+            return candidates, None
         healthy = [c for c in candidates if not self.has(key_of(c), Reason.HUNG)]
         if len(healthy) == len(candidates):
             return list(candidates), None
