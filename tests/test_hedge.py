@@ -589,3 +589,54 @@ def test_an_attempt_handle_records_its_servers_progress() -> None:
     now[0] = 7.0
     mark.progress()
     assert (mark.begun, mark.heard, mark.upstream, heard) == (5.0, 7.0, True, [7.0])
+
+
+def test_a_targets_typical_latency_is_its_recent_median() -> None:
+    """For ranking: a few slow samples do not make a target slow, and what it did long ago
+    does not rank it now (a replica ranked last is read no more, so its window never changes)."""
+    now = [0.0]
+    latency = LatencyTracker(HedgeConfig(), clock=lambda: now[0])
+    assert latency.typical("a", within=2.0) is None  # unmeasured
+    for seconds in [0.001] * 10 + [0.5] * 4:
+        latency.record("a", seconds)
+    assert latency.typical("a", within=2.0) == 0.001 and latency.estimate("a") == 0.5
+    now[0] = 2.5
+    assert latency.typical("a", within=2.0) is None  # stale
+
+
+async def test_a_hedge_that_wins_leaves_the_callers_task_uncancelled() -> None:
+    """The primary runs in the caller's task and is stopped by a cancellation of that task,
+    taken back once it is: the caller, inside its own timeout, sees only the hedge's value."""
+    now = [0.0]
+    hedger, fakes = Hedger(FIXED_10MS, clock=lambda: now[0]), Fakes(a="stall", b="ok")
+
+    async def caller() -> tuple[str, int]:
+        async with asyncio.timeout(5):
+            result = await hedger.run(["a", "b"], fakes)
+            await asyncio.sleep(0)  # no cancellation left pending
+        task = asyncio.current_task()
+        assert task is not None
+        return result, task.cancelling()
+
+    async with no_leftover_tasks():
+        run = asyncio.create_task(caller())
+        await on_the_brink(fakes, now, 0.010)
+        now[0] = 0.010
+        assert await run == ("from b", 0)
+    assert fakes.cancelled == ["a"]
+
+
+async def test_a_caller_cancelled_while_its_hedge_runs_is_cancelled() -> None:
+    """A cancellation from outside is never taken for the race's own."""
+    now = [0.0]
+    hedger, fakes = Hedger(FIXED_10MS, clock=lambda: now[0]), Fakes(a="stall", b="stall")
+    async with no_leftover_tasks():
+        run = asyncio.create_task(hedger.run(["a", "b"], fakes))
+        await on_the_brink(fakes, now, 0.010)
+        now[0] = 0.010
+        while len(fakes.started) < 2:
+            await asyncio.sleep(0.001)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert sorted(fakes.cancelled) == ["a", "b"]

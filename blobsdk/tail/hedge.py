@@ -51,6 +51,7 @@ slow) adds at most ~5% load rather than doubling it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -72,18 +73,22 @@ __all__ = ["Attempt", "AttemptFn", "HedgeBudget", "HedgeConfig", "HedgeStats", "
 
 
 class _Window:
-    """The last ``size`` samples of one target and a cached quantile of them."""
+    """The last ``size`` samples of one target, cached quantiles of them, and when the
+    last one came."""
 
-    __slots__ = ("fresh", "samples", "value")
+    __slots__ = ("at", "fresh", "median", "samples", "value")
 
     def __init__(self, size: int) -> None:
         self.samples: deque[float] = deque(maxlen=size)
         self.fresh = 0  # samples added since ``value`` was computed
         self.value: float | None = None
+        self.median: float | None = None
+        self.at = -math.inf  # clock time of the last sample
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, at: float) -> None:
         self.samples.append(seconds)
         self.fresh += 1
+        self.at = at
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile of the window, re-sorted only once enough of it is new."""
@@ -91,7 +96,8 @@ class _Window:
         if n < MIN_SAMPLES:
             return None
         if self.value is None or self.fresh * _REFRESH_FRACTION >= n:
-            self.value = sorted(self.samples)[min(n - 1, int(q * n))]
+            ordered = sorted(self.samples)
+            self.value, self.median = ordered[min(n - 1, int(q * n))], ordered[n // 2]
             self.fresh = 0
         return self.value
 
@@ -105,11 +111,13 @@ class LatencyTracker:
     and forgets old behaviour in ``window`` samples, unlike an EWMA of mean + k·deviation,
     which assumes a shape the heavy-tailed HDD/network latencies do not have.  A target with
     fewer than ``MIN_SAMPLES`` samples borrows the quantile of all targets together; with
-    none anywhere the delay is ``max_delay_ms``.
+    none anywhere the delay is ``max_delay_ms``.  :meth:`typical` (the median of a target's
+    recent samples) is for ranking targets, which a few slow samples must not decide.
     """
 
-    def __init__(self, config: HedgeConfig) -> None:
+    def __init__(self, config: HedgeConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._config = config
+        self._clock = clock
         self._targets: dict[str, _Window] = {}
         self._all = _Window(config.window)
 
@@ -117,8 +125,17 @@ class LatencyTracker:
         window = self._targets.get(target)
         if window is None:
             window = self._targets[target] = _Window(self._config.window)
-        window.add(seconds)
-        self._all.add(seconds)
+        now = self._clock()
+        window.add(seconds, now)
+        self._all.add(seconds, now)
+
+    def typical(self, target: str, within: float) -> float | None:
+        """The median latency of ``target``'s own window, if its last sample is at most
+        ``within`` seconds old (else None: what it was then says little about it now)."""
+        window = self._targets.get(target)
+        if window is None or self._clock() - window.at > within or window.quantile(self._config.quantile) is None:
+            return None
+        return window.median
 
     def estimate(self, target: str) -> float | None:
         """The latency quantile of ``target`` (or of all targets), None if unmeasured."""
@@ -183,7 +200,7 @@ class Hedger:
         health: TargetHealth | None = None,
     ) -> None:
         self.config = config if config is not None else HedgeConfig()
-        self.latency = LatencyTracker(self.config)
+        self.latency = LatencyTracker(self.config, clock)
         self.budget = HedgeBudget(self.config.budget_ratio, self.config.budget_burst)
         self.counts = HedgeStats()
         self.clock = clock

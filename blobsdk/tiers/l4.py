@@ -45,6 +45,7 @@ _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try 
 
 
 SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
+SLOW_WITHIN_S = 2.0  # ... if it was that slow lately: older samples do not rank it
 
 
 class L4Tier(KeepsNothing, Closing):
@@ -77,6 +78,8 @@ class L4Tier(KeepsNothing, Closing):
         self.hedger = Hedger(hedge, health=self.health)
         self._limiters = limiters if limiters is not None else LimiterRegistry()
         replicas = blocks.replicas
+        self._replicas = {r.name: r for r in replicas}  # a store's replicas are fixed: read once, not per chunk
+        self._names = list(self._replicas)
         ledger = blocks.under_replicated if isinstance(blocks, ReplicatedBlockStore) else None
         self.repairer = (
             Repairer(metadata, replicas, repair, under_replicated=ledger, write_horizon=write_horizon)
@@ -214,30 +217,35 @@ class L4Tier(KeepsNothing, Closing):
 
     def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
-        lately after the others, then replicas whose latency estimate is over SLOW_FACTOR
-        times the best one after those that are not, then the least loaded first (requests
-        in flight or queued here), and among equals rendezvous order, so the primaries of a
-        batch spread over every replica.
+        lately after the others, then replicas lately over SLOW_FACTOR times slower than the
+        fastest (median latencies of the last SLOW_WITHIN_S) after those that are not, then
+        the least loaded first (requests in flight or queued here), and among equals
+        rendezvous order, so the primaries of a batch spread over every replica.
 
         Least loaded before rendezvous: on a busy HDD tier the replica whose queue is
         shortest answers first, where rendezvous alone hands each server whatever share of
         the chunks the hash gives it, and the busiest one sets the pace.  In the cold epoch
         of benchmarks/ingest.py (bandwidth-bound, 3 block servers) the stall went from
-        1.01-1.26 s to 0.67-0.83 s (two full runs each)."""
-        replicas = {r.name: r for r in self.blocks.replicas}
+        1.01-1.26 s to 0.67-0.83 s (two full runs each).
+
+        Slow by the median, and only lately: a replica ranked last is read no more (unless
+        hedged to), so its latencies never change.  Ranked by its p95 for good, a replica
+        that had a few slow reads stayed last, and the other two served every read through
+        their client-side queues (a batch of the hedging benchmark's ``none`` policy: 274 ms
+        at p99 instead of ~60)."""
+        replicas = self._replicas
         if len(replicas) < 2:
             return list(replicas.values())
-        ranked = [replicas[name] for name in rank(key, list(replicas))]
-        known = [e for r in ranked if (e := self.hedger.latency.estimate(r.name)) is not None]
+        names = rank(key, self._names)
+        typical = [self.hedger.latency.typical(name, SLOW_WITHIN_S) for name in names]
+        known = [t for t in typical if t is not None]
         limit = SLOW_FACTOR * min(known) if known else float("inf")
-        return sorted(
-            ranked,
-            key=lambda r: (
-                self.health.has(r.name, Reason.BAD_BYTES),
-                (self.hedger.latency.estimate(r.name) or 0.0) > limit,
-                self._limiters.load(r.name),
-            ),
+        has, load = self.health.has, self._limiters.load
+        order = sorted(
+            (has(name, Reason.BAD_BYTES), (t or 0.0) > limit, load(name), i)
+            for i, (name, t) in enumerate(zip(names, typical, strict=True))
         )
+        return [replicas[names[entry[-1]]] for entry in order]
 
     def _has_room(self, replica: BlockReplica) -> bool:
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
