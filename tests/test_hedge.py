@@ -601,7 +601,12 @@ def test_a_targets_typical_latency_is_its_recent_median() -> None:
         latency.record("a", seconds)
     assert latency.typical("a", within=2.0) == 0.001 and latency.estimate("a") == 0.5
     now[0] = 2.5
-    assert latency.typical("a", within=2.0) is None  # stale
+    assert latency.typical("a", within=2.0) is None  # stale: its window starts afresh
+    latency.record("a", 0.002)
+    assert latency.typical("a", within=2.0) is None and latency.estimate("a") == 0.5  # too few: borrows all targets' p95
+    for _ in range(10):
+        latency.record("a", 0.002)
+    assert latency.typical("a", within=2.0) == 0.002
 
 
 async def test_a_hedge_that_wins_leaves_the_callers_task_uncancelled() -> None:

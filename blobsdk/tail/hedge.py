@@ -131,11 +131,16 @@ class LatencyTracker:
 
     def typical(self, target: str, within: float) -> float | None:
         """The median latency of ``target``'s own window, if its last sample is at most
-        ``within`` seconds old (else None: what it was then says little about it now)."""
+        ``within`` seconds old.  Else None, and the window starts afresh: what the target did
+        then says little about it now, and a target ranked last for being slow gets no
+        samples to say otherwise."""
         window = self._targets.get(target)
-        if window is None or self._clock() - window.at > within or window.quantile(self._config.quantile) is None:
+        if window is None:
             return None
-        return window.median
+        if self._clock() - window.at > within:
+            self._targets[target] = _Window(self._config.window)
+            return None
+        return window.median if window.quantile(self._config.quantile) is not None else None
 
     def estimate(self, target: str) -> float | None:
         """The latency quantile of ``target`` (or of all targets), None if unmeasured."""

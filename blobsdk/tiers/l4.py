@@ -53,7 +53,8 @@ class L4Tier(KeepsNothing, Closing):
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
     :class:`~blobsdk.ops.repair.Repairer`, entered on its exit stack and stopped on close, which also
     makes up the copies a replicated store's writes missed (``write_horizon``: the
-    writer's ``max_write_seconds``)."""
+    writer's ``max_write_seconds``).  ``clock``: the hedger's and the health tracker's (a
+    test's virtual time)."""
 
     name = "l4"
 
@@ -68,14 +69,15 @@ class L4Tier(KeepsNothing, Closing):
         repair: RepairConfig | None = None,
         buffers: BufferPool | None = None,
         write_horizon: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.blocks = blocks
         self.buffers = buffers if buffers is not None else BufferPool()
         self.stats = stats if stats is not None else TierStats()
         hedge = hedge if hedge is not None else HedgeConfig()
         repair = repair if repair is not None else RepairConfig()
-        self.health = TargetHealth(hedge, bad_bytes_seconds=repair.demote_seconds)
-        self.hedger = Hedger(hedge, health=self.health)
+        self.health = TargetHealth(hedge, clock, bad_bytes_seconds=repair.demote_seconds)
+        self.hedger = Hedger(hedge, clock=clock, health=self.health)
         self._limiters = limiters if limiters is not None else LimiterRegistry()
         replicas = blocks.replicas
         self._replicas = {r.name: r for r in replicas}  # a store's replicas are fixed: read once, not per chunk
