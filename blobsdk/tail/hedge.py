@@ -56,7 +56,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..config import MIN_SAMPLES, HedgeConfig
 from .attempt import Attempt
@@ -210,6 +210,7 @@ class Hedger:
         self.counts = HedgeStats()
         self.clock = clock
         self.health = health if health is not None else TargetHealth(self.config, clock)
+        self.races: set[Race[Any, Any]] = set()  # in flight: told when a race finds a target hung
         if self.health.config != self.config:
             raise ValueError("a hedger and the health tracker it shares need the same HedgeConfig")
 

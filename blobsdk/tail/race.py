@@ -11,10 +11,13 @@ are one attempt that answers before its hedge delay.  So:
   the race (or the primary is found hung), the primary is stopped by cancelling the caller's
   task and taking that cancellation back (``Task.uncancel``), as ``asyncio.timeout`` does;
   a cancellation from outside is never taken for ours.
-- One timer per race, for whichever is due first: the hedge, or a look at the hang deadlines.
-  Nothing polls: an attempt that leaves its client-side queue says so
-  (``Attempt(on_service=)``) and the timer is moved, rather than woken every hedge delay
-  to see whether it has.  A timer due earlier than needed is kept and re-armed when it fires.
+- One timer per race, for whichever is due first: the hedge, or a look at the hang deadlines,
+  set once the attempt has made its first move (an attempt waiting in its client-side queue
+  needs none).  Nothing polls: an attempt that leaves its client-side queue says so
+  (``Attempt(on_service=)``), and a race that finds a target hung tells the hedger's other
+  races (``Hedger.races``), whose attempts queued there fail over; before, every race with an
+  attempt queued woke every hedge delay to look.  A timer due earlier than needed is kept
+  and re-armed when it fires.
 - The caller's task sleeps on one future that an attempt's end or the timer wakes; the
   decisions (hedge, fail over, settle) are made in those callbacks.
 
@@ -117,14 +120,18 @@ class Race(Generic[T, R]):
         self._result: _Outcome[R] | None = None  # None once over: every candidate failed
         self._interrupted = False  # the caller's task was cancelled by us, to stop the primary
         self._tasks: set[asyncio.Task[_Outcome[R]]] = set()  # every task started, until it ended
+        self._soon = False  # a first look at the timer is on its way (see _arm)
 
     async def run(self) -> R:
+        races = self._hedger.races
+        races.add(self)
         try:
             await self._primary()
             while not self._over:
                 self._wake = self._loop.create_future()
                 await self._wake
         finally:
+            races.discard(self)
             self._end()
             if self._tasks:
                 await _wait_out(self._tasks)
@@ -276,8 +283,8 @@ class Race(Generic[T, R]):
     def _schedule(self) -> None:
         """Set the timer for the next look (the hedge or a hang deadline), unless it is set
         for earlier already (it then looks again when it fires)."""
-        if self._over:
-            return
+        if self._over or self._soon:
+            return  # over, or the first look is on its way
         at = self._next_look()
         if at is None or (self._timer is not None and self._timer_at <= at):
             return
@@ -293,9 +300,14 @@ class Race(Generic[T, R]):
         self._timer = None
         self._loop.call_soon(self._look)
 
+    def poke(self) -> None:
+        """Another race found a target hung: look whether an attempt of this one is there."""
+        if not self._over:
+            self._loop.call_soon(self._look)
+
     def _look(self) -> None:
         """Fail over hung attempts, send a due hedge, set the next timer."""
-        if self._over or self._timer is not None:
+        if self._over:
             return
         try:
             self._fail_over_hung()
@@ -332,6 +344,12 @@ class Race(Generic[T, R]):
         can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < config.max_parallel
         self._armed = (mark, self._hedger.latency.delay(self._key_of(candidate))) if can_hedge else None
         self._not_before = -math.inf
+        if not self._soon:  # once the attempt made its first move: queued (no timer yet) or not
+            self._soon = True
+            self._loop.call_soon(self._first_look)
+
+    def _first_look(self) -> None:
+        self._soon = False
         self._schedule()
 
     def _hedge(self) -> None:
@@ -353,29 +371,22 @@ class Race(Generic[T, R]):
 
     def _hang_bound(self) -> float:
         """A lower bound of :meth:`_hang_check_at`: no deadline is shorter than ``hang_min_ms``."""
-        config = self._hedger.config
-        bound = math.inf
-        for mark in self._running:
-            at = mark.heard + config.hang_min_ms / 1000 if mark.serving else self._clock() + config.hang_min_ms / 2000
-            bound = min(bound, at)
-        return bound
+        shortest = self._hedger.config.hang_min_ms / 1000
+        return min((mark.heard + shortest for mark in self._running if mark.serving), default=math.inf)
 
     def _hang_check_at(self) -> float | None:
-        """When an attempt may next be found hung: its hang deadline if in service, else
-        soon (its target may be found hung by another read meanwhile); None if nothing runs."""
-        health, now = self._hedger.health, self._clock()
-        poll = self._hedger.config.hang_min_ms / 2000  # queued: look again in half the shortest deadline
+        """When an attempt in service may next be found hung (its hang deadline); None if none
+        is in service (one queued in this client fails over when its target is found hung:
+        see :meth:`poke`)."""
+        health = self._hedger.health
         first: float | None = None
         for mark, entry in self._running.items():
-            if mark in self._waited_for:
+            if mark in self._waited_for or not mark.serving:
                 continue
-            if not mark.serving:
-                at = now + poll
-            else:
-                key = self._key_of(entry.candidate)
-                deadline = health.deadline(self._hedger.latency.estimate(key))
-                # Past its deadline at a target that still answers others: when it falls silent.
-                at = max(mark.heard + deadline, health.silent_since(key, deadline))
+            key = self._key_of(entry.candidate)
+            deadline = health.deadline(self._hedger.latency.estimate(key))
+            # Past its deadline at a target that still answers others: when it falls silent.
+            at = max(mark.heard + deadline, health.silent_since(key, deadline))
             first = at if first is None else min(first, at)
         return first
 
@@ -390,6 +401,9 @@ class Race(Generic[T, R]):
             deadline = health.deadline(self._hedger.latency.estimate(key))
             if mark.serving and now - mark.heard >= deadline and health.silent_for(key, deadline):
                 health.mark(key, Reason.HUNG)
+                for race in list(self._hedger.races):
+                    if race is not self:
+                        race.poke()
             elif key == self._probe or not health.has(key, Reason.HUNG):
                 continue  # a probe of a hung target fails only by its own deadline
             if self._patient and len(self._running) == 1 and not self._healthy_left():
