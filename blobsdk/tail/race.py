@@ -135,6 +135,10 @@ class Race(Generic[T, R]):
             self._end()
             if self._tasks:
                 await _wait_out(self._tasks)
+            # An attempt's on_service refers to this race: let go of the attempts, so the
+            # race is freed by its last reference, not left to the cyclic garbage collector.
+            self._armed = None
+            self._running.clear()
         result = self._result
         if result is None:
             raise exhausted(self._failures, self._key_of)
