@@ -21,10 +21,13 @@ are one attempt that answers before its hedge delay.  So:
 - The caller's task sleeps on one future that an attempt's end or the timer wakes; the
   decisions (hedge, fail over, settle) are made in those callbacks.
 
-Measured (16 KiB reads in batches of 100 over three fake in-process replicas: the tier's and
-the hedger's own CPU per read, see benchmarks/hedging.py ``client_cpu``): the race added
-~70 µs per read over plain failover with a task per attempt, ``asyncio.wait`` and a timeout
-per wake-up (2.8 wake-ups per read); now ~5 µs.
+Measured (client CPU per 16 KiB L4 read, batches of 100 over three block servers in other
+processes, ``python -m benchmarks hedging``'s ``client_cpu_*`` rows, on the 2-core reference
+machine under load): with a task per attempt, ``asyncio.wait`` and a timeout per wake-up
+(2.8 wake-ups per read, most of them polls of reads queued in the client), a hedged read
+cost ~110-130 µs more than plain failover (250-290 vs 135-160 µs); now ~40 µs more (160 vs
+120 µs).  Of a lone race with an attempt that answers at once, ~17 µs is the race (26 vs
+9 µs; was 52), most of it setting and cancelling its one timer.
 """
 
 from __future__ import annotations

@@ -44,8 +44,7 @@ from .base import Closing, Decoder, KeepsNothing, Piece, Verifier
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
 
-SLOW_FACTOR = 3.0  # a replica this much slower than the best is tried last
-SLOW_WITHIN_S = 2.0  # ... if it was that slow lately: older samples do not rank it
+SLOW_WITHIN_S = 2.0  # a replica's latencies older than this do not rank it
 
 
 class L4Tier(KeepsNothing, Closing):
@@ -219,32 +218,33 @@ class L4Tier(KeepsNothing, Closing):
 
     def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
-        lately after the others, then replicas lately over SLOW_FACTOR times slower than the
-        fastest (median latencies of the last SLOW_WITHIN_S) after those that are not, then
-        the least loaded first (requests in flight or queued here), and among equals
+        lately after the others; then the shortest expected wait first, ``(load + 1) x
+        typical latency`` (load: requests in flight or queued here; typical: the median of
+        the last SLOW_WITHIN_S, a replica without one counted as the fastest); among equals
         rendezvous order, so the primaries of a batch spread over every replica.
 
-        Least loaded before rendezvous: on a busy HDD tier the replica whose queue is
-        shortest answers first, where rendezvous alone hands each server whatever share of
-        the chunks the hash gives it, and the busiest one sets the pace.  In the cold epoch
-        of benchmarks/ingest.py (bandwidth-bound, 3 block servers) the stall went from
+        The least loaded first: on a busy HDD tier the replica whose queue is shortest
+        answers first, where rendezvous alone hands each server whatever share of the chunks
+        the hash gives it, and the busiest one sets the pace.  In the cold epoch of
+        benchmarks/ingest.py (bandwidth-bound, 3 block servers) the stall went from
         1.01-1.26 s to 0.67-0.83 s (two full runs each).
 
-        Slow by the median, and only lately: a replica ranked last is read no more (unless
-        hedged to), so its latencies never change.  Ranked by its p95 for good, a replica
-        that had a few slow reads stayed last, and the other two served every read through
-        their client-side queues (a batch of the hedging benchmark's ``none`` policy: 274 ms
-        at p99 instead of ~60)."""
+        Weighted by latency, not cut off at a threshold: a replica 10x slower gets a tenth of
+        a burst's share, not none.  Ranked last once its p95 was over 3x the
+        best, a replica was read no more, so its estimate never changed; and on a loaded
+        client the medians of two healthy replicas differ 3x now and then, so a batch's
+        100 reads went to one replica through its client-side queue (hedging benchmark,
+        ``slow_replica``: batches of 200-290 ms, the p99 ~4x its fault-free one)."""
         replicas = self._replicas
         if len(replicas) < 2:
             return list(replicas.values())
         names = rank(key, self._names)
         typical = [self.hedger.latency.typical(name, SLOW_WITHIN_S) for name in names]
         known = [t for t in typical if t is not None]
-        limit = SLOW_FACTOR * min(known) if known else float("inf")
+        fastest = min(known) if known else 1.0
         has, load = self.health.has, self._limiters.load
         order = sorted(
-            (has(name, Reason.BAD_BYTES), (t or 0.0) > limit, load(name), i)
+            (has(name, Reason.BAD_BYTES), (load(name) + 1) * (fastest if t is None else t), i)
             for i, (name, t) in enumerate(zip(names, typical, strict=True))
         )
         return [replicas[names[entry[-1]]] for entry in order]
