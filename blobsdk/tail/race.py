@@ -25,8 +25,8 @@ Measured (client CPU per 16 KiB L4 read, batches of 100 over three block servers
 processes, ``python -m benchmarks hedging``'s ``client_cpu_*`` rows, on the 2-core reference
 machine under load): with a task per attempt, ``asyncio.wait`` and a timeout per wake-up
 (2.8 wake-ups per read, most of them polls of reads queued in the client), a hedged read
-cost ~80-100 µs more than plain failover (223-240 vs 126-148 µs); now ~25 µs more (148-153
-vs 122-130 µs).  Of a lone race with an attempt that answers at once, ~17 µs is the race (26 vs
+cost ~75-105 µs more than plain failover (198-240 vs 118-148 µs); now ~25 µs more (140-153
+vs 116-130 µs).  Of a lone race with an attempt that answers at once, ~17 µs is the race (26 vs
 9 µs; was 52), most of it setting and cancelling its one timer.
 """
 
