@@ -1,10 +1,13 @@
-"""Blocks for read-path tests: chunks packed into a block by hand, and a lone replica that
-reads one chunk per request."""
+"""Blocks for read-path tests: chunks packed into a block by hand, a lone replica that
+reads one chunk per request, and a local store whose span reads wait to be released."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
@@ -88,3 +91,25 @@ def pack(raws: Sequence[bytes], codec: Codec = "none") -> Chunks:
         refs.append(ref)
         offset += len(enc.payload)
     return Chunks(block_id, refs, list(raws), stored)
+
+
+class GatedSpans(LocalBlockStore):
+    """A local store whose span reads stop, after the first span is in, until released."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.started, self.release = asyncio.Event(), threading.Event()
+        self.checked: list[int] = []
+
+    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+        loop = asyncio.get_running_loop()
+
+        def gated(i: int) -> None:
+            assert check is not None
+            check(i)
+            if i == 0:
+                loop.call_soon_threadsafe(self.started.set)
+                self.release.wait()
+            self.checked.append(i)
+
+        return await super().read_spans(block_id, spans, check=gated, attempt=attempt)

@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import os
 import random
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from blobsdk.sources import localread
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.wire import ChunkRef, ReadPlan
-from tests.block_fixtures import OneAtATime, pack_chunks
+from tests.block_fixtures import GatedSpans, OneAtATime, pack_chunks
 
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 
@@ -138,28 +137,6 @@ async def test_a_bad_chunk_inside_a_group_fails_the_read_with_its_own_error(tmp_
         )
         l4 = c.stats()["l4"]
         assert (l4["hits"], l4["corrupt"], l4["misses"]) == (3, 1, 1)
-
-
-class GatedSpans(LocalBlockStore):
-    """A local store whose span reads stop, after the first span is in, until released."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.started, self.release = asyncio.Event(), threading.Event()
-        self.checked: list[int] = []
-
-    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
-        loop = asyncio.get_running_loop()
-
-        def gated(i: int) -> None:
-            assert check is not None
-            check(i)
-            if i == 0:
-                loop.call_soon_threadsafe(self.started.set)
-                self.release.wait()
-            self.checked.append(i)
-
-        return await super().read_spans(block_id, spans, check=gated, attempt=attempt)
 
 
 async def test_a_read_cancelled_mid_group_ends_before_the_cancellation_goes_on(

@@ -7,7 +7,6 @@ import array
 import asyncio
 import mmap
 import random
-import threading
 from pathlib import Path
 
 import msgspec
@@ -23,6 +22,7 @@ from blobsdk.sources import localread
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from servers.cluster import start_cluster
+from tests.block_fixtures import GatedSpans
 from tests.conftest import SMALL
 
 NO_L1 = L1Config(capacity_bytes=0)
@@ -335,28 +335,6 @@ async def test_over_a_cluster(tmp_path: Path, servers: int, l3_nodes: int, tier:
             assert await c.get_many_into(paths, batch) == [3000 + i for i in range(5)]
             assert batch == b"".join(data_of(3000 + i, i) for i in range(5))
             assert c.stats()[tier]["hits"] > 0
-
-
-class GatedSpans(LocalBlockStore):
-    """A local store whose span reads stop, after the first span is in, until released."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.started, self.release = asyncio.Event(), threading.Event()
-        self.checked: list[int] = []
-
-    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
-        loop = asyncio.get_running_loop()
-
-        def gated(i: int) -> None:
-            assert check is not None
-            check(i)
-            if i == 0:
-                loop.call_soon_threadsafe(self.started.set)
-                self.release.wait()
-            self.checked.append(i)
-
-        return await super().read_spans(block_id, spans, check=gated, attempt=attempt)
 
 
 async def test_a_cancelled_get_many_into_ends_only_when_nothing_writes_into_the_buffer(
