@@ -22,9 +22,10 @@ change shows above the spread.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,3 +137,27 @@ def record_cpu_vs(report: Report, rows: dict[str, Row], pairs: list[tuple[str, s
     """``OURS_cpu_vs_BASE``: a path's CPU per GB over its plain baseline's (lower is better)."""
     for ours, base in pairs:
         report.ratios[f"{ours}_cpu_vs_{base}"] = rows[ours].cpu_s_per_gb() / rows[base].cpu_s_per_gb()
+
+
+def processes_cpu_s(pids: Sequence[int]) -> float:
+    """The CPU seconds (user + system) the processes ``pids`` have used so far, from
+    /proc/PID/stat (clock ticks: 10 ms each; sum over many runs)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        total += int(fields[11]) + int(fields[12])  # utime, stime: the stat file's 14th and 15th
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def with_servers_cpu(run: Callable[[], Awaitable[int]], pids: Sequence[int], into: Row) -> Callable[[], Awaitable[int]]:
+    """``run``, also recording into ``into`` the CPU its servers (``pids``) used meanwhile."""
+
+    async def measured_run() -> int:
+        begun = processes_cpu_s(pids)
+        nbytes = await run()
+        into.cpu_s.append(processes_cpu_s(pids) - begun)
+        into.nbytes.append(nbytes)
+        return nbytes
+
+    return measured_run

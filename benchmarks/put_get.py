@@ -184,6 +184,10 @@ class TrivialServer:
             time.sleep(0.02)
         return f"http://127.0.0.1:{self._port_file.read_text()}/blob"
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def __exit__(self, *exc: object) -> None:
         self._proc.terminate()
         self._proc.wait(10)

@@ -35,6 +35,10 @@ then xxh3: under L2) and ``http_reused`` (the SDK's own GET, blobsdk/net/rawget.
 reused buffer, then xxh3: under L3); ``l2_cpu_vs_file_reused`` and ``l3_cpu_vs_http_reused``
 are what the read path adds over them.
 
+The servers' CPU per GB, from /proc, during the L3 rounds (the L3 nodes) and the plain GETs
+(the trivial server): ``l3_server_cpu_s_per_GB``, ``http_server_cpu_s_per_GB`` and their ratio
+``l3_server_cpu_vs_http_server``, so that where an L3 read's time goes (client or node) shows.
+
 Metrics: ``small_reads_per_s`` (sequential gets of 4 KiB blobs served from L1, one process;
 goal >= 250,000) and ``plan_lookup_us`` (a cached read-plan lookup; goal <= 20).
 """
@@ -60,7 +64,17 @@ from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
-from ._cpu import Row, floor_cpu_s_per_gb, interleave, measured, record_cpu, record_cpu_vs, record_ratio, record_rows
+from ._cpu import (
+    Row,
+    floor_cpu_s_per_gb,
+    interleave,
+    measured,
+    record_cpu,
+    record_cpu_vs,
+    record_ratio,
+    record_rows,
+    with_servers_cpu,
+)
 from ._report import Report
 from .put_get import TrivialServer
 
@@ -129,6 +143,10 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
                 await c.flush()
             before = {tier: c.stats()[tier]["hits"] for tier, c in clients.items()}
             windows = {tier: _Cycle(paths) for tier in clients}
+            # what the servers spend meanwhile: the L3 nodes (a read of the cache file, its
+            # hash, the send) and the trivial server (a send from memory)
+            nodes = [p.pid for p in cluster.processes if p.kind == "l3"]
+            servers = {"l3": Row(), "http": Row()}
             measured_paths = await interleave(
                 rounds,
                 {
@@ -136,8 +154,8 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
                     "l1": lambda: _window(windows["l1"], l1.get),
                     "file": base.files,
                     "l2": lambda: _window(windows["l2"], l2.get),
-                    "http": base.http,
-                    "l3": lambda: _window(windows["l3"], l3.get),
+                    "http": with_servers_cpu(base.http, [base.server_pid], servers["http"]),
+                    "l3": with_servers_cpu(lambda: _window(windows["l3"], l3.get), nodes, servers["l3"]),
                     "file_reused": base.files_reused,
                     "http_reused": base.http_reused,
                 },
@@ -146,6 +164,9 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
                 _check_served(c, tier, before[tier] + WINDOW * rounds)
         report.metrics["memcpy_reused_MBps"] = base.memcpy_reused_mbps()
         floor = floor_cpu_s_per_gb(samples[0])
+    for name, row in servers.items():
+        report.metrics[f"{name}_server_cpu_s_per_GB"] = row.cpu_s_per_gb()
+    report.ratios["l3_server_cpu_vs_http_server"] = servers["l3"].cpu_s_per_gb() / servers["http"].cpu_s_per_gb()
     record_rows(report, measured_paths)
     record_cpu(report, floor, measured_paths, ["l1", "l2", "l3"])
     pairs = [("l1", "memcpy"), ("l2", "file"), ("l2", "file_reused"), ("l3", "http"), ("l3", "http_reused")]
@@ -226,6 +247,11 @@ class _Baselines:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+
+    @property
+    def server_pid(self) -> int:
+        """The trivial server's process."""
+        return self._server.pid
 
     async def memcpy(self) -> int:
         """A new array per sample (``a.copy()``), as a get returns a new buffer: MEMCPY_WINDOWS
