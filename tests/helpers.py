@@ -211,3 +211,16 @@ def run_ranks(script: str, world_size: int, *args: str, timeout: float = 300) ->
     outs = [json.loads(rank.communicate(timeout=timeout)[0].strip().splitlines()[-1]) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0] * world_size
     return outs
+
+
+GC_AHEAD_S = 3600.0  # gc_ahead's clock runs this far ahead: every block written is past its grace
+
+
+async def gc_ahead(client: Any, *, dry_run: bool = False) -> Any:
+    """``client.gc`` on a clock an hour ahead (grace 0.3 s, 0.2 s for writes in flight): every
+    block no kept blob names is collected at once, without a sleep, and the client keeps the
+    default ``max_write_seconds`` (a write slowed by a busy machine is not refused)."""
+    from blobsdk.ops import gc
+
+    state = client._open
+    return await gc.collect(state.metadata, state.blocks, 0.3, 0.2, dry_run=dry_run, clock=lambda: time.time() + GC_AHEAD_S)

@@ -23,14 +23,14 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import MAX_CHUNK_BYTES
 from servers.cluster import start_cluster
-from tests.helpers import ROOT
+from tests.helpers import ROOT, gc_ahead
 from tests.test_cli import error_line, ok, run
 from tests.test_dedup import assert_index_sound_after_gc
 
 CHUNK = 64 << 10
 ADMIN = "admin-token-for-faults"
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
-QUICK_GC = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)  # gc's grace may be 0.3 s
+QUICK_GC = WriteConfig(chunk_size=CHUNK, block_size=1 << 20, max_write_seconds=0.2)  # a write slower than 0.2 s is refused
 
 
 def model(seed: int = 0, chunks: int = 8) -> dict[str, Any]:
@@ -101,7 +101,7 @@ async def test_a_second_save_writes_only_the_changed_chunks(client: blobsdk.Clie
 
 
 async def test_retention_keeps_the_last_k_and_gc_collects_only_what_nobody_needs(tmp_path: Path) -> None:
-    async with blobsdk.Client.local(tmp_path / "store", write=QUICK_GC) as client:
+    async with blobsdk.Client.local(tmp_path / "store", write=WRITE) as client:
         await _retention(client)
 
 
@@ -114,8 +114,7 @@ async def _retention(client: blobsdk.Client) -> None:
         states.append({"w": state["model"]["w"].copy()})
         await (await ck.save(step, state)).wait()
     assert await ck.list() == [3, 4]
-    await asyncio.sleep(0.35)
-    report = await client.gc(grace=0.3)
+    report = await gc_ahead(client)
     assert report.blocks_deleted >= 1  # what only steps 1 and 2 named
     for step, saved in zip((3, 4), states[2:], strict=True):
         assert np.array_equal((await ck.load(step))["model"]["w"], saved["w"])  # their reused chunks survived gc
@@ -325,7 +324,7 @@ async def test_a_process_killed_mid_save_leaves_the_last_checkpoint_whole(tmp_pa
     await asyncio.sleep(delay)
     saver.send_signal(signal.SIGKILL)
     await saver.wait()
-    async with blobsdk.Client.local(store, write=QUICK_GC) as c:
+    async with blobsdk.Client.local(store, write=WRITE) as c:
         ck = c.checkpoints("/ck/crash", keep=3)
         steps = await ck.list()
         assert steps and steps[0] >= 1
@@ -336,10 +335,9 @@ async def test_a_process_killed_mid_save_leaves_the_last_checkpoint_whole(tmp_pa
         assert np.array_equal(latest["w"], expected)
         for step in steps:
             await ck.load(step)  # every kept one loads: none is partial
-        await asyncio.sleep(0.35)
-        await c.gc(grace=0.3)  # the interrupted save's blocks are orphans now
+        await gc_ahead(c)  # the interrupted save's blocks are orphans now
         assert np.array_equal((await ck.load())["w"], expected)
-        left = await c.gc(grace=0.3, dry_run=True)
+        left = await gc_ahead(c, dry_run=True)
         assert left.blocks_scanned == left.blocks_referenced  # every orphan is gone
         # The chunk index: each entry sound and naming only blocks a checkpoint names (the
         # retired ones' were swept); every chunk of every kept checkpoint but the latest (whose
@@ -467,12 +465,11 @@ async def test_parts_that_repeat_an_entry_are_refused(client: blobsdk.Client) ->
 
 
 async def test_a_part_never_committed_leaves_only_orphans_for_gc(tmp_path: Path) -> None:
-    async with blobsdk.Client.local(tmp_path / "store", write=QUICK_GC) as c:
+    async with blobsdk.Client.local(tmp_path / "store", write=WRITE) as c:
         ck = c.checkpoints("/ck/orphan")
         await (await ck.save(1, model())).wait()
         await ck.write_part(model(5))  # a rank that died before the coordinator committed
-        await asyncio.sleep(0.35)
-        report = await c.gc(grace=0.3)
+        report = await gc_ahead(c)
         assert report.blocks_deleted >= 1 and await ck.list() == [1]
         assert_same(model(), await ck.load())
 

@@ -8,7 +8,6 @@ import asyncio
 import secrets
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -26,16 +25,14 @@ from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.ops import gc as gc_module
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.write.dedup import INDEX_DIR, is_index_path
 from servers import api
 from servers.redisd import RedisCluster, RedisServer, start_redis, start_redis_cluster
-from tests.helpers import ROOT, running_app
+from tests.helpers import ROOT, gc_ahead, running_app
 
 CHUNK = 64 << 10
-WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)  # gc runs on a clock ahead (LATER)
-LATER = 3600.0  # gc's clock this far ahead: every block is past its grace
+WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)  # gc runs on a clock ahead (gc_ahead)
 
 
 def weights(seed: int, chunks: int = 8) -> np.ndarray:
@@ -66,11 +63,6 @@ async def assert_index_sound_after_gc(client: blobsdk.Client, bucket: str) -> li
         assert (await client.plan(path)).block_ids() <= stored & named, path
         assert xxhash.xxh3_128_hexdigest(await client.get(path)) == path.rsplit("/", 1)[1], path
     return entries
-
-
-async def gc(client: blobsdk.Client) -> gc_module.GcReport:
-    state = client._open
-    return await gc_module.collect(state.metadata, state.blocks, 0.3, 0.2, clock=lambda: time.time() + LATER)
 
 
 @pytest.fixture
@@ -133,14 +125,14 @@ async def test_gc_keeps_what_a_kept_checkpoint_names_through_the_index_then_swee
     await (await a.save(1, state)).wait()
     await (await b.save(1, state)).wait()  # names a's blocks
     await a.remove(1)
-    report = await gc(client)
+    report = await gc_ahead(client)
     assert (report.blocks_deleted, report.index_entries_deleted) == (1, 0)  # a's manifest block only
     assert np.array_equal((await b.load())["w"], state["w"])
     await b.remove(1)
-    report = await gc(client)
+    report = await gc_ahead(client)
     assert report.index_entries_deleted == 8
     assert await index_entries(client, "bkt") == []
-    left = await gc(client)
+    left = await gc_ahead(client)
     assert (left.blocks_scanned, left.blocks_deleted) == (0, 0)  # nothing pinned, nothing leaked
 
 
@@ -161,7 +153,7 @@ async def test_an_index_entry_recorded_again_during_the_sweep_is_kept(tmp_path: 
         ck = c.checkpoints("/bkt/a")
         await (await ck.save(1, {"w": weights(0, chunks=2)})).wait()
         await ck.remove(1)
-        report = await gc(c)
+        report = await gc_ahead(c)
         assert report.index_entries_deleted == 0  # each changed since the scan: kept, with its block
         entries = await index_entries(c, "bkt")
         assert len(entries) == 2
@@ -238,15 +230,15 @@ async def test_every_metadata_backend_dedups_across_prefixes_and_gc_sweeps_the_i
         assert np.array_equal((await y.load())["w"], state["w"])
         assert len(await index_entries(c, "b")) == 4
         await x.remove(1)
-        kept = await gc(c)
+        kept = await gc_ahead(c)
         assert kept.index_entries_deleted == 0 and named[1] <= await stored_blocks(blocks)
         assert np.array_equal((await y.load())["w"], state["w"])  # y names them: kept, and their entries
         await y.remove(1)
-        report = await gc(c)
+        report = await gc_ahead(c)
         assert report.index_entries_deleted == 4 and report.blocks_deleted == report.blocks_scanned > 0
         assert await index_entries(c, "b") == []
         assert [plan.path async for plan in metadata.iter_plans()] == []
-        left = await gc(c)
+        left = await gc_ahead(c)
         assert (left.blocks_scanned, left.blocks_deleted) == (0, 0)  # nothing pinned, nothing leaked
 
 
@@ -364,17 +356,17 @@ async def test_a_process_killed_in_a_deduplicating_save_loses_dedup_at_worst_nev
         prefixes = ["/ck/base", "/ck/run/step-2", "/ck/run/step-3"][: 3 if committed else 2]
         assert [await c.checkpoints(p).list() for p in prefixes] == [[1]] * len(prefixes)
         assert await c.checkpoints("/ck/run/step-3").list() == ([1] if committed else [])
-        assert (await gc(c)).blocks_deleted == orphans  # the killed save's orphans go; nothing a checkpoint names does
+        assert (await gc_ahead(c)).blocks_deleted == orphans  # the killed save's orphans go; nothing a checkpoint names does
         for n, prefix in enumerate(prefixes, start=1):
             assert np.array_equal((await c.checkpoints(prefix).load())["w"], stepped(n)), prefix
         assert len(await assert_index_sound_after_gc(c, "ck")) == 64 + 16 + (16 - rewritten)  # base, step 2, what step 3 recorded
-        left = await gc(c)
+        left = await gc_ahead(c)
         assert (left.blocks_deleted, left.index_entries_deleted) == (0, 0)
         again = await (await c.checkpoints("/ck/run/step-4").save(1, {"w": stepped(3)})).wait()
         assert again.new_bytes == rewritten * CHUNK
         assert np.array_equal((await c.checkpoints("/ck/run/step-4").load())["w"], stepped(3))
         for prefix in [*prefixes, "/ck/run/step-4"]:
             await c.checkpoints(prefix).remove(1)
-        await gc(c)
+        await gc_ahead(c)
         assert await index_entries(c, "ck") == []
         assert [info async for info in c._open.blocks.list_blocks()] == []  # nothing orphaned is kept

@@ -6,7 +6,6 @@ patches need, and a mirror that no longer matches the base is never trusted."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,12 @@ import xxhash
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import CorruptData
-from blobsdk.ops import gc as gc_module
 from blobsdk.wire import ChunkRef, ReadPlan
 from blobsdk.write import patch
 from blobsdk.write.manifest import Entry, Manifest
 from blobsdk.write.restore import restore
 from blobsdk.write.stage import GRANULE, MAX_PATCHES
+from tests.helpers import gc_ahead
 
 CHUNK = 256 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=4 << 20, compression="none")  # gc runs on a clock an hour ahead
@@ -132,8 +131,7 @@ async def test_retention_and_gc_keep_the_bases_and_patches_a_kept_checkpoint_nam
         if step:
             scatter(array, rng, 4, 100)
         await (await ck.save(step, {"w": array})).wait()
-    state = client._open
-    report = await gc_module.collect(state.metadata, state.blocks, 0.3, 0.2, clock=lambda: time.time() + 3600)
+    report = await gc_ahead(client)
     assert report.blocks_deleted > 0  # the retired steps' manifests went, the first step's data did not
     assert np.array_equal((await ck.load())["w"], array)
 
