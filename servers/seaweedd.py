@@ -27,7 +27,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -64,6 +64,16 @@ def _admin_ports() -> tuple[int, int]:
         with contextlib.suppress(OSError), socket.socket() as s:
             s.bind(("127.0.0.1", http))
             return http, grpc
+
+
+def _distinct(taken: set[int], pick: Callable[[], tuple[int, ...]]) -> int:
+    """The first of the ports ``pick`` gives, once none of them is in ``taken`` (all of them
+    are added to it)."""
+    while True:
+        ports = pick()
+        if taken.isdisjoint(ports):
+            taken.update(ports)
+            return ports[0]
 
 
 @dataclass
@@ -112,12 +122,16 @@ class SeaweedServer(LocalService):
 
     @staticmethod
     def _pick_ports(s3_port: int) -> dict[str, int]:
+        """Nine free ports and the admin's gRPC port: ten, distinct by construction.  A port
+        free a moment ago stays free until weed binds it, so the kernel may offer it twice (a
+        gRPC port equal to the S3 port was seen, and weed never listened on all ten)."""
         ports = {"s3.port": s3_port}
-        for server in ("master", "volume", "filer"):
-            ports[f"{server}.port"] = free_port()
-        for server in ("master", "volume", "filer", "s3"):
-            ports[f"{server}.port.grpc"] = free_port()
-        ports["admin.port"] = _admin_ports()[0]  # its gRPC port: + 10000
+        taken = {s3_port}
+        for name in [f"{server}.port" for server in ("master", "volume", "filer")] + [
+            f"{server}.port.grpc" for server in ("master", "volume", "filer", "s3")
+        ]:
+            ports[name] = _distinct(taken, lambda: (free_port(),))
+        ports["admin.port"] = _distinct(taken, _admin_ports)  # its gRPC port: + 10000
         return ports
 
     def _client(self, port: int) -> Any:

@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from obstore.exceptions import PermissionDeniedError
 from obstore.store import S3Store
 
+from servers import seaweedd
 from servers.seaweedd import SeaweedServer, start_seaweed
 from tests.helpers import ROOT
 
@@ -112,3 +113,14 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_the_ports_picked_are_distinct_when_the_kernel_offers_one_twice(monkeypatch):
+    """A port free a moment ago stays free until weed binds it: the kernel may offer the S3
+    port again, and the admin's pair may overlap another port; each such offer is passed over."""
+    offers = iter([40000, 40001, 40001, 40002, 40003, 40004, 40005, 40003, 40006, 40007])
+    admin = iter([(40006, 50006), (30000, 40000), (30001, 40008)])  # clashes: 40006, then 40000
+    monkeypatch.setattr(seaweedd, "free_port", lambda: next(offers))
+    monkeypatch.setattr(seaweedd, "_admin_ports", lambda: next(admin))
+    ports = seaweedd.SeaweedServer._pick_ports(40000)
+    assert list(ports.values()) == [40000, 40001, 40002, 40003, 40004, 40005, 40006, 40007, 30001]
