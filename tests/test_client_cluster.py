@@ -15,7 +15,7 @@ import pytest
 import blobsdk
 from blobsdk.config import HedgeConfig, WriteConfig
 from servers.cluster import start_cluster
-from tests.helpers import ROOT, stored_files
+from tests.helpers import ROOT, gc_ahead, stored_files
 
 SMALL = {"chunk_size": 64 << 10, "block_size": 256 << 10}
 
@@ -36,7 +36,7 @@ def _config(cluster, **write):
 
 async def test_cluster_round_trip_put_many_list_delete_gc(tmp_path):
     async with start_cluster(tmp_path, block_servers=3, l3_nodes=0) as cluster:
-        cfg = _config(cluster, max_write_seconds=0.2)
+        cfg = _config(cluster)
         async with blobsdk.Client(cfg) as c:
             items = [(f"/ds/{i:03d}", os.urandom(5000 + i)) for i in range(50)]
             await c.put_many(items)
@@ -46,8 +46,7 @@ async def test_cluster_round_trip_put_many_list_delete_gc(tmp_path):
                 assert await c.get(path, offset=100, length=50) == data[100:150]
             await c.put("/b/gone", os.urandom(300_000))
             await c.delete("/b/gone")
-            await asyncio.sleep(0.4)
-            report = await c.gc(grace=0.3)
+            report = await gc_ahead(c)
             assert report.blocks_deleted >= 2  # the deleted blob's blocks
             for path, data in items:
                 assert await c.get(path) == data

@@ -24,7 +24,7 @@ from blobsdk.ops.index import IndexProgress
 from blobsdk.sources.base import block_time, is_link, links_to
 from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis
-from tests.helpers import S3_STORES, redis_s3_toml, s3_server
+from tests.helpers import S3_STORES, gc_ahead, redis_s3_toml, s3_server
 from tests.test_cli import run as run_cli
 
 KiB = 1 << 10
@@ -45,8 +45,8 @@ def run_id() -> str:
 
 
 def config_of(services, tmp_path: Path, run_id: str, max_write_seconds: float = 60.0) -> ClientConfig:
-    """A client of the services; ``max_write_seconds`` small only for one that writes nothing
-    and runs gc with a short grace (a write over it fails, on a loaded machine too)."""
+    """A client of the services (gc in these tests runs on a clock ahead, tests.helpers.gc_ahead,
+    so no client needs a short ``max_write_seconds``: a write over it fails on a loaded machine)."""
     redis, s3 = services
     write = {"chunk_size": CHUNK, "max_write_seconds": max_write_seconds}
     tables = {"write": write, "read": {"plan_cache_ttl_seconds": 0}}
@@ -126,9 +126,8 @@ async def test_objects_indexed_in_place_read_back_and_a_change_is_detected_until
         with pytest.raises(blobsdk.BlobNotFound):
             await c.stat(path_of[deleted])
 
-    async with blobsdk.Client(config_of(services, tmp_path, run_id, max_write_seconds=0.2)) as c:  # gc only
-        await asyncio.sleep(0.3)
-        gc = await c.gc(grace=0.25)
+    async with blobsdk.Client(config_of(services, tmp_path, run_id)) as c:
+        gc = await gc_ahead(c)
         assert gc.blocks_deleted == 2  # the links of 007's old version and of 008: never an object
     assert await keys_under(bucket, prefix) == sorted(set(objects) - {deleted})
 
