@@ -36,6 +36,24 @@ import xxhash
 from ._ingest_workload import Samples, Workload
 
 
+class JobClock(Protocol):
+    """The job's time: the wall clock in a run, a virtual one in the harness's own tests."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    """``time.perf_counter`` and ``time.sleep``."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
 class WrongData(AssertionError):
     """A variant delivered bytes or samples other than the dataset's: its timing is void."""
 
@@ -138,17 +156,19 @@ class Checker:
         return i
 
 
-def run_job(variant: Variant, workload: Workload, samples: Samples) -> JobResult:
-    """One training job fed by ``variant`` (see the module docstring)."""
+def run_job(variant: Variant, workload: Workload, samples: Samples, clock: JobClock | None = None) -> JobResult:
+    """One training job fed by ``variant`` (see the module docstring), timed by ``clock``
+    (the wall clock unless given)."""
+    clock = clock or WallClock()
     per_sample = workload.compute_per_sample_s(samples)
     result = JobResult(setup_s=workload.setup_s(samples))
     checker = Checker(samples)
-    start = time.perf_counter()
+    start = clock.now()
     variant.prepare()
-    time.sleep(max(0.0, start + result.setup_s - time.perf_counter()))
+    clock.sleep(max(0.0, start + result.setup_s - clock.now()))
     epoch_start = start + result.setup_s
     for epoch in range(workload.epochs):
-        timing = _epoch(variant.epoch(epoch), per_sample, checker, epoch_start)
+        timing = _epoch(variant.epoch(epoch), per_sample, checker, epoch_start, clock)
         checker.end_epoch(epoch)
         result.epochs.append(timing)
         epoch_start += timing.wall_s
@@ -156,19 +176,19 @@ def run_job(variant: Variant, workload: Workload, samples: Samples) -> JobResult
     return result
 
 
-def _epoch(batches: Iterable[Batch], per_sample: float, checker: Checker, start: float) -> EpochTiming:
+def _epoch(batches: Iterable[Batch], per_sample: float, checker: Checker, start: float, clock: JobClock) -> EpochTiming:
     compute = 0.0
     first = None
     waits: list[float] = []
     it = iter(batches)
     asked = start
     while (batch := next(it, None)) is not None:
-        came = time.perf_counter()
+        came = clock.now()
         waits.append(came - asked)
         first = came - start if first is None else first
         checker.batch(batch)
-        began = time.perf_counter()
-        time.sleep(per_sample * len(batch))  # the step: the accelerator is busy
-        asked = time.perf_counter()
+        began = clock.now()
+        clock.sleep(per_sample * len(batch))  # the step: the accelerator is busy
+        asked = clock.now()
         compute += asked - began
-    return EpochTiming(wall_s=time.perf_counter() - start, compute_s=compute, first_batch_s=first or 0.0, waits=tuple(waits))
+    return EpochTiming(wall_s=clock.now() - start, compute_s=compute, first_batch_s=first or 0.0, waits=tuple(waits))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from benchmarks import _ingest_peers as peers
 from benchmarks import _ingest_plot, ingest
-from benchmarks._ingest_job import Batch, JobResult, WrongData, run_job
+from benchmarks._ingest_job import Batch, JobClock, JobResult, WallClock, WrongData, run_job
 from benchmarks._ingest_variants import WithL3Traffic
 from benchmarks._ingest_workload import KiB, MiB, Samples, Workload, sample_sizes
 from servers.cluster import start_cluster
@@ -80,16 +79,32 @@ def test_each_sample_has_its_own_block_url_with_its_bytes(tmp_path: Path) -> Non
     assert all(b == samples.data(i) for i, b in enumerate(bodies))
 
 
+class VirtualClock:
+    """A job clock that moves only when the job sleeps."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
 class _Replay:
     """A variant that hands out the samples from memory, in order, optionally spoiled."""
 
     name = "replay"
 
-    def __init__(self, samples: Samples, *, flip: bool = False, drop: bool = False, prepare_s: float = 0.0) -> None:
+    def __init__(
+        self, samples: Samples, *, flip: bool = False, drop: bool = False, prepare_s: float = 0.0, clock: JobClock | None = None
+    ) -> None:
         self.samples, self.flip, self.drop, self.prepare_s = samples, flip, drop, prepare_s
+        self.clock = clock or WallClock()
 
     def prepare(self) -> None:
-        time.sleep(self.prepare_s)
+        self.clock.sleep(self.prepare_s)
 
     def epoch(self, epoch: int) -> Iterable[Batch]:
         keys = list(range(len(self.samples)))[: -1 if self.drop else None]
@@ -121,11 +136,11 @@ def test_a_missing_sample_voids_the_run() -> None:
 
 def test_preparation_that_outlasts_the_setup_phase_is_ingestion() -> None:
     slow_tier = replace(TINY, bandwidth_mbps=20.0)  # ~0.05 s of compute per epoch, set-up ~5 ms
-    samples = Samples(slow_tier)
-    result = run_job(_Replay(samples, prepare_s=0.3), slow_tier, samples)
-    assert result.epochs[0].stall_s >= 0.29
-    assert result.epochs[1].stall_s < 0.05  # from memory: no stall worth the name
-    assert result.compute_s == pytest.approx(slow_tier.epochs * slow_tier.epoch_compute_s(samples), rel=0.2)
+    samples, clock = Samples(slow_tier), VirtualClock()  # time passes only in sleeps: exact figures
+    result = run_job(_Replay(samples, prepare_s=0.3, clock=clock), slow_tier, samples, clock)
+    assert result.epochs[0].stall_s == pytest.approx(0.3 - result.setup_s)  # the preparation past the set-up phase
+    assert result.epochs[1].stall_s == 0.0  # from memory: no stall
+    assert result.compute_s == pytest.approx(slow_tier.epochs * slow_tier.epoch_compute_s(samples))
     assert result.ingest_s == pytest.approx(sum(e.stall_s for e in result.epochs))
     assert result.utilisation == pytest.approx(result.compute_s / (result.compute_s + result.ingest_s))
     assert result.extra == {"replayed": 1.0}
