@@ -29,7 +29,8 @@ from blobsdk.wire import (
     encode,
 )
 from servers._common.faults import FaultConfig, FaultRule
-from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
+from servers.tracker import TRACKER, make_app
+from servers.tracker_rules import Tracker, TrackerConfig
 from tests.helpers import running_app
 
 REFS = [ChunkRef(block_id=f"{i:032x}", offset=0, length=1, raw_length=1, checksum=i) for i in range(40)]

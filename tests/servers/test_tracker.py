@@ -27,7 +27,8 @@ from blobsdk.wire import (
     ReportResponse,
 )
 from servers._common.metrics import sample_sum, sample_values
-from servers.tracker import Tracker, TrackerConfig, make_app
+from servers.tracker import make_app
+from servers.tracker_rules import Tracker, TrackerConfig
 from tests.helpers import ROOT, Tenancy, auth_headers, running_app, server_process
 
 KEY = "c" * 40

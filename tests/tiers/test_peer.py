@@ -27,7 +27,8 @@ from blobsdk.peer.trackers import Trackers, tracker_servers
 from blobsdk.tiers.peer import PeerTier
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
-from servers.tracker import TRACKER, Tracker, TrackerConfig, make_app
+from servers.tracker import TRACKER, make_app
+from servers.tracker_rules import Tracker, TrackerConfig
 from tests.helpers import ROOT, running_app
 from tests.test_trackers import Liar, source
 
