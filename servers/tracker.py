@@ -17,8 +17,10 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
   — holders first (least loaded, the demoted after the healthy), then peers still fetching it
   (earliest first: they stream what they have, so bytes flow down a tree) — at most
   ``max_sources``, leaving out any source that already has ``fanout`` children for that key.
-  The asker is recorded as a fetcher of each key, a source for later askers.  No source: the
-  asker fetches from the origin (L3/L4), and the next askers are sent to it.
+  A locate ranks only the first ``SCAN`` (32) holders and fetchers with room, so its cost does
+  not grow with the swarm (servers/tracker_rules.py).  The asker is recorded as a fetcher of
+  each key, a source for later askers.  No source: the asker fetches from the origin (L3/L4),
+  and the next askers are sent to it.
 - ``POST /v1/announce`` ``AnnounceRequest`` -> ``AnnounceResponse``: ``filled`` keys become
   the peer's copies, and the tracker decides **caching**: a copy is kept while the key's copies
   are fewer than its recent demand needs (askers in the last ``demand_window_s`` ÷ ``fanout``,

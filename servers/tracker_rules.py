@@ -77,17 +77,90 @@ class _Peer:
     fetches: set[str] = field(default_factory=set)  # keys it is fetching
 
 
+SCAN = 32  # open holders, and open fetchers, a locate ranks at most (from the front of each)
+
+
 @dataclass
 class _Swarm:
-    """One chunk key: who holds it, who fetches it (since when), who was sent where."""
+    """One chunk key: who holds it, who fetches it (since when), who was sent where.
+
+    A locate must not walk the whole swarm: at 10,000 hosts on one blob that is quadratic
+    (issue 27).  So the swarm keeps its *open* sources, those with room for another child,
+    in two insertion-ordered dicts (fetchers earliest first; a holder that is handed a child
+    moves to the back, so hand-outs rotate), and a locate ranks only the first ``SCAN`` of
+    each.  A source that reaches ``fanout`` children leaves its dict and waits in ``full``, a
+    heap by the time its oldest hand-out ages out, unless a child's fill frees it sooner.
+    """
 
     holders: set[str] = field(default_factory=set)
     fetchers: dict[str, float] = field(default_factory=dict)
     children: dict[str, dict[str, float]] = field(default_factory=dict)  # source -> {child: handed out at}
+    parent: dict[str, str] = field(default_factory=dict)  # child -> the source it was handed last
     asks: deque[float] = field(default_factory=deque)  # when peers asked for it, oldest first
+    open_holders: dict[str, None] = field(default_factory=dict)
+    open_fetchers: dict[str, None] = field(default_factory=dict)
+    full: list[tuple[float, str]] = field(default_factory=list)  # (when its oldest hand-out ages out, source)
 
     def idle(self) -> bool:
         return not (self.holders or self.fetchers or self.asks)
+
+    def children_of(self, source: str, now: float, ttl: float) -> int:
+        """The source's children handed out within ``ttl`` (older ones are dropped here)."""
+        children = self.children.get(source)
+        if not children:
+            return 0
+        for child in [c for c, at in children.items() if now - at > ttl]:
+            del children[child]
+        return len(children)
+
+    def open(self, source: str) -> None:
+        """``source`` has room for a child: rank it again."""
+        if source in self.holders:
+            self.open_fetchers.pop(source, None)
+            self.open_holders[source] = None
+        elif source in self.fetchers:
+            self.open_fetchers.setdefault(source, None)
+
+    def close(self, source: str) -> None:
+        self.open_holders.pop(source, None)
+        self.open_fetchers.pop(source, None)
+
+    def reopen_due(self, now: float, fanout: int, ttl: float) -> None:
+        """Open the full sources whose oldest hand-out aged out by ``now``."""
+        while self.full and self.full[0][0] <= now:
+            _, source = heapq.heappop(self.full)
+            if source in self.holders or source in self.fetchers:
+                self._open_or_wait(source, now, fanout, ttl)
+
+    def hand_out(self, source: str, child: str, now: float, fanout: int, ttl: float) -> None:
+        """``child`` tries ``source`` first: it counts against the source's fan-out."""
+        self.release(child, now, fanout, ttl)  # it asked again: its earlier source is free of it
+        self.children.setdefault(source, {})[child] = now
+        self.parent[child] = source
+        if source in self.open_holders:
+            del self.open_holders[source]  # to the back: hand-outs rotate over the holders
+            self.open_holders[source] = None
+        self._open_or_wait(source, now, fanout, ttl)
+
+    def release(self, child: str, now: float, fanout: int, ttl: float) -> None:
+        """``child`` no longer counts against its source (it filled)."""
+        source = self.parent.pop(child, None)
+        if source is not None and self.children.get(source, {}).pop(child, None) is not None:
+            self._open_or_wait(source, now, fanout, ttl)
+
+    def forget(self, peer: str) -> None:
+        self.holders.discard(peer)
+        self.fetchers.pop(peer, None)
+        self.children.pop(peer, None)
+        self.parent.pop(peer, None)
+        self.close(peer)
+
+    def _open_or_wait(self, source: str, now: float, fanout: int, ttl: float) -> None:
+        if self.children_of(source, now, ttl) < fanout:
+            self.open(source)
+        else:
+            self.close(source)
+            heapq.heappush(self.full, (min(self.children[source].values()) + ttl, source))
 
 
 class Tracker:
@@ -178,30 +251,36 @@ class Tracker:
         self._trim_asks(swarm, now)
         if asker.peer_id in swarm.holders:
             return Located(key=key, sources=[])  # it has it: nothing to hand out, nothing to record
-        sources = self._ranked_sources(key, swarm, asker, now)[: self.config.max_sources]
+        fanout, ttl = self.config.fanout, self.config.child_ttl_s
+        swarm.reopen_due(now, fanout, ttl)
+        sources = self._ranked_sources(key, swarm, asker, now)
         if sources:
-            swarm.children.setdefault(sources[0].peer_id, {})[asker.peer_id] = now  # the child tries it first
+            swarm.hand_out(sources[0].peer_id, asker.peer_id, now, fanout, ttl)  # the child tries it first
             self.counts["located_peer"] += 1
         else:
             self.counts["located_origin"] += 1
-        swarm.fetchers.setdefault(asker.peer_id, now)
+        if asker.peer_id not in swarm.fetchers:
+            swarm.fetchers[asker.peer_id] = now
+            if swarm.children_of(asker.peer_id, now, ttl) < fanout:
+                swarm.open(asker.peer_id)
         asker.fetches.add(key)
         return Located(key=key, sources=sources)
 
     def _ranked_sources(self, key: str, swarm: _Swarm, asker: _Peer, now: float) -> list[Source]:
-        """Holders (healthy before ranked-last, then fewest uploads, then fewest children of
-        this key), then fetchers (earliest first), each with room for another child."""
-        holders, fetchers = [], []
-        for peer_id in swarm.holders:
-            peer = self._peers.get(peer_id)
-            if peer is not None and self._can_serve(peer, swarm, asker, now):
-                rank = (peer.ranked_last_until > now, peer.uploads, self._children(swarm, peer_id, now), peer_id)
-                holders.append((rank, peer))
-        for peer_id, since in swarm.fetchers.items():
-            peer = self._peers.get(peer_id)
-            if peer is not None and self._can_serve(peer, swarm, asker, now):
-                fetchers.append(((peer.ranked_last_until > now, since), peer))
-        ordered = [p for _, p in sorted(holders, key=lambda h: h[0])] + [p for _, p in sorted(fetchers, key=lambda f: f[0])]
+        """The best ``max_sources`` of the first ``SCAN`` open holders (healthy before
+        ranked-last, then fewest uploads, then fewest children of this key), then of the first
+        ``SCAN`` open fetchers (earliest first): each with room for another child."""
+        ttl = self.config.child_ttl_s
+        holders = [
+            (p.ranked_last_until > now, p.uploads, swarm.children_of(p.peer_id, now, ttl), p.peer_id, p)
+            for p in self._open_peers(swarm.open_holders, asker)
+        ]
+        fetchers = [
+            (p.ranked_last_until > now, swarm.fetchers[p.peer_id], p.peer_id, p)
+            for p in self._open_peers(swarm.open_fetchers, asker)
+        ]
+        best = [h[-1] for h in heapq.nsmallest(self.config.max_sources, holders, key=lambda h: h[:4])]
+        best += [f[-1] for f in heapq.nsmallest(self.config.max_sources - len(best), fetchers, key=lambda f: f[:3])]
         expires = int(self._wall() + self.config.ticket_ttl_s)
         return [
             Source(
@@ -210,26 +289,19 @@ class Tracker:
                 complete=p.peer_id in swarm.holders,
                 ticket=p.serve_key.ticket(asker.tenant, key, expires),
             )
-            for p in ordered
+            for p in best
         ]
 
-    def _can_serve(self, peer: _Peer, swarm: _Swarm, asker: _Peer, now: float) -> bool:
-        return (
-            peer is not asker
-            and not peer.banned
-            and peer.tenant == asker.tenant
-            and self._children(swarm, peer.peer_id, now) < self.config.fanout
-        )
-
-    def _children(self, swarm: _Swarm, source: str, now: float) -> int:
-        """The source's children for this key handed out within ``child_ttl_s`` (older ones
-        are dropped here)."""
-        children = swarm.children.get(source)
-        if not children:
-            return 0
-        for child in [c for c, at in children.items() if now - at > self.config.child_ttl_s]:
-            del children[child]
-        return len(children)
+    def _open_peers(self, open_ids: dict[str, None], asker: _Peer) -> list[_Peer]:
+        """The first ``SCAN`` of ``open_ids`` that may serve ``asker``."""
+        found: list[_Peer] = []
+        for peer_id in open_ids:
+            peer = self._peers.get(peer_id)
+            if peer is not None and peer is not asker and not peer.banned and peer.tenant == asker.tenant:
+                found.append(peer)
+                if len(found) == SCAN:
+                    break
+        return found
 
     def _trim_asks(self, swarm: _Swarm, now: float) -> None:
         while swarm.asks and now - swarm.asks[0] > self.config.demand_window_s:
@@ -250,9 +322,10 @@ class Tracker:
         """Record ``peer``'s verified copy; whether it should keep serving it."""
         swarm = self._swarms.setdefault(key, _Swarm())
         swarm.fetchers.pop(peer.peer_id, None)
+        swarm.open_fetchers.pop(peer.peer_id, None)
         peer.fetches.discard(key)
-        for children in swarm.children.values():
-            children.pop(peer.peer_id, None)  # a child that filled frees its source's slot
+        # a child that filled frees its source's slot
+        swarm.release(peer.peer_id, now, self.config.fanout, self.config.child_ttl_s)
         self._trim_asks(swarm, now)
         needed = max(1, math.ceil(len(swarm.asks) / self.config.fanout))
         if peer.peer_id not in swarm.holders and len(swarm.holders) >= needed:
@@ -260,6 +333,8 @@ class Tracker:
             self._drop_if_idle(key, swarm)
             return False
         swarm.holders.add(peer.peer_id)
+        if swarm.children_of(peer.peer_id, now, self.config.child_ttl_s) < self.config.fanout:
+            swarm.open(peer.peer_id)
         peer.holds.add(key)
         return True
 
@@ -280,9 +355,7 @@ class Tracker:
         peer.fetches.discard(key)
         swarm = self._swarms.get(key)
         if swarm is not None:
-            swarm.holders.discard(peer.peer_id)
-            swarm.fetchers.pop(peer.peer_id, None)
-            swarm.children.pop(peer.peer_id, None)
+            swarm.forget(peer.peer_id)
             self._drop_if_idle(key, swarm)
 
     def _drop_if_idle(self, key: str, swarm: _Swarm) -> None:
