@@ -26,6 +26,7 @@ BENCHMARKS = {
     "soak": "benchmarks.soak",
     "s3_read": "benchmarks.s3_read",
     "get_into": "benchmarks.get_into",
+    "scale": "benchmarks.scale",
 }
 
 
@@ -34,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    ingest = parser.add_argument_group("ingest only")
-    ingest.add_argument("--png", type=Path, metavar="PATH", help="the picture (default: next to --json, else ingest.png)")
+    ingest = parser.add_argument_group("ingest and scale only")
+    ingest.add_argument("--png", type=Path, metavar="PATH", help="the picture (default: next to --json, else NAME.png)")
     soak = parser.add_argument_group("soak only")
     soak.add_argument("--duration", type=float, metavar="S", help="seconds of chaos (default 300; --quick: 30)")
     soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets")
     ):
         parser.error("--duration, --clients, --seed, --redis-s3, --clock-skew and --targets are for the soak")
-    if args.name != "ingest" and args.png is not None:
-        parser.error("--png is for the ingest benchmark")
+    if args.name not in ("ingest", "scale") and args.png is not None:
+        parser.error("--png is for the ingest and scale benchmarks")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
         parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
     module = importlib.import_module(BENCHMARKS[args.name])

@@ -243,4 +243,4 @@ def test_the_picture_option_is_the_ingest_benchmarks(capsys: pytest.CaptureFixtu
 
     with pytest.raises(SystemExit):
         main(["put_get", "--png", "x.png"])
-    assert capsys.readouterr().err.endswith("error: --png is for the ingest benchmark\n")
+    assert capsys.readouterr().err.endswith("error: --png is for the ingest and scale benchmarks\n")

@@ -1,0 +1,123 @@
+"""The scale benchmark's curves: a figure of one component measured at sizes ten apart, the
+timing and memory helpers every curve uses, and the picture.
+
+A curve is *flat* when its value at the largest size is at most ``FLAT`` times its value at the
+smallest (issue 27: lookups, hits and locates flat, memory per entry constant).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._report import Report, median, percentile
+
+FLAT = 1.5  # the goal: largest size's value <= 1.5x the smallest's
+
+
+@dataclass
+class Curve:
+    """``figure`` of ``component`` at each size (``unit``: what one value is)."""
+
+    component: str
+    figure: str
+    unit: str
+    points: dict[int, float] = field(default_factory=dict)  # size -> value
+
+    @property
+    def name(self) -> str:
+        return f"{self.component}_{self.figure}"
+
+    def growth(self) -> float:
+        """The value at the largest size over the value at the smallest."""
+        sizes = sorted(self.points)
+        first = self.points[sizes[0]]
+        return self.points[sizes[-1]] / first if first > 0 else float("inf")
+
+    def add_to(self, report: Report) -> None:
+        for size, value in sorted(self.points.items()):
+            report.metrics[f"{self.name}_at_{size:.0e}".replace("+0", "").replace("+", "")] = value
+        if len(self.points) > 1:
+            report.ratios[f"{self.name}_growth"] = self.growth()
+            report.goals[f"{self.name}_growth"] = f"<= {FLAT} (x{max(self.points) // min(self.points):,} size)"
+        report.details.setdefault("curves", []).append(
+            {"component": self.component, "figure": self.figure, "unit": self.unit, "points": self.points}
+        )
+
+
+def per_op_quantiles(
+    op: Callable[[int], object], count: int, batch: int = 200, clock: Callable[[], float] = time.thread_time
+) -> tuple[float, float]:
+    """p50 and p99 (seconds) of ``op(i)`` for ``i`` in ``range(count)``, each timed as the mean of
+    a batch of ``batch`` calls (one call is too short for the clock); the cyclic collector off.
+    The default clock is this thread's CPU time: on a shared machine, wall time would measure
+    the other jobs (the in-process curves do no I/O)."""
+    means: list[float] = []
+    with _no_gc():
+        for start in range(0, count, batch):
+            stop = min(count, start + batch)
+            began = clock()
+            for i in range(start, stop):
+                op(i)
+            means.append((clock() - began) / (stop - start))
+    return median(means), percentile(means, 0.99)
+
+
+@contextmanager
+def traced_bytes() -> Iterator[Callable[[], int]]:
+    """Bytes allocated (and still held) inside the block, by tracemalloc."""
+    gc.collect()
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    held = [0]
+    try:
+        yield lambda: held[0]
+    finally:
+        held[0] = tracemalloc.get_traced_memory()[0] - start
+        tracemalloc.stop()
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def missing_plot() -> str | None:
+    return None if importlib.util.find_spec("matplotlib") else "matplotlib not installed (pip install blobsdk[bench])"
+
+
+def write_png(curves: list[Curve], path: Path) -> None:
+    """One panel per unit (time per op, bytes per entry, ...), log-log, a line per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    units = sorted({c.unit for c in curves})
+    fig, axes = plt.subplots(1, len(units), figsize=(6.5 * len(units), 5), squeeze=False)
+    for ax, unit in zip(axes[0], units, strict=True):
+        for curve in (c for c in curves if c.unit == unit):
+            sizes = sorted(curve.points)
+            ax.plot(sizes, [curve.points[s] for s in sizes], marker="o", label=curve.name)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("size (entries, peers or chunks)")
+        ax.set_ylabel(unit)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"blobsdk scale curves (flat is the goal: growth <= {FLAT}x)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,77 @@
+"""benchmarks/scale.py and its curves: growth, the report's names, per-op timing on a fake
+clock, memory by tracemalloc, and the curves at toy sizes (the real objects are measured)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import scale
+from benchmarks.__main__ import main
+from benchmarks._report import Report
+from benchmarks._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes
+
+
+def test_a_curve_reports_its_points_and_its_growth_against_the_goal() -> None:
+    curve = Curve("tracker", "locate_p50", "µs per call", {100: 30.0, 1000: 33.0, 10_000: 60.0})
+    assert curve.growth() == 2.0
+    report = Report("scale")
+    curve.add_to(report)
+    assert report.metrics == {
+        "tracker_locate_p50_at_1e2": 30.0,
+        "tracker_locate_p50_at_1e3": 33.0,
+        "tracker_locate_p50_at_1e4": 60.0,
+    }
+    assert report.ratios == {"tracker_locate_p50_growth": 2.0}
+    assert report.goals == {"tracker_locate_p50_growth": "<= 1.5 (x100 size)"}
+    assert report.details["curves"][0]["points"] == curve.points
+
+
+def test_per_op_quantiles_time_batches_by_the_clock_given() -> None:
+    now = [0.0]
+    cost = {i: (1.0 if i < 8 else 9.0) for i in range(10)}  # two slow calls, in the last batch
+
+    def op(i: int) -> None:
+        now[0] += cost[i]
+
+    p50, p99 = per_op_quantiles(op, 10, batch=2, clock=lambda: now[0])
+    assert (p50, p99) == (1.0, 9.0)
+
+
+def test_traced_bytes_sees_what_the_block_keeps() -> None:
+    with traced_bytes() as held:
+        kept = bytearray(1 << 20)
+    assert (1 << 20) <= held() < (1 << 20) + 4096
+    del kept
+
+
+def test_the_tracker_and_plan_cache_curves_measure_each_size() -> None:
+    swarm = scale.tracker_swarm(range(1, 3), probes=20)
+    assert [sorted(c.points) for c in swarm] == [[10, 100], [10, 100]] and all(v > 0 for v in swarm[0].points.values())
+    entries = scale.tracker_entries(range(2, 4), peers=10)
+    assert [c.name for c in entries] == ["tracker_entry", "tracker_locate_key", "tracker_announce_key"]
+    assert sorted(entries[0].points) == [100, 1000] and entries[0].points[1000] > 100  # a (peer, key) entry costs bytes
+    cache = scale.plan_cache(range(2, 4), lookups=100)
+    assert sorted(cache[0].points) == [100, 1000] and cache[0].points[100] > 200  # a plan and its entry
+
+
+@pytest.mark.parametrize("args", [["--png", "x.png"], []])
+def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    for name in ("tracker_swarm", "tracker_entries", "plan_cache"):
+        points = lambda exponents, name=name, **_: [Curve(name, "f", "µs", {10**e: float(e) for e in exponents})]  # noqa: E731
+        monkeypatch.setattr(scale, name, points)
+    monkeypatch.chdir(tmp_path)
+    assert main(["scale", "--quick", "--json", "out.json", *args]) == 0
+    ratios = json.loads((tmp_path / "out.json").read_text())["ratios"]
+    assert ratios == {
+        "tracker_swarm_f_growth": 3 / 2,
+        "tracker_entries_f_growth": 5 / 4,
+        "plan_cache_f_growth": 5 / 3,
+    }  # quick sizes
+    png = tmp_path / ("x.png" if args else "out.png")
+    if missing_plot() is None:
+        assert png.stat().st_size > 1000
+    else:
+        assert not png.exists() and json.loads((tmp_path / "out.json").read_text())["skipped"] == {"png": missing_plot()}
