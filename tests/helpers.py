@@ -138,8 +138,9 @@ def auth_headers(token: str | None, ref: ChunkRef | None = None) -> dict[str, st
 
 
 def stored_files(root: Path) -> list[Path]:
-    """Every file under a block store's or disk cache's ``root`` but its FORMAT marker, sorted."""
-    return sorted(p for p in root.rglob("*") if p.is_file() and p != root / "FORMAT")
+    """Every file under a block store's or disk cache's ``root`` but its FORMAT marker and a
+    disk cache's INDEX file, sorted."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p not in (root / "FORMAT", root / "INDEX"))
 
 
 def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

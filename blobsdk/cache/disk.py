@@ -32,14 +32,19 @@ with a logged warning, and the marker rewritten; a cache is disposable, a misrea
 marker of another kind (a local block store) or a FORMAT that is not a marker:
 IncompatibleFormat, nothing touched.
 
-``open`` rebuilds the index from every file's header (one small read each, shards scanned in
-parallel): it names the tenant that quotas need and catches truncation early; payloads are
-verified on each read.  LRU order is seeded from atimes (reads refresh them, at most once a
-minute), TTL and hold from mtimes (the fill); pins are not persisted.  Then the cache is
-trimmed to its capacity.  Processes may share a directory and delete or replace files under
+``open`` loads the index from ``root/INDEX`` (blobsdk/cache/_indexfile.py), written at close
+and after each reconciliation: a million entries in about a second.  Then, in the background,
+it reconciles the index with the directory shard by shard (files another process added or
+removed since; only new files' headers are read) and writes a fresh index file.  Without a
+usable index file, ``open`` rebuilds the index from every file's header (one small read each,
+shards scanned in parallel; ~80 s per million files on the dev machine): it names the tenant
+that quotas need and catches truncation early.  Either way, payloads are verified on each
+read.  LRU order is seeded from atimes (reads refresh them, at most once a minute), TTL and
+hold from mtimes (the fill); pins are not persisted.  Then the cache is trimmed to its
+capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
-bytes; files another process adds are seen at the next open.  All disk access runs on the
-cache's own thread pool, never on the event loop.
+bytes; files another process adds are seen at the next open (once its reconciliation reaches
+their shard).  All disk access runs on the cache's own thread pool, never on the event loop.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -62,19 +67,17 @@ from ..errors import ClientClosed, Unavailable
 from ..runtime.buffers import uninitialized
 from ..runtime.forksafe import Executor
 from ..runtime.rootdir import (
-    TMP_SUFFIX,
     RootDir,
     UnsafeEntry,
     create_temp,
     marker_text,
-    open_regular,
-    remove_if_dead,
     unlink_at,
-    unlink_if_same,
 )
+from ._diskscan import FileTimes, scan_shard, with_entry
 from ._entryfile import Damaged as _Damaged
 from ._entryfile import encode_header as _encode_header
 from ._entryfile import read_header as _read_header
+from ._indexfile import INDEX_FILE, read_index, write_index
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
 
@@ -133,6 +136,7 @@ class DiskCache:
         self._pool = Executor(threads, thread_name_prefix=f"blobsdk-{name}")
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
         self._state = "new"
+        self._reconciling: asyncio.Task[None] | None = None
         self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)
 
     @property
@@ -159,9 +163,11 @@ class DiskCache:
         try:
             await self._io(self._root.mkdir, parents=True, exist_ok=True)
             await self._io(self._check_format)
-            shards = await self._io(self._dir.shards)
-            scan = partial(_scan_shard, self._dir, token=self._token, times=_FileTimes(self._clock()))
-            self._load(await asyncio.gather(*(self._io(scan, shard) for shard in shards)))
+            loaded = await self._io(self._read_index)
+            if loaded is None:
+                await self._scan_all()
+            else:
+                self._index.load(loaded)
             for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
                 await self._unlink_quietly(victim.key)
         except UnsafeEntry as exc:
@@ -169,6 +175,11 @@ class DiskCache:
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
+        if loaded is not None:
+            by_shard: dict[str, list[Entry]] = {}  # what the index file named, before any put
+            for entry in self._index.lru.values():
+                by_shard.setdefault(entry.key[:2], []).append(entry)
+            self._reconciling = asyncio.create_task(self._reconcile(by_shard), name=f"blobsdk-{self._name}-reconcile")
         return self
 
     async def get(self, key: str, *, checksum: int | None = None) -> bytearray | None:
@@ -225,6 +236,12 @@ class DiskCache:
         holder.pin_until = max(holder.pin_until, self._clock() + seconds)
         return True
 
+    async def reconciled(self) -> None:
+        """Wait until the index is in line with the directory: at once after a start that read
+        every header, else once the background reconciliation (module docstring) is done."""
+        if self._reconciling is not None:
+            await asyncio.shield(self._reconciling)
+
     def tenant_usage(self) -> dict[str, int]:
         """Bytes stored (or being stored) per tenant."""
         return dict(self._index.tenant_bytes)
@@ -250,9 +267,15 @@ class DiskCache:
         }
 
     async def aclose(self) -> None:
-        """Wait for running disk operations, then stop the thread pool.  Idempotent."""
+        """Stop reconciling, write the index file, wait for running disk operations, then stop
+        the thread pool.  Idempotent."""
         if self._state == "closed":
             return
+        if self._reconciling is not None:
+            self._reconciling.cancel()
+            await asyncio.gather(self._reconciling, return_exceptions=True)
+        if self._state == "open":
+            await self._save_index()
         self._state = "closed"
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 
@@ -273,10 +296,52 @@ class DiskCache:
             raise ClientClosed(f"cache {self._name} is closed")
         return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
 
-    def _load(self, scans: Sequence[tuple[list[Entry], int]]) -> None:
-        for _, damaged in scans:
-            self._counts["corrupt"] += damaged
-        self._index.load(entry for found, _ in scans for entry in found)
+    async def _scan_all(self) -> None:
+        """Index every entry file by its header (shards scanned in parallel)."""
+        shards = await self._io(self._dir.shards)
+        scan = partial(scan_shard, self._dir, token=self._token, times=FileTimes(self._clock()))
+        scans = await asyncio.gather(*(self._io(scan, shard) for shard in shards))
+        self._counts["corrupt"] += sum(s.damaged for s in scans)
+        self._index.load(entry for s in scans for entry in s.found)
+
+    def _read_index(self) -> list[Entry] | None:
+        try:
+            return read_index(str(self._root), self._clock())
+        except UnsafeEntry as exc:
+            self._dir.ignore(str(exc))
+            return None
+
+    async def _reconcile(self, by_shard: dict[str, list[Entry]]) -> None:
+        """After a start from the index file (``by_shard``: its entries): bring the index in
+        line with the directory, one shard at a time (files other processes added or removed
+        since; only new files' headers are read), then write a fresh index file.  An entry
+        replaced or removed meanwhile is not this scan's to judge."""
+        times = FileTimes(self._clock())
+        try:
+            for shard in sorted(set(await self._io(self._dir.shards)) | set(by_shard)):
+                known = by_shard.get(shard, [])
+                scan = await self._io(scan_shard, self._dir, shard, token=self._token, times=times, known={e.key for e in known})
+                self._counts["corrupt"] += scan.damaged
+                for entry in known:
+                    if entry.key not in scan.names and self._index.get(entry.key) is entry:
+                        self._index.remove(entry.key)  # gone since the index file was written
+                for entry in scan.found:
+                    if entry.key not in self._index and entry.key not in self._fills:
+                        self._index.add(entry)  # another process's
+            for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
+                await self._unlink_quietly(victim.key)
+        except (OSError, UnsafeEntry) as exc:
+            log.warning("cache %s: reconciling %s with its index file stopped: %s", self._name, self._root, exc)
+            return
+        await self._save_index()
+
+    async def _save_index(self) -> None:
+        """Write the index file (what a restart loads); a failure is logged, never raised."""
+        entries = [e for e in self._index.lru.values() if e.key not in self._fills]
+        try:
+            await self._io(write_index, str(self._root), entries, self._clock(), self._token)
+        except (OSError, UnsafeEntry) as exc:
+            log.warning("cache %s: cannot write %s/%s: %s", self._name, self._root, INDEX_FILE, exc)
 
     async def _readable(self, key: str) -> Entry | None:
         """The entry to read for ``key``: None if absent, being written or expired."""
@@ -408,6 +473,8 @@ class DiskCache:
             return
         if version is not None:
             removed = self._dir.clear()
+            with suppress(FileNotFoundError):
+                os.unlink(self._root / INDEX_FILE)  # it names the entries just discarded
             log.warning(
                 "cache %s: %s is in format %d, this build uses format %d: discarded its %d files",
                 *(self._name, self._root, version, _LAYOUT, removed),
@@ -447,19 +514,7 @@ def _with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
     """``fn(fd, key)`` on ``key``'s file; a file it finds damaged is deleted."""
     shard = key[:2]
     with root.shard(shard) as dir_fd:
-        return _with_entry(dir_fd, root.entry_path(shard, key), key, fn)
-
-
-def _with_entry(dir_fd: int, path: str, key: str, fn: Callable[[int, str], T]) -> T:
-    """``fn(fd, key)`` on file ``key`` of the shard open as ``dir_fd`` (``path`` names it)."""
-    fd = open_regular(dir_fd, key, path)  # once open, an unlink cannot hurt us
-    try:
-        return fn(fd, key)
-    except _Damaged:
-        unlink_if_same(dir_fd, key, fd)
-        raise
-    finally:
-        os.close(fd)
+        return with_entry(dir_fd, root.entry_path(shard, key), key, fn)
 
 
 def _refresh_atime(fd: int, st: os.stat_result) -> None:
@@ -475,57 +530,3 @@ def _space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:
     want_free = min_free_ratio * st.f_blocks * st.f_frsize
     free_after = st.f_bavail * st.f_frsize - incoming
     return max(0, math.ceil(want_free - free_after))
-
-
-class _FileTimes:
-    """Maps file times (wall clock) to the engine's clock by their age."""
-
-    def __init__(self, now: float) -> None:
-        self.now, self.wall = now, time.time()
-
-    def __call__(self, file_time: float) -> float:
-        return self.now - max(0.0, self.wall - file_time)
-
-
-def _scan_shard(root: RootDir, shard: str, *, token: str, times: _FileTimes) -> tuple[list[Entry], int]:
-    """The entries of one shard directory and how many damaged files were deleted; sweeps
-    the temp files of other writers that died (their lock is free)."""
-    try:
-        dir_fd = root.open_shard(shard)
-    except FileNotFoundError:  # removed since the listing
-        return [], 0
-    except UnsafeEntry as exc:  # a symlink since the listing
-        root.ignore(str(exc))
-        return [], 0
-    try:
-        return _scan_entries(root, shard, dir_fd, token, times)
-    finally:
-        os.close(dir_fd)
-
-
-def _scan_entries(root: RootDir, shard: str, dir_fd: int, token: str, times: _FileTimes) -> tuple[list[Entry], int]:
-    found: list[Entry] = []
-    damaged = 0
-    inspect = partial(_inspect, times=times)
-    for dirent in root.files(shard, dir_fd):
-        name = dirent.name
-        if name.endswith(TMP_SUFFIX):
-            if f".{token}-" not in name:
-                remove_if_dead(dir_fd, name)
-        elif name.startswith(shard):
-            try:
-                found.append(_with_entry(dir_fd, root.entry_path(shard, name), name, inspect))
-            except _Damaged:
-                damaged += 1
-            except FileNotFoundError:  # deleted while we scan
-                pass
-            except UnsafeEntry as exc:  # swapped for a symlink while we scan
-                root.ignore(str(exc))
-    return found, damaged
-
-
-def _inspect(fd: int, key: str, *, times: _FileTimes) -> Entry:
-    """The entry of one file: LRU seeded from its atime, age from its mtime (the fill);
-    its payload is verified when it is read."""
-    st, head = _read_header(fd, key)
-    return Entry(key, head.length, times(st.st_mtime), times(max(st.st_atime, st.st_mtime)), head.tenant)

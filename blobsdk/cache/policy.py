@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Protocol
+
+import msgspec
 
 from ..errors import BadRequest, QuotaExceeded
 from .base import DEFAULT_TENANT
@@ -41,9 +42,11 @@ def validate_tenant(tenant: object) -> str:
     return tenant
 
 
-@dataclass(slots=True)
-class Entry:
+class Entry(msgspec.Struct, array_like=True, gc=False):
     """The bookkeeping of one cached chunk (its bytes live in the engine).
+
+    A msgspec Struct, untracked by the cyclic collector (it holds no containers): the disk
+    cache's index file (blobsdk/cache/_indexfile.py) decodes a million of them in C.
 
     ``created`` and ``last_access`` are on the engine's clock (monotonic by default);
     ``pin_until`` too: the entry is not evicted (nor expired) while ``pin_until > now``.
@@ -115,12 +118,20 @@ class Index:
             self.tenant_lru[entry.tenant].move_to_end(entry.key)
 
     def load(self, entries: Iterable[Entry]) -> None:
-        """Bulk insert at start-up, placing each entry by its times."""
-        entries = list(entries)
-        for entry in sorted(entries, key=attrgetter("created")):
-            self.add(entry)
-        for entry in sorted(entries, key=attrgetter("last_access")):
-            self.touch(entry, entry.last_access)
+        """Bulk insert at start-up into an empty index, placing each entry by its times (one
+        sort per order, no per-entry moves: a million entries in well under a second)."""
+        if self.lru:
+            raise ValueError("load needs an empty index")
+        by_age = sorted(entries, key=attrgetter("created"))
+        by_access = sorted(by_age, key=attrgetter("last_access"))  # ties: the older first
+        key = attrgetter("key")
+        self.by_age = OrderedDict(zip(map(key, by_age), by_age, strict=True))
+        self.lru = OrderedDict(zip(map(key, by_access), by_access, strict=True))
+        self.used = sum(map(attrgetter("size"), by_access))
+        for entry in by_access:
+            self.tenant_bytes[entry.tenant] = self.tenant_bytes.get(entry.tenant, 0) + entry.size
+            if self.tenant_lru is not None:
+                self.tenant_lru.setdefault(entry.tenant, OrderedDict())[entry.key] = entry
 
     def clear(self) -> None:
         self.lru.clear()

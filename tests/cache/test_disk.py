@@ -12,6 +12,7 @@ import pytest
 
 from blobsdk.cache.disk import DiskCache
 from blobsdk.errors import BadRequest, ClientClosed, Unavailable
+from tests.helpers import stored_files
 
 from .conformance import (
     HOSTILE_KEYS,
@@ -49,6 +50,12 @@ def open_cache(root: Path, capacity: int = 1 << 20, cls: type[DiskCache] = DiskC
     return cls(root, capacity_bytes=capacity, **kw)
 
 
+def without_index(root: Path) -> None:
+    """Remove the index file: the next open reads every header (as after a crash before any
+    index file was written)."""
+    (root / "INDEX").unlink()
+
+
 def set_times(path: Path, *, atime_ago: float, mtime_ago: float) -> None:
     now = time.time()
     os.utime(path, (now - atime_ago, now - mtime_ago))
@@ -62,8 +69,8 @@ async def test_one_file_per_entry_under_its_shard(tmp_path):
         await fill(cache, 1)
         got = await cache.get(key(1))
     assert type(got) is bytearray  # the caller owns it: the read path may hand it on without a copy
-    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "FORMAT"]
-    assert files == [chunk_file(tmp_path, 1)]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name not in ("FORMAT", "INDEX")]
+    assert files == [chunk_file(tmp_path, 1)] and (tmp_path / "INDEX").is_file()  # INDEX: written at close
     assert files[0].stat().st_size > 100  # the header travels with the payload
 
 
@@ -85,6 +92,7 @@ async def test_restart_seeds_lru_from_access_times(tmp_path):
         await fill(cache, 0, 1, 2)
     for n, ago in ((0, 10), (1, 300), (2, 100)):
         set_times(chunk_file(tmp_path, n), atime_ago=ago, mtime_ago=400)
+    without_index(tmp_path)  # the restart reads the headers: the file times are what it sees
     async with open_cache(tmp_path, capacity=300) as cache:
         await fill(cache, 3)
         assert await present(cache, 0, 1, 2, 3) == [True, False, True, True]
@@ -94,6 +102,7 @@ async def test_ttl_and_hold_survive_restart_through_mtime(tmp_path):
     async with open_cache(tmp_path) as cache:
         await fill(cache, 0, 1)
     set_times(chunk_file(tmp_path, 0), atime_ago=3600, mtime_ago=3600)
+    without_index(tmp_path)  # the restart reads the headers: the file times are what it sees
     async with open_cache(tmp_path, ttl_seconds=60, hold_seconds=30) as cache:
         assert await cache.get(key(0)) is None  # expired an hour ago
         assert bytes(await cache.get(key(1))) == blob(1)
@@ -114,6 +123,7 @@ async def test_open_trims_to_a_smaller_capacity(tmp_path):
         await fill(cache, 0, 1, 2)
     for n, ago in ((0, 10), (1, 300), (2, 100)):
         set_times(chunk_file(tmp_path, n), atime_ago=ago, mtime_ago=400)
+    without_index(tmp_path)  # the restart reads the headers: the file times are what it sees
     async with open_cache(tmp_path, capacity=150) as cache:
         assert await present(cache, 0, 1, 2) == [True, False, False]
         assert cache.used_bytes == 100 and cache.stats()["lru_evictions"] == 2
@@ -169,6 +179,7 @@ async def test_damaged_files_are_dropped_at_start_up(tmp_path, damage):
         os.truncate(path, 0)
     else:
         flip_byte(path, 5 if damage == "header" else 32)  # 32: the tenant name
+    without_index(tmp_path)  # the restart reads the headers (with the index file: at the first read)
     async with open_cache(tmp_path) as cache:
         assert cache.stats()["corrupt"] == 1
         assert await present(cache, 1, 2) == [False, True]
@@ -212,6 +223,7 @@ async def test_dead_writers_temp_files_are_swept_at_open(tmp_path):
     try:
         fcntl.flock(held, fcntl.LOCK_EX)  # as its writer holds it
         async with open_cache(tmp_path) as cache:
+            await cache.reconciled()  # the index file's start sweeps in the background
             assert cache.stats()["entries"] == 1
     finally:
         os.close(held)
@@ -396,7 +408,7 @@ async def test_hostile_keys_never_touch_the_file_system(tmp_path, bad):
                 await call
         with pytest.raises(BadRequest):
             cache.pin(bad, 10)
-    assert sorted(tmp_path.rglob("*")) == [root, root / "FORMAT"]
+    assert sorted(tmp_path.rglob("*")) == [root, root / "FORMAT", root / "INDEX"]  # INDEX names nothing
 
 
 async def test_use_outside_async_with_is_refused(tmp_path):
@@ -433,4 +445,4 @@ async def test_expected_checksum_mismatch_is_corrupt_and_deleted(tmp_path):
         await fill(cache, 1)
         assert await cache.get(key(1), checksum=12345) is None
         assert cache.stats()["corrupt"] == 1 and not cache.contains(key(1))
-        assert [p for p in tmp_path.rglob("*") if p.is_file()] == [tmp_path / "FORMAT"]
+        assert stored_files(tmp_path) == []
