@@ -4,6 +4,8 @@ clock, memory by tracemalloc, and the curves at toy sizes (the real objects are 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,18 @@ def test_the_tracker_and_plan_cache_curves_measure_each_size() -> None:
     assert [c.name for c in entries] == ["tracker_entry", "tracker_locate_key", "tracker_announce_key"]
     assert sorted(entries[0].points) == [100, 1000] and entries[0].points[1000] > 100  # a (peer, key) entry costs bytes
     cache = scale.plan_cache(range(2, 4), lookups=100)
+    assert [c.name for c in cache] == ["plan_cache_entry", "plan_cache_lookup_p50", "floor_dict_lookup_p50"]
     assert sorted(cache[0].points) == [100, 1000] and cache[0].points[100] > 200  # a plan and its entry
+
+
+async def test_the_disk_cache_curve_restarts_with_and_without_the_index_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    curves = await scale.disk_cache(range(2, 4), hits=20)
+    names = ["l2_open_scan_s", "l2_open_index_s", "l2_reconcile_s", "l2_index_entry", "l2_hit_p50"]
+    assert [c.name for c in curves] == names and all(sorted(c.points) == [100, 1000] for c in curves)
+    assert os.listdir(tmp_path) == []  # its directories are removed
 
 
 @pytest.mark.parametrize("args", [["--png", "x.png"], []])
@@ -62,6 +75,11 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
     for name in ("tracker_swarm", "tracker_entries", "plan_cache"):
         points = lambda exponents, name=name, **_: [Curve(name, "f", "µs", {10**e: float(e) for e in exponents})]  # noqa: E731
         monkeypatch.setattr(scale, name, points)
+
+    async def disk(exponents: range) -> list[Curve]:
+        return [Curve("disk", "f", "s", {10**e: float(e) for e in exponents})]
+
+    monkeypatch.setattr(scale, "disk_cache", disk)
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--quick", "--json", "out.json", *args]) == 0
     ratios = json.loads((tmp_path / "out.json").read_text())["ratios"]
@@ -69,6 +87,7 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         "tracker_swarm_f_growth": 3 / 2,
         "tracker_entries_f_growth": 5 / 4,
         "plan_cache_f_growth": 5 / 3,
+        "disk_f_growth": 5 / 3,
     }  # quick sizes
     png = tmp_path / ("x.png" if args else "out.png")
     if missing_plot() is None:
