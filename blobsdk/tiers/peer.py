@@ -76,6 +76,7 @@ class PeerTier:
     its server and say hello."""
 
     name = "peer"
+    keeps_fetched = True  # the serving cache (and the children waiting) share what it fetched
 
     def __init__(
         self,
