@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import mmap
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, L1Config, PeerConfig, ReadConfig, WriteConfig
 from blobsdk.net.serving import serving
 from blobsdk.peer.trackers import Trackers, tracker_servers
+from blobsdk.runtime.buffers import MAPPED_FROM
 from blobsdk.tiers.peer import PeerTier
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
@@ -473,3 +475,22 @@ async def test_a_chunk_an_l1_less_client_serves_is_never_its_readers_nor_reused(
     served = peer_of(b).sharing.serving
     plans = [await b._open.plans.get_plan(path) for path in ("/p/one", "/p/two")]
     assert [bytes(served[ref.key]) for plan in plans for ref in plan.chunks] == [one, two[:CHUNK], two[CHUNK:]]
+
+
+async def test_a_chunk_fetched_from_a_peer_lands_in_a_mapping_of_its_own_that_the_serving_cache_keeps(swarm: Swarm) -> None:
+    big = WriteConfig(chunk_size=MAPPED_FROM, block_size=4 * MAPPED_FROM)
+
+    async def client(peer: PeerConfig | None = None) -> blobsdk.Client:
+        config = msgspec.structs.replace(swarm.config(peer), write=big)
+        return await swarm.stack.enter_async_context(blobsdk.Client(config))
+
+    a, b, small = await client(), await client(), await client(PeerConfig(budget_bytes=MAPPED_FROM - 1))
+    data = os.urandom(2 * MAPPED_FROM)
+    await a.put("/p/big", data)
+    assert await a.get("/p/big") == data
+    await announced()
+    assert await b.get("/p/big") == data and await small.get("/p/big") == data
+    assert hits(b) == {"peer": 2, "l4": 0} and hits(small) == {"peer": 2, "l4": 0}
+    served = list(peer_of(b).sharing.serving.values())
+    assert len(served) == 2 and all(isinstance(raw.obj, mmap.mmap) for raw in served)
+    assert len(peer_of(small).sharing.serving) == 0  # too big for its budget: a transient buffer, not a mapping
