@@ -68,8 +68,9 @@ def kept_buffer(size: int) -> memoryview:
     fresh 4 MiB buffer then filled costs 0.35-0.37 s/GB against 0.49-0.52 faulted page by
     page (and 0.11 for the same copy into touched memory); and off the heap, the chunks
     kept leave it to the transient results of gets, which then reuse each other's memory.
-    p2p benchmark, 8 readers of 128 MiB, 3 alternating pairs: the median reader's CPU
-    2.16, 2.05, 1.96 s/GB before, 1.95, 1.92, 1.96 with it."""
+    8 readers of 128 MiB (the p2p benchmark's swarm), 3 alternating pairs: the median
+    reader's CPU 2.16, 2.05, 1.96 s/GB before, 1.95, 1.92, 1.96 with it; within the
+    spread of ``benchmarks p2p --quick`` on a loaded host (docs/benchmarks.md)."""
     if size < MAPPED_FROM:
         return memoryview(uninitialized(size))
     return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE))
