@@ -19,7 +19,8 @@ per reader, and ``*_readers_cpu_floor_s``: the readers' CPU seconds ÷ the machi
 floor on the run's time that no schedule beats here (the servers' CPU comes on top).
 ``*_reader_cpu_s_per_GB``: the median reader's CPU seconds per GB it read (its peer
 server's sends included), and ``peers_cpu_vs_floor`` the peers run's against the memcpy +
-xxh3 floor measured in the same run (benchmarks/_cpu.py; goal <= 1.5, issue 26).
+xxh3 floor measured in the same run (benchmarks/_cpu.py; goal <= 1.5, issue 26);
+``*_reader_faults_per_GB`` the median reader's minor page faults per GB it read.
 ``--quick`` reads 128 MiB instead of 512 MiB.
 """
 
@@ -90,3 +91,5 @@ def _run_metrics(report: Report, name: str, reads: list[Read], served: int, data
     report.metrics[f"{name}_readers_cpu_floor_s"] = sum(r.cpu_s for r in reads) / (os.cpu_count() or 1)
     # A reader's own CPU per GB it read (the median reader; its peer server's sends included).
     report.metrics[f"{name}_reader_cpu_s_per_GB"] = median([r.cpu_s / (dataset / 1e9) for r in reads])
+    # Its page faults per GB (a GB is 244,141 pages: 1 a page is every byte landing in fresh memory once).
+    report.metrics[f"{name}_reader_faults_per_GB"] = median([r.minor_faults / (dataset / 1e9) for r in reads])

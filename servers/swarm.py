@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -55,6 +56,7 @@ class Read:
     peer: dict[str, float]  # its peer tier's stats
     cpu_s: float  # CPU time (every thread, user and system) the reader spent meanwhile
     l4_hedges: int  # hedged L4 reads it sent (each moves origin bytes too)
+    minor_faults: int = 0  # page faults it took meanwhile (first touches of fresh memory)
 
     @property
     def mb_per_s(self) -> float:
@@ -170,7 +172,7 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
     async with blobsdk.Client(config) as client:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        begun, cpu = time.perf_counter(), time.process_time()
+        begun, cpu, faults = time.perf_counter(), time.process_time(), _minor_faults()
         total, wrong = 0, []
         async for path, data in client.readahead(digests, depth=DEPTH):
             total += len(data)
@@ -181,9 +183,14 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
         hits = {name: int(stats[name]["hits"]) for name in ("l1", "l2", "peer", "l3", "l4")}
         result = {"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits, "peer": stats["peer"], "cpu_s": cpu_s}
         result["l4_hedges"] = int(stats["l4"].get("hedge_hedges_sent", 0))
+        result["minor_faults"] = _minor_faults() - faults
         print(json.dumps(result), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):
             pass
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 # --- the demo -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import mmap
 
 import pytest
 
-from blobsdk.runtime.buffers import MAPPED_FROM, UNZEROED_FROM, BufferPool, fresh_buffer, uninitialized
+from blobsdk.runtime.buffers import MAPPED_FROM, UNZEROED_FROM, BufferPool, fresh_buffer, kept_buffer, uninitialized
 
 
 @pytest.mark.parametrize("size", [0, 1, MAPPED_FROM - 1])
@@ -24,6 +24,21 @@ def test_a_large_buffer_is_a_private_mapping_of_zeros_that_is_writable(size: int
     view[size - 1] = 7
     other = fresh_buffer(size)  # private: another buffer never sees this one's bytes
     assert other[size - 1] == 0 and view[size - 1] == 7
+
+
+@pytest.mark.parametrize("size", [MAPPED_FROM, 4 * MAPPED_FROM + 1])
+def test_a_large_kept_buffer_is_a_private_mapping_of_zeros_that_is_writable(size: int) -> None:
+    view = kept_buffer(size)
+    assert isinstance(view.obj, mmap.mmap) and view.nbytes == size and not view.readonly
+    assert view.tobytes() == bytes(size)
+    view[0] = 9
+    assert kept_buffer(size)[0] == 0 and view[0] == 9
+
+
+@pytest.mark.parametrize("size", [0, UNZEROED_FROM, MAPPED_FROM - 1])
+def test_a_small_kept_buffer_is_a_writable_bytearray_of_its_size(size: int) -> None:
+    view = kept_buffer(size)
+    assert isinstance(view.obj, bytearray) and view.nbytes == size and not view.readonly
 
 
 def test_the_pool_hands_back_what_it_was_given_and_fresh_buffers_past_that() -> None:

@@ -10,7 +10,8 @@ it is offered the bytes (``fill``).
 
 Buffer ownership, the one rule: the buffer a tier serves belongs to the read path.  Once it
 is filled into an upper tier (which may keep it as is, as L1 does, or until written, as
-L2's write-behind does) or shared by several readers, it is shared: read-only to everyone.
+L2's write-behind does), kept by the tier that served it (``keeps_fetched``: the peer tier's
+serving cache) or shared by several readers, it is shared: read-only to everyone.
 A reader gets the buffer itself, with no copy, only when it reads the chunk whole, it was
 the only reader of the fetch, and no tier kept the buffer; every other reader copies its
 part out of it.  A read gives the buffers it alone copied from, and no tier kept, back to
@@ -408,12 +409,13 @@ class ReadPath:
 
     async def _walk_tiers(self, ref: ChunkRef, top: int, demand: Demand, prefetch: bool) -> _Served:
         for depth in range(top + prefetch, len(self.tiers)):
-            raw = await self.tiers[depth].fetch(ref, self.decode, demand)
+            tier = self.tiers[depth]
+            raw = await tier.fetch(ref, self.decode, demand)
             if raw is not None:
                 uppers = self.tiers[top:depth]
                 for upper in uppers:
                     await (upper.keep(ref, raw) if prefetch else upper.fill(ref, raw))
-                return _Served(raw, kept=bool(uppers))
+                return _Served(raw, kept=bool(uppers) or tier.keeps_fetched)
         raise Unavailable(f"chunk {ref.key}: no tier could serve it")  # L4 raises before this
 
 

@@ -90,6 +90,12 @@ class Tier(Protocol):
         None (then ``fetch`` decides; a miss is counted there, not here)."""
         ...
 
+    @property
+    def keeps_fetched(self) -> bool:
+        """Whether a buffer ``fetch`` returns may stay with this tier (L1's entries, the peer
+        tier's serving cache): then it is shared, read-only, never a reader's own."""
+        ...
+
     async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         """The verified raw bytes of ``ref``, or None if this tier cannot serve them.
         ``demand``: the fetch this is (None: a foreground read); a tier that sends requests
@@ -135,6 +141,8 @@ def cache_failover(exc: BaseException) -> bool:
 
 class KeepsNothing:
     """``holds`` and ``keep`` of a tier that keeps no fills (L3 fills itself, L4 is the source)."""
+
+    keeps_fetched = False
 
     def holds(self, ref: ChunkRef) -> bool:
         return False

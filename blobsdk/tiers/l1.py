@@ -19,6 +19,7 @@ class L1Tier(Closing):
     """The Tier over a :class:`~blobsdk.cache.memory.MemoryCache`."""
 
     name = "l1"
+    keeps_fetched = True  # its entries are the buffers it serves
 
     def __init__(self, cache: MemoryCache) -> None:
         self.cache = cache

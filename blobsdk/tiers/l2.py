@@ -40,6 +40,7 @@ class L2Tier:
     closed with the tier), with its write-behind writers."""
 
     name = "l2"
+    keeps_fetched = False  # each fetch reads into a new buffer
 
     def __init__(self, cache: DiskCache, *, queue_bytes: int = _QUEUE_BYTES, writers: int = _WRITERS) -> None:
         self.cache = cache

@@ -56,7 +56,7 @@ from ..net.endpoint import Endpoint
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..read.codec import verify_raw
-from ..runtime.buffers import uninitialized
+from ..runtime.buffers import kept_buffer, uninitialized
 from ..stats import TierStats
 from ..tail.attempt import Attempt
 from ..tail.demand import Demand
@@ -76,6 +76,7 @@ class PeerTier:
     its server and say hello."""
 
     name = "peer"
+    keeps_fetched = True  # the serving cache (and the children waiting) share what it fetched
 
     def __init__(
         self,
@@ -243,7 +244,10 @@ class PeerTier:
             raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None
 
     async def _verified_from(self, ref: ChunkRef, source: Source, attempt: Attempt) -> memoryview:
-        buf = memoryview(uninitialized(ref.raw_length))  # filled whole and verified, or discarded
+        # Filled whole and verified, or discarded.  The serving cache keeps what fits (and L1
+        # does too): a mapping of its own, faulted in at once (runtime/buffers.py, kept_buffer).
+        size = ref.raw_length
+        buf = kept_buffer(size) if size <= self.config.budget_bytes else memoryview(uninitialized(size))
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         headers = {TICKET_HEADER: source.ticket}
         endpoint = self._endpoints.get(source.address)

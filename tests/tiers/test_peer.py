@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import mmap
 import os
 import signal
 import socket
@@ -21,9 +22,10 @@ import pytest
 
 import blobsdk
 from blobsdk.auth import TICKET_HEADER, ServeKey
-from blobsdk.config import ClientConfig, PeerConfig, ReadConfig, WriteConfig
+from blobsdk.config import ClientConfig, L1Config, PeerConfig, ReadConfig, WriteConfig
 from blobsdk.net.serving import serving
 from blobsdk.peer.trackers import Trackers, tracker_servers
+from blobsdk.runtime.buffers import MAPPED_FROM
 from blobsdk.tiers.peer import PeerTier
 from blobsdk.wire import ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
@@ -453,3 +455,42 @@ def test_peer_config_errors_name_the_setting() -> None:
     for fields, message in cases:
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
             PeerConfig(**fields)  # type: ignore[arg-type]
+
+
+async def test_a_chunk_an_l1_less_client_serves_is_never_its_readers_nor_reused(swarm: Swarm) -> None:
+    """The serving cache keeps what the peer tier fetched: no reader gets that buffer as its
+    result (to write to), and no read gives it to the buffer pool for the next fetch."""
+    a = await swarm.client()
+    b = await swarm.client(l1=L1Config(capacity_bytes=0))
+    one, two = await written(a, "/p/one", 1), await written(a, "/p/two", 2)
+    assert await a.get("/p/one") == one and await a.get("/p/two") == two
+    await announced()
+    mine = await b.get("/p/one")  # a whole chunk, from a
+    assert mine == one and await b.get("/p/two") == two  # copied out of 2 chunks from a
+    assert hits(b) == {"peer": 3, "l4": 0}
+    mine[:] = bytes(len(mine))
+    async with blobsdk.Client(swarm.cluster.config) as plain:  # no peers: /p/more is on L4 only
+        more = await written(plain, "/p/more", 2)
+    assert await b.get("/p/more") == more  # from L4, into whatever buffers the pool holds
+    served = peer_of(b).sharing.serving
+    plans = [await b._open.plans.get_plan(path) for path in ("/p/one", "/p/two")]
+    assert [bytes(served[ref.key]) for plan in plans for ref in plan.chunks] == [one, two[:CHUNK], two[CHUNK:]]
+
+
+async def test_a_chunk_fetched_from_a_peer_lands_in_a_mapping_of_its_own_that_the_serving_cache_keeps(swarm: Swarm) -> None:
+    big = WriteConfig(chunk_size=MAPPED_FROM, block_size=4 * MAPPED_FROM)
+
+    async def client(peer: PeerConfig | None = None) -> blobsdk.Client:
+        config = msgspec.structs.replace(swarm.config(peer), write=big)
+        return await swarm.stack.enter_async_context(blobsdk.Client(config))
+
+    a, b, small = await client(), await client(), await client(PeerConfig(budget_bytes=MAPPED_FROM - 1))
+    data = os.urandom(2 * MAPPED_FROM)
+    await a.put("/p/big", data)
+    assert await a.get("/p/big") == data
+    await announced()
+    assert await b.get("/p/big") == data and await small.get("/p/big") == data
+    assert hits(b) == {"peer": 2, "l4": 0} and hits(small) == {"peer": 2, "l4": 0}
+    served = list(peer_of(b).sharing.serving.values())
+    assert len(served) == 2 and all(isinstance(raw.obj, mmap.mmap) for raw in served)
+    assert len(peer_of(small).sharing.serving) == 0  # too big for its budget: a transient buffer, not a mapping
