@@ -14,6 +14,7 @@ from benchmarks import scale
 from benchmarks.__main__ import main
 from benchmarks._report import Report
 from benchmarks._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes
+from benchmarks._scale_metadata import metadata_curves
 
 
 def test_a_curve_reports_its_points_and_its_growth_against_the_goal() -> None:
@@ -60,6 +61,16 @@ def test_the_tracker_and_plan_cache_curves_measure_each_size() -> None:
     assert sorted(cache[0].points) == [100, 1000] and cache[0].points[100] > 200  # a plan and its entry
 
 
+async def test_the_metadata_curves_measure_every_path_at_each_size(tmp_path: Path) -> None:
+    curves, listing = await metadata_curves(range(2, 4), tmp_path)
+    names = {c.name for c in curves}
+    for path in ("sqlite", "redis", "api"):
+        assert {f"{path}_lookup_p50", f"{path}_lookup_p99", f"{path}_batch_ms"} <= names
+        assert listing[f"{path}_list_1e5_ms"] > 0
+    assert {"sqlite_commits_per_s", "sqlite_bytes_per_path", "redis_bytes_per_path"} <= names
+    assert all(sorted(c.points) == [100, 1000] for c in curves)
+
+
 async def test_the_disk_cache_curve_restarts_with_and_without_the_index_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -80,6 +91,11 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         return [Curve("disk", "f", "s", {10**e: float(e) for e in exponents})]
 
     monkeypatch.setattr(scale, "disk_cache", disk)
+
+    async def stores(exponents: range, root: Path) -> tuple[list[Curve], dict[str, float]]:
+        return [Curve("meta", "f", "µs", {10**e: float(e) for e in exponents})], {"meta_list_1e5_ms": 1.0}
+
+    monkeypatch.setattr(scale, "metadata_curves", stores)
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--quick", "--json", "out.json", *args]) == 0
     ratios = json.loads((tmp_path / "out.json").read_text())["ratios"]
@@ -88,6 +104,7 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         "tracker_entries_f_growth": 5 / 4,
         "plan_cache_f_growth": 5 / 3,
         "disk_f_growth": 5 / 3,
+        "meta_f_growth": 5 / 3,
     }  # quick sizes
     png = tmp_path / ("x.png" if args else "out.png")
     if missing_plot() is None:

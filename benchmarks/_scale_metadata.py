@@ -1,0 +1,149 @@
+"""The scale benchmark's metadata curves (benchmarks/scale.py): each metadata path holding
+10^3 ... 10^N paths (one-chunk plans, committed 500 a call as a bulk ingest would), grown a
+decade at a time in one store, and measured at each size:
+
+- ``*_lookup_p50`` / ``*_lookup_p99``: one getReadPlan of a random path (µs, wall, one at a time);
+- ``*_batch_ms``: a 1,000-path ``get_plans``;
+- ``*_commits_per_s``: paths committed per second while growing to that size;
+- ``*_bytes_per_path``: the SQLite file's size, or Redis's ``used_memory`` growth, per path;
+- ``*_list_ms`` (largest size only, as a metric): listing 10^5 entries (the first 10^5 of a
+  prefix holding all of them), 1,000 a page.
+
+Paths: ``sqlite`` (the embedded store), ``redis`` (the Redis store on a local redis-server),
+``api`` (the metadata API server, a subprocess, over the SQLite file just measured: HTTP and
+its server's CPU on top).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+from blobsdk.config import Timeouts
+from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.net.rpc import new_session
+from blobsdk.wire import ChunkRef, CommitOp, ReadPlan, etag_of
+from servers.redisd import start_redis
+
+from ._report import median, percentile
+from ._scale_curves import Curve
+from ._servers import server
+
+PREFIX = "/lake/train/"
+LOOKUPS = 2000
+LIST_ENTRIES = 100_000
+
+
+def path_of(n: int) -> str:
+    return f"{PREFIX}{n:010d}"
+
+
+def _plan(n: int) -> ReadPlan:
+    ref = ChunkRef(block_id=f"{n:032x}", offset=0, length=4 << 20, raw_length=4 << 20, checksum=n)
+    return ReadPlan(path=path_of(n), version=0, etag=etag_of((ref,), 4 << 20), size=4 << 20, chunk_size=4 << 20, chunks=(ref,))
+
+
+class _Curves:
+    """One metadata path's curves."""
+
+    def __init__(self, name: str) -> None:
+        self.p50 = Curve(name, "lookup_p50", "µs per call")
+        self.p99 = Curve(name, "lookup_p99", "µs per call")
+        self.batch = Curve(name, "batch_ms", "ms per 1,000 paths")
+        self.commits = Curve(name, "commits_per_s", "paths per second")
+        self.size = Curve(name, "bytes_per_path", "bytes per entry")
+        self.list_ms = 0.0
+
+    def all(self) -> list[Curve]:
+        return [c for c in (self.p50, self.p99, self.batch, self.commits, self.size) if c.points]
+
+
+async def metadata_curves(exponents: range, root: Path) -> tuple[list[Curve], dict[str, float]]:
+    """The curves of every path, and each path's listing time at the largest size."""
+    sqlite, redis, api = _Curves("sqlite"), _Curves("redis"), _Curves("api")
+    db = root / "scale.sqlite"
+    with start_redis(root / "redis") as redisd:
+        async with AsyncExitStack() as stack:
+            lite = await stack.enter_async_context(SqliteMetadataStore(db))
+            red = await stack.enter_async_context(RedisMetadataStore(redisd.url, namespace="scale"))
+            used = await _redis_used(red)
+            filled = 0
+            for e in exponents:
+                size = 10**e
+                await _grow(lite, filled, size, sqlite)
+                await _grow(red, filled, size, redis)
+                filled = size
+                await _measure(lite, size, sqlite)
+                await _measure(red, size, redis)
+                sqlite.size.points[size] = _sqlite_bytes(db) / size
+                redis.size.points[size] = (await _redis_used(red) - used) / size
+                async with _api_over(db, root) as http:
+                    await _measure(http, size, api)
+            for store, curves in ((lite, sqlite), (red, redis)):
+                curves.list_ms = await _list_ms(store, filled)
+            async with _api_over(db, root) as http:
+                api.list_ms = await _list_ms(http, filled)
+    listing = {f"{c.p50.component}_list_1e5_ms": c.list_ms for c in (sqlite, redis, api)}
+    return [*sqlite.all(), *redis.all(), *api.all()], listing
+
+
+async def _grow(store: MetadataStore, start: int, stop: int, curves: _Curves) -> None:
+    began = time.perf_counter()
+    for first in range(start, stop, 500):
+        await store.commit_many([CommitOp(path=path_of(n), plan=_plan(n)) for n in range(first, min(stop, first + 500))])
+    curves.commits.points[stop] = (stop - start) / (time.perf_counter() - began)
+
+
+async def _measure(store: MetadataStore, size: int, curves: _Curves) -> None:
+    rng = random.Random(size)
+    for _ in range(50):  # warm connections
+        await store.get_plan(path_of(rng.randrange(size)))
+    latencies = []
+    for _ in range(LOOKUPS):
+        path = path_of(rng.randrange(size))
+        began = time.perf_counter()
+        await store.get_plan(path)
+        latencies.append(time.perf_counter() - began)
+    curves.p50.points[size] = median(latencies) * 1e6
+    curves.p99.points[size] = percentile(latencies, 0.99) * 1e6
+    batches = []
+    for _ in range(5):
+        paths = [path_of(rng.randrange(size)) for _ in range(1000)]
+        began = time.perf_counter()
+        await store.get_plans(paths)
+        batches.append(time.perf_counter() - began)
+    curves.batch.points[size] = median(batches) * 1e3
+
+
+async def _list_ms(store: MetadataStore, size: int) -> float:
+    """Listing the first min(10^5, size) entries of the prefix, 1,000 a page."""
+    want, seen = min(LIST_ENTRIES, size), 0
+    began = time.perf_counter()
+    async for _ in store.list(PREFIX, limit=1000):
+        seen += 1
+        if seen == want:
+            break
+    return (time.perf_counter() - began) * 1e3
+
+
+@asynccontextmanager
+async def _api_over(db: Path, root: Path) -> AsyncIterator[MetadataStore]:
+    with server("servers.api", ["--db", str(db)], root / "api") as url:
+        async with new_session(Timeouts()) as session:
+            yield HttpMetadataStore(session, url)
+
+
+def _sqlite_bytes(db: Path) -> int:
+    return sum(os.path.getsize(p) for p in (db, Path(f"{db}-wal")) if p.exists())
+
+
+async def _redis_used(store: RedisMetadataStore) -> int:
+    info = await store._redis.info("memory")
+    return int(info["used_memory"])
