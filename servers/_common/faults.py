@@ -287,7 +287,7 @@ class _Damage:
         _DamagedStream(request, response, flip_at, cut_at, self.counts)
 
 
-_WRAPPED = "blobsdk_faults_wrapped_writes"
+_WRAPPED = web.ResponseKey("blobsdk_faults_wrapped_writes", bool)
 
 
 def writes_wrapped(response: web.StreamResponse) -> bool:
