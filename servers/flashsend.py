@@ -19,6 +19,7 @@ is kept (the damage was on the way), so a report can cost a node one read, never
 The answer is the one a read into memory gets: 200, ``Content-Type:
 application/octet-stream``, ``X-Blobsdk-Cache: hit``, the Content-Length.  A response whose
 writes the fault injector damages (servers/_common/faults.py) is written through them instead.
+A client that hangs up during the send ends it quietly, as it ends a write from memory.
 """
 
 from __future__ import annotations
@@ -61,8 +62,12 @@ async def _send(request: web.Request, payload: PayloadFile) -> web.StreamRespons
         transport = request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client hung up")
-        loop = asyncio.get_running_loop()
-        await loop.sendfile(transport, payload.file, payload.offset, payload.length)
+        try:
+            await asyncio.get_running_loop().sendfile(transport, payload.file, payload.offset, payload.length)
+        except ConnectionError:  # the client hung up (e.g. a hedge it no longer needs): not an error
+            response.force_close()
+            transport.abort()
+            return response
     await response.write_eof()
     return response
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -146,3 +148,24 @@ async def test_the_client_gets_good_bytes_and_the_rotted_copy_is_dropped(env: En
     assert bytes(await tier.fetch(ref, decode) or b"") == good  # the first node reads it through again
     assert first.cache.contains(ref.key) and tier.extra_stats()["node_fills"] == 3
     assert msgspec.json.decode((await report(env, first_url, ref))[1]) == {"dropped": False}
+
+
+async def test_a_client_that_hangs_up_mid_send_is_no_error(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    (ref,) = await chunks(env, 1, size=32 << 20)  # more than the sockets' buffers hold
+    url, node = await env.node()
+    _, _, good = await env.get(url, ref)
+    assert (await env.get(url, ref))[:2] == (200, "hit")
+    host, port = url.removeprefix("http://").split(":")
+    caplog.set_level(logging.WARNING)
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"GET /v1/chunks/{ref.key}?{chunk_query(ref)} HTTP/1.1\r\nHost: node\r\n\r\n".encode())
+        assert (await reader.readexactly(9)) == b"HTTP/1.1 "
+        await reader.readexactly(1 << 20)  # in the middle of the body
+        writer.transport.abort()
+    for _ in range(500):  # the node notices when its next send fails
+        if node.counters.hits == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert node.counters.hits == 3 and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (await env.get(url, ref))[:3] == (200, "hit", good)
