@@ -45,6 +45,11 @@ capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
 bytes; files another process adds are seen at the next open (once its reconciliation reaches
 their shard).  All disk access runs on the cache's own thread pool, never on the event loop.
+
+With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
+verified read saw (in memory only: after a restart every file is verified again), and
+``open_verified`` hands that file out open, its payload unread, for a zero-copy send
+(blobsdk/cache/_payloadfile.py: why, and why a file unchanged since is safe).
 """
 
 from __future__ import annotations
