@@ -20,6 +20,10 @@ The answer is the one a read into memory gets: 200, ``Content-Type:
 application/octet-stream``, ``X-Blobsdk-Cache: hit``, the Content-Length.  A response whose
 writes the fault injector damages (servers/_common/faults.py) is written through them instead.
 A client that hangs up during the send ends it quietly, as it ends a write from memory.
+``os.sendfile`` runs on the event loop (as in aiohttp's FileResponse): a payload that is not
+in the page cache is read from the device inside it, so a node on a slow device stalls its
+loop for that read, where a read into memory waited on a disk thread.  Only the open and the
+header's check still go to the cache's disk threads.
 """
 
 from __future__ import annotations
