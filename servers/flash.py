@@ -4,6 +4,8 @@ Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verif
 
     GET    /v1/chunks/{key}?<ChunkRef>  the chunk; X-Blobsdk-Cache: hit (flash) or miss (L4)
            [X-Blobsdk-Progress: MS]     and an interim 102 Processing every MS ms meanwhile
+    POST   /v1/chunks/{key}/bad?<ChunkRef>   a client got a bad copy: verify ours again,
+                                        drop it if damaged -> JSON {"dropped": bool}
     PUT    /v1/chunks/{key}?<ChunkRef>[&pin_seconds=S]   body = stored bytes; 201 stored
     POST   /v1/hydrate                  HydrateRequest (msgpack or JSON) -> 202 HydrateStatus
     GET    /v1/hydrate/{job_id}         HydrateStatus;  DELETE cancels the job
@@ -14,7 +16,10 @@ must be its chunk key, else 400.
 
 Read-through: a miss reads the L4 replicas in order, verifies each copy (decode + xxh3-64),
 stores the first good one for the requesting tenant and serves it; one load per chunk key is
-in flight (single-flight: the fill is charged to the tenant that asked first).  No good copy
+in flight (single-flight: the fill is charged to the tenant that asked first).  A hit is read
+and verified (xxh3-64) on its first read since the fill or the node's start; later hits of
+that same file are sent with ``sendfile``, unread and unhashed (servers/flashsend.py: why, and
+how a file that rots later is caught by the client and dropped).  No good copy
 is 502 ``corrupt_data`` (404 if the block is gone, 503 if L4 is down) and nothing is stored.
 A fill the cache refuses (full, chunk larger than the capacity, over the requester's quota:
 counted as ``quota_rejections``) still serves the bytes.  A GET with ``X-Blobsdk-Progress:
@@ -78,6 +83,7 @@ from ._common.http import (
     add_serve_args,
     auth_of_args,
     base_app,
+    progress_every,
     read_piece,
     send_bytes,
     serve,
@@ -86,6 +92,7 @@ from ._common.http import (
 from ._common.logs import setup_logging
 from ._common.stores import add_s3_args, s3_config_of_args
 from .flashmetrics import export
+from .flashsend import recheck, send_verified
 from .hydrate import Hydrator, Job
 
 MiB = 1 << 20
@@ -179,6 +186,7 @@ class FlashNode:
                 threads=c.threads,
                 name="l3",
                 clock=self._clock,
+                remember_verified=True,
             )
         )
         stack.push_async_callback(self._stop_tasks)  # first out: no task may outlive the cache
@@ -211,12 +219,23 @@ class FlashNode:
     async def get_chunk(self, request: web.Request) -> web.StreamResponse:
         ref = self._ref_of(request)
         tenant = check_grant(request, ref.block_id, ref.offset, ref.length).tenant
+        progress_every(request)  # a malformed ask is refused on a hit too
+        sent = await send_verified(self.cache, request, ref)
+        if sent is not None:
+            self.counters.hits += 1
+            return sent
         data, hit = await with_progress(request, partial(self.load, ref, tenant))
         if hit:
             self.counters.hits += 1
         else:
             self.counters.misses += 1
         return await send_bytes(request, data, content_type=OCTETS, headers={CACHE_HEADER: "hit" if hit else "miss"})
+
+    async def bad_copy(self, request: web.Request) -> web.Response:
+        """A client found the copy it got bad: verify ours again, dropped if damaged."""
+        ref = self._ref_of(request)
+        check_grant(request, ref.block_id, ref.offset, ref.length)
+        return web.json_response({"dropped": await recheck(self.cache, ref.key)})
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         ref = self._ref_of(request)
@@ -373,6 +392,7 @@ def make_app(
 def _install(app: web.Application, node: FlashNode) -> None:
     app.router.add_get("/v1/chunks/{key}", node.get_chunk, allow_head=False)
     app.router.add_put("/v1/chunks/{key}", node.put_chunk)
+    app.router.add_post("/v1/chunks/{key}/bad", node.bad_copy)
     hydrator = node.hydrator
     app.router.add_post("/v1/hydrate", hydrator.post_hydrate)
     app.router.add_get("/v1/hydrate/{job_id}", hydrator.get_hydrate, allow_head=False)

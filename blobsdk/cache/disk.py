@@ -45,6 +45,11 @@ capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
 bytes; files another process adds are seen at the next open (once its reconciliation reaches
 their shard).  All disk access runs on the cache's own thread pool, never on the event loop.
+
+With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
+verified read saw (in memory only: after a restart every file is verified again), and
+``open_verified`` hands that file out open, its payload unread, for a zero-copy send
+(blobsdk/cache/_payloadfile.py: why, and why a file unchanged since is safe).
 """
 
 from __future__ import annotations
@@ -78,12 +83,12 @@ from ._entryfile import Damaged as _Damaged
 from ._entryfile import encode_header as _encode_header
 from ._entryfile import read_header as _read_header
 from ._indexfile import INDEX_FILE, read_index, write_index
+from ._payloadfile import FileIdentity, PayloadFile, VerifiedFiles, identity, open_payload, refresh_atime
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
 
 T = TypeVar("T")
 
-_ATIME_REFRESH = 60.0  # seconds; bounds the inode writes that persisting the LRU costs
 _KIND = "disk-cache"
 _LAYOUT = 1  # the layout above (the FORMAT marker); files carry their own version too (_entryfile.py)
 
@@ -121,6 +126,7 @@ class DiskCache:
         threads: int = 4,
         name: str = "disk",
         clock: Callable[[], float] = time.monotonic,
+        remember_verified: bool = False,
     ) -> None:
         if capacity_bytes < 0 or not 0 <= min_free_ratio < 1 or threads < 1:
             raise ValueError(f"bad DiskCache settings: {capacity_bytes=} {min_free_ratio=} {threads=}")
@@ -138,6 +144,7 @@ class DiskCache:
         self._state = "new"
         self._reconciling: asyncio.Task[None] | None = None
         self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)
+        self._verified = VerifiedFiles() if remember_verified else None  # for open_verified
 
     @property
     def name(self) -> str:
@@ -191,7 +198,7 @@ class DiskCache:
             self._counts["misses"] += 1
             return None
         try:
-            data = await self._io(self._read_sync, key, checksum)
+            data, ident = await self._io(self._read_sync, key, checksum)
         except _Damaged:
             self._lost(entry, "corrupt")
             return None
@@ -205,10 +212,31 @@ class DiskCache:
         except OSError:
             self._lost(entry, "errors")
             return None
-        if self._index.get(key) is entry:
-            self._index.touch(entry, self._clock())
-        self._counts["hits"] += 1
+        self._hit(entry)
+        if self._verified is not None:
+            self._verified.record(key, ident, len(self._index))
         return data
+
+    async def open_verified(self, key: str) -> PayloadFile | None:
+        """The entry's file, open, if an earlier :meth:`get` of this cache verified that
+        very file (``remember_verified``; blobsdk/cache/_payloadfile.py); else None and the
+        caller reads it with :meth:`get` (absent, not yet verified, or replaced since)."""
+        entry = await self._readable(validate_key(key))
+        known = None if self._verified is None or entry is None else self._verified.get(key)
+        if entry is None or known is None:
+            return None
+        try:
+            opened: PayloadFile | None = await self._io(_with_file, self._dir, key, partial(open_payload, known=known))
+        except (_Damaged, OSError):  # the get that follows counts it
+            return None
+        if opened is not None:
+            self._hit(entry)
+        return opened
+
+    def forget_verified(self, key: str) -> None:
+        """Make the next read of ``key`` verify its file again (:meth:`get`)."""
+        if self._verified is not None:
+            self._verified.forget(validate_key(key))
 
     async def put(self, key: str, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0) -> bool:
         """Store a copy of ``data``: True once it is readable, False if it could not be
@@ -216,6 +244,7 @@ class DiskCache:
         key, tenant = validate_key(key), validate_tenant(tenant)
         view = memoryview(data).cast("B")
         self._fills.pop(key, None)
+        self.forget_verified(key)
         if self._index.remove(key) is not None:  # a put that fails must leave no older bytes
             await self._unlink_quietly(key)
         now = self._clock()
@@ -251,6 +280,7 @@ class DiskCache:
         key = validate_key(key)
         entry = self._index.remove(key)
         self._fills.pop(key, None)
+        self.forget_verified(key)
         unlinked = await self._unlink_quietly(key)
         return entry is not None or unlinked
 
@@ -356,10 +386,16 @@ class DiskCache:
             return None
         return entry
 
+    def _hit(self, entry: Entry) -> None:
+        if self._index.get(entry.key) is entry:
+            self._index.touch(entry, self._clock())
+        self._counts["hits"] += 1
+
     def _lost(self, entry: Entry, cause: str | None = None) -> None:
         """Forget an entry whose file is gone or bad (counted as ``cause``): a miss."""
         if cause:
             self._counts[cause] += 1
+        self.forget_verified(entry.key)
         if self._index.get(entry.key) is entry:
             self._index.remove(entry.key)
         self._counts["misses"] += 1
@@ -492,10 +528,10 @@ class DiskCache:
             while view:  # a write may be short
                 view = view[os.write(fd, view) :]
 
-    def _read_sync(self, key: str, checksum: int | None) -> bytearray:
+    def _read_sync(self, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
         return _with_file(self._dir, key, lambda fd, key: self._read_file(fd, key, checksum))
 
-    def _read_file(self, fd: int, key: str, checksum: int | None) -> bytearray:
+    def _read_file(self, fd: int, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
         st, head = _read_header(fd, key)
         if checksum is not None and head.checksum != checksum:
             raise _Damaged(f"{key}: holds other bytes than the caller expects")
@@ -503,8 +539,8 @@ class DiskCache:
         filled = os.preadv(fd, [payload], head.offset)  # straight into the buffer: no extra copy
         if filled != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:
             raise _Damaged(f"{key}: payload checksum mismatch")
-        _refresh_atime(fd, st)
-        return payload
+        refresh_atime(fd, st)
+        return payload, identity(st)
 
 
 # --- blocking helpers --------------------------------------------------------------------
@@ -515,14 +551,6 @@ def _with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
     shard = key[:2]
     with root.shard(shard) as dir_fd:
         return with_entry(dir_fd, root.entry_path(shard, key), key, fn)
-
-
-def _refresh_atime(fd: int, st: os.stat_result) -> None:
-    """Record a read in the atime (next start-up's LRU seed; works under noatime too)."""
-    if time.time() - st.st_atime < _ATIME_REFRESH:
-        return
-    with suppress(OSError):  # e.g. a file of another user: the LRU seed is only a hint
-        os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
 
 
 def _space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:

@@ -3,7 +3,10 @@
 Each chunk lives on ``replicas`` nodes chosen by rendezvous hashing of its chunk key over
 the node URLs (:mod:`blobsdk.read.placement`).  A node that misses reads the chunk through from
 L4 itself, so a GET answers with the chunk's stored bytes either way; the client verifies
-every copy (``decode``) and tries the next node on a bad or failed one.  Each GET asks the
+every copy (``decode``) and tries the next node on a bad or failed one.  It reports a bad
+copy to the node that sent it (``POST /v1/chunks/{key}/bad``): a node sends a cache file it
+verified once without reading it again (servers/flashsend.py), so it learns of a file that
+rotted since from its clients, verifies the file again and drops it if damaged.  Each GET asks the
 node for ``102 Processing`` every half ``hang_min_ms`` while it reads the chunk through: the
 hedger then takes a node queued behind a busy L4 for working, not hung, and neither fails
 the read over to L4 nor hedges it to another node (either would read the chunk from L4 a
@@ -75,8 +78,8 @@ class L3Tier(KeepsNothing, Closing):
 
     ``token`` is the bearer token the nodes want (it names the tenant); ``timeout`` bounds
     each request to a node (default: the session's).  Besides ``stats`` it counts
-    ``node_hits`` (served from a node's flash) and ``node_fills`` (read through L4 by the
-    node), see :meth:`extra_stats`.
+    ``node_hits`` (served from a node's flash), ``node_fills`` (read through L4 by the
+    node) and ``bad_copies_reported`` (bad copies a node was told of), see :meth:`extra_stats`.
     """
 
     name = "l3"
@@ -101,6 +104,7 @@ class L3Tier(KeepsNothing, Closing):
         self.buffers = buffers if buffers is not None else BufferPool()
         self.node_hits = 0
         self.node_fills = 0
+        self.bad_copies_reported = 0
         self.limiters = limiters if limiters is not None else LimiterRegistry()
         self._nodes = {
             e.base_url: e
@@ -156,7 +160,8 @@ class L3Tier(KeepsNothing, Closing):
     def extra_stats(self) -> dict[str, int | float]:
         hedges = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
         down = self.health.count(Reason.DOWN)
-        return {"node_hits": self.node_hits, "node_fills": self.node_fills, "nodes_down": down, **hedges}
+        counts = {"node_hits": self.node_hits, "node_fills": self.node_fills, "bad_copies_reported": self.bad_copies_reported}
+        return {**counts, "nodes_down": down, **hedges}
 
     async def node_stats(self) -> dict[str, object]:
         """Each node's own ``/stats`` (cache occupancy, tenants, jobs), or the error that
@@ -184,6 +189,7 @@ class L3Tier(KeepsNothing, Closing):
             raw = await decode(ref, stored)
         except BadCopy:
             self.stats.corrupt += 1
+            await self._report_bad(url, ref)
             raise
         except Unavailable:
             self.stats.errors += 1
@@ -204,6 +210,17 @@ class L3Tier(KeepsNothing, Closing):
         asked = {PROGRESS_HEADER: self._progress_ms, **({GRANT_HEADER: ref.grant} if ref.grant else {})}
         headers = await self._nodes[url].get_into(route, buf, headers=asked, attempt=attempt)
         return buf, headers.get(CACHE_HEADER.lower(), "")
+
+    async def _report_bad(self, url: str, ref: ChunkRef) -> None:
+        """Tell the node its copy of ``ref`` came out bad (a failure to tell it is ignored:
+        the read goes on elsewhere either way)."""
+        route = f"/v1/chunks/{ref.key}/bad?{chunk_query(ref)}"
+        grant = {GRANT_HEADER: ref.grant} if ref.grant else {}
+        try:
+            await self._nodes[url].read("POST", route, headers={**self._nodes[url].control.headers, **grant})
+        except BlobError:
+            return
+        self.bad_copies_reported += 1
 
     def _count_source(self, served_from: str) -> None:
         if served_from == "hit":

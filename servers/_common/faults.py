@@ -287,6 +287,15 @@ class _Damage:
         _DamagedStream(request, response, flip_at, cut_at, self.counts)
 
 
+_WRAPPED = web.ResponseKey("blobsdk_faults_wrapped_writes", bool)
+
+
+def writes_wrapped(response: web.StreamResponse) -> bool:
+    """Whether this prepared response's writes are damaged: a handler that would send its
+    body around ``response.write`` (sendfile) must write it through them instead."""
+    return bool(response.get(_WRAPPED, False))
+
+
 class _DamagedStream:
     """Stands in for one StreamResponse's ``write``/``write_eof``: flips the body byte at
     ``flip_at``, and after ``cut_at`` bytes closes the connection and drops the rest."""
@@ -306,6 +315,7 @@ class _DamagedStream:
         self._write, self._write_eof = response.write, response.write_eof
         response.write = self.write  # type: ignore[method-assign]
         response.write_eof = self.write_eof  # type: ignore[method-assign]
+        response[_WRAPPED] = True
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._hung_up:

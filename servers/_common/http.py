@@ -106,7 +106,7 @@ async def with_progress(request: web.Request, work: Callable[[], Awaitable[T]]) 
     so the client knows the server is working on its request (an L3 node reading through a
     slow L4) and is not hung.  Sent as aiohttp sends ``100 Continue``, before the reply.  A
     malformed MS is BadRequest, before any work."""
-    every = _progress_every(request)
+    every = progress_every(request)
     if every is None:
         return await work()
     task = asyncio.ensure_future(work())
@@ -120,7 +120,10 @@ async def with_progress(request: web.Request, work: Callable[[], Awaitable[T]]) 
             await asyncio.gather(task, return_exceptions=True)
 
 
-def _progress_every(request: web.Request) -> float | None:
+def progress_every(request: web.Request) -> float | None:
+    """How often (seconds) the request wants ``102 Processing``, None if it does not; a
+    malformed ``X-Blobsdk-Progress`` is BadRequest (a handler that may answer without
+    :func:`with_progress` calls this first, so that the refusal does not depend on timing)."""
     raw = request.headers.get(PROGRESS_HEADER)
     if raw is None or request.version < (1, 1):
         return None

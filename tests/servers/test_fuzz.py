@@ -652,6 +652,11 @@ def chunk_targets(draw: st.DrawFn, chunk: tuple[dict[str, Any], bytes]) -> str:
     return f"/v1/chunks/{draw(mostly(st.just(key_of(fields)), SEGMENTS))}?{urlencode(query)}"
 
 
+def bad_copy_targets(target: str) -> str:
+    path, _, query = target.partition("?")
+    return f"{path}/bad?{query}"
+
+
 def put_bodies(chunk: tuple[dict[str, Any], bytes]) -> st.SearchStrategy[bytes]:
     _, payload = chunk
     return mostly(st.just(payload), st.sampled_from([payload[:-1], payload + b"x", bytes([payload[0] ^ 1]) + payload[1:], b""]))
@@ -668,6 +673,7 @@ JOBS = mostly(st.just("/v1/hydrate/{job}"), SEGMENTS.map(lambda s: f"/v1/hydrate
 FLASH_ROUTES = [
     Route("get", "GET", CHUNK.flatmap(chunk_targets)),
     Route("put", "PUT", CHUNK.flatmap(chunk_targets), CHUNK.flatmap(put_bodies)),
+    Route("bad", "POST", CHUNK.flatmap(chunk_targets).map(bad_copy_targets)),
     Route("hydrate", "POST", st.just("/v1/hydrate"), HYDRATES),
     Route("status", "GET", JOBS),
     Route("cancel", "DELETE", JOBS),

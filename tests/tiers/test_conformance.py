@@ -158,7 +158,7 @@ class L3Harness:
 
 class TestL3Tier(TierTests):
     name = "l3"
-    extra_keys = frozenset({"node_hits", "node_fills", "nodes_down"}) | HEDGE_KEYS
+    extra_keys = frozenset({"node_hits", "node_fills", "bad_copies_reported", "nodes_down"}) | HEDGE_KEYS
     extra_prefixes = ("hedge_",)
 
     @pytest.fixture
