@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 import struct
 import time
-from contextlib import suppress
 
 import msgspec
 import xxhash
 
-from ..runtime.rootdir import TMP_SUFFIX, create_temp, open_regular, remove_if_dead
+from ..runtime.rootdir import open_regular, write_root_file
 from .policy import Entry
 
 INDEX_FILE = "INDEX"
@@ -39,32 +38,13 @@ def write_index(root: str, entries: list[Entry], now: float, token: str) -> None
     file renamed over it; no fsync: a torn file fails its checksum and is ignored)."""
     body = msgspec.msgpack.encode(entries)
     head = _HEAD.pack(_MAGIC, _VERSION, len(body), xxhash.xxh3_64_intdigest(body), now, time.time())
-    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        with os.scandir(dir_fd) as names:
-            stale = [e.name for e in names if e.name.startswith(f"{INDEX_FILE}.") and e.name.endswith(TMP_SUFFIX)]
-        for name in stale:
-            remove_if_dead(dir_fd, name)  # an index write that died
-        fd, temp = create_temp(dir_fd, INDEX_FILE, token)
-        try:
-            with os.fdopen(fd, "wb", closefd=False) as out:
-                out.write(head)
-                out.write(body)
-            os.replace(temp, INDEX_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
-            raise
-        finally:
-            os.close(fd)
-    finally:
-        os.close(dir_fd)
+    write_root_file(root, INDEX_FILE, [head, body], token, durable=False)
 
 
 def read_index(root: str, now: float) -> list[Entry] | None:
     """The entries of ``root/INDEX`` on the engine clock ``now`` (least recently used first),
     or None if there is no usable index file."""
-    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root may be a symlink: the user's choice
     try:
         fd = open_regular(dir_fd, INDEX_FILE, os.path.join(root, INDEX_FILE))
     except FileNotFoundError:

@@ -336,23 +336,32 @@ def read_marker(root: Path) -> str | None:
 
 def write_marker(root: Path, text: str, token: str) -> None:
     """Write ``root/FORMAT`` atomically and durably (also over an existing one)."""
+    write_root_file(root, FORMAT_FILE, [text.encode()], token, durable=True)
+
+
+def write_root_file(root: Path | str, name: str, parts: list[bytes], token: str, *, durable: bool) -> None:
+    """Write ``root/name`` atomically (a locked temp file renamed over it), sweeping the temp
+    files of earlier writes of it that died; ``durable``: fsync the file and the root too."""
     dir_fd = os.open(root, _ROOT_FLAGS)
     try:
-        for name, temp in _files_at(dir_fd):
-            if temp and name.startswith(f"{FORMAT_FILE}."):
-                remove_if_dead(dir_fd, name)  # a marker write that died
-        fd, temp_name = create_temp(dir_fd, FORMAT_FILE, token)
+        for found, temp in _files_at(dir_fd):
+            if temp and found.startswith(f"{name}."):
+                remove_if_dead(dir_fd, found)  # a write that died
+        fd, temp_name = create_temp(dir_fd, name, token)
         try:
-            os.write(fd, text.encode())
-            os.fsync(fd)
-            os.replace(temp_name, FORMAT_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            with os.fdopen(fd, "wb", closefd=False) as out:
+                out.writelines(parts)
+            if durable:
+                os.fsync(fd)
+            os.replace(temp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with suppress(OSError):
                 os.unlink(temp_name, dir_fd=dir_fd)
             raise
         finally:
             os.close(fd)
-        os.fsync(dir_fd)
+        if durable:
+            os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 

@@ -77,6 +77,17 @@ async def test_the_background_reconciliation_sees_what_changed_in_the_directory(
     assert [e.key for e in read_index(str(root), 0.0) or []] == [key(1), key(3)]  # written again once reconciled
 
 
+async def test_a_root_that_is_a_symlink_restarts_from_its_index_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    async with open_cache(tmp_path / "link") as cache:
+        await fill(cache, 1)
+    headers = NoHeaderReads(monkeypatch)
+    async with open_cache(tmp_path / "link") as cache:
+        assert bytes(await cache.get(key(1)) or b"") == blob(1)
+    assert headers.reads == 0 and (tmp_path / "real" / "INDEX").is_file()
+
+
 async def test_an_entry_put_or_deleted_while_reconciling_is_kept_as_it_is(tmp_path: Path) -> None:
     async with open_cache(tmp_path) as cache:
         await fill(cache, 1, 2)
