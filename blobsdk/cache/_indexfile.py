@@ -70,9 +70,11 @@ def _decode(data: memoryview, now: float) -> list[Entry] | None:
         entries = _DECODER.decode(body)
     except msgspec.DecodeError:
         return None
-    shift = now - then - max(0.0, time.time() - wall)  # this run's clock minus the writer's, less the time between
+    # An entry's age is its age when written plus the wall time since (none if the wall clock
+    # stepped back): t + shift <= now, as every t <= then.
+    shift = now - then - max(0.0, time.time() - wall)
     for entry in entries:
-        entry.created = min(now, entry.created + shift)
-        entry.last_access = min(now, entry.last_access + shift)
+        entry.created += shift
+        entry.last_access += shift
         entry.pin_until = 0.0
     return entries
