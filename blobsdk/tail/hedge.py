@@ -60,6 +60,7 @@ from typing import Any, TypeVar
 
 from ..config import MIN_SAMPLES, HedgeConfig
 from .attempt import Attempt
+from .deadlines import Deadlines
 from .demand import Demand
 from .health import Reason, TargetHealth
 from .race import AttemptFn, Race, exhausted, is_failover
@@ -211,6 +212,7 @@ class Hedger:
         self.clock = clock
         self.health = health if health is not None else TargetHealth(self.config, clock)
         self.races: set[Race[Any, Any]] = set()  # in flight: told when a race finds a target hung
+        self.deadlines = Deadlines(clock)  # one loop timer for every race's hedge and hang looks
         if self.health.config != self.config:
             raise ValueError("a hedger and the health tracker it shares need the same HedgeConfig")
 

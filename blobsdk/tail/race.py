@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from ..errors import BlobError, HedgeExhausted, Unavailable
 from .attempt import Attempt
+from .deadlines import Deadline
 from .demand import Demand
 from .health import Reason
 
@@ -116,7 +117,8 @@ class Race(Generic[T, R]):
         task = asyncio.current_task()
         assert task is not None, "a hedged request runs in a task"
         self._task = task
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadlines = hedger.deadlines
+        self._timer: Deadline | None = None  # this race's deadline in its hedger's shared timer
         self._timer_at = math.inf  # hedger clock time the timer is set for
         self._wake: asyncio.Future[None] | None = None  # what the caller sleeps on
         self._over = False
@@ -280,7 +282,7 @@ class Race(Generic[T, R]):
     def _end(self) -> None:
         """Cancel the timer, and every task (a race left by an error or a cancellation)."""
         if self._timer is not None:
-            self._timer.cancel()
+            self._deadlines.cancel(self._timer)
             self._timer = None
         for task in self._tasks:
             task.cancel()
@@ -296,16 +298,17 @@ class Race(Generic[T, R]):
         if at is None or (self._timer is not None and self._timer_at <= at):
             return
         if self._timer is not None:
-            self._timer.cancel()
+            self._deadlines.cancel(self._timer)
         self._timer_at = at
-        self._timer = self._loop.call_later(max(0.0, at - self._clock()), self._fired)
+        self._timer = self._deadlines.call_at(at, self._fired)
 
     def _fired(self) -> None:
-        """The timer fired: look once the callbacks already due have run.  An attempt whose
-        answer came in the same turn of the loop (a loaded machine runs late) has then
-        returned, rather than be hedged or found hung with its answer waiting."""
+        """The deadline came.  The shared timer runs this once the callbacks already due
+        when it fired have run: an attempt whose answer came in the same turn of the loop (a
+        loaded machine runs late) has then returned, rather than be hedged or found hung
+        with its answer waiting."""
         self._timer = None
-        self._loop.call_soon(self._look)
+        self._look()
 
     def poke(self) -> None:
         """Another race found a target hung: look whether an attempt of this one is there."""
@@ -353,7 +356,7 @@ class Race(Generic[T, R]):
         self._not_before = -math.inf
         if not self._soon:  # once the attempt made its first move: queued (no timer yet) or not
             self._soon = True
-            self._loop.call_soon(self._first_look)
+            self._deadlines.call_soon(self._first_look)
 
     def _first_look(self) -> None:
         self._soon = False

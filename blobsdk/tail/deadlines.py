@@ -1,0 +1,140 @@
+"""One event-loop timer for every race of a hedger (blobsdk/tail/race.py).
+
+Each hedged read used to set a loop timer of its own (``loop.call_later``) for its hedge or
+hang look, and cancel it when its primary answered first, as nearly every one does; and it
+put its first look on the loop (``call_soon``) once its attempt had made its first move.
+That was ~11 µs of a race's ~17 µs (a lone race whose attempt answers at once).  Here the
+races of one hedger share a heap of deadlines on their hedger's clock and one loop timer for
+the earliest; a batch of 100 reads sets it once and cancels it once, when its last read
+ends.  A deadline is a small list; cancelling one only marks it, and the heap is dropped
+whole once no deadline is left, so a read that ended (or was cancelled) leaves no timer.
+First looks are batched the same way: one ``call_soon`` per turn of the loop, for every
+race that asked during that turn.
+
+Measured (tier + hedger CPU per read, in-process replicas that answer on the next turn of
+the loop, batches of 100; the hedging benchmark's ``client_cpu_*`` rows for the real one):
+see docs/benchmarks.md, "hedging".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+
+Deadline = list[object]  # [at, seq, callback or None once cancelled or fired]
+
+
+class Deadlines:
+    """Callbacks due at times of ``clock`` (a hedger's: a test's virtual one too), run by
+    one loop timer.  The loop timer waits ``at - clock()`` of loop time, as a race's own
+    timer did, and a callback whose time has not come on ``clock`` when it fires waits on."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._heap: list[Deadline] = []
+        self._seq = itertools.count()
+        self._live = 0  # deadlines neither cancelled nor fired
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf  # clock time the loop timer is set for
+        self._soon: list[Callable[[], None]] = []
+
+    @property
+    def pending(self) -> int:
+        """Deadlines neither cancelled nor fired yet."""
+        return self._live
+
+    @property
+    def armed(self) -> bool:
+        """Whether a loop timer is set (only while a deadline is pending)."""
+        return self._timer is not None
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> Deadline:
+        """Run ``callback`` once ``clock()`` reaches ``at`` (in a turn of the loop of its own,
+        after the callbacks already due then); cancel it with :meth:`cancel`."""
+        loop = self._own_loop()
+        deadline: Deadline = [at, next(self._seq), callback]
+        heapq.heappush(self._heap, deadline)
+        self._live += 1
+        if at < self._timer_at:
+            self._set_timer(loop, at)
+        return deadline
+
+    def cancel(self, deadline: Deadline) -> None:
+        """Forget ``deadline`` (one that fired already, or was cancelled, too)."""
+        if deadline[2] is None:
+            return
+        deadline[2] = None
+        self._live -= 1
+        if self._live == 0:
+            self._clear()
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the next turn of the loop, with every other one asked for in
+        this turn, by one loop callback."""
+        if not self._soon:
+            self._own_loop().call_soon(self._run_soon)
+        self._soon.append(callback)
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._live or self._soon:
+                raise RuntimeError("a hedger serves one event loop at a time")
+            self._loop = loop
+        return loop
+
+    def _run_soon(self) -> None:
+        callbacks, self._soon = self._soon, []
+        for callback in callbacks:
+            _call(callback)
+
+    def _set_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = loop.call_later(max(0.0, at - self._clock()), self._fired)
+
+    def _clear(self) -> None:
+        self._heap.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = math.inf
+
+    def _fired(self) -> None:
+        """The loop timer fired: take every deadline due on the clock, run them on the next
+        turn (after the callbacks already due now: an answer that came in this turn is
+        then in, rather than hedged or found hung with it waiting), re-arm for the next."""
+        self._timer, self._timer_at = None, math.inf
+        heap, now = self._heap, self._clock()
+        due: list[Callable[[], None]] = []
+        while heap and (heap[0][2] is None or heap[0][0] <= now):  # type: ignore[operator]
+            deadline = heapq.heappop(heap)
+            callback = deadline[2]
+            if callback is not None:
+                deadline[2] = None
+                self._live -= 1
+                due.append(callback)  # type: ignore[arg-type]
+        loop = self._loop
+        assert loop is not None
+        if heap:  # its head is pending (cancelled ones were popped above)
+            self._set_timer(loop, heap[0][0])  # type: ignore[arg-type]
+        if due:
+            loop.call_soon(_run_all, due)
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        _call(callback)
+
+
+def _call(callback: Callable[[], None]) -> None:
+    """One callback; its error goes to the loop's handler, and the others still run."""
+    try:
+        callback()
+    except Exception as exc:  # noqa: BLE001 - one race's bug must not stall the others
+        asyncio.get_running_loop().call_exception_handler({"message": "hedger deadline callback failed", "exception": exc})
