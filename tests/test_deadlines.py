@@ -54,16 +54,19 @@ def test_callbacks_run_at_their_times_in_order_and_a_cancelled_one_never() -> No
     assert run_counting(main) == [("a", 0.005), ("b", 0.010), ("c", 0.020)]
 
 
-def test_the_last_cancelled_deadline_takes_the_loop_timer_with_it() -> None:
-    async def main(loop: CountingLoop) -> None:
-        deadlines = Deadlines(loop.time)
-        first, second = deadlines.call_at(0.010, lambda: None), deadlines.call_at(0.020, lambda: None)
+def test_once_the_last_deadline_is_cancelled_the_loop_timer_fires_once_idle() -> None:
+    async def main(loop: CountingLoop) -> list[str]:
+        deadlines, ran = Deadlines(loop.time), []
+        first = deadlines.call_at(0.010, lambda: ran.append("first"))
+        second = deadlines.call_at(0.020, lambda: ran.append("second"))
         deadlines.cancel(first)
-        assert deadlines.armed  # one still pending
         deadlines.cancel(second)
-        assert deadlines.pending == 0 and not deadlines.armed
+        assert deadlines.pending == 0 and deadlines.armed  # left to fire once, finding nothing
+        await asyncio.sleep(0.011)
+        assert not deadlines.armed and loop.shared_timers == 1
+        return ran
 
-    run_counting(main)
+    assert run_counting(main) == []
 
 
 def test_soon_callbacks_of_one_turn_run_together_on_the_next() -> None:
@@ -131,7 +134,7 @@ def test_a_shared_timer_hedges_each_race_at_its_own_virtual_time() -> None:
             return await hedger.run(["a", "b"], replica)
 
         results = await asyncio.gather(*(read(after) for after in (0.0, 0.003, 0.006)))
-        assert hedger.deadlines.pending == 0 and not hedger.deadlines.armed
+        assert hedger.deadlines.pending == 0
         return results, replica.started, hedger.stats()["hedges_sent"]
 
     results, started, hedges = run_counting(main)
@@ -143,10 +146,24 @@ def test_a_batch_of_fast_reads_sets_the_shared_timer_once_and_leaves_none() -> N
     async def main(loop: CountingLoop) -> tuple[int, int]:
         hedger, replica = Hedger(FIXED_10MS, clock=loop.time), Replica(loop)
         await asyncio.gather(*(hedger.run(["b", "a"], replica) for _ in range(100)))
-        assert hedger.deadlines.pending == 0 and not hedger.deadlines.armed
+        assert hedger.deadlines.pending == 0
+        await asyncio.sleep(0.010)
+        assert not hedger.deadlines.armed  # fired once, idle
         return loop.shared_timers, hedger.stats()["hedges_sent"]
 
     assert run_counting(main) == (1, 0)  # 100 races, one loop timer, no hedge
+
+
+def test_reads_one_after_another_set_the_shared_timer_once_per_hedge_delay() -> None:
+    async def main(loop: CountingLoop) -> tuple[float, int]:
+        hedger, replica = Hedger(FIXED_10MS, clock=loop.time), Replica(loop)
+        for _ in range(50):
+            await hedger.run(["b", "a"], replica)  # 1 ms each
+        return round(loop.time(), 6), loop.shared_timers
+
+    took, timers = run_counting(main)
+    assert took == 0.050
+    assert timers <= 6  # was one per read: 50
 
 
 def test_cancelled_reads_leave_no_deadline_and_no_timer() -> None:
@@ -159,7 +176,9 @@ def test_cancelled_reads_leave_no_deadline_and_no_timer() -> None:
             read.cancel()
         await asyncio.wait(reads)
         assert all(read.cancelled() for read in reads)
-        assert hedger.deadlines.pending == 0 and not hedger.deadlines.armed
+        assert hedger.deadlines.pending == 0
+        await asyncio.sleep(1)
+        assert not hedger.deadlines.armed  # its one firing found nothing to do
         assert [name for name, _ in replica.started] == ["a"] * 10
 
     run_counting(main)

@@ -5,9 +5,11 @@ hang look, and cancel it when its primary answered first, as nearly every one do
 put its first look on the loop (``call_soon``) once its attempt had made its first move.
 That was ~11 µs of a race's ~17 µs (a lone race whose attempt answers at once).  Here the
 races of one hedger share a heap of deadlines on their hedger's clock and one loop timer for
-the earliest; a batch of 100 reads sets it once and cancels it once, when its last read
-ends.  A deadline is a small list; cancelling one only marks it, and the heap is dropped
-whole once no deadline is left, so a read that ended (or was cancelled) leaves no timer.
+the earliest; a batch of 100 reads sets it once.  A deadline is a small list; cancelling
+one only marks it (and lets go of its callback, so of its race), and the heap is dropped whole
+once no deadline is left.  The loop timer is then left to fire once, idle, rather than be
+cancelled: reads one after another (each ends before its hedge is due) then set it once per
+hedge delay, not once per read.
 First looks are batched the same way: one ``call_soon`` per turn of the loop, for every
 race that asked during that turn.
 
@@ -49,7 +51,8 @@ class Deadlines:
 
     @property
     def armed(self) -> bool:
-        """Whether a loop timer is set (only while a deadline is pending)."""
+        """Whether a loop timer is set: while a deadline is pending, and until it has fired
+        once after the last one went."""
         return self._timer is not None
 
     def call_at(self, at: float, callback: Callable[[], None]) -> Deadline:
@@ -99,11 +102,8 @@ class Deadlines:
         self._timer = loop.call_later(max(0.0, at - self._clock()), self._fired)
 
     def _clear(self) -> None:
+        """No deadline left: drop the heap (the loop timer fires once more, finding none)."""
         self._heap.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = math.inf
 
     def _fired(self) -> None:
         """The loop timer fired: take every deadline due on the clock, run them on the next

@@ -82,6 +82,40 @@ class _Entry(Generic[T, R]):
 class Race(Generic[T, R]):
     """One hedged request: its attempts in flight, the candidates left, the failures."""
 
+    __slots__ = (
+        "__weakref__",
+        "_armed",
+        "_attempt",
+        "_candidates",
+        "_clock",
+        "_deadlines",
+        "_deferred",
+        "_demand",
+        "_failover",
+        "_failures",
+        "_hedger",
+        "_hedging",
+        "_hung",
+        "_interrupted",
+        "_key_of",
+        "_loop",
+        "_next",
+        "_not_before",
+        "_over",
+        "_patient",
+        "_probe",
+        "_ready",
+        "_result",
+        "_running",
+        "_soon",
+        "_task",
+        "_tasks",
+        "_timer",
+        "_timer_at",
+        "_waited_for",
+        "_wake",
+    )
+
     def __init__(
         self,
         hedger: Hedger,
