@@ -67,6 +67,10 @@ class Reason(Enum):
     DOWN = "down"
     BAD_BYTES = "bad bytes"
 
+    # A member is a singleton: hash it by identity, in C.  Enum's own __hash__ is Python code
+    # (hash of the name), and every read looks reasons up in dicts several times (~0.2 µs each).
+    __hash__ = object.__hash__
+
 
 class _Hung:
     __slots__ = ("backoff", "hung", "probe_at", "probing")

@@ -87,6 +87,8 @@ class _Outcome(Enum):
     DROP = "drop"
     IGNORE = "ignore"
 
+    __hash__ = object.__hash__  # counted per request: identity, in C (Enum's is Python code)
+
 
 _PROBE_SHARE = 4  # a floor probe admits 1/4 of the limit
 _BELOW = 1e-6  # an estimate this far under an integer limit stays under it
