@@ -30,7 +30,9 @@ with each policy and, interleaved in the same rounds, two floors: ``http_get`` (
 aiohttp GET of the same bytes from one of the same servers) and ``raw_get`` (the SDK's own
 data-path GET, ``blobsdk/net/rawget.py``, with no tier, limiter or hedger around it).
 ``client_cpu_per_read_us`` = the hedged tier's (goal <= 100); ``client_cpu_vs_http_get`` =
-that / the bare aiohttp GET's.
+that / the bare aiohttp GET's.  ``client_cpu_inproc_*_us``: the same tier with in-process
+replicas and no network (``bare``: a replica's limiter and one loop turn alone; see
+benchmarks/_hedging_inproc.py): the SDK's own CPU per read, steadier than the rows above.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
+from ._hedging_inproc import client_cpu_in_process
 from ._report import Report, percentile
 from ._servers import block_servers
 
@@ -84,6 +87,9 @@ async def run(quick: bool = False) -> Report:
         for scenario, flags in SCENARIOS.items():
             with block_servers(Path(tmp) / scenario, flags) as urls:
                 await _scenario(report, scenario, urls, batches)
+    for name, values in (await client_cpu_in_process(POLICIES, 20 if quick else 100)).items():
+        report.metrics[f"client_cpu_inproc_{name}_us"] = statistics.median(values)
+        report.details[f"client_cpu_inproc_{name}_us_rounds"] = values
     m = report.metrics
     report.ratios["p999_cut"] = m["tail_none_p999_ms"] / m["tail_hedged_p999_ms"]
     report.ratios["tail_p99_cut"] = m["tail_none_p99_ms"] / m["tail_hedged_p99_ms"]

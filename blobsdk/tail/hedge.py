@@ -40,8 +40,9 @@ Cost: a request that cannot hedge (disabled, ``max_parallel`` 1, or one candidat
 patient tier) runs its attempts in turn in the caller's task, with no task, timer or wait to
 pay for.  A single candidate of any other tier still races alone, for its hang deadline: a
 stopped peer that was a chunk's only source cost a read its 10 s socket timeout before.  A
-race (blobsdk/tail/race.py) runs its primary in the caller's task too, with one timer; only
-hedges and failovers get tasks.
+race (blobsdk/tail/race.py) runs its primary in the caller's task too, with one deadline in
+the hedger's shared timer (``Hedger.deadlines``, blobsdk/tail/deadlines.py); only hedges and
+failovers get tasks.
 
 Budget: a token bucket (:class:`HedgeBudget`) earning ``budget_ratio`` tokens per primary
 request, holding at most ``budget_burst``; a hedge spends one.  Over any long run, hedges
