@@ -72,6 +72,9 @@ class Reason(Enum):
     __hash__ = object.__hash__
 
 
+_HUNG = Reason.HUNG  # a module global is read faster than an Enum member (~0.1 µs, several per read)
+
+
 class _Hung:
     __slots__ = ("backoff", "hung", "probe_at", "probing")
 
@@ -108,7 +111,7 @@ class TargetHealth:
 
     def mark(self, target: str, reason: Reason) -> None:
         """``target`` is unhealthy for ``reason`` (now, or again)."""
-        if reason is Reason.HUNG:
+        if reason is _HUNG:
             self._mark_hung(target)
         else:
             seconds = self.down_seconds if reason is Reason.DOWN else self.bad_bytes_seconds
@@ -116,7 +119,7 @@ class TargetHealth:
 
     def clear(self, target: str, reason: Reason) -> None:
         """``target`` showed it is healthy again as far as ``reason`` goes."""
-        if reason is Reason.HUNG:
+        if reason is _HUNG:
             state = self._hung.get(target)
             if state is not None and state.hung:
                 state.hung = state.probing = False
@@ -125,7 +128,7 @@ class TargetHealth:
 
     def has(self, target: str, reason: Reason) -> bool:
         """Whether ``target`` is unhealthy for ``reason`` now."""
-        if reason is Reason.HUNG:
+        if reason is _HUNG:
             state = self._hung.get(target)
             return state is not None and state.hung
         timed = self._until[reason]
@@ -139,7 +142,7 @@ class TargetHealth:
 
     def count(self, reason: Reason) -> int:
         """How many targets are unhealthy for ``reason`` now."""
-        if reason is Reason.HUNG:
+        if reason is _HUNG:
             return sum(state.hung for state in list(self._hung.values()))  # list(): one step beside the loop thread
         now = self._clock()
         return sum(until > now for until in list(self._until[reason].values()))
@@ -177,7 +180,7 @@ class TargetHealth:
         """An attempt at ``target`` returned, or its server said it is working on one: it is
         not hung."""
         self._answered_at[target] = self._clock()
-        self.clear(target, Reason.HUNG)
+        self.clear(target, _HUNG)
 
     def probe_done(self, target: str) -> None:
         """A probe ended without a verdict (cancelled: another candidate won first)."""

@@ -245,10 +245,9 @@ class L4Tier(KeepsNothing, Closing):
         typical = [self.hedger.latency.typical(name, SLOW_WITHIN_S) for name in names]
         known = [t for t in typical if t is not None]
         fastest = min(known) if known else 1.0
-        has, load = self.health.has, self._limiters.load
+        has, load, bad = self.health.has, self._limiters.load, Reason.BAD_BYTES
         scores: list[tuple[object, ...]] = [
-            (has(name, Reason.BAD_BYTES), (load(name) + 1) * (fastest if t is None else t))
-            for name, t in zip(names, typical, strict=True)
+            (has(name, bad), (load(name) + 1) * (fastest if t is None else t)) for name, t in zip(names, typical, strict=True)
         ]
         if len(set(scores)) < len(scores):  # a tie (idle, or no latencies yet): rendezvous order breaks it
             at = {name: i for i, name in enumerate(rank(key, names))}
