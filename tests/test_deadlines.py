@@ -7,8 +7,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from blobsdk.config import HedgeConfig
 from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.deadlines import Deadlines
@@ -40,7 +38,7 @@ def run_counting(test: Callable[[CountingLoop], Any]) -> Any:
 
 def test_callbacks_run_at_their_times_in_order_and_a_cancelled_one_never() -> None:
     async def main(loop: CountingLoop) -> list[tuple[str, float]]:
-        deadlines, ran = Deadlines(loop.time), []
+        deadlines, ran = Deadlines(loop.time, loop), []
         for name, at in [("b", 0.010), ("a", 0.005), ("c", 0.020)]:
             deadlines.call_at(at, lambda name=name: ran.append((name, loop.time())))
         dropped = deadlines.call_at(0.007, lambda: ran.append(("dropped", loop.time())))
@@ -56,7 +54,7 @@ def test_callbacks_run_at_their_times_in_order_and_a_cancelled_one_never() -> No
 
 def test_once_the_last_deadline_is_cancelled_the_loop_timer_fires_once_idle() -> None:
     async def main(loop: CountingLoop) -> list[str]:
-        deadlines, ran = Deadlines(loop.time), []
+        deadlines, ran = Deadlines(loop.time, loop), []
         first = deadlines.call_at(0.010, lambda: ran.append("first"))
         second = deadlines.call_at(0.020, lambda: ran.append("second"))
         deadlines.cancel(first)
@@ -71,7 +69,7 @@ def test_once_the_last_deadline_is_cancelled_the_loop_timer_fires_once_idle() ->
 
 def test_soon_callbacks_of_one_turn_run_together_on_the_next() -> None:
     async def main(loop: CountingLoop) -> list[int]:
-        deadlines, ran = Deadlines(loop.time), []
+        deadlines, ran = Deadlines(loop.time, loop), []
         for i in range(3):
             deadlines.call_soon(lambda i=i: ran.append(i))
         assert ran == []
@@ -86,7 +84,7 @@ def test_a_failing_callback_goes_to_the_loops_handler_and_the_others_still_run()
 
     async def main(loop: CountingLoop) -> list[str]:
         loop.set_exception_handler(lambda _, context: seen.append(context["message"]))
-        deadlines, ran = Deadlines(loop.time), []
+        deadlines, ran = Deadlines(loop.time, loop), []
 
         def boom() -> None:
             raise RuntimeError("boom")
@@ -100,15 +98,23 @@ def test_a_failing_callback_goes_to_the_loops_handler_and_the_others_still_run()
     assert seen == ["hedger deadline callback failed"]
 
 
-def test_deadlines_pending_on_one_loop_refuse_another() -> None:
-    deadlines = Deadlines(lambda: 0.0)
+def test_a_hedger_keeps_a_timer_per_event_loop() -> None:
+    """A loop that stopped with a read still waiting leaves its deadline behind: a read on
+    the next loop is hedged on that loop's own timer."""
+    hedger = Hedger(FIXED_10MS)
 
-    async def pend() -> None:
-        deadlines.call_at(1.0, lambda: None)
+    async def left_waiting() -> Deadlines:
+        deadlines = hedger.deadlines()
+        deadlines.call_at(hedger.clock() + 3600, lambda: None)
+        return deadlines
 
-    asyncio.run(pend())
-    with pytest.raises(RuntimeError, match=r"^a hedger serves one event loop at a time$"):
-        asyncio.run(pend())
+    async def hedged_read() -> tuple[Deadlines, str]:
+        return hedger.deadlines(), await hedger.run(["a", "b"], Replica(asyncio.get_running_loop()))
+
+    first = asyncio.run(left_waiting())
+    second, result = asyncio.run(hedged_read())
+    assert result == "b" and hedger.stats()["hedges_sent"] == 1
+    assert second is not first and first.pending == 1 and second.pending == 0
 
 
 class Replica:
@@ -134,7 +140,7 @@ def test_a_shared_timer_hedges_each_race_at_its_own_virtual_time() -> None:
             return await hedger.run(["a", "b"], replica)
 
         results = await asyncio.gather(*(read(after) for after in (0.0, 0.003, 0.006)))
-        assert hedger.deadlines.pending == 0
+        assert hedger.deadlines().pending == 0
         return results, replica.started, hedger.stats()["hedges_sent"]
 
     results, started, hedges = run_counting(main)
@@ -146,9 +152,9 @@ def test_a_batch_of_fast_reads_sets_the_shared_timer_once_and_leaves_none() -> N
     async def main(loop: CountingLoop) -> tuple[int, int]:
         hedger, replica = Hedger(FIXED_10MS, clock=loop.time), Replica(loop)
         await asyncio.gather(*(hedger.run(["b", "a"], replica) for _ in range(100)))
-        assert hedger.deadlines.pending == 0
+        assert hedger.deadlines().pending == 0
         await asyncio.sleep(0.010)
-        assert not hedger.deadlines.armed  # fired once, idle
+        assert not hedger.deadlines().armed  # fired once, idle
         return loop.shared_timers, hedger.stats()["hedges_sent"]
 
     assert run_counting(main) == (1, 0)  # 100 races, one loop timer, no hedge
@@ -171,14 +177,14 @@ def test_cancelled_reads_leave_no_deadline_and_no_timer() -> None:
         hedger, replica = Hedger(HedgeConfig(min_delay_ms=1000, max_delay_ms=1000), clock=loop.time), Replica(loop)
         reads = [asyncio.create_task(hedger.run(["a", "b"], replica)) for _ in range(10)]
         await asyncio.sleep(0.5)  # every primary stalled, none hedged yet
-        assert hedger.deadlines.pending == 10 and hedger.deadlines.armed
+        assert hedger.deadlines().pending == 10 and hedger.deadlines().armed
         for read in reads:
             read.cancel()
         await asyncio.wait(reads)
         assert all(read.cancelled() for read in reads)
-        assert hedger.deadlines.pending == 0
+        assert hedger.deadlines().pending == 0
         await asyncio.sleep(1)
-        assert not hedger.deadlines.armed  # its one firing found nothing to do
+        assert not hedger.deadlines().armed  # its one firing found nothing to do
         assert [name for name, _ in replica.started] == ["a"] * 10
 
     run_counting(main)

@@ -31,15 +31,16 @@ Deadline = list[object]  # [at, seq, callback or None once cancelled or fired]
 
 class Deadlines:
     """Callbacks due at times of ``clock`` (a hedger's: a test's virtual one too), run by
-    one loop timer.  The loop timer waits ``at - clock()`` of loop time, as a race's own
-    timer did, and a callback whose time has not come on ``clock`` when it fires waits on."""
+    one timer of ``loop`` (a hedger keeps one per loop it serves: ``Hedger.deadlines``).  The
+    loop timer waits ``at - clock()`` of loop time, as a race's own timer did, and a callback
+    whose time has not come on ``clock`` when it fires waits on."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], loop: asyncio.AbstractEventLoop) -> None:
         self._clock = clock
+        self.loop = loop
         self._heap: list[Deadline] = []
         self._seq = itertools.count()
         self._live = 0  # deadlines neither cancelled nor fired
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf  # clock time the loop timer is set for
         self._soon: list[Callable[[], None]] = []
@@ -58,12 +59,11 @@ class Deadlines:
     def call_at(self, at: float, callback: Callable[[], None]) -> Deadline:
         """Run ``callback`` once ``clock()`` reaches ``at`` (in a turn of the loop of its own,
         after the callbacks already due then); cancel it with :meth:`cancel`."""
-        loop = self._own_loop()
         deadline: Deadline = [at, next(self._seq), callback]
         heapq.heappush(self._heap, deadline)
         self._live += 1
         if at < self._timer_at:
-            self._set_timer(loop, at)
+            self._set_timer(at)
         return deadline
 
     def cancel(self, deadline: Deadline) -> None:
@@ -79,27 +79,19 @@ class Deadlines:
         """Run ``callback`` on the next turn of the loop, with every other one asked for in
         this turn, by one loop callback."""
         if not self._soon:
-            self._own_loop().call_soon(self._run_soon)
+            self.loop.call_soon(self._run_soon)
         self._soon.append(callback)
-
-    def _own_loop(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            if self._live or self._soon:
-                raise RuntimeError("a hedger serves one event loop at a time")
-            self._loop = loop
-        return loop
 
     def _run_soon(self) -> None:
         callbacks, self._soon = self._soon, []
         for callback in callbacks:
             _call(callback)
 
-    def _set_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+    def _set_timer(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = loop.call_later(max(0.0, at - self._clock()), self._fired)
+        self._timer = self.loop.call_later(max(0.0, at - self._clock()), self._fired)
 
     def _clear(self) -> None:
         """No deadline left: drop the heap (the loop timer fires once more, finding none)."""
@@ -119,12 +111,10 @@ class Deadlines:
                 deadline[2] = None
                 self._live -= 1
                 due.append(callback)  # type: ignore[arg-type]
-        loop = self._loop
-        assert loop is not None
         if heap:  # its head is pending (cancelled ones were popped above)
-            self._set_timer(loop, heap[0][0])  # type: ignore[arg-type]
+            self._set_timer(heap[0][0])  # type: ignore[arg-type]
         if due:
-            loop.call_soon(_run_all, due)
+            self.loop.call_soon(_run_all, due)
 
 
 def _run_all(callbacks: list[Callable[[], None]]) -> None:

@@ -41,8 +41,8 @@ patient tier) runs its attempts in turn in the caller's task, with no task, time
 pay for.  A single candidate of any other tier still races alone, for its hang deadline: a
 stopped peer that was a chunk's only source cost a read its 10 s socket timeout before.  A
 race (blobsdk/tail/race.py) runs its primary in the caller's task too, with one deadline in
-the hedger's shared timer (``Hedger.deadlines``, blobsdk/tail/deadlines.py); only hedges and
-failovers get tasks.
+the hedger's shared timer of its event loop (``Hedger.deadlines``, blobsdk/tail/deadlines.py);
+only hedges and failovers get tasks.
 
 Budget: a token bucket (:class:`HedgeBudget`) earning ``budget_ratio`` tokens per primary
 request, holding at most ``budget_burst``; a hedge spends one.  Over any long run, hedges
@@ -52,12 +52,14 @@ slow) adds at most ~5% load rather than doubling it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 from ..config import MIN_SAMPLES, HedgeConfig
 from .attempt import Attempt
@@ -213,7 +215,8 @@ class Hedger:
         self.clock = clock
         self.health = health if health is not None else TargetHealth(self.config, clock)
         self.races: set[Race[Any, Any]] = set()  # in flight: told when a race finds a target hung
-        self.deadlines = Deadlines(clock)  # one loop timer for every race's hedge and hang looks
+        self._deadlines: WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = WeakKeyDictionary()
+        self._last: Deadlines | None = None  # those of the loop served last
         if self.health.config != self.config:
             raise ValueError("a hedger and the health tracker it shares need the same HedgeConfig")
 
@@ -277,6 +280,19 @@ class Hedger:
             self.health.answered(key_of(candidate))
             return value
         raise exhausted(failures, key_of)
+
+    def deadlines(self, loop: asyncio.AbstractEventLoop | None = None) -> Deadlines:
+        """The one timer for every race's hedge and hang looks on ``loop`` (default: the
+        running one); one per loop the hedger serves, each let go with its loop."""
+        loop = loop if loop is not None else asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last.loop is loop:
+            return last
+        found = self._deadlines.get(loop)
+        if found is None:
+            found = self._deadlines[loop] = Deadlines(self.clock, loop)
+        self._last = found
+        return found
 
     def stats(self) -> dict[str, int]:
         """The counters, plus ``targets_hung`` (now) and ``probes`` of hung targets."""

@@ -153,10 +153,10 @@ class Race(Generic[T, R]):
         self._armed: tuple[Attempt, float] | None = None  # the watched attempt, and its delay
         self._not_before = -math.inf  # a deferred hedge looks again no earlier than this
         self._loop = asyncio.get_running_loop()
+        self._deadlines = hedger.deadlines(self._loop)
         task = asyncio.current_task()
         assert task is not None, "a hedged request runs in a task"
         self._task = task
-        self._deadlines = hedger.deadlines
         self._timer: Deadline | None = None  # this race's deadline in its hedger's shared timer
         self._timer_at = math.inf  # hedger clock time the timer is set for
         self._wake: asyncio.Future[None] | None = None  # what the caller sleeps on
