@@ -13,9 +13,9 @@ hedge delay, not once per read.
 First looks are batched the same way: one ``call_soon`` per turn of the loop, for every
 race that asked during that turn.
 
-Measured (tier + hedger CPU per read, in-process replicas that answer on the next turn of
-the loop, batches of 100; the hedging benchmark's ``client_cpu_*`` rows for the real one):
-see docs/benchmarks.md, "hedging".
+Measured with the race's other changes (blobsdk/tail/race.py; docs/benchmarks.md, "hedging"):
+a lone race 20.2 -> 18.2 µs; a hedged read's tier, limiter and hedger, with in-process
+replicas, 52-61 -> 45-52 µs.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ machine under load): with a task per attempt, ``asyncio.wait`` and a timeout per
 cost ~75-105 µs more than plain failover (198-240 vs 118-148 µs); then ~25 µs more (140-153
 vs 116-130 µs).  With the shared timer and the race's state in slots, a lone race whose
 attempt answers on the next turn of the loop costs 18.2 µs against 6.6 µs in turn (was 20.2);
-a batch of 100 reads from in-process replicas behind their limiters, hedged, ~61 µs a read
-against ~39 µs unhedged (was ~70-75 against ~44; tier, limiter and hedger, no network).
+a batch of 100 reads from in-process replicas behind their limiters (the hedging benchmark's
+``client_cpu_inproc_*`` rows: tier, limiter and hedger, no network), hedged, 45-52 µs a read
+against 32-37 µs unhedged (was 52-61 against 35-41; the least of 9 rounds, 6 runs each).
 """
 
 from __future__ import annotations
