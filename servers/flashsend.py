@@ -33,8 +33,7 @@ import os
 
 from aiohttp import web
 
-from blobsdk.cache._payloadfile import PayloadFile
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache.disk import DiskCache, PayloadFile
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 
 from ._common.faults import writes_wrapped

@@ -83,7 +83,8 @@ from ._entryfile import Damaged as _Damaged
 from ._entryfile import encode_header as _encode_header
 from ._entryfile import read_header as _read_header
 from ._indexfile import INDEX_FILE, read_index, write_index
-from ._payloadfile import FileIdentity, PayloadFile, VerifiedFiles, identity, open_payload, refresh_atime
+from ._payloadfile import FileIdentity, VerifiedFiles, identity, open_payload, refresh_atime
+from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
 
