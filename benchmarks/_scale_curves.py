@@ -29,16 +29,19 @@ class Curve:
     figure: str
     unit: str
     points: dict[int, float] = field(default_factory=dict)  # size -> value
+    higher_is_better: bool = False  # a rate: its growth is the smallest size's over the largest's
 
     @property
     def name(self) -> str:
         return f"{self.component}_{self.figure}"
 
     def growth(self) -> float:
-        """The value at the largest size over the value at the smallest."""
+        """How much worse the value is at the largest size than at the smallest (the largest
+        over the smallest; for a rate, the smallest over the largest)."""
         sizes = sorted(self.points)
-        first = self.points[sizes[0]]
-        return self.points[sizes[-1]] / first if first > 0 else float("inf")
+        first, last = self.points[sizes[0]], self.points[sizes[-1]]
+        worse, better = (first, last) if self.higher_is_better else (last, first)
+        return worse / better if better > 0 else float("inf")
 
     def add_to(self, report: Report) -> None:
         for size, value in sorted(self.points.items()):

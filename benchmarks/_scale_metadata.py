@@ -57,7 +57,7 @@ class _Curves:
         self.p50 = Curve(name, "lookup_p50", "µs per call")
         self.p99 = Curve(name, "lookup_p99", "µs per call")
         self.batch = Curve(name, "batch_ms", "ms per 1,000 paths")
-        self.commits = Curve(name, "commits_per_s", "paths per second")
+        self.commits = Curve(name, "commits_per_s", "paths per second", higher_is_better=True)
         self.size = Curve(name, "bytes_per_path", "bytes per entry")
         self.list_ms = 0.0
 

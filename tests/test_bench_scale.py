@@ -17,6 +17,10 @@ from benchmarks._scale_curves import Curve, missing_plot, per_op_quantiles, trac
 from benchmarks._scale_metadata import metadata_curves
 
 
+def test_a_rate_grows_worse_as_it_falls() -> None:
+    assert Curve("sqlite", "commits_per_s", "paths per second", {10: 9000.0, 1000: 3000.0}, higher_is_better=True).growth() == 3.0
+
+
 def test_a_curve_reports_its_points_and_its_growth_against_the_goal() -> None:
     curve = Curve("tracker", "locate_p50", "µs per call", {100: 30.0, 1000: 33.0, 10_000: 60.0})
     assert curve.growth() == 2.0
@@ -75,9 +79,11 @@ async def test_the_disk_cache_curve_restarts_with_and_without_the_index_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    curves = await scale.disk_cache(range(2, 4), hits=20)
-    names = ["l2_open_scan_s", "l2_open_index_s", "l2_reconcile_s", "l2_index_entry", "l2_hit_p50"]
+    restarts: dict[int, float] = {}
+    curves = await scale.disk_cache(range(2, 4), hits=20, report_s=restarts)
+    names = ["l2_open_scan_us", "l2_open_index_us", "l2_reconcile_us", "l2_index_entry", "l2_hit_p50"]
     assert [c.name for c in curves] == names and all(sorted(c.points) == [100, 1000] for c in curves)
+    assert sorted(restarts) == [100, 1000] and restarts[100] == pytest.approx(curves[1].points[100] * 100 / 1e6)
     assert os.listdir(tmp_path) == []  # its directories are removed
 
 
@@ -87,7 +93,8 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         points = lambda exponents, name=name, **_: [Curve(name, "f", "µs", {10**e: float(e) for e in exponents})]  # noqa: E731
         monkeypatch.setattr(scale, name, points)
 
-    async def disk(exponents: range) -> list[Curve]:
+    async def disk(exponents: range, report_s: dict[int, float]) -> list[Curve]:
+        report_s[1000] = 0.5
         return [Curve("disk", "f", "s", {10**e: float(e) for e in exponents})]
 
     monkeypatch.setattr(scale, "disk_cache", disk)
@@ -98,7 +105,9 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
     monkeypatch.setattr(scale, "metadata_curves", stores)
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--quick", "--json", "out.json", *args]) == 0
-    ratios = json.loads((tmp_path / "out.json").read_text())["ratios"]
+    written = json.loads((tmp_path / "out.json").read_text())
+    ratios = written["ratios"]
+    assert written["metrics"]["l2_open_index_s_at_1e3"] == 0.5 and written["metrics"]["meta_list_1e5_ms"] == 1.0
     assert ratios == {
         "tracker_swarm_f_growth": 3 / 2,
         "tracker_entries_f_growth": 5 / 4,
