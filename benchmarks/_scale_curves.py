@@ -109,8 +109,13 @@ def write_png(curves: list[Curve], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     units = sorted({c.unit for c in curves})
-    fig, axes = plt.subplots(1, len(units), figsize=(6.5 * len(units), 5), squeeze=False)
-    for ax, unit in zip(axes[0], units, strict=True):
+    cols = min(3, len(units))
+    rows = -(-len(units) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.8 * rows), squeeze=False)
+    for ax in axes.flat[len(units) :]:
+        ax.set_visible(False)
+    for ax, unit in zip(axes.flat, units, strict=False):
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # a panel may hold more than 10 curves
         for curve in (c for c in curves if c.unit == unit):
             sizes = sorted(curve.points)
             ax.plot(sizes, [curve.points[s] for s in sizes], marker="o", label=curve.name)

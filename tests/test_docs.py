@@ -382,6 +382,7 @@ FRONT_DOOR = [
     "Deployment",
     "Operations and troubleshooting",
     "Performance",
+    "How it scales",
     "Contributing",
 ]
 
