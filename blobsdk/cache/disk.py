@@ -138,7 +138,7 @@ class DiskCache:
         self._name = name
         self._clock = clock
         self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
-        self._index = Index(per_tenant_lru=bool(quotas))
+        self._index = Index(per_tenant_lru=bool(quotas), by_age=ttl_seconds is not None)
         self._fills: dict[str, _Fill] = {}
         self._pool = Executor(threads, thread_name_prefix=f"blobsdk-{name}")
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them

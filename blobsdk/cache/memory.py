@@ -45,7 +45,7 @@ class MemoryCache:
         self._clock = clock
         self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
         self._ttl = self._chain.ttl
-        self._index = Index(per_tenant_lru=bool(quotas))
+        self._index = Index(per_tenant_lru=bool(quotas), by_age=ttl_seconds is not None)
         self._lookup = self._index.lru.get  # bound once: the hot path's first step
         self._data: dict[str, bytes | memoryview] = {}
         self._counts = dict.fromkeys(("hits", "misses", "puts"), 0)

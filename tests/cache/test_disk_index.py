@@ -14,6 +14,7 @@ import pytest
 from blobsdk.cache import _diskscan
 from blobsdk.cache._indexfile import read_index
 from blobsdk.cache.disk import DiskCache
+from blobsdk.cache.policy import Entry, Index, TtlPolicy
 
 from .conformance import FakeClock, blob, fill, key, present
 from .test_disk import chunk_file, flip_byte, open_cache
@@ -149,3 +150,13 @@ async def test_a_root_it_may_not_write_opens_and_closes_without_an_index_file(
     assert not (tmp_path / "INDEX").exists()
     refused = f"cache disk: cannot write {tmp_path}/INDEX: [Errno 13] Permission denied"
     assert [r.getMessage() for r in caplog.records] == [refused]
+
+
+def test_an_index_keeps_the_creation_order_only_for_a_ttl() -> None:
+    """A disk cache without a TTL loads its index file into one order, not two."""
+    assert DiskCache(".", capacity_bytes=1)._index.by_age is None
+    assert DiskCache(".", capacity_bytes=1, ttl_seconds=5)._index.by_age is not None
+    index = Index(by_age=False)
+    index.load([Entry(key(1), 10, 1.0, 1.0)])
+    with pytest.raises(ValueError, match=r"^a TTL needs an index that keeps the creation order \(Index\(by_age=True\)\)$"):
+        list(TtlPolicy(5).victims(index, 10.0))
