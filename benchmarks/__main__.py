@@ -27,6 +27,7 @@ BENCHMARKS = {
     "s3_read": "benchmarks.s3_read",
     "get_into": "benchmarks.get_into",
     "scale": "benchmarks.scale",
+    "swarm_sim": "benchmarks.swarm_sim",
 }
 
 
@@ -35,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    ingest = parser.add_argument_group("ingest and scale only")
+    ingest = parser.add_argument_group("ingest, scale and swarm_sim only")
     ingest.add_argument("--png", type=Path, metavar="PATH", help="the picture (default: next to --json, else NAME.png)")
+    ingest.add_argument("--p2p-json", type=Path, metavar="PATH", help="swarm_sim: a p2p run's --json to validate against")
     soak = parser.add_argument_group("soak only")
     soak.add_argument("--duration", type=float, metavar="S", help="seconds of chaos (default 300; --quick: 30)")
     soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
@@ -55,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--duration, --clients, --seed, --redis-s3, --clock-skew and --targets are for the soak")
     if args.name not in ("ingest", "scale") and args.png is not None:
         parser.error("--png is for the ingest and scale benchmarks")
+    if args.name not in ("ingest", "swarm_sim") and args.png is not None:
+        parser.error("--png is for the ingest and swarm_sim benchmarks")
+    if args.name != "swarm_sim" and args.p2p_json is not None:
+        parser.error("--p2p-json is for the swarm_sim benchmark")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
         parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
     module = importlib.import_module(BENCHMARKS[args.name])

@@ -1,0 +1,137 @@
+"""The swarm simulator's event loop and tracker meter (``benchmarks/_swarm_model.py``).
+
+:class:`Loop` is a heap of ``(time, seq, callback, args)``: events run in time order, and
+events at one time in the order they were scheduled.  Its clock is what the simulated
+tracker sees (``clock``; ``wall`` adds a fixed epoch, for serve-ticket expiries).
+:class:`Metered` counts each tracker call and the process CPU time it took.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+EPOCH = 1.8e9  # the simulated wall clock's zero, a unix time
+T = TypeVar("T")
+
+
+class Loop:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.events = 0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+
+    def at(self, when: float, callback: Callable[..., None], *args: Any) -> None:
+        """Run ``callback(*args)`` at ``when`` (never before now)."""
+        self._seq += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._seq, callback, args))
+
+    def after(self, delay: float, callback: Callable[..., None], *args: Any) -> None:
+        self.at(self.now + delay, callback, *args)
+
+    def run(self, until: float = math.inf, stop: Callable[[], bool] = lambda: False) -> None:
+        """Run events in order until none is left, the next is past ``until``, or ``stop()``."""
+        heap = self._heap
+        while heap and not stop():
+            when, _, callback, args = heap[0]
+            if when > until:
+                break
+            heapq.heappop(heap)
+            self.now = when
+            self.events += 1
+            callback(*args)
+
+    def clock(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return EPOCH + self.now
+
+
+class Metered:
+    """Tracker calls by name, and the process CPU seconds they took in all."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.cpu_s = 0.0
+
+    def call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        begun = time.process_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu_s += time.process_time() - begun
+            self.calls[name] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+class Link:
+    """One direction of a host's link, or the origin: ``Bps`` shared by its flows."""
+
+    __slots__ = ("Bps", "flows")
+
+    def __init__(self, Bps: float) -> None:
+        self.Bps = Bps
+        self.flows: set[Flow] = set()
+
+
+class Flow:
+    """Bytes moving from ``up`` to ``down``; ``done(*args)`` runs when the last one arrives."""
+
+    __slots__ = ("args", "done", "down", "left", "rate", "since", "up", "version")
+
+    def __init__(self, up: Link, down: Link, size: float, done: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.up, self.down, self.left = up, down, size
+        self.rate, self.since, self.version = 0.0, 0.0, 0
+        self.done, self.args = done, args
+
+
+class Network:
+    """Processor sharing, simplified: a flow runs at the smaller of its two links' equal
+    shares (``Bps / flows``), recomputed for every flow of a link whenever a flow starts or
+    ends there; a share the other end leaves unused is not handed on (max-min fairness would)."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def start(self, up: Link, down: Link, size: float, done: Callable[..., None], *args: Any) -> Flow:
+        flow = Flow(up, down, size, done, args)
+        flow.since = self.loop.now
+        up.flows.add(flow)
+        down.flows.add(flow)
+        self._reshare(up)
+        self._reshare(down)
+        return flow
+
+    def cancel(self, flow: Flow) -> None:
+        if flow in flow.up.flows:
+            self._remove(flow)
+
+    def _remove(self, flow: Flow) -> None:
+        flow.version += 1
+        flow.up.flows.discard(flow)
+        flow.down.flows.discard(flow)
+        self._reshare(flow.up)
+        self._reshare(flow.down)
+
+    def _reshare(self, link: Link) -> None:
+        now = self.loop.now
+        for flow in link.flows:
+            flow.left -= flow.rate * (now - flow.since)
+            flow.since = now
+            flow.rate = min(flow.up.Bps / len(flow.up.flows), flow.down.Bps / len(flow.down.flows))
+            flow.version += 1
+            self.loop.at(now + max(0.0, flow.left) / flow.rate, self._arrived, flow, flow.version)
+
+    def _arrived(self, flow: Flow, version: int) -> None:
+        if version == flow.version:
+            self._remove(flow)
+            flow.done(*flow.args)

@@ -1,0 +1,174 @@
+"""swarm_sim: the peer tier at 100 to 10,000 hosts, simulated (issue 27 part 2).  Every host
+fetches one 3 GiB blob at the same moment over 10 Gb/s links; the tracker deciding who
+fetches from whom is the real one (``servers/tracker_rules.py``), on the simulated clock; the
+hosts, links and origin are ``benchmarks/_swarm_model.py``'s.
+
+Figures per N: time to complete (from a host's start to its last chunk) p50/p99/max,
+p99/p50, origin egress ÷ blob, the tracker's calls and CPU per host (process time around
+each call) and decisions per CPU second; the growth of each from the smallest N to the
+largest.  Then a run with churn (10% of hosts late, 2% dying mid-transfer, hosts leaving
+5 s after they complete), the chunk's effect, and the validation against the real ``p2p``
+benchmark (8 hosts, its dataset, origin and read-ahead; the links calibrated from a measured
+run: see ``validation``).  ``--quick``: N = 100 and 1,000.
+
+Simulated chunk: the SDK's 4 MiB at 100 hosts; 64 MiB past it (768 chunks x 10,000 hosts is
+7.7 M fetches: too many events for this machine).  With it, the serving cache is scaled to
+hold the same 64 chunks and a send is taken whole by the kernel (as a 4 MiB one is): the
+``chunk_effect`` rows give what 64 MiB changes at 100 hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ._report import Report, percentile
+from ._swarm_model import GB, Params, Result, Swarm
+
+MiB = 1 << 20
+QUICK_SIZES = (100, 1_000)
+SIZES = (100, 1_000, 2_600, 10_000)
+SMALL_N = 100  # up to here, the SDK's 4 MiB chunk
+BIG_CHUNK = 64 * MiB
+# The real p2p benchmark's settings (benchmarks/p2p.py, servers/swarm.py): 8 readers of
+# 128 MiB (--quick) in 4 MiB chunks, 8 blobs of 2 chunks ahead, origin 120 MB/s, 5 ms seek.
+P2P_READERS, P2P_BYTES, P2P_READAHEAD, P2P_ORIGIN_BPS, P2P_SEEK_S = 8, 128 * MiB, 16, 120e6, 0.005
+# A measured `python -m benchmarks p2p --quick` (2026-12-03, this 2-core machine, busy);
+# --p2p-json gives another run's.
+P2P_MEASURED = {"peers_median_mb_s": 35.637, "peers_slowest_s": 3.861, "single_slowest_s": 1.176, "origin_egress": 1.188}
+
+
+def options(args: Any) -> dict[str, Any]:
+    """``--png PATH`` (default: next to ``--json``, else swarm_sim.png), ``--p2p-json PATH``."""
+    png = args.png or (args.json.with_suffix(".png") if args.json else Path("swarm_sim.png"))
+    return {"png": png, "p2p_json": args.p2p_json}
+
+
+def scale_params(hosts: int, **changes: Any) -> Params:
+    chunk = changes.pop("chunk_bytes", 4 * MiB if hosts <= SMALL_N else BIG_CHUNK)
+    return Params(hosts=hosts, chunk_bytes=chunk, budget_bytes=64 * chunk, sndbuf_bytes=chunk, seed=hosts, **changes)
+
+
+async def run(quick: bool = False, png: Path | None = None, p2p_json: Path | None = None) -> Report:
+    report = Report("swarm_sim")
+    results: dict[str, Result] = {}
+    sizes = QUICK_SIZES if quick else SIZES
+    for n in sizes:
+        results[f"N={n}"] = _figures(report, f"n{n}", scale_params(n))
+    _growth(report, sizes)
+    churn: dict[str, Any] = {"late_fraction": 0.1, "late_by_s": 10.0, "die_fraction": 0.02, "die_window_s": (1.0, 8.0)}
+    churn["leave_after_s"] = 5.0
+    churn_n = 1_000 if not quick else SMALL_N
+    results[f"N={churn_n} churn"] = _figures(report, f"churn_n{churn_n}", scale_params(churn_n, **churn))
+    _figures(report, f"n{SMALL_N}_chunk64", scale_params(SMALL_N, chunk_bytes=BIG_CHUNK))
+    for figure in ("p50_s", "p99_s", "tracker_cpu_us_per_host"):
+        report.ratios[f"chunk64_vs_4_{figure}"] = (
+            report.metrics[f"n{SMALL_N}_chunk64_{figure}"] / report.metrics[f"n{SMALL_N}_{figure}"]
+        )
+    validation(report, _measured(p2p_json))
+    report.goals.update(
+        {f"n{n}_p99_vs_p50": "goal <= 1.5" for n in sizes}
+        | {f"n{n}_origin_egress": "goal <= 1.1" for n in sizes}
+        | {"tracker_cpu_per_host_growth": "goal ~1 (constant)", "n2600_p99_s": "goal <= 18 (Kraken)"}
+    )
+    if png is not None:
+        _plot(results, png)
+    return report
+
+
+def _measured(p2p_json: Path | None) -> dict[str, float]:
+    if p2p_json is None:
+        return P2P_MEASURED
+    body = json.loads(p2p_json.read_text())
+    return {**body["metrics"], **body["ratios"]}
+
+
+def _figures(report: Report, name: str, params: Params) -> Result:
+    begun = time.perf_counter()
+    result = Swarm(params).run()
+    done = result.completion_s or [float("nan")]
+    m = report.metrics
+    m[f"{name}_p50_s"] = p50 = percentile(done, 0.5)
+    m[f"{name}_p99_s"] = p99 = percentile(done, 0.99)
+    m[f"{name}_max_s"] = max(done)
+    report.ratios[f"{name}_p99_vs_p50"] = p99 / p50
+    report.ratios[f"{name}_origin_egress"] = result.origin_bytes / params.blob_bytes
+    m[f"{name}_tracker_calls_per_host"] = result.tracker.total / params.hosts
+    m[f"{name}_tracker_cpu_us_per_host"] = result.tracker.cpu_s / params.hosts * 1e6
+    m[f"{name}_decisions_per_cpu_s"] = result.tracker.total / max(result.tracker.cpu_s, 1e-9)
+    m[f"{name}_chunk_mib"] = params.chunk_bytes / MiB
+    m[f"{name}_sim_wall_s"] = time.perf_counter() - begun
+    if result.died:
+        m[f"{name}_died"] = result.died
+    report.details[name] = {"calls": dict(result.tracker.calls), "problems": result.problems, "events": result.events}
+    return result
+
+
+def _growth(report: Report, sizes: tuple[int, ...]) -> None:
+    lo, hi = f"n{sizes[0]}", f"n{sizes[-1]}"
+    m = report.metrics
+    report.ratios["p99_growth"] = m[f"{hi}_p99_s"] / m[f"{lo}_p99_s"]
+    report.ratios["tracker_calls_per_host_growth"] = m[f"{hi}_tracker_calls_per_host"] / m[f"{lo}_tracker_calls_per_host"]
+    report.ratios["tracker_cpu_per_host_growth"] = m[f"{hi}_tracker_cpu_us_per_host"] / m[f"{lo}_tracker_cpu_us_per_host"]
+
+
+def p2p_params(hosts: int) -> Params:
+    """The p2p benchmark's settings, each host's link unbounded (see ``validation``)."""
+    return Params(
+        hosts=hosts,
+        blob_bytes=P2P_BYTES,
+        readahead=P2P_READAHEAD,
+        origin_Bps=P2P_ORIGIN_BPS,
+        origin_latency_s=P2P_SEEK_S,
+        down_Bps=1e6 * GB,
+        up_Bps=1e6 * GB,
+        sndbuf_bytes=4 * MiB,
+    )
+
+
+def validation(report: Report, measured: dict[str, float]) -> None:
+    """The real p2p benchmark's run, simulated.  Calibration: on this 2-core machine the
+    readers' CPU, not their links, bounds the real run, so every peer send shares one pool
+    of ``8 x`` the measured per-reader MB/s (the machine), each host's own link is unbounded,
+    and a 4 MiB send is taken whole by the kernel (loopback); origin and read-ahead are the
+    benchmark's.  Compared: the slowest reader's seconds, slowest ÷ single, origin egress."""
+    pool = P2P_READERS * measured["peers_median_mb_s"] * 1e6
+    base = p2p_params(hosts=1)
+    peers = Swarm(replace(base, hosts=P2P_READERS, shared_up_Bps=pool)).run()
+    single = Swarm(base).run()
+    sim = {
+        "peers_slowest_s": max(peers.completion_s),
+        "slowest_vs_single": max(peers.completion_s) / single.completion_s[0],
+        "origin_egress": peers.origin_bytes / P2P_BYTES,
+    }
+    real = {**measured, "slowest_vs_single": measured["peers_slowest_s"] / measured["single_slowest_s"]}
+    for key, value in sim.items():
+        report.metrics[f"p2p_sim_{key}"] = value
+        report.metrics[f"p2p_real_{key}"] = real[key]
+        report.ratios[f"p2p_sim_vs_real_{key}"] = value / real[key]
+        report.goals[f"p2p_sim_vs_real_{key}"] = "goal 0.8-1.2"
+
+
+def _plot(results: dict[str, Result], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, result in results.items():
+        done = sorted(result.completion_s)
+        ax.step(done, [(i + 1) / len(done) for i in range(len(done))], where="post", label=label)
+    ax.axvline(18.0, color="grey", linestyle=":", label="Kraken p99 (2,600 hosts)")
+    ax.set_xlabel("time to complete a 3 GiB blob, s")
+    ax.set_ylabel("share of hosts")
+    ax.set_title("swarm_sim: completion-time CDF per N (10 Gb/s hosts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
