@@ -55,10 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets")
     ):
         parser.error("--duration, --clients, --seed, --redis-s3, --clock-skew and --targets are for the soak")
-    if args.name not in ("ingest", "scale") and args.png is not None:
-        parser.error("--png is for the ingest and scale benchmarks")
-    if args.name not in ("ingest", "swarm_sim") and args.png is not None:
-        parser.error("--png is for the ingest and swarm_sim benchmarks")
+    if args.name not in ("ingest", "scale", "swarm_sim") and args.png is not None:
+        parser.error("--png is for the ingest, scale and swarm_sim benchmarks")
     if args.name != "swarm_sim" and args.p2p_json is not None:
         parser.error("--p2p-json is for the swarm_sim benchmark")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
