@@ -86,18 +86,21 @@ class Link:
 class Flow:
     """Bytes moving from ``up`` to ``down``; ``done(*args)`` runs when the last one arrives."""
 
-    __slots__ = ("args", "done", "down", "left", "rate", "since", "up", "version")
+    __slots__ = ("args", "done", "down", "due", "left", "rate", "since", "up")
 
     def __init__(self, up: Link, down: Link, size: float, done: Callable[..., None], args: tuple[Any, ...]) -> None:
         self.up, self.down, self.left = up, down, size
-        self.rate, self.since, self.version = 0.0, 0.0, 0
+        self.rate, self.since, self.due = 0.0, 0.0, math.inf  # due: its earliest event pending
         self.done, self.args = done, args
 
 
 class Network:
     """Processor sharing, simplified: a flow runs at the smaller of its two links' equal
     shares (``Bps / flows``), recomputed for every flow of a link whenever a flow starts or
-    ends there; a share the other end leaves unused is not handed on (max-min fairness would)."""
+    ends there; a share the other end leaves unused is not handed on (max-min fairness would).
+
+    A flow slowed down keeps its (now early) event, which finds it unfinished and schedules
+    the next; only a flow sped up gets a new one."""
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
@@ -116,7 +119,7 @@ class Network:
             self._remove(flow)
 
     def _remove(self, flow: Flow) -> None:
-        flow.version += 1
+        flow.due = -1.0  # its pending events are stale
         flow.up.flows.discard(flow)
         flow.down.flows.discard(flow)
         self._reshare(flow.up)
@@ -128,10 +131,18 @@ class Network:
             flow.left -= flow.rate * (now - flow.since)
             flow.since = now
             flow.rate = min(flow.up.Bps / len(flow.up.flows), flow.down.Bps / len(flow.down.flows))
-            flow.version += 1
-            self.loop.at(now + max(0.0, flow.left) / flow.rate, self._arrived, flow, flow.version)
+            finish = now + max(0.0, flow.left) / flow.rate
+            if finish < flow.due:
+                flow.due = finish
+                self.loop.at(finish, self._arrived, flow, finish)
 
-    def _arrived(self, flow: Flow, version: int) -> None:
-        if version == flow.version:
-            self._remove(flow)
-            flow.done(*flow.args)
+    def _arrived(self, flow: Flow, due: float) -> None:
+        if due != flow.due:  # superseded by an earlier event, or the flow ended
+            return
+        finish = flow.since + max(0.0, flow.left) / flow.rate
+        if finish > self.loop.now + 1e-9:  # slowed down since: not there yet
+            flow.due = finish
+            self.loop.at(finish, self._arrived, flow, finish)
+            return
+        self._remove(flow)
+        flow.done(*flow.args)

@@ -159,10 +159,10 @@ class Result:
 class Swarm:
     """One run of ``params`` (:meth:`run`)."""
 
-    def __init__(self, params: Params, tracker: Tracker | None = None) -> None:
+    def __init__(self, params: Params) -> None:
         self.p = params
         self.loop = Loop()
-        self.tracker = tracker or Tracker(params.tracker, clock=self.loop.clock, wall=self.loop.wall)
+        self.tracker = Tracker(params.tracker, clock=self.loop.clock, wall=self.loop.wall)
         self.meter = Metered()
         rng = random.Random(params.seed)
         self.net = Network(self.loop)

@@ -1,0 +1,102 @@
+"""The swarm simulator (benchmarks/_swarm_model.py, benchmarks/swarm_sim.py) at tiny sizes:
+its loop, exact times in a 3-host swarm, fail-over from a dead source, and the real tracker
+being the one it drives.  Everything runs on the simulated clock (no machine speed)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks import swarm_sim
+from benchmarks._report import Report
+from benchmarks._swarm_loop import Link, Loop, Network
+from benchmarks._swarm_model import Params, Swarm
+from servers.tracker_rules import Tracker, TrackerConfig
+
+RTT = 0.004
+# 3 hosts, 2 chunks of 1 MB, every link and the origin 1 MB/s: every time is exact.
+TINY = Params(
+    hosts=3,
+    blob_bytes=2_000_000,
+    chunk_bytes=1_000_000,
+    down_Bps=1e6,
+    up_Bps=1e6,
+    origin_Bps=1e6,
+    rtt_s=RTT,
+    readahead=2,
+    budget_bytes=10_000_000,
+    sndbuf_bytes=1_000_000,
+)
+
+
+def test_the_loop_runs_events_in_time_order_and_ties_in_the_order_scheduled() -> None:
+    loop, ran = Loop(), []
+    for when, name in ((2.0, "c"), (1.0, "a"), (1.0, "b"), (0.5, "first")):
+        loop.at(when, lambda n=name: ran.append((loop.now, n)))
+    loop.at(3.0, lambda: loop.after(1.0, ran.append, (loop.now, "later")))
+    loop.run(until=3.5)
+    assert ran == [(0.5, "first"), (1.0, "a"), (1.0, "b"), (2.0, "c")]
+    loop.run()
+    assert ran[-1] == (3.0, "later") and loop.now == 4.0 and loop.events == 6
+
+
+def test_flows_share_a_link_equally_and_speed_up_when_one_ends() -> None:
+    loop, arrived = Loop(), []
+    net = Network(loop)
+    up, a, b = Link(2.0), Link(100.0), Link(100.0)
+    net.start(up, a, 2.0, lambda: arrived.append(("a", loop.now)))  # 1 B/s while b runs
+    net.start(up, b, 6.0, lambda: arrived.append(("b", loop.now)))  # 1 B/s, then 2 B/s
+    loop.run()
+    assert arrived == [("a", 2.0), ("b", 4.0)]
+
+
+def test_a_tiny_swarm_finishes_at_exact_times_with_one_origin_fetch_per_chunk() -> None:
+    swarm = Swarm(TINY)
+    tracker = swarm.tracker
+    assert type(tracker) is Tracker  # the real one, on the loop's clock
+    result = swarm.run()
+    # host 0: its 2 chunks from the origin (1.5 RTT to start, 2 flows of 0.5 MB/s, 2 s, half an
+    # RTT back); hosts 1 and 2 waited for them at host 0, then its up link sent 4 flows at
+    # 0.25 MB/s: 4 s more.
+    assert sorted(result.completion_s) == pytest.approx([2 + 2 * RTT, 6 + 2.5 * RTT, 6 + 2.5 * RTT], rel=1e-12)
+    assert result.origin_chunks == 2 and result.origin_bytes == TINY.blob_bytes
+    assert result.peer_chunks == 4 and result.problems == {"no_source": 2}
+    # the real tracker decided it: one locate per host (its 2 chunks in one request)
+    assert result.tracker.calls["locate"] == 3 and result.tracker.calls["hello"] == 6  # heartbeats at 0 and 5 s
+    assert tracker.counts["located_origin"] == 2 and tracker.counts["located_peer"] == 4
+    assert result.tracker.cpu_s >= 0
+
+
+def test_the_children_of_a_dead_source_fail_over_and_the_tracker_forgets_it() -> None:
+    params = replace(TINY, die_fraction=1 / 3, die_window_s=(1.0, 1.0), timeout_s=1.0, seed=3)
+    swarm = Swarm(params)
+    dead = [h for h in swarm.hosts if any(e[2] == swarm._die and e[3] == (h,) for e in swarm.loop._heap)]
+    assert [h.index for h in dead] == [0]  # seed 3 kills host 0, the first fetcher of both chunks
+    result = swarm.run()
+    assert result.died == 1 and len(result.completion_s) == 2
+    # silent from t=1: its children wait timeout_s, report it failed (2 children x 2 chunks)
+    assert swarm.tracker.counts["reports_failed"] == 4 and result.problems["failed"] == 4
+    # host 1 had only host 0: the origin; host 2 fails over to host 1, its next source
+    assert result.origin_chunks == 4 and result.peer_chunks == 2
+    assert math.isnan(dead[0].done) and not dead[0].alive
+    assert swarm.tracker.peer_count() == 3  # it is still registered ...
+    swarm.loop.run(until=swarm.loop.now + TrackerConfig().peer_ttl_s + 1.5)
+    assert swarm.tracker.peer_count() == 2 and swarm.tracker.counts["peers_expired"] == 1  # ... until its TTL
+
+
+def test_without_peers_every_host_reads_the_whole_blob_from_the_origin() -> None:
+    result = Swarm(replace(TINY, peers=False)).run()
+    assert result.origin_bytes == 3 * TINY.blob_bytes and result.tracker.total == 0
+    # no locate; 6 flows share the origin's 1 MB/s: every host done at 6 s and a round trip
+    assert result.completion_s == pytest.approx([6 + RTT] * 3, rel=1e-12)
+
+
+def test_the_validation_compares_the_simulated_p2p_run_with_a_measured_one(tmp_path: Path) -> None:
+    report = Report("swarm_sim")
+    swarm_sim.validation(report, swarm_sim.P2P_MEASURED)
+    assert report.metrics["p2p_sim_origin_egress"] == 1.0  # every chunk from the origin once
+    assert report.metrics["p2p_real_origin_egress"] == swarm_sim.P2P_MEASURED["origin_egress"]
+    assert set(report.ratios) == {f"p2p_sim_vs_real_{k}" for k in ("peers_slowest_s", "slowest_vs_single", "origin_egress")}
