@@ -99,4 +99,6 @@ def test_the_validation_compares_the_simulated_p2p_run_with_a_measured_one(tmp_p
     swarm_sim.validation(report, swarm_sim.P2P_MEASURED)
     assert report.metrics["p2p_sim_origin_egress"] == 1.0  # every chunk from the origin once
     assert report.metrics["p2p_real_origin_egress"] == swarm_sim.P2P_MEASURED["origin_egress"]
-    assert set(report.ratios) == {f"p2p_sim_vs_real_{k}" for k in ("peers_slowest_s", "slowest_vs_single", "origin_egress")}
+    assert report.metrics["p2p_sim_peer_chunk_share"] == 7 / 8  # each chunk's first asker to the origin
+    figures = ("peers_slowest_s", "slowest_vs_single", "origin_egress", "peer_chunk_share")
+    assert set(report.ratios) == {f"p2p_sim_vs_real_{k}" for k in figures}
