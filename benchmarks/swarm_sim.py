@@ -15,7 +15,9 @@ Simulated chunk: 64 MiB (48 per blob), not the SDK's 4 MiB (768: 7.7 M fetches a
 hosts, too many events for this machine in a benchmark's time).  With it the serving cache
 holds the same 64 chunks and a send is taken whole by the kernel, as a 4 MiB one is; the
 ``*_chunk4`` rows run the real 4 MiB at 100 hosts (and 1,000 in the full run) to show what
-the larger chunk changes.  ``n1000_readahead32``: 32 chunks in flight instead of 8.
+the larger chunk changes.  Two variants: ``n1000_fanout2``, the tracker's fan-out 2 instead
+of 4; ``n100_slots_held``, a send that holds its upload slot to its last byte (a chunk larger
+than the socket's send buffer), so that ``max_uploads`` refuses children.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from servers.tracker_rules import TrackerConfig
 
 from ._report import Report, percentile
 from ._swarm_model import GB, Params, Result, Swarm
@@ -58,7 +62,9 @@ def scale_params(hosts: int, **changes: Any) -> Params:
     the serving cache holds 64 of them (the real 256 MiB holds 64 of 4 MiB), and a send is
     taken whole by the kernel (a 4 MiB one is, into Linux's default 4 MiB send buffer)."""
     chunk = changes.pop("chunk_bytes", SIM_CHUNK)
-    return Params(hosts=hosts, chunk_bytes=chunk, budget_bytes=64 * chunk, sndbuf_bytes=chunk, seed=hosts, **changes)
+    return Params(
+        **{"hosts": hosts, "chunk_bytes": chunk, "budget_bytes": 64 * chunk, "sndbuf_bytes": chunk, "seed": hosts, **changes}
+    )
 
 
 async def run(quick: bool = False, png: Path | None = None, p2p_json: Path | None = None) -> Report:
@@ -76,7 +82,8 @@ async def run(quick: bool = False, png: Path | None = None, p2p_json: Path | Non
             )
     churn: dict[str, Any] = {"late_fraction": 0.1, "late_by_s": 10.0, "die_fraction": 0.02, "die_window_s": (1.0, 8.0)}
     results["N=1000 churn"] = _figures(report, "churn_n1000", scale_params(1_000, leave_after_s=5.0, **churn))
-    results["N=1000, read-ahead 32"] = _figures(report, "n1000_readahead32", scale_params(1_000, readahead=32))
+    results["N=1000, fan-out 2"] = _figures(report, "n1000_fanout2", scale_params(1_000, tracker=TrackerConfig(fanout=2)))
+    _figures(report, "n100_slots_held", scale_params(100, sndbuf_bytes=0))
     validation(report, _measured(p2p_json))
     report.goals.update(
         {f"n{n}_p99_vs_p50": "goal <= 1.5" for n in sizes}
@@ -109,6 +116,7 @@ def _figures(report: Report, name: str, params: Params) -> Result:
     m[f"{name}_tracker_cpu_us_per_host"] = result.tracker.cpu_s / params.hosts * 1e6
     m[f"{name}_decisions_per_cpu_s"] = result.tracker.total / max(result.tracker.cpu_s, 1e-9)
     m[f"{name}_decisions_per_s"] = result.tracker.total / max(done)  # the tracker's load while the swarm runs
+    m[f"{name}_tracker_cores"] = result.tracker.cpu_s / max(done)  # the cores one tracker needs for that load
     m[f"{name}_chunk_mib"] = params.chunk_bytes / MiB
     m[f"{name}_sim_wall_s"] = time.perf_counter() - begun
     if result.died:
