@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from blobsdk.config import PeerConfig
 from servers.tracker_rules import TrackerConfig
 
 from ._report import Report, percentile
@@ -36,6 +37,7 @@ from ._swarm_model import GB, Params, Result, Swarm
 MiB = 1 << 20
 QUICK_SIZES = (100, 1_000)
 SIZES = (100, 1_000, 2_600, 10_000)
+REAL_CHUNK = 4 * MiB  # the SDK's default
 SIM_CHUNK = 64 * MiB  # the simulated chunk (the SDK's is 4 MiB: see the module docstring)
 # The real p2p benchmark's settings (benchmarks/p2p.py, servers/swarm.py): 8 readers of
 # 128 MiB (--quick) in 4 MiB chunks, 8 blobs of 2 chunks ahead, origin 120 MB/s, 5 ms seek.
@@ -59,12 +61,15 @@ def options(args: Any) -> dict[str, Any]:
 
 def scale_params(hosts: int, **changes: Any) -> Params:
     """A host per N at 10 Gb/s, reading the 3 GiB blob in simulated chunks of ``SIM_CHUNK``:
-    the serving cache holds 64 of them (the real 256 MiB holds 64 of 4 MiB), and a send is
-    taken whole by the kernel (a 4 MiB one is, into Linux's default 4 MiB send buffer)."""
+    the serving cache holds 64 of them (the real 256 MiB holds 64 of 4 MiB), a send is taken
+    whole by the kernel (a 4 MiB one is, into Linux's default 4 MiB send buffer), and a child
+    waits at a source still fetching ``wait_s`` per 4 MiB (a 64 MiB chunk stands for 16 real
+    ones in a row, each of which may wait ``wait_s``: unscaled, 64 MiB hops of several seconds
+    at 2,600 hosts pass the 5 s and the swarm falls onto the origin, 64x)."""
     chunk = changes.pop("chunk_bytes", SIM_CHUNK)
-    return Params(
-        **{"hosts": hosts, "chunk_bytes": chunk, "budget_bytes": 64 * chunk, "sndbuf_bytes": chunk, "seed": hosts, **changes}
-    )
+    wait = PeerConfig().wait_s * max(1, chunk // REAL_CHUNK)
+    base = {"hosts": hosts, "chunk_bytes": chunk, "budget_bytes": 64 * chunk, "sndbuf_bytes": chunk, "seed": hosts}
+    return Params(**{**base, "wait_s": wait, **changes})
 
 
 async def run(quick: bool = False, png: Path | None = None, p2p_json: Path | None = None) -> Report:
@@ -75,7 +80,7 @@ async def run(quick: bool = False, png: Path | None = None, p2p_json: Path | Non
         results[f"N={n}"] = _figures(report, f"n{n}", scale_params(n))
     _growth(report, sizes)
     for n in (100,) if quick else (100, 1_000):  # the real 4 MiB chunk against the simulated one
-        results[f"N={n}, 4 MiB chunks"] = _figures(report, f"n{n}_chunk4", scale_params(n, chunk_bytes=4 * MiB))
+        results[f"N={n}, 4 MiB chunks"] = _figures(report, f"n{n}_chunk4", scale_params(n, chunk_bytes=REAL_CHUNK))
         for figure in ("p50_s", "p99_s"):
             report.ratios[f"n{n}_chunk{SIM_CHUNK // MiB}_vs_4_{figure}"] = (
                 report.metrics[f"n{n}_{figure}"] / report.metrics[f"n{n}_chunk4_{figure}"]

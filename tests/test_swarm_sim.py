@@ -102,3 +102,10 @@ def test_the_validation_compares_the_simulated_p2p_run_with_a_measured_one(tmp_p
     assert report.metrics["p2p_sim_peer_chunk_share"] == 7 / 8  # each chunk's first asker to the origin
     figures = ("peers_slowest_s", "slowest_vs_single", "origin_egress", "peer_chunk_share")
     assert set(report.ratios) == {f"p2p_sim_vs_real_{k}" for k in figures}
+
+
+def test_the_scale_runs_simulate_64_mib_chunks_standing_for_16_real_ones() -> None:
+    params = swarm_sim.scale_params(10)
+    assert params.chunks == 48 and params.budget_bytes == 64 * params.chunk_bytes
+    assert params.wait_s == 16 * 5.0 and params.sndbuf_bytes == params.chunk_bytes  # per real 4 MiB chunk
+    assert swarm_sim.scale_params(10, chunk_bytes=4 << 20).wait_s == 5.0
