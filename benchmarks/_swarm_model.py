@@ -21,12 +21,14 @@ A simulated host behaves as a real client (``blobsdk/tiers/peer.py``,
   then announced as evicted;  heartbeats (``hello``) every ``heartbeat_s`` carry the uploads
   in flight.
 
-The network: a transfer's rate is fixed by slots, not processor sharing: a host's down link
-is split in ``readahead`` slots, its up link in ``max_uploads`` slots, and a peer transfer
-runs at the smaller of the two (an origin transfer at the down slot), so each transfer is
-one event.  The origin is a FIFO pipe of ``origin_Bps`` (plus a per-request latency).
-Time is the loop's; the tracker's CPU is measured with ``time.process_time`` around each
-call (:class:`Metered`).
+The network (``benchmarks/_swarm_loop.py``): each host has an up and a down link, the origin
+one link of ``origin_Bps`` (reached after ``origin_latency_s``), and flows share them by
+processor sharing, simplified: a flow runs at the smaller of its two links' equal shares.  A
+send whose chunk fits ``sndbuf_bytes`` frees its upload slot at once (the kernel took it);
+a larger one holds it to its last byte, and ``max_uploads`` then refuses children.  Time is
+the loop's; the tracker's CPU is measured with ``time.process_time`` around each call
+(:class:`~benchmarks._swarm_loop.Metered`).  Cost: 10,000 hosts x 48 chunks, 4.1 M events,
+took 156 s of this machine (the tracker's share 58 s).
 """
 
 from __future__ import annotations

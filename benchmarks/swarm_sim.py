@@ -13,9 +13,10 @@ run: see ``validation``).  ``--quick``: N = 100 and 1,000.
 
 Simulated chunk: 64 MiB (48 per blob), not the SDK's 4 MiB (768: 7.7 M fetches at 10,000
 hosts, too many events for this machine in a benchmark's time).  With it the serving cache
-holds the same 64 chunks and a send is taken whole by the kernel, as a 4 MiB one is; the
-``*_chunk4`` rows run the real 4 MiB at 100 hosts (and 1,000 in the full run) to show what
-the larger chunk changes.  Two variants: ``n1000_fanout2``, the tracker's fan-out 2 instead
+holds the same 64 chunks, a send is taken whole by the kernel, as a 4 MiB one is, and a
+child waits ``wait_s`` per 4 MiB at a source still fetching (``scale_params``); the
+``*_chunk4`` rows run the real 4 MiB at 100 hosts (and 1,000 in the full run, ~13 min
+alone) to show what the larger chunk changes (16-20% more time).  Two variants: ``n1000_fanout2``, the tracker's fan-out 2 instead
 of 4; ``n100_slots_held``, a send that holds its upload slot to its last byte (a chunk larger
 than the socket's send buffer), so that ``max_uploads`` refuses children.
 """
