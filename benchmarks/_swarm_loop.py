@@ -80,7 +80,7 @@ class Link:
 
     def __init__(self, Bps: float) -> None:
         self.Bps = Bps
-        self.flows: set[Flow] = set()
+        self.flows: dict[Flow, None] = {}  # insertion-ordered: a run repeats exactly
 
 
 class Flow:
@@ -108,8 +108,8 @@ class Network:
     def start(self, up: Link, down: Link, size: float, done: Callable[..., None], *args: Any) -> Flow:
         flow = Flow(up, down, size, done, args)
         flow.since = self.loop.now
-        up.flows.add(flow)
-        down.flows.add(flow)
+        up.flows[flow] = None
+        down.flows[flow] = None
         self._reshare(up)
         self._reshare(down)
         return flow
@@ -120,8 +120,8 @@ class Network:
 
     def _remove(self, flow: Flow) -> None:
         flow.due = -1.0  # its pending events are stale
-        flow.up.flows.discard(flow)
-        flow.down.flows.discard(flow)
+        flow.up.flows.pop(flow, None)
+        flow.down.flows.pop(flow, None)
         self._reshare(flow.up)
         self._reshare(flow.down)
 

@@ -118,7 +118,7 @@ class Host:
     held: dict[int, float] = field(default_factory=dict)  # evicted but held -> until
     sending: int = 0
     queue: deque[Transfer] = field(default_factory=deque)  # children that waited, queued for a send
-    serving_to: set[Transfer] = field(default_factory=set)  # children waiting, queued or being sent to
+    serving_to: dict[Transfer, None] = field(default_factory=dict)  # children waiting, queued or sent to (in order)
     filled: set[int] = field(default_factory=set)  # to announce
     evicting: set[int] = field(default_factory=set)
     evicted: set[int] = field(default_factory=set)
@@ -250,7 +250,7 @@ class Swarm:
                 self._release(flow.args[0])
 
     def _stop_serving(self, h: Host, fail: Callable[[Transfer], None]) -> None:
-        children, h.serving_to = h.serving_to, set()
+        children, h.serving_to = h.serving_to, {}
         h.landing.clear()
         h.queue.clear()
         for t in children:
@@ -310,10 +310,10 @@ class Swarm:
         elif chunk in src.serving or chunk in src.held:
             if chunk in src.serving:
                 src.serving.move_to_end(chunk)  # a get refreshes the LRU
-            src.serving_to.add(t)
+            src.serving_to[t] = None
             self._send(t)
         elif chunk in src.landing:
-            src.serving_to.add(t)
+            src.serving_to[t] = None
             src.landing[chunk].append(t)
             self.loop.after(self.p.wait_s, self._waited_too_long, t)
         else:
@@ -323,7 +323,7 @@ class Swarm:
         waiting = t.source.landing.get(t.fetch.chunk)
         if t.live and waiting is not None and t in waiting:
             waiting.remove(t)
-            t.source.serving_to.discard(t)
+            t.source.serving_to.pop(t, None)
             t.live = False
             self._count("waited_too_long")
             self._fail_after(t, self.p.rtt_s / 2, "missing")
@@ -355,7 +355,7 @@ class Swarm:
             src.sending += 1
         else:  # the kernel took it whole: the slot is free again
             t.slot = False
-            src.serving_to.discard(t)
+            src.serving_to.pop(t, None)
 
     def _sent(self, t: Transfer) -> None:
         """The last byte left the source (the flow ends only if both ends lived)."""
@@ -369,7 +369,7 @@ class Swarm:
             return
         src = t.source
         src.sending -= 1
-        src.serving_to.discard(t)
+        src.serving_to.pop(t, None)
         if src.queue and src.alive:
             self._send(src.queue.popleft())
 

@@ -5,6 +5,9 @@ being the one it drives.  Everything runs on the simulated clock (no machine spe
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from benchmarks._report import Report
 from benchmarks._swarm_loop import Link, Loop, Network
 from benchmarks._swarm_model import Params, Swarm
 from servers.tracker_rules import Tracker, TrackerConfig
+from tests.helpers import ROOT
 
 RTT = 0.004
 # 3 hosts, 2 chunks of 1 MB, every link and the origin 1 MB/s: every time is exact.
@@ -109,3 +113,26 @@ def test_the_scale_runs_simulate_64_mib_chunks_standing_for_16_real_ones() -> No
     assert params.chunks == 48 and params.budget_bytes == 64 * params.chunk_bytes
     assert params.wait_s == 16 * 5.0 and params.sndbuf_bytes == params.chunk_bytes  # per real 4 MiB chunk
     assert swarm_sim.scale_params(10, chunk_bytes=4 << 20).wait_s == 5.0
+
+
+def test_a_run_repeats_exactly_in_another_process() -> None:
+    """Simultaneous events are ordered by when they were scheduled, never by object addresses
+    or string hashes (flows and waiting children kept in sets varied a run's event count)."""
+    script = (
+        "from benchmarks.swarm_sim import scale_params\n"
+        "from benchmarks._swarm_model import Swarm\n"
+        "r = Swarm(scale_params(120)).run()\n"
+        "print(r.events, r.origin_bytes, sorted(r.completion_s))\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    ]
+    assert runs[0] == runs[1] == runs[2] and runs[0]
