@@ -16,14 +16,13 @@ not kept.
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 
 import msgspec
 import xxhash
 
-from ..runtime.rootdir import open_regular, write_root_file
+from ..runtime.rootdir import UnsafeEntry, read_root_file, write_root_file
 from .policy import Entry
 
 INDEX_FILE = "INDEX"
@@ -44,17 +43,13 @@ def write_index(root: str, entries: list[Entry], now: float, token: str) -> None
 def read_index(root: str, now: float) -> list[Entry] | None:
     """The entries of ``root/INDEX`` on the engine clock ``now`` (least recently used first),
     or None if there is no usable index file."""
-    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root may be a symlink: the user's choice
     try:
-        fd = open_regular(dir_fd, INDEX_FILE, os.path.join(root, INDEX_FILE))
-    except FileNotFoundError:
+        data = read_root_file(root, INDEX_FILE)
+    except UnsafeEntry:
+        raise  # the caller ignores it, with a warning naming it
+    except OSError:  # unreadable: the headers are read instead
         return None
-    finally:
-        os.close(dir_fd)
-    try:
-        with os.fdopen(fd, "rb") as src:
-            data = src.read()
-    except OSError:
+    if data is None:
         return None
     return _decode(memoryview(data), now)
 

@@ -321,17 +321,22 @@ def parse_marker(text: str) -> tuple[str, int] | None:
 def read_marker(root: Path) -> str | None:
     """The text of ``root/FORMAT`` (None if there is none); UnsafeEntry if it is a symlink
     or not a regular file.  Undecodable bytes become U+FFFD: never a marker."""
+    data = read_root_file(root, FORMAT_FILE, _MARKER_MAX + 1)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def read_root_file(root: Path | str, name: str, limit: int = -1) -> bytes | None:
+    """The bytes of ``root/name`` (at most ``limit``; -1: all), None if there is none;
+    UnsafeEntry if it is a symlink or not a regular file.  The root itself is followed."""
     dir_fd = os.open(root, _ROOT_FLAGS)
     try:
-        fd = open_regular(dir_fd, FORMAT_FILE, os.path.join(root, FORMAT_FILE))
+        fd = open_regular(dir_fd, name, os.path.join(root, name))
     except FileNotFoundError:
         return None
     finally:
         os.close(dir_fd)
-    try:
-        return os.pread(fd, _MARKER_MAX + 1, 0).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
+    with os.fdopen(fd, "rb") as src:
+        return src.read(limit)
 
 
 def write_marker(root: Path, text: str, token: str) -> None:
