@@ -196,6 +196,15 @@ class ScanRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     limit: int = 1000
 
 
+class NamingRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Page through the live plans naming any of ``block_ids`` (MetadataStore.naming_page:
+    repair); answered as a ScanResponse.  Admin only."""
+
+    block_ids: list[str]
+    start_after: str | None = None
+    limit: int = 1000
+
+
 class ScanResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     plans: list[ReadPlan]
     next_start_after: str | None = None

@@ -7,12 +7,13 @@ Routes (msgpack bodies; JSON with ``Content-Type: application/json``):
     POST /v1/delete  DeleteRequest   -> DeleteResponse
     POST /v1/list    ListRequest     -> ListResponse
     POST /v1/scan    ScanRequest     -> ScanResponse
+    POST /v1/naming  NamingRequest   -> ScanResponse       (the plans naming some blocks)
     GET  /v1/stat?path=...           -> BlobInfo
     GET  /healthz, /metrics
 
 Tenancy (``--keys``; servers/_common/auth.py): a tenant's token names the buckets it may
 use.  Every path of a request must be in one of them (else 403 ``forbidden``; a listing
-prefix must lie inside one, and ``/`` does not); ``scan`` is for admins.  Each plan answered
+prefix must lie inside one, and ``/`` does not); ``scan``, ``naming`` and ``fences`` are for admins.  Each plan answered
 to a tenant (plans, commit) carries a chunk grant per chunk for that tenant, valid for
 ``--grant-ttl`` seconds or until the token expires if sooner, which the block servers and L3
 nodes want before they serve the chunk's bytes.  Grants are never stored.
@@ -48,6 +49,7 @@ from blobsdk.wire import (
     GetPlansResponse,
     ListRequest,
     ListResponse,
+    NamingRequest,
     ReadPlan,
     ScanRequest,
     ScanResponse,
@@ -82,6 +84,7 @@ def make_app(
     app.router.add_post("/v1/delete", api.delete)
     app.router.add_post("/v1/list", api.list)
     app.router.add_post("/v1/scan", api.scan)
+    app.router.add_post("/v1/naming", api.naming)
     app.router.add_post("/v1/fences", api.fences)
     app.router.add_get("/v1/stat", api.stat)
     app.cleanup_ctx.append(api.lifetime)
@@ -156,6 +159,12 @@ class _Api:
         require_admin(request)
         body = await read_body(request, ScanRequest)
         plans, cursor = await self.store.scan_page(body.start_after, body.limit)
+        return reply(request, ScanResponse(plans=plans, next_start_after=cursor))
+
+    async def naming(self, request: web.Request) -> web.Response:
+        require_admin(request)  # the plans of every tenant
+        body = await read_body(request, NamingRequest)
+        plans, cursor = await self.store.naming_page(body.block_ids, body.start_after, body.limit)
         return reply(request, ScanResponse(plans=plans, next_start_after=cursor))
 
     async def fences(self, request: web.Request) -> web.Response:

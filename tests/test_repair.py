@@ -20,9 +20,10 @@ from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated
 from blobsdk.tiers.l4 import L4Tier
-from blobsdk.wire import ChunkRef
+from blobsdk.wire import ChunkRef, CommitOp
 from servers.blockstore import make_app
 from tests.helpers import running_app
+from tests.metadata.conformance import make_plan
 
 CHUNK = 4096
 SMALL = WriteConfig(chunk_size=CHUNK, block_size=64 * CHUNK)
@@ -191,15 +192,56 @@ async def test_live_chunks_index_only_live_plans(store: Store) -> None:
     assert await live_chunks(store.metadata) == {}
 
 
+class _Counting(SqliteMetadataStore):
+    """Counts the plans its pages hand out."""
+
+    plans_read = 0
+
+    async def scan_page(self, start_after=None, limit=1000):  # type: ignore[no-untyped-def]
+        plans, cursor = await super().scan_page(start_after, limit)
+        self.plans_read += len(plans)
+        return plans, cursor
+
+    async def naming_page(self, block_ids, start_after=None, limit=1000):  # type: ignore[no-untyped-def]
+        plans, cursor = await super().naming_page(block_ids, start_after, limit)
+        self.plans_read += len(plans)
+        return plans, cursor
+
+
+async def test_the_live_chunks_of_some_blocks_cost_the_plans_naming_them_not_every_plan(tmp_path: Path) -> None:
+    """issue 27: a repair batch read every live plan to find its blocks' chunks (O(plans)
+    per batch); it reads the plans naming them, through the store's reverse index."""
+    async with _Counting(tmp_path / "m.sqlite") as metadata:
+        ops = [CommitOp(path=f"/b/x{i}", plan=make_plan(f"/b/x{i}", seed=i % 100)) for i in range(1000)]
+        await metadata.commit_many(ops)
+        wanted = {f"{7:032x}", f"{42:032x}"}
+        found = await live_chunks(metadata, wanted)
+        assert metadata.plans_read == 20  # 10 plans name each block
+        assert sorted(found) == sorted(wanted) and all(len(refs) == 2 for refs in found.values())
+        metadata.plans_read = 0
+        assert (await live_chunks(metadata))[f"{7:032x}"] == found[f"{7:032x}"]  # scrub's walk: the same chunks
+        assert metadata.plans_read == 1000
+
+
 # --- the repairer's bounds, without servers ----------------------------------------------
 
 
 class _Hanging:
-    """A metadata store whose walk never ends (until cancelled)."""
+    """A metadata store whose walks and lookups never end (until cancelled)."""
 
-    async def iter_plans(self) -> AsyncIterator[object]:
+    def __init__(self) -> None:
+        self.walking = asyncio.Event()
+
+    async def _hang(self) -> AsyncIterator[object]:
+        self.walking.set()
         await asyncio.Event().wait()
         yield None
+
+    def iter_plans(self) -> AsyncIterator[object]:
+        return self._hang()
+
+    def iter_naming(self, block_ids: object) -> AsyncIterator[object]:
+        return self._hang()
 
 
 async def test_reports_are_bounded_and_the_same_block_is_queued_once() -> None:
@@ -210,10 +252,11 @@ async def test_reports_are_bounded_and_the_same_block_is_queued_once() -> None:
 
 
 async def test_closing_cancels_a_repair_in_progress() -> None:
-    repairer = Repairer(_Hanging(), [], RepairConfig())  # type: ignore[arg-type]
+    metadata = _Hanging()
+    repairer = Repairer(metadata, [], RepairConfig())  # type: ignore[arg-type]
     async with repairer:
         repairer.report("a" * 32)
-        await asyncio.sleep(0.01)
+        await metadata.walking.wait()
         assert not repairer.idle
         task = repairer._task
     assert task is not None and task.done() and repairer._task is None

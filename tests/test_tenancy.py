@@ -131,6 +131,10 @@ async def test_plans_carry_grants_for_their_tenant_and_the_store_keeps_none(depl
         admin = HttpMetadataStore(session, d.api_url, d.tenancy.token("ops", admin=True))
         (stored,) = [p async for p in admin.iter_plans()]
         assert stored == plan.unsigned() and not any(ch.grant for ch in stored.chunks)
+        blocks = sorted(plan.block_ids())
+        assert [p async for p in admin.iter_naming(blocks)] == [stored]  # repair's reverse index: every tenant's plans
+        with pytest.raises(Forbidden, match="needs an admin token"):
+            await store.naming_page(blocks)
 
 
 async def test_a_grant_replayed_by_another_tenant_or_for_other_bytes_is_forbidden(deployment: Deployment) -> None:

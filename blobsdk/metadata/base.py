@@ -18,6 +18,12 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
   BlockCollected, atomically with the commit's other checks.  ``unfence_blocks(ids)`` lifts
   fences (blocks gc found referenced after all); ``prune_fences(older_than)`` drops fences
   older than ``older_than`` seconds by the store's own clock and returns how many.
+- **Blocks to plans** (repair's reverse index, :mod:`blobsdk.ops.repair`):
+  ``naming_page(block_ids)`` pages through the live plans that name any of ``block_ids``, in
+  (block id, path) order, answering from an index kept atomically with every commit and
+  delete, so its cost is the number of references found, not the number of plans.  A plan
+  naming several of the ids may come once per id (on different pages); the cursor is
+  ``"<block id>/<path>"`` of the page's last reference.
 - A stored plan that no longer decodes (a row or hash field damaged outside the store) is
   CorruptData naming its path (:func:`decode_stored`), never a decoder's own exception.
 """
@@ -69,6 +75,16 @@ class MetadataStore(Protocol):
         """Every live plan (for garbage collection)."""
         ...
 
+    async def naming_page(
+        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[ReadPlan], str | None]:
+        """One page of the live plans naming any of ``block_ids`` and the next page's cursor."""
+        ...
+
+    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
+        """Every live plan naming any of ``block_ids`` (one naming several may come again)."""
+        ...
+
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         """Refuse every later commit that names one of ``block_ids`` (gc is deleting them)."""
         ...
@@ -104,6 +120,14 @@ class PassThrough:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return self.store.iter_plans()
 
+    async def naming_page(
+        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[ReadPlan], str | None]:
+        return await self.store.naming_page(block_ids, start_after, limit)
+
+    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
+        return self.store.iter_naming(block_ids)
+
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         await self.store.fence_blocks(block_ids)
 
@@ -130,6 +154,22 @@ async def iterate_plans(store: MetadataStore, page: int = 1000) -> AsyncIterator
     cursor: str | None = None
     while True:
         plans, cursor = await store.scan_page(cursor, page)
+        for plan in plans:
+            yield plan
+        if cursor is None:
+            return
+
+
+def iterate_naming(store: MetadataStore, block_ids: Sequence[str], page: int = 1000) -> AsyncIterator[ReadPlan]:
+    """Shared ``iter_naming`` implementation over ``naming_page``; the ids are checked now,
+    not at the first iteration."""
+    return _naming_pages(store, check_fence_ids(block_ids, "naming_page"), page)
+
+
+async def _naming_pages(store: MetadataStore, ids: builtins.list[str], page: int) -> AsyncIterator[ReadPlan]:
+    cursor: str | None = None
+    while ids:
+        plans, cursor = await store.naming_page(ids, cursor, page)
         for plan in plans:
             yield plan
         if cursor is None:
@@ -163,12 +203,28 @@ def check_commit_op(op: CommitOp) -> None:
 MAX_FENCE_IDS = 10_000  # block ids per fence call (the API server's bound per request)
 
 
-def check_fence_ids(block_ids: Sequence[str]) -> builtins.list[str]:
+def check_fence_ids(block_ids: Sequence[str], call: str = "fence") -> builtins.list[str]:
     """``block_ids`` as a list of distinct valid block ids (BadRequest otherwise)."""
     ids = builtins.list(dict.fromkeys(validate_hex32(b, "block id") for b in block_ids))
     if len(ids) > MAX_FENCE_IDS:
-        raise BadRequest(f"{len(ids)} block ids in one fence call; the limit is {MAX_FENCE_IDS}")
+        raise BadRequest(f"{len(ids)} block ids in one {call} call; the limit is {MAX_FENCE_IDS}")
     return ids
+
+
+def check_naming_args(
+    block_ids: Sequence[str], start_after: str | None, limit: int
+) -> tuple[builtins.list[str], tuple[str, str]]:
+    """``naming_page``'s arguments checked: the distinct ids and the cursor as (block id,
+    path), ("", "") for the first page (BadRequest for a malformed cursor)."""
+    ids = check_fence_ids(block_ids, "naming_page")
+    check_cursor(start_after)
+    check_limit(limit)
+    if start_after is None:
+        return ids, ("", "")
+    block_id, slash, path = start_after.partition("/")
+    if not slash or not path.startswith("/"):
+        raise BadRequest(f"a naming_page cursor is '<block id>/<path>', got {start_after!r}")
+    return ids, (block_id, path)
 
 
 def check_fence_age(older_than: float) -> float:

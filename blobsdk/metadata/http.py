@@ -33,6 +33,7 @@ from ..wire import (
     GetPlansResponse,
     ListRequest,
     ListResponse,
+    NamingRequest,
     ReadPlan,
     ScanRequest,
     ScanResponse,
@@ -45,6 +46,8 @@ from .base import (
     check_if_version,
     check_limit,
     check_list_args,
+    check_naming_args,
+    iterate_naming,
     iterate_pages,
     iterate_plans,
 )
@@ -128,6 +131,19 @@ class HttpMetadataStore:
 
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return iterate_plans(self)
+
+    async def naming_page(
+        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[ReadPlan], str | None]:
+        ids, _ = check_naming_args(block_ids, start_after, limit)
+        if not ids:
+            return [], None
+        request = NamingRequest(block_ids=ids, start_after=start_after, limit=limit)
+        response = await self._http.call("POST", "/v1/naming", request, ScanResponse)
+        return response.plans, response.next_start_after
+
+    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
+        return iterate_naming(self, block_ids)
 
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         if ids := check_fence_ids(block_ids):

@@ -14,6 +14,14 @@ Layout, under a namespace ``ns`` (default ``blobsdk``), per bucket (a path's fir
   SQLite's).
 - ``ns:buckets``: a sorted set of every bucket ever committed to (added before a commit; a
   bucket whose blobs are all gone stays, and lists nothing).
+- ``ns:{bucket}:b:<block id>``: the reverse index, a sorted set (score 0) of the bucket's
+  live paths whose plan names the block, kept by the commit and delete scripts (a path's
+  hash keeps its block ids in ``blocks``, so an overwrite or delete knows which to drop).
+  ``naming_page`` reads one range per (block, bucket).  ``ns:refs`` says every plan is in
+  it: a namespace written by a build before the index is indexed at the first open by this
+  one (one pass over the plans, each indexed only if unchanged since read).  **Every client
+  that commits must be of this build or later**: an older one commits plans repair cannot
+  find.
 - ``ns:fences`` and ``ns:{bucket}:fences``: gc's fences (block id, scored by the Redis
   server's time when set), globally and copied into every bucket's slot, where the commit
   script checks them.
@@ -63,7 +71,9 @@ from .base import (
     check_if_version,
     check_limit,
     check_list_args,
+    check_naming_args,
     decode_stored,
+    iterate_naming,
     iterate_pages,
     iterate_plans,
     precondition_failed,
@@ -105,8 +115,14 @@ for i = 1, n do
 end
 for i = 1, n do
   local at = 2 + (i - 1) * 7
+  local refs = string.sub(KEYS[n + i], 1, -4) .. 'b:'
+  local old = redis.call('HGET', KEYS[i], 'blocks')
+  if old then
+    for id in string.gmatch(old, '[^,]+') do redis.call('ZREM', refs .. id, ARGV[at]) end
+  end
+  for id in string.gmatch(ARGV[at + 6], '[^,]+') do redis.call('ZADD', refs .. id, 0, ARGV[at]) end
   redis.call('HSET', KEYS[i], 'v', versions[i], 'plan', ARGV[at + 2], 'size', ARGV[at + 3],
-             'etag', ARGV[at + 4], 'chunks', ARGV[at + 5], 't', now)
+             'etag', ARGV[at + 4], 'chunks', ARGV[at + 5], 't', now, 'blocks', ARGV[at + 6])
   redis.call('ZADD', KEYS[n + i], 0, ARGV[at])
 end
 table.insert(versions, 1, 0)
@@ -119,7 +135,12 @@ _DELETE = """
 local cur = redis.call('HMGET', KEYS[1], 'v', 'size', 'etag', 'chunks', 't')
 if not cur[3] then return {-2} end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= tonumber(cur[1]) then return {-1, tonumber(cur[1])} end
-redis.call('HDEL', KEYS[1], 'plan', 'size', 'etag', 'chunks', 't')
+local old = redis.call('HGET', KEYS[1], 'blocks')
+if old then
+  local refs = string.sub(KEYS[2], 1, -4) .. 'b:'
+  for id in string.gmatch(old, '[^,]+') do redis.call('ZREM', refs .. id, ARGV[1]) end
+end
+redis.call('HDEL', KEYS[1], 'plan', 'size', 'etag', 'chunks', 't', 'blocks')
 redis.call('ZREM', KEYS[2], ARGV[1])
 return {0, cur[1], cur[2], cur[3], cur[4], cur[5]}
 """
@@ -132,7 +153,25 @@ end
 return 0
 """
 
+_INDEX = """
+-- KEYS: path keys.  ARGV: the refs prefix ('ns:{bucket}:b:'), then per key: path, etag,
+-- block ids joined by ','.  Indexes each live path whose plan is still that etag and that
+-- has no 'blocks' field yet (committed by a build before the reverse index).  Returns how many.
+local done = 0
+for i = 1, #KEYS do
+  local at = 2 + (i - 1) * 3
+  local cur = redis.call('HMGET', KEYS[i], 'etag', 'blocks')
+  if cur[1] == ARGV[at + 1] and not cur[2] then
+    for id in string.gmatch(ARGV[at + 2], '[^,]+') do redis.call('ZADD', ARGV[1] .. id, 0, ARGV[at]) end
+    redis.call('HSET', KEYS[i], 'blocks', ARGV[at + 2])
+    done = done + 1
+  end
+end
+return done
+"""
+
 _INFO_FIELDS = ("v", "size", "etag", "chunks", "t")
+REFS_VERSION = "1"  # the value of ``ns:refs`` once every plan is in the reverse index
 _plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -157,6 +196,7 @@ class RedisMetadataStore:
         self._commit: Any = None
         self._delete: Any = None
         self._fence: Any = None
+        self._index_script: Any = None
 
     def __repr__(self) -> str:
         return f"RedisMetadataStore({_redacted(self.url)!r})"
@@ -200,8 +240,37 @@ class RedisMetadataStore:
                 client, self.cluster = single, False
         self._commit, self._delete = client.register_script(_COMMIT), client.register_script(_DELETE)
         self._fence = client.register_script(_FENCE)
-        self._redis = client
+        self._index_script = client.register_script(_INDEX)
+        self._redis = client  # set first: the pass below reads through it
+        try:
+            with self._errors():
+                if await client.get(self._refs_done) != REFS_VERSION.encode():
+                    await self._index_old_plans(client)
+                    await client.set(self._refs_done, REFS_VERSION)
+        except BaseException:
+            self._redis = None  # the next call connects and tries the pass again
+            await client.aclose()
+            raise
         return client
+
+    async def _index_old_plans(self, client: Any) -> None:
+        """Put the plans committed before the reverse index into it (module docstring)."""
+        cursor: str | None = None
+        while True:
+            paths = await self._paths("/", cursor, 1001)
+            found = await self.get_plans(paths[:1000])
+            by_bucket: dict[str, builtins.list[ReadPlan]] = {}
+            for plan in found:
+                if plan is not None:
+                    by_bucket.setdefault(bucket_of(plan.path), []).append(plan)
+            for bucket, plans in by_bucket.items():
+                args: builtins.list[Any] = [self._refs(bucket, "")]
+                for plan in plans:
+                    args += [plan.path, plan.etag, ",".join(sorted(plan.block_ids()))]
+                await self._index_script(keys=[self._key(plan.path) for plan in plans], args=args)
+            if len(paths) <= 1000:
+                return
+            cursor = paths[999]
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -219,6 +288,13 @@ class RedisMetadataStore:
 
     def _index(self, bucket: str) -> str:
         return f"{self.namespace}:{{{bucket}}}:idx"
+
+    def _refs(self, bucket: str, block_id: str) -> str:
+        return f"{self.namespace}:{{{bucket}}}:b:{block_id}"
+
+    @property
+    def _refs_done(self) -> str:
+        return f"{self.namespace}:refs"
 
     @property
     def _buckets(self) -> str:
@@ -383,6 +459,40 @@ class RedisMetadataStore:
 
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return iterate_plans(self)
+
+    async def naming_page(
+        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[ReadPlan], str | None]:
+        ids, after = check_naming_args(block_ids, start_after, limit)
+        refs: builtins.list[tuple[str, str]] = []
+        client = await self._client()
+        with self._errors():
+            buckets = await self._buckets_under("/")
+            for block_id in sorted(b for b in ids if b >= after[0]):
+                since = after[1] if block_id == after[0] else ""
+                refs += await self._naming_one(client, block_id, buckets, since, limit + 1 - len(refs))
+                if len(refs) > limit:
+                    break
+        paths = builtins.list(dict.fromkeys(path for _, path in refs[:limit]))
+        plans = [plan for plan in await self.get_plans(paths) if plan is not None]  # one gone meanwhile: skipped
+        return plans, ("/".join(refs[limit - 1]) if len(refs) > limit else None)
+
+    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
+        return iterate_naming(self, block_ids)
+
+    async def _naming_one(
+        self, client: Any, block_id: str, buckets: builtins.list[str], since: str, count: int
+    ) -> builtins.list[tuple[str, str]]:
+        """Up to ``count`` (block id, path) references after path ``since``, in path order:
+        one range per bucket, in one pipeline."""
+        wanted = [b for b in buckets if not since or prefix_end(f"/{b}/") > since]
+        low = f"({since}" if since else "-"
+        async with client.pipeline(transaction=False) as pipe:
+            for bucket in wanted:
+                pipe.zrangebylex(self._refs(bucket, block_id), low, "+", start=0, num=count)
+            found = await pipe.execute()
+        paths = [p.decode() for raw in found for p in raw]
+        return [(block_id, path) for path in paths[:count]]
 
     async def _paths(self, prefix: str, start_after: str | None, count: int) -> builtins.list[str]:
         """Up to ``count`` live paths under ``prefix`` after ``start_after``, sorted, from

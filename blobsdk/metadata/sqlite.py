@@ -1,6 +1,10 @@
 """SQLite metadata store: the embedded default :class:`~blobsdk.metadata.base.MetadataStore`.
 
-Layout: one row per path in ``plans``, and gc's fences in ``fences`` (block id, time set).
+Layout: one row per path in ``plans``, gc's fences in ``fences`` (block id, time set), and
+the reverse index ``block_refs`` (block id, path) of every live plan's blocks, kept in the
+transaction of each commit and delete (an overwrite or delete decodes the plan it replaces
+to drop its rows); :meth:`naming_page` is a range of its primary key.  A database of schema
+2 gains the index at its first open by this build (one pass over its plans).
 A live row holds the msgpack ReadPlan plus its BlobInfo
 columns (so listing never decodes plans); a deleted path keeps a *tombstone* row whose only
 non-NULL columns are ``path`` and ``version``, which keeps the version counter monotonic across
@@ -46,8 +50,10 @@ from .base import (
     check_if_version,
     check_limit,
     check_list_args,
+    check_naming_args,
     check_precondition,
     decode_stored,
+    iterate_naming,
     iterate_pages,
     iterate_plans,
     prefix_end,
@@ -55,7 +61,9 @@ from .base import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2  # 2: fences (a build without them would commit fenced blocks: refused)
+# 2: fences (a build without them would commit fenced blocks: refused); 3: block_refs (a
+# build without it would commit plans that repair cannot find: refused).
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
     path TEXT PRIMARY KEY NOT NULL,
@@ -68,6 +76,10 @@ CREATE TABLE IF NOT EXISTS plans (
 )
 """
 _FENCES_SCHEMA = "CREATE TABLE IF NOT EXISTS fences (block_id TEXT PRIMARY KEY NOT NULL, at REAL NOT NULL) WITHOUT ROWID"
+_REFS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS block_refs (block_id TEXT NOT NULL, path TEXT NOT NULL, "
+    "PRIMARY KEY (block_id, path)) WITHOUT ROWID"
+)
 # Tombstones have NULL etag; testing a small column keeps scans off the plan blobs.
 _LIVE = "etag IS NOT NULL"
 _INFO_COLUMNS = "path, version, size, etag, created, chunks"
@@ -177,6 +189,17 @@ class SqliteMetadataStore:
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
         return iterate_plans(self)
 
+    async def naming_page(
+        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    ) -> tuple[builtins.list[ReadPlan], str | None]:
+        ids, after = check_naming_args(block_ids, start_after, limit)
+        if not ids:
+            return [], None
+        return await self._run(_naming_page, ids, after, limit)
+
+    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
+        return iterate_naming(self, block_ids)
+
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         if ids := check_fence_ids(block_ids):
             await self._run(_fence, ids)
@@ -259,6 +282,10 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         raise BlobError(f"metadata schema version {found} is newer than this blobsdk's {SCHEMA_VERSION}")
     conn.execute(_SCHEMA)
     conn.execute(_FENCES_SCHEMA)
+    if found < 3:
+        conn.execute(_REFS_SCHEMA)
+        for path, blob in conn.execute(f"SELECT path, plan FROM plans WHERE {_LIVE}").fetchall():
+            _add_refs(conn, path, _decoded(path, blob).block_ids())
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -286,17 +313,18 @@ def _select_plan(conn: sqlite3.Connection, path: str) -> ReadPlan | None:
 
 
 def _select_plans(conn: sqlite3.Connection, paths: list[str]) -> dict[str, ReadPlan]:
-    def work() -> dict[str, ReadPlan]:
-        found: dict[str, ReadPlan] = {}
-        for i in range(0, len(paths), _IN_CHUNK):
-            chunk = paths[i : i + _IN_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            rows = conn.execute(f"SELECT path, plan FROM plans WHERE path IN ({marks}) AND {_LIVE}", chunk)
-            found.update((path, _decoded(path, blob)) for path, blob in rows)
-        return found
-
     # Several chunks read in one transaction see one snapshot, like a single query would.
-    return _atomic(conn, work, "BEGIN") if len(paths) > _IN_CHUNK else work()
+    return _atomic(conn, lambda: _plans_in(conn, paths), "BEGIN") if len(paths) > _IN_CHUNK else _plans_in(conn, paths)
+
+
+def _plans_in(conn: sqlite3.Connection, paths: list[str]) -> dict[str, ReadPlan]:
+    found: dict[str, ReadPlan] = {}
+    for i in range(0, len(paths), _IN_CHUNK):
+        chunk = paths[i : i + _IN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(f"SELECT path, plan FROM plans WHERE path IN ({marks}) AND {_LIVE}", chunk)
+        found.update((path, _decoded(path, blob)) for path, blob in rows)
+    return found
 
 
 def _commit_ops(conn: sqlite3.Connection, ops: list[CommitOp]) -> list[ReadPlan]:
@@ -337,23 +365,36 @@ def _prune_fences(conn: sqlite3.Connection, older_than: float) -> int:
 
 
 def _commit_one(conn: sqlite3.Connection, op: CommitOp, now: float) -> ReadPlan:
-    row = conn.execute("SELECT version, etag IS NOT NULL FROM plans WHERE path = ?", (op.path,)).fetchone()
+    row = conn.execute("SELECT version, etag IS NOT NULL, plan FROM plans WHERE path = ?", (op.path,)).fetchone()
     last, live = (0, None) if row is None else (row[0], row[0] if row[1] else None)
     check_precondition(op.path, op.if_version, live)
     plan = msgspec.structs.replace(op.plan, version=last + 1, created=now)
     values = (plan.path, plan.version, plan.size, plan.etag, plan.created, len(plan.chunks), _encoder.encode(plan))
     conn.execute(_UPSERT, values)
+    old = set() if live is None else _decoded(op.path, row[2]).block_ids()
+    new = plan.block_ids()
+    _drop_refs(conn, op.path, old - new)
+    _add_refs(conn, op.path, new - old)
     return plan
+
+
+def _add_refs(conn: sqlite3.Connection, path: str, block_ids: set[str]) -> None:
+    conn.executemany("INSERT OR IGNORE INTO block_refs (block_id, path) VALUES (?, ?)", [(b, path) for b in block_ids])
+
+
+def _drop_refs(conn: sqlite3.Connection, path: str, block_ids: set[str]) -> None:
+    conn.executemany("DELETE FROM block_refs WHERE block_id = ? AND path = ?", [(b, path) for b in block_ids])
 
 
 def _delete(conn: sqlite3.Connection, path: str, if_version: int | None) -> BlobInfo:
     def work() -> BlobInfo:
-        row = conn.execute(f"SELECT {_INFO_COLUMNS} FROM plans WHERE path = ? AND {_LIVE}", (path,)).fetchone()
+        row = conn.execute(f"SELECT {_INFO_COLUMNS}, plan FROM plans WHERE path = ? AND {_LIVE}", (path,)).fetchone()
         if row is None:
             raise BlobNotFound(f"no blob at {path!r}")
-        info = _info(row)
+        info = _info(row[:-1])
         check_precondition(path, if_version, info.version)
         conn.execute(_TOMBSTONE, (path,))
+        _drop_refs(conn, path, _decoded(path, row[-1]).block_ids())
         return info
 
     return _atomic(conn, work)
@@ -377,6 +418,30 @@ def _scan_page(conn: sqlite3.Connection, start_after: str | None, limit: int) ->
     rows = conn.execute(sql, (start_after or "", limit + 1)).fetchall()
     plans = [_decoded(path, blob) for path, blob in rows[:limit]]
     return plans, (plans[-1].path if len(rows) > limit else None)
+
+
+def _naming_page(
+    conn: sqlite3.Connection, block_ids: list[str], after: tuple[str, str], limit: int
+) -> tuple[list[ReadPlan], str | None]:
+    """One primary-key range per block id from the cursor's on: O(ids + references)."""
+
+    def work() -> tuple[list[ReadPlan], str | None]:
+        refs: list[tuple[str, str]] = []
+        for block_id in sorted(b for b in block_ids if b >= after[0]):
+            since = after[1] if block_id == after[0] else ""
+            rows = conn.execute(
+                "SELECT path FROM block_refs WHERE block_id = ? AND path > ? ORDER BY path LIMIT ?",
+                (block_id, since, limit + 1 - len(refs)),
+            )
+            refs += [(block_id, path) for (path,) in rows]
+            if len(refs) > limit:
+                break
+        paths = list(dict.fromkeys(path for _, path in refs[:limit]))
+        found = _plans_in(conn, paths)
+        cursor = "/".join(refs[limit - 1]) if len(refs) > limit else None
+        return [found[p] for p in paths if p in found], cursor
+
+    return _atomic(conn, work, "BEGIN")  # the references and their plans from one snapshot
 
 
 def _decoded(path: str, blob: Any) -> ReadPlan:

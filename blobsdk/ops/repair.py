@@ -2,8 +2,9 @@
 
 **What "verified" means for a block.**  Checksums cover chunks, not blocks, and one block
 holds chunks of many blobs.  So a block copy is *verified* when every chunk of it that a
-live plan references decodes and matches its checksum; the live chunks of a block come
-from one walk of the metadata's live plans (:func:`live_chunks`).  Bytes that no live plan
+live plan references decodes and matches its checksum; the live chunks of some blocks come
+from the metadata store's block -> plans index (``iter_naming``: the cost of the references
+found), of every block from one walk of the live plans (scrub) (:func:`live_chunks`).  Bytes that no live plan
 references belong to deleted blobs: no read can ever reach them (plans are immutable and a
 commit only names freshly written blocks), so a rewritten copy is the verified copy's bytes
 up to the end of its last live chunk, and may be shorter than the original.
@@ -25,7 +26,7 @@ over and the next repair or scrub writes it.
 bad or missing copy and then got a verified one reports the block.  Reports go to a small
 queue (``queue`` blocks; a report of a block already queued or being repaired is the same
 repair; one past a full queue is dropped and counted); one task drains it a batch at a time
-(one metadata walk per batch) and repairs up to ``concurrency`` blocks at once.  Counted:
+(one reverse-index lookup per batch) and repairs up to ``concurrency`` blocks at once.  Counted:
 ``repairs_queued``, ``repairs_dropped``, ``repairs_done`` (copies rewritten and verified),
 ``repairs_failed`` (blocks left with a bad or missing copy), ``repairs_unneeded`` (healthy
 by the time it was checked, or no longer live).
@@ -33,8 +34,8 @@ by the time it was checked, or no longer live).
 **Under-replicated writes** (:meth:`Repairer.repair_under_replicated`): a write acknowledged
 by its quorum while some replica failed records its block in the store's
 :class:`~blobsdk.sources.replicated.UnderReplicated` list, without waiting for a read.  A
-second task of the repairer works through that list whenever it grows: one metadata walk
-for the whole list, then each block checked and repaired as above.  A block whole again
+second task of the repairer works through that list whenever it grows: one reverse-index
+lookup for the whole list, then each block checked and repaired as above.  A block whole again
 leaves the list; one that is not (its replica still down) stays, and the next pass comes
 ``retry_seconds`` later (doubling while passes mend nothing, up to ``retry_max_seconds``).
 A block no live plan references stays while a write may still commit it (minted less than
@@ -54,7 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Self
@@ -63,12 +64,12 @@ import msgspec
 
 from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
-from ..metadata.base import MetadataStore
+from ..metadata.base import MAX_FENCE_IDS, MetadataStore
 from ..read.codec import decode_chunk
 from ..runtime.tasks import task_group
 from ..sources.base import BlockReplica, BlockStore, block_time
 from ..sources.replicated import UnderReplicated
-from ..wire import ChunkRef
+from ..wire import ChunkRef, ReadPlan
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
 
@@ -103,13 +104,22 @@ class BlockOutcome:
 
 async def live_chunks(metadata: MetadataStore, only: set[str] | None = None) -> dict[str, list[ChunkRef]]:
     """Every chunk a live plan references, by block (sorted by id), each block's chunks
-    sorted by offset and without duplicates; only the blocks in ``only`` if given."""
+    sorted by offset and without duplicates; only the blocks in ``only`` if given, found
+    through the store's reverse index (not a walk of every plan)."""
     index: dict[str, dict[str, ChunkRef]] = {}
-    async for plan in metadata.iter_plans():
-        for ref in plan.chunks:
-            if only is None or ref.block_id in only:
-                index.setdefault(ref.block_id, {})[ref.key] = ref
+    for plans in _plans_naming(metadata, only):
+        async for plan in plans:
+            for ref in plan.chunks:
+                if only is None or ref.block_id in only:
+                    index.setdefault(ref.block_id, {})[ref.key] = ref
     return {b: sorted(refs.values(), key=lambda r: r.offset) for b, refs in sorted(index.items())}
+
+
+def _plans_naming(metadata: MetadataStore, only: set[str] | None) -> list[AsyncIterator[ReadPlan]]:
+    if only is None:
+        return [metadata.iter_plans()]
+    ids = sorted(only)
+    return [metadata.iter_naming(ids[i : i + MAX_FENCE_IDS]) for i in range(0, len(ids), MAX_FENCE_IDS)]
 
 
 async def check_block(

@@ -56,6 +56,17 @@ BAD_PLANS = [
 ]
 
 
+def two_block_plan(path: str, first: int, second: int) -> ReadPlan:
+    """A 16-byte plan: one 8-byte chunk in block ``first``, one in block ``second``."""
+    chunks = tuple(ChunkRef(block_id=f"{seed:032x}", offset=0, length=8, raw_length=8, checksum=seed) for seed in (first, second))
+    return ReadPlan(path=path, version=0, etag=etag_of(chunks, 16), size=16, chunk_size=8, chunks=chunks)
+
+
+async def naming(store, block_ids: list[str]) -> list[str]:
+    """The distinct paths ``iter_naming`` yields, sorted (a plan naming two of the ids may come twice)."""
+    return sorted({plan.path async for plan in store.iter_naming(block_ids)})
+
+
 async def put(store, path: str, seed: int = 0, if_version: int | None = None) -> ReadPlan:
     return await store.commit(path, make_plan(path, seed=seed), if_version)
 
@@ -343,6 +354,49 @@ class MetadataStoreTests:
         results = await asyncio.gather(*(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True)
         assert sum(isinstance(r, ReadPlan) for r in results) == 1
         assert sum(isinstance(r, PreconditionFailed) for r in results) == 19
+
+    # --- blocks to plans (repair's reverse index) -------------------------------------------
+
+    async def test_naming_finds_the_live_plans_naming_blocks(self, store):
+        a, b, c = (f"{n:032x}" for n in (1, 2, 3))
+        await put_all(store, ["/b/x"])  # block 0
+        await put(store, "/b/one", seed=1)
+        await put(store, "/z/one", seed=1)  # another bucket, same block
+        await store.commit("/b/both", two_block_plan("/b/both", 1, 2))
+        await put(store, "/b/moved", seed=2)
+        await put(store, "/b/moved", seed=3)  # overwritten: names block 3 now, not 2
+        await put(store, "/b/gone", seed=2)
+        await store.delete("/b/gone")
+        assert await naming(store, [a]) == ["/b/both", "/b/one", "/z/one"]
+        assert await naming(store, [b]) == ["/b/both"]
+        assert await naming(store, [c]) == ["/b/moved"]
+        assert await naming(store, [a, b, c]) == ["/b/both", "/b/moved", "/b/one", "/z/one"]
+        assert await naming(store, [f"{9:032x}"]) == [] and await naming(store, []) == []
+        plans = [plan async for plan in store.iter_naming([c])]
+        assert plans == [await store.get_plan("/b/moved")]
+
+    async def test_naming_page_cursor(self, store):
+        a, b = f"{1:032x}", f"{2:032x}"
+        await put(store, "/b/p", seed=1)
+        await put(store, "/b/q", seed=1)
+        await put(store, "/b/r", seed=2)
+        plans, cursor = await store.naming_page([b, a], None, 2)
+        assert [p.path for p in plans] == ["/b/p", "/b/q"] and cursor == f"{a}//b/q"
+        plans, cursor = await store.naming_page([b, a], cursor, 2)
+        assert [p.path for p in plans] == ["/b/r"] and cursor is None
+
+    async def test_naming_arguments_are_checked(self, store):
+        with pytest.raises(BadRequest, match=r"invalid block id '\.\./x': want 32 lowercase hex digits"):
+            await store.naming_page(["../x"])
+        with pytest.raises(BadRequest, match="10001 block ids in one naming_page call; the limit is 10000"):
+            await store.naming_page([f"{i:032x}" for i in range(10_001)])
+        with pytest.raises(BadRequest, match="10001 block ids in one naming_page call; the limit is 10000"):
+            store.iter_naming([f"{i:032x}" for i in range(10_001)])
+        for bad in ("x", f"{1:032x}/b/x"):
+            with pytest.raises(BadRequest, match=f"a naming_page cursor is '<block id>/<path>', got '{bad}'"):
+                await store.naming_page([f"{1:032x}"], bad)
+        with pytest.raises(BadRequest, match="limit must be an int from 1 to 10000, got 0"):
+            await store.naming_page([f"{1:032x}"], None, 0)
 
     # --- gc's fences -----------------------------------------------------------------------
 

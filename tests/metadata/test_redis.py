@@ -209,6 +209,27 @@ async def test_a_hash_field_overwritten_is_corrupt_data_naming_the_path(redis_se
         assert (await store.get_plan("/b/y")).version == 1
 
 
+async def test_a_namespace_written_before_the_block_index_is_indexed_at_open(redis_server):
+    """Plans committed by a build without the reverse index (no ``blocks`` field, no ``b:``
+    sets, no ``ns:refs``) are put into it by the first store of this build to open."""
+    ns = namespace()
+    async with RedisMetadataStore(redis_server.url, namespace=ns) as store:
+        for i in range(1, 1203):  # past one page of the pass
+            await put(store, f"/b{i % 2}/x{i}", seed=1 + i % 3)
+        client = await store._client()
+        for key in [k async for k in client.scan_iter(match=f"{ns}:*:b:*")]:
+            await client.delete(key)
+        async for key in client.scan_iter(match=f"{ns}:*:p:*"):
+            await client.hdel(key, "blocks")
+        await client.delete(f"{ns}:refs")
+    async with RedisMetadataStore(redis_server.url, namespace=ns) as store:
+        found = sorted({p.path async for p in store.iter_naming([f"{1:032x}"])})
+        assert found == sorted(f"/b{i % 2}/x{i}" for i in range(1, 1203) if i % 3 == 0)
+        await put(store, "/b0/x6", seed=2)  # an overwrite drops the reference the pass added
+        assert "/b0/x6" not in {p.path async for p in store.iter_naming([f"{1:032x}"])}
+        assert await (await store._client()).get(f"{ns}:refs") == b"1"
+
+
 async def test_a_listed_field_overwritten_is_corrupt_data_naming_the_path(redis_server):
     async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
         await put(store, "/b/x")

@@ -201,3 +201,22 @@ async def test_a_row_corrupted_by_hand_is_corrupt_data_naming_the_path(tmp_path,
                 await lookup()
             assert str(exc.value) == CORRUPT + why
         assert (await store.get_plan("/b/y")).version == 1  # the others still read
+
+
+async def test_a_schema_2_database_gains_the_block_index_at_its_first_open(tmp_path):
+    """A database written before the reverse index (schema 2) is indexed when this build
+    opens it, and a build that knows only schema 2 refuses it afterwards."""
+    path = tmp_path / "m.sqlite"
+    async with SqliteMetadataStore(path) as store:
+        await put(store, "/b/x", seed=1)
+        await put(store, "/b/y", seed=2)
+        await put(store, "/b/gone", seed=1)
+        await store.delete("/b/gone")
+    with sqlite3.connect(path) as conn:  # back to what a schema-2 build left
+        conn.execute("DROP TABLE block_refs")
+        conn.execute("PRAGMA user_version=2")
+    async with SqliteMetadataStore(path) as store:
+        assert [p.path async for p in store.iter_naming([f"{1:032x}"])] == ["/b/x"]
+        assert [p.path async for p in store.iter_naming([f"{2:032x}"])] == ["/b/y"]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
