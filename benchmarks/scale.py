@@ -2,7 +2,7 @@
 at sizes ten apart; a table, ``--json`` and a PNG (``scale.png``, or next to ``--json``).
 
 Curves so far (on the real objects; not measured yet: the L3 node's eviction under churn,
-gc/scrub/repair, the shared plan cache):
+the shared plan cache):
 
 - ``sqlite_*``, ``redis_*``, ``api_*``: each metadata path at 10^3 ... 10^6 paths
   (benchmarks/_scale_metadata.py: lookup p50/p99, a 1,000-path batch, commit rate, bytes per
@@ -10,6 +10,11 @@ gc/scrub/repair, the shared plan cache):
   issue asks for 10^7: filling a store commits 5,000-15,000 paths a second here, 11-33 minutes
   per store for 10^7, so a full run stops at 10^6 (``--quick`` at 10^5).
 
+- ``repair_*``, ``gc_*``, ``scrub_*``: L4's background work at 10^4 ... 10^6 blocks
+  (benchmarks/_scale_ops.py): a repair batch's live chunks through the metadata store's
+  block -> plans index, against the walk of every plan repair did before it
+  (``repair_walk_batch_ms``: O(plans) per batch); a gc pass and a scrub per block, and gc's
+  peak memory per block.
 - ``tracker_locate``: one locate (one key) in a swarm of N peers fetching that key, N = 10^2
   ... 10^4 (servers/tracker_rules.py, on a frozen clock).  Before the tracker ranked a bounded
   number of sources, a locate looked up and signed a ticket for every member of the swarm:
@@ -58,6 +63,7 @@ from servers.tracker_rules import Tracker, TrackerConfig
 from ._report import Report
 from ._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes, write_png
 from ._scale_metadata import metadata_curves
+from ._scale_ops import ops_curves
 
 TENANT = "t"
 SERVE_KEY = ServeKey.generate()
@@ -73,6 +79,7 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
     top = 3 if quick else 4  # the largest size's exponent, per curve (offset below)
     with tempfile.TemporaryDirectory(prefix="bench-scale-metadata-") as tmp:
         stores, listing = await metadata_curves(range(3, top + 3), Path(tmp))
+        stores += await ops_curves(range(4, top + 3), Path(tmp))
     report.metrics.update(listing)
     restarts: dict[int, float] = {}
     curves = [

@@ -15,6 +15,10 @@ from benchmarks.__main__ import main
 from benchmarks._report import Report
 from benchmarks._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes
 from benchmarks._scale_metadata import metadata_curves
+from benchmarks._scale_ops import _grow, _MemoryBlocks, block_id, ops_curves
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.ops.gc import collect
+from blobsdk.ops.repair import scrub
 
 
 def test_a_rate_grows_worse_as_it_falls() -> None:
@@ -75,6 +79,28 @@ async def test_the_metadata_curves_measure_every_path_at_each_size(tmp_path: Pat
     assert all(sorted(c.points) == [100, 1000] for c in curves)
 
 
+async def test_the_ops_curves_run_gc_scrub_and_repair_at_each_size(tmp_path: Path) -> None:
+    curves = await ops_curves(range(2, 4), tmp_path)
+    names = ["repair_batch_ms", "repair_walk_batch_ms", "gc_us_per_block", "gc_peak_bytes_per_block", "scrub_us_per_block"]
+    assert [c.name for c in curves] == names and all(sorted(c.points) == [100, 1000] for c in curves)
+    assert all(v > 0 for v in curves[3].points.values())  # a pass holds memory per block
+
+
+async def test_the_benchmark_s_block_store_is_what_gc_and_scrub_expect() -> None:
+    """gc deletes only the garbage; scrub verifies every live block and finds none bad."""
+    blocks = _MemoryBlocks()
+    with tempfile.TemporaryDirectory() as tmp:
+        async with SqliteMetadataStore(Path(tmp) / "m.sqlite") as metadata:
+            await _grow(metadata, blocks, 0, 100)
+            assert len(blocks.blocks) == 110
+            report = await collect(metadata, blocks, 3600.0, 600.0)
+            assert (report.blocks_scanned, report.blocks_deleted) == (110, 10) and len(blocks.blocks) == 100
+            scrubbed = await scrub(metadata, blocks, dry_run=True)
+            assert scrubbed.ok and scrubbed.blocks_checked == 100 and scrubbed.copies_bad == 0
+            blocks.blocks[block_id(5)] = b"x" * 64
+            assert (await scrub(metadata, blocks, dry_run=True)).copies_bad == 1
+
+
 async def test_the_disk_cache_curve_restarts_with_and_without_the_index_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,6 +129,11 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         return [Curve("meta", "f", "µs", {10**e: float(e) for e in exponents})], {"meta_list_1e5_ms": 1.0}
 
     monkeypatch.setattr(scale, "metadata_curves", stores)
+
+    async def ops(exponents: range, root: Path) -> list[Curve]:
+        return [Curve("ops", "f", "µs", {10**e: float(e) for e in exponents})]
+
+    monkeypatch.setattr(scale, "ops_curves", ops)
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--quick", "--json", "out.json", *args]) == 0
     written = json.loads((tmp_path / "out.json").read_text())
@@ -114,6 +145,7 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         "plan_cache_f_growth": 5 / 3,
         "disk_f_growth": 5 / 3,
         "meta_f_growth": 5 / 3,
+        "ops_f_growth": 5 / 4,
     }  # quick sizes
     png = tmp_path / ("x.png" if args else "out.png")
     if missing_plot() is None:
