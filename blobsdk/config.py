@@ -222,7 +222,7 @@ _LIMITER_NUMBERS = {
 
 class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Bounds of background repair: ``queue`` blocks waiting at most, ``batch`` blocks per
-    metadata walk, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
+    lookup of the metadata store's block -> plans index, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
     that served bad bytes is ranked after the others; ``retry_seconds`` until an
     under-replicated block is tried again (doubling up to ``retry_max_seconds``); see
     blobsdk/ops/repair.py."""

@@ -2,10 +2,10 @@
 
 **What "verified" means for a block.**  Checksums cover chunks, not blocks, and one block
 holds chunks of many blobs.  So a block copy is *verified* when every chunk of it that a
-live plan references decodes and matches its checksum; the live chunks of some blocks come
-from the metadata store's block -> plans index (``iter_naming``: the cost of the references
-found), of every block from one walk of the live plans (scrub) (:func:`live_chunks`).  Bytes that no live plan
-references belong to deleted blobs: no read can ever reach them (plans are immutable and a
+live plan references decodes and matches its checksum.  The live chunks of some blocks
+come from the metadata store's block -> plans index (``iter_naming``: the cost of the
+references found); those of every block, from one walk of the live plans (scrub)
+(:func:`live_chunks`).  Bytes that no live plan references belong to deleted blobs: no read can ever reach them (plans are immutable and a
 commit only names freshly written blocks), so a rewritten copy is the verified copy's bytes
 up to the end of its last live chunk, and may be shorter than the original.
 
