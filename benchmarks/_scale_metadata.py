@@ -9,6 +9,9 @@ decade at a time in one store, and measured at each size:
 - ``*_list_ms`` (largest size only, as a metric): listing 10^5 entries (the first 10^5 of a
   prefix holding all of them), 1,000 a page.
 
+A full run takes SQLite and the API server one size further than Redis, to 10^7 paths
+(``beyond``): Redis would hold ~10 GB there, and its fill alone would take ~20 minutes.
+
 Paths: ``sqlite`` (the embedded store), ``redis`` (the Redis store on a local redis-server),
 ``api`` (the metadata API server, a subprocess, over the SQLite file just measured: HTTP and
 its server's CPU on top).
@@ -20,7 +23,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from blobsdk.config import Timeouts
@@ -65,33 +68,44 @@ class _Curves:
         return [c for c in (self.p50, self.p99, self.batch, self.commits, self.size) if c.points]
 
 
-async def metadata_curves(exponents: range, root: Path) -> tuple[list[Curve], dict[str, float]]:
-    """The curves of every path, and each path's listing time at the largest size."""
+async def metadata_curves(exponents: range, root: Path, beyond: range = range(0)) -> tuple[list[Curve], dict[str, float]]:
+    """The curves of every path, and each path's listing time at the largest size; SQLite and
+    the API server over it go on to the sizes ``beyond`` (Redis stops: ~1 KB of its memory a
+    path, 10 GB at 10^7)."""
     sqlite, redis, api = _Curves("sqlite"), _Curves("redis"), _Curves("api")
     db = root / "scale.sqlite"
+    filled = 0
     with start_redis(root / "redis") as redisd:
-        async with AsyncExitStack() as stack:
-            lite = await stack.enter_async_context(SqliteMetadataStore(db))
-            red = await stack.enter_async_context(RedisMetadataStore(redisd.url, namespace="scale"))
+        async with SqliteMetadataStore(db) as lite, RedisMetadataStore(redisd.url, namespace="scale") as red:
             used = await _redis_used(red)
-            filled = 0
             for e in exponents:
                 size = 10**e
                 await _grow(lite, filled, size, sqlite)
                 await _grow(red, filled, size, redis)
                 filled = size
-                await _measure(lite, size, sqlite)
+                await _measure_sqlite(lite, db, size, sqlite, api, root)
                 await _measure(red, size, redis)
-                sqlite.size.points[size] = _sqlite_bytes(db) / size
                 redis.size.points[size] = (await _redis_used(red) - used) / size
-                async with _api_over(db, root) as http:
-                    await _measure(http, size, api)
-            for store, curves in ((lite, sqlite), (red, redis)):
-                curves.list_ms = await _list_ms(store, filled)
-            async with _api_over(db, root) as http:
-                api.list_ms = await _list_ms(http, filled)
+            redis.list_ms = await _list_ms(red, filled)
+    async with SqliteMetadataStore(db) as lite:  # Redis and its memory are gone
+        for e in beyond:
+            size = 10**e
+            await _grow(lite, filled, size, sqlite)
+            filled = size
+            await _measure_sqlite(lite, db, size, sqlite, api, root)
+        sqlite.list_ms = await _list_ms(lite, filled)
+    async with _api_over(db, root) as http:
+        api.list_ms = await _list_ms(http, filled)
     listing = {f"{c.p50.component}_list_1e5_ms": c.list_ms for c in (sqlite, redis, api)}
     return [*sqlite.all(), *redis.all(), *api.all()], listing
+
+
+async def _measure_sqlite(lite: SqliteMetadataStore, db: Path, size: int, sqlite: _Curves, api: _Curves, root: Path) -> None:
+    """SQLite's figures at ``size``, then the API server's over the same file."""
+    await _measure(lite, size, sqlite)
+    sqlite.size.points[size] = _sqlite_bytes(db) / size
+    async with _api_over(db, root) as http:
+        await _measure(http, size, api)
 
 
 async def _grow(store: MetadataStore, start: int, stop: int, curves: _Curves) -> None:
