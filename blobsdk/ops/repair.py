@@ -5,9 +5,10 @@ holds chunks of many blobs.  So a block copy is *verified* when every chunk of i
 live plan references decodes and matches its checksum.  The live chunks of some blocks
 come from the metadata store's block -> plans index (``iter_naming``: the cost of the
 references found); those of every block, from one walk of the live plans (scrub)
-(:func:`live_chunks`).  Bytes that no live plan references belong to deleted blobs: no read can ever reach them (plans are immutable and a
-commit only names freshly written blocks), so a rewritten copy is the verified copy's bytes
-up to the end of its last live chunk, and may be shorter than the original.
+(:func:`live_chunks`).  Bytes that no live plan references belong to deleted blobs: no read
+can ever reach them (plans are immutable and a commit only names freshly written blocks), so
+a rewritten copy is the verified copy's bytes up to the end of its last live chunk, and may
+be shorter than the original.
 
 **The repair of one block** (:func:`check_block`): read the whole live extent of the block
 from every replica and verify it; a replica that lacks the block is *missing*, one whose
