@@ -375,6 +375,11 @@ class MetadataStoreTests:
         plans = [plan async for plan in store.iter_naming([c])]
         assert plans == [await store.get_plan("/b/moved")]
 
+    async def test_naming_follows_a_path_committed_twice_in_one_batch(self, store):
+        ops = [CommitOp(path="/b/x", plan=make_plan("/b/x", seed=s)) for s in (5, 6)]
+        await store.commit_many(ops)
+        assert await naming(store, [f"{5:032x}"]) == [] and await naming(store, [f"{6:032x}"]) == ["/b/x"]
+
     async def test_naming_page_cursor(self, store):
         a, b = f"{1:032x}", f"{2:032x}"
         await put(store, "/b/p", seed=1)
