@@ -3,6 +3,10 @@
 decade at a time in one store, and measured at each size:
 
 - ``*_lookup_p50`` / ``*_lookup_p99``: one getReadPlan of a random path (µs, wall, one at a time);
+- ``floor_redis_hget_lookup_p50``: a raw ``HGET`` of one field of another random path's hash,
+  through the same redis-py client, each right after a Redis lookup (so both see the same load):
+  Redis's dict and redis-py's round trip, the floor under ``redis_lookup_p50``.  Their ratio
+  stays ~1.25 at every size: a growth the floor shows too is the host's load, not the store;
 - ``*_batch_ms``: a 1,000-path ``get_plans``;
 - ``*_commits_per_s``: paths committed per second while growing to that size;
 - ``*_bytes_per_path``: the SQLite file's size, or Redis's ``used_memory`` growth, per path;
@@ -22,7 +26,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -56,8 +60,9 @@ def _plan(n: int) -> ReadPlan:
 class _Curves:
     """One metadata path's curves."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, floor: str | None = None) -> None:
         self.p50 = Curve(name, "lookup_p50", "µs per call")
+        self.floor = Curve(f"floor_{floor}", "lookup_p50", "µs per call") if floor else None
         self.p99 = Curve(name, "lookup_p99", "µs per call")
         self.batch = Curve(name, "batch_ms", "ms per 1,000 paths")
         self.commits = Curve(name, "commits_per_s", "paths per second", higher_is_better=True)
@@ -65,14 +70,14 @@ class _Curves:
         self.list_ms = 0.0
 
     def all(self) -> list[Curve]:
-        return [c for c in (self.p50, self.p99, self.batch, self.commits, self.size) if c.points]
+        return [c for c in (self.p50, self.p99, self.floor, self.batch, self.commits, self.size) if c and c.points]
 
 
 async def metadata_curves(exponents: range, root: Path, beyond: range = range(0)) -> tuple[list[Curve], dict[str, float]]:
     """The curves of every path, and each path's listing time at the largest size; SQLite and
     the API server over it go on to the sizes ``beyond`` (Redis stops: ~1 KB of its memory a
     path, 10 GB at 10^7)."""
-    sqlite, redis, api = _Curves("sqlite"), _Curves("redis"), _Curves("api")
+    sqlite, redis, api = _Curves("sqlite"), _Curves("redis", floor="redis_hget"), _Curves("api")
     db = root / "scale.sqlite"
     filled = 0
     with start_redis(root / "redis") as redisd:
@@ -84,7 +89,7 @@ async def metadata_curves(exponents: range, root: Path, beyond: range = range(0)
                 await _grow(red, filled, size, redis)
                 filled = size
                 await _measure_sqlite(lite, db, size, sqlite, api, root)
-                await _measure(red, size, redis)
+                await _measure(red, size, redis, floor=_raw_hget(red))
                 redis.size.points[size] = (await _redis_used(red) - used) / size
             redis.list_ms = await _list_ms(red, filled)
     async with SqliteMetadataStore(db) as lite:  # Redis and its memory are gone
@@ -115,17 +120,26 @@ async def _grow(store: MetadataStore, start: int, stop: int, curves: _Curves) ->
     curves.commits.points[stop] = (stop - start) / (time.perf_counter() - began)
 
 
-async def _measure(store: MetadataStore, size: int, curves: _Curves) -> None:
+async def _measure(
+    store: MetadataStore, size: int, curves: _Curves, floor: Callable[[str], Awaitable[object]] | None = None
+) -> None:
     rng = random.Random(size)
     for _ in range(50):  # warm connections
         await store.get_plan(path_of(rng.randrange(size)))
-    latencies = []
+    latencies, floors = [], []
     for _ in range(LOOKUPS):
         path = path_of(rng.randrange(size))
         began = time.perf_counter()
         await store.get_plan(path)
         latencies.append(time.perf_counter() - began)
+        if floor is not None:
+            path = path_of(rng.randrange(size))
+            began = time.perf_counter()
+            await floor(path)
+            floors.append(time.perf_counter() - began)
     curves.p50.points[size] = median(latencies) * 1e6
+    if curves.floor is not None:
+        curves.floor.points[size] = median(floors) * 1e6
     curves.p99.points[size] = percentile(latencies, 0.99) * 1e6
     batches = []
     for _ in range(5):
@@ -156,6 +170,11 @@ async def _api_over(db: Path, root: Path) -> AsyncIterator[MetadataStore]:
 
 def _sqlite_bytes(db: Path) -> int:
     return sum(os.path.getsize(p) for p in (db, Path(f"{db}-wal")) if p.exists())
+
+
+def _raw_hget(store: RedisMetadataStore) -> Callable[[str], Awaitable[object]]:
+    """The floor of a Redis lookup: one field of the path's hash, nothing decoded."""
+    return lambda path: store._redis.hget(store._key(path), "v")
 
 
 async def _redis_used(store: RedisMetadataStore) -> int:

@@ -75,9 +75,9 @@ async def test_the_metadata_curves_measure_every_path_at_each_size(tmp_path: Pat
     for path in ("sqlite", "redis", "api"):
         assert {f"{path}_lookup_p50", f"{path}_lookup_p99", f"{path}_batch_ms"} <= names
         assert listing[f"{path}_list_1e5_ms"] > 0
-    assert {"sqlite_commits_per_s", "sqlite_bytes_per_path", "redis_bytes_per_path"} <= names
+    assert {"sqlite_commits_per_s", "sqlite_bytes_per_path", "redis_bytes_per_path", "floor_redis_hget_lookup_p50"} <= names
     for curve in curves:  # SQLite and the API server over it go a size beyond Redis
-        assert sorted(curve.points) == ([100] if curve.component == "redis" else [100, 1000]), curve.name
+        assert sorted(curve.points) == ([100] if curve.component in ("redis", "floor_redis_hget") else [100, 1000]), curve.name
 
 
 async def test_the_ops_curves_run_gc_scrub_and_repair_at_each_size(tmp_path: Path) -> None:

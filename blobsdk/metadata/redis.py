@@ -26,6 +26,17 @@ Layout, under a namespace ``ns`` (default ``blobsdk``), per bucket (a path's fir
   server's time when set), globally and copied into every bucket's slot, where the commit
   script checks them.
 
+A listing page is one Lua script call per bucket it spans (``_LIST``): it reads the index
+range and the page's hashes at one instant and answers in one msgpack string, which msgspec
+decodes straight into BlobInfo.  Hand-written for speed: redis-py parses replies in Python,
+element by element (~40-190 µs per entry when every entry was an ``HMGET`` reply, 4.4-18.7 s
+for 10^5 entries); the script lists 10^5 entries in ~0.4 s (``python -m benchmarks scale``,
+``redis_list_1e5_ms``).  The price is the server's: ~3.3-4 µs of its CPU per entry listed
+(``INFO cpu``) against ~1.8-2.2 µs for the pipelined reads (``redis.call`` costs more than a
+command read off the socket), and ~2.5 ms per 1,000-entry page during which it serves nobody
+else (a 10,000-entry page, the largest, ~25 ms).  ``get_plans`` stays pipelined ``HMGET``s: a
+script there cuts its client time 2.6x but doubles the server's CPU per path, on the hot path.
+
 Commits run as one Lua script (atomic on the server: every precondition is checked against
 the state the earlier ops of the same batch leave, before anything is written), and so do
 deletes.  On Redis Cluster a script's keys must share one hash slot: the ``{bucket}`` hash tag
@@ -170,8 +181,27 @@ end
 return done
 """
 
-_INFO_FIELDS = ("v", "size", "etag", "chunks", "t")
 REFS_VERSION = "1"  # the value of ``ns:refs`` once every plan is in the reverse index
+
+_LIST = """
+-- KEYS: a bucket's index.  ARGV: its path keys' stem ('ns:{bucket}:p:'), the ZRANGEBYLEX
+-- bounds, count (paths to read), rows (how many of the first paths read to list).
+-- Returns {cmsgpack array of a map of BlobInfo's fields per listed live path (the hash's
+-- strings), the number of paths read, the last path of the first `rows` read (or false)}.
+local paths = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local rows = {}
+local last = false
+for i = 1, math.min(#paths, tonumber(ARGV[5])) do
+  local f = redis.call('HMGET', ARGV[1] .. paths[i], 'v', 'size', 'etag', 'chunks', 't')
+  if f[3] then
+    rows[#rows + 1] = {path = paths[i], version = f[1], size = f[2], etag = f[3], chunks = f[4], created = f[5]}
+  end
+  last = paths[i]
+end
+return {cmsgpack.pack(rows), #paths, last}
+"""
+
+_page_decoder = msgspec.msgpack.Decoder(builtins.list[BlobInfo], strict=False)  # the numbers come as strings
 _plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -197,6 +227,7 @@ class RedisMetadataStore:
         self._delete: Any = None
         self._fence: Any = None
         self._index_script: Any = None
+        self._list: Any = None
 
     def __repr__(self) -> str:
         return f"RedisMetadataStore({_redacted(self.url)!r})"
@@ -239,7 +270,7 @@ class RedisMetadataStore:
             else:
                 client, self.cluster = single, False
         self._commit, self._delete = client.register_script(_COMMIT), client.register_script(_DELETE)
-        self._fence = client.register_script(_FENCE)
+        self._fence, self._list = client.register_script(_FENCE), client.register_script(_LIST)
         self._index_script = client.register_script(_INDEX)
         self._redis = client  # set first: the pass below reads through it
         try:
@@ -284,7 +315,11 @@ class RedisMetadataStore:
     # --- keys ------------------------------------------------------------------------------
 
     def _key(self, path: str) -> str:
-        return f"{self.namespace}:{{{bucket_of(path)}}}:p:{path}"
+        return f"{self._stem(bucket_of(path))}{path}"
+
+    def _stem(self, bucket: str) -> str:
+        """What the keys of a bucket's paths start with."""
+        return f"{self.namespace}:{{{bucket}}}:p:"
 
     def _index(self, bucket: str) -> str:
         return f"{self.namespace}:{{{bucket}}}:idx"
@@ -434,17 +469,23 @@ class RedisMetadataStore:
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
     ) -> tuple[builtins.list[BlobInfo], str | None]:
+        """One script call per bucket the page spans (one for a prefix inside a bucket): it
+        reads the index and the page's hashes at one instant and answers in one msgpack
+        string (see the module docstring for the figures)."""
         check_list_args(prefix, start_after, limit)
-        paths = await self._paths(prefix, start_after, limit + 1)
-        client = await self._client()
+        await self._client()
+        items: builtins.list[BlobInfo] = []
+        read, cursor = 0, None
         with self._errors():
-            async with client.pipeline(transaction=False) as pipe:
-                for path in paths[:limit]:
-                    pipe.hmget(self._key(path), *_INFO_FIELDS)
-                found = await pipe.execute()
-        # A path deleted between the index read and this one is skipped (its etag is gone).
-        items = [_info(path, fields) for path, fields in zip(paths, found, strict=False) if fields[2] is not None]
-        return items, (paths[limit - 1] if len(paths) > limit else None)
+            for bucket, low, high in await self._ranges(prefix, start_after):
+                args = [self._stem(bucket), low, high, limit + 1 - read, max(limit - read, 0)]
+                packed, count, last = await self._list(keys=[self._index(bucket)], args=args)
+                items += _listed(packed)
+                cursor = cursor if last is None else last.decode()
+                read += count
+                if read > limit:
+                    break
+        return items, (cursor if read > limit else None)
 
     def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
         check_list_args(prefix, start_after, limit)
@@ -498,18 +539,26 @@ class RedisMetadataStore:
         """Up to ``count`` live paths under ``prefix`` after ``start_after``, sorted, from
         one bucket after another."""
         client = await self._client()
-        end = prefix_end(prefix)
-        low = f"({start_after}" if start_after is not None and start_after >= prefix else f"[{prefix}"
         found: builtins.list[str] = []
         with self._errors():
-            for bucket in await self._buckets_under(prefix):
-                if start_after is not None and prefix_end(f"/{bucket}/") <= start_after:
-                    continue  # the whole bucket sorts before the cursor
-                raw = await client.zrangebylex(self._index(bucket), low, f"({end}", start=0, num=count - len(found))
+            for bucket, low, high in await self._ranges(prefix, start_after):
+                raw = await client.zrangebylex(self._index(bucket), low, high, start=0, num=count - len(found))
                 found += [p.decode() for p in raw]
                 if len(found) >= count:
                     break
         return found
+
+    async def _ranges(self, prefix: str, start_after: str | None) -> builtins.list[tuple[str, str, str]]:
+        """The buckets a listing of ``prefix`` after ``start_after`` walks, in path order,
+        each with the ``ZRANGEBYLEX`` bounds of its index to read."""
+        low = f"({start_after}" if start_after is not None and start_after >= prefix else f"[{prefix}"
+        high = f"({prefix_end(prefix)}"
+        return [
+            (bucket, low, high)
+            for bucket in await self._buckets_under(prefix)
+            # a bucket sorting wholly before the cursor is skipped
+            if start_after is None or prefix_end(f"/{bucket}/") > start_after
+        ]
 
     async def _buckets_under(self, prefix: str) -> builtins.list[str]:
         """The buckets a prefix can match, in the order their paths sort (by "bucket/")."""
@@ -531,6 +580,24 @@ def _plan_of(path: str, fields: builtins.list[bytes | None]) -> ReadPlan | None:
     return decode_stored(
         path, lambda: msgspec.structs.replace(_plan_decoder.decode(plan), version=int(version), created=float(created))
     )
+
+
+def _listed(packed: bytes) -> builtins.list[BlobInfo]:
+    """A page the listing script packed; CorruptData naming the first damaged path in it."""
+    try:
+        return _page_decoder.decode(packed)
+    except msgspec.DecodeError:  # a damaged hash: found again, row by row
+        rows = msgspec.msgpack.decode(packed)
+        return [_info(row["path"], [_field(row, name) for name in _LISTED]) for row in rows]
+
+
+_LISTED = ("version", "size", "etag", "chunks", "created")
+
+
+def _field(row: dict[str, Any], name: str) -> Any:
+    """A listed row's field (a field missing from the hash was false in Lua)."""
+    value = row.get(name)
+    return None if value is False else value
 
 
 def _info(path: str, fields: Sequence[Any]) -> BlobInfo:

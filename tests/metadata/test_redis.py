@@ -10,6 +10,7 @@ import secrets
 import time
 
 import pytest
+from redis.asyncio.connection import AbstractConnection
 
 from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore, check_commit_op
@@ -18,7 +19,7 @@ from blobsdk.paths import bucket_of
 from blobsdk.wire import CommitOp
 from servers.redisd import start_redis, start_redis_cluster
 
-from .conformance import MetadataStoreTests, make_plan, put
+from .conformance import MetadataStoreTests, make_plan, put, put_all
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +231,69 @@ async def test_a_namespace_written_before_the_block_index_is_indexed_at_open(red
         assert await (await store._client()).get(f"{ns}:refs") == b"1"
 
 
-async def test_a_listed_field_overwritten_is_corrupt_data_naming_the_path(redis_server):
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (("hset", "size", b"big"), "invalid literal for int() with base 10: 'big'"),
+        (("hset", "t", b"noon"), "could not convert string to float: 'noon'"),
+        (("hdel", "v"), "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'"),
+    ],
+    ids=["size", "created", "version-gone"],
+)
+async def test_a_listed_field_damaged_is_corrupt_data_naming_the_path(redis_server, damage, why):
     async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
-        await put(store, "/b/x")
-        await (await store._client()).hset(store._key("/b/x"), "size", b"big")
-        with pytest.raises(
-            CorruptData, match=r"^the stored plan of '/b/x' is corrupt: invalid literal for int\(\) with base 10: b'big'$"
-        ):
+        await put_all(store, ["/b/w", "/b/x", "/b/y"])
+        command, field, *value = damage
+        await getattr(await store._client(), command)(store._key("/b/x"), field, *value)
+        with pytest.raises(CorruptData) as exc:
             await store.list_page("/b/")
+        assert str(exc.value) == f"the stored plan of '/b/x' is corrupt: {why}"
+        assert [info.path for info in (await store.list_page("/b/", limit=1))[0]] == ["/b/w"]
+
+
+class Replies:
+    """Counts the replies the store's connections read (each one a command answered):
+    redis-py parses every reply in Python, element by element, so this is a listing's cost."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        read = AbstractConnection.read_response
+
+        async def counted(connection, *args, **kwargs):
+            self.count += 1
+            return await read(connection, *args, **kwargs)
+
+        monkeypatch.setattr(AbstractConnection, "read_response", counted)
+
+
+async def test_a_listing_page_is_one_command_whatever_its_size(redis_server, monkeypatch):
+    """issue 27: a 100-entry page was 101 replies (the index range, then one HMGET per
+    entry, pipelined), 190 µs an entry at 10^6 paths; now one script call per page."""
+    async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
+        paths = [f"/b/k{i:03d}" for i in range(250)]
+        for first in range(0, 250, 50):
+            await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[first : first + 50]])
+        replies = Replies(monkeypatch)
+        page, cursor = await store.list_page("/b/", limit=100)
+        assert [info.path for info in page] == paths[:100] and cursor == paths[99]
+        assert replies.count == 1
+        page, cursor = await store.list_page("/b/k1", cursor, limit=100)
+        assert [info.path for info in page] == paths[100:200] and cursor is None
+        assert replies.count == 2
+        assert [info.path async for info in store.list("/b/", limit=100)] == paths
+        assert replies.count == 5  # three pages
+
+
+async def test_a_listing_page_across_buckets_is_one_command_per_bucket(redis_server, monkeypatch):
+    """The bucket list, then a script call per bucket until the page is full (the last call
+    reads one path more, to know whether a next page starts there)."""
+    async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
+        await put_all(store, [f"/{b}/k{i}" for b in "abc" for i in range(3)])
+        replies = Replies(monkeypatch)
+        page, cursor = await store.list_page("/", limit=3)
+        assert [info.path for info in page] == ["/a/k0", "/a/k1", "/a/k2"] and cursor == "/a/k2"
+        assert replies.count == 3  # buckets, a (three listed, no fourth), b (one read: there is more)
+        page, cursor = await store.list_page("/", cursor, limit=5)
+        assert [info.path for info in page] == ["/b/k0", "/b/k1", "/b/k2", "/c/k0", "/c/k1"] and cursor == "/c/k1"
+        page, cursor = await store.list_page("/", cursor, limit=5)
+        assert [info.path for info in page] == ["/c/k2"] and cursor is None
