@@ -100,7 +100,7 @@ async def test_the_flash_node_curve_restarts_hits_and_churns_at_each_size(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     curves = await _scale_caches.flash_node(range(2, 4), hits=20, churn=30)
     churns = [f"l3_{p}churn_{f}" for p in ("", "pinned_") for f in ("put_p50", "put_p99", "loop_cpu")]
-    assert [c.name for c in curves] == ["l3_restart_s", "l3_index_entry", "l3_hit_p50", *churns]
+    assert [c.name for c in curves] == ["l3_restart_us", "l3_index_entry", "l3_hit_p50", *churns]
     assert all(sorted(c.points) == [100, 1000] and min(c.points.values()) > 0 for c in curves)
     assert os.listdir(tmp_path) == []
 
