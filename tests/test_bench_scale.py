@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import scale
+from benchmarks import _scale_caches, scale
 from benchmarks.__main__ import main
 from benchmarks._report import Report
 from benchmarks._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes
@@ -64,7 +64,7 @@ def test_the_tracker_and_plan_cache_curves_measure_each_size() -> None:
     entries = scale.tracker_entries(range(2, 4), peers=10)
     assert [c.name for c in entries] == ["tracker_entry", "tracker_locate_key", "tracker_announce_key"]
     assert sorted(entries[0].points) == [100, 1000] and entries[0].points[1000] > 100  # a (peer, key) entry costs bytes
-    cache = scale.plan_cache(range(2, 4), lookups=100)
+    cache = _scale_caches.plan_cache(range(2, 4), lookups=100)
     assert [c.name for c in cache] == ["plan_cache_entry", "plan_cache_lookup_p50", "floor_dict_lookup_p50"]
     assert sorted(cache[0].points) == [100, 1000] and cache[0].points[100] > 200  # a plan and its entry
 
@@ -107,11 +107,29 @@ async def test_the_disk_cache_curve_restarts_with_and_without_the_index_file(
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     restarts: dict[int, float] = {}
-    curves = await scale.disk_cache(range(2, 4), hits=20, report_s=restarts)
+    curves = await _scale_caches.disk_cache(range(2, 4), hits=20, report_s=restarts)
     names = ["l2_open_scan_us", "l2_open_index_us", "l2_reconcile_us", "l2_index_entry", "l2_hit_p50"]
     assert [c.name for c in curves] == names and all(sorted(c.points) == [100, 1000] for c in curves)
     assert sorted(restarts) == [100, 1000] and restarts[100] == pytest.approx(curves[1].points[100] * 100 / 1e6)
     assert os.listdir(tmp_path) == []  # its directories are removed
+
+
+async def test_the_shared_plan_cache_curve_hits_at_each_size(tmp_path: Path) -> None:
+    curves = await _scale_caches.shared_plan_cache(range(2, 4), tmp_path, lookups=20)
+    names = ["shared_plan_cache_lookup_p50", "shared_plan_cache_lookup_p99", "shared_plan_cache_entry", "floor_redis_get_p50"]
+    assert [c.name for c in curves] == names and all(sorted(c.points) == [100, 1000] for c in curves)
+    assert curves[2].points[1000] > 100  # a plan and its key in Redis
+
+
+async def test_the_flash_node_curve_restarts_hits_and_churns_at_each_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    curves = await _scale_caches.flash_node(range(2, 4), hits=20, churn=30)
+    churns = [f"l3_{p}churn_{f}" for p in ("", "pinned_") for f in ("put_p50", "put_p99", "loop_cpu")]
+    assert [c.name for c in curves] == ["l3_restart_us", "l3_index_entry", "l3_hit_p50", *churns]
+    assert all(sorted(c.points) == [100, 1000] and min(c.points.values()) > 0 for c in curves)
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("args", [["--png", "x.png"], []])
@@ -125,6 +143,15 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         return [Curve("disk", "f", "s", {10**e: float(e) for e in exponents})]
 
     monkeypatch.setattr(scale, "disk_cache", disk)
+
+    async def shared(exponents: range, root: Path) -> list[Curve]:
+        return [Curve("shared", "f", "µs", {10**e: float(e) for e in exponents})]
+
+    async def flash(exponents: range) -> list[Curve]:
+        return [Curve("flash", "f", "s", {10**e: float(e) for e in exponents})]
+
+    monkeypatch.setattr(scale, "shared_plan_cache", shared)
+    monkeypatch.setattr(scale, "flash_node", flash)
 
     async def stores(exponents: range, root: Path, beyond: range) -> tuple[list[Curve], dict[str, float]]:
         assert not beyond  # --quick
@@ -145,7 +172,9 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         "tracker_swarm_f_growth": 3 / 2,
         "tracker_entries_f_growth": 5 / 4,
         "plan_cache_f_growth": 5 / 3,
+        "shared_f_growth": 5 / 3,
         "disk_f_growth": 5 / 3,
+        "flash_f_growth": 4 / 3,
         "meta_f_growth": 5 / 3,
         "ops_f_growth": 5 / 4,
     }  # quick sizes
