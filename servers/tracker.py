@@ -14,10 +14,10 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
   of its plans with their grants, and every grant must verify for its tenant (else 403, as a
   block server would answer): so a source is only ever handed to someone who may read the
   bytes from L4.  For each chunk key, ranked sources, each with a serve ticket for the asker
-  — the demoted after the healthy; peers on the key's stripe first (a peer is an inner node
-  of the trees of one key in ``stripes``, a leaf of the others', so uploads spread over the
-  swarm); then fewest hops from a copy, holders (least loaded across keys) before peers still
-  fetching it (shallowest, then earliest: bytes flow down a tree) — at most ``max_sources``,
+  — holders first (the demoted after the healthy, then fewest children across keys), then
+  peers still fetching it (healthy first; those on the key's stripe, so that a peer is an inner
+  node of the trees of one key in ``stripes`` and the uploads spread over the swarm; fewest
+  hops from a copy; earliest: bytes flow down a shallow tree) — at most ``max_sources``,
   leaving out any source that already has ``fanout`` children for that key.
   A locate ranks only the first ``SCAN`` (32) holders and fetchers with room, so its cost does
   not grow with the swarm (servers/tracker_rules.py).  The asker is recorded as a fetcher of

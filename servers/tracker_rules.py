@@ -312,31 +312,34 @@ class Tracker:
         return swarm
 
     def _ranked_sources(self, key: str, swarm: _Swarm, asker: _Peer, now: float) -> list[Source]:
-        """The best ``max_sources`` of the first ``SCAN`` open holders and the first ``SCAN``
-        open fetchers, each with room for another child of this key, ranked by: healthy before
-        ranked-last; on the key's stripe before off it; fewest hops from a copy (a holder 0, a
-        fetcher one more than its source); holders before fetchers; then holders by fewest
-        children across keys, uploads and children of this key, fetchers earliest first.
+        """The best ``max_sources`` of the first ``SCAN`` open holders (healthy before
+        ranked-last, then fewest children across keys, uploads, children of this key), then of
+        the first ``SCAN`` open fetchers (healthy first; on the key's stripe before off it;
+        fewest hops from a copy: one more than its source's, a holder's 0; earliest): each with
+        room for another child of this key.
 
-        The stripes spread the uploads (issue 27): a peer is an inner node of the trees of one
-        key in ``stripes`` (crc32 of its id and of the key, mod ``stripes``) and a leaf of the
-        others', so each peer sends about one copy of the blob, not ``fanout`` copies of every
-        chunk it was early on while most peers send nothing."""
+        The stripes spread the uploads (issue 27): at a job's start every peer asks for the
+        same chunks at once and nobody holds them, so their trees were one tree whose inner
+        quarter sent ``fanout`` children of every chunk while the rest sent nothing.  A fetcher
+        is ranked first for one key in ``stripes`` (crc32 of its id and of the key), a leaf
+        of the others' trees.  Hops keep trees shallow: a fresh fetcher of a fetcher is not
+        chosen over one fed by a holder or the origin."""
         ttl, stripes = self.config.child_ttl_s, self.config.stripes
 
         def off(p: _Peer) -> bool:
             return (p.stripe - swarm.stripe) % stripes != 0
 
         holders = [
-            (p.ranked_last_until > now, off(p), 0, 0, self._load[p.peer_id], p.uploads, here, p.peer_id, p)
+            (p.ranked_last_until > now, self._load[p.peer_id], p.uploads, here, p.peer_id, p)
             for p in self._open_peers(swarm.open_holders, asker)
             for here in [swarm.children_of(p.peer_id, now, ttl)]
         ]
         fetchers = [
-            (p.ranked_last_until > now, off(p), swarm.depth.get(p.peer_id, 1), 1, swarm.fetchers[p.peer_id], 0, 0, p.peer_id, p)
+            (p.ranked_last_until > now, off(p), swarm.depth.get(p.peer_id, 1), swarm.fetchers[p.peer_id], p.peer_id, p)
             for p in self._open_peers(swarm.open_fetchers, asker)
         ]
-        best = [c[-1] for c in heapq.nsmallest(self.config.max_sources, holders + fetchers, key=lambda c: c[:-1])]
+        best = [c[-1] for c in heapq.nsmallest(self.config.max_sources, holders, key=lambda c: c[:-1])]
+        best += [c[-1] for c in heapq.nsmallest(self.config.max_sources - len(best), fetchers, key=lambda c: c[:-1])]
         expires = int(self._wall() + self.config.ticket_ttl_s)
         return [
             Source(
