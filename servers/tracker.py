@@ -14,9 +14,11 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
   of its plans with their grants, and every grant must verify for its tenant (else 403, as a
   block server would answer): so a source is only ever handed to someone who may read the
   bytes from L4.  For each chunk key, ranked sources, each with a serve ticket for the asker
-  — holders first (least loaded, the demoted after the healthy), then peers still fetching it
-  (earliest first: they stream what they have, so bytes flow down a tree) — at most
-  ``max_sources``, leaving out any source that already has ``fanout`` children for that key.
+  — holders first (the demoted after the healthy, then fewest children across keys), then
+  peers still fetching it (healthy first; those on the key's stripe, so that a peer is an inner
+  node of the trees of one key in ``stripes`` and the uploads spread over the swarm; fewest
+  hops from a copy; earliest: bytes flow down a shallow tree) — at most ``max_sources``,
+  leaving out any source that already has ``fanout`` children for that key.
   A locate ranks only the first ``SCAN`` (32) holders and fetchers with room, so its cost does
   not grow with the swarm (servers/tracker_rules.py).  The asker is recorded as a fetcher of
   each key, a source for later askers.  No source: the asker fetches from the origin (L3/L4),
@@ -133,6 +135,7 @@ _FLAGS = (
     ("--heartbeat-seconds", "heartbeat_s", "peers say hello this often"),
     ("--peer-ttl-seconds", "peer_ttl_s", "forget a peer unheard this long"),
     ("--fanout", "fanout", "children per source per chunk"),
+    ("--stripes", "stripes", "a peer is an inner node of one chunk's tree in this many (1: of all)"),
     ("--max-sources", "max_sources", "sources per chunk in an answer"),
     ("--demand-window-seconds", "demand_window_s", "how far back askers count as demand"),
     ("--hold-seconds", "hold_s", "how much longer a last copy in demand is kept"),

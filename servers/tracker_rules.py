@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class TrackerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     heartbeat_s: float = 5.0  # peers say hello this often
     peer_ttl_s: float = 15.0  # and are forgotten after this long unheard
     fanout: int = 4  # children per source per key
+    stripes: int = 4  # a peer is an inner node of one key's tree in this many (1: of every key's)
     child_ttl_s: float = 30.0  # a hand-out counts against its source this long, or until the child fills
     max_sources: int = 4  # sources per key in a locate answer
     demand_window_s: float = 60.0  # how far back a key's askers count as its demand
@@ -73,6 +75,7 @@ class _Peer:
     failures: int = 0
     ranked_last_until: float = 0.0
     banned: bool = False
+    stripe: int = 0  # crc32 of its id: with a key's, which keys' trees it is an inner node of
     holds: set[str] = field(default_factory=set)  # keys it holds
     fetches: set[str] = field(default_factory=set)  # keys it is fetching
 
@@ -100,6 +103,9 @@ class _Swarm:
     open_holders: dict[str, None] = field(default_factory=dict)
     open_fetchers: dict[str, None] = field(default_factory=dict)
     full: list[tuple[float, str]] = field(default_factory=list)  # (when its oldest hand-out ages out, source)
+    stripe: int = 0  # crc32 of the key
+    depth: dict[str, int] = field(default_factory=dict)  # fetcher -> hops from a holder or the origin
+    load: Counter[str] = field(default_factory=Counter)  # the tracker's: source -> its children across keys
 
     def idle(self) -> bool:
         return not (self.holders or self.fetchers or self.asks)
@@ -110,8 +116,29 @@ class _Swarm:
         if not children:
             return 0
         for child in [c for c, at in children.items() if now - at > ttl]:
-            del children[child]
+            self._drop_child(source, child)
         return len(children)
+
+    def _add_child(self, source: str, child: str, now: float) -> None:
+        children = self.children.setdefault(source, {})
+        if child not in children:
+            self.load[source] += 1
+        children[child] = now
+
+    def _drop_child(self, source: str, child: str) -> bool:
+        children = self.children.get(source)
+        if children is None or children.pop(child, None) is None:
+            return False
+        self.load[source] -= 1
+        if not self.load[source]:
+            del self.load[source]
+        return True
+
+    def drop_children(self, source: str) -> None:
+        """``source``'s hand-outs of this key no longer count against it."""
+        for child in list(self.children.get(source, ())):
+            self._drop_child(source, child)
+        self.children.pop(source, None)
 
     def open(self, source: str) -> None:
         """``source`` has room for a child: rank it again."""
@@ -135,7 +162,7 @@ class _Swarm:
     def hand_out(self, source: str, child: str, now: float, fanout: int, ttl: float) -> None:
         """``child`` tries ``source`` first: it counts against the source's fan-out."""
         self.release(child, now, fanout, ttl)  # it asked again: its earlier source is free of it
-        self.children.setdefault(source, {})[child] = now
+        self._add_child(source, child, now)
         self.parent[child] = source
         if source in self.open_holders:
             del self.open_holders[source]  # to the back: hand-outs rotate over the holders
@@ -145,13 +172,14 @@ class _Swarm:
     def release(self, child: str, now: float, fanout: int, ttl: float) -> None:
         """``child`` no longer counts against its source (it filled)."""
         source = self.parent.pop(child, None)
-        if source is not None and self.children.get(source, {}).pop(child, None) is not None:
+        if source is not None and self._drop_child(source, child):
             self._open_or_wait(source, now, fanout, ttl)
 
     def forget(self, peer: str) -> None:
         self.holders.discard(peer)
         self.fetchers.pop(peer, None)
-        self.children.pop(peer, None)
+        self.depth.pop(peer, None)
+        self.drop_children(peer)
         self.parent.pop(peer, None)
         self.close(peer)
 
@@ -177,6 +205,7 @@ class Tracker:
         self._clock, self._wall = clock, wall
         self._peers: dict[str, _Peer] = {}
         self._swarms: dict[str, _Swarm] = {}
+        self._load: Counter[str] = Counter()  # source -> its children across keys (every swarm's, summed)
         self._next_expiry = 0.0
         self.counts: Counter[str] = Counter()
 
@@ -197,10 +226,13 @@ class Tracker:
             if len(self._peers) >= self.config.max_peers:
                 raise Overloaded(f"the tracker has its {self.config.max_peers} peers: try another or later")
             peer = self._peers[hello.peer_id] = _Peer(hello.peer_id, tenant, address, serve_key, now)
+            peer.stripe = zlib.crc32(hello.peer_id.encode())
             self.counts["peers_registered"] += 1
         elif peer.tenant != tenant:
             raise Forbidden(f"peer {hello.peer_id} belongs to another tenant")
         peer.address, peer.serve_key, peer.seen = address, serve_key, now
+        del self._peers[peer.peer_id]  # to the end: the peers stay in the order they were heard
+        self._peers[peer.peer_id] = peer
         peer.uploads, peer.budget_bytes = max(0, hello.uploads), max(0, hello.budget_bytes)
         return HelloResponse(
             heartbeat_s=self.config.heartbeat_s, ttl_s=self.config.peer_ttl_s, tenant=tenant, registered=registered
@@ -217,12 +249,17 @@ class Tracker:
 
     def _expire(self) -> None:
         """Forget peers unheard for ``peer_ttl_s`` (checked at most once a second, or four
-        times a TTL if that is shorter)."""
+        times a TTL if that is shorter).  ``_peers`` is in the order they were last heard
+        (a hello moves its peer to the end), so this looks at the expired ones and one more,
+        not at every peer (issue 27: a sweep of all of them grew the CPU per host with N)."""
         now = self._clock()
         if now < self._next_expiry:
             return
         self._next_expiry = now + min(1.0, self.config.peer_ttl_s / 4)
-        for peer in [p for p in self._peers.values() if now - p.seen > self.config.peer_ttl_s]:
+        while self._peers:
+            peer = next(iter(self._peers.values()))
+            if now - peer.seen <= self.config.peer_ttl_s:
+                break
             self._forget(peer)
             self.counts["peers_expired"] += 1
 
@@ -246,7 +283,7 @@ class Tracker:
 
     def _locate(self, asker: _Peer, key: str) -> Located:
         now = self._clock()
-        swarm = self._swarms.setdefault(key, _Swarm())
+        swarm = self._swarm(key)
         swarm.asks.append(now)
         self._trim_asks(swarm, now)
         if asker.peer_id in swarm.holders:
@@ -256,8 +293,10 @@ class Tracker:
         sources = self._ranked_sources(key, swarm, asker, now)
         if sources:
             swarm.hand_out(sources[0].peer_id, asker.peer_id, now, fanout, ttl)  # the child tries it first
+            swarm.depth[asker.peer_id] = swarm.depth.get(sources[0].peer_id, 0) + 1
             self.counts["located_peer"] += 1
         else:
+            swarm.depth[asker.peer_id] = 1
             self.counts["located_origin"] += 1
         if asker.peer_id not in swarm.fetchers:
             swarm.fetchers[asker.peer_id] = now
@@ -266,21 +305,41 @@ class Tracker:
         asker.fetches.add(key)
         return Located(key=key, sources=sources)
 
+    def _swarm(self, key: str) -> _Swarm:
+        swarm = self._swarms.get(key)
+        if swarm is None:
+            swarm = self._swarms[key] = _Swarm(load=self._load, stripe=zlib.crc32(key.encode()))
+        return swarm
+
     def _ranked_sources(self, key: str, swarm: _Swarm, asker: _Peer, now: float) -> list[Source]:
         """The best ``max_sources`` of the first ``SCAN`` open holders (healthy before
-        ranked-last, then fewest uploads, then fewest children of this key), then of the first
-        ``SCAN`` open fetchers (earliest first): each with room for another child."""
-        ttl = self.config.child_ttl_s
+        ranked-last, then fewest children across keys, uploads, children of this key), then of
+        the first ``SCAN`` open fetchers (healthy first; on the key's stripe before off it;
+        fewest hops from a copy: one more than its source's, a holder's 0; earliest): each with
+        room for another child of this key.
+
+        The stripes spread the uploads (issue 27): at a job's start every peer asks for the
+        same chunks at once and nobody holds them, so their trees were one tree whose inner
+        quarter sent ``fanout`` children of every chunk while the rest sent nothing.  A fetcher
+        is ranked first for one key in ``stripes`` (crc32 of its id and of the key), a leaf
+        of the others' trees.  Hops keep trees shallow: a fresh fetcher of a fetcher is not
+        chosen over one fed by a holder or the origin."""
+        ttl, stripes = self.config.child_ttl_s, self.config.stripes
+
+        def off(p: _Peer) -> bool:
+            return (p.stripe - swarm.stripe) % stripes != 0
+
         holders = [
-            (p.ranked_last_until > now, p.uploads, swarm.children_of(p.peer_id, now, ttl), p.peer_id, p)
+            (p.ranked_last_until > now, self._load[p.peer_id], p.uploads, here, p.peer_id, p)
             for p in self._open_peers(swarm.open_holders, asker)
+            for here in [swarm.children_of(p.peer_id, now, ttl)]
         ]
         fetchers = [
-            (p.ranked_last_until > now, swarm.fetchers[p.peer_id], p.peer_id, p)
+            (p.ranked_last_until > now, off(p), swarm.depth.get(p.peer_id, 1), swarm.fetchers[p.peer_id], p.peer_id, p)
             for p in self._open_peers(swarm.open_fetchers, asker)
         ]
-        best = [h[-1] for h in heapq.nsmallest(self.config.max_sources, holders, key=lambda h: h[:4])]
-        best += [f[-1] for f in heapq.nsmallest(self.config.max_sources - len(best), fetchers, key=lambda f: f[:3])]
+        best = [c[-1] for c in heapq.nsmallest(self.config.max_sources, holders, key=lambda c: c[:-1])]
+        best += [c[-1] for c in heapq.nsmallest(self.config.max_sources - len(best), fetchers, key=lambda c: c[:-1])]
         expires = int(self._wall() + self.config.ticket_ttl_s)
         return [
             Source(
@@ -320,8 +379,9 @@ class Tracker:
 
     def _filled(self, peer: _Peer, key: str, now: float) -> bool:
         """Record ``peer``'s verified copy; whether it should keep serving it."""
-        swarm = self._swarms.setdefault(key, _Swarm())
+        swarm = self._swarm(key)
         swarm.fetchers.pop(peer.peer_id, None)
+        swarm.depth.pop(peer.peer_id, None)
         swarm.open_fetchers.pop(peer.peer_id, None)
         peer.fetches.discard(key)
         # a child that filled frees its source's slot
@@ -360,6 +420,8 @@ class Tracker:
 
     def _drop_if_idle(self, key: str, swarm: _Swarm) -> None:
         if swarm.idle():
+            for source in list(swarm.children):
+                swarm.drop_children(source)
             self._swarms.pop(key, None)
 
     # --- report -----------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def test_a_tiny_swarm_finishes_at_exact_times_with_one_origin_fetch_per_chunk() 
 
 
 def test_the_children_of_a_dead_source_fail_over_and_the_tracker_forgets_it() -> None:
-    params = replace(TINY, die_fraction=1 / 3, die_window_s=(1.0, 1.0), timeout_s=1.0, seed=3)
+    # one stripe: host 0, the first fetcher, is every later asker's first source
+    params = replace(TINY, die_fraction=1 / 3, die_window_s=(1.0, 1.0), timeout_s=1.0, seed=3, tracker=TrackerConfig(stripes=1))
     swarm = Swarm(params)
     dead = [h for h in swarm.hosts if any(e[2] == swarm._die and e[3] == (h,) for e in swarm.loop._heap)]
     assert [h.index for h in dead] == [0]  # seed 3 kills host 0, the first fetcher of both chunks

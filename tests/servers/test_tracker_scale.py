@@ -38,7 +38,7 @@ def pid(n: int) -> str:
 
 def tracker(peers: int, **config: Any) -> tuple[Tracker, Clock, CountingPeers]:
     clock = Clock()
-    t = Tracker(TrackerConfig(peer_ttl_s=10_000, **config), clock)
+    t = Tracker(TrackerConfig(**{"peer_ttl_s": 10_000, "stripes": 1, **config}), clock)
     for n in range(1, peers + 1):
         t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(n), address=f"http://10.0.{n // 250}.{n % 250}:7400"))
     counting = CountingPeers(t._peers)
@@ -97,6 +97,48 @@ def test_a_full_source_is_offered_again_once_its_child_fills_or_its_hand_out_age
     assert first_source(t, 3) == pid(2)  # 1 is full: its fetcher child is next
     t.announce("t", AnnounceRequest(peer_id=pid(2), filled=[KEY]))  # 2 filled (and holds it): 1 is free again
     assert first_source(t, 4) == pid(1)
-    assert first_source(t, 5) == pid(3)  # 1 and 2 are full: the earliest fetcher with room
+    assert first_source(t, 5) == pid(4)  # 1 and 2 are full: the fetcher fewest hops from a copy (4: 1 holds)
     clock.now += 31  # every hand-out aged out: the holder is free again
     assert first_source(t, 6) == pid(2)
+
+
+def test_peers_starting_together_share_the_uploads_across_keys() -> None:
+    """64 peers ask for the same 8 keys at once (a job's start): without stripes the trees of
+    the 8 keys are the same tree, whose 16 inner peers send 4 children x 8 keys each while 48
+    send nothing; with them a peer is an inner node of about one key in four."""
+    keys = [f"{k:040x}" for k in range(8)]
+    t, _, _ = tracker(64, stripes=4)  # the default
+    sent = Counter[str]()
+    for n in range(1, 65):
+        for located in t.locate("t", pid(n), keys).located:
+            if located.sources:
+                sent[located.sources[0].peer_id] += 1
+    assert sum(sent.values()) == 63 * 8  # every later asker was handed a peer, for every key
+    assert len(sent) >= 40  # peers sending: 16 before the stripes
+
+
+def test_the_expiry_looks_at_the_expired_peers_not_at_every_peer() -> None:
+    t, clock, _ = tracker(0, peer_ttl_s=10)
+    examined = CountingValues(t._peers)
+    t._peers = examined
+    for n in range(1, 2001):
+        t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(n), address="http://10.0.0.1:7400"))
+    clock.now += 5
+    t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://10.0.0.1:7400"))  # heard again
+    before = examined.seen
+    for _ in range(20):  # 20 expiry passes, a second apart: 1 is heard, the others not
+        clock.now += 1.0
+        t.hello("t", PeerHello(serve_key=SERVE_KEY.hex, peer_id=pid(1), address="http://10.0.0.1:7400"))
+    assert t.peer_count() == 1 and t.counts["peers_expired"] == 1999
+    assert examined.seen - before <= 1999 + 20  # each expired one, and one live peer a pass; 40,000 before
+
+
+class CountingValues(dict[str, Any]):
+    """The tracker's peer table, counting the peers an iteration over its values yields."""
+
+    seen = 0
+
+    def values(self) -> Any:
+        for value in super().values():
+            self.seen += 1
+            yield value
