@@ -28,14 +28,15 @@ Layout, under a namespace ``ns`` (default ``blobsdk``), per bucket (a path's fir
 
 A listing page is one Lua script call per bucket it spans (``LIST``; the scripts are in
 blobsdk/metadata/_redis_lua.py): it reads the index range and the page's hashes at one
-instant and answers in one msgpack string, which msgspec decodes straight into BlobInfo.  Hand-written for speed: redis-py parses replies in Python,
-element by element (~40-190 µs per entry when every entry was an ``HMGET`` reply, 4.4-18.7 s
-for 10^5 entries); the script lists 10^5 entries in ~0.4 s (``python -m benchmarks scale``,
-``redis_list_1e5_ms``).  The price is the server's: ~3.3-4 µs of its CPU per entry listed
-(``INFO cpu``) against ~1.8-2.2 µs for the pipelined reads (``redis.call`` costs more than a
-command read off the socket), and ~2.5 ms per 1,000-entry page during which it serves nobody
-else (a 10,000-entry page, the largest, ~25 ms).  ``get_plans`` stays pipelined ``HMGET``s: a
-script there cuts its client time 2.6x but doubles the server's CPU per path, on the hot path.
+instant and answers in one msgpack string, which msgspec decodes straight into BlobInfo.
+Hand-written for speed: redis-py parses replies in Python, element by element (~40-190 µs
+per entry when every entry was an ``HMGET`` reply, 4.4-18.7 s for 10^5 entries); the script
+lists 10^5 entries in ~0.4 s (``python -m benchmarks scale``, ``redis_list_1e5_ms``). The
+price is the server's: ~3.3-4 µs of its CPU per entry listed (``INFO cpu``) against ~1.8-2.2
+µs for the pipelined reads (``redis.call`` costs more than a command read off the socket),
+and ~2.5 ms per 1,000-entry page during which it serves nobody else (a 10,000-entry page,
+the largest, ~25 ms). ``get_plans`` stays pipelined ``HMGET``s: a script there cuts its
+client time 2.6x but doubles the server's CPU per path, on the hot path.
 
 Commits run as one Lua script (atomic on the server: every precondition is checked against
 the state the earlier ops of the same batch leave, before anything is written), and so do
