@@ -175,7 +175,7 @@ class DiskCache:
             if loaded is None:
                 await self._scan_all()
             else:
-                self._index.load(loaded)
+                self._index.load(loaded, lru_ordered=True)  # the file lists them so
             for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
                 await self._unlink_quietly(victim.key)
         except UnsafeEntry as exc:

@@ -160,3 +160,20 @@ def test_an_index_keeps_the_creation_order_only_for_a_ttl() -> None:
     index.load([Entry(key(1), 10, 1.0, 1.0)])
     with pytest.raises(ValueError, match=r"^a TTL needs an index that keeps the creation order \(Index\(by_age=True\)\)$"):
         list(TtlPolicy(5).victims(index, 10.0))
+
+
+def test_an_index_file_s_order_is_the_lru_order_and_only_a_ttl_sorts_by_age() -> None:
+    """The index file lists entries least recently used first: a load takes that order as it
+    is (no sort of a million entries at a restart), and sorts only the creation order a TTL
+    needs."""
+    old, young = Entry(key(1), 10, created=1.0, last_access=5.0), Entry(key(2), 10, created=2.0, last_access=4.0)
+    plain = Index(by_age=False)
+    plain.load([old, young], lru_ordered=True)
+    assert list(plain.lru) == [key(1), key(2)]  # as listed, though key(2) was touched earlier
+    timed = Index(by_age=True)
+    timed.load([young, old], lru_ordered=True)
+    assert (list(timed.lru), list(timed.by_age or {})) == ([key(2), key(1)], [key(1), key(2)])
+    scanned = Index(by_age=False)
+    scanned.load([old, young])  # a scan's entries come in directory order: sorted by access
+    assert list(scanned.lru) == [key(2), key(1)]
+    assert (scanned.used, scanned.tenant_bytes) == (20, {"default": 20})
