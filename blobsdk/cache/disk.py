@@ -183,11 +183,8 @@ class DiskCache:
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
-        if loaded is not None:
-            by_shard: dict[str, list[Entry]] = {}  # what the index file named, before any put
-            for entry in self._index.lru.values():
-                by_shard.setdefault(entry.key[:2], []).append(entry)
-            self._reconciling = asyncio.create_task(self._reconcile(by_shard), name=f"blobsdk-{self._name}-reconcile")
+        if loaded is not None:  # what the index file named, before any put
+            self._reconciling = asyncio.create_task(self._reconcile(loaded), name=f"blobsdk-{self._name}-reconcile")
         return self
 
     async def get(self, key: str, *, checksum: int | None = None) -> bytearray | None:
@@ -342,13 +339,15 @@ class DiskCache:
             self._dir.ignore(str(exc))
             return None
 
-    async def _reconcile(self, by_shard: dict[str, list[Entry]]) -> None:
-        """After a start from the index file (``by_shard``: its entries): bring the index in
+    async def _reconcile(self, loaded: list[Entry]) -> None:
+        """After a start from the index file (``loaded``: its entries): bring the index in
         line with the directory, one shard at a time (files other processes added or removed
         since; only new files' headers are read), then write a fresh index file.  An entry
-        replaced or removed meanwhile is not this scan's to judge."""
+        replaced or removed meanwhile is not this scan's to judge.  The entries are grouped by
+        shard here, on the executor, not in :meth:`open`: ~0.4 s of a 10^6-entry restart."""
         times = FileTimes(self._clock())
         try:
+            by_shard = await self._io(_by_shard, loaded)
             for shard in sorted(set(await self._io(self._dir.shards)) | set(by_shard)):
                 known = by_shard.get(shard, [])
                 scan = await self._io(scan_shard, self._dir, shard, token=self._token, times=times, known={e.key for e in known})
@@ -545,6 +544,13 @@ class DiskCache:
 
 
 # --- blocking helpers --------------------------------------------------------------------
+
+
+def _by_shard(entries: list[Entry]) -> dict[str, list[Entry]]:
+    grouped: dict[str, list[Entry]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.key[:2], []).append(entry)
+    return grouped
 
 
 def _with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
