@@ -7,9 +7,10 @@ shared plan cache in Redis, the disk cache (L2) and the L3 flash node's store un
   ``get_plan`` of a random cached path (a hit: one pipelined MGET) and Redis's bytes per entry;
   ``floor_redis_get`` a bare GET of the same entry's key on the same connection (the round trip).
 - ``l2``: the disk cache restarted with and without its index file, the reconciliation after,
-  index memory and a hit (entry files written in the cache's own format, not through ``put``).
+  index memory, a hit (entry files written in the cache's own format, not through ``put``) and
+  ``open_index_cpu_us``, the restart's CPU in every thread (a busy host stretches its wall time).
 - ``l3``: the flash node's store (DiskCache as servers/flash.py opens it: ``remember_verified``):
-  a restart until it serves (open + index file), index memory, a hit through ``open_verified``
+  a restart until it serves (open + index file) and its CPU, index memory, a hit through ``open_verified``
   (the zero-copy path) and, with the cache full at its capacity, puts of new chunks that each
   evict an old one (``churn_put``, wall, p50/p99; ``churn_loop_cpu``, the event loop's CPU per
   put: the eviction choice runs there).  ``pinned_churn_*``: the same with a tenth of the cache
@@ -128,17 +129,17 @@ async def disk_cache(exponents: range, hits: int = 2000, report_s: dict[int, flo
     reconciliation, index memory, a hit."""
     scans, loads = Curve("l2", "open_scan_us", "µs per entry"), Curve("l2", "open_index_us", "µs per entry")
     reconciles, memory = Curve("l2", "reconcile_us", "µs per entry"), Curve("l2", "index_entry", "bytes per entry")
-    p50s = Curve("l2", "hit_p50", "µs per call")
+    p50s, cpus = Curve("l2", "hit_p50", "µs per call"), Curve("l2", "open_index_cpu_us", "µs per entry")
     report_s = {} if report_s is None else report_s  # size -> seconds of the restart from the index file
     for e in exponents:
         size = 10**e
         with tempfile.TemporaryDirectory(prefix="bench-scale-l2-") as root:  # under $TMPDIR
             keys = await asyncio.to_thread(_write_entries, Path(root), size)
-            took, cache = await _open_timed(root)  # no index file yet: every header
+            took, _, cache = await _open_timed(root)  # no index file yet: every header
             scans.points[size] = took / size * 1e6
             await cache.aclose()  # writes the index file
-            took, cache = await _open_timed(root)
-            loads.points[size] = took / size * 1e6
+            took, cpu, cache = await _open_timed(root)
+            loads.points[size], cpus.points[size] = took / size * 1e6, cpu / size * 1e6
             report_s[size] = took
             began = time.perf_counter()
             await cache.reconciled()
@@ -150,21 +151,22 @@ async def disk_cache(exponents: range, hits: int = 2000, report_s: dict[int, flo
             p50s.points[size] = (time.perf_counter() - began) / hits * 1e6  # the mean: one hit is a thread hop
             await cache.aclose()
             with traced_bytes() as held:  # apart from the timed open: tracemalloc slows every allocation
-                _, cache = await _open_timed(root)
+                _, _, cache = await _open_timed(root)
             memory.points[size] = held() / size
             await cache.aclose()
-    return [scans, loads, reconciles, memory, p50s]
+    return [scans, loads, reconciles, memory, p50s, cpus]
 
 
-async def _open_timed(root: str, **settings: Any) -> tuple[float, DiskCache]:
+async def _open_timed(root: str, **settings: Any) -> tuple[float, float, DiskCache]:
     """Seconds to open the cache at ``root`` (the page cache dropped first, where allowed),
-    and the cache, open."""
+    the process's CPU seconds for it (every thread: the index file is read on the executor;
+    apart from the wall time, which a busy host stretches), and the cache, open."""
     await asyncio.to_thread(_drop_page_cache)
     cache = DiskCache(root, **{"capacity_bytes": 1 << 40, "threads": 4, **settings})
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await cache.open()
     took = time.perf_counter() - began
-    return took, cache
+    return took, time.process_time() - cpu, cache
 
 
 def _write_entries(root: Path, size: int) -> list[str]:
@@ -198,7 +200,7 @@ async def flash_node(exponents: range, hits: int = 2000, churn: int = 1000) -> l
     """The L3 node's store holding 10^e chunks: a restart until it serves, index memory, a
     verified hit, and puts into the full cache (each evicts one), with and without pins."""
     restarts, memory = Curve("l3", "restart_us", "µs per entry"), Curve("l3", "index_entry", "bytes per entry")
-    p50s = Curve("l3", "hit_p50", "µs per call")
+    p50s, cpus = Curve("l3", "hit_p50", "µs per call"), Curve("l3", "restart_cpu_us", "µs per entry")
     churns = {
         f"{pinned}churn_{figure}": Curve("l3", f"{pinned}churn_{figure}", "µs per put")
         for pinned in ("", "pinned_")
@@ -209,15 +211,17 @@ async def flash_node(exponents: range, hits: int = 2000, churn: int = 1000) -> l
         size = 10**e
         with tempfile.TemporaryDirectory(prefix="bench-scale-l3-") as root:
             keys = await asyncio.to_thread(_write_entries, Path(root), size)
-            _, cache = await _open_timed(root, **node)
+            _, _, cache = await _open_timed(root, **node)
             await cache.reconciled()
             await cache.aclose()  # the index file a node's restart loads
             with traced_bytes() as held:
-                _, cache = await _open_timed(root, **node)
+                _, _, cache = await _open_timed(root, **node)
             memory.points[size] = held() / size
             await cache.aclose()
-            took, cache = await _open_timed(root, capacity_bytes=size * len(PAYLOAD), **node)
+            took, cpu, cache = await _open_timed(root, capacity_bytes=size * len(PAYLOAD), **node)
             restarts.points[size] = took / size * 1e6  # open + index file: then it serves
+            cpus.points[size] = cpu / size * 1e6
+            await cache.reconciled()  # the hits and puts below measure a node in service, not its restart's tail
             p50s.points[size] = await _verified_hit(cache, random.sample(keys, min(size, hits))) * 1e6
             for pinned in ("", "pinned_"):
                 if pinned:  # a tenth of the cache pinned at its least recently used end
@@ -227,7 +231,7 @@ async def flash_node(exponents: range, hits: int = 2000, churn: int = 1000) -> l
                 for figure, value in (("put_p50", p50), ("put_p99", p99), ("loop_cpu", cpu)):
                     churns[f"{pinned}churn_{figure}"].points[size] = value * 1e6
             await cache.aclose()
-    return [restarts, memory, p50s, *churns.values()]
+    return [restarts, memory, p50s, *churns.values(), cpus]
 
 
 async def _verified_hit(cache: DiskCache, keys: list[str]) -> float:

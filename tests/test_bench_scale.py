@@ -108,7 +108,7 @@ async def test_the_disk_cache_curve_restarts_with_and_without_the_index_file(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     restarts: dict[int, float] = {}
     curves = await _scale_caches.disk_cache(range(2, 4), hits=20, report_s=restarts)
-    names = ["l2_open_scan_us", "l2_open_index_us", "l2_reconcile_us", "l2_index_entry", "l2_hit_p50"]
+    names = ["l2_open_scan_us", "l2_open_index_us", "l2_reconcile_us", "l2_index_entry", "l2_hit_p50", "l2_open_index_cpu_us"]
     assert [c.name for c in curves] == names and all(sorted(c.points) == [100, 1000] for c in curves)
     assert sorted(restarts) == [100, 1000] and restarts[100] == pytest.approx(curves[1].points[100] * 100 / 1e6)
     assert os.listdir(tmp_path) == []  # its directories are removed
@@ -127,7 +127,7 @@ async def test_the_flash_node_curve_restarts_hits_and_churns_at_each_size(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     curves = await _scale_caches.flash_node(range(2, 4), hits=20, churn=30)
     churns = [f"l3_{p}churn_{f}" for p in ("", "pinned_") for f in ("put_p50", "put_p99", "loop_cpu")]
-    assert [c.name for c in curves] == ["l3_restart_us", "l3_index_entry", "l3_hit_p50", *churns]
+    assert [c.name for c in curves] == ["l3_restart_us", "l3_index_entry", "l3_hit_p50", *churns, "l3_restart_cpu_us"]
     assert all(sorted(c.points) == [100, 1000] and min(c.points.values()) > 0 for c in curves)
     assert os.listdir(tmp_path) == []
 
