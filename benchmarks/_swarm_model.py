@@ -132,6 +132,7 @@ class Fetch:
     deadline: float
     sources: list[Source] = field(default_factory=list)
     tried: int = 0
+    asked_again: bool = False
 
 
 @dataclass(eq=False)
@@ -290,6 +291,9 @@ class Swarm:
         if not f.host.alive:
             return
         if f.tried >= len(f.sources) or self.loop.now >= f.deadline:
+            if f.sources and not f.asked_again and self.loop.now < f.deadline:
+                self._ask_again(f)
+                return
             self._count("over_budget" if f.tried < len(f.sources) else "no_source_left" if f.sources else "no_source")
             self._origin(f)
             return
@@ -299,6 +303,22 @@ class Swarm:
             self._try_next(f)
             return
         self.loop.after(self.p.rtt_s / 2, self._arrive, Transfer(f, source))
+
+    def _ask_again(self, f: Fetch) -> None:
+        """Every source failed with budget left: the list may be stale (a source silent for
+        seconds, the rest dropped the chunk since), so ask once more and try the complete
+        copies not tried yet (a fetcher named now may be waiting for this host), as the real
+        client (``PeerTier._from_peers``)."""
+        tried = {s.peer_id for s in f.sources}
+        f.asked_again, f.tried = True, 0
+        self._count("asked_again")
+        try:
+            answer = self.meter.call("locate", self.tracker.locate, TENANT, f.host.id, [self._keys[f.chunk]])
+            f.sources = [s for s in answer.located[0].sources if s.complete and s.peer_id not in tried]
+        except BlobError:
+            self._count("tracker_errors")
+            f.sources = []
+        self.loop.after(self.p.rtt_s, self._try_next, f)
 
     def _arrive(self, t: Transfer) -> None:
         """The child's request reaches its source: the server's rules, in order."""
