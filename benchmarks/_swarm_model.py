@@ -132,6 +132,7 @@ class Fetch:
     deadline: float
     sources: list[Source] = field(default_factory=list)
     tried: int = 0
+    stale: bool = False  # a source answered 404 or failed (not only refused: busy)
     asked_again: bool = False
 
 
@@ -291,10 +292,11 @@ class Swarm:
         if not f.host.alive:
             return
         if f.tried >= len(f.sources) or self.loop.now >= f.deadline:
-            if f.sources and not f.asked_again and self.loop.now < f.deadline:
+            if f.stale and not f.asked_again and self.loop.now < f.deadline:
                 self._ask_again(f)
                 return
-            self._count("over_budget" if f.tried < len(f.sources) else "no_source_left" if f.sources else "no_source")
+            tried = f.sources or f.asked_again
+            self._count("over_budget" if f.tried < len(f.sources) else "no_source_left" if tried else "no_source")
             self._origin(f)
             return
         source = self.by_id.get(f.sources[f.tried].peer_id)
@@ -305,10 +307,10 @@ class Swarm:
         self.loop.after(self.p.rtt_s / 2, self._arrive, Transfer(f, source))
 
     def _ask_again(self, f: Fetch) -> None:
-        """Every source failed with budget left: the list may be stale (a source silent for
-        seconds, the rest dropped the chunk since), so ask once more and try the complete
-        copies not tried yet (a fetcher named now may be waiting for this host), as the real
-        client (``PeerTier._from_peers``)."""
+        """Every source failed with budget left, not all of them busy: the list may be stale
+        (a source silent for seconds, the rest dropped the chunk since), so ask once more and
+        try the complete copies not tried yet (a fetcher named now may be waiting for this
+        host), as the real client (``PeerTier._from_peers``)."""
         tried = {s.peer_id for s in f.sources}
         f.asked_again, f.tried = True, 0
         self._count("asked_again")
@@ -360,6 +362,7 @@ class Swarm:
         if not f.host.alive:
             return
         self._count(problem)
+        f.stale = f.stale or problem != "refused"
         request = ReportRequest(peer_id=f.host.id, source=t.source.id, key=self._keys[f.chunk], problem=problem)
         with contextlib.suppress(PeerNotFound):  # the source was forgotten: the real client's report fails too
             self.meter.call("report", self.tracker.report, TENANT, request)

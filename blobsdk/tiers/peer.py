@@ -17,11 +17,12 @@ tried.  No source, every source failed (and the second ask too, below), or the t
 down or slow (``tracker_timeout_s``): a miss, and the read goes on to L3/L4 without an
 error.  Whatever the sources (stopped, silent, lying that they are fetching it), one
 chunk's read spends at most ``fetch_budget_s`` (default ``wait_s`` + 1 s) here, locate
-included: then it is a miss (``over_budget``).  Every source failed with budget left: the
-tracker is asked once more, for complete copies not tried yet (``asked_again``; the list
-went stale while its sources were tried: a source silent for seconds, the others dropped
-the chunk since: swarm_sim's churn run read the origin 36 more times for it, 2.25x the
-blob instead of 1.5x).  The tracker's answers are checked in ``blobsdk.peer.trackers``.
+included: then it is a miss (``over_budget``).  Every source failed with budget left, not
+all busy: the tracker is asked once more, for complete copies not tried yet
+(``asked_again``; the list went stale while its sources were tried: a source silent for
+seconds, the others dropped the chunk since: swarm_sim's churn run read the origin 36 more
+times for it, 2.25x the blob instead of 1.5x).  The tracker's answers are checked in
+``blobsdk.peer.trackers``.
 
 **Trees.** The tracker records every asker as a fetcher of the chunk and sends the next askers
 to it (at most its fan-out each), so while a peer fetches a chunk, children are already
@@ -189,10 +190,12 @@ class PeerTier:
 
     async def _from_peers(self, ref: ChunkRef, deadline: float, demand: Demand | None) -> memoryview | None:
         """The chunk from the first of its sources to serve a verified copy by ``deadline``
-        (loop time); None: none did.  Every source failed with time left: the list may have
-        gone stale while they were tried (one silent for seconds, the others dropped the chunk
-        since), so the tracker is asked once more (``asked_again``) and its complete sources
-        not tried yet are tried (no fetcher: one named now may be waiting for this peer)."""
+        (loop time); None: none did.  Every source failed with time left, not all of them
+        busy: the list may have gone stale while they were tried (one silent for seconds, the
+        others dropped the chunk since), so the tracker is asked once more (``asked_again``)
+        and its complete sources not tried yet are tried (no fetcher: one named now may be
+        waiting for this peer).  Busy sources (429) are no sign of a stale list: asking again
+        then cost swarm_sim's ``n100_slots_held`` run origin reads (3.33x -> 3.54x)."""
         tried: set[str] = set()
         for again in (False, True):
             try:
@@ -213,8 +216,9 @@ class PeerTier:
                     ready=lambda s: self._endpoints.get(s.address).has_room,
                     demand=demand,
                 )
-            except HedgeExhausted:
-                if again or asyncio.get_running_loop().time() >= deadline:
+            except HedgeExhausted as exc:
+                busy = all(isinstance(error, PeerBusy) for _, error in exc.failures)  # they have it: not stale
+                if again or busy or asyncio.get_running_loop().time() >= deadline:
                     return None
                 tried.update(s.peer_id for s in sources)
                 self.counts["asked_again"] += 1
