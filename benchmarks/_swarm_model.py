@@ -10,8 +10,10 @@ A simulated host behaves as a real client (``blobsdk/tiers/peer.py``,
   (``locate``; the asks started at one moment go in one request) and tries the sources in the
   order given: a source at ``max_uploads`` sends refuses (429: ``refused`` reported, next
   source), one that does not have the chunk answers 404 (``missing``), a dead one is silent
-  for ``timeout_s`` (``failed``), a left one refuses the connection (``failed``).  No source
-  left, or the fetch's ``fetch_budget_s`` spent: the origin (L3/L4);
+  for ``timeout_s`` (``failed``), a left one refuses the connection (``failed``).  Every
+  source failed, not all refused, with budget left: the tracker is asked once more and its
+  complete copies not tried yet are tried (``asked_again``).  No source left, or the
+  fetch's ``fetch_budget_s`` spent: the origin (L3/L4);
 - a source still fetching the chunk keeps the child waiting until it lands (at most
   ``wait_s``, then 404), then sends it: the real server serves a chunk once it has it all, so a
   child never finishes before its source (store and forward per chunk, as the real code);
