@@ -33,7 +33,7 @@ async def test_a_child_whose_sources_went_stale_asks_again_and_gets_a_copy_made_
     stuck = peer_of(await swarm.client(PeerConfig(wait_s=30.0)))
     stuck.sharing.expect(ref.key)  # fetching it, never to land
     assert stuck._trackers is not None and await stuck._trackers.locate([ref]) == {ref.key: []}
-    child = await swarm.client()
+    child = await swarm.client(PeerConfig(wait_s=30.0))  # a budget no loaded machine spends here
     reading = asyncio.create_task(child.get("/p/again"))
     await until(lambda: fetchers(swarm) == 2)  # the child was sent to the stuck fetcher, its only source
     holder.sharing._forgotten(swarm.url)  # now the holder announces its copy
@@ -43,3 +43,20 @@ async def test_a_child_whose_sources_went_stale_asks_again_and_gets_a_copy_made_
     assert hits(child) == {"peer": 1, "l4": 0}  # before: the origin
     stats = child.stats()["peer"]
     assert stats["asked_again"] == 1 and stats["errors"] == 0 and stuck.extra_stats()["uploads_missing"] == 1
+
+
+async def test_a_child_whose_sources_were_only_busy_does_not_ask_again(swarm: Swarm) -> None:
+    # A 429 says the source has the chunk: the list is not stale, and asking again named other
+    # busy holders (swarm_sim's n100_slots_held run: 170 origin reads instead of 160).
+    writer = await swarm.client()
+    data = await written(writer, "/p/busy", 1)
+    holder = await swarm.client()
+    assert await holder.get("/p/busy") == data
+    await until(lambda: copies(swarm.tracker) == 1)
+    server = peer_of(holder).sharing.server
+    server.uploads = peer_of(holder).config.max_uploads  # as if that many were sending
+    child = await swarm.client()
+    assert await child.get("/p/busy") == data
+    server.uploads = 0
+    assert hits(child) == {"peer": 0, "l4": 1} and child.stats()["peer"]["asked_again"] == 0
+    assert holder.stats()["peer"]["uploads_refused"] == 1
