@@ -10,8 +10,10 @@ A simulated host behaves as a real client (``blobsdk/tiers/peer.py``,
   (``locate``; the asks started at one moment go in one request) and tries the sources in the
   order given: a source at ``max_uploads`` sends refuses (429: ``refused`` reported, next
   source), one that does not have the chunk answers 404 (``missing``), a dead one is silent
-  for ``timeout_s`` (``failed``), a left one refuses the connection (``failed``).  No source
-  left, or the fetch's ``fetch_budget_s`` spent: the origin (L3/L4);
+  for ``timeout_s`` (``failed``), a left one refuses the connection (``failed``).  Every
+  source failed, not all refused, with budget left: the tracker is asked once more and its
+  complete copies not tried yet are tried (``asked_again``).  No source left, or the
+  fetch's ``fetch_budget_s`` spent: the origin (L3/L4);
 - a source still fetching the chunk keeps the child waiting until it lands (at most
   ``wait_s``, then 404), then sends it: the real server serves a chunk once it has it all, so a
   child never finishes before its source (store and forward per chunk, as the real code);
@@ -132,6 +134,8 @@ class Fetch:
     deadline: float
     sources: list[Source] = field(default_factory=list)
     tried: int = 0
+    stale: bool = False  # a source answered 404 or failed (not only refused: busy)
+    asked_again: bool = False
 
 
 @dataclass(eq=False)
@@ -290,7 +294,11 @@ class Swarm:
         if not f.host.alive:
             return
         if f.tried >= len(f.sources) or self.loop.now >= f.deadline:
-            self._count("over_budget" if f.tried < len(f.sources) else "no_source_left" if f.sources else "no_source")
+            if f.stale and not f.asked_again and self.loop.now < f.deadline:
+                self._ask_again(f)
+                return
+            tried = f.sources or f.asked_again
+            self._count("over_budget" if f.tried < len(f.sources) else "no_source_left" if tried else "no_source")
             self._origin(f)
             return
         source = self.by_id.get(f.sources[f.tried].peer_id)
@@ -299,6 +307,22 @@ class Swarm:
             self._try_next(f)
             return
         self.loop.after(self.p.rtt_s / 2, self._arrive, Transfer(f, source))
+
+    def _ask_again(self, f: Fetch) -> None:
+        """Every source failed with budget left, not all of them busy: the list may be stale
+        (a source silent for seconds, the rest dropped the chunk since), so ask once more and
+        try the complete copies not tried yet (a fetcher named now may be waiting for this
+        host), as the real client (``PeerTier._from_peers``)."""
+        tried = {s.peer_id for s in f.sources}
+        f.asked_again, f.tried = True, 0
+        self._count("asked_again")
+        try:
+            answer = self.meter.call("locate", self.tracker.locate, TENANT, f.host.id, [self._keys[f.chunk]])
+            f.sources = [s for s in answer.located[0].sources if s.complete and s.peer_id not in tried]
+        except BlobError:
+            self._count("tracker_errors")
+            f.sources = []
+        self.loop.after(self.p.rtt_s, self._try_next, f)
 
     def _arrive(self, t: Transfer) -> None:
         """The child's request reaches its source: the server's rules, in order."""
@@ -340,6 +364,7 @@ class Swarm:
         if not f.host.alive:
             return
         self._count(problem)
+        f.stale = f.stale or problem != "refused"
         request = ReportRequest(peer_id=f.host.id, source=t.source.id, key=self._keys[f.chunk], problem=problem)
         with contextlib.suppress(PeerNotFound):  # the source was forgotten: the real client's report fails too
             self.meter.call("report", self.tracker.report, TENANT, request)

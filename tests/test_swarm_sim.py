@@ -1,6 +1,6 @@
 """The swarm simulator (benchmarks/_swarm_model.py, benchmarks/swarm_sim.py) at tiny sizes:
-its loop, exact times in a 3-host swarm, fail-over from a dead source, and the real tracker
-being the one it drives.  Everything runs on the simulated clock (no machine speed)."""
+its loop, exact times in a 3-host swarm, fail-over from a dead source, a stale source list
+asked for again, and the real tracker being the one it drives.  Everything runs on the simulated clock (no machine speed)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,26 @@ def test_the_children_of_a_dead_source_fail_over_and_the_tracker_forgets_it() ->
     assert swarm.tracker.peer_count() == 3  # it is still registered ...
     swarm.loop.run(until=swarm.loop.now + TrackerConfig().peer_ttl_s + 1.5)
     assert swarm.tracker.peer_count() == 2 and swarm.tracker.counts["peers_expired"] == 1  # ... until its TTL
+
+
+def test_a_fetch_whose_sources_went_stale_asks_again_instead_of_reading_the_origin() -> None:
+    # Churn at 100 hosts: children wait seconds at sources that die, and by then the other
+    # sources they were given have dropped the chunk (fills the tracker did not keep).  Before,
+    # such fetches read the origin (no_source_left: 9 chunks of 73); now they ask again and
+    # get one of the copies made meanwhile: the origin reads only chunks nobody had.
+    churn = {"late_fraction": 0.1, "late_by_s": 10.0, "die_fraction": 0.1, "die_window_s": (1.0, 8.0)}
+    result = Swarm(swarm_sim.scale_params(100, leave_after_s=5.0, **churn)).run()
+    assert "no_source_left" not in result.problems and "over_budget" not in result.problems
+    assert result.origin_chunks == result.problems["no_source"]
+    assert result.problems["asked_again"] >= 1 and result.problems["missing"] >= 1
+
+
+def test_a_fetch_whose_sources_were_only_busy_does_not_ask_again() -> None:
+    # Sends that hold their upload slots: children are refused (429) by sources that have the
+    # chunk.  Asking again then named other busy holders: 170 origin reads instead of 160.
+    result = Swarm(swarm_sim.scale_params(100, sndbuf_bytes=0)).run()
+    assert "asked_again" not in result.problems and result.problems["refused"] >= 1
+    assert result.origin_chunks == 160
 
 
 def test_without_peers_every_host_reads_the_whole_blob_from_the_origin() -> None:
