@@ -76,7 +76,7 @@ from ._indexfile import INDEX_FILE, read_index, write_index
 from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
 from ._payloadfile import VerifiedFiles, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
-from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
+from .policy import Entry, PolicyChain, Victims, validate_tenant
 
 T = TypeVar("T")
 
@@ -125,7 +125,7 @@ class DiskCache(DiskFiles):
         self._name = name
         self._clock = clock
         self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
-        self._index = Index(per_tenant_lru=bool(quotas), by_age=ttl_seconds is not None)
+        self._index = self._chain.new_index()
         self._fills: dict[str, _Fill] = {}
         self._pool = Executor(threads, thread_name_prefix=f"blobsdk-{name}")
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them

@@ -13,6 +13,11 @@ until enough bytes are freed:
 4. ``hold``   least recently used entries still inside the hold period: the last resort
               before the cache would overflow.
 
+With a hold period, the entries past it are a prefix of the creation order (the index keeps
+it, ``by_age``), so ``lru`` never walks every held entry to find them: none if the oldest
+entry is held, and the LRU walk stops once that prefix is all met (:meth:`HoldPolicy.released`).
+Before, a put into a cache full of held chunks walked them all: O(held) per put.
+
 Pinned entries (``pin_until > now``) are never chosen by any policy.  A pinned entry that an
 eviction finds at the least recently used end is moved to the other end first (as if used
 then): else every eviction would walk past every pinned entry there, O(pinned) per put (the L3
@@ -70,9 +75,10 @@ class Entry(msgspec.Struct, array_like=True, gc=False):
 class Index:
     """The entries of one cache, least recently used first, with bytes per tenant.
     ``by_age`` adds the creation order, which a TTL needs (it is expiry order: one TTL per
-    cache); ``per_tenant_lru`` an LRU order per tenant, which quotas need.  Each order costs a
-    dict operation per touch or put, and ~0.5 s per million entries when a disk cache loads
-    its index file: an engine keeps only those its policies read."""
+    cache) and a hold period (it is release order); ``per_tenant_lru`` an LRU order per
+    tenant, which quotas need.  Each order costs a dict operation per touch or put, and
+    ~0.5 s per million entries when a disk cache loads its index file: an engine keeps only
+    those its policies read (:meth:`PolicyChain.new_index`)."""
 
     __slots__ = ("by_age", "lru", "tenant_bytes", "tenant_lru", "used")
 
@@ -275,6 +281,33 @@ class HoldPolicy(_Counted):
     def victims(self, index: Index, now: float) -> Iterator[Entry]:
         return (e for e in index.lru.values() if e.pin_until <= now and self.holds(e, now))
 
+    def released(self, index: Index, now: float) -> Iterator[Entry]:
+        """The unpinned entries past their hold period, least recently used first, without
+        walking every held entry (module docstring).  Those entries are a prefix of the
+        creation order: none if the oldest entry is held.  Else the LRU order is walked with
+        the creation order one step behind it each: once that prefix ends, the entries in it
+        not met yet are yielded by last access (ties: the older first, as an index loads)."""
+        if index.by_age is None:
+            raise ValueError("a hold period needs an index that keeps the creation order (Index(by_age=True))")
+        ages = iter(index.by_age.values())
+        oldest = next(ages, None)
+        if oldest is None or self.holds(oldest, now):
+            return  # creation order: everything after it is younger still
+        prefix, met = [oldest], set()
+        for entry in index.lru.values():
+            if not self.holds(entry, now):
+                met.add(entry.key)
+                if entry.pin_until <= now:
+                    yield entry
+            following = next(ages, None)
+            if following is None or self.holds(following, now):
+                break  # the prefix is complete
+            prefix.append(following)
+        else:
+            return
+        rest = [e for e in prefix if e.key not in met and e.pin_until <= now]
+        yield from sorted(rest, key=attrgetter("last_access"))
+
 
 class QuotaPolicy(_Counted):
     """Per-tenant byte quotas: a tenant over its quota loses its own LRU entries first."""
@@ -355,6 +388,11 @@ class PolicyChain:
         self.policies: tuple[EvictionPolicy, ...] = tuple(p for p in found if p is not None)
         self.rejected = 0  # puts refused: too big, or only pinned data to evict
         self.quota_exceeded = 0
+
+    def new_index(self) -> Index:
+        """An empty index that keeps the orders these policies read: the creation order for a
+        TTL or a hold period, an LRU order per tenant for quotas."""
+        return Index(per_tenant_lru=self.quota is not None, by_age=self.ttl is not None or self.hold is not None)
 
     def expired(self, entry: Entry, now: float) -> bool:
         return self.ttl is not None and self.ttl.expired(entry, now)
@@ -439,5 +477,5 @@ class PolicyChain:
         if hold is None:
             yield self.lru, self.lru.victims(index, now)
             return
-        yield self.lru, (e for e in self.lru.victims(index, now) if not hold.holds(e, now))
+        yield self.lru, hold.released(index, now)
         yield hold, hold.victims(index, now)
