@@ -28,7 +28,9 @@ Curves (on the real objects):
   without the index file, ``l2_open_index_s_at_*`` the whole restart, goal <= 2 s at 10^6; 10^6
   apart, writing a million files takes ~40 minutes on the dev VM: ``disk_cache(range(6, 7))``)
   and ``l3`` (the flash node's store, 10^3 ... 10^5 chunks: restart, index memory, a verified
-  hit, puts into the full cache with and without pinned chunks).
+  hit, puts into the full cache with and without pinned chunks); ``l2_held_*``: puts into a
+  disk cache full of chunks inside their hold period, 10^3 ... 10^5 (``--quick`` 10^4), against
+  ``l2_unheld_loop_cpu``, the same puts with no hold period.
 
 Each time (µs) is the p50 over batches of calls (each batch's mean), with the cyclic collector off;
 each memory figure is what tracemalloc saw still held after building.  ``*_growth`` is the
@@ -47,7 +49,7 @@ from blobsdk.wire import AnnounceRequest, PeerHello
 from servers.tracker_rules import Tracker, TrackerConfig
 
 from ._report import Report
-from ._scale_caches import disk_cache, flash_node, plan_cache, shared_plan_cache
+from ._scale_caches import disk_cache, flash_node, held_puts, plan_cache, shared_plan_cache
 from ._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes, write_png
 from ._scale_metadata import metadata_curves
 from ._scale_ops import ops_curves
@@ -79,6 +81,7 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
         *shared,
         *await disk_cache(range(3, 6), report_s=restarts),  # 10^6 files take ~40 min to write here: apart (docs)
         *await flash_node(range(3, top + 2)),  # quick: 10^3, 10^4
+        *await held_puts(range(3, top + 2)),
     ]
     for size, took in restarts.items():
         report.metrics[f"l2_open_index_s_at_1e{len(str(size)) - 1}"] = took
