@@ -4,8 +4,10 @@ read."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
 
 import msgspec
@@ -37,16 +39,22 @@ class Entry(msgspec.Struct, array_like=True, gc=False):
 class Index:
     """The entries of one cache, least recently used first, with bytes per tenant.
     ``by_age`` adds the creation order, which a TTL needs (it is expiry order: one TTL per
-    cache) and a hold period (it is release order); ``per_tenant_lru`` an LRU order per
-    tenant, which quotas need.  Each order costs a dict operation per touch or put, and
-    ~0.5 s per million entries when a disk cache loads its index file: an engine keeps only
-    those its policies read (:meth:`PolicyChain.new_index`)."""
+    cache); ``per_tenant_lru`` an LRU order per tenant, which quotas need; ``hold`` what a hold
+    period needs: ``held``, the entries not yet released, in creation order (they are
+    released from its old end: one hold period per cache), and ``released``, a heap of the
+    others by last access (:meth:`release`, :meth:`released_lru`).  Each order costs a dict
+    operation per touch or put, and ~0.5 s per million entries when a disk cache loads its
+    index file: an engine keeps only those its policies read (``PolicyChain.new_index``)."""
 
-    __slots__ = ("by_age", "lru", "tenant_bytes", "tenant_lru", "used")
+    __slots__ = ("_lent", "_seq", "by_age", "held", "lru", "released", "tenant_bytes", "tenant_lru", "used")
 
-    def __init__(self, *, per_tenant_lru: bool = False, by_age: bool = True) -> None:
+    def __init__(self, *, per_tenant_lru: bool = False, by_age: bool = True, hold: bool = False) -> None:
         self.lru: OrderedDict[str, Entry] = OrderedDict()
         self.by_age: OrderedDict[str, Entry] | None = OrderedDict() if by_age else None
+        self.held: OrderedDict[str, Entry] | None = OrderedDict() if hold else None
+        self.released: list[tuple[float, int, Entry]] = []  # (last access then, tie-break, entry)
+        self._lent: list[tuple[float, Entry]] = []  # taken from ``released`` by the last walk
+        self._seq = itertools.count()
         self.tenant_bytes: dict[str, int] = {}
         self.tenant_lru: dict[str, OrderedDict[str, Entry]] | None = {} if per_tenant_lru else None
         self.used = 0
@@ -65,6 +73,8 @@ class Index:
         self.lru[entry.key] = entry
         if self.by_age is not None:
             self.by_age[entry.key] = entry
+        if self.held is not None:
+            self.held[entry.key] = entry
         self.used += entry.size
         self.tenant_bytes[entry.tenant] = self.tenant_bytes.get(entry.tenant, 0) + entry.size
         if self.tenant_lru is not None:
@@ -76,6 +86,8 @@ class Index:
             return None
         if self.by_age is not None:
             del self.by_age[key]
+        if self.held is not None:
+            self.held.pop(key, None)  # a released one's heap record goes when it is met
         self.used -= entry.size
         left = self.tenant_bytes.get(entry.tenant, 0) - entry.size
         if left:
@@ -120,6 +132,8 @@ class Index:
         key = attrgetter("key")
         if self.by_age is not None:
             self.by_age = OrderedDict(zip(map(key, by_age), by_age, strict=True))
+        if self.held is not None:
+            self.held = OrderedDict(zip(map(key, by_age), by_age, strict=True))
         self.lru = OrderedDict(zip(map(key, by_access), by_access, strict=True))
         self.used = sum(map(attrgetter("size"), by_access))
         for entry in by_access:
@@ -131,10 +145,61 @@ class Index:
         self.lru.clear()
         if self.by_age is not None:
             self.by_age.clear()
+        if self.held is not None:
+            self.held.clear()
+        self.released.clear()
+        self._lent.clear()
         self.tenant_bytes.clear()
         if self.tenant_lru is not None:
             self.tenant_lru.clear()
         self.used = 0
+
+    def release(self, holds: Callable[[Entry], bool]) -> None:
+        """Move the entries at the old end of ``held`` that ``holds`` no longer holds into the
+        ``released`` heap, stopping at the first it holds (creation order: the rest are
+        younger).  Each entry is released once: O(log n) a put, amortized."""
+        assert self.held is not None, "an index of a hold period: Index(hold=True)"
+        held, heap, batch = self.held, self.released, []
+        while held:
+            entry = next(iter(held.values()))
+            if holds(entry):
+                break
+            del held[entry.key]
+            batch.append((entry.last_access, next(self._seq), entry))
+        if len(heap) > 2 * len(self.lru) + 64:  # records of entries removed since: drop them
+            heap[:] = [r for r in heap if self.lru.get(r[2].key) is r[2]]
+            heapq.heapify(heap)
+        if len(batch) > len(heap) // 8:  # many at once (a restart): one heapify, O(n)
+            heap.extend(batch)
+            heapq.heapify(heap)
+        else:
+            for record in batch:
+                heapq.heappush(heap, record)
+
+    def released_lru(self, now: float) -> Iterator[Entry]:
+        """The unpinned released entries, least recently used first (by last access; ties:
+        released first), taken off the heap as they are handed out and put back at the next
+        walk if still present.  An entry used since its record was written is put back in its
+        new place; a pinned one as if used ``now``, so that no walk passes it again while its
+        pin lasts."""
+        heap, lent = self.released, self._lent
+        for last, entry in lent:
+            if self.lru.get(entry.key) is entry:  # not evicted
+                heapq.heappush(heap, (last, next(self._seq), entry))
+        lent.clear()
+        while heap:
+            last, _, entry = heap[0]
+            if self.lru.get(entry.key) is not entry:
+                heapq.heappop(heap)  # removed, or replaced by a newer put, since
+            elif entry.last_access > last:
+                heapq.heapreplace(heap, (entry.last_access, next(self._seq), entry))
+            else:
+                heapq.heappop(heap)
+                if entry.pin_until > now:
+                    lent.append((max(last, now), entry))
+                else:
+                    lent.append((last, entry))
+                    yield entry
 
     def tenant_entries(self, tenant: str) -> Iterable[Entry]:
         """The entries of ``tenant``, least recently used first."""

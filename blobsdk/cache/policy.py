@@ -13,10 +13,11 @@ until enough bytes are freed:
 4. ``hold``   least recently used entries still inside the hold period: the last resort
               before the cache would overflow.
 
-With a hold period, the entries past it are a prefix of the creation order (the index keeps
-it, ``by_age``), so ``lru`` never walks every held entry to find them: none if the oldest
-entry is held, and the LRU walk stops once that prefix is all met (:meth:`HoldPolicy.released`).
-Before, a put into a cache full of held chunks walked them all: O(held) per put.
+With a hold period, ``lru`` does not walk the held entries to find the others: the index
+keeps the held ones in creation order, from whose old end they are released (at most one
+look at a held entry per eviction), and the released ones in a heap by last access
+(blobsdk/cache/_index.py): O(log n) per eviction, amortized.  Before, ``lru`` walked the LRU
+order skipping held entries: a put into a cache full of held chunks walked them all, O(n).
 
 Pinned entries (``pin_until > now``) are never chosen by any policy.  A pinned entry that an
 eviction finds at the least recently used end is moved to the other end first (as if used
@@ -32,7 +33,6 @@ injected); the disk engine maps file times to that clock at start-up by their ag
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from operator import attrgetter
 from typing import Protocol
 
 from ..errors import BadRequest, QuotaExceeded
@@ -142,32 +142,18 @@ class HoldPolicy(_Counted):
     def victims(self, index: Index, now: float) -> Iterator[Entry]:
         return (e for e in index.lru.values() if e.pin_until <= now and self.holds(e, now))
 
+    def release(self, index: Index, now: float) -> None:
+        """Move the entries whose hold period ended to the index's ``released`` heap (at each
+        eviction, and at start-up: :meth:`PolicyChain.trim`)."""
+        if index.held is None:
+            raise ValueError("a hold period needs an index that keeps its held entries (Index(hold=True))")
+        index.release(lambda entry: self.holds(entry, now))
+
     def released(self, index: Index, now: float) -> Iterator[Entry]:
         """The unpinned entries past their hold period, least recently used first, without
-        walking every held entry (module docstring).  Those entries are a prefix of the
-        creation order: none if the oldest entry is held.  Else the LRU order is walked with
-        the creation order one step behind it each: once that prefix ends, the entries in it
-        not met yet are yielded by last access (ties: the older first, as an index loads)."""
-        if index.by_age is None:
-            raise ValueError("a hold period needs an index that keeps the creation order (Index(by_age=True))")
-        ages = iter(index.by_age.values())
-        oldest = next(ages, None)
-        if oldest is None or self.holds(oldest, now):
-            return  # creation order: everything after it is younger still
-        prefix, met = [oldest], set()
-        for entry in index.lru.values():
-            if not self.holds(entry, now):
-                met.add(entry.key)
-                if entry.pin_until <= now:
-                    yield entry
-            following = next(ages, None)
-            if following is None or self.holds(following, now):
-                break  # the prefix is complete
-            prefix.append(following)
-        else:
-            return
-        rest = [e for e in prefix if e.key not in met and e.pin_until <= now]
-        yield from sorted(rest, key=attrgetter("last_access"))
+        walking the held ones (module docstring)."""
+        self.release(index, now)
+        return index.released_lru(now)
 
 
 class QuotaPolicy(_Counted):
@@ -252,8 +238,9 @@ class PolicyChain:
 
     def new_index(self) -> Index:
         """An empty index that keeps the orders these policies read: the creation order for a
-        TTL or a hold period, an LRU order per tenant for quotas."""
-        return Index(per_tenant_lru=self.quota is not None, by_age=self.ttl is not None or self.hold is not None)
+        TTL, the held entries and a heap of the released ones for a hold period, an LRU order
+        per tenant for quotas."""
+        return Index(per_tenant_lru=self.quota is not None, by_age=self.ttl is not None, hold=self.hold is not None)
 
     def expired(self, entry: Entry, now: float) -> bool:
         return self.ttl is not None and self.ttl.expired(entry, now)
@@ -282,7 +269,11 @@ class PolicyChain:
         return self.evict(index, victims)
 
     def trim(self, index: Index, capacity: int, now: float) -> Victims:
-        """Evict down to ``capacity`` (it may have shrunk since the entries were stored)."""
+        """Evict down to ``capacity`` (it may have shrunk since the entries were stored); with
+        a hold period, release what is past it first (a start-up's many at once, not the
+        first put's)."""
+        if self.hold is not None:
+            self.hold.release(index, now)
         return self.evict(index, self.plan(index, index.used - capacity, now) or [])
 
     def evict(self, index: Index, victims: Victims) -> Victims:

@@ -1,6 +1,7 @@
-"""Eviction with a hold period (blobsdk/cache/policy.py): the entries past their hold are a
-prefix of the creation order, so a put into a cache full of held entries does not walk them
-all looking for one past its hold, in either engine (the L1 and the L2 / L3 disk cache)."""
+"""Eviction with a hold period (blobsdk/cache/policy.py, blobsdk/cache/_index.py): the index
+keeps the held entries in creation order and the released ones in a heap by last access, so
+a put into a cache full of held entries does not walk them all looking for one past its
+hold, in either engine (the L1 and the L2 / L3 disk cache)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ class _Walked(OrderedDict[str, Entry]):
 
 
 def _count_walks(cache: MemoryCache | DiskCache) -> None:
-    """From now on, count the entries any eviction walks in either order of the index."""
+    """From now on, count the entries any eviction walks in the orders of the index."""
     index = cache._index
     index.lru = _Walked(index.lru)
     if index.by_age is not None:
         index.by_age = _Walked(index.by_age)
+    if getattr(index, "held", None) is not None:  # (getattr: the test runs on an index without one too)
+        index.held = _Walked(index.held)
     if isinstance(cache, MemoryCache):
         cache._lookup = index.lru.get
     _Walked.walked = 0
@@ -60,7 +63,7 @@ async def test_a_put_into_a_cache_full_of_held_entries_evicts_in_constant_steps(
         assert await cache.put(key(n), b"x")
         assert not cache.contains(key(n - size))
     assert cache.stats()["hold_evictions"] == puts and cache.stats()["lru_evictions"] == 0
-    assert _Walked.walked <= 5 * puts  # 4 a put (400); before: each put walked all 1,000 held entries (> 100,000)
+    assert _Walked.walked <= 5 * puts  # 4 a put (400); before: each put walked all 1,000 held entries (100,300)
     await cache.aclose()
 
 
@@ -83,23 +86,52 @@ async def test_entries_past_their_hold_go_first_in_lru_order_though_held_ones_we
         assert await cache.put(key(n), b"x")
         assert not cache.contains(key(gone)), f"{gone} is the one to evict"
     assert cache.stats()["lru_evictions"] == 3 and cache.stats()["hold_evictions"] == 1
-    assert _Walked.walked <= 40  # 22; before: the first three puts walked 1,000 held entries each (> 3,000)
+    assert _Walked.walked <= 40  # 10; before: the first three puts walked 1,000 held entries each (4,016)
     await cache.aclose()
 
 
-def test_a_hold_period_needs_an_index_that_keeps_the_creation_order() -> None:
-    index = Index(by_age=False)
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+async def test_a_cache_half_held_half_released_evicts_the_released_without_walking_the_held(kind: str, tmp_path: Path) -> None:
+    """Released entries used after the held ones were put: the LRU order walked from its old
+    end meets every held entry before the first released one."""
+    half, puts, clock = 500, 100, FakeClock()
+    cache = await _engine(kind, tmp_path, 2 * half, clock)
+    for n in range(half):
+        assert await cache.put(key(n), b"x")
+    clock.advance(HOLD + 1)
+    for n in range(half, 2 * half):
+        assert await cache.put(key(n), b"x")
+    for n in range(half):
+        clock.advance(0.001)
+        assert await cache.get(key(n)) == b"x"
+    _count_walks(cache)
+    for n in range(puts):
+        assert await cache.put(key(2 * half + n), b"x")
+        assert not cache.contains(key(n)), f"{n} is the least recently used past its hold"
+    assert cache.stats()["lru_evictions"] == puts and cache.stats()["hold_evictions"] == 0
+    assert _Walked.walked <= 5 * puts  # 2 a put (200); before: each put walked the 500 held entries (50,300)
+    await cache.aclose()
+
+
+def test_a_hold_period_needs_an_index_that_keeps_its_held_entries() -> None:
+    index = Index()
     index.add(Entry(key(1), 1, 0.0, 0.0))
-    wanted = r"^a hold period needs an index that keeps the creation order \(Index\(by_age=True\)\)$"
+    wanted = r"^a hold period needs an index that keeps its held entries \(Index\(hold=True\)\)$"
     with pytest.raises(ValueError, match=wanted):
         list(HoldPolicy(HOLD).released(index, 1.0))
 
 
-def test_the_lru_walk_stops_once_every_entry_past_the_hold_was_met() -> None:
-    index = Index()
-    for n, created in enumerate((0.0, 0.0, 100.0, 100.0, 100.0)):  # 0, 1 past a hold of 60 at 100
+def test_released_entries_come_by_last_access_and_a_pinned_one_never() -> None:
+    index = Index(hold=True)
+    for n, created in enumerate((0.0, 0.0, 0.0, 90.0)):  # 0, 1, 2 past a hold of 60 at 100
         index.add(Entry(key(n), 1, created, created))
-    index.requeue(index.lru[key(0)])  # LRU order: 1, 2, 3, 4, 0
-    assert [e.key for e in HoldPolicy(HOLD).released(index, 100.0)] == [key(1), key(0)]
-    index.lru[key(1)].pin_until = 200.0  # a pinned one is never a victim
-    assert [e.key for e in HoldPolicy(HOLD).released(index, 100.0)] == [key(0)]
+    index.touch(index.lru[key(0)], 50.0)  # last access: 1 and 2 at 0, 0 at 50
+    hold = HoldPolicy(HOLD)
+    assert [e.key for e in hold.released(index, 100.0)] == [key(1), key(2), key(0)]
+    index.lru[key(1)].pin_until = 200.0
+    index.touch(index.lru[key(2)], 80.0)  # used since its record was written: later now
+    assert [e.key for e in hold.released(index, 100.0)] == [key(0), key(2)]
+    index.remove(key(0))
+    assert [e.key for e in hold.released(index, 100.0)] == [key(2)]
+    # at 300, 1's pin is over (it counts as used when a walk found it pinned, at 100) and 3 is released
+    assert [e.key for e in hold.released(index, 300.0)] == [key(2), key(3), key(1)]
