@@ -159,13 +159,11 @@ class Index:
         ``released`` heap, stopping at the first it holds (creation order: the rest are
         younger).  Each entry is released once: O(log n) a put, amortized."""
         assert self.held is not None, "an index of a hold period: Index(hold=True)"
-        held, heap, batch = self.held, self.released, []
-        while held:
-            entry = next(iter(held.values()))
-            if holds(entry):
-                break
+        held, heap = self.held, self.released
+        gone = list(itertools.takewhile(lambda entry: not holds(entry), held.values()))
+        for entry in gone:
             del held[entry.key]
-            batch.append((entry.last_access, next(self._seq), entry))
+        batch = list(zip(map(attrgetter("last_access"), gone), self._seq, gone, strict=False))  # _seq: endless
         if len(heap) > 2 * len(self.lru) + 64:  # records of entries removed since: drop them
             heap[:] = [r for r in heap if self.lru.get(r[2].key) is r[2]]
             heapq.heapify(heap)
