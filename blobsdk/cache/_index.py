@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
@@ -178,8 +179,9 @@ class Index:
         """The unpinned released entries, least recently used first (by last access; ties:
         released first), taken off the heap as they are handed out and put back at the next
         walk if still present.  An entry used since its record was written is put back in its
-        new place; a pinned one as if used ``now``, so that no walk passes it again while its
-        pin lasts."""
+        new place; a pinned one as if used when its pin ends (a pin only grows; a fill's, endless
+        until written, as if used ``now``), and a walk stops at the first record after ``now``:
+        no walk passes a pinned entry again while its pin lasts."""
         heap, lent = self.released, self._lent
         for last, entry in lent:
             if self.lru.get(entry.key) is entry:  # not evicted
@@ -187,6 +189,8 @@ class Index:
         lent.clear()
         while heap:
             last, _, entry = heap[0]
+            if last > now:
+                return  # only pinned entries from here on
             if self.lru.get(entry.key) is not entry:
                 heapq.heappop(heap)  # removed, or replaced by a newer put, since
             elif entry.last_access > last:
@@ -194,7 +198,7 @@ class Index:
             else:
                 heapq.heappop(heap)
                 if entry.pin_until > now:
-                    lent.append((max(last, now), entry))
+                    lent.append((entry.pin_until if entry.pin_until < math.inf else now, entry))
                 else:
                     lent.append((last, entry))
                     yield entry

@@ -133,5 +133,28 @@ def test_released_entries_come_by_last_access_and_a_pinned_one_never() -> None:
     assert [e.key for e in hold.released(index, 100.0)] == [key(0), key(2)]
     index.remove(key(0))
     assert [e.key for e in hold.released(index, 100.0)] == [key(2)]
-    # at 300, 1's pin is over (it counts as used when a walk found it pinned, at 100) and 3 is released
+    # at 300, 1's pin is over (it counts as used when its pin ended, at 200) and 3 is released
     assert [e.key for e in hold.released(index, 300.0)] == [key(2), key(3), key(1)]
+
+
+class _Looked(OrderedDict[str, Entry]):
+    """An LRU order that counts the lookups of its entries."""
+
+    looked = 0
+
+    def get(self, key: str, default: Entry | None = None) -> Entry | None:  # type: ignore[override]
+        _Looked.looked += 1
+        return super().get(key, default)
+
+
+def test_walks_do_not_pass_released_entries_again_while_they_are_pinned() -> None:
+    index, hold = Index(hold=True), HoldPolicy(HOLD)
+    for n in range(1000):
+        index.add(Entry(key(n), 1, 0.0, 0.0, pin_until=500.0))
+    index.lru = _Looked(index.lru)
+    assert list(hold.released(index, 100.0)) == []  # each is met once, and set aside until 500
+    _Looked.looked = 0
+    for now in range(101, 201):
+        assert list(hold.released(index, float(now))) == []
+    assert _Looked.looked <= 1000  # the 1,000 put back once, then nothing: not 1,000 a walk
+    assert [e.key for e in hold.released(index, 500.0)][:2] == [key(0), key(1)]
