@@ -15,6 +15,12 @@ shared plan cache in Redis, the disk cache (L2) and the L3 flash node's store un
   evict an old one (``churn_put``, wall, p50/p99; ``churn_loop_cpu``, the event loop's CPU per
   put: the eviction choice runs there).  ``pinned_churn_*``: the same with a tenth of the cache
   pinned at the least recently used end (hydrated chunks, servers/flash.py ``pin_seconds``).
+- ``l2_held``: the disk cache with a hold period, full at its capacity with chunks all inside
+  it (``hold_seconds``: kept for the next epoch), and puts of new chunks that each evict the
+  least recently used held one (wall p50/p99, the event loop's CPU per put);
+  ``l2_unheld_loop_cpu`` the same puts into the same cache without a hold period (plain LRU:
+  the floor, same run).  Before blobsdk/cache/policy.py kept the creation order for a hold
+  period, each such put walked every held entry.
 """
 
 from __future__ import annotations
@@ -259,3 +265,30 @@ async def _churn(cache: DiskCache, puts: int) -> tuple[float, float, float]:
         took.append(time.perf_counter() - began)
         assert stored, "a put into a full cache evicts"
     return median(took), percentile(took, 0.99), (time.thread_time() - cpu) / puts
+
+
+# --- a hold period ----------------------------------------------------------------------------
+
+
+async def held_puts(exponents: range, churn: int = 1000) -> list[Curve]:
+    """The disk cache full of 10^e chunks inside their hold period: puts of new chunks (each
+    evicts a held one), and the same puts without a hold period (the floor)."""
+    curves = {
+        figure: Curve("l2", figure, "µs per put")
+        for figure in ("held_put_p50", "held_put_p99", "held_loop_cpu", "unheld_loop_cpu")
+    }
+    for e in exponents:
+        size = 10**e
+        with tempfile.TemporaryDirectory(prefix="bench-scale-held-") as root:
+            await asyncio.to_thread(_write_entries, Path(root), size)
+            for hold in (3600.0, 0.0):  # the files were just written: all inside an hour's hold
+                _, _, cache = await _open_timed(root, capacity_bytes=size * len(PAYLOAD), hold_seconds=hold)
+                p50, p99, cpu = await _churn(cache, churn)
+                if hold:
+                    assert cache.stats()["hold_evictions"] == churn, "each put evicts a held chunk"
+                    curves["held_put_p50"].points[size], curves["held_put_p99"].points[size] = p50 * 1e6, p99 * 1e6
+                    curves["held_loop_cpu"].points[size] = cpu * 1e6
+                else:
+                    curves["unheld_loop_cpu"].points[size] = cpu * 1e6
+                await cache.aclose()
+    return list(curves.values())

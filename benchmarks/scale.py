@@ -30,7 +30,9 @@ Curves (on the real objects):
   entry files takes ~40 s here, reading all their headers ~90 s) and ``l3`` (the flash node's
   store, 10^3 ... 10^6 chunks, 10^4 in ``--quick``: restart and its CPU, index memory, a
   verified hit, puts into the full cache with and without pinned chunks, once the restart's
-  background reconciliation is done).
+  background reconciliation is done); ``l2_held_*``: puts into a disk cache full of chunks
+  inside their hold period, 10^3 ... 10^5 (``--quick`` 10^4), against ``l2_unheld_loop_cpu``,
+  the same puts with no hold period.
 
 Each time (µs) is the p50 over batches of calls (each batch's mean), with the cyclic collector off;
 each memory figure is what tracemalloc saw still held after building.  ``*_growth`` is the
@@ -49,7 +51,7 @@ from blobsdk.wire import AnnounceRequest, PeerHello
 from servers.tracker_rules import Tracker, TrackerConfig
 
 from ._report import Report
-from ._scale_caches import disk_cache, flash_node, plan_cache, shared_plan_cache
+from ._scale_caches import disk_cache, flash_node, held_puts, plan_cache, shared_plan_cache
 from ._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes, write_png
 from ._scale_metadata import metadata_curves
 from ._scale_ops import ops_curves
@@ -81,6 +83,7 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
         *shared,
         *await disk_cache(range(3, top + 3), report_s=restarts),  # quick: to 10^5
         *await flash_node(range(3, 5 if quick else 7)),  # quick: 10^3, 10^4
+        *await held_puts(range(3, top + 2)),
     ]
     for size, took in restarts.items():
         report.metrics[f"l2_open_index_s_at_1e{len(str(size)) - 1}"] = took

@@ -132,6 +132,16 @@ async def test_the_flash_node_curve_restarts_hits_and_churns_at_each_size(
     assert os.listdir(tmp_path) == []
 
 
+async def test_the_held_puts_curve_churns_a_full_cache_with_and_without_a_hold_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    curves = await _scale_caches.held_puts(range(2, 4), churn=30)
+    assert [c.name for c in curves] == ["l2_held_put_p50", "l2_held_put_p99", "l2_held_loop_cpu", "l2_unheld_loop_cpu"]
+    assert all(sorted(c.points) == [100, 1000] and min(c.points.values()) > 0 for c in curves)
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("args", [["--png", "x.png"], []])
 def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
     for name in ("tracker_swarm", "tracker_entries", "plan_cache"):
@@ -150,8 +160,12 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
     async def flash(exponents: range) -> list[Curve]:
         return [Curve("flash", "f", "s", {10**e: float(e) for e in exponents})]
 
+    async def held(exponents: range) -> list[Curve]:
+        return [Curve("held", "f", "µs", {10**e: float(e) for e in exponents})]
+
     monkeypatch.setattr(scale, "shared_plan_cache", shared)
     monkeypatch.setattr(scale, "flash_node", flash)
+    monkeypatch.setattr(scale, "held_puts", held)
 
     async def stores(exponents: range, root: Path, beyond: range) -> tuple[list[Curve], dict[str, float]]:
         assert not beyond  # --quick
@@ -175,6 +189,7 @@ def test_the_command_writes_json_and_a_png_next_to_it(tmp_path: Path, monkeypatc
         "shared_f_growth": 5 / 3,
         "disk_f_growth": 5 / 3,
         "flash_f_growth": 4 / 3,
+        "held_f_growth": 4 / 3,
         "meta_f_growth": 5 / 3,
         "ops_f_growth": 5 / 4,
     }  # quick sizes

@@ -44,7 +44,8 @@ hold from mtimes (the fill); pins are not persisted.  Then the cache is trimmed 
 capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
 bytes; files another process adds are seen at the next open (once its reconciliation reaches
-their shard).  All disk access runs on the cache's own thread pool, never on the event loop.
+their shard).  All disk access runs on the cache's own thread pool, never on the event loop
+(the blocking file operations: blobsdk/cache/_diskfiles.py).
 
 With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
 verified read saw (in memory only: after a restart every file is verified again), and
@@ -60,38 +61,24 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-import xxhash
-
 from ..errors import ClientClosed, Unavailable
-from ..runtime.buffers import uninitialized
 from ..runtime.forksafe import Executor
-from ..runtime.rootdir import (
-    RootDir,
-    UnsafeEntry,
-    create_temp,
-    marker_text,
-    unlink_at,
-)
-from ._diskscan import FileTimes, scan_shard, with_entry
+from ..runtime.rootdir import RootDir, UnsafeEntry
+from ._diskfiles import DiskFiles, space_deficit, with_file
+from ._diskscan import FileTimes, scan_shard
 from ._entryfile import Damaged as _Damaged
-from ._entryfile import encode_header as _encode_header
-from ._entryfile import read_header as _read_header
 from ._indexfile import INDEX_FILE, read_index, write_index
-from ._payloadfile import FileIdentity, VerifiedFiles, identity, open_payload, refresh_atime
 from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
+from ._payloadfile import VerifiedFiles, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
-from .policy import Entry, Index, PolicyChain, Victims, validate_tenant
+from .policy import Entry, PolicyChain, Victims, validate_tenant
 
 T = TypeVar("T")
-
-_KIND = "disk-cache"
-_LAYOUT = 1  # the layout above (the FORMAT marker); files carry their own version too (_entryfile.py)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +92,7 @@ class _Fill:
     pin_until: float
 
 
-class DiskCache:
+class DiskCache(DiskFiles):
     """A :class:`~blobsdk.cache.base.ChunkCache` over one directory (module docstring).
 
     ``capacity_bytes`` counts payload bytes (a file adds 32 bytes plus the tenant name);
@@ -138,7 +125,7 @@ class DiskCache:
         self._name = name
         self._clock = clock
         self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
-        self._index = Index(per_tenant_lru=bool(quotas), by_age=ttl_seconds is not None)
+        self._index = self._chain.new_index()
         self._fills: dict[str, _Fill] = {}
         self._pool = Executor(threads, thread_name_prefix=f"blobsdk-{name}")
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
@@ -183,7 +170,7 @@ class DiskCache:
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
-        if loaded is not None:  # what the index file named, before any put
+        if loaded is not None:
             self._reconciling = asyncio.create_task(self._reconcile(loaded), name=f"blobsdk-{self._name}-reconcile")
         return self
 
@@ -224,7 +211,7 @@ class DiskCache:
         if entry is None or known is None:
             return None
         try:
-            opened: PayloadFile | None = await self._io(_with_file, self._dir, key, partial(open_payload, known=known))
+            opened: PayloadFile | None = await self._io(with_file, self._dir, key, partial(open_payload, known=known))
         except (_Damaged, OSError):  # the get that follows counts it
             return None
         if opened is not None:
@@ -340,11 +327,12 @@ class DiskCache:
             return None
 
     async def _reconcile(self, loaded: list[Entry]) -> None:
-        """After a start from the index file (``loaded``: its entries): bring the index in
-        line with the directory, one shard at a time (files other processes added or removed
-        since; only new files' headers are read), then write a fresh index file.  An entry
-        replaced or removed meanwhile is not this scan's to judge.  The entries are grouped by
-        shard here, on the executor, not in :meth:`open`: ~0.4 s of a 10^6-entry restart."""
+        """After a start from the index file (``loaded``: its entries, what it named before any
+        put): bring the index in line with the directory, one shard at a time (files other
+        processes added or removed since; only new files' headers are read), then write a fresh
+        index file.  An entry replaced or removed meanwhile is not this scan's to judge.  The
+        entries are grouped by shard here, on the executor, not in :meth:`open`: ~0.4 s of a
+        10^6-entry restart."""
         times = FileTimes(self._clock())
         try:
             by_shard = await self._io(_by_shard, loaded)
@@ -415,7 +403,7 @@ class DiskCache:
             return 0
         in_flight = sum(f.entry.size for f in self._fills.values())
         try:
-            return await self._io(_space_deficit, self._root, incoming + in_flight, self._min_free)
+            return await self._io(space_deficit, self._root, incoming + in_flight, self._min_free)
         except OSError:
             self._counts["errors"] += 1
             return None
@@ -468,100 +456,9 @@ class DiskCache:
         self._counts["errors"] += 1
         return False
 
-    # --- on the executor; methods so that tests can inject faults -----------------------
-
-    def _store_sync(self, key: str, tenant: str, payload: memoryview, doomed: list[str]) -> None:
-        for victim in doomed:  # first, so the space they held is free for this file
-            self._remove_quietly(victim)  # an undeletable victim must not fail this put
-        header = _encode_header(key, tenant, payload)
-        with self._dir.shard(key[:2], create=True) as dir_fd:
-            fd, temp = create_temp(dir_fd, key, self._token)  # locked until renamed or removed
-            try:
-                self._write_parts(fd, [header, payload])
-                os.replace(temp, key, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # no fsync: a crash may lose it, never tear it
-            except BaseException:
-                unlink_at(dir_fd, temp)
-                raise
-            finally:
-                os.close(fd)
-
-    def _remove(self, key: str) -> bool:
-        """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there."""
-        try:
-            with self._dir.shard(key[:2]) as dir_fd:
-                return unlink_at(dir_fd, key)
-        except FileNotFoundError:  # no shard directory
-            return False
-
-    def _remove_quietly(self, key: str) -> None:
-        try:
-            self._remove(key)
-        except UnsafeEntry as exc:
-            self._dir.ignore(str(exc))
-        except OSError:
-            pass
-
-    def _check_format(self) -> None:
-        """Open, adopt or discard by ``root/FORMAT`` (module docstring); IncompatibleFormat
-        for a directory that is not a disk cache."""
-        version = self._dir.marked_version(_KIND)
-        if version == _LAYOUT:
-            return
-        if version is not None:
-            removed = self._dir.clear()
-            with suppress(FileNotFoundError):
-                os.unlink(self._root / INDEX_FILE)  # it names the entries just discarded
-            log.warning(
-                "cache %s: %s is in format %d, this build uses format %d: discarded its %d files",
-                *(self._name, self._root, version, _LAYOUT, removed),
-            )
-        elif self._dir.shards():
-            log.info(
-                "cache %s: %s has no FORMAT (written before markers): marked as format %d, its entries checked by their headers",
-                *(self._name, self._root, _LAYOUT),
-            )
-        self._dir.mark(marker_text(_KIND, _LAYOUT), self._token)
-
-    def _write_parts(self, fd: int, parts: list[Buffer]) -> None:
-        for part in parts:
-            view = memoryview(part).cast("B")
-            while view:  # a write may be short
-                view = view[os.write(fd, view) :]
-
-    def _read_sync(self, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
-        return _with_file(self._dir, key, lambda fd, key: self._read_file(fd, key, checksum))
-
-    def _read_file(self, fd: int, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
-        st, head = _read_header(fd, key)
-        if checksum is not None and head.checksum != checksum:
-            raise _Damaged(f"{key}: holds other bytes than the caller expects")
-        payload = uninitialized(head.length)  # filled whole, or discarded: no zeroing pass
-        filled = os.preadv(fd, [payload], head.offset)  # straight into the buffer: no extra copy
-        if filled != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:
-            raise _Damaged(f"{key}: payload checksum mismatch")
-        refresh_atime(fd, st)
-        return payload, identity(st)
-
-
-# --- blocking helpers --------------------------------------------------------------------
-
 
 def _by_shard(entries: list[Entry]) -> dict[str, list[Entry]]:
     grouped: dict[str, list[Entry]] = {}
     for entry in entries:
         grouped.setdefault(entry.key[:2], []).append(entry)
     return grouped
-
-
-def _with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
-    """``fn(fd, key)`` on ``key``'s file; a file it finds damaged is deleted."""
-    shard = key[:2]
-    with root.shard(shard) as dir_fd:
-        return with_entry(dir_fd, root.entry_path(shard, key), key, fn)
-
-
-def _space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:
-    st = os.statvfs(root)
-    want_free = min_free_ratio * st.f_blocks * st.f_frsize
-    free_after = st.f_bavail * st.f_frsize - incoming
-    return max(0, math.ceil(want_free - free_after))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Self
 
 from .base import DEFAULT_TENANT, Buffer, validate_key
-from .policy import Entry, Index, PolicyChain, validate_tenant
+from .policy import Entry, PolicyChain, validate_tenant
 
 
 class MemoryCache:
@@ -45,7 +45,7 @@ class MemoryCache:
         self._clock = clock
         self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
         self._ttl = self._chain.ttl
-        self._index = Index(per_tenant_lru=bool(quotas), by_age=ttl_seconds is not None)
+        self._index = self._chain.new_index()
         self._lookup = self._index.lru.get  # bound once: the hot path's first step
         self._data: dict[str, bytes | memoryview] = {}
         self._counts = dict.fromkeys(("hits", "misses", "puts"), 0)

@@ -13,6 +13,12 @@ until enough bytes are freed:
 4. ``hold``   least recently used entries still inside the hold period: the last resort
               before the cache would overflow.
 
+With a hold period, ``lru`` does not walk the held entries to find the others: the index
+keeps the held ones in creation order, from whose old end they are released (at most one
+look at a held entry per eviction), and the released ones in a heap by last access
+(blobsdk/cache/_index.py): O(log n) per eviction, amortized.  Before, ``lru`` walked the LRU
+order skipping held entries: a put into a cache full of held chunks walked them all, O(n).
+
 Pinned entries (``pin_until > now``) are never chosen by any policy.  A pinned entry that an
 eviction finds at the least recently used end is moved to the other end first (as if used
 then): else every eviction would walk past every pinned entry there, O(pinned) per put (the L3
@@ -26,15 +32,12 @@ injected); the disk engine maps file times to that clock at start-up by their ag
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from operator import attrgetter
 from typing import Protocol
 
-import msgspec
-
 from ..errors import BadRequest, QuotaExceeded
-from .base import DEFAULT_TENANT
+from ._index import Entry as Entry
+from ._index import Index as Index
 
 _MAX_TENANT_BYTES = 255  # the disk header stores the tenant's length in one u16; keep names short
 
@@ -44,148 +47,6 @@ def validate_tenant(tenant: object) -> str:
     if not isinstance(tenant, str) or not 0 < len(tenant.encode("utf-8", "replace")) <= _MAX_TENANT_BYTES:
         raise BadRequest(f"invalid tenant {tenant!r}: want 1 to {_MAX_TENANT_BYTES} UTF-8 bytes")
     return tenant
-
-
-class Entry(msgspec.Struct, array_like=True, gc=False):
-    """The bookkeeping of one cached chunk (its bytes live in the engine).
-
-    A msgspec Struct, untracked by the cyclic collector (it holds no containers): the disk
-    cache's index file (blobsdk/cache/_indexfile.py) decodes a million of them in C.
-
-    ``created`` and ``last_access`` are on the engine's clock (monotonic by default);
-    ``pin_until`` too: the entry is not evicted (nor expired) while ``pin_until > now``.
-    """
-
-    key: str
-    size: int
-    created: float
-    last_access: float
-    tenant: str = DEFAULT_TENANT
-    pin_until: float = 0.0
-
-    def pinned(self, now: float) -> bool:
-        return self.pin_until > now
-
-
-class Index:
-    """The entries of one cache, least recently used first, with bytes per tenant.
-    ``by_age`` adds the creation order, which a TTL needs (it is expiry order: one TTL per
-    cache); ``per_tenant_lru`` an LRU order per tenant, which quotas need.  Each order costs a
-    dict operation per touch or put, and ~0.5 s per million entries when a disk cache loads
-    its index file: an engine keeps only those its policies read."""
-
-    __slots__ = ("by_age", "lru", "tenant_bytes", "tenant_lru", "used")
-
-    def __init__(self, *, per_tenant_lru: bool = False, by_age: bool = True) -> None:
-        self.lru: OrderedDict[str, Entry] = OrderedDict()
-        self.by_age: OrderedDict[str, Entry] | None = OrderedDict() if by_age else None
-        self.tenant_bytes: dict[str, int] = {}
-        self.tenant_lru: dict[str, OrderedDict[str, Entry]] | None = {} if per_tenant_lru else None
-        self.used = 0
-
-    def __len__(self) -> int:
-        return len(self.lru)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.lru
-
-    def get(self, key: str) -> Entry | None:
-        return self.lru.get(key)
-
-    def add(self, entry: Entry) -> None:
-        """Insert an absent entry as the most recently used and the youngest."""
-        self.lru[entry.key] = entry
-        if self.by_age is not None:
-            self.by_age[entry.key] = entry
-        self.used += entry.size
-        self.tenant_bytes[entry.tenant] = self.tenant_bytes.get(entry.tenant, 0) + entry.size
-        if self.tenant_lru is not None:
-            self.tenant_lru.setdefault(entry.tenant, OrderedDict())[entry.key] = entry
-
-    def remove(self, key: str) -> Entry | None:
-        entry = self.lru.pop(key, None)
-        if entry is None:
-            return None
-        if self.by_age is not None:
-            del self.by_age[key]
-        self.used -= entry.size
-        left = self.tenant_bytes.get(entry.tenant, 0) - entry.size
-        if left:
-            self.tenant_bytes[entry.tenant] = left
-        else:
-            self.tenant_bytes.pop(entry.tenant, None)
-        if self.tenant_lru is not None:
-            self._remove_tenant_lru(entry)
-        return entry
-
-    def touch(self, entry: Entry, now: float) -> None:
-        entry.last_access = now
-        self.lru.move_to_end(entry.key)
-        if self.tenant_lru is not None:
-            self.tenant_lru[entry.tenant].move_to_end(entry.key)
-
-    def requeue(self, entry: Entry) -> None:
-        """Move a present entry to the most recently used end, its times unchanged."""
-        self.lru.move_to_end(entry.key)
-        if self.tenant_lru is not None:
-            self.tenant_lru[entry.tenant].move_to_end(entry.key)
-
-    def requeue_pinned_head(self, now: float) -> int:
-        """Move the pinned entries at the least recently used end to the other end, stopping
-        at the first unpinned one (at most one pass); how many moved."""
-        moved = 0
-        while moved < len(self.lru):
-            entry = next(iter(self.lru.values()))
-            if not entry.pinned(now):
-                break
-            self.requeue(entry)
-            moved += 1
-        return moved
-
-    def load(self, entries: Iterable[Entry], *, lru_ordered: bool = False) -> None:
-        """Bulk insert at start-up into an empty index, placing each entry by its times (one
-        sort per order, no per-entry moves).  ``lru_ordered``: ``entries`` come least recently
-        used first already (the index file), so the LRU order needs no sort: with no creation
-        order kept, a million entries load with no sort at all (two sorts were ~40% of a
-        restart from the index file at 10^6 entries)."""
-        if self.lru:
-            raise ValueError("load needs an empty index")
-        listed = list(entries)
-        created, key = attrgetter("created"), attrgetter("key")
-        by_age = sorted(listed, key=created) if self.by_age is not None or not lru_ordered else listed
-        by_access = listed if lru_ordered else sorted(by_age, key=attrgetter("last_access"))  # ties: older first
-        if self.by_age is not None:
-            self.by_age = OrderedDict(zip(map(key, by_age), by_age, strict=True))
-        self.lru = OrderedDict(zip(map(key, by_access), by_access, strict=True))
-        tenant_bytes = self.tenant_bytes
-        for entry in by_access:
-            tenant_bytes[entry.tenant] = tenant_bytes.get(entry.tenant, 0) + entry.size
-        self.used = sum(tenant_bytes.values())
-        if self.tenant_lru is not None:
-            for entry in by_access:
-                self.tenant_lru.setdefault(entry.tenant, OrderedDict())[entry.key] = entry
-
-    def clear(self) -> None:
-        self.lru.clear()
-        if self.by_age is not None:
-            self.by_age.clear()
-        self.tenant_bytes.clear()
-        if self.tenant_lru is not None:
-            self.tenant_lru.clear()
-        self.used = 0
-
-    def tenant_entries(self, tenant: str) -> Iterable[Entry]:
-        """The entries of ``tenant``, least recently used first."""
-        if self.tenant_lru is not None:
-            return self.tenant_lru.get(tenant, {}).values()
-        return (e for e in self.lru.values() if e.tenant == tenant)
-
-    def _remove_tenant_lru(self, entry: Entry) -> None:
-        assert self.tenant_lru is not None
-        own = self.tenant_lru[entry.tenant]
-        del own[entry.key]
-        if not own:
-            del self.tenant_lru[entry.tenant]
 
 
 class EvictionPolicy(Protocol):
@@ -281,6 +142,19 @@ class HoldPolicy(_Counted):
     def victims(self, index: Index, now: float) -> Iterator[Entry]:
         return (e for e in index.lru.values() if e.pin_until <= now and self.holds(e, now))
 
+    def release(self, index: Index, now: float) -> None:
+        """Move the entries whose hold period ended to the index's ``released`` heap (at each
+        eviction, and at start-up: :meth:`PolicyChain.trim`)."""
+        if index.held is None:
+            raise ValueError("a hold period needs an index that keeps its held entries (Index(hold=True))")
+        index.release(lambda entry: self.holds(entry, now))
+
+    def released(self, index: Index, now: float) -> Iterator[Entry]:
+        """The unpinned entries past their hold period, least recently used first, without
+        walking the held ones (module docstring)."""
+        self.release(index, now)
+        return index.released_lru(now)
+
 
 class QuotaPolicy(_Counted):
     """Per-tenant byte quotas: a tenant over its quota loses its own LRU entries first."""
@@ -362,6 +236,12 @@ class PolicyChain:
         self.rejected = 0  # puts refused: too big, or only pinned data to evict
         self.quota_exceeded = 0
 
+    def new_index(self) -> Index:
+        """An empty index that keeps the orders these policies read: the creation order for a
+        TTL, the held entries and a heap of the released ones for a hold period, an LRU order
+        per tenant for quotas."""
+        return Index(per_tenant_lru=self.quota is not None, by_age=self.ttl is not None, hold=self.hold is not None)
+
     def expired(self, entry: Entry, now: float) -> bool:
         return self.ttl is not None and self.ttl.expired(entry, now)
 
@@ -389,7 +269,11 @@ class PolicyChain:
         return self.evict(index, victims)
 
     def trim(self, index: Index, capacity: int, now: float) -> Victims:
-        """Evict down to ``capacity`` (it may have shrunk since the entries were stored)."""
+        """Evict down to ``capacity`` (it may have shrunk since the entries were stored); with
+        a hold period, release what is past it first (a start-up's many at once, not the
+        first put's)."""
+        if self.hold is not None:
+            self.hold.release(index, now)
         return self.evict(index, self.plan(index, index.used - capacity, now) or [])
 
     def evict(self, index: Index, victims: Victims) -> Victims:
@@ -445,5 +329,5 @@ class PolicyChain:
         if hold is None:
             yield self.lru, self.lru.victims(index, now)
             return
-        yield self.lru, (e for e in self.lru.victims(index, now) if not hold.holds(e, now))
+        yield self.lru, hold.released(index, now)
         yield hold, hold.victims(index, now)

@@ -1,0 +1,134 @@
+"""The disk cache's file operations (blobsdk/cache/disk.py), blocking, run on its thread pool:
+a fill's write and rename, a verified read, an unlink, the FORMAT check.
+
+They are methods of :class:`DiskFiles`, the base of :class:`~blobsdk.cache.disk.DiskCache`, so
+that tests can inject faults by overriding them.  Warnings go to the ``blobsdk.cache.disk``
+logger: one cache, one logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import TypeVar
+
+import xxhash
+
+from ..runtime.buffers import uninitialized
+from ..runtime.rootdir import RootDir, UnsafeEntry, create_temp, marker_text, unlink_at
+from ._diskscan import with_entry
+from ._entryfile import Damaged as _Damaged
+from ._entryfile import encode_header as _encode_header
+from ._entryfile import read_header as _read_header
+from ._indexfile import INDEX_FILE
+from ._payloadfile import FileIdentity, identity, refresh_atime
+from .base import Buffer
+
+T = TypeVar("T")
+
+_KIND = "disk-cache"
+_LAYOUT = 1  # the layout (blobsdk/cache/disk.py, the FORMAT marker); files carry their own version too (_entryfile.py)
+
+log = logging.getLogger("blobsdk.cache.disk")
+
+
+class DiskFiles:
+    """The blocking half of a disk cache: the files under ``_root`` (set by the subclass)."""
+
+    _root: Path
+    _dir: RootDir
+    _name: str
+    _token: str  # marks our temp files: a sweep never takes them
+
+    def _store_sync(self, key: str, tenant: str, payload: memoryview, doomed: list[str]) -> None:
+        for victim in doomed:  # first, so the space they held is free for this file
+            self._remove_quietly(victim)  # an undeletable victim must not fail this put
+        header = _encode_header(key, tenant, payload)
+        with self._dir.shard(key[:2], create=True) as dir_fd:
+            fd, temp = create_temp(dir_fd, key, self._token)  # locked until renamed or removed
+            try:
+                self._write_parts(fd, [header, payload])
+                os.replace(temp, key, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # no fsync: a crash may lose it, never tear it
+            except BaseException:
+                unlink_at(dir_fd, temp)
+                raise
+            finally:
+                os.close(fd)
+
+    def _remove(self, key: str) -> bool:
+        """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there."""
+        try:
+            with self._dir.shard(key[:2]) as dir_fd:
+                return unlink_at(dir_fd, key)
+        except FileNotFoundError:  # no shard directory
+            return False
+
+    def _remove_quietly(self, key: str) -> None:
+        try:
+            self._remove(key)
+        except UnsafeEntry as exc:
+            self._dir.ignore(str(exc))
+        except OSError:
+            pass
+
+    def _check_format(self) -> None:
+        """Open, adopt or discard by ``root/FORMAT`` (module docstring); IncompatibleFormat
+        for a directory that is not a disk cache."""
+        version = self._dir.marked_version(_KIND)
+        if version == _LAYOUT:
+            return
+        if version is not None:
+            removed = self._dir.clear()
+            with suppress(FileNotFoundError):
+                os.unlink(self._root / INDEX_FILE)  # it names the entries just discarded
+            log.warning(
+                "cache %s: %s is in format %d, this build uses format %d: discarded its %d files",
+                *(self._name, self._root, version, _LAYOUT, removed),
+            )
+        elif self._dir.shards():
+            log.info(
+                "cache %s: %s has no FORMAT (written before markers): marked as format %d, its entries checked by their headers",
+                *(self._name, self._root, _LAYOUT),
+            )
+        self._dir.mark(marker_text(_KIND, _LAYOUT), self._token)
+
+    def _write_parts(self, fd: int, parts: list[Buffer]) -> None:
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view:  # a write may be short
+                view = view[os.write(fd, view) :]
+
+    def _read_sync(self, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
+        return with_file(self._dir, key, lambda fd, key: self._read_file(fd, key, checksum))
+
+    def _read_file(self, fd: int, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
+        st, head = _read_header(fd, key)
+        if checksum is not None and head.checksum != checksum:
+            raise _Damaged(f"{key}: holds other bytes than the caller expects")
+        payload = uninitialized(head.length)  # filled whole, or discarded: no zeroing pass
+        filled = os.preadv(fd, [payload], head.offset)  # straight into the buffer: no extra copy
+        if filled != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:
+            raise _Damaged(f"{key}: payload checksum mismatch")
+        refresh_atime(fd, st)
+        return payload, identity(st)
+
+
+# --- blocking helpers --------------------------------------------------------------------
+
+
+def with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
+    """``fn(fd, key)`` on ``key``'s file; a file it finds damaged is deleted."""
+    shard = key[:2]
+    with root.shard(shard) as dir_fd:
+        return with_entry(dir_fd, root.entry_path(shard, key), key, fn)
+
+
+def space_deficit(root: Path, incoming: int, min_free_ratio: float) -> int:
+    st = os.statvfs(root)
+    want_free = min_free_ratio * st.f_blocks * st.f_frsize
+    free_after = st.f_bavail * st.f_frsize - incoming
+    return max(0, math.ceil(want_free - free_after))
