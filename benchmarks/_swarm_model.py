@@ -29,8 +29,9 @@ processor sharing, simplified: a flow runs at the smaller of its two links' equa
 send whose chunk fits ``sndbuf_bytes`` frees its upload slot at once (the kernel took it);
 a larger one holds it to its last byte, and ``max_uploads`` then refuses children.  Time is
 the loop's; the tracker's CPU is measured with ``time.process_time`` around each call
-(:class:`~benchmarks._swarm_loop.Metered`).  Cost: 10,000 hosts x 48 chunks, 4.1 M events,
-took 156 s of this machine (the tracker's share 58 s).
+(:class:`~benchmarks._swarm_loop.Metered`), the cyclic collector's passes within apart.
+Cost: 10,000 hosts x 48 chunks, 4.1 M events, took 156 s of this machine (the tracker's
+share 58 s).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class Params:
     die_window_s: tuple[float, float] = (0.0, 0.0)
     leave_after_s: float = math.inf  # a host leaves (says goodbye) this long after completing
     seed: int = 0
+    record: bool = False  # keep every tracker call (``Metered.log``), for ``replay``
 
     @property
     def chunks(self) -> int:
@@ -169,7 +171,7 @@ class Swarm:
         self.p = params
         self.loop = Loop()
         self.tracker = Tracker(params.tracker, clock=self.loop.clock, wall=self.loop.wall)
-        self.meter = Metered()
+        self.meter = Metered(record=self.loop.clock if params.record else None)
         rng = random.Random(params.seed)
         self.net = Network(self.loop)
         self.origin = Link(params.origin_Bps)
@@ -189,7 +191,8 @@ class Swarm:
     def run(self) -> Result:
         for h in self.hosts:
             self.loop.at(h.joins_at, self._join, h)
-        self.loop.run(stop=lambda: self._remaining == 0)
+        with self.meter.watching_gc():
+            self.loop.run(stop=lambda: self._remaining == 0)
         self.result.events = self.loop.events
         return self.result
 

@@ -4,6 +4,8 @@ asked for again, and the real tracker being the one it drives.  Everything runs 
 
 from __future__ import annotations
 
+import gc
+import itertools
 import math
 import os
 import subprocess
@@ -15,7 +17,7 @@ import pytest
 
 from benchmarks import swarm_sim
 from benchmarks._report import Report
-from benchmarks._swarm_loop import Link, Loop, Network
+from benchmarks._swarm_loop import Link, Loop, Metered, Network, replay
 from benchmarks._swarm_model import Params, Swarm
 from servers.tracker_rules import Tracker, TrackerConfig
 from tests.helpers import ROOT
@@ -57,6 +59,37 @@ def test_flows_share_a_link_equally_and_speed_up_when_one_ends() -> None:
     assert arrived == [("a", 2.0), ("b", 4.0)]
 
 
+def test_the_collectors_passes_inside_a_tracker_call_are_counted_apart_from_its_cpu() -> None:
+    """A collector's pass that an allocation trips inside a call walks the whole process's
+    heap (in the simulation, mostly the simulator's), so the meter keeps it out of the call's
+    CPU (issue 27).  The meter's clock reads 0, 1, 2, ...: one tick per read."""
+    ticks = itertools.count()
+    meter = Metered(clock=lambda: float(next(ticks)))
+    with meter.watching_gc():
+        meter.call("locate", gc.collect)  # reads: call 0, pass 1 to 2, call 3
+        meter.call("hello", lambda: None)  # 4, 5
+        gc.collect()  # outside a call: not read
+    meter.call("announce", gc.collect)  # not watched: the pass counts in the call, 6 to 7
+    assert gc.callbacks.count(meter._on_gc) == 0
+    assert meter.gc_s == 1.0  # the pass inside "locate"
+    assert meter.cpu_s == 2.0 + 1.0 + 1.0  # locate 3 - 1 of the pass, hello 1, announce 1
+    assert meter.calls == {"locate": 1, "hello": 1, "announce": 1}
+
+
+def test_a_replay_makes_the_recorded_calls_again_with_the_same_decisions() -> None:
+    """The tracker's CPU alone: the sim's calls again on a fresh tracker, which decides the
+    same (the clock and wall are the recorded ones), the rest of the process frozen out of
+    the collector meanwhile, and thawed after."""
+    params = replace(TINY, die_fraction=1 / 3, die_window_s=(1.0, 1.0), timeout_s=1.0, seed=3, record=True)
+    swarm = Swarm(params)
+    result = swarm.run()
+    assert len(result.tracker.log) == result.tracker.total and Swarm(TINY).meter.log == []  # recorded only if asked
+    tracker, alone = replay(params.tracker, result.tracker.log)
+    assert alone.calls == result.tracker.calls
+    assert tracker.counts == swarm.tracker.counts and tracker.counts["reports_failed"] > 0
+    assert tracker.peer_count() == swarm.tracker.peer_count() and gc.get_freeze_count() == 0
+
+
 def test_a_tiny_swarm_finishes_at_exact_times_with_one_origin_fetch_per_chunk() -> None:
     swarm = Swarm(TINY)
     tracker = swarm.tracker
@@ -71,7 +104,7 @@ def test_a_tiny_swarm_finishes_at_exact_times_with_one_origin_fetch_per_chunk() 
     # the real tracker decided it: one locate per host (its 2 chunks in one request)
     assert result.tracker.calls["locate"] == 3 and result.tracker.calls["hello"] == 6  # heartbeats at 0 and 5 s
     assert tracker.counts["located_origin"] == 2 and tracker.counts["located_peer"] == 4
-    assert result.tracker.cpu_s >= 0
+    assert result.tracker.cpu_s >= 0 and result.tracker.gc_s >= 0
 
 
 def test_the_children_of_a_dead_source_fail_over_and_the_tracker_forgets_it() -> None:
