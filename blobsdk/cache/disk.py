@@ -144,6 +144,7 @@ class DiskCache:
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
         self._state = "new"
         self._reconciling: asyncio.Task[None] | None = None
+        self._saving: asyncio.Future[None] | None = None  # the last index file write (_save_index)
         self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)
         self._verified = VerifiedFiles() if remember_verified else None  # for open_verified
 
@@ -366,10 +367,15 @@ class DiskCache:
         await self._save_index()
 
     async def _save_index(self) -> None:
-        """Write the index file (what a restart loads); a failure is logged, never raised."""
+        """Write the index file (what a restart loads); a failure is logged, never raised.
+        One write at a time, in order: a write whose caller was cancelled (a reconciliation
+        stopped by aclose) still runs on the pool, and must not land after a newer one."""
+        if self._saving is not None:
+            await asyncio.wait([self._saving])
         entries = [e for e in self._index.lru.values() if e.key not in self._fills]
+        self._saving = asyncio.wrap_future(self._pool.submit(write_index, str(self._root), entries, self._clock(), self._token))
         try:
-            await self._io(write_index, str(self._root), entries, self._clock(), self._token)
+            await asyncio.shield(self._saving)
         except (OSError, UnsafeEntry) as exc:
             log.warning("cache %s: cannot write %s/%s: %s", self._name, self._root, INDEX_FILE, exc)
 
