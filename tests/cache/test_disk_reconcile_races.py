@@ -15,9 +15,38 @@ from blobsdk.cache import disk
 from blobsdk.cache._indexfile import read_index
 
 from .conformance import blob, fill, key, present
-from .test_disk import open_cache
+from .test_disk import chunk_file, open_cache
 
 WAIT = 10.0  # seconds; only bounds a broken test, no outcome depends on it
+
+
+async def test_a_file_the_reconciliation_saw_before_a_delete_is_not_indexed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 1)
+    start, scanned, go = threading.Event(), threading.Event(), threading.Event()
+    real = disk.scan_shard
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        start.wait(WAIT)
+        scan = real(*args, **kwargs)
+        scanned.set()
+        go.wait(WAIT)  # the scan has seen key 2's file; its result is not used yet
+        return scan
+
+    monkeypatch.setattr(disk, "scan_shard", held)
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 2)  # after open: a file the index file does not name
+        start.set()
+        await asyncio.to_thread(scanned.wait, WAIT)
+        assert await cache.delete(key(2))
+        go.set()
+        await cache.reconciled()
+        assert await present(cache, 1, 2) == [True, False]
+        assert cache.used_bytes == 100
+    assert not chunk_file(tmp_path, 2).exists()
+    assert [e.key for e in read_index(str(tmp_path), 0.0) or []] == [key(1)]
 
 
 async def test_an_index_write_stopped_by_aclose_never_lands_after_aclose_writes_its_own(
