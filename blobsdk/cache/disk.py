@@ -131,6 +131,8 @@ class DiskCache(DiskFiles):
         self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
         self._state = "new"
         self._reconciling: asyncio.Task[None] | None = None
+        self._saving: asyncio.Future[None] | None = None  # the last index file write (_save_index)
+        self._touched: set[str] | None = None  # keys put or deleted while reconciling (_reconcile)
         self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)
         self._verified = VerifiedFiles() if remember_verified else None  # for open_verified
 
@@ -170,7 +172,8 @@ class DiskCache(DiskFiles):
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
-        if loaded is not None:
+        if loaded is not None:  # what the index file named, before any put
+            self._touched = set()
             self._reconciling = asyncio.create_task(self._reconcile(loaded), name=f"blobsdk-{self._name}-reconcile")
         return self
 
@@ -230,6 +233,8 @@ class DiskCache(DiskFiles):
         view = memoryview(data).cast("B")
         self._fills.pop(key, None)
         self.forget_verified(key)
+        if self._touched is not None:
+            self._touched.add(key)
         if self._index.remove(key) is not None:  # a put that fails must leave no older bytes
             await self._unlink_quietly(key)
         now = self._clock()
@@ -266,6 +271,8 @@ class DiskCache(DiskFiles):
         entry = self._index.remove(key)
         self._fills.pop(key, None)
         self.forget_verified(key)
+        if self._touched is not None:
+            self._touched.add(key)
         unlinked = await self._unlink_quietly(key)
         return entry is not None or unlinked
 
@@ -327,12 +334,12 @@ class DiskCache(DiskFiles):
             return None
 
     async def _reconcile(self, loaded: list[Entry]) -> None:
-        """After a start from the index file (``loaded``: its entries, what it named before any
-        put): bring the index in line with the directory, one shard at a time (files other
-        processes added or removed since; only new files' headers are read), then write a fresh
-        index file.  An entry replaced or removed meanwhile is not this scan's to judge.  The
-        entries are grouped by shard here, on the executor, not in :meth:`open`: ~0.4 s of a
-        10^6-entry restart."""
+        """After a start from the index file (``loaded``: its entries): bring the index in
+        line with the directory, one shard at a time (files other processes added or removed
+        since; only new files' headers are read), then write a fresh index file.  An entry
+        replaced or removed meanwhile, or a key put or deleted since open, is not this scan's
+        to judge (its file may be one the scan saw before a delete).  The entries are grouped by
+        shard here, on the executor, not in :meth:`open`: ~0.4 s of a 10^6-entry restart."""
         times = FileTimes(self._clock())
         try:
             by_shard = await self._io(_by_shard, loaded)
@@ -344,20 +351,27 @@ class DiskCache(DiskFiles):
                     if entry.key not in scan.names and self._index.get(entry.key) is entry:
                         self._index.remove(entry.key)  # gone since the index file was written
                 for entry in scan.found:
-                    if entry.key not in self._index and entry.key not in self._fills:
+                    if entry.key not in self._index and entry.key not in self._fills and entry.key not in (self._touched or ()):
                         self._index.add(entry)  # another process's
             for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
                 await self._unlink_quietly(victim.key)
         except (OSError, UnsafeEntry) as exc:
             log.warning("cache %s: reconciling %s with its index file stopped: %s", self._name, self._root, exc)
             return
+        finally:
+            self._touched = None
         await self._save_index()
 
     async def _save_index(self) -> None:
-        """Write the index file (what a restart loads); a failure is logged, never raised."""
+        """Write the index file (what a restart loads); a failure is logged, never raised.
+        One write at a time, in order: a write whose caller was cancelled (a reconciliation
+        stopped by aclose) still runs on the pool, and must not land after a newer one."""
+        if self._saving is not None:
+            await asyncio.wait([self._saving])
         entries = [e for e in self._index.lru.values() if e.key not in self._fills]
+        self._saving = asyncio.wrap_future(self._pool.submit(write_index, str(self._root), entries, self._clock(), self._token))
         try:
-            await self._io(write_index, str(self._root), entries, self._clock(), self._token)
+            await asyncio.shield(self._saving)
         except (OSError, UnsafeEntry) as exc:
             log.warning("cache %s: cannot write %s/%s: %s", self._name, self._root, INDEX_FILE, exc)
 

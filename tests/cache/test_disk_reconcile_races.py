@@ -1,0 +1,93 @@
+"""The disk cache's background reconciliation (blobsdk/cache/disk.py) racing the cache's own
+work: the two races that made tests/cache/test_stateful.py::TestDiskMachine flaky, pinned
+with events (no timing): the executor job of each step is held at the exact point."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blobsdk.cache import disk
+from blobsdk.cache._indexfile import read_index
+
+from .conformance import blob, fill, key, present
+from .test_disk import chunk_file, open_cache
+
+WAIT = 10.0  # seconds; only bounds a broken test, no outcome depends on it
+
+
+async def test_a_file_the_reconciliation_saw_before_a_delete_is_not_indexed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 1)
+    start, scanned, go = threading.Event(), threading.Event(), threading.Event()
+    real = disk.scan_shard
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        start.wait(WAIT)
+        scan = real(*args, **kwargs)
+        scanned.set()
+        go.wait(WAIT)  # the scan has seen key 2's file; its result is not used yet
+        return scan
+
+    monkeypatch.setattr(disk, "scan_shard", held)
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 2)  # after open: a file the index file does not name
+        start.set()
+        await asyncio.to_thread(scanned.wait, WAIT)
+        assert await cache.delete(key(2))
+        go.set()
+        await cache.reconciled()
+        assert await present(cache, 1, 2) == [True, False]
+        assert cache.used_bytes == 100
+    assert not chunk_file(tmp_path, 2).exists()
+    assert [e.key for e in read_index(str(tmp_path), 0.0) or []] == [key(1)]
+
+
+async def test_an_index_write_stopped_by_aclose_never_lands_after_aclose_writes_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 1)
+    writing, release, second_written = threading.Event(), threading.Event(), threading.Event()
+    submitted: list[int] = []  # index writes handed to the pool
+    real = disk.write_index
+
+    def held(*args: Any) -> None:
+        if len(submitted) == 1:  # the reconciliation's, of the entries as they were: key 1
+            writing.set()
+            release.wait(WAIT)
+            if len(submitted) == 2:  # aclose's went ahead: let it land first (before the fix)
+                second_written.wait(WAIT)
+            real(*args)
+        else:
+            real(*args)
+            second_written.set()
+
+    monkeypatch.setattr(disk, "write_index", held)
+    cache = await open_cache(tmp_path).open()
+    submit = cache._pool.submit
+
+    def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is held:
+            submitted.append(1)
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(cache._pool, "submit", counted)
+    await asyncio.to_thread(writing.wait, WAIT)
+    assert await cache.delete(key(1))
+    await fill(cache, 2)
+    closing = asyncio.create_task(cache.aclose())  # stops the reconciliation mid-write
+    for _ in range(20):  # loop turns, not time: aclose gets as far as it can
+        await asyncio.sleep(0)
+    release.set()
+    await closing
+    assert [e.key for e in read_index(str(tmp_path), 0.0) or []] == [key(2)]
+    async with open_cache(tmp_path) as cache:
+        assert await present(cache, 1, 2) == [False, True]
+        assert bytes(await cache.get(key(2)) or b"") == blob(2)
