@@ -75,6 +75,19 @@ class DiskFiles:
         except OSError:
             pass
 
+    def _remove_all(self, keys: list[str]) -> int:
+        """Remove every key's file, whatever fails; how many could not be removed."""
+        failed = 0
+        for key in keys:
+            try:
+                self._remove(key)
+            except UnsafeEntry as exc:
+                self._dir.ignore(str(exc))
+                failed += 1
+            except OSError:
+                failed += 1
+        return failed
+
     def _check_format(self) -> None:
         """Open, adopt or discard by ``root/FORMAT`` (module docstring); IncompatibleFormat
         for a directory that is not a disk cache."""

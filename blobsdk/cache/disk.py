@@ -165,8 +165,7 @@ class DiskCache(DiskFiles):
                 await self._scan_all()
             else:
                 self._index.load(loaded, lru_ordered=True)  # the file lists them so
-            for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
-                await self._unlink_quietly(victim.key)
+            await self._remove_victims(self._chain.trim(self._index, self._capacity, self._clock()))
         except UnsafeEntry as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: refused {exc}") from exc
         except OSError as exc:
@@ -353,8 +352,7 @@ class DiskCache(DiskFiles):
                 for entry in scan.found:
                     if entry.key not in self._index and entry.key not in self._fills and entry.key not in (self._touched or ()):
                         self._index.add(entry)  # another process's
-            for _, victim in self._chain.trim(self._index, self._capacity, self._clock()):
-                await self._unlink_quietly(victim.key)
+            await self._remove_victims(self._chain.trim(self._index, self._capacity, self._clock()))
         except (OSError, UnsafeEntry) as exc:
             log.warning("cache %s: reconciling %s with its index file stopped: %s", self._name, self._root, exc)
             return
@@ -457,6 +455,13 @@ class DiskCache(DiskFiles):
             self._dir.ignore(str(exc))
         self._counts["errors"] += 1
         return False
+
+    async def _remove_victims(self, victims: Victims) -> None:
+        """Remove the files of entries a trim took out of the index, in one executor job that
+        goes on if this task is cancelled (aclose stopping a reconciliation): else the rest would
+        stay on disk unindexed, over capacity, until the next start's reconciliation."""
+        if victims:
+            self._counts["errors"] += await asyncio.shield(self._io(self._remove_all, [e.key for _, e in victims]))
 
     async def _unlink_quietly(self, key: str) -> bool:
         """Remove ``key``'s file; True if there was one.  A failure is counted (and an

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from blobsdk.cache import disk
-from blobsdk.cache._indexfile import read_index
+from blobsdk.cache._indexfile import read_index, write_index
 
 from .conformance import blob, fill, key, present
 from .test_disk import chunk_file, open_cache
@@ -91,3 +91,31 @@ async def test_an_index_write_stopped_by_aclose_never_lands_after_aclose_writes_
     async with open_cache(tmp_path) as cache:
         assert await present(cache, 1, 2) == [False, True]
         assert bytes(await cache.get(key(2)) or b"") == blob(2)
+
+
+async def test_evictions_the_reconciliation_began_finish_when_aclose_stops_it(tmp_path: Path) -> None:
+    """Another process's files push the cache over capacity; the reconciliation evicts, and
+    aclose stops it while the first file is being removed: every victim's file still goes
+    (before, the rest stayed on disk, unindexed and over capacity, until the next start)."""
+    async with open_cache(tmp_path) as cache:
+        await fill(cache, 1, 2, 3)
+    entries = read_index(str(tmp_path), 0.0) or []
+    write_index(str(tmp_path), [e for e in entries if e.key == key(1)], 0.0, "test")  # names key 1 only
+    removing, release = threading.Event(), threading.Event()
+    cache = await open_cache(tmp_path, capacity=100).open()
+    real = cache._remove
+
+    def held(name: str) -> bool:
+        removing.set()
+        release.wait(WAIT)
+        return real(name)
+
+    cache._remove = held  # type: ignore[method-assign]
+    await asyncio.to_thread(removing.wait, WAIT)  # it found keys 2 and 3, evicts two of the three
+    closing = asyncio.create_task(cache.aclose())
+    for _ in range(20):  # loop turns, not time: aclose cancels the reconciliation
+        await asyncio.sleep(0)
+    release.set()
+    await closing
+    on_disk = sorted(p.name for p in (tmp_path / key(1)[:2]).iterdir())
+    assert len(on_disk) == 1 and on_disk == [e.key for e in read_index(str(tmp_path), 0.0) or []]
