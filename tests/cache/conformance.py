@@ -8,10 +8,13 @@ empty cache (options: ttl_seconds, hold_seconds, quotas, clock) that the fixture
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
+from collections.abc import Iterator
 
 import pytest
 
 from blobsdk.cache.base import ChunkCache
+from blobsdk.cache.policy import Entry
 from blobsdk.errors import BadRequest, QuotaExceeded
 
 HOSTILE_KEYS = [
@@ -40,6 +43,18 @@ def key(n: int) -> str:
 def blob(n: int, size: int = 100) -> bytes:
     """``size`` bytes whose content depends on ``n``."""
     return bytes((n + i) % 251 for i in range(size))
+
+
+class Walked(OrderedDict[str, Entry]):
+    """An order of a cache's index that counts the entries its ``values()`` hands out (the
+    eviction tests set it in place of an order, and ``walked`` to 0, then count)."""
+
+    walked = 0
+
+    def values(self) -> Iterator[Entry]:  # type: ignore[override]
+        for entry in super().values():
+            Walked.walked += 1
+            yield entry
 
 
 class FakeClock:

@@ -6,7 +6,6 @@ hold, in either engine (the L1 and the L2 / L3 disk cache)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,33 +14,22 @@ from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.cache.policy import Entry, HoldPolicy, Index
 
-from .conformance import FakeClock, key
+from .conformance import FakeClock, Walked, key
 
 HOLD = 60.0
-
-
-class _Walked(OrderedDict[str, Entry]):
-    """An order of the index that counts the entries its ``values()`` hands out."""
-
-    walked = 0
-
-    def values(self) -> Iterator[Entry]:  # type: ignore[override]
-        for entry in super().values():
-            _Walked.walked += 1
-            yield entry
 
 
 def _count_walks(cache: MemoryCache | DiskCache) -> None:
     """From now on, count the entries any eviction walks in the orders of the index."""
     index = cache._index
-    index.lru = _Walked(index.lru)
+    index.lru = Walked(index.lru)
     if index.by_age is not None:
-        index.by_age = _Walked(index.by_age)
+        index.by_age = Walked(index.by_age)
     if getattr(index, "held", None) is not None:  # (getattr: the test runs on an index without one too)
-        index.held = _Walked(index.held)
+        index.held = Walked(index.held)
     if isinstance(cache, MemoryCache):
         cache._lookup = index.lru.get
-    _Walked.walked = 0
+    Walked.walked = 0
 
 
 async def _engine(kind: str, tmp_path: Path, capacity: int, clock: FakeClock) -> MemoryCache | DiskCache:
@@ -63,7 +51,7 @@ async def test_a_put_into_a_cache_full_of_held_entries_evicts_in_constant_steps(
         assert await cache.put(key(n), b"x")
         assert not cache.contains(key(n - size))
     assert cache.stats()["hold_evictions"] == puts and cache.stats()["lru_evictions"] == 0
-    assert _Walked.walked <= 5 * puts  # 4 a put (400); before: each put walked all 1,000 held entries (100,300)
+    assert Walked.walked <= 5 * puts  # 4 a put (400); before: each put walked all 1,000 held entries (100,300)
     await cache.aclose()
 
 
@@ -86,7 +74,7 @@ async def test_entries_past_their_hold_go_first_in_lru_order_though_held_ones_we
         assert await cache.put(key(n), b"x")
         assert not cache.contains(key(gone)), f"{gone} is the one to evict"
     assert cache.stats()["lru_evictions"] == 3 and cache.stats()["hold_evictions"] == 1
-    assert _Walked.walked <= 40  # 10; before: the first three puts walked 1,000 held entries each (4,016)
+    assert Walked.walked <= 40  # 10; before: the first three puts walked 1,000 held entries each (4,016)
     await cache.aclose()
 
 
@@ -109,7 +97,7 @@ async def test_a_cache_half_held_half_released_evicts_the_released_without_walki
         assert await cache.put(key(2 * half + n), b"x")
         assert not cache.contains(key(n)), f"{n} is the least recently used past its hold"
     assert cache.stats()["lru_evictions"] == puts and cache.stats()["hold_evictions"] == 0
-    assert _Walked.walked <= 5 * puts  # 2 a put (200); before: each put walked the 500 held entries (50,300)
+    assert Walked.walked <= 5 * puts  # 2 a put (200); before: each put walked the 500 held entries (50,300)
     await cache.aclose()
 
 

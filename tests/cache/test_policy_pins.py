@@ -3,39 +3,27 @@ recently used end are moved out of the way once, not walked past by every evicti
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator
-
 from blobsdk.cache.policy import Entry, Index, PolicyChain
 
-
-class _Walked(OrderedDict[str, Entry]):
-    """An LRU order that counts the entries its ``values()`` hands out."""
-
-    walked = 0
-
-    def values(self) -> Iterator[Entry]:  # type: ignore[override]
-        for entry in super().values():
-            _Walked.walked += 1
-            yield entry
+from .conformance import Walked
 
 
 def _index(size: int, pinned: int) -> Index:
     index = Index()
     for n in range(size):
         index.add(Entry(f"{n:032x}", 1, 0.0, 0.0, pin_until=100.0 if n < pinned else 0.0))
-    index.lru = _Walked(index.lru)
+    index.lru = Walked(index.lru)
     return index
 
 
 def test_a_full_cache_with_pinned_entries_at_its_lru_end_evicts_in_constant_steps() -> None:
     index, chain = _index(2000, pinned=1000), PolicyChain()
-    _Walked.walked = 0
+    Walked.walked = 0
     for n in range(200):  # each put evicts one entry
         victims = chain.admit(index, Entry(f"{10_000 + n:032x}", 1, 1.0, 1.0), capacity=2000, now=1.0)
         assert victims is not None and len(victims) == 1
         index.add(Entry(f"{10_000 + n:032x}", 1, 1.0, 1.0))
-    assert _Walked.walked <= 1000 + 4 * 200  # 1,600; before: every put walked past the 1,000 pinned (200,400)
+    assert Walked.walked <= 1000 + 4 * 200  # 1,600; before: every put walked past the 1,000 pinned (200,400)
 
 
 def test_pinned_entries_passed_over_move_to_the_recent_end_in_their_order() -> None:
