@@ -268,6 +268,24 @@ BUFFER_ERRORS = [
         torch.empty(4, device="meta"),
         r"a torch tensor must be on the CPU, not meta: read into a pinned CPU tensor, then .to\(device, non_blocking=True\)",
     ),
+    (
+        torch.zeros(4, dtype=torch.complex64).conj(),
+        r"buffer is a conjugate view \(tensor of shape \(4,\) with its conjugate bit set\): pass a tensor of its own"
+        r" \(tensor.resolve_conj\(\)\) and copy from it",
+    ),
+    (
+        torch.zeros(4, dtype=torch.complex64).conj().imag,
+        r"buffer is a negative view \(tensor of shape \(4,\) with its negative bit set\): pass a tensor of its own"
+        r" \(tensor.resolve_neg\(\)\) and copy from it",
+    ),
+    (
+        torch.zeros(4).to_sparse(),
+        r"buffer is not a dense tensor \(torch.sparse_coo\): pass a dense one \(tensor.to_dense\(\)\) and copy from it",
+    ),
+    (
+        torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged),
+        r"buffer is not a dense tensor \(nested\): pass a dense one \(tensor.to_dense\(\)\) and copy from it",
+    ),
 ]
 
 
