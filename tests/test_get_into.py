@@ -363,7 +363,7 @@ async def test_a_buffer_written_during_the_read_is_buffer_changed_and_blames_no_
             for ref in plan.chunks
         }
         l4 = c.stats()["l4"]
-        assert (l4["corrupt"], l4["errors"], l4["replicas_demoted"]) == (0, 0, 0)
+        assert (l4["corrupt"], l4["errors"], l4["misses"], l4["replicas_demoted"]) == (0, 0, 0, 0)
         blocks.target = None
         out = bytearray(len(data))
         assert await c.get_into("/b/x", out) == len(data) and out == data
@@ -407,7 +407,7 @@ async def test_a_restore_into_arrays_written_during_it_is_buffer_changed_and_bla
         with pytest.raises(blobsdk.BufferChanged, match=r"the caller's buffer changed while the read filled it"):
             await ck.load(into={"w": np.zeros_like(weights)})
         l4 = c.stats()["l4"]
-        assert (l4["corrupt"], l4["errors"], l4["replicas_demoted"]) == (0, 0, 0)
+        assert (l4["corrupt"], l4["errors"], l4["misses"], l4["replicas_demoted"]) == (0, 0, 0, 0)
         blocks.target = None
         into = {"w": np.zeros_like(weights)}
         await ck.load(into=into)

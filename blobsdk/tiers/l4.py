@@ -211,12 +211,15 @@ class L4Tier(KeepsNothing, Closing):
     def _settle(self, pieces: Sequence[Piece], outcomes: list[BlobError | None], replica: str, seconds: float) -> None:
         """Count each chunk of a group as a hit or a bad copy; the first bad one raises as a
         one-chunk read would (CorruptData), and demotes the replica.  A chunk the caller's
-        buffer changed under was served well: a hit, and then BufferChanged raised."""
+        buffer changed under is counted nowhere, as in ``fetch_into``: no store is to blame,
+        and the read raises BufferChanged."""
         bad: tuple[ChunkRef, BlobError] | None = None
         changed: BufferChanged | None = None
         for piece, error in zip(pieces, outcomes, strict=True):
-            if error is None or isinstance(error, BufferChanged):
+            if error is None:
                 self.stats.hit(piece.ref.raw_length, seconds)
+                continue
+            if isinstance(error, BufferChanged):
                 changed = changed or error
                 continue
             self._count(error)
