@@ -13,6 +13,9 @@
      │    ├── BadCopy          one copy failed verification (the reader tries another copy)
      │    ├── BadUpload        a chunk PUT body does not match its reference (422 on the wire)
      │    └── RangeNotSatisfiable  a Range past the end of a block (416 on the wire)
+     ├── BufferChanged         the caller's buffer was written while a read filled it: a chunk
+     │                         failed its check there, and the store's copy, read again into the
+     │                         client's own memory, passed (no store is blamed or counted corrupt)
      ├── QuotaExceeded         a tenant's byte quota would be exceeded
      ├── InsufficientStorage   a cache node could not admit a chunk it was asked to store (507)
      ├── Unauthorized          (also PermissionError)     bad, expired or missing bearer token (401)
@@ -116,6 +119,17 @@ class RangeNotSatisfiable(CorruptData):
     """A Range past the end of the block: 416 on the wire, CorruptData for the client."""
 
     http_status = 416
+
+
+class BufferChanged(BlobError):
+    """A read into the caller's memory (``get_into``, ``get_many_into``, ``load(into=)``)
+    found a chunk's bytes there failing their checksum, and the store's copy, read again into
+    memory of the client's own, verified: the buffer was written by someone else while the
+    read filled it.  No store is blamed: nothing is counted corrupt, demoted or repaired.
+    The buffer's contents are undefined; read again into a buffer nothing else writes."""
+
+    code = "buffer_changed"
+    http_status = 500
 
 
 class QuotaExceeded(BlobError):

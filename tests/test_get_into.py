@@ -22,7 +22,7 @@ from blobsdk.sources import localread
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from servers.cluster import start_cluster
-from tests.block_fixtures import GatedSpans
+from tests.block_fixtures import GatedSpans, OneAtATime
 from tests.conftest import SMALL
 
 NO_L1 = L1Config(capacity_bytes=0)
@@ -50,6 +50,37 @@ class Spans(LocalBlockStore):
     async def read_spans(self, block_id, spans, *, check=None, attempt=None):
         self.groups.append(len(spans))
         return await super().read_spans(block_id, spans, check=check, attempt=attempt)
+
+
+class WrittenInSpans(LocalBlockStore):
+    """A local store whose caller (while ``target`` is set) writes into its buffer at the
+    moment each chunk has landed there, before the chunk is checked there (on the store's
+    thread, between its read and the check): what a caller that reuses a buffer while a read
+    fills it does.  Spans are only ever read into the caller's memory."""
+
+    target: object | None = None
+
+    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+        def written_then_checked(i: int) -> None:
+            if self.target is not None:
+                spans[i].windows[0][0] ^= 0xFF
+            check(i)
+
+        return await super().read_spans(block_id, spans, check=written_then_checked, attempt=attempt)
+
+
+class WrittenOneAtATime(OneAtATime):
+    """A lone replica that reads one chunk per request (as a block server or S3 does), whose
+    caller writes into its buffer ``target`` each time a chunk has landed there."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(LocalBlockStore(root))
+        self.target: bytearray | None = None
+
+    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
+        await super().read_into(block_id, offset, out, attempt=attempt, grant=grant)
+        if out.obj is self.target:  # the caller's memory, not a buffer of the tier's
+            out[0] ^= 0xFF
 
 
 def kinds(n: int) -> dict[str, object]:
@@ -268,6 +299,24 @@ BUFFER_ERRORS = [
         torch.empty(4, device="meta"),
         r"a torch tensor must be on the CPU, not meta: read into a pinned CPU tensor, then .to\(device, non_blocking=True\)",
     ),
+    (
+        torch.zeros(4, dtype=torch.complex64).conj(),
+        r"buffer is a conjugate view \(tensor of shape \(4,\) with its conjugate bit set\): pass a tensor of its own"
+        r" \(tensor.resolve_conj\(\)\) and copy from it",
+    ),
+    (
+        torch.zeros(4, dtype=torch.complex64).conj().imag,
+        r"buffer is a negative view \(tensor of shape \(4,\) with its negative bit set\): pass a tensor of its own"
+        r" \(tensor.resolve_neg\(\)\) and copy from it",
+    ),
+    (
+        torch.zeros(4).to_sparse(),
+        r"buffer is not a dense tensor \(torch.sparse_coo\): pass a dense one \(tensor.to_dense\(\)\) and copy from it",
+    ),
+    (
+        torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged),
+        r"buffer is not a dense tensor \(nested\): pass a dense one \(tensor.to_dense\(\)\) and copy from it",
+    ),
 ]
 
 
@@ -288,6 +337,81 @@ async def test_a_bad_offset_is_a_bad_request(client, offset: object) -> None:
 async def test_a_missing_blob_is_not_found(client) -> None:
     with pytest.raises(blobsdk.BlobNotFound):
         await client.get_into("/b/nope", bytearray(3))
+
+
+@pytest.mark.parametrize("store", [WrittenInSpans, WrittenOneAtATime], ids=["spans", "one_at_a_time"])
+async def test_a_buffer_written_during_the_read_is_buffer_changed_and_blames_no_store(tmp_path: Path, store: type) -> None:
+    """A healthy lone replica; the caller writes into its buffer while get_into fills it,
+    once each chunk is in and before it is checked there.  The read raises BufferChanged
+    naming a chunk; no copy is counted corrupt or an error, the replica is not demoted; the
+    same blob then reads whole."""
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        store(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c,
+    ):
+        data = data_of(5 * CHUNK, 9)
+        await c.put("/b/x", data)
+        plan = await c.plan("/b/x")
+        out = bytearray(len(data))
+        blocks.target = out
+        with pytest.raises(blobsdk.BufferChanged) as info:
+            await c.get_into("/b/x", out)
+        assert str(info.value) in {
+            f"chunk {ref.key} at block {ref.block_id}+{ref.offset}: the caller's buffer changed while the read filled it"
+            " (the store's copy, read again, is good): write nothing into a buffer until the read that fills it returns"
+            for ref in plan.chunks
+        }
+        l4 = c.stats()["l4"]
+        assert (l4["corrupt"], l4["errors"], l4["misses"], l4["replicas_demoted"]) == (0, 0, 0, 0)
+        blocks.target = None
+        out = bytearray(len(data))
+        assert await c.get_into("/b/x", out) == len(data) and out == data
+
+
+@pytest.mark.parametrize("store", [WrittenInSpans, WrittenOneAtATime], ids=["spans", "one_at_a_time"])
+async def test_a_copy_bad_in_the_store_is_still_a_bad_copy(tmp_path: Path, store: type) -> None:
+    """The second read, into the tier's own memory, fails too: CorruptData, the copy counted
+    corrupt and the replica demoted, as before the second read existed."""
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        store(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL, l1=NO_L1) as c,
+    ):
+        data = data_of(CHUNK, 10)
+        await c.put("/b/x", data)
+        (bad,) = (await c.plan("/b/x")).chunks
+        (path,) = (tmp_path / "blocks").rglob(bad.block_id)
+        raw = bytearray(path.read_bytes())
+        raw[bad.offset + 7] ^= 0x01
+        path.chmod(0o644)
+        path.write_bytes(raw)
+        with pytest.raises(blobsdk.CorruptData, match=rf"^chunk {bad.key}: no replica returned bytes matching its checksum"):
+            await c.get_into("/b/x", bytearray(CHUNK))
+        l4 = c.stats()["l4"]
+        assert (l4["corrupt"], l4["replicas_demoted"]) == (1, 1)
+
+
+async def test_a_restore_into_arrays_written_during_it_is_buffer_changed_and_blames_no_store(tmp_path: Path) -> None:
+    """``load(into=)`` reads straight into the caller's arrays too: written meanwhile, the
+    restore raises BufferChanged and counts nothing corrupt; unwritten, it restores exactly."""
+    async with (
+        SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+        WrittenInSpans(tmp_path / "blocks") as blocks,
+        blobsdk.Client.from_stores(meta, blocks, write=SMALL) as c,
+    ):
+        ck = c.checkpoints("/ck/x")
+        weights = np.frombuffer(data_of(3 * CHUNK, 11), np.uint8).copy()
+        await (await ck.save(1, {"w": weights})).wait()
+        blocks.target = True
+        with pytest.raises(blobsdk.BufferChanged, match=r"the caller's buffer changed while the read filled it"):
+            await ck.load(into={"w": np.zeros_like(weights)})
+        l4 = c.stats()["l4"]
+        assert (l4["corrupt"], l4["errors"], l4["misses"], l4["replicas_demoted"]) == (0, 0, 0, 0)
+        blocks.target = None
+        into = {"w": np.zeros_like(weights)}
+        await ck.load(into=into)
+        assert into["w"].tobytes() == weights.tobytes()
 
 
 def test_the_blocking_client_reads_into_buffers(tmp_path: Path) -> None:

@@ -11,7 +11,15 @@ the buffer's start, whatever its shape or item type (a float array receives the 
 Refused, each a TypeError as ``readinto`` and ``socket.recv_into`` refuse them, naming what
 to pass instead: an object that is no buffer, a read-only one (``bytes``, a read-only
 memoryview or array), one that is not C-contiguous (a strided slice, a transposed array),
-and a tensor that is not on the CPU (copy it there from a pinned CPU tensor).
+a tensor that is not on the CPU (copy it there from a pinned CPU tensor), one that is not
+dense (sparse, nested), and a lazy view whose memory is not what it shows: a conjugate view
+(``tensor.conj()`` of a complex tensor) or a negative view (its negative bit set, as the
+imaginary part of one): the bytes written would read back conjugated or negated.
+
+The buffer is the caller's, written by the read and by nobody else until the read returns.
+A chunk read straight into it is verified there; if it fails, the store's copy is read again
+into the client's own memory: if that one verifies, the caller's buffer changed under the
+read, which raises BufferChanged and blames no store (blobsdk/tiers/l4.py).
 """
 
 from __future__ import annotations
@@ -57,6 +65,15 @@ def _tensor_bytes(tensor: object, what: str) -> memoryview:
         raise TypeError(
             f"{what}: a torch tensor must be on the CPU, not {tensor.device}: "
             "read into a pinned CPU tensor, then .to(device, non_blocking=True)"
+        )
+    if tensor.is_nested or tensor.layout is not torch.strided:
+        layout = "nested" if tensor.is_nested else str(tensor.layout)
+        raise TypeError(f"{what}: buffer is not a dense tensor ({layout}): pass a dense one (tensor.to_dense()) and copy from it")
+    if tensor.is_conj() or tensor.is_neg():
+        kind, resolve = ("conjugate", "resolve_conj") if tensor.is_conj() else ("negative", "resolve_neg")
+        raise TypeError(
+            f"{what}: buffer is a {kind} view (tensor of shape {tuple(tensor.shape)} with its {kind} bit set): "
+            f"pass a tensor of its own (tensor.{resolve}()) and copy from it"
         )
     if not tensor.is_contiguous():
         raise TypeError(

@@ -13,19 +13,26 @@ shares); given the metadata (to know a block's live chunks), a read that skipped
 then got a verified one has the block repaired in the background (blobsdk/ops/repair.py), and
 so has every block a write acknowledged without a copy on each replica (the replicated
 store's ``under_replicated`` list).
+
+A chunk read straight into the caller's memory (``fetch_into``, ``fetch_many_into``) is
+verified there, where someone else may write it.  So a failed check there blames nothing yet:
+the replica's copy is read again into a buffer of the tier's own and verified (``_recheck``).
+If it verifies, the caller's buffer changed under the read: BufferChanged, with nothing
+counted corrupt, no replica demoted, no repair; only a copy that fails in the tier's own
+memory too is a bad copy.  That costs a second read only when a check fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Self
 
 from ..config import HedgeConfig, RepairConfig
-from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData, HedgeExhausted, SourceChanged, Unavailable
+from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
 from ..metadata.base import MetadataStore
 from ..ops.repair import Repairer
 from ..read.placement import rank
@@ -166,8 +173,26 @@ class L4Tier(KeepsNothing, Closing):
         except HedgeExhausted as exc:
             self.stats.misses += len(pieces)
             raise give_up(pieces[0].ref, [error for _, error in exc.failures]) from exc
-        self._settle(pieces, outcomes, candidates[0].name, time.perf_counter() - begun)
+        seconds = time.perf_counter() - begun
+        await self._recheck_group(candidates[0], pieces, outcomes, verify)
+        self._settle(pieces, outcomes, candidates[0].name, seconds)
         return True
+
+    async def _recheck_group(
+        self, replica: BlockReplica, pieces: Sequence[Piece], outcomes: list[BlobError | None], verify: Verifier
+    ) -> None:
+        """Each chunk of a group that failed its check in the caller's memory: a bad copy, or
+        BufferChanged (``_recheck``), in ``outcomes``; the replica failing the second read
+        counts and raises as the group's read would."""
+        for i, error in enumerate(outcomes):
+            if not isinstance(error, BadCopy):
+                continue
+            try:
+                outcomes[i] = await self._recheck(replica, pieces[i].ref, error, partial(_verify_own, verify))
+            except _FAILOVER as exc:
+                self._count(exc)
+                self.stats.misses += len(pieces)
+                raise give_up(pieces[i].ref, [exc]) from exc
 
     async def _read_spans(
         self, block_id: str, spans: list[Span], check: Callable[[int], None], replica: BlockReplica, attempt: Attempt
@@ -185,17 +210,25 @@ class L4Tier(KeepsNothing, Closing):
 
     def _settle(self, pieces: Sequence[Piece], outcomes: list[BlobError | None], replica: str, seconds: float) -> None:
         """Count each chunk of a group as a hit or a bad copy; the first bad one raises as a
-        one-chunk read would (CorruptData), and demotes the replica."""
+        one-chunk read would (CorruptData), and demotes the replica.  A chunk the caller's
+        buffer changed under is counted nowhere, as in ``fetch_into``: no store is to blame,
+        and the read raises BufferChanged."""
         bad: tuple[ChunkRef, BlobError] | None = None
+        changed: BufferChanged | None = None
         for piece, error in zip(pieces, outcomes, strict=True):
             if error is None:
                 self.stats.hit(piece.ref.raw_length, seconds)
+                continue
+            if isinstance(error, BufferChanged):
+                changed = changed or error
                 continue
             self._count(error)
             self.stats.misses += 1
             bad = bad or (piece.ref, error)
         if bad is None:
             self.health.clear(replica, Reason.BAD_BYTES)
+            if changed is not None:
+                raise changed
             return
         self.health.mark(replica, Reason.BAD_BYTES)
         raise give_up(bad[0], [bad[1]])
@@ -275,7 +308,12 @@ class L4Tier(KeepsNothing, Closing):
         stored = self.buffers.take(ref.length) if into is None else into
         try:
             await replica.read_into(ref.block_id, ref.offset, stored, attempt=attempt, grant=ref.grant)
-            raw = await decode(ref, stored)
+            try:
+                raw = await decode(ref, stored)
+            except BadCopy as exc:
+                if into is None:
+                    raise
+                raise await self._recheck(replica, ref, exc, partial(_decode_own, decode)) from None
         except _FAILOVER as exc:
             self._count(exc)
             if isinstance(exc, CorruptData):  # a bad copy, or one too short for the chunk
@@ -285,6 +323,28 @@ class L4Tier(KeepsNothing, Closing):
             raise
         self.health.clear(replica.name, Reason.BAD_BYTES)
         return stored, raw
+
+    async def _recheck(
+        self, replica: BlockReplica, ref: ChunkRef, error: BadCopy, verify: Callable[[ChunkRef, memoryview], Awaitable[None]]
+    ) -> BadCopy | BufferChanged:
+        """What a chunk that failed its check in the caller's memory was: ``error`` (a bad
+        copy) if the replica's copy, read again into a buffer of this tier's own, fails
+        ``verify`` there too; else BufferChanged (the caller's buffer changed under the read).
+        An error of the second read (the replica gone) is raised."""
+        own = self.buffers.take(ref.length)
+        await replica.read_into(ref.block_id, ref.offset, own, grant=ref.grant)
+        verdict: BadCopy | BufferChanged
+        try:
+            await verify(ref, own)
+        except BadCopy:
+            verdict = error
+        else:
+            verdict = BufferChanged(
+                f"chunk {ref.key} at block {ref.block_id}+{ref.offset}: the caller's buffer changed while the read filled"
+                " it (the store's copy, read again, is good): write nothing into a buffer until the read that fills it returns"
+            )
+        self.buffers.give(own)  # read and checked whole (a cancelled or failed read's buffer is dropped)
+        return verdict
 
     async def flush(self) -> None:
         """Nothing deferred."""
@@ -319,6 +379,16 @@ def _fits(piece: Piece, block_id: str) -> bool:
     if ref.block_id != block_id or ref.codec != "none" or ref.length != ref.raw_length:
         return False
     return (windows[0].nbytes if len(windows) == 1 else sum(w.nbytes for w in windows)) == ref.raw_length
+
+
+async def _decode_own(decode: Decoder, ref: ChunkRef, own: memoryview) -> None:
+    """``_recheck``'s check of a copy ``fetch_into`` read again: the tier's decoder."""
+    await decode(ref, own)
+
+
+async def _verify_own(verify: Verifier, ref: ChunkRef, own: memoryview) -> None:
+    """``_recheck``'s check of a copy ``fetch_many_into`` read again: its verifier."""
+    verify(ref, (own,))
 
 
 def _name(replica: BlockReplica) -> str:
