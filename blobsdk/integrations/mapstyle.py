@@ -32,6 +32,7 @@ with requires_extra("torch", "blobsdk.torch"):
     import torch
     from torch.utils.data import Dataset, Sampler, get_worker_info
 
+from .._arguments import wrong
 from ..config import ClientConfig, L1Config, L2Config, ReadConfig
 from ..read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from ..runtime.workerstats import WorkerStats
@@ -140,6 +141,8 @@ class BlobSampler(elastic.Resumable, Sampler[int]):
     def __init__(
         self, data_source: Sized, *, shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None
     ) -> None:
+        if not isinstance(data_source, Sized):
+            raise wrong("BlobSampler: data_source", "a dataset with a len (a BlobDataset)", data_source)
         rank, world_size = resolve_rank(rank, world_size)
         self._sharding = Sharding(len(data_source), shuffle, seed, rank, world_size)
         self._listed = {"fingerprint": data_source.fingerprint} if isinstance(data_source, BlobDataset) else {}
