@@ -1,4 +1,5 @@
-"""Range checks of the numbers in configuration structs (issue 20 item 7).
+"""Range checks of the numbers in configuration structs (and, through blobsdk/_arguments.py,
+of the public API's number arguments).
 
 Each struct's ``__post_init__`` calls :func:`check_numbers` with its table's name and one
 :class:`Number` rule per numeric field, so a bad value is refused however the struct is
@@ -37,6 +38,10 @@ class Number:
             return "finite"
         return None if self._in_range(value) else self._bounds().strip()
 
+    def wanted(self) -> str:
+        """What a value must be, in words: "an int >= 1", "None or a number > 0"."""
+        return f"{'None or ' if self.optional else ''}{self._noun()}{self._bounds()}"
+
     def _noun(self) -> str:
         return "an int" if self.kind is int else "a number"
 
@@ -67,8 +72,8 @@ def positive(*, optional: bool = False) -> Number:
     return Number(float, 0, low_open=True, optional=optional)
 
 
-def non_negative() -> Number:
-    return Number(float, 0)
+def non_negative(*, optional: bool = False) -> Number:
+    return Number(float, 0, optional=optional)
 
 
 def real(low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False) -> Number:

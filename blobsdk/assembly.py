@@ -17,15 +17,17 @@ wiring of stores and tiers, which grows with every tier or backend, is read in o
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import aiohttp
 
+from ._arguments import wrong
 from .cache.disk import DiskCache
 from .cache.memory import MemoryCache
 from .config import ClientConfig, L2Config, s3_location
@@ -64,6 +66,7 @@ class Backends:
     shared_plans: SharedPlanCache | None = None  # with [read] shared_plan_cache_url: it is ``metadata``
 
 
+@runtime_checkable
 class Stores(Protocol):
     """Where a client's metadata and blocks are: ``open`` opens them, putting everything it
     opens on ``stack`` (closed with the client)."""
@@ -131,6 +134,8 @@ class LocalStores:
     """Embedded: SQLite metadata in ``root/meta.sqlite``, blocks in ``root/blocks``."""
 
     def __init__(self, root: str | Path) -> None:
+        if not isinstance(root, str | os.PathLike):
+            raise wrong("Client.local: root", "a directory path", root)
         self.root = Path(root)
 
     async def open(self, stack: AsyncExitStack) -> Backends:

@@ -25,6 +25,8 @@ from typing import Self, TypeVar
 
 import msgspec
 
+from ._arguments import check_bytes_like, check_callable, check_flag, check_iterable, check_number, check_paths, check_str, wrong
+from ._numbers import integer, positive
 from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import BadRequest, BlobNotFound, ClientClosed, Forbidden
@@ -58,6 +60,10 @@ class Client:
     """
 
     def __init__(self, config: ClientConfig, *, stores: Stores | None = None) -> None:
+        if not isinstance(config, ClientConfig):
+            raise wrong("Client: config", "a ClientConfig (ClientConfig.from_toml(path) reads a client.toml)", config)
+        if stores is not None and not isinstance(stores, Stores):
+            raise wrong("Client: stores", "None or a Stores (ClusterStores, LocalStores, GivenStores)", stores)
         self.config = config
         self._stores = stores if stores is not None else ClusterStores(config)
         self._stack: AsyncExitStack | None = None
@@ -89,6 +95,10 @@ class Client:
         l2: L2Config | None = None,
     ) -> Client:
         """A client over stores the caller built (and closes)."""
+        if not isinstance(metadata, MetadataStore):
+            raise wrong("from_stores: metadata", "a MetadataStore", metadata)
+        if not isinstance(blocks, BlockStore):
+            raise wrong("from_stores: blocks", "a BlockStore", blocks)
         return cls(ClientConfig(write=write, read=read, l1=l1, l2=l2), stores=GivenStores(metadata, blocks))
 
     async def __aenter__(self) -> Self:
@@ -128,7 +138,7 @@ class Client:
     async def put(self, path: str, data: Buffer, *, if_version: int | None = None) -> BlobInfo:
         """Write ``data`` as a new version of ``path``; returns once durable and committed.
         ``if_version``: None unconditional, 0 create-only, N only if the live version is N."""
-        _check_bytes_like(data)
+        check_bytes_like("put: data", data)
         plan = await self._open.writer.put(path, data, if_version)
         return plan.info()
 
@@ -136,6 +146,8 @@ class Client:
         """Write many (usually small) blobs packed into shared blocks.  Each blob is atomic;
         blobs are committed in batches, so a failure part-way leaves earlier ones written.
         ``progress(blobs_done, bytes_done)`` is called after each batch commits."""
+        check_iterable("put_many: items", items, "an iterable of (path, data) pairs", asynchronous=True)
+        check_callable("put_many: progress", progress)
         plans = await self._open.writer.put_many(items, progress)
         return [p.info() for p in plans]
 
@@ -176,6 +188,7 @@ class Client:
         BadRequest and a missing path a BlobNotFound, both before any read."""
         if isinstance(paths, str):
             raise TypeError("get_many_into: paths must be a sequence of paths, not a str (use get_into for one)")
+        check_iterable("get_many_into: paths", paths, "a sequence of paths")
         return await self._read_many([validate_path(path) for path in paths], buffer)
 
     async def _read_many(self, paths: list[str], buffer: object, *, regrant: bool = True) -> list[int]:
@@ -220,6 +233,7 @@ class Client:
         """Start warming ``tier`` ("l1", "l2" or "l3") with these blobs (a string ending in
         "/" is a prefix) and return its handle at once; see blobsdk/read/prefetch.py.  A tier
         this client does not have is a ValueError naming the ones it has."""
+        check_paths("prefetch: paths_or_prefixes", paths_or_prefixes)
         return self._open.prefetcher.start(paths_or_prefixes, tier, pin_seconds=pin_seconds, max_bytes=max_bytes)
 
     def readahead(
@@ -229,6 +243,7 @@ class Client:
         ``max_bytes`` of blobs) in flight ahead of the consumer; see blobsdk/read/readahead.py.
         Leave it early with ``aclose()`` (or ``contextlib.aclosing``): that cancels the
         reads in flight at once, where an abandoned generator waits for the collector."""
+        check_iterable("readahead: paths", paths, "an iterable of paths")
         return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
 
     def checkpoints(
@@ -294,6 +309,10 @@ class Client:
         of an object changed since raises SourceChanged; indexing again is incremental.  This
         client's L4 must be S3 (``source_url``), and reach ``url``'s bucket with the same
         endpoint and credentials.  ``parallel``: objects read at once.  See blobsdk/ops/index.py."""
+        check_str("index_s3: url", url)
+        check_str("index_s3: dest", dest)
+        check_callable("index_s3: progress", progress)
+        check_number("index_s3: parallel", parallel, integer(1))
         state = self._open
         return await index_s3(s3_source(state.blocks), state.writer, url, dest, progress=progress, parallel=parallel)
 
@@ -301,12 +320,16 @@ class Client:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds
         (see blobsdk/ops/gc.py).  It lists and deletes: no data GET of it waits for a slot
         a read could use."""
+        check_number("gc: grace", grace, positive(), BadRequest, unit=" (seconds)")
+        check_flag("gc: dry_run", dry_run)
         state = self._open
         return await gc_module.collect(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
 
     async def scrub(self, *, dry_run: bool = False, progress: repair_module.Progress | None = None) -> repair_module.ScrubReport:
         """Verify every replica's copy of every live L4 block; repair bad and missing copies
         from a verified one (not if ``dry_run``).  See blobsdk/ops/repair.py."""
+        check_flag("scrub: dry_run", dry_run)
+        check_callable("scrub: progress", progress)
         state = self._open
         return await repair_module.scrub(state.metadata, state.blocks, dry_run=dry_run, progress=progress)
 
@@ -331,16 +354,6 @@ class Client:
         buckets (``blobsdk.stats.LATENCY_BUCKETS``): what ``ClientCollector`` exports as a
         Prometheus histogram.  Tiers the client does not have are absent."""
         return self._open.latency_histograms()
-
-
-def _check_bytes_like(data: object) -> None:
-    """A TypeError naming the argument, not memoryview's, for a str or other non-buffer."""
-    try:
-        memoryview(data)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"put: data must be a bytes-like object (bytes, bytearray, memoryview, ...), not {type(data).__name__}"
-        ) from None
 
 
 def _found(path: str, plan: ReadPlan | None) -> ReadPlan:

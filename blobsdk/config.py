@@ -4,7 +4,7 @@ Environment variables are read in exactly one place, :meth:`ClientConfig.from_en
 
 The ground floor: the structs of the modules with behaviour (the hedger, the limiter,
 repair) live here and those modules import them, never the other way round.  This module
-imports only leaves (``_numbers``, ``errors``, ``wire``); tests/test_imports.py holds it to
+imports only leaves (``_numbers``, ``_arguments``, ``errors``, ``wire``); tests/test_imports.py holds it to
 that.
 """
 
@@ -18,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from ._arguments import wrong
 from ._numbers import check_numbers, integer, non_negative, positive, real
 from .wire import MAX_CHUNK_BYTES
 
@@ -332,6 +333,10 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return self.api_url is not None or self.metadata_url is not None
 
     def __post_init__(self) -> None:
+        for name, table in _TABLES.items():
+            value = getattr(self, name)
+            if not isinstance(value, table) and not (value is None and name == "l2"):
+                raise wrong(name, f"{'None or ' if name == 'l2' else ''}{_a(table.__name__)}", value)
         if self.api_url is not None and self.metadata_url is not None:
             raise ValueError("api_url and metadata_url both name the metadata: set one")
         if self.block_urls and self.source_url is not None:
@@ -408,6 +413,12 @@ _DEFAULTS: dict[str, object] = {
     "repair": RepairConfig(),
     "s3": S3Config(),
 }
+
+_TABLES = {name: type(default) for name, default in _DEFAULTS.items()} | {"l2": L2Config}  # a config's sub-structs
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[0] in 'AEILOS' else 'a'} {name}"
 
 
 def check_write_config(write: WriteConfig) -> None:

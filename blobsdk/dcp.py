@@ -34,6 +34,7 @@ import os
 import pickle
 from typing import Any, NamedTuple
 
+from ._arguments import check_str
 from ._extras import requires_extra
 
 with requires_extra("torch", __name__):
@@ -75,6 +76,7 @@ class _Backend(ClosedOnExit):
         chunk_size: int | None = None,
     ) -> None:
         self._store = Store.of(config, local)
+        check_str("prefix", prefix)  # the rest of it, keep and chunk_size: as Client.checkpoints checks them, on first use
         self.prefix, self.keep, self.chunk_size = prefix, keep, chunk_size
         self._client = ProcessClient(self._store)
         self.step: int | None = None

@@ -67,7 +67,9 @@ from contextlib import aclosing, suppress
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from ._arguments import check_number, wrong
 from ._extras import requires_extra
+from ._numbers import integer
 
 with requires_extra("fsspec", __name__):
     from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
@@ -131,6 +133,8 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         """``blob://bucket/key``, ``/bucket/key`` and ``bucket/key`` are all ``bucket/key``."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
+        if not isinstance(path, str | os.PathLike):
+            raise wrong("path", "a str (blob://bucket/key or bucket/key)", path)
         return super()._strip_protocol(path).lstrip("/")
 
     # --- the client's lifetime ---------------------------------------------------------------
@@ -229,6 +233,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     ) -> list[str] | dict[str, Entry]:
         """One flat listing (``prefix``: of names below ``path`` that start with it), with
         the directories it implies."""
+        check_number("find: maxdepth", maxdepth, integer(optional=True))
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
         name = _name(path)
@@ -329,6 +334,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         **kwargs: Any,
     ) -> BlobFile | BlobWriteFile:
         name = _name(path)
+        check_number("open: block_size", block_size, integer(1, optional=True))
         if mode == "rb":
             kwargs.pop("size", None)  # fsspec's reopen (unpickling) passes it; the size comes with the version
             info = sync(self.loop, self._stat_entry, name)
@@ -410,6 +416,8 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     ) -> None:
         """Delete the blobs ``path`` expands to; a directory goes with its last blob, and
         without ``recursive`` naming one is IsADirectoryError."""
+        if not isinstance(path, str | os.PathLike | list | tuple):
+            raise wrong("rm: path", "a str or a list of them", path)
         names = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
         blobs = [n for n in names if n]  # the root is never a blob
         results = await _run_coros_in_chunks(

@@ -34,6 +34,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, 
 from functools import partial
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
+from ._arguments import check_paths, wrong
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobError, ClientClosed, NotForkSafe
@@ -82,7 +83,7 @@ def _made(
 
     def blocking(self: _Blocking, /, *args: Any, **kwargs: Any) -> Any:
         if listed is not None:
-            args, kwargs = _listed(signature, listed, args, kwargs)
+            args, kwargs = _listed(name, signature, listed, args, kwargs)
         bound = getattr(self._target(), name)  # before the call is made: a forked child's client opens here
         runner = self._runner()
         result = call(runner, partial(bound, *args, **kwargs))
@@ -94,13 +95,14 @@ def _made(
 
 
 def _listed(
-    signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    method: str, signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args`` and ``kwargs`` with the argument ``name``, an iterable unless a str, read into a
     list in the caller's thread: a generator over this same client (``c.list(...)``) would
     otherwise be read on its loop thread, where the client refuses to be called."""
     arguments = signature.bind(None, *args, **kwargs)  # None: ``self``
     if not isinstance(value := arguments.arguments[name], str):
+        check_paths(f"{method}: {name}", value)  # as the client method would, before list() trips on it
         arguments.arguments[name] = list(value)
     return arguments.args[1:], arguments.kwargs
 
@@ -318,6 +320,8 @@ class SyncClient(_Blocking):
     that is not running there."""
 
     def __init__(self, config: ClientConfig | Client) -> None:
+        if not isinstance(config, ClientConfig | Client):
+            raise wrong("SyncClient: config", "a ClientConfig or a Client", config)
         self._client = config if isinstance(config, Client) else Client(config)
         self._opened: Held[tuple[LoopThread, Client]] = Held()  # the loop thread and the client it runs
 

@@ -40,8 +40,8 @@ samples that were left, in the same order.  The state also names the seed, the s
 rank, the worker and the list (its length and xxh3-64 fingerprint): restoring it anywhere else
 is a ValueError, not a silently different epoch.  It restores the epoch it was saved in.
 :class:`BlobSampler` keeps the same state for the map-style dataset (torchdata saves a
-sampler's state with each batch it hands out); ``BlobDataset``'s own state is only its list's
-fingerprint, checked on resume.
+sampler's state with each batch it hands out), and names its list's fingerprint when built
+over a ``BlobDataset`` (whose own state is only that fingerprint, checked on resume).
 
 **Elastic resume.** A job restarted in another shape (ranks or DataLoader workers) finishes the
 epoch it stopped in, each of its samples exactly once.  ``DataState(loader)`` (this rank's

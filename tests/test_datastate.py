@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import blobsdk
+from blobsdk.integrations.order import fingerprint
 from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, DataState, states_of
 from tests import helpers
 from tests.test_elastic import SEED, N, flat, read, stateful
@@ -233,6 +234,58 @@ def test_a_data_state_refuses_what_is_not_one_or_another_lists(store: tuple[Path
         here.load_state_dict(saved)  # the states of another list
     assert str(raised.value) == f"cannot resume: the state was saved with samples={N}, this {what} has samples=100"
     here.load_state_dict(DataState(loader_of(kind, root, paths[:100], 0, epoch=0)).state_dict())  # its own: accepted
+
+
+@stateful
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_data_state_of_one_list_is_refused_over_another_of_the_same_length(store: tuple[Path, list[str]], kind: str) -> None:
+    """60 blobs, then 60 others: the sampler's state names its list as the iterable's does, and
+    is refused with the same message (the class named), not resumed into 40 of the other 60."""
+    root, paths = store
+    first, other = paths[:60], paths[60:]
+    what = "BlobSampler" if kind == "sampled" else "BlobIterableDataset"
+    old = loader_of(kind, root, first, 2, epoch=1)
+    batches = iter(old)
+    seen = read(next(batches) for _ in range(5))
+    state = DataState(old).state_dict()
+    close_all()  # before new workers fork
+    with pytest.raises(ValueError) as raised:
+        DataState(loader_of(kind, root, other, 2, epoch=0)).load_state_dict(state)
+    assert str(raised.value) == (
+        f"cannot resume: the state was saved with fingerprint={fingerprint(first)!r}, this {what} has"
+        f" fingerprint={fingerprint(other)!r}"
+    )
+    same = loader_of(kind, root, first, 2, epoch=0)
+    DataState(same).load_state_dict(state)
+    set_epoch(same, 1)
+    rest = read(same)
+    assert len(seen) == 20 and sorted(seen + rest) == first  # over its own list: the rest of the epoch
+
+
+@stateful
+def test_a_sampler_state_that_names_no_list_is_refused_over_a_blob_dataset(store: tuple[Path, list[str]]) -> None:
+    """A state saved without a fingerprint (before the sampler's state named its list, or over a
+    plain sized source) cannot show it was saved over this list: refused, saying how to accept it."""
+    root, paths = store
+    saved = DataState(loader_of("sampled", root, paths[:60], 0, epoch=1)).state_dict()
+    states = json.loads(saved["states"])
+    unnamed = [{key: value for key, value in one.items() if key != "fingerprint"} for one in states]
+    here = loader_of("sampled", root, paths[60:], 0, epoch=0)
+    message = (
+        "cannot resume: the state names no list (it has no fingerprint), this BlobSampler has"
+        f" fingerprint={fingerprint(paths[60:])!r}; if it was saved over this same list, add that fingerprint to it"
+    )
+    with pytest.raises(ValueError) as raised:
+        DataState(here).load_state_dict({"states": json.dumps(unnamed).encode()})
+    assert str(raised.value) == message
+    with pytest.raises(ValueError) as raised:
+        here.sampler.load_state_dict(unnamed[0])  # type: ignore[attr-defined]  # one state, by hand
+    assert str(raised.value) == message
+    plain = BlobSampler(range(60), shuffle=True, seed=SEED, rank=0, world_size=1)
+    plain.load_state_dict(unnamed)  # over a plain sized source the length is all there is to check
+    plain.load_state_dict(states)
+    assert "fingerprint" not in plain.state_dict()
+    here.sampler.load_state_dict([{**unnamed[0], "fingerprint": fingerprint(paths[60:])}])  # type: ignore[attr-defined]
 
 
 # --- a DCP save on real gloo ranks, loaded in other shapes ------------------------------------------

@@ -217,7 +217,7 @@ async def test_bad_calls_are_refused_with_their_reason(services, tmp_path, run_i
             await c.index_s3("lake/x", "/d")
         with pytest.raises(blobsdk.InvalidPath, match=r"^path must be absolute"):
             await c.index_s3("s3://lake/x", "d")
-        with pytest.raises(ValueError, match=r"^parallel must be >= 1, got 0$"):
+        with pytest.raises(ValueError, match=r"^index_s3: parallel must be an int >= 1, got 0$"):
             await c.index_s3("s3://lake/x", "/d", parallel=0)
         with pytest.raises(
             ValueError, match=r"^'s3://la ke/x': 'la ke' is no bucket name \(letters, digits, '\.', '_' and '-'\)$"

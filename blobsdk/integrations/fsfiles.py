@@ -12,6 +12,7 @@ import stat
 import tempfile
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from .._arguments import check_bytes_like
 from .._extras import requires_extra
 
 with requires_extra("fsspec", "blobsdk.fsspec"):
@@ -68,6 +69,7 @@ class BlobWriteFile(io.RawIOBase):
         return True
 
     def write(self, data: ReadableBuffer) -> int:
+        check_bytes_like("write: data", data)
         if self.closed:
             raise ValueError("I/O operation on closed file.")
         if self._spool is None:

@@ -32,6 +32,7 @@ with requires_extra("torch", "blobsdk.torch"):
     import torch
     from torch.utils.data import Dataset, Sampler, get_worker_info
 
+from .._arguments import wrong
 from ..config import ClientConfig, L1Config, L2Config, ReadConfig
 from ..read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from ..runtime.workerstats import WorkerStats
@@ -70,7 +71,7 @@ class BlobDataset(ClosedOnExit, Dataset[Any]):
         self._reading = Reading.of(store, readahead, readahead_bytes, None, None)
         self._transform = check_transform(transform)
         self.paths = resolve_paths(store, paths_or_prefix)
-        self._fingerprint = fingerprint(self.paths)
+        self.fingerprint = fingerprint(self.paths)  # the list's, which a BlobSampler's state names
         self._client = ProcessClient(store)
         self._stats = WorkerStats()  # the workers' clients' counters, for worker_stats()
 
@@ -109,7 +110,7 @@ class BlobDataset(ClosedOnExit, Dataset[Any]):
 
     def state_dict(self) -> dict[str, object]:
         """The list's identity (the position is the sampler's)."""
-        return {"samples": len(self.paths), "fingerprint": self._fingerprint}
+        return {"samples": len(self.paths), "fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Check that ``state`` was saved over this same list (ValueError if not)."""
@@ -133,13 +134,18 @@ class BlobSampler(elastic.Resumable, Sampler[int]):
     """This rank's indices of ``data_source`` for one epoch: the same permutation and rank cut
     as :class:`BlobIterableDataset` (every index once per epoch over all ranks, rank counts
     within one), with ``set_epoch`` and a ``state_dict`` that ``StatefulDataLoader`` saves and
-    restores, so a resumed epoch yields exactly the indices that were left, in order."""
+    restores, so a resumed epoch yields exactly the indices that were left, in order.  Over a
+    :class:`BlobDataset` the state names its list's fingerprint, and a resume over another
+    list is refused as the iterable refuses it; over any other sized source, only its length."""
 
     def __init__(
         self, data_source: Sized, *, shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None
     ) -> None:
+        if not isinstance(data_source, Sized):
+            raise wrong("BlobSampler: data_source", "a dataset with a len (a BlobDataset)", data_source)
         rank, world_size = resolve_rank(rank, world_size)
         self._sharding = Sharding(len(data_source), shuffle, seed, rank, world_size)
+        self._listed = {"fingerprint": data_source.fingerprint} if isinstance(data_source, BlobDataset) else {}
         self.epoch = 0
         self._pending: Position | None = None
         self._current: Position | None = None
@@ -174,17 +180,36 @@ class BlobSampler(elastic.Resumable, Sampler[int]):
 
     def state_dict(self) -> dict[str, object]:
         position = self._pending or self._current or Position(self.epoch)
-        return {**self._sharding.identity(), **elastic.position_state(position)}
+        return {**self._identity(), **elastic.position_state(position)}
 
     def load_state_dict(self, state: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
         """Resume where ``state`` was taken (by this same rank); or, given the states of every
         rank of a job of any world size, resume its epoch with this rank's share of what was left."""
-        what, identity = type(self).__name__, self._sharding.identity()
+        what, identity = type(self).__name__, self._identity()
+        self._check_listed(state)
         if not elastic.is_states(state):
             self._pending = elastic.restore_one(state, identity, what, self._sharding, (0, 1))
             return
         epoch, consumed = elastic.gather(state, elastic.shared(identity), what, self._sharding.samples, by_worker=False)
         self._pending = Position(epoch, consumed=consumed)
+
+    def _identity(self) -> dict[str, object]:
+        """What a saved state must match: the sharding's keys, and the list's fingerprint over a BlobDataset."""
+        return {**self._sharding.identity(), **self._listed}
+
+    def _check_listed(self, state: object) -> None:
+        """Refuse, over a BlobDataset, a state that names no list (saved over another sized
+        source, or before the sampler's state named its list): it cannot show it was saved over
+        this one, and resumed over another it would skip samples."""
+        if not self._listed:
+            return
+        for one in state if isinstance(state, Sequence) and elastic.is_states(state) else [state]:
+            if isinstance(one, Mapping) and "fingerprint" not in one:
+                raise ValueError(
+                    f"cannot resume: the state names no list (it has no fingerprint), this {type(self).__name__}"
+                    f" has fingerprint={self._listed['fingerprint']!r}; if it was saved over this same list,"
+                    " add that fingerprint to it"
+                )
 
 
 # --- a batch read into one tensor -----------------------------------------------------------------

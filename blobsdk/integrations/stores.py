@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Self
 
+from .._arguments import wrong
 from ..config import ClientConfig
 from ..runtime.here import Held
 from ..sync import SyncClient
@@ -32,6 +33,8 @@ class Store:
             raise ValueError("config names no stores (api_url or metadata_url): use .local(DIR, ...) for an embedded store")
         if local is not None and cfg.names_stores:
             raise ValueError("local= is the embedded store: its config must name no servers")
+        if local is not None and not isinstance(local, str | os.PathLike):
+            raise wrong("local", "a directory path (the embedded store's root)", local)
         return cls(cfg, None if local is None else os.fspath(local))
 
     def client(self) -> SyncClient:

@@ -186,7 +186,7 @@ def check_limit(limit: int) -> int:
 
 
 def check_if_version(if_version: int | None) -> int | None:
-    if if_version is not None and (not isinstance(if_version, int) or if_version < 0):
+    if if_version is not None and (not isinstance(if_version, int) or isinstance(if_version, bool) or if_version < 0):
         raise BadRequest(f"if_version must be None or an int >= 0, got {if_version!r}")
     return if_version
 

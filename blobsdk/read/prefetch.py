@@ -38,6 +38,8 @@ from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .._arguments import check_number
+from .._numbers import non_negative
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
 from ..metadata.cache import CachedMetadataStore
 from ..paths import bucket_of, validate_path, validate_prefix
@@ -167,9 +169,8 @@ class Prefetcher:
         """Check the arguments (ValueError, InvalidPath) and start; see the module docstring."""
         wanted = _targets(targets)
         top = self._tier_index(tier)
-        if pin_seconds is not None and not 0 <= pin_seconds < float("inf"):
-            raise BadRequest(f"pin_seconds must be a finite number >= 0 or None, got {pin_seconds!r}")
-        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
+        check_number("pin_seconds", pin_seconds, non_negative(optional=True), BadRequest)
+        if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1):
             raise BadRequest(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         if tier == "l3":
             if max_bytes is not None:

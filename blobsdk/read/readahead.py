@@ -48,9 +48,9 @@ class _Slot:
 async def readahead(
     plans: CachedMetadataStore, read: Reader, paths: Iterable[str], *, depth: int, max_bytes: int
 ) -> AsyncGenerator[tuple[str, bytearray], None]:
-    if not isinstance(depth, int) or depth < 1:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise BadRequest(f"depth must be an int >= 1, got {depth!r}")
-    if not isinstance(max_bytes, int) or max_bytes < 1:
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
         raise BadRequest(f"max_bytes must be an int >= 1, got {max_bytes!r}")
     source = iter(paths)
     planned: deque[_Slot] = deque()  # plans known, reads not started

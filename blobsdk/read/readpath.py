@@ -75,7 +75,7 @@ from .codec import ChunkDecoder, verify_windows
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:
     """Clamp a requested range to ``[start, end)`` inside a blob of ``size`` bytes."""
     check_offset(offset)
-    if length is not None and (not isinstance(length, int) or length < 0):
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 0):
         raise BadRequest(f"length must be None or an int >= 0, got {length!r}")
     start = min(offset, size)
     end = size if length is None else min(size, offset + length)

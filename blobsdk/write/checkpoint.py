@@ -78,6 +78,8 @@ from typing import Any
 
 import msgspec
 
+from .._arguments import check_callable, check_flag, check_number, check_str, wrong
+from .._numbers import integer, positive
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
 from ..paths import validate_path
@@ -140,12 +142,14 @@ class Checkpoints:
         mirror: bool = False,
         rewrite_at: float = REWRITE_AT,
     ) -> None:
-        prefix = prefix.removesuffix("/") if isinstance(prefix, str) and prefix != "/" else prefix  # a directory's
+        prefix = check_str("checkpoints: prefix", prefix)
+        prefix = prefix.removesuffix("/") if prefix != "/" else prefix  # a directory's
         validate_path(prefix + "/x")
-        _check_int("keep", keep, 1, None)  # before anything is written (issue 20: nan committed, then failed)
-        _check_int("chunk_size", chunk_size, 1, MAX_CHUNK_BYTES)
-        if not isinstance(rewrite_at, int | float) or isinstance(rewrite_at, bool) or not 0 < rewrite_at < float("inf"):
-            raise ValueError(f"rewrite_at must be a number > 0 (a share of a chunk), got {rewrite_at!r}")
+        check_number("keep", keep, integer(1))  # before anything is written (nan once committed, then failed)
+        check_number("chunk_size", chunk_size, integer(1, MAX_CHUNK_BYTES))
+        check_number("rewrite_at", rewrite_at, positive(), unit=" (a share of a chunk)")
+        for name, flag in (("trust_version_counters", trust_version_counters), ("dedup", dedup), ("mirror", mirror)):
+            check_flag(f"checkpoints: {name}", flag)
         self.prefix = prefix
         self.keep = keep
         self.chunk_size = chunk_size
@@ -222,6 +226,7 @@ class Checkpoints:
         atomically, as a save does; their entry names must not repeat.  PreconditionFailed
         if a checkpoint was saved or removed since the parts were written."""
         _check_step(step)
+        _check_parts(parts)
         await self._idle()
         base = await self._latest()
         version = base.latest_version if base is not None else 0
@@ -329,6 +334,7 @@ class Checkpoints:
     async def remove(self, step: int) -> None:
         """Delete checkpoint ``step`` (BlobNotFound if there is none).  If it is the latest,
         ``latest`` first moves to the newest one left (compare-and-swap), or goes."""
+        _check_step(step)
         steps = await self.list()
         if step not in steps:
             raise BlobNotFound(f"no checkpoint {step} under {self.prefix}")
@@ -367,6 +373,7 @@ class Checkpoints:
 
     async def manifest(self, step: int | None = None) -> Manifest:
         """The manifest of ``step`` (None: the latest); BlobNotFound if there is none."""
+        _check_step(step, optional=True)
         if step is None:
             base = await self._latest()
             if base is None:
@@ -385,6 +392,7 @@ class Checkpoints:
         only the leaves whose name (their keys from the root) it accepts, and only their
         chunks are read.  With ``into`` (a state shaped like the saved one), its arrays and
         tensors are filled in place and it is returned: see blobsdk/write/restore.py."""
+        check_callable("load: select", select)
         manifest = await self.manifest(step)
         plan = await self._metadata.get_plan(f"{self._step_dir(manifest.step)}/data")
         if select is not None:
@@ -419,17 +427,18 @@ class Checkpoints:
         return Base(manifest, plan, latest.version)
 
 
-def _check_int(name: str, value: object, low: int, high: int | None) -> None:
-    """ValueError unless ``value`` is an int (bool refused) from ``low`` to ``high``."""
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high):
-        return
-    bounds = f">= {low}" if high is None else f"from {low} to {high}"
-    raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
+def _check_step(step: object, *, optional: bool = False) -> None:
+    """A step to save, or to read (``optional``: None is the latest)."""
+    check_number("step", step, integer(0, 10**_STEP_DIGITS - 1, optional=optional))
 
 
-def _check_step(step: int) -> None:
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**_STEP_DIGITS:
-        raise ValueError(f"step must be an int from 0 to {10**_STEP_DIGITS - 1}, got {step!r}")
+def _check_parts(parts: object) -> None:
+    """commit's ``parts``: a list of what write_part returned."""
+    if not isinstance(parts, Sequence) or isinstance(parts, str | bytes):
+        raise wrong("commit: parts", "a list of parts (what write_part returned)", parts)
+    for part in parts:
+        if not isinstance(part, Part):
+            raise wrong("commit: each part", "a Part (what write_part returned)", part)
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:

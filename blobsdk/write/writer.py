@@ -20,10 +20,12 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 import lz4.block
 import xxhash
 
+from .._arguments import check_bytes_like, check_pair
 from ..config import Compression, WriteConfig, check_write_config
 from ..errors import BlockCollected, Unavailable
 from ..metadata.base import MetadataStore
@@ -188,7 +190,8 @@ class Writer:
         async with task_group() as tasks:
             packer = _Packer(self._blocks, self._config, tasks)
             batch = _Batch(self, packer, tasks, progress)
-            async for path, data in _aiter(items):
+            async for item in _aiter(items):
+                path, data = _item(item)
                 validate_path(path)
                 await batch.add(await self._pack(packer, path, data), memoryview(data).nbytes)
             await batch.finish()
@@ -291,6 +294,13 @@ class _Batch:
         self._done = (self._done[0] + len(batch), self._done[1] + sum(n for _, n in batch))
         if self._progress is not None:
             self._progress(*self._done)
+
+
+def _item(item: object) -> tuple[Any, Buffer]:
+    """An item of put_many: a (path, data) pair whose data is bytes-like (its path is checked next)."""
+    path, data = check_pair("put_many: each item", item)
+    check_bytes_like(f"put_many: the data of {path!r}", data)
+    return path, data
 
 
 async def _aiter(items: Iterable[Item] | AsyncIterable[Item]) -> AsyncIterator[Item]:
