@@ -7,11 +7,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from servers._common.lifeline import wait_orphaned
 from tests.helpers import ROOT
 from tests.servers.test_cluster import _alive as running
 from tests.servers.test_cluster import _wait_for
@@ -65,3 +69,30 @@ def test_a_service_stops_with_its_starter_while_a_process_it_forked_lives_on(tmp
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "parent-pid"])
+def test_an_orphan_sees_its_starter_gone_while_its_lifeline_is_held(monkeypatch: pytest.MonkeyPatch, pidfds: bool) -> None:
+    """Without pidfds (not Linux, an old kernel) the parent pid tells it.  Every process here
+    holds the lifeline's write end, the orphan too: only the starter's death can end the wait."""
+    if not pidfds:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    lifeline, held = os.pipe()
+    report, told = os.pipe()
+    starter = os.fork()
+    if starter == 0:
+        me = os.getpid()
+        if os.fork() == 0:  # the server
+            try:
+                wait_orphaned(lifeline, me)
+                os.write(told, b"orphaned")
+            finally:
+                os._exit(0)
+        os._exit(0)  # the starter dies at once
+    try:
+        os.waitpid(starter, 0)
+        assert select.select([report], [], [], 30)[0] == [report]  # a failure guard: the orphan says so within PARENT_POLL_S
+        assert os.read(report, 8) == b"orphaned"
+    finally:
+        for fd in (lifeline, held, report, told):
+            os.close(fd)
