@@ -177,7 +177,8 @@ async def test_a_block_deleted_mid_get_ends_the_connection(tmp_path: Path, monke
     ):
         status, headers = await head_of(reader)
         assert (status, headers["content-length"]) == (200, str(3 * MiB))
-        assert await until_closed(reader) == data[: blockstore.PIECE]  # the piece read before the head
+        body = await until_closed(reader)  # of the piece read before the head: what left before the close
+    assert len(body) <= blockstore.PIECE and body == data[: len(body)]  # no 404 reply inside the body
 
 
 # --- the peer server ------------------------------------------------------------------------
