@@ -39,10 +39,10 @@ tenant tokens (``blobsdk token create --keys FILE ...``) and chunk grants; ``cli
 gets the static admin ``--token`` (a random one if none is given), which the servers also
 use among themselves.
 
-Every server holds the read end of a pipe whose write end only the starting process holds
-(the *lifeline*), and stops itself when it reads EOF: servers die with the process that
-started them, even by SIGKILL, whichever of its threads started them (``PR_SET_PDEATHSIG``
-would fire when that thread exits, and ``async with`` starts them from a worker thread).
+Every server stops itself once the process that started it is gone, even by SIGKILL, whichever
+of its threads started them and whatever it forked meanwhile: it watches that process, and
+holds the read end of a pipe whose write end only that process holds (the *lifeline*); see
+servers/_common/lifeline.py for why both.
 
 Tests and benchmarks use the same machinery in-process::
 
@@ -80,13 +80,14 @@ import msgspec
 from blobsdk.config import ClientConfig, S3Config, WriteConfig, s3_location
 
 from ._common import prog
+from ._common.lifeline import wait_orphaned
 from ._common.stores import add_s3_args, s3_args_of, s3_config_of_args
 from .seaweedd import SeaweedServer, start_seaweed_l4
 from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 ORPHAN_GRACE_SECONDS = 5.0  # an orphaned server that has not stopped on SIGTERM by then exits hard
-# Every server runs through serve_child: argv is the lifeline's fd, the module, its flags.
+# Every server runs through serve_child: argv is the lifeline's fd, the starter's pid, the module, its flags.
 _CHILD = f"from {__package__}.cluster import serve_child; serve_child()"
 
 
@@ -251,7 +252,7 @@ class Cluster:
         assert self._lifeline is not None, "start() opens the lifeline"
         fd = self._lifeline[0]
         serving = ["--host", HOST, "--port", str(port), "--port-file", str(port_file)]
-        argv = [sys.executable, "-c", _CHILD, str(fd), module, *serving, *args]
+        argv = [sys.executable, "-c", _CHILD, str(fd), str(os.getpid()), module, *serving, *args]
         with open(log, "ab") as out:
             return subprocess.Popen(
                 argv,
@@ -372,19 +373,18 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def serve_child() -> None:
     """Run ``python -m MODULE FLAGS`` in this process (``sys.argv[1:]`` is the lifeline's
-    fd, MODULE, FLAGS) and stop it when the lifeline reaches EOF."""
-    fd, module, *flags = sys.argv[1:]
-    threading.Thread(target=_stop_when_orphaned, args=(int(fd),), name="lifeline", daemon=True).start()
+    fd, the starter's pid, MODULE, FLAGS) and stop it once it is orphaned."""
+    fd, starter, module, *flags = sys.argv[1:]
+    threading.Thread(target=_stop_when_orphaned, args=(int(fd), int(starter)), name="lifeline", daemon=True).start()
     sys.argv = [module, *flags]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-def _stop_when_orphaned(fd: int) -> NoReturn:
-    """Nobody writes to the lifeline: the read returns only once every holder of its write
-    end is gone (already gone, if the starter died before we got here)."""
+def _stop_when_orphaned(fd: int, starter: int) -> NoReturn:
+    """Once the starter is gone (already gone, if it died before we got here) or the lifeline
+    reached EOF, stop the server gracefully, and for good after ORPHAN_GRACE_SECONDS."""
     with contextlib.suppress(OSError):  # a bad fd: stopping is the safe side
-        while os.read(fd, 1):
-            pass
+        wait_orphaned(fd, starter)
     os.kill(os.getpid(), signal.SIGTERM)  # the server's own graceful stop
     time.sleep(ORPHAN_GRACE_SECONDS)
     os._exit(1)

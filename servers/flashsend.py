@@ -19,7 +19,10 @@ is kept (the damage was on the way), so a report can cost a node one read, never
 The answer is the one a read into memory gets: 200, ``Content-Type:
 application/octet-stream``, ``X-Blobsdk-Cache: hit``, the Content-Length.  A response whose
 writes the fault injector damages (servers/_common/faults.py) is written through them instead.
-A client that hangs up during the send ends it quietly, as it ends a write from memory.
+A client that hangs up during the send ends it quietly, as it ends a write from memory.  A
+file that sends short (shrunk under the send, or a read error mid-way) ends the connection
+at once (blobsdk/net/serving.py), so the client fails the read over instead of waiting for
+bytes that will not come; the node logs it and verifies the file again at its next read.
 ``os.sendfile`` runs on the event loop (as in aiohttp's FileResponse): a payload that is not
 in the page cache is read from the device inside it, so a node on a slow device stalls its
 loop for that read, where a read into memory waited on a disk thread.  Only the open and the
@@ -29,17 +32,20 @@ header's check still go to the cache's disk threads.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from aiohttp import web
 
 from blobsdk.cache.disk import DiskCache, PayloadFile
+from blobsdk.net.serving import end_connection, sent_past_writer
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 
 from ._common.faults import writes_wrapped
 from ._common.http import SEND_PIECE
 
 OCTETS = "application/octet-stream"
+log = logging.getLogger(__name__)
 
 
 async def send_verified(cache: DiskCache, request: web.Request, ref: ChunkRef) -> web.StreamResponse | None:
@@ -51,36 +57,61 @@ async def send_verified(cache: DiskCache, request: web.Request, ref: ChunkRef) -
     with payload:
         if payload.length != ref.length:
             return None
-        return await _send(request, payload)
+        response, failed = await _answer(request, payload)
+    if failed is not None:  # its connection is ended: the client fails this read over at once
+        cache.forget_verified(ref.key)
+        log.warning("chunk %s: %s; closed the connection", ref.key, failed)
+    return response
 
 
-async def _send(request: web.Request, payload: PayloadFile) -> web.StreamResponse:
+async def _answer(request: web.Request, payload: PayloadFile) -> tuple[web.StreamResponse, str | None]:
+    """The hit's response, sent; and, if its body came out short, why (its connection is
+    then ended)."""
     response = web.StreamResponse(headers={CACHE_HEADER: "hit"})
     response.content_type = OCTETS
     response.content_length = payload.length
     await response.prepare(request)
-    if writes_wrapped(response):
-        await _write_pieces(response, payload)
+    try:
+        sent = await _send(request, response, payload)
+    except ConnectionError:  # the client hung up (e.g. a hedge it no longer needs): not an error
+        end_connection(request)
+        return response, None
+    except OSError as exc:
+        failed = f"the send failed: {type(exc).__name__}: {exc}"
     else:
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client hung up")
-        try:
-            await asyncio.get_running_loop().sendfile(transport, payload.file, payload.offset, payload.length)
-        except ConnectionError:  # the client hung up (e.g. a hedge it no longer needs): not an error
-            response.force_close()
-            transport.abort()
-            return response
-    await response.write_eof()
-    return response
+        if sent == payload.length:
+            await response.write_eof()
+            return response, None
+        failed = f"sent {sent} of its {payload.length} bytes: the file shrank under the send"
+    end_connection(request)
+    return response, failed
 
 
-async def _write_pieces(response: web.StreamResponse, payload: PayloadFile) -> None:
-    """Read and write the payload in pieces, through ``response.write`` (fault injection)."""
+async def _send(request: web.Request, response: web.StreamResponse, payload: PayloadFile) -> int:
+    """Send the payload after ``response``'s head; the number of its bytes sent (fewer if
+    the file ends first)."""
+    if writes_wrapped(response):
+        return await _write_pieces(response, payload)
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client hung up")
+    sent = await asyncio.get_running_loop().sendfile(transport, payload.file, payload.offset, payload.length)
+    sent_past_writer(request, sent)
+    return sent
+
+
+async def _write_pieces(response: web.StreamResponse, payload: PayloadFile) -> int:
+    """Read and write the payload in pieces, through ``response.write`` (fault injection);
+    the number of bytes written (fewer if the file ends first)."""
     fd = payload.file.fileno()
-    end = payload.offset + payload.length
-    for at in range(payload.offset, end, SEND_PIECE):
-        await response.write(await asyncio.to_thread(os.pread, fd, min(SEND_PIECE, end - at), at))
+    sent = 0
+    while sent < payload.length:
+        piece = await asyncio.to_thread(os.pread, fd, min(SEND_PIECE, payload.length - sent), payload.offset + sent)
+        if not piece:
+            break
+        await response.write(piece)
+        sent += len(piece)
+    return sent
 
 
 async def recheck(cache: DiskCache, key: str) -> bool:

@@ -24,7 +24,8 @@ e.g. ``{"block": ["route=/v1/blocks;methods=GET;error_rate=100%"]}``.
 
 Every server listens on a free loopback port and holds a lifeline to this process: the
 fixture's teardown stops them all (and checks that they exited), and they stop themselves
-if pytest is killed.  Each test gets its own directories: nothing is shared between tests.
+if pytest is killed, whatever the test forked (servers/_common/lifeline.py).  Each test gets
+its own directories: nothing is shared between tests.
 
 Loading the plugin imports only pytest (and pytest-asyncio if installed): pytest loads it
 in every run, so blobsdk and the servers are imported by the fixtures that use them.  It

@@ -10,7 +10,14 @@ and the peer server a client runs (``blobsdk/peer/server.py``), so it lives in t
 - a request body that gets no bytes for ``body_timeout`` while the server is ready to read
   it fails the handler's next read with BodyTimedOut (408); the connection then closes;
 - past ``max_connections`` open connections a new one gets a 503 and is closed at once,
-  while the open ones are served; refusals are logged once per ``LOG_INTERVAL_S``.
+  while the open ones are served; refusals are logged once per ``LOG_INTERVAL_S``;
+- a response that does not send the body it declared ends its connection at once (the
+  transport is aborted): a streamed body the handler left short of its Content-Length (a
+  file that shrank under the send), or a second response a middleware made after the first
+  one's body began (an error mid-body, which aiohttp would write into that body).  A reader
+  then sees the connection close, where it would wait for the missing bytes until its own
+  timeout.  A handler that sends body bytes around aiohttp's writer (``loop.sendfile``)
+  counts them with :func:`sent_past_writer`.
 
 Request bodies are never inflated (``auto_decompress=False``; the error middleware answers
 415 to a ``Content-Encoding``), and a malformed request is one log line per interval, not a
@@ -224,6 +231,9 @@ class BoundedRequestHandler(RequestHandler):
     ) -> tuple[web.StreamResponse, bool]:
         self._stop_timers()
         try:
+            if not _answered_whole(request, resp):
+                end_connection(request)
+                self.force_close()
             return await super().finish_response(request, resp, start_time)
         finally:
             self._in_flight = False
@@ -255,6 +265,51 @@ class BoundedRequestHandler(RequestHandler):
                 timer.cancel()
         self._head_timer = self._body_timer = None
         self._body = None
+
+
+_STARTED = web.RequestKey("blobsdk_started_response", web.StreamResponse)
+
+
+async def _note_started(request: web.Request, response: web.StreamResponse) -> None:
+    """Remember the first response prepared for ``request`` (its head went out)."""
+    if _STARTED not in request:
+        request[_STARTED] = response
+
+
+def _answered_whole(request: web.BaseRequest, resp: web.StreamResponse) -> bool:
+    """False if the response whose head went out is not ``resp`` (a middleware answered an
+    error after the body began), or is a streamed body shorter than its Content-Length.  A
+    plain Response writes its whole body at the end (aiohttp does not count it down), and a
+    bodiless one has none to send."""
+    started = request.get(_STARTED)
+    if started is None:
+        return True
+    if started is not resp:
+        return False
+    if isinstance(resp, (web.Response, web.FileResponse)) or _bodiless(request.method, resp.status):
+        return True
+    return not request.writer.length  # None: no length declared; 0: all of it written
+
+
+def _bodiless(method: str, status: int) -> bool:
+    return method == "HEAD" or status < 200 or status in (204, 304)
+
+
+def sent_past_writer(request: web.BaseRequest, nbytes: int) -> None:
+    """Count ``nbytes`` of body a handler sent around aiohttp's writer (``loop.sendfile``
+    straight to the transport), so that a whole body is not taken for a short one."""
+    writer = request.writer
+    if writer.length is not None:
+        writer.length = max(0, writer.length - nbytes)
+
+
+def end_connection(request: web.BaseRequest) -> None:
+    """Close ``request``'s connection now, dropping what is still queued for it: the end of
+    a response that will not send the body it declared (or whose client stopped reading).
+    A connection already closing (the client hung up, or a fault injected a cut) is left so."""
+    transport = request.transport
+    if transport is not None and not transport.is_closing():
+        transport.abort()
 
 
 def _dispatching(factory: Any) -> Any:
@@ -310,6 +365,8 @@ async def serving(app: web.Application, host: str, port: int, limits: ServerLimi
     A handler whose client goes away is cancelled (aiohttp's default lets it run on): a GET
     queued for a block server's spindle gives its place up instead of seeking for nobody,
     which a hedged or failed-over read leaves behind on a busy HDD tier."""
+    if _note_started not in app.on_response_prepare:  # an app served before has it (and is frozen)
+        app.on_response_prepare.append(_note_started)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:

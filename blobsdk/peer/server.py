@@ -16,7 +16,8 @@ verified raw bytes.  Its rules, in the order they are checked:
   chunk this client is still fetching; None is 404, a stale tracker entry.  A child that
   waited is not refused afterwards: it queues for one of the ``max_uploads`` sends (the
   tracker's fan-out bounds how many wait per chunk);
-- each upload must be taken within ``timeout_s`` (a child that stops reading loses it);
+- each upload must be taken within ``timeout_s``: a child that stops reading loses it, and
+  its connection is closed with the bytes still queued for it;
   and like every server (``blobsdk/net/serving.py``) it bounds header, body and idle time and
   its connection count.
 
@@ -39,7 +40,7 @@ from aiohttp import web
 from ..auth import TICKET_HEADER, ServeKey
 from ..config import PeerConfig
 from ..errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
-from ..net.serving import serving
+from ..net.serving import end_connection, serving
 from ..wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
 
 Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]
@@ -114,6 +115,7 @@ class PeerServer:
                 await response.write_eof()
         except (ConnectionResetError, TimeoutError):  # the child left (a hedge's loser) or stopped reading
             self.counts["aborted"] += 1
+            end_connection(request)
             return response
         self.counts["uploads"] += 1
         self.counts["bytes_served"] += raw.nbytes

@@ -13,14 +13,17 @@ import aiohttp
 import msgspec
 import pytest
 
+from blobsdk.cache.disk import PayloadFile
 from blobsdk.config import HedgeConfig
 from blobsdk.read.placement import rank
+from blobsdk.tail.health import Reason
 from blobsdk.tiers.l3 import L3Tier
-from blobsdk.wire import ChunkRef, chunk_query
+from blobsdk.wire import CACHE_HEADER, ChunkRef, chunk_query
 from servers._common.faults import FaultConfig, FaultRule
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, make_app
 from tests.helpers import auth_headers, running_app
 from tests.servers.test_flash import ADMIN, TOK_A, Env, chunks, code_of, for_a, for_b, tenant_node
+from tests.servers.test_short_bodies import GUARD, LONG, PATIENT, answer, asking, head_of, until_closed
 from tests.tiers.test_l3 import flash_nodes
 from tests.tiers.test_l4 import decode
 
@@ -169,3 +172,90 @@ async def test_a_client_that_hangs_up_mid_send_is_no_error(env: Env, caplog: pyt
         await asyncio.sleep(0.01)
     assert node.counters.hits == 3 and not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert (await env.get(url, ref))[:3] == (200, "hit", good)
+
+
+# --- a file that shrinks under the send -------------------------------------------------------
+# The nodes below never close an idle connection on their own (PATIENT), and the client's read
+# timeout and hang deadline are far beyond GUARD: on code that leaves a short hit's connection
+# open, the reads below wait past GUARD and the test fails.
+
+EIGHT_MIB, KEPT = 8 << 20, 4_833_241  # what a node sent of a declared 8,388,608 bytes, then kept the connection open
+CORRUPTING = FaultConfig(rules=(FaultRule(route="/v1/chunks", methods=("GET",), corrupt_rate=1.0),), seed=1)
+
+
+async def patient_node(env: Env, name: str = "flash", faults: FaultConfig | None = None) -> tuple[str, FlashNode]:
+    cfg = FlashConfig(dir=str(env.tmp / name), block_urls=tuple(env.urls), capacity_bytes=64 << 20)
+    app = make_app(cfg, faults=faults, admin_token=None if faults is None else "adm")
+    url = await env.stack.enter_async_context(running_app(app, PATIENT))
+    return url, app[FLASH_NODE]
+
+
+def shrink_under_the_send(monkeypatch: pytest.MonkeyPatch, node: FlashNode, ref: ChunkRef, keep: int) -> None:
+    """From now on, the node's verified file of ``ref`` is cut to ``keep`` payload bytes as
+    soon as the node has opened it to send it."""
+    opened = node.cache.open_verified
+
+    async def open_then_shrink(key: str) -> PayloadFile | None:
+        payload = await opened(key)
+        if payload is not None and key == ref.key:
+            os.truncate(entry_file(node, ref), payload.offset + keep)
+        return payload
+
+    monkeypatch.setattr(node.cache, "open_verified", open_then_shrink)
+
+
+@pytest.mark.parametrize("faults", [None, CORRUPTING], ids=["sendfile", "written-through-faults"])
+async def test_a_hit_whose_file_shrinks_mid_send_ends_its_connection(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, faults: FaultConfig | None
+) -> None:
+    (ref,) = await chunks(env, 1, size=EIGHT_MIB)
+    url, node = await patient_node(env, faults=faults)
+    assert (await env.get(url, ref))[:2] == (200, "miss")  # the fill
+    good = await node.cache.get(ref.key)  # read and verified: the next hit is sent zero-copy
+    assert good is not None
+    shrink_under_the_send(monkeypatch, node, ref, KEPT)
+    caplog.set_level(logging.WARNING, logger="servers.flashsend")
+    async with asking(int(url.rsplit(":", 1)[1]), f"/v1/chunks/{ref.key}?{chunk_query(ref)}") as reader:
+        status, headers = await head_of(reader)
+        assert (status, headers["content-length"], headers[CACHE_HEADER.lower()]) == (200, str(EIGHT_MIB), "hit")
+        body = await until_closed(reader)
+    if faults is None:  # sendfile: every byte sent is in the socket by the time the connection is ended
+        assert body == bytes(good[:KEPT])
+    else:  # written in pieces: what the transport still held is dropped with the connection
+        assert len(body) <= KEPT and sum(a != b for a, b in zip(body, bytes(good[: len(body)]), strict=True)) <= 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"chunk {ref.key}: sent {KEPT} of its {EIGHT_MIB} bytes: the file shrank under the send; closed the connection"
+    ]
+    status, source, _ = await env.get(url, ref)  # the short file is verified again, dropped, read through
+    assert (status, source) == (200, "miss") and node.cache.stats()["corrupt"] == 1
+
+
+async def test_zero_copy_hits_keep_their_connection(env: Env) -> None:
+    (ref,) = await chunks(env, 1, size=EIGHT_MIB)
+    url, node = await patient_node(env)
+    _, _, good = await env.get(url, ref)
+    assert (await env.get(url, ref))[:3] == (200, "hit", good)  # verified: the hits below are sent with sendfile
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    for _ in range(3):
+        writer.write(f"GET /v1/chunks/{ref.key}?{chunk_query(ref)} HTTP/1.1\r\nHost: node\r\n\r\n".encode())
+        assert await answer(reader) == (200, good)
+    writer.close()
+    await writer.wait_closed()
+    assert node.counters.hits == 4
+
+
+async def test_the_client_fails_a_short_hit_over_at_once(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    await env.start(2)
+    (ref,) = await chunks(env, 1, size=EIGHT_MIB)
+    nodes = dict([await patient_node(env, f"flash{i}") for i in range(2)])
+    hedge = HedgeConfig(enabled=False, hang_min_ms=100_000, hang_max_ms=100_000)
+    timeout = aiohttp.ClientTimeout(total=LONG, sock_read=LONG)
+    tier = L3Tier(env.session, list(nodes), replicas=2, hedge=hedge, timeout=timeout)
+    env.stack.push_async_callback(tier.aclose)
+    first_url = rank(ref.key, list(nodes))[0]
+    good = bytes(await tier.fetch(ref, decode) or b"")  # the first node fills
+    assert bytes(await tier.fetch(ref, decode) or b"") == good  # and verifies its file
+    shrink_under_the_send(monkeypatch, nodes[first_url], ref, KEPT)
+    assert bytes(await asyncio.wait_for(tier.fetch(ref, decode), GUARD) or b"") == good  # from the second node
+    assert tier.stats.errors == 1 and tier.health.has(first_url, Reason.DOWN)
+    assert tier.extra_stats()["node_fills"] == 2

@@ -5,13 +5,20 @@ entry point."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 import tomllib
 
 import pytest
 
 from servers import cluster, testing
 from tests.helpers import ROOT
+from tests.servers.test_cluster import _alive as running
+from tests.servers.test_cluster import _wait_for
 
 pytest_plugins = ["pytester"]
 
@@ -154,6 +161,51 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+FORKS = """
+import json, multiprocessing, os, signal
+
+def _linger():
+    signal.pause()  # a process the test forked: it outlives pytest, with every file it inherited
+
+def test_forks_a_process_that_lives_on(blob_cluster_factory):
+    cluster = blob_cluster_factory(block_servers=2, l3_nodes=1)
+    child = multiprocessing.get_context("fork").Process(target=_linger, daemon=True)
+    child.start()
+    with open(os.environ["PIDS_FILE"] + ".tmp", "w") as out:
+        json.dump({"servers": cluster.pids, "child": child.pid}, out)
+    os.replace(os.environ["PIDS_FILE"] + ".tmp", os.environ["PIDS_FILE"])
+    signal.pause()  # pytest is killed here
+"""
+
+
+def test_every_server_stops_when_pytest_is_killed_whatever_the_test_forked(user, monkeypatch):
+    """The plugin is loaded as ``servers.testing``, the tree under test (``blobsdk_servers``
+    is wherever blobsdk was installed from)."""
+    pids_file = user.path / "pids.json"
+    monkeypatch.setenv("PIDS_FILE", str(pids_file))
+    test_file = user.makepyfile(FORKS)
+    plugin = ["-p", "no:blobsdk_servers.testing", "-p", "servers.testing"]
+    argv = [sys.executable, "-m", "pytest", "-q", *plugin, f"--basetemp={user.path / 'basetemp'}", str(test_file)]
+    killed = subprocess.Popen(argv, cwd=user.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: dict[str, list[int]] = {"servers": [], "child": []}
+    try:
+        _wait_for(lambda: pids_file.exists() or killed.poll() is not None, 120, "the test's cluster and its fork")
+        assert killed.poll() is None
+        found = json.loads(pids_file.read_text())
+        pids = {"servers": found["servers"], "child": [found["child"]]}
+        assert len(pids["servers"]) == 4 and running(found["child"])
+        killed.kill()
+        killed.wait()
+        _wait_for(lambda: not any(running(pid) for pid in pids["servers"]), 30, "every server to stop")
+        assert running(found["child"])  # the fork still holds what it inherited: the servers did not wait for it
+    finally:
+        killed.kill()
+        killed.wait()
+        for pid in pids["servers"] + pids["child"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_entry_point_loads_the_plugin_and_nothing_heavy(user, monkeypatch):
