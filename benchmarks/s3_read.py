@@ -206,7 +206,7 @@ async def _size(config: dict[str, str], redis_url: str, shape: Shape, range_byte
     store = S3BlockStore(BUCKET, "blocks", config=config, allow_http=True)
     target = target_of(config, True)
     assert isinstance(target, S3Target), target
-    getter = S3Getter(target, timeout_s=30, max_retries=3)
+    getter = S3Getter(target, timeout_s=30)
     async with store, _Boto3(config) as boto, _client(config, redis_url, range_bytes) as client:
         data = {new_block_id(): os.urandom(shape.object_bytes) for _ in range(shape.objects)}
         await asyncio.gather(*(store.write_block(block, [body]) for block, body in data.items()))

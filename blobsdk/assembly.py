@@ -122,11 +122,13 @@ def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: Li
 
         bucket, prefix = s3_location(cfg.source_url)
         s3 = cfg.s3
-        return S3BlockStore(bucket, prefix, config=s3.options(), allow_http=s3.allow_http, limiter=limiters.get(cfg.source_url))
+        limiter, stall_s = limiters.get(cfg.source_url), cfg.timeouts.stall
+        return S3BlockStore(bucket, prefix, config=s3.options(), allow_http=s3.allow_http, stall_s=stall_s, limiter=limiter)
     from .sources.http import HttpBlockStore
     from .sources.replicated import ReplicatedBlockStore
 
-    replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url)) for url in cfg.block_urls]
+    stall_s = cfg.timeouts.stall
+    replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url), stall_s=stall_s) for url in cfg.block_urls]
     return ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
 
 

@@ -134,14 +134,17 @@ def s3_location(url: str) -> tuple[str, str]:
 
 
 class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Seconds.  ``sock_read`` bounds every wait for the next bytes of a response."""
+    """Seconds.  ``sock_read`` bounds every wait for the next bytes of a response; ``stall``
+    every wait for the next bytes of an L4 read's body once it has begun (block servers and
+    S3): a body silent that long fails that try, which S3 retries and replicas fail over."""
 
     connect: float = 5.0
     sock_read: float = 30.0
     total: float = 300.0
+    stall: float = 5.0
 
     def __post_init__(self) -> None:
-        check_numbers("timeouts", self, dict.fromkeys(("connect", "sock_read", "total"), positive()))
+        check_numbers("timeouts", self, dict.fromkeys(("connect", "sock_read", "total", "stall"), positive()))
 
 
 # --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/tail/limiter.py, blobsdk/ops/repair.py

@@ -23,7 +23,9 @@
      │                         route, a chunk without a valid grant: 403)
      ├── Unavailable           a server or quorum could not be reached in time
      │    ├── TimedOut         a request got no (complete) answer within its deadline
-     │    │    └── BodyTimedOut  a server stopped waiting for a stalled request body (408)
+     │    │    ├── BodyTimedOut  a server stopped waiting for a stalled request body (408)
+     │    │    └── ReplyStalled  a reply's body stopped arriving mid-transfer (the data GET's
+     │    │                      stall bound): that attempt failed, to retry or fail over
      │    ├── Overloaded       a server shed the request (429 on the wire)
      │    │    └── PeerBusy     a peer's upload slots are all sending (the child moves on)
      │    └── HedgeExhausted   every candidate of a hedged read failed (``failures`` says how)
@@ -207,6 +209,11 @@ class BodyTimedOut(TimedOut):
     """A request body stalled: 408 on the wire, TimedOut for the client."""
 
     http_status = 408
+
+
+class ReplyStalled(TimedOut):
+    """A data GET's reply body made no progress for its stall bound (``[timeouts] stall``):
+    that attempt failed, and is retried (S3) or failed over (replicas); TimedOut on the wire."""
 
 
 class ClientClosed(BlobError, RuntimeError):

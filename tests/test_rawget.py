@@ -32,6 +32,7 @@ from blobsdk.errors import (
     CorruptData,
     PreconditionFailed,
     QuotaExceeded,
+    ReplyStalled,
     TimedOut,
     Unauthorized,
     Unavailable,
@@ -203,9 +204,9 @@ def answering(first: bytes, then: bytes | None = None) -> Handler:
 
 @asynccontextmanager
 async def endpoint(
-    url: str, token: str | None = None, *, timeout: aiohttp.ClientTimeout = TIMEOUT
+    url: str, token: str | None = None, *, timeout: aiohttp.ClientTimeout = TIMEOUT, stall_s: float | None = None
 ) -> AsyncIterator[RawGetEndpoint]:
-    ep = RawGetEndpoint(url, token, timeout=timeout)
+    ep = RawGetEndpoint(url, token, timeout=timeout, stall_s=stall_s)
     try:
         yield ep
     finally:
@@ -693,6 +694,88 @@ async def test_a_timeout_backs_the_limiter_off() -> None:
             await get(ep, limiter=lim)
     assert isinstance(info.value.__cause__, TimeoutError)
     assert lim.stats()["drops"] == 1 and lim.limit == 8  # as aiohttp's timeouts did before _rawget
+
+
+async def half_then_silent(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    """The head and 5 of the body's 10 bytes, then nothing until the client hangs up."""
+    server.heads.append(await read_head(reader))
+    writer.write(GOOD[:-5])
+    await writer.drain()
+    await wait_eof(reader)
+    server.closed_by_client.append(index)
+
+
+LONG_READ = aiohttp.ClientTimeout(total=30.0, connect=1.0, sock_read=30.0)
+
+
+async def test_a_body_that_stalls_mid_transfer_is_reply_stalled_after_stall_s_not_sock_read() -> None:
+    lim = limiter()
+    async with Server(half_then_silent) as server, endpoint(server.url, timeout=LONG_READ, stall_s=0.2) as ep:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        message = f"GET {server.url}{ROUTE}: the reply's body stalled after 5 bytes: none for 0.2s"
+        with raises_exactly(ReplyStalled, message) as info:
+            await get(ep, limiter=lim)
+        elapsed = loop.time() - started
+        assert 0.19 <= elapsed < 10.0  # the stall bound fired (real time): not before it, long before sock_read
+        await until(lambda: server.closed_by_client == [0], "the client to close the stalled connection")
+    assert isinstance(info.value, TimedOut) and isinstance(info.value.__cause__, TimeoutError)
+    assert lim.stats()["drops"] == 1  # a stall is a timeout to the limiter
+
+
+async def test_the_stall_bound_never_cuts_a_slow_start_only_a_silent_body() -> None:
+    """Before the reply's head only ``sock_read`` bounds the wait: a server that takes longer
+    than the stall bound to begin, then sends its reply at once, is answered."""
+
+    async def late(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        await read_head(reader)
+        await asyncio.sleep(0.3)  # the fault: a slow first byte
+        writer.write(GOOD)
+        await writer.drain()
+        await wait_eof(reader)
+
+    async with Server(late) as server, endpoint(server.url, stall_s=0.05) as ep:
+        assert await get(ep) == (b"0123456789", {"content-length": "10"})
+
+
+async def test_a_body_that_begins_after_the_stall_bound_and_stalls_is_reply_stalled() -> None:
+    """The first look at the stall bound finds no body yet; the body that begins later
+    brings the GET's timer forward to its own stall bound, not ``sock_read``."""
+
+    async def late_then_silent(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        await read_head(reader)
+        await asyncio.sleep(0.3)  # the fault: a slow first byte, then half the body and nothing more
+        writer.write(GOOD[:-5])
+        await writer.drain()
+        await wait_eof(reader)
+
+    async with Server(late_then_silent) as server, endpoint(server.url, timeout=LONG_READ, stall_s=0.1) as ep:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with raises_exactly(ReplyStalled, f"GET {server.url}{ROUTE}: the reply's body stalled after 5 bytes: none for 0.1s"):
+            await get(ep)
+        assert 0.39 <= loop.time() - started < 10.0  # the head's 0.3 s, then the stall bound; long before sock_read
+
+
+async def test_a_body_with_short_gaps_within_the_stall_bound_is_answered() -> None:
+    async def steady(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        await read_head(reader)
+        for piece in (GOOD[:-10], GOOD[-10:-6], GOOD[-6:-2], GOOD[-2:]):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        await wait_eof(reader)
+
+    async with Server(steady) as server, endpoint(server.url, timeout=LONG_READ, stall_s=2.0) as ep:
+        assert await get(ep) == (b"0123456789", {"content-length": "10"})
+
+
+async def test_fresh_sends_a_get_on_a_new_connection_though_one_is_idle() -> None:
+    async with Server(answering(GOOD)) as server, endpoint(server.url) as ep:
+        await get(ep)
+        await get(ep, fresh=True)
+        await get(ep)
+        assert server.connections == 2 and len(server.heads) == 3
 
 
 # --- 9, 13. when a connection is reused -------------------------------------------------

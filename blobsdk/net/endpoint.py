@@ -35,7 +35,8 @@ class Endpoint:
 
     Uses, and never closes, ``session``; ``token`` is the server's bearer token; ``limiter``
     defaults to a limiter of its own; ``timeout`` bounds each request (default: the
-    session's).  :meth:`aclose` closes the data connections.
+    session's); ``stall_s`` bounds a data GET's body's silences (None: only the timeout's
+    ``sock_read``; see blobsdk/net/rawget.py).  :meth:`aclose` closes the data connections.
     """
 
     def __init__(
@@ -46,11 +47,12 @@ class Endpoint:
         *,
         limiter: AdaptiveLimiter | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
+        stall_s: float | None = None,
     ) -> None:
         self.control = HttpEndpoint(session, base_url, token)
         self.base_url = self.control.base_url
         self.limiter = limiter if limiter is not None else AdaptiveLimiter(self.base_url)
-        self._data = RawGetEndpoint(base_url, token, timeout=timeout if timeout is not None else session.timeout)
+        self._data = RawGetEndpoint(base_url, token, timeout=timeout if timeout is not None else session.timeout, stall_s=stall_s)
         self._request_args: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
 
     @property

@@ -20,7 +20,10 @@ Rules, so that no reply can be misread:
   closes its connection.  A reused connection the server closed as the GET went out is retried
   once on a new one (a GET is idempotent), and only if no byte of a reply came back.
 - Timeouts: ``connect`` bounds the connect; ``sock_read`` bounds each wait for the next
-  bytes; ``total`` bounds the whole GET.  One timer per GET enforces both of the last two.
+  bytes; ``total`` bounds the whole GET; ``stall_s`` (optional) bounds each wait for the next
+  bytes once the reply's body has begun: a body that stops mid-transfer is ReplyStalled
+  (a TimedOut) after that long, where ``sock_read`` must also allow for a server slow to
+  begin its reply.  One timer per GET enforces all three.
 - An interim reply (1xx other than 101: an L3 node's ``102 Processing`` while it reads a
   chunk through from L4, see servers/flash.py) is no reply: its head is skipped, counts as
   activity for ``sock_read``, and is told to the GET's ``on_interim`` callback.
@@ -35,7 +38,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ..errors import BadRequest, BlobError, TimedOut, Unavailable
+from ..errors import BadRequest, BlobError, ReplyStalled, TimedOut, Unavailable
 from ..tail.limiter import Permit
 from .rpc import error_for, report_overload
 
@@ -84,7 +87,18 @@ class _Conn(asyncio.BufferedProtocol):
         self._out: memoryview | None = None
         self._error_body: bytearray | None = None
         self._on_interim: Callable[[], None] | None = None
+        self.on_body: Callable[[], None] | None = None  # the GET's deadline, told when the body begins
         self.last_active = 0.0
+
+    @property
+    def in_body(self) -> bool:
+        """Whether the current reply's head is in and its body is arriving."""
+        return self._body is not None
+
+    @property
+    def filled(self) -> int:
+        """Bytes of the current reply's body received so far."""
+        return self._filled
 
     # --- asyncio.BufferedProtocol ------------------------------------------------------
 
@@ -182,6 +196,8 @@ class _Conn(asyncio.BufferedProtocol):
         self._body[: rest.nbytes] = rest
         self._filled = rest.nbytes
         self._head = bytearray()
+        if self.on_body is not None:
+            self.on_body()
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
@@ -245,12 +261,19 @@ class RawGetEndpoint:
 
     ``token``: the bearer token the server wants.  ``timeout``: an aiohttp ClientTimeout
     (the session's), of which ``connect``/``sock_connect``, ``sock_read`` and ``total`` are
-    used.  ``refusal``: what an error reply means (default: the blobsdk error its body
-    encodes).  Close with :meth:`aclose`.
+    used; ``stall_s``: the bound on a reply body's silences (None: only ``sock_read``).
+    ``refusal``: what an error reply means (default: the blobsdk error its body encodes).
+    Close with :meth:`aclose`.
     """
 
     def __init__(
-        self, base_url: str, token: str | None = None, *, timeout: aiohttp.ClientTimeout, refusal: Refusal = error_for
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: aiohttp.ClientTimeout,
+        stall_s: float | None = None,
+        refusal: Refusal = error_for,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -263,6 +286,7 @@ class RawGetEndpoint:
         self._connect_s = timeout.sock_connect or timeout.connect
         self._read_s = timeout.sock_read
         self._total_s = timeout.total
+        self._stall_s = stall_s
         common = f"Host: {parts.netloc.rpartition('@')[2]}\r\nAccept: application/msgpack\r\n"
         self._common = common + (f"Authorization: Bearer {token}\r\n" if token else "")
         self._idle: list[_Conn] = []
@@ -279,6 +303,7 @@ class RawGetEndpoint:
         permit: Permit | None = None,
         up_to: bool = False,
         on_interim: Callable[[], None] | None = None,
+        fresh: bool = False,
     ) -> dict[str, str]:
         """GET ``route``; its body (exactly ``out.nbytes``, or with ``up_to`` at most that:
         its ``content-length`` header says how many; status ``expect``) lands in ``out``.
@@ -286,8 +311,10 @@ class RawGetEndpoint:
         blobsdk error it encodes; anything else that is not the reply expected raises
         Unavailable.  ``permit``: the concurrency-limiter slot this GET holds; it is told
         when the server sheds the GET (429/503: ``overloaded``) or the GET times out
-        (connect, ``sock_read`` or ``total``: ``dropped``).  ``on_interim`` is called on
-        each interim (1xx) reply before the reply."""
+        (connect, ``sock_read``, ``total`` or ``stall_s``: ``dropped``).  ``on_interim`` is
+        called on each interim (1xx) reply before the reply.  ``fresh``: on a new connection,
+        not an idle one (a retry after a stall: the server behind an old one may be the
+        one that stalled)."""
         if out.readonly:
             raise BadRequest("out must be a writable buffer")
         if self._closed:
@@ -297,7 +324,7 @@ class RawGetEndpoint:
         url = self.base_url + route
         try:
             started = asyncio.get_running_loop().time()
-            reply, conn = await self._exchange(request, out, expect, up_to, started, on_interim)
+            reply, conn = await self._exchange(request, out, expect, up_to, started, on_interim, fresh)
         except Unavailable as exc:
             if permit is not None and isinstance(exc, TimedOut):
                 permit.dropped()
@@ -314,11 +341,12 @@ class RawGetEndpoint:
         up_to: bool,
         started: float,
         on_interim: Callable[[], None] | None = None,
+        fresh: bool = False,
     ) -> tuple[_Reply, _Conn]:
         """Send ``request`` and wait for its whole reply; a stale idle connection that fails
         before any reply byte is retried once on a new connection.  ``total`` counts from
         ``started``, so it covers connecting and the retry."""
-        conn, reused = await self._connection()
+        conn, reused = await self._connection(fresh)
         try:
             reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
         except Unavailable:
@@ -333,9 +361,9 @@ class RawGetEndpoint:
         return reply, conn
 
     async def _await_reply(self, conn: _Conn, done: asyncio.Future[_Reply], started: float) -> _Reply:
-        """The reply, within ``sock_read`` of inactivity and ``total`` since ``started``;
-        the connection is closed unless the reply came back whole."""
-        timer = _Deadline(asyncio.get_running_loop(), conn, done, started, self._read_s, self._total_s)
+        """The reply, within ``sock_read`` of inactivity (``stall_s`` in its body) and
+        ``total`` since ``started``; the connection is closed unless the reply came back whole."""
+        timer = _Deadline(asyncio.get_running_loop(), conn, done, started, self._read_s, self._total_s, self._stall_s)
         try:
             return await done
         except asyncio.CancelledError:
@@ -378,10 +406,13 @@ class RawGetEndpoint:
 
 
 class _Deadline:
-    """Fails a GET that waits ``read_s`` for bytes or runs ``total_s`` in all: one timer,
-    re-armed only when it fires early (activity moved the inactivity deadline on)."""
+    """Fails a GET that waits ``read_s`` for bytes (``stall_s``, if shorter, once its body
+    has begun) or runs ``total_s`` in all: one timer, re-armed only when it fires early
+    (activity moved the inactivity deadline on).  With a stall bound its first look is
+    ``stall_s`` in, so a body that begins before then (nearly every one) needs no timer of
+    its own; one that begins later has the timer brought forward."""
 
-    __slots__ = ("_conn", "_done", "_handle", "_loop", "_read_s", "_total_at")
+    __slots__ = ("_conn", "_done", "_handle", "_loop", "_read_s", "_stall_s", "_total_at")
 
     def __init__(
         self,
@@ -391,21 +422,38 @@ class _Deadline:
         started: float,
         read_s: float | None,
         total_s: float | None,
+        stall_s: float | None = None,
     ) -> None:
         self._loop, self._conn, self._done = loop, conn, done
         self._read_s = read_s
+        self._stall_s = stall_s if stall_s is not None and (read_s is None or stall_s < read_s) else None
         self._total_at = None if total_s is None else started + total_s
         self._handle: asyncio.TimerHandle | None = None
-        self._arm()
+        when = self._next()
+        if self._stall_s is not None:
+            conn.on_body = self._body_began
+            look = conn.last_active + self._stall_s
+            when = look if when is None else min(when, look)
+        if when is not None:
+            self._handle = loop.call_at(when, self._fire)
+
+    def _idle_s(self) -> float | None:
+        """The silence allowed now: ``stall_s`` within a body, else ``read_s``."""
+        return self._stall_s if self._stall_s is not None and self._conn.in_body else self._read_s
 
     def _next(self) -> float | None:
-        read_at = None if self._read_s is None else self._conn.last_active + self._read_s
+        idle_s = self._idle_s()
+        read_at = None if idle_s is None else self._conn.last_active + idle_s
         candidates = [t for t in (read_at, self._total_at) if t is not None]
         return min(candidates) if candidates else None
 
-    def _arm(self) -> None:
+    def _body_began(self) -> None:
+        """The body's bound is ``stall_s`` from now on: look then, if the timer is later."""
         when = self._next()
-        self._handle = None if when is None else self._loop.call_at(when, self._fire)
+        if when is not None and (self._handle is None or self._handle.when() > when):
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         if self._done.done():
@@ -414,10 +462,19 @@ class _Deadline:
         if when is not None and when > self._loop.time():
             self._handle = self._loop.call_at(when, self._fire)
             return
-        error = TimedOut("timed out waiting for the server")
+        self._conn.fail(self._error())
+
+    def _error(self) -> TimedOut:
+        conn, stall_s = self._conn, self._stall_s
+        error: TimedOut
+        if stall_s is not None and conn.in_body and (self._total_at is None or self._loop.time() < self._total_at):
+            error = ReplyStalled(f"the reply's body stalled after {conn.filled} bytes: none for {stall_s:g}s")
+        else:
+            error = TimedOut("timed out waiting for the server")
         error.__cause__ = TimeoutError()  # for the reader of a traceback
-        self._conn.fail(error)
+        return error
 
     def cancel(self) -> None:
+        self._conn.on_body = None
         if self._handle is not None:
             self._handle.cancel()

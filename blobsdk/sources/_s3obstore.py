@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from .._extras import requires_extra
 
@@ -13,9 +14,15 @@ with requires_extra("s3", __name__):
     from obstore.exceptions import InvalidPathError
 
 from ..errors import BadRequest, BlobError, BlobNotFound, Overloaded, RangeNotSatisfiable, Unavailable
+from ..net.retry import Backoff
 from ..runtime.here import Held
 from .base import Buffer
 from .s3get import S3Refused
+
+if TYPE_CHECKING:
+    from obstore.store import BackoffConfig, RetryConfig
+
+OBSTORE_MAX_RETRIES = 1000  # obstore's retries end at its retry_timeout (the budget), not at a count
 
 # Held in the process whose first obstore request started obstore's runtime (one per
 # process, like the runtime itself): see _forked_after_obstore.
@@ -56,12 +63,12 @@ def _status(exc: BaseException) -> int:
 
 
 def _unavailable(message: str, exc: BaseException) -> Unavailable | RangeNotSatisfiable:
-    """A failed request as the class its status names: a range past the end, SlowDown
-    (still, after obstore's retries), or any other failure."""
+    """A failed request as the class its status names: a range past the end, a throttle
+    (429 or 503 SlowDown, still, after the retries), or any other failure."""
     status = _status(exc)
     if status == 416:
         return RangeNotSatisfiable(message)
-    if status == 503:
+    if status in (429, 503):
         return Overloaded(message)
     return Unavailable(message)
 
@@ -84,3 +91,13 @@ def _pieces(parts: Sequence[Buffer], size: int) -> Iterator[Any]:
         view = memoryview(part).cast("B")
         for start in range(0, view.nbytes, size):
             yield view[start : start + size]
+
+
+def _obstore_retries(backoff: Backoff, budget_s: float) -> RetryConfig:
+    """obstore's retries, as the signed GETs': ``backoff``'s pauses, within ``budget_s``."""
+    pauses: BackoffConfig = {
+        "init_backoff": timedelta(seconds=backoff.base_s),
+        "max_backoff": timedelta(seconds=backoff.cap_s),
+        "base": 2,
+    }
+    return {"max_retries": OBSTORE_MAX_RETRIES, "retry_timeout": timedelta(seconds=budget_s), "backoff": pauses}

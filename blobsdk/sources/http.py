@@ -35,13 +35,20 @@ class HttpBlockStore:
     use connections of their own, with the session's timeouts, closed by :meth:`aclose`);
     ``token`` is the server's bearer token, if it requires one.  Data reads go through
     ``limiter``, the endpoint's adaptive concurrency limit (writes are bounded by the
-    writer instead); see :class:`~blobsdk.net.endpoint.Endpoint`.
+    writer instead); see :class:`~blobsdk.net.endpoint.Endpoint`.  ``stall_s``: a read whose
+    body stops arriving for this long fails (ReplyStalled), and the L4 tier fails over.
     """
 
     def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, token: str | None = None, *, limiter: AdaptiveLimiter | None = None
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        token: str | None = None,
+        *,
+        limiter: AdaptiveLimiter | None = None,
+        stall_s: float | None = None,
     ) -> None:
-        self.endpoint = Endpoint(session, base_url, token, limiter=limiter)
+        self.endpoint = Endpoint(session, base_url, token, limiter=limiter, stall_s=stall_s)
         self._http = self.endpoint.control
 
     @property

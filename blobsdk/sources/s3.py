@@ -7,22 +7,28 @@ hex digits of xxh3_64 of the id, as in the local store: S3 scales request rates 
 prefix, and block ids begin with their time, so unsharded they would all share one.
 
 - Reads are ranged GETs (SigV4-signed, over the SDK's own HTTP GET path: sources/s3get.py;
-  through obstore only without static credentials) through ``limiter`` (the endpoint's adaptive concurrency limit, the
-  one the HTTP block servers' reads go through), marking the hedged attempt queued while
-  they wait for a permit.  A 503 SlowDown tells the limiter the store is overloaded.  The L4
-  tier hedges and verifies them like any replica's.
+  through obstore only without static credentials), each try through ``limiter`` (the
+  endpoint's adaptive concurrency limit, the one the HTTP block servers' reads go through),
+  marking the hedged attempt queued while it waits for a permit.  Every throttle (429, 503
+  SlowDown) tells the limiter the store is overloaded, and a body that stops arriving for
+  ``stall_s`` mid-transfer fails its try (ReplyStalled).  The L4 tier verifies them like
+  any replica's.
 - Writes: one PUT, or a multipart upload past ``multipart_bytes`` (parts of that size, up
   to ``max_concurrency`` at a time); a block is visible only once the store acknowledged it
   whole (an aborted multipart upload leaves nothing visible; a bucket lifecycle rule should
   expire such uploads).  An existing id is a no-op if its size matches, else
   PreconditionFailed (a HEAD first: a conditional PUT would rule out multipart).
-- Retries: a failed request (a connection error, a 5xx) is retried with backoff, at most
-  ``max_retries`` times and for at most ``timeout_s`` in all (obstore's defaults, 10 times
-  over 3 minutes, would stall a read far past the tiers' hang deadlines); each request is
-  bounded by ``timeout_s`` too.
+- Retries: a request that failed for a reason another try may not meet (a throttle, a 5xx
+  such as S3's 500 InternalError, a connection error, a stalled body) is tried again after
+  a full-jitter exponential pause (``backoff``: blobsdk/net/retry.py) while the pause ends
+  within ``timeout_s`` of the first try: the read's budget, not a count, as AWS's SDKs
+  back off.  A try after a stall goes on a new connection; each try is bounded by
+  ``timeout_s`` too.  obstore retries its requests (writes, listings, reads without static
+  credentials) with the same pauses within a ``retry_timeout`` of ``timeout_s``.
 - Missing objects are BlockNotFound; a range past an object's end is CorruptData; refused
-  credentials are Unauthorized or Forbidden; anything else, a connection refused or a
-  timeout once retries are spent included, is Unavailable.
+  credentials are Unauthorized or Forbidden; a throttle that outlasted the budget is
+  Overloaded, its message saying how many tries over how long; anything else, a connection
+  refused or a timeout once retries are spent included, is Unavailable.
 - **fork()**: obstore runs every request on one Rust (tokio) runtime per process, started
   by its first request, whose threads do not survive a fork: a forked child's obstore
   requests would hang for ever, a new store's too (measured: obstore 0.12.1).  Reads (of
@@ -64,6 +70,7 @@ with requires_extra("s3", __name__):
     from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
     from obstore.store import S3Store
 
+from ..config import Timeouts
 from ..errors import (
     BadRequest,
     BlobError,
@@ -80,17 +87,18 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
+from ..net.retry import Backoff
 from ..runtime.ids import is_hex32
 from ..runtime.singleflight import SingleFlight
 from ..tail.attempt import Attempt
-from ..tail.limiter import AdaptiveLimiter
+from ..tail.limiter import AdaptiveLimiter, Permit
 from ..wire import BlockInfo
-from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listing_error, _pieces, _unavailable
+from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listing_error, _obstore_retries, _pieces, _unavailable
 from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
-from .s3get import S3Getter, S3Refused, S3Target, target_of
+from .s3get import Admit, S3Getter, S3Refused, S3Target, target_of
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, RetryConfig
+    from obstore.store import ClientConfig
     from obstore.store import S3Config as ObstoreS3Config
 
 T = TypeVar("T")
@@ -98,6 +106,7 @@ MULTIPART_BYTES = 16 << 20
 LINKS = "links"  # link blocks live under PREFIX/links/<shard>/<id>, so they can be listed alone
 LINKS_KEPT = 1 << 16  # link blocks whose object a store remembers (about 200 bytes each)
 LINK_MAX_BYTES = 64 << 10  # a link block's body is under 2 KiB (an S3 key is at most 1 KiB)
+STALL_S = Timeouts().stall  # a read's body silent this long mid-transfer fails that try
 _FORKED = (
     "S3 {what} (obstore) cannot run in a process forked after its parent used obstore: obstore's runtime threads do "
     "not survive fork(). Do it in the parent, or start the workers with "
@@ -129,7 +138,10 @@ class S3BlockStore:
     """A :class:`~blobsdk.sources.base.BlockStore` in ``bucket`` under ``prefix``; see the
     module docstring.  ``config``: obstore's S3 options (``endpoint``, ``region``,
     ``access_key_id``, ``secret_access_key``...; absent ones come from the standard AWS
-    environment and files); ``allow_http`` for an endpoint without TLS (MinIO, moto)."""
+    environment and files); ``allow_http`` for an endpoint without TLS (MinIO, moto).
+    ``timeout_s``: each request's bound and a read's retry budget; ``stall_s``: the longest
+    silence of a read's body mid-transfer (None: ``timeout_s``); ``backoff``: the pauses
+    between tries (its clock, sleep and draws are a test's to inject)."""
 
     def __init__(
         self,
@@ -139,7 +151,8 @@ class S3BlockStore:
         config: Mapping[str, str] | None = None,
         allow_http: bool = False,
         timeout_s: float = 30.0,
-        max_retries: int = 3,
+        stall_s: float | None = STALL_S,
+        backoff: Backoff | None = None,
         limiter: AdaptiveLimiter | None = None,
         multipart_bytes: int = MULTIPART_BYTES,
         max_concurrency: int = 8,
@@ -156,11 +169,12 @@ class S3BlockStore:
             "timeout": timedelta(seconds=timeout_s),
             "connect_timeout": timedelta(seconds=min(timeout_s, 5.0)),
         }
-        retry: RetryConfig = {"max_retries": max_retries, "retry_timeout": timedelta(seconds=timeout_s)}
+        backoff = backoff if backoff is not None else Backoff()
         s3 = cast("ObstoreS3Config", dict(config or {}))
-        self._open_store = partial(S3Store, config=s3, client_options=options, retry_config=retry)
+        self._open_store = partial(S3Store, config=s3, client_options=options, retry_config=_obstore_retries(backoff, timeout_s))
         target = target_of(dict(config or {}), allow_http)
-        self._getter = S3Getter(target, timeout_s=timeout_s, max_retries=max_retries) if isinstance(target, S3Target) else None
+        getter = partial(S3Getter, timeout_s=timeout_s, stall_s=stall_s, backoff=backoff)
+        self._getter = getter(target) if isinstance(target, S3Target) else None
         self._why_obstore_reads = target if isinstance(target, str) else ""
         self._store = self._open_store(bucket, prefix=self.prefix or None)
         self._buckets: dict[str, S3Store] = {}  # whole buckets that link blocks point into
@@ -225,7 +239,7 @@ class S3BlockStore:
         except Unavailable as exc:
             if not signed:
                 raise  # ours already
-            cls = TimedOut if isinstance(exc, TimedOut) else Unavailable  # a signed GET's connection error or timeout
+            cls = type(exc) if isinstance(exc, TimedOut) else Unavailable  # a signed GET's connection error, timeout, stall
             raise cls(f"{place}: {exc}") from exc
         except BlobError:
             raise  # ours already (BlobNotFound is also a FileNotFoundError)
@@ -324,53 +338,63 @@ class S3BlockStore:
             raise BadRequest(f"offset and length must not be negative, got {offset} and {view.nbytes}")
         if view.nbytes == 0:
             return
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=view.nbytes) as permit:
-            if attempt is not None:
-                attempt.in_service()
-            try:
-                got = await self._range_into(block_id, offset, view)
-            except RangeNotSatisfiable as exc:  # the range starts past the end
-                raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
-            except Overloaded:  # SlowDown, still, after obstore's retries
-                permit.overloaded()
-                raise
+        try:
+            got = await self._range_into(block_id, offset, view, partial(self._admitted, attempt, view.nbytes))
+        except RangeNotSatisfiable as exc:  # the range starts past the end
+            raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
         if got != view.nbytes:
             raise CorruptData(f"{self._what(block_id)}: {got} bytes at {offset}, not {view.nbytes}: past its end")
 
-    async def _range_into(self, block_id: str, offset: int, out: memoryview) -> int:
+    @asynccontextmanager
+    async def _admitted(self, attempt: Attempt | None, size: int) -> AsyncIterator[Permit]:
+        """A permit of the endpoint's limiter for one try of a read, ``attempt`` marked
+        queued while it waits; a SlowDown that reaches it through obstore's retries backs
+        the limit off (the signed GETs tell the permit themselves)."""
+        if attempt is not None:
+            attempt.queued()
+        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=size) as permit:
+            if attempt is not None:
+                attempt.in_service()
+            try:
+                yield permit
+            except Overloaded:
+                permit.overloaded()
+                raise
+
+    async def _range_into(self, block_id: str, offset: int, out: memoryview, admit: Admit) -> int:
         """Bytes from ``offset`` into ``out``: how many there were (fewer past the end)."""
         if is_link(block_id):
             obj = await self.linked(block_id)
             async with self._bounded(obj.url):
-                return await self._object_range_into(obj, offset, out)
+                return await self._object_range_into(obj, offset, out, admit)
         async with self._bounded(f"block {block_id}"):
-            return await self._block_range_into(block_id, offset, out)
+            return await self._block_range_into(block_id, offset, out, admit)
 
     def _what(self, block_id: str) -> str:
         """What a block's bytes are, for messages: a link block's object, or the block."""
         obj = self._links.get(block_id)
         return obj.url if obj is not None else f"block {block_id}"
 
-    async def _block_range_into(self, block_id: str, offset: int, out: memoryview) -> int:
+    async def _block_range_into(self, block_id: str, offset: int, out: memoryview, admit: Admit) -> int:
         if self._getter is not None:
             with self._errors(block_id, signed=True):
-                return await self._getter.get_into(self.bucket, self._full_key(block_id), out, start=offset)
-        with self._errors(block_id):
-            key, length = self._key(block_id), out.nbytes
-            return _copied(memoryview(await obstore.get_range_async(self._store, key, start=offset, length=length)), out)
+                return await self._getter.get_into(self.bucket, self._full_key(block_id), out, start=offset, admit=admit)
+        async with admit():
+            with self._errors(block_id):
+                key, length = self._key(block_id), out.nbytes
+                return _copied(memoryview(await obstore.get_range_async(self._store, key, start=offset, length=length)), out)
 
-    async def _object_range_into(self, obj: S3Object, offset: int, out: memoryview) -> int:
+    async def _object_range_into(self, obj: S3Object, offset: int, out: memoryview, admit: Admit) -> int:
         """Bytes of an indexed object, only while it is the version that was indexed."""
         if self._getter is not None:
             with self._errors(obj=obj, signed=True):
-                return await self._getter.get_into(obj.bucket, obj.key, out, start=offset, if_match=obj.etag)
-        with self._errors(obj=obj):
-            got = await obstore.get_async(
-                self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag, "range": (offset, offset + out.nbytes)}
-            )
-            return _copied(memoryview(await got.bytes_async()), out)
+                return await self._getter.get_into(obj.bucket, obj.key, out, start=offset, if_match=obj.etag, admit=admit)
+        async with admit():
+            with self._errors(obj=obj):
+                got = await obstore.get_async(
+                    self._bucket(obj.bucket), obj.key, options={"if_match": obj.etag, "range": (offset, offset + out.nbytes)}
+                )
+                return _copied(memoryview(await got.bytes_async()), out)
 
     # --- link blocks: objects indexed in place ------------------------------------------------
 

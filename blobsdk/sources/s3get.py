@@ -24,21 +24,24 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
-from ..errors import BlobError, TimedOut, Unavailable
+from ..errors import BlobError, ReplyStalled, TimedOut, Unavailable
 from ..net.rawget import RawGetEndpoint
+from ..net.retry import Backoff
+from ..net.rpc import OVERLOAD_STATUSES
 from ..net.sigv4 import Credentials, Signer, uri_encode_path
 from ..runtime.here import Held
+from ..tail.limiter import Permit
 
 # The config options a signed GET understands (S3Config.options() and obstore's names for them).
 KNOWN_OPTIONS = frozenset({"endpoint", "region", "access_key_id", "secret_access_key", "session_token", "token"})
-RETRY_BASE_S = 0.05  # first pause before a retry; doubled each time, at most RETRY_MAX_S
-RETRY_MAX_S = 1.0
+Admit = Callable[[], AbstractAsyncContextManager[Permit | None]]  # a limiter permit for one try
 _CODE = re.compile(rb"<Code>([^<]{1,200})</Code>")
 _MESSAGE = re.compile(rb"<Message>([^<]{1,500})</Message>")
 
@@ -104,15 +107,28 @@ def s3_refusal(status: int, body: bytes, url: str) -> BlobError:
 class S3Getter:
     """Signed GETs to ``target``: one :class:`RawGetEndpoint` per process and event loop
     (a forked child or another loop never uses the connections of the one that opened
-    them).  A GET that fails for a reason worth another try (a connection error, a 5xx)
-    is retried ``max_retries`` times, with backoff; the caller bounds the whole."""
+    them).
 
-    def __init__(self, target: S3Target, *, timeout_s: float, max_retries: int) -> None:
+    A GET that fails for a reason another try may not meet (:func:`why_again`: a throttle,
+    429 or 503 SlowDown; another 5xx, such as S3's 500 InternalError; a connection error;
+    a body that stalled for ``stall_s`` mid-transfer) is tried again after a pause of
+    ``backoff``'s (full jitter, blobsdk/net/retry.py), for as long as the pause ends within
+    ``timeout_s`` of the first try: the read's budget, not a count.  Each try holds its own
+    permit of ``admit`` (the endpoint's concurrency limiter), which the GET tells of a
+    throttle or a timeout (blobsdk/net/rawget.py), so every throttle backs the limit off,
+    and no slot is held through a pause.  A try after a stall goes out on a new connection.
+    Each try is bounded by ``timeout_s`` too; the caller bounds the whole."""
+
+    def __init__(
+        self, target: S3Target, *, timeout_s: float, stall_s: float | None = None, backoff: Backoff | None = None
+    ) -> None:
         self.target = target
         self._signer = Signer(target.credentials, target.region)
         self._host = urlsplit(target.endpoint).netloc.rpartition("@")[2]
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 5.0), sock_read=timeout_s)
-        self._max_retries = max_retries
+        self._stall_s = stall_s
+        self._budget_s = timeout_s
+        self._backoff = backoff if backoff is not None else Backoff()
         self._endpoints: Held[RawGetEndpoint] = Held(per_loop=True)
 
     def _here(self) -> RawGetEndpoint:
@@ -122,15 +138,24 @@ class S3Getter:
         return self._endpoints.get_or_make(self._new_endpoint)
 
     def _new_endpoint(self) -> RawGetEndpoint:
-        return RawGetEndpoint(self.target.endpoint, timeout=self._timeout, refusal=s3_refusal)
+        return RawGetEndpoint(self.target.endpoint, timeout=self._timeout, stall_s=self._stall_s, refusal=s3_refusal)
 
     async def get_into(
-        self, bucket: str, key: str, out: memoryview, *, start: int | None = None, if_match: str | None = None
+        self,
+        bucket: str,
+        key: str,
+        out: memoryview,
+        *,
+        start: int | None = None,
+        if_match: str | None = None,
+        admit: Admit | None = None,
     ) -> int:
         """GET ``key`` of ``bucket`` (from byte ``start`` on, ``out.nbytes`` of them; with no
         ``start``, the whole object, at most ``out.nbytes``) into ``out``: the number of
         bytes received (fewer than asked when the object ends first).  ``if_match``: only
-        that ETag's version (else S3Refused 412)."""
+        that ETag's version (else S3Refused 412).  ``admit``: a limiter permit for each try
+        (None: none).  Every try writes the range from its first byte into ``out``, so the
+        bytes a failed try left there are overwritten by the try that succeeds."""
         route = uri_encode_path(f"/{bucket}/{key}")
         headers: dict[str, str] = {}
         if start is not None:
@@ -138,17 +163,27 @@ class S3Getter:
         if if_match is not None:
             headers["If-Match"] = if_match
         expect = 200 if start is None else 206
-        for tried in range(self._max_retries + 1):
-            signed = {**headers, **self._signer.headers("GET", self._host, route)}
+        retries = self._backoff.start(self._budget_s)
+        fresh = False
+        while True:
             try:
-                got = await self._here().get_into(route, out, expect=expect, headers=signed, up_to=True)
+                return await self._try(route, out, headers, expect, admit, fresh)
             except Unavailable as exc:
-                if tried == self._max_retries or not _worth_retrying(exc):
+                why = why_again(exc)
+                if why is None:
                     raise
-                await asyncio.sleep(min(RETRY_MAX_S, RETRY_BASE_S * 2**tried))
-                continue
-            return int(got.get("content-length", "0"))
-        raise AssertionError("unreachable")
+                if not await retries.again(why):
+                    raise _gave_up(exc, retries.summary()) from exc
+                fresh = isinstance(exc, ReplyStalled)
+
+    async def _try(
+        self, route: str, out: memoryview, headers: dict[str, str], expect: int, admit: Admit | None, fresh: bool
+    ) -> int:
+        """One signed GET, under a permit of ``admit``'s: the bytes received."""
+        signed = {**headers, **self._signer.headers("GET", self._host, route)}
+        async with admit() if admit is not None else nullcontext() as permit:
+            got = await self._here().get_into(route, out, expect=expect, headers=signed, permit=permit, up_to=True, fresh=fresh)
+        return int(got.get("content-length", "0"))
 
     async def aclose(self) -> None:
         """Close this process's connections, if this loop opened them."""
@@ -157,8 +192,22 @@ class S3Getter:
             await endpoint.aclose()
 
 
-def _worth_retrying(exc: Unavailable) -> bool:
-    """A connection error or a 5xx; never a timeout (it took its time already) or a 4xx."""
+def why_again(exc: Unavailable) -> str | None:
+    """Why another try may go better than this one ("throttled", "stalled", "server error",
+    "connection error"), or None: a 4xx other than 429 (the request itself is refused) or a
+    timeout (it took its time already)."""
     if isinstance(exc, S3Refused):
-        return exc.status >= 500
-    return not isinstance(exc, TimedOut)
+        if exc.status in OVERLOAD_STATUSES:
+            return "throttled"
+        return "server error" if exc.status >= 500 else None
+    if isinstance(exc, ReplyStalled):
+        return "stalled"
+    return None if isinstance(exc, TimedOut) else "connection error"
+
+
+def _gave_up(exc: Unavailable, summary: str) -> Unavailable:
+    """``exc``, the last try's error, with how the tries went."""
+    message = f"{exc}; {summary}"
+    if isinstance(exc, S3Refused):
+        return S3Refused(message, exc.status, exc.code)
+    return type(exc)(message)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -8,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from blobsdk.errors import BlockNotFound, PreconditionFailed, Unavailable
+from blobsdk.errors import BlockNotFound, PreconditionFailed, ReplyStalled, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from servers.blockstore import make_app
@@ -68,10 +70,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @asynccontextmanager
-async def liar(session: aiohttp.ClientSession, handler: Handler) -> AsyncIterator[HttpBlockStore]:
+async def liar(session: aiohttp.ClientSession, handler: Handler, stall_s: float | None = None) -> AsyncIterator[HttpBlockStore]:
     app = web.Application()
     app.router.add_get("/v1/blocks/{block_id}", handler)
-    async with running_app(app) as url, HttpBlockStore(session, url) as store:
+    async with running_app(app) as url, HttpBlockStore(session, url, stall_s=stall_s) as store:
         yield store
 
 
@@ -127,3 +129,24 @@ async def test_error_body_code_maps_to_block_not_found(session: aiohttp.ClientSe
     async with liar(session, not_found) as s:
         with pytest.raises(BlockNotFound):
             await s.read_range(new_block_id(), 0, 10)
+
+
+async def stalled_mid_body(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(status=206)
+    resp.content_length = 1000
+    await resp.prepare(request)
+    await resp.write(b"x" * 400)
+    await asyncio.Event().wait()  # nothing more: cancelled when the client hangs up
+    return resp
+
+
+async def test_a_body_that_stalls_mid_transfer_fails_after_the_stall_bound_not_sock_read(tmp_path: Path) -> None:
+    """The block servers' reads share the S3 reads' stall bound (blobsdk/net/rawget.py): a
+    body silent for ``stall_s`` fails that read (ReplyStalled, a TimedOut), which the L4 tier
+    fails over, where it waited out the session's ``sock_read`` (30 s here) before."""
+    timeout = aiohttp.ClientTimeout(total=60.0, sock_read=30.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session, liar(session, stalled_mid_body, stall_s=0.2) as s:
+        begun = time.monotonic()
+        with pytest.raises(ReplyStalled, match=r"^GET http://127\.0\.0\.1:\d+/v1/blocks/\w+: the reply's body stalled after 400"):
+            await s.read_range(new_block_id(), 0, 1000)
+        assert time.monotonic() - begun < 10.0  # a failure guard: the 0.2 s bound, not the 30 s sock_read

@@ -4,6 +4,8 @@ subprocess on free loopback ports): the BlockStore conformance suite, and its fa
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 import secrets
 import time
 
@@ -12,6 +14,7 @@ from aiohttp import web
 
 from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, Overloaded, PreconditionFailed, Unavailable
+from blobsdk.net.retry import Backoff
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.tail.limiter import AdaptiveLimiter
@@ -117,9 +120,23 @@ def test_the_status_is_read_from_the_status_code_never_from_a_port():
     assert _status(Exception("Error performing GET http://127.0.0.1:41653/b/k in 3ms - error sending request")) == 0
 
 
-async def test_slow_down_after_the_retries_is_overloaded_and_backs_the_limiter_off():
-    """A 503 SlowDown that outlasts the retries reaches the read as Overloaded (its status
-    carried by the class, not read back from ``__cause__``), and the limiter backs off."""
+class FakeTime:
+    """A clock that only the pauses move: a store's retries spend no real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def test_slow_down_past_the_budget_is_overloaded_and_each_one_backs_the_limiter_off():
+    """A 503 SlowDown that outlasts the read's budget (timeout_s) reaches the read as
+    Overloaded (its status carried by the class, not read back from ``__cause__``), after
+    tries spread over the budget, not a fixed few; every SlowDown backs the limiter off."""
     slow_down = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
     seen: list[str] = []
 
@@ -129,14 +146,23 @@ async def test_slow_down_after_the_retries_is_overloaded_and_backs_the_limiter_o
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", refuse)
+    fake = FakeTime()
+    backoff = Backoff(rng=random.Random(3).random, clock=fake.clock, sleep=fake.sleep)
     async with running_app(app) as url:
         config = {"endpoint": url, "region": "us-east-1", "access_key_id": "test", "secret_access_key": "test"}
-        limiter = AdaptiveLimiter(LimiterConfig(initial=20, min_limit=1, max_limit=40))
-        async with S3BlockStore("bkt", config=config, allow_http=True, max_retries=1, limiter=limiter) as store:
-            with pytest.raises(Overloaded, match=r"^s3://bkt/ at http://127\.0\.0\.1:\d+: .*503.*SlowDown"):
+        limiter = AdaptiveLimiter("s3", LimiterConfig(initial=20, min_limit=1, max_limit=40))
+        async with S3BlockStore("bkt", config=config, allow_http=True, timeout_s=30.0, backoff=backoff, limiter=limiter) as store:
+            with pytest.raises(Overloaded) as raised:
                 await store.read_range(new_block_id(), 0, 100)
-    assert seen == ["GET", "GET"]  # the first try and one retry
-    assert limiter.limit < 20
+    tries = len(seen)
+    assert re.match(
+        rf"^s3://bkt/ at http://127\.0\.0\.1:\d+: GET .*: HTTP 503 SlowDown: Please reduce your request rate\.; "
+        rf"gave up after {tries} tries in (\d+\.\d)s \(throttled: {tries}\): another pause would pass the budget of 30s$",
+        str(raised.value),
+    ), str(raised.value)
+    assert seen == ["GET"] * tries and 13 <= tries <= 25  # about 17 over 30 s (blobsdk/net/retry.py)
+    assert 25.0 <= fake.now < 30.0  # the pauses spent most of the budget, never past it
+    assert limiter.stats()["drops"] == tries and limiter.limit < 20
 
 
 async def test_only_keys_of_the_block_layout_are_listed_as_blocks(s3):
