@@ -50,6 +50,10 @@ in parallel, every one verified, none filled into L1) straight into one fresh bu
 rebuilds the state exactly: nesting, dtypes, shapes, scalars; arrays are views of that
 buffer.  A chunk saved as patches (``mirror=True``, blobsdk/write/stage.py) is read as its
 base, then its patches are applied in order.  ``load(select=...)`` reads only the leaves whose name it accepts.
+Every chunk read is then checked against the xxh3-128 digest its manifest holds (on the
+client's threads; a mismatch is CorruptData naming the checkpoint and the leaf), so a data
+plan that names other bytes than the ones saved (a bad index entry an older build reused, a
+plan rewritten) is never returned as the state.
 ``load(into=state)`` restores in place: each leaf's chunks are read straight into the
 caller's array or tensor of that name (one scatter read), refused before anything is read if
 one cannot take them (other kind, dtype or shape, not contiguous, read-only); a leaf ``state``
@@ -407,7 +411,14 @@ class Checkpoints:
             manifest, plan = selected(manifest, plan, select)
         state: dict[str, Any] = {} if into is None else into  # {}: every array into one fresh buffer
         # a restore is read once: L1 keeps its working set (fill_memory=False)
-        await restore(manifest, plan, state, lambda part, outs: self._read_into(part, outs, False))
+        await restore(
+            manifest,
+            plan,
+            state,
+            lambda part, outs: self._read_into(part, outs, False),
+            executor=self._executor,
+            where=f"checkpoint {manifest.step} under {self.prefix}",
+        )
         return state
 
     async def _manifest_of(self, step: int) -> Manifest:
