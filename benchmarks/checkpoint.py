@@ -17,7 +17,9 @@ bytes back from the numpy file (both from the page cache, into memory fresh from
 Ratios: ``stall_cut`` (numpy's stall ÷ blobsdk's median delta stall; goal >= 20),
 ``bytes_vs_dirty`` (blobsdk's bytes written per delta step ÷ the bytes changed; goal <= 1.2),
 ``restore_vs_file`` (goal >= 0.5; and ``restore_vs_fresh_memory``, against only writing that much
-fresh memory once, the floor of any restore into new arrays), ``dcp_bytes_vs_filesystem`` (BlobStorageWriter's second
+fresh memory once, the floor of any restore into new arrays), ``restore_check_share`` (the part of a ``load``
+spent checking every chunk against its manifest's xxh3-128: that check run again alone, on the client's
+executor, over the loaded arrays ÷ the load), ``dcp_bytes_vs_filesystem`` (BlobStorageWriter's second
 save's new bytes ÷ FileSystemWriter's bytes for it; goal <= 0.2).
 
 Then the rows of deduplication as training frameworks save (:mod:`benchmarks._checkpoint_dedup`):
@@ -44,6 +46,7 @@ import numpy as np
 
 import blobsdk
 from blobsdk.config import WriteConfig
+from blobsdk.write import restore
 from servers.cluster import start_cluster
 
 from . import _checkpoint_dedup
@@ -197,7 +200,7 @@ async def _restore(report: Report, root: Path, state: dict[str, Any], store: Pat
     read fell to 0.46 GB/s.  ``fresh_memory_mb_s`` is the floor of both: writing that much
     fresh memory once."""
     nbytes = sum(a.nbytes for a in state["model"].values())
-    loads = []
+    loads, checks = [], []
     with _fresh_allocations():
         reads = [_timed(lambda: _numpy_load(root / "full.npy", len(state["model"]))) for _ in range(3)]
         touches = [_timed(lambda: np.ones(nbytes, dtype=np.uint8)) for _ in range(3)]
@@ -206,11 +209,27 @@ async def _restore(report: Report, root: Path, state: dict[str, Any], store: Pat
                 begun = time.perf_counter()
                 loaded = await client.checkpoints("/ck/bench").load()
                 loads.append(time.perf_counter() - begun)
+                checks.append(await _check_time(client, loaded))
             assert all(np.array_equal(loaded["model"][k], v) for k, v in state["model"].items()), "restore is not exact"
             del loaded
     report.metrics["file_read_mb_s"] = nbytes / median(reads) / 1e6
     report.metrics["fresh_memory_mb_s"] = nbytes / median(touches) / 1e6
     report.metrics["restore_mb_s"] = nbytes / median(loads) / 1e6
+    report.metrics["restore_check_s"] = median(checks)
+    shares = [check / load for check, load in zip(checks, loads, strict=True)]
+    report.ratios.update(
+        restore_check_share=median(shares), restore_check_share_min=min(shares), restore_check_share_max=max(shares)
+    )
+
+
+async def _check_time(client: blobsdk.Client, loaded: dict[str, Any]) -> float:
+    """Seconds the restore's digest check (blobsdk/write/restore.py) takes alone over the
+    arrays a load returned, on the client's executor, as the load ran it."""
+    manifest = await client.checkpoints("/ck/bench").manifest()
+    memories = [memoryview(loaded[e.name[0]][e.name[1]].reshape(-1).view(np.uint8)) for e in manifest.entries]
+    begun = time.perf_counter()
+    await restore._check_digests(manifest, memories, client._open.executor, "bench")
+    return time.perf_counter() - begun
 
 
 @contextlib.contextmanager

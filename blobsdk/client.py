@@ -34,7 +34,7 @@ from .metadata.base import MetadataStore
 from .ops import gc as gc_module
 from .ops import repair as repair_module
 from .ops.index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
-from .paths import listing_prefix, validate_path
+from .paths import listing_prefix, validate_path, validate_writable
 from .read import readahead as readahead_module
 from .read.into import writable_bytes
 from .read.prefetch import Prefetch
@@ -299,7 +299,7 @@ class Client:
 
     async def delete(self, path: str, *, if_version: int | None = None) -> BlobInfo:
         """Remove the live version; its blocks are reclaimed by :meth:`gc`."""
-        return await self._open.metadata.delete(validate_path(path), if_version)
+        return await self._open.metadata.delete(validate_writable(path), if_version)
 
     async def index_s3(
         self, url: str, dest: str, *, progress: Callable[[IndexProgress], None] | None = None, parallel: int = PARALLEL_OBJECTS

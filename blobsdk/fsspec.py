@@ -36,6 +36,9 @@ Semantics, where fsspec leaves a choice:
   renames it into place.  ``put_file`` maps a large local file rather than copying it.
 - **Errors**: BlobNotFound is FileNotFoundError, InvalidPath ValueError, Unauthorized
   PermissionError; a create-only write that finds the path is FileExistsError.
+- **Reserved**: ``bucket/.blobsdk/...`` holds blobsdk's own records (blobsdk/paths.py): it
+  can be read and listed; a write, copy to, or ``rm`` naming it is InvalidPath (at ``open``
+  for a ``"wb"`` file), and a recursive ``rm`` of a directory above it skips it.
 
 The client: one per filesystem instance (fsspec caches one instance per arguments), opened on
 first use on the loop that uses it (fsspec's IO thread for blocking calls; the caller's loop
@@ -80,7 +83,7 @@ from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
 from .integrations.fsclient import ClientSlot, client_factory
 from .integrations.fsfiles import BlobFile, BlobWriteFile, Entry, LocalFile, Pin, Spool, read_local_file
-from .paths import validate_path, validate_prefix
+from .paths import is_reserved, refuse_reserved, validate_path, validate_prefix, validate_writable
 from .runtime.here import Held
 from .sources.base import Buffer
 from .wire import BlobInfo
@@ -343,7 +346,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             raise NotImplementedError(f"mode {mode!r} is not supported: blobs are read ('rb') or written whole ('wb', 'xb')")
         if kwargs:
             raise TypeError(f"unexpected options for writing {name!r}: {', '.join(sorted(kwargs))}")
-        validate_path("/" + name)
+        _writable_path(name)
         if mode == "xb" and self.exists(name):
             raise FileExistsError(errno.EEXIST, "already exists", name)
         return BlobWriteFile(self, name, create=mode == "xb", autocommit=autocommit, spool_bytes=SPOOL_MEMORY_BYTES)
@@ -365,14 +368,14 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             raise FileExistsError(errno.EEXIST, "already exists", blob[1:]) from exc
 
     async def _pipe_file(self, path: str, value: Buffer, mode: str = "overwrite", **kwargs: Any) -> None:
-        await self._write_blob(_blob_path(_name(path)), value, create=_is_create(mode))
+        await self._write_blob(_writable_path(_name(path)), value, create=_is_create(mode))
 
     async def _put_file(
         self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK, mode: str = "overwrite", **kwargs: Any
     ) -> None:
         """Upload a local file (a directory uploads nothing: directories are implied)."""
         create = _is_create(mode)
-        blob = _blob_path(_name(rpath))
+        blob = _writable_path(_name(rpath))
         if await asyncio.to_thread(os.path.isdir, lpath):
             return
         data = await asyncio.to_thread(read_local_file, os.fspath(lpath), LOCAL_MMAP_BYTES)
@@ -384,7 +387,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """Read and put (there is no server-side copy), holding at most RANGE_BYTES of a
         large blob in memory."""
-        source, target = _blob_path(_name(path1)), _blob_path(_name(path2))
+        source, target = _blob_path(_name(path1)), _writable_path(_name(path2))
         client = await self._client()
         info = await client.stat(source)
         if info.size <= SPOOL_MEMORY_BYTES:
@@ -404,7 +407,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         name = _name(path)
         if "/" not in name:  # a bucket: a directory, never a blob (as in _stat_blob)
             raise BlobNotFound(f"a bucket is not a blob: {name!r}")
-        await client.delete(_blob_path(name))
+        await client.delete(_writable_path(name))
 
     async def _rm(
         self,
@@ -415,11 +418,15 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         **kwargs: Any,
     ) -> None:
         """Delete the blobs ``path`` expands to; a directory goes with its last blob, and
-        without ``recursive`` naming one is IsADirectoryError."""
+        without ``recursive`` naming one is IsADirectoryError.  A reserved path (blobsdk's own
+        records, blobsdk/paths.py) named is InvalidPath; one met in a directory is skipped."""
         if not isinstance(path, str | os.PathLike | list | tuple):
             raise wrong("rm: path", "a str or a list of them", path)
+        for named in [path] if isinstance(path, str | os.PathLike) else path:
+            if (name := _name(named)).count("/") >= 1:
+                refuse_reserved("/" + name)
         names = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
-        blobs = [n for n in names if n]  # the root is never a blob
+        blobs = [n for n in names if n and not is_reserved("/" + n)]  # the root is never a blob
         results = await _run_coros_in_chunks(
             [self._rm_file(n) for n in blobs], batch_size=batch_size or self.batch_size, nofiles=True, return_exceptions=True
         )
@@ -449,6 +456,11 @@ async def _stat_blob(client: Client, name: str) -> BlobInfo:
 def _blob_path(name: str) -> str:
     """The blob path of fsspec name ``bucket/key`` (InvalidPath, a ValueError, if bad)."""
     return validate_path("/" + name)
+
+
+def _writable_path(name: str) -> str:
+    """The blob path of fsspec name ``bucket/key``, if a user may write or delete it."""
+    return validate_writable("/" + name)
 
 
 def _dir_prefix(name: str) -> str:

@@ -16,6 +16,9 @@ from __future__ import annotations
 from .errors import InvalidPath
 
 MAX_PATH_BYTES = 1024
+RESERVED_DIR = ".blobsdk"  # /{bucket}/.blobsdk/: blobsdk's own records
+INDEX_DIR = f"{RESERVED_DIR}/chunks"  # the chunk index's entries: /{bucket}/.blobsdk/chunks/<32 hex>
+_HEX = frozenset("0123456789abcdef")
 
 
 def validate_path(path: object) -> str:
@@ -47,6 +50,37 @@ def listing_prefix(prefix: object) -> str:
     another bucket whose name starts with it."""
     text = validate_prefix(prefix)
     return text + "/" if text != "/" and "/" not in text[1:] else text
+
+
+def validate_writable(path: object) -> str:
+    """Return ``path`` unchanged if a user may write or delete it: a valid blob path outside
+    the reserved namespace; else InvalidPath."""
+    text = validate_path(path)
+    refuse_reserved(text)
+    return text
+
+
+def is_reserved(path: str) -> bool:
+    """Whether a valid path or prefix lies in its bucket's reserved namespace
+    (``/{bucket}/.blobsdk``, or under ``/{bucket}/.blobsdk/``)."""
+    parts = path.split("/", 3)
+    return len(parts) >= 3 and parts[2] == RESERVED_DIR
+
+
+def refuse_reserved(path: str) -> None:
+    """InvalidPath if a valid path or prefix lies in the reserved namespace."""
+    if is_reserved(path):
+        bucket = bucket_of(path)
+        raise InvalidPath(
+            f"path {path!r}: /{bucket}/{RESERVED_DIR}/ is reserved for blobsdk's own records"
+            " (it can be read and listed, not written or deleted)"
+        )
+
+
+def is_index_entry(path: str) -> bool:
+    """Whether ``path`` is exactly a chunk index entry: ``/{bucket}/.blobsdk/chunks/<32 hex>``."""
+    parts = path.split("/")
+    return len(parts) == 5 and parts[2:4] == INDEX_DIR.split("/") and len(parts[4]) == 32 and _HEX.issuperset(parts[4])
 
 
 def bucket_of(path: str) -> str:

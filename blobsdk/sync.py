@@ -274,6 +274,11 @@ class SyncCheckpoints(_Handle[Checkpoints]):
         """How many bytes its saves and parts have hashed (``Checkpoints.hashed_bytes``)."""
         return self._wrapped.hashed_bytes
 
+    @property
+    def index_entries_refused(self) -> int:
+        """Chunk index entries its saves did not reuse (``Checkpoints.index_entries_refused``)."""
+        return self._wrapped.index_entries_refused
+
 
 class SyncPrefetch(_Handle[Prefetch]):
     """A :class:`~blobsdk.read.prefetch.Prefetch` seen from the thread of a :class:`SyncClient`:

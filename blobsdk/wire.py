@@ -18,6 +18,9 @@ from .errors import BadRequest
 from .runtime.ids import validate_hex32
 
 Codec = Literal["none", "lz4"]
+# What a commit or delete writes: a user's blob, or an entry of a bucket's chunk index,
+# blobsdk's own record in the namespace users cannot write (blobsdk/paths.py)
+WriteKind = Literal["blob", "index"]
 
 
 class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, dict=True):
@@ -115,9 +118,14 @@ class GetPlansResponse(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CommitOp(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One commit of ``commit_many``.  ``kind="blob"`` (a user's write) is refused under
+    ``/{bucket}/.blobsdk/``; ``kind="index"`` is only a chunk index entry: its path exactly
+    ``/{bucket}/.blobsdk/chunks/<32 hex>`` and its plan one chunk (blobsdk/metadata/base.py)."""
+
     path: str
     plan: ReadPlan
     if_version: int | None = None  # None: unconditional; 0: create-only; N: must be at N
+    kind: WriteKind = "blob"
 
 
 class CommitRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,6 +139,7 @@ class CommitResponse(msgspec.Struct, frozen=True, kw_only=True):
 class DeleteRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     path: str
     if_version: int | None = None
+    kind: WriteKind = "blob"  # "index": gc removing an index entry (or a stray under .blobsdk/)
 
 
 class DeleteResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,13 @@ to a tenant (plans, commit) carries a chunk grant per chunk for that tenant, val
 ``--grant-ttl`` seconds or until the token expires if sooner, which the block servers and L3
 nodes want before they serve the chunk's bytes.  Grants are never stored.
 
+The reserved namespace ``/{bucket}/.blobsdk/`` (blobsdk/paths.py): the store refuses every
+tenant's (and an admin's) commit or delete of kind ``"blob"`` there (400 ``invalid_path``),
+and takes kind ``"index"`` only in the shape of a chunk index entry (blobsdk/metadata/base.py).
+A tenant may make index commits in its buckets (its saves record their chunks): the store
+cannot know the bytes an entry names, so a save checks an entry before it reuses it and a
+restore checks every chunk (blobsdk/write/dedup.py).
+
 Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T] [--keys FILE]``, or
 ``--metadata redis://HOST:PORT/DB`` in place of ``--db`` (blobsdk/metadata/redis.py: Redis or Redis Cluster).
 """
@@ -145,7 +152,7 @@ class _Api:
     async def delete(self, request: web.Request) -> web.Response:
         body = await read_body(request, DeleteRequest)
         _allowed(request, [body.path])
-        return reply(request, DeleteResponse(deleted=await self.store.delete(body.path, body.if_version)))
+        return reply(request, DeleteResponse(deleted=await self.store.delete(body.path, body.if_version, kind=body.kind)))
 
     async def list(self, request: web.Request) -> web.Response:
         body = await read_body(request, ListRequest)

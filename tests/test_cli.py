@@ -24,6 +24,8 @@ from tests.helpers import ROOT, stored_files
 from tests.metadata.conformance import bad_plan
 from tests.metadata.unchecked import plant_plan
 
+RESERVED_TAIL = " (it can be read and listed, not written or deleted)"
+
 
 def run(
     *args: str,
@@ -171,6 +173,29 @@ def test_invalid_path_is_one_line_exit_1(tmp_path, store):
     assert len(result.stderr.decode().strip().splitlines()) == 1
     dots = run("cat", "/b/../etc", store=store)
     assert dots.returncode == 1 and "'..' segment" in error_line(dots)
+
+
+def test_the_reserved_namespace_is_one_line_exit_1_and_readable(tmp_path, store):
+    """``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/paths.py): written or deleted, it is an
+    InvalidPath like any other; read, it is a blob like any other."""
+    (tmp_path / "f").write_bytes(b"x")
+    (tmp_path / "tree" / ".blobsdk").mkdir(parents=True)
+    (tmp_path / "tree" / ".blobsdk" / "x").write_bytes(b"x")
+    (tmp_path / "tree" / "y").write_bytes(b"y")
+    entry = "/b/.blobsdk/chunks/" + "0" * 32
+    message = f"blobsdk: error: path {{!r}}: /b/.blobsdk/ is reserved for blobsdk's own records{RESERVED_TAIL}"
+    for args, path in (
+        (["put", str(tmp_path / "f"), entry], entry),
+        (["rm", entry], entry),
+        (["import", str(tmp_path / "tree"), "/b/.blobsdk/"], "/b/.blobsdk/"),
+    ):
+        result = run(*args, store=store)
+        assert (result.returncode, error_line(result)) == (1, message.format(path)), args
+        assert len(result.stderr.decode().strip().splitlines()) == 1
+    skipped = run("import", str(tmp_path / "tree"), "/b/", store=store)  # a local .blobsdk directory: skipped
+    assert skipped.returncode == 1 and "invalid blob path" in skipped.stderr.decode()
+    assert ok("ls", "/b/", store=store).decode().splitlines() == ["/b/y"]
+    assert ok("ls", "/b/.blobsdk/", store=store) == b""
 
 
 def test_cat_of_a_bad_plan_is_one_line_exit_1_not_a_memory_error(store):

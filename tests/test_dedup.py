@@ -5,31 +5,26 @@ kept checkpoint names; on every metadata backend (SQLite, the API server, Redis,
 from __future__ import annotations
 
 import asyncio
-import secrets
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pytest
 import xxhash
+from msgspec.structs import replace
 
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BlockCollected
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.paths import INDEX_DIR, is_index_entry
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.write.dedup import INDEX_DIR, is_index_path
-from servers import api
-from servers.redisd import RedisCluster, RedisServer, start_redis, start_redis_cluster
-from tests.helpers import ROOT, gc_ahead, running_app
+from blobsdk.wire import CommitOp, WriteKind
+from tests.helpers import ROOT, gc_ahead
+from tests.metadata_backends import metadata_fixture, redis_cluster_fixture, redis_server_fixture  # noqa: F401
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)  # gc runs on a clock ahead (gc_ahead)
@@ -57,7 +52,7 @@ async def assert_index_sound_after_gc(client: blobsdk.Client, bucket: str) -> li
     (the index pins nothing of its own).  Its entries."""
     state = client._open
     stored = {info.block_id async for info in state.blocks.list_blocks()}
-    named = {b async for plan in state.metadata.iter_plans() if not is_index_path(plan.path) for b in plan.block_ids()}
+    named = {b async for plan in state.metadata.iter_plans() if not is_index_entry(plan.path) for b in plan.block_ids()}
     entries = await index_entries(client, bucket)
     for path in entries:
         assert (await client.plan(path)).block_ids() <= stored & named, path
@@ -90,8 +85,8 @@ async def test_each_index_entry_holds_the_bytes_its_name_hashes(client: blobsdk.
     await (await client.checkpoints("/bkt/a").save(1, {"w": weights(0, chunks=3)})).wait()
     for path in await index_entries(client, "bkt"):
         assert xxhash.xxh3_128_hexdigest(await client.get(path)) == path.rsplit("/", 1)[1]
-        assert is_index_path(path)
-    assert not is_index_path("/bkt/a/000000000001/data")
+        assert is_index_entry(path)
+    assert not is_index_entry("/bkt/a/000000000001/data")
 
 
 async def test_repeated_chunks_in_one_save_are_written_once(client: blobsdk.Client) -> None:
@@ -140,10 +135,10 @@ async def test_an_index_entry_recorded_again_during_the_sweep_is_kept(tmp_path: 
     class Racing(SqliteMetadataStore):
         """Re-records every index entry just before gc deletes it (a save that wrote them anew)."""
 
-        async def delete(self, path: str, if_version: int | None = None) -> Any:
-            if is_index_path(path):
-                await self.commit(path, await self.get_plan(path))
-            return await super().delete(path, if_version)
+        async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> Any:
+            if is_index_entry(path):
+                await self.commit_many([CommitOp(path=path, plan=await self.get_plan(path), kind="index")])
+            return await super().delete(path, if_version, kind=kind)
 
     async with (
         Racing(tmp_path / "meta.sqlite") as meta,
@@ -175,45 +170,17 @@ async def test_a_save_naming_an_indexed_block_gc_fenced_is_refused_not_committed
 async def test_a_lookup_ignores_an_entry_of_the_wrong_length(client: blobsdk.Client) -> None:
     w = weights(0, chunks=1)
     path = f"/bkt/{INDEX_DIR}/{xxhash.xxh3_128_hexdigest(w.tobytes())}"
-    await client.put(path, b"not the chunk")  # a bucket writer's bad entry
-    manifest = await (await client.checkpoints("/bkt/a").save(1, {"w": w})).wait()
-    assert manifest.new_bytes == CHUNK
+    wrong = await client.put("/bkt/junk", b"not the chunk")  # a bucket writer's bad entry:
+    await client._open.metadata.commit_many(
+        [CommitOp(path=path, plan=replace(await client.plan(wrong.path), path=path), kind="index")]
+    )
+    ck = client.checkpoints("/bkt/a")
+    manifest = await (await ck.save(1, {"w": w})).wait()
+    assert (manifest.new_bytes, ck.index_entries_refused) == (CHUNK, 1)
     assert np.array_equal((await client.checkpoints("/bkt/a").load())["w"], w)
 
 
 # --- every metadata backend keeps the index: it is ordinary metadata --------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with start_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
-        yield cluster
-
-
-@pytest.fixture(params=["sqlite", "api", "redis", "redis-cluster"])
-async def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
-    """An open, empty metadata store of each backend (the Redis servers are the module's, so
-    each test takes a namespace of its own)."""
-    async with AsyncExitStack() as stack:
-        store: Any
-        if request.param == "sqlite":
-            store = SqliteMetadataStore(tmp_path / "meta.sqlite")
-        elif request.param == "api":
-            url = await stack.enter_async_context(running_app(api.make_app(SqliteMetadataStore(tmp_path / "meta.sqlite"))))
-            store = HttpMetadataStore(await stack.enter_async_context(aiohttp.ClientSession()), url)
-        else:
-            server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
-            store = RedisMetadataStore(server.url, namespace=f"t{secrets.token_hex(6)}")
-        await stack.enter_async_context(store)
-        if isinstance(store, RedisMetadataStore):
-            assert store.cluster is (request.param == "redis-cluster")  # found out once open
-        yield store
 
 
 async def test_every_metadata_backend_dedups_across_prefixes_and_gc_sweeps_the_index(
@@ -251,6 +218,7 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.paths import is_index_entry
 from blobsdk.write import checkpoint, dedup
 
 store, kill_at = sys.argv[1], sys.argv[2]
@@ -300,7 +268,7 @@ elif kill_at == "commit":  # its chunks written, nothing committed
 elif kill_at == "record":  # committed, nothing recorded in the index
     stop_in(checkpoint.Checkpoints, "_record")
 elif kill_at == "mid-record":  # 4 of its 16 entries recorded
-    stop_in(SqliteMetadataStore, "commit_many", nth(2, lambda ops: dedup.is_index_path(ops[0].path)))
+    stop_in(SqliteMetadataStore, "commit_many", nth(2, lambda ops: is_index_entry(ops[0].path)))
 elif kill_at == "retire":  # recorded, not yet retired or returned
     stop_in(checkpoint.Checkpoints, "_retire")
 

@@ -227,6 +227,8 @@ async def test_bad_calls_are_refused_with_their_reason(services, tmp_path, run_i
             await c.index_s3("s3://lake/a//b", "/d")
         with pytest.raises(blobsdk.InvalidPath, match=r"^path is empty$"):
             await c.index_s3("s3://lake/x", "")
+        with pytest.raises(blobsdk.InvalidPath, match=r"^path '/d/\.blobsdk/x': /d/\.blobsdk/ is reserved for blobsdk's own"):
+            await c.index_s3("s3://lake/x", "/d/.blobsdk")
     async with blobsdk.Client.local(tmp_path / "embedded") as c:
         with pytest.raises(
             blobsdk.BadRequest, match=r'^indexing in place needs an S3 source \(source_url = "s3://\.\.\." in client\.toml\); '

@@ -6,6 +6,7 @@ patches need, and a mirror that no longer matches the base is never trusted."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,11 @@ def _ref(n: int, block: str = "b", offset: int = 0) -> ChunkRef:
             [_ref(8), _ref(20)],
             "checkpoint 3 leaf 'w' chunk 0: its base refs do not hold its 8 bytes",
         ),
+        (
+            Entry(name=("w",), kind="bytes", nbytes=16, digests=(b"d",), extents=(2,)),
+            [_ref(8), _ref(8)],
+            "checkpoint 3 leaf 'w': its manifest lists 1 digests for 2 chunks",  # the rest would go unchecked
+        ),
     ],
 )
 async def test_a_manifest_that_does_not_match_its_plan_is_refused_before_anything_is_read(
@@ -288,8 +294,8 @@ async def test_a_manifest_that_does_not_match_its_plan_is_refused_before_anythin
     async def read(part: ReadPlan, outs: list[memoryview]) -> None:
         reads.append(part)
 
-    with pytest.raises(CorruptData) as exc:
-        await restore(manifest, plan, {}, read)
+    with ThreadPoolExecutor(1) as executor, pytest.raises(CorruptData) as exc:
+        await restore(manifest, plan, {}, read, executor=executor, where="checkpoint 3 under /b/ck")
     assert str(exc.value) == message
     assert reads == []
 
@@ -301,7 +307,8 @@ async def test_patches_are_read_in_the_order_they_are_stored_and_applied_in_the_
     first = patch.encode(b"AB" + old[2:], [(0, 2)])
     second = patch.encode(b"xyz" + old[3:], [(0, 3)])  # overwrites what the first wrote
     stored = {("z1", 0): first, ("a2", 0): second, ("base", 0): old}  # the later save's block sorts first
-    entry = Entry(name=("w",), kind="bytes", nbytes=8, digests=(b"d",), extents=(3,), patches=(2,))
+    digest = xxhash.xxh3_128_digest(b"xyz" + old[3:])  # of the chunk once patched
+    entry = Entry(name=("w",), kind="bytes", nbytes=8, digests=(digest,), extents=(3,), patches=(2,))
     refs = (_ref(8, "base"), _ref(len(first), "z1"), _ref(len(second), "a2"))
     manifest = Manifest(step=1, created=0.0, chunk_size=8, entries=(entry,), new_bytes=0, reused_bytes=0)
     plan = ReadPlan(path="/b/x", version=1, etag="", size=sum(r.raw_length for r in refs), chunk_size=8, chunks=refs)
@@ -313,7 +320,8 @@ async def test_patches_are_read_in_the_order_they_are_stored_and_applied_in_the_
             out[:] = stored[(ref.block_id, ref.offset)]
 
     state: dict[str, Any] = {}
-    await restore(manifest, plan, state, read)
+    with ThreadPoolExecutor(1) as executor:
+        await restore(manifest, plan, state, read, executor=executor, where="checkpoint 1 under /b/ck")
     assert reads == [["base"], ["a2", "z1"]]
     assert bytes(state["w"]) == b"xyz" + old[3:]
 

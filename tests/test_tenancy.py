@@ -14,18 +14,21 @@ import aiohttp
 import msgspec
 import numpy as np
 import pytest
+import xxhash
 
 import blobsdk
 from blobsdk.auth import GRANT_TTL_S
 from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
-from blobsdk.errors import Forbidden, Unauthorized
+from blobsdk.errors import Forbidden, InvalidPath, Unauthorized
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.paths import INDEX_DIR
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.wire import CommitOp, ReadPlan
-from blobsdk.write.dedup import INDEX_DIR
+from blobsdk.wire import MSGPACK, ChunkRef, CommitOp, CommitRequest, DeleteRequest, ErrorBody, ReadPlan, encode
+from blobsdk.write.writer import plan_of
 from servers import api, blockstore, flash
 from tests.helpers import Tenancy, running_app
+from tests.metadata.reserved import reserved
 
 SERVICE = "service-secret"  # the static admin token the servers use among themselves
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
@@ -321,14 +324,21 @@ async def test_a_tenant_neither_dedups_against_nor_reaches_another_tenants_chunk
         theirs = await (await b.checkpoints("/eval/ck").save(1, state)).wait()
         assert (theirs.new_bytes, theirs.reused_bytes) == (4 * CHUNK, 0)  # the same bytes, written again
         assert [p.removeprefix("/eval/") for p in await index_of(b, "eval")] == [p.removeprefix("/train/") for p in entries]
-        for call in (b.get(entries[0]), b.stat(entries[0]), b.put(entries[0], b"forged"), b.delete(entries[0])):
+        for call in (b.get(entries[0]), b.stat(entries[0])):
             with pytest.raises(Forbidden, match=message):
                 await call
         with pytest.raises(Forbidden, match=message):
             await index_of(b, "train")
+        forged = msgspec.structs.replace(await b.plan("/eval/ck/latest"), path=entries[0])
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(Forbidden, match=message):
-            await HttpMetadataStore(session, d.api_url, beta).get_plans(entries)  # a save's lookup, for acme's digests
+        theirs_store = HttpMetadataStore(session, d.api_url, beta)
+        for call in (
+            theirs_store.get_plans(entries),  # a save's lookup, for acme's digests
+            theirs_store.commit_many([CommitOp(path=entries[0], plan=forged, kind="index")]),  # blobsdk's own record
+            theirs_store.delete(entries[0], kind="index"),
+        ):
+            with pytest.raises(Forbidden, match=message):
+                await call
         admin = HttpMetadataStore(session, d.api_url, d.tenancy.token("ops", admin=True))
         plans = [p async for p in admin.iter_plans()]
     named = {
@@ -374,3 +384,53 @@ async def test_a_second_prefix_dedups_through_the_api_and_loads_once_the_grants_
         admin = HttpMetadataStore(session, d.api_url, d.tenancy.token("ops", admin=True))
         stored = [p async for p in admin.iter_plans()]
     assert len(stored) == 6 + 2 * 3 and not [ref for p in stored for ref in p.chunks if ref.grant]
+
+
+# --- the chunk index of a bucket two tenants share ------------------------------------------------
+
+MiB = 1 << 20
+ZERO_ENTRY = f"/ml/{INDEX_DIR}/{xxhash.xxh3_128_hexdigest(bytes(MiB))}"  # 1 MiB of zeros: a fresh optimizer moment
+
+
+async def test_a_tenant_cannot_poison_the_chunk_index_of_a_bucket_it_shares(deployment: Deployment) -> None:
+    """The issue's attack across tenants: refused at put; planted through blobsdk's own kind
+    of commit (the server cannot know the bytes an entry names), it is not reused."""
+    d = deployment
+    async with d.client(d.tenancy.token("mallory", "ml")) as m:
+        with pytest.raises(InvalidPath) as exc:
+            await m.put(ZERO_ENTRY, b"\x66" * MiB)
+        assert str(exc.value) == reserved(ZERO_ENTRY, "ml")
+        (poison,) = await m._open.writer.write_chunks([memoryview(b"\x66" * MiB)])
+        await m._open.metadata.commit_many([CommitOp(path=ZERO_ENTRY, plan=plan_of(ZERO_ENTRY, [poison]), kind="index")])
+    state = {"w": weights(0), "opt": {"exp_avg": np.zeros(MiB // 4, np.float32)}}
+    async with d.client(d.tenancy.token("victim", "ml")) as v:
+        ck = v.checkpoints("/ml/victim", chunk_size=MiB)
+        manifest = await (await ck.save(1, state)).wait()
+        assert (ck.index_entries_refused, manifest.reused_bytes) == (1, 0)
+        loaded = await ck.load()
+        assert np.array_equal(loaded["w"], state["w"]) and loaded["opt"]["exp_avg"].tobytes() == bytes(MiB)
+        into = {"opt": {"exp_avg": np.ones(MiB // 4, np.float32)}}
+        assert (await ck.load(into=into))["opt"]["exp_avg"].tobytes() == bytes(MiB)
+
+
+@pytest.mark.parametrize("who", ["a bucket's tenant", "an every-bucket tenant", "an admin"])
+async def test_the_api_server_refuses_every_tenants_writes_in_the_reserved_namespace(deployment: Deployment, who: str) -> None:
+    """Raw requests, as a client of another build would send them: the server checks itself."""
+    d = deployment
+    token = {
+        "a bucket's tenant": d.tenancy.token("mallory", "ml"),
+        "an every-bucket tenant": d.tenancy.token("wide"),
+        "an admin": d.tenancy.token("ops", admin=True),
+    }[who]
+    ref = ChunkRef(block_id="0" * 32, offset=0, length=MiB, raw_length=MiB, checksum=1)
+    commit = CommitRequest(ops=[CommitOp(path=ZERO_ENTRY, plan=plan_of(ZERO_ENTRY, [ref]))])
+    two = CommitRequest(ops=[CommitOp(path=ZERO_ENTRY, plan=plan_of(ZERO_ENTRY, [ref, ref]), kind="index")])
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}", "Content-Type": MSGPACK}) as session:
+        for route, body, code, message in (
+            ("/v1/commit", commit, "invalid_path", reserved(ZERO_ENTRY, "ml")),
+            ("/v1/delete", DeleteRequest(path=ZERO_ENTRY), "invalid_path", reserved(ZERO_ENTRY, "ml")),
+            ("/v1/commit", two, "bad_request", f"an index commit of {ZERO_ENTRY!r}: an entry's plan names one chunk, this one 2"),
+        ):
+            async with session.post(f"{d.api_url}{route}", data=encode(body)) as resp:
+                error = msgspec.msgpack.decode(await resp.read(), type=ErrorBody)
+            assert (resp.status, error.code, error.message) == (400, code, message), route

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from ..client import Client
 from ..errors import InvalidPath
 from ..ops.index import IndexProgress
-from ..paths import validate_path, validate_prefix
+from ..paths import refuse_reserved, validate_prefix, validate_writable
 from ..runtime.progress import ProgressLine
 from ..sources.base import Buffer
 from ._common import Command, UsageError, iso, non_negative, print_json, print_pretty, write_stdout
@@ -146,6 +146,7 @@ class ImportTally:
 def _key_prefix(prefix: str) -> str:
     """``/bucket/dir`` or ``/bucket/dir/`` -> ``/bucket/dir/``."""
     validate_prefix(prefix)
+    refuse_reserved(prefix)
     return prefix if prefix.endswith("/") else prefix + "/"
 
 
@@ -170,7 +171,7 @@ def _next_item(files: Iterator[tuple[Path, str]], prefix: str, tally: ImportTall
     """The next (blob path, bytes) to import, or None at the end (runs in a thread)."""
     for local, rel in files:
         try:
-            path = validate_path(prefix + rel)
+            path = validate_writable(prefix + rel)
             return path, _load(local)
         except InvalidPath as exc:
             tally.skip_invalid(local, exc)

@@ -12,6 +12,12 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
 - Every path argument is validated (InvalidPath) before anything else happens, and every
   committed plan is checked against the plan rules of :mod:`blobsdk.read.plans` (BadRequest).
+- **The reserved namespace** (blobsdk/paths.py): a commit or delete of kind ``"blob"`` (the
+  default: a user's write) under ``/{bucket}/.blobsdk/`` is InvalidPath.  Kind ``"index"``
+  is blobsdk's own: a commit only at a chunk index entry's path with a one-chunk plan, a
+  delete anywhere under ``.blobsdk/`` (gc).  :func:`check_commit_op` and
+  :func:`check_delete` hold the rule, so every backend (and the API server, whatever the
+  tenant) applies the same one.  Reads and listings there are allowed.
 - **Fences** (garbage collection's handshake with writers, :mod:`blobsdk.ops.gc`):
   ``fence_blocks(ids)`` marks blocks gc is about to delete; from the moment it returns, every
   commit (``commit``, ``commit_many``) naming a fenced block is refused whole with
@@ -36,11 +42,11 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from ..errors import BadRequest, BlockCollected, CorruptData, PreconditionFailed
-from ..paths import validate_path, validate_prefix
+from ..errors import BadRequest, BlockCollected, CorruptData, InvalidPath, PreconditionFailed
+from ..paths import INDEX_DIR, RESERVED_DIR, is_index_entry, is_reserved, validate_path, validate_prefix, validate_writable
 from ..read.plans import check_plan
 from ..runtime.ids import validate_hex32
-from ..wire import BlobInfo, CommitOp, ReadPlan
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 
 T = TypeVar("T")
 
@@ -55,7 +61,7 @@ class MetadataStore(Protocol):
 
     async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]: ...
 
-    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo: ...
+    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo: ...
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
@@ -193,11 +199,33 @@ def check_if_version(if_version: int | None) -> int | None:
 
 def check_commit_op(op: CommitOp) -> None:
     """InvalidPath / ValueError / BadRequest for an op no store may apply."""
-    validate_path(op.path)
+    _check_kind(op.kind)
+    if op.kind == "blob":
+        validate_writable(op.path)
+    elif not is_index_entry(validate_path(op.path)):
+        raise InvalidPath(f"an index commit of {op.path!r}: an index entry is /{{bucket}}/{INDEX_DIR}/<32 lowercase hex>")
     check_if_version(op.if_version)
     if op.plan.path != op.path:
         raise BadRequest(f"plan.path {op.plan.path!r} does not match the committed path {op.path!r}")
     check_plan(op.plan)
+    if op.kind == "index" and len(op.plan.chunks) != 1:
+        raise BadRequest(f"an index commit of {op.path!r}: an entry's plan names one chunk, this one {len(op.plan.chunks)}")
+
+
+def check_delete(path: str, if_version: int | None, kind: WriteKind) -> None:
+    """InvalidPath / BadRequest for a delete no store may apply: a user's (``"blob"``) in the
+    reserved namespace, blobsdk's own (``"index"``) outside it."""
+    _check_kind(kind)
+    if kind == "blob":
+        validate_writable(path)
+    elif not is_reserved(validate_path(path)):
+        raise InvalidPath(f"an index delete of {path!r}: only what lies under /{{bucket}}/{RESERVED_DIR}/")
+    check_if_version(if_version)
+
+
+def _check_kind(kind: object) -> None:
+    if kind not in ("blob", "index"):
+        raise BadRequest(f"kind must be 'blob' or 'index', got {kind!r}")
 
 
 MAX_FENCE_IDS = 10_000  # block ids per fence call (the API server's bound per request)

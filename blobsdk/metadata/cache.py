@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from ..auth import grants_usable_for
 from ..errors import BlobNotFound
 from ..read.plans import checked_plan
-from ..wire import BlobInfo, CommitOp, ReadPlan
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import MetadataStore, PassThrough
 
 
@@ -114,11 +114,11 @@ class CachedMetadataStore(PassThrough):
                 self._remember(plan, path)
         return committed
 
-    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
         self._plans.discard(path)
         with self._flight([path]):
             try:
-                deleted = await self.store.delete(path, if_version)
+                deleted = await self.store.delete(path, if_version, kind=kind)
             finally:
                 self._plans.discard(path)
             self._saw(path, deleted.version, None)

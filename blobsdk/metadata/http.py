@@ -37,13 +37,14 @@ from ..wire import (
     ReadPlan,
     ScanRequest,
     ScanResponse,
+    WriteKind,
 )
 from .base import (
     check_commit_op,
     check_cursor,
+    check_delete,
     check_fence_age,
     check_fence_ids,
-    check_if_version,
     check_limit,
     check_list_args,
     check_naming_args,
@@ -105,8 +106,9 @@ class HttpMetadataStore:
         response = await self._http.call("POST", "/v1/commit", CommitRequest(ops=ops), CommitResponse)
         return response.plans
 
-    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
-        request = DeleteRequest(path=validate_path(path), if_version=check_if_version(if_version))
+    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
+        check_delete(path, if_version, kind)
+        request = DeleteRequest(path=path, if_version=if_version, kind=kind)
         return (await self._http.call("POST", "/v1/delete", request, DeleteResponse)).deleted
 
     async def list_page(

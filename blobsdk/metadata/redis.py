@@ -74,14 +74,14 @@ with requires_extra("redis", __name__):
 
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
 from ..paths import bucket_of, validate_path
-from ..wire import BlobInfo, CommitOp, ReadPlan
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import (
     block_collected,
     check_commit_op,
     check_cursor,
+    check_delete,
     check_fence_age,
     check_fence_ids,
-    check_if_version,
     check_limit,
     check_list_args,
     check_naming_args,
@@ -346,9 +346,8 @@ class RedisMetadataStore:
             raise precondition_failed(op.path, op.if_version, int(answer[2]) or None)
         return [msgspec.structs.replace(op.plan, version=int(v), created=now) for op, v in zip(ops, answer[1:], strict=True)]
 
-    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
-        validate_path(path)
-        check_if_version(if_version)
+    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
+        check_delete(path, if_version, kind)
         await self._client()
         with self._errors():
             answer = await self._delete(

@@ -40,7 +40,7 @@ with requires_extra("redis", __name__):
     import redis.exceptions as rexc
 
 from ..auth import grants_usable_for
-from ..wire import BlobInfo, CommitOp, ReadPlan
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import MetadataStore, PassThrough
 
 log = logging.getLogger(__name__)
@@ -172,9 +172,9 @@ class SharedPlanCache(PassThrough):
         await self._bump([op.path for op in ops])
         return committed
 
-    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
+    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
         try:
-            return await self.store.delete(path, if_version)
+            return await self.store.delete(path, if_version, kind=kind)
         finally:
             await self._bump([path])
 

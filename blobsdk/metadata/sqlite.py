@@ -40,14 +40,14 @@ from ..errors import (
 )
 from ..paths import validate_path
 from ..runtime.forksafe import Executor
-from ..wire import BlobInfo, CommitOp, ReadPlan
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import (
     block_collected,
     check_commit_op,
     check_cursor,
+    check_delete,
     check_fence_age,
     check_fence_ids,
-    check_if_version,
     check_limit,
     check_list_args,
     check_naming_args,
@@ -165,9 +165,8 @@ class SqliteMetadataStore:
             return []
         return await self._run(_commit_ops, ops)
 
-    async def delete(self, path: str, if_version: int | None = None) -> BlobInfo:
-        validate_path(path)
-        check_if_version(if_version)
+    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
+        check_delete(path, if_version, kind)
         return await self._run(_delete, path, if_version)
 
     async def list_page(

@@ -8,7 +8,12 @@ Safety does not rest on clocks.  A pass:
 2. scans every live plan and sweeps the checkpoints' chunk index (blobsdk/write/dedup.py): an
    index entry whose blocks no other live plan names is deleted (compare-and-swap on the
    version scanned; one that changed meanwhile is kept, its blocks with it); candidates no
-   plan left names are *doomed*;
+   plan left names are *doomed*.  Only an entry (``/{bucket}/.blobsdk/chunks/<32 hex>``,
+   one chunk) is swept: a user's blob can no longer be written under ``.blobsdk/``
+   (blobsdk/paths.py), and anything else found there (a *stray*, written before the
+   namespace was reserved) is kept with its blocks, like any live blob: counted in
+   ``reserved_strays`` and logged, never deleted by gc (an admin removes one with the
+   metadata store's ``delete(path, kind="index")``);
 3. **fences** the doomed blocks in the metadata store (:meth:`MetadataStore.fence_blocks`):
    from then on any commit naming one is refused with BlockCollected, atomically with the
    commit, whatever the writer's clock says;
@@ -33,6 +38,7 @@ a lock: the client's other work goes on while it runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -41,11 +47,13 @@ import msgspec
 
 from ..errors import BadRequest, BlobError, BlobNotFound, PreconditionFailed
 from ..metadata.base import MAX_FENCE_IDS, MetadataStore
+from ..paths import is_index_entry, is_reserved
 from ..sources.base import BlockStore, block_time
 from ..wire import ReadPlan
-from ..write.dedup import is_index_path
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 FENCE_KEEP_S = 7 * 86400.0  # how long a fence outlives its pass (the metadata store's clock)
 STEP_TIMEOUT_S = 30.0  # one listing page, scan page, fence call or delete
@@ -61,6 +69,7 @@ class GcReport(msgspec.Struct, frozen=True, kw_only=True):
     blocks_spared: int = 0  # doomed at the first scan, named by a commit before their fence
     blocks_failed: int = 0  # deletes that failed or timed out (fenced, retried next pass)
     index_entries_deleted: int = 0  # chunk index entries naming blocks nothing else names
+    reserved_strays: int = 0  # blobs under /{bucket}/.blobsdk/ that are no index entry: kept
     seconds: float = 0.0
     longest_pause_s: float = 0.0  # the longest single wait of the pass
 
@@ -107,7 +116,7 @@ async def collect(
     if not dry_run:
         await steps.run("pruning old fences", metadata.prune_fences(FENCE_KEEP_S))
     scanned, candidates = await _candidates(blocks, clock() - grace, steps)
-    referenced, index = await _referenced_and_index(metadata, steps)
+    referenced, index, strays = await _referenced_and_index(metadata, steps)
     swept = await _sweep(metadata, index, referenced, steps, dry_run=dry_run)
     doomed = {b: size for b, size in candidates.items() if b not in referenced}
     spared, failed = 0, set[str]()
@@ -123,6 +132,7 @@ async def collect(
         blocks_spared=spared,
         blocks_failed=len(failed),
         index_entries_deleted=swept,
+        reserved_strays=strays,
         seconds=time.monotonic() - started,
         longest_pause_s=steps.longest,
     )
@@ -137,16 +147,22 @@ async def _candidates(blocks: BlockStore, cutoff: float, steps: _Steps) -> tuple
     return scanned, candidates
 
 
-async def _referenced_and_index(metadata: MetadataStore, steps: _Steps) -> tuple[set[str], list[ReadPlan]]:
-    """The blocks every live plan but the chunk index's entries names, and those entries."""
+async def _referenced_and_index(metadata: MetadataStore, steps: _Steps) -> tuple[set[str], list[ReadPlan], int]:
+    """The blocks every live plan but the chunk index's entries names, those entries, and how
+    many strays (see the module docstring) the scan met."""
     referenced: set[str] = set()
     index: list[ReadPlan] = []
+    strays: list[str] = []
     async for plan in steps.each("scanning plans", aiter(metadata.iter_plans())):
-        if is_index_path(plan.path):
+        if is_index_entry(plan.path) and len(plan.chunks) == 1:
             index.append(plan)
-        else:
-            referenced.update(plan.block_ids())
-    return referenced, index
+            continue
+        if is_reserved(plan.path):
+            strays.append(plan.path)
+        referenced.update(plan.block_ids())
+    if strays:
+        _log.warning("gc: %d blob(s) under /{bucket}/.blobsdk/ are no index entry (first: %s): kept", len(strays), strays[0])
+    return referenced, index, len(strays)
 
 
 async def _sweep(metadata: MetadataStore, index: list[ReadPlan], referenced: set[str], steps: _Steps, *, dry_run: bool) -> int:
@@ -160,7 +176,8 @@ async def _sweep(metadata: MetadataStore, index: list[ReadPlan], referenced: set
             deleted += 1
             continue
         try:
-            await steps.run(f"deleting index entry {entry.path}", metadata.delete(entry.path, if_version=entry.version))
+            deleting = metadata.delete(entry.path, if_version=entry.version, kind="index")
+            await steps.run(f"deleting index entry {entry.path}", deleting)
         except BlobNotFound:
             pass  # another pass took it
         except PreconditionFailed:

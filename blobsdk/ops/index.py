@@ -59,7 +59,7 @@ import xxhash
 from ..config import s3_location
 from ..errors import BadRequest, BlobError, CorruptData, InvalidPath, PreconditionFailed
 from ..metadata.base import MetadataStore
-from ..paths import validate_path, validate_prefix
+from ..paths import validate_path, validate_prefix, validate_writable
 from ..runtime.tasks import task_group
 from ..sources.base import BlockStore, block_time, is_link, links_to
 from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
@@ -284,7 +284,7 @@ def _dest_prefix(dest: str) -> str:
     """``dest`` as a blob path prefix ending in "/" (a valid path once a name is added)."""
     validate_prefix(dest)
     prefix = dest if dest.endswith("/") else dest + "/"
-    validate_path(prefix + "x")
+    validate_writable(prefix + "x")
     return prefix
 
 

@@ -11,7 +11,9 @@ lists of them).  What it does before it returns is the only time training waits:
    dtype, shape and chunk size match is *reused*: its ChunkRef is taken as is;
 4. look the other chunks up in the bucket's chunk index (``dedup=True``, the default;
    blobsdk/write/dedup.py): a chunk any checkpoint of the bucket stored, under any prefix,
-   is reused too, and a chunk repeated within the save is written once;
+   is reused too, once the entry's ref is checked to be that chunk (its length, and its
+   checksum against the chunk's xxh3-64: an entry that fails is ignored, the chunk written,
+   ``ck.index_entries_refused`` counts it); a chunk repeated within the save is written once;
 5. copy only the chunks left into staging buffers (reused from save to save).
 (blobsdk/write/stage.py does 2-5.)
 
@@ -48,6 +50,10 @@ in parallel, every one verified, none filled into L1) straight into one fresh bu
 rebuilds the state exactly: nesting, dtypes, shapes, scalars; arrays are views of that
 buffer.  A chunk saved as patches (``mirror=True``, blobsdk/write/stage.py) is read as its
 base, then its patches are applied in order.  ``load(select=...)`` reads only the leaves whose name it accepts.
+Every chunk read is then checked against the xxh3-128 digest its manifest holds (on the
+client's threads; a mismatch is CorruptData naming the checkpoint and the leaf), so a data
+plan that names other bytes than the ones saved (a bad index entry an older build reused, a
+plan rewritten) is never returned as the state.
 ``load(into=state)`` restores in place: each leaf's chunks are read straight into the
 caller's array or tensor of that name (one scatter read), refused before anything is read if
 one cannot take them (other kind, dtype or shape, not contiguous, read-only); a leaf ``state``
@@ -82,7 +88,7 @@ from .._arguments import check_callable, check_flag, check_number, check_str, wr
 from .._numbers import integer, positive
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
-from ..paths import validate_path
+from ..paths import validate_writable
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from .compare import Base
 from .dedup import ChunkIndex
@@ -144,7 +150,7 @@ class Checkpoints:
     ) -> None:
         prefix = check_str("checkpoints: prefix", prefix)
         prefix = prefix.removesuffix("/") if prefix != "/" else prefix  # a directory's
-        validate_path(prefix + "/x")
+        validate_writable(prefix + "/x")
         check_number("keep", keep, integer(1))  # before anything is written (nan once committed, then failed)
         check_number("chunk_size", chunk_size, integer(1, MAX_CHUNK_BYTES))
         check_number("rewrite_at", rewrite_at, positive(), unit=" (a share of a chunk)")
@@ -159,7 +165,7 @@ class Checkpoints:
         self._base: Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
-        self._index = ChunkIndex(metadata, prefix) if dedup else None  # the bucket's chunks, by content
+        self._index = ChunkIndex(metadata, prefix, executor) if dedup else None  # the bucket's chunks, by content
         self._stager = Stager(
             chunk_size=chunk_size,
             writer=writer,
@@ -177,6 +183,12 @@ class Checkpoints:
         tensor whose version stamp matched is not hashed; with ``mirror``, a chunk compared with
         its mirror copy is not, and a changed one is hashed in the background)."""
         return self._stager.hashed_bytes
+
+    @property
+    def index_entries_refused(self) -> int:
+        """How many chunk index entries this object's saves found but did not reuse: their ref
+        was not the chunk they are named for (blobsdk/write/dedup.py)."""
+        return 0 if self._index is None else self._index.refused
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -315,7 +327,7 @@ class Checkpoints:
         for entry in entries:
             for digest, span, patches in zip(entry.digests, entry.chunk_refs(), entry.patch_counts(), strict=True):
                 held = tuple(refs[i] for i in span)
-                if not patches and any(ref.block_id in new_blocks for ref in held):  # a patched chunk's refs are no copy
+                if not patches and len(held) == 1 and held[0].block_id in new_blocks:  # a patched chunk's refs are no copy
                     chunks.append((digest, held))
         try:
             await self._index.record(chunks)
@@ -399,7 +411,14 @@ class Checkpoints:
             manifest, plan = selected(manifest, plan, select)
         state: dict[str, Any] = {} if into is None else into  # {}: every array into one fresh buffer
         # a restore is read once: L1 keeps its working set (fill_memory=False)
-        await restore(manifest, plan, state, lambda part, outs: self._read_into(part, outs, False))
+        await restore(
+            manifest,
+            plan,
+            state,
+            lambda part, outs: self._read_into(part, outs, False),
+            executor=self._executor,
+            where=f"checkpoint {manifest.step} under {self.prefix}",
+        )
         return state
 
     async def _manifest_of(self, step: int) -> Manifest:

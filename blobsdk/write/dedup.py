@@ -2,15 +2,18 @@
 whose bytes some checkpoint of the same bucket already stored is named, not written again,
 whatever its prefix, step or job.
 
-The index is ordinary metadata.  Its entry for a chunk is the blob
-``/{bucket}/.blobsdk/chunks/<xxh3-128 of the chunk, hex>`` whose plan lists the refs that
-hold the chunk's bytes back to back (one whole chunk; a patched chunk, whose refs are a base
-and its patches, is never recorded).  So:
+The index is metadata.  Its entry for a chunk is the blob
+``/{bucket}/.blobsdk/chunks/<xxh3-128 of the chunk, hex>`` whose plan names the one ref that
+holds the chunk's bytes (a patched chunk, whose refs are a base and its patches, is never
+recorded).  So:
 
-- every metadata backend keeps it (SQLite, the API server, Redis, Redis Cluster) with no
-  new protocol, and a lookup is one ``get_plans`` per 1000 digests;
+- every metadata backend keeps it (SQLite, the API server, Redis, Redis Cluster), and a lookup
+  is one ``get_plans`` per 1000 digests;
 - it is scoped by bucket: a tenant's token reaches only its own buckets, so a save never
   names another tenant's bytes through it (DESIGN §7);
+- ``/{bucket}/.blobsdk/`` is reserved (blobsdk/paths.py): a user's put or delete there is
+  refused by every store, and entries are written only by commits of kind ``"index"``, which
+  the store takes only in an entry's shape (blobsdk/metadata/base.py);
 - an entry is a live plan: gc never collects a block an entry names.  gc sweeps the index
   first (blobsdk/ops/gc.py): an entry whose blocks no other live plan names is deleted
   (compare-and-swap on the version it saw), then its blocks go the way of any unnamed block.
@@ -21,59 +24,113 @@ and its patches, is never recorded).  So:
   the two loses dedup, not data; a crash before it leaves only orphan blocks), last writer
   wins (two jobs storing the same chunk both name valid bytes).
 
-Entries are trusted as the bucket's other blobs are: a writer of the bucket can point an
-entry at other bytes, as it can overwrite any checkpoint in it.  A lookup still checks that
-an entry's refs hold exactly the chunk's length.
+An entry is never trusted: any writer of the bucket can make an index commit, and no store
+can tell whether the ref it names holds the chunk its path names.  So a lookup reuses an
+entry only if its one ref is the chunk being saved: the same raw length, and the ref's
+checksum (xxh3-64 of the raw bytes, which every read verifies) equal to the xxh3-64 of the
+chunk's bytes, hashed now.  Any other entry is ignored (the chunk is written, and its entry
+recorded anew), counted in ``refused`` and logged once per lookup; the save goes on.  A
+restore checks each chunk against the xxh3-128 its manifest holds too
+(blobsdk/write/restore.py), so a checkpoint an older build saved over a bad entry is
+CorruptData, never wrong bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+
+import xxhash
 
 from ..errors import BlockCollected
 from ..metadata.base import MetadataStore
-from ..paths import bucket_of
+from ..paths import INDEX_DIR, bucket_of
 from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp
 from .writer import plan_of
 
-INDEX_DIR = ".blobsdk/chunks"
+__all__ = ["INDEX_DIR", "ChunkIndex"]
+
+_log = logging.getLogger(__name__)
+_HASH_BATCH = 16 << 20  # bytes hashed per executor job
 
 Refs = tuple[ChunkRef, ...]
 
 
-def is_index_path(path: str) -> bool:
-    """Whether ``path`` is an entry of some bucket's chunk index."""
-    parts = path.split("/", 3)
-    return len(parts) == 4 and f"{parts[2]}/{parts[3]}".startswith(INDEX_DIR + "/")
-
-
 class ChunkIndex:
-    """The chunk index of one bucket (the bucket of ``prefix``)."""
+    """The chunk index of one bucket (the bucket of ``prefix``); hashes on ``executor``."""
 
-    def __init__(self, metadata: MetadataStore, prefix: str) -> None:
+    def __init__(self, metadata: MetadataStore, prefix: str, executor: Executor) -> None:
         self._metadata = metadata
+        self._executor = executor
         self.bucket = bucket_of(prefix)
+        self.refused = 0  # entries found for a chunk whose ref is not that chunk: ignored
 
     def path(self, digest: bytes) -> str:
         return f"/{self.bucket}/{INDEX_DIR}/{digest.hex()}"
 
-    async def lookup(self, wanted: Mapping[bytes, int]) -> dict[bytes, Refs]:
-        """The refs of each digest of ``wanted`` (digest → the chunk's length) the index holds,
-        grants cleared; an entry whose refs do not hold exactly that length is ignored."""
+    async def lookup(self, wanted: Mapping[bytes, memoryview]) -> dict[bytes, Refs]:
+        """The refs, grants cleared, of each chunk of ``wanted`` (its xxh3-128 digest → its
+        bytes) whose index entry is that chunk (see the module docstring)."""
         digests = list(wanted)
-        found: dict[bytes, Refs] = {}
+        candidates: dict[bytes, ChunkRef] = {}  # entries of one ref of the chunk's length
+        refused: list[bytes] = []
         for start in range(0, len(digests), MAX_PATHS_PER_REQUEST):
             batch = digests[start : start + MAX_PATHS_PER_REQUEST]
             plans = await self._metadata.get_plans([self.path(d) for d in batch])
             for digest, plan in zip(batch, plans, strict=True):
-                if plan is not None and plan.size == wanted[digest] and sum(r.raw_length for r in plan.chunks) == plan.size:
-                    found[digest] = tuple(ref.unsigned() for ref in plan.chunks)
+                if plan is None:
+                    continue
+                if len(plan.chunks) == 1 and plan.chunks[0].raw_length == len(wanted[digest]):
+                    candidates[digest] = plan.chunks[0]
+                else:
+                    refused.append(digest)
+        checksums = await self._checksums([wanted[d] for d in candidates])
+        found: dict[bytes, Refs] = {}
+        for (digest, ref), checksum in zip(candidates.items(), checksums, strict=True):
+            if ref.checksum == checksum:
+                found[digest] = (ref.unsigned(),)
+            else:
+                refused.append(digest)
+        self._refused(refused)
         return found
 
+    async def _checksums(self, pieces: list[memoryview]) -> list[int]:
+        """xxh3-64 of each piece (what a ref's checksum is), on the executor, ~16 MiB a job."""
+        loop = asyncio.get_running_loop()
+        batches, batch, size = [], list[memoryview](), 0
+        for piece in pieces:
+            batch.append(piece)
+            size += len(piece)
+            if size >= _HASH_BATCH:
+                batches.append(batch)
+                batch, size = [], 0
+        if batch:
+            batches.append(batch)
+        jobs = [loop.run_in_executor(self._executor, _xxh3_64, b) for b in batches]
+        return [checksum for done in await asyncio.gather(*jobs) for checksum in done]
+
+    def _refused(self, digests: list[bytes]) -> None:
+        if not digests:
+            return
+        self.refused += len(digests)
+        _log.warning(
+            "chunk index of bucket %r: %d entr%s ignored, their ref is not the chunk their name says (first: %s);"
+            " those chunks are written anew",
+            self.bucket,
+            len(digests),
+            "y" if len(digests) == 1 else "ies",
+            self.path(digests[0]),
+        )
+
     async def record(self, chunks: Iterable[tuple[bytes, Sequence[ChunkRef]]]) -> int:
-        """Record ``chunks`` (digest, its refs), overwriting; how many were recorded.  Best
+        """Record ``chunks`` (digest, its one ref), overwriting; how many were recorded.  Best
         effort: a batch gc refused (one of its blocks was collected meanwhile) is skipped."""
-        ops = [CommitOp(path=self.path(digest), plan=plan_of(self.path(digest), refs)) for digest, refs in dict(chunks).items()]
+        ops = [
+            CommitOp(path=self.path(digest), plan=plan_of(self.path(digest), refs), kind="index")
+            for digest, refs in dict(chunks).items()
+        ]
         recorded = 0
         for start in range(0, len(ops), MAX_OPS_PER_REQUEST):
             batch = ops[start : start + MAX_OPS_PER_REQUEST]
@@ -83,3 +140,7 @@ class ChunkIndex:
                 continue
             recorded += len(batch)
         return recorded
+
+
+def _xxh3_64(pieces: list[memoryview]) -> list[int]:
+    return [xxhash.xxh3_64_intdigest(piece) for piece in pieces]

@@ -19,16 +19,25 @@ anything is read, so a refusal changes nothing:
 
 Leaves of ``into`` that the load does not read are left as they are.  ``load`` returns
 ``into``.  If the read fails part-way, the arrays it was filling hold part of the checkpoint.
+
+Every chunk read (its patches applied) is checked against the xxh3-128 digest the manifest
+holds for it, on the executor in ~16 MiB jobs (xxh3 releases the GIL): a mismatch is
+CorruptData naming the checkpoint, the leaf and the chunk, and the leaves read into fresh
+memory are not set in ``into``.  The read path has verified each ref's bytes against the
+ref's own checksum already; this checks that the refs are the chunks that were saved.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
 import msgspec
+import xxhash
 
 from ..errors import BadRequest, CorruptData
 from ..runtime.buffers import fresh_buffer
@@ -39,6 +48,7 @@ from .leaves import put, value_of
 from .manifest import Entry, Manifest
 
 _MISSING: Any = object()
+_HASH_BATCH = 16 << 20  # bytes checked per executor job
 _KINDS = {"ndarray": "a numpy array", "tensor": "a tensor", "bytes": "bytes", "json": "JSON"}
 
 
@@ -50,10 +60,17 @@ class _Place(NamedTuple):
 
 
 async def restore(
-    manifest: Manifest, plan: ReadPlan, into: Any, read: Callable[[ReadPlan, list[memoryview]], Awaitable[None]]
+    manifest: Manifest,
+    plan: ReadPlan,
+    into: Any,
+    read: Callable[[ReadPlan, list[memoryview]], Awaitable[None]],
+    *,
+    executor: Executor,
+    where: str,
 ) -> None:
     """Fill ``into`` with the leaves of ``manifest``, whose data blob has ``plan``; ``read``
-    scatters a plan into buffers, one after another (see :class:`_Reads`).  See the module
+    scatters a plan into buffers, one after another (see :class:`_Reads`); the chunks are
+    checked on ``executor``; ``where`` names the checkpoint in errors.  See the module
     docstring."""
     if not isinstance(into, MutableMapping):
         raise TypeError(f"into must be a dict (the state to fill), got {type(into).__name__}")
@@ -67,6 +84,7 @@ async def restore(
         else:
             memories.append(place.memory)
     await _Reads(manifest, plan, memories).run(plan, read)
+    await _check_digests(manifest, memories, executor, where)
     for entry, place, memory in zip(manifest.entries, places, memories, strict=True):
         if place is None:
             put(into, entry.name, msgspec.json.decode(entry.value) if entry.kind == "json" else value_of(entry, memory))
@@ -92,6 +110,13 @@ class _Reads:
         firsts = list(itertools.accumulate((entry.ref_count() for entry in manifest.entries), initial=0))
         if firsts[-1] != len(plan.chunks) or any(e.first != at for e, at in zip(manifest.entries, firsts, strict=False)):
             raise CorruptData(f"{where}: its manifest names {firsts[-1]} refs, its data plan holds {len(plan.chunks)}")
+        if manifest.chunk_size < 1:
+            raise CorruptData(f"{where}: its manifest's chunk size is {manifest.chunk_size}")
+        for entry in manifest.entries:
+            chunks = -(-entry.nbytes // manifest.chunk_size)
+            if len(entry.digests) != chunks:
+                name = "/".join(entry.name)
+                raise CorruptData(f"{where} leaf {name!r}: its manifest lists {len(entry.digests)} digests for {chunks} chunks")
         for entry, memory in zip(manifest.entries, memories, strict=True):
             if not entry.patches:
                 self.bases.extend(plan.chunks[entry.first : entry.first + entry.ref_count()])
@@ -137,6 +162,36 @@ class _Reads:
         for memory, indexes in self.chains:
             for k in indexes:
                 patch.apply(records[k], memory)
+
+
+async def _check_digests(manifest: Manifest, memories: list[memoryview], executor: Executor, where: str) -> None:
+    """CorruptData unless every chunk in ``memories`` has the xxh3-128 its manifest holds."""
+    size = manifest.chunk_size
+    places = [(k, i) for k, entry in enumerate(manifest.entries) for i in range(len(entry.digests))]
+    per_job = max(1, _HASH_BATCH // size)
+    batches = [places[at : at + per_job] for at in range(0, len(places), per_job)]
+    loop = asyncio.get_running_loop()
+    jobs = [
+        loop.run_in_executor(
+            executor,
+            _mismatches,
+            [(memories[k][i * size : (i + 1) * size], manifest.entries[k].digests[i]) for k, i in batch],
+        )
+        for batch in batches
+    ]
+    bad = [batch[n] for batch, found in zip(batches, await asyncio.gather(*jobs), strict=True) for n in found]
+    if bad:
+        k, i = bad[0]
+        more = f" (and {len(bad) - 1} more chunks)" if len(bad) > 1 else ""
+        raise CorruptData(
+            f"{where} leaf {'/'.join(manifest.entries[k].name)!r} chunk {i}: the bytes read are not the ones saved"
+            f" (their xxh3-128 is not the digest its manifest holds){more}"
+        )
+
+
+def _mismatches(pieces: list[tuple[memoryview, bytes]]) -> list[int]:
+    """The indexes of the pieces whose xxh3-128 is not the digest paired with them."""
+    return [n for n, (piece, digest) in enumerate(pieces) if xxhash.xxh3_128_digest(piece) != digest]
 
 
 async def _done(awaitable: Awaitable[None]) -> None:

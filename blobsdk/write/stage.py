@@ -1,6 +1,7 @@
 """What a checkpoint save does before it commits (blobsdk/write/checkpoint.py): hash a state's
 chunks, sort each into held (by the base at the same place, or by the bucket's chunk index,
-blobsdk/write/dedup.py), a repeat of one earlier in the same save, or new; copy the new ones
+blobsdk/write/dedup.py, once its entry is checked against the chunk's bytes), a repeat of one
+earlier in the same save, or new; copy the new ones
 into staging buffers (``save``) or take them as views (``write_part``); then write the new
 ones and make the part that names them all.
 
@@ -88,7 +89,7 @@ class Stager:
         self.hashed_bytes += sum(
             min(self.chunk_size, len(data) - i * self.chunk_size) for data, chunks in hashing for i in chunks
         )
-        wanted: dict[bytes, int] = {}  # digest -> length, of the chunks the base does not hold in place
+        wanted: dict[bytes, memoryview] = {}  # digest -> bytes, of the chunks the base does not hold in place
         for leaf, entry in zip(leaves, previous, strict=True):
             mine = [] if leaf.data is None else known[leaf.name] if leaf.name in known else next(hashed)
             held: list[Holding] = base.chunk_refs(entry) if base is not None and entry is not None else []
@@ -104,7 +105,8 @@ class Stager:
                     slots.append(held[i])
                 else:
                     slots.append(None)
-                    wanted.setdefault(digest, min(self.chunk_size, len(leaf.data or b"") - i * self.chunk_size))
+                    assert leaf.data is not None  # a leaf without data has no digests
+                    wanted.setdefault(digest, leaf.data[i * self.chunk_size : (i + 1) * self.chunk_size])
             staged.chunks.append(slots)  # type: ignore[arg-type]  # its Nones are filled below
             staged.digests.append(mine)
         found = await self._index.lookup(wanted) if self._index is not None and wanted else {}

@@ -29,7 +29,7 @@ from .._arguments import check_bytes_like, check_pair
 from ..config import Compression, WriteConfig, check_write_config
 from ..errors import BlockCollected, Unavailable
 from ..metadata.base import MetadataStore
-from ..paths import validate_path
+from ..paths import validate_writable
 from ..runtime.tasks import task_group
 from ..sources.base import BlockStore, Buffer, block_time, new_block_id
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
@@ -169,7 +169,7 @@ class Writer:
     async def put(self, path: str, data: Buffer, if_version: int | None = None) -> ReadPlan:
         """Write one blob; returns the committed plan.  A commit gc refused (BlockCollected:
         it fenced a block of this write, e.g. behind a skewed clock) is written anew once."""
-        validate_path(path)
+        validate_writable(path)
         try:
             return await self._put_once(path, data, if_version)
         except BlockCollected:
@@ -192,7 +192,7 @@ class Writer:
             batch = _Batch(self, packer, tasks, progress)
             async for item in _aiter(items):
                 path, data = _item(item)
-                validate_path(path)
+                validate_writable(path)
                 await batch.add(await self._pack(packer, path, data), memoryview(data).nbytes)
             await batch.finish()
         return batch.committed

@@ -15,6 +15,8 @@ import pytest
 from blobsdk.errors import BadRequest, BlobNotFound, BlockCollected, InvalidPath, PreconditionFailed
 from blobsdk.wire import BlobInfo, ChunkRef, CommitOp, ReadPlan, etag_of
 
+from .reserved import ReservedNamespaceTests
+
 INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00x", "/b/" + "x" * 1022]
 
 
@@ -79,8 +81,8 @@ async def all_listed(store, prefix: str, limit: int = 1000) -> list[str]:
     return [info.path async for info in store.list(prefix, limit=limit)]
 
 
-class MetadataStoreTests:
-    """Every MetadataStore backend passes these."""
+class MetadataStoreTests(ReservedNamespaceTests):
+    """Every MetadataStore backend passes these (and those of tests/metadata/reserved.py)."""
 
     # --- reads of missing paths ----------------------------------------------------------
 
