@@ -121,7 +121,9 @@ class BlockReplica(BlockStore, Protocol):
     ) -> None:
         """Fill ``out`` with the bytes of ``block_id`` at ``offset``.  ``attempt``: the
         hedged read this is one attempt of; ``grant``: the chunk grant for exactly these
-        bytes (blobsdk.auth), which a server with tenants wants."""
+        bytes (blobsdk.auth), which a server with tenants wants.  Cancelled, it ends (raises
+        CancelledError) only once nothing writes into ``out`` any more: a thread's read is
+        waited for, a connection receiving into it is closed."""
         ...
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes: ...

@@ -125,7 +125,7 @@ class LocalBlockStore:
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:
             return
-        await self._run(read_into_sync, self._dir, *where, offset, view)
+        await self._run(read_into_sync, self._dir, *where, offset, view, writes_into=True)
 
     async def read_spans(
         self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
@@ -230,11 +230,20 @@ class LocalBlockStore:
             future.add_done_callback(_discard_created)
             raise
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, writes_into: bool = False) -> T:
+        """``fn(*args)`` on the store's thread pool.  ``writes_into``: the job writes into the
+        caller's memory, so a cancelled caller returns only once it has ended (a cancelled
+        ``read_into`` leaves nothing writing into ``out``: BlockReplica's contract)."""
         if self._closed:
             raise ClientClosed(f"block store {self.name} is closed")
         await self.wait_open()
-        return await self._wait(self._pool.submit(fn, *args))
+        future = self._pool.submit(fn, *args)
+        try:
+            return await self._wait(future)
+        except asyncio.CancelledError:
+            if writes_into:
+                await asyncio.wait([asyncio.wrap_future(future)])
+            raise
 
     async def _wait(self, future: concurrent.futures.Future[T]) -> T:
         try:

@@ -126,8 +126,10 @@ class L4Tier(KeepsNothing, Closing):
     async def fetch_into(self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None) -> bool:
         """``ref``'s verified raw bytes read straight into ``out`` (see DirectTier): only from
         a lone replica, whose one attempt at a time the hedger waits for (patient, in turn), so
-        no two reads ever write into ``out``; a cancelled read is waited for before the
-        cancellation goes on, so none writes into it after this returns."""
+        no two reads ever write into ``out``; cancelled, it cancels the read and waits for it
+        to end, which a replica's ``read_into`` does only once nothing writes into ``out``
+        (BlockReplica's contract): so none writes into it after this returns, and a read
+        pausing between tries of a throttled store stops at once."""
         candidates = self.candidates(ref.key)
         if len(candidates) != 1 or ref.codec != "none" or len(out) != ref.raw_length:
             return False
@@ -136,7 +138,8 @@ class L4Tier(KeepsNothing, Closing):
         try:
             await asyncio.shield(read)
         except asyncio.CancelledError:
-            await asyncio.wait([read])  # its thread may still be writing into out
+            read.cancel()
+            await asyncio.wait([read])
             raise
         return True
 

@@ -208,3 +208,40 @@ async def test_use_after_close_is_client_closed(tmp_path: Path) -> None:
         await s.write_block(new_block_id(), [b"x"])
     with pytest.raises(ClientClosed):
         await s.read_range(new_block_id(), 0, 1)
+
+
+async def test_a_cancelled_read_into_ends_only_once_its_thread_wrote_its_last_byte(
+    store: LocalBlockStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BlockReplica's contract: a cancelled read_into raises only once nothing writes into its
+    buffer.  The store's thread is held inside the read; the cancelled call waits for it (a
+    caller that had returned would find its buffer written after)."""
+    import threading
+
+    from blobsdk.sources import local
+
+    block = new_block_id()
+    await store.write_block(block, [b"x" * 64])
+    inside, release, wrote = threading.Event(), threading.Event(), threading.Event()
+    real = local.read_into_sync
+
+    def held(*args: object) -> None:
+        inside.set()
+        release.wait()
+        real(*args)  # type: ignore[arg-type]
+        wrote.set()
+
+    monkeypatch.setattr(local, "read_into_sync", held)
+    out = bytearray(64)
+    read = asyncio.create_task(store.read_into(block, 0, memoryview(out)))
+    try:
+        await asyncio.to_thread(inside.wait, 60)
+        read.cancel()
+        for _ in range(20):  # the loop turns; the cancelled read is still waiting for its thread
+            await asyncio.sleep(0)
+        assert not read.done()
+    finally:
+        release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await read
+    assert wrote.is_set() and out == b"x" * 64

@@ -6,6 +6,7 @@ outlasts the budget fails the read naming it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import secrets
@@ -141,3 +142,31 @@ async def test_a_burst_of_throttles_or_internal_errors_is_ridden_out(moto: S3Ser
         assert await store.read_range(block, 100, MiB - 200) == data[100:-100]
     assert proxy.count("throttled") >= 2 and proxy.count("206") == 1, proxy.outcomes
     assert limiter.stats()["drops"] == (proxy.count("throttled") if status != 500 else 0)
+
+
+async def test_a_cancelled_get_into_stops_during_a_throttles_pause(moto: S3Server, tmp_path: Path) -> None:
+    """A get_into whose GET is throttled and that is cancelled during the pause before its next
+    try ends at once, not after the read's budget: a read into the caller's buffer is cancelled
+    with its caller, since a connection receiving into the buffer is closed by then."""
+    prefix, data = await _written(moto, tmp_path, 1 * MiB)
+    pausing, never = asyncio.Event(), asyncio.Event()
+
+    async def pause(seconds: float) -> None:
+        pausing.set()
+        await never.wait()  # a pause longer than any test: only a cancellation ends it
+
+    config = {**moto.config}
+    async with S3FaultProxy(moto.endpoint) as proxy:
+        config["endpoint"] = proxy.url
+        backoff = Backoff(rng=random.Random(7).random, sleep=pause)
+        async with (
+            SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
+            S3BlockStore(BUCKET, prefix, config=config, allow_http=True, backoff=backoff, timeout_s=3600.0) as blocks,
+            blobsdk.Client.from_stores(meta, blocks, l1=NO_L1) as client,
+        ):
+            proxy.throttle(3600)
+            read = asyncio.create_task(client.get_into(PATH, bytearray(len(data))))
+            await asyncio.wait_for(pausing.wait(), 60)
+            read.cancel()
+            done, _ = await asyncio.wait([read], timeout=60)  # a failure guard: it ends at once
+            assert read in done and read.cancelled()
