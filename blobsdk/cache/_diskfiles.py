@@ -19,7 +19,8 @@ from typing import TypeVar
 import xxhash
 
 from ..runtime.buffers import uninitialized
-from ..runtime.rootdir import RootDir, UnsafeEntry, create_temp, marker_text, unlink_at
+from ..runtime.ids import is_hex32
+from ..runtime.rootdir import RootDir, UnsafeEntry, create_temp, marker_text, misnamed, unlink_at
 from ._diskscan import with_entry
 from ._entryfile import Damaged as _Damaged
 from ._entryfile import encode_header as _encode_header
@@ -48,7 +49,7 @@ class DiskFiles:
         for victim in doomed:  # first, so the space they held is free for this file
             self._remove_quietly(victim)  # an undeletable victim must not fail this put
         header = _encode_header(key, tenant, payload)
-        with self._dir.shard(key[:2], create=True) as dir_fd:
+        with self._dir.shard(shard_of(key), create=True) as dir_fd:
             fd, temp = create_temp(dir_fd, key, self._token)  # locked until renamed or removed
             try:
                 self._write_parts(fd, [header, payload])
@@ -60,9 +61,13 @@ class DiskFiles:
                 os.close(fd)
 
     def _remove(self, key: str) -> bool:
-        """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there."""
+        """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there.
+        A key that is not a chunk key (an index file's forgery, not yet dropped) names no file:
+        nothing is removed."""
+        if not is_hex32(key):
+            return False
         try:
-            with self._dir.shard(key[:2]) as dir_fd:
+            with self._dir.shard(shard_of(key)) as dir_fd:
                 return unlink_at(dir_fd, key)
         except FileNotFoundError:  # no shard directory
             return False
@@ -133,9 +138,18 @@ class DiskFiles:
 # --- blocking helpers --------------------------------------------------------------------
 
 
+def shard_of(key: str) -> str:
+    """The shard directory of ``key``'s file; UnsafeEntry unless ``key`` is a chunk key, the
+    only name a file of the cache has: a key from anywhere (an index file another process
+    wrote) never becomes a path."""
+    if not is_hex32(key):
+        raise UnsafeEntry(misnamed(key, "a cache entry's file"))
+    return key[:2]
+
+
 def with_file(root: RootDir, key: str, fn: Callable[[int, str], T]) -> T:
     """``fn(fd, key)`` on ``key``'s file; a file it finds damaged is deleted."""
-    shard = key[:2]
+    shard = shard_of(key)
     with root.shard(shard) as dir_fd:
         return with_entry(dir_fd, root.entry_path(shard, key), key, fn)
 

@@ -123,24 +123,31 @@ class Index:
             moved += 1
         return moved
 
-    def load(self, entries: Iterable[Entry], *, lru_ordered: bool = False) -> None:
+    def load(self, entries: Iterable[Entry], *, lru_ordered: bool = False) -> list[Entry]:
         """Bulk insert at start-up into an empty index, placing each entry by its times (one
         sort per order, no per-entry moves).  ``lru_ordered``: ``entries`` come least recently
         used first already (the index file), so the LRU order needs no sort: with no creation
         order kept, a million entries load with no sort at all (two sorts were ~40% of a
-        restart from the index file at 10^6 entries)."""
+        restart from the index file at 10^6 entries).  A key listed more than once (an index
+        file another process forged) keeps its most recently used listing: the others are
+        returned, not loaded (found by the size of the LRU order, which is built anyway)."""
         if self.lru:
             raise ValueError("load needs an empty index")
         listed = list(entries)
-        key = attrgetter("key")
         aged = self.by_age is not None or self.held is not None
         by_age = sorted(listed, key=attrgetter("created")) if aged or not lru_ordered else listed
         by_access = listed if lru_ordered else sorted(by_age, key=attrgetter("last_access"))  # ties: older first
+        lru = _ordered(by_access)
+        repeats = [e for e in by_access if lru[e.key] is not e] if len(lru) < len(by_access) else []
+        if repeats:  # each key's last listing in the LRU order stays, in its own place
+            by_access = [e for e in by_access if lru[e.key] is e]
+            by_age = [e for e in by_age if lru[e.key] is e]
+            lru = _ordered(by_access)
+        self.lru = lru
         if self.by_age is not None:
-            self.by_age = OrderedDict(zip(map(key, by_age), by_age, strict=True))
+            self.by_age = _ordered(by_age)
         if self.held is not None:
-            self.held = OrderedDict(zip(map(key, by_age), by_age, strict=True))
-        self.lru = OrderedDict(zip(map(key, by_access), by_access, strict=True))
+            self.held = _ordered(by_age)
         tenant_bytes = self.tenant_bytes
         for entry in by_access:
             tenant_bytes[entry.tenant] = tenant_bytes.get(entry.tenant, 0) + entry.size
@@ -148,6 +155,18 @@ class Index:
         if self.tenant_lru is not None:
             for entry in by_access:
                 self.tenant_lru.setdefault(entry.tenant, OrderedDict())[entry.key] = entry
+        return repeats
+
+    def resize(self, entry: Entry, size: int) -> None:
+        """Count a present entry as ``size`` bytes: its file holds that many, not what the
+        index file said."""
+        change, entry.size = size - entry.size, size
+        self.used += change
+        left = self.tenant_bytes.get(entry.tenant, 0) + change
+        if left:
+            self.tenant_bytes[entry.tenant] = left
+        else:
+            self.tenant_bytes.pop(entry.tenant, None)
 
     def clear(self) -> None:
         self.lru.clear()
@@ -222,3 +241,7 @@ class Index:
         del own[entry.key]
         if not own:
             del self.tenant_lru[entry.tenant]
+
+
+def _ordered(entries: list[Entry]) -> OrderedDict[str, Entry]:
+    return OrderedDict(zip(map(attrgetter("key"), entries), entries, strict=True))

@@ -35,7 +35,9 @@ IncompatibleFormat, nothing touched.
 ``open`` loads the index from ``root/INDEX`` (blobsdk/cache/_indexfile.py), written at close
 and after each reconciliation: a million entries in about a second.  Then, in the background,
 it reconciles the index with the directory shard by shard (files another process added or
-removed since; only new files' headers are read) and writes a fresh index file.  Without a
+removed since; only new files' headers are read) and writes a fresh index file.  Any process
+sharing the directory may have written that file: a bad entry is dropped (its key's digits as
+the reconciliation starts), with one warning per open however many.  Without a
 usable index file, ``open`` rebuilds the index from every file's header (one small read each,
 shards scanned in parallel; ~80 s per million files on the dev machine): it names the tenant
 that quotas need and catches truncation early.  Either way, payloads are verified on each
@@ -72,7 +74,7 @@ from ..runtime.rootdir import RootDir, UnsafeEntry
 from ._diskfiles import DiskFiles, space_deficit, with_file
 from ._diskscan import FileTimes, scan_shard
 from ._entryfile import Damaged as _Damaged
-from ._indexfile import INDEX_FILE, read_index, write_index
+from ._indexfile import INDEX_FILE, Dropped, Listing, by_shard_of, read_index, write_index
 from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
 from ._payloadfile import VerifiedFiles, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
@@ -133,6 +135,7 @@ class DiskCache(DiskFiles):
         self._reconciling: asyncio.Task[None] | None = None
         self._saving: asyncio.Future[None] | None = None  # the last index file write (_save_index)
         self._touched: set[str] | None = None  # keys put or deleted while reconciling (_reconcile)
+        self._dropped: Dropped | None = None  # the index file's entries dropped at open, not yet reported
         self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)
         self._verified = VerifiedFiles() if remember_verified else None  # for open_verified
 
@@ -160,20 +163,20 @@ class DiskCache(DiskFiles):
         try:
             await self._io(self._root.mkdir, parents=True, exist_ok=True)
             await self._io(self._check_format)
-            loaded = await self._io(self._read_index)
-            if loaded is None:
+            listing = await self._io(self._read_index)
+            if listing is None:
                 await self._scan_all()
             else:
-                self._index.load(loaded, lru_ordered=True)  # the file lists them so
+                self._load(listing)
             await self._remove_victims(self._chain.trim(self._index, self._capacity, self._clock()))
         except UnsafeEntry as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: refused {exc}") from exc
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
-        if loaded is not None:  # what the index file named, before any put
+        if listing is not None:  # what the index file named, before any put
             self._touched = set()
-            self._reconciling = asyncio.create_task(self._reconcile(loaded), name=f"blobsdk-{self._name}-reconcile")
+            self._reconciling = asyncio.create_task(self._reconcile(listing.entries), name=f"blobsdk-{self._name}-reconcile")
         return self
 
     async def get(self, key: str, *, checksum: int | None = None) -> bytearray | None:
@@ -199,6 +202,8 @@ class DiskCache(DiskFiles):
         except OSError:
             self._lost(entry, "errors")
             return None
+        if entry.size != len(data) and self._index.get(key) is entry:
+            self._index.resize(entry, len(data))  # the index file said otherwise
         self._hit(entry)
         if self._verified is not None:
             self._verified.record(key, ident, len(self._index))
@@ -295,6 +300,7 @@ class DiskCache(DiskFiles):
         if self._reconciling is not None:
             self._reconciling.cancel()
             await asyncio.gather(self._reconciling, return_exceptions=True)
+        self._report_dropped([], "")  # if the reconciliation stopped before it checked the keys
         if self._state == "open":
             await self._save_index()
         self._state = "closed"
@@ -325,12 +331,32 @@ class DiskCache(DiskFiles):
         self._counts["corrupt"] += sum(s.damaged for s in scans)
         self._index.load(entry for s in scans for entry in s.found)
 
-    def _read_index(self) -> list[Entry] | None:
+    def _read_index(self) -> Listing | None:
         try:
             return read_index(str(self._root), self._clock())
         except UnsafeEntry as exc:
             self._dir.ignore(str(exc))
             return None
+
+    def _load(self, listing: Listing) -> None:
+        """Index what the index file lists, in its LRU order; what it lists that this cache does
+        not write is reported once the keys are checked too (:meth:`_report_dropped`)."""
+        repeats = self._index.load(listing.entries, lru_ordered=True)
+        if repeats:
+            listing.dropped.add(f"key {repeats[0].key} is listed more than once", len(repeats))
+        self._dropped = listing.dropped
+
+    def _report_dropped(self, foreign: list[Entry], why: str) -> None:
+        """Drop the entries listed under keys that are not chunk keys, then report all that was
+        dropped: once per open (from aclose if the reconciliation never got this far)."""
+        for entry in foreign:
+            if self._index.get(entry.key) is entry:
+                self._index.remove(entry.key)
+        dropped, self._dropped = self._dropped, None
+        if dropped is not None and foreign:
+            dropped.add(why, len(foreign))
+        if dropped is not None and dropped.count:
+            log.warning("cache %s: %s", self._name, dropped.describe(self._root / INDEX_FILE))
 
     async def _reconcile(self, loaded: list[Entry]) -> None:
         """After a start from the index file (``loaded``: its entries): bring the index in
@@ -338,10 +364,12 @@ class DiskCache(DiskFiles):
         since; only new files' headers are read), then write a fresh index file.  An entry
         replaced or removed meanwhile, or a key put or deleted since open, is not this scan's
         to judge (its file may be one the scan saw before a delete).  The entries are grouped by
-        shard here, on the executor, not in :meth:`open`: ~0.4 s of a 10^6-entry restart."""
+        shard here, on the executor, not in :meth:`open`: ~0.4 s of a 10^6-entry restart; and
+        first, those listed under a key that is not a chunk key are dropped and reported."""
         times = FileTimes(self._clock())
         try:
-            by_shard = await self._io(_by_shard, loaded)
+            by_shard, foreign, why = await self._io(by_shard_of, loaded)
+            self._report_dropped(foreign, why)
             for shard in sorted(set(await self._io(self._dir.shards)) | set(by_shard)):
                 known = by_shard.get(shard, [])
                 scan = await self._io(scan_shard, self._dir, shard, token=self._token, times=times, known={e.key for e in known})
@@ -474,10 +502,3 @@ class DiskCache(DiskFiles):
             pass
         self._counts["errors"] += 1
         return False
-
-
-def _by_shard(entries: list[Entry]) -> dict[str, list[Entry]]:
-    grouped: dict[str, list[Entry]] = {}
-    for entry in entries:
-        grouped.setdefault(entry.key[:2], []).append(entry)
-    return grouped

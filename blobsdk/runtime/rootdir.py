@@ -1,10 +1,13 @@
 """A root directory of shard directories that blobsdk owns: the local block store (L4) and
 the disk cache (L2, and the L3 node) share these three rules, so they keep them alike.
 
-**Nothing leaves the root through a symlink.**  The root itself is the user's choice (it may
-be a symlink, or lie under one); inside it, a shard directory is opened with ``O_NOFOLLOW``
-and every file is opened, created, renamed and deleted relative to that directory's fd, so
-a symlink (or a file where a directory belongs) is never followed.  An operation that
+**Nothing leaves the root through a symlink, nor by its name.**  The root itself is the
+user's choice (it may be a symlink, or lie under one); inside it, a shard directory is opened
+with ``O_NOFOLLOW`` and every file is opened, created, renamed and deleted relative to that
+directory's fd, so a symlink (or a file where a directory belongs) is never followed.  A shard
+is only ever two hex digits and a file name one name in its directory (never ``..``, a path or
+a NUL), whatever a caller passes (a name from another party's index file, say): anything else
+is refused with :class:`UnsafeEntry`.  An operation that
 names such an entry (a read, a write, a delete) is refused with :class:`UnsafeEntry`, whose
 message names the entry; a scan (listing, sweeping, indexing) ignores it and logs one
 warning per entry (:meth:`RootDir.ignore`).  A file that is not a regular file (a FIFO, a
@@ -81,6 +84,19 @@ def is_shard_name(name: str) -> bool:
     return _SHARD_NAME.fullmatch(name) is not None
 
 
+def misnamed(name: str, expected: str) -> str:
+    """The words for a name the layout never gives ``expected`` (a path, a parent, a NUL)."""
+    return f"{name!r}: not a name of {expected} (nothing is named outside the root)"
+
+
+def check_file_name(name: str) -> str:
+    """``name`` if it names a file in its directory, not elsewhere (a path, ``..``, a NUL);
+    else UnsafeEntry.  Every open, create and delete below passes its name through this."""
+    if not name or name in (".", "..") or os.sep in name or "\0" in name:
+        raise UnsafeEntry(misnamed(name, "a file in its directory"))
+    return name
+
+
 class RootDir:
     """One root of ``<2 hex>/<name>`` shards; ``label`` starts its warnings (``"cache l2"``);
     ``durable``: fsync the root when a shard directory is made.
@@ -111,8 +127,11 @@ class RootDir:
             os.close(fd)
 
     def open_shard(self, shard: str, *, create: bool = False) -> int:
-        """:meth:`shard` as a plain fd that the caller closes."""
+        """:meth:`shard` as a plain fd that the caller closes; UnsafeEntry for a name that is
+        not a shard's (two hex digits: never a path, never ``..``)."""
         path = self.entry_path(shard)
+        if not is_shard_name(shard):
+            raise UnsafeEntry(misnamed(path, "a shard directory"))
         if create:
             self._make_dir(path)
         try:
@@ -235,7 +254,7 @@ def open_regular(dir_fd: int, name: str, path: str) -> int:
     """An fd (read-only) of the regular file ``name`` in ``dir_fd`` (``path`` names it in
     errors); FileNotFoundError if absent, UnsafeEntry if a symlink or not a regular file."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(check_file_name(name), _READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
@@ -260,6 +279,7 @@ def still_named(dir_fd: int, name: str, fd: int) -> bool:
 def create_temp(dir_fd: int, final: str, token: str) -> tuple[int, str]:
     """A new temp file for ``final`` in ``dir_fd``, open for writing and locked: ``(fd,
     name)``.  Keep the fd open until the file is renamed or removed (that is the lock)."""
+    check_file_name(final)
     for _ in range(_CREATE_TRIES):
         name = f"{final}.{token}-{os.urandom(6).hex()}{TMP_SUFFIX}"
         fd = os.open(name, _CREATE_FLAGS, 0o644, dir_fd=dir_fd)
@@ -277,7 +297,7 @@ def create_temp(dir_fd: int, final: str, token: str) -> tuple[int, str]:
 def remove_if_dead(dir_fd: int, name: str) -> bool:
     """Remove temp file ``name`` if no live writer holds its lock; True if removed."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(check_file_name(name), _READ_FLAGS, dir_fd=dir_fd)
     except OSError:  # gone, a symlink, not ours to read: nothing to prove, nothing removed
         return False
     try:
@@ -374,7 +394,7 @@ def write_root_file(root: Path | str, name: str, parts: list[bytes], token: str,
 def unlink_at(dir_fd: int, name: str) -> bool:
     """Unlink ``name`` in the directory ``dir_fd``; False if it was gone already."""
     try:
-        os.unlink(name, dir_fd=dir_fd)
+        os.unlink(check_file_name(name), dir_fd=dir_fd)
     except FileNotFoundError:
         return False
     return True

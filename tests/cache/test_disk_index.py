@@ -20,6 +20,12 @@ from .conformance import FakeClock, blob, fill, key, present
 from .test_disk import chunk_file, flip_byte, open_cache
 
 
+def listed(root: Path) -> list[Entry]:
+    """The entries of ``root``'s index file, as a restart on the clock 0 reads them."""
+    listing = read_index(str(root), 0.0)
+    return [] if listing is None else listing.entries
+
+
 class NoHeaderReads:
     """Counts the headers a scan reads (``_diskscan.read_header``)."""
 
@@ -75,7 +81,7 @@ async def test_the_background_reconciliation_sees_what_changed_in_the_directory(
         assert await present(cache, 1, 2, 3) == [True, False, True]
         assert bytes(await cache.get(key(3)) or b"") == blob(3) and cache.used_bytes == 200
     assert not dead.exists()
-    assert [e.key for e in read_index(str(root), 0.0) or []] == [key(1), key(3)]  # written again once reconciled
+    assert [e.key for e in listed(root)] == [key(1), key(3)]  # written again once reconciled
 
 
 async def test_a_root_that_is_a_symlink_restarts_from_its_index_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,3 +183,16 @@ def test_an_index_file_s_order_is_the_lru_order_and_only_a_ttl_sorts_by_age() ->
     scanned.load([old, young])  # a scan's entries come in directory order: sorted by access
     assert list(scanned.lru) == [key(2), key(1)]
     assert (scanned.used, scanned.tenant_bytes) == (20, {"default": 20})
+
+
+def test_a_key_listed_twice_loads_once_as_its_most_recently_used_listing() -> None:
+    """An index file another process forged may list a key twice: the load keeps the later
+    listing (the file is least recently used first), in each order, and counts it once."""
+    old = Entry(key(1), 10, created=1.0, last_access=1.0)
+    other = Entry(key(2), 20, created=2.0, last_access=2.0)
+    again = Entry(key(1), 30, created=3.0, last_access=3.0)
+    index = Index(by_age=True, hold=True, per_tenant_lru=True)
+    assert index.load([old, other, again], lru_ordered=True) == [old]
+    assert list(index.lru.values()) == [other, again] and list((index.by_age or {}).values()) == [other, again]
+    assert list((index.held or {}).values()) == [other, again] and list(index.tenant_entries("default")) == [other, again]
+    assert (index.used, index.tenant_bytes) == (50, {"default": 50})

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from blobsdk.cache import disk
-from blobsdk.cache._indexfile import read_index, write_index
+from blobsdk.cache._indexfile import write_index
 
 from .conformance import blob, fill, key, present
 from .test_disk import chunk_file, open_cache
+from .test_disk_index import listed
 
 WAIT = 10.0  # seconds; only bounds a broken test, no outcome depends on it
 
@@ -46,7 +47,7 @@ async def test_a_file_the_reconciliation_saw_before_a_delete_is_not_indexed_agai
         assert await present(cache, 1, 2) == [True, False]
         assert cache.used_bytes == 100
     assert not chunk_file(tmp_path, 2).exists()
-    assert [e.key for e in read_index(str(tmp_path), 0.0) or []] == [key(1)]
+    assert [e.key for e in listed(tmp_path)] == [key(1)]
 
 
 async def test_an_index_write_stopped_by_aclose_never_lands_after_aclose_writes_its_own(
@@ -87,7 +88,7 @@ async def test_an_index_write_stopped_by_aclose_never_lands_after_aclose_writes_
         await asyncio.sleep(0)
     release.set()
     await closing
-    assert [e.key for e in read_index(str(tmp_path), 0.0) or []] == [key(2)]
+    assert [e.key for e in listed(tmp_path)] == [key(2)]
     async with open_cache(tmp_path) as cache:
         assert await present(cache, 1, 2) == [False, True]
         assert bytes(await cache.get(key(2)) or b"") == blob(2)
@@ -99,7 +100,7 @@ async def test_evictions_the_reconciliation_began_finish_when_aclose_stops_it(tm
     (before, the rest stayed on disk, unindexed and over capacity, until the next start)."""
     async with open_cache(tmp_path) as cache:
         await fill(cache, 1, 2, 3)
-    entries = read_index(str(tmp_path), 0.0) or []
+    entries = listed(tmp_path)
     write_index(str(tmp_path), [e for e in entries if e.key == key(1)], 0.0, "test")  # names key 1 only
     removing, release = threading.Event(), threading.Event()
     cache = await open_cache(tmp_path, capacity=100).open()
@@ -118,4 +119,4 @@ async def test_evictions_the_reconciliation_began_finish_when_aclose_stops_it(tm
     release.set()
     await closing
     on_disk = sorted(p.name for p in (tmp_path / key(1)[:2]).iterdir())
-    assert len(on_disk) == 1 and on_disk == [e.key for e in read_index(str(tmp_path), 0.0) or []]
+    assert len(on_disk) == 1 and on_disk == [e.key for e in listed(tmp_path)]

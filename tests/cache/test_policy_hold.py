@@ -146,3 +146,22 @@ def test_walks_do_not_pass_released_entries_again_while_they_are_pinned() -> Non
         assert list(hold.released(index, float(now))) == []
     assert _Looked.looked <= 1000  # the 1,000 put back once, then nothing: not 1,000 a walk
     assert [e.key for e in hold.released(index, 500.0)][:2] == [key(0), key(1)]
+
+
+async def test_a_restart_from_the_index_file_releases_an_entry_past_its_hold_behind_a_younger_one(tmp_path: Path) -> None:
+    """The index file lists entries by last access; the load puts the held ones back in
+    creation order.  Here 1 (made at 0, used at 70) is past its hold at the restart and 2
+    (made at 30, used then) is not: in last-access order 2 would stand first, 1 would never be
+    released, and the next put would evict 2, still held, instead of 1."""
+    clock = FakeClock(0.0)
+    async with DiskCache(tmp_path, capacity_bytes=200, hold_seconds=HOLD, min_free_ratio=0, clock=clock) as cache:
+        assert await cache.put(key(1), b"1" * 100)
+        clock.advance(30)
+        assert await cache.put(key(2), b"2" * 100)
+        clock.advance(40)
+        assert await cache.get(key(1)) == b"1" * 100  # 2 is now the least recently used
+    async with DiskCache(tmp_path, capacity_bytes=200, hold_seconds=HOLD, min_free_ratio=0, clock=clock) as cache:
+        assert list(cache._index.lru) == [key(2), key(1)] and list(cache._index.held or {}) == [key(2)]
+        assert await cache.put(key(3), b"3" * 100)
+        assert [cache.contains(key(n)) for n in (1, 2, 3)] == [False, True, True]
+        assert cache.stats()["lru_evictions"] == 1 and cache.stats()["hold_evictions"] == 0
