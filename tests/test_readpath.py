@@ -442,7 +442,9 @@ async def test_a_one_off_read_of_whole_chunks_goes_straight_into_the_output(tmp_
 
 
 class Gated(OneAtATime):
-    """A block store whose reads wait for the test to release them."""
+    """A block store whose reads wait for the test to release them, and once started cannot be
+    stopped, as a read on a thread: cancelled, one ends only once it has written into ``out``
+    (BlockReplica's contract)."""
 
     def __init__(self, root) -> None:
         super().__init__(LocalBlockStore(root))
@@ -451,6 +453,14 @@ class Gated(OneAtATime):
 
     async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
         self.started.set()
+        job = asyncio.ensure_future(self._read_when_released(block_id, offset, out, attempt, grant))
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            await asyncio.wait([job])
+            raise
+
+    async def _read_when_released(self, block_id, offset, out, attempt, grant):
         await self.release.wait()
         await super().read_into(block_id, offset, out, attempt=attempt, grant=grant)
         self.finished += 1
