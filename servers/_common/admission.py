@@ -18,7 +18,10 @@ Who passes without a slot: an admin (a static ``--token``, a signed admin token:
 operators and the servers among themselves), the public routes (health, metrics), and every
 caller of a server without a keyring, where all requests are one tenant's and nothing
 changes.  A handler that waits long on something else (the L3 node reading a chunk through
-from L4) gives its slot back meanwhile (:func:`stepped_out`) and queues for one again after.
+from L4) gives its slot back meanwhile (:func:`stepped_out`) and queues for one again after;
+one with much work (the API server's lookup of 1000 paths) does it in units, queueing behind
+its tenant's other requests between them (:func:`next_turn`), so another tenant's request
+waits for at most one unit of each running request, not for the whole of it.
 
 :class:`TenantBuckets`, a token bucket per tenant for work that costs the server more than its
 request (the L3 node's bad-copy reports): ``rate`` per second, ``burst`` at once.
@@ -190,6 +193,20 @@ class Ticket:
 
 TICKET_KEY = web.RequestKey("admission_ticket", Ticket)
 GATE_KEY = web.AppKey("tenant_gate", TenantGate)
+
+
+def holds_slot(request: web.Request) -> bool:
+    """Whether the request holds a tenant's slot (it passed a gate, as a tenant)."""
+    return TICKET_KEY in request
+
+
+async def next_turn(request: web.Request) -> None:
+    """Between two units of a long request's work: its slot goes to the next request of its
+    tenant waiting (if any), and it queues behind them for the next unit."""
+    ticket = request.get(TICKET_KEY)
+    if ticket is not None:
+        async with ticket.away():
+            pass
 
 
 @asynccontextmanager

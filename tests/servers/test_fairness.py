@@ -46,11 +46,13 @@ class HeldStore:
     def __init__(self, inner: SqliteMetadataStore) -> None:
         self.inner = inner
         self.arrivals: list[str] = []
+        self.lookups: list[tuple[str, int]] = []  # (first path, number of paths)
         self.release = asyncio.Event()
 
     async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
         bucket = bucket_of(paths[0])
         self.arrivals.append(bucket)
+        self.lookups.append((paths[0], len(paths)))
         if bucket == "flood":
             await self.release.wait()
         return await self.inner.get_plans(paths)
@@ -78,6 +80,33 @@ async def test_a_flood_of_lookups_waits_behind_its_own_requests_not_in_front_of_
         assert store.arrivals == ["flood"] * 4 + ["victim"]  # not behind the 6 the flood queued
         store.release.set()
         assert await asyncio.gather(*flooding) == [[None]] * 10
+
+
+async def test_a_tenants_long_lookups_take_turns_unit_by_unit(tmp_path: Path) -> None:
+    """Two requests of 200 paths from one tenant with one slot: their units of 100 paths
+    alternate, and another tenant's lookup waits for one unit, not for a whole request."""
+    tenancy = Tenancy()
+    store = HeldStore(SqliteMetadataStore(tmp_path / "meta.sqlite"))
+    app = api.make_app(store, tenancy.auth(), tenant_slots=1)  # type: ignore[arg-type]
+    async with running_app(app) as url, aiohttp.ClientSession() as session:
+        flood = HttpMetadataStore(session, url, tenancy.token("flood", "flood"))
+        victim = HttpMetadataStore(session, url, tenancy.token("victim", "victim"))
+        gate = app[GATE_KEY]
+        first = asyncio.create_task(flood.get_plans([f"/flood/a{i:03d}" for i in range(200)]))
+        await until(lambda: len(store.lookups) == 1)
+        second = asyncio.create_task(flood.get_plans([f"/flood/b{i:03d}" for i in range(200)]))
+        await until(lambda: gate.waiting("flood") == 1)
+        async with asyncio.timeout(10):
+            assert await victim.get_plans(["/victim/x"]) == [None]
+        store.release.set()
+        assert await first == await second == [None] * 200
+    assert store.lookups == [
+        ("/flood/a000", 100),
+        ("/victim/x", 1),
+        ("/flood/b000", 100),
+        ("/flood/a100", 100),
+        ("/flood/b100", 100),
+    ]
 
 
 def stalled_put(env: Env, url: str, ref: ChunkRef, body: bytes, token: str, go: asyncio.Event) -> asyncio.Task[int]:
