@@ -73,7 +73,7 @@ from ._common.logs import setup_logging
 from ._common.stores import metadata_store_of
 
 TENANT_SLOTS = 4
-PLAN_UNIT = 100  # paths looked up and signed in one turn of a request's slot
+PLAN_UNIT = 25  # paths looked up and signed in one turn of a request's slot
 
 
 def make_app(

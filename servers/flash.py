@@ -6,6 +6,8 @@ Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verif
            [X-Blobsdk-Progress: MS]     and an interim 102 Processing every MS ms meanwhile
     POST   /v1/chunks/{key}/bad?<ChunkRef>   a client got a bad copy: verify ours again,
                                         drop it if damaged -> JSON {"dropped": bool}
+                                        (collapsed per chunk, rate-limited per tenant: 429
+                                        past it; servers/flashreports.py)
     PUT    /v1/chunks/{key}?<ChunkRef>[&pin_seconds=S]   body = stored bytes; 201 stored
     POST   /v1/hydrate                  HydrateRequest (msgpack or JSON) -> 202 HydrateStatus
     GET    /v1/hydrate/{job_id}         HydrateStatus;  DELETE cancels the job
@@ -35,9 +37,13 @@ tenant for the chunk's byte range (else 403 ``forbidden``), so a tenant reads on
 its own buckets; the cache key covers the chunk's checksum, so bytes a tenant PUTs can be
 found only under the key of a chunk they verify against.  ``--quota TENANT:MiB`` bounds what
 a tenant's fills and PUTs may hold.  An explicit write over the tenant's quota (PUT, hydrate)
-is 429 ``quota_exceeded`` for that tenant only; a PUT body that does not match its ChunkRef
+is 429 ``quota_exceeded`` for that tenant only, and changes nothing (another tenant's copy of
+the chunk stays); a PUT body that does not match its ChunkRef
 is 422 ``corrupt_data``; a chunk the cache cannot admit is 507 ``insufficient_storage``.
 ``/stats`` shows a tenant its own usage and quota only (an admin sees everything).
+With a keyring, tenants share the node's request slots (``--tenant-slots``;
+servers/_common/admission.py): a tenant's flood of hits queues behind its own requests, not
+in front of another tenant's, and a read-through gives its slot back while it waits on L4.
 
 Hydrate jobs (servers/hydrate.py) pull their chunks from L4 in the background
 (``hydrate_concurrency`` chunks at a time across all jobs), verify, store and pin them

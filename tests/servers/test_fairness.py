@@ -83,29 +83,29 @@ async def test_a_flood_of_lookups_waits_behind_its_own_requests_not_in_front_of_
 
 
 async def test_a_tenants_long_lookups_take_turns_unit_by_unit(tmp_path: Path) -> None:
-    """Two requests of 200 paths from one tenant with one slot: their units of 100 paths
-    alternate, and another tenant's lookup waits for one unit, not for a whole request."""
-    tenancy = Tenancy()
+    """Two requests of two units' paths from one tenant with one slot: their units alternate,
+    and another tenant's lookup waits for one unit, not for a whole request."""
+    tenancy, unit = Tenancy(), api.PLAN_UNIT
     store = HeldStore(SqliteMetadataStore(tmp_path / "meta.sqlite"))
     app = api.make_app(store, tenancy.auth(), tenant_slots=1)  # type: ignore[arg-type]
     async with running_app(app) as url, aiohttp.ClientSession() as session:
         flood = HttpMetadataStore(session, url, tenancy.token("flood", "flood"))
         victim = HttpMetadataStore(session, url, tenancy.token("victim", "victim"))
         gate = app[GATE_KEY]
-        first = asyncio.create_task(flood.get_plans([f"/flood/a{i:03d}" for i in range(200)]))
+        first = asyncio.create_task(flood.get_plans([f"/flood/a{i:04d}" for i in range(2 * unit)]))
         await until(lambda: len(store.lookups) == 1)
-        second = asyncio.create_task(flood.get_plans([f"/flood/b{i:03d}" for i in range(200)]))
+        second = asyncio.create_task(flood.get_plans([f"/flood/b{i:04d}" for i in range(2 * unit)]))
         await until(lambda: gate.waiting("flood") == 1)
         async with asyncio.timeout(10):
             assert await victim.get_plans(["/victim/x"]) == [None]
         store.release.set()
-        assert await first == await second == [None] * 200
+        assert await first == await second == [None] * 2 * unit
     assert store.lookups == [
-        ("/flood/a000", 100),
+        ("/flood/a0000", unit),
         ("/victim/x", 1),
-        ("/flood/b000", 100),
-        ("/flood/a100", 100),
-        ("/flood/b100", 100),
+        ("/flood/b0000", unit),
+        (f"/flood/a{unit:04d}", unit),
+        (f"/flood/b{unit:04d}", unit),
     ]
 
 
