@@ -5,6 +5,7 @@ events (never timing)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -13,12 +14,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.paths import bucket_of
 from blobsdk.wire import ChunkRef, ReadPlan, chunk_query
 from servers import api
+from servers._common import http
 from servers._common.admission import GATE_KEY, TenantGate
 from tests.helpers import Tenancy, auth_headers, running_app
 from tests.servers.test_flash import TENANCY, TOK_A, TOK_B, CountingStore, Env, chunks, for_a, for_b
@@ -189,3 +192,18 @@ async def test_an_admin_passes_the_gate(env: Env) -> None:
     assert gate.admitted == 1  # a's PUT only
     go.set()
     assert await put == 201
+
+
+async def test_a_served_app_keeps_its_start_up_heap_out_of_full_collections(tmp_path: Path) -> None:
+    """A full collection over a server's whole start-up heap stalls its loop for every
+    tenant; the served app freezes what start-up left alive."""
+    gc.unfreeze()
+    port_file = tmp_path / "port"
+    serving = asyncio.create_task(http._serve(web.Application(), "127.0.0.1", 0, port_file))
+    try:
+        await until(port_file.exists)
+        assert gc.get_freeze_count() > 0
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        gc.unfreeze()
