@@ -144,10 +144,8 @@ def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
     yield c.hold_seconds < 0 or c.pin_seconds < 0, "hold_seconds and pin_seconds must be >= 0"
     yield c.ttl_seconds is not None and c.ttl_seconds <= 0, "ttl_seconds must be positive"
     yield not 0 <= c.min_free_ratio < 1, "min_free_ratio must be in [0, 1)"
-    yield (
-        min(c.hydrate_concurrency, c.max_chunk_bytes, c.max_jobs, c.threads, c.tenant_slots, c.report_burst) < 1,
-        ("counts must be positive"),
-    )
+    counts = (c.hydrate_concurrency, c.max_chunk_bytes, c.max_jobs, c.threads, c.tenant_slots, c.report_burst)
+    yield min(counts) < 1, "counts must be positive"
     yield not 0 < c.report_rate < float("inf"), "report_rate must be a positive number"
     yield not 0 <= c.report_absorb_seconds < float("inf"), "report_absorb_seconds must be >= 0"
     yield any(q < 0 for q in c.quotas.values()), "quotas must be >= 0"

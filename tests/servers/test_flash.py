@@ -619,6 +619,11 @@ def test_help_and_a_bad_flag_as_a_process(tmp_path: Path) -> None:
         (["--quota", "a:-1"], "--quota 'a:-1': want TENANT:MiB with a number of MiB >= 0"),
         (["--keys", "{tmp}/missing.toml"], "cannot read keyring '{tmp}/missing.toml': No such file or directory"),
         (["--min-free-ratio", "2"], "invalid flash config: min_free_ratio must be in [0, 1)"),
+        (["--tenant-slots", "0"], "invalid flash config: counts must be positive"),
+        (["--report-burst", "0"], "invalid flash config: counts must be positive"),
+        (["--report-rate", "0"], "invalid flash config: report_rate must be a positive number"),
+        (["--report-rate", "inf"], "invalid flash config: report_rate must be a positive number"),
+        (["--report-absorb-seconds", "-1"], "invalid flash config: report_absorb_seconds must be >= 0"),
     ],
 )
 def test_invalid_flags_are_usage_errors(
