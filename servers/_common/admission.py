@@ -186,14 +186,13 @@ class Ticket:
 
     @asynccontextmanager
     async def away(self) -> AsyncIterator[None]:
-        """Give the slot back for the block, and queue for one again after it."""
+        """Give the slot back for the block, and queue for one again after it (not after an
+        error or a cancellation: the request then ends without waiting for a slot)."""
         self.held = False
         self.gate.release(self.tenant)
-        try:
-            yield
-        finally:
-            await self.gate.acquire(self.tenant)
-            self.held = True
+        yield
+        await self.gate.acquire(self.tenant)
+        self.held = True
 
 
 TICKET_KEY = web.RequestKey("admission_ticket", Ticket)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from servers._common.admission import TenantBuckets, TenantGate
+from servers._common.admission import TenantBuckets, TenantGate, Ticket
 
 
 class FakeClock:
@@ -141,3 +141,20 @@ def test_each_tenant_has_its_own_bucket_refilled_at_its_rate() -> None:
     assert buckets.take("a") and not buckets.take("a")
     clock.now += 100
     assert [buckets.take("a") for _ in range(4)] == [True, True, True, False]  # at most the burst
+
+
+async def test_a_request_that_fails_away_from_its_slot_ends_without_waiting_for_one() -> None:
+    gate = TenantGate(1, clock=FakeClock())
+
+    async def read_through(ticket: Ticket) -> None:
+        async with asyncio.timeout(10), ticket.away():  # a guard: it must not wait
+            await gate.acquire("t")  # another request of the tenant takes the slot given back
+            raise ValueError("the read-through failed")
+
+    async with gate.slot("t") as ticket:
+        with pytest.raises(ValueError, match="the read-through failed"):
+            await read_through(ticket)
+        assert not ticket.held
+    assert gate.running("t") == 1  # the other request's: nothing was released twice
+    gate.release("t")
+    assert gate.running("t") == 0
