@@ -23,6 +23,7 @@ from blobsdk.wire import ChunkRef, ReadPlan, chunk_query
 from servers import api
 from servers._common import http
 from servers._common.admission import GATE_KEY, TenantGate
+from servers._common.metrics import sample_sum
 from tests.helpers import Tenancy, auth_headers, running_app
 from tests.servers.test_flash import TENANCY, TOK_A, TOK_B, CountingStore, Env, chunks, for_a, for_b
 
@@ -147,6 +148,10 @@ async def test_at_the_l3_node_a_tenant_over_its_share_waits_while_another_is_ser
     go.set()
     assert await put == 201
     assert (await a_get)[:2] == (200, "hit")
+    async with env.session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    assert sample_sum(text, "blobsdk_flash_tenant_requests_queued_total") == 1
+    assert sample_sum(text, "blobsdk_flash_tenant_requests_waiting") == 0
 
 
 async def test_a_read_through_gives_its_slot_back_while_it_waits_on_l4(env: Env) -> None:
