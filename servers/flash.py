@@ -6,6 +6,8 @@ Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verif
            [X-Blobsdk-Progress: MS]     and an interim 102 Processing every MS ms meanwhile
     POST   /v1/chunks/{key}/bad?<ChunkRef>   a client got a bad copy: verify ours again,
                                         drop it if damaged -> JSON {"dropped": bool}
+                                        (collapsed per chunk, rate-limited per tenant: 429
+                                        past it; servers/flashreports.py)
     PUT    /v1/chunks/{key}?<ChunkRef>[&pin_seconds=S]   body = stored bytes; 201 stored
     POST   /v1/hydrate                  HydrateRequest (msgpack or JSON) -> 202 HydrateStatus
     GET    /v1/hydrate/{job_id}         HydrateStatus;  DELETE cancels the job
@@ -35,9 +37,13 @@ tenant for the chunk's byte range (else 403 ``forbidden``), so a tenant reads on
 its own buckets; the cache key covers the chunk's checksum, so bytes a tenant PUTs can be
 found only under the key of a chunk they verify against.  ``--quota TENANT:MiB`` bounds what
 a tenant's fills and PUTs may hold.  An explicit write over the tenant's quota (PUT, hydrate)
-is 429 ``quota_exceeded`` for that tenant only; a PUT body that does not match its ChunkRef
+is 429 ``quota_exceeded`` for that tenant only, and changes nothing (another tenant's copy of
+the chunk stays); a PUT body that does not match its ChunkRef
 is 422 ``corrupt_data``; a chunk the cache cannot admit is 507 ``insufficient_storage``.
 ``/stats`` shows a tenant its own usage and quota only (an admin sees everything).
+With a keyring, tenants share the node's request slots (``--tenant-slots``;
+servers/_common/admission.py): a tenant's flood of hits queues behind its own requests, not
+in front of another tenant's, and a read-through gives its slot back while it waits on L4.
 
 Hydrate jobs (servers/hydrate.py) pull their chunks from L4 in the background
 (``hydrate_concurrency`` chunks at a time across all jobs), verify, store and pin them
@@ -76,6 +82,7 @@ from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef, ref_from_query
 
 from ._common import prog
+from ._common.admission import TenantGate, install_gate, stepped_out
 from ._common.auth import ServerAuth, check_grant, claims_of
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.http import (
@@ -92,7 +99,8 @@ from ._common.http import (
 from ._common.logs import setup_logging
 from ._common.stores import add_s3_args, s3_config_of_args
 from .flashmetrics import export
-from .flashsend import recheck, send_verified
+from .flashreports import BadCopyReports
+from .flashsend import send_verified
 from .hydrate import Hydrator, Job
 
 MiB = 1 << 20
@@ -117,6 +125,10 @@ class FlashConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_chunk_bytes: int = 64 * MiB
     max_jobs: int = 256  # hydrate jobs kept (running + finished)
     threads: int = 4  # disk threads of the cache
+    tenant_slots: int = 8  # request slots shared fairly by tenants (with a keyring; servers/_common/admission.py)
+    report_rate: float = 5.0  # bad-copy reports a tenant may have re-verified per second (servers/flashreports.py)
+    report_burst: int = 10  # ... at once
+    report_absorb_seconds: float = 10.0  # a chunk a report found good is not verified again this long
 
     def __post_init__(self) -> None:
         problems = [msg for bad, msg in _checks(self) if bad]
@@ -132,7 +144,10 @@ def _checks(c: FlashConfig) -> Iterator[tuple[bool, str]]:
     yield c.hold_seconds < 0 or c.pin_seconds < 0, "hold_seconds and pin_seconds must be >= 0"
     yield c.ttl_seconds is not None and c.ttl_seconds <= 0, "ttl_seconds must be positive"
     yield not 0 <= c.min_free_ratio < 1, "min_free_ratio must be in [0, 1)"
-    yield min(c.hydrate_concurrency, c.max_chunk_bytes, c.max_jobs, c.threads) < 1, "counts must be positive"
+    counts = (c.hydrate_concurrency, c.max_chunk_bytes, c.max_jobs, c.threads, c.tenant_slots, c.report_burst)
+    yield min(counts) < 1, "counts must be positive"
+    yield not 0 < c.report_rate < float("inf"), "report_rate must be a positive number"
+    yield not 0 <= c.report_absorb_seconds < float("inf"), "report_absorb_seconds must be >= 0"
     yield any(q < 0 for q in c.quotas.values()), "quotas must be >= 0"
     yield not all(c.quotas), "tenant names must be non-empty"
 
@@ -171,6 +186,10 @@ class FlashNode:
             pin_seconds=config.pin_seconds,
         )
         self._limiters = LimiterRegistry()  # one per block server: reads wait for it, hedges look at it
+        self.gate: TenantGate | None = None  # tenants' request slots (make_app installs it with a keyring)
+        self.reports = BadCopyReports(
+            rate=config.report_rate, burst=config.report_burst, absorb_seconds=config.report_absorb_seconds, clock=clock
+        )
 
     async def open(self, stack: AsyncExitStack) -> None:
         self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack), limiters=self._limiters)
@@ -212,6 +231,7 @@ class FlashNode:
 
     async def _stop_tasks(self) -> None:
         await self.hydrator.aclose()
+        await self.reports.aclose()
         await self._loads.aclose()
 
     # --- chunks ---------------------------------------------------------------------------
@@ -224,7 +244,8 @@ class FlashNode:
         if sent is not None:
             self.counters.hits += 1
             return sent
-        data, hit = await with_progress(request, partial(self.load, ref, tenant))
+        async with stepped_out(request):  # a read-through waits on L4: its slot is another request's meanwhile
+            data, hit = await with_progress(request, partial(self.load, ref, tenant))
         if hit:
             self.counters.hits += 1
         else:
@@ -232,10 +253,11 @@ class FlashNode:
         return await send_bytes(request, data, content_type=OCTETS, headers={CACHE_HEADER: "hit" if hit else "miss"})
 
     async def bad_copy(self, request: web.Request) -> web.Response:
-        """A client found the copy it got bad: verify ours again, dropped if damaged."""
+        """A client found the copy it got bad: verify ours again, dropped if damaged
+        (collapsed per chunk, rate-limited per tenant: servers/flashreports.py)."""
         ref = self._ref_of(request)
-        check_grant(request, ref.block_id, ref.offset, ref.length)
-        return web.json_response({"dropped": await recheck(self.cache, ref.key)})
+        tenant = check_grant(request, ref.block_id, ref.offset, ref.length).tenant
+        return web.json_response({"dropped": await self.reports.report(self.cache, ref.key, tenant)})
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         ref = self._ref_of(request)
@@ -330,8 +352,10 @@ class FlashNode:
             "cache": self.cache.stats(),
             "tenants": self.cache.tenant_usage(),
             "requests": asdict(self.counters),
+            "reports": asdict(self.reports.counters),
             "l4": self.l4.stats.as_dict(),
             "jobs": {"running": self.running_jobs(), "kept": self.hydrator.kept_jobs()},
+            **({"admission": self.gate.stats()} if self.gate is not None else {}),
         }
 
 
@@ -378,6 +402,7 @@ def make_app(
     node = FlashNode(config, blocks=blocks, clock=clock)
     app = base_app("blobsdk_flash", auth, extensions=fault_extensions(faults, admin_token))
     app[FLASH_NODE] = node
+    node.gate = install_gate(app, config.tenant_slots, clock=clock)
     _install(app, node)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -434,6 +459,10 @@ def config_of(args: argparse.Namespace) -> FlashConfig:
         hydrate_concurrency=args.hydrate_concurrency,
         pin_seconds=args.pin_seconds,
         max_chunk_bytes=int(args.max_chunk_mb * MiB),
+        tenant_slots=args.tenant_slots,
+        report_rate=args.report_rate,
+        report_burst=args.report_burst,
+        report_absorb_seconds=args.report_absorb_seconds,
     )
 
 
@@ -484,6 +513,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--hydrate-concurrency", type=int, default=8, metavar="N", help="L4 reads for hydrate jobs")
     parser.add_argument("--pin-seconds", type=float, default=600.0, metavar="S", help="default pin of hydrated chunks")
     parser.add_argument("--max-chunk-mb", type=float, default=64, metavar="N", help="largest chunk served (default 64)")
+    parser.add_argument(
+        "--tenant-slots",
+        type=int,
+        default=8,
+        metavar="N",
+        help="requests a tenant may run at once while alone; n tenants present share them (with --keys; default 8)",
+    )
+    parser.add_argument(
+        "--report-rate", type=float, default=5.0, metavar="N", help="bad-copy reports verified per second per tenant (default 5)"
+    )
+    parser.add_argument("--report-burst", type=int, default=10, metavar="N", help="... of them at once (default 10)")
+    parser.add_argument(
+        "--report-absorb-seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a chunk a report found good is not verified again on reports for S seconds (default 10)",
+    )
     add_serve_args(parser)
     return parser
 

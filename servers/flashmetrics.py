@@ -1,5 +1,5 @@
-"""The flash node's figures on /metrics (servers/flash.py): its cache, requests, L4 reads
-and hydrate jobs, read from the node at each scrape."""
+"""The flash node's figures on /metrics (servers/flash.py): its cache, requests, bad-copy
+reports, L4 reads and hydrate jobs, read from the node at each scrape."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ _CHUNK_COUNTERS = {
     "quota_rejections": "Read-through copies over the requester's quota: served, not stored.",
     "puts": "Chunks stored by PUT.",
 }
+_REPORT_COUNTERS = {
+    "rechecked": "Bad-copy reports that had the node verify its file again.",
+    "absorbed": "Bad-copy reports answered without a verification (one in flight or recent, or no file).",
+    "refused": "Bad-copy reports over their tenant's rate: 429, nothing done.",
+}
 _HEDGE_COUNTERS = {
     "primaries": "L4 reads run (first attempts).",
     "hedges_sent": "Hedged L4 attempts started (a second replica asked while the first was slow).",
@@ -48,6 +53,8 @@ def export(metrics: ServerMetrics, node: FlashNode) -> None:
         metrics.counter(f"cache_{name}", text, partial(_cache_stat, node, name))
     for name, text in _CHUNK_COUNTERS.items():
         metrics.counter(f"chunk_{name}", text, partial(_counter_stat, node, name))
+    for name, text in _REPORT_COUNTERS.items():
+        metrics.counter(f"reports_{name}", text, partial(_report_stat, node, name))
     metrics.counter("l4_corrupt_copies", "L4 copies that failed their checksum.", lambda: node.l4.stats.corrupt)
     metrics.counter("l4_errors", "L4 reads that failed.", lambda: node.l4.stats.errors)
     for name, text in _HEDGE_COUNTERS.items():
@@ -65,6 +72,11 @@ def _cache_stat(node: FlashNode, name: str) -> float:
 
 def _counter_stat(node: FlashNode, name: str) -> float:
     value: int = getattr(node.counters, name)
+    return value
+
+
+def _report_stat(node: FlashNode, name: str) -> float:
+    value: int = getattr(node.reports.counters, name)
     return value
 
 

@@ -12,7 +12,8 @@ Semantics every engine holds (tests/cache/conformance.py checks them):
   True; it returns False when the entry cannot be admitted (larger than the capacity, disk
   full): a cache that cannot store is a miss next time, never an error for the reader.
   It raises QuotaExceeded only when ``tenant`` has a quota and even after evicting that
-  tenant's own unpinned data the entry would not fit.
+  tenant's own unpinned data the entry would not fit; such a put changes nothing (another
+  tenant's copy of ``key`` stays).
 - Eviction keeps ``used_bytes <= capacity_bytes``.  The order is decided by the engine's
   policy chain (cache/policy.py): expired entries (TTL) first; then least recently used;
   entries younger than the hold period only if nothing else is left; pinned entries never

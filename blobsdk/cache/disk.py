@@ -235,19 +235,31 @@ class DiskCache(DiskFiles):
         admitted or written (then ``key`` is gone).  QuotaExceeded: see ChunkCache."""
         key, tenant = validate_key(key), validate_tenant(tenant)
         view = memoryview(data).cast("B")
+        now = self._clock()
+        entry = Entry(key, view.nbytes, now, now, tenant, math.inf)  # unevictable until written
+        deficit = await self._space_deficit_for(entry)
+        # From here to the fill's start nothing awaits: the quota is checked on the index the
+        # admission then sees, and a put refused for it changes nothing (another tenant's copy
+        # of the key stays).
+        self._chain.check_quota(self._index, entry, now)
+        replaced = self._forget_older(key)
+        victims = None if deficit is None else self._chain.admit(self._index, entry, self._capacity, now, deficit)
+        if victims is None:
+            if replaced:  # a put that fails must leave no older bytes
+                await self._unlink_quietly(key)
+            return False
+        doomed = [key] if replaced else []  # unlinked first by the fill's own job
+        doomed += [e.key for _, e in victims]
+        return await self._fill(entry, now + pin_seconds if pin_seconds > 0 else 0.0, view, doomed)
+
+    def _forget_older(self, key: str) -> bool:
+        """Drop ``key``'s entry and any fill of it from the index (a put replaces them); True if
+        there was an entry, whose file the caller removes."""
         self._fills.pop(key, None)
         self.forget_verified(key)
         if self._touched is not None:
             self._touched.add(key)
-        if self._index.remove(key) is not None:  # a put that fails must leave no older bytes
-            await self._unlink_quietly(key)
-        now = self._clock()
-        entry = Entry(key, view.nbytes, now, now, tenant, math.inf)  # unevictable until written
-        victims = await self._make_room(entry, now)
-        if victims is None:
-            return False
-        doomed = [e.key for _, e in victims]
-        return await self._fill(entry, now + pin_seconds if pin_seconds > 0 else 0.0, view, doomed)
+        return self._index.remove(key) is not None
 
     def pin(self, key: str, seconds: float) -> bool:
         """Protect a present entry from eviction for ``seconds`` more; False if absent."""
@@ -428,13 +440,12 @@ class DiskCache(DiskFiles):
             self._index.remove(entry.key)
         self._counts["misses"] += 1
 
-    async def _make_room(self, entry: Entry, now: float) -> Victims | None:
+    async def _space_deficit_for(self, entry: Entry) -> int | None:
+        """Bytes to evict for the file system's sake before ``entry`` is written (see
+        :meth:`_space_deficit`); ClientClosed unless the cache is open."""
         if self._state != "open":
             raise ClientClosed(f"cache {self._name} is {self._state}: use async with")
-        deficit = await self._space_deficit(entry.size) if entry.size <= self._capacity else 0
-        if deficit is None:
-            return None
-        return self._chain.admit(self._index, entry, self._capacity, now, deficit)
+        return await self._space_deficit(entry.size) if entry.size <= self._capacity else 0
 
     async def _space_deficit(self, incoming: int) -> int | None:
         """Bytes to evict to keep ``min_free_ratio`` free after this put and the fills in

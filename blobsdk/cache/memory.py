@@ -84,13 +84,15 @@ class MemoryCache:
     def put_nowait(self, key: str, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0) -> bool:
         """Store ``data`` (kept as is if ``bytes``, else as a read-only view of it: do not
         mutate it afterwards).  False if it cannot be admitted; QuotaExceeded if ``tenant``'s
-        quota cannot hold it.  A put replaces ``key``; if it fails, ``key`` is gone."""
+        quota cannot hold it (and nothing changed).  A put replaces ``key``; if it is not
+        admitted, ``key`` is gone."""
         key, tenant = validate_key(key), validate_tenant(tenant)
         value = data if type(data) is bytes else memoryview(data).cast("B").toreadonly()
         size = len(value)
-        self._remove(key)
         now = self._clock()
         entry = Entry(key, size, now, now, tenant, now + pin_seconds if pin_seconds > 0 else 0.0)
+        self._chain.check_quota(self._index, entry, now)  # before anything changes: a refusal changes nothing
+        self._remove(key)
         victims = self._chain.admit(self._index, entry, self._capacity, now)
         if victims is None:
             return False

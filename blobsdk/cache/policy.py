@@ -268,6 +268,27 @@ class PolicyChain:
             return None
         return self.evict(index, victims)
 
+    def check_quota(self, index: Index, incoming: Entry, now: float) -> None:
+        """QuotaExceeded (counted) if ``incoming`` cannot fit its tenant's quota even once the
+        entry it replaces (the key's, if that tenant's own) and every unpinned entry of that
+        tenant are gone.  Changes nothing: an engine asks before it drops the key's older
+        copy, so a put refused for its quota leaves another tenant's copy in place."""
+        if self.quota is None:
+            return
+        tenant = incoming.tenant
+        replaced = index.get(incoming.key)
+        own = replaced if replaced is not None and replaced.tenant == tenant else None
+        excess = self.quota.excess(index, tenant, incoming.size)
+        freeable = own.size if own is not None else 0  # replaced whether pinned or not
+        for entry in self.quota.tenant_victims(index, tenant, now):
+            if freeable >= excess:
+                return
+            if entry is not own:
+                freeable += entry.size
+        if freeable < excess:
+            self.quota_exceeded += 1
+            raise self._quota_exceeded(index, tenant, freeable, incoming.size)
+
     def trim(self, index: Index, capacity: int, now: float) -> Victims:
         """Evict down to ``capacity`` (it may have shrunk since the entries were stored); with
         a hold period, release what is past it first (a start-up's many at once, not the
@@ -314,11 +335,15 @@ class PolicyChain:
             return
         freed = plan.take(self.quota, self.quota.tenant_victims(index, tenant, now), excess)
         if freed < excess:
-            usage = index.tenant_bytes.get(tenant, 0)
-            raise QuotaExceeded(
-                f"tenant {tenant!r} would exceed its quota of {self.quota.quotas[tenant]} bytes: "
-                f"it stores {usage} bytes ({usage - freed} of them pinned) and puts {incoming.size} more"
-            )
+            raise self._quota_exceeded(index, tenant, freed, incoming.size)
+
+    def _quota_exceeded(self, index: Index, tenant: str, freeable: int, size: int) -> QuotaExceeded:
+        assert self.quota is not None
+        usage = index.tenant_bytes.get(tenant, 0)
+        return QuotaExceeded(
+            f"tenant {tenant!r} would exceed its quota of {self.quota.quotas[tenant]} bytes: "
+            f"it stores {usage} bytes ({usage - freeable} of them pinned) and puts {size} more"
+        )
 
     def _stages(self, index: Index, now: float) -> Iterator[tuple[EvictionPolicy, Iterable[Entry]]]:
         if self.quota is not None:

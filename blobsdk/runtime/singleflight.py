@@ -49,6 +49,10 @@ class SingleFlight(Generic[V]):
         """How many keys are in flight."""
         return len(self._flights)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether a task for ``key`` is in flight (a caller now would join it)."""
+        return key in self._flights
+
     async def run(self, key: str, work: Callable[[], Coroutine[Any, Any, V]]) -> tuple[V, int]:
         """The result of the task for ``key`` (started with ``work()`` if none runs), and how
         many callers shared it (1: this caller alone)."""

@@ -330,6 +330,25 @@ class ChunkCacheTests:
         await fill(cache, 3, 4, 5, size=200, tenant="t2")  # other tenants are unaffected
         assert cache.stats()["quota_exceeded"] == 1
 
+    async def test_a_put_refused_for_its_quota_changes_nothing(self, make_cache):
+        """Another tenant's copy of the key stays, as do the refused tenant's own entries."""
+        cache = await make_cache(1000, quotas={"t1": 250})
+        await fill(cache, 0, tenant="t2")
+        await fill(cache, 1, 2, tenant="t1", pin_seconds=60)
+        with pytest.raises(QuotaExceeded):
+            await cache.put(key(0), blob(0, 100), tenant="t1")
+        assert await present(cache, 0, 1, 2) == [True, True, True]
+        assert bytes(await cache.get(key(0))) == blob(0)
+        assert cache.tenant_usage() == {"t1": 200, "t2": 100}
+
+    async def test_a_tenant_at_its_quota_replaces_its_own_entry(self, make_cache):
+        cache = await make_cache(1000, quotas={"t1": 250})
+        await fill(cache, 0, tenant="t1", pin_seconds=60)
+        await fill(cache, 1, tenant="t1", pin_seconds=60)
+        assert await cache.put(key(0), blob(7, 150), tenant="t1")  # its own 100 bytes make way
+        assert bytes(await cache.get(key(0))) == blob(7, 150)
+        assert cache.tenant_usage() == {"t1": 250}
+
     async def test_pinned_data_counts_against_the_quota(self, make_cache):
         cache = await make_cache(1000, quotas={"t1": 250})
         await fill(cache, 1, 2, tenant="t1", pin_seconds=60)

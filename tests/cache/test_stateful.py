@@ -1,9 +1,9 @@
 """Model-based tests: random sequences of operations against a dict model.
 
 The model is the latest bytes put under each key (None: the cache must miss, e.g. after a
-failed put or a damaged file).  Whatever the cache returns for a key must equal the model;
-a successful put must be readable at once; pinned entries must stay; used bytes never
-exceed the capacity nor a tenant's quota.
+failed put or a damaged file); a put refused for its quota changes neither.  Whatever the
+cache returns for a key must equal the model; a successful put must be readable at once;
+pinned entries must stay; used bytes never exceed the capacity nor a tenant's quota.
 """
 
 from __future__ import annotations
@@ -57,11 +57,13 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(n=keys, size=sizes, tenant=tenants, pin=pins, seed=st.integers(0, 250))
     def put(self, n, size, tenant, pin, seed):
         k, data = key(n), blob(seed, size)
+        held = self.cache.contains(k)
         try:
             ok = self.run(self.cache.put(k, data, tenant=tenant, pin_seconds=pin))
         except QuotaExceeded:
             assert tenant in QUOTAS
-            ok = False
+            assert self.cache.contains(k) == held  # refused: nothing changed, the model neither
+            return
         self.model[k] = data
         self.pins.pop(k, None)
         if ok:

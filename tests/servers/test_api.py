@@ -230,3 +230,12 @@ def test_help_exits_zero():
 def test_db_is_required():
     done = subprocess.run([sys.executable, "-m", "servers.api"], cwd=ROOT, capture_output=True, timeout=30)
     assert done.returncode == 2 and b"--db" in done.stderr
+
+
+def test_tenant_slots_must_be_a_positive_count(tmp_path, capsys):
+    from servers import api
+
+    with pytest.raises(SystemExit) as exit:
+        api.main(["--db", str(tmp_path / "meta.sqlite"), "--tenant-slots", "0"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("argument --tenant-slots: invalid positive int value: '0'")

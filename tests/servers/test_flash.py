@@ -405,6 +405,20 @@ async def test_a_tenant_over_quota_is_429_while_others_still_write(env: Env) -> 
     assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
 
 
+async def test_a_put_refused_for_the_quota_leaves_another_tenants_copy(env: Env) -> None:
+    """A is at its quota with pinned chunks; its PUT of the chunk B has cached is 429, and B's
+    next read is still a hit: a refused request changes nothing."""
+    refs = await chunks(env, 3)
+    url, node = await tenant_node(env)
+    stored = [await env.blocks.replicas[0].read_range(r.block_id, r.offset, r.length) for r in refs]
+    assert (await env.get(url, for_b(refs[0]), TOK_B))[:2] == (200, "miss")
+    assert [(await env.put(url, for_a(refs[i]), stored[i], TOK_A, pin=600))[0] for i in (1, 2)] == [201, 201]
+    status, body = await env.put(url, for_a(refs[0]), stored[0], TOK_A)
+    assert (status, code_of(body)) == (429, "quota_exceeded")
+    assert (await env.get(url, for_b(refs[0]), TOK_B))[:3] == (200, "hit", stored[0])
+    assert node.cache.tenant_usage() == {"a": 2 * CHUNK, "b": CHUNK}
+
+
 async def test_a_tenant_over_quota_evicts_its_own_unpinned_data(env: Env) -> None:
     refs = await chunks(env, 4)
     url, node = await tenant_node(env)
@@ -605,6 +619,11 @@ def test_help_and_a_bad_flag_as_a_process(tmp_path: Path) -> None:
         (["--quota", "a:-1"], "--quota 'a:-1': want TENANT:MiB with a number of MiB >= 0"),
         (["--keys", "{tmp}/missing.toml"], "cannot read keyring '{tmp}/missing.toml': No such file or directory"),
         (["--min-free-ratio", "2"], "invalid flash config: min_free_ratio must be in [0, 1)"),
+        (["--tenant-slots", "0"], "invalid flash config: counts must be positive"),
+        (["--report-burst", "0"], "invalid flash config: counts must be positive"),
+        (["--report-rate", "0"], "invalid flash config: report_rate must be a positive number"),
+        (["--report-rate", "inf"], "invalid flash config: report_rate must be a positive number"),
+        (["--report-absorb-seconds", "-1"], "invalid flash config: report_absorb_seconds must be >= 0"),
     ],
 )
 def test_invalid_flags_are_usage_errors(
