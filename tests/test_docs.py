@@ -303,6 +303,44 @@ def test_no_internal_issue_numbers(page: Path):
     assert not found, f"{page.name} refers to internal issues: {found}"
 
 
+# --- docs/trust.md: the threat model -----------------------------------------------------------
+
+TRUST = ROOT / "docs" / "trust.md"
+# Every input another party can write (DESIGN's trust boundaries): each has its section.
+UNTRUSTED = (
+    "The bucket's namespace",
+    "The metadata store's answers",
+    "Shared L2 directories and their index files",
+    "Peers and trackers",
+    "L3 nodes",
+    "Block servers",
+    "The S3 endpoint",
+    "The client's own buffers",
+    "A saved loader or checkpoint state",
+    "A TOML file",
+)
+
+
+def _trust_rows() -> list[list[str]]:
+    """The cells of every row of the page's tables (header and rule rows left out)."""
+    lines = [line for line in TRUST.read_text().splitlines() if line.startswith("| ") and not line.startswith("| input |")]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]] for line in lines]
+
+
+def test_the_threat_model_has_a_section_for_every_untrusted_input():
+    sections = re.findall(r"^## (.+)$", TRUST.read_text(), re.MULTILINE)
+    missing = [name for name in UNTRUSTED if not any(section.startswith(name) for section in sections)]
+    assert not missing, f"docs/trust.md has no section for {missing}"
+
+
+def test_every_row_of_the_threat_model_says_what_is_checked_what_a_failure_does_and_its_test():
+    rows = _trust_rows()
+    assert len(rows) >= 30, len(rows)
+    for cells in rows:
+        assert len(cells) == 4 and all(cells), f"docs/trust.md: a row needs input, check, failure and test: {cells}"
+        assert "`tests/" in cells[3], f"docs/trust.md: the row on {cells[0]!r} names no test"
+
+
 # --- docs/deployment.md: the systemd units ------------------------------------------------------
 
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
