@@ -25,8 +25,8 @@ from obstore.store import S3Store
 
 import blobsdk
 from blobsdk.config import S3Config
-from servers.cluster import start_cluster
-from servers.s3d import start_s3
+from blobsdk_servers.cluster import start_cluster
+from blobsdk_servers.s3d import start_s3
 
 OBJECTS = {f"train/{i:03d}.jpg": bytes([i]) * (100_000 + i) for i in range(20)}
 
