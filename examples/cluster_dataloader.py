@@ -5,7 +5,7 @@ each a real server process on a free loopback port; ``blobsdk-cluster --dir DIR`
 starts the same from a shell), writes a small dataset, then reads it for two shuffled epochs
 with ``BlobIterableDataset`` and once with the map-style ``BlobDataset`` and ``BlobSampler``,
 each through a DataLoader with 2 workers, and prints every tier's hit ratio.  Needs the
-``torch`` extra.
+``torch`` extra (from a clone: ``pip install -e '.[torch]'``).
 
     python examples/cluster_dataloader.py
 """

@@ -10,6 +10,8 @@ module back after the test.  tests/test_core_only.py checks the same in a fresh 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
 import importlib.abc
 import json
@@ -318,3 +320,78 @@ def test_the_wheel_installed_names_the_index_install(wheel: Path, tmp_path: Path
     assert done.returncode == 0, done.stderr
     said = "blobsdk.fsspec needs the 'fsspec' extra: pip install 'blobsdk[fsspec]' (No module named 'fsspec')"
     assert done.stdout == said + "\n"
+
+
+WITHOUT_NUMPY = """
+import asyncio, importlib.abc, json, sys, warnings
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numpy":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+with warnings.catch_warnings(action="ignore"):  # torch says it found no numpy
+    import torch
+import blobsdk
+
+async def main(root):
+    said = {}
+
+    async def attempt(what, work):
+        try:
+            await work
+        except blobsdk.MissingExtra as exc:
+            said[what] = [str(exc), exc.name]
+
+    async with blobsdk.Client.local(root) as c:
+        await c.put("/b/x", b"1234")
+        await attempt("get_into", c.get_into("/b/x", torch.zeros(4, dtype=torch.uint8)))
+        await attempt("get_many_into", c.get_many_into(["/b/x"], torch.zeros(4, dtype=torch.uint8)))
+        ck = c.checkpoints("/b/ck")
+        await attempt("save", ck.save(2, {"t": torch.zeros(4)}))
+        await attempt("load arrays", ck.load(0))
+        await attempt("load into", ck.load(1, into={"t": torch.zeros(4)}))
+        said["load tensors"] = (await ck.load(1))["t"].tolist()  # torch.frombuffer: no numpy
+        try:
+            c.checkpoints("/b/mirrored", mirror=True)
+        except blobsdk.MissingExtra as exc:
+            said["mirror"] = [str(exc), exc.name]
+    print(json.dumps(said))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_what_needs_numpy_names_the_extra_that_brings_it(tmp_path: Path):
+    """numpy made unimportable in a process of its own: torch imports without it (its wheels do
+    not require it), but a tensor's bytes go through numpy, as does a loaded array."""
+    import numpy as np
+    import torch
+
+    async with Client.local(tmp_path) as c:
+        ck = c.checkpoints("/b/ck")
+        await (await ck.save(0, {"a": np.arange(4, dtype=np.float32)})).wait()
+        await (await ck.save(1, {"t": torch.arange(4, dtype=torch.float32)})).wait()
+    argv = [sys.executable, "-c", WITHOUT_NUMPY, str(tmp_path)]
+    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = await asyncio.to_thread(run, argv)
+    assert done.returncode == 0, done.stderr
+
+    def said(needed_by: str, extra: str) -> list[str]:
+        return [f"{needed_by} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named 'numpy')", "numpy"]
+
+    assert json.loads(done.stdout) == {
+        "get_into": said("get_into into a torch tensor", "torch"),
+        "get_many_into": said("get_many_into into a torch tensor", "torch"),
+        "save": said("checkpointing a torch tensor", "torch"),
+        "load arrays": said("loading a checkpoint that holds numpy arrays", "numpy"),
+        "load into": said("restoring a checkpoint into a torch tensor", "torch"),
+        "load tensors": [0.0, 1.0, 2.0, 3.0],
+        "mirror": said("checkpoints(mirror=True)", "numpy"),
+    }
+
+
+def test_the_torch_extra_brings_numpy():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "numpy>=1.26" in extras["torch"] and extras["numpy"] == ["numpy>=1.26"]
