@@ -382,8 +382,8 @@ async def test_what_needs_numpy_names_the_extra_that_brings_it(tmp_path: Path):
         return [f"{needed_by} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named 'numpy')", "numpy"]
 
     assert json.loads(done.stdout) == {
-        "get_into": said("get_into into a torch tensor", "torch"),
-        "get_many_into": said("get_many_into into a torch tensor", "torch"),
+        "get_into": said("reading into a torch tensor (get_into)", "torch"),
+        "get_many_into": said("reading into a torch tensor (get_many_into)", "torch"),
         "save": said("checkpointing a torch tensor", "torch"),
         "load arrays": said("loading a checkpoint that holds numpy arrays", "numpy"),
         "load into": said("restoring a checkpoint into a torch tensor", "torch"),

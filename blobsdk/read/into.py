@@ -82,7 +82,7 @@ def _tensor_bytes(tensor: object, what: str) -> memoryview:
             f"{what}: buffer is not C-contiguous (tensor of shape {tuple(tensor.shape)}, strides {tensor.stride()}): "
             "pass a contiguous one (numpy.ascontiguousarray, tensor.contiguous()) and copy from it"
         )
-    with requires_extra("torch", f"{what} into a torch tensor"):  # torch's wheels do not bring numpy
+    with requires_extra("torch", f"reading into a torch tensor ({what})"):  # torch's wheels do not bring numpy
         import numpy  # noqa: F401  # without it, Tensor.numpy() raises RuntimeError("Numpy is not available")
     flat = tensor.detach().reshape(-1)
     if flat.dtype != torch.uint8:
