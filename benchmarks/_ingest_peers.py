@@ -52,6 +52,7 @@ import msgspec
 from torch.utils.data import DataLoader
 
 import blobsdk
+from blobsdk._extras import pip_install
 from blobsdk.config import S3Config
 from servers.hddproxy import HddModel, HddProxy, start_hddproxy
 from servers.seaweedd import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, start_seaweed
@@ -73,7 +74,7 @@ LITDATA_CHUNK = "64MB"
 def missing() -> str | None:
     """Why the peer rows cannot run here, or None."""
     absent = [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]
-    return f"{', '.join(absent)} not installed (pip install blobsdk[bench])" if absent else None
+    return f"{', '.join(absent)} not installed ({pip_install('bench')})" if absent else None
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,8 @@ waited for each batch, every epoch pooled; log scale)."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,17 +14,8 @@ from ._ingest_job import JobResult
 WAIT_FLOOR_S = 1e-4  # waits below this are drawn at it (a log axis has no 0)
 
 
-def missing() -> str | None:
-    """Why the picture cannot be drawn here, or None."""
-    return None if importlib.util.find_spec("matplotlib") else "matplotlib not installed (pip install blobsdk[bench])"
-
-
-def write_png(results: Mapping[str, JobResult], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: a file
-    import matplotlib.pyplot as plt
-
+def figure(plt: Any, results: Mapping[str, JobResult], title: str) -> Any:
+    """The picture (benchmarks/_picture.py draws it)."""
     names = list(results)
     epochs = max(len(r.epochs) for r in results.values())
     fig, (bars, cdf) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.3, 1]})
@@ -52,6 +42,4 @@ def write_png(results: Mapping[str, JobResult], path: Path, title: str) -> None:
     cdf.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

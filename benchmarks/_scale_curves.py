@@ -8,13 +8,12 @@ smallest (issue 27: lookups, hits and locates flat, memory per entry constant).
 from __future__ import annotations
 
 import gc
-import importlib.util
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from ._report import Report, median, percentile
 
@@ -97,17 +96,9 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def missing_plot() -> str | None:
-    return None if importlib.util.find_spec("matplotlib") else "matplotlib not installed (pip install blobsdk[bench])"
-
-
-def write_png(curves: list[Curve], path: Path) -> None:
-    """One panel per unit (time per op, bytes per entry, ...), log-log, a line per curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def figure(plt: Any, curves: list[Curve]) -> Any:
+    """The picture (benchmarks/_picture.py draws it): one panel per unit (time per op, bytes
+    per entry, ...), log-log, a line per curve."""
     units = sorted({c.unit for c in curves})
     cols = min(3, len(units))
     rows = -(-len(units) // cols)
@@ -127,5 +118,4 @@ def write_png(curves: list[Curve], path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"blobsdk scale curves (flat is the goal: growth <= {FLAT}x)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

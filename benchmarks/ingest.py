@@ -193,6 +193,7 @@ from ._ingest_variants import (
     plain_http,
 )
 from ._ingest_workload import FULL, QUICK, MiB, Samples, Workload
+from ._picture import draw
 from ._report import Report
 
 GOALS = {
@@ -232,7 +233,7 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
         skipped = await s3_rows(root / "s3", samples, workload, results)
     out = report(results, skipped)
     if png is not None:
-        picture(results, png, workload)
+        picture(out, results, png, workload)
     return out
 
 
@@ -293,14 +294,13 @@ async def _play_row(
     _say(summary(variant.name, result))
 
 
-def picture(results: dict[str, JobResult], png: Path, workload: Workload) -> None:
-    why = _ingest_plot.missing()
-    if why:
-        _say(f"no picture: {why}")
-        return
+def picture(out: Report, results: dict[str, JobResult], png: Path, workload: Workload) -> None:
+    """The stall and wait picture, as ``png`` (see benchmarks/_picture.py)."""
     title = f"ingest: {workload.dataset_bytes // MiB} MiB, {workload.epochs} epochs, HDD tier 3 x 60 MB/s"
-    _ingest_plot.write_png(results, png, title)
-    _say(f"picture: {png}")
+    if draw(out, png, lambda plt: _ingest_plot.figure(plt, results, title)):
+        _say(f"picture: {png}")
+    else:
+        _say(f"no picture: {out.skipped['png']}")
 
 
 def cluster_options(workload: Workload, samples: Samples) -> dict[str, object]:

@@ -50,9 +50,10 @@ from blobsdk.auth import ServeKey
 from blobsdk.wire import AnnounceRequest, PeerHello
 from servers.tracker_rules import Tracker, TrackerConfig
 
+from ._picture import draw
 from ._report import Report
 from ._scale_caches import disk_cache, flash_node, held_puts, plan_cache, shared_plan_cache
-from ._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes, write_png
+from ._scale_curves import Curve, figure, per_op_quantiles, traced_bytes
 from ._scale_metadata import metadata_curves
 from ._scale_ops import ops_curves
 
@@ -90,12 +91,7 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
     for curve in curves:
         curve.add_to(report)
     if png is not None:
-        why = missing_plot()
-        if why is None:
-            write_png(curves, png)
-            report.details["png"] = str(png)
-        else:
-            report.skipped["png"] = why
+        draw(report, png, lambda plt: figure(plt, curves))
     return report
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from blobsdk.config import PeerConfig
 from servers.tracker_rules import TrackerConfig
 
+from ._picture import draw
 from ._report import Report, percentile
 from ._swarm_loop import replay
 from ._swarm_model import GB, Params, Result, Swarm
@@ -103,7 +104,7 @@ async def run(quick: bool = False, png: Path | None = None, p2p_json: Path | Non
         | ({} if quick else {"n2600_chunk4_p99_s": "goal <= 18 (Kraken), in the SDK's own 4 MiB chunks"})
     )
     if png is not None:
-        _plot(results, png)
+        picture(report, results, png)
     return report
 
 
@@ -198,12 +199,12 @@ def validation(report: Report, measured: dict[str, float]) -> None:
         report.goals[f"p2p_sim_vs_real_{key}"] = "goal 0.8-1.2"
 
 
-def _plot(results: dict[str, Result], path: Path) -> None:
-    import matplotlib
+def picture(report: Report, results: dict[str, Result], path: Path) -> None:
+    """The completion-time CDF of each run, as ``path`` (see benchmarks/_picture.py)."""
+    draw(report, path, lambda plt: _cdf(plt, results))
 
-    matplotlib.use("Agg")  # no display: a file
-    import matplotlib.pyplot as plt
 
+def _cdf(plt: Any, results: dict[str, Result]) -> Any:
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, result in results.items():
         done = sorted(result.completion_s)
@@ -215,6 +216,4 @@ def _plot(results: dict[str, Result], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -40,7 +40,8 @@
                                this build does not read, or holding something else: refused
 
     MissingExtra               (an ImportError, not a BlobError) a module needs an optional extra
-                               that is not installed; the message names it: pip install 'blobsdk[torch]'
+                               that is not installed; the message names it and the pip install
+                               that works where blobsdk came from (pip install -e '<checkout>[torch]')
 
 Subclasses whose ``code`` is their parent's travel as the parent (a client sees a 422
 BadUpload as CorruptData); the others map back to themselves.
@@ -241,7 +242,8 @@ class IncompatibleFormat(BlobError):
 
 class MissingExtra(ImportError):
     """An optional dependency group ("extra") is not installed: the message names the module
-    that needs it and the ``pip install`` that fixes it.  An ImportError, so code that treats
+    that needs it and the ``pip install`` that fixes it where this blobsdk came from (a checkout:
+    ``pip install -e '<checkout>[torch]'``).  An ImportError, so code that treats
     an optional import as absent keeps working; not a BlobError: it is about the install, not
     a store, and never travels on the wire.  Raised by :func:`blobsdk._extras.requires_extra`."""
 

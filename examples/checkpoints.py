@@ -1,6 +1,7 @@
 """Delta checkpoints: each save writes only the chunks that changed since the last one, in the
 background, and commits atomically; load restores exact dtypes and shapes; the last ``keep``
-are kept.  Needs numpy (torch tensors work the same way).
+are kept.  Needs numpy: the ``numpy`` extra, or ``torch`` (tensors work the same way), which
+brings it; from a clone, ``pip install -e '.[numpy]'``.
 
     python examples/checkpoints.py [DIR]     # default: a temporary directory, removed at the end
 """

@@ -1,11 +1,11 @@
 """A local cluster, then a PyTorch DataLoader with worker processes reading from it.
 
 Starts a cluster in-process (the metadata API server, 3 block servers and an L3 flash node,
-each a real server process on a free loopback port; ``python -m servers.cluster --dir DIR``
+each a real server process on a free loopback port; ``blobsdk-cluster --dir DIR``
 starts the same from a shell), writes a small dataset, then reads it for two shuffled epochs
 with ``BlobIterableDataset`` and once with the map-style ``BlobDataset`` and ``BlobSampler``,
 each through a DataLoader with 2 workers, and prints every tier's hit ratio.  Needs the
-``torch`` extra.
+``torch`` extra (from a clone: ``pip install -e '.[torch]'``).
 
     python examples/cluster_dataloader.py
 """
@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import blobsdk
 from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler
-from servers.cluster import start_cluster
+from blobsdk_servers.cluster import start_cluster
 
 SAMPLES = 64
 SIZE = 256 * 1024

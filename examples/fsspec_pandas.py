@@ -1,7 +1,7 @@
 """pandas and pyarrow reading and writing blobs through fsspec's ``blob://`` protocol.
 
-Installing blobsdk registers ``blob`` with fsspec (extra ``fsspec``); pandas and pyarrow are
-needed for parquet.  ``storage_options={"local": DIR}`` names an embedded store; with
+Installing blobsdk registers ``blob`` with fsspec (extra ``fsspec``: from a clone, ``pip install -e
+'.[fsspec]'``); pandas and pyarrow are needed for parquet.  ``storage_options={"local": DIR}`` names an embedded store; with
 ``{"config": "client.toml"}`` (or nothing: ``BLOBSDK_CONFIG``) the same code reads a cluster.
 
     python examples/fsspec_pandas.py [DIR]     # default: a temporary directory, removed at the end

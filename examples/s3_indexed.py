@@ -9,7 +9,8 @@ until it is indexed again, and indexing again reads only what changed.
 With no arguments this starts a local S3 API (moto's server: ``pip install 'moto[server]'``,
 part of the ``dev`` extra) and a local cluster whose L4 is that S3 and whose L3 node reads
 through from it; with a real bucket you would point ``client.toml``'s ``source_url`` and
-``[s3]`` at your object store instead.  Needs the ``s3`` extra.
+``[s3]`` at your object store instead.  Needs the ``s3`` extra (from a clone: ``pip install -e
+'.[s3]'``).
 
     python examples/s3_indexed.py
 """
@@ -25,8 +26,8 @@ from obstore.store import S3Store
 
 import blobsdk
 from blobsdk.config import S3Config
-from servers.cluster import start_cluster
-from servers.s3d import start_s3
+from blobsdk_servers.cluster import start_cluster
+from blobsdk_servers.s3d import start_s3
 
 OBJECTS = {f"train/{i:03d}.jpg": bytes([i]) * (100_000 + i) for i in range(20)}
 

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from benchmarks import _ingest_peers as peers
-from benchmarks import _ingest_plot, ingest
+from benchmarks import _picture, ingest
 from benchmarks._ingest_job import Batch, JobClock, JobResult, WallClock, WrongData, run_job
 from benchmarks._ingest_variants import WithL3Traffic
 from benchmarks._ingest_workload import KiB, MiB, Samples, Workload, sample_sizes
+from benchmarks._report import Report
 from servers.cluster import start_cluster
 
 TINY = Workload(
@@ -220,15 +221,17 @@ def _blocks() -> dict[str, JobResult]:
     return dict.fromkeys(("memory", "naive", "dataloader", "copy", "fsspec", "blobsdk"), job)
 
 
-@pytest.mark.skipif(_ingest_plot.missing() is not None, reason=str(_ingest_plot.missing()))
+@pytest.mark.skipif(_picture.missing() is not None, reason=str(_picture.missing()))
 def test_the_picture_is_a_png_of_every_row(tmp_path: Path) -> None:
     from benchmarks._ingest_job import EpochTiming
 
     def job(wait: float) -> JobResult:
         return JobResult(setup_s=0.1, epochs=[EpochTiming(1.0 + wait, 1.0, wait, (wait, 0.0, 0.01))] * 3)
 
-    ingest.picture({"blobsdk_s3": job(0.5), "s3torch": job(3.0)}, tmp_path / "out" / "ingest.png", TINY)
+    report = Report("ingest")
+    ingest.picture(report, {"blobsdk_s3": job(0.5), "s3torch": job(3.0)}, tmp_path / "out" / "ingest.png", TINY)
     assert (tmp_path / "out" / "ingest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.details["png"] == str(tmp_path / "out" / "ingest.png")
 
 
 def test_the_picture_goes_next_to_the_json_unless_named() -> None:

@@ -12,8 +12,9 @@ import pytest
 
 from benchmarks import _scale_caches, scale
 from benchmarks.__main__ import main
+from benchmarks._picture import missing as missing_plot
 from benchmarks._report import Report
-from benchmarks._scale_curves import Curve, missing_plot, per_op_quantiles, traced_bytes
+from benchmarks._scale_curves import Curve, per_op_quantiles, traced_bytes
 from benchmarks._scale_metadata import metadata_curves
 from benchmarks._scale_ops import _grow, _MemoryBlocks, block_id, ops_curves
 from blobsdk.metadata.sqlite import SqliteMetadataStore

@@ -91,6 +91,6 @@ for m in {list(NEEDS_AN_EXTRA)!r}:
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"True {module} needs the {extra!r} extra: pip install 'blobsdk[{extra}]' ({package} is not in a core install)"
+        f"True {module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' ({package} is not in a core install)"
         for module, (extra, package) in NEEDS_AN_EXTRA.items()
     ]

@@ -1,8 +1,16 @@
 """Every script in examples/ runs as a user would run it (``python examples/X.py``, no
-arguments, in a fresh directory) and prints what it did: they cannot rot."""
+arguments) and prints what it did: they cannot rot.
+
+As a user runs it means from the installed package: the venv's python, an environment with
+no ``PYTHONPATH``, a working directory outside the checkout.  ``import blobsdk`` then finds
+the package through the install alone (an editable install's finder maps it to a checkout's
+files, never ``sys.path``), as does ``import blobsdk_servers``; ``servers`` (the checkout's
+name for the servers) is not importable there.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,13 +65,54 @@ def test_every_example_is_run():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
 
 
+# Runs the script as ``python SCRIPT`` does (``sys.argv``, the script's directory first on
+# ``sys.path``, ``__main__``), then records, in the example's own process, where its imports
+# came from and what its environment was.
+_RECORDING = """
+import atexit, json, os, runpy, sys
+record, script = sys.argv[1:]
+
+def _record():
+    modules = {name: getattr(sys.modules.get(name), "__file__", None) for name in ("blobsdk", "blobsdk_servers", "servers")}
+    facts = {"modules": modules, "PYTHONPATH": os.environ.get("PYTHONPATH"), "cwd": os.getcwd(), "path": sys.path}
+    with open(record, "w") as out:
+        json.dump(facts, out)
+
+atexit.register(_record)
+sys.argv = [script]
+sys.path[0] = os.path.dirname(script)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def clean_env(tmp: Path) -> dict[str, str]:
+    """A user's shell with the venv activated: its bin first on PATH, HOME, no PYTHONPATH."""
+    kept = {key: os.environ[key] for key in ("HOME", "LANG", "USER") if key in os.environ}
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+    return {**kept, "PATH": path, "TMPDIR": str(tmp)}
+
+
+def installed_blobsdk(cwd: Path) -> str:
+    """Where the installed package is: ``python -I`` reads neither PYTHONPATH nor the working
+    directory, so only the install can put blobsdk on its path."""
+    code = "import blobsdk; print(blobsdk.__file__)"
+    found = subprocess.run([sys.executable, "-I", "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60, check=True)
+    return found.stdout.strip()
+
+
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_the_example_runs_and_says_what_it_did(script: str, tmp_path: Path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
-    )
+    work = tmp_path / "work"  # the working directory and TMPDIR
+    work.mkdir()
+    env = clean_env(work)
+    record = tmp_path / "record.json"
+    argv = [sys.executable, "-c", _RECORDING, str(record), str(EXAMPLES / script)]
+    result = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     missing = [line for line in EXPECTED[script] if line not in result.stdout]
     assert not missing, f"{script} did not print {missing}; it printed:\n{result.stdout}"
-    assert list(tmp_path.iterdir()) == [], "an example leaves nothing behind in its temporary directory"
+    assert list(work.iterdir()) == [], "an example leaves nothing behind in its temporary directory"
+    facts = json.loads(record.read_text())
+    assert facts["PYTHONPATH"] is None and Path(facts["cwd"]) == work and not work.is_relative_to(ROOT)
+    assert str(ROOT) not in facts["path"] and "" not in facts["path"]
+    assert facts["modules"]["blobsdk"] == installed_blobsdk(work) and facts["modules"]["servers"] is None

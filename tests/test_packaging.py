@@ -10,6 +10,8 @@ module back after the test.  tests/test_core_only.py checks the same in a fresh 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
 import importlib.abc
 import json
@@ -28,6 +30,7 @@ import pytest
 
 import blobsdk
 from blobsdk import Client, ClientConfig, MissingExtra
+from blobsdk._extras import install_command, pip_install
 from blobsdk._version import UNKNOWN, installed_version
 from tests.helpers import ROOT
 from tests.test_cli import run
@@ -140,7 +143,8 @@ def _without(monkeypatch: pytest.MonkeyPatch, packages: Sequence[str], *forget: 
 
 
 def _message(module: str, extra: str, missing: str) -> str:
-    return f"{module} needs the {extra!r} extra: pip install 'blobsdk[{extra}]' (No module named {missing!r})"
+    """What a checkout says (these tests run blobsdk from this tree): the extra, installed into it."""
+    return f"{module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named {missing!r})"
 
 
 GUARDED = [  # module, its extra, the extra's packages (torch's: in a process of its own, below)
@@ -222,7 +226,7 @@ def test_the_torch_extra_is_named_where_torch_is_missing():
     sys.modules, and torch's finalizers then run after its modules are torn down at exit."""
     done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    loading = "loading a checkpoint that holds tensors needs the 'torch' extra: pip install 'blobsdk[torch]'"
+    loading = f"loading a checkpoint that holds tensors needs the 'torch' extra: pip install -e '{ROOT}[torch]'"
     assert json.loads(done.stdout) == {
         "blobsdk.torch": [_message("blobsdk.torch", "torch", "torch"), True, "torch"],
         "blobsdk.dcp": [_message("blobsdk.dcp", "torch", "torch"), True, "torch"],
@@ -235,3 +239,159 @@ def test_only_an_import_error_becomes_missing_extra():
 
     with pytest.raises(ZeroDivisionError), requires_extra("torch", "here"):
         _ = 1 / 0
+
+
+# --- which pip install a MissingExtra names -----------------------------------------------------
+
+
+def _tree(root: Path, pyproject: str | None) -> Path:
+    """``root`` holding a package directory ``blobsdk`` (and ``pyproject`` as pyproject.toml)."""
+    (root / "blobsdk").mkdir(parents=True)
+    if pyproject is not None:
+        (root / "pyproject.toml").write_text(pyproject)
+    return root / "blobsdk"
+
+
+def _dist_info(site: Path, direct_url: object | None) -> None:
+    """A blobsdk distribution's metadata in ``site``, as pip writes it (PEP 610's direct_url.json)."""
+    info = site / "blobsdk-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.4\nName: blobsdk\nVersion: 0.1.0\n")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+
+
+def test_a_checkout_is_told_to_install_the_extra_into_itself(tmp_path: Path):
+    """A clone (its pyproject.toml is blobsdk's): an index has no distribution built from it."""
+    package = _tree(tmp_path / "my clone", '[project]\nname = "blobsdk"\nversion = "0.1.0"\n')
+    assert install_command("torch", package) == f"pip install -e '{tmp_path}/my clone[torch]'"
+    assert pip_install("fsspec") == f"pip install -e '{ROOT}[fsspec]'"  # these tests run blobsdk from this tree
+
+
+@pytest.mark.parametrize(
+    "pyproject",
+    [None, '[project]\nname = "other"\n', "[project\n", '[build-system]\nrequires = ["setuptools"]\n', "project = 3\n"],
+)
+def test_anything_but_a_checkout_or_a_local_directory_is_told_the_index_install(tmp_path: Path, pyproject: str | None):
+    """site-packages, or a tree whose pyproject.toml is another project's, broken, or has no
+    project: the index's distribution."""
+    package = _tree(tmp_path / "site", pyproject)
+    assert install_command("torch", package) == "pip install 'blobsdk[torch]'"
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "command"),
+    [
+        ({"url": "file:///src/blob%20sdk", "dir_info": {}}, "pip install '/src/blob sdk[redis]'"),
+        ({"url": "file:///wheels/blobsdk-0.1.0-py3-none-any.whl", "archive_info": {}}, "pip install 'blobsdk[redis]'"),
+        ({"url": "https://example.com/blobsdk", "dir_info": {}}, "pip install 'blobsdk[redis]'"),
+        ({"dir_info": {}}, "pip install 'blobsdk[redis]'"),
+        ("file:///src", "pip install 'blobsdk[redis]'"),
+        (None, "pip install 'blobsdk[redis]'"),
+    ],
+)
+def test_an_install_from_a_local_directory_is_told_that_directory(tmp_path: Path, direct_url: object, command: str):
+    """``pip install /src`` (a container's build): the directory it came from, as pip recorded it."""
+    package = _tree(tmp_path / "site", None)
+    _dist_info(tmp_path / "site", direct_url)
+    assert install_command("redis", package) == command
+
+
+def test_the_wheel_installed_names_the_index_install(wheel: Path, tmp_path: Path):
+    """The wheel unpacked away from the checkout (no direct_url.json: not from a directory)."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import sys\n"
+        "class NotInstalled:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'fsspec':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NotInstalled())\n"
+        "try:\n"
+        "    import blobsdk.fsspec\n"
+        "except ImportError as exc:\n"
+        "    assert type(exc).__name__ == 'MissingExtra' and sys.modules['blobsdk'].__file__.startswith(sys.argv[1])\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    argv = [sys.executable, "-c", code, str(site)]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    said = "blobsdk.fsspec needs the 'fsspec' extra: pip install 'blobsdk[fsspec]' (No module named 'fsspec')"
+    assert done.stdout == said + "\n"
+
+
+WITHOUT_NUMPY = """
+import asyncio, importlib.abc, json, sys, warnings
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numpy":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+with warnings.catch_warnings(action="ignore"):  # torch says it found no numpy
+    import torch
+import blobsdk
+
+async def main(root):
+    said = {}
+
+    async def attempt(what, work):
+        try:
+            await work
+        except blobsdk.MissingExtra as exc:
+            said[what] = [str(exc), exc.name]
+
+    async with blobsdk.Client.local(root) as c:
+        await c.put("/b/x", b"1234")
+        await attempt("get_into", c.get_into("/b/x", torch.zeros(4, dtype=torch.uint8)))
+        await attempt("get_many_into", c.get_many_into(["/b/x"], torch.zeros(4, dtype=torch.uint8)))
+        ck = c.checkpoints("/b/ck")
+        await attempt("save", ck.save(2, {"t": torch.zeros(4)}))
+        await attempt("load arrays", ck.load(0))
+        await attempt("load into", ck.load(1, into={"t": torch.zeros(4)}))
+        said["load tensors"] = (await ck.load(1))["t"].tolist()  # torch.frombuffer: no numpy
+        try:
+            c.checkpoints("/b/mirrored", mirror=True)
+        except blobsdk.MissingExtra as exc:
+            said["mirror"] = [str(exc), exc.name]
+    print(json.dumps(said))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_what_needs_numpy_names_the_extra_that_brings_it(tmp_path: Path):
+    """numpy made unimportable in a process of its own: torch imports without it (its wheels do
+    not require it), but a tensor's bytes go through numpy, as does a loaded array."""
+    import numpy as np
+    import torch
+
+    async with Client.local(tmp_path) as c:
+        ck = c.checkpoints("/b/ck")
+        await (await ck.save(0, {"a": np.arange(4, dtype=np.float32)})).wait()
+        await (await ck.save(1, {"t": torch.arange(4, dtype=torch.float32)})).wait()
+    argv = [sys.executable, "-c", WITHOUT_NUMPY, str(tmp_path)]
+    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = await asyncio.to_thread(run, argv)
+    assert done.returncode == 0, done.stderr
+
+    def said(needed_by: str, extra: str) -> list[str]:
+        return [f"{needed_by} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named 'numpy')", "numpy"]
+
+    assert json.loads(done.stdout) == {
+        "get_into": said("reading into a torch tensor (get_into)", "torch"),
+        "get_many_into": said("reading into a torch tensor (get_many_into)", "torch"),
+        "save": said("checkpointing a torch tensor", "torch"),
+        "load arrays": said("loading a checkpoint that holds numpy arrays", "numpy"),
+        "load into": said("restoring a checkpoint into a torch tensor", "torch"),
+        "load tensors": [0.0, 1.0, 2.0, 3.0],
+        "mirror": said("checkpoints(mirror=True)", "numpy"),
+    }
+
+
+def test_the_torch_extra_brings_numpy():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "numpy>=1.26" in extras["torch"] and extras["numpy"] == ["numpy>=1.26"]

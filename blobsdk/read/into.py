@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import sys
 
+from .._extras import requires_extra
+
 KINDS = "a bytearray, a writable memoryview, a numpy array or a CPU torch tensor"
 
 
@@ -80,6 +82,8 @@ def _tensor_bytes(tensor: object, what: str) -> memoryview:
             f"{what}: buffer is not C-contiguous (tensor of shape {tuple(tensor.shape)}, strides {tensor.stride()}): "
             "pass a contiguous one (numpy.ascontiguousarray, tensor.contiguous()) and copy from it"
         )
+    with requires_extra("torch", f"reading into a torch tensor ({what})"):  # torch's wheels do not bring numpy
+        import numpy  # noqa: F401  # without it, Tensor.numpy() raises RuntimeError("Numpy is not available")
     flat = tensor.detach().reshape(-1)
     if flat.dtype != torch.uint8:
         flat = flat.view(torch.uint8)

@@ -85,6 +85,7 @@ from typing import Any
 import msgspec
 
 from .._arguments import check_callable, check_flag, check_number, check_str, wrong
+from .._extras import requires_extra
 from .._numbers import integer, positive
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata.base import MetadataStore
@@ -156,6 +157,9 @@ class Checkpoints:
         check_number("rewrite_at", rewrite_at, positive(), unit=" (a share of a chunk)")
         for name, flag in (("trust_version_counters", trust_version_counters), ("dedup", dedup), ("mirror", mirror)):
             check_flag(f"checkpoints: {name}", flag)
+        if mirror:
+            with requires_extra("numpy", "checkpoints(mirror=True)"):  # a chunk is compared with its mirror copy by numpy
+                import numpy  # noqa: F401
         self.prefix = prefix
         self.keep = keep
         self.chunk_size = chunk_size

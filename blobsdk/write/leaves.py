@@ -126,6 +126,8 @@ def _tensor_leaf(name: tuple[str, ...], value: Any) -> Leaf:
     if value.device.type != "cpu" or value.is_sparse or value.is_quantized:
         where = "/".join(name)
         raise TypeError(f"state {where!r}: only dense CPU tensors can be checkpointed, got {value.device} {value.layout}")
+    with requires_extra("torch", "checkpointing a torch tensor"):  # its bytes are read through numpy
+        import numpy  # noqa: F401
     stamp = None if value.is_inference() else Stamp(value)  # before its bytes are read
     flat: Any = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
     dtype = str(value.dtype).removeprefix("torch.")
@@ -147,7 +149,8 @@ def value_of(entry: Entry, piece: memoryview) -> Any:
     if entry.kind == "bytes":
         return bytes(piece)
     if entry.kind == "ndarray":
-        import numpy as np
+        with requires_extra("numpy", "loading a checkpoint that holds numpy arrays"):
+            import numpy as np
 
         return np.frombuffer(piece, dtype=_numpy_dtype(entry)).reshape(_shape(entry, piece))
     with requires_extra("torch", "loading a checkpoint that holds tensors"):

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import msgspec
 import xxhash
 
+from .._extras import requires_extra
 from ..errors import BadRequest, CorruptData
 from ..runtime.buffers import fresh_buffer
 from ..runtime.tasks import task_group
@@ -305,6 +306,8 @@ def _array_memory(value: Any) -> memoryview:
 def _tensor_memory(value: Any) -> memoryview:
     import torch
 
+    with requires_extra("torch", "restoring a checkpoint into a torch tensor"):  # its bytes are written through numpy
+        import numpy  # noqa: F401
     return memoryview(value.detach().reshape(-1).view(torch.uint8).numpy())
 
 

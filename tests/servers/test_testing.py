@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from servers import cluster, testing
 from tests.helpers import ROOT
 from tests.servers.test_cluster import _alive as running
 from tests.servers.test_cluster import _wait_for
+from tests.test_examples import clean_env
 
 pytest_plugins = ["pytester"]
 
@@ -232,3 +234,39 @@ def test_the_entry_point_loads_the_plugin_and_nothing_heavy(user, monkeypatch):
     result = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'blob_sync_client' not found*"])
+
+
+# docs/testing.md's example: each file behind a marker ``<!-- plugin-example: NAME -->``.
+_EXAMPLE = re.compile(r"^<!-- plugin-example: (\S+) -->\n```\w*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def plugin_example() -> dict[str, str]:
+    """The plugin's example project, file name -> text, each taken from the one page that shows it."""
+    shown: dict[str, list[tuple[str, str]]] = {}  # file name -> (page, text) of each copy
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for name, text in _EXAMPLE.findall(page.read_text()):
+            shown.setdefault(name, []).append((str(page.relative_to(ROOT)), text))
+    assert sorted(shown) == ["pytest.ini", "test_blobsdk_fixtures.py"], shown
+    assert all(len(copies) == 1 for copies in shown.values()), "each file of the example is shown once"
+    return {name: copies[0][1] for name, copies in shown.items()}
+
+
+def test_the_docs_first_test_file_passes_as_is_in_a_fresh_project(tmp_path):
+    """Copied from the doc into a project of its own (no conftest, no PYTHONPATH), plain
+    ``pytest`` loads the plugin from the installed package by its entry point, in
+    pytest-asyncio's default (strict) mode, and every test passes with no warning."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name, text in plugin_example().items():
+        (project / name).write_text(text)
+    (tmp_path / "tmp").mkdir()
+    env = clean_env(tmp_path / "tmp")
+    done = subprocess.run(["pytest"], cwd=project, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    lines = done.stdout.splitlines()
+    assert f"rootdir: {project}" in lines and "configfile: pytest.ini" in lines
+    assert any(line.startswith("plugins: ") and " blobsdk-" in line for line in lines), out  # the entry point's
+    assert any(line.startswith("asyncio: mode=Mode.STRICT") for line in lines), out
+    assert re.fullmatch(r"=+ 5 passed in [0-9.]+s( \([0-9:]+\))? =+", lines[-1]), out
+    assert "warning" not in out.lower(), out
