@@ -7,3 +7,8 @@ def prog(module: str) -> str:
 
     script = os.path.basename(sys.argv[0])
     return script if script.startswith("blobsdk-") else f"python -m {module}"
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra of blobsdk's, installed or in a checkout."""
+    return f"pip install 'blobsdk[{extra}]' (in a checkout: pip install -e '.[{extra}]')"
