@@ -477,7 +477,7 @@ def test_plan_prints_the_read_plan(tmp_path, store):
 def test_prefetch_into_l3_shows_progress_and_reports_failures(tmp_path):
     from servers.cluster import start_cluster
 
-    with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1) as cluster:
+    with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1, trackers=0) as cluster:
         config = str(cluster.config_path)
         for i in range(3):
             (tmp_path / f"f{i}").write_bytes(os.urandom(300_000))

@@ -31,7 +31,7 @@ SOCK_READ = 1.0  # how long a write waits on a stopped server before it counts a
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0) as c:
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0, trackers=0) as c:
         yield c
 
 
