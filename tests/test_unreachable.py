@@ -5,17 +5,20 @@ write's quorum, an L3 node's stats, S3), never by an aiohttp class name."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp.client_reqrep import ConnectionKey
 
 from blobsdk.errors import Unavailable, Unreachable
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.net.retry import Backoff
 from blobsdk.net.rpc import HttpEndpoint
 from blobsdk.net.sigv4 import Credentials
+from blobsdk.net.unreachable import BLOCK_SERVER, SERVER, unreachable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
@@ -127,14 +130,25 @@ async def test_the_s3_endpoint_down_is_named_with_its_own_likely_cause() -> None
     )
 
 
-async def test_an_unknown_host_says_so_and_a_reset_is_worded_as_before(session) -> None:
-    endpoint = HttpEndpoint(session, "http://no-such-host.invalid:8080")
-    with pytest.raises(Unreachable) as info:
-        await endpoint.read("GET", "/healthz")
-    assert str(info.value) == (
-        "cannot reach the server at no-such-host.invalid:8080 (GET /healthz): unknown host (check the address in the config)"
+def test_an_unknown_host_or_no_route_says_so() -> None:
+    """As aiohttp's connector raises them: its ClientConnectorError carries the OSError."""
+    key = ConnectionKey("nowhere.invalid", 8080, False, True, None, None, None)
+    dns = aiohttp.ClientConnectorDNSError(key, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    error = unreachable(SERVER, "http://nowhere.invalid:8080", "GET /healthz", dns)
+    assert (
+        str(error)
+        == "cannot reach the server at nowhere.invalid:8080 (GET /healthz): unknown host (check the address in the config)"
     )
+    no_route = aiohttp.ClientConnectorError(key, OSError(errno.EHOSTUNREACH, "No route to host"))
+    error = unreachable(BLOCK_SERVER, "http://10.0.0.9:7101", "PUT /v1/blocks/x", no_route)
+    assert (
+        str(error)
+        == "cannot reach a block server at 10.0.0.9:7101 (PUT /v1/blocks/x): no route to host (check the address in the config)"
+    )
+    assert unreachable(SERVER, "http://h:1", "GET /", OSError(errno.ECONNRESET, "reset")) is None  # it connected
 
+
+async def test_a_connection_dropped_once_made_is_worded_as_before(session) -> None:
     async def reset(reader, writer) -> None:
         writer.transport.abort()  # a connection made, then dropped: the server is there
 
