@@ -1,6 +1,7 @@
 """What a client says when it cannot connect to a server: which server it is (its *role*),
 where, what happened, and the likely cause, in one place for every endpoint (the control
-requests of blobsdk/net/rpc.py and the data GETs of blobsdk/net/rawget.py).
+requests of blobsdk/net/rpc.py, the data GETs of blobsdk/net/rawget.py, and Redis as the
+metadata store, blobsdk/metadata/redis.py).
 
 A refused connection means nothing listens at the address.  For a cluster's servers the
 likely causes are that the cluster is down, or that the config (a ``client.toml``) is from
@@ -37,6 +38,7 @@ L3_NODE = Role("an L3 node", CLUSTER_DOWN)
 TRACKER = Role("a tracker", CLUSTER_DOWN)
 PEER = Role("a peer", "that client has stopped")
 S3_ENDPOINT = Role("the S3 endpoint", "the object store is down, or the endpoint in the config is wrong")
+REDIS = Role("Redis", "Redis is not running there, or metadata_url is wrong")
 SERVER = Role("the server", "it is not running, or its URL is wrong")
 
 _REASONS = {
@@ -61,9 +63,18 @@ def unreachable(role: Role, base_url: str, what: str, exc: BaseException) -> Unr
 
 def _reason(exc: BaseException) -> str | None:
     """What kept the connection from being made, or None: not a failure to connect at all."""
-    cause = getattr(exc, "os_error", exc)  # aiohttp's ClientConnectorError wraps the OSError
+    cause = _os_error(exc)
     if isinstance(cause, socket.gaierror):
         return "unknown host"
-    if isinstance(cause, OSError) and cause.errno is not None:
+    if cause is not None and cause.errno is not None:
         return _REASONS.get(cause.errno)
     return None
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: itself, or what aiohttp's ClientConnectorError wraps
+    (``os_error``), or the cause of redis-py's ConnectionError."""
+    seen: BaseException | None = getattr(exc, "os_error", exc)
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__
+    return seen
