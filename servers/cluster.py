@@ -30,9 +30,9 @@ options need (``--seaweedfs``: the ``seaweedfs`` extra; ``--source``: ``s3``; ``
 a server fails to start.  While the servers start it says on stderr what it starts and each
 server once it is ready.  Once every server answers ``/healthz`` it writes
 ``DIR/cluster.json`` (who runs where) and then ``DIR/client.toml`` (what
-:meth:`blobsdk.ClientConfig.from_toml` reads), both atomically, so a waiter that sees
+:meth:`blobsdk.ClientConfig.from_toml` reads), both atomically, so a waiter that sees a new
 ``client.toml`` can use the cluster at once.  SIGINT or SIGTERM stops every server and exits
-0; ``client.toml`` stays.
+0; ``client.toml`` stays (a waiter removes it first, or waits for the "cluster ready" line).
 
 Started again in the same DIR, each server (and SeaweedFS's S3 gateway) gets its port of the
 last run (``DIR/run/NAME.port``) if that port is free, so the same ``client.toml`` works, and
