@@ -164,6 +164,7 @@ def load(origin: Origin, samples: Samples, root: Path, *, peers: bool) -> None:
 def blobsdk_cluster_options(origin: Origin, workload: Workload, samples: Samples) -> dict[str, Any]:
     return {
         "l3_nodes": workload.l3_nodes,
+        "trackers": 0,
         "l3_capacity_mb": samples.total_bytes // MiB + 256,
         "source": BLOBSDK_SOURCE,
         "s3": origin.s3_config(),

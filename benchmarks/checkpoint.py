@@ -152,7 +152,7 @@ async def _blobsdk_saves(report: Report, name: str, state: dict[str, Any], steps
     write = WriteConfig(compression="none")
     store = root / name
     if cluster:
-        async with start_cluster(store, block_servers=1, l3_nodes=0) as running:
+        async with start_cluster(store, block_servers=1, l3_nodes=0, trackers=0) as running:
             assert running.config is not None
             config = msgspec.structs.replace(running.config, write=write)
             async with blobsdk.Client(config) as client:

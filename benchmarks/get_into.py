@@ -254,7 +254,7 @@ def _children_cpu_s() -> float:
 
 
 async def _cluster(root: Path, big: list[tuple[str, bytes]], sizes: Sizes, out: Report) -> None:
-    async with start_cluster(root, block_servers=1, l3_nodes=0) as cluster:
+    async with start_cluster(root, block_servers=1, l3_nodes=0, trackers=0) as cluster:
         assert cluster.config is not None
         config = msgspec.structs.replace(cluster.config, l1=NO_L1, write=WriteConfig(chunk_size=4 * MiB))
         async with blobsdk.Client(config) as client:

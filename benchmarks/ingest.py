@@ -308,6 +308,7 @@ def cluster_options(workload: Workload, samples: Samples) -> dict[str, object]:
     return {
         "block_servers": workload.block_servers,
         "l3_nodes": workload.l3_nodes,
+        "trackers": 0,
         "latency_ms": workload.latency_ms,
         "bandwidth_mbps": workload.bandwidth_mbps,
         "l3_capacity_mb": samples.total_bytes // MiB + 256,  # each node could hold all of it

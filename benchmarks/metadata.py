@@ -90,9 +90,11 @@ async def run(quick: bool = False) -> Report:
                 await _fill(direct, paths)
                 await _measure(report, "redis", direct, paths, samples)
                 session = await stack.enter_async_context(new_session(Timeouts()))
-                over_sqlite = await stack.enter_async_context(start_cluster(root / "api-sqlite", block_servers=1, l3_nodes=0))
+                over_sqlite = await stack.enter_async_context(
+                    start_cluster(root / "api-sqlite", block_servers=1, l3_nodes=0, trackers=0)
+                )
                 over_redis = await stack.enter_async_context(
-                    start_cluster(root / "api-redis", block_servers=1, l3_nodes=0, metadata=redis.url)
+                    start_cluster(root / "api-redis", block_servers=1, l3_nodes=0, metadata=redis.url, trackers=0)
                 )
                 for name, cluster in (("api_sqlite", over_sqlite), ("api_redis", over_redis)):
                     assert cluster.config is not None and cluster.config.api_url is not None

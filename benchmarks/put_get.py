@@ -99,7 +99,7 @@ async def _cluster(report: Report, root: Path, data: bytes, rounds: int, plan_sa
     with TrivialServer(root, len(data)) as url:
         async with (
             new_session(Timeouts()) as session,
-            start_cluster(root / "cluster", block_servers=3) as cluster,
+            start_cluster(root / "cluster", block_servers=3, trackers=0) as cluster,
             blobsdk.Client(msgspec.structs.replace(cluster.config, l1=NO_L1)) as client,
         ):
             await _http_get(session, url)  # warm the connection

@@ -57,7 +57,7 @@ async def run(quick: bool = False) -> Report:
     with tempfile.TemporaryDirectory(prefix="bench-tenancy-") as tmp:
         keys = Path(tmp) / "keys.toml"
         keys.write_text(keyring.to_toml())
-        async with start_cluster(Path(tmp) / "cluster", block_servers=3, l3_nodes=1, keys=keys) as cluster:
+        async with start_cluster(Path(tmp) / "cluster", block_servers=3, l3_nodes=1, keys=keys, trackers=0) as cluster:
             tenant_token = keyring.sign_token(new_claims("bench", ("bench",), 3600))
             admin = _config(cluster.config, cluster.config.token)
             tenant = _config(cluster.config, tenant_token)

@@ -114,7 +114,13 @@ async def _epochs(report: Report, root: Path, samples: list[bytes], rounds: int)
     size = sum(map(len, samples))
     paths = [f"/ds/{i:05d}" for i in range(len(samples))]
     async with start_cluster(
-        root / "cluster", block_servers=3, l3_nodes=2, latency_ms=5, bandwidth_mbps=200, l3_capacity_mb=2 * size // MiB + 64
+        root / "cluster",
+        block_servers=3,
+        l3_nodes=2,
+        latency_ms=5,
+        bandwidth_mbps=200,
+        l3_capacity_mb=2 * size // MiB + 64,
+        trackers=0,
     ) as cluster:
         full = msgspec.structs.replace(
             cluster.config,

@@ -42,7 +42,7 @@ async def run(quick: bool = False) -> Report:
     rounds, puts = (3, 10) if quick else (12, 40)
     report = Report("write_availability")
     with tempfile.TemporaryDirectory(prefix="blobsdk-bench-wa-") as tmp:
-        async with start_cluster(Path(tmp), block_servers=3, l3_nodes=0) as cluster:
+        async with start_cluster(Path(tmp), block_servers=3, l3_nodes=0, trackers=0) as cluster:
             for label, quorum, n in (("majority", None, puts), ("all", "all", max(2, puts // 4))):
                 counts = await _rounds(cluster, quorum, rounds, n)
                 ok, tried = counts["acked_down"], counts["tried_down"]

@@ -23,6 +23,7 @@ from .errors import (
     SourceChanged,
     Unauthorized,
     Unavailable,
+    Unreachable,
 )
 from .ops.gc import GcReport
 from .sync import SyncClient
@@ -60,6 +61,7 @@ __all__ = (
     "Timeouts",
     "Unauthorized",
     "Unavailable",
+    "Unreachable",
     "WriteConfig",
     "__version__",
 )

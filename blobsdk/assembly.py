@@ -129,7 +129,7 @@ def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: Li
 
     stall_s = cfg.timeouts.stall
     replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url), stall_s=stall_s) for url in cfg.block_urls]
-    return ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum)
+    return ReplicatedBlockStore(replicas, write_quorum=cfg.write.write_quorum, noun="block servers")
 
 
 class LocalStores:

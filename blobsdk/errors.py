@@ -22,6 +22,8 @@
      │    └── Forbidden        a valid token that does not allow this (a bucket, an admin
      │                         route, a chunk without a valid grant: 403)
      ├── Unavailable           a server or quorum could not be reached in time
+     │    ├── Unreachable      no connection to a server could be made (refused: nothing listens
+     │    │                    at its address; an unknown host; no route): ``role``, ``address``
      │    ├── TimedOut         a request got no (complete) answer within its deadline
      │    │    ├── BodyTimedOut  a server stopped waiting for a stalled request body (408)
      │    │    └── ReplyStalled  a reply's body stopped arriving mid-transfer (the data GET's
@@ -160,6 +162,18 @@ class Forbidden(Unauthorized):
 class Unavailable(BlobError):
     code = "unavailable"
     http_status = 503
+
+
+class Unreachable(Unavailable):
+    """No connection to a server could be made: it was refused (nothing listens at the
+    address), or the host is unknown or has no route.  ``role`` names the server ("the API
+    server", "a block server"), ``address`` is its host:port, ``reason`` what happened
+    ("connection refused"), ``hint`` the likely cause.  Made by the client where it connects
+    (blobsdk/net/unreachable.py); never sent on the wire."""
+
+    def __init__(self, message: str, *, role: str = "", address: str = "", reason: str = "", hint: str = "") -> None:
+        super().__init__(message)
+        self.role, self.address, self.reason, self.hint = role, address, reason, hint
 
 
 class TimedOut(Unavailable):

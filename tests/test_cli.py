@@ -253,9 +253,40 @@ def test_put_to_an_unreachable_cluster_is_one_line_exit_1(tmp_path):
         result = run("--config", str(config), "put", str(tmp_path / name), "/b/x")
         assert result.returncode == 1 and result.stdout == b""
         line = error_line(result)  # no traceback: the BufferError of closing a mapped file with views left
-        assert line.startswith("blobsdk: error: block ") and "a write needs 1 of the 1 replicas and 1 replica(s) failed" in line
-        assert f"Cannot connect to host 127.0.0.1:{url.rsplit(':', 1)[1]}" in line
+        assert line == (
+            "blobsdk: error: a write needs 1 of the 1 block servers and 1 failed: connection refused at"
+            f" {url.removeprefix('http://')} (nothing listens there: the cluster is down, or client.toml is from an earlier run)"
+        )
         assert len(result.stderr.decode().strip().splitlines()) == 1
+
+
+DOWN = "(nothing listens there: the cluster is down, or client.toml is from an earlier run)"
+
+
+def test_ls_with_the_api_server_down_names_it_and_the_likely_cause(tmp_path):
+    port = free_port()
+    config = tmp_path / "client.toml"
+    config.write_text(f'api_url = "http://127.0.0.1:{port}"\nblock_urls = ["http://127.0.0.1:{free_port()}"]\n')
+    result = run("--config", str(config), "ls", "/bucket")
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode() == (
+        f"blobsdk: error: cannot reach the API server at 127.0.0.1:{port} (POST /v1/list): connection refused {DOWN}\n"
+    )
+
+
+def test_stats_exits_1_when_a_node_does_not_answer_after_showing_the_report(tmp_path):
+    other, down = "http://127.0.0.1:1", free_port()  # port 1: nothing listens there either
+    config = tmp_path / "client.toml"
+    urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{down}"]
+    config.write_text(f'api_url = "{other}"\nblock_urls = ["{other}"]\nl3_urls = {json.dumps(urls)}\n')
+    result = run("--config", str(config), "stats", process=True)
+    assert result.returncode == 1
+    nodes = json.loads(result.stdout)["nodes"]["l3"]
+    assert nodes[urls[1]] == {
+        "error": f"Unreachable: cannot reach an L3 node at 127.0.0.1:{down} (GET /stats): connection refused {DOWN}"
+    }
+    assert result.stderr.decode() == 'blobsdk: error: 2 of the 2 nodes did not answer (their "error" above)\n'
+    assert "exits 1 if any node did not answer" in " ".join(run("stats", "--help").stdout.decode().split())
 
 
 @pytest.mark.parametrize("size", [0, 6, MMAP_THRESHOLD + 1])
@@ -446,7 +477,7 @@ def test_plan_prints_the_read_plan(tmp_path, store):
 def test_prefetch_into_l3_shows_progress_and_reports_failures(tmp_path):
     from servers.cluster import start_cluster
 
-    with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1) as cluster:
+    with start_cluster(tmp_path / "c", block_servers=1, l3_nodes=1, trackers=0) as cluster:
         config = str(cluster.config_path)
         for i in range(3):
             (tmp_path / f"f{i}").write_bytes(os.urandom(300_000))

@@ -573,7 +573,7 @@ def fork_and_check(fs: BlobFileSystem) -> None:
 
 def test_over_a_cluster_through_its_client_toml(tmp_path: Path) -> None:
     pd = pytest.importorskip("pandas")
-    with start_cluster(tmp_path / "cluster", block_servers=1, l3_nodes=0) as cluster:
+    with start_cluster(tmp_path / "cluster", block_servers=1, l3_nodes=0, trackers=0) as cluster:
         with BlobFileSystem(config=cluster.config_path, skip_instance_cache=True) as fs:
             fs.pipe_file("b/dir/k", DATA)
             with fs.open("b/dir/big", "wb") as f:

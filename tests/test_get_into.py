@@ -438,7 +438,7 @@ async def test_over_a_cluster(tmp_path: Path, servers: int, l3_nodes: int, tier:
     """Through real servers, no L1: a lone block server's whole chunks are read over HTTP
     straight into the buffer (no chunk buffer); three replicas behind an L3 node go through
     the pool.  Whole blobs, ranges and a batch alike."""
-    async with start_cluster(tmp_path, block_servers=servers, l3_nodes=l3_nodes) as cluster:
+    async with start_cluster(tmp_path, block_servers=servers, l3_nodes=l3_nodes, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=SMALL, l1=NO_L1)
         async with blobsdk.Client(config) as c:
             data = data_of(4 * CHUNK + 9, 8)

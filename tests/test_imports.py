@@ -243,6 +243,7 @@ def test_blobsdk_never_imports_servers_or_benchmarks():
 # one makes it public there first, so a change to the SDK's internals never breaks a server.
 SERVER_IMPORTS = {
     "blobsdk",
+    "blobsdk._extras",
     "blobsdk.auth",
     "blobsdk.cache.base",
     "blobsdk.cache.disk",

@@ -345,7 +345,7 @@ async def test_a_cluster_l3_node_reads_indexed_objects_through_and_passes_a_chan
     bucket, prefix = lake(services), f"cl-{run_id}"
     objects = {f"{prefix}/{name}": os.urandom(3 * CHUNK) for name in ("a", "b")}
     await put_objects(bucket, objects)
-    options = {"metadata": redis.url, "source": f"s3://blobs/cl-{run_id}", "s3": s3_config, "l3_nodes": 1}
+    options = {"metadata": redis.url, "source": f"s3://blobs/cl-{run_id}", "s3": s3_config, "l3_nodes": 1, "trackers": 0}
     async with start_cluster(tmp_path, **options) as cluster:
         assert cluster.config is not None
         async with blobsdk.Client(cluster.config) as c:

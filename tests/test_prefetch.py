@@ -300,7 +300,7 @@ async def test_a_read_that_joins_a_queued_prefetch_fetch_promotes_it(tmp_path: P
 
 
 async def test_after_an_l3_prefetch_a_cold_client_reads_nothing_from_l4(tmp_path: Path) -> None:
-    async with start_cluster(tmp_path, block_servers=2, l3_nodes=2) as cluster:
+    async with start_cluster(tmp_path, block_servers=2, l3_nodes=2, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=SMALL, l1=L1Config(capacity_bytes=0))
         data = blobs(10)
         async with blobsdk.Client(config) as c:
@@ -321,7 +321,7 @@ async def test_after_an_l3_prefetch_a_cold_client_reads_nothing_from_l4(tmp_path
 
 
 async def test_an_l3_prefetch_reports_chunks_no_node_could_store(tmp_path: Path) -> None:
-    async with start_cluster(tmp_path, block_servers=1, l3_nodes=1) as cluster:
+    async with start_cluster(tmp_path, block_servers=1, l3_nodes=1, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=SMALL)
         async with blobsdk.Client(config) as c:
             await c.put("/a/kept", os.urandom(CHUNK))
@@ -337,7 +337,7 @@ async def test_an_l3_prefetch_reports_chunks_no_node_could_store(tmp_path: Path)
 
 
 async def test_a_cancelled_l3_prefetch_stops_its_jobs_on_the_nodes(tmp_path: Path) -> None:
-    async with start_cluster(tmp_path, block_servers=1, l3_nodes=1, latency_ms=200.0, spindles=1) as cluster:
+    async with start_cluster(tmp_path, block_servers=1, l3_nodes=1, latency_ms=200.0, spindles=1, trackers=0) as cluster:
         config = msgspec.structs.replace(cluster.config, write=SMALL)
         async with blobsdk.Client(config) as c:
             await c.put_many(blobs(10).items())

@@ -36,6 +36,7 @@ from blobsdk.errors import (
     TimedOut,
     Unauthorized,
     Unavailable,
+    Unreachable,
 )
 from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.sources.base import new_block_id
@@ -915,14 +916,19 @@ async def test_a_get_cancelled_before_any_reply_closes_its_connection() -> None:
 # --- 12. connecting, bad URLs, a closed endpoint ----------------------------------------
 
 
-async def test_connection_refused_is_unavailable() -> None:
+async def test_connection_refused_is_unreachable_naming_the_server_and_the_likely_cause() -> None:
     async with Server(silent) as server:
         url, port = server.url, server.port
     async with endpoint(url) as ep:  # nothing listens there any more
-        refused = f"ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', {port})"
-        with raises_exactly(Unavailable, f"GET {url}{ROUTE}: {url}: cannot connect: {refused}") as info:
+        message = (
+            f"cannot reach the server at 127.0.0.1:{port} (GET {ROUTE}): connection refused"
+            " (nothing listens there: it is not running, or its URL is wrong)"
+        )
+        with raises_exactly(Unreachable, message) as info:
             await get(ep)
         assert isinstance(info.value.__cause__, ConnectionRefusedError)
+        where = (info.value.role, info.value.address, info.value.reason)
+        assert where == ("the server", f"127.0.0.1:{port}", "connection refused")
 
 
 @pytest.mark.parametrize("url", ["ftp://x", "http://", "127.0.0.1:8080", "https:///path", ""])

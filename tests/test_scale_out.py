@@ -92,7 +92,7 @@ async def test_a_local_cluster_over_redis_and_s3_reads_through_its_l3_node(servi
     metadata in Redis, the L3 node reads through from S3, and there are no block servers."""
     redis, s3 = services
     s3_config = S3Config(allow_http=True, **s3.config)
-    options = {"metadata": redis.url, "source": "s3://lake/cluster", "s3": s3_config, "l3_nodes": 1}
+    options = {"metadata": redis.url, "source": "s3://lake/cluster", "s3": s3_config, "l3_nodes": 1, "trackers": 0}
     async with start_cluster(tmp_path, **options) as cluster:
         assert cluster.config is not None and cluster.config.block_urls == () and cluster.config.source_url == "s3://lake/cluster"
         assert [p.kind for p in cluster.processes] == ["api", "l3"]

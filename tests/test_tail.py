@@ -35,7 +35,7 @@ async def _set_faults(url: str, *rules: dict) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path):
-    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0, admin_token=ADMIN) as cluster:
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=0, admin_token=ADMIN, trackers=0) as cluster:
         yield cluster
 
 
@@ -104,7 +104,7 @@ async def test_cancelling_a_stalled_read_leaves_nothing_behind(cluster):
 
 
 async def test_an_overloaded_server_makes_the_limiter_back_off_and_goodput_recover(tmp_path):
-    async with start_cluster(tmp_path, block_servers=1, l3_nodes=0, admin_token=ADMIN) as cluster:
+    async with start_cluster(tmp_path, block_servers=1, l3_nodes=0, admin_token=ADMIN, trackers=0) as cluster:
         blobs = {f"/b/{i}": os.urandom(60_000) for i in range(64)}
         async with blobsdk.Client(_config(cluster)) as c:
             await c.put_many(blobs.items())
@@ -194,7 +194,7 @@ async def test_a_hung_replica_never_stalls_sixteen_readers(cluster, hedge):
 
 async def test_a_hung_l3_node_never_stalls_readers(tmp_path):
     """The same for an L3 node: its reads go to the other node (or L4) within about a second."""
-    async with start_cluster(tmp_path, block_servers=3, l3_nodes=2, admin_token=ADMIN) as cluster:
+    async with start_cluster(tmp_path, block_servers=3, l3_nodes=2, admin_token=ADMIN, trackers=0) as cluster:
         blobs = {f"/b/n{i}": os.urandom(1 << 20) for i in range(16)}
         config = msgspec.structs.replace(_config(cluster), timeouts=HANG_TIMEOUTS, hedge=NO_BUDGET)
         async with blobsdk.Client(config) as c:

@@ -567,7 +567,7 @@ def test_a_resumed_sampler_and_dataset_report_their_position(store: tuple[Path, 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with start_cluster(tmp_path_factory.mktemp("cluster"), block_servers=1, l3_nodes=1, admin_token=ADMIN) as cluster:
+    with start_cluster(tmp_path_factory.mktemp("cluster"), block_servers=1, l3_nodes=1, admin_token=ADMIN, trackers=0) as cluster:
         yield cluster
 
 

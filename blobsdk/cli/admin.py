@@ -53,8 +53,10 @@ class ScrubProgress(ProgressLine):
 
 
 async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
-    """The client's and the L3 nodes' counters, and on ``--local`` the store's totals."""
-    report: dict[str, Any] = {"about": STATS_NOTE, "client": client.stats(), "nodes": await client.node_stats()}
+    """The client's and the L3 nodes' counters, and on ``--local`` the store's totals; exit
+    1 (after the report) if a node did not answer."""
+    nodes = await client.node_stats()
+    report: dict[str, Any] = {"about": STATS_NOTE, "client": client.stats(), "nodes": nodes}
     if args.local is not None:
         blobs = nbytes = 0
         async for info in client.list("/"):
@@ -62,7 +64,17 @@ async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
             nbytes += info.size
         report["store"] = {"blobs": blobs, "bytes": nbytes}
     print_pretty(report)
-    return 0
+    return _silent_nodes(nodes)
+
+
+def _silent_nodes(nodes: dict[str, dict[str, object]]) -> int:
+    """1, said on stderr, if any node answered its stats with an error; else 0."""
+    answers = [answer for tier in nodes.values() for answer in tier.values()]
+    silent = sum(isinstance(answer, dict) and "error" in answer for answer in answers)
+    if not silent:
+        return 0
+    print(f'blobsdk: error: {silent} of the {len(answers)} nodes did not answer (their "error" above)', file=sys.stderr)
+    return 1
 
 
 async def cmd_plan(client: Client, args: argparse.Namespace) -> int:
@@ -162,7 +174,8 @@ def add_parsers(command: AddCommand, sub: Any) -> None:
         "stats",
         cmd_stats,
         "show as JSON the L3 nodes' own stats, this command's client's per-tier counters (zero: each call is a new"
-        " client), and on --local the store's blob count and bytes",
+        " client), and on --local the store's blob count and bytes; exits 1 if any node did not answer (its entry"
+        ' is an "error"), after showing the rest',
     )
 
     p = command("plan", cmd_plan, "show a blob's read plan (its chunks and where they are) as JSON")

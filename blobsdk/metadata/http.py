@@ -16,6 +16,7 @@ import aiohttp
 
 from ..errors import BadRequest, BlobNotFound, Unavailable
 from ..net.rpc import HttpEndpoint
+from ..net.unreachable import API_SERVER
 from ..paths import validate_path
 from ..read.plans import checked_plan
 from ..wire import (
@@ -65,7 +66,7 @@ class HttpMetadataStore:
     """
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
-        self._http = HttpEndpoint(session, base_url, token)
+        self._http = HttpEndpoint(session, base_url, token, role=API_SERVER)
 
     def __repr__(self) -> str:
         return f"HttpMetadataStore({self._http.base_url!r})"

@@ -73,6 +73,7 @@ with requires_extra("redis", __name__):
     from redis.asyncio.cluster import RedisCluster
 
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
+from ..net.unreachable import REDIS, unreachable
 from ..paths import bucket_of, validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import (
@@ -202,6 +203,8 @@ class RedisMetadataStore:
         try:
             yield
         except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError, OSError) as exc:
+            if (error := unreachable(REDIS, self.url, "the metadata store", exc)) is not None:
+                raise error from exc
             raise Unavailable(f"metadata store {_redacted(self.url)}: {str(exc) or type(exc).__name__}") from exc
         except rexc.RedisError as exc:
             raise BlobError(f"metadata store {_redacted(self.url)}: {exc}") from exc

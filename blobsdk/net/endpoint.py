@@ -26,6 +26,7 @@ from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint
+from .unreachable import SERVER, Role
 
 T = TypeVar("T")
 
@@ -36,7 +37,9 @@ class Endpoint:
     Uses, and never closes, ``session``; ``token`` is the server's bearer token; ``limiter``
     defaults to a limiter of its own; ``timeout`` bounds each request (default: the
     session's); ``stall_s`` bounds a data GET's body's silences (None: only the timeout's
-    ``sock_read``; see blobsdk/net/rawget.py).  :meth:`aclose` closes the data connections.
+    ``sock_read``; see blobsdk/net/rawget.py); ``role``: which server it is, for the error
+    when nothing answers there (blobsdk/net/unreachable.py).  :meth:`aclose` closes the data
+    connections.
     """
 
     def __init__(
@@ -48,11 +51,13 @@ class Endpoint:
         limiter: AdaptiveLimiter | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
         stall_s: float | None = None,
+        role: Role = SERVER,
     ) -> None:
-        self.control = HttpEndpoint(session, base_url, token)
+        self.control = HttpEndpoint(session, base_url, token, role=role)
         self.base_url = self.control.base_url
         self.limiter = limiter if limiter is not None else AdaptiveLimiter(self.base_url)
-        self._data = RawGetEndpoint(base_url, token, timeout=timeout if timeout is not None else session.timeout, stall_s=stall_s)
+        data_timeout = timeout if timeout is not None else session.timeout
+        self._data = RawGetEndpoint(base_url, token, timeout=data_timeout, stall_s=stall_s, role=role)
         self._request_args: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
 
     @property

@@ -38,9 +38,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ..errors import BadRequest, BlobError, ReplyStalled, TimedOut, Unavailable
+from ..errors import BadRequest, BlobError, ReplyStalled, TimedOut, Unavailable, Unreachable
 from ..tail.limiter import Permit
 from .rpc import error_for, report_overload
+from .unreachable import SERVER, Role, unreachable
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20
@@ -263,7 +264,8 @@ class RawGetEndpoint:
     (the session's), of which ``connect``/``sock_connect``, ``sock_read`` and ``total`` are
     used; ``stall_s``: the bound on a reply body's silences (None: only ``sock_read``).
     ``refusal``: what an error reply means (default: the blobsdk error its body encodes).
-    Close with :meth:`aclose`.
+    ``role``: which server it is, for the error when nothing answers there
+    (blobsdk/net/unreachable.py).  Close with :meth:`aclose`.
     """
 
     def __init__(
@@ -274,6 +276,7 @@ class RawGetEndpoint:
         timeout: aiohttp.ClientTimeout,
         stall_s: float | None = None,
         refusal: Refusal = error_for,
+        role: Role = SERVER,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -292,6 +295,7 @@ class RawGetEndpoint:
         self._idle: list[_Conn] = []
         self._closed = False
         self._refusal_of = refusal
+        self.role = role
 
     async def get_into(
         self,
@@ -324,7 +328,10 @@ class RawGetEndpoint:
         url = self.base_url + route
         try:
             started = asyncio.get_running_loop().time()
-            reply, conn = await self._exchange(request, out, expect, up_to, started, on_interim, fresh)
+            what = f"GET {route.partition('?')[0]}"
+            reply, conn = await self._exchange(request, out, expect, up_to, started, on_interim, fresh, what)
+        except Unreachable:
+            raise  # says which server, where and why already
         except Unavailable as exc:
             if permit is not None and isinstance(exc, TimedOut):
                 permit.dropped()
@@ -342,17 +349,18 @@ class RawGetEndpoint:
         started: float,
         on_interim: Callable[[], None] | None = None,
         fresh: bool = False,
+        what: str = "GET",
     ) -> tuple[_Reply, _Conn]:
         """Send ``request`` and wait for its whole reply; a stale idle connection that fails
         before any reply byte is retried once on a new connection.  ``total`` counts from
         ``started``, so it covers connecting and the retry."""
-        conn, reused = await self._connection(fresh)
+        conn, reused = await self._connection(what, fresh)
         try:
             reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
         except Unavailable:
             if not (reused and conn.peer_closed and not conn.received_any):
                 raise
-            conn, _ = await self._connection(fresh=True)
+            conn, _ = await self._connection(what, fresh=True)
             reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
         if not conn.closed and len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(conn)
@@ -372,8 +380,9 @@ class RawGetEndpoint:
         finally:
             timer.cancel()
 
-    async def _connection(self, fresh: bool = False) -> tuple[_Conn, bool]:
-        """An idle keep-alive connection (and True), or a new one (and False)."""
+    async def _connection(self, what: str, fresh: bool = False) -> tuple[_Conn, bool]:
+        """An idle keep-alive connection (and True), or a new one (and False); ``what``: the
+        request it is for ("GET /route"), for the error if none can be made."""
         while self._idle and not fresh:
             conn = self._idle.pop()
             if not conn.closed:
@@ -385,7 +394,8 @@ class RawGetEndpoint:
         except TimeoutError as exc:
             raise TimedOut(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
         except OSError as exc:
-            raise Unavailable(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
+            error = unreachable(self.role, self.base_url, what, exc)
+            raise error or Unavailable(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
         return conn, False
 
     def _refusal(self, reply: _Reply, body: bytes, url: str, permit: Permit | None) -> Exception:

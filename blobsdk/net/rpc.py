@@ -15,6 +15,7 @@ from ..config import Timeouts
 from ..errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
 from ..tail.limiter import Permit
 from ..wire import MSGPACK, ErrorBody, encode
+from .unreachable import SERVER, Role, unreachable
 
 T = TypeVar("T")
 
@@ -39,11 +40,13 @@ def new_session(timeouts: Timeouts, limit: int = 256) -> aiohttp.ClientSession:
 
 
 class HttpEndpoint:
-    """A base URL plus the shared session and optional bearer token."""
+    """A base URL plus the shared session and optional bearer token; ``role`` says which
+    server it is, for the error when nothing answers there (blobsdk/net/unreachable.py)."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None, *, role: Role = SERVER) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
+        self.role = role
         self.headers: dict[str, str] = {"Accept": MSGPACK}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -90,11 +93,19 @@ class HttpEndpoint:
             except BlobError:
                 raise  # some are OSErrors too (BlobNotFound, Unauthorized)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise _translated(method, url, exc) from exc
+                raise self._translated(method, route, exc) from exc
             try:
                 yield resp
             except aiohttp.ClientError as exc:
-                raise _translated(method, url, exc) from exc
+                raise self._translated(method, route, exc) from exc
+
+    def _translated(self, method: str, route: str, exc: BaseException) -> Unavailable:
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            what = f"{method} {route.partition('?')[0]}"
+            if (error := unreachable(self.role, self.base_url, what, exc)) is not None:
+                return error
+        cls = TimedOut if isinstance(exc, TimeoutError) else Unavailable
+        return cls(f"{method} {self.base_url}{route}: {type(exc).__name__}: {exc}")
 
 
 async def _bounded_body(resp: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
@@ -107,11 +118,6 @@ async def _bounded_body(resp: aiohttp.ClientResponse, max_bytes: int, what: str)
         if len(body) > max_bytes:
             raise Unavailable(f"{what}: an answer of more than {max_bytes} bytes expected at most")
     return bytes(body)
-
-
-def _translated(method: str, url: str, exc: BaseException) -> Unavailable:
-    cls = TimedOut if isinstance(exc, TimeoutError) else Unavailable
-    return cls(f"{method} {url}: {type(exc).__name__}: {exc}")
 
 
 async def _error_of(resp: aiohttp.ClientResponse, url: str) -> BlobError:

@@ -59,6 +59,7 @@ import msgspec
 from ..auth import ServeKey
 from ..errors import BlobError, PeerNotFound, Unavailable
 from ..net.rpc import HttpEndpoint
+from ..net.unreachable import TRACKER
 from ..read.placement import rank
 from ..runtime.ids import is_hex32
 from ..tail.health import Reason, TargetHealth
@@ -171,7 +172,7 @@ class Trackers:
     ) -> None:
         if not urls:
             raise ValueError("Trackers needs at least one tracker URL")
-        self._endpoints = {url.rstrip("/"): HttpEndpoint(session, url, token) for url in urls}
+        self._endpoints = {url.rstrip("/"): HttpEndpoint(session, url, token, role=TRACKER) for url in urls}
         self.peer_id, self.address, self._serve_key = peer_id, address, serve_key
         self.tenant: str | None = None  # as the trackers say, once one has answered a hello
         self._uploads, self._budget, self._forgotten = uploads, budget_bytes, forgotten

@@ -19,6 +19,7 @@ from aiohttp.payload import Payload
 from ..auth import GRANT_HEADER
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
+from ..net.unreachable import BLOCK_SERVER
 from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import BlockInfo, ListBlocksResponse
@@ -48,7 +49,7 @@ class HttpBlockStore:
         limiter: AdaptiveLimiter | None = None,
         stall_s: float | None = None,
     ) -> None:
-        self.endpoint = Endpoint(session, base_url, token, limiter=limiter, stall_s=stall_s)
+        self.endpoint = Endpoint(session, base_url, token, limiter=limiter, stall_s=stall_s, role=BLOCK_SERVER)
         self._http = self.endpoint.control
 
     @property

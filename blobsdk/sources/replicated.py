@@ -31,7 +31,7 @@ from contextlib import aclosing
 from functools import partial
 from typing import Any, Literal, Self
 
-from ..errors import ClientClosed, Unavailable
+from ..errors import ClientClosed, Unavailable, Unreachable
 from ..wire import BlockInfo
 from .base import BlockReplica, BlockStore, Buffer, validate_block_id
 
@@ -102,8 +102,8 @@ class ReplicatedBlockStore:
 
     ``write_quorum`` replicas must acknowledge a write (None, the default: a majority;
     "all": every one); ``close_timeout`` bounds how long :meth:`aclose` waits for writes
-    still running past their quorum.  The store owns its replicas and closes them in
-    :meth:`aclose`.
+    still running past their quorum.  ``noun``: what the replicas are, in errors ("block
+    servers").  The store owns its replicas and closes them in :meth:`aclose`.
     """
 
     def __init__(
@@ -114,6 +114,7 @@ class ReplicatedBlockStore:
         close_timeout: float = 30.0,
         under_replicated: UnderReplicated | None = None,
         max_lagging_bytes: int = 1 << 30,
+        noun: str = "replicas",
     ) -> None:
         if not stores:
             raise ValueError("ReplicatedBlockStore needs at least one store")
@@ -127,6 +128,7 @@ class ReplicatedBlockStore:
         self._lagging_sizes: dict[asyncio.Task[None], int] = {}  # the same writes, oldest first: bytes each holds
         self._max_lagging_bytes = max_lagging_bytes
         self._lagging_bytes = 0
+        self._noun = noun
 
     @property
     def name(self) -> str:
@@ -151,7 +153,7 @@ class ReplicatedBlockStore:
             parts = _frozen(parts)  # lagging writes read them after we return
         tasks = {self._spawn(s.write_block(block_id, parts)): s for s in self._stores}
         try:
-            pending, failed = await self._await_quorum(block_id, tasks)
+            pending, failed = await self._await_quorum(tasks)
         except BaseException:  # cancelled, or no quorum: the other writes are pointless
             for task in tasks:
                 task.cancel()
@@ -180,7 +182,7 @@ class ReplicatedBlockStore:
     def _lagging_done(self, block_id: str, task: asyncio.Task[None]) -> None:
         """A write still running when its block was acknowledged has ended: if it failed (or
         timed out, or was cancelled by :meth:`aclose`), that replica misses the block."""
-        if _outcome(task) is not None:
+        if _error_of(task) is not None:
             self.under_replicated.add(block_id)
         self._lagging_bytes -= self._lagging_sizes.pop(task, 0)
         lagging = self._lagging.get(block_id)
@@ -204,9 +206,10 @@ class ReplicatedBlockStore:
         if lagging := self._lagging.get(block_id):
             await asyncio.wait(set(lagging))
         results = await asyncio.gather(*(s.delete_block(block_id) for s in self._stores), return_exceptions=True)
-        failed = _failures(self._stores, results)
-        if failed:
-            raise Unavailable(f"delete of block {block_id} failed on {len(failed)} replica(s): {'; '.join(failed)}")
+        if failed := _failures(self._stores, results):
+            raise Unavailable(
+                f"delete of block {block_id} failed on {len(failed)} of the {len(self._stores)} {self._noun}: {described(failed)}"
+            )
 
     async def list_blocks(self) -> AsyncIterator[BlockInfo]:
         """The union of every replica's blocks, sorted and deduplicated.  A lazy k-way
@@ -255,23 +258,22 @@ class ReplicatedBlockStore:
             task.exception()  # retrieved: a failure past the quorum is not an unhandled error
 
     async def _await_quorum(
-        self, block_id: str, tasks: dict[asyncio.Task[None], BlockStore]
-    ) -> tuple[set[asyncio.Task[None]], list[str]]:
+        self, tasks: dict[asyncio.Task[None], BlockStore]
+    ) -> tuple[set[asyncio.Task[None]], list[tuple[str, BaseException]]]:
         """Wait for ``write_quorum`` acknowledgements; (the writes still running, the
         replicas that failed) then, else Unavailable."""
         pending, acked = set(tasks), 0
-        failed: list[str] = []
+        failed: list[tuple[str, BaseException]] = []
         while acked < self._quorum:
             if len(failed) > len(tasks) - self._quorum:
                 raise Unavailable(
-                    f"block {block_id}: a write needs {self._quorum} of the {len(tasks)} replicas and "
-                    f"{len(failed)} replica(s) failed: {'; '.join(failed)}"
+                    f"a write needs {self._quorum} of the {len(tasks)} {self._noun} and {len(failed)} failed: {described(failed)}"
                 )
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                error = _outcome(task)
+                error = _error_of(task)
                 acked += error is None
-                failed += [] if error is None else [f"{tasks[task].name}: {error}"]
+                failed += [] if error is None else [(tasks[task].name, error)]
         return pending, failed
 
     async def _drain_writes(self) -> None:
@@ -286,22 +288,36 @@ class ReplicatedBlockStore:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _outcome(task: asyncio.Task[None]) -> str | None:
-    """None if the write succeeded, else why it failed."""
+def _error_of(task: asyncio.Task[None]) -> BaseException | None:
+    """None if the write succeeded, else why it failed (a CancelledError if it was cancelled)."""
     if task.cancelled():
-        return "cancelled"
-    exc = task.exception()
-    return None if exc is None else f"{type(exc).__name__}: {exc}"
+        return asyncio.CancelledError()
+    return task.exception()
 
 
-def _failures(stores: Sequence[BlockStore], results: Sequence[object]) -> list[str]:
-    failed = []
+def _failures(stores: Sequence[BlockStore], results: Sequence[object]) -> list[tuple[str, BaseException]]:
+    failed: list[tuple[str, BaseException]] = []
     for store, result in zip(stores, results, strict=True):
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # KeyboardInterrupt and friends are not a replica's failure
         if isinstance(result, Exception):
-            failed.append(f"{store.name}: {type(result).__name__}: {result}")
+            failed.append((store.name, result))
     return failed
+
+
+def described(failed: Sequence[tuple[str, BaseException]]) -> str:
+    """Why replicas failed, in short: those nothing answered at grouped by why ("connection
+    refused at A, B (nothing listens there: ...)"), each other one as "NAME: ERROR"."""
+    unreached: dict[tuple[str, str], list[str]] = {}
+    others: list[str] = []
+    for name, exc in failed:
+        if isinstance(exc, Unreachable) and exc.address:
+            unreached.setdefault((exc.reason, exc.hint), []).append(exc.address)
+        else:
+            why = "cancelled" if isinstance(exc, asyncio.CancelledError) else f"{type(exc).__name__}: {exc}"
+            others.append(f"{name}: {why}")
+    groups = [f"{reason} at {', '.join(addresses)} ({hint})" for (reason, hint), addresses in unreached.items()]
+    return "; ".join(groups + others)
 
 
 def _frozen(parts: Sequence[Buffer]) -> tuple[Buffer, ...]:

@@ -36,6 +36,7 @@ from ..net.rawget import RawGetEndpoint
 from ..net.retry import Backoff
 from ..net.rpc import OVERLOAD_STATUSES
 from ..net.sigv4 import Credentials, Signer, uri_encode_path
+from ..net.unreachable import S3_ENDPOINT
 from ..runtime.here import Held
 from ..tail.limiter import Permit
 
@@ -138,7 +139,9 @@ class S3Getter:
         return self._endpoints.get_or_make(self._new_endpoint)
 
     def _new_endpoint(self) -> RawGetEndpoint:
-        return RawGetEndpoint(self.target.endpoint, timeout=self._timeout, stall_s=self._stall_s, refusal=s3_refusal)
+        return RawGetEndpoint(
+            self.target.endpoint, timeout=self._timeout, stall_s=self._stall_s, refusal=s3_refusal, role=S3_ENDPOINT
+        )
 
     async def get_into(
         self,

@@ -37,6 +37,7 @@ from ..auth import GRANT_HEADER
 from ..config import HedgeConfig
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
+from ..net.unreachable import L3_NODE
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..stats import TierStats
@@ -106,10 +107,8 @@ class L3Tier(KeepsNothing, Closing):
         self.node_fills = 0
         self.bad_copies_reported = 0
         self.limiters = limiters if limiters is not None else LimiterRegistry()
-        self._nodes = {
-            e.base_url: e
-            for e in (Endpoint(session, url, token, limiter=self.limiters.get(url), timeout=timeout) for url in urls)
-        }
+        endpoints = (Endpoint(session, url, token, limiter=self.limiters.get(url), timeout=timeout, role=L3_NODE) for url in urls)
+        self._nodes = {e.base_url: e for e in endpoints}
         self._replicas = replicas
         hedge = hedge if hedge is not None else HedgeConfig()
         self.health = TargetHealth(hedge, clock, down_seconds=down_seconds)

@@ -58,6 +58,7 @@ from ..auth import TICKET_HEADER
 from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
 from ..net.endpoint import Endpoint
+from ..net.unreachable import PEER
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..read.codec import verify_raw
@@ -342,7 +343,7 @@ class _Endpoints:
     def get(self, address: str) -> Endpoint:
         endpoint = self._made.get(address)
         if endpoint is None:
-            endpoint = Endpoint(self._session, address, limiter=self._limiters.get(address), timeout=self._timeout)
+            endpoint = Endpoint(self._session, address, limiter=self._limiters.get(address), timeout=self._timeout, role=PEER)
             self._made[address] = endpoint
         return endpoint
 

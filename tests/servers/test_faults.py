@@ -43,7 +43,8 @@ from servers._common.faults import (
 )
 from servers._common.http import METRICS_KEY
 from servers._common.metrics import sample_sum
-from servers.cluster import KINDS, _common_args, parse_args, start_cluster
+from servers.cluster import KINDS, parse_args, start_cluster
+from servers.clusterplan import common_args
 from tests.helpers import ROOT, Tenancy, running_app, server_process
 
 ADMIN = "admin-s3cret"
@@ -452,17 +453,17 @@ def test_cluster_passes_fault_flags_per_kind(tmp_path: Path) -> None:
             "A",
         ]
     )
-    assert options.faults == {"api": (), "block": ("error_rate=0.1", "latency_ms=5"), "l3": ("stall_rate=1",), "tracker": ()}
+    assert options.faults == {"block": ("error_rate=0.1", "latency_ms=5"), "l3": ("stall_rate=1",)}  # only kinds given some
     by_name = {kind.name: kind for kind in KINDS}
-    assert _common_args(options, by_name["block"]) == ["--admin-token=A", "--fault=error_rate=0.1", "--fault=latency_ms=5"]
-    assert _common_args(options, by_name["api"]) == ["--admin-token=A"]
+    assert common_args(options, by_name["block"]) == ["--admin-token=A", "--fault=error_rate=0.1", "--fault=latency_ms=5"]
+    assert common_args(options, by_name["api"]) == ["--admin-token=A"]
     dashed = dataclasses.replace(options, token="-starts-with-a-dash")  # a random token can
-    assert _common_args(dashed, by_name["api"])[0] == "--token=-starts-with-a-dash"
+    assert common_args(dashed, by_name["api"])[0] == "--token=-starts-with-a-dash"
 
 
 async def test_cluster_block_servers_run_with_their_faults(tmp_path: Path) -> None:
     spec = f"route={BLOCK_ROUTE};methods=GET;error_rate=0.5"
-    cluster = start_cluster(tmp_path, block_servers=1, l3_nodes=0, faults={"block": (spec,)}, admin_token=ADMIN)
+    cluster = start_cluster(tmp_path, block_servers=1, l3_nodes=0, faults={"block": (spec,)}, admin_token=ADMIN, trackers=0)
     async with cluster:
         block, api_server = (next(p for p in cluster.processes if p.kind == kind) for kind in ("block", "api"))
         auth = {"Authorization": f"Bearer {ADMIN}"}

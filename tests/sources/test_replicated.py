@@ -158,8 +158,8 @@ async def test_writes_needing_every_replica_fail_with_one_server_down(
         await servers.stop(1)
         with pytest.raises(Unavailable) as info:
             await s.write_block(new_block_id(), [b"all three"])
-        assert servers.urls[1] in str(info.value)
-        assert servers.urls[0] not in str(info.value)
+        assert servers.urls[1].removeprefix("http://") in str(info.value)
+        assert servers.urls[0].removeprefix("http://") not in str(info.value)
 
 
 async def test_everything_fails_when_every_server_is_down(servers: BlockServers, session: aiohttp.ClientSession) -> None:
@@ -306,7 +306,7 @@ async def test_a_write_without_its_quorum_is_not_acked_nor_recorded(
         block = new_block_id()
         with pytest.raises(Unavailable) as info:
             await s.write_block(block, [b"one copy"])
-        assert str(info.value).startswith(f"block {block}: a write needs 2 of the 3 replicas and 2 replica(s) failed: ")
+        assert str(info.value).startswith("a write needs 2 of the 3 replicas and 2 failed: connection refused at 127.0.0.1:")
         assert len(s.under_replicated) == 0  # never committed: gc's, not the repairer's
 
 

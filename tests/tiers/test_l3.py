@@ -230,7 +230,7 @@ async def test_hydrate_to_a_dead_node_reports_a_failed_job(env: Env) -> None:
     tier = L3Tier(env.session, [dead, alive], replicas=2)
     jobs = await tier.hydrate(refs)
     by_url = {job.url: job for job in jobs}
-    assert by_url[dead].job_id is None and "Unavailable" in (by_url[dead].error or "")
+    assert by_url[dead].job_id is None and f"{dead}: Unreachable: cannot reach an L3 node at " in (by_url[dead].error or "")
     failed = await tier.hydrate_status(by_url[dead])
     assert (failed.state, failed.failed) == ("failed", 4)
     (done,) = [s for s in await tier.wait_hydrated(jobs, poll_seconds=0.01) if s.state == "done"]
@@ -244,7 +244,7 @@ async def test_waiting_for_a_job_whose_node_died_fails_it(env: Env) -> None:
     await nodes[url][1].aclose()
     tier = L3Tier(env.session, [url])
     (status,) = await tier.wait_hydrated([HydrateJob(url, "0123456789abcdef", tuple(refs))])
-    assert (status.state, status.total) == ("failed", 2) and "Unavailable" in status.errors[0]
+    assert (status.state, status.total) == ("failed", 2) and ": Unreachable: cannot reach an L3 node at " in status.errors[0]
 
 
 async def test_fill_is_a_no_op_and_nothing_is_owned(env: Env) -> None:

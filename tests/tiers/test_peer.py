@@ -40,7 +40,7 @@ WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with start_cluster(tmp_path_factory.mktemp("cluster"), block_servers=1, l3_nodes=0) as running:
+    with start_cluster(tmp_path_factory.mktemp("cluster"), block_servers=1, l3_nodes=0, trackers=0) as running:
         yield running
 
 
