@@ -18,7 +18,7 @@ the published anchor is 24x for 2% extra requests), ``tail_p99_cut`` the same at
 >= 4) and ``extra_requests`` = hedges sent per read when hedged (goal <= 0.05).
 ``p999_vs_fault_free`` = hedged tail p99.9 / fault-free p99.9 (1.0: hedging removed the whole
 injected tail): on a 2-core machine a batch of 100 HTTP reads is CPU-bound at tens of ms,
-which bounds ``p999_cut`` far below 10 whatever the policy (see the README).
+which bounds ``p999_cut`` far below 10 whatever the policy (see docs/benchmarks.md, "hedging").
 ``slow_replica_p99_cut`` = no-hedge / hedged p99 with one slow replica (goal >= 2; below 1,
 hedging hurts) and ``slow_replica_vs_fault_free`` = hedged slow-replica p99 / fault-free
 no-hedge p99, its floor (1.0: nothing of the slow replica is left); ``fault_free_p50_cost`` =

@@ -2,7 +2,9 @@
 (walked from :class:`blobsdk.ClientConfig`'s annotations, whatever module a table's struct
 lives in) with its type and default, and every environment variable the code reads; every
 module path, dotted ``blobsdk.`` name, test name and relative link in README.md and docs/*.md
-exists; the README keeps the order of a user's front door and names no internal issue."""
+exists; the README stays a front door (its order, at most 400 lines, the two make commands and a
+first get on its first screen, a link to every page of docs/) and names no internal issue.
+tests/test_doc_snippets.py runs their code blocks."""
 
 from __future__ import annotations
 
@@ -408,21 +410,8 @@ def test_the_systemd_units_verify(tmp_path: Path):
 # --- the README: a user's front door -------------------------------------------------------------
 
 README = ROOT / "README.md"
-FRONT_DOOR = [
-    "What it is",
-    "Install",
-    "Quick start",
-    "Concepts",
-    "API",
-    "Integrations",
-    "Configuration",
-    "Errors and guarantees",
-    "Deployment",
-    "Operations and troubleshooting",
-    "Performance",
-    "How it scales",
-    "Contributing",
-]
+FRONT_DOOR = ["What it is", "Install", "Quick start", "A tour of the integrations", "Extras", "Read on", "Contributing"]
+MAX_README_LINES = 400  # what it is, how to install it, one screen of quick start, where to read on
 
 
 def test_the_readme_is_ordered_for_a_user():
@@ -430,21 +419,23 @@ def test_the_readme_is_ordered_for_a_user():
     assert headings == FRONT_DOOR
 
 
-def test_the_readme_reaches_a_first_get_on_its_first_screen():
+def test_the_readme_is_a_front_door_not_the_manual():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines: the manual goes in docs/"
+
+
+def test_the_readme_gives_the_two_commands_and_a_first_get_on_its_first_screen():
     lines = README.read_text().splitlines()
-    first = {what: next(i for i, line in enumerate(lines) if what in line) for what in ("pip install", ".get(", "make test")}
-    assert first["pip install"] < first[".get("] < 70 < first["make test"], first
+    first = {
+        what: next(i for i, line in enumerate(lines) if line.startswith(what))
+        for what in ("pip install", "make demo", "make test")
+    }
+    first[".get("] = next(i for i, line in enumerate(lines) if ".get(" in line)
+    assert first["pip install"] < first["make demo"] < first["make test"] < first[".get("] < 70, first
+    said = " ".join(lines[first["make test"] : first["make test"] + 4])
+    assert "apt-get" in said and "root" in said, f"make test installs with apt-get, so it needs root: {said}"
 
 
-def test_the_readmes_self_contained_snippets_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-):
-    """The README's Python blocks that begin by importing blobsdk run as written, in a fresh directory."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-    snippets = [block for block in blocks if block.startswith(("import blobsdk", "import asyncio, blobsdk"))]
-    assert len(snippets) >= 3
-    monkeypatch.chdir(tmp_path)
-    for snippet in snippets:
-        exec(compile(snippet, "README.md", "exec"), {"__name__": "__main__"})
-    out = capsys.readouterr().out
-    assert "b'hello world'\n['/bucket/hello.txt']\n" in out and "bytearray(b'world')\n" in out and "/bucket/a/b.bin 11\n" in out
+def test_the_readme_links_every_page_of_the_docs():
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", README.read_text()))
+    assert linked == {page.name for page in DOCS}, sorted({page.name for page in DOCS} ^ linked)

@@ -1,0 +1,194 @@
+"""Every ```python and ```sh block of README.md and docs/*.md runs as written (tests/docsnippets.py
+says how blocks are marked and run): a chain of blocks per test, in a process of its own, in an
+empty directory, with the installed ``blobsdk`` commands on PATH.  A block that does not run is
+marked with its reason and listed here, so none is skipped silently."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.docsnippets import Block, MarkerError, blocks, chains, commands, dump
+from tests.helpers import ROOT
+from tests.test_examples import clean_env
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FOUND = {page: blocks(page, ROOT) for page in PAGES}
+CHAINS = [chain for page in PAGES for chain in chains(FOUND[page])]
+
+# (page, the block's first line) -> why it does not run
+NOT_RUN = {
+    ("README.md", "pip install -e .                    # the core: the async and blocking clients, the CLI, the servers"): (
+        "installs into your environment"
+    ),
+    ("README.md", "make demo   # a venv in .venv with the core only (pip install -e ., ~50 MB), then the demo:"): (
+        "make demo creates .venv and installs into it (tests/test_demo.py runs the demo); make test is the whole suite,"
+        " this test among it"
+    ),
+    ("docs/development.md", "make demo   # creates .venv, installs blobsdk, ingests ~300 MiB of synthetic samples, reads them"): (
+        "make demo creates .venv and installs into it; make test is the whole suite, this test among it"
+    ),
+    ("docs/testing.md", "import pytest"): (
+        "tests/servers/test_testing.py runs it with plain pytest in a fresh project, with the pytest.ini below"
+    ),
+    ("docs/deployment.md", "useradd --system --home /var/lib/blobsdk blobsdk"): (
+        "adds a system user and writes /etc as root; tests/test_docs.py starts each unit's command line instead"
+    ),
+}
+
+# (page, text of the chain's first block) -> what the chain prints
+OUTPUT = {
+    ("README.md", 'c.put("/bucket/hello.txt"'): ["b'hello world'\n['/bucket/hello.txt']\n", "bytearray(b'world')\n", "a cat\n"],
+    ("README.md", 'df.to_parquet("blob://bucket/labels.parquet"'): ["True\n"],
+    ("docs/api.md", 'info = await c.put("/bucket/a/b.bin"'): ["/bucket/a/b.bin 11\n"],
+    ("docs/integrations.md", 'c.put_many((f"/bucket/train/{i:04}"'): ["176 samples left\n"],
+    ("docs/deployment.md", "ClientCollector(client)"): ['blobsdk_client_tier_hits_total{tier="l4"} 1.0\n'],
+}
+
+
+def _first_line(block: Block) -> str:
+    return block.code.splitlines()[0]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    """A user's shell with the venv activated (nothing else of the test run's environment), and
+    this checkout importable: the pages are held to the code beside them."""
+    return {**clean_env(tmp), "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=[chain[0].where for chain in CHAINS])
+def test_the_chain_of_blocks_runs_as_written(chain: list[Block], tmp_path: Path) -> None:
+    dump(chain, tmp_path / "chain.json")
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.docsnippets", str(tmp_path / "chain.json")],
+        cwd=work,
+        env=_env(work),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, f"{chain[0].where} failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    missing = [line for key in _outputs_of(chain) for line in OUTPUT[key] if line not in done.stdout]
+    assert not missing, f"{chain[0].where} did not print {missing}:\n{done.stdout[-4000:]}"
+
+
+def test_every_block_that_does_not_run_says_why_and_is_listed() -> None:
+    skipped = {(block.page, _first_line(block)): block.not_run for page in PAGES for block in FOUND[page] if block.not_run}
+    assert skipped == NOT_RUN
+
+
+def _outputs_of(chain: list[Block]) -> list[tuple[str, str]]:
+    return [(page, text) for page, text in OUTPUT if page == chain[0].page and text in chain[0].code]
+
+
+def test_every_expected_output_names_one_chain() -> None:
+    named = [key for chain in CHAINS for key in _outputs_of(chain)]
+    assert sorted(named) == sorted(OUTPUT)
+
+
+def test_every_page_with_code_has_its_blocks_run() -> None:
+    run = {block.page for chain in CHAINS for block in chain}
+    with_code = {block.page for page in PAGES for block in FOUND[page]}
+    assert with_code - run <= {"docs/development.md", "docs/testing.md"}, with_code - run
+    assert {"README.md", "docs/api.md", "docs/checkpoints.md", "docs/integrations.md", "docs/cli.md"} <= run
+
+
+# --- the marker reader ----------------------------------------------------------------------------
+
+
+def _page(tmp_path: Path, text: str) -> list[Block]:
+    page = tmp_path / "page.md"
+    page.write_text(textwrap.dedent(text))
+    return blocks(page, tmp_path)
+
+
+def test_markers_chain_blocks_and_say_what_does_not_run(tmp_path: Path) -> None:
+    found = _page(
+        tmp_path,
+        """\
+        ```python
+        a = 1
+        ```
+
+        <!-- doc-test: not run: needs root -->
+        ```sh
+        useradd x
+        ```
+
+        - a list item:
+
+          <!-- doc-test: continues -->
+          ```python
+          print(a)
+          ```
+
+        <!-- doc-test: background until .cluster/client.toml -->
+        ```sh
+        blobsdk-cluster --dir .cluster   # Ctrl-C stops it
+        ```
+
+        ```toml
+        key = 1
+        ```
+
+        <!-- doc-test: not run: another test runs it -->
+        <!-- plugin-example: test_x.py -->
+        ```python
+        def test_x(): pass
+        ```
+        """,
+    )
+    assert [(b.line, b.lang, b.continues, b.not_run, b.background_until) for b in found] == [
+        (1, "python", False, None, None),
+        (6, "sh", False, "needs root", None),
+        (13, "python", True, None, None),
+        (18, "sh", False, None, ".cluster/client.toml"),
+        (28, "python", False, "another test runs it", None),
+    ]
+    assert found[2].code == "print(a)\n"  # the list item's indent is gone
+    assert [[b.line for b in chain] for chain in chains(found)] == [[1, 13], [18]]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<!-- doc-test: contineus -->\n```python\npass\n```\n", "page.md:2: unknown doc-test item 'contineus'"),
+        (
+            "<!-- doc-test: continues -->\n```python\npass\n```\n",
+            "page.md:2: 'continues', but no block runs before it on its page",
+        ),
+        ("<!-- doc-test: not run: -->\n```sh\ntrue\n```\n", "page.md:2: unknown doc-test item 'not run:'"),
+        ("<!-- doc-test: not run:  -->\n```sh\ntrue\n```\n", "page.md:2: 'not run' needs its reason"),
+        (
+            "<!-- doc-test: continues; not run: x -->\n```sh\ntrue\n```\n",
+            "page.md:2: a block that does not run takes no other item",
+        ),
+        (
+            "<!-- doc-test: continues -->\n```toml\na = 1\n```\n",
+            "page.md:2: a doc-test marker on a ```toml block, which never runs",
+        ),
+        (
+            "<!-- doc-test: background until f -->\n```sh\na &&\nb\n```\n",
+            "page.md:2: 'background until' is for a ```sh block of one command",
+        ),
+        (
+            "<!-- doc-test: continues -->\ntext\n\n```python\npass\n```\n",
+            "page.md: a doc-test marker that is not on the line above a block's fence",
+        ),
+    ],
+)
+def test_a_marker_it_cannot_apply_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(MarkerError) as raised:
+        chains(_page(tmp_path, text))
+    assert str(raised.value) == message
+
+
+def test_commands_are_one_per_line_with_continuations_joined() -> None:
+    assert commands("a b  # c\n\n# d\ne \\\n  f\n") == [["a", "b"], ["e", "f"]]
