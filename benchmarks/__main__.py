@@ -6,11 +6,12 @@ because absolute numbers drift on a shared machine.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import sys
 from pathlib import Path
+
+from blobsdk.cli.parser import ArgumentParser
 
 BENCHMARKS = {
     "put_get": "benchmarks.put_get",
@@ -32,7 +33,7 @@ BENCHMARKS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser = ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")

@@ -1,12 +1,13 @@
 """Range checks of the numbers in configuration structs (and, through blobsdk/_arguments.py,
 of the public API's number arguments).
 
-Each struct's ``__post_init__`` calls :func:`check_numbers` with its table's name and one
-:class:`Number` rule per numeric field, so a bad value is refused however the struct is
-built: from ``client.toml`` (msgspec calls ``__post_init__``) or in Python.  The message
-names the field: ``timeouts.connect must be > 0, got -1``.  An int field refuses a bool and
-a float; a float field takes an int, and refuses a bool, nan and the infinities (no setting
-means "unbounded" by being infinite: those that can be unbounded take None).
+Each struct names one :class:`Number` rule per numeric field, which blobsdk/_settings.py
+checks with :func:`check_numbers` when it is built, however it is built: from
+``client.toml`` or in Python.  The message names the field: ``timeouts.connect must be > 0,
+got -1``.  An int field refuses a bool and a float; a float field takes an int, and refuses a
+bool, nan and the infinities (no setting means "unbounded" by being infinite: those that can
+be unbounded take None).  What is no number at all (a str, None where None is not allowed)
+is a TypeError, the rest a ValueError.
 """
 
 from __future__ import annotations
@@ -81,12 +82,15 @@ def real(low: float | None = None, high: float | None = None, *, low_open: bool 
 
 
 def check_numbers(table: str, obj: object, rules: Mapping[str, Number]) -> None:
-    """ValueError naming the first field of ``obj`` that breaks its rule."""
+    """An error naming the first field of ``obj`` that breaks its rule: TypeError if it is no
+    number at all (nor an allowed None), else ValueError (a bool, a float for an int, nan,
+    ±inf, out of range)."""
     for name, rule in rules.items():
         value = getattr(obj, name)
         problem = rule.problem(value)
         if problem is not None:
-            raise ValueError(f"{table}.{name} must be {problem}, got {value!r}")
+            kind = isinstance(value, int | float) or (value is None and rule.optional)
+            raise (ValueError if kind else TypeError)(f"{table}.{name} must be {problem}, got {value!r}")
 
 
 def _shown(bound: float | None) -> str:

@@ -4,8 +4,12 @@ Environment variables are read in exactly one place, :meth:`ClientConfig.from_en
 
 The ground floor: the structs of the modules with behaviour (the hedger, the limiter,
 repair) live here and those modules import them, never the other way round.  This module
-imports only leaves (``_numbers``, ``_arguments``, ``errors``, ``wire``); tests/test_imports.py holds it to
-that.
+imports only leaves (``_settings``, ``_numbers``, ``_arguments``, ``errors``, ``wire``);
+tests/test_imports.py holds it to that.
+
+Every struct is a :class:`~blobsdk._settings.Settings`: each field's kind, each number's range
+and the rules across fields are checked when it is built, in Python or from ``client.toml``,
+with the same message either way (blobsdk/_settings.py).
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import ipaddress
 import os
 import re
 import tomllib
-from typing import Literal
+from typing import ClassVar, Literal
 
 import msgspec
 
-from ._arguments import wrong
-from ._numbers import check_numbers, integer, non_negative, positive, real
+from ._numbers import Number, integer, non_negative, positive, real
+from ._settings import Settings, from_table
 from .wire import MAX_CHUNK_BYTES
 
 MiB = 1 << 20
@@ -27,48 +31,56 @@ MiB = 1 << 20
 Compression = Literal["auto", "lz4", "none"]
 
 
-class L1Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class L1Config(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Host-memory chunk cache."""
+
+    table: ClassVar[str] = "l1"
+    numbers: ClassVar[dict[str, Number]] = {"capacity_bytes": integer(0), "ttl_seconds": positive(optional=True)}
 
     capacity_bytes: int = 1 << 30  # 0 disables L1
     ttl_seconds: float | None = None
 
-    def __post_init__(self) -> None:
-        check_numbers("l1", self, {"capacity_bytes": integer(0), "ttl_seconds": positive(optional=True)})
 
-
-class L2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class L2Config(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Local-flash chunk cache (a directory this client may share with others)."""
+
+    table: ClassVar[str] = "l2"
+    numbers: ClassVar[dict[str, Number]] = {
+        "capacity_bytes": integer(0),
+        "min_free_ratio": real(0, 1, high_open=True),
+        "ttl_seconds": positive(optional=True),
+    }
 
     dir: str
     capacity_bytes: int = 10 << 30
     min_free_ratio: float = 0.05  # never fill the file system beyond 1 - this
     ttl_seconds: float | None = None
 
-    def __post_init__(self) -> None:
-        rules = {
-            "capacity_bytes": integer(0),
-            "min_free_ratio": real(0, 1, high_open=True),
-            "ttl_seconds": positive(optional=True),
-        }
-        check_numbers("l2", self, rules)
 
-
-class L3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class L3Config(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the client uses the L3 flash nodes named by ``l3_urls``."""
+
+    table: ClassVar[str] = "l3"
+    numbers: ClassVar[dict[str, Number]] = {"replicas": integer(1), "down_seconds": non_negative()}
 
     replicas: int = 2  # nodes per chunk, chosen by rendezvous hashing
     down_seconds: float = 5.0  # a node that failed is skipped this long
-
-    def __post_init__(self) -> None:
-        check_numbers("l3", self, {"replicas": integer(1), "down_seconds": non_negative()})
 
 
 PRIVATE_NETWORKS = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
 
 
-class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class PeerConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The peer tier (with ``tracker_urls``): this client's peer server, and whom it fetches from."""
+
+    table: ClassVar[str] = "peer"
+    numbers: ClassVar[dict[str, Number]] = {
+        "port": integer(0, 65535),
+        "budget_bytes": integer(0),
+        "max_uploads": integer(1),
+        **dict.fromkeys(("timeout_s", "wait_s", "tracker_timeout_s"), positive()),
+        "fetch_budget_s": positive(optional=True),
+    }
 
     host: str = "127.0.0.1"  # where the peer server listens
     port: int = 0  # 0: a free port
@@ -82,10 +94,7 @@ class PeerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # The most one chunk's read spends on peers, however many sources stall: then L3/L4.
     fetch_budget_s: float | None = None  # None: wait_s + 1
 
-    def __post_init__(self) -> None:
-        rules = {"port": integer(0, 65535), "budget_bytes": integer(0), "max_uploads": integer(1)}
-        rules |= dict.fromkeys(("timeout_s", "wait_s", "tracker_timeout_s"), positive())
-        check_numbers("peer", self, rules | {"fetch_budget_s": positive(optional=True)})
+    def check(self) -> None:
         if self.host in ("0.0.0.0", "::") and self.advertise is None:
             raise ValueError(f"[peer] host {self.host!r} listens everywhere: set advertise to the address peers should use")
         networks(self.allowed_networks)
@@ -99,9 +108,11 @@ def networks(specs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.
         raise ValueError(f"[peer] allowed_networks: {exc}") from None
 
 
-class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class S3Config(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The object store that ``source_url = "s3://bucket/prefix"`` names (``[s3]``).  Absent
     credentials come from the standard AWS chain: environment, ``~/.aws`` files, instance role."""
+
+    table: ClassVar[str] = "s3"
 
     endpoint: str | None = None  # MinIO, Ceph RGW, moto...; None: AWS
     region: str | None = None
@@ -133,18 +144,18 @@ def s3_location(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Timeouts(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Seconds.  ``sock_read`` bounds every wait for the next bytes of a response; ``stall``
     every wait for the next bytes of an L4 read's body once it has begun (block servers and
     S3): a body silent that long fails that try, which S3 retries and replicas fail over."""
+
+    table: ClassVar[str] = "timeouts"
+    numbers: ClassVar[dict[str, Number]] = dict.fromkeys(("connect", "sock_read", "total", "stall"), positive())
 
     connect: float = 5.0
     sock_read: float = 30.0
     total: float = 300.0
     stall: float = 5.0
-
-    def __post_init__(self) -> None:
-        check_numbers("timeouts", self, dict.fromkeys(("connect", "sock_read", "total", "stall"), positive()))
 
 
 # --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/tail/limiter.py, blobsdk/ops/repair.py
@@ -152,9 +163,24 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 MIN_SAMPLES = 8  # fewer recent latencies than this: a hedger's target borrows the tier-wide estimate
 
 
-class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+_HEDGE_NUMBERS = {
+    "min_delay_ms": non_negative(),
+    "max_delay_ms": non_negative(),
+    "quantile": real(0, 1, low_open=True),
+    "budget_ratio": non_negative(),
+    "budget_burst": non_negative(),
+    "max_parallel": integer(1),
+    "window": integer(MIN_SAMPLES),
+    **dict.fromkeys(("hang_factor", "hang_min_ms", "hang_max_ms", "probe_after_s", "probe_max_s"), positive()),
+}
+
+
+class HedgeConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How one tier hedges its reads (``enabled = false``: plain failover in rank order; see
     blobsdk/tail/hedge.py)."""
+
+    table: ClassVar[str] = "hedge"
+    numbers: ClassVar[dict[str, Number]] = _HEDGE_NUMBERS
 
     enabled: bool = True
     min_delay_ms: float = 2.0
@@ -173,8 +199,7 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     probe_after_s: float = 1.0
     probe_max_s: float = 30.0
 
-    def __post_init__(self) -> None:
-        check_numbers("hedge", self, _HEDGE_NUMBERS)
+    def check(self) -> None:
         if not self.min_delay_ms <= self.max_delay_ms:
             raise ValueError(f"need 0 <= min_delay_ms <= max_delay_ms, got {self.min_delay_ms}, {self.max_delay_ms}")
         if not self.hang_min_ms <= self.hang_max_ms:
@@ -182,37 +207,6 @@ class HedgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError(f"need hang_factor > 0 and 0 < hang_min_ms <= hang_max_ms, got {got}")
         if not self.probe_after_s <= self.probe_max_s:
             raise ValueError(f"need 0 < probe_after_s <= probe_max_s, got {self.probe_after_s}, {self.probe_max_s}")
-
-
-_HEDGE_NUMBERS = {
-    "min_delay_ms": non_negative(),
-    "max_delay_ms": non_negative(),
-    "quantile": real(0, 1, low_open=True),
-    "budget_ratio": non_negative(),
-    "budget_burst": non_negative(),
-    "max_parallel": integer(1),
-    "window": integer(MIN_SAMPLES),
-    **dict.fromkeys(("hang_factor", "hang_min_ms", "hang_max_ms", "probe_after_s", "probe_max_s"), positive()),
-}
-
-
-class LimiterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one endpoint's in-flight limit adapts (see blobsdk/tail/limiter.py)."""
-
-    initial: int = 16
-    min_limit: int = 1
-    max_limit: int = 256
-    algorithm: Literal["gradient", "aimd"] = "gradient"
-    backoff: float = 0.9  # multiplicative decrease on a drop
-    tolerance: float = 2.0  # RTT inflation tolerated over the floor
-    smoothing: float = 0.2  # share of the way to its target the gradient moves per round trip
-    min_rtt_window_s: float = 10.0  # a floor not seen again for this long is re-probed
-
-    def __post_init__(self) -> None:
-        check_numbers("limiter", self, _LIMITER_NUMBERS)
-        if not self.min_limit <= self.initial <= self.max_limit:
-            bounds = f"{self.min_limit}, {self.initial}, {self.max_limit}"
-            raise ValueError(f"need 1 <= min_limit <= initial <= max_limit, got {bounds}")
 
 
 _LIMITER_NUMBERS = {
@@ -224,12 +218,40 @@ _LIMITER_NUMBERS = {
 }
 
 
-class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class LimiterConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one endpoint's in-flight limit adapts (see blobsdk/tail/limiter.py)."""
+
+    table: ClassVar[str] = "limiter"
+    numbers: ClassVar[dict[str, Number]] = _LIMITER_NUMBERS
+
+    initial: int = 16
+    min_limit: int = 1
+    max_limit: int = 256
+    algorithm: Literal["gradient", "aimd"] = "gradient"
+    backoff: float = 0.9  # multiplicative decrease on a drop
+    tolerance: float = 2.0  # RTT inflation tolerated over the floor
+    smoothing: float = 0.2  # share of the way to its target the gradient moves per round trip
+    min_rtt_window_s: float = 10.0  # a floor not seen again for this long is re-probed
+
+    def check(self) -> None:
+        if not self.min_limit <= self.initial <= self.max_limit:
+            bounds = f"{self.min_limit}, {self.initial}, {self.max_limit}"
+            raise ValueError(f"need 1 <= min_limit <= initial <= max_limit, got {bounds}")
+
+
+class RepairConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Bounds of background repair: ``queue`` blocks waiting at most, ``batch`` blocks per
     lookup of the metadata store's block -> plans index, ``concurrency`` blocks repaired at once; ``demote_seconds`` a replica
     that served bad bytes is ranked after the others; ``retry_seconds`` until an
     under-replicated block is tried again (doubling up to ``retry_max_seconds``); see
     blobsdk/ops/repair.py."""
+
+    table: ClassVar[str] = "repair"
+    numbers: ClassVar[dict[str, Number]] = {
+        **dict.fromkeys(("queue", "batch", "concurrency"), integer(1)),
+        "demote_seconds": non_negative(),
+        **dict.fromkeys(("retry_seconds", "retry_max_seconds"), positive()),
+    }
 
     queue: int = 64
     batch: int = 16
@@ -238,16 +260,7 @@ class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     retry_seconds: float = 5.0
     retry_max_seconds: float = 120.0
 
-    def __post_init__(self) -> None:
-        check_numbers(
-            "repair",
-            self,
-            {
-                **dict.fromkeys(("queue", "batch", "concurrency"), integer(1)),
-                "demote_seconds": non_negative(),
-                **dict.fromkeys(("retry_seconds", "retry_max_seconds"), positive()),
-            },
-        )
+    def check(self) -> None:
         if not self.retry_seconds <= self.retry_max_seconds:
             raise ValueError(
                 f"[repair] retry_seconds must be at most retry_max_seconds, got {self.retry_seconds} and {self.retry_max_seconds}"
@@ -257,22 +270,7 @@ class RepairConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 def check_quorum(quorum: object) -> None:
     """``[write] write_quorum``: a number of replicas >= 1, "all", or None (a majority)."""
     if quorum is not None and quorum != "all" and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
-        raise ValueError(f'[write] write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum!r}')
-
-
-class WriteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    chunk_size: int = 4 * MiB
-    block_size: int = 64 * MiB  # target size of a packed block
-    compression: Compression = "auto"
-    write_quorum: int | Literal["all"] | None = None  # block replicas that must acknowledge; None: a majority
-    parallel_blocks: int = 4  # blocks written concurrently by one put
-    max_write_seconds: float = 600.0  # a put slower than this aborts before committing
-
-    def __post_init__(self) -> None:
-        check_numbers("write", self, _WRITE_NUMBERS)
-        check_quorum(self.write_quorum)
-        if self.block_size < self.chunk_size:
-            raise ValueError(f"block_size {self.block_size} is smaller than chunk_size {self.chunk_size}")
+        raise ValueError(f'write.write_quorum must be a number of replicas >= 1, "all", or unset (a majority), got {quorum!r}')
 
 
 _WRITE_NUMBERS = {
@@ -283,18 +281,21 @@ _WRITE_NUMBERS = {
 }
 
 
-class ReadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    parallel_chunks: int = 16  # chunk reads in flight per get
-    plan_cache_ttl_seconds: float = 10.0  # how stale another client's write may look; 0 disables
-    plan_cache_entries: int = 100_000
-    shared_plan_cache_url: str | None = None  # redis://HOST:PORT/DB: plans shared by clients (blobsdk/metadata/shared.py)
-    shared_plan_cache_ttl_seconds: float = 10.0
+class WriteConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    table: ClassVar[str] = "write"
+    numbers: ClassVar[dict[str, Number]] = _WRITE_NUMBERS
 
-    def __post_init__(self) -> None:
-        check_numbers("read", self, _READ_NUMBERS)
-        url = self.shared_plan_cache_url
-        if url is not None and not url.startswith(("redis://", "rediss://")):
-            raise ValueError(f"[read] shared_plan_cache_url must be redis://HOST:PORT/DB, got {url!r}")
+    chunk_size: int = 4 * MiB
+    block_size: int = 64 * MiB  # target size of a packed block
+    compression: Compression = "auto"
+    write_quorum: int | Literal["all"] | None = None  # block replicas that must acknowledge; None: a majority
+    parallel_blocks: int = 4  # blocks written concurrently by one put
+    max_write_seconds: float = 600.0  # a put slower than this aborts before committing
+
+    def check(self) -> None:
+        check_quorum(self.write_quorum)
+        if self.block_size < self.chunk_size:
+            raise ValueError(f"block_size {self.block_size} is smaller than chunk_size {self.chunk_size}")
 
 
 _READ_NUMBERS = {
@@ -305,7 +306,23 @@ _READ_NUMBERS = {
 }
 
 
-class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ReadConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    table: ClassVar[str] = "read"
+    numbers: ClassVar[dict[str, Number]] = _READ_NUMBERS
+
+    parallel_chunks: int = 16  # chunk reads in flight per get
+    plan_cache_ttl_seconds: float = 10.0  # how stale another client's write may look; 0 disables
+    plan_cache_entries: int = 100_000
+    shared_plan_cache_url: str | None = None  # redis://HOST:PORT/DB: plans shared by clients (blobsdk/metadata/shared.py)
+    shared_plan_cache_ttl_seconds: float = 10.0
+
+    def check(self) -> None:
+        url = self.shared_plan_cache_url
+        if url is not None and not url.startswith(("redis://", "rediss://")):
+            raise ValueError(f"[read] shared_plan_cache_url must be redis://HOST:PORT/DB, got {url!r}")
+
+
+class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything a :class:`blobsdk.Client` needs (``client.toml``).  In cluster mode
     ``api_url`` and ``block_urls`` name the servers; a client whose stores are given another
     way (``Client.local``, ``Client.from_stores``) leaves them out."""
@@ -335,11 +352,9 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         client of it needs them given (``Client.local``, ``Client.from_stores``)."""
         return self.api_url is not None or self.metadata_url is not None
 
-    def __post_init__(self) -> None:
-        for name, table in _TABLES.items():
-            value = getattr(self, name)
-            if not isinstance(value, table) and not (value is None and name == "l2"):
-                raise wrong(name, f"{'None or ' if name == 'l2' else ''}{_a(table.__name__)}", value)
+    def check(self) -> None:
+        for name in ("api_url", "block_urls", "l3_urls", "tracker_urls"):
+            check_urls(name, getattr(self, name))
         if self.api_url is not None and self.metadata_url is not None:
             raise ValueError("api_url and metadata_url both name the metadata: set one")
         if self.block_urls and self.source_url is not None:
@@ -367,10 +382,9 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     @classmethod
     def from_dict(cls, raw: dict[str, object]) -> ClientConfig:
-        try:
-            return msgspec.convert(raw, cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"invalid client config: {exc}") from exc
+        """Build from a parsed ``client.toml``: the checks and messages of building it in
+        Python, each a ValueError (blobsdk/_settings.py)."""
+        return from_table(cls, raw)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig:
@@ -417,11 +431,14 @@ _DEFAULTS: dict[str, object] = {
     "s3": S3Config(),
 }
 
-_TABLES = {name: type(default) for name, default in _DEFAULTS.items()} | {"l2": L2Config}  # a config's sub-structs
 
-
-def _a(name: str) -> str:
-    return f"{'an' if name[0] in 'AEILOS' else 'a'} {name}"
+def check_urls(name: str, urls: str | tuple[str, ...] | None) -> None:
+    """The servers' URLs (one, or a list): http:// or https://, or a client would fail on
+    its first request instead."""
+    wanted = "an http:// or https:// URL" if isinstance(urls, str) else "http:// or https:// URLs"
+    for url in (urls,) if isinstance(urls, str) else urls or ():
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{name} must be {wanted}, got {url!r}")
 
 
 def check_write_config(write: WriteConfig) -> None:

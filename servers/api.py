@@ -33,7 +33,6 @@ Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T] 
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
@@ -41,6 +40,7 @@ import msgspec
 from aiohttp import web
 
 from blobsdk.auth import GRANT_TTL_S, Claims
+from blobsdk.cli.parser import ArgumentParser
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.net.serving import limits_of_args
@@ -251,7 +251,7 @@ async def _value_errors_as_bad_request(request: web.Request, handler: Handler) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.api"), description="blobsdk metadata API server.")
+    parser = ArgumentParser(prog=prog(f"{__package__}.api"), description="blobsdk metadata API server.")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", help="SQLite database file (created if missing)")
     where.add_argument("--metadata", metavar="URL", help="redis://HOST:PORT/DB: the metadata in Redis (or a Redis Cluster)")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from blobsdk.cli.parser import ArgumentParser
 from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from blobsdk.net.serving import limits_of_args
 from blobsdk.sources.base import validate_block_id
@@ -278,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.blockstore"), description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog(f"{__package__}.blockstore"), description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="directory holding the blocks")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="emulated seek latency per request")
     parser.add_argument("--bandwidth-mbps", type=float, default=0.0, help="server-wide MB/s (1e6 B/s); 0 = unlimited")

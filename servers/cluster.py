@@ -67,7 +67,6 @@ environment needs for the options) is servers/clusterplan.py.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -88,6 +87,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from blobsdk.cli.parser import ArgumentParser
 from blobsdk.config import ClientConfig, S3Config, s3_location
 
 from ._common import prog
@@ -353,7 +353,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]
 
 def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, bool]:
     """The cluster's directory, options, and whether dead servers are restarted."""
-    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.cluster"), description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog=prog(f"{__package__}.cluster"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="data, logs and client.toml go here")
     parser.add_argument("--block-servers", type=int, default=3, metavar="N", help="L4 block servers (default 3)")
     parser.add_argument("--write-quorum", type=int, metavar="Q", help="block replicas a write needs (default: a majority)")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 
+from blobsdk.cli.parser import ArgumentParser
 from blobsdk.config import S3Config
 
 from ._common import prog
@@ -100,7 +101,7 @@ def parse_quota(spec: str) -> tuple[str, int]:
 
 def flags() -> argparse.ArgumentParser:
     """The command line of the node."""
-    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.flash"), description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog(f"{__package__}.flash"), description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="directory of the flash cache")
     parser.add_argument(
         "--block-url",

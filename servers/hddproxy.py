@@ -28,7 +28,6 @@ dies with its starter) sees it is up.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import http.client
 import json
@@ -46,6 +45,8 @@ import aiohttp
 import xxhash
 from aiohttp import web
 from yarl import URL
+
+from blobsdk.cli.parser import ArgumentParser
 
 from ._common import prog
 from ._common.hdd import Bandwidth, Spindles
@@ -293,7 +294,7 @@ def start_hddproxy(dir: Path, upstream: str, model: HddModel, log: Path | None =
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.hddproxy"), description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog(f"{__package__}.hddproxy"), description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True, help="the origin, http://host:port")
     parser.add_argument("--disks", type=int, default=3)
     parser.add_argument("--spindles", type=int, default=2, help="requests each disk serves at once (0: unlimited)")

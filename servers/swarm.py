@@ -35,6 +35,7 @@ from typing import Any
 import xxhash
 
 import blobsdk
+from blobsdk.cli.parser import ArgumentParser
 from blobsdk.config import ClientConfig
 
 from ._common import prog
@@ -218,7 +219,7 @@ async def demo(dir: Path, clients: int, size_mb: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog(f"{__package__}.swarm"), description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog=prog(f"{__package__}.swarm"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4, help="reader processes (default 4)")
     parser.add_argument("--size-mb", type=int, default=128, help=f"dataset size, in {BLOB_MB} MB blobs (default 128)")
     parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one, removed after)")

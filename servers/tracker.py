@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from blobsdk.cli.parser import ArgumentParser
 from blobsdk.errors import BadRequest
 from blobsdk.net.serving import limits_of_args
 from blobsdk.wire import TRACKER_MAX_KEYS, AnnounceRequest, LocateRequest, PeerHello, ReportRequest, validate_ref
@@ -159,9 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog(f"{__package__}.tracker"), description="The peer tier's tracker (Owl's control plane)."
-    )
+    parser = ArgumentParser(prog=prog(f"{__package__}.tracker"), description="The peer tier's tracker (Owl's control plane).")
     defaults = TrackerConfig()
     for flag, name, what in _FLAGS:
         default = getattr(defaults, name)

@@ -1,9 +1,11 @@
 """Every number of every client.toml table is checked when its struct is built, from TOML or
-in Python, with a message naming the field (issue 20 item 7): out of range, nan and the
-infinities, bools where numbers are meant, floats where ints are, strings."""
+in Python, with the same message naming the field: out of range, nan and the infinities,
+bools where numbers are meant, floats where ints are (ValueError), strings (TypeError in
+Python; from a file every refusal is a ValueError)."""
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from typing import Any
@@ -113,36 +115,34 @@ CASES = [
 @pytest.mark.parametrize(("table", "field", "value", "message"), CASES)
 def test_a_bad_number_is_refused_in_python_with_the_fields_name(table: str, field: str, value: Any, message: str) -> None:
     struct, required = TABLES[table]
-    with pytest.raises(ValueError) as exc:
+    with pytest.raises(TypeError if isinstance(value, str) else ValueError) as exc:
         struct(**required, **{field: value})
     assert str(exc.value) == message
 
 
-TOML_CASES = [
-    pytest.param(table, field, kind, value, words, id=f"{table}.{field}={value!r}")
-    for table, field, kind, must, out_of_range in RULES
-    for value, words in bad_values(kind, must, out_of_range)
-    if not isinstance(value, bool | str)  # msgspec's own type errors in TOML
-]
-
-
-@pytest.mark.parametrize(("table", "field", "kind", "value", "words"), TOML_CASES)
-def test_a_bad_number_is_refused_in_client_toml(tmp_path, table: str, field: str, kind: type, value: Any, words: str) -> None:
-    """Through the TOML file (nan and inf are TOML floats).  A float where an int is meant is
-    msgspec's own type error there, also naming the field; an int for a float arrives as one."""
+@pytest.mark.parametrize(("table", "field", "value", "message"), CASES)
+def test_a_bad_number_is_refused_in_client_toml_with_the_same_message(
+    tmp_path, table: str, field: str, value: Any, message: str
+) -> None:
+    """Through the TOML file (nan and inf are TOML floats, true a bool, "3" a string)."""
     _, required = TABLES[table]
-    shown = "nan" if value != value else {math.inf: "inf", -math.inf: "-inf"}.get(value, repr(value))
-    lines = [f"[{table}]", *(f'{k} = "{v}"' for k, v in required.items()), f"{field} = {shown}"]
+    lines = [f"[{table}]", *(f"{k} = {toml_value(v)}" for k, v in required.items()), f"{field} = {toml_value(value)}"]
     path = tmp_path / "client.toml"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError) as exc:
         ClientConfig.from_toml(path)
-    if kind is int and isinstance(value, float):
-        expected = "int"
-        assert str(exc.value) == f"invalid client config: Expected `{expected}`, got `float` - at `$.{table}.{field}`"
-    else:
-        got = float(value) if kind is float else value
-        assert str(exc.value) == f"invalid client config: {table}.{field} must be {words}, got {got!r} - at `$.{table}`"
+    assert str(exc.value) == message
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML literal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
 def test_every_numeric_field_of_every_table_has_a_rule() -> None:

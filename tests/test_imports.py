@@ -216,7 +216,7 @@ def test_no_import_cycles():
 # (with what those leaves import).  Config structs live in blobsdk.config, not beside the
 # behaviour they configure; the hedged attempt a block store marks, and the demand it carries,
 # live in leaves of their own.
-LEAVES = {"blobsdk._arguments", "blobsdk._numbers", "blobsdk.errors", "blobsdk.runtime.ids", "blobsdk.wire"}
+LEAVES = {"blobsdk._arguments", "blobsdk._numbers", "blobsdk._settings", "blobsdk.errors", "blobsdk.runtime.ids", "blobsdk.wire"}
 GROUND_FLOOR = {
     "blobsdk.config": LEAVES,
     "blobsdk.tail.demand": set(),
@@ -238,15 +238,17 @@ def test_blobsdk_never_imports_servers_or_benchmarks():
 
 
 # What servers/ may use of blobsdk: the wire types and limits, the errors, auth, config, the
-# storage protocols and their backends, and the serving and data-path helpers a server shares
-# with the client.  docs/architecture.md lists the same modules; a server that needs another
-# one makes it public there first, so a change to the SDK's internals never breaks a server.
+# storage protocols and their backends, the serving and data-path helpers a server shares with
+# the client, and the command-line parser of every command.  docs/architecture.md lists the
+# same modules; a server that needs another one makes it public there first, so a change to
+# the SDK's internals never breaks a server.
 SERVER_IMPORTS = {
     "blobsdk",
     "blobsdk._extras",
     "blobsdk.auth",
     "blobsdk.cache.base",
     "blobsdk.cache.disk",
+    "blobsdk.cli.parser",
     "blobsdk.config",
     "blobsdk.errors",
     "blobsdk.metadata.base",

@@ -30,6 +30,7 @@ from ..errors import BadRequest, BlobError, MissingExtra
 from . import admin, blobs, offline
 from ._common import Command, Offline, UsageError
 from .blobs import MMAP_THRESHOLD
+from .parser import ArgumentParser
 
 NO_STORE = "no store: pass --local DIR or --config FILE"
 LOCAL_META = "meta.sqlite"  # what makes a directory a local store (blobsdk.assembly.LocalStores)
@@ -64,7 +65,7 @@ def open_client(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="blobsdk", description="Read and write blobs in a blobsdk store.")
+    parser = ArgumentParser(prog="blobsdk", description="Read and write blobs in a blobsdk store.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     store = parser.add_mutually_exclusive_group()
     store.add_argument("--local", metavar="DIR", help="embedded store in DIR (SQLite + local blocks)")

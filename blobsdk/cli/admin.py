@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from ..client import Client
+from ..config import L2Config
 from ..read.prefetch import PrefetchProgress
 from ..runtime.progress import ProgressLine
-from ._common import iso, non_negative, print_json, print_pretty, seconds
+from ._common import UsageError, iso, non_negative, print_json, print_pretty, seconds
 
 PROGRESS_S = 0.2  # how often the prefetch progress bar is redrawn
 STATS_NOTE = (
@@ -86,6 +90,8 @@ async def cmd_prefetch(client: Client, args: argparse.Namespace) -> int:
     """Warm a tier with these blobs, a progress bar of the dataset's bytes on stderr; the
     final progress and every failed path (or prefix with no blob) as JSON on stdout; exit 1
     if any failed."""
+    if args.tier == "l2" and client.config.l2 is None:
+        raise UsageError(no_l2(args, os.environ))
     handle = client.prefetch(args.targets, tier=args.tier, pin_seconds=args.pin_seconds)
     ended = asyncio.ensure_future(handle.wait())
     with tqdm(desc=f"prefetch into {args.tier}", unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5) as bar:
@@ -99,6 +105,26 @@ async def cmd_prefetch(client: Client, args: argparse.Namespace) -> int:
         print(f"blobsdk: error: {exc}" if path in str(exc) else f"blobsdk: error: {path}: {exc}", file=sys.stderr)
     print_json({"progress": progress, "failed": failed})
     return 1 if failed else 0
+
+
+def no_l2(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """Why ``prefetch --tier l2`` cannot run on this client, and the ``[l2]`` table that
+    would let it (L2 is this host's own cache: no cluster's client.toml has one by default)."""
+    if args.local is not None:
+        return "--tier l2 warms an L2 cache, and a --local store has none: pass --config FILE, a client.toml with an [l2] table"
+    source = args.config or environ.get("BLOBSDK_CONFIG")
+    where = Path(source).resolve().parent if source else Path.cwd()
+    capacity = L2Config(dir="l2").capacity_bytes  # the default
+    table = f"[l2]\ndir = {json.dumps(str(where / 'l2'))}\ncapacity_bytes = {capacity}  # {capacity / (1 << 30):g} GiB"
+    if not source:
+        return (
+            "--tier l2 warms an L2 cache, and a config from BLOBSDK_API_URL has none: pass --config FILE, a client.toml"
+            f" with\n\n{table}"
+        )
+    return (
+        f"--tier l2 warms this host's L2 cache, and {source} has no [l2] table: add one (dir: a directory on this host's"
+        f" local flash; capacity_bytes: the most it may hold), e.g.\n\n{table}"
+    )
 
 
 def _show(bar: tqdm[Any], progress: PrefetchProgress) -> None:

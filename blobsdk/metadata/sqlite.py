@@ -105,7 +105,7 @@ class SqliteMetadataStore:
         self.path = os.fspath(path)
         self.busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread (see _connect_once)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -263,8 +263,10 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
 
 
 def _connect_once(path: str, busy_timeout: float) -> sqlite3.Connection:
-    # isolation_level=None: we issue BEGIN/COMMIT ourselves, sqlite3 must not.
-    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves, sqlite3 must not.  One thread at
+    # a time uses it: the store's worker, or at interpreter exit, when Python has stopped that
+    # worker, the thread that closes the store (blobsdk/runtime/forksafe.py's Executor).
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")

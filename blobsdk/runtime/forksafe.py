@@ -38,12 +38,22 @@ T = TypeVar("T")
 
 
 class Executor(ThreadPoolExecutor):
-    """A ThreadPoolExecutor that counts its jobs in flight, so a fork can wait for none."""
+    """A ThreadPoolExecutor that counts its jobs in flight, so a fork can wait for none, and
+    that still runs jobs at interpreter exit.
+
+    Python stops every ThreadPoolExecutor's workers in threading's exit hook, which runs
+    before ``atexit`` handlers and ``multiprocessing``'s finalizers, and from then on the
+    executor refuses work ("cannot schedule new futures after shutdown"), as if shut down;
+    Python 3.12 also starts no new thread then.  A client closed (or used) from an ``atexit``
+    handler, or by a dataset's exit finalizer, needs its executors' jobs to run all the same:
+    so once refused without :meth:`shutdown` having been called, a job runs in the thread that
+    submits it (blocking it: at exit, only the closing work is left)."""
 
     def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "") -> None:
         super().__init__(max_workers, thread_name_prefix)
         self._busy = 0
         self._idle = threading.Condition()
+        self._closing = False  # shutdown() called: a refused job is an error, not the interpreter's exit
         _registry().add_executor(self)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
@@ -51,11 +61,20 @@ class Executor(ThreadPoolExecutor):
             self._busy += 1
         try:
             future = super().submit(fn, *args, **kwargs)
+        except RuntimeError:
+            if self._closing:
+                self._job_ended()
+                raise
+            future = _run_here(fn, *args, **kwargs)  # the interpreter is exiting
         except BaseException:
             self._job_ended()
             raise
         future.add_done_callback(self._job_ended)
         return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closing = True
+        super().shutdown(wait, cancel_futures=cancel_futures)
 
     def _job_ended(self, _: object = None) -> None:
         with self._idle:
@@ -67,6 +86,19 @@ class Executor(ThreadPoolExecutor):
         """True once no job is in flight; False if one still is after ``timeout`` seconds."""
         with self._idle:
             return self._idle.wait_for(lambda: not self._busy, timeout)
+
+
+def _run_here(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+    """``fn`` run now, in this thread, as a done future (an exception is its outcome, as in a
+    worker)."""
+    future: Future[T] = Future()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future, as a worker does
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+    return future
 
 
 class LoopThread:

@@ -37,7 +37,6 @@ import os
 import stat
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -52,6 +51,7 @@ from ..errors import (
     PreconditionFailed,
     Unavailable,
 )
+from ..runtime.forksafe import Executor
 from ..runtime.rootdir import (
     FORMAT_FILE,
     TMP_SUFFIX,
@@ -93,7 +93,7 @@ class LocalBlockStore:
             raise ValueError(f"threads must be positive, got {threads}")
         self._root = Path(os.path.abspath(root))
         self._dir = RootDir(self._root, label=f"block store {self._root}", log=log)
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="blobsdk-local")
+        self._pool = Executor(threads, thread_name_prefix="blobsdk-local")
         self._token = os.urandom(4).hex()  # names this store's temp files (see _rootdir on NFS)
         self._closed = False
         self._opened = False
