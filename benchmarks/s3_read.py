@@ -99,11 +99,12 @@ class Shape:
     object_bytes: int
     rounds: int
     pass_bytes: dict[int, int]  # range size -> bytes each row reads per round
+    small_objects: int  # whole ~323 KB objects each row reads per round (benchmarks/_s3_objects.py)
 
 
 # Many short rounds: a neighbour's burst spoils a round or two, not a row.
-FULL = Shape(objects=4, object_bytes=64 * MiB, rounds=21, pass_bytes={4 * MiB: 96 * MiB, 256 * KiB: 16 * MiB})
-QUICK = Shape(objects=2, object_bytes=32 * MiB, rounds=5, pass_bytes={4 * MiB: 48 * MiB, 256 * KiB: 8 * MiB})
+FULL = Shape(objects=4, object_bytes=64 * MiB, rounds=21, pass_bytes={4 * MiB: 96 * MiB, 256 * KiB: 16 * MiB}, small_objects=128)
+QUICK = Shape(objects=2, object_bytes=32 * MiB, rounds=5, pass_bytes={4 * MiB: 48 * MiB, 256 * KiB: 8 * MiB}, small_objects=64)
 
 
 async def run(quick: bool = False) -> Report:
@@ -114,6 +115,8 @@ async def measure(shape: Shape) -> Report:
     """Start SeaweedFS and Redis, run every range size, stop them."""
     from servers.redisd import start_redis
     from servers.seaweedd import start_seaweed
+
+    from ._s3_objects import measure_objects, record_objects
 
     report = Report("s3_read")
     with (
@@ -127,8 +130,17 @@ async def measure(shape: Shape) -> Report:
             cpu = _ServerCpu(s3.process.pid)
             rows = await _size(s3.config, redis.url, shape, range_bytes)
             _record(report, _label(range_bytes), rows, cpu.seconds())
+        cpu = _ServerCpu(s3.process.pid)
+        rows = await measure_objects(s3.config, redis.url, shape.small_objects, shape.rounds)
+        record_objects(report, rows, cpu.seconds())
     _record_floor(report, list(shape.pass_bytes))
-    report.details.update(concurrency=CONCURRENCY, objects=shape.objects, object_bytes=shape.object_bytes, rounds=shape.rounds)
+    report.details.update(
+        concurrency=CONCURRENCY,
+        objects=shape.objects,
+        object_bytes=shape.object_bytes,
+        rounds=shape.rounds,
+        small_objects=shape.small_objects,
+    )
     return report
 
 
@@ -207,7 +219,7 @@ async def _size(config: dict[str, str], redis_url: str, shape: Shape, range_byte
     target = target_of(config, True)
     assert isinstance(target, S3Target), target
     getter = S3Getter(target, timeout_s=30)
-    async with store, _Boto3(config) as boto, _client(config, redis_url, range_bytes) as client:
+    async with store, _Boto3(config) as boto, _client(config, redis_url, _label(range_bytes), range_bytes) as client:
         data = {new_block_id(): os.urandom(shape.object_bytes) for _ in range(shape.objects)}
         await asyncio.gather(*(store.write_block(block, [body]) for block, body in data.items()))
         rng = random.Random(range_bytes)
@@ -330,17 +342,24 @@ class _Boto3:
     async def get(self, key: str, start: int, length: int) -> bytes:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._get, key, start, length)
 
+    def _get_whole(self, key: str) -> bytes:
+        body: bytes = self._client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        return body
 
-def _client(config: dict[str, str], redis_url: str, range_bytes: int) -> blobsdk.Client:
-    """A client over an S3 L4 (its blobs under ``client/``), one chunk per blob."""
+    async def get_whole(self, key: str) -> bytes:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._get_whole, key)
+
+
+def _client(config: dict[str, str], redis_url: str, name: str, chunk_size: int = 4 * MiB) -> blobsdk.Client:
+    """A client over an S3 L4 (its blocks under ``client-NAME``), one chunk per blob."""
     s3 = msgspec.convert({**config, "allow_http": True}, S3Config)
     return blobsdk.Client(
         ClientConfig(
             metadata_url=redis_url,
-            source_url=f"s3://{BUCKET}/client-{range_bytes}",
+            source_url=f"s3://{BUCKET}/client-{name}",
             s3=s3,
             l1=L1Config(capacity_bytes=0),  # every get reads L4
-            write=WriteConfig(chunk_size=range_bytes, compression="none"),
+            write=WriteConfig(chunk_size=chunk_size, compression="none"),
             read=ReadConfig(plan_cache_ttl_seconds=3600),  # the data path, not Redis
         )
     )
