@@ -17,7 +17,10 @@ Rows, each reading every object once, ``CONCURRENCY`` at a time, every byte chec
   small blobs are packed into shared blocks, so each get is a range of a larger object.  No
   goal: SeaweedFS serves a range of a large object at about half its rate of small objects
   whole (obstore, 323,000-byte ranges of 32 MiB objects, 8 in flight: ~480/s, against
-  ~1,100/s whole), and this row reads at that rate.
+  ~1,100/s whole), and this row reads at that rate: see ``obstore_put``;
+- ``obstore_put``: obstore's ranged GETs of the very byte ranges ``client_put`` reads (the
+  ranges its read plans name), the server's rate for them, not a peer: reported as
+  ``client_put_vs_obstore_put_323KB``.
 
 Reported per row: objects/s (``*_objps_323KB``) and CPU s per GB; the blobsdk rows against
 the best of obstore, boto3 and s3torch *in each round* (``store_vs_best_323KB`` and
@@ -65,8 +68,9 @@ async def measure_objects(config: dict[str, str], redis_url: str, count: int, ro
             await client.put_many(zip(paths, data.values(), strict=True))
             order = list(range(count))
             random.Random(count).shuffle(order)  # not in the order they were written
-            blocks = list(data)
-            reads = _reads(store, boto, torch, client, config, [blocks[i] for i in order], data, [paths[i] for i in order])
+            blocks, paths = [list(data)[i] for i in order], [paths[i] for i in order]
+            reads = _reads(store, boto, torch, client, config, blocks, data, paths)
+            reads["obstore_put"] = await _put_ranges(client, config, paths, [data[block] for block in blocks])
             return await _rounds(reads, count, OBJECT_BYTES, rounds)
 
 
@@ -111,6 +115,21 @@ def _reads(
     return reads | {"client": via_client, "client_put": via_client_put}
 
 
+async def _put_ranges(client: blobsdk.Client, config: dict[str, str], paths: list[str], want: list[bytes]) -> Read:
+    """obstore's read of the byte range blob ``paths[i]``'s plan names, checked."""
+    raw = S3Store(BUCKET, config=config, client_options={"allow_http": True})  # type: ignore[arg-type]
+    layout = S3BlockStore(BUCKET, "client-objects", config=config, allow_http=True)  # _client()'s blocks
+    refs = [(await client._open.metadata.get_plan(path)).chunks[0] for path in paths]
+    assert all(ref.length == OBJECT_BYTES for ref in refs)  # one uncompressed chunk each
+
+    async def via_obstore_put(i: int) -> None:
+        ref = refs[i]
+        got = await obstore.get_range_async(raw, layout._full_key(ref.block_id), start=ref.offset, length=ref.length)
+        _check(got == want[i], "obstore_put", i)
+
+    return via_obstore_put
+
+
 def record_objects(report: Report, rows: dict[str, _Row], server_cpu_s: float) -> None:
     """Each row's objects/s and CPU s/GB; ours against the best peer of each round, and each peer."""
     rates = {name: [rate * 1e6 / OBJECT_BYTES for rate in row.rates] for name, row in rows.items()}
@@ -127,6 +146,9 @@ def record_objects(report: Report, rows: dict[str, _Row], server_cpu_s: float) -
             report.ratios[f"{key}_max"] = max(ratios)
         if name in GOALS:
             report.goals[f"{name}_vs_best_{LABEL}"] = GOAL
+    ratios = [ours / theirs for ours, theirs in zip(rates["client_put"], rates["obstore_put"], strict=True)]
+    key = f"client_put_vs_obstore_put_{LABEL}"
+    report.ratios.update({key: median(ratios), f"{key}_min": min(ratios), f"{key}_max": max(ratios)})
     total = sum(row.bytes_read for row in rows.values())
     report.metrics[f"seaweed_cpu_s_per_GB_{LABEL}"] = server_cpu_s / (total / 1e9)
 

@@ -15,7 +15,7 @@ from benchmarks.s3_read import KiB, MiB, Shape
 
 TINY = Shape(objects=2, object_bytes=1 * MiB, rounds=2, pass_bytes={256 * KiB: 1 * MiB, 64 * KiB: 512 * KiB}, small_objects=4)
 ROWS = ("obstore", "boto3", "getter", "store", "client")
-OBJECT_ROWS = ("obstore", "boto3", "s3torch", "store", "client", "client_put")
+OBJECT_ROWS = ("obstore", "boto3", "s3torch", "store", "client", "client_put", "obstore_put")
 
 
 def test_every_row_reads_the_same_ranges_and_is_reported_against_obstore() -> None:
@@ -32,6 +32,7 @@ def test_every_row_reads_the_same_ranges_and_is_reported_against_obstore() -> No
     ratios = {f"{row}_vs_obstore_{label}" for row in ROWS[1:] for label in labels}
     ours = ("store", "client", "client_put")
     ratios |= {f"{row}_vs_{peer}_323KB" for row in ours for peer in ("best", "obstore", "boto3", "s3torch")}
+    ratios.add("client_put_vs_obstore_put_323KB")
     floors = {f"client_cpu_vs_floor_{label}" for label in labels}
     assert set(report.ratios) == {f"{r}{end}" for r in ratios for end in ("", "_min", "_max")} | floors
     for ratio in ratios:
