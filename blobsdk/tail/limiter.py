@@ -60,9 +60,9 @@ cut its limit, and every success is a sample at the floor (no floor is kept or p
 object store (the S3 L4) is one: it serves each GET from a fleet that one client does not
 queue, its time to first byte varies by more than ``tolerance`` on its own (AWS S3's median
 is well over twice its best), and it says when it is overloaded (503 SlowDown), so a latency
-limit would only cap throughput.  Measured on the 2-core dev machine against SeaweedFS: the
-latency limit settled at 5 of 8 concurrent 256 KiB GETs, 0.87-0.94x of obstore's rate with
-both cores contended, against 0.97-1.16x without it.
+limit would only cap throughput.  Measured on the 2-core dev machine against SeaweedFS, both
+cores contended: the latency limit settled at 5 of 8 concurrent 256 KiB GETs and read 0.87x
+of obstore's rate, the same store cut by drops only 1.00x, in the same run.
 
 Priority is passed explicitly: ``acquire(demand)`` takes the :class:`~blobsdk.tail.demand.Demand`
 of the fetch the request belongs to (the read path makes one per chunk fetch and hands it
