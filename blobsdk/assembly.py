@@ -122,7 +122,7 @@ def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: Li
 
         bucket, prefix = s3_location(cfg.source_url)
         s3 = cfg.s3
-        limiter, stall_s = limiters.get(cfg.source_url), cfg.timeouts.stall
+        limiter, stall_s = limiters.get(cfg.source_url, by_latency=False), cfg.timeouts.stall
         return S3BlockStore(bucket, prefix, config=s3.options(), allow_http=s3.allow_http, stall_s=stall_s, limiter=limiter)
     from .sources.http import HttpBlockStore
     from .sources.replicated import ReplicatedBlockStore

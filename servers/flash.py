@@ -167,7 +167,11 @@ class FlashNode:
             bucket, prefix = s3_location(self.config.source_url)
             s3 = self.config.s3
             store = S3BlockStore(
-                bucket, prefix, config=s3.options(), allow_http=s3.allow_http, limiter=limiters.get(self.config.source_url)
+                bucket,
+                prefix,
+                config=s3.options(),
+                allow_http=s3.allow_http,
+                limiter=limiters.get(self.config.source_url, by_latency=False),
             )
             return await stack.enter_async_context(store)
         session = await stack.enter_async_context(new_session(Timeouts()))

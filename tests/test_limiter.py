@@ -350,6 +350,22 @@ async def test_limit_shrinks_when_rtt_inflates(algorithm):
     assert limiter.stats()["drops"] == 0  # slow is not dropped
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+async def test_a_limiter_not_by_latency_keeps_its_limit_as_rtt_inflates_and_cuts_on_drops(algorithm):
+    """An object store's limiter (``by_latency=False``): slow is no signal, a drop is."""
+    clock = FakeClock()
+    limiter = AdaptiveLimiter("e", LimiterConfig(initial=32, algorithm=algorithm), clock=clock, by_latency=False)
+    await run_round(limiter, clock, 0.010)
+    before = limiter.limit
+    for _ in range(10):
+        await run_round(limiter, clock, 0.050)  # 5x the floor
+    grown = limiter.limit
+    assert grown >= before
+    await run_round(limiter, clock, 0.050, drop=True)
+    assert (limiter.limit, limiter.capacity) == (int(grown * 0.9), int(grown * 0.9))  # cut, and no floor probe
+    assert (limiter.stats()["min_rtt_ms"], limiter.stats()["probes"]) == (10.0, 0)
+
+
 async def test_gradient_gives_up_at_most_half_the_smoothing_per_round_trip():
     clock = FakeClock()
     limiter = AdaptiveLimiter("e", LimiterConfig(initial=32), clock=clock)
@@ -496,6 +512,15 @@ async def test_registry_has_one_limiter_per_endpoint():
     assert stats["http://a:1"]["in_flight"] == 1
     keys = {"limit", "in_flight", "queued", "successes", "drops", "ignored", "min_rtt_ms", "probes"}
     assert set(stats["http://b:1"]) == keys
+
+
+def test_registry_makes_an_endpoint_s_limiter_by_latency_as_first_asked():
+    registry = LimiterRegistry(FIXED_5)
+    s3 = registry.get("s3://bkt/p", by_latency=False)
+    assert registry.get("s3://bkt/p/", by_latency=False) is s3 and not s3.by_latency
+    assert registry.get("http://a:1").by_latency
+    with pytest.raises(ValueError, match=r"^the limiter of s3://bkt/p was made with by_latency=False$"):
+        registry.get("s3://bkt/p")
 
 
 # --- convergence on a simulated origin (virtual time) -------------------------------------------

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 import blobsdk
+from blobsdk.assembly import _block_store
 from blobsdk.config import ClientConfig, S3Config
 from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.sources.s3 import S3BlockStore
+from blobsdk.tail.limiter import LimiterRegistry
 from servers.cluster import start_cluster
 from servers.redisd import start_redis
 from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server
@@ -85,6 +88,16 @@ def test_the_config_names_one_metadata_and_one_l4():
     assert 'metadata_url = "redis://r:6379/0"\n' in text and 'source_url = "s3://xyz/p"\n' in text
     assert '\n[s3]\nregion = "eu-west-1"\nallow_http = false\n' in text
     assert ClientConfig.from_dict(tomllib.loads(text)) == config
+
+
+def test_an_s3_l4_s_limiter_is_cut_by_drops_not_by_latency():
+    """An object store's latency is no load signal (blobsdk/tail/limiter.py): the S3 L4's
+    limiter, the client's and a bare store's, only drops cut."""
+    config = ClientConfig(metadata_url="redis://r:6379/0", source_url="s3://xyz/p", s3=S3Config(region="eu-west-1"))
+    registry = LimiterRegistry(config.limiter)
+    store = _block_store(config, None, registry)  # type: ignore[arg-type]  # an S3 L4 needs no session
+    assert store.limiter is registry.get("s3://xyz/p", by_latency=False)
+    assert not S3BlockStore("xyz", config={"region": "eu-west-1"}).limiter.by_latency
 
 
 async def test_a_local_cluster_over_redis_and_s3_reads_through_its_l3_node(services, tmp_path):

@@ -8,9 +8,10 @@ prefix, and block ids begin with their time, so unsharded they would all share o
 
 - Reads are ranged GETs (SigV4-signed, over the SDK's own HTTP GET path: sources/s3get.py;
   through obstore only without static credentials), each try through ``limiter`` (the
-  endpoint's adaptive concurrency limit, the one the HTTP block servers' reads go through),
-  marking the hedged attempt queued while it waits for a permit.  Every throttle (429, 503
-  SlowDown) tells the limiter the store is overloaded, and a body that stops arriving for
+  endpoint's adaptive concurrency limit, the one the HTTP block servers' reads go through,
+  made ``by_latency=False``: an object store's latency is no load signal, see
+  blobsdk/tail/limiter.py), marking the hedged attempt queued while it waits for a permit.
+  Every throttle (429, 503 SlowDown) tells the limiter the store is overloaded, and a body that stops arriving for
   ``stall_s`` mid-transfer fails its try (ReplyStalled).  The L4 tier verifies them like
   any replica's.
 - Writes: one PUT, or a multipart upload past ``multipart_bytes`` (parts of that size, up
@@ -161,7 +162,7 @@ class S3BlockStore:
             raise ValueError(f"an S3 bucket name has no '/', got {bucket!r}")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.limiter = limiter if limiter is not None else AdaptiveLimiter(f"s3://{bucket}")
+        self.limiter = limiter if limiter is not None else AdaptiveLimiter(f"s3://{bucket}", by_latency=False)
         self.multipart_bytes = multipart_bytes
         self.max_concurrency = max_concurrency
         options: ClientConfig = {
