@@ -1,0 +1,165 @@
+"""blobsdk's DLIO plugins: the DLIO-free part (blobsdk/integrations/dliofiles.py) over real
+stores, and DLIO itself running them end to end when `make dlio` made .venv-dlio."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import blobsdk
+from blobsdk.errors import MissingExtra
+from blobsdk.integrations.dliofiles import CheckpointStates, DlioSettings, SampleFiles, tensor_bytes
+from servers.cluster import start_cluster
+from tests.helpers import in_a_forked_child
+
+ROOT = Path(__file__).resolve().parent.parent
+DLIO_VENV = ROOT / ".venv-dlio"
+PREFIX = "/bench/dlio"
+
+
+def settings(store: Path) -> DlioSettings:
+    return DlioSettings.from_env({"BLOBSDK_DLIO_PREFIX": PREFIX + "/", "BLOBSDK_DLIO_LOCAL": str(store)})
+
+
+def test_settings_need_a_prefix() -> None:
+    message = r"^set BLOBSDK_DLIO_PREFIX to the blob prefix of DLIO's data folder \(e\.g\. /bucket/dlio\)$"
+    with pytest.raises(ValueError, match=message):
+        DlioSettings.from_env({"BLOBSDK_DLIO_LOCAL": "/tmp/x"})
+
+
+def test_settings_refuse_a_prefix_that_is_no_blob_path() -> None:
+    with pytest.raises(blobsdk.InvalidPath):
+        DlioSettings.from_env({"BLOBSDK_DLIO_PREFIX": "/bucket/../x", "BLOBSDK_DLIO_LOCAL": "/tmp/x"})
+
+
+def test_settings_without_a_store_say_what_to_set() -> None:
+    with pytest.raises(ValueError, match=r"^set BLOBSDK_CONFIG, or BLOBSDK_API_URL and BLOBSDK_BLOCK_URLS$"):
+        DlioSettings.from_env({"BLOBSDK_DLIO_PREFIX": PREFIX})
+
+
+def test_a_sample_file_is_the_blob_under_the_prefix(tmp_path: Path) -> None:
+    files = SampleFiles(settings(tmp_path / "store"), tmp_path / "data")
+    assert files.blob_path(tmp_path / "data" / "train" / "img_1_of_8.npz") == f"{PREFIX}/train/img_1_of_8.npz"
+    assert files.blob_path(str(tmp_path / "data" / "train" / ".." / "valid" / "a.npz")) == f"{PREFIX}/valid/a.npz"
+
+
+@pytest.mark.parametrize("name", ["outside.npz", "data/../other/x.npz", "data"])
+def test_a_file_outside_the_data_folder_is_refused(tmp_path: Path, name: str) -> None:
+    files = SampleFiles(settings(tmp_path / "store"), tmp_path / "data")
+    with pytest.raises(ValueError, match=r" is not under DLIO's data folder "):
+        files.blob_path(tmp_path / name)
+
+
+def test_samples_read_whole_and_counted(tmp_path: Path) -> None:
+    with blobsdk.SyncClient.local(tmp_path / "store") as c:
+        c.put_many((f"{PREFIX}/train/img_{i}.npz", bytes([i]) * (1000 + i)) for i in range(4))
+    files = SampleFiles(settings(tmp_path / "store"), tmp_path / "data")
+    try:
+        got = [files.read(tmp_path / "data" / "train" / f"img_{i}.npz") for i in range(4)]
+        assert got == [bytes([i]) * (1000 + i) for i in range(4)]
+        assert (files.files_read, files.bytes_read) == (4, 4006)
+        with pytest.raises(blobsdk.BlobNotFound):
+            files.read(tmp_path / "data" / "train" / "missing.npz")
+        # DLIO's DataLoader workers are forked after the main process has read: each opens its own client
+        assert in_a_forked_child(lambda: bytes(files.read(tmp_path / "data" / "train" / "img_2.npz"))) == bytes([2]) * 1002
+    finally:
+        files.close()
+
+
+def test_samples_from_a_cluster_through_its_client_toml(tmp_path: Path) -> None:
+    with start_cluster(tmp_path / "cluster", block_servers=1, l3_nodes=0, trackers=0) as cluster:
+        with blobsdk.SyncClient(cluster.config) as c:
+            c.put(f"{PREFIX}/train/a.npz", b"x" * 300_000)
+        env = {"BLOBSDK_DLIO_PREFIX": PREFIX, "BLOBSDK_CONFIG": str(cluster.config_path)}
+        files = SampleFiles(DlioSettings.from_env(env), tmp_path / "data")
+        try:
+            assert files.read(tmp_path / "data" / "train" / "a.npz") == b"x" * 300_000
+        finally:
+            files.close()
+
+
+def test_checkpoint_states_save_and_load_through_dcp(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    states = CheckpointStates(settings(tmp_path / "store"))
+    state = {"a": torch.randint(-128, 128, (300_000,), dtype=torch.int8), "opt": {"b": torch.arange(1000, dtype=torch.float32)}}
+    assert states.save("model-0-4-0", state) == 304_000
+    into = {"a": torch.zeros(300_000, dtype=torch.int8), "opt": {"b": torch.zeros(1000, dtype=torch.float32)}}
+    assert states.load("model-0-4-0", into) == 304_000
+    assert torch.equal(into["a"], state["a"]) and torch.equal(into["opt"]["b"], state["opt"]["b"])
+    with blobsdk.SyncClient.local(tmp_path / "store") as c:
+        assert any(info.path.startswith(f"{PREFIX}/checkpoints/model-0-4-0/") for info in c.list(f"{PREFIX}/checkpoints/"))
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "."])
+def test_a_checkpoint_name_is_one_segment(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^a checkpoint name is one path segment: got {name!r}$".replace(".", r"\.")):
+        CheckpointStates(settings(tmp_path / "store")).prefix(name)
+
+
+def test_tensor_bytes_counts_nested_arrays() -> None:
+    np = pytest.importorskip("numpy")
+    assert tensor_bytes({"a": np.zeros(10, np.int8), "b": {"c": np.zeros(3, np.float64), "d": "text"}}) == 34
+
+
+@pytest.mark.skipif(bool(__import__("importlib").util.find_spec("dlio_benchmark")), reason="DLIO is installed here")
+def test_the_dlio_module_without_dlio_says_how_to_install_it() -> None:
+    sys.modules.pop("blobsdk.dlio", None)
+    message = r"^blobsdk\.dlio runs inside DLIO: install dlio-benchmark \(`make dlio`, docs/dlio\.md\)"
+    with pytest.raises(MissingExtra, match=message):
+        import blobsdk.dlio  # noqa: F401
+
+
+# --- DLIO itself ------------------------------------------------------------------------------
+
+
+def _dlio(run: Path, *overrides: str, env: dict[str, str], ranks: int = 1) -> subprocess.CompletedProcess[str]:
+    bin = DLIO_VENV / "bin"
+    command = [str(bin / "mpiexec"), "-n", str(ranks), str(bin / "dlio_benchmark"), "workload=unet3d_a100"]
+    command += [f"++workload.{o}" for o in overrides] + [f"hydra.run.dir={run / 'hydra'}"]
+    return subprocess.run(command, cwd=run, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.skipif(not (DLIO_VENV / "bin" / "dlio_benchmark").exists(), reason="DLIO's own venv is absent: `make dlio` makes it")
+def test_dlio_trains_and_checkpoints_through_blobsdk(tmp_path: Path) -> None:
+    data, store = tmp_path / "data", tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BLOBSDK_DLIO_PREFIX": PREFIX, "BLOBSDK_DLIO_LOCAL": str(store)}
+    dataset = ["dataset.num_files_train=8", "dataset.record_length=262144", "dataset.record_length_stdev=0"]
+    dataset.append(f"dataset.data_folder={data}")
+    generate = ["workflow.generate_data=True", "workflow.train=False", f"output.folder={tmp_path / 'gen'}"]
+    made = _dlio(tmp_path, *generate, *dataset, env=env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    files = sorted((data / "train").iterdir())
+    with blobsdk.SyncClient.local(store) as c:  # the samples go to the store; DLIO lists empty stand-ins
+        c.put_many((f"{PREFIX}/train/{f.name}", f.read_bytes()) for f in files)
+    for f in files:
+        f.write_bytes(b"")
+    trained = _dlio(
+        tmp_path,
+        "workflow.generate_data=False",
+        "workflow.train=True",
+        "workflow.checkpoint=True",
+        *dataset,
+        "reader.reader_classname=blobsdk.dlio.BlobReader",
+        "reader.read_threads=1",
+        "reader.batch_size=2",
+        "checkpoint.checkpoint_mechanism_classname=blobsdk.dlio.BlobCheckpointing",
+        f"checkpoint.checkpoint_folder={tmp_path / 'ckpt'}",
+        "checkpoint.checkpoint_after_epoch=1",
+        "checkpoint.model_size=100000",
+        "train.epochs=1",
+        "train.computation_time=0.01",
+        f"output.folder={tmp_path / 'out'}",
+        env=env,
+        ranks=2,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["num_accelerators"] == 2 and summary["metric"]["train_au_mean_percentage"] > 0
+    with blobsdk.SyncClient.local(store) as c:
+        saved = {info.path.split("/")[4] for info in c.list(f"{PREFIX}/checkpoints/")}
+    assert any(name.startswith("model-1-") and name.endswith("-0") for name in saved), saved
