@@ -18,11 +18,12 @@ import os
 from typing import Any
 
 from .errors import MissingExtra
-from .integrations.dliofiles import CheckpointStates, DlioSettings, SampleFiles
+from .integrations.dliofiles import CheckpointStates, DlioSettings, Lookahead, SampleFiles, dlio_order, worker_batches
 
 try:
     import torch
     from dlio_benchmark.checkpointing.base_checkpointing import BaseCheckpointing
+    from dlio_benchmark.common.enumerations import DatasetType, Shuffle
     from dlio_benchmark.reader.reader_handler import FormatReader
 except ImportError as exc:  # DLIO is no extra of blobsdk: its own venv (`make dlio`)
     raise MissingExtra(f"blobsdk.dlio runs inside DLIO: install dlio-benchmark (`make dlio`, docs/dlio.md) ({exc})") from exc
@@ -30,16 +31,37 @@ except ImportError as exc:  # DLIO is no extra of blobsdk: its own venv (`make d
 
 class BlobReader(FormatReader):  # type: ignore[misc]  # DLIO ships no type information
     """DLIO's reader of any format: each sample file is read whole, as the blob it stands
-    for; DLIO hands the model its own stand-in array, as its readers do."""
+    for; DLIO hands the model its own stand-in array, as its readers do.
+
+    It reads ahead: DLIO's PyTorch loader orders a rank's samples by a seeded shuffle and hands
+    batch ``k`` to worker ``k % read_threads``, so this worker's next samples are known; their
+    reads start with the one asked for (the rest of its batch and its next batch).  If the
+    samples asked for are not the ones predicted (another DLIO, another loader), it stops
+    guessing and reads one sample at a time."""
 
     def __init__(self, dataset_type: Any, thread_index: int, epoch: int | None = None) -> None:
         super().__init__(dataset_type, thread_index)
         args = self._args
         self._files = SampleFiles(DlioSettings.from_env(), os.path.join(args.storage_root, args.data_folder))
+        self._lookahead = Lookahead(self._predicted(dataset_type, thread_index))
+        self._ahead: list[str] = []
+
+    def _predicted(self, dataset_type: Any, thread_index: int) -> list[list[int]]:
+        """This worker's batches as DLIO 2.0.0's ``dlio_sampler`` and a DataLoader make them."""
+        args = self._args
+        try:
+            train = dataset_type is DatasetType.TRAIN
+            samples = args.total_samples_train if train else args.total_samples_eval
+            seed = None if args.sample_shuffle is Shuffle.OFF else args.seed
+            order = dlio_order(args.my_rank, args.comm_size, samples, seed)
+            return worker_batches(order, self.batch_size, args.read_threads, max(thread_index, 0))
+        except (AttributeError, TypeError, ValueError):  # a DLIO without these settings: no guesses
+            return []
 
     def open(self, filename: str) -> bytearray:
         super().open(filename)
-        return self._files.read(filename)
+        ahead, self._ahead = self._ahead, []
+        return self._files.read(filename, ahead)
 
     def close(self, filename: str) -> None:
         super().close(filename)
@@ -51,6 +73,8 @@ class BlobReader(FormatReader):  # type: ignore[misc]  # DLIO ships no type info
         yield from super().next()
 
     def read_index(self, global_sample_idx: int, step: int) -> Any:
+        index_map = self.global_index_map
+        self._ahead = [index_map[i][0] for i in self._lookahead.after(global_sample_idx) if i in index_map]
         return super().read_index(global_sample_idx, step)
 
     def finalize(self) -> Any:

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import dlio
 
 
-async def test_without_dlios_venv_the_benchmark_skips_and_says_how_to_make_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_without_dlios_venv_the_benchmark_skips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dlio, "DLIO_BIN", tmp_path / ".venv-dlio" / "bin")
     report = await dlio.run(quick=True)
     assert report.skipped == {"dlio": f"DLIO's venv is absent ({tmp_path / '.venv-dlio'}): `make dlio` makes it"}

@@ -13,7 +13,15 @@ import pytest
 
 import blobsdk
 from blobsdk.errors import MissingExtra
-from blobsdk.integrations.dliofiles import CheckpointStates, DlioSettings, SampleFiles, tensor_bytes
+from blobsdk.integrations.dliofiles import (
+    CheckpointStates,
+    DlioSettings,
+    Lookahead,
+    SampleFiles,
+    dlio_order,
+    tensor_bytes,
+    worker_batches,
+)
 from servers.cluster import start_cluster
 from tests.helpers import in_a_forked_child
 
@@ -69,6 +77,56 @@ def test_samples_read_whole_and_counted(tmp_path: Path) -> None:
         assert in_a_forked_child(lambda: bytes(files.read(tmp_path / "data" / "train" / "img_2.npz"))) == bytes([2]) * 1002
     finally:
         files.close()
+
+
+def test_reads_ahead_are_taken_by_the_reads_that_come_and_dropped_past_the_bound(tmp_path: Path) -> None:
+    with blobsdk.SyncClient.local(tmp_path / "store") as c:
+        c.put_many((f"{PREFIX}/train/{i}", bytes([i]) * 5000) for i in range(8))
+    files = SampleFiles(settings(tmp_path / "store"), tmp_path / "data", threads=4, max_pending=3)
+    name = [tmp_path / "data" / "train" / str(i) for i in range(8)]
+    try:
+        assert files.read(name[0], ahead=[name[1], name[2], name[0]]) == bytes([0]) * 5000
+        assert sorted(files._pending) == [f"{PREFIX}/train/1", f"{PREFIX}/train/2"]
+        assert files.read(name[1]) == bytes([1]) * 5000 and list(files._pending) == [f"{PREFIX}/train/2"]
+        files.read(name[3], ahead=[name[4], name[5], name[6]])  # four guesses waiting: the oldest (2) goes
+        assert list(files._pending) == [f"{PREFIX}/train/{i}" for i in (4, 5, 6)]
+        assert [files.read(name[i]) for i in (2, 4, 5, 6)] == [bytes([i]) * 5000 for i in (2, 4, 5, 6)]
+        assert (files.files_read, files.bytes_read, files._pending) == (7, 35000, {})
+        files.read(name[7], ahead=[tmp_path / "data" / "train" / "missing"])
+        with pytest.raises(blobsdk.BlobNotFound):  # a guess that failed fails the read that takes it, as the read would
+            files.read(tmp_path / "data" / "train" / "missing")
+    finally:
+        files.close()
+
+
+def test_dlio_order_is_its_samplers() -> None:
+    np = pytest.importorskip("numpy")
+    indices = list(range(10, 20))
+    np.random.seed(7)  # DLIO 2.0.0's dlio_sampler.__iter__: seed the global state, shuffle the rank's list
+    np.random.shuffle(indices)
+    assert dlio_order(1, 3, 30, 7) == indices
+    assert dlio_order(2, 3, 30, None) == list(range(20, 30))
+    assert dlio_order(0, 4, 10, None) == [0, 1, 2]  # ceil(10 / 4) a rank
+
+
+def test_worker_batches_are_dealt_round_robin_without_the_partial_last() -> None:
+    order = list(range(100, 111))
+    assert worker_batches(order, 2, 2, 0) == [[100, 101], [104, 105], [108, 109]]
+    assert worker_batches(order, 2, 2, 1) == [[102, 103], [106, 107]]
+    assert worker_batches(order, 3, 0, 0) == [[100, 101, 102], [103, 104, 105], [106, 107, 108]]
+
+
+def test_lookahead_names_the_rest_of_the_batch_and_the_next_then_stops_on_a_surprise() -> None:
+    ahead = Lookahead([[5, 6, 7], [1, 2, 3], [9, 8, 4]])
+    assert ahead.after(5) == [6, 7, 1, 2, 3]
+    assert ahead.after(6) == [7, 1, 2, 3]
+    assert ahead.after(7) == [1, 2, 3]
+    assert ahead.after(1) == [2, 3, 9, 8, 4]
+    assert [ahead.after(i) for i in (2, 3, 9, 8, 4)] == [[3, 9, 8, 4], [9, 8, 4], [8, 4], [4], []]
+    assert ahead.after(5) == [6, 7, 1, 2, 3]  # the next epoch, in the same order
+    assert ahead.after(2) == [] and not ahead.on  # not the sample predicted: no more guesses
+    assert ahead.after(6) == []
+    assert Lookahead([]).after(0) == []
 
 
 def test_samples_from_a_cluster_through_its_client_toml(tmp_path: Path) -> None:

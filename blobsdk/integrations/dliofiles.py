@@ -18,10 +18,12 @@ own config has no place for them): ``BLOBSDK_DLIO_PREFIX`` (required), and the s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import posixpath
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,12 +63,21 @@ def _prefix(prefix: str) -> str:
 
 class SampleFiles:
     """DLIO's sample files, read whole as the blobs they stand for, through this process's
-    client (opened on first use, also in a forked DataLoader worker)."""
+    client (opened on first use, also in a forked DataLoader worker).
 
-    def __init__(self, settings: DlioSettings, data_folder: str | os.PathLike[str]) -> None:
+    A read may name the files expected next (``ahead``): their reads start at once, on up to
+    ``threads`` threads, and a later read of one takes its result.  A guess that never comes
+    is dropped once ``max_pending`` guesses wait (its read cancelled, or its bytes let go)."""
+
+    def __init__(
+        self, settings: DlioSettings, data_folder: str | os.PathLike[str], *, threads: int = 16, max_pending: int = 64
+    ) -> None:
         self.settings = settings
         self.data_folder = os.path.abspath(os.fspath(data_folder))
         self._client = ProcessClient(settings.store)
+        self._threads, self._max_pending = threads, max_pending
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # with the pid that made it: a fork makes its own
+        self._pending: dict[str, Future[bytearray]] = {}  # in insertion order: the oldest guess first
         self.bytes_read = 0
         self.files_read = 0
 
@@ -81,16 +92,79 @@ class SampleFiles:
         validate_path(blob)
         return blob
 
-    def read(self, filename: str | os.PathLike[str]) -> bytearray:
+    def read(self, filename: str | os.PathLike[str], ahead: Sequence[str | os.PathLike[str]] = ()) -> bytearray:
         """The whole sample file, its bytes counted (DLIO's own figure is samples/s times
-        the configured record size, whatever was read)."""
-        data = self._client.get().get(self.blob_path(filename))
+        the configured record size, whatever was read); the reads of ``ahead`` start first."""
+        path = self.blob_path(filename)
+        paths = [self.blob_path(name) for name in ahead]
+        self._start([p for p in paths if p != path])
+        pending = self._pending.pop(path, None)
+        data = pending.result() if pending is not None else self._client.get().get(path)
         self.bytes_read += len(data)
         self.files_read += 1
         return data
 
+    def _start(self, paths: list[str]) -> None:
+        client = self._client.get()
+        for path in paths:
+            if path not in self._pending:
+                self._pending[path] = self._executor().submit(client.get, path)
+        while len(self._pending) > self._max_pending:
+            self._pending.pop(next(iter(self._pending))).cancel()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(self._threads, thread_name_prefix="blobsdk-dlio"))
+        return self._pool[1]
+
     def close(self) -> None:
+        pool, self._pool, self._pending = self._pool, None, {}
+        if pool is not None and pool[0] == os.getpid():
+            pool[1].shutdown(wait=True, cancel_futures=True)
         self._client.close()
+
+
+def dlio_order(rank: int, ranks: int, samples: int, seed: int | None) -> list[int]:
+    """The samples a rank's DLIO sampler hands out, in order: the rank's contiguous share of
+    ``range(samples)``, shuffled by a legacy numpy ``RandomState(seed)`` (None: not shuffled),
+    as DLIO's ``dlio_sampler`` does each epoch."""
+    per_rank = -(-samples // ranks)
+    order = list(range(rank * per_rank, (rank + 1) * per_rank))
+    if seed is not None:
+        import numpy as np
+
+        np.random.RandomState(seed).shuffle(order)
+    return order
+
+
+def worker_batches(order: Sequence[int], batch: int, workers: int, worker: int) -> list[list[int]]:
+    """The batches one DataLoader worker reads, in order: a DataLoader hands batch ``k`` (of
+    ``batch`` samples, the last partial one dropped) to worker ``k % workers``."""
+    whole = len(order) // batch
+    return [list(order[k * batch : (k + 1) * batch]) for k in range(worker, whole, max(workers, 1))]
+
+
+class Lookahead:
+    """Which samples a worker reads next, from its predicted batches: after sample ``i``, the
+    rest of its batch and the whole next one.  A read the prediction did not expect turns it
+    off (the harness orders its samples some other way): guesses cost reads, never results."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self._flat = [i for batch in batches for i in batch]
+        self._ends = list(itertools.accumulate(len(batch) for batch in batches))
+        self._at = {index: position for position, index in enumerate(self._flat)}
+        self._next = 0  # the position expected next
+        self.on = bool(self._flat)
+
+    def after(self, index: int) -> list[int]:
+        position = self._at.get(index) if self.on else None
+        if position is None or position != self._next % len(self._flat):
+            self.on = False
+            return []
+        self._next = position + 1
+        end = next((e for e in self._ends if e > position), len(self._flat))  # this batch's end
+        end = next((e for e in self._ends if e > end), len(self._flat))  # and the next one's
+        return self._flat[position + 1 : end]
 
 
 class CheckpointStates:
