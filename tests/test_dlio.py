@@ -92,11 +92,8 @@ def test_reads_ahead_are_taken_by_the_reads_that_come_and_dropped_past_the_bound
         assert list(files._pending) == [f"{PREFIX}/train/{i}" for i in (4, 5, 6)]
         assert [files.read(name[i]) for i in (2, 4, 5, 6)] == [bytes([i]) * 5000 for i in (2, 4, 5, 6)]
         assert (files.files_read, files.bytes_read, files._pending) == (7, 35000, {})
-        assert files.read(name[0], ahead=[name[1], name[2]]) and sorted(files._pending) == [f"{PREFIX}/train/{i}" for i in (1, 2)]
-        assert [files.read(name[i]) for i in (2, 1)] == [bytes([i]) * 5000 for i in (2, 1)]  # both from one get_many_into
-        files.read(name[3], ahead=[name[7], tmp_path / "data" / "train" / "missing"])  # one read of both: it fails
-        assert files.read(name[7]) == bytes([7]) * 5000  # read again, alone
-        with pytest.raises(blobsdk.BlobNotFound):  # and the missing one fails as a read of it would
+        files.read(name[7], ahead=[tmp_path / "data" / "train" / "missing"])
+        with pytest.raises(blobsdk.BlobNotFound):  # a guess that failed fails the read that takes it, as the read would
             files.read(tmp_path / "data" / "train" / "missing")
     finally:
         files.close()

@@ -29,9 +29,7 @@ from typing import Any
 
 from .._arguments import check_str
 from ..config import ClientConfig
-from ..errors import BlobError
 from ..paths import validate_path
-from ..sync import SyncClient
 from .stores import ProcessClient, Store
 
 CHECKPOINTS = "checkpoints"  # under the prefix: the DCP checkpoints, one prefix per DLIO checkpoint name
@@ -67,10 +65,9 @@ class SampleFiles:
     """DLIO's sample files, read whole as the blobs they stand for, through this process's
     client (opened on first use, also in a forked DataLoader worker).
 
-    A read may name the files expected next (``ahead``): the ones not yet pending are read
-    together at once (``get_many_into``), on one of up to ``threads`` threads, and a later read
-    of one takes its bytes.  A guess that never comes is dropped once ``max_pending`` guesses
-    wait (its bytes let go when its group's read ends)."""
+    A read may name the files expected next (``ahead``): their reads start at once, on up to
+    ``threads`` threads, and a later read of one takes its result.  A guess that never comes
+    is dropped once ``max_pending`` guesses wait (its read cancelled, or its bytes let go)."""
 
     def __init__(
         self, settings: DlioSettings, data_folder: str | os.PathLike[str], *, threads: int = 16, max_pending: int = 64
@@ -80,7 +77,7 @@ class SampleFiles:
         self._client = ProcessClient(settings.store)
         self._threads, self._max_pending = threads, max_pending
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # with the pid that made it: a fork makes its own
-        self._pending: dict[str, Future[dict[str, bytearray]]] = {}  # each path's group read, the oldest guess first
+        self._pending: dict[str, Future[bytearray]] = {}  # in insertion order: the oldest guess first
         self.bytes_read = 0
         self.files_read = 0
 
@@ -101,46 +98,19 @@ class SampleFiles:
         path = self.blob_path(filename)
         paths = [self.blob_path(name) for name in ahead]
         self._start([p for p in paths if p != path])
-        data = self._take(path)
+        pending = self._pending.pop(path, None)
+        data = pending.result() if pending is not None else self._client.get().get(path)
         self.bytes_read += len(data)
         self.files_read += 1
         return data
 
     def _start(self, paths: list[str]) -> None:
-        """One read of every path not yet pending (their plans looked up in one request, the
-        small ones packed in one block read together)."""
-        new = list(dict.fromkeys(p for p in paths if p not in self._pending))
-        if new:
-            group = self._executor().submit(self._read_group, self._client.get(), new)
-            self._pending.update((path, group) for path in new)
+        client = self._client.get()
+        for path in paths:
+            if path not in self._pending:
+                self._pending[path] = self._executor().submit(client.get, path)
         while len(self._pending) > self._max_pending:
-            self._pending.pop(next(iter(self._pending)))  # its read goes on; nothing takes its bytes
-
-    @staticmethod
-    def _read_group(client: SyncClient, paths: list[str]) -> dict[str, bytearray]:
-        if len(paths) == 1:
-            return {paths[0]: client.get(paths[0])}
-        made: list[bytearray] = []  # allocated once the sizes are known (again if the read starts over)
-
-        def allocate(total: int) -> bytearray:
-            made.append(bytearray(total))
-            return made[-1]
-
-        sizes = client.get_many_into(paths, allocate)
-        view, out, at = memoryview(made[-1]), {}, 0
-        for path, size in zip(paths, sizes, strict=True):
-            out[path] = bytearray(view[at : at + size])
-            at += size
-        return out
-
-    def _take(self, path: str) -> bytearray:
-        """The path's bytes: from its read ahead, else (none, or its group failed: a missing
-        path fails a whole ``get_many_into``) read now, alone."""
-        group = self._pending.pop(path, None)
-        if group is not None:
-            with contextlib.suppress(BlobError):
-                return group.result()[path]
-        return self._client.get().get(path)
+            self._pending.pop(next(iter(self._pending))).cancel()
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pool[0] != os.getpid():
