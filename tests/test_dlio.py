@@ -221,3 +221,15 @@ def test_dlio_trains_and_checkpoints_through_blobsdk(tmp_path: Path) -> None:
     with blobsdk.SyncClient.local(store) as c:
         saved = {info.path.split("/")[4] for info in c.list(f"{PREFIX}/checkpoints/")}
     assert any(name.startswith("model-1-") and name.endswith("-0") for name in saved), saved
+
+
+@pytest.mark.skipif(not (DLIO_VENV / "bin" / "dlio_benchmark").exists(), reason="DLIO's own venv is absent: `make dlio` makes it")
+def test_dlio_order_is_what_the_installed_dlios_sampler_hands_out() -> None:
+    script = (
+        "from dlio_benchmark.data_loader.torch_data_loader import dlio_sampler\n"
+        "from dlio_benchmark.common.enumerations import Shuffle\n"
+        "print(list(dlio_sampler(1, 3, 30, Shuffle.SEED, 1, 7)), list(dlio_sampler(0, 2, 9, Shuffle.OFF, 1, 7)))\n"
+    )
+    python = str(DLIO_VENV / "bin" / "python")
+    done = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == f"{dlio_order(1, 3, 30, 7)} {dlio_order(0, 2, 9, None)}"
