@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 CORE   := $(VENV)/.installed-core
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: demo test lint services bench install clean
+.PHONY: demo test lint services bench install clean dlio dlio-test
 
 demo: $(CORE)
 	$(VENV)/bin/blobsdk demo
@@ -43,6 +43,32 @@ bench: $(DEV)
 
 install: $(DEV)
 
+# MLPerf Storage's harness, DLIO (`python -m benchmarks dlio`, docs/dlio.md), in a venv of its
+# own: it pulls TensorFlow and MPI, which neither `make test` nor CI installs.  dlio-benchmark
+# 2.0.0 goes in with --no-deps: its nvidia-dali dependency is a stub that downloads from an
+# index outside PyPI, and DLIO imports DALI only for its DALI loaders.  The `mpich` wheel gives
+# mpi4py its libmpi.so.12 and `mpiexec`.  pydftracer 1.0.2: DLIO 2.0.0's fallback without it is broken.  s3torchconnector and s3dlio are the benchmark's peers.
+DLIO_VENV := .venv-dlio
+DLIO_PY   := $(DLIO_VENV)/bin/python
+DLIO      := $(DLIO_VENV)/.installed-dlio
+
+dlio: $(DLIO)
+
+$(DLIO): pyproject.toml | $(DLIO_PY)
+	$(DLIO_PY) -m pip install --disable-pip-version-check --no-deps 'dlio-benchmark==2.0.0'
+	$(DLIO_PY) -m pip install --disable-pip-version-check 'tensorflow-cpu>=2.16' 'mpich>=4.2' 'mpi4py>=4' \
+		'h5py>=3.11' 'hydra-core>=1.3.2' 'omegaconf>=2.2' 'pandas>=1.5.1' 'psutil>=5.9.8' 'Pillow>=9.3' 'PyYAML>=6' \
+		'pydftracer==1.0.2' 's3torchconnector>=1.5' 's3dlio>=0.10' -e '.[torch,numpy,s3,seaweedfs]'
+	touch $@
+
+$(DLIO_PY):
+	$(PYTHON) -m venv $(DLIO_VENV)
+
+# The end-to-end run of DLIO with blobsdk's reader and checkpointing (skipped by `make test`
+# when .venv-dlio is absent).
+dlio-test: $(DLIO) $(DEV)
+	$(PY) -m pytest -q tests/test_dlio.py
+
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "blobsdk needs Python >= 3.11; try: make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
@@ -58,4 +84,4 @@ $(DEV): pyproject.toml | $(PY)
 	touch $(CORE) $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(DLIO_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

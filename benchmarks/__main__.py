@@ -26,6 +26,7 @@ BENCHMARKS = {
     "write_availability": "benchmarks.write_availability",
     "soak": "benchmarks.soak",
     "s3_read": "benchmarks.s3_read",
+    "dlio": "benchmarks.dlio",
     "get_into": "benchmarks.get_into",
     "scale": "benchmarks.scale",
     "swarm_sim": "benchmarks.swarm_sim",
