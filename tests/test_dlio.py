@@ -41,7 +41,7 @@ def test_settings_need_a_prefix() -> None:
 
 
 def test_settings_refuse_a_prefix_that_is_no_blob_path() -> None:
-    with pytest.raises(blobsdk.InvalidPath):
+    with pytest.raises(blobsdk.InvalidPath, match=r"^'\.\.' segment in '/bucket/\.\./x/x'$"):
         DlioSettings.from_env({"BLOBSDK_DLIO_PREFIX": "/bucket/../x", "BLOBSDK_DLIO_LOCAL": "/tmp/x"})
 
 

@@ -333,6 +333,7 @@ UNTRUSTED = (
     "The client's own buffers",
     "A saved loader or checkpoint state",
     "A TOML file",
+    "DLIO's data folder and settings",
 )
 
 
