@@ -38,13 +38,16 @@ the benchmark then reports them as skipped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import logging
 import multiprocessing
 import os
 import shutil
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +67,10 @@ from ._ingest_workload import MiB, Samples, Workload
 BUCKET = "ingest"
 OBJECTS = "samples/"
 LITDATA = "litdata"
+WEBDATASET = "webdataset"
 BLOBSDK_SOURCE = f"s3://{BUCKET}/blobsdk"
-PEERS = ("s3torch", "litdata", "litdata_1w")
-BENCH_EXTRA = ("s3torchconnector", "litdata")
+BENCH_EXTRA = ("s3torchconnector", "litdata", "webdataset")
 UPLOAD_PARALLEL = 16
-LITDATA_CHUNK = "64MB"
 
 
 def missing() -> str | None:
@@ -152,13 +154,26 @@ def aws_env() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def load(origin: Origin, samples: Samples, root: Path, *, peers: bool) -> None:
-    """Every sample as its own object, and (``peers``) litdata's optimized chunks."""
+def load(
+    origin: Origin, samples: Samples, root: Path, *, litdata_mb: Iterable[int] = (), webdataset_mb: Iterable[int] = ()
+) -> dict[int, list[str]]:
+    """Every sample as its own object, litdata's optimized chunks at each of ``litdata_mb``
+    (``litdata-NNmb/``) and WebDataset's shards at each of ``webdataset_mb``
+    (``webdataset-NNmb/``).  Returns each shard size's shard keys."""
     origin.upload((f"{OBJECTS}{i:06d}", samples.data(i)) for i in range(len(samples)))
-    if peers:
-        chunks = optimize_for_litdata(samples, root / "litdata-build")
-        origin.upload((f"{LITDATA}/{path.name}", path) for path in sorted(chunks.iterdir()))
-        shutil.rmtree(root / "litdata-build", ignore_errors=True)
+    build = root / "peer-build"
+    for chunk_mb in litdata_mb:
+        chunks = optimize_for_litdata(samples, build, chunk_mb)
+        origin.upload((f"{litdata_dir(chunk_mb)}/{path.name}", path) for path in sorted(chunks.iterdir()))
+        shutil.rmtree(chunks, ignore_errors=True)
+    shards: dict[int, list[str]] = {}
+    for shard_mb in webdataset_mb:
+        tars = sorted(write_webdataset(samples, build, shard_mb).iterdir())
+        shards[shard_mb] = [f"{webdataset_dir(shard_mb)}/{path.name}" for path in tars]
+        origin.upload(zip(shards[shard_mb], tars, strict=True))
+        shutil.rmtree(tars[0].parent, ignore_errors=True)
+    shutil.rmtree(build, ignore_errors=True)
+    return shards
 
 
 def blobsdk_cluster_options(origin: Origin, workload: Workload, samples: Samples) -> dict[str, Any]:
@@ -190,31 +205,40 @@ def _s3torch_item(reader: Any) -> Item:
     return index, as_tensor(bytearray(reader.read()))
 
 
-def s3torch(origin: Origin, workload: Workload) -> LoaderVariant:
-    from s3torchconnector import S3ClientConfig, S3MapDataset
+def s3torch(endpoint: str, workload: Workload, reader: str = "sequential", name: str = "s3torch") -> LoaderVariant:
+    """``reader``: s3torchconnector's ``sequential`` (its default) or ``range_based`` reader."""
+    from s3torchconnector import S3ClientConfig, S3MapDataset, S3ReaderConstructor
+
+    constructor = {"sequential": S3ReaderConstructor.sequential, "range_based": S3ReaderConstructor.range_based}[reader]
 
     def make() -> DataLoader[Item]:
         dataset = S3MapDataset.from_prefix(
             f"s3://{BUCKET}/{OBJECTS}",
             region=REGION,
-            endpoint=origin.endpoint,
+            endpoint=endpoint,
             transform=_s3torch_item,
             s3client_config=S3ClientConfig(force_path_style=True),
+            reader_constructor=constructor(),
         )
         return map_loader(dataset, workload)
 
-    return LoaderVariant("s3torch", make)
+    return LoaderVariant(name, make)
 
 
 # --- litdata --------------------------------------------------------------------------------
 
 
-def _litdata_sample(item: tuple[int, str]) -> dict[str, Any]:
+def _litdata_sample(item: tuple[int, str]) -> tuple[int, bytes]:
+    """A tuple, not a dict: with dict samples litdata 0.2.76's workers fail (benchmarks/ingest_s3.py)."""
     index, path = item
-    return {"index": index, "data": Path(path).read_bytes()}
+    return index, Path(path).read_bytes()
 
 
-def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
+def litdata_dir(chunk_mb: int) -> str:
+    return f"{LITDATA}-{chunk_mb}mb"
+
+
+def optimize_for_litdata(samples: Samples, dir: Path, chunk_mb: int) -> Path:
     """The dataset in litdata's chunk format (``dir/out``), from one file per sample."""
     from litdata import optimize
 
@@ -223,9 +247,10 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
     inputs = []
     for i in range(len(samples)):
         path = source / f"{i:06d}"
-        path.write_bytes(samples.data(i))
+        if not path.exists():
+            path.write_bytes(samples.data(i))
         inputs.append((i, str(path)))
-    out = dir / "out"
+    out = dir / f"out-{chunk_mb}"
     # optimize() sets the process's multiprocessing start method (force=True; "spawn" by
     # default): put it back, or every DataLoader after it spawns its workers.
     start_method = multiprocessing.get_start_method(allow_none=True)
@@ -235,7 +260,7 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
                 fn=_litdata_sample,
                 inputs=inputs,
                 output_dir=str(out),
-                chunk_bytes=LITDATA_CHUNK,
+                chunk_bytes=f"{chunk_mb}MB",
                 num_workers=1,
                 start_method="fork",
                 verbose=False,
@@ -245,44 +270,122 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
     return out
 
 
-def _litdata_item(sample: dict[str, Any]) -> Item:
-    return int(sample["index"]), as_tensor(bytearray(sample["data"]))
+def _litdata_item(sample: tuple[int, bytes]) -> Item:
+    return int(sample[0]), as_tensor(bytearray(sample[1]))
 
 
 def _litdata_allow_http(worker_id: int) -> None:
     """litdata 0.2.76 builds its obstore store (its chunk GETs) with client options of its
     own and no ``allow_http``, so against an ``http://`` endpoint every chunk GET fails
-    (``BadScheme``); its boto3 fallback (forced) failed to read chunks in the quick run (an
-    empty item), so each worker adds ``allow_http`` to those options: litdata's own path."""
+    (``BadScheme``): each worker adds ``allow_http`` to those options, litdata's own path."""
     from litdata.streaming import downloader
 
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[typeddict-unknown-key]
 
 
-def litdata_streaming(origin: Origin, workload: Workload, cache_dir: Path, workers: int | None = None) -> LoaderVariant:
-    """A fresh cache directory per run (the first epoch is cold), removed afterwards.  A
-    persistent worker's dataset copy moves to its next epoch by itself."""
+def litdata_streaming(
+    endpoint: str, workload: Workload, cache_dir: Path, chunk_mb: int, cache_bytes: int | None, name: str = "litdata"
+) -> LoaderVariant:
+    """A fresh cache directory per run (the first epoch is cold), removed afterwards;
+    ``cache_bytes``: its ``max_cache_size`` (None: its disk-space heuristic).  A persistent
+    worker's dataset copy moves to its next epoch by itself."""
     from litdata import StreamingDataset
 
     def make() -> DataLoader[Item]:
         cache_dir.mkdir(parents=True, exist_ok=True)
         options = {
-            "endpoint_url": origin.endpoint,
+            "endpoint_url": endpoint,
             "region_name": REGION,
             "aws_access_key_id": ACCESS_KEY,
             "aws_secret_access_key": SECRET_KEY,
         }
-        dataset = StreamingDataset(
-            f"s3://{BUCKET}/{LITDATA}",
-            cache_dir=str(cache_dir),
-            shuffle=True,
-            seed=workload.seed,
-            drop_last=False,
-            storage_options=options,
-            transform=_litdata_item,
-        )
-        options = loader_options(workload if workers is None else replace(workload, workers=workers))
-        return DataLoader(dataset, worker_init_fn=_litdata_allow_http, **options)
+        budget = {} if cache_bytes is None else {"max_cache_size": cache_bytes}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The provided `max_cache_size` is less than")
+            logging.getLogger("litdata").setLevel(logging.ERROR)  # the same advice, as a log line
+            dataset = StreamingDataset(
+                f"s3://{BUCKET}/{litdata_dir(chunk_mb)}",
+                cache_dir=str(cache_dir),
+                shuffle=True,
+                seed=workload.seed,
+                drop_last=False,
+                storage_options=options,
+                transform=_litdata_item,
+                **budget,
+            )
+        return DataLoader(dataset, worker_init_fn=_litdata_allow_http, **loader_options(workload))
 
-    name = "litdata" if workers is None else f"litdata_{workers}w"
     return LoaderVariant(name, make, cleanup=lambda: shutil.rmtree(cache_dir, ignore_errors=True))
+
+
+# --- WebDataset -------------------------------------------------------------------------------
+
+
+def webdataset_dir(shard_mb: int) -> str:
+    return f"{WEBDATASET}-{shard_mb}mb"
+
+
+def write_webdataset(samples: Samples, dir: Path, shard_mb: int) -> Path:
+    """The dataset as WebDataset tar shards of at most ``shard_mb`` MB (its ``ShardWriter``),
+    each sample ``NNNNNN.bin``."""
+    import webdataset as wds
+
+    out = dir / f"wds-{shard_mb}"
+    out.mkdir(parents=True, exist_ok=True)
+    pattern = str(out / "shard-%06d.tar")
+    with contextlib.redirect_stdout(None), wds.ShardWriter(pattern, maxsize=shard_mb * 10**6, verbose=0) as sink:
+        for i in range(len(samples)):
+            sink.write({"__key__": f"{i:06d}", "bin": bytes(samples.data(i))})
+    return out
+
+
+class _S3Get:
+    """WebDataset's opener for ``s3://bucket/key``: one plain streaming GET (boto3), a client
+    per process (a forked worker makes its own)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._client: Any = None
+        self._pid = 0
+
+    def __call__(self, url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = _boto3_client(self.endpoint), os.getpid()
+        bucket, key = url.removeprefix("s3://").split("/", 1)
+        return self._client.get_object(Bucket=bucket, Key=key)["Body"]
+
+
+def _boto3_client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+def _open_s3_with(endpoint: str, worker_id: int) -> None:
+    """WebDataset opens ``s3://`` URLs with :class:`_S3Get` in this worker."""
+    importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = _S3Get(endpoint)  # wds.gopen is its function
+
+
+def _webdataset_item(sample: dict[str, Any]) -> Item:
+    return int(sample["__key__"]), as_tensor(bytearray(sample["bin"]))
+
+
+def webdataset(endpoint: str, workload: Workload, keys: list[str], name: str = "webdataset") -> LoaderVariant:
+    """``wds.WebDataset`` over the shards ``keys`` (shards shuffled, split over the workers),
+    each shard one plain S3 GET streamed through its tar reader; no local cache."""
+    import webdataset as wds
+
+    def make() -> DataLoader[Item]:
+        urls = [f"s3://{BUCKET}/{key}" for key in keys]
+        dataset = wds.WebDataset(urls, shardshuffle=len(urls), seed=workload.seed, empty_check=False).map(_webdataset_item)
+        return DataLoader(dataset, worker_init_fn=functools.partial(_open_s3_with, endpoint), **loader_options(workload))
+
+    return LoaderVariant(name, make)

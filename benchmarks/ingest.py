@@ -178,7 +178,6 @@ from blobsdk.net.rpc import new_session
 from servers._common.metrics import by_label
 from servers.cluster import start_cluster
 
-from . import _ingest_peers as peers
 from . import _ingest_plot
 from ._ingest_job import JobResult, Variant, run_job
 from ._ingest_variants import (
@@ -202,7 +201,6 @@ GOALS = {
     "ingest_vs_copy": ">= 5",
     "ingest_vs_fsspec": ">= 5",
     "utilisation": ">= 0.95",
-    "ingest_vs_best_peer": ">= 2",
 }
 BASELINES = ("naive", "dataloader", "copy", "fsspec")
 UPLOAD_PARALLEL = 16  # per-sample block PUTs in flight while loading the dataset
@@ -230,68 +228,10 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
                 result = results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
                 result.extra.update(l4_delta(before, await l4_answers(cluster.config)))
                 _say(summary(variant.name, result))
-        skipped = await s3_rows(root / "s3", samples, workload, results)
-    out = report(results, skipped)
+    out = report(results)
     if png is not None:
         picture(out, results, png, workload)
     return out
-
-
-async def s3_rows(root: Path, samples: Samples, workload: Workload, results: dict[str, JobResult]) -> dict[str, str]:
-    """The rows on SeaweedFS behind the HDD proxy (benchmarks/_ingest_peers.py): the peers,
-    then blobsdk (whose load starts obstore in this process: the peers' workers fork first).
-    Returns the rows skipped, with why."""
-    why = peers.missing()
-    skipped = dict.fromkeys(peers.PEERS, why) if why else {}
-    for name, reason in skipped.items():
-        _say(f"{name:>10}: skipped, {reason}")
-    with peers.start_origin(root / "origin", workload) as origin, peers.aws_env():
-        peers.load(origin, samples, root, peers=why is None)  # on this thread: litdata's optimize() sets signal handlers
-        if why is None:
-            for make in peer_variants(origin, workload, root):
-                await _play_row(make(), workload, samples, results, skipped, origin)
-        async with start_cluster(root / "cluster", **peers.blobsdk_cluster_options(origin, workload, samples)) as cluster:
-            assert cluster.config is not None
-            await peers.load_blobs(cluster.config, origin, samples)
-            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results, skipped, origin)
-    return skipped
-
-
-def peer_variants(origin: peers.Origin, workload: Workload, root: Path) -> list[Callable[[], Variant]]:
-    return [
-        lambda: peers.s3torch(origin, workload),
-        lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache"),
-        lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache", workers=1),
-    ]
-
-
-async def _play_row(
-    variant: Variant,
-    workload: Workload,
-    samples: Samples,
-    results: dict[str, JobResult],
-    failed: dict[str, str],
-    origin: peers.Origin,
-) -> None:
-    """Play one S3 row (``tier_requests``, ``tier_mb``: what the HDD proxy served it, every
-    byte either way, MB; ``tier_repeats``: its requests for bytes asked for before, in this
-    row or an earlier one); a peer that fails (raises, or delivers other bytes) is reported as
-    failed, with its error, and the run goes on."""
-    before = origin.proxy.stats()
-    try:
-        results[variant.name] = result = await asyncio.to_thread(play, variant, workload, samples)
-    except Exception as exc:  # a peer's failure is a figure of the run, not the end of it
-        if variant.name == "blobsdk_s3":
-            raise
-        last = (str(exc).strip().splitlines() or [""])[-1][:200]
-        named = type(exc).__name__ in last.partition(":")[0]  # torch re-raises a worker's error with its name
-        failed[variant.name] = f"failed: {last if named else f'{type(exc).__name__}: {last}'}"
-        _say(f"{variant.name:>10}: {failed[variant.name]}")
-        return
-    after = origin.proxy.stats()
-    moved = {key: after[key] - before[key] for key in ("requests", "bytes", "repeats")}
-    result.extra.update(tier_requests=moved["requests"], tier_mb=moved["bytes"] / 1e6, tier_repeats=moved["repeats"])
-    _say(summary(variant.name, result))
 
 
 def picture(out: Report, results: dict[str, JobResult], png: Path, workload: Workload) -> None:
@@ -440,11 +380,6 @@ def report(results: dict[str, JobResult], skipped: dict[str, str] | None = None)
     for name in BASELINES:
         out.ratios[f"ingest_vs_{name}"] = results[name].ingest_s / max(ours.ingest_s, 1e-3)
     _into_vs_map(out, results)
-    ran = [name for name in peers.PEERS if name in results]
-    if ran and "blobsdk_s3" in results:
-        best = min(ran, key=lambda name: results[name].ingest_s)
-        out.ratios["ingest_vs_best_peer"] = results[best].ingest_s / max(results["blobsdk_s3"].ingest_s, 1e-3)
-        out.details["best_peer"] = best
     out.skipped.update(skipped or {})
     out.goals.update({key: goal for key, goal in GOALS.items() if key in out.ratios or key in out.metrics})
     return out
