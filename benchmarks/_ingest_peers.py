@@ -1,34 +1,33 @@
-"""The ingest benchmark's S3 rows: the loaders data-lake users run today, and blobsdk, on one
-object store behind one HDD model (see benchmarks/ingest.py).
+"""The fair S3 ingest benchmark's loaders (benchmarks/ingest_s3.py), on one object store
+behind one HDD model.
 
 **The origin** (:func:`start_origin`): a local SeaweedFS (servers/seaweedd.py) with bucket
-``ingest``, behind servers/hddproxy.py with the block servers' model: ``block_servers``
-disks of ``spindles`` each, ``latency_ms`` a request, ``bandwidth_mbps`` each (3 x 60 MB/s,
-2 in service, 5 ms), so the tier has the same 180 MB/s as the block-server rows.  Every
-timed read goes through the proxy; the uploads (not timed) go to SeaweedFS directly.  Each
-sample is the object ``samples/NNNNNN`` (what the per-object loaders read), litdata's chunks
-are under ``litdata/``, blobsdk's blocks under ``blobsdk/``.
+``ingest``, behind servers/hddproxy.py, a striped store of ``block_servers`` disks of
+``spindles`` each, ``latency_ms`` a seek, ``bandwidth_mbps`` each (3 x 60 MB/s = 180 MB/s,
+2 spindles, 5 ms, 4 MiB stripes each read by its own disk).  Every timed read goes through
+the proxy; the uploads (not timed) go to SeaweedFS directly.  Each sample is the object
+``samples/NNNNNN`` (what s3torchconnector reads), litdata's chunks are under
+``litdata-NNmb/``, WebDataset's shards under ``webdataset-NNmb/``, blobsdk's blocks under
+``blobsdk/``.
 
-**The rows** (each a :class:`~benchmarks._ingest_job.Variant` in the common DataLoader:
-``workers`` persistent workers, :func:`~benchmarks._ingest_variants.collate`):
+**The loaders** (each a :class:`~benchmarks._ingest_variants.LoaderVariant` in the common
+DataLoader: ``workers`` persistent workers, :func:`~benchmarks._ingest_variants.collate`):
 
-- ``s3torch``: s3torchconnector's ``S3MapDataset.from_prefix(..., endpoint=proxy,
-  s3client_config=S3ClientConfig(force_path_style=True))``, shuffled by the DataLoader's
-  sampler; each item ``S3Reader.read()`` (the CRT client, made per worker: it drops its
-  clients at fork).  Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+- :func:`s3torch`: s3torchconnector's ``S3MapDataset.from_prefix(..., endpoint=proxy,
+  s3client_config=S3ClientConfig(force_path_style=True), reader_constructor=...)`` with its
+  sequential or range-based reader, shuffled by the DataLoader's sampler; each item
+  ``S3Reader.read()``.  Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
   (:func:`aws_env`, set while the rows run).
-- ``litdata``: ``litdata.optimize()`` into its chunk format (``chunk_bytes="64MB"``, as its
-  docs show; not timed), uploaded to ``litdata/``, then ``StreamingDataset(input_dir=
-  "s3://ingest/litdata", cache_dir=<fresh temp dir>, shuffle=True, storage_options=
-  {endpoint_url: proxy, ...})``: each worker downloads whole chunks into the local cache
-  (``max_pre_download=2`` ahead) and reads its samples there; later epochs read the cache.
-  Its chunk GETs take its obstore path, told to allow ``http://`` (:func:`_litdata_allow_http`).
-  With more than one worker over S3, litdata 0.2.76 fails in its first epoch (``struct.error``
-  in ``PyTreeLoader.deserialize``: an item of 0 bytes, read from a chunk in the cache that
-  the workers share; with 1 worker, or from a local directory with 4, it reads every item;
-  its own ``StreamingDataLoader`` fails the same way): the row is reported as failed, and
-  ``litdata_1w`` is litdata with 1 worker, everything else the same.
-- ``blobsdk_s3``: the ``blobsdk`` row's dataset on a cluster whose L4 is the same bucket
+- :func:`litdata_streaming`: ``litdata.optimize()`` into chunks of ``chunk_mb`` (tuple
+  samples ``(index, bytes)``; not timed), then ``StreamingDataset(input_dir=
+  "s3://ingest/litdata-NNmb", cache_dir=<fresh dir>, shuffle=True, max_cache_size=budget,
+  storage_options={endpoint_url: proxy, ...})``: each worker downloads whole chunks into the
+  local cache (``max_pre_download=2`` ahead) and reads its samples there; later epochs
+  read the cache.  Its chunk GETs take its obstore path, told to allow ``http://``
+  (:func:`_litdata_allow_http`).
+- :func:`webdataset`: ``wds.WebDataset`` over tar shards written by its ``ShardWriter``,
+  each shard opened by one plain streaming S3 GET (boto3, :class:`_S3Get`).
+- :func:`blobsdk_s3`: ``BlobIterableDataset`` on a cluster whose L4 is the same bucket
   through the proxy (2 L3 nodes that read through from it; no block servers).
 
 :func:`missing` says why the peer rows cannot run (the ``bench`` extra is not installed):

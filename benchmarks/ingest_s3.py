@@ -42,7 +42,10 @@ Ratios (blobsdk's figure against the best peer's figure, each figure's own best 
 epochs' stall), ``job_vs_best_peer`` (the job's stall, goal >= 2), ``ttfb_vs_best_peer``
 (goal >= 1: no later than the best).  Against the physical limit: ``cold_vs_limit`` (the
 limit / blobsdk's epoch 0 wall time, goal >= 0.9), ``warm_vs_limit``, ``job_vs_limit``;
-each peer's best has its own ``_vs_limit`` figures.
+each peer's best has its own ``_vs_limit`` figures.  The measured floor: before the rows,
+16 threads of plain boto3 GETs read every sample object once through the proxy, no loader,
+no job (``origin_ceiling_mbps``: what this machine's cores get from the model);
+``cold_vs_ceiling`` is the dataset at that rate / blobsdk's epoch 0 wall time.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ import asyncio
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from servers.cluster import start_cluster
@@ -70,6 +75,7 @@ GOALS = {
     "ttfb_vs_best_peer": ">= 1",
 }
 BLOBSDK = Row("blobsdk")
+CEILING_PARALLEL = 16
 
 
 async def run(quick: bool = False) -> Report:
@@ -91,6 +97,8 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
             shards = peers.load(origin, samples, root, litdata_mb=sizes if sweep else (), webdataset_mb=sizes)
             context = RowContext(workload, origin.endpoint, root, cache_budget(samples), root / "blobsdk.toml", shards)
             say("== rows ==", *(f"{row.name}: {row.describe(context)}" for row in [BLOBSDK, *sweep]))
+            ceiling = await asyncio.to_thread(origin_ceiling_Bps, origin, samples)
+            say(f"origin ceiling: {ceiling / 1e6:.0f} MB/s ({CEILING_PARALLEL} plain GETs in flight, every sample once)")
             first = await blobsdk_row(origin, context, samples)
             more, failed = await asyncio.to_thread(rows.play_rows, sweep, context, origin.proxy.stats, say)
             first.update(more)
@@ -101,7 +109,27 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
             again.update(await blobsdk_row(origin, context, samples))
     skipped = dict.fromkeys(rows.PEERS, why) if why else {}
     skipped["mosaic"] = "not run: mosaicml-streaming 0.13.0 pins numpy < 2.2 and xxhash < 4, it needs a venv of its own"
-    return report(workload, samples, first, again, picks, {**failed, **failed_again}, skipped)
+    out = report(workload, samples, first, again, picks, {**failed, **failed_again}, skipped)
+    out.metrics["origin_ceiling_mbps"] = ceiling / 1e6
+    if "blobsdk" in first:
+        runs = [r for r in (first["blobsdk"], again.get("blobsdk")) if r is not None]
+        out.metrics["cold_vs_ceiling"] = _mean(runs, lambda r: samples.total_bytes / ceiling / r.epochs[0].wall_s)
+    return out
+
+
+def origin_ceiling_Bps(origin: peers.Origin, samples: Samples) -> float:
+    """What this machine gets from the origin with no loader: every sample object read once
+    by ``CEILING_PARALLEL`` threads of plain boto3 GETs through the proxy, bytes / second.
+    The cold epoch's measured floor is the dataset over it."""
+    client = origin.boto3(origin.endpoint)
+
+    def get(i: int) -> int:
+        return len(client.get_object(Bucket=peers.BUCKET, Key=f"{peers.OBJECTS}{i:06d}")["Body"].read())
+
+    begun = time.perf_counter()
+    with ThreadPoolExecutor(CEILING_PARALLEL) as pool:
+        moved = sum(pool.map(get, range(len(samples))))
+    return moved / (time.perf_counter() - begun)
 
 
 async def blobsdk_row(origin: peers.Origin, context: RowContext, samples: Samples) -> dict[str, JobResult]:
