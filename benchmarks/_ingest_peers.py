@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 from torch.utils.data import DataLoader
 
 import blobsdk
@@ -388,3 +389,51 @@ def webdataset(endpoint: str, workload: Workload, keys: list[str], name: str = "
         return DataLoader(dataset, worker_init_fn=functools.partial(_open_s3_with, endpoint), **loader_options(workload))
 
     return LoaderVariant(name, make)
+
+
+# --- Mosaic Streaming (in its own venv: benchmarks/_ingest_mosaic.py) ------------------------------
+
+
+def mosaic_dir(shard_mb: int) -> str:
+    return f"mosaic-{shard_mb}mb"
+
+
+def _mosaic_item(sample: dict[str, Any]) -> Item:
+    return int(sample["index"]), as_tensor(bytearray(sample["data"]))
+
+
+class _MosaicItems(torch.utils.data.IterableDataset[Item]):
+    """Mosaic's ``StreamingDataset``, each sample as the common ``(index, tensor)`` item."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Item]:
+        return map(_mosaic_item, iter(self.dataset))
+
+
+def mosaic(endpoint: str, workload: Workload, cache_dir: Path, shard_mb: int, cache_bytes: int, name: str) -> LoaderVariant:
+    """``streaming.StreamingDataset(remote="s3://ingest/mosaic-NNmb", local=<fresh dir>,
+    shuffle=True, batch_size=..., cache_limit=budget)``, its S3 endpoint the proxy
+    (``S3_ENDPOINT_URL``, read by its boto3 downloads in each worker)."""
+    from streaming import StreamingDataset
+
+    def make() -> DataLoader[Item]:
+        os.environ["S3_ENDPOINT_URL"] = endpoint
+        dataset = StreamingDataset(
+            remote=f"s3://{BUCKET}/{mosaic_dir(shard_mb)}",
+            local=str(cache_dir),
+            shuffle=True,
+            shuffle_seed=workload.seed,
+            batch_size=workload.batch_size,
+            cache_limit=cache_bytes,
+        )
+        return DataLoader(_MosaicItems(dataset), **loader_options(workload))
+
+    def cleanup() -> None:
+        from streaming.base.util import clean_stale_shared_memory
+
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        clean_stale_shared_memory()
+
+    return LoaderVariant(name, make, cleanup=cleanup)

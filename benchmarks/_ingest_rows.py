@@ -7,10 +7,13 @@ spawned (not forked) for it, so no row inherits another's threads, clients or st
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import subprocess
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ._ingest_job import JobResult
 from ._ingest_variants import LoaderVariant
@@ -34,11 +37,12 @@ class Row:
         return f"{self.peer}_{knob}" if knob else self.peer
 
     def describe(self, context: RowContext) -> str:
-        budget = f"max_cache_size={context.cache_bytes / 1e6:.0f} MB"
+        budget = f"{context.cache_bytes / 1e6:.0f} MB"
         return {
             "s3torch": f"S3MapDataset.from_prefix, one object per sample, reader_constructor=S3ReaderConstructor.{self.reader}()",
-            "litdata": f"StreamingDataset, chunk_bytes={self.chunk_mb}MB, tuple samples, {budget}, max_pre_download=2",
+            "litdata": f"StreamingDataset, chunk_bytes={self.chunk_mb}MB, tuple samples, max_cache_size={budget}",
             "webdataset": f"WebDataset, {self.chunk_mb} MB tar shards, one plain S3 GET per shard, shards shuffled",
+            "mosaic": f"streaming.StreamingDataset, {self.chunk_mb} MB MDS shards, shuffled, cache_limit={budget}",
             "blobsdk": "BlobIterableDataset(readahead, prefetch_window, prefetch_tier='l3'), 4 MiB chunks, L3 as its cache",
         }[self.peer]
 
@@ -57,19 +61,38 @@ class RowContext:
     shards: dict[int, list[str]] = field(default_factory=dict)
 
 
-PEERS = ("s3torch", "litdata", "webdataset")
+PEERS = ("s3torch", "litdata", "webdataset", "mosaic")
+MOSAIC_VENV = Path(__file__).resolve().parents[1] / ".venv-mosaic"
 FULL_SIZES_MB = (4, 8, 16, 64)
 QUICK_SIZES_MB = (8, 64)
 
 
-def sweep(quick: bool) -> list[Row]:
-    """Every peer configuration to try: s3torchconnector's two readers, litdata's and
-    WebDataset's chunk (shard) sizes (``--quick``: 8 and 64 MB only)."""
+def sweep(quick: bool, mosaic: bool = False) -> list[Row]:
+    """Every peer configuration to try: s3torchconnector's two readers, litdata's,
+    WebDataset's and (``mosaic``: its venv is there) Mosaic Streaming's chunk (shard) sizes
+    (``--quick``: 8 and 64 MB only)."""
     sizes = QUICK_SIZES_MB if quick else FULL_SIZES_MB
     rows = [Row("s3torch", reader=reader) for reader in ("sequential", "range_based")]
     rows += [Row("litdata", chunk_mb=mb) for mb in sizes]
     rows += [Row("webdataset", chunk_mb=mb) for mb in sizes]
+    rows += [Row("mosaic", chunk_mb=mb) for mb in sizes] if mosaic else []
     return rows
+
+
+def mosaic_python() -> Path | None:
+    """The interpreter of Mosaic Streaming's venv (``make venv-mosaic``), if it is there."""
+    python = MOSAIC_VENV / "bin" / "python"
+    return python if python.exists() else None
+
+
+def run_mosaic(*args: str) -> None:
+    """``python -m benchmarks._ingest_mosaic ARGS`` in Mosaic's venv, from this checkout."""
+    python = mosaic_python()
+    assert python is not None
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([str(python), "-m", "benchmarks._ingest_mosaic", *args], cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1])
 
 
 def variant_of(row: Row, context: RowContext, samples: Samples) -> LoaderVariant:
@@ -84,6 +107,9 @@ def variant_of(row: Row, context: RowContext, samples: Samples) -> LoaderVariant
         return peers.litdata_streaming(context.endpoint, workload, cache, row.chunk_mb, context.cache_bytes, name=row.name)
     if row.peer == "webdataset":
         return peers.webdataset(context.endpoint, workload, context.shards[row.chunk_mb], name=row.name)
+    if row.peer == "mosaic":
+        cache = context.root / f"cache-{row.name}"
+        return peers.mosaic(context.endpoint, workload, cache, row.chunk_mb, context.cache_bytes, name=row.name)
     if row.peer == "blobsdk":
         import blobsdk
 
@@ -105,7 +131,13 @@ def play_here(row: Row, context: RowContext) -> JobResult:
 
 
 def play_spawned(row: Row, context: RowContext) -> JobResult:
-    """Play the row in a fresh spawned process, and wait for it."""
+    """Play the row in a fresh spawned process, and wait for it (Mosaic's: a process of its
+    venv's interpreter)."""
+    if row.peer == "mosaic":
+        spec, result = context.root / f"{row.name}.spec", context.root / f"{row.name}.result"
+        spec.write_bytes(pickle.dumps((row, context)))
+        run_mosaic("play", str(spec), str(result))
+        return cast(JobResult, pickle.loads(result.read_bytes()))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
         return fresh.submit(play_here, row, context).result(timeout=ROW_TIMEOUT_S)
 

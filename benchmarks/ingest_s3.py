@@ -51,6 +51,8 @@ no job (``origin_ceiling_mbps``: what this machine's cores get from the model);
 from __future__ import annotations
 
 import asyncio
+import pickle
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,7 +81,7 @@ CEILING_PARALLEL = 16
 
 
 async def run(quick: bool = False) -> Report:
-    return await measure(QUICK if quick else FULL, rows.sweep(quick))
+    return await measure(QUICK if quick else FULL, rows.sweep(quick, mosaic=rows.mosaic_python() is not None))
 
 
 async def measure(workload: Workload, sweep: list[Row]) -> Report:
@@ -95,6 +97,7 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
         with peers.start_origin(root / "origin", workload) as origin, peers.aws_env():
             sizes = sorted({row.chunk_mb for row in sweep if row.chunk_mb})
             shards = peers.load(origin, samples, root, litdata_mb=sizes if sweep else (), webdataset_mb=sizes)
+            load_mosaic(origin, workload, root, sorted({row.chunk_mb for row in sweep if row.peer == "mosaic"}))
             context = RowContext(workload, origin.endpoint, root, cache_budget(samples), root / "blobsdk.toml", shards)
             say("== rows ==", *(f"{row.name}: {row.describe(context)}" for row in [BLOBSDK, *sweep]))
             ceiling = await asyncio.to_thread(origin_ceiling_Bps, origin, samples)
@@ -108,7 +111,8 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
             again, failed_again = await asyncio.to_thread(rows.play_rows, again_rows, context, origin.proxy.stats, say)
             again.update(await blobsdk_row(origin, context, samples))
     skipped = dict.fromkeys(rows.PEERS, why) if why else {}
-    skipped["mosaic"] = "not run: mosaicml-streaming 0.13.0 pins numpy < 2.2 and xxhash < 4, it needs a venv of its own"
+    if not any(row.peer == "mosaic" for row in sweep):
+        skipped["mosaic"] = f"not run: no {rows.MOSAIC_VENV.name} (make venv-mosaic: mosaicml-streaming 0.13.0 pins numpy < 2.2)"
     out = report(workload, samples, first, again, picks, {**failed, **failed_again}, skipped)
     out.metrics["origin_ceiling_mbps"] = ceiling / 1e6
     if "blobsdk" in first:
@@ -142,6 +146,19 @@ async def blobsdk_row(origin: peers.Origin, context: RowContext, samples: Sample
         context.blobsdk_toml.write_text(cluster.config.to_toml())
         results, _ = await asyncio.to_thread(rows.play_rows, [BLOBSDK], context, origin.proxy.stats, say)
     return results
+
+
+def load_mosaic(origin: peers.Origin, workload: Workload, root: Path, sizes_mb: list[int]) -> None:
+    """Mosaic's MDS shards at each size, written in its venv, uploaded to ``mosaic-NNmb/``."""
+    if not sizes_mb:
+        return
+    spec, out = root / "workload.pkl", root / "mosaic-build"
+    spec.write_bytes(pickle.dumps(workload))
+    rows.run_mosaic("write", str(spec), str(out), *map(str, sizes_mb))
+    for mb in sizes_mb:
+        shards = out / peers.mosaic_dir(mb)
+        origin.upload((f"{peers.mosaic_dir(mb)}/{path.name}", path) for path in sorted(shards.iterdir()))
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def cache_budget(samples: Samples) -> int:

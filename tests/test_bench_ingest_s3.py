@@ -45,11 +45,19 @@ def test_every_row_feeds_the_job_every_sample_in_its_own_process_in_two_orders(t
         assert report.metrics[f"{name}_ttfb_s"] > 0
         assert f"{name}_again_epoch1_s" in report.metrics  # the second order
     assert report.metrics["cold_limit_s"] == pytest.approx(Samples(TINY).total_bytes / (2 * 400e6))
-    assert report.skipped["mosaic"].startswith("not run: mosaicml-streaming 0.13.0 pins")
+    assert report.skipped["mosaic"].startswith("not run: no .venv-mosaic (make venv-mosaic")
     if peers.missing() is None:
         assert {k: v for k, v in report.skipped.items() if k != "mosaic"} == {}
         assert set(report.ratios) == {"cold_vs_best_peer", "warm_vs_best_peer", "job_vs_best_peer", "ttfb_vs_best_peer"}
         assert {report.details[f"best_{peer}"] for peer in rows.PEERS} == {row.name for row in SWEEP}
+
+
+@pytest.mark.skipif(rows.mosaic_python() is None, reason="no .venv-mosaic (make venv-mosaic)")
+def test_mosaic_streaming_rows_run_in_the_interpreter_of_its_own_venv() -> None:
+    report = asyncio.run(ingest_s3.measure(TINY, [Row("mosaic", chunk_mb=1)]))
+    assert "mosaic" not in report.skipped
+    assert report.metrics["mosaic_1mb_tier_mb"] > 0 and "mosaic_1mb_again_epoch1_s" in report.metrics
+    assert report.details["best_mosaic"] == "mosaic_1mb"
 
 
 def test_the_sweep_tries_every_documented_knob_and_quick_fewer_sizes() -> None:
@@ -68,6 +76,7 @@ def test_the_sweep_tries_every_documented_knob_and_quick_fewer_sizes() -> None:
         "webdataset_8mb",
         "webdataset_64mb",
     ]
+    assert [row.name for row in rows.sweep(quick=True, mosaic=True)][-2:] == ["mosaic_8mb", "mosaic_64mb"]
 
 
 def _job(stalls: list[float], ttfb: float, compute: float = 1.0) -> JobResult:
