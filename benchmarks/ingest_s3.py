@@ -26,8 +26,10 @@ of blobsdk's L3 nodes is given; blobsdk keeps one replica per chunk):
   GET (boto3), shards shuffled and split over the workers; no cache.
 - ``blobsdk``: ``BlobIterableDataset`` (readahead 8, a prefetch window of 16 into L3) over a
   cluster of 2 L3 nodes whose L4 is the same bucket.
-- Mosaic Streaming: not run yet (mosaicml-streaming 0.13.0 pins numpy < 2.2 and xxhash < 4,
-  so it needs a venv of its own, which this benchmark does not make); reported as skipped.
+- ``mosaic_NNmb``: Mosaic Streaming's ``StreamingDataset`` over MDS shards of the same sizes,
+  ``cache_limit`` = the budget, in the interpreter of its own venv (``make venv-mosaic``:
+  mosaicml-streaming 0.13.0 pins numpy < 2.2 and xxhash < 4; benchmarks/_ingest_mosaic.py);
+  without that venv, reported as skipped.
 
 **Two orders**: every row once, blobsdk first (it used to hang the forked workers of the
 loaders after it when it ran in the same process), then each peer's best configuration and

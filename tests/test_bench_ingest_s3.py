@@ -49,7 +49,7 @@ def test_every_row_feeds_the_job_every_sample_in_its_own_process_in_two_orders(t
     if peers.missing() is None:
         assert {k: v for k, v in report.skipped.items() if k != "mosaic"} == {}
         assert set(report.ratios) == {"cold_vs_best_peer", "warm_vs_best_peer", "job_vs_best_peer", "ttfb_vs_best_peer"}
-        assert {report.details[f"best_{peer}"] for peer in rows.PEERS} == {row.name for row in SWEEP}
+        assert {report.details[f"best_{row.peer}"] for row in SWEEP} == {row.name for row in SWEEP}
 
 
 @pytest.mark.skipif(rows.mosaic_python() is None, reason="no .venv-mosaic (make venv-mosaic)")
