@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 CORE   := $(VENV)/.installed-core
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: demo test lint services bench install clean dlio dlio-test
+.PHONY: demo test lint services bench venv-mosaic install clean dlio dlio-test
 
 demo: $(CORE)
 	$(VENV)/bin/blobsdk demo
@@ -40,6 +40,15 @@ lint: $(DEV)
 
 bench: $(DEV)
 	$(PY) -m benchmarks put_get --quick
+
+# Mosaic Streaming's venv, for its rows in `python -m benchmarks ingest_s3` (skipped without it):
+# mosaicml-streaming 0.13.0 pins numpy < 2.2 and xxhash < 4, so it gets its own numpy and
+# xxhash and sees the project's other packages through a .pth file.  Not needed by CI.
+venv-mosaic: $(DEV)
+	$(PY) -m venv .venv-mosaic
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+		"$$(.venv-mosaic/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/project-venv.pth"
+	.venv-mosaic/bin/python -m pip install --disable-pip-version-check "mosaicml-streaming==0.13.0"
 
 install: $(DEV)
 

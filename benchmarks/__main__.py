@@ -20,6 +20,7 @@ BENCHMARKS = {
     "concurrency": "benchmarks.concurrency",
     "tenancy": "benchmarks.tenancy",
     "ingest": "benchmarks.ingest",
+    "ingest_s3": "benchmarks.ingest_s3",
     "p2p": "benchmarks.p2p",
     "checkpoint": "benchmarks.checkpoint",
     "metadata": "benchmarks.metadata",

@@ -1,34 +1,33 @@
-"""The ingest benchmark's S3 rows: the loaders data-lake users run today, and blobsdk, on one
-object store behind one HDD model (see benchmarks/ingest.py).
+"""The fair S3 ingest benchmark's loaders (benchmarks/ingest_s3.py), on one object store
+behind one HDD model.
 
 **The origin** (:func:`start_origin`): a local SeaweedFS (servers/seaweedd.py) with bucket
-``ingest``, behind servers/hddproxy.py with the block servers' model: ``block_servers``
-disks of ``spindles`` each, ``latency_ms`` a request, ``bandwidth_mbps`` each (3 x 60 MB/s,
-2 in service, 5 ms), so the tier has the same 180 MB/s as the block-server rows.  Every
-timed read goes through the proxy; the uploads (not timed) go to SeaweedFS directly.  Each
-sample is the object ``samples/NNNNNN`` (what the per-object loaders read), litdata's chunks
-are under ``litdata/``, blobsdk's blocks under ``blobsdk/``.
+``ingest``, behind servers/hddproxy.py, a striped store of ``block_servers`` disks of
+``spindles`` each, ``latency_ms`` a seek, ``bandwidth_mbps`` each (3 x 60 MB/s = 180 MB/s,
+2 spindles, 5 ms, 4 MiB stripes each read by its own disk).  Every timed read goes through
+the proxy; the uploads (not timed) go to SeaweedFS directly.  Each sample is the object
+``samples/NNNNNN`` (what s3torchconnector reads), litdata's chunks are under
+``litdata-NNmb/``, WebDataset's shards under ``webdataset-NNmb/``, blobsdk's blocks under
+``blobsdk/``.
 
-**The rows** (each a :class:`~benchmarks._ingest_job.Variant` in the common DataLoader:
-``workers`` persistent workers, :func:`~benchmarks._ingest_variants.collate`):
+**The loaders** (each a :class:`~benchmarks._ingest_variants.LoaderVariant` in the common
+DataLoader: ``workers`` persistent workers, :func:`~benchmarks._ingest_variants.collate`):
 
-- ``s3torch``: s3torchconnector's ``S3MapDataset.from_prefix(..., endpoint=proxy,
-  s3client_config=S3ClientConfig(force_path_style=True))``, shuffled by the DataLoader's
-  sampler; each item ``S3Reader.read()`` (the CRT client, made per worker: it drops its
-  clients at fork).  Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+- :func:`s3torch`: s3torchconnector's ``S3MapDataset.from_prefix(..., endpoint=proxy,
+  s3client_config=S3ClientConfig(force_path_style=True), reader_constructor=...)`` with its
+  sequential or range-based reader, shuffled by the DataLoader's sampler; each item
+  ``S3Reader.read()``.  Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
   (:func:`aws_env`, set while the rows run).
-- ``litdata``: ``litdata.optimize()`` into its chunk format (``chunk_bytes="64MB"``, as its
-  docs show; not timed), uploaded to ``litdata/``, then ``StreamingDataset(input_dir=
-  "s3://ingest/litdata", cache_dir=<fresh temp dir>, shuffle=True, storage_options=
-  {endpoint_url: proxy, ...})``: each worker downloads whole chunks into the local cache
-  (``max_pre_download=2`` ahead) and reads its samples there; later epochs read the cache.
-  Its chunk GETs take its obstore path, told to allow ``http://`` (:func:`_litdata_allow_http`).
-  With more than one worker over S3, litdata 0.2.76 fails in its first epoch (``struct.error``
-  in ``PyTreeLoader.deserialize``: an item of 0 bytes, read from a chunk in the cache that
-  the workers share; with 1 worker, or from a local directory with 4, it reads every item;
-  its own ``StreamingDataLoader`` fails the same way): the row is reported as failed, and
-  ``litdata_1w`` is litdata with 1 worker, everything else the same.
-- ``blobsdk_s3``: the ``blobsdk`` row's dataset on a cluster whose L4 is the same bucket
+- :func:`litdata_streaming`: ``litdata.optimize()`` into chunks of ``chunk_mb`` (tuple
+  samples ``(index, bytes)``; not timed), then ``StreamingDataset(input_dir=
+  "s3://ingest/litdata-NNmb", cache_dir=<fresh dir>, shuffle=True, max_cache_size=budget,
+  storage_options={endpoint_url: proxy, ...})``: each worker downloads whole chunks into the
+  local cache (``max_pre_download=2`` ahead) and reads its samples there; later epochs
+  read the cache.  Its chunk GETs take its obstore path, told to allow ``http://``
+  (:func:`_litdata_allow_http`).
+- :func:`webdataset`: ``wds.WebDataset`` over tar shards written by its ``ShardWriter``,
+  each shard opened by one plain streaming S3 GET (boto3, :class:`_S3Get`).
+- :func:`blobsdk_s3`: ``BlobIterableDataset`` on a cluster whose L4 is the same bucket
   through the proxy (2 L3 nodes that read through from it; no block servers).
 
 :func:`missing` says why the peer rows cannot run (the ``bench`` extra is not installed):
@@ -38,17 +37,21 @@ the benchmark then reports them as skipped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import logging
 import multiprocessing
 import os
 import shutil
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 from torch.utils.data import DataLoader
 
 import blobsdk
@@ -64,11 +67,10 @@ from ._ingest_workload import MiB, Samples, Workload
 BUCKET = "ingest"
 OBJECTS = "samples/"
 LITDATA = "litdata"
+WEBDATASET = "webdataset"
 BLOBSDK_SOURCE = f"s3://{BUCKET}/blobsdk"
-PEERS = ("s3torch", "litdata", "litdata_1w")
-BENCH_EXTRA = ("s3torchconnector", "litdata")
+BENCH_EXTRA = ("s3torchconnector", "litdata", "webdataset")
 UPLOAD_PARALLEL = 16
-LITDATA_CHUNK = "64MB"
 
 
 def missing() -> str | None:
@@ -152,13 +154,26 @@ def aws_env() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def load(origin: Origin, samples: Samples, root: Path, *, peers: bool) -> None:
-    """Every sample as its own object, and (``peers``) litdata's optimized chunks."""
+def load(
+    origin: Origin, samples: Samples, root: Path, *, litdata_mb: Iterable[int] = (), webdataset_mb: Iterable[int] = ()
+) -> dict[int, list[str]]:
+    """Every sample as its own object, litdata's optimized chunks at each of ``litdata_mb``
+    (``litdata-NNmb/``) and WebDataset's shards at each of ``webdataset_mb``
+    (``webdataset-NNmb/``).  Returns each shard size's shard keys."""
     origin.upload((f"{OBJECTS}{i:06d}", samples.data(i)) for i in range(len(samples)))
-    if peers:
-        chunks = optimize_for_litdata(samples, root / "litdata-build")
-        origin.upload((f"{LITDATA}/{path.name}", path) for path in sorted(chunks.iterdir()))
-        shutil.rmtree(root / "litdata-build", ignore_errors=True)
+    build = root / "peer-build"
+    for chunk_mb in litdata_mb:
+        chunks = optimize_for_litdata(samples, build, chunk_mb)
+        origin.upload((f"{litdata_dir(chunk_mb)}/{path.name}", path) for path in sorted(chunks.iterdir()))
+        shutil.rmtree(chunks, ignore_errors=True)
+    shards: dict[int, list[str]] = {}
+    for shard_mb in webdataset_mb:
+        tars = sorted(write_webdataset(samples, build, shard_mb).iterdir())
+        shards[shard_mb] = [f"{webdataset_dir(shard_mb)}/{path.name}" for path in tars]
+        origin.upload(zip(shards[shard_mb], tars, strict=True))
+        shutil.rmtree(tars[0].parent, ignore_errors=True)
+    shutil.rmtree(build, ignore_errors=True)
+    return shards
 
 
 def blobsdk_cluster_options(origin: Origin, workload: Workload, samples: Samples) -> dict[str, Any]:
@@ -190,31 +205,40 @@ def _s3torch_item(reader: Any) -> Item:
     return index, as_tensor(bytearray(reader.read()))
 
 
-def s3torch(origin: Origin, workload: Workload) -> LoaderVariant:
-    from s3torchconnector import S3ClientConfig, S3MapDataset
+def s3torch(endpoint: str, workload: Workload, reader: str = "sequential", name: str = "s3torch") -> LoaderVariant:
+    """``reader``: s3torchconnector's ``sequential`` (its default) or ``range_based`` reader."""
+    from s3torchconnector import S3ClientConfig, S3MapDataset, S3ReaderConstructor
+
+    constructor = {"sequential": S3ReaderConstructor.sequential, "range_based": S3ReaderConstructor.range_based}[reader]
 
     def make() -> DataLoader[Item]:
         dataset = S3MapDataset.from_prefix(
             f"s3://{BUCKET}/{OBJECTS}",
             region=REGION,
-            endpoint=origin.endpoint,
+            endpoint=endpoint,
             transform=_s3torch_item,
             s3client_config=S3ClientConfig(force_path_style=True),
+            reader_constructor=constructor(),
         )
         return map_loader(dataset, workload)
 
-    return LoaderVariant("s3torch", make)
+    return LoaderVariant(name, make)
 
 
 # --- litdata --------------------------------------------------------------------------------
 
 
-def _litdata_sample(item: tuple[int, str]) -> dict[str, Any]:
+def _litdata_sample(item: tuple[int, str]) -> tuple[int, bytes]:
+    """A tuple, not a dict: with dict samples litdata 0.2.76's workers fail (benchmarks/ingest_s3.py)."""
     index, path = item
-    return {"index": index, "data": Path(path).read_bytes()}
+    return index, Path(path).read_bytes()
 
 
-def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
+def litdata_dir(chunk_mb: int) -> str:
+    return f"{LITDATA}-{chunk_mb}mb"
+
+
+def optimize_for_litdata(samples: Samples, dir: Path, chunk_mb: int) -> Path:
     """The dataset in litdata's chunk format (``dir/out``), from one file per sample."""
     from litdata import optimize
 
@@ -223,9 +247,10 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
     inputs = []
     for i in range(len(samples)):
         path = source / f"{i:06d}"
-        path.write_bytes(samples.data(i))
+        if not path.exists():
+            path.write_bytes(samples.data(i))
         inputs.append((i, str(path)))
-    out = dir / "out"
+    out = dir / f"out-{chunk_mb}"
     # optimize() sets the process's multiprocessing start method (force=True; "spawn" by
     # default): put it back, or every DataLoader after it spawns its workers.
     start_method = multiprocessing.get_start_method(allow_none=True)
@@ -235,7 +260,7 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
                 fn=_litdata_sample,
                 inputs=inputs,
                 output_dir=str(out),
-                chunk_bytes=LITDATA_CHUNK,
+                chunk_bytes=f"{chunk_mb}MB",
                 num_workers=1,
                 start_method="fork",
                 verbose=False,
@@ -245,44 +270,170 @@ def optimize_for_litdata(samples: Samples, dir: Path) -> Path:
     return out
 
 
-def _litdata_item(sample: dict[str, Any]) -> Item:
-    return int(sample["index"]), as_tensor(bytearray(sample["data"]))
+def _litdata_item(sample: tuple[int, bytes]) -> Item:
+    return int(sample[0]), as_tensor(bytearray(sample[1]))
 
 
 def _litdata_allow_http(worker_id: int) -> None:
     """litdata 0.2.76 builds its obstore store (its chunk GETs) with client options of its
     own and no ``allow_http``, so against an ``http://`` endpoint every chunk GET fails
-    (``BadScheme``); its boto3 fallback (forced) failed to read chunks in the quick run (an
-    empty item), so each worker adds ``allow_http`` to those options: litdata's own path."""
+    (``BadScheme``): each worker adds ``allow_http`` to those options, litdata's own path."""
     from litdata.streaming import downloader
 
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[typeddict-unknown-key]
 
 
-def litdata_streaming(origin: Origin, workload: Workload, cache_dir: Path, workers: int | None = None) -> LoaderVariant:
-    """A fresh cache directory per run (the first epoch is cold), removed afterwards.  A
-    persistent worker's dataset copy moves to its next epoch by itself."""
+def litdata_streaming(
+    endpoint: str, workload: Workload, cache_dir: Path, chunk_mb: int, cache_bytes: int | None, name: str = "litdata"
+) -> LoaderVariant:
+    """A fresh cache directory per run (the first epoch is cold), removed afterwards;
+    ``cache_bytes``: its ``max_cache_size`` (None: its disk-space heuristic).  A persistent
+    worker's dataset copy moves to its next epoch by itself."""
     from litdata import StreamingDataset
 
     def make() -> DataLoader[Item]:
         cache_dir.mkdir(parents=True, exist_ok=True)
         options = {
-            "endpoint_url": origin.endpoint,
+            "endpoint_url": endpoint,
             "region_name": REGION,
             "aws_access_key_id": ACCESS_KEY,
             "aws_secret_access_key": SECRET_KEY,
         }
-        dataset = StreamingDataset(
-            f"s3://{BUCKET}/{LITDATA}",
-            cache_dir=str(cache_dir),
-            shuffle=True,
-            seed=workload.seed,
-            drop_last=False,
-            storage_options=options,
-            transform=_litdata_item,
-        )
-        options = loader_options(workload if workers is None else replace(workload, workers=workers))
-        return DataLoader(dataset, worker_init_fn=_litdata_allow_http, **options)
+        budget = {} if cache_bytes is None else {"max_cache_size": cache_bytes}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The provided `max_cache_size` is less than")
+            logging.getLogger("litdata").setLevel(logging.ERROR)  # the same advice, as a log line
+            dataset = StreamingDataset(
+                f"s3://{BUCKET}/{litdata_dir(chunk_mb)}",
+                cache_dir=str(cache_dir),
+                shuffle=True,
+                seed=workload.seed,
+                drop_last=False,
+                storage_options=options,
+                transform=_litdata_item,
+                **budget,
+            )
+        return DataLoader(dataset, worker_init_fn=_litdata_allow_http, **loader_options(workload))
 
-    name = "litdata" if workers is None else f"litdata_{workers}w"
     return LoaderVariant(name, make, cleanup=lambda: shutil.rmtree(cache_dir, ignore_errors=True))
+
+
+# --- WebDataset -------------------------------------------------------------------------------
+
+
+def webdataset_dir(shard_mb: int) -> str:
+    return f"{WEBDATASET}-{shard_mb}mb"
+
+
+def write_webdataset(samples: Samples, dir: Path, shard_mb: int) -> Path:
+    """The dataset as WebDataset tar shards of at most ``shard_mb`` MB (its ``ShardWriter``),
+    each sample ``NNNNNN.bin``."""
+    import webdataset as wds
+
+    out = dir / f"wds-{shard_mb}"
+    out.mkdir(parents=True, exist_ok=True)
+    pattern = str(out / "shard-%06d.tar")
+    with contextlib.redirect_stdout(None), wds.ShardWriter(pattern, maxsize=shard_mb * 10**6, verbose=0) as sink:
+        for i in range(len(samples)):
+            sink.write({"__key__": f"{i:06d}", "bin": bytes(samples.data(i))})
+    return out
+
+
+class _S3Get:
+    """WebDataset's opener for ``s3://bucket/key``: one plain streaming GET (boto3), a client
+    per process (a forked worker makes its own)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._client: Any = None
+        self._pid = 0
+
+    def __call__(self, url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = _boto3_client(self.endpoint), os.getpid()
+        bucket, key = url.removeprefix("s3://").split("/", 1)
+        return self._client.get_object(Bucket=bucket, Key=key)["Body"]
+
+
+def _boto3_client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+def _open_s3_with(endpoint: str, worker_id: int) -> None:
+    """WebDataset opens ``s3://`` URLs with :class:`_S3Get` in this worker."""
+    importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = _S3Get(endpoint)  # wds.gopen is its function
+
+
+def _webdataset_item(sample: dict[str, Any]) -> Item:
+    return int(sample["__key__"]), as_tensor(bytearray(sample["bin"]))
+
+
+def webdataset(endpoint: str, workload: Workload, keys: list[str], name: str = "webdataset") -> LoaderVariant:
+    """``wds.WebDataset`` over the shards ``keys`` (shards shuffled, split over the workers),
+    each shard one plain S3 GET streamed through its tar reader; no local cache."""
+    import webdataset as wds
+
+    def make() -> DataLoader[Item]:
+        urls = [f"s3://{BUCKET}/{key}" for key in keys]
+        dataset = wds.WebDataset(urls, shardshuffle=len(urls), seed=workload.seed, empty_check=False).map(_webdataset_item)
+        return DataLoader(dataset, worker_init_fn=functools.partial(_open_s3_with, endpoint), **loader_options(workload))
+
+    return LoaderVariant(name, make)
+
+
+# --- Mosaic Streaming (in its own venv: benchmarks/_ingest_mosaic.py) ------------------------------
+
+
+def mosaic_dir(shard_mb: int) -> str:
+    return f"mosaic-{shard_mb}mb"
+
+
+def _mosaic_item(sample: dict[str, Any]) -> Item:
+    return int(sample["index"]), as_tensor(bytearray(sample["data"]))
+
+
+class _MosaicItems(torch.utils.data.IterableDataset[Item]):
+    """Mosaic's ``StreamingDataset``, each sample as the common ``(index, tensor)`` item."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Item]:
+        return map(_mosaic_item, iter(self.dataset))
+
+
+def mosaic(endpoint: str, workload: Workload, cache_dir: Path, shard_mb: int, cache_bytes: int, name: str) -> LoaderVariant:
+    """``streaming.StreamingDataset(remote="s3://ingest/mosaic-NNmb", local=<fresh dir>,
+    shuffle=True, batch_size=..., cache_limit=budget)``, its S3 endpoint the proxy
+    (``S3_ENDPOINT_URL``, read by its boto3 downloads in each worker)."""
+    from streaming import StreamingDataset
+
+    def make() -> DataLoader[Item]:
+        os.environ["S3_ENDPOINT_URL"] = endpoint
+        dataset = StreamingDataset(
+            remote=f"s3://{BUCKET}/{mosaic_dir(shard_mb)}",
+            local=str(cache_dir),
+            shuffle=True,
+            shuffle_seed=workload.seed,
+            batch_size=workload.batch_size,
+            cache_limit=cache_bytes,
+        )
+        return DataLoader(_MosaicItems(dataset), **loader_options(workload))
+
+    def cleanup() -> None:
+        from streaming.base.util import clean_stale_shared_memory
+
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        clean_stale_shared_memory()
+
+    return LoaderVariant(name, make, cleanup=cleanup)

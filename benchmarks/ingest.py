@@ -1,5 +1,4 @@
-"""ingest: the start of a training job on a scarce HDD tier, fed five ways in one run (issue 10),
-then on S3 by the loaders data-lake users run today and by blobsdk (issue 21 item 4).
+"""ingest: the start of a training job on a scarce HDD tier, fed five ways in one run.
 
 ``python -m benchmarks ingest [--quick] [--json FILE] [--png PATH]``.  Every parameter is a field of
 :class:`~benchmarks._ingest_workload.Workload` (``FULL``, ``QUICK``), printed at the start.
@@ -84,78 +83,10 @@ plus ~0.05-0.1 s in a warm epoch for the L3 nodes' work on the same cores (``mem
 ``ingest_vs_copy`` >= 5 asks of blobsdk; utilisation >= 0.95 is above the loader's own
 0.944-0.947.  ``--quick`` (1.5 s epochs) weighs each epoch's fixed costs 4x more.
 
-**The S3 rows** (benchmarks/_ingest_peers.py), after the block-server rows, the same job,
-samples, checks and DataLoader settings: SeaweedFS (servers/seaweedd.py) behind
-servers/hddproxy.py, an aiohttp reverse proxy with the block servers' HDD model
-(servers/_common/hdd.py: 3 disks of 2 spindles, 5 ms a request, 60 MB/s each, FIFO; a
-request meets the disk of its first byte's 4 MiB stripe), so every S3 row meets the same
-180 MB/s.  ``s3torch`` (s3torchconnector ``S3MapDataset.from_prefix``, one object per
-sample), ``litdata`` (``optimize()`` into 64 MB chunks, ``StreamingDataset`` over S3 with a
-fresh local cache), ``litdata_1w`` (the same, 1 worker), ``blobsdk_s3`` (the ``blobsdk`` row
-with L4 on that bucket, 2 L3 nodes reading through from it).  Without the ``bench`` extra the
-peer rows are reported as skipped (``skip`` lines, JSON ``skipped``); a peer that raises is
-reported there as failed, with its error.  Ratio ``ingest_vs_best_peer``: the best peer's
-ingestion time / ``blobsdk_s3``'s (goal >= 2).  The picture (``--png``, default next to
-``--json``, else ingest.png; matplotlib): stall per epoch by row, and the CDF of step wait.
-
-- ``litdata`` (4 workers) fails in its first epoch with litdata 0.2.76 (``struct.error`` in
-  ``PyTreeLoader.deserialize``: a 0-byte item read from a chunk in the cache its workers
-  share); 1 worker reads every item, as do 4 from a local directory, and its own
-  ``StreamingDataLoader`` fails the same way.  ``litdata_1w`` stands for it.
-- Where a peer wins a figure: ``litdata_1w``'s warm epochs (quick, after the fix below:
-  0.36 / 0.22 s against blobsdk_s3's 0.46 / 0.44 s).  After its cold epoch every chunk is in its local cache
-  directory (in the page cache here), so a warm epoch is the loader alone (``memory``: 0.89 /
-  0.61 s in the same run); blobsdk_s3 reads its warm epochs from the L3 nodes over HTTP, on
-  the same 2 cores.  What would change it: blobsdk's own local tiers (L1 in memory, L2 on
-  local disk), which this row leaves off as the ``blobsdk`` row does (a shuffled epoch hands
-  each sample to another worker).  litdata pays for it in the cold epoch: 1 worker fetches
-  64 MB chunks one after another, and the job waits for the first (28.7 s of stall).
-- The double read (fixed): blobsdk_s3 used to move ~1.4x the dataset through the HDD tier
-  (quick: 217-231 requests, 380-390 MB for 272 MB; ``tier_repeats`` 131-134).  The proxy's
-  request log (``--log``: who sent each request) put every repeat on the pair "L3 node's
-  read-through + a worker's own L4 read" of one chunk: the node, queued behind the HDD
-  model, answered nothing for over the client hedger's hang deadline (1 s), so the client's
-  L3 read was failed over as hung, missed, and the worker read the chunk from L4 itself;
-  cancelling the GET cancelled the node's read too (half the bytes already moved), so a
-  warm epoch read the chunk through once more.  Now a chunk GET asks the node for ``102
-  Processing`` every half ``hang_min_ms`` while it reads through (servers/flash.py,
-  blobsdk/tiers/l3.py): a node that speaks is working, not hung, and is neither failed over
-  nor hedged; a node that falls silent still fails over within its deadline.  blobsdk_s3 now
-  reads each chunk once (quick: 157 requests, 272.2 MB, 1.0x the dataset).
-- ``s3torch`` pays the tier every epoch (one GET per sample: 397 requests, 817 MB over the
-  quick run's 3 epochs); blobsdk_s3 pays it once and reads its warm epochs from the L3 nodes.
-
-Measured after the fix (``python -m benchmarks ingest --quick --json q.json``, one run, load
-average 7.3 falling to 5.0 on the 2 cores, shared with other benchmarks and a CI run; the
-block-server rows were 1.5-3x their figures above), ingestion s / utilisation / stall per
-epoch s: ``s3torch`` 13.37 / 0.258 / 6.72, 3.18, 3.48 (397 requests, 816.7 MB through the
-tier); ``litdata`` failed (above); ``litdata_1w`` 29.32 / 0.134 / 28.73, 0.36, 0.22 (9, 272.2
-MB); ``blobsdk_s3`` 4.63 / 0.501 / 3.73, 0.46, 0.44 (157, 272.2 MB: the dataset once;
-``blobsdk`` on block servers, same run: 10.27 / 0.332).  ``ingest_vs_best_peer`` 2.89
-(s3torch), above the goal of 2.  Full run after the fix (``python -m benchmarks ingest --json
-ingest.json``, one run, load average 7.5 falling to 6.5; ``memory`` took 5.21 s, ``blobsdk``
-17.23 s): ``s3torch`` 25.73 / 0.414 / 9.98, 8.39, 7.37 (1807 requests, 3228 MB, 1204
-repeats: every epoch); ``litdata_1w`` 30.47 / 0.372 / 28.41, 1.00, 1.06 (27, 1348 MB, 22
-repeats: after the 4-worker row's failure); ``blobsdk_s3`` 17.32 / 0.520 / 14.52, 1.59, 1.20
-(698 requests for its 698 chunks, 1076 MB, 0 repeats); ``ingest_vs_best_peer`` 1.49
-(s3torch), below the goal of 2.  What is left is blobsdk_s3's cold epoch: 14.5 s of stall
-for the dataset once, where s3torch reads the same bytes in a 10.0 s epoch, and the tier
-could in 6 s (1076 MB at 180 MB/s); not yet explained (the nodes' S3 concurrency, their
-limiter, the prefetch's share of the disks are the suspects).  Before the fix (same
-commands, load average 5.5-7.5, three runs): ``ingest_vs_best_peer`` 1.68, 0.70 (quick)
-and 1.58 (full, litdata_1w).
-
-Full run on a quiet machine (load ~1, nothing else running; ``python -m benchmarks ingest
---json final.json --png final.png``, 9 min; the picture is docs/ingest.png): ``s3torch``
-20.63 / 0.467 / 7.55, 6.63, 6.45 (1807 requests, 3228 MB); ``litdata_1w`` 63.18 / 0.222 /
-34.72, 14.34, 14.12 (59 requests, 3294 MB, 48 repeats: its local cache fetched chunks again);
-``blobsdk_s3`` 8.21 / 0.689 / 6.62, 0.81, 0.78 (698 requests, 1076 MB, 0 repeats);
-``ingest_vs_best_peer`` **2.51** (s3torch), above the goal of 2: the cold epoch's stall drops
-from 14.5 s under load to 6.6 s when the cores are free.  In the same run the block-server
-rows were slower than the figures above (``memory`` 1.88 s, ``blobsdk`` 4.51 / 0.801, stalls
-2.70 / 0.92 / 0.88, ratios 18.1 / 3.9 / 2.3 / 2.5): the loader's own cost (``memory``) is up
-1.8x too, so the machine or the job changed since; owed: the old commit and this one in one
-run.
+**On S3**: the loaders data-lake users run (s3torchconnector, litdata, WebDataset), each at
+its best documented configuration, against blobsdk, on one object store behind a striped
+HDD model: ``python -m benchmarks ingest_s3`` (benchmarks/ingest_s3.py), which reuses this
+workload, job and checks.
 """
 
 from __future__ import annotations
@@ -178,7 +109,6 @@ from blobsdk.net.rpc import new_session
 from servers._common.metrics import by_label
 from servers.cluster import start_cluster
 
-from . import _ingest_peers as peers
 from . import _ingest_plot
 from ._ingest_job import JobResult, Variant, run_job
 from ._ingest_variants import (
@@ -202,7 +132,6 @@ GOALS = {
     "ingest_vs_copy": ">= 5",
     "ingest_vs_fsspec": ">= 5",
     "utilisation": ">= 0.95",
-    "ingest_vs_best_peer": ">= 2",
 }
 BASELINES = ("naive", "dataloader", "copy", "fsspec")
 UPLOAD_PARALLEL = 16  # per-sample block PUTs in flight while loading the dataset
@@ -230,68 +159,10 @@ async def run(quick: bool = False, png: Path | None = None) -> Report:
                 result = results[variant.name] = await asyncio.to_thread(play, variant, workload, samples)
                 result.extra.update(l4_delta(before, await l4_answers(cluster.config)))
                 _say(summary(variant.name, result))
-        skipped = await s3_rows(root / "s3", samples, workload, results)
-    out = report(results, skipped)
+    out = report(results)
     if png is not None:
         picture(out, results, png, workload)
     return out
-
-
-async def s3_rows(root: Path, samples: Samples, workload: Workload, results: dict[str, JobResult]) -> dict[str, str]:
-    """The rows on SeaweedFS behind the HDD proxy (benchmarks/_ingest_peers.py): the peers,
-    then blobsdk (whose load starts obstore in this process: the peers' workers fork first).
-    Returns the rows skipped, with why."""
-    why = peers.missing()
-    skipped = dict.fromkeys(peers.PEERS, why) if why else {}
-    for name, reason in skipped.items():
-        _say(f"{name:>10}: skipped, {reason}")
-    with peers.start_origin(root / "origin", workload) as origin, peers.aws_env():
-        peers.load(origin, samples, root, peers=why is None)  # on this thread: litdata's optimize() sets signal handlers
-        if why is None:
-            for make in peer_variants(origin, workload, root):
-                await _play_row(make(), workload, samples, results, skipped, origin)
-        async with start_cluster(root / "cluster", **peers.blobsdk_cluster_options(origin, workload, samples)) as cluster:
-            assert cluster.config is not None
-            await peers.load_blobs(cluster.config, origin, samples)
-            await _play_row(peers.blobsdk_s3(cluster.config, samples, workload), workload, samples, results, skipped, origin)
-    return skipped
-
-
-def peer_variants(origin: peers.Origin, workload: Workload, root: Path) -> list[Callable[[], Variant]]:
-    return [
-        lambda: peers.s3torch(origin, workload),
-        lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache"),
-        lambda: peers.litdata_streaming(origin, workload, root / "litdata-cache", workers=1),
-    ]
-
-
-async def _play_row(
-    variant: Variant,
-    workload: Workload,
-    samples: Samples,
-    results: dict[str, JobResult],
-    failed: dict[str, str],
-    origin: peers.Origin,
-) -> None:
-    """Play one S3 row (``tier_requests``, ``tier_mb``: what the HDD proxy served it, every
-    byte either way, MB; ``tier_repeats``: its requests for bytes asked for before, in this
-    row or an earlier one); a peer that fails (raises, or delivers other bytes) is reported as
-    failed, with its error, and the run goes on."""
-    before = origin.proxy.stats()
-    try:
-        results[variant.name] = result = await asyncio.to_thread(play, variant, workload, samples)
-    except Exception as exc:  # a peer's failure is a figure of the run, not the end of it
-        if variant.name == "blobsdk_s3":
-            raise
-        last = (str(exc).strip().splitlines() or [""])[-1][:200]
-        named = type(exc).__name__ in last.partition(":")[0]  # torch re-raises a worker's error with its name
-        failed[variant.name] = f"failed: {last if named else f'{type(exc).__name__}: {last}'}"
-        _say(f"{variant.name:>10}: {failed[variant.name]}")
-        return
-    after = origin.proxy.stats()
-    moved = {key: after[key] - before[key] for key in ("requests", "bytes", "repeats")}
-    result.extra.update(tier_requests=moved["requests"], tier_mb=moved["bytes"] / 1e6, tier_repeats=moved["repeats"])
-    _say(summary(variant.name, result))
 
 
 def picture(out: Report, results: dict[str, JobResult], png: Path, workload: Workload) -> None:
@@ -440,11 +311,6 @@ def report(results: dict[str, JobResult], skipped: dict[str, str] | None = None)
     for name in BASELINES:
         out.ratios[f"ingest_vs_{name}"] = results[name].ingest_s / max(ours.ingest_s, 1e-3)
     _into_vs_map(out, results)
-    ran = [name for name in peers.PEERS if name in results]
-    if ran and "blobsdk_s3" in results:
-        best = min(ran, key=lambda name: results[name].ingest_s)
-        out.ratios["ingest_vs_best_peer"] = results[best].ingest_s / max(results["blobsdk_s3"].ingest_s, 1e-3)
-        out.details["best_peer"] = best
     out.skipped.update(skipped or {})
     out.goals.update({key: goal for key, goal in GOALS.items() if key in out.ratios or key in out.metrics})
     return out

@@ -9,16 +9,20 @@ same disks blobsdk's block servers emulate.
 Every request (any method) is forwarded as it came (method, raw path and query, headers
 including ``Host``, so a SigV4 signature made for the proxy's address still verifies
 upstream; the body read whole first), and the answer streamed back as it comes, bodies and
-``Content-Encoding`` untouched.  Each request is served by one of ``disks`` emulated disks,
-with the block server's model (servers/_common/hdd.py): it waits for one of the disk's
-``spindles`` (FIFO), pays ``latency_ms`` once, then every byte either way goes through the
-disk's ``bandwidth_mbps``; the spindle is held until the answer's last byte is sent.  The
-disk: a hash of the path and of the request's first byte / ``stripe_mb`` (its ``Range``
-start, else 0), as an object store spreads an object's stripes over its disks: a request
-for the same bytes always meets the same disk.
+``Content-Encoding`` untouched.  Behind it is a striped store (servers/_common/hdd.py
+:class:`StripedDisks`): ``disks`` emulated disks with the block server's model, an
+object's bytes cut into ``stripe_bytes`` stripes spread over them by a hash of the path
+and the stripe's number.  A request's bytes (the body it sends, then the answer's, from
+its ``Range`` start, else 0) are served stripe by stripe, each stripe by its own disk at
+once: a spindle of that disk (FIFO), ``latency_ms`` for its seek, then its bytes through
+the disk's ``bandwidth_mbps``; a byte of the answer is sent once its disk has moved it.
+So the store's aggregate bandwidth is ``disks x bandwidth_mbps``, which one large request
+reaches as well as many small ones, and a request pays a seek per stripe it touches (a
+request with no bytes, one).
 
 ``GET /-/stats`` (no bucket name starts with ``-``) answers what its disks served so far,
-``{"requests": N, "bytes": N, "repeats": N}`` (bytes either way; repeats: requests for a
+``{"requests": N, "stripes": N, "bytes": N, "repeats": N}`` (stripe transfers the disks
+served; bytes either way; repeats: requests for a
 method, path and ``Range`` asked before), which the benchmark reads around a row.
 ``--log FILE`` appends a JSON line per request, naming the process that sent it (debugging).
 It answers ``GET /`` as its upstream does (the S3 bucket listing), which is how
@@ -42,14 +46,13 @@ from pathlib import Path
 from typing import ClassVar
 
 import aiohttp
-import xxhash
 from aiohttp import web
 from yarl import URL
 
 from blobsdk.cli.parser import ArgumentParser
 
 from ._common import prog
-from ._common.hdd import Bandwidth, Spindles
+from ._common.hdd import Disk, StripedDisks, Transfer
 from ._common.http import serve
 from ._common.lifeline import LocalService
 
@@ -64,8 +67,9 @@ _RANGE_START = re.compile(r"bytes=(\d+)-")
 
 @dataclass(frozen=True)
 class HddModel:
-    """The disks behind the proxy: ``disks`` of ``spindles`` each, ``latency_ms`` a request,
-    ``bandwidth_mbps`` (1e6 B/s) each, objects striped over them every ``stripe_bytes``."""
+    """The disks behind the proxy: ``disks`` of ``spindles`` each, ``latency_ms`` a seek (one
+    per stripe a request touches), ``bandwidth_mbps`` (1e6 B/s) each, objects striped over
+    them every ``stripe_bytes``."""
 
     disks: int = 3
     spindles: int = 2
@@ -77,6 +81,22 @@ class HddModel:
         if self.disks < 1 or self.spindles < 0 or self.latency_ms < 0 or self.bandwidth_mbps < 0 or self.stripe_bytes < 1:
             raise ValueError("need disks >= 1, spindles, latency_ms and bandwidth_mbps >= 0, stripe_bytes >= 1")
 
+    @property
+    def aggregate_Bps(self) -> float:
+        """The store's bandwidth, bytes per second: every disk's (0: unlimited)."""
+        return self.disks * self.bandwidth_mbps * 1e6
+
+    def describe(self) -> str:
+        return (
+            f"{self.disks} disks x {self.bandwidth_mbps:g} MB/s = {self.aggregate_Bps / 1e6:g} MB/s, striped every "
+            f"{self.stripe_bytes / MiB:g} MiB, {self.spindles} spindles a disk, {self.latency_ms:g} ms a seek (one per "
+            "stripe a request touches)"
+        )
+
+    def make_disks(self) -> StripedDisks:
+        disks = [Disk(self.spindles, self.latency_ms / 1000.0, self.bandwidth_mbps * 1e6) for _ in range(self.disks)]
+        return StripedDisks(disks, self.stripe_bytes, PIECE)
+
     def args(self) -> list[str]:
         return [
             f"--disks={self.disks}",
@@ -85,13 +105,6 @@ class HddModel:
             f"--bandwidth-mbps={self.bandwidth_mbps}",
             f"--stripe-bytes={self.stripe_bytes}",
         ]
-
-
-class Disk:
-    def __init__(self, model: HddModel) -> None:
-        self.spindles = Spindles(model.spindles, model.latency_ms / 1000.0)
-        self.bandwidth = Bandwidth(model.bandwidth_mbps * 1e6)
-        self.requests = 0  # served so far (entered a spindle)
 
 
 class RequestLog:
@@ -156,22 +169,25 @@ class Proxy:
     def __init__(self, upstream: str, model: HddModel, log: Path | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.model = model
-        self.disks = [Disk(model) for _ in range(model.disks)]
+        self.store = model.make_disks()
+        self.disks = self.store.disks
+        self.requests = 0
         self.repeats = 0
         self._seen: set[str] = set()
         self._log = RequestLog(log) if log is not None else None
         self._session: aiohttp.ClientSession | None = None
 
-    def disk_of(self, path: str, range_header: str | None) -> Disk:
+    def start_of(self, range_header: str | None) -> int:
+        """Where an answer's bytes start in its object: its ``Range`` start, else 0."""
         match = _RANGE_START.match(range_header.strip()) if range_header else None
-        stripe = (int(match[1]) if match else 0) // self.model.stripe_bytes
-        return self.disks[xxhash.xxh3_64_intdigest(f"{path}#{stripe}".encode()) % len(self.disks)]
+        return int(match[1]) if match else 0
 
     async def stats(self, request: web.Request) -> web.Response:
-        """What the disks served so far: requests, and bytes either way."""
+        """What the disks served so far: requests, stripe transfers, and bytes either way."""
         return web.json_response(
             {
-                "requests": sum(d.requests for d in self.disks),
+                "requests": self.requests,
+                "stripes": sum(d.stripes for d in self.disks),
                 "bytes": sum(d.bandwidth.moved for d in self.disks),
                 "repeats": self.repeats,
             }
@@ -190,47 +206,72 @@ class Proxy:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        disk = self.disk_of(request.path, request.headers.get("Range"))
+        self.requests += 1
         asked = f"{request.method} {request.path} {request.headers.get('Range')}"
         self.repeats += asked in self._seen
         self._seen.add(asked)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
-        async with disk.spindles:
-            disk.requests += 1
-            await disk.bandwidth.take(len(body))
-            url = URL(self.upstream + request.raw_path, encoded=True)
-            begun, sent, status = time.monotonic(), [0], 0
-            try:
-                async with self._session.request(
-                    request.method,
-                    url,
-                    headers=headers,
-                    data=body or None,
-                    allow_redirects=False,
-                    skip_auto_headers=("Content-Type",),
-                ) as upstream:
-                    status = upstream.status
-                    return await self._relay(request, upstream, disk, sent)
-            finally:
-                if self._log is not None:
-                    self._log.write(request, status, begun, sent[0])
+        if body:
+            async with self.store.transfer(request.path, 0, len(body)) as written:
+                await written.done()
+        url = URL(self.upstream + request.raw_path, encoded=True)
+        begun, sent, status = time.monotonic(), [0], 0
+        try:
+            async with self._session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+                skip_auto_headers=("Content-Type",),
+            ) as upstream:
+                status = upstream.status
+                return await self._relay(request, upstream, self.start_of(request.headers.get("Range")), sent)
+        finally:
+            if self._log is not None:
+                self._log.write(request, status, begun, sent[0])
 
-    @staticmethod
-    async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, disk: Disk, sent: list[int]) -> web.StreamResponse:
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, start: int, sent: list[int]
+    ) -> web.StreamResponse:
+        """The answer, each piece sent once its stripe's disk has moved it (an answer of
+        unknown length, a listing or an error, is read whole first)."""
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
             if key.lower() not in _NOT_FORWARDED:
                 response.headers.add(key, value)
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        await response.prepare(request)
-        async for piece in upstream.content.iter_chunked(PIECE):
-            await disk.bandwidth.take(len(piece))
-            await response.write(piece)
-            sent[0] += len(piece)
+        bodiless = request.method == "HEAD" or upstream.status in (204, 304)
+        whole = b"" if bodiless else await upstream.read() if upstream.content_length is None else None
+        length = len(whole) if whole is not None else upstream.content_length or 0
+        if upstream.content_length is not None or not bodiless:
+            response.content_length = upstream.content_length if bodiless else length
+        async with self.store.transfer(request.path, start, length) as answer:
+            await _send(request, answer, response, upstream, whole, sent)
         await response.write_eof()
         return response
+
+
+async def _send(
+    request: web.Request,
+    answer: Transfer,
+    response: web.StreamResponse,
+    upstream: aiohttp.ClientResponse,
+    whole: bytes | None,
+    sent: list[int],
+) -> None:
+    """Each piece once its disk has moved it; the headers go with the first (the store
+    answers once its first stripe's seek is done)."""
+    for piece in answer.pieces:
+        if whole is not None:
+            data = whole[piece.offset : piece.offset + piece.length]
+        else:
+            data = await upstream.content.readexactly(piece.length)
+        await piece.done.wait()
+        if not response.prepared:
+            await response.prepare(request)
+        await response.write(data)
+        sent[0] += len(data)
 
 
 PROXY_KEY = web.AppKey("proxy", Proxy)
@@ -269,7 +310,7 @@ class HddProxy(LocalService):
         return [*base, *self.model.args(), *log]
 
     def stats(self) -> dict[str, int]:
-        """``GET /-/stats``: requests and bytes its disks served so far, and repeats."""
+        """``GET /-/stats``: requests, stripe transfers and bytes its disks served so far, and repeats."""
         with urllib.request.urlopen(f"{self.endpoint}/-/stats", timeout=10) as response:
             return dict(json.load(response))
 

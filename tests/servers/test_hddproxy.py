@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
+import xxhash
 from aiohttp import web
 
 from servers.hddproxy import PROXY_KEY, HddModel, Proxy, make_app, start_hddproxy
 from servers.seaweedd import start_seaweed
 from tests.helpers import running_app
 
+KiB = 1 << 10
 MiB = 1 << 20
 
 
@@ -55,23 +57,34 @@ async def origin() -> AsyncIterator[tuple[Origin, str]]:
         yield origin, url
 
 
-async def test_each_disk_serves_its_spindles_at_once_and_queues_the_rest_fifo(origin: tuple[Origin, str]) -> None:
+async def test_each_disk_serves_its_spindles_at_once_and_queues_the_rest_fifo(
+    origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake, upstream = origin
+    fake.release.set()
     app = make_app(upstream, HddModel(disks=1, spindles=2, latency_ms=0, bandwidth_mbps=0))
+    disk = app[PROXY_KEY].disks[0]
+    gate, moving = asyncio.Event(), []
+
+    async def take_when_open(nbytes: int, take: Callable[[int], Awaitable[None]] = disk.bandwidth.take) -> None:
+        moving.append(nbytes)
+        await gate.wait()
+        await take(nbytes)
+
+    monkeypatch.setattr(disk.bandwidth, "take", take_when_open)
     async with running_app(app) as url, aiohttp.ClientSession() as session:
         gets = [asyncio.create_task(_get(session, f"{url}/b/k{i}")) for i in range(5)]
-        await fake.until_in_flight(2)
-        disk = app[PROXY_KEY].disks[0]
         await _until(lambda: disk.spindles.queued == 3)
-        assert (disk.spindles.in_service, fake.in_flight) == (2, 2)
-        fake.release.set()
+        assert (disk.spindles.in_service, len(moving)) == (2, 2)  # never more than the disk's spindles move bytes
+        gate.set()
         answers = await asyncio.gather(*gets)
-    assert fake.most == 2  # never more than the disk's spindles at the origin
     assert answers == [(207, b"answer:")] * 5
-    assert disk.requests == 5 and (disk.spindles.in_service, disk.spindles.queued) == (0, 0)
+    assert disk.stripes == 5 and (disk.spindles.in_service, disk.spindles.queued) == (0, 0)
 
 
-async def test_a_request_reaches_the_origin_as_it_came_and_its_bytes_go_through_one_disk(origin: tuple[Origin, str]) -> None:
+async def test_a_request_reaches_the_origin_as_it_came_and_its_bytes_go_through_its_stripes_disk(
+    origin: tuple[Origin, str],
+) -> None:
     fake, upstream = origin
     fake.release.set()
     app = make_app(upstream, HddModel(disks=3, spindles=1, latency_ms=0, bandwidth_mbps=0))
@@ -83,9 +96,10 @@ async def test_a_request_reaches_the_origin_as_it_came_and_its_bytes_go_through_
     assert (method, path, body) == ("PUT", "/bucket/a%2Fb?x=1&y=%20", b"12345")
     assert {k: got[k] for k in ("Authorization", "Range", "Host")} == headers  # a SigV4 signature still verifies
     proxy = app[PROXY_KEY]
-    disk = proxy.disk_of("/bucket/a/b", "bytes=5-9")  # the path as decoded
+    disk = proxy.store.disk_of("/bucket/a/b", 0)  # the path as decoded; body and answer both on stripe 0
     assert disk.bandwidth.moved == len(b"12345") + len(b"answer:12345")  # both ways, through that disk's budget
-    assert sum(d.requests for d in proxy.disks) == disk.requests == 1
+    assert sum(d.stripes for d in proxy.disks) == disk.stripes == 2  # the body written, the answer read
+    assert proxy.requests == 1
 
 
 async def test_stats_count_repeats_and_the_log_names_each_requests_process(origin: tuple[Origin, str], tmp_path: Path) -> None:
@@ -114,13 +128,73 @@ async def test_stats_count_repeats_and_the_log_names_each_requests_process(origi
     assert all(e["begun"] <= e["ended"] and e["client"].startswith("127.0.0.1:") for e in lines)
 
 
-def test_a_request_meets_the_disk_of_its_first_bytes_stripe() -> None:
-    proxy = Proxy("http://origin", HddModel(disks=3, stripe_bytes=4 * MiB))
-    assert proxy.disk_of("/b/k", None) is proxy.disk_of("/b/k", "bytes=0-99") is proxy.disk_of("/b/k", f"bytes={4 * MiB - 1}-")
-    stripes = {id(proxy.disk_of("/b/big", f"bytes={s * 4 * MiB}-{s * 4 * MiB + 10}")) for s in range(32)}
-    assert stripes == {id(d) for d in proxy.disks}  # a large object's stripes spread over every disk
-    objects = [proxy.disk_of(f"/b/k{i}", None) for i in range(300)]
-    assert all(60 < objects.count(d) < 140 for d in proxy.disks)
+def test_each_stripe_of_an_object_has_its_disk() -> None:
+    store = Proxy("http://origin", HddModel(disks=3, stripe_bytes=4 * MiB)).store
+    assert store.disk_of("/b/k", 0) is store.disk_of("/b/k", 0)
+    assert {id(store.disk_of("/b/big", s)) for s in range(32)} == {id(d) for d in store.disks}
+    objects = [store.disk_of(f"/b/k{i}", 0) for i in range(300)]
+    assert all(60 < objects.count(d) < 140 for d in store.disks)
+
+
+def _disk_index(path: str, stripe: int, disks: int) -> int:
+    return xxhash.xxh3_64_intdigest(f"{path}#{stripe}".encode()) % disks
+
+
+async def _sized_origin(request: web.Request) -> web.Response:
+    return web.Response(body=bytes(int(request.match_info["size"])))
+
+
+async def test_a_large_request_is_served_by_each_stripes_own_disk() -> None:
+    """A striped store reads a large request's stripes from their own disks: every byte goes
+    through the budget of its stripe's disk, not the first byte's."""
+    upstream = web.Application()
+    upstream.router.add_get("/b/{size}", _sized_origin)
+    stripe, size, start = 64 * KiB, 1 * MiB + 1000, 3 * 64 * KiB + 5
+    app = make_app("", HddModel(disks=3, spindles=1, latency_ms=0, bandwidth_mbps=0, stripe_bytes=stripe))
+    async with running_app(upstream) as origin_url:
+        app[PROXY_KEY].upstream = origin_url
+        async with running_app(app) as url, aiohttp.ClientSession() as session:
+            headers = {"Range": f"bytes={start}-"}  # the origin answers 200 with `size` bytes; the proxy counts from `start`
+            async with session.get(f"{url}/b/{size}", headers=headers) as response:
+                assert await response.read() == bytes(size)
+    want = [0, 0, 0]
+    for offset in range(start, start + size):
+        if offset == start or offset % stripe == 0:
+            run_end = min(start + size, (offset // stripe + 1) * stripe)
+            want[_disk_index(f"/b/{size}", offset // stripe, 3)] += run_end - offset
+    proxy = app[PROXY_KEY]
+    assert [d.bandwidth.moved for d in proxy.disks] == want
+    assert min(want) > 0  # the request met every disk
+    assert sum(d.stripes for d in proxy.disks) == (start + size - 1) // stripe - start // stripe + 1
+
+
+async def test_a_requests_stripes_on_different_disks_are_in_service_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each disk has 1 spindle; a request of two stripes on two disks holds both at once."""
+    stripe = 1024
+    path = next(f"/b/{n}" for n in range(2 * stripe, 3 * stripe) if _disk_index(f"/b/{n}", 0, 2) != _disk_index(f"/b/{n}", 1, 2))
+    upstream = web.Application()
+    upstream.router.add_get("/b/{size}", _sized_origin)
+    app = make_app("", HddModel(disks=2, spindles=1, latency_ms=0, bandwidth_mbps=0, stripe_bytes=stripe))
+    gate, moving = asyncio.Event(), set()
+
+    def gated(disk: int, take: Callable[[int], Awaitable[None]]) -> Callable[[int], Awaitable[None]]:
+        async def take_when_open(nbytes: int) -> None:
+            moving.add(disk)
+            await gate.wait()
+            await take(nbytes)
+
+        return take_when_open
+
+    for i, disk in enumerate(app[PROXY_KEY].disks):
+        monkeypatch.setattr(disk.bandwidth, "take", gated(i, disk.bandwidth.take))
+    async with running_app(upstream) as origin_url:
+        app[PROXY_KEY].upstream = origin_url
+        async with running_app(app) as url, aiohttp.ClientSession() as session:
+            get = asyncio.create_task(_get(session, f"{url}{path}"))
+            await _until(lambda: moving == {0, 1})
+            assert [d.spindles.in_service for d in app[PROXY_KEY].disks] == [1, 1]
+            gate.set()
+            assert await get == (200, bytes(int(path.rsplit("/", 1)[1])))
 
 
 def test_the_model_must_make_sense() -> None:
