@@ -45,7 +45,7 @@ from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
 
 from ._report import Report, median
-from .s3_read import BUCKET, CONCURRENCY, Read, _Boto3, _check, _client, _rounds, _Row
+from ._s3_rows import BUCKET, CONCURRENCY, Boto3, Read, Row, check, rounds_of, s3_client
 
 OBJECT_BYTES = 323_000  # MLPerf Storage's retinanet-like sample (~323 KB)
 LABEL = "323KB"
@@ -56,11 +56,11 @@ GOAL = ">= 1.0"
 INDEXED = "/bench/indexed/"  # the objects indexed in place: the blob of key objects/K is INDEXED + K
 
 
-async def measure_objects(config: dict[str, str], redis_url: str, count: int, rounds: int) -> dict[str, _Row]:
+async def measure_objects(config: dict[str, str], redis_url: str, count: int, rounds: int) -> dict[str, Row]:
     """Write ``count`` objects, then time every row reading each of them whole, ``rounds`` times."""
     store = S3BlockStore(BUCKET, "objects", config=config, allow_http=True)
     with _aws_env(config), _S3Torch(config) as torch:
-        async with store, _Boto3(config) as boto, _client(config, redis_url, "objects") as client:
+        async with store, Boto3(config) as boto, s3_client(config, redis_url, "objects") as client:
             data = {new_block_id(): os.urandom(OBJECT_BYTES) for _ in range(count)}
             await asyncio.gather(*(store.write_block(block, [body]) for block, body in data.items()))
             await client.index_s3(f"s3://{BUCKET}/objects", INDEXED)
@@ -71,12 +71,12 @@ async def measure_objects(config: dict[str, str], redis_url: str, count: int, ro
             blocks, paths = [list(data)[i] for i in order], [paths[i] for i in order]
             reads = _reads(store, boto, torch, client, config, blocks, data, paths)
             reads["obstore_put"] = await _put_ranges(client, config, paths, [data[block] for block in blocks])
-            return await _rounds(reads, count, OBJECT_BYTES, rounds)
+            return await rounds_of(reads, count, OBJECT_BYTES, rounds)
 
 
 def _reads(
     store: S3BlockStore,
-    boto: _Boto3,
+    boto: Boto3,
     torch: _S3Torch,
     client: blobsdk.Client,
     config: dict[str, str],
@@ -92,24 +92,24 @@ def _reads(
 
     async def via_obstore(i: int) -> None:
         got = await (await obstore.get_async(raw, keys[i])).bytes_async()
-        _check(got == want[i], "obstore", i)
+        check(got == want[i], "obstore", i)
 
     async def via_boto3(i: int) -> None:
-        _check(await boto.get_whole(keys[i]) == want[i], "boto3", i)
+        check(await boto.get_whole(keys[i]) == want[i], "boto3", i)
 
     async def via_s3torch(i: int) -> None:
-        _check(await torch.get(keys[i]) == want[i], "s3torch", i)
+        check(await torch.get(keys[i]) == want[i], "s3torch", i)
 
     async def via_store(i: int) -> None:
         out = bytearray(OBJECT_BYTES)
         await store.read_into(blocks[i], 0, memoryview(out))
-        _check(out == want[i], "store", i)
+        check(out == want[i], "store", i)
 
     async def via_client(i: int) -> None:
-        _check(await client.get(indexed[i]) == want[i], "client", i)
+        check(await client.get(indexed[i]) == want[i], "client", i)
 
     async def via_client_put(i: int) -> None:
-        _check(await client.get(paths[i]) == want[i], "client_put", i)
+        check(await client.get(paths[i]) == want[i], "client_put", i)
 
     reads = {"obstore": via_obstore, "boto3": via_boto3, "s3torch": via_s3torch, "store": via_store}
     return reads | {"client": via_client, "client_put": via_client_put}
@@ -118,19 +118,19 @@ def _reads(
 async def _put_ranges(client: blobsdk.Client, config: dict[str, str], paths: list[str], want: list[bytes]) -> Read:
     """obstore's read of the byte range blob ``paths[i]``'s plan names, checked."""
     raw = S3Store(BUCKET, config=config, client_options={"allow_http": True})  # type: ignore[arg-type]
-    layout = S3BlockStore(BUCKET, "client-objects", config=config, allow_http=True)  # _client()'s blocks
+    layout = S3BlockStore(BUCKET, "client-objects", config=config, allow_http=True)  # s3_client()'s blocks
     refs = [(await client._open.metadata.get_plan(path)).chunks[0] for path in paths]
     assert all(ref.length == OBJECT_BYTES for ref in refs)  # one uncompressed chunk each
 
     async def via_obstore_put(i: int) -> None:
         ref = refs[i]
         got = await obstore.get_range_async(raw, layout._full_key(ref.block_id), start=ref.offset, length=ref.length)
-        _check(got == want[i], "obstore_put", i)
+        check(got == want[i], "obstore_put", i)
 
     return via_obstore_put
 
 
-def record_objects(report: Report, rows: dict[str, _Row], server_cpu_s: float) -> None:
+def record_objects(report: Report, rows: dict[str, Row], server_cpu_s: float) -> None:
     """Each row's objects/s and CPU s/GB; ours against the best peer of each round, and each peer."""
     rates = {name: [rate * 1e6 / OBJECT_BYTES for rate in row.rates] for name, row in rows.items()}
     for name, row in rows.items():

@@ -83,29 +83,22 @@ import asyncio
 import os
 import random
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import obstore
 from obstore.store import S3Store
 
 import blobsdk
-from blobsdk.config import ClientConfig, L1Config, ReadConfig, S3Config, WriteConfig
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.sources.s3get import S3Getter, S3Target, target_of
 
 from ._cpu import CPU_GOAL, floor_cpu_s_per_gb
 from ._report import Report, median
+from ._s3_rows import BUCKET, CONCURRENCY, Boto3, Read, Row, check, rounds_of, s3_client
 
-CONCURRENCY = 8
 KiB, MiB = 1 << 10, 1 << 20
-BUCKET = "bench-s3-read"
 GOAL = ">= 0.9"
 
 
@@ -164,14 +157,7 @@ def _label(range_bytes: int) -> str:
     return f"{range_bytes // MiB}MiB" if range_bytes >= MiB else f"{range_bytes // KiB}KiB"
 
 
-@dataclass
-class _Row:
-    rates: list[float]  # MB/s per round
-    cpu_s: float = 0.0
-    bytes_read: int = 0
-
-
-def _record(report: Report, label: str, rows: dict[str, _Row], server_cpu_s: float) -> None:
+def _record(report: Report, label: str, rows: dict[str, Row], server_cpu_s: float) -> None:
     base = rows["obstore"].rates
     for name, row in rows.items():
         report.metrics[f"{name}_MBps_{label}"] = median(row.rates)
@@ -226,16 +212,13 @@ def _tree(pid: int) -> list[int]:
     return [pid, *(p for c in children for p in _tree(c))]
 
 
-Read = Callable[[int], Awaitable[None]]  # read range i and check it
-
-
-async def _size(config: dict[str, str], redis_url: str, shape: Shape, range_bytes: int) -> dict[str, _Row]:
+async def _size(config: dict[str, str], redis_url: str, shape: Shape, range_bytes: int) -> dict[str, Row]:
     """Write the objects, then time every row on the same ranges, ``shape.rounds`` times."""
     store = S3BlockStore(BUCKET, "blocks", config=config, allow_http=True)
     target = target_of(config, True)
     assert isinstance(target, S3Target), target
     getter = S3Getter(target, timeout_s=30)
-    async with store, _Boto3(config) as boto, _client(config, redis_url, _label(range_bytes), range_bytes) as client:
+    async with store, Boto3(config) as boto, s3_client(config, redis_url, _label(range_bytes), range_bytes) as client:
         data = {new_block_id(): os.urandom(shape.object_bytes) for _ in range(shape.objects)}
         await asyncio.gather(*(store.write_block(block, [body]) for block, body in data.items()))
         rng = random.Random(range_bytes)
@@ -247,7 +230,7 @@ async def _size(config: dict[str, str], redis_url: str, shape: Shape, range_byte
         await client.put_many(zip(paths, want, strict=True))
         try:
             reads = _reads(store, getter, boto, client, config, ranges, want, paths)
-            return await _rounds(reads, len(ranges), range_bytes, shape.rounds)
+            return await rounds_of(reads, len(ranges), range_bytes, shape.rounds)
         finally:
             await getter.aclose()
 
@@ -255,7 +238,7 @@ async def _size(config: dict[str, str], redis_url: str, shape: Shape, range_byte
 def _reads(
     store: S3BlockStore,
     getter: S3Getter,
-    boto: _Boto3,
+    boto: Boto3,
     client: blobsdk.Client,
     config: dict[str, str],
     ranges: list[tuple[str, int]],
@@ -269,113 +252,23 @@ def _reads(
 
     async def via_obstore(i: int) -> None:
         got = await obstore.get_range_async(raw, keys[i], start=ranges[i][1], length=size)
-        _check(got == want[i], "obstore", i)
+        check(got == want[i], "obstore", i)
 
     async def via_boto3(i: int) -> None:
         got = await boto.get(keys[i], ranges[i][1], size)
-        _check(got == want[i], "boto3", i)
+        check(got == want[i], "boto3", i)
 
     async def via_getter(i: int) -> None:
         out = bytearray(size)
         await getter.get_into(BUCKET, keys[i], memoryview(out), start=ranges[i][1])
-        _check(out == want[i], "getter", i)
+        check(out == want[i], "getter", i)
 
     async def via_store(i: int) -> None:
         out = bytearray(size)
         await store.read_into(ranges[i][0], ranges[i][1], memoryview(out))
-        _check(out == want[i], "store", i)
+        check(out == want[i], "store", i)
 
     async def via_client(i: int) -> None:
-        _check(await client.get(paths[i]) == want[i], "client", i)
+        check(await client.get(paths[i]) == want[i], "client", i)
 
     return {"obstore": via_obstore, "boto3": via_boto3, "getter": via_getter, "store": via_store, "client": via_client}
-
-
-def _check(ok: bool, row: str, i: int) -> None:
-    if not ok:
-        raise AssertionError(f"{row}: range {i} came back with the wrong bytes")
-
-
-async def _rounds(reads: dict[str, Read], count: int, range_bytes: int, rounds: int) -> dict[str, _Row]:
-    rows = {name: _Row(rates=[]) for name in reads}
-    for read in reads.values():  # warm-up: connections, plans
-        await _timed(read, min(count, 2 * CONCURRENCY))
-    shuffle = random.Random(rounds).shuffle  # a new order each round: no row always follows the same one
-    for _ in range(rounds):
-        order = list(reads)
-        shuffle(order)
-        for name in order:
-            wall, cpu = await _timed(reads[name], count)
-            row = rows[name]
-            row.rates.append(count * range_bytes / wall / 1e6)
-            row.cpu_s += cpu
-            row.bytes_read += count * range_bytes
-    return rows
-
-
-async def _timed(read: Read, count: int) -> tuple[float, float]:
-    """(wall s, CPU s of this process) of reads 0..count-1, CONCURRENCY at a time."""
-    todo = iter(range(count))
-
-    async def worker() -> None:
-        for i in todo:
-            await read(i)
-
-    wall, cpu = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-class _Boto3:
-    """A boto3 S3 client used from ``CONCURRENCY`` threads (boto3 clients are thread-safe)."""
-
-    def __init__(self, config: dict[str, str]) -> None:
-        import boto3
-        from botocore.config import Config
-
-        self._client: Any = boto3.client(
-            "s3",
-            endpoint_url=config["endpoint"],
-            region_name=config["region"],
-            aws_access_key_id=config["access_key_id"],
-            aws_secret_access_key=config["secret_access_key"],
-            config=Config(max_pool_connections=CONCURRENCY, s3={"addressing_style": "path"}),
-        )
-        self._pool = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="boto3")
-
-    async def __aenter__(self) -> _Boto3:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._pool.shutdown()
-        self._client.close()
-
-    def _get(self, key: str, start: int, length: int) -> bytes:
-        reply = self._client.get_object(Bucket=BUCKET, Key=key, Range=f"bytes={start}-{start + length - 1}")
-        body: bytes = reply["Body"].read()
-        return body
-
-    async def get(self, key: str, start: int, length: int) -> bytes:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._get, key, start, length)
-
-    def _get_whole(self, key: str) -> bytes:
-        body: bytes = self._client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-        return body
-
-    async def get_whole(self, key: str) -> bytes:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._get_whole, key)
-
-
-def _client(config: dict[str, str], redis_url: str, name: str, chunk_size: int = 4 * MiB) -> blobsdk.Client:
-    """A client over an S3 L4 (its blocks under ``client-NAME``), one chunk per blob."""
-    s3 = msgspec.convert({**config, "allow_http": True}, S3Config)
-    return blobsdk.Client(
-        ClientConfig(
-            metadata_url=redis_url,
-            source_url=f"s3://{BUCKET}/client-{name}",
-            s3=s3,
-            l1=L1Config(capacity_bytes=0),  # every get reads L4
-            write=WriteConfig(chunk_size=chunk_size, compression="none"),
-            read=ReadConfig(plan_cache_ttl_seconds=3600),  # the data path, not Redis
-        )
-    )

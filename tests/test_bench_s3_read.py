@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from benchmarks import s3_read
+from benchmarks import _s3_rows, s3_read
 from benchmarks.s3_read import KiB, MiB, Shape
 
 TINY = Shape(objects=2, object_bytes=1 * MiB, rounds=2, pass_bytes={256 * KiB: 1 * MiB, 64 * KiB: 512 * KiB}, small_objects=4)
@@ -47,4 +47,4 @@ def test_every_row_reads_the_same_ranges_and_is_reported_against_obstore() -> No
 
 def test_a_wrong_byte_stops_the_run() -> None:
     with pytest.raises(AssertionError, match=r"^boto3: range 7 came back with the wrong bytes$"):
-        s3_read._check(False, "boto3", 7)
+        _s3_rows.check(False, "boto3", 7)
