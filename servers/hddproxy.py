@@ -11,8 +11,8 @@ including ``Host``, so a SigV4 signature made for the proxy's address still veri
 upstream; the body read whole first), and the answer streamed back as it comes, bodies and
 ``Content-Encoding`` untouched.  Behind it is a striped store (servers/_common/hdd.py
 :class:`StripedDisks`): ``disks`` emulated disks with the block server's model, an
-object's bytes cut into ``stripe_bytes`` stripes spread over them by a hash of the path
-and the stripe's number.  A request's bytes (the body it sends, then the answer's, from
+object's bytes cut into ``stripe_bytes`` stripes laid over them in turn from a disk a hash
+of the path picks.  A request's bytes (the body it sends, then the answer's, from
 its ``Range`` start, else 0) are served stripe by stripe, each stripe by its own disk at
 once: a spindle of that disk (FIFO), ``latency_ms`` for its seek, then its bytes through
 the disk's ``bandwidth_mbps``; a byte of the answer is sent once its disk has moved it.

@@ -136,8 +136,16 @@ def test_each_stripe_of_an_object_has_its_disk() -> None:
     assert all(60 < objects.count(d) < 140 for d in store.disks)
 
 
+def test_an_objects_stripes_are_laid_over_the_disks_in_turn() -> None:
+    store = Proxy("http://origin", HddModel(disks=3, stripe_bytes=4 * MiB)).store
+    for name in ("/b/a", "/b/blocks/0190f3c2", "/b/c"):
+        disks = [store.disk_of(name, s) for s in range(16)]  # a 64 MiB block: 16 stripes
+        assert all(disks[s] is not disks[s + 1] for s in range(15))
+        assert sorted(disks.count(d) for d in store.disks) == [5, 5, 6]
+
+
 def _disk_index(path: str, stripe: int, disks: int) -> int:
-    return xxhash.xxh3_64_intdigest(f"{path}#{stripe}".encode()) % disks
+    return (xxhash.xxh3_64_intdigest(path.encode()) + stripe) % disks
 
 
 async def _sized_origin(request: web.Request) -> web.Response:
