@@ -63,6 +63,7 @@ from servers.seaweedd import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, star
 from ._ingest_job import Variant
 from ._ingest_variants import Item, LoaderVariant, as_tensor, blobsdk_dataset, loader_options, map_loader
 from ._ingest_workload import MiB, Samples, Workload
+from ._servers import scoped_environ
 
 BUCKET = "ingest"
 OBJECTS = "samples/"
@@ -136,22 +137,11 @@ def start_origin(root: Path, workload: Workload) -> Iterator[Origin]:
             yield Origin(seaweed, proxy)
 
 
-@contextlib.contextmanager
-def aws_env() -> Iterator[None]:
+def aws_env() -> contextlib.AbstractContextManager[None]:
     """The origin's keys in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (s3torchconnector's
     CRT client reads the standard chain, and forked workers inherit the environment), put
     back as they were afterwards."""
-    keys = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
-    before = {key: os.environ.get(key) for key in keys}
-    os.environ.update(keys)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return scoped_environ({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION})
 
 
 def load(

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import os
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -46,6 +46,7 @@ from blobsdk.sources.s3 import S3BlockStore
 
 from ._report import Report, median
 from ._s3_rows import BUCKET, CONCURRENCY, Boto3, Read, Row, check, rounds_of, s3_client
+from ._servers import scoped_environ
 
 OBJECT_BYTES = 323_000  # MLPerf Storage's retinanet-like sample (~323 KB)
 LABEL = "323KB"
@@ -153,21 +154,10 @@ def record_objects(report: Report, rows: dict[str, Row], server_cpu_s: float) ->
     report.metrics[f"seaweed_cpu_s_per_GB_{LABEL}"] = server_cpu_s / (total / 1e9)
 
 
-@contextlib.contextmanager
-def _aws_env(config: Mapping[str, str]) -> Iterator[None]:
+def _aws_env(config: Mapping[str, str]) -> contextlib.AbstractContextManager[None]:
     """The store's keys in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (s3torchconnector's
     CRT client reads only the standard chain), put back as they were afterwards."""
-    keys = {"AWS_ACCESS_KEY_ID": config["access_key_id"], "AWS_SECRET_ACCESS_KEY": config["secret_access_key"]}
-    before = {key: os.environ.get(key) for key in keys}
-    os.environ.update(keys)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return scoped_environ({"AWS_ACCESS_KEY_ID": config["access_key_id"], "AWS_SECRET_ACCESS_KEY": config["secret_access_key"]})
 
 
 class _S3Torch:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -40,3 +41,19 @@ def block_servers(dir: Path, per_server_args: Sequence[Sequence[str]]) -> Iterat
             stack.enter_context(server("servers.blockstore", ["--dir", str(dir / f"blocks-{i}"), *args], dir))
             for i, args in enumerate(per_server_args)
         ]
+
+
+@contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in ``os.environ`` (for clients that read only the environment, and for
+    the processes a row forks), put back as they were afterwards."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -424,7 +424,16 @@ def test_the_systemd_units_verify(tmp_path: Path):
 # --- the README: a user's front door -------------------------------------------------------------
 
 README = ROOT / "README.md"
-FRONT_DOOR = ["What it is", "Install", "Quick start", "A tour of the integrations", "How fast, measured against whom", "Extras", "Read on", "Contributing"]
+FRONT_DOOR = [
+    "What it is",
+    "Install",
+    "Quick start",
+    "A tour of the integrations",
+    "How fast, measured against whom",
+    "Extras",
+    "Read on",
+    "Contributing",
+]
 MAX_README_LINES = 400  # what it is, how to install it, one screen of quick start, where to read on
 
 
