@@ -56,7 +56,7 @@ install: $(DEV)
 # own: it pulls TensorFlow and MPI, which neither `make test` nor CI installs.  dlio-benchmark
 # 2.0.0 goes in with --no-deps: its nvidia-dali dependency is a stub that downloads from an
 # index outside PyPI, and DLIO imports DALI only for its DALI loaders.  The `mpich` wheel gives
-# mpi4py its libmpi.so.12 and `mpiexec`.  pydftracer 1.0.2: DLIO 2.0.0's fallback without it is broken.  s3torchconnector and s3dlio are the benchmark's peers.
+# mpi4py its libmpi.so.12 and `mpiexec`.  pydftracer 1.0.2: DLIO 2.0.0's fallback without it is broken.  s3torchconnector and s3dlio are the benchmark's peers; matplotlib draws its picture (benchmarks/_dlio_plot.py).
 DLIO_VENV := .venv-dlio
 DLIO_PY   := $(DLIO_VENV)/bin/python
 DLIO      := $(DLIO_VENV)/.installed-dlio
@@ -67,7 +67,7 @@ $(DLIO): pyproject.toml | $(DLIO_PY)
 	$(DLIO_PY) -m pip install --disable-pip-version-check --no-deps 'dlio-benchmark==2.0.0'
 	$(DLIO_PY) -m pip install --disable-pip-version-check 'tensorflow-cpu>=2.16' 'mpich>=4.2' 'mpi4py>=4' \
 		'h5py>=3.11' 'hydra-core>=1.3.2' 'omegaconf>=2.2' 'pandas>=1.5.1' 'psutil>=5.9.8' 'Pillow>=9.3' 'PyYAML>=6' \
-		'pydftracer==1.0.2' 's3torchconnector>=1.5' 's3dlio>=0.10' -e '.[torch,numpy,s3,seaweedfs]'
+		'pydftracer==1.0.2' 's3torchconnector>=1.5' 's3dlio>=0.10' 'matplotlib>=3.8' -e '.[torch,numpy,s3,seaweedfs]'
 	touch $@
 
 $(DLIO_PY):
