@@ -95,17 +95,7 @@ class Origin:
         return S3Config(allow_http=True, **options)
 
     def boto3(self, endpoint: str) -> Any:
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name=REGION,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=UPLOAD_PARALLEL),
-        )
+        return _boto3_client(endpoint, pool=UPLOAD_PARALLEL)
 
     def upload(self, items: Iterator[tuple[str, bytes | memoryview | Path]]) -> None:
         """PUT every (key, bytes or file) straight to SeaweedFS (not through the proxy)."""
@@ -345,7 +335,8 @@ class _S3Get:
         return self._client.get_object(Bucket=bucket, Key=key)["Body"]
 
 
-def _boto3_client(endpoint: str) -> Any:
+def _boto3_client(endpoint: str, pool: int = 10) -> Any:
+    """A boto3 client of the origin (``pool``: its connections; 10 is botocore's default)."""
     import boto3
     from botocore.config import Config
 
@@ -355,7 +346,7 @@ def _boto3_client(endpoint: str) -> Any:
         region_name=REGION,
         aws_access_key_id=ACCESS_KEY,
         aws_secret_access_key=SECRET_KEY,
-        config=Config(s3={"addressing_style": "path"}),
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=pool),
     )
 
 
