@@ -219,7 +219,7 @@ async def test_fill_is_a_no_op(replicas: Replicas) -> None:
 
 async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas) -> None:
     blocks = await replicas.start(3)
-    raws = [os.urandom(1000) for _ in range(40)]
+    raws = [os.urandom(1000) for _ in range(120)]  # 40 gave fewer than 6 firsts on replica 0 once in ~300 runs
     refs = await pack(blocks, raws)
     tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
     bad = blocks.replicas[0]
