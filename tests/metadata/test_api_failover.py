@@ -90,7 +90,7 @@ def path_of(tmp_path: Path, name: str) -> str:
 
 
 async def test_reads_and_writes_fail_over_from_a_killed_server(two, session, tmp_path):
-    a, b = two
+    a, _ = two
     store = store_of(session, two)
     path = path_of(tmp_path, "k")
     await store.commit(path, make_plan(path))
