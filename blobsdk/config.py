@@ -349,6 +349,11 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     repair: RepairConfig = RepairConfig()  # background repair of bad L4 copies found by reads
     s3: S3Config = S3Config()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.api_url, list | tuple):  # the one-server key given several
+            raise TypeError(f"api_url must be a str, got {self.api_url!r}: several API servers go in api_urls")
+        super().__post_init__()
+
     @property
     def names_stores(self) -> bool:
         """Whether this config says where its stores are (servers, Redis, S3); if not, a
