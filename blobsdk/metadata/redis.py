@@ -505,18 +505,30 @@ class RedisMetadataStore:
 
 def _record(raw: bytes, path: str) -> builtins.list[Any]:
     """A retryable write's record, as the scripts stored it (CorruptData if it is not one)."""
-    record = decode_stored(path, lambda: msgspec.json.decode(raw))
+    try:
+        record = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise _bad_record(path, str(exc)) from exc
     if not isinstance(record, builtins.list) or not record:
-        raise CorruptData(f"the stored record of a write to {path!r} is corrupt: {raw[:100]!r}")
+        raise _bad_record(path, f"{raw[:100]!r} is no list")
     return record
 
 
 def _replayed_commit(raw: bytes, paths: builtins.list[str], request_id: str | None) -> tuple[float, builtins.list[int]]:
     """The time and versions of a commit applied before, if it was of ``paths``."""
     record = _record(raw, paths[0])
-    if len(record) != 3 or record[2] != paths:
+    if len(record) != 3 or not isinstance(record[1], builtins.list) or len(record[1]) != len(paths):
+        raise _bad_record(paths[0], f"{raw[:100]!r} is no commit's")
+    if record[2] != paths:
         raise BadRequest(f"request_id {request_id} was used for another write")
-    return decode_stored(paths[0], lambda: (float(record[0]), [int(v) for v in record[1]]))
+    try:
+        return float(record[0]), [int(v) for v in record[1]]
+    except (TypeError, ValueError) as exc:
+        raise _bad_record(paths[0], f"{raw[:100]!r}: {exc}") from exc
+
+
+def _bad_record(path: str, why: str) -> CorruptData:
+    return CorruptData(f"the stored record of a write to {path!r} is corrupt: {why}")
 
 
 def _plan_of(path: str, fields: builtins.list[bytes | None]) -> ReadPlan | None:

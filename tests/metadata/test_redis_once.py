@@ -8,7 +8,7 @@ import secrets
 
 import pytest
 
-from blobsdk.errors import BadRequest, PreconditionFailed
+from blobsdk.errors import BadRequest, CorruptData, PreconditionFailed
 from blobsdk.metadata.base import RetryAwareStore
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.wire import CommitOp
@@ -117,3 +117,22 @@ async def test_a_malformed_request_id_is_bad_request(store, bad):
         await store.commit_once([CommitOp(path="/b/x", plan=make_plan("/b/x"))], bad)
     with pytest.raises(BadRequest, match=r"^invalid request_id .*: want 32 lowercase hex digits$"):
         await store.delete_once("/b/x", None, "blob", bad)
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        (b"not json", "JSON is malformed: invalid character (byte 4)"),
+        (b"[]", "b'[]' is no list"),
+        (b'{"a": 1}', "b'{\"a\": 1}' is no list"),
+        (b'["x", [1], ["/b/k"]]', "b'[\"x\", [1], [\"/b/k\"]]': could not convert string to float: 'x'"),
+        (b'[1, [1, 2], ["/b/k"]]', "b'[1, [1, 2], [\"/b/k\"]]' is no commit's"),
+    ],
+)
+async def test_a_damaged_write_record_is_corrupt_data_naming_the_path(store, stored, why):
+    request_id = rid()
+    await store._redis.set(store._request("/b/k", request_id), stored)
+    with pytest.raises(CorruptData) as caught:
+        await store.commit_once([CommitOp(path="/b/k", plan=make_plan("/b/k"))], request_id)
+    assert str(caught.value) == f"the stored record of a write to '/b/k' is corrupt: {why}"
+    assert await store.get_plans(["/b/k"]) == [None]
