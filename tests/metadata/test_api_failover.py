@@ -106,10 +106,10 @@ async def test_reads_and_writes_fail_over_from_a_killed_server(two, session, tmp
 
 async def test_a_stopped_server_costs_one_api_failover_wait_not_sock_read(two, session, tmp_path):
     """A SIGSTOPped server accepts the connection and never answers: the call is bounded by
-    ``api_failover`` (here 1 s, against a 60 s ``sock_read``), then goes to the next server,
+    ``api_failover`` (5 s, against a 60 s ``sock_read``), then goes to the next server,
     and the stopped one is skipped until it is down no longer."""
     a, _ = two
-    store = store_of(session, two, timeouts=Timeouts(sock_read=60.0, api_failover=1.0))
+    store = store_of(session, two, timeouts=Timeouts(sock_read=60.0, api_failover=5.0))
     path = path_of(tmp_path, "k")
     await store.commit(path, make_plan(path))
     with a.stopped():
