@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ._common import netns
 from ._common.netns import NetnsError, unavailable
@@ -135,6 +135,8 @@ class Testbed:
     with``, or :meth:`start`/:meth:`stop`).  ``dir``: where :meth:`start` writes
     ``testbed.json`` (what ``python -m servers.testbed`` reads); None: nowhere."""
 
+    __test__: ClassVar[bool] = False  # not a test class, for pytest, in the tests that import it
+
     dir: Path | None = None
     hosts: dict[str, Host] = field(default_factory=dict)
     subnet: int | None = None
@@ -210,7 +212,7 @@ class Testbed:
     def popen(self, host: Host | str, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside ``host``'s namespace (``ip netns exec``: the process is the
         Popen's pid; its children stay in the namespace).  ``kw`` goes to Popen.  Stopped
-        with the testbed."""
+        with the testbed, which reaps it and closes its pipes."""
         h = self._host(host)
         proc: subprocess.Popen[Any] = subprocess.Popen([netns.IP, "netns", "exec", h.namespace, *argv], **kw)
         with self._lock:
@@ -283,6 +285,9 @@ class Testbed:
                 if proc.poll() is None:
                     proc.kill()  # not in a namespace of ours any more (it left by setns)
                 proc.wait()
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
             self._processes.clear()
             claim, self._claim = self._claim, None
             if claim is not None:
