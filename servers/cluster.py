@@ -8,6 +8,7 @@ flash nodes and the peer tier's trackers, each a real subprocess on a free loopb
                               [--admin-token T] [--no-restart]
                               [--metadata redis://HOST:PORT/DB] [--source s3://BUCKET/PREFIX [--s3-endpoint URL]
                                [--s3-region R] [--s3-allow-http] | --seaweedfs]
+                              [--hosts [--link NAME=UP:DOWN ...]]
 
 The command and :func:`start_cluster` start the same cluster by default (:class:`ClusterOptions`,
 :func:`launch_table`): the API server, 3 block servers, 2 L3 nodes and one tracker
@@ -61,6 +62,9 @@ Tests and benchmarks use the same machinery in-process::
     with start_cluster(tmp_path, block_servers=3) as cluster:      # or `async with`
         async with blobsdk.Client(cluster.config) as c: ...
 
+With ``--hosts`` (``hosts=True``) each server runs in a testbed host of its own, with the
+link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py).
+
 What a cluster starts (its options, kinds of server, launch table, client.toml, and what the
 environment needs for the options) is servers/clusterplan.py.
 """
@@ -93,7 +97,7 @@ from blobsdk.config import ClientConfig, S3Config, s3_location
 from ._common import prog
 from ._common.lifeline import wait_orphaned
 from ._common.stores import add_s3_args, s3_config_of_args
-from .clusterhosts import ClientHost, Placement
+from .clusterhosts import ClientHost, Placement, add_hosts_args, check_links, links_of_args
 from .clusterplan import (
     KINDS,
     ClusterOptions,
@@ -418,6 +422,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     parser.add_argument(
         "--no-restart", action="store_true", help="leave a server that dies down (default: restart it, with backoff)"
     )
+    add_hosts_args(parser)
     args = parser.parse_args(argv)
     if args.block_servers < 1:
         parser.error("--block-servers must be at least 1")
@@ -454,6 +459,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         parser.error(f"--metadata must be redis://HOST:PORT/DB, got {args.metadata!r}")
     if args.seaweedfs and (args.source is not None or args.s3_endpoint is not None):
         parser.error("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")
+    links = links_of_args(parser, args)
     s3 = msgspec.structs.replace(s3_config_of_args(args), **_aws_credentials())
     options = ClusterOptions(
         **{n: getattr(args, n) for n in names},
@@ -462,7 +468,10 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         source=args.source,
         s3=s3,
         seaweedfs=args.seaweedfs,
+        hosts=args.hosts,
+        links=links,
     )
+    check_links(parser, options, launch_table(options), KINDS)
     return args.dir, with_service_token(options), not args.no_restart
 
 

@@ -13,8 +13,9 @@ testbed's driver address; their peer server binds that address.
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ import msgspec
 from blobsdk.config import ClientConfig, L2Config
 
 from ._common import netns
-from .testbed import Host, Link, Testbed
+from .supervisor import ClusterError
+from .testbed import Host, Link, NetnsError, Testbed
+from .testbed_cli import parse_link
 
 
 @dataclass
@@ -58,7 +61,10 @@ class Placement:
         self.links = dict(links)
 
     def start(self) -> None:
-        self.testbed.start()
+        try:
+            self.testbed.start()
+        except NetnsError as exc:
+            raise ClusterError(f"the servers cannot run on hosts: {exc}") from None
 
     def host_of(self, name: str, kind: str) -> Host:
         """Server ``name``'s host, made the first time (a restart keeps it)."""
@@ -97,3 +103,38 @@ def _on(config: ClientConfig, address: str, network: str) -> ClientConfig:
     networks = (*[n for n in config.peer.allowed_networks if n != network], network)
     peer = msgspec.structs.replace(config.peer, host=address, allowed_networks=networks)
     return msgspec.structs.replace(config, peer=peer)
+
+
+# --- blobsdk-cluster's --hosts and --link -----------------------------------------------
+
+
+def add_hosts_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hosts", action="store_true", help="each server in a testbed host of its own (needs root)")
+    parser.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        metavar="NAME=UP:DOWN",
+        help="with --hosts: the link of a server (block-1) or a kind (block), Mbit/s; empty: unshaped (repeatable)",
+    )
+
+
+def links_of_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Link]:
+    """The ``--link`` specs by server or kind name (argparse's error for a bad one)."""
+    if args.link and not args.hosts:
+        parser.error("--link needs --hosts")
+    links = {}
+    for spec in args.link:
+        try:
+            name, link = parse_link(spec)
+        except ValueError as exc:
+            parser.error(f"--link {exc}")
+        links[name] = link
+    return links
+
+
+def check_links(parser: argparse.ArgumentParser, options: Any, table: Sequence[tuple[str, str]], kinds: Iterable[Any]) -> None:
+    """argparse's error if a ``--link`` names neither a server of ``table`` nor a kind."""
+    servers = [name for name, _ in table]
+    if unknown := sorted(set(options.links) - {kind.name for kind in kinds} - set(servers)):
+        parser.error(f"--link {unknown[0]}: no such server or kind (servers: {', '.join(servers)})")
