@@ -55,12 +55,14 @@ def parse_link(spec: str) -> tuple[str, Link]:
     return name, Link(up=parse_rate(up), down=parse_rate(down))
 
 
-def _parser() -> ArgumentParser:
+def _parser() -> tuple[ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each subcommand's (whose errors name the subcommand)."""
     parser = ArgumentParser(prog=prog(PROG), description=__doc__.split("\n\n")[0])
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    made: dict[str, argparse.ArgumentParser] = {}
 
     def sub(name: str, help: str) -> argparse.ArgumentParser:
-        p = subs.add_parser(name, help=help)
+        p = made[name] = subs.add_parser(name, help=help)
         p.add_argument("--dir", type=Path, required=True, help="the testbed's directory (its testbed.json)")
         return p
 
@@ -80,12 +82,13 @@ def _parser() -> ArgumentParser:
     flap.add_argument("--down-s", type=float, required=True, metavar="S")
     flap.add_argument("--up-s", type=float, required=True, metavar="S")
     flap.add_argument("--cycles", type=int, metavar="N", help="stop after N downs (default: at SIGINT/SIGTERM)")
-    return parser
+    return parser, made
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[tuple[str, Link]]]:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    top, subs = _parser()
+    args = top.parse_args(argv)
+    parser = subs[args.command]
     links: list[tuple[str, Link]] = []
     try:
         links = [parse_link(spec) for spec in getattr(args, "host", None) or [] if args.command == "up"]
