@@ -112,7 +112,7 @@ from .clusterplan import (
 )
 from .seaweedd import SeaweedServer, start_seaweed_l4
 from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready, reusable_port
-from .testbed import Host, Link
+from .testbed_hosts import Host, Link
 
 __all__ = [  # what tests, benchmarks and the pytest plugin use (clusterplan's names, too)
     "KINDS",

@@ -26,8 +26,8 @@ from blobsdk.config import ClientConfig, L2Config
 
 from ._common import netns
 from .supervisor import ClusterError
-from .testbed import Host, Link, NetnsError, Testbed
-from .testbed_cli import parse_link
+from .testbed import parse_link
+from .testbed_hosts import Host, Link, NetnsError, Testbed
 
 
 @dataclass

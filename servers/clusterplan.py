@@ -21,7 +21,7 @@ from blobsdk.config import ClientConfig, S3Config, WriteConfig
 from . import seaweedd
 from ._common import install_hint
 from ._common.stores import s3_args_of
-from .testbed import Link
+from .testbed_hosts import Link
 
 
 @dataclass(frozen=True, kw_only=True)

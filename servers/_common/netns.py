@@ -1,4 +1,4 @@
-"""Thin wrappers over ``ip`` and ``tc`` (iproute2) for the testbed of hosts (servers/testbed.py):
+"""Thin wrappers over ``ip`` and ``tc`` (iproute2) for the testbed of hosts (servers/testbed_hosts.py):
 network namespaces, veth pairs, a bridge, root qdiscs, and the sweep that removes what a
 testbed made.  Each runs the command and raises :class:`NetnsError` naming the command and
 its stderr if it fails.  Kept free of heavy imports: the testbed's crash guard imports it.

@@ -1,4 +1,4 @@
-"""servers/testbed.py: hosts in network namespaces, their shaped links (read back from ``tc
+"""servers/testbed_hosts.py (through servers/testbed.py): hosts in network namespaces, their shaped links (read back from ``tc
 qdisc show``, never timed), partitions and heals (a TCP connect that times out, then
 succeeds), flaps, several testbeds at once, and the crash guard.  Skipped, with the reason,
 where namespaces cannot be made (the ``testbed`` fixture, tests/conftest.py)."""

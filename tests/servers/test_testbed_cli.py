@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from servers.cluster import parse_cli
-from servers.testbed import Link, Testbed
-from servers.testbed_cli import main
+from servers.testbed import Link, Testbed, main
 from tests.helpers import ROOT
 from tests.servers.test_testbed import leftovers
 
