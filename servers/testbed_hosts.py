@@ -113,10 +113,14 @@ class Flap:
         except (NetnsError, KeyError) as exc:  # reported by stop()
             self._error = exc
 
-    def stop(self) -> None:
-        """Stop flapping and leave the link up (healed); raises what went wrong meanwhile."""
+    def halt(self) -> None:
+        """Stop flapping, leaving the link as it is."""
         self._stop.set()
         self._thread.join()
+
+    def stop(self) -> None:
+        """Stop flapping and leave the link up (healed); raises what went wrong meanwhile."""
+        self.halt()
         if self._error is None:
             self._bed.heal(self.host)
         if self._error is not None:
@@ -142,6 +146,7 @@ class Testbed:
     subnet: int | None = None
     _claim: Claim | None = field(default=None, repr=False)
     _processes: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
+    _flaps: list[Flap] = field(default_factory=list, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
@@ -256,8 +261,11 @@ class Testbed:
         return h
 
     def flap(self, host: Host | str, down_s: float, up_s: float) -> Flap:
-        """Start flapping ``host``'s link (see :class:`Flap`); stop it with ``stop()`` or ``with``."""
-        return Flap(self, self._host(host), down_s, up_s)
+        """Start flapping ``host``'s link (see :class:`Flap`); stop it with ``stop()`` or ``with``
+        (stopping the testbed stops it too)."""
+        flap = Flap(self, self._host(host), down_s, up_s)
+        self._flaps.append(flap)
+        return flap
 
     def qdiscs(self, host: Host | str) -> tuple[str, str]:
         """``tc qdisc show`` of ``host``'s (up, down) sides."""
@@ -278,6 +286,9 @@ class Testbed:
     def stop(self) -> None:
         """Remove everything: the hosts' processes (SIGTERM, then SIGKILL), namespaces, veths,
         bridge, the state file and the claim."""
+        for flap in self._flaps:
+            flap.halt()
+        self._flaps.clear()
         with self._lock:
             if self.subnet is not None and self._claim is not None:
                 netns.sweep(self.subnet)

@@ -250,3 +250,13 @@ def test_attach_to_no_testbed(tmp_path: Path):
     with pytest.raises(ValueError) as raised:
         Testbed.attach(tmp_path)
     assert str(raised.value) == f"no testbed runs in {tmp_path} (no testbed.json)"
+
+
+def test_stopping_the_testbed_stops_a_flap_left_running(testbed_unavailable):
+    if testbed_unavailable is not None:
+        pytest.skip(testbed_unavailable)
+    with Testbed() as bed:
+        flap = bed.flap(bed.add_host("a"), down_s=0.05, up_s=0.05)
+        subnet = bed.subnet
+    assert not flap._thread.is_alive() and flap._error is None
+    assert subnet is not None and leftovers(subnet) == []
