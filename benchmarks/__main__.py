@@ -32,6 +32,8 @@ BENCHMARKS = {
     "scale": "benchmarks.scale",
     "swarm_sim": "benchmarks.swarm_sim",
 }
+# The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
+ON_HOSTS: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     ingest = parser.add_argument_group("ingest, scale and swarm_sim only")
     ingest.add_argument("--png", type=Path, metavar="PATH", help="the picture (default: next to --json, else NAME.png)")
     ingest.add_argument("--p2p-json", type=Path, metavar="PATH", help="swarm_sim: a p2p run's --json to validate against")
+    hosts = parser.add_argument_group(f"{', '.join(ON_HOSTS)} only")
+    hosts.add_argument(
+        "--hosts",
+        type=int,
+        metavar="N",
+        help="run on a testbed of N emulated hosts, each in its own network namespace with a shaped link (needs root)",
+    )
     soak = parser.add_argument_group("soak only")
     soak.add_argument("--duration", type=float, metavar="S", help="seconds of chaos (default 300; --quick: 30)")
     soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
@@ -64,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--png is for the ingest, scale and swarm_sim benchmarks")
     if args.name != "swarm_sim" and args.p2p_json is not None:
         parser.error("--p2p-json is for the swarm_sim benchmark")
+    if args.hosts is not None and args.name not in ON_HOSTS:
+        parser.error(f"--hosts is for the {', '.join(ON_HOSTS)} benchmarks")
+    if args.hosts is not None and args.hosts < 1:
+        parser.error("--hosts must be at least 1")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
         parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
     if args.api_servers < 1 or (args.api_servers > 1 and args.redis_s3):

@@ -8,6 +8,7 @@ flash nodes and the peer tier's trackers, each a real subprocess on a free loopb
                               [--admin-token T] [--no-restart]
                               [--metadata redis://HOST:PORT/DB] [--source s3://BUCKET/PREFIX [--s3-endpoint URL]
                                [--s3-region R] [--s3-allow-http] | --seaweedfs]
+                              [--hosts [--link NAME=UP:DOWN ...]]
 
 The command and :func:`start_cluster` start the same cluster by default (:class:`ClusterOptions`,
 :func:`launch_table`): the API server, 3 block servers, 2 L3 nodes and one tracker
@@ -61,6 +62,9 @@ Tests and benchmarks use the same machinery in-process::
     with start_cluster(tmp_path, block_servers=3) as cluster:      # or `async with`
         async with blobsdk.Client(cluster.config) as c: ...
 
+With ``--hosts`` (``hosts=True``) each server runs in a testbed host of its own, with the
+link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py).
+
 What a cluster starts (its options, kinds of server, launch table, client.toml, and what the
 environment needs for the options) is servers/clusterplan.py.
 """
@@ -93,6 +97,7 @@ from blobsdk.config import ClientConfig, S3Config, s3_location
 from ._common import prog
 from ._common.lifeline import wait_orphaned
 from ._common.stores import add_s3_args, s3_config_of_args
+from .clusterhosts import ClientHost, Placement, add_hosts_args, check_links, links_of_args
 from .clusterplan import (
     KINDS,
     METADATA_FOR_SEVERAL,
@@ -110,6 +115,7 @@ from .clusterplan import (
 from .redisd import RedisServer
 from .seaweedd import SeaweedServer, start_seaweed_l4
 from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready, reusable_port
+from .testbed_hosts import Host, Link
 
 __all__ = [  # what tests, benchmarks and the pytest plugin use (clusterplan's names, too)
     "KINDS",
@@ -147,6 +153,7 @@ class Cluster:
     redis: list[RedisServer] = field(default_factory=list)  # with --metadata redis: its primary, then replica
     report: Callable[[str], None] = field(default=lambda line: None, repr=False)
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
+    placement: Placement | None = field(default=None, repr=False)  # with options.hosts: the testbed
 
     @property
     def config_path(self) -> Path:
@@ -162,6 +169,9 @@ class Cluster:
             stale.unlink(missing_ok=True)
         self._lifeline = self._lifeline or os.pipe()  # both ends non-inheritable
         deadline = time.monotonic() + self.options.startup_timeout
+        if self.options.hosts and self.placement is None:
+            self.placement = Placement(self.dir, self.options.links)
+            self.placement.start()
         if self.options.seaweedfs and self.seaweed is None:
             self._start_seaweed()
         if self.options.metadata == OWN_REDIS:
@@ -174,6 +184,8 @@ class Cluster:
             started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
             urls[kind.name] = [self._ready(p, deadline) for p in started]
         self.config = client_config(self.kinds, urls, self.options)
+        if self.placement is not None:
+            self.config = self.placement.root_config(self.config)
         self._write_description()
         _write_atomic(self.config_path, self.config.to_toml())
         return self.config
@@ -188,7 +200,8 @@ class Cluster:
         proc.port_file.unlink(missing_ok=True)
         # asyncio's create_server sets SO_REUSEADDR on POSIX: the port binds even while the old
         # server's connections are in TIME_WAIT (the CLI test holds one open across the kill).
-        proc.popen, proc.started = self._popen(proc.module, port, proc.port_file, proc.args, proc.log), time.monotonic()
+        host = None if self.placement is None else self.placement.host_of(proc.name, proc.kind)
+        proc.popen, proc.started = self._popen(proc.module, port, proc.port_file, proc.args, proc.log, host), time.monotonic()
         self._write_description()
 
     def _start_seaweed(self) -> None:
@@ -236,16 +249,24 @@ class Cluster:
         port = self._port(port_file, name)
         port_file.unlink(missing_ok=True)
         args = [*common_args(self.options, kind), *kind.args(launch, i)]
-        popen = self._popen(kind.module, port, port_file, args, log)
-        proc = ServerProcess(kind=kind.name, name=name, module=kind.module, args=args, popen=popen, port_file=port_file, log=log)
+        host = None if self.placement is None else self.placement.host_of(name, kind.name)
+        popen = self._popen(kind.module, port, port_file, args, log, host)
+        address = HOST if host is None else host.address
+        proc = ServerProcess(
+            kind=kind.name, name=name, module=kind.module, args=args, popen=popen, port_file=port_file, log=log, host=address
+        )
         self.processes.append(proc)
         return proc
 
-    def _popen(self, module: str, port: int, port_file: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def _popen(
+        self, module: str, port: int, port_file: Path, args: list[str], log: Path, host: Host | None
+    ) -> subprocess.Popen[bytes]:
         assert self._lifeline is not None, "start() opens the lifeline"
         fd = self._lifeline[0]
-        serving = ["--host", HOST, "--port", str(port), "--port-file", str(port_file)]
+        serving = ["--host", HOST if host is None else host.address, "--port", str(port), "--port-file", str(port_file)]
         argv = [sys.executable, "-c", _CHILD, str(fd), str(os.getpid()), module, *serving, *args]
+        if host is not None and self.placement is not None:
+            argv = self.placement.argv(host, argv)
         with open(log, "ab") as out:
             return subprocess.Popen(
                 argv,
@@ -286,6 +307,15 @@ class Cluster:
             seaweed.stop()
         while self.redis:
             self.redis.pop().stop()
+        placement, self.placement = self.placement, None
+        if placement is not None:
+            placement.stop()
+
+    def add_client_host(self, name: str, link: Link | None = None) -> ClientHost:
+        """With ``hosts``: a client host ``name`` (servers/clusterhosts.py) of the running cluster."""
+        if self.placement is None or self.config is None:
+            raise ClusterError("client hosts need a started cluster on hosts (hosts=True)")
+        return self.placement.client_host(self.dir, self.config, name, link)
 
     def __enter__(self) -> Cluster:
         try:
@@ -422,6 +452,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
     parser.add_argument(
         "--no-restart", action="store_true", help="leave a server that dies down (default: restart it, with backoff)"
     )
+    add_hosts_args(parser)
     args = parser.parse_args(argv)
     if args.block_servers < 1:
         parser.error("--block-servers must be at least 1")
@@ -463,6 +494,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         parser.error(METADATA_FOR_SEVERAL)
     if args.seaweedfs and (args.source is not None or args.s3_endpoint is not None):
         parser.error("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")
+    links = links_of_args(parser, args)
     s3 = msgspec.structs.replace(s3_config_of_args(args), **_aws_credentials())
     options = ClusterOptions(
         **{n: getattr(args, n) for n in names},
@@ -471,7 +503,10 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         source=args.source,
         s3=s3,
         seaweedfs=args.seaweedfs,
+        hosts=args.hosts,
+        links=links,
     )
+    check_links(parser, options, launch_table(options), KINDS)
     return args.dir, with_service_token(options), not args.no_restart
 
 

@@ -21,6 +21,7 @@ from blobsdk.config import ClientConfig, S3Config, WriteConfig
 from . import seaweedd
 from ._common import install_hint
 from ._common.stores import s3_args_of
+from .testbed_hosts import Link
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,12 +50,17 @@ class ClusterOptions:
     source: str | None = None  # s3://BUCKET/PREFIX: L4 is that object store (no block servers)
     s3: S3Config = field(default_factory=S3Config)  # for source; its credentials reach the servers as AWS_* variables
     seaweedfs: bool = False  # L4 on a local SeaweedFS the cluster starts (its source and s3 replace those above)
+    hosts: bool = False  # each server in a testbed host of its own (servers/clusterhosts.py; needs root)
+    # with hosts: server name ("block-1") or kind name ("block") -> its host's link (default unshaped)
+    links: Mapping[str, Link] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.api_servers < 1:
             raise ValueError(f"api_servers must be at least 1, got {self.api_servers}")
         if self.api_servers > 1 and self.metadata is None:
             raise ValueError(METADATA_FOR_SEVERAL)
+        if self.hosts and self.metadata == OWN_REDIS:
+            raise ValueError("--metadata redis starts Redis on this host's loopback, which testbed hosts cannot reach")
 
 
 METADATA_FOR_SEVERAL = (

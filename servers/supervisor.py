@@ -36,6 +36,7 @@ class ServerProcess:
     popen: subprocess.Popen[bytes]
     port_file: Path
     log: Path
+    host: str = HOST  # the address it binds (a testbed host's, on hosts: servers/clusterhosts.py)
     url: str = ""
     started: float = field(default_factory=time.monotonic)  # of the current popen
 
@@ -56,7 +57,7 @@ def _wait_ready(proc: ServerProcess, deadline: float, timeout: float) -> str:
         if (code := proc.popen.poll()) is not None:
             raise ClusterError(f"{proc.name} exited with code {code} during start-up; its log:\n{proc.log_tail()}")
         if not proc.url and (port := _read_port(proc.port_file)):
-            proc.url = f"http://{HOST}:{port}"
+            proc.url = f"http://{proc.host}:{port}"
         if proc.url and _healthy(proc.url):
             return proc.url
         time.sleep(POLL_SECONDS)

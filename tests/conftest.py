@@ -39,3 +39,23 @@ def seaweed(tmp_path_factory):
 
     with start_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def testbed_unavailable() -> str | None:
+    """Why this machine cannot make a testbed of hosts (servers/testbed.py), or None."""
+    from servers.testbed import unavailable
+
+    return unavailable()
+
+
+@pytest.fixture
+def testbed(testbed_unavailable, tmp_path):
+    """A started :class:`servers.testbed.Testbed` (state file in tmp_path), removed after the
+    test; the test skips, saying why, where namespaces cannot be made (not root, no iproute2)."""
+    if testbed_unavailable is not None:
+        pytest.skip(testbed_unavailable)
+    from servers.testbed import Testbed
+
+    with Testbed(dir=tmp_path / "testbed") as bed:
+        yield bed

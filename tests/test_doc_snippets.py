@@ -38,6 +38,12 @@ NOT_RUN = {
     ("docs/deployment.md", "useradd --system --home /var/lib/blobsdk blobsdk"): (
         "adds a system user and writes /etc as root; tests/test_docs.py starts each unit's command line instead"
     ),
+    ("docs/testbed.md", "import sys"): (
+        "needs root to make network namespaces; tests/servers/test_testbed.py makes the same calls, and skips without root"
+    ),
+    ("docs/testbed.md", 'links = {"block": Link(up=1000, down=1000), "block-2": Link(up=50, down=50)}'): (
+        "needs root to make network namespaces; tests/servers/test_clusterhosts.py makes the same calls, and skips without root"
+    ),
     ("docs/dlio.md", "export BLOBSDK_CONFIG=.cluster/client.toml BLOBSDK_DLIO_PREFIX=/bucket/unet3d"): (
         "needs .venv-dlio (make dlio), MPI and a dataset in a store"
     ),

@@ -87,7 +87,7 @@ def test_the_wheel_installs_blobsdk_and_its_servers_under_unambiguous_names(whee
     shipped = {n for n in names if n.endswith(".py")}
     assert shipped == _repo_modules("blobsdk", "blobsdk") | _repo_modules("servers", "blobsdk_servers")
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for script in ("blobsdk-cluster", "blobsdk-api", "blobsdk-blockstore", "blobsdk-flash", "blobsdk-tracker"):
+    for script in ("blobsdk-cluster", "blobsdk-api", "blobsdk-blockstore", "blobsdk-flash", "blobsdk-tracker", "blobsdk-testbed"):
         assert f"{script} = blobsdk_servers." in entry_points
     assert "blobsdk_servers.testing = blobsdk_servers.testing" in entry_points
 

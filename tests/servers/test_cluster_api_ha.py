@@ -68,6 +68,9 @@ def test_several_api_servers_need_redis():
     with pytest.raises(ValueError) as zero:
         ClusterOptions(api_servers=0)
     assert str(zero.value) == "api_servers must be at least 1, got 0"
+    with pytest.raises(ValueError) as hosts:
+        ClusterOptions(api_servers=2, metadata="redis", hosts=True)
+    assert str(hosts.value) == "--metadata redis starts Redis on this host's loopback, which testbed hosts cannot reach"
     result = subprocess.run(
         [sys.executable, "-m", "servers.cluster", "--dir", "d", "--api-servers", "2"],
         cwd=ROOT,
