@@ -19,7 +19,7 @@ from servers.cluster import ClusterOptions, parse_args, start_cluster
 from ..helpers import until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SMALL = {"block_servers": 1, "l3_nodes": 0, "trackers": 0}
+SMALL = {"block_servers": 1, "l3_nodes": 0, "trackers": 0, "startup_timeout": 120.0}  # a loaded machine starts slowly
 
 
 def replication(port: int) -> str:
