@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
     soak.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the ops and the chaos (default 0)")
     soak.add_argument("--redis-s3", action="store_true", help="metadata in Redis, L4 in S3 (moto)")
+    soak.add_argument(
+        "--api-servers", type=int, default=1, metavar="N", help="API servers over one Redis, failed over between (default 1)"
+    )
     soak.add_argument("--clock-skew", type=int, default=4, metavar="S", help="largest clock step of a client, s (default 4)")
     soak.add_argument(
         "--targets",
@@ -63,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the kinds of server the chaos hits, e.g. 'block' (default: all; kinds: api, block, l3, tracker, redis, s3)",
     )
     args = parser.parse_args(argv)
-    if args.name != "soak" and any(
-        getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets")
-    ):
-        parser.error("--duration, --clients, --seed, --redis-s3, --clock-skew and --targets are for the soak")
+    soak_flags = ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets", "api_servers")
+    if args.name != "soak" and any(getattr(args, a) != parser.get_default(a) for a in soak_flags):
+        parser.error("--duration, --clients, --seed, --redis-s3, --api-servers, --clock-skew and --targets are for the soak")
     if args.name not in ("ingest", "scale", "swarm_sim") and args.png is not None:
         parser.error("--png is for the ingest, scale and swarm_sim benchmarks")
     if args.name != "swarm_sim" and args.p2p_json is not None:
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--hosts must be at least 1")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
         parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
+    if args.api_servers < 1 or (args.api_servers > 1 and args.redis_s3):
+        parser.error("--api-servers must be at least 1, and not with --redis-s3 (whose clients talk to Redis directly)")
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = module.options(args) if hasattr(module, "options") else {}
     report = asyncio.run(module.run(quick=args.quick, **extra))

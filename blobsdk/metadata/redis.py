@@ -72,9 +72,10 @@ with requires_extra("redis", __name__):
     import redis.exceptions as rexc
     from redis.asyncio.cluster import RedisCluster
 
-from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
+from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, CorruptData, Unavailable
 from ..net.unreachable import REDIS, unreachable
 from ..paths import bucket_of, validate_path
+from ..runtime.ids import validate_hex32
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import (
     block_collected,
@@ -94,6 +95,7 @@ from .base import (
     prefix_end,
 )
 
+REQUEST_TTL_S = 3600  # how long a retryable write's record is kept: a retry later than this applies again
 REFS_VERSION = "1"  # the value of ``ns:refs`` once every plan is in the reverse index
 
 _page_decoder = msgspec.msgpack.Decoder(builtins.list[BlobInfo], strict=False)  # the numbers come as strings
@@ -218,6 +220,10 @@ class RedisMetadataStore:
         """What the keys of a bucket's paths start with."""
         return f"{self.namespace}:{{{bucket}}}:p:"
 
+    def _request(self, path: str, request_id: str) -> str:
+        """The record of a retryable write (in the slot of the bucket of its first path)."""
+        return f"{self.namespace}:{{{bucket_of(path)}}}:r:{request_id}"
+
     def _index(self, bucket: str) -> str:
         return f"{self.namespace}:{{{bucket}}}:idx"
 
@@ -321,6 +327,13 @@ class RedisMetadataStore:
         return committed
 
     async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        return await self._commit_ops(ops, None)
+
+    async def commit_once(self, ops: Sequence[CommitOp], request_id: str) -> list[ReadPlan]:
+        """``commit_many``, applied at most once per ``request_id`` (:class:`RetryAwareStore`)."""
+        return await self._commit_ops(ops, validate_hex32(request_id, "request_id"))
+
+    async def _commit_ops(self, ops: Sequence[CommitOp], request_id: str | None) -> list[ReadPlan]:
         ops = list(ops)
         for op in ops:
             check_commit_op(op)
@@ -339,23 +352,44 @@ class RedisMetadataStore:
             args += [op.path, if_version, _encoder.encode(stored), op.plan.size, op.plan.etag, len(op.plan.chunks), block_ids]
         keys = [self._key(op.path) for op in ops] + [self._index(bucket_of(op.path)) for op in ops]
         keys += [self._fences(bucket_of(op.path)) for op in ops]
+        if request_id is not None:
+            keys.append(self._request(ops[0].path, request_id))
+            args.append(REQUEST_TTL_S)
         with self._errors():
             await self._register(client, buckets)
             answer = await self._commit(keys=keys, args=args)
-        if answer[0] == -3:
+        if answer[0] == -4:
+            now, versions = _replayed_commit(answer[1], [op.path for op in ops], request_id)
+        elif answer[0] == -3:
             raise block_collected(ops[answer[1]].path, answer[2].decode())
-        if answer[0] == -1:
+        elif answer[0] == -1:
             op = ops[answer[1]]
             raise precondition_failed(op.path, op.if_version, int(answer[2]) or None)
-        return [msgspec.structs.replace(op.plan, version=int(v), created=now) for op, v in zip(ops, answer[1:], strict=True)]
+        else:
+            versions = [int(v) for v in answer[1:]]
+        return [msgspec.structs.replace(op.plan, version=v, created=now) for op, v in zip(ops, versions, strict=True)]
 
     async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
+        return await self._delete_path(path, if_version, kind, None)
+
+    async def delete_once(self, path: str, if_version: int | None, kind: WriteKind, request_id: str) -> BlobInfo:
+        """``delete``, applied at most once per ``request_id`` (:class:`RetryAwareStore`)."""
+        return await self._delete_path(path, if_version, kind, validate_hex32(request_id, "request_id"))
+
+    async def _delete_path(self, path: str, if_version: int | None, kind: WriteKind, request_id: str | None) -> BlobInfo:
         check_delete(path, if_version, kind)
         await self._client()
+        keys, args = [self._key(path), self._index(bucket_of(path))], [path, "" if if_version is None else if_version]
+        if request_id is not None:
+            keys.append(self._request(path, request_id))
+            args.append(REQUEST_TTL_S)
         with self._errors():
-            answer = await self._delete(
-                keys=[self._key(path), self._index(bucket_of(path))], args=[path, "" if if_version is None else if_version]
-            )
+            answer = await self._delete(keys=keys, args=args)
+        if answer[0] == -4:
+            recorded = _record(answer[1], path)
+            if recorded[0] != path:
+                raise BadRequest(f"request_id {request_id} was used for another write")
+            return _info(path, recorded[1:])
         if answer[0] == -2:
             raise BlobNotFound(f"no blob at {path!r}")
         if answer[0] == -1:
@@ -467,6 +501,34 @@ class RedisMetadataStore:
         else:
             raw = await client.zrangebylex(self._buckets, "-", "+")
         return sorted((b.decode() for b in raw), key=lambda b: b + "/")
+
+
+def _record(raw: bytes, path: str) -> builtins.list[Any]:
+    """A retryable write's record, as the scripts stored it (CorruptData if it is not one)."""
+    try:
+        record = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise _bad_record(path, str(exc)) from exc
+    if not isinstance(record, builtins.list) or not record:
+        raise _bad_record(path, f"{raw[:100]!r} is no list")
+    return record
+
+
+def _replayed_commit(raw: bytes, paths: builtins.list[str], request_id: str | None) -> tuple[float, builtins.list[int]]:
+    """The time and versions of a commit applied before, if it was of ``paths``."""
+    record = _record(raw, paths[0])
+    if len(record) != 3 or not isinstance(record[1], builtins.list) or len(record[1]) != len(paths):
+        raise _bad_record(paths[0], f"{raw[:100]!r} is no commit's")
+    if record[2] != paths:
+        raise BadRequest(f"request_id {request_id} was used for another write")
+    try:
+        return float(record[0]), [int(v) for v in record[1]]
+    except (TypeError, ValueError) as exc:
+        raise _bad_record(paths[0], f"{raw[:100]!r}: {exc}") from exc
+
+
+def _bad_record(path: str, why: str) -> CorruptData:
+    return CorruptData(f"the stored record of a write to {path!r} is corrupt: {why}")
 
 
 def _plan_of(path: str, fields: builtins.list[bytes | None]) -> ReadPlan | None:
