@@ -206,8 +206,8 @@ def _curve(plt: Any, job: Run, size: Size) -> Any:
     ax.axvline(REMOVE_AT * BATCHES - 0.5, color="tab:red", linestyle="--", label=f"node removed ({n + 1} -> {n})")
     for e in range(1, EPOCHS):
         ax.axvline(e * BATCHES - 0.5, color="grey", alpha=0.2)
-    for left, colour in ((size.nodes + 1, "tab:green"), (size.nodes, "tab:red")):  # the drop rendezvous hashing predicts
-        ax.axhline(1 - 1 / left, color=colour, linestyle=":", alpha=0.6, label=f"1 - 1/{left}")
+    # Both changes move one node's share of n + 1 nodes: the drop rendezvous hashing predicts.
+    ax.axhline(n / (n + 1), color="grey", linestyle=":", label=f"predicted: 1 - 1/{n + 1}")
     ax.set_xlabel(f"read batch ({BATCHES} per epoch of {size.chunks} chunks of 64 KiB)")
     ax.set_ylabel("L3 hit ratio (node hits / chunk reads)")
     ax.set_ylim(-0.02, 1.05)
