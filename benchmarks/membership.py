@@ -17,7 +17,9 @@ Figures:
 - ``add_moved`` / ``remove_moved``: the fraction of the dataset's chunks whose first node
   changed (blobsdk/read/placement.py ``moved`` over the real chunk keys and node URLs), against
   ``1/(N+1)`` and ``1/N`` (``*_vs_expected``, with ``_lo``/``_hi``: the 2-sigma binomial band
-  of that many keys, divided by the expected value);
+  of that many keys, divided by the expected value); ``*_many_keys_vs_expected``: the same
+  change over 65,536 random keys (16,384 with ``--quick``), whose band is narrower, which says whether a draw far from
+  1 comes from the node names or from the dataset's keys;
 - ``add_misses_vs_moved`` / ``remove_misses_vs_moved``: the L3 misses (chunks a node read
   through from L4, or L4 read itself) from a change to the next one (or the end), over the
   chunks moved: a change costs its moved chunks once, no more (goal <= 1.1; below 1 where a
@@ -67,9 +69,10 @@ GOALS |= {f"hit_ratio_after_{change}_vs_warm": ">= 0.99" for change in ("add", "
 class Size:
     nodes: int
     chunks: int
+    many_keys: int = 1 << 16  # random keys placed over the same node lists
 
 
-FULL, QUICK = Size(nodes=4, chunks=2048), Size(nodes=3, chunks=512)
+FULL, QUICK = Size(nodes=4, chunks=2048), Size(nodes=3, chunks=512, many_keys=1 << 14)
 
 
 @dataclass
@@ -125,21 +128,23 @@ async def _job(cluster: Cluster, size: Size) -> tuple[Run, dict[str, float]]:
             if epoch == ADD_AT:  # started first, then the client told while a batch runs
                 await asyncio.to_thread(cluster.add_server, "l3")
                 assert cluster.config is not None
-                change = _tell(c, keys, list(cluster.config.l3_urls), moves, "add")
+                change = _tell(c, keys, list(cluster.config.l3_urls), moves, "add", size.many_keys)
             elif epoch == REMOVE_AT:  # the client told while a batch runs, the node stopped after: a drain
                 gone = next(p for p in cluster.processes if p.kind == "l3")  # one of the first nodes
-                change = _tell(c, keys, [url for url in c.config.l3_urls if url != gone.url], moves, "remove")
+                change = _tell(c, keys, [url for url in c.config.l3_urls if url != gone.url], moves, "remove", size.many_keys)
             await _epoch(c, data, job, change)
             if gone is not None:
                 await asyncio.to_thread(cluster.remove_server, gone)
     return job, moves
 
 
-async def _tell(c: blobsdk.Client, keys: list[str], urls: list[str], moves: dict[str, float], name: str) -> None:
-    """Give the client its new nodes; note the fraction of ``keys`` whose first node changed."""
+async def _tell(c: blobsdk.Client, keys: list[str], urls: list[str], moves: dict[str, float], name: str, many: int) -> None:
+    """Give the client its new nodes; note the fraction of ``keys`` whose first node changed,
+    and of ``many`` random keys over the same node URLs (is a draw the keys' or the names'?)."""
     before = list(c.config.l3_urls)
     await c.set_l3_urls(urls)
     moves[name] = moved(keys, before, urls)
+    moves[f"{name}_many_keys"] = moved((os.urandom(16).hex() for _ in range(many)), before, urls)
 
 
 async def _epoch(c: blobsdk.Client, data: dict[str, bytes], job: Run, change: Any) -> None:
@@ -176,6 +181,10 @@ def _report(report: Report, size: Size, job: Run, moves: dict[str, float]) -> No
         report.ratios[f"{change}_moved_vs_expected"] = moves[change] / expected
         report.ratios[f"{change}_moved_vs_expected_lo"] = (expected - band) / expected
         report.ratios[f"{change}_moved_vs_expected_hi"] = (expected + band) / expected
+        many_band = 2 * math.sqrt(expected * (1 - expected) / size.many_keys)
+        report.ratios[f"{change}_many_keys_vs_expected"] = moves[f"{change}_many_keys"] / expected
+        report.ratios[f"{change}_many_keys_vs_expected_lo"] = (expected - many_band) / expected
+        report.ratios[f"{change}_many_keys_vs_expected_hi"] = (expected + many_band) / expected
         chunks_moved = moves[change] * size.chunks
         misses = job.misses_in(epoch, end)  # until the next change: what the change cost in all
         report.ratios[f"{change}_misses_vs_moved"] = misses / chunks_moved if chunks_moved else 0.0

@@ -10,7 +10,7 @@ from benchmarks import membership
 from benchmarks.__main__ import BENCHMARKS
 from benchmarks._picture import missing as missing_plot
 
-TINY = membership.Size(nodes=2, chunks=128)
+TINY = membership.Size(nodes=2, chunks=128, many_keys=1024)
 
 
 async def test_a_tiny_run_checks_every_byte_and_reports_each_change(tmp_path: Path) -> None:
@@ -23,6 +23,7 @@ async def test_a_tiny_run_checks_every_byte_and_reports_each_change(tmp_path: Pa
     for change in ("add", "remove"):
         ratios = [report.ratios[f"{change}_moved_vs_expected{end}"] for end in ("_lo", "", "_hi")]
         assert ratios[0] < 1 < ratios[2] and ratios[1] == report.metrics[f"{change}_moved"] * 3
+        assert 0 < report.ratios[f"{change}_many_keys_vs_expected"] < 3
         assert f"hit_ratio_after_{change}_vs_warm" in report.ratios and f"{change}_misses_vs_moved" in report.ratios
     per_batch = report.details["hit_ratio_per_batch"]
     assert len(per_batch) == membership.EPOCHS * membership.BATCHES
