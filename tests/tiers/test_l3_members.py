@@ -82,9 +82,11 @@ async def test_a_read_in_flight_on_a_removed_node_finishes_with_its_bytes(env: E
     async with gated_node(raws, entered, release) as gated:
         tier = L3Tier(env.session, [gated], hedge=IN_TURN)
         read = asyncio.create_task(tier.fetch(refs[0], decode))
-        await entered.wait()  # the GET is at the node
-        await tier.set_urls([other])
-        release.set()
+        try:
+            await entered.wait()  # the GET is at the node
+            await tier.set_urls([other])
+        finally:
+            release.set()  # else the server waits for its handler on shutdown
         got = await read
     assert got is not None and bytes(got) == raws[refs[0].key]
     assert (tier.stats.hits, tier.stats.errors) == (1, 0)
@@ -102,9 +104,11 @@ async def test_a_read_whose_nodes_were_all_removed_falls_through_and_marks_none_
         tier = L3Tier(env.session, [a, b], hedge=IN_TURN)
         first, _ = tier.candidates(refs[0].key)  # in the order the read asks them
         read = asyncio.create_task(tier.fetch(refs[0], decode))
-        await entered.wait()
-        await tier.set_urls([other])  # the read's second node is closed before it is asked
-        release.set()
+        try:
+            await entered.wait()
+            await tier.set_urls([other])  # the read's second node is closed before it is asked
+        finally:
+            release.set()
         assert await read is None  # a miss: the read path goes on to L4
     assert asked == [first]  # the 503, then a refusal by the closed endpoint, not a request
     assert (tier.stats.misses, tier.stats.errors, tier.extra_stats()["nodes_down"]) == (1, 2, 0)
