@@ -14,7 +14,7 @@ import pytest
 import blobsdk
 from blobsdk.config import L1Config, WriteConfig
 from blobsdk.errors import BadRequest, ClientClosed
-from servers.cluster import start_cluster
+from servers.cluster import Cluster, ClusterError, start_cluster
 
 CHUNK = 64 << 10
 
@@ -85,3 +85,8 @@ def test_the_blocking_twin_refuses_the_same(tmp_path: Path) -> None:
     no_l3 = r"^set_l3_urls: this client has no L3 tier \(it was opened without l3_urls\)$"
     with blobsdk.SyncClient.local(tmp_path) as c, pytest.raises(BadRequest, match=no_l3):
         c.set_l3_urls(["http://10.0.0.1:7201"])
+
+
+def test_a_cluster_adds_only_a_kind_of_server_it_has(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match=r"^no server kind 'flash': one of api, block, l3, tracker$"):
+        Cluster(tmp_path).add_server("flash")
