@@ -31,7 +31,10 @@ BENCHMARKS = {
     "get_into": "benchmarks.get_into",
     "scale": "benchmarks.scale",
     "swarm_sim": "benchmarks.swarm_sim",
+    "membership": "benchmarks.membership",
 }
+# The benchmarks that draw a picture (--png).
+PICTURES: tuple[str, ...] = ("ingest", "scale", "swarm_sim", "membership")
 # The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
 ON_HOSTS: tuple[str, ...] = ()
 
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    ingest = parser.add_argument_group("ingest, scale and swarm_sim only")
+    ingest = parser.add_argument_group("ingest, scale, swarm_sim and membership only")
     ingest.add_argument("--png", type=Path, metavar="PATH", help="the picture (default: next to --json, else NAME.png)")
     ingest.add_argument("--p2p-json", type=Path, metavar="PATH", help="swarm_sim: a p2p run's --json to validate against")
     hosts = parser.add_argument_group(f"{', '.join(ON_HOSTS)} only")
@@ -69,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     soak_flags = ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets", "api_servers")
     if args.name != "soak" and any(getattr(args, a) != parser.get_default(a) for a in soak_flags):
         parser.error("--duration, --clients, --seed, --redis-s3, --api-servers, --clock-skew and --targets are for the soak")
-    if args.name not in ("ingest", "scale", "swarm_sim") and args.png is not None:
-        parser.error("--png is for the ingest, scale and swarm_sim benchmarks")
+    if args.name not in PICTURES and args.png is not None:
+        parser.error(f"--png is for the {', '.join(PICTURES)} benchmarks")
     if args.name != "swarm_sim" and args.p2p_json is not None:
         parser.error("--p2p-json is for the swarm_sim benchmark")
     if args.hosts is not None and args.name not in ON_HOSTS:

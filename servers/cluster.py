@@ -154,6 +154,7 @@ class Cluster:
     report: Callable[[str], None] = field(default=lambda line: None, repr=False)
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
     placement: Placement | None = field(default=None, repr=False)  # with options.hosts: the testbed
+    _added: dict[str, int] = field(default_factory=dict, repr=False)  # kind -> servers added since start
 
     @property
     def config_path(self) -> Path:
@@ -183,12 +184,7 @@ class Cluster:
         for kind in self.kinds:
             started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
             urls[kind.name] = [self._ready(p, deadline) for p in started]
-        self.config = client_config(self.kinds, urls, self.options)
-        if self.placement is not None:
-            self.config = self.placement.root_config(self.config)
-        self._write_description()
-        _write_atomic(self.config_path, self.config.to_toml())
-        return self.config
+        return self._reconfigure()
 
     def restart(self, proc: ServerProcess) -> None:
         """Start the dead server ``proc`` again on its port, with its directory and flags; it
@@ -203,6 +199,44 @@ class Cluster:
         host = None if self.placement is None else self.placement.host_of(proc.name, proc.kind)
         proc.popen, proc.started = self._popen(proc.module, port, proc.port_file, proc.args, proc.log, host), time.monotonic()
         self._write_description()
+
+    def add_server(self, kind_name: str) -> ServerProcess:
+        """Start one more server of a kind (an L3 node for a running job) and wait until it
+        answers /healthz; ``config``, cluster.json and client.toml then name it.  Its clients
+        learn of it when told (``Client.set_l3_urls(cluster.config.l3_urls)``)."""
+        kind = next((k for k in self.kinds if k.name == kind_name), None)
+        if kind is None:
+            raise ClusterError(f"no server kind {kind_name!r}: one of {', '.join(k.name for k in self.kinds)}")
+        i = kind.count(self.options) + self._added.get(kind.name, 0)
+        self._added[kind.name] = self._added.get(kind.name, 0) + 1
+        proc = self._spawn(kind, i, Launch(self.dir, self.options, self._urls()), name=f"{kind.name}-{i}")
+        self._ready(proc, time.monotonic() + self.options.startup_timeout)
+        self._reconfigure()
+        return proc
+
+    def remove_server(self, proc: ServerProcess, timeout: float = 10.0) -> None:
+        """Stop ``proc`` (SIGTERM, SIGKILL after ``timeout`` seconds) and forget it: ``config``,
+        cluster.json and client.toml no longer name it (its data directory stays)."""
+        self.processes.remove(proc)  # first: a supervisor no longer restarts it
+        proc.popen.terminate()
+        try:
+            proc.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait()
+        self._reconfigure()
+
+    def _urls(self) -> dict[str, list[str]]:
+        return {kind.name: [p.url for p in self.processes if p.kind == kind.name] for kind in self.kinds}
+
+    def _reconfigure(self) -> ClientConfig:
+        """``config`` for the servers running now; cluster.json, then client.toml, say so."""
+        self.config = client_config(self.kinds, self._urls(), self.options)
+        if self.placement is not None:
+            self.config = self.placement.root_config(self.config)
+        self._write_description()
+        _write_atomic(self.config_path, self.config.to_toml())
+        return self.config
 
     def _start_seaweed(self) -> None:
         port_file = self.dir / "run" / "seaweedfs.port"
@@ -243,8 +277,8 @@ class Cluster:
         self.report(f"{proc.name} ready at {url} (pid {proc.pid}, {time.monotonic() - proc.started:.1f}s)")
         return url
 
-    def _spawn(self, kind: ServerKind, i: int, launch: Launch) -> ServerProcess:
-        name = server_name(kind, i, self.options)
+    def _spawn(self, kind: ServerKind, i: int, launch: Launch, name: str | None = None) -> ServerProcess:
+        name = name or server_name(kind, i, self.options)
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
         port = self._port(port_file, name)
         port_file.unlink(missing_ok=True)
