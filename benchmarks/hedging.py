@@ -37,6 +37,7 @@ benchmarks/_hedging_inproc.py): the SDK's own CPU per read, steadier than the ro
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -80,7 +81,16 @@ POLICIES = {
 }
 
 
-async def run(quick: bool = False) -> Report:
+def options(args: argparse.Namespace) -> dict[str, object]:
+    """``--hosts N``: run on a testbed of N block-server hosts (benchmarks/_hedging_hosts.py)."""
+    return {} if args.hosts is None else {"hosts": args.hosts}
+
+
+async def run(quick: bool = False, hosts: int | None = None) -> Report:
+    if hosts is not None:
+        from ._hedging_hosts import run_on_hosts  # it imports this module
+
+        return await run_on_hosts(hosts, quick, POLICIES)
     batches = 200 if quick else 1000
     report = Report("hedging")
     with tempfile.TemporaryDirectory(prefix="bench-hedging-") as tmp:
