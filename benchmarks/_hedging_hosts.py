@@ -51,7 +51,7 @@ from ._servers import ROOT
 from .hedging import _batches, _write_chunks
 
 FAST_MBIT = 1000.0
-SLOW_MBIT = 20.0
+SLOW_MBIT = 10.0
 QUEUE_MS = 500.0  # a tbf queue deep enough that a batch's responses wait rather than drop
 SEEK_MS = 1.0
 SLOW_HOST = "block-0"
@@ -76,6 +76,7 @@ async def run_on_hosts(
     times: dict[str, list[list[float]]] = {}
     reads: dict[str, list[float]] = {}
     counts: dict[str, dict[str, int]] = {}
+    limits: dict[str, list[list[int]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-hedging-hosts-") as tmp:
         async with Testbed(dir=Path(tmp) / "testbed") as bed:
             urls = await asyncio.to_thread(_start_servers, bed, Path(tmp), hosts)
@@ -84,8 +85,9 @@ async def run_on_hosts(
                 for scenario in SCENARIOS:
                     slow = SLOW_MBIT if scenario == "slow_replica" else FAST_MBIT
                     await asyncio.to_thread(bed.set_link, SLOW_HOST, up=slow, down=slow)
-                    await _round(scenario, urls, refs, batches, policies, times, reads, counts)
+                    await _round(scenario, urls, refs, batches, policies, times, reads, counts, limits)
     _fill(report, times, reads, counts)
+    report.details.update({f"{name}_limits": values for name, values in limits.items()})
     return report
 
 
@@ -129,6 +131,7 @@ async def _round(
     times: dict[str, list[list[float]]],
     reads: dict[str, list[float]],
     counts: dict[str, dict[str, int]],
+    limits: dict[str, list[list[int]]],
 ) -> None:
     """One round of ``scenario``: each of its policies for ``batches`` batches, after warm-up."""
     async with new_session(Timeouts()) as session:
@@ -148,6 +151,7 @@ async def _round(
                     total[key] = total.get(key, 0) + value - before.get(key, 0)
                 if policy == "none":
                     _read_times(tier, urls, scenario, reads)
+                limits.setdefault(name, []).append([limiters.get(u).limit for u in urls])
         finally:
             await blocks.aclose()
 
