@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from blobsdk.config import HedgeConfig, Timeouts
@@ -57,21 +58,28 @@ SEEK_MS = 1.0
 SLOW_HOST = "block-0"
 SCENARIOS = ("fault_free", "slow_replica")
 POLICY_NAMES = {"fault_free": ("none", "hedged"), "slow_replica": ("none", "duplicate", "hedged")}
-WARMUP = 20
 
 
-def shape(quick: bool) -> tuple[int, int]:
-    """(rounds, batches per round of each scenario and policy)."""
-    return (2, 50) if quick else (5, 200)
+@dataclass(frozen=True)
+class Shape:
+    """Rounds; batches of each scenario and policy per round; warm-up batches before them."""
+
+    rounds: int
+    batches: int
+    warmup: int = 20
 
 
-async def run_on_hosts(
-    hosts: int, quick: bool, policies: dict[str, HedgeConfig], rounds_batches: tuple[int, int] | None = None
-) -> Report:
-    rounds, batches = rounds_batches if rounds_batches is not None else shape(quick)
+FULL = Shape(rounds=5, batches=200)
+QUICK = Shape(rounds=2, batches=50)
+
+
+async def run_on_hosts(hosts: int, policies: dict[str, HedgeConfig], shape: Shape) -> Report:
+    """The report of ``shape`` on a testbed of ``hosts`` block-server hosts (at least 2)."""
+    if hosts < 2:
+        raise ValueError(f"hedging on hosts needs at least 2 block servers to hedge between, got {hosts}")
     report = Report("hedging")
     report.details.update(
-        hosts=hosts, rounds=rounds, batches=batches, fast_mbit=FAST_MBIT, slow_mbit=SLOW_MBIT, seek_ms=SEEK_MS, queue_ms=QUEUE_MS
+        hosts=hosts, rounds=shape.rounds, batches=shape.batches, fast_mbit=FAST_MBIT, slow_mbit=SLOW_MBIT, seek_ms=SEEK_MS
     )
     times: dict[str, list[list[float]]] = {}
     reads: dict[str, list[float]] = {}
@@ -81,11 +89,11 @@ async def run_on_hosts(
         async with Testbed(dir=Path(tmp) / "testbed") as bed:
             urls = await asyncio.to_thread(_start_servers, bed, Path(tmp), hosts)
             refs = await _write(urls)
-            for _ in range(rounds):
+            for _ in range(shape.rounds):
                 for scenario in SCENARIOS:
                     slow = SLOW_MBIT if scenario == "slow_replica" else FAST_MBIT
                     await asyncio.to_thread(bed.set_link, SLOW_HOST, up=slow, down=slow)
-                    await _round(scenario, urls, refs, batches, policies, times, reads, counts, limits)
+                    await _round(scenario, urls, refs, shape, policies, times, reads, counts, limits)
     _fill(report, times, reads, counts)
     report.details.update({f"{name}_limits": values for name, values in limits.items()})
     return report
@@ -126,7 +134,7 @@ async def _round(
     scenario: str,
     urls: list[str],
     refs: list[ChunkRef],
-    batches: int,
+    shape: Shape,
     policies: dict[str, HedgeConfig],
     times: dict[str, list[list[float]]],
     reads: dict[str, list[float]],
@@ -141,10 +149,10 @@ async def _round(
             for policy in POLICY_NAMES[scenario]:
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
                 tier = L4Tier(blocks, hedge=policies[policy], limiters=None if policy == "duplicate" else limiters)
-                await _batches(tier, refs, WARMUP)
+                await _batches(tier, refs, shape.warmup)
                 before = tier.hedger.stats()
                 name = f"{scenario}_{policy}"
-                times.setdefault(name, []).append(await _batches(tier, refs, batches))
+                times.setdefault(name, []).append(await _batches(tier, refs, shape.batches))
                 after = tier.hedger.stats()
                 total = counts.setdefault(name, {})
                 for key, value in after.items():
