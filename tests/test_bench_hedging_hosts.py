@@ -14,7 +14,13 @@ from benchmarks.__main__ import main
 from benchmarks._hedging_hosts import Shape, run_on_hosts
 
 TINY = Shape(rounds=2, batches=3, warmup=2)
-RATIOS = ("slow_replica_p99_cut", "slow_replica_vs_fault_free", "fault_free_p50_cost", "duplicate_p99_cut")
+RATIOS = (
+    "slow_replica_p99_cut",
+    "slow_replica_vs_fault_free",
+    "fault_free_p50_cost",
+    "duplicate_p99_cut",
+    "slow_replica_cut_ceiling",
+)
 RUNS = ("fault_free_none", "fault_free_hedged", "slow_replica_none", "slow_replica_duplicate", "slow_replica_hedged")
 
 
