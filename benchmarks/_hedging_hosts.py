@@ -13,12 +13,14 @@ scenarios, on the same servers, alternating round by round:
 No server sleeps to be slow: each has the same ``SEEK_MS`` of emulated seek (the disk, as in the
 loopback benchmark's fault-free servers), so a read's time differs only by its link.
 
-Why ``SLOW_MBIT`` = 20: a fast replica's 16 KiB read, as the hedger measures it in a batch of
-100 (send, the server's seek, the response, the client's turn to read it), takes ~2-4 ms here
-(the client's CPU, not the 1 Gbit/s wire: 0.13 ms).  At 20 Mbit/s a 16 KiB response is 6.6 ms
-on the wire alone, and the ~N/3 reads of a batch sent to that replica queue behind each other
-at the bucket, so its reads take ~10x a fast replica's (see the ``*_read_ms`` rows), as the
-loopback benchmark's 10 ms vs 1 ms replicas do.
+Why ``SLOW_MBIT`` = 10: a fast replica's 16 KiB read in a batch of 100, as the hedger measures
+it (from entering service: the server's seek, the response, the client's turn to read it),
+takes ~5 ms here: the client's CPU, not the 1 Gbit/s wire (0.13 ms).  At 10 Mbit/s the
+response alone is 13 ms on the wire, plus a round trip through the bucket's queue for TCP's
+second flight (an initial window of 10 segments is 14.5 KB), and the few reads a batch sends
+there wait behind each other: its reads take 30-40 ms, ~7x a fast one's (``slow_host_read_x``;
+the loopback benchmark's replicas are 10 ms and 1 ms).  At 20 Mbit/s it was ~3x; at 4 Mbit/s
+~90x (reads of 450 ms: a replica that slow is one a client should stop reading, not hedge).
 
 Rounds: each round runs every (scenario, policy) for its batches, fresh session and limiters
 per scenario (as the loopback benchmark makes them per scenario), with warm-up batches first.
@@ -85,6 +87,7 @@ async def run_on_hosts(hosts: int, policies: dict[str, HedgeConfig], shape: Shap
     reads: dict[str, list[float]] = {}
     counts: dict[str, dict[str, int]] = {}
     limits: dict[str, list[list[int]]] = {}
+    cpu: dict[str, list[float]] = {}  # this process's CPU seconds per batch, one value per round
     with tempfile.TemporaryDirectory(prefix="bench-hedging-hosts-") as tmp:
         async with Testbed(dir=Path(tmp) / "testbed") as bed:
             urls = await asyncio.to_thread(_start_servers, bed, Path(tmp), hosts)
@@ -93,8 +96,9 @@ async def run_on_hosts(hosts: int, policies: dict[str, HedgeConfig], shape: Shap
                 for scenario in SCENARIOS:
                     slow = SLOW_MBIT if scenario == "slow_replica" else FAST_MBIT
                     await asyncio.to_thread(bed.set_link, SLOW_HOST, up=slow, down=slow)
-                    await _round(scenario, urls, refs, shape, policies, times, reads, counts, limits)
+                    await _round(scenario, urls, refs, shape, policies, times, reads, counts, limits, cpu)
     _fill(report, times, reads, counts)
+    _cpu(report, cpu)
     report.details.update({f"{name}_limits": values for name, values in limits.items()})
     return report
 
@@ -140,6 +144,7 @@ async def _round(
     reads: dict[str, list[float]],
     counts: dict[str, dict[str, int]],
     limits: dict[str, list[list[int]]],
+    cpu: dict[str, list[float]],
 ) -> None:
     """One round of ``scenario``: each of its policies for ``batches`` batches, after warm-up."""
     async with new_session(Timeouts()) as session:
@@ -152,7 +157,9 @@ async def _round(
                 await _batches(tier, refs, shape.warmup)
                 before = tier.hedger.stats()
                 name = f"{scenario}_{policy}"
+                begun = time.process_time()
                 times.setdefault(name, []).append(await _batches(tier, refs, shape.batches))
+                cpu.setdefault(name, []).append((time.process_time() - begun) / shape.batches)
                 after = tier.hedger.stats()
                 total = counts.setdefault(name, {})
                 for key, value in after.items():
@@ -208,3 +215,15 @@ def _fill(
     if slow is not None and fast:
         r["slow_host_read_x"] = slow / fast
     report.goals.update(slow_replica_p99_cut=">= 2", fault_free_p50_cost="<= 1.1")
+
+
+def _cpu(report: Report, cpu: dict[str, list[float]]) -> None:
+    """The client's CPU per batch of each run (ms), and ``fault_free_cpu_cost``, hedged / none
+    without faults, per round: where a batch is the client's CPU, as here, it is the floor of
+    ``fault_free_p50_cost``."""
+    for name, values in cpu.items():
+        report.metrics[f"{name}_cpu_ms"] = statistics.median(values) * 1000
+    values = [h / n for h, n in zip(cpu["fault_free_hedged"], cpu["fault_free_none"], strict=True)]
+    report.ratios["fault_free_cpu_cost"] = statistics.median(values)
+    report.ratios["fault_free_cpu_cost_min"], report.ratios["fault_free_cpu_cost_max"] = min(values), max(values)
+    report.details["fault_free_cpu_cost_rounds"] = values

@@ -20,6 +20,7 @@ RATIOS = (
     "fault_free_p50_cost",
     "duplicate_p99_cut",
     "slow_replica_cut_ceiling",
+    "fault_free_cpu_cost",
 )
 RUNS = ("fault_free_none", "fault_free_hedged", "slow_replica_none", "slow_replica_duplicate", "slow_replica_hedged")
 
@@ -30,7 +31,7 @@ def test_the_report_has_every_row_and_ratio_with_its_spread(testbed_unavailable:
     report = asyncio.run(run_on_hosts(2, hedging.POLICIES, TINY))
     assert not report.failed
     rows = {f"{run}_{what}" for run in RUNS for what in ("p50_ms", "p99_ms", "p999_ms", "extra", "hedges_won")}
-    rows |= {f"{run}_{what}" for run in RUNS for what in ("budget_exhausted", "hedges_deferred")}
+    rows |= {f"{run}_{what}" for run in RUNS for what in ("budget_exhausted", "hedges_deferred", "cpu_ms")}
     rows |= {f"{scenario}_{host}_host_read_ms" for scenario in ("fault_free", "slow_replica") for host in ("slow", "fast")}
     assert set(report.metrics) == rows
     assert all(report.metrics[f"{run}_p50_ms"] > 0 for run in RUNS)
