@@ -273,10 +273,10 @@ class L4Tier(KeepsNothing, Closing):
         100 reads went to one replica through its client-side queue (hedging benchmark,
         ``slow_replica``: batches of 200-290 ms, the p99 ~4x its fault-free one).
 
-        Divided by the limit, the expected wait is load / throughput: a replica behind a slow
-        link (its limiter settled at 4-6) was ranked as if the fast ones (8-19) served one
-        read at a time too, and got ~10 of a batch's 100 reads, 66 ms of its link's time
-        (hedging benchmark on a testbed of hosts: plain failover's batch p50 77 -> 43 ms).
+        Divided by the limit, the expected wait is load / throughput (Little's law): without
+        it, a replica behind a slow link, whose limiter settles low, was ranked as if the fast
+        ones served one read at a time too, and got several times the share of a batch its
+        link could move in the time the others took.
 
         The key's rendezvous order is worked out only when two replicas tie (hashing every
         replica's name with the key was a third of this method's cost, on every read)."""
