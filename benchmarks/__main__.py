@@ -33,7 +33,7 @@ BENCHMARKS = {
     "swarm_sim": "benchmarks.swarm_sim",
 }
 # The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
-ON_HOSTS: tuple[str, ...] = ()
+ON_HOSTS: tuple[str, ...] = ("p2p",)
 
 
 def main(argv: list[str] | None = None) -> int:
