@@ -117,6 +117,12 @@ async def _phase(
     ph = f"mbit{mbit:g}"
     for name, (reads, served) in runs.items():
         run_metrics(report, f"{ph}_{name}", reads, served, dataset)
+        # read_together raised had any byte been wrong; this says what each host read
+        report.details.setdefault("reads", {})[f"{ph}_{name}"] = {
+            "hosts": [r.host.name for r in readers[: len(reads)]],
+            "bytes": [r.bytes for r in reads],
+            "wrong": [path for r in reads for path in r.wrong],
+        }
     slowest = {name: report.metrics[f"{ph}_{name}_slowest_s"] for name in RUNS}
     _bounds(report, ph, n, dataset, mbit, slowest)
     _simulated(report, ph, n, dataset, mbit, slowest)
