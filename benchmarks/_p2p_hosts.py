@@ -92,6 +92,7 @@ async def run_on_hosts(hosts: int, quick: bool, phases: Sequence[tuple[float, in
             for mbit, mb in phases:
                 subset = dict(list(digests.items())[: max(1, mb // BLOB_MB)])
                 await _phase(report, cluster, readers, subset, mbit, root / f"mbit{mbit:g}")
+    report.metrics.pop("dataset_mb", None)  # each phase's is its own: {phase}_dataset_mb
     report.metrics["hosts"] = hosts
     report.metrics["fanout"] = TrackerConfig().fanout
     return report
@@ -109,14 +110,26 @@ async def _phase(
     peers = cluster.config
     configs = {"single": peers, "peers": peers, "no_peers": msgspec.structs.replace(peers, tracker_urls=())}
     n = len(readers)
+    origin = [bed.host(p.name).outer for p in cluster.processes if p.name.startswith("block-")]
     runs: dict[str, tuple[list[Read], int]] = {}
+    wire: dict[str, int] = {}
     for name in RUNS:
         count = 1 if name == "single" else n
+        before = _received(origin)
         runs[name] = await read_together(configs[name], digests, count, dir / name, readers[:count])
+        wire[name] = _received(origin) - before
     dataset = len(digests) * (BLOB_MB << 20)
     ph = f"mbit{mbit:g}"
+    report.metrics[f"{ph}_dataset_mb"] = dataset / 1e6
     for name, (reads, served) in runs.items():
         run_metrics(report, f"{ph}_{name}", reads, served, dataset)
+        report.ratios[f"{ph}_{name}_origin_wire_egress"] = wire[name] * GOODPUT / dataset
+        peer: dict[str, float] = {}
+        for r in reads:
+            for key, value in r.peer.items():
+                if isinstance(value, int | float):
+                    peer[key] = peer.get(key, 0) + value
+        report.details.setdefault("peer_stats", {})[f"{ph}_{name}"] = peer
         # read_together raised had any byte been wrong; this says what each host read
         report.details.setdefault("reads", {})[f"{ph}_{name}"] = {
             "hosts": [r.host.name for r in readers[: len(reads)]],
@@ -130,6 +143,11 @@ async def _phase(
     report.ratios[f"{ph}_origin_egress_no_peers"] = runs["no_peers"][1] / dataset
     report.goals[f"{ph}_origin_egress"] = "goal <= 1.25"
     report.goals[f"{ph}_origin_egress_no_peers"] = f"about {n}"
+
+
+def _received(devices: list[str]) -> int:
+    """Bytes the bridge side of these veths received: what their hosts sent, frames whole."""
+    return sum(int(Path(f"/sys/class/net/{dev}/statistics/rx_bytes").read_text()) for dev in devices)
 
 
 def _bounds(report: Report, ph: str, n: int, dataset: int, mbit: float, slowest: dict[str, float]) -> None:

@@ -41,7 +41,7 @@ async def test_p2p_on_4_hosts_reports_each_run_against_its_bounds_and_every_byte
         pytest.skip(testbed_unavailable)
     report = await run_on_hosts(4, quick=True, phases=((500.0, 16),))
     dataset = 16 * MiB
-    assert report.metrics["dataset_mb"] == dataset / 1e6 and report.metrics["hosts"] == 4
+    assert report.metrics["mbit500_dataset_mb"] == dataset / 1e6 and report.metrics["hosts"] == 4
     reads = report.details["reads"]
     assert reads["mbit500_single"] == {"hosts": ["reader-0"], "bytes": [dataset], "wrong": []}
     for run in ("peers", "no_peers"):
@@ -54,5 +54,8 @@ async def test_p2p_on_4_hosts_reports_each_run_against_its_bounds_and_every_byte
         assert report.metrics[f"mbit500_{figure}"] > 0
     assert report.metrics["mbit500_no_peers_peer_chunk_share"] == 0
     assert report.ratios["mbit500_origin_egress_no_peers"] >= 4 * 0.99  # every host read the origin
+    # on the wire too (frames' payload, estimated): every host's copy, and the peers' one at least
+    assert report.ratios["mbit500_no_peers_origin_wire_egress"] >= 4 * 0.95
+    assert report.ratios["mbit500_peers_origin_wire_egress"] >= 0.95
     assert report.details["bound"]["mbit500"] in ("cpu", "links")
     assert not report.failed
