@@ -57,6 +57,9 @@ PHASES: tuple[tuple[float, int], ...] = ((1000.0, 512), (200.0, 128))
 QUICK_PHASES: tuple[tuple[float, int], ...] = ((1000.0, 128), (200.0, 32))
 GOODPUT = 1448 / 1514  # TCP payload per byte of frame (MTU 1500, timestamps on)
 RUNS = ("single", "peers", "no_peers")
+# Without peers, N readers x 16 chunks ahead queue at the origin: at 200 Mbit/s that is over
+# the default 30 s before a reply's first byte, and an L4 read fails (every replica timed out).
+SOCK_READ_S = 120.0
 
 
 def tree_ideal_s(hosts: int, dataset: int, chunk: int, host_Bps: float, origin_Bps: float, fanout: int) -> float:
@@ -107,7 +110,8 @@ async def _phase(
         bed.set_link(reader.host, up=mbit, down=mbit)
     for name in (p.name for p in cluster.processes if p.name.startswith("block-")):
         bed.set_link(name, up=mbit / BLOCK_SERVERS, down=SERVICE_MBIT)
-    peers = cluster.config
+    timeouts = msgspec.structs.replace(cluster.config.timeouts, sock_read=SOCK_READ_S)
+    peers = msgspec.structs.replace(cluster.config, timeouts=timeouts)
     configs = {"single": peers, "peers": peers, "no_peers": msgspec.structs.replace(peers, tracker_urls=())}
     n = len(readers)
     origin = [bed.host(p.name).outer for p in cluster.processes if p.name.startswith("block-")]

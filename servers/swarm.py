@@ -71,8 +71,8 @@ class Read:
 class Readers:
     """``count`` reader processes over ``config`` (``async with``: started and ready on entry,
     told to exit and reaped on exit).  With ``hosts`` (at least ``count``), reader ``i`` runs
-    in ``hosts[i]``, with that host's config (its address for the peer server) but
-    ``config``'s trackers, and an L2 directory of its own under ``dir``."""
+    in ``hosts[i]``, with ``config`` but that host's peer server (on its address) and an L2
+    directory of its own under ``dir``."""
 
     def __init__(
         self, config: ClientConfig, digests: dict[str, str], count: int, dir: Path, hosts: Sequence[ClientHost] = ()
@@ -108,7 +108,7 @@ class Readers:
         host = self._hosts[i]
         dir = self._dir / host.host.name
         (dir / "l2").mkdir(parents=True, exist_ok=True)
-        own = msgspec.structs.replace(host.config, tracker_urls=self._config.tracker_urls, l2=L2Config(dir=str(dir / "l2")))
+        own = msgspec.structs.replace(self._config, peer=host.config.peer, l2=L2Config(dir=str(dir / "l2")))
         path = dir / "client.toml"
         path.write_text(own.to_toml())
         return path, [netns.IP, "netns", "exec", host.host.namespace]
