@@ -21,6 +21,8 @@ of a 1500-byte MTU carries ``GOODPUT`` = 1448 / 1514 of it), with D the dataset,
 - ``link_floor_s``: no schedule beats it: every byte leaves the origin once, every host takes
   D through its link, and the N D received is sent by the origin and the hosts together:
   max(D / U, D / L, N D / (U + N L));
+- ``*_link_drops``: packets the shaped links' tbf queues dropped during the run (a queue
+  holds 50 ms of its rate; a drop costs its flow a retransmission, a tail drop a timeout);
 - ``*_readers_cpu_floor_s``: the readers' CPU seconds over the machine's cores (the servers'
   CPU, and the kernel's moving of packets across veths and the bridge outside the readers'
   own time, come on top).  ``*_cpu_floor_vs_tree_ideal`` > 1 says the machine, not the
@@ -33,16 +35,18 @@ is its completion time (the slowest host) over the measured one, goal 0.8-1.2.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
+from servers._common import netns
 from servers.cluster import Cluster, start_cluster
 from servers.clusterhosts import ClientHost
 from servers.swarm import BLOB_MB, Read, read_together, write_dataset
-from servers.testbed import Link
+from servers.testbed import Host, Link
 from servers.tracker_rules import TrackerConfig
 
 from ._report import Report
@@ -57,6 +61,7 @@ PHASES: tuple[tuple[float, int], ...] = ((1000.0, 512), (200.0, 128))
 QUICK_PHASES: tuple[tuple[float, int], ...] = ((1000.0, 128), (200.0, 32))
 GOODPUT = 1448 / 1514  # TCP payload per byte of frame (MTU 1500, timestamps on)
 RUNS = ("single", "peers", "no_peers")
+_DROPPED = re.compile(r"dropped (\d+)")
 # Without peers, N readers x 16 chunks ahead queue at the origin: at 200 Mbit/s that is over
 # the default 30 s before a reply's first byte, and an L4 read fails (every replica timed out).
 SOCK_READ_S = 120.0
@@ -117,17 +122,20 @@ async def _phase(
     origin = [bed.host(p.name).outer for p in cluster.processes if p.name.startswith("block-")]
     runs: dict[str, tuple[list[Read], int]] = {}
     wire: dict[str, int] = {}
+    drops: dict[str, int] = {}
+    shaped = [bed.host(p.name) for p in cluster.processes if p.name.startswith("block-")] + [r.host for r in readers]
     for name in RUNS:
         count = 1 if name == "single" else n
-        before = _received(origin)
+        before, dropped = _received(origin), _dropped(shaped)
         runs[name] = await read_together(configs[name], digests, count, dir / name, readers[:count])
-        wire[name] = _received(origin) - before
+        wire[name], drops[name] = _received(origin) - before, _dropped(shaped) - dropped
     dataset = len(digests) * (BLOB_MB << 20)
     ph = f"mbit{mbit:g}"
     report.metrics[f"{ph}_dataset_mb"] = dataset / 1e6
     for name, (reads, served) in runs.items():
         run_metrics(report, f"{ph}_{name}", reads, served, dataset)
         report.ratios[f"{ph}_{name}_origin_wire_egress"] = wire[name] * GOODPUT / dataset
+        report.metrics[f"{ph}_{name}_link_drops"] = drops[name]
         peer: dict[str, float] = {}
         for r in reads:
             for key, value in r.peer.items():
@@ -152,6 +160,18 @@ async def _phase(
 def _received(devices: list[str]) -> int:
     """Bytes the bridge side of these veths received: what their hosts sent, frames whole."""
     return sum(int(Path(f"/sys/class/net/{dev}/statistics/rx_bytes").read_text()) for dev in devices)
+
+
+def _dropped(hosts: list[Host]) -> int:
+    """Packets the tbf queues of these hosts' links dropped (both directions), so far."""
+    total = 0
+    for h in hosts:
+        for argv in (
+            [netns.TC, "-n", h.namespace, "-s", "qdisc", "show", "dev", h.inner],
+            [netns.TC, "-s", "qdisc", "show", "dev", h.outer],
+        ):
+            total += sum(int(n) for n in _DROPPED.findall(netns.run(argv)))
+    return total
 
 
 def _bounds(report: Report, ph: str, n: int, dataset: int, mbit: float, slowest: dict[str, float]) -> None:

@@ -47,6 +47,7 @@ async def test_p2p_on_4_hosts_reports_each_run_against_its_bounds_and_every_byte
     for run in ("peers", "no_peers"):
         assert reads[f"mbit500_{run}"] == {"hosts": [f"reader-{i}" for i in range(4)], "bytes": [dataset] * 4, "wrong": []}
     for run in RUNS:
+        assert report.metrics[f"mbit500_{run}_link_drops"] >= 0
         for figure in ("slowest_s", "readers_cpu_floor_s", "origin_mb"):
             assert report.metrics[f"mbit500_{run}_{figure}"] > 0
         assert report.ratios[f"mbit500_sim_vs_measured_{run}"] > 0
