@@ -49,7 +49,7 @@ from servers.swarm import BLOB_MB, Read, read_together, write_dataset
 from servers.testbed import Host, Link
 from servers.tracker_rules import TrackerConfig
 
-from ._report import Report
+from ._report import Report, median
 from ._swarm_model import Swarm
 from .p2p import run_metrics
 from .swarm_sim import REAL_CHUNK, link_params
@@ -136,12 +136,7 @@ async def _phase(
         run_metrics(report, f"{ph}_{name}", reads, served, dataset)
         report.ratios[f"{ph}_{name}_origin_wire_egress"] = wire[name] * GOODPUT / dataset
         report.metrics[f"{ph}_{name}_link_drops"] = drops[name]
-        peer: dict[str, float] = {}
-        for r in reads:
-            for key, value in r.peer.items():
-                if isinstance(value, int | float):
-                    peer[key] = peer.get(key, 0) + value
-        report.details.setdefault("peer_stats", {})[f"{ph}_{name}"] = peer
+        report.details.setdefault("peer_stats", {})[f"{ph}_{name}"] = _peer_stats(reads)
         # read_together raised had any byte been wrong; this says what each host read
         report.details.setdefault("reads", {})[f"{ph}_{name}"] = {
             "hosts": [r.host.name for r in readers[: len(reads)]],
@@ -155,6 +150,16 @@ async def _phase(
     report.ratios[f"{ph}_origin_egress_no_peers"] = runs["no_peers"][1] / dataset
     report.goals[f"{ph}_origin_egress"] = "goal <= 1.25"
     report.goals[f"{ph}_origin_egress_no_peers"] = f"about {n}"
+
+
+def _peer_stats(reads: list[Read]) -> dict[str, float]:
+    """The readers' peer-tier counters summed; their latency quantiles (``*_ms``) the median reader's."""
+    keys = {key for r in reads for key, value in r.peer.items() if isinstance(value, int | float)}
+    stats = {}
+    for key in sorted(keys):
+        values = [float(r.peer.get(key, 0)) for r in reads]
+        stats[key] = median(values) if key.endswith("_ms") else sum(values)
+    return stats
 
 
 def _received(devices: list[str]) -> int:

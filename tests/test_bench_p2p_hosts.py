@@ -9,7 +9,8 @@ import argparse
 import pytest
 
 from benchmarks import p2p
-from benchmarks._p2p_hosts import RUNS, link_floor_s, no_peers_floor_s, run_on_hosts, tree_ideal_s
+from benchmarks._p2p_hosts import RUNS, _peer_stats, link_floor_s, no_peers_floor_s, run_on_hosts, tree_ideal_s
+from servers.swarm import Read
 
 MiB = 1 << 20
 D, C, L = 512 * MiB, 4 * MiB, 125e6
@@ -29,6 +30,14 @@ def test_the_floors_without_peers_and_for_any_schedule() -> None:
     assert no_peers_floor_s(2, D, L, 10 * L) == D / L  # each host at its own link
     assert link_floor_s(8, D, L, L) == D / L
     assert link_floor_s(8, D, L, L / 4) == 4 * D / L  # the dataset must leave the origin once
+
+
+def test_peer_stats_sum_the_readers_counters_and_take_the_median_readers_latencies() -> None:
+    def read(peer: dict[str, float]) -> Read:
+        return Read(seconds=1.0, bytes=1, wrong=[], hits={}, peer=peer, cpu_s=0.1, l4_hedges=0)
+
+    reads = [read({"hits": 3, "p50_ms": 10.0}), read({"hits": 4, "p50_ms": 30.0, "errors": 1}), read({"p50_ms": 20.0})]
+    assert _peer_stats(reads) == {"errors": 1.0, "hits": 7.0, "p50_ms": 20.0}
 
 
 def test_hosts_is_the_option_p2p_takes() -> None:
@@ -59,4 +68,5 @@ async def test_p2p_on_4_hosts_reports_each_run_against_its_bounds_and_every_byte
     assert report.ratios["mbit500_no_peers_origin_wire_egress"] >= 4 * 0.95
     assert report.ratios["mbit500_peers_origin_wire_egress"] >= 0.95
     assert report.details["bound"]["mbit500"] in ("cpu", "links")
+    assert set(report.details["peer_stats"]) == {f"mbit500_{run}" for run in RUNS}
     assert not report.failed
