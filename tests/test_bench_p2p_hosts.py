@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks import p2p
 from benchmarks._p2p_hosts import RUNS, _peer_stats, link_floor_s, no_peers_floor_s, run_on_hosts, tree_ideal_s
+from benchmarks._swarm_model import Swarm
+from benchmarks.swarm_sim import link_params
 from servers.swarm import Read
 
 MiB = 1 << 20
@@ -30,6 +32,14 @@ def test_the_floors_without_peers_and_for_any_schedule() -> None:
     assert no_peers_floor_s(2, D, L, 10 * L) == D / L  # each host at its own link
     assert link_floor_s(8, D, L, L) == D / L
     assert link_floor_s(8, D, L, L / 4) == 4 * D / L  # the dataset must leave the origin once
+
+
+def test_the_simulation_takes_the_testbeds_link_rates_as_given() -> None:
+    alone = Swarm(link_params(1, 16 * MiB, L, L)).run()
+    assert 16 * MiB / L < max(alone.completion_s) < 16 * MiB / L + 0.1  # the host's link, plus the seeks and RTTs
+    crowd = Swarm(link_params(4, 16 * MiB, L, L, peers=False)).run()
+    assert 4 * 16 * MiB / L < max(crowd.completion_s) < 4 * 16 * MiB / L + 0.1  # the origin's uplink, shared by 4
+    assert crowd.origin_bytes == 4 * 16 * MiB
 
 
 def test_peer_stats_sum_the_readers_counters_and_take_the_median_readers_latencies() -> None:
