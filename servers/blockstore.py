@@ -4,6 +4,7 @@ Routes (block bytes travel raw; listings are msgpack, or JSON on request)::
 
     PUT    /v1/blocks/{id}    body = the block; 201 once durable; 400 if over --max-block-mb
     GET    /v1/blocks/{id}    200 whole block, or 206 for ``Range: bytes=first-last``
+           [X-Blobsdk-Progress: MS]   interim 102 Processing every MS ms while it queues
     DELETE /v1/blocks/{id}    204, idempotent
     GET    /v1/blocks?start_after=&limit=    ListBlocksResponse, limit <= 10000
 
@@ -19,7 +20,10 @@ would: the client must get exactly the bytes it asked for or an error.
 HDD emulation, for benchmarks: each GET/PUT waits for one of ``spindles`` (FIFO; 0 =
 unlimited), pays ``latency_ms`` once, then moves its bytes through one server-wide
 bandwidth budget (a reservation-based token bucket shared by every transfer in both
-directions, paced per 1 MiB piece, with no burst credit after idle time).
+directions, paced per 1 MiB piece, with no burst credit after idle time).  A GET that asks
+(``X-Blobsdk-Progress: MS``, as ``HttpBlockStore`` does) hears ``102 Processing`` every MS ms
+while it queues for a spindle: a spindle is held for the whole send, so on a full link a
+read may wait seconds with no byte of its own, and its client must not take that for a hang.
 """
 
 from __future__ import annotations
