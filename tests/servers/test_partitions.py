@@ -27,7 +27,7 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk.config import ClientConfig, HedgeConfig, RepairConfig, Timeouts, WriteConfig
+from blobsdk.config import ClientConfig, HedgeConfig, L1Config, L3Config, PeerConfig, RepairConfig, Timeouts, WriteConfig
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from servers.cluster import Cluster, start_cluster
@@ -42,12 +42,13 @@ SETTLE_S = 60.0  # the longest any recovery may take before the test fails (neve
 
 HEDGE = HedgeConfig(max_delay_ms=200.0, hang_min_ms=200.0, hang_max_ms=HANG_S * 1000, probe_after_s=0.2, probe_max_s=0.5)
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=4 * CHUNK)
+NO_L1 = L1Config(capacity_bytes=0)  # every read goes past the client's memory, to the servers under test
 TIMEOUTS = Timeouts(connect=TIMEOUT_S, sock_read=TIMEOUT_S, stall=TIMEOUT_S, total=30.0)
 
 
 def small_timeouts(config: ClientConfig, **changes: Any) -> ClientConfig:
     """``config`` with the small timeouts every bound here is derived from."""
-    return msgspec.structs.replace(config, write=WRITE, hedge=HEDGE, timeouts=TIMEOUTS, **changes)
+    return msgspec.structs.replace(config, l1=NO_L1, write=WRITE, hedge=HEDGE, timeouts=TIMEOUTS, **changes)
 
 
 @asynccontextmanager
@@ -231,4 +232,111 @@ async def test_a_partitioned_block_server_stalls_no_read_or_write_past_its_timeo
             await c.put("/part/block/after", os.urandom(BLOB))
             await store.settle()
             assert len(store.under_replicated) == 0  # a new write reached all three
+        await all_acked_read_back(config, work.acked)
+
+
+# --- one L3 node ---------------------------------------------------------------------------
+
+
+L3_BOUND_S = SLACK * (TIMEOUT_S + HANG_S)
+
+
+def url_of(cluster: Cluster, name: str) -> str:
+    return next(p.url for p in cluster.processes if p.name == name)
+
+
+def served(url: str) -> int:
+    """The chunk GETs an L3 node answered (from flash or read through)."""
+    requests = server_json(url, "/stats")["requests"]
+    return int(requests["hits"] + requests["misses"])
+
+
+def avoided(c: blobsdk.Client) -> int:
+    """Reads that left an L3 node for another: hedges won, hung ones failed over."""
+    stats = c.stats()["l3"]
+    return int(stats["hedge_hedges_won"] + stats["hedge_hung_failovers"] + stats["hedge_failovers"])
+
+
+async def test_a_partitioned_l3_node_costs_a_read_its_hang_deadline_then_the_other_node_serves(testbed_unavailable, tmp_path):
+    """One of two L3 nodes cut off (both ways) while a client puts and reads.
+
+    Bound: ``SLACK x (TIMEOUT_S + HANG_S)`` = 4.5 s.  Puts do not touch L3.  A read sent to
+    the silent node is hedged to the other after ``max_delay_ms`` (0.2 s), or at worst hung
+    after ``hang_max_ms`` (HANG_S) or its connect given up at TIMEOUT_S, and goes to the other
+    node (each chunk has 2 of 2 nodes) or to L4; the node is then skipped for ``[l3]
+    down_seconds``.  Recovery: after the heal, reads reach the node
+    again (its own count of chunks served grows)."""
+    async with hosted(tmp_path, testbed_unavailable, block_servers=1, l3_nodes=2, trackers=0) as cluster:
+        config = small_timeouts(cluster.config, l3=L3Config(down_seconds=0.5))
+        node = url_of(cluster, "l3-0")
+        async with blobsdk.Client(config) as c:
+            work = Workload(c, "/part/l3")
+            await work.seed(3)
+            async with running(work):
+                begun, ended = await partitioned(cluster, "l3-0", work, until_also=lambda: avoided(c) >= 3)
+            assert work.wrong == [] and [op.error for op in work.ops if op.error] == []
+            stall(work, begun, ended, L3_BOUND_S)
+            before = await asyncio.to_thread(served, node)
+            fresh = 0
+
+            async def serves_again() -> bool:
+                nonlocal fresh
+                fresh += 1
+                path, data = f"/part/l3/after-{fresh}", os.urandom(BLOB)
+                await c.put(path, data)
+                work.acked[path] = data
+                assert bytes(await c.get(path)) == data
+                return await asyncio.to_thread(served, node) > before
+
+            await until(serves_again, "l3-0 serves reads again")
+        await all_acked_read_back(config, work.acked)
+
+
+# --- the tracker ---------------------------------------------------------------------------
+
+
+TRACKER_S = 0.5  # [peer] tracker_timeout_s
+TRACKER_BOUND_S = SLACK * (TRACKER_S + TIMEOUT_S)
+
+
+def peer_hits(c: blobsdk.Client) -> int:
+    return int(c.stats()["peer"]["hits"])
+
+
+async def test_a_partitioned_tracker_costs_a_read_its_tracker_timeout_then_l4_and_peers_share_after_the_heal(
+    testbed_unavailable, tmp_path
+):
+    """The peer tier's one tracker cut off (both ways) while a client puts and reads.
+
+    Bound: ``SLACK x (tracker_timeout_s + TIMEOUT_S)`` = 4.5 s.  A read asks the tracker for
+    its chunks' sources; a call silent past ``tracker_timeout_s`` (TRACKER_S) is given up
+    and the read goes on to L4 (TIMEOUT_S covers that read's own wait, though L4 is fine);
+    after 3 such calls the tracker is skipped outright for 5 s.  Puts never wait on it (what
+    they announce is sent in the background and dropped).  Recovery: after the heal, a
+    second client reads the first one's chunks from it through the tracker again."""
+    peer = PeerConfig(tracker_timeout_s=TRACKER_S, timeout_s=TIMEOUT_S, wait_s=TIMEOUT_S)
+    async with hosted(tmp_path, testbed_unavailable, block_servers=1, l3_nodes=0, trackers=1) as cluster:
+        config = small_timeouts(cluster.config, peer=msgspec.structs.replace(cluster.config.peer, **msgspec.structs.asdict(peer)))
+        async with blobsdk.Client(config) as a, blobsdk.Client(config) as b:
+            work = Workload(a, "/part/tracker")
+            await work.seed(3)
+            timeouts = lambda: a.stats()["peer"]["tracker_timeouts"] >= 1  # noqa: E731
+            async with running(work):
+                begun, ended = await partitioned(cluster, "tracker", work, until_also=timeouts)
+            assert work.wrong == [] and [op.error for op in work.ops if op.error] == []
+            stall(work, begun, ended, TRACKER_BOUND_S)
+            fresh = 0
+
+            async def shared_again() -> bool:
+                nonlocal fresh
+                fresh += 1
+                path, data = f"/part/tracker/after-{fresh}", os.urandom(BLOB)
+                await a.put(path, data)
+                work.acked[path] = data
+                assert bytes(await a.get(path)) == data
+                await asyncio.sleep(0.2)  # a's announcement is batched (0.05 s); if it missed, the next blob
+                assert bytes(await b.get(path)) == data
+                return peer_hits(b) > 0
+
+            await until(shared_again, "b reads a's chunks through the tracker again")
         await all_acked_read_back(config, work.acked)
