@@ -16,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from hashlib import sha256
 from typing import Any
 
 import msgspec
@@ -30,7 +34,10 @@ import blobsdk
 from blobsdk.config import ClientConfig, HedgeConfig, L1Config, L3Config, PeerConfig, RepairConfig, Timeouts, WriteConfig
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
+from servers._common import netns
 from servers.cluster import Cluster, start_cluster
+from servers.testbed import Link
+from tests.helpers import ROOT
 
 CHUNK = 64 << 10
 BLOB = 2 * CHUNK + 1000  # three chunks, the last one short
@@ -48,7 +55,7 @@ TIMEOUTS = Timeouts(connect=TIMEOUT_S, sock_read=TIMEOUT_S, stall=TIMEOUT_S, tot
 
 def small_timeouts(config: ClientConfig, **changes: Any) -> ClientConfig:
     """``config`` with the small timeouts every bound here is derived from."""
-    return msgspec.structs.replace(config, l1=NO_L1, write=WRITE, hedge=HEDGE, timeouts=TIMEOUTS, **changes)
+    return msgspec.structs.replace(config, **{"l1": NO_L1, "write": WRITE, "hedge": HEDGE, "timeouts": TIMEOUTS, **changes})
 
 
 @asynccontextmanager
@@ -340,3 +347,134 @@ async def test_a_partitioned_tracker_costs_a_read_its_tracker_timeout_then_l4_an
 
             await until(shared_again, "b reads a's chunks through the tracker again")
         await all_acked_read_back(config, work.acked)
+
+
+# --- a peer in the middle of serving a chunk -----------------------------------------------
+
+
+BIG_CHUNK = 1 << 20
+SERVING_MBIT = 8.0  # the serving peer's uplink: a 1 MiB chunk takes about 1 s to send
+CUT_AFTER = 256 << 10  # bytes the serving peer has sent of the chunk when it is cut off
+FETCH_BUDGET_S = 3.0  # [peer] fetch_budget_s: above the chunk's time on the link
+# A peer sending a chunk for 1 s is not hung on this link: the hang deadline is above it, so the
+# cut, not the deadline, is what ends the transfer.
+BIG_WRITE = WriteConfig(chunk_size=BIG_CHUNK, block_size=4 * BIG_CHUNK)
+PEER_HEDGE = msgspec.structs.replace(HEDGE, hang_min_ms=2500.0, hang_max_ms=2500.0)
+PEER_BOUND_S = SLACK * (FETCH_BUDGET_S + TIMEOUT_S)
+
+
+class PeerProcess:
+    """tests/servers/peer_process.py in a client host: ``get`` asks it to read a blob."""
+
+    def __init__(self, cluster: Cluster, name: str, link: Link) -> None:
+        host = cluster.add_client_host(name, link)
+        peer = msgspec.structs.replace(
+            host.config.peer, timeout_s=TIMEOUT_S, wait_s=TIMEOUT_S, fetch_budget_s=FETCH_BUDGET_S, tracker_timeout_s=TRACKER_S
+        )
+        config = small_timeouts(host.config, peer=peer, hedge=PEER_HEDGE, write=BIG_WRITE)
+        path = host.dir / "partition.toml"
+        path.write_text(config.to_toml())
+        self.host = host
+        argv = [sys.executable, "-m", "tests.servers.peer_process", str(path)]
+        self.proc = host.popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    async def answer(self) -> dict[str, Any]:
+        async with asyncio.timeout(SETTLE_S):
+            line = await asyncio.to_thread(self.proc.stdout.readline)
+        assert line, f"{self.host.host.name}'s client ended"
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def ask(self, path: str) -> None:
+        self.proc.stdin.write(f"get {path}\n")
+        self.proc.stdin.flush()
+
+    async def get(self, path: str) -> dict[str, Any]:
+        self.ask(path)
+        return await self.answer()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=SETTLE_S)
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc.stdout.close()
+
+
+def sent(cluster: Cluster, host: str) -> int:
+    """Bytes ``host`` has sent on its link (its uplink's qdisc counter)."""
+    h = cluster.placement.testbed.host(host)
+    shown = netns.run([netns.TC, "-n", h.namespace, "-s", "qdisc", "show", "dev", h.inner])
+    return int(re.search(r"Sent (\d+) bytes", shown)[1])  # type: ignore[index]
+
+
+async def tracker_knows(cluster: Cluster, key: str) -> None:
+    url = url_of(cluster, "tracker")
+
+    async def held() -> bool:
+        hot = (await asyncio.to_thread(server_json, url, "/stats"))["hot"]
+        return any(entry["key"] == key and entry["copies"] >= 1 for entry in hot)
+
+    await until(held, f"the tracker knows a peer holds {key}")
+
+
+async def test_a_peer_cut_off_mid_chunk_costs_its_child_at_most_the_fetch_budget_then_l4(testbed_unavailable, tmp_path):
+    """Two client hosts with the peer tier: ``peer-0`` holds a 1 MiB chunk and serves it to
+    ``peer-1`` over an 8 Mbit/s uplink; once it has sent 256 KiB of it, it is cut off (both
+    ways).
+
+    Bound: ``SLACK x (fetch_budget_s + TIMEOUT_S)`` = 12 s from the cut to the read's end.  The
+    child waits for the peer's next bytes at most ``[peer] timeout_s`` (TIMEOUT_S), and one
+    chunk spends at most ``fetch_budget_s`` (FETCH_BUDGET_S) on peers in all; then it reads
+    the chunk from L4 (TIMEOUT_S covers that read's own waits).  Recovery: after the heal the
+    peer serves again: ``peer-1`` reads another blob ``peer-0`` holds from it."""
+    async with hosted(tmp_path, testbed_unavailable, block_servers=1, l3_nodes=0, trackers=1) as cluster:
+        writer = small_timeouts(cluster.config, write=BIG_WRITE)
+        serving = PeerProcess(cluster, "peer-0", Link(up=SERVING_MBIT))
+        child = PeerProcess(cluster, "peer-1", Link())
+        try:
+            assert (await serving.answer(), await child.answer()) == ({"ready": True}, {"ready": True})
+            async with blobsdk.Client(writer) as a:
+                acked = {"/part/peer/cut": os.urandom(BIG_CHUNK)}
+                for path, data in acked.items():
+                    await a.put(path, data)
+                key = (await a.plan("/part/peer/cut")).chunks[0].key
+            first = next(iter(acked))
+            assert (await serving.get(first))["sha256"] == sha256(acked[first]).hexdigest()
+            await tracker_knows(cluster, key)
+            before = await asyncio.to_thread(sent, cluster, "peer-0")
+            child.ask(first)
+            async with asyncio.timeout(SETTLE_S):
+                while await asyncio.to_thread(sent, cluster, "peer-0") < before + CUT_AFTER:
+                    await asyncio.sleep(0.01)
+            cut = time.monotonic()
+            await asyncio.to_thread(cluster.placement.testbed.partition, "peer-0")
+            read = await child.answer()
+            print(f"\nstall {read['ended'] - cut:.2f} s (bound {PEER_BOUND_S:.2f} s) from the cut to the read's end")
+            assert (read["sha256"], read["error"]) == (sha256(acked[first]).hexdigest(), None)
+            assert read["hits"] == {"peer": 0, "l4": 1} and read["ended"] - cut < PEER_BOUND_S
+            assert read["peer"].get("errors", 0) + read["peer"].get("over_budget", 0) >= 1  # it was at peer-0
+            await asyncio.to_thread(cluster.placement.testbed.heal, "peer-0")
+            healed, fresh = time.monotonic(), 0
+
+            async def serves_again() -> bool:
+                nonlocal fresh
+                fresh += 1
+                path, data = f"/part/peer/after-{fresh}", os.urandom(BIG_CHUNK)
+                async with blobsdk.Client(writer) as a:
+                    await a.put(path, data)
+                    key = (await a.plan(path)).chunks[0].key
+                acked[path] = data
+                assert (await serving.get(path))["sha256"] == sha256(data).hexdigest()
+                await tracker_knows(cluster, key)
+                again = await child.get(path)
+                assert again["sha256"] == sha256(data).hexdigest()
+                return bool(again["hits"]["peer"] > read["hits"]["peer"])
+
+            await until(serves_again, "peer-1 reads from peer-0 again")
+            print(f"served again {time.monotonic() - healed:.2f} s after the heal")
+        finally:
+            serving.close()
+            child.close()
+        await all_acked_read_back(writer, acked)
