@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Any
@@ -31,7 +31,18 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk.config import ClientConfig, HedgeConfig, L1Config, L3Config, PeerConfig, RepairConfig, Timeouts, WriteConfig
+from blobsdk.config import (
+    ClientConfig,
+    HedgeConfig,
+    L1Config,
+    L3Config,
+    PeerConfig,
+    ReadConfig,
+    RepairConfig,
+    Timeouts,
+    WriteConfig,
+)
+from blobsdk.errors import BlobNotFound, TimedOut
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from servers._common import netns
@@ -87,6 +98,7 @@ class Workload:
     prefix: str
     puts: bool = True
     acked: dict[str, bytes] = field(default_factory=dict)
+    unknown: dict[str, bytes] = field(default_factory=dict)  # puts that failed: committed or not
     ops: list[Op] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
@@ -108,7 +120,11 @@ class Workload:
             i += 1
 
     async def _put(self, path: str, data: bytes) -> None:
-        await self.client.put(path, data)
+        try:
+            await self.client.put(path, data)
+        except blobsdk.BlobError:
+            self.unknown[path] = data
+            raise
         self.acked[path] = data
 
     async def _get(self, path: str) -> None:
@@ -147,15 +163,21 @@ async def running(work: Workload) -> AsyncIterator[Workload]:
 
 
 async def partitioned(
-    cluster: Cluster, host: str, work: Workload, direction: str = "both", *, until_also: Callable[[], bool] = lambda: True
+    cluster: Cluster,
+    host: str,
+    work: Workload,
+    direction: str = "both",
+    *,
+    until_also: Callable[[], bool] = lambda: True,
+    ops: int = OPS_DURING,
 ) -> tuple[float, float]:
-    """Cut ``host`` off while ``work`` runs until ``OPS_DURING`` operations begun after the
-    cut have ended and ``until_also()`` holds; heal it.  The cut's (begun, ended) times."""
+    """Cut ``host`` off while ``work`` runs until ``ops`` operations begun after the cut have
+    ended and ``until_also()`` holds; heal it.  The cut's (begun, ended) times."""
     bed = cluster.placement.testbed
     await work.ended_since(time.monotonic(), 2)  # it runs before the cut
-    begun = time.monotonic()
     await asyncio.to_thread(bed.partition, host, direction)
-    await work.ended_since(begun, OPS_DURING)
+    begun = time.monotonic()  # the operations in flight now are in flight during the cut
+    await work.ended_since(begun, ops)
     while not until_also():
         await work.ended_since(time.monotonic(), 1)
     await asyncio.to_thread(bed.heal, host)
@@ -478,3 +500,59 @@ async def test_a_peer_cut_off_mid_chunk_costs_its_child_at_most_the_fetch_budget
             serving.close()
             child.close()
         await all_acked_read_back(writer, acked)
+
+
+# --- the API server ------------------------------------------------------------------------
+
+
+API_BOUND_S = SLACK * 2 * TIMEOUT_S
+
+
+def timed_out(api: str) -> str:
+    """The message of a call to the API server at ``api`` that timed out: connecting, or
+    waiting for its answer."""
+    route = r"/v1/(commit|plans)"
+    connect = rf"ConnectionTimeoutError: Connection timeout to host {re.escape(api)}{route}"
+    return rf"POST {re.escape(api)}{route}: ({connect}|SocketTimeoutError: Timeout on reading data from socket)"
+
+
+@pytest.mark.parametrize("direction", ["both", "out"])
+async def test_a_partitioned_api_server_fails_operations_within_its_timeout_and_serves_again_after_the_heal(
+    testbed_unavailable, tmp_path, direction
+):
+    """The one API server cut off while a client puts and reads (every read asks it for the
+    plan: no plan cache).  Another helper is adding a client of several API servers; with one,
+    the metadata has no other way.
+
+    Bound: ``SLACK x 2 x TIMEOUT_S`` = 6 s for each operation, failed or not.  Each makes one
+    call to the API server (a plan lookup, or a put's commit after its blocks are written to
+    healthy block servers, well under TIMEOUT_S), and that call fails at ``connect`` or
+    ``sock_read`` (TIMEOUT_S): the SDK does not retry it, so it fails with ``TimedOut`` naming
+    the call.  "out": requests on connections already open still arrive, so a commit may be
+    applied while its reply is lost: that put failed, its outcome unknown, and afterwards it
+    is either absent or exactly what was written.  Recovery: after the heal, puts and reads
+    work again, with no error."""
+    async with hosted(tmp_path, testbed_unavailable, block_servers=1, l3_nodes=0, trackers=0) as cluster:
+        config = small_timeouts(cluster.config, read=ReadConfig(plan_cache_ttl_seconds=0))
+        async with blobsdk.Client(config) as c:
+            work = Workload(c, "/part/api")
+            await work.seed(3)
+            async with running(work):
+                begun, ended = await partitioned(cluster, "api", work, direction, ops=4)
+                healed = time.monotonic()
+                await work.ended_since(healed, 4)
+            assert work.wrong == []
+            stall(work, begun, ended, API_BOUND_S)
+            api = url_of(cluster, "api")
+            cut = [op for op in work.ops if begun <= op.begun and op.ended <= ended]
+            assert len(cut) >= 3 and {type(op.error) for op in cut} == {TimedOut}  # each one failed
+            for op in cut:
+                assert re.fullmatch(timed_out(api), str(op.error)), op.error
+            assert [op.error for op in work.ops if op.begun >= healed and op.error is not None] == []
+            applied = 0
+            for path, data in work.unknown.items():  # committed or not, never another blob
+                with suppress(BlobNotFound):
+                    assert bytes(await c.get(path)) == data
+                    applied += 1
+            print(f"{applied} of {len(work.unknown)} failed puts were applied")
+        await all_acked_read_back(config, work.acked)
