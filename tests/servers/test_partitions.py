@@ -202,9 +202,13 @@ async def all_acked_read_back(config: ClientConfig, acked: dict[str, bytes]) -> 
 
 
 async def until(done: Callable[[], Awaitable[bool]], what: str, within: float = SETTLE_S) -> None:
-    async with asyncio.timeout(within):
-        while not await done():
-            await asyncio.sleep(0.05)
+    """Return once ``done()`` holds (asked every 50 ms); fail saying ``what`` after ``within`` s."""
+    try:
+        async with asyncio.timeout(within):
+            while not await done():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"not within {within:g} s: {what}")
 
 
 def server_json(url: str, route: str) -> Any:
@@ -224,20 +228,15 @@ def block_parts(c: blobsdk.Client) -> tuple[ReplicatedBlockStore, L4Tier]:
     return store, l4
 
 
-@pytest.mark.parametrize("direction", ["both", "out"])
-async def test_a_partitioned_block_server_stalls_no_read_or_write_past_its_timeouts_and_catches_up(
-    testbed_unavailable, tmp_path, direction
-):
-    """One of three block servers cut off while a client puts and reads.
+async def test_a_partitioned_block_server_stalls_no_read_or_write_past_its_timeouts_and_catches_up(testbed_unavailable, tmp_path):
+    """One of three block servers cut off (both ways) while a client puts and reads.
 
     Bound: ``SLACK x (TIMEOUT_S + HANG_S)`` = 4.5 s.  A put needs 2 of 3 replicas, so it never
     waits on the silent one (its write lags and fails at its connect or sock_read timeout,
     TIMEOUT_S, recorded for repair); a read already sent to it is hung after ``hang_max_ms``
     (HANG_S) and sent to another replica, and a new connection to it is given up at ``connect``
     (TIMEOUT_S) while a hedge goes elsewhere: at most one of each per operation.
-    "out": block-1 still gets the writes sent on connections already open, and stores them,
-    but its acks are lost: the client counts those copies missing all the same (it cannot
-    know), and the repair after the heal finds them there.  Recovery: after the heal the repairer copies every block it missed
+    Recovery: after the heal the repairer copies every block it missed
     to it, and a new write reaches all three replicas."""
     repair = RepairConfig(retry_seconds=0.2, retry_max_seconds=0.5)
     async with hosted(tmp_path, testbed_unavailable, block_servers=3, l3_nodes=0, trackers=0) as cluster:
@@ -248,7 +247,7 @@ async def test_a_partitioned_block_server_stalls_no_read_or_write_past_its_timeo
             await work.seed(3)
             async with running(work):
                 missed = lambda: len(store.under_replicated) > 0  # noqa: E731  # a lagging write to block-1 timed out
-                begun, ended = await partitioned(cluster, "block-1", work, direction, until_also=missed)
+                begun, ended = await partitioned(cluster, "block-1", work, until_also=missed)
             assert work.wrong == [] and [op.error for op in work.ops if op.error] == []
             stall(work, begun, ended, BLOCK_BOUND_S)
             blocks = {b for p in work.acked for b in (await c._open.plans.get_plan(p)).block_ids()}
