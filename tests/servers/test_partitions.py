@@ -56,7 +56,7 @@ TIMEOUT_S = 1.0  # [timeouts] connect, sock_read and stall: the longest wait on 
 HANG_S = 0.5  # [hedge] hang_max_ms: a target in service this long is hung, and failed over
 SLACK = 3.0  # a loaded 2-core machine: every bound is its timeouts' sum times this
 OPS_DURING = 6  # operations that must end while the link is down (so the timeouts are met)
-SETTLE_S = 60.0  # the longest any recovery may take before the test fails (never reached when it works)
+SETTLE_S = 30.0  # the longest any recovery (or a cut) may take before the test fails (never reached when it works)
 
 HEDGE = HedgeConfig(max_delay_ms=200.0, hang_min_ms=200.0, hang_max_ms=HANG_S * 1000, probe_after_s=0.2, probe_max_s=0.5)
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=4 * CHUNK)
@@ -174,13 +174,18 @@ async def partitioned(
     """Cut ``host`` off while ``work`` runs until ``ops`` operations begun after the cut have
     ended and ``until_also()`` holds; heal it.  The cut's (begun, ended) times."""
     bed = cluster.placement.testbed
-    await work.ended_since(time.monotonic(), 2)  # it runs before the cut
-    await asyncio.to_thread(bed.partition, host, direction)
-    begun = time.monotonic()  # the operations in flight now are in flight during the cut
-    await work.ended_since(begun, ops)
-    while not until_also():
-        await work.ended_since(time.monotonic(), 1)
-    await asyncio.to_thread(bed.heal, host)
+    try:
+        async with asyncio.timeout(SETTLE_S):
+            await work.ended_since(time.monotonic(), 2)  # it runs before the cut
+            await asyncio.to_thread(bed.partition, host, direction)
+            begun = time.monotonic()  # the operations in flight now are in flight during the cut
+            await work.ended_since(begun, ops)
+            while not until_also():
+                await work.ended_since(time.monotonic(), 1)
+    except TimeoutError:
+        pytest.fail(f"the workload did not go on through {host}'s cut (or the cut did what it should not) within {SETTLE_S:g} s")
+    finally:
+        await asyncio.to_thread(bed.heal, host)
     return begun, time.monotonic()
 
 
