@@ -31,7 +31,10 @@ BENCHMARKS = {
     "get_into": "benchmarks.get_into",
     "scale": "benchmarks.scale",
     "swarm_sim": "benchmarks.swarm_sim",
+    "membership": "benchmarks.membership",
 }
+# The benchmarks that draw a picture (--png).
+PICTURES: tuple[str, ...] = ("ingest", "scale", "swarm_sim", "membership")
 # The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
 ON_HOSTS: tuple[str, ...] = ()
 
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    ingest = parser.add_argument_group("ingest, scale and swarm_sim only")
+    ingest = parser.add_argument_group("ingest, scale, swarm_sim and membership only")
     ingest.add_argument("--png", type=Path, metavar="PATH", help="the picture (default: next to --json, else NAME.png)")
     ingest.add_argument("--p2p-json", type=Path, metavar="PATH", help="swarm_sim: a p2p run's --json to validate against")
     hosts = parser.add_argument_group(f"{', '.join(ON_HOSTS)} only")
@@ -56,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--clients", type=int, default=4, metavar="N", help="client processes (default 4)")
     soak.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the ops and the chaos (default 0)")
     soak.add_argument("--redis-s3", action="store_true", help="metadata in Redis, L4 in S3 (moto)")
+    soak.add_argument(
+        "--api-servers", type=int, default=1, metavar="N", help="API servers over one Redis, failed over between (default 1)"
+    )
     soak.add_argument("--clock-skew", type=int, default=4, metavar="S", help="largest clock step of a client, s (default 4)")
     soak.add_argument(
         "--targets",
@@ -63,12 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the kinds of server the chaos hits, e.g. 'block' (default: all; kinds: api, block, l3, tracker, redis, s3)",
     )
     args = parser.parse_args(argv)
-    if args.name != "soak" and any(
-        getattr(args, a) != parser.get_default(a) for a in ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets")
-    ):
-        parser.error("--duration, --clients, --seed, --redis-s3, --clock-skew and --targets are for the soak")
-    if args.name not in ("ingest", "scale", "swarm_sim") and args.png is not None:
-        parser.error("--png is for the ingest, scale and swarm_sim benchmarks")
+    soak_flags = ("duration", "clients", "seed", "redis_s3", "clock_skew", "targets", "api_servers")
+    if args.name != "soak" and any(getattr(args, a) != parser.get_default(a) for a in soak_flags):
+        parser.error("--duration, --clients, --seed, --redis-s3, --api-servers, --clock-skew and --targets are for the soak")
+    if args.name not in PICTURES and args.png is not None:
+        parser.error(f"--png is for the {', '.join(PICTURES)} benchmarks")
     if args.name != "swarm_sim" and args.p2p_json is not None:
         parser.error("--p2p-json is for the swarm_sim benchmark")
     if args.hosts is not None and args.name not in ON_HOSTS:
@@ -77,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--hosts must be at least 1")
     if (args.duration is not None and not args.duration > 0) or args.clients < 1 or args.clock_skew < 0:
         parser.error("--duration must be positive, --clients at least 1, --clock-skew >= 0")
+    if args.api_servers < 1 or (args.api_servers > 1 and args.redis_s3):
+        parser.error("--api-servers must be at least 1, and not with --redis-s3 (whose clients talk to Redis directly)")
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = module.options(args) if hasattr(module, "options") else {}
     report = asyncio.run(module.run(quick=args.quick, **extra))

@@ -295,11 +295,13 @@ class SupervisorThread:
                 self._supervisor.poll(time.monotonic())
 
 
-def cluster_targets(cluster: Cluster, admin: str, supervisor: SupervisorThread) -> list[Target]:
+def cluster_targets(cluster: Cluster, admin: str, supervisor: SupervisorThread, *, api: bool = True) -> list[Target]:
+    """The cluster's servers as targets (its API servers only with ``api``: with --redis-s3 no
+    client uses them)."""
     targets = []
     for proc in cluster.processes:
-        if proc.kind == "api" and cluster.options.metadata is not None:
-            continue  # with --redis-s3 no client uses it
+        if proc.kind == "api" and not api:
+            continue
         fill = free = None
         if proc.kind == "block":
             fill = _bound(admin_faults, proc, admin, BLOCK_PUTS_FULL)

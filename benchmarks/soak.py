@@ -2,10 +2,13 @@
 every read checked against a model of what was acknowledged (issue 20).
 
     python -m benchmarks soak [--duration S] [--quick] [--clients N] [--seed N]
-                              [--redis-s3] [--clock-skew S] [--json FILE]
+                              [--redis-s3 | --api-servers N] [--clock-skew S] [--json FILE]
 
 The cluster (servers.cluster, every server a process on loopback): the metadata API server
-(SQLite), 3 block servers, 2 L3 flash nodes, 1 tracker.  With ``--redis-s3`` the metadata is
+(SQLite), 3 block servers, 2 L3 flash nodes, 1 tracker.  With ``--api-servers N`` (N > 1) the
+metadata is N API servers over one Redis (AOF, fsync always; never a chaos target: the
+metadata's single point left, see docs/deployment.md), which the clients fail over between
+(``api_urls``), and the chaos kills and stops them like the other servers.  With ``--redis-s3`` the metadata is
 in Redis (AOF, fsync always) and L4 in S3 (moto), which the clients talk to directly; the L3
 nodes read through from S3.  The clients share one L2 directory and run peer servers.
 
@@ -92,6 +95,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "clients": args.clients,
         "seed": args.seed,
         "redis_s3": args.redis_s3,
+        "api_servers": args.api_servers,
         "clock_skew": args.clock_skew,
         "targets": None if args.targets is None else tuple(args.targets.split(",")),
     }
@@ -106,13 +110,14 @@ async def run(
     clock_skew: int = 4,
     targets: tuple[str, ...] | None = None,
     log: Callable[[str], None] | None = None,
+    api_servers: int = 1,
 ) -> Report:
     seconds = duration if duration is not None else (30.0 if quick else 300.0)
     began = time.monotonic()
     say = log or (lambda message: print(f"soak: {time.monotonic() - began:6.1f}s {message}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         soak = Soak(Path(tmp), seconds=seconds, clients=clients, seed=seed, redis_s3=redis_s3, skew=clock_skew, log=say)
-        soak.kinds = targets
+        soak.kinds, soak.api_servers = targets, api_servers
         return await soak.run()
 
 
@@ -126,19 +131,24 @@ class Soak:
         self.faketime = _faketime_lib() if skew > 0 else None
         self.report = Report("soak")
         self.kinds: tuple[str, ...] | None = None  # the kinds of server the chaos hits (None: all)
+        self.api_servers = 1  # more: over a Redis of their own (never a chaos target)
 
     async def run(self) -> Report:
         async with AsyncExitStack() as stack:
             third_party = stack.enter_context(ExitStack())
             redis = third_party.enter_context(start_redis(self.dir / "redis", durable=True)) if self.redis_s3 else None
             s3 = third_party.enter_context(start_s3(self.dir / "s3")) if self.redis_s3 else None
-            cluster = await stack.enter_async_context(start_cluster(self.dir / "cluster", **self._cluster_options(redis, s3)))
+            options = self._cluster_options(redis, s3)
+            if self.api_servers > 1:
+                behind = third_party.enter_context(start_redis(self.dir / "redis-behind", durable=True))
+                options.update(metadata=behind.url, api_servers=self.api_servers)
+            cluster = await stack.enter_async_context(start_cluster(self.dir / "cluster", **options))
             config = self._client_config(cluster, redis)
             self.log(f"cluster up ({', '.join(p.name for p in cluster.processes)}); writing the shared dataset")
             shared = await write_shared(config, self.seed)
             supervisor = SupervisorThread(cluster, self.log)
             stack.enter_context(supervisor.running())
-            targets = cluster_targets(cluster, self.admin, supervisor) + third_party_targets(redis, s3)
+            targets = cluster_targets(cluster, self.admin, supervisor, api=not self.redis_s3) + third_party_targets(redis, s3)
             if self.kinds is not None:
                 targets = [t for t in targets if t.name.split("-")[0] in self.kinds]
             clients = Clients(self, config, shared)
@@ -161,7 +171,7 @@ class Soak:
 
     def _mode(self) -> dict[str, object]:
         return {
-            "metadata": "redis" if self.redis_s3 else "api-server (sqlite)",
+            "metadata": "redis" if self.redis_s3 else self._metadata(),
             "l4": "s3 (moto)" if self.redis_s3 else "3 block servers",
             "clients": self.clients,
             "seconds": self.seconds,
@@ -171,6 +181,11 @@ class Soak:
             "clock": "libfaketime (FAKETIME_TIMESTAMP_FILE, monotonic not faked)" if self.faketime else "off",
             "disk_full": "fault-injected 503 on block PUTs (a block server's answer to ENOSPC); Redis: maxmemory 1",
         }
+
+    def _metadata(self) -> str:
+        if self.api_servers > 1:
+            return f"{self.api_servers} api-servers (redis, not a chaos target)"
+        return "api-server (sqlite)"
 
     def _cluster_options(self, redis: RedisServer | None, s3: S3Server | None) -> dict[str, Any]:
         common = {"l3_nodes": 2, "trackers": 1, "admin_token": self.admin, "l3_capacity_mb": 256, "startup_timeout": 120.0}

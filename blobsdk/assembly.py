@@ -75,8 +75,8 @@ class Stores(Protocol):
 
 
 class ClusterStores:
-    """The stores that ``config`` names (ValueError if none): the metadata API server
-    (``api_url``) or Redis (``metadata_url``), and block servers (``block_urls``) or an
+    """The stores that ``config`` names (ValueError if none): the metadata API servers
+    (``api_url`` or ``api_urls``) or Redis (``metadata_url``), and block servers (``block_urls``) or an
     object store (``source_url``)."""
 
     def __init__(self, config: ClientConfig) -> None:
@@ -111,8 +111,8 @@ def _metadata_store(cfg: ClientConfig, session: aiohttp.ClientSession) -> Any:
         return RedisMetadataStore(cfg.metadata_url)
     from .metadata.http import HttpMetadataStore
 
-    assert cfg.api_url is not None
-    return HttpMetadataStore(session, cfg.api_url, cfg.token)
+    assert cfg.api_servers
+    return HttpMetadataStore(session, cfg.api_servers, cfg.token, timeouts=cfg.timeouts)
 
 
 def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: LimiterRegistry) -> Any:

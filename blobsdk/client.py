@@ -338,6 +338,30 @@ class Client:
         l3 = self._open.l3
         return {} if l3 is None else {l3.name: await l3.node_stats()}
 
+    async def set_l3_urls(self, l3_urls: Sequence[str]) -> None:
+        """Make ``l3_urls`` this client's L3 nodes from now on (nodes added to or removed from
+        a running job), checked as ``ClientConfig.l3_urls`` is (TypeError, or BadRequest for a
+        bad URL), and not empty.  Reads in flight finish on the nodes they began with or fall
+        through to L4; new reads place chunks over the new list, which moves only the chunks
+        whose first nodes change (~1/N of them per node added or removed: rendezvous hashing,
+        blobsdk/read/placement.py).  ``self.config`` takes the new list, so a copy (a forked
+        worker's client) starts with it.  Each client of a job is told on its own: the nodes
+        hold no list of members, and clients that disagree for a while cost misses, never
+        bytes (every copy is verified).  BadRequest if this client was opened without L3."""
+        try:
+            config = msgspec.structs.replace(self.config, l3_urls=l3_urls)
+        except TypeError as exc:
+            raise TypeError(f"set_l3_urls: {exc}") from None
+        except ValueError as exc:
+            raise BadRequest(f"set_l3_urls: {exc}") from None
+        if not config.l3_urls:
+            raise BadRequest("set_l3_urls: l3_urls must name at least one node (a client without L3 is opened without them)")
+        l3 = self._open.l3
+        if l3 is None:
+            raise BadRequest("set_l3_urls: this client has no L3 tier (it was opened without l3_urls)")
+        self.config = config
+        await l3.set_urls(config.l3_urls)
+
     async def flush(self) -> None:
         """Wait until every write-behind cache fill queued so far (L2) is on disk."""
         for tier in self._open.readpath.tiers:

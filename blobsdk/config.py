@@ -150,12 +150,13 @@ class Timeouts(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     S3): a body silent that long fails that try, which S3 retries and replicas fail over."""
 
     table: ClassVar[str] = "timeouts"
-    numbers: ClassVar[dict[str, Number]] = dict.fromkeys(("connect", "sock_read", "total", "stall"), positive())
+    numbers: ClassVar[dict[str, Number]] = dict.fromkeys(("connect", "sock_read", "total", "stall", "api_failover"), positive())
 
     connect: float = 5.0
     sock_read: float = 30.0
     total: float = 300.0
     stall: float = 5.0
+    api_failover: float = 5.0  # with several api_urls: an API server silent this long is left for the next
 
 
 # --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/tail/limiter.py, blobsdk/ops/repair.py
@@ -324,10 +325,12 @@ class ReadConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything a :class:`blobsdk.Client` needs (``client.toml``).  In cluster mode
-    ``api_url`` and ``block_urls`` name the servers; a client whose stores are given another
-    way (``Client.local``, ``Client.from_stores``) leaves them out."""
+    ``api_url`` (one API server) or ``api_urls`` (several, failed over between) and
+    ``block_urls`` name the servers; a client whose stores are given another way
+    (``Client.local``, ``Client.from_stores``) leaves them out."""
 
     api_url: str | None = None
+    api_urls: tuple[str, ...] = ()  # several API servers over one store: blobsdk/metadata/http.py fails over
     metadata_url: str | None = None  # redis://HOST:PORT/DB: the metadata in Redis, talked to directly
     block_urls: tuple[str, ...] = ()
     source_url: str | None = None  # s3://BUCKET/PREFIX: L4 in an object store (see [s3])
@@ -346,20 +349,36 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     repair: RepairConfig = RepairConfig()  # background repair of bad L4 copies found by reads
     s3: S3Config = S3Config()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.api_url, list | tuple):  # the one-server key given several
+            raise TypeError(f"api_url must be a str, got {self.api_url!r}: several API servers go in api_urls")
+        super().__post_init__()
+
     @property
     def names_stores(self) -> bool:
         """Whether this config says where its stores are (servers, Redis, S3); if not, a
         client of it needs them given (``Client.local``, ``Client.from_stores``)."""
-        return self.api_url is not None or self.metadata_url is not None
+        return bool(self.api_servers) or self.metadata_url is not None
+
+    @property
+    def api_servers(self) -> tuple[str, ...]:
+        """The API servers, from ``api_url`` or ``api_urls`` (empty: none)."""
+        return self.api_urls or (() if self.api_url is None else (self.api_url,))
 
     def check(self) -> None:
-        for name in ("api_url", "block_urls", "l3_urls", "tracker_urls"):
+        for name in ("api_url", "api_urls", "block_urls", "l3_urls", "tracker_urls"):
             check_urls(name, getattr(self, name))
-        if self.api_url is not None and self.metadata_url is not None:
-            raise ValueError("api_url and metadata_url both name the metadata: set one")
+        if self.api_url is not None and self.api_urls:
+            raise ValueError("api_url and api_urls both name the API servers: set one (api_urls lists several)")
+        if len(set(self.api_urls)) != len(self.api_urls):
+            twice = next(url for url in self.api_urls if self.api_urls.count(url) > 1)
+            raise ValueError(f"api_urls names {twice!r} twice")
+        if self.api_servers and self.metadata_url is not None:
+            name = "api_url" if self.api_url is not None else "api_urls"
+            raise ValueError(f"{name} and metadata_url both name the metadata: set one")
         if self.block_urls and self.source_url is not None:
             raise ValueError("block_urls and source_url both name L4: set one")
-        has_metadata, has_l4 = self.api_url or self.metadata_url, self.block_urls or self.source_url
+        has_metadata, has_l4 = self.names_stores, self.block_urls or self.source_url
         if has_metadata and not has_l4:
             raise ValueError("block_urls must name at least one L4 block server (or source_url an object store)")
         if has_l4 and not has_metadata:
@@ -388,17 +407,17 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig:
-        """Build from ``BLOBSDK_CONFIG`` (a toml file), or ``BLOBSDK_API_URL`` +
-        ``BLOBSDK_BLOCK_URLS`` (comma separated) [+ ``BLOBSDK_TOKEN``]."""
+        """Build from ``BLOBSDK_CONFIG`` (a toml file), or ``BLOBSDK_API_URL`` (one API
+        server, or several comma separated: ``api_urls``) + ``BLOBSDK_BLOCK_URLS`` (comma
+        separated) [+ ``BLOBSDK_TOKEN``]."""
         env = os.environ if environ is None else environ
         if env.get("BLOBSDK_CONFIG"):
             return cls.from_toml(env["BLOBSDK_CONFIG"])
         if not env.get("BLOBSDK_API_URL") or not env.get("BLOBSDK_BLOCK_URLS"):
             raise ValueError("set BLOBSDK_CONFIG, or BLOBSDK_API_URL and BLOBSDK_BLOCK_URLS")
-        raw: dict[str, object] = {
-            "api_url": env["BLOBSDK_API_URL"],
-            "block_urls": [u.strip() for u in env["BLOBSDK_BLOCK_URLS"].split(",") if u.strip()],
-        }
+        apis = _listed(env["BLOBSDK_API_URL"])
+        raw: dict[str, object] = {"api_urls": apis} if len(apis) > 1 else {"api_url": apis[0] if apis else env["BLOBSDK_API_URL"]}
+        raw["block_urls"] = _listed(env["BLOBSDK_BLOCK_URLS"])
         if env.get("BLOBSDK_TOKEN"):
             raw["token"] = env["BLOBSDK_TOKEN"]
         return cls.from_dict(raw)
@@ -406,7 +425,8 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     def to_toml(self) -> str:
         """Render as ``client.toml`` text: the top-level keys, ``[l1]``, and every other
         table whose settings differ from the defaults."""
-        lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in _TOP_KEYS if getattr(self, key) is not None]
+        keys = [key for key in _TOP_KEYS if getattr(self, key) is not None and (key != "api_urls" or self.api_urls)]
+        lines = [f"{key} = {_toml_value(getattr(self, key))}" for key in keys]
         if self.token:
             lines.append(f"token = {_toml_value(self.token)}")
         for table in ("l1", "l2", "l3", "peer", "write", "read", "hedge", "limiter", "timeouts", "repair", "s3"):
@@ -417,7 +437,7 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return "\n".join(lines) + "\n"
 
 
-_TOP_KEYS = ("api_url", "metadata_url", "block_urls", "source_url", "l3_urls", "tracker_urls")
+_TOP_KEYS = ("api_url", "api_urls", "metadata_url", "block_urls", "source_url", "l3_urls", "tracker_urls")
 _DEFAULTS: dict[str, object] = {
     "l1": L1Config(),
     "l3": L3Config(),
@@ -430,6 +450,11 @@ _DEFAULTS: dict[str, object] = {
     "repair": RepairConfig(),
     "s3": S3Config(),
 }
+
+
+def _listed(value: str) -> list[str]:
+    """A comma-separated environment value's items."""
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def check_urls(name: str, urls: str | tuple[str, ...] | None) -> None:

@@ -427,6 +427,7 @@ class SyncClient(_Blocking):
     gc = awaited(Client.gc)
     scrub = awaited(Client.scrub)
     node_stats = awaited(Client.node_stats)
+    set_l3_urls = awaited(Client.set_l3_urls)
     flush = awaited(Client.flush)
     stats = here(Client.stats)
     latency_histograms = here(Client.latency_histograms)

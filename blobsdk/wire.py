@@ -128,8 +128,9 @@ class CommitOp(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     kind: WriteKind = "blob"
 
 
-class CommitRequest(msgspec.Struct, frozen=True, kw_only=True):
+class CommitRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ops: list[CommitOp]
+    request_id: str | None = None  # 32 hex: a retry of the same write is applied once (RetryAwareStore)
 
 
 class CommitResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,6 +141,7 @@ class DeleteRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     path: str
     if_version: int | None = None
     kind: WriteKind = "blob"  # "index": gc removing an index entry (or a stray under .blobsdk/)
+    request_id: str | None = None  # as CommitRequest's
 
 
 class DeleteResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,9 +42,10 @@ from aiohttp import web
 from blobsdk.auth import GRANT_TTL_S, Claims
 from blobsdk.cli.parser import ArgumentParser
 from blobsdk.errors import BadRequest, BlobError, Forbidden
-from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.base import MetadataStore, RetryAwareStore
 from blobsdk.net.serving import limits_of_args
 from blobsdk.paths import bucket_of, validate_prefix
+from blobsdk.runtime.ids import validate_hex32
 from blobsdk.wire import (
     MAX_OPS_PER_REQUEST,
     MAX_PATHS_PER_REQUEST,
@@ -163,13 +164,22 @@ class _Api:
         _check_count("ops", body.ops, MAX_OPS_PER_REQUEST)
         claims = _allowed(request, [op.path for op in body.ops])
         ops = [msgspec.structs.replace(op, plan=op.plan.unsigned()) for op in body.ops]  # grants are never stored
-        committed = self.granter.signed(await self.store.commit_many(ops), claims)
+        if body.request_id is None:
+            done = await self.store.commit_many(ops)
+        else:
+            done = await _retry_aware(self.store).commit_once(ops, validate_hex32(body.request_id, "request_id"))
+        committed = self.granter.signed(done, claims)
         return reply(request, CommitResponse(plans=[p for p in committed if p is not None]))
 
     async def delete(self, request: web.Request) -> web.Response:
         body = await read_body(request, DeleteRequest)
         _allowed(request, [body.path])
-        return reply(request, DeleteResponse(deleted=await self.store.delete(body.path, body.if_version, kind=body.kind)))
+        if body.request_id is None:
+            deleted = await self.store.delete(body.path, body.if_version, kind=body.kind)
+        else:
+            request_id = validate_hex32(body.request_id, "request_id")
+            deleted = await _retry_aware(self.store).delete_once(body.path, body.if_version, body.kind, request_id)
+        return reply(request, DeleteResponse(deleted=deleted))
 
     async def list(self, request: web.Request) -> web.Response:
         body = await read_body(request, ListRequest)
@@ -231,6 +241,17 @@ def _allowed_prefix(request: web.Request, prefix: str) -> Claims:
         raise Forbidden(f"tenant {claims.tenant!r} may list only inside its buckets, not '/'")
     _allowed(request, [prefix])
     return claims
+
+
+def _retry_aware(store: MetadataStore) -> RetryAwareStore:
+    """``store``, if it can apply a write once per request id (a client with several
+    api_urls sends one with every write, so that it may retry elsewhere)."""
+    if not isinstance(store, RetryAwareStore):
+        raise BadRequest(
+            "this API server's metadata store cannot recognise a retried write (request_id): "
+            "a client with several api_urls needs API servers over Redis (--metadata redis://...)"
+        )
+    return store
 
 
 def _check_count(name: str, items: Sequence[object], limit: int) -> None:

@@ -100,6 +100,8 @@ from ._common.stores import add_s3_args, s3_config_of_args
 from .clusterhosts import ClientHost, Placement, add_hosts_args, check_links, links_of_args
 from .clusterplan import (
     KINDS,
+    METADATA_FOR_SEVERAL,
+    OWN_REDIS,
     ClusterOptions,
     Launch,
     ServerKind,
@@ -110,6 +112,7 @@ from .clusterplan import (
     server_name,
     with_service_token,
 )
+from .redisd import RedisServer
 from .seaweedd import SeaweedServer, start_seaweed_l4
 from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready, reusable_port
 from .testbed_hosts import Host, Link
@@ -147,9 +150,11 @@ class Cluster:
     processes: list[ServerProcess] = field(default_factory=list)
     config: ClientConfig | None = None
     seaweed: SeaweedServer | None = None  # with options.seaweedfs: the object store L4 is on
+    redis: list[RedisServer] = field(default_factory=list)  # with --metadata redis: its primary, then replica
     report: Callable[[str], None] = field(default=lambda line: None, repr=False)
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
     placement: Placement | None = field(default=None, repr=False)  # with options.hosts: the testbed
+    _added: dict[str, int] = field(default_factory=dict, repr=False)  # kind -> servers added since start
 
     @property
     def config_path(self) -> Path:
@@ -170,6 +175,8 @@ class Cluster:
             self.placement.start()
         if self.options.seaweedfs and self.seaweed is None:
             self._start_seaweed()
+        if self.options.metadata == OWN_REDIS:
+            self._start_redis()
         names = [name for name, _ in launch_table(self.options, self.kinds)]
         servers = f"{len(names)} server" + ("s" if len(names) != 1 else "")
         self.report(f"starting {servers} in {self.dir}: {', '.join(names)} (logs in {self.dir / 'logs'})")
@@ -177,12 +184,7 @@ class Cluster:
         for kind in self.kinds:
             started = [self._spawn(kind, i, Launch(self.dir, self.options, urls)) for i in range(kind.count(self.options))]
             urls[kind.name] = [self._ready(p, deadline) for p in started]
-        self.config = client_config(self.kinds, urls, self.options)
-        if self.placement is not None:
-            self.config = self.placement.root_config(self.config)
-        self._write_description()
-        _write_atomic(self.config_path, self.config.to_toml())
-        return self.config
+        return self._reconfigure()
 
     def restart(self, proc: ServerProcess) -> None:
         """Start the dead server ``proc`` again on its port, with its directory and flags; it
@@ -198,6 +200,44 @@ class Cluster:
         proc.popen, proc.started = self._popen(proc.module, port, proc.port_file, proc.args, proc.log, host), time.monotonic()
         self._write_description()
 
+    def add_server(self, kind_name: str) -> ServerProcess:
+        """Start one more server of a kind (an L3 node for a running job) and wait until it
+        answers /healthz; ``config``, cluster.json and client.toml then name it.  Its clients
+        learn of it when told (``Client.set_l3_urls(cluster.config.l3_urls)``)."""
+        kind = next((k for k in self.kinds if k.name == kind_name), None)
+        if kind is None:
+            raise ClusterError(f"no server kind {kind_name!r}: one of {', '.join(k.name for k in self.kinds)}")
+        i = kind.count(self.options) + self._added.get(kind.name, 0)
+        self._added[kind.name] = self._added.get(kind.name, 0) + 1
+        proc = self._spawn(kind, i, Launch(self.dir, self.options, self._urls()), name=f"{kind.name}-{i}")
+        self._ready(proc, time.monotonic() + self.options.startup_timeout)
+        self._reconfigure()
+        return proc
+
+    def remove_server(self, proc: ServerProcess, timeout: float = 10.0) -> None:
+        """Stop ``proc`` (SIGTERM, SIGKILL after ``timeout`` seconds) and forget it: ``config``,
+        cluster.json and client.toml no longer name it (its data directory stays)."""
+        self.processes.remove(proc)  # first: a supervisor no longer restarts it
+        proc.popen.terminate()
+        try:
+            proc.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait()
+        self._reconfigure()
+
+    def _urls(self) -> dict[str, list[str]]:
+        return {kind.name: [p.url for p in self.processes if p.kind == kind.name] for kind in self.kinds}
+
+    def _reconfigure(self) -> ClientConfig:
+        """``config`` for the servers running now; cluster.json, then client.toml, say so."""
+        self.config = client_config(self.kinds, self._urls(), self.options)
+        if self.placement is not None:
+            self.config = self.placement.root_config(self.config)
+        self._write_description()
+        _write_atomic(self.config_path, self.config.to_toml())
+        return self.config
+
     def _start_seaweed(self) -> None:
         port_file = self.dir / "run" / "seaweedfs.port"
         port = self._port(port_file, "SeaweedFS")
@@ -209,6 +249,21 @@ class Cluster:
         port_file.write_text(str(self.seaweed.port))
         self.options = dataclasses.replace(self.options, source=source, s3=s3)
         self.report(f"SeaweedFS ready at {self.seaweed.endpoint}: L4 is {source} (log {self.seaweed.dir / 'weed.log'})")
+
+    def _start_redis(self) -> None:
+        self.report(f"starting Redis (metadata) and its replica in {self.dir / 'redis'}")
+        try:
+            primary = self._started_redis(RedisServer(self.dir / "redis" / "primary", durable=True))
+            replica = self._started_redis(RedisServer(self.dir / "redis" / "replica", durable=True, replica_of=primary.port))
+        except (OSError, RuntimeError) as exc:  # redis-server missing or not answering; its log says why
+            raise ClusterError(f"Redis did not start: {exc}") from exc
+        self.options = dataclasses.replace(self.options, metadata=primary.url)
+        self.report(f"Redis ready at {primary.url}, its replica at {replica.url}")
+
+    def _started_redis(self, server: RedisServer) -> RedisServer:
+        self.redis.append(server)  # first: stop() stops it whatever happens next
+        server.start()
+        return server
 
     def _port(self, port_file: Path, name: str) -> int:
         """The port ``name`` gets: its last one, if free (else 0: a new one, said)."""
@@ -222,8 +277,8 @@ class Cluster:
         self.report(f"{proc.name} ready at {url} (pid {proc.pid}, {time.monotonic() - proc.started:.1f}s)")
         return url
 
-    def _spawn(self, kind: ServerKind, i: int, launch: Launch) -> ServerProcess:
-        name = server_name(kind, i, self.options)
+    def _spawn(self, kind: ServerKind, i: int, launch: Launch, name: str | None = None) -> ServerProcess:
+        name = name or server_name(kind, i, self.options)
         port_file, log = self.dir / "run" / f"{name}.port", self.dir / "logs" / f"{name}.log"
         port = self._port(port_file, name)
         port_file.unlink(missing_ok=True)
@@ -284,6 +339,8 @@ class Cluster:
         seaweed, self.seaweed = self.seaweed, None
         if seaweed is not None:
             seaweed.stop()
+        while self.redis:
+            self.redis.pop().stop()
         placement, self.placement = self.placement, None
         if placement is not None:
             placement.stop()
@@ -413,7 +470,14 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
             help=f"a --fault SPEC for every {kind.name} server (repeatable)",
         )
     parser.add_argument("--admin-token", help="every server mounts /admin/faults behind this bearer token")
-    parser.add_argument("--metadata", metavar="URL", help="redis://HOST:PORT/DB: the API server's metadata in Redis")
+    parser.add_argument(
+        "--metadata",
+        metavar="URL",
+        help="redis://HOST:PORT/DB: the API servers' metadata in Redis; 'redis': in a Redis and its replica the cluster starts",
+    )
+    parser.add_argument(
+        "--api-servers", type=int, default=1, metavar="N", help="metadata API servers (default 1; more need --metadata)"
+    )
     parser.add_argument("--source", metavar="S3_URL", help="s3://BUCKET/PREFIX: L4 in an object store, no block servers")
     add_s3_args(parser)
     parser.add_argument(
@@ -446,6 +510,7 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         "trackers",
         "startup_timeout",
         "admin_token",
+        "api_servers",
     )
     faults = {kind.name: tuple(specs) for kind in KINDS if (specs := getattr(args, f"{kind.name}_faults"))}
     if args.keys is not None and not args.keys.is_file():
@@ -455,8 +520,12 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
             s3_location(args.source)
     except ValueError as exc:
         parser.error(f"--source: {exc}")
-    if args.metadata is not None and not args.metadata.startswith(("redis://", "rediss://")):
-        parser.error(f"--metadata must be redis://HOST:PORT/DB, got {args.metadata!r}")
+    if args.metadata is not None and args.metadata != OWN_REDIS and not args.metadata.startswith(("redis://", "rediss://")):
+        parser.error(f"--metadata must be redis://HOST:PORT/DB or redis, got {args.metadata!r}")
+    if args.api_servers < 1:
+        parser.error("--api-servers must be at least 1")
+    if args.api_servers > 1 and args.metadata is None:
+        parser.error(METADATA_FOR_SEVERAL)
     if args.seaweedfs and (args.source is not None or args.s3_endpoint is not None):
         parser.error("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")
     links = links_of_args(parser, args)

@@ -43,13 +43,31 @@ class ClusterOptions:
     # kind name ("api", "block", "l3", "tracker") -> its servers' --fault specs (servers/_common/faults.py)
     faults: Mapping[str, Sequence[str]] = field(default_factory=dict)
     admin_token: str | None = None  # every server mounts /admin/faults behind it
-    metadata: str | None = None  # redis://HOST:PORT/DB: the API server keeps the metadata there (default SQLite)
+    # redis://HOST:PORT/DB: the API servers keep the metadata there (default SQLite); "redis": in
+    # a Redis (AOF, fsync always) and its replica (--replicaof) the cluster starts in DIR/redis*
+    metadata: str | None = None
+    api_servers: int = 1  # more than one: over Redis (metadata), listed in client.toml's api_urls
     source: str | None = None  # s3://BUCKET/PREFIX: L4 is that object store (no block servers)
     s3: S3Config = field(default_factory=S3Config)  # for source; its credentials reach the servers as AWS_* variables
     seaweedfs: bool = False  # L4 on a local SeaweedFS the cluster starts (its source and s3 replace those above)
     hosts: bool = False  # each server in a testbed host of its own (servers/clusterhosts.py; needs root)
     # with hosts: server name ("block-1") or kind name ("block") -> its host's link (default unshaped)
     links: Mapping[str, Link] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.api_servers < 1:
+            raise ValueError(f"api_servers must be at least 1, got {self.api_servers}")
+        if self.api_servers > 1 and self.metadata is None:
+            raise ValueError(METADATA_FOR_SEVERAL)
+        if self.hosts and self.metadata == OWN_REDIS:
+            raise ValueError("--metadata redis starts Redis on this host's loopback, which testbed hosts cannot reach")
+
+
+METADATA_FOR_SEVERAL = (
+    "several API servers share their store only in Redis: give --metadata redis://HOST:PORT/DB, "
+    "or --metadata redis (a Redis and its replica, started by the cluster)"
+)
+OWN_REDIS = "redis"  # --metadata redis: the cluster starts a Redis and its replica
 
 
 @dataclass(frozen=True)
@@ -96,9 +114,9 @@ KINDS: tuple[ServerKind, ...] = (
     ServerKind(
         name="api",
         module=f"{__package__}.api",
-        count=lambda o: 1,
+        count=lambda o: o.api_servers,
         args=lambda launch, i: _api_args(launch),
-        to_config=lambda urls: {"api_url": urls[0]},
+        to_config=lambda urls: {"api_url": urls[0]} if len(urls) == 1 else {"api_urls": tuple(urls)},
     ),
     ServerKind(
         name="block",

@@ -43,6 +43,7 @@ class RedisServer(LocalService):
 
     cluster: bool = False
     durable: bool = False
+    replica_of: int | None = None  # the port of a primary on 127.0.0.1 this one replicates (--replicaof)
 
     name: ClassVar[str] = "redis-server"
     log_name: ClassVar[str] = "redis.log"
@@ -57,6 +58,8 @@ class RedisServer(LocalService):
         args += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.dir / "nodes.conf")]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         return args
 
     def answers(self, port: int) -> bool:
@@ -73,6 +76,20 @@ def start_redis(dir: str | os.PathLike[str], *, durable: bool = False) -> Iterat
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def start_redis_pair(dir: str | os.PathLike[str]) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A durable primary in ``dir/primary`` and its replica (``--replicaof``) in
+    ``dir/replica``: the replica is for a failover an operator or Sentinel performs
+    (docs/deployment.md); nothing here promotes it."""
+    with start_redis(Path(dir) / "primary", durable=True) as primary:
+        replica = RedisServer(Path(dir) / "replica", durable=True, replica_of=primary.port)
+        replica.start()
+        try:
+            yield primary, replica
+        finally:
+            replica.stop()
 
 
 @dataclass

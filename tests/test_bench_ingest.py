@@ -224,4 +224,4 @@ def test_the_picture_option_is_the_ingest_benchmarks(capsys: pytest.CaptureFixtu
 
     with pytest.raises(SystemExit):
         main(["put_get", "--png", "x.png"])
-    assert capsys.readouterr().err.endswith("error: --png is for the ingest, scale and swarm_sim benchmarks\n")
+    assert capsys.readouterr().err.endswith("error: --png is for the ingest, scale, swarm_sim, membership benchmarks\n")

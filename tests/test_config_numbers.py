@@ -60,6 +60,7 @@ RULES: list[tuple[str, str, type, str, Any]] = [
     ("timeouts", "sock_read", float, "> 0", 0),
     ("timeouts", "total", float, "> 0", -300.0),
     ("timeouts", "stall", float, "> 0", 0),
+    ("timeouts", "api_failover", float, "> 0", 0),
     ("write", "chunk_size", int, "from 1 to 67108864", 0),
     ("write", "block_size", int, ">= 1", 0),
     ("write", "parallel_blocks", int, ">= 1", -1),

@@ -137,7 +137,7 @@ def child_env() -> dict[str, str]:
         (
             "servers.cluster",
             ["--dir", "d", "--metadata", "sqlite:///x"],
-            "--metadata must be redis://HOST:PORT/DB, got 'sqlite:///x'",
+            "--metadata must be redis://HOST:PORT/DB or redis, got 'sqlite:///x'",
         ),
         (
             "servers.cluster",

@@ -141,3 +141,17 @@ async def test_a_minute_of_chaos_loses_no_acked_write_and_returns_no_wrong_byte(
     assert (m["wrong_bytes"], details["wrong"]) == (0, [])
     assert (m["lost_acked_writes"], details["lost"]) == (0, [])
     assert not report.failed
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+async def test_a_minute_of_chaos_on_two_api_servers_loses_no_acked_write_and_returns_no_wrong_byte():
+    """The same with two API servers over one Redis (``api_urls``), the chaos on them alone:
+    one at a time killed and restarted or SIGSTOPped.  Correctness only, as above."""
+    report = await soak.run(duration=60, clients=4, seed=21, api_servers=2, targets=("api",))
+    m, details = report.metrics, report.details
+    assert m["ops"] > 0 and m["keys_checked_at_end"] > 0, details
+    assert m["chaos_kill"] + m["chaos_stop"] > 0, details["chaos"]
+    assert (m["wrong_bytes"], details["wrong"]) == (0, [])
+    assert (m["lost_acked_writes"], details["lost"]) == (0, [])
+    assert not report.failed

@@ -2,10 +2,18 @@
 on the server; their KEYS and ARGV are described at their heads."""
 
 COMMIT = """
--- KEYS: n path keys, then n index keys, then n fence keys.  ARGV: now, then per op: path,
--- if_version ('' for none), plan, size, etag, chunks, its block ids joined by ','.
--- Returns {0, version...}, {-1, op index, live version} or {-3, op index, fenced block id}.
-local n = #KEYS / 3
+-- KEYS: n path keys, then n index keys, then n fence keys, then (a retryable commit) its
+-- request's record key.  ARGV: now, then per op: path, if_version ('' for none), plan, size,
+-- etag, chunks, its block ids joined by ','; then (with a record key) the record's TTL.
+-- Returns {0, version...}, {-1, op index, live version}, {-3, op index, fenced block id} or
+-- {-4, record} (the request was applied before: the JSON record of [now, versions, paths]).
+local n = math.floor(#KEYS / 3)
+local rec = false
+if #KEYS > 3 * n then
+  rec = KEYS[#KEYS]
+  local done = redis.call('GET', rec)
+  if done then return {-4, done} end
+end
 local now = ARGV[1]
 local state = {}
 local versions = {}
@@ -46,13 +54,24 @@ for i = 1, n do
              'etag', ARGV[at + 4], 'chunks', ARGV[at + 5], 't', now, 'blocks', ARGV[at + 6])
   redis.call('ZADD', KEYS[n + i], 0, ARGV[at])
 end
+if rec then
+  local paths = {}
+  for i = 1, n do paths[i] = ARGV[2 + (i - 1) * 7] end
+  redis.call('SET', rec, cjson.encode({now, versions, paths}), 'EX', ARGV[#ARGV])
+end
 table.insert(versions, 1, 0)
 return versions
 """
 
 DELETE = """
--- KEYS: the path key, its index key.  ARGV: path, if_version ('' for none).
--- Returns {-2} (no live version), {-1, live version} or {0, v, size, etag, chunks, t}.
+-- KEYS: the path key, its index key, then (a retryable delete) its request's record key.
+-- ARGV: path, if_version ('' for none), then (with a record key) the record's TTL.
+-- Returns {-2} (no live version), {-1, live version}, {0, v, size, etag, chunks, t} or
+-- {-4, record} (the request was applied before: the JSON record of [path, v, size, etag, chunks, t]).
+if KEYS[3] then
+  local done = redis.call('GET', KEYS[3])
+  if done then return {-4, done} end
+end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'size', 'etag', 'chunks', 't')
 if not cur[3] then return {-2} end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= tonumber(cur[1]) then return {-1, tonumber(cur[1])} end
@@ -63,6 +82,9 @@ if old then
 end
 redis.call('HDEL', KEYS[1], 'plan', 'size', 'etag', 'chunks', 't', 'blocks')
 redis.call('ZREM', KEYS[2], ARGV[1])
+if KEYS[3] then
+  redis.call('SET', KEYS[3], cjson.encode({ARGV[1], cur[1], cur[2], cur[3], cur[4], cur[5]}), 'EX', ARGV[3])
+end
 return {0, cur[1], cur[2], cur[3], cur[4], cur[5]}
 """
 

@@ -106,6 +106,20 @@ class MetadataStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class RetryAwareStore(Protocol):
+    """A store that applies a write at most once per request id, so that a client whose
+    answer was lost may send the same write again, to this or another API server over the
+    same store: a retry of an applied write answers what the first application did (its
+    versions, its deleted blob), never a second version, a spurious PreconditionFailed or
+    BlobNotFound.  A request id used again for other paths is BadRequest.  How long an id is
+    remembered is the store's (blobsdk/metadata/redis.py: ``REQUEST_TTL_S``)."""
+
+    async def commit_once(self, ops: Sequence[CommitOp], request_id: str) -> list[ReadPlan]: ...
+
+    async def delete_once(self, path: str, if_version: int | None, kind: WriteKind, request_id: str) -> BlobInfo: ...
+
+
 class PassThrough:
     """The MetadataStore calls a wrapper (the plan caches) hands to ``self.store`` unchanged:
     listing, gc's scan and fences."""

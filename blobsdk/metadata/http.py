@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Awaitable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Self, TypeVar
 
 import aiohttp
 
+from ..config import Timeouts
 from ..errors import BadRequest, BlobNotFound, Unavailable
-from ..net.rpc import HttpEndpoint
-from ..net.unreachable import API_SERVER
 from ..paths import validate_path
 from ..read.plans import checked_plan
 from ..wire import (
@@ -40,6 +40,7 @@ from ..wire import (
     ScanResponse,
     WriteKind,
 )
+from .apiservers import DOWN_S, ApiServers
 from .base import (
     check_commit_op,
     check_cursor,
@@ -63,13 +64,28 @@ class HttpMetadataStore:
     ``get_plans`` splits long lists into concurrent requests of at most 1000 paths (so a long
     list is not one snapshot).  ``commit_many`` is one request, because atomicity cannot span
     requests: more than 1000 ops raise BadRequest.
+
+    ``base_url`` is one API server, or several over one store (a sequence): every call fails
+    over between them, and every write carries a request id so that a retry is applied once
+    (blobsdk/metadata/apiservers.py).  ``timeouts`` (the client's) bound each attempt.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
-        self._http = HttpEndpoint(session, base_url, token, role=API_SERVER)
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str | Sequence[str],
+        token: str | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+        down_s: float = DOWN_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.servers = ApiServers(session, urls, token, timeouts=timeouts, down_s=down_s, clock=clock)
 
     def __repr__(self) -> str:
-        return f"HttpMetadataStore({self._http.base_url!r})"
+        urls = [e.base_url for e in self.servers.endpoints]
+        return f"HttpMetadataStore({urls[0] if len(urls) == 1 else urls!r})"
 
     async def __aenter__(self) -> Self:
         return self
@@ -104,20 +120,20 @@ class HttpMetadataStore:
             raise BadRequest(f"commit_many of {len(ops)} ops exceeds the atomic limit of {MAX_OPS_PER_REQUEST}")
         if not ops:
             return []
-        response = await self._http.call("POST", "/v1/commit", CommitRequest(ops=ops), CommitResponse)
-        return response.plans
+        request = CommitRequest(ops=ops, request_id=self.servers.request_id())
+        return (await self.servers.call("/v1/commit", request, CommitResponse)).plans
 
     async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
         check_delete(path, if_version, kind)
-        request = DeleteRequest(path=path, if_version=if_version, kind=kind)
-        return (await self._http.call("POST", "/v1/delete", request, DeleteResponse)).deleted
+        request = DeleteRequest(path=path, if_version=if_version, kind=kind, request_id=self.servers.request_id())
+        return (await self.servers.call("/v1/delete", request, DeleteResponse)).deleted
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
     ) -> tuple[list[BlobInfo], str | None]:
         check_list_args(prefix, start_after, limit)
         request = ListRequest(prefix=prefix, start_after=start_after, limit=limit)
-        response = await self._http.call("POST", "/v1/list", request, ListResponse)
+        response = await self.servers.call("/v1/list", request, ListResponse)
         return response.items, response.next_start_after
 
     def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
@@ -129,7 +145,7 @@ class HttpMetadataStore:
         check_cursor(start_after)
         check_limit(limit)
         request = ScanRequest(start_after=start_after, limit=limit)
-        response = await self._http.call("POST", "/v1/scan", request, ScanResponse)
+        response = await self.servers.call("/v1/scan", request, ScanResponse)
         return response.plans, response.next_start_after
 
     def iter_plans(self) -> AsyncIterator[ReadPlan]:
@@ -142,7 +158,7 @@ class HttpMetadataStore:
         if not ids:
             return [], None
         request = NamingRequest(block_ids=ids, start_after=start_after, limit=limit)
-        response = await self._http.call("POST", "/v1/naming", request, ScanResponse)
+        response = await self.servers.call("/v1/naming", request, ScanResponse)
         return response.plans, response.next_start_after
 
     def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
@@ -150,18 +166,18 @@ class HttpMetadataStore:
 
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         if ids := check_fence_ids(block_ids):
-            await self._http.call("POST", "/v1/fences", FenceRequest(action="add", block_ids=ids), FenceResponse)
+            await self.servers.call("/v1/fences", FenceRequest(action="add", block_ids=ids), FenceResponse)
 
     async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
         if ids := check_fence_ids(block_ids):
-            await self._http.call("POST", "/v1/fences", FenceRequest(action="remove", block_ids=ids), FenceResponse)
+            await self.servers.call("/v1/fences", FenceRequest(action="remove", block_ids=ids), FenceResponse)
 
     async def prune_fences(self, older_than: float) -> int:
         request = FenceRequest(action="prune", older_than=check_fence_age(older_than))
-        return (await self._http.call("POST", "/v1/fences", request, FenceResponse)).pruned
+        return (await self.servers.call("/v1/fences", request, FenceResponse)).pruned
 
     async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
-        response = await self._http.call("POST", "/v1/plans", GetPlansRequest(paths=paths), GetPlansResponse)
+        response = await self.servers.call("/v1/plans", GetPlansRequest(paths=paths), GetPlansResponse)
         if len(response.plans) != len(paths):
             raise Unavailable(f"{self!r} answered {len(response.plans)} plans for {len(paths)} paths")
         return [None if plan is None else checked_plan(plan, path) for plan, path in zip(response.plans, paths, strict=True)]

@@ -126,6 +126,13 @@ class TargetHealth:
         else:
             self._until[reason].pop(target, None)
 
+    def forget(self, target: str) -> None:
+        """Drop all that is known of ``target`` (no longer one: a node removed from a tier)."""
+        self._hung.pop(target, None)
+        self._answered_at.pop(target, None)
+        for timed in self._until.values():
+            timed.pop(target, None)
+
     def has(self, target: str, reason: Reason) -> bool:
         """Whether ``target`` is unhealthy for ``reason`` now."""
         if reason is _HUNG:

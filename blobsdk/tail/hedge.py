@@ -125,6 +125,10 @@ class LatencyTracker:
         self._targets: dict[str, _Window] = {}
         self._all = _Window(config.window)
 
+    def forget(self, target: str) -> None:
+        """Drop ``target``'s own window (no longer a target; the samples of all stay)."""
+        self._targets.pop(target, None)
+
     def record(self, target: str, seconds: float) -> None:
         window = self._targets.get(target)
         if window is None:

@@ -463,6 +463,11 @@ class LimiterRegistry:
             raise ValueError(f"the limiter of {key} was made with by_latency={limiter.by_latency}")
         return limiter
 
+    def forget(self, endpoint: str) -> None:
+        """Drop ``endpoint``'s limiter (a server no longer used; requests holding its permits
+        still return them to it).  A later :meth:`get` makes a new one."""
+        self._limiters.pop(endpoint.rstrip("/"), None)
+
     def has_room(self, endpoint: str) -> bool:
         """Whether ``endpoint`` would admit a request at once (one never used: yes)."""
         limiter = self._limiters.get(endpoint.rstrip("/"))

@@ -18,6 +18,20 @@ A node that fails with Unavailable (refused, timed out, 5xx) is marked down and 
 it had been removed.  Down and hung are kept in the tier's one
 :class:`~blobsdk.tail.health.TargetHealth`, which its hedger shares.
 
+The member set can change while reads run (:meth:`L3Tier.set_urls`, behind
+``Client.set_l3_urls``).  It is told, not discovered: whoever starts or stops a node (the
+job's launcher, an operator) knows it first, the nodes keep no list of members, and a
+client that polled one would add a service, a period and a failure mode to every job.  Two
+clients with different lists only place some chunks differently (extra misses), since any
+node reads any chunk through from L4 and every copy is verified.  It is one dict, replaced whole: each fetch takes the set of the
+moment it starts and keeps it, so a read that began on a node since removed still talks to
+that node's endpoint.  A removed endpoint is closed at once; a GET already running on it
+ends as it would have (rawget closes its connection when it ends), and one that would start
+on it is refused (Unavailable) and fails over to the next node or L4, without marking
+anything down.  Every copy is verified either way, so a change costs misses, never bytes.
+What the tier knew of a removed node (down, hung, its latency, its concurrency limit) is forgotten, so
+a node added again starts afresh.
+
 Each node is one :class:`~blobsdk.net.endpoint.Endpoint` (control requests, data GETs, its
 concurrency limit).  The wire, shared with ``servers/flash.py``, is in ``blobsdk/wire.py``.
 """
@@ -107,8 +121,10 @@ class L3Tier(KeepsNothing, Closing):
         self.node_fills = 0
         self.bad_copies_reported = 0
         self.limiters = limiters if limiters is not None else LimiterRegistry()
-        endpoints = (Endpoint(session, url, token, limiter=self.limiters.get(url), timeout=timeout, role=L3_NODE) for url in urls)
-        self._nodes = {e.base_url: e for e in endpoints}
+        self.nodes_added = 0
+        self.nodes_removed = 0
+        self._endpoint = partial(Endpoint, session, token=token, timeout=timeout, role=L3_NODE)
+        self._nodes = {url: self._new_endpoint(url) for url in dict.fromkeys(url.rstrip("/") for url in urls)}
         self._replicas = replicas
         hedge = hedge if hedge is not None else HedgeConfig()
         self.health = TargetHealth(hedge, clock, down_seconds=down_seconds)
@@ -120,20 +136,44 @@ class L3Tier(KeepsNothing, Closing):
     def urls(self) -> list[str]:
         return list(self._nodes)
 
+    def _new_endpoint(self, url: str) -> Endpoint:
+        return self._endpoint(url, limiter=self.limiters.get(url))
+
+    async def set_urls(self, urls: Sequence[str]) -> None:
+        """Make ``urls`` (checked by the caller) the nodes from now on: kept nodes keep their
+        endpoint and what the tier knows of them, new ones get an endpoint, removed ones are
+        forgotten and their endpoint closed (see the module docstring for reads in flight)."""
+        old = self._nodes
+        nodes = {url.rstrip("/"): old.get(url.rstrip("/")) for url in urls}
+        fresh = {url: endpoint if endpoint is not None else self._new_endpoint(url) for url, endpoint in nodes.items()}
+        removed = [endpoint for url, endpoint in old.items() if url not in fresh]
+        self._nodes = fresh  # one assignment: a fetch sees the old set or the new one, never a mix
+        self.nodes_added += sum(endpoint is None for endpoint in nodes.values())
+        self.nodes_removed += len(removed)
+        for endpoint in removed:
+            self.health.forget(endpoint.base_url)
+            self.hedger.latency.forget(endpoint.base_url)
+            self.limiters.forget(endpoint.base_url)
+            await endpoint.aclose()
+
     def candidates(self, key: str) -> list[str]:
         """The nodes to ask for ``key``, best first: the first ``replicas`` nodes in
         rendezvous order that are not marked down."""
-        up = [url for url in rank(key, self.urls) if not self.health.has(url, Reason.DOWN)]
+        return self._candidates(key, self._nodes)
+
+    def _candidates(self, key: str, nodes: dict[str, Endpoint]) -> list[str]:
+        up = [url for url in rank(key, list(nodes)) if not self.health.has(url, Reason.DOWN)]
         return up[: self._replicas]
 
     async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         begun = time.perf_counter()
+        nodes = self._nodes  # this read's member set, whatever set_urls does meanwhile
         try:
             raw = await self.hedger.run(
-                self.candidates(ref.key),
-                partial(self._fetch_from, ref, decode),
+                self._candidates(ref.key, nodes),
+                partial(self._fetch_from, nodes, ref, decode),
                 failover=cache_failover,
-                ready=self._has_room,
+                ready=lambda url: nodes[url].has_room,  # a hedge goes only to a node with a free slot
                 demand=demand,
             )
         except HedgeExhausted:
@@ -146,10 +186,6 @@ class L3Tier(KeepsNothing, Closing):
         """Nothing without a request: ask fetch."""
         return None
 
-    def _has_room(self, url: str) -> bool:
-        """A hedge goes only to a node whose concurrency limit has a free slot."""
-        return self._nodes[url].has_room
-
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing to do: the nodes fill themselves when they read a chunk through."""
 
@@ -160,7 +196,8 @@ class L3Tier(KeepsNothing, Closing):
         hedges = {f"hedge_{name}": value for name, value in self.hedger.stats().items()}
         down = self.health.count(Reason.DOWN)
         counts = {"node_hits": self.node_hits, "node_fills": self.node_fills, "bad_copies_reported": self.bad_copies_reported}
-        return {**counts, "nodes_down": down, **hedges}
+        members = {"nodes": len(self._nodes), "nodes_added": self.nodes_added, "nodes_removed": self.nodes_removed}
+        return {**counts, "nodes_down": down, **members, **hedges}
 
     async def node_stats(self) -> dict[str, object]:
         """Each node's own ``/stats`` (cache occupancy, tenants, jobs), or the error that
@@ -180,19 +217,24 @@ class L3Tier(KeepsNothing, Closing):
         for node in self._nodes.values():
             await node.aclose()
 
-    async def _fetch_from(self, ref: ChunkRef, decode: Decoder, url: str, attempt: Attempt) -> memoryview:
-        """The verified raw bytes from one node; a failure is counted (a node that is
-        Unavailable is marked down) and raised, so the hedger tries the next node."""
+    async def _fetch_from(
+        self, nodes: dict[str, Endpoint], ref: ChunkRef, decode: Decoder, url: str, attempt: Attempt
+    ) -> memoryview:
+        """The verified raw bytes from one of ``nodes``; a failure is counted (a node that is
+        Unavailable is marked down, if it is still a member) and raised, so the hedger tries
+        the next node."""
+        node = nodes[url]
         try:
-            stored, served_from = await self._get(url, ref, attempt)
+            stored, served_from = await self._get(node, ref, attempt)
             raw = await decode(ref, stored)
         except BadCopy:
             self.stats.corrupt += 1
-            await self._report_bad(url, ref)
+            await self._report_bad(node, ref)
             raise
         except Unavailable:
             self.stats.errors += 1
-            self.health.mark(url, Reason.DOWN)
+            if self._nodes.get(url) is node:  # a removed node's closed endpoint says nothing of its health
+                self.health.mark(url, Reason.DOWN)
             raise
         except BlobError:  # e.g. the node found every L4 copy bad: L4 will say so itself
             self.stats.errors += 1
@@ -201,22 +243,22 @@ class L3Tier(KeepsNothing, Closing):
         self._count_source(served_from)
         return raw
 
-    async def _get(self, url: str, ref: ChunkRef, attempt: Attempt) -> tuple[memoryview, str]:
+    async def _get(self, node: Endpoint, ref: ChunkRef, attempt: Attempt) -> tuple[memoryview, str]:
         """The node's copy of ``ref``'s stored bytes (exactly ``ref.length`` of them), and
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = self.buffers.take(ref.length)
         asked = {PROGRESS_HEADER: self._progress_ms, **({GRANT_HEADER: ref.grant} if ref.grant else {})}
-        headers = await self._nodes[url].get_into(route, buf, headers=asked, attempt=attempt)
+        headers = await node.get_into(route, buf, headers=asked, attempt=attempt)
         return buf, headers.get(CACHE_HEADER.lower(), "")
 
-    async def _report_bad(self, url: str, ref: ChunkRef) -> None:
+    async def _report_bad(self, node: Endpoint, ref: ChunkRef) -> None:
         """Tell the node its copy of ``ref`` came out bad (a failure to tell it is ignored:
         the read goes on elsewhere either way)."""
         route = f"/v1/chunks/{ref.key}/bad?{chunk_query(ref)}"
         grant = {GRANT_HEADER: ref.grant} if ref.grant else {}
         try:
-            await self._nodes[url].read("POST", route, headers={**self._nodes[url].control.headers, **grant})
+            await node.read("POST", route, headers={**node.control.headers, **grant})
         except BlobError:
             return
         self.bad_copies_reported += 1
@@ -245,7 +287,7 @@ class L3Tier(KeepsNothing, Closing):
         raises the node's error (e.g. Unavailable) if it cannot be asked."""
         if job.job_id is None:
             return HydrateStatus(job_id="", state="failed", total=job.total, failed=job.total, errors=[job.error or ""])
-        return await self._nodes[job.url].call("GET", f"/v1/hydrate/{job.job_id}", None, HydrateStatus)
+        return await self._node(job.url).call("GET", f"/v1/hydrate/{job.job_id}", None, HydrateStatus)
 
     async def wait_hydrated(self, jobs: Sequence[HydrateJob], poll_seconds: float = 0.2) -> list[HydrateStatus]:
         """Poll until every job finished; a node that cannot be asked fails its job."""
@@ -265,12 +307,19 @@ class L3Tier(KeepsNothing, Closing):
         Raises the node's error if it cannot be asked."""
         if job.job_id is None:
             return None
-        return await self._nodes[job.url].call("DELETE", f"/v1/hydrate/{job.job_id}", None, HydrateStatus)
+        return await self._node(job.url).call("DELETE", f"/v1/hydrate/{job.job_id}", None, HydrateStatus)
+
+    def _node(self, url: str) -> Endpoint:
+        """A member's endpoint; Unavailable for a node removed since (a job sent there is lost)."""
+        node = self._nodes.get(url)
+        if node is None:
+            raise Unavailable(f"{url}: no longer one of this client's L3 nodes")
+        return node
 
     async def _post_hydrate(self, url: str, body: HydrateRequest) -> HydrateJob:
         refs = tuple(body.refs)
         try:
-            status = await self._nodes[url].call("POST", "/v1/hydrate", body, HydrateStatus)
+            status = await self._node(url).call("POST", "/v1/hydrate", body, HydrateStatus)
         except BlobError as exc:
             return HydrateJob(url, None, refs, f"{url}: {type(exc).__name__}: {exc}")
         return HydrateJob(url, status.job_id, refs)

@@ -156,9 +156,12 @@ class L3Harness:
         self.faults.configure(CORRUPT_CHUNK_GETS)
 
 
+L3_MEMBERS = ("nodes", "nodes_added", "nodes_removed")  # L3's member set and how it changed
+
+
 class TestL3Tier(TierTests):
     name = "l3"
-    extra_keys = frozenset({"node_hits", "node_fills", "bad_copies_reported", "nodes_down"}) | HEDGE_KEYS
+    extra_keys = frozenset({"node_hits", "node_fills", "bad_copies_reported", "nodes_down", *L3_MEMBERS}) | HEDGE_KEYS
     extra_prefixes = ("hedge_",)
 
     @pytest.fixture

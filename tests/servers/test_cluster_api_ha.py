@@ -1,0 +1,89 @@
+"""``blobsdk-cluster --api-servers N`` (servers/cluster.py, servers/clusterplan.py): several
+API servers over one Redis, the cluster's own (``--metadata redis``: a primary and its
+replica) or one given; client.toml lists them all in ``api_urls``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import blobsdk
+from blobsdk.metadata.redis import RedisMetadataStore
+from servers.cluster import ClusterOptions, parse_args, start_cluster
+
+from ..helpers import until
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SMALL = {"block_servers": 1, "l3_nodes": 0, "trackers": 0, "startup_timeout": 120.0}  # a loaded machine starts slowly
+
+
+def replication(port: int) -> str:
+    done = subprocess.run(["redis-cli", "-p", str(port), "info", "replication"], capture_output=True, text=True, timeout=10)
+    return done.stdout
+
+
+async def replicated(store: RedisMetadataStore, path: str, *, version: int) -> bool:
+    """Whether ``path`` reaches ``version`` on the replica (replication is asynchronous)."""
+    for _ in range(600):
+        (plan,) = await store.get_plans([path])
+        if plan is not None and plan.version == version:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_two_api_servers_over_the_clusters_redis_and_its_replica(tmp_path):
+    async with start_cluster(tmp_path / "c", metadata="redis", api_servers=2, **SMALL) as cluster:
+        primary, replica = cluster.redis
+        apis = [p for p in cluster.processes if p.kind == "api"]
+        assert [p.name for p in apis] == ["api-0", "api-1"]
+        assert cluster.config is not None and cluster.config.api_urls == tuple(p.url for p in apis)
+        assert cluster.config.api_url is None
+        assert f"--metadata {primary.url}" in " ".join(apis[0].args)
+        async with blobsdk.Client(cluster.config) as client:
+            await client.put("/b/k", b"x" * 100)
+            apis[0].popen.kill()
+            apis[0].popen.wait()
+            await client.put("/b/k", b"y" * 100)  # api-1 takes it
+            assert await client.get("/b/k") == b"y" * 100
+        until(lambda: "master_link_status:up" in replication(replica.port), timeout=30)
+        async with RedisMetadataStore(replica.url) as on_replica:
+            assert await replicated(on_replica, "/b/k", version=2)
+    assert cluster.redis == []  # stopped with the cluster
+
+
+def test_several_api_servers_need_redis():
+    message = (
+        "several API servers share their store only in Redis: give --metadata redis://HOST:PORT/DB, "
+        "or --metadata redis (a Redis and its replica, started by the cluster)"
+    )
+    with pytest.raises(ValueError) as caught:
+        ClusterOptions(api_servers=2)
+    assert str(caught.value) == message
+    with pytest.raises(ValueError) as zero:
+        ClusterOptions(api_servers=0)
+    assert str(zero.value) == "api_servers must be at least 1, got 0"
+    with pytest.raises(ValueError) as hosts:
+        ClusterOptions(api_servers=2, metadata="redis", hosts=True)
+    assert str(hosts.value) == "--metadata redis starts Redis on this host's loopback, which testbed hosts cannot reach"
+    result = subprocess.run(
+        [sys.executable, "-m", "servers.cluster", "--dir", "d", "--api-servers", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stderr.strip().endswith(f"error: {message}")
+
+
+def test_the_command_takes_api_servers_and_own_redis():
+    _, options = parse_args(["--dir", "d", "--api-servers", "2", "--metadata", "redis"])
+    assert (options.api_servers, options.metadata) == (2, "redis")
+    _, default = parse_args(["--dir", "d"])
+    assert (default.api_servers, default.metadata) == (1, None)
