@@ -221,6 +221,12 @@ def server_json(url: str, route: str) -> Any:
         return json.loads(reply.read())
 
 
+def avoided(c: blobsdk.Client, tier: str = "l3") -> int:
+    """Reads that left a server of ``tier`` for another: hedges won, hung ones failed over."""
+    stats = c.stats()[tier]
+    return int(stats["hedge_hedges_won"] + stats["hedge_hung_failovers"] + stats["hedge_failovers"])
+
+
 # --- one block server ----------------------------------------------------------------------
 
 
@@ -251,8 +257,12 @@ async def test_a_partitioned_block_server_stalls_no_read_or_write_past_its_timeo
             work = Workload(c, "/part/block")
             await work.seed(3)
             async with running(work):
-                missed = lambda: len(store.under_replicated) > 0  # noqa: E731  # a lagging write to block-1 timed out
-                begun, ended = await partitioned(cluster, "block-1", work, until_also=missed)
+                before = avoided(c, "l4")
+
+                def met() -> bool:  # a lagging write to block-1 timed out, and a read left it for another
+                    return len(store.under_replicated) > 0 and avoided(c, "l4") > before
+
+                begun, ended = await partitioned(cluster, "block-1", work, until_also=met)
             assert work.wrong == [] and [op.error for op in work.ops if op.error] == []
             stall(work, begun, ended, BLOCK_BOUND_S)
             blocks = {b for p in work.acked for b in (await c._open.plans.get_plan(p)).block_ids()}
@@ -282,12 +292,6 @@ def served(url: str) -> int:
     """The chunk GETs an L3 node answered (from flash or read through)."""
     requests = server_json(url, "/stats")["requests"]
     return int(requests["hits"] + requests["misses"])
-
-
-def avoided(c: blobsdk.Client) -> int:
-    """Reads that left an L3 node for another: hedges won, hung ones failed over."""
-    stats = c.stats()["l3"]
-    return int(stats["hedge_hedges_won"] + stats["hedge_hung_failovers"] + stats["hedge_failovers"])
 
 
 async def test_a_partitioned_l3_node_costs_a_read_its_hang_deadline_then_the_other_node_serves(testbed_unavailable, tmp_path):
