@@ -14,15 +14,17 @@ Every test shows four things:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Any
@@ -47,8 +49,11 @@ from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier
 from servers._common import netns
 from servers.cluster import Cluster, start_cluster
+from servers.clusterplan import KINDS, ClusterOptions, Launch, with_service_token
+from servers.redisd import redis_server_path
 from servers.testbed import Link
 from tests.helpers import ROOT
+from tests.servers.test_testbed import connects
 
 CHUNK = 64 << 10
 BLOB = 2 * CHUNK + 1000  # three chunks, the last one short
@@ -563,4 +568,82 @@ async def test_a_partitioned_api_server_fails_operations_within_its_timeout_and_
                     assert bytes(await c.get(path)) == data
                     applied += 1
             print(f"{applied} of {len(work.unknown)} failed puts were applied")
+        await all_acked_read_back(config, work.acked)
+
+
+# --- one of two API servers ----------------------------------------------------------------
+
+
+FAILOVER_S = 1.0  # [timeouts] api_failover: an API server silent this long is left for the next
+API_PAIR_BOUND_S = SLACK * (FAILOVER_S + TIMEOUT_S)
+
+
+@asynccontextmanager
+async def two_api_servers(tmp_path: Any, testbed_unavailable: str | None) -> AsyncIterator[Cluster]:
+    """A cluster on hosts with two API servers (``api-0``, ``api-1``) over one Redis.  The
+    Redis runs in the root namespace, listening on every address, so the hosts reach it at
+    the testbed's driver address, known once the cluster has made its testbed: the API
+    servers' arguments are built then."""
+    if testbed_unavailable is not None:
+        pytest.skip(testbed_unavailable)
+    made: list[Cluster] = []
+    with redis_on_every_address(tmp_path) as port:
+
+        def api_args(launch: Launch, i: int) -> list[str]:
+            assert made[0].placement is not None
+            return ["--metadata", f"redis://{made[0].placement.testbed.driver_address}:{port}/0"]
+
+        kinds = tuple(dataclasses.replace(k, args=api_args) if k.name == "api" else k for k in KINDS)
+        metadata = f"redis://127.0.0.1:{port}/0"  # the API servers' own arguments name the driver's address instead
+        options = ClusterOptions(hosts=True, api_servers=2, metadata=metadata, block_servers=1, l3_nodes=0, trackers=0)
+        made.append(Cluster(tmp_path / "cluster", with_service_token(options), kinds=kinds))
+        async with made[0] as running:
+            yield running
+
+
+@contextmanager
+def redis_on_every_address(dir: Any) -> Iterator[int]:
+    """A redis-server of this test's (no persistence) on every address of the root namespace;
+    its port, once it accepts connections."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    argv = [redis_server_path(), "--port", str(port), "--bind", "0.0.0.0", "--protected-mode", "no"]
+    redis = subprocess.Popen([*argv, "--save", "", "--appendonly", "no", "--dir", str(dir)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        while not connects("127.0.0.1", port, 1.0):
+            assert redis.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        redis.kill()
+        redis.wait()
+
+
+async def test_with_one_of_two_api_servers_partitioned_puts_and_reads_go_on_through_the_other(testbed_unavailable, tmp_path):
+    """``api-0`` of two API servers over one Redis cut off (both ways) while a client of both
+    (``api_urls``) puts and reads (every read asks for the plan: no plan cache).
+
+    Bound: ``SLACK x (api_failover + TIMEOUT_S)`` = 6 s.  A call to the silent server is left
+    for the other once it has been silent ``[timeouts] api_failover`` (FAILOVER_S), and the
+    other answers it well within TIMEOUT_S; a connect to it fails at TIMEOUT_S.  No operation
+    fails.  Recovery: after the heal, a client given only ``api-0`` puts through it."""
+    async with two_api_servers(tmp_path, testbed_unavailable) as cluster:
+        config = cluster.config
+        assert config is not None and len(config.api_urls) == 2
+        timeouts = msgspec.structs.replace(TIMEOUTS, api_failover=FAILOVER_S)
+        config = small_timeouts(config, timeouts=timeouts, read=ReadConfig(plan_cache_ttl_seconds=0))
+        async with blobsdk.Client(config) as c:
+            work = Workload(c, "/part/apis")
+            await work.seed(3)
+            async with running(work):
+                begun, ended = await partitioned(cluster, "api-0", work)
+            assert work.wrong == [] and [op.error for op in work.ops if op.error] == []
+            stall(work, begun, ended, API_PAIR_BOUND_S)
+        alone = msgspec.structs.replace(config, api_urls=(), api_url=url_of(cluster, "api-0"))
+        async with blobsdk.Client(alone) as c:
+            data = os.urandom(BLOB)
+            await c.put("/part/apis/after", data)
+            work.acked["/part/apis/after"] = data
         await all_acked_read_back(config, work.acked)
