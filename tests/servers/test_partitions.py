@@ -542,8 +542,8 @@ async def test_a_partitioned_api_server_fails_operations_within_its_timeout_and_
     testbed_unavailable, tmp_path, direction
 ):
     """The one API server cut off while a client puts and reads (every read asks it for the
-    plan: no plan cache).  Another helper is adding a client of several API servers; with one,
-    the metadata has no other way.
+    plan: no plan cache).  With one API server the metadata has no other way (two: the last
+    test).
 
     Bound: ``SLACK x 2 x TIMEOUT_S`` = 6 s for each operation, failed or not.  Each makes one
     call to the API server (a plan lookup, or a put's commit after its blocks are written to
