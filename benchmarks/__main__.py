@@ -31,9 +31,10 @@ BENCHMARKS = {
     "get_into": "benchmarks.get_into",
     "scale": "benchmarks.scale",
     "swarm_sim": "benchmarks.swarm_sim",
+    "l3": "benchmarks.l3",
 }
 # The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
-ON_HOSTS: tuple[str, ...] = ()
+ON_HOSTS: tuple[str, ...] = ("l3",)
 
 
 def main(argv: list[str] | None = None) -> int:

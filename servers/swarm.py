@@ -38,9 +38,10 @@ import blobsdk
 from blobsdk.cli.parser import ArgumentParser
 from blobsdk.config import ClientConfig
 
-from ._common import prog
+from ._common import netns, prog
 from ._common.metrics import sample_sum
 from .cluster import ROOT, start_cluster
+from .clusterhosts import ClientHost
 
 DEPTH = 8  # a reader's reads in flight ahead of its consumer
 BLOB_MB = 8
@@ -64,22 +65,28 @@ class Read:
         return self.bytes / self.seconds / 1e6
 
 
-class Readers:
-    """``count`` reader processes over ``config`` (``async with``: started and ready on entry,
-    told to exit and reaped on exit)."""
+@dataclass(frozen=True)
+class ReaderJob:
+    """One reader process: the paths it reads (path -> xxh3-64 hex digest), its client config,
+    and the testbed host it runs in (servers/clusterhosts.py; None: this process's own)."""
 
-    def __init__(self, config: ClientConfig, digests: dict[str, str], count: int, dir: Path) -> None:
-        self._config, self._digests, self._count, self._dir = config, digests, count, dir
+    digests: dict[str, str]
+    config: ClientConfig
+    host: ClientHost | None = None
+
+
+class Readers:
+    """A reader process per job (``async with``: started and ready on entry, told to exit and
+    reaped on exit); reader ``i`` keeps its client.toml and paths in ``dir/reader-i``."""
+
+    def __init__(self, jobs: Sequence[ReaderJob], dir: Path) -> None:
+        self._jobs, self._dir = list(jobs), dir
         self._procs: list[asyncio.subprocess.Process] = []
 
     async def __aenter__(self) -> Readers:
-        self._dir.mkdir(parents=True, exist_ok=True)
-        config, paths = self._dir / "client.toml", self._dir / "paths.json"
-        config.write_text(self._config.to_toml())
-        paths.write_text(json.dumps(self._digests))
         try:
-            for _ in range(self._count):
-                self._procs.append(await _start_reader(config, paths))
+            for i, job in enumerate(self._jobs):
+                self._procs.append(await _start_reader(job, self._dir / f"reader-{i}"))
             for proc in self._procs:
                 if await _line(proc, 60) != "ready":
                     raise RuntimeError("a reader process did not start: see its stderr above")
@@ -89,7 +96,7 @@ class Readers:
         return self
 
     async def read(self) -> list[Read]:
-        """Every reader reads the whole dataset, all starting together; what each reported."""
+        """Every reader reads its paths, all starting together; what each reported."""
         for proc in self._procs:
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
@@ -110,8 +117,21 @@ class Readers:
         self._procs.clear()
 
 
-async def _start_reader(config: Path, paths: Path) -> asyncio.subprocess.Process:
+def _write_job(job: ReaderJob, dir: Path) -> tuple[Path, Path]:
+    """The reader's client.toml and PATHS_JSON, written in ``dir``."""
+    dir.mkdir(parents=True, exist_ok=True)
+    config, paths = dir / "client.toml", dir / "paths.json"
+    config.write_text(job.config.to_toml())
+    paths.write_text(json.dumps(job.digests))
+    return config, paths
+
+
+async def _start_reader(job: ReaderJob, dir: Path) -> asyncio.subprocess.Process:
+    config, paths = _write_job(job, dir)
+    # `ip netns exec` runs the reader in the host's namespace (it keeps the process's pid).
+    within = () if job.host is None else (netns.IP, "netns", "exec", job.host.host.namespace)
     return await asyncio.create_subprocess_exec(
+        *within,
         sys.executable,
         "-m",
         f"{__package__}.swarm",
@@ -156,7 +176,7 @@ def origin_bytes(block_urls: Sequence[str]) -> int:
 async def read_together(config: ClientConfig, digests: dict[str, str], count: int, dir: Path) -> tuple[list[Read], int]:
     """``count`` readers read the dataset together: what each reported, and the bytes the
     origin served meanwhile.  RuntimeError if any reader got a wrong byte."""
-    async with Readers(config, digests, count, dir) as readers:
+    async with Readers([ReaderJob(digests, config)] * count, dir) as readers:
         before = origin_bytes(config.block_urls)
         reads = await readers.read()
         served = origin_bytes(config.block_urls) - before
