@@ -13,7 +13,7 @@ from pathlib import Path
 from blobsdk.config import ClientConfig
 from servers.cluster import Cluster
 from servers.clusterhosts import ClientHost
-from servers.swarm import Read, ReaderJob, Readers, origin_bytes
+from servers.swarm import Read, ReaderJob, Readers, check_reads, origin_bytes
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -77,11 +77,12 @@ async def run_job(
     config_of: Callable[[ClientHost], ClientConfig],
     epochs: int,
     dir: Path,
+    whole: bool = False,
 ) -> list[Epoch]:
     """Each host reads one shard per epoch, all hosts together (host ``i``: shard ``i + e``
-    in epoch ``e``, so no host reads in epoch 2 what its own caches kept from epoch 1).
-    RuntimeError if any reader got a wrong byte."""
-    parts = shards(sorted(digests), len(hosts))
+    in epoch ``e``, so no host reads in epoch 2 what its own caches kept from epoch 1); with
+    ``whole``, every host reads every path.  RuntimeError if any reader got a wrong byte."""
+    parts = [sorted(digests)] * len(hosts) if whole else shards(sorted(digests), len(hosts))
     done = []
     for e in range(epochs):
         jobs = [
@@ -98,10 +99,7 @@ async def _epoch(cluster: Cluster, jobs: list[ReaderJob], dir: Path) -> Epoch:
         reads = await readers.read()
         origin, cpu = origin_bytes(cluster.config.block_urls) - origin, _servers_cpu_s(cluster) - cpu
         busy = _busy_since(stat)
-    wrong = [path for read in reads for path in read.wrong]
-    if wrong:
-        raise RuntimeError(f"readers got wrong bytes for {len(wrong)} blobs, e.g. {wrong[0]}")
-    return Epoch(reads=reads, origin_bytes=origin, servers_cpu_s=cpu, busy=busy)
+    return Epoch(reads=check_reads(reads), origin_bytes=origin, servers_cpu_s=cpu, busy=busy)
 
 
 def _bytes_per_s(mbit: float) -> float:

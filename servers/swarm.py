@@ -180,10 +180,15 @@ async def read_together(config: ClientConfig, digests: dict[str, str], count: in
         before = origin_bytes(config.block_urls)
         reads = await readers.read()
         served = origin_bytes(config.block_urls) - before
+    return check_reads(reads), served
+
+
+def check_reads(reads: list[Read]) -> list[Read]:
+    """``reads``, or RuntimeError if any reader got a wrong byte."""
     wrong = [path for read in reads for path in read.wrong]
     if wrong:
         raise RuntimeError(f"readers got wrong bytes for {len(wrong)} blobs, e.g. {wrong[0]}")
-    return reads, served
+    return reads
 
 
 # --- the reader process -------------------------------------------------------------------------
