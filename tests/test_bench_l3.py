@@ -13,14 +13,17 @@ from benchmarks import l3
 from servers.swarm import Read, check_reads
 
 HOSTS = 3
-RUNS = {"l3": 2, "no_l3": 2, "l3_whole": 1, "no_l3_whole": 1}  # run -> its epochs
+# Three of the benchmark's five runs (benchmarks.l3.JOBS; each epoch starts a reader process
+# per host): run -> its epochs.
+RUNS = {"l3": 2, "no_l3": 2, "no_l3_whole": 1}
 PER_EPOCH = ("s", "host_mb_s", "l3_chunk_share", "floor_link_s", "floor_origin_s", "floor_cpu_s", "cpu_s_per_GB")
 
 
 def test_each_job_and_epoch_is_reported_and_every_byte_was_read(testbed_unavailable: str | None) -> None:
     if testbed_unavailable is not None:
         pytest.skip(testbed_unavailable)
-    report = asyncio.run(l3.run(quick=True, hosts=HOSTS))
+    jobs = [job for job in l3.JOBS if job[0] in RUNS]
+    report = asyncio.run(l3.run(quick=True, hosts=HOSTS, jobs=jobs))
     assert not report.failed
     keys = [f"{run}_e{e}" for run, epochs in RUNS.items() for e in range(1, epochs + 1)]
     for key in keys:
@@ -32,17 +35,17 @@ def test_each_job_and_epoch_is_reported_and_every_byte_was_read(testbed_unavaila
         assert report.goals[f"{run}_time_vs_bound_{e}"] == f"bound: {report.details[key]['bound']}"
         got = report.details[key]["bytes"]  # each host's bytes, every blob's digest checked
         if "whole" in run:  # every host read the whole (second) dataset
-            assert got == [report.details["whole_dataset_bytes"]] * HOSTS
+            assert got == [report.details["dataset_bytes"]["whole"]] * HOSTS
         else:  # the hosts' shards make up the dataset once
-            assert len(got) == HOSTS and sum(got) == report.details["dataset_bytes"]
+            assert len(got) == HOSTS and sum(got) == report.details["dataset_bytes"]["sharded"]
     assert ("l3_e1_floor_l3_uplink_s" in report.metrics, "no_l3_e1_floor_l3_uplink_s" in report.metrics) == (True, False)
-    # Epoch 2 reads shards other hosts read in epoch 1: L3 serves them all, the origin nothing
-    # (no timing decides that: the L3 nodes hold the whole dataset after epoch 1).
-    assert report.metrics["l3_e2_l3_chunk_share"] == 1.0
-    assert report.ratios["l3_origin_per_dataset_byte_e2"] < 0.1
+    # Without L3 every chunk a host reads comes from the origin (hedges only add to it).
     assert report.metrics["no_l3_e2_l3_chunk_share"] == 0.0
     assert report.ratios["no_l3_origin_per_dataset_byte_e2"] >= 1.0
     assert report.ratios["no_l3_whole_origin_per_dataset_byte_e1"] >= HOSTS
+    assert set(report.details["rates_mbit"]) == {"host", "origin", "l3", "l3_nodes"}
+    assert set(report.details["dataset_bytes"]) == {"sharded", "whole"}  # only the datasets the runs read
+    assert "l3_e2_speedup" in report.ratios and "l3_patient_e2_speedup" not in report.ratios
 
 
 def test_a_wrong_byte_stops_the_run() -> None:
