@@ -40,7 +40,7 @@ Every host checks every blob's digest (a wrong byte fails the run).  Per run and
 - ``l3_e2_speedup``: no_l3's epoch 2 time ÷ l3's.
 
 ``*_l3_chunk_share`` is the share of chunks L3 served, ``*_l4_hedges`` the hedged reads the
-clients sent to the origin.  ``--quick`` reads 32 MiB (and 8 MiB) instead of 256 MiB (and 64).
+clients sent to the origin.  ``--quick`` reads 24 MiB (and 8 MiB) instead of 256 MiB (and 64).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 async def run(quick: bool = False, hosts: int = HOSTS, jobs: Sequence[tuple[str, bool, int]] = JOBS) -> Report:
     """The runs of ``jobs`` (all of them by default; the speedups need their runs)."""
     report = Report("l3")
-    size_mb = 32 if quick else 256
+    size_mb = 24 if quick else 256
     with tempfile.TemporaryDirectory(prefix="bench-l3-") as tmp:
         root = Path(tmp)
         async with start_cluster(root / "cluster", **_cluster_options()) as cluster:

@@ -13,9 +13,9 @@ from benchmarks import l3
 from servers.swarm import Read, check_reads
 
 HOSTS = 3
-# Three of the benchmark's five runs (benchmarks.l3.JOBS; each epoch starts a reader process
-# per host): run -> its epochs.
-RUNS = {"l3": 2, "no_l3": 2, "no_l3_whole": 1}
+# Two of the benchmark's five runs (benchmarks.l3.JOBS; each epoch starts a reader process
+# per host, seconds on a loaded machine): run -> its epochs.
+RUNS = {"l3": 2, "no_l3_whole": 1}
 PER_EPOCH = ("s", "host_mb_s", "l3_chunk_share", "floor_link_s", "floor_origin_s", "floor_cpu_s", "cpu_s_per_GB")
 
 
@@ -38,14 +38,13 @@ def test_each_job_and_epoch_is_reported_and_every_byte_was_read(testbed_unavaila
             assert got == [report.details["dataset_bytes"]["whole"]] * HOSTS
         else:  # the hosts' shards make up the dataset once
             assert len(got) == HOSTS and sum(got) == report.details["dataset_bytes"]["sharded"]
-    assert ("l3_e1_floor_l3_uplink_s" in report.metrics, "no_l3_e1_floor_l3_uplink_s" in report.metrics) == (True, False)
+    assert "l3_e1_floor_l3_uplink_s" in report.metrics and "no_l3_whole_e1_floor_l3_uplink_s" not in report.metrics
     # Without L3 every chunk a host reads comes from the origin (hedges only add to it).
-    assert report.metrics["no_l3_e2_l3_chunk_share"] == 0.0
-    assert report.ratios["no_l3_origin_per_dataset_byte_e2"] >= 1.0
+    assert report.metrics["no_l3_whole_e1_l3_chunk_share"] == 0.0
     assert report.ratios["no_l3_whole_origin_per_dataset_byte_e1"] >= HOSTS
     assert set(report.details["rates_mbit"]) == {"host", "origin", "l3", "l3_nodes"}
     assert set(report.details["dataset_bytes"]) == {"sharded", "whole"}  # only the datasets the runs read
-    assert "l3_e2_speedup" in report.ratios and "l3_patient_e2_speedup" not in report.ratios
+    assert not any(ratio.endswith("speedup") for ratio in report.ratios)  # no no_l3 run to compare with
 
 
 def test_a_wrong_byte_stops_the_run() -> None:
