@@ -12,21 +12,22 @@ The job is data-parallel: each epoch reads the whole dataset once across the hos
 host its shard (the dataset dealt round-robin), as a job whose sampler splits the dataset
 by rank does.  Epoch ``e`` gives host ``i`` shard ``i + e``: the reshuffle between epochs
 means a host reads in epoch 2 what other hosts read in epoch 1, so its own L1 and L2 have
-none of it and every chunk comes from L3 or the origin.  Two epochs, twice, in one run:
+none of it and every chunk comes from L3 or the origin.  Two epochs, three ways, in one run
+(each run with L3 on a dataset of its own, so its epoch 1 finds L3 cold):
 
 - ``l3``: the clients name the L3 nodes;
 - ``l3_patient``: the same, the clients' hedging off and a node hung only after 30 s in
   service: a client whose link is full takes more than the default 1 s hang deadline for
   every chunk in flight, calls the L3 node that holds it hung, and fails the read over to
-  the other node, which reads it from the origin (``*_l3_hung_failovers``,
+  the other node, which reads it from the origin, or to the origin itself (``*_l3_hung_failovers``,
   ``*_l3_hedges_won``, ``*_l3_node_fills``: chunks a node read through from the origin);
 - ``no_l3``: the same job without them (``l3_urls`` removed; fresh L2 directories).
 
 Some jobs read everything on every host (evaluation, a small dataset each rank shuffles
-alone): ``l3_whole`` and ``no_l3_whole`` are one epoch of every host reading a second,
-4x smaller dataset, all in the same order at once, so the L3 nodes see the hosts' misses
-of a chunk together (a node reads a chunk from the origin once for all of them: about 1
-origin byte per dataset byte, against about N without L3).
+alone): ``l3_whole``, ``l3_whole_patient`` and ``no_l3_whole`` are one epoch of every host
+reading a 4x smaller dataset, all in the same order at once, so the L3 nodes see the hosts'
+misses of a chunk together (a node reads a chunk from the origin once for all of them: about
+1 origin byte per dataset byte, against about N without L3).
 
 Every host checks every blob's digest (a wrong byte fails the run).  Per run and epoch:
 
@@ -37,7 +38,10 @@ Every host checks every blob's digest (a wrong byte fails the run).  Per run and
   (``*_floor_{link,l3_uplink,origin,cpu}_s``: its bytes over the host links, the L3
   uplinks, the origin link; the CPU every reader and server spent ÷ the cores), with the
   bound named in the goal column; ``*_busy`` is the machine's busy share meanwhile.
-- ``l3_e2_speedup``: no_l3's epoch 2 time ÷ l3's.
+- ``l3_e2_speedup``, ``l3_patient_e2_speedup``: no_l3's epoch 2 time ÷ that run's.
+
+Every run's clients wait up to 120 s for a server (``TIMEOUTS``): with the defaults (30 s)
+8 hosts' reads queued at the saturated origin fail without L3.
 
 ``*_l3_chunk_share`` is the share of chunks L3 served, ``*_l4_hedges`` the hedged reads the
 clients sent to the origin.  ``--quick`` reads 24 MiB (and 8 MiB) instead of 128 MiB (and 32).
