@@ -102,6 +102,8 @@ from .clusterplan import (
     KINDS,
     METADATA_FOR_SEVERAL,
     OWN_REDIS,
+    REDIS_HOSTS,
+    SEAWEEDFS_HOST,
     ClusterOptions,
     Launch,
     ServerKind,
@@ -110,6 +112,7 @@ from .clusterplan import (
     lacking,
     launch_table,
     server_name,
+    service_hosts,
     with_service_token,
 )
 from .redisd import RedisServer
@@ -242,8 +245,9 @@ class Cluster:
         port_file = self.dir / "run" / "seaweedfs.port"
         port = self._port(port_file, "SeaweedFS")
         self.report(f"starting SeaweedFS (L4) in {self.dir / 'seaweedfs'}")
+        address, namespace = self._service_host(*SEAWEEDFS_HOST)
         try:
-            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs", port)
+            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs", port, address, namespace)
         except (OSError, RuntimeError) as exc:  # weed missing or not answering; its log says why
             raise ClusterError(f"SeaweedFS did not start: {exc}") from exc
         port_file.write_text(str(self.seaweed.port))
@@ -252,13 +256,32 @@ class Cluster:
 
     def _start_redis(self) -> None:
         self.report(f"starting Redis (metadata) and its replica in {self.dir / 'redis'}")
+        on, replica_on = (self._service_host(*host) for host in REDIS_HOSTS)
         try:
-            primary = self._started_redis(RedisServer(self.dir / "redis" / "primary", durable=True))
-            replica = self._started_redis(RedisServer(self.dir / "redis" / "replica", durable=True, replica_of=primary.port))
+            primary = RedisServer(self.dir / "redis" / "primary", durable=True, address=on[0], namespace=on[1])
+            self._started_redis(primary)
+            replica = self._started_redis(
+                RedisServer(
+                    self.dir / "redis" / "replica",
+                    durable=True,
+                    replica_of=primary.port,
+                    primary_address=primary.address,
+                    address=replica_on[0],
+                    namespace=replica_on[1],
+                )
+            )
         except (OSError, RuntimeError) as exc:  # redis-server missing or not answering; its log says why
             raise ClusterError(f"Redis did not start: {exc}") from exc
         self.options = dataclasses.replace(self.options, metadata=primary.url)
         self.report(f"Redis ready at {primary.url}, its replica at {replica.url}")
+
+    def _service_host(self, name: str, kind: str) -> tuple[str, str | None]:
+        """(address, namespace) a third-party server binds: its own testbed host's, with
+        ``hosts`` (made the first time), else loopback in this namespace."""
+        if self.placement is None:
+            return HOST, None
+        host = self.placement.host_of(name, kind)
+        return host.address, host.namespace
 
     def _started_redis(self, server: RedisServer) -> RedisServer:
         self.redis.append(server)  # first: stop() stops it whatever happens next
@@ -540,7 +563,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         hosts=args.hosts,
         links=links,
     )
-    check_links(parser, options, launch_table(options), KINDS)
+    table = [*launch_table(options), *service_hosts(options)]
+    check_links(parser, options, table, [*(kind.name for kind in KINDS), *(kind for _, kind in service_hosts(options))])
     return args.dir, with_service_token(options), not args.no_restart
 
 
