@@ -63,7 +63,9 @@ Tests and benchmarks use the same machinery in-process::
         async with blobsdk.Client(cluster.config) as c: ...
 
 With ``--hosts`` (``hosts=True``) each server runs in a testbed host of its own, with the
-link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py).
+link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py); so do
+its Redis primary and replica (hosts ``redis``, ``redis-replica``) and SeaweedFS
+(``seaweedfs``).
 
 What a cluster starts (its options, kinds of server, launch table, client.toml, and what the
 environment needs for the options) is servers/clusterplan.py.
