@@ -133,6 +133,12 @@ async def test_a_cancelled_chaos_leaves_no_server_stopped_and_every_clock_at_zer
         await server.wait()
 
 
+async def test_the_soak_on_hosts_has_no_redis_s3_form():
+    with pytest.raises(ValueError) as caught:
+        await soak.run(duration=1, redis_s3=True, hosts=2)
+    assert str(caught.value) == "the soak on hosts has no --redis-s3 form: its Redis and moto listen on loopback"
+
+
 def _shapes(qdiscs: tuple[str, str]) -> list[str]:
     """``tc qdisc show`` lines without their handles (a qdisc put back gets a new one)."""
     return [re.sub(r" [0-9a-f]+: ", " ", side) for side in qdiscs]
