@@ -37,6 +37,7 @@ benchmarks/_hedging_inproc.py): the SDK's own CPU per read, steadier than the ro
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -80,7 +81,18 @@ POLICIES = {
 }
 
 
-async def run(quick: bool = False) -> Report:
+def options(args: argparse.Namespace) -> dict[str, object]:
+    """``--hosts N``: run on a testbed of N block-server hosts (benchmarks/_hedging_hosts.py)."""
+    if args.hosts is not None and args.hosts < 2:
+        raise SystemExit(f"python -m benchmarks: error: hedging --hosts needs at least 2 block servers, got {args.hosts}")
+    return {} if args.hosts is None else {"hosts": args.hosts}
+
+
+async def run(quick: bool = False, hosts: int | None = None) -> Report:
+    if hosts is not None:
+        from ._hedging_hosts import FULL, QUICK, run_on_hosts  # it imports this module
+
+        return await run_on_hosts(hosts, POLICIES, QUICK if quick else FULL)
     batches = 200 if quick else 1000
     report = Report("hedging")
     with tempfile.TemporaryDirectory(prefix="bench-hedging-") as tmp:

@@ -22,6 +22,9 @@ server's sends included), and ``peers_cpu_vs_floor`` the peers run's against the
 xxh3 floor measured in the same run (benchmarks/_cpu.py; goal <= 1.5, issue 26);
 ``*_reader_faults_per_GB`` the median reader's minor page faults per GB it read.
 ``--quick`` reads 128 MiB instead of 512 MiB.
+
+``--hosts N``: N readers, each in a host of its own on a testbed of emulated links, with the
+link-rate bounds and ``swarm_sim`` at the same N and rates (benchmarks/_p2p_hosts.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -42,7 +46,16 @@ READERS = 8
 ORIGIN_MBPS = 120.0  # aggregate over the 2 block servers
 
 
-async def run(quick: bool = False) -> Report:
+def options(args: Any) -> dict[str, Any]:
+    """``--hosts N``: on a testbed of N client hosts (absent: loopback)."""
+    return {"hosts": args.hosts}
+
+
+async def run(quick: bool = False, hosts: int | None = None) -> Report:
+    if hosts is not None:
+        from ._p2p_hosts import run_on_hosts  # it imports run_metrics from here
+
+        return await run_on_hosts(hosts, quick)
     report = Report("p2p")
     size_mb = 128 if quick else 512
     with tempfile.TemporaryDirectory(prefix="bench-p2p-") as tmp:
@@ -60,7 +73,7 @@ async def run(quick: bool = False) -> Report:
                 "no_peers": await read_together(no_peers, digests, READERS, root / "no_peers"),
             }
     for name, (reads, served) in runs.items():
-        _run_metrics(report, name, reads, served, dataset)
+        run_metrics(report, name, reads, served, dataset)
     single = runs["single"][0][0].seconds
     report.ratios["origin_egress"] = runs["peers"][1] / dataset
     report.ratios["origin_egress_no_peers"] = runs["no_peers"][1] / dataset
@@ -78,7 +91,7 @@ async def run(quick: bool = False) -> Report:
     return report
 
 
-def _run_metrics(report: Report, name: str, reads: list[Read], served: int, dataset: int) -> None:
+def run_metrics(report: Report, name: str, reads: list[Read], served: int, dataset: int) -> None:
     report.metrics[f"{name}_slowest_s"] = max(r.seconds for r in reads)
     report.metrics[f"{name}_median_mb_s"] = median([r.mb_per_s for r in reads])
     report.metrics[f"{name}_slowest_mb_s"] = min(r.mb_per_s for r in reads)

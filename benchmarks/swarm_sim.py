@@ -168,6 +168,27 @@ def p2p_params(hosts: int) -> Params:
     )
 
 
+def link_params(hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: float, peers: bool = True) -> Params:
+    """The p2p benchmark on a testbed of hosts (``python -m benchmarks p2p --hosts N``), its
+    links taken as they are: each host's up and down link ``host_Bps``, the origin's uplink
+    ``origin_Bps`` (bytes/s of payload), the SDK's 4 MiB chunks, p2p's read-ahead and seek,
+    and a 4 MiB send taken whole by the kernel (its default largest send buffer).  No CPU is
+    modelled: where the machine's cores, not the links, bound the real run, the simulation is
+    faster than it."""
+    return Params(
+        hosts=hosts,
+        blob_bytes=dataset_bytes,
+        readahead=P2P_READAHEAD,
+        origin_Bps=origin_Bps,
+        origin_latency_s=P2P_SEEK_S,
+        down_Bps=host_Bps,
+        up_Bps=host_Bps,
+        sndbuf_bytes=REAL_CHUNK,
+        peers=peers,
+        seed=hosts,
+    )
+
+
 def validation(report: Report, measured: dict[str, float]) -> None:
     """The real p2p benchmark's run, simulated.  Calibration: on this 2-core machine the
     readers' CPU, not their links, bounds the real run, so every peer send shares one pool

@@ -13,7 +13,9 @@ maps each path to the xxh3-64 hex digest of its bytes): it opens a client, print
 ``ready``, waits for a line on stdin, reads every path in order (``readahead``, as a
 dataloader would), checks every digest, prints one JSON line (its seconds, bytes, wrong
 paths, per-tier chunk hits, its peer tier's stats, its CPU seconds) and keeps its client
-open, still serving its peers, until stdin says ``exit`` or closes.  :class:`Readers` drives a set of them.
+open, still serving its peers, until stdin says ``exit`` or closes.  :class:`Readers` drives a set of them,
+in the root namespace, or each in a client host of a cluster on hosts (servers/clusterhosts.py:
+its own address, link, L2 directory and peer server).
 """
 
 from __future__ import annotations
@@ -32,15 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import xxhash
 
 import blobsdk
 from blobsdk.cli.parser import ArgumentParser
-from blobsdk.config import ClientConfig
+from blobsdk.config import ClientConfig, L2Config
 
-from ._common import prog
+from ._common import netns, prog
 from ._common.metrics import sample_sum
 from .cluster import ROOT, start_cluster
+from .clusterhosts import ClientHost
 
 DEPTH = 8  # a reader's reads in flight ahead of its consumer
 BLOB_MB = 8
@@ -66,20 +70,29 @@ class Read:
 
 class Readers:
     """``count`` reader processes over ``config`` (``async with``: started and ready on entry,
-    told to exit and reaped on exit)."""
+    told to exit and reaped on exit).  With ``hosts`` (at least ``count``), reader ``i`` runs
+    in ``hosts[i]``, with ``config`` but that host's peer server (on its address) and an L2
+    directory of its own under ``dir``."""
 
-    def __init__(self, config: ClientConfig, digests: dict[str, str], count: int, dir: Path) -> None:
+    def __init__(
+        self, config: ClientConfig, digests: dict[str, str], count: int, dir: Path, hosts: Sequence[ClientHost] = ()
+    ) -> None:
+        if hosts and len(hosts) < count:
+            raise ValueError(f"{count} readers need {count} client hosts, got {len(hosts)}")
         self._config, self._digests, self._count, self._dir = config, digests, count, dir
+        self._hosts = list(hosts)
         self._procs: list[asyncio.subprocess.Process] = []
 
     async def __aenter__(self) -> Readers:
         self._dir.mkdir(parents=True, exist_ok=True)
-        config, paths = self._dir / "client.toml", self._dir / "paths.json"
-        config.write_text(self._config.to_toml())
+        paths = self._dir / "paths.json"
         paths.write_text(json.dumps(self._digests))
+        if not self._hosts:
+            (self._dir / "client.toml").write_text(self._config.to_toml())
         try:
-            for _ in range(self._count):
-                self._procs.append(await _start_reader(config, paths))
+            for i in range(self._count):
+                config, prefix = self._place(i)
+                self._procs.append(await _start_reader(config, paths, prefix))
             for proc in self._procs:
                 if await _line(proc, 60) != "ready":
                     raise RuntimeError("a reader process did not start: see its stderr above")
@@ -87,6 +100,18 @@ class Readers:
             await self.__aexit__(None, None, None)
             raise
         return self
+
+    def _place(self, i: int) -> tuple[Path, list[str]]:
+        """Reader ``i``'s client.toml, and the argv prefix that runs it in its host."""
+        if not self._hosts:
+            return self._dir / "client.toml", []
+        host = self._hosts[i]
+        dir = self._dir / host.host.name
+        (dir / "l2").mkdir(parents=True, exist_ok=True)
+        own = msgspec.structs.replace(self._config, peer=host.config.peer, l2=L2Config(dir=str(dir / "l2")))
+        path = dir / "client.toml"
+        path.write_text(own.to_toml())
+        return path, [netns.IP, "netns", "exec", host.host.namespace]
 
     async def read(self) -> list[Read]:
         """Every reader reads the whole dataset, all starting together; what each reported."""
@@ -110,8 +135,10 @@ class Readers:
         self._procs.clear()
 
 
-async def _start_reader(config: Path, paths: Path) -> asyncio.subprocess.Process:
+async def _start_reader(config: Path, paths: Path, prefix: Sequence[str] = ()) -> asyncio.subprocess.Process:
+    # In a host: ``ip netns exec`` execs the reader in place, so the pid and pipes are its own.
     return await asyncio.create_subprocess_exec(
+        *prefix,
         sys.executable,
         "-m",
         f"{__package__}.swarm",
@@ -153,10 +180,13 @@ def origin_bytes(block_urls: Sequence[str]) -> int:
     return total
 
 
-async def read_together(config: ClientConfig, digests: dict[str, str], count: int, dir: Path) -> tuple[list[Read], int]:
-    """``count`` readers read the dataset together: what each reported, and the bytes the
-    origin served meanwhile.  RuntimeError if any reader got a wrong byte."""
-    async with Readers(config, digests, count, dir) as readers:
+async def read_together(
+    config: ClientConfig, digests: dict[str, str], count: int, dir: Path, hosts: Sequence[ClientHost] = ()
+) -> tuple[list[Read], int]:
+    """``count`` readers read the dataset together (with ``hosts``: each in its own, see
+    :class:`Readers`): what each reported, and the bytes the origin served meanwhile.
+    RuntimeError if any reader got a wrong byte."""
+    async with Readers(config, digests, count, dir, hosts) as readers:
         before = origin_bytes(config.block_urls)
         reads = await readers.read()
         served = origin_bytes(config.block_urls) - before

@@ -66,13 +66,14 @@ import msgspec
 
 from .._extras import requires_extra
 from . import _redis_lua as lua
+from . import _redis_rows as rows
 
 with requires_extra("redis", __name__):
     import redis.asyncio as aioredis
     import redis.exceptions as rexc
     from redis.asyncio.cluster import RedisCluster
 
-from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, CorruptData, Unavailable
+from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
 from ..net.unreachable import REDIS, unreachable
 from ..paths import bucket_of, validate_path
 from ..runtime.ids import validate_hex32
@@ -87,7 +88,6 @@ from .base import (
     check_limit,
     check_list_args,
     check_naming_args,
-    decode_stored,
     iterate_naming,
     iterate_pages,
     iterate_plans,
@@ -118,6 +118,7 @@ class RedisMetadataStore:
         self.namespace = namespace
         self.timeout = timeout
         self.cluster: bool | None = None  # known once open
+        self._keys = rows.Keys(namespace)
         self._redis: Any = None
         self._closed = False
         self._commit: Any = None
@@ -127,7 +128,7 @@ class RedisMetadataStore:
         self._list: Any = None
 
     def __repr__(self) -> str:
-        return f"RedisMetadataStore({_redacted(self.url)!r})"
+        return f"RedisMetadataStore({rows.redacted(self.url)!r})"
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -172,9 +173,9 @@ class RedisMetadataStore:
         self._redis = client  # set first: the pass below reads through it
         try:
             with self._errors():
-                if await client.get(self._refs_done) != REFS_VERSION.encode():
+                if await client.get(self._keys.refs_done) != REFS_VERSION.encode():
                     await self._index_old_plans(client)
-                    await client.set(self._refs_done, REFS_VERSION)
+                    await client.set(self._keys.refs_done, REFS_VERSION)
         except BaseException:
             self._redis = None  # the next call connects and tries the pass again
             await client.aclose()
@@ -192,10 +193,10 @@ class RedisMetadataStore:
                 if plan is not None:
                     by_bucket.setdefault(bucket_of(plan.path), []).append(plan)
             for bucket, plans in by_bucket.items():
-                args: builtins.list[Any] = [self._refs(bucket, "")]
+                args: builtins.list[Any] = [self._keys.refs(bucket, "")]
                 for plan in plans:
                     args += [plan.path, plan.etag, ",".join(sorted(plan.block_ids()))]
-                await self._index_script(keys=[self._key(plan.path) for plan in plans], args=args)
+                await self._index_script(keys=[self._keys.path(plan.path) for plan in plans], args=args)
             if len(paths) <= 1000:
                 return
             cursor = paths[999]
@@ -207,40 +208,9 @@ class RedisMetadataStore:
         except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError, OSError) as exc:
             if (error := unreachable(REDIS, self.url, "the metadata store", exc)) is not None:
                 raise error from exc
-            raise Unavailable(f"metadata store {_redacted(self.url)}: {str(exc) or type(exc).__name__}") from exc
+            raise Unavailable(f"metadata store {rows.redacted(self.url)}: {str(exc) or type(exc).__name__}") from exc
         except rexc.RedisError as exc:
-            raise BlobError(f"metadata store {_redacted(self.url)}: {exc}") from exc
-
-    # --- keys ------------------------------------------------------------------------------
-
-    def _key(self, path: str) -> str:
-        return f"{self._stem(bucket_of(path))}{path}"
-
-    def _stem(self, bucket: str) -> str:
-        """What the keys of a bucket's paths start with."""
-        return f"{self.namespace}:{{{bucket}}}:p:"
-
-    def _request(self, path: str, request_id: str) -> str:
-        """The record of a retryable write (in the slot of the bucket of its first path)."""
-        return f"{self.namespace}:{{{bucket_of(path)}}}:r:{request_id}"
-
-    def _index(self, bucket: str) -> str:
-        return f"{self.namespace}:{{{bucket}}}:idx"
-
-    def _refs(self, bucket: str, block_id: str) -> str:
-        return f"{self.namespace}:{{{bucket}}}:b:{block_id}"
-
-    @property
-    def _refs_done(self) -> str:
-        return f"{self.namespace}:refs"
-
-    @property
-    def _buckets(self) -> str:
-        return f"{self.namespace}:buckets"
-
-    def _fences(self, bucket: str | None) -> str:
-        """A bucket's fence set (in its slot, for the commit script), or the global one (None)."""
-        return f"{self.namespace}:fences" if bucket is None else f"{self.namespace}:{{{bucket}}}:fences"
+            raise BlobError(f"metadata store {rows.redacted(self.url)}: {exc}") from exc
 
     async def _register(self, client: Any, buckets: builtins.list[str]) -> None:
         """Add ``buckets`` to the bucket list; a bucket new to it first gets a copy of the
@@ -248,13 +218,13 @@ class RedisMetadataStore:
         bucket gc did not see can name a fenced block."""
         async with client.pipeline(transaction=False) as pipe:
             for bucket in buckets:
-                pipe.zadd(self._buckets, {bucket: 0}, nx=True)
+                pipe.zadd(self._keys.buckets, {bucket: 0}, nx=True)
             added = await pipe.execute()
         for bucket, new in zip(buckets, added, strict=True):
             if new:
-                fences = await client.zrange(self._fences(None), 0, -1, withscores=True)
+                fences = await client.zrange(self._keys.fences(None), 0, -1, withscores=True)
                 if fences:
-                    await client.zadd(self._fences(bucket), dict(fences), nx=True)
+                    await client.zadd(self._keys.fences(bucket), dict(fences), nx=True)
 
     # --- fences (gc's handshake with writers; see base.py) --------------------------------
 
@@ -266,9 +236,9 @@ class RedisMetadataStore:
         client = await self._client()
         with self._errors():
             now = await self._now(client)
-            await self._fence(keys=[self._fences(None)], args=[repr(now), *ids])
+            await self._fence(keys=[self._keys.fences(None)], args=[repr(now), *ids])
             for bucket in await self._buckets_under("/"):
-                await self._fence(keys=[self._fences(bucket)], args=[repr(now), *ids])
+                await self._fence(keys=[self._keys.fences(bucket)], args=[repr(now), *ids])
 
     async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
         """The global set first, so a bucket registered meanwhile copies no lifted fence."""
@@ -276,18 +246,18 @@ class RedisMetadataStore:
             return
         client = await self._client()
         with self._errors():
-            await client.zrem(self._fences(None), *ids)
+            await client.zrem(self._keys.fences(None), *ids)
             for bucket in await self._buckets_under("/"):
-                await client.zrem(self._fences(bucket), *ids)
+                await client.zrem(self._keys.fences(bucket), *ids)
 
     async def prune_fences(self, older_than: float) -> int:
         cutoff = check_fence_age(older_than)
         client = await self._client()
         with self._errors():
             cutoff = await self._now(client) - cutoff
-            pruned = await client.zremrangebyscore(self._fences(None), "-inf", f"({cutoff!r}")
+            pruned = await client.zremrangebyscore(self._keys.fences(None), "-inf", f"({cutoff!r}")
             for bucket in await self._buckets_under("/"):
-                await client.zremrangebyscore(self._fences(bucket), "-inf", f"({cutoff!r}")
+                await client.zremrangebyscore(self._keys.fences(bucket), "-inf", f"({cutoff!r}")
         return int(pruned)
 
     async def _now(self, client: Any) -> float:
@@ -302,8 +272,8 @@ class RedisMetadataStore:
         validate_path(path)
         client = await self._client()
         with self._errors():
-            fields = await client.hmget(self._key(path), "plan", "v", "t")
-        plan = _plan_of(path, fields)
+            fields = await client.hmget(self._keys.path(path), "plan", "v", "t")
+        plan = rows.plan_of(path, fields)
         if plan is None:
             raise BlobNotFound(f"no blob at {path!r}")
         return plan
@@ -318,9 +288,9 @@ class RedisMetadataStore:
         with self._errors():
             async with client.pipeline(transaction=False) as pipe:
                 for path in paths:
-                    pipe.hmget(self._key(path), "plan", "v", "t")
+                    pipe.hmget(self._keys.path(path), "plan", "v", "t")
                 found = await pipe.execute()
-        return [_plan_of(path, fields) for path, fields in zip(paths, found, strict=True)]
+        return [rows.plan_of(path, fields) for path, fields in zip(paths, found, strict=True)]
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
         (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
@@ -350,16 +320,16 @@ class RedisMetadataStore:
             if_version = "" if op.if_version is None else str(op.if_version)
             block_ids = ",".join(sorted(op.plan.block_ids()))
             args += [op.path, if_version, _encoder.encode(stored), op.plan.size, op.plan.etag, len(op.plan.chunks), block_ids]
-        keys = [self._key(op.path) for op in ops] + [self._index(bucket_of(op.path)) for op in ops]
-        keys += [self._fences(bucket_of(op.path)) for op in ops]
+        keys = [self._keys.path(op.path) for op in ops] + [self._keys.index(bucket_of(op.path)) for op in ops]
+        keys += [self._keys.fences(bucket_of(op.path)) for op in ops]
         if request_id is not None:
-            keys.append(self._request(ops[0].path, request_id))
+            keys.append(self._keys.request(ops[0].path, request_id))
             args.append(REQUEST_TTL_S)
         with self._errors():
             await self._register(client, buckets)
             answer = await self._commit(keys=keys, args=args)
         if answer[0] == -4:
-            now, versions = _replayed_commit(answer[1], [op.path for op in ops], request_id)
+            now, versions = rows.replayed_commit(answer[1], [op.path for op in ops], request_id)
         elif answer[0] == -3:
             raise block_collected(ops[answer[1]].path, answer[2].decode())
         elif answer[0] == -1:
@@ -379,22 +349,22 @@ class RedisMetadataStore:
     async def _delete_path(self, path: str, if_version: int | None, kind: WriteKind, request_id: str | None) -> BlobInfo:
         check_delete(path, if_version, kind)
         await self._client()
-        keys, args = [self._key(path), self._index(bucket_of(path))], [path, "" if if_version is None else if_version]
+        keys, args = [self._keys.path(path), self._keys.index(bucket_of(path))], [path, "" if if_version is None else if_version]
         if request_id is not None:
-            keys.append(self._request(path, request_id))
+            keys.append(self._keys.request(path, request_id))
             args.append(REQUEST_TTL_S)
         with self._errors():
             answer = await self._delete(keys=keys, args=args)
         if answer[0] == -4:
-            recorded = _record(answer[1], path)
+            recorded = rows.record(answer[1], path)
             if recorded[0] != path:
                 raise BadRequest(f"request_id {request_id} was used for another write")
-            return _info(path, recorded[1:])
+            return rows.info(path, recorded[1:])
         if answer[0] == -2:
             raise BlobNotFound(f"no blob at {path!r}")
         if answer[0] == -1:
             raise precondition_failed(path, if_version, int(answer[1]))
-        return _info(path, answer[1:])
+        return rows.info(path, answer[1:])
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
@@ -408,9 +378,9 @@ class RedisMetadataStore:
         read, cursor = 0, None
         with self._errors():
             for bucket, low, high in await self._ranges(prefix, start_after):
-                args = [self._stem(bucket), low, high, limit + 1 - read, max(limit - read, 0)]
-                packed, count, last = await self._list(keys=[self._index(bucket)], args=args)
-                items += _listed(packed)
+                args = [self._keys.stem(bucket), low, high, limit + 1 - read, max(limit - read, 0)]
+                packed, count, last = await self._list(keys=[self._keys.index(bucket)], args=args)
+                items += rows.listed(packed)
                 cursor = cursor if last is None else last.decode()
                 read += count
                 if read > limit:
@@ -460,7 +430,7 @@ class RedisMetadataStore:
         low = f"({since}" if since else "-"
         async with client.pipeline(transaction=False) as pipe:
             for bucket in wanted:
-                pipe.zrangebylex(self._refs(bucket, block_id), low, "+", start=0, num=count)
+                pipe.zrangebylex(self._keys.refs(bucket, block_id), low, "+", start=0, num=count)
             found = await pipe.execute()
         paths = [p.decode() for raw in found for p in raw]
         return [(block_id, path) for path in paths[:count]]
@@ -472,7 +442,7 @@ class RedisMetadataStore:
         found: builtins.list[str] = []
         with self._errors():
             for bucket, low, high in await self._ranges(prefix, start_after):
-                raw = await client.zrangebylex(self._index(bucket), low, high, start=0, num=count - len(found))
+                raw = await client.zrangebylex(self._keys.index(bucket), low, high, start=0, num=count - len(found))
                 found += [p.decode() for p in raw]
                 if len(found) >= count:
                     break
@@ -497,87 +467,7 @@ class RedisMetadataStore:
             return [body.split("/", 1)[0]]
         client = await self._client()
         if body:
-            raw = await client.zrangebylex(self._buckets, f"[{body}", f"({prefix_end(body)}")
+            raw = await client.zrangebylex(self._keys.buckets, f"[{body}", f"({prefix_end(body)}")
         else:
-            raw = await client.zrangebylex(self._buckets, "-", "+")
+            raw = await client.zrangebylex(self._keys.buckets, "-", "+")
         return sorted((b.decode() for b in raw), key=lambda b: b + "/")
-
-
-def _record(raw: bytes, path: str) -> builtins.list[Any]:
-    """A retryable write's record, as the scripts stored it (CorruptData if it is not one)."""
-    try:
-        record = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise _bad_record(path, str(exc)) from exc
-    if not isinstance(record, builtins.list) or not record:
-        raise _bad_record(path, f"{raw[:100]!r} is no list")
-    return record
-
-
-def _replayed_commit(raw: bytes, paths: builtins.list[str], request_id: str | None) -> tuple[float, builtins.list[int]]:
-    """The time and versions of a commit applied before, if it was of ``paths``."""
-    record = _record(raw, paths[0])
-    if len(record) != 3 or not isinstance(record[1], builtins.list) or len(record[1]) != len(paths):
-        raise _bad_record(paths[0], f"{raw[:100]!r} is no commit's")
-    if record[2] != paths:
-        raise BadRequest(f"request_id {request_id} was used for another write")
-    try:
-        return float(record[0]), [int(v) for v in record[1]]
-    except (TypeError, ValueError) as exc:
-        raise _bad_record(paths[0], f"{raw[:100]!r}: {exc}") from exc
-
-
-def _bad_record(path: str, why: str) -> CorruptData:
-    return CorruptData(f"the stored record of a write to {path!r} is corrupt: {why}")
-
-
-def _plan_of(path: str, fields: builtins.list[bytes | None]) -> ReadPlan | None:
-    plan, version, created = fields
-    if plan is None or version is None or created is None:
-        return None
-    return decode_stored(
-        path, lambda: msgspec.structs.replace(_plan_decoder.decode(plan), version=int(version), created=float(created))
-    )
-
-
-def _listed(packed: bytes) -> builtins.list[BlobInfo]:
-    """A page the listing script packed; CorruptData naming the first damaged path in it."""
-    try:
-        return _page_decoder.decode(packed)
-    except msgspec.DecodeError:  # a damaged hash: found again, row by row
-        rows = msgspec.msgpack.decode(packed)
-        return [_info(row["path"], [_field(row, name) for name in _LISTED]) for row in rows]
-
-
-_LISTED = ("version", "size", "etag", "chunks", "created")
-
-
-def _field(row: dict[str, Any], name: str) -> Any:
-    """A listed row's field (a field missing from the hash was false in Lua)."""
-    value = row.get(name)
-    return None if value is False else value
-
-
-def _info(path: str, fields: Sequence[Any]) -> BlobInfo:
-    return decode_stored(path, lambda: _info_of(path, fields))
-
-
-def _info_of(path: str, fields: Sequence[Any]) -> BlobInfo:
-    version, size, etag, chunks, created = fields
-    return BlobInfo(
-        path=path,
-        version=int(version),
-        size=int(size),
-        etag=etag.decode() if isinstance(etag, bytes) else etag,
-        created=float(created),
-        chunks=int(chunks),
-    )
-
-
-def _redacted(url: str) -> str:
-    """``url`` without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()

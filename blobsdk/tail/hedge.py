@@ -23,7 +23,9 @@ shared by every read of that tier, so its latency estimates and its budget are t
 Hedge delay: a per-target quantile (``quantile``, about p95) of the latencies of attempts
 that returned, and of losers cancelled after they had run that long (a lower bound, so the
 estimate does not learn only the fast winners); failed attempts are not samples, clamped to
-``[min_delay_ms, max_delay_ms]``.  See :class:`LatencyTracker`.
+``[min_delay_ms, max_delay_ms]``.  See :class:`LatencyTracker`.  An attempt is hedged by the
+shorter of its own target's delay and the next candidate's: a target slow on every read (a
+slow link) has a p95 as slow as its reads, and by its own delay alone none would be hedged.
 
 Never hedge into a queue: each attempt is handed an :class:`Attempt`; one that waits in a
 client-side queue (its endpoint's concurrency permit) calls ``attempt.queued()`` and then

@@ -478,6 +478,11 @@ class LimiterRegistry:
         limiter = self._limiters.get(endpoint.rstrip("/"))
         return 0 if limiter is None else limiter.in_flight + limiter.queued
 
+    def limit(self, endpoint: str) -> int:
+        """``endpoint``'s in-flight limit (one never used: the initial one)."""
+        limiter = self._limiters.get(endpoint.rstrip("/"))
+        return self.config.initial if limiter is None else limiter.limit
+
     def stats(self) -> dict[str, dict[str, int | float]]:
         """``{endpoint: limiter stats}`` for every endpoint used so far."""
         return {name: limiter.stats() for name, limiter in self._limiters.items()}

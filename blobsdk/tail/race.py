@@ -392,11 +392,20 @@ class Race(Generic[T, R]):
         """Watch the attempt just started for a hedge, if another may follow it."""
         config = self._hedger.config
         can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < config.max_parallel
-        self._armed = (mark, self._hedger.latency.delay(self._key_of(candidate))) if can_hedge else None
+        self._armed = (mark, self._delay(candidate)) if can_hedge else None
         self._not_before = -math.inf
         if not self._soon:  # once the attempt made its first move: queued (no timer yet) or not
             self._soon = True
             self._deadlines.call_soon(self._first_look)
+
+    def _delay(self, candidate: T) -> float:
+        """How long ``candidate``'s attempt runs before the next candidate is hedged to: the
+        shorter of their delays.  By the next one's p95 it would have answered 95 times in
+        100, so an attempt still running then is better raced, even when it is only its
+        own target's usual pace: a replica slow on every read, behind a slow link, has a
+        p95 as slow as its reads, and its own delay alone would hedge none of them."""
+        latency, key_of = self._hedger.latency, self._key_of
+        return min(latency.delay(key_of(candidate)), latency.delay(key_of(self._candidates[self._next])))
 
     def _first_look(self) -> None:
         self._soon = False

@@ -255,8 +255,9 @@ class L4Tier(KeepsNothing, Closing):
     def candidates(self, key: str) -> list[BlockReplica]:
         """The replicas in the order to try for chunk ``key``: replicas that served a bad copy
         lately after the others; then the shortest expected wait first, ``(load + 1) x
-        typical latency`` (load: requests in flight or queued here; typical: the median of
-        the last SLOW_WITHIN_S, a replica without one counted as the fastest); among equals
+        typical latency / limit`` (load: requests in flight or queued here; typical: the
+        median of the last SLOW_WITHIN_S, a replica without one counted as the fastest;
+        limit: its in-flight limit, the reads it serves at once); among equals
         rendezvous order, so the primaries of a batch spread over every replica.
 
         The least loaded first: on a busy HDD tier the replica whose queue is shortest
@@ -272,6 +273,11 @@ class L4Tier(KeepsNothing, Closing):
         100 reads went to one replica through its client-side queue (hedging benchmark,
         ``slow_replica``: batches of 200-290 ms, the p99 ~4x its fault-free one).
 
+        Divided by the limit, the expected wait is load / throughput (Little's law): without
+        it, a replica behind a slow link, whose limiter settles low, was ranked as if the fast
+        ones served one read at a time too, and got several times the share of a batch its
+        link could move in the time the others took.
+
         The key's rendezvous order is worked out only when two replicas tie (hashing every
         replica's name with the key was a third of this method's cost, on every read)."""
         replicas = self._replicas
@@ -281,9 +287,10 @@ class L4Tier(KeepsNothing, Closing):
         typical = [self.hedger.latency.typical(name, SLOW_WITHIN_S) for name in names]
         known = [t for t in typical if t is not None]
         fastest = min(known) if known else 1.0
-        has, load, bad = self.health.has, self._limiters.load, Reason.BAD_BYTES
+        has, load, limit, bad = self.health.has, self._limiters.load, self._limiters.limit, Reason.BAD_BYTES
         scores: list[tuple[object, ...]] = [
-            (has(name, bad), (load(name) + 1) * (fastest if t is None else t)) for name, t in zip(names, typical, strict=True)
+            (has(name, bad), (load(name) + 1) * (fastest if t is None else t) / limit(name))
+            for name, t in zip(names, typical, strict=True)
         ]
         if len(set(scores)) < len(scores):  # a tie (idle, or no latencies yet): rendezvous order breaks it
             at = {name: i for i, name in enumerate(rank(key, names))}

@@ -90,8 +90,8 @@ async def test_a_listing_spans_the_slots_of_many_buckets(redis_cluster):
         paths = [f"/bucket{i:02d}/k{j}" for i in range(30) for j in range(3)]
         for i in range(30):
             await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths[i * 3 : i * 3 + 3]])
-        slots = {await store._redis.cluster_keyslot(store._index(f"bucket{i:02d}")) for i in range(30)}
-        nodes = {store._redis.get_node_from_key(store._index(f"bucket{i:02d}")).name for i in range(30)}
+        slots = {await store._redis.cluster_keyslot(store._keys.index(f"bucket{i:02d}")) for i in range(30)}
+        nodes = {store._redis.get_node_from_key(store._keys.index(f"bucket{i:02d}")).name for i in range(30)}
         assert len(slots) == 30 and len(nodes) == 3
         assert [info.path async for info in store.list("/", limit=7)] == sorted(paths)
         assert [info.path async for info in store.list("/bucket1")] == sorted(p for p in paths if p.startswith("/bucket1"))
@@ -188,7 +188,7 @@ async def _cluster_with_a_master_down(tmp_path):
 
 
 def _node_of(store: RedisMetadataStore, bucket: str) -> int:
-    return int(store._redis.get_node_from_key(store._index(bucket)).port)
+    return int(store._redis.get_node_from_key(store._keys.index(bucket)).port)
 
 
 @pytest.mark.parametrize(
@@ -206,7 +206,7 @@ async def test_a_hash_field_overwritten_is_corrupt_data_naming_the_path(redis_se
     async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
         await put(store, "/b/x")
         await put(store, "/b/y")
-        await (await store._client()).hset(store._key("/b/x"), field, stored)
+        await (await store._client()).hset(store._keys.path("/b/x"), field, stored)
         for lookup in (lambda: store.get_plan("/b/x"), lambda: store.get_plans(["/b/y", "/b/x"]), store.scan_page):
             with pytest.raises(CorruptData) as exc:
                 await lookup()
@@ -248,7 +248,7 @@ async def test_a_listed_field_damaged_is_corrupt_data_naming_the_path(redis_serv
     async with RedisMetadataStore(redis_server.url, namespace=namespace()) as store:
         await put_all(store, ["/b/w", "/b/x", "/b/y"])
         command, field, *value = damage
-        await getattr(await store._client(), command)(store._key("/b/x"), field, *value)
+        await getattr(await store._client(), command)(store._keys.path("/b/x"), field, *value)
         with pytest.raises(CorruptData) as exc:
             await store.list_page("/b/")
         assert str(exc.value) == f"the stored plan of '/b/x' is corrupt: {why}"

@@ -131,7 +131,7 @@ async def test_a_malformed_request_id_is_bad_request(store, bad):
 )
 async def test_a_damaged_write_record_is_corrupt_data_naming_the_path(store, stored, why):
     request_id = rid()
-    await store._redis.set(store._request("/b/k", request_id), stored)
+    await store._redis.set(store._keys.request("/b/k", request_id), stored)
     with pytest.raises(CorruptData) as caught:
         await store.commit_once([CommitOp(path="/b/k", plan=make_plan("/b/k"))], request_id)
     assert str(caught.value) == f"the stored record of a write to '/b/k' is corrupt: {why}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import xxhash
@@ -27,7 +27,7 @@ from blobsdk.wire import ChunkRef
 T = TypeVar("T")
 CHUNK = 1024
 FANOUT = 100  # reads per batch, as a training step's samples
-FIXED_4 = LimiterConfig(initial=4, min_limit=4, max_limit=4)  # no adaptation: the schedule stays exact
+SEEK = 0.001  # a read's service time at a fast replica, and a slow link's before its bytes
 
 
 class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -93,6 +93,52 @@ class FakeReplica:
         return self.data[offset : offset + length]
 
 
+class LinkReplica(FakeReplica):
+    """A replica behind a slow link: after ``SEEK`` of service, each read's bytes take
+    ``seconds`` on the wire, one read after another (a token bucket's queue), so the reads
+    in flight there wait for those sent before them."""
+
+    def __init__(self, name: str, limiter: AdaptiveLimiter, seconds: float, data: bytes) -> None:
+        super().__init__(name, limiter, seconds, data)
+        self.wire = asyncio.Lock()
+
+    async def read_into(
+        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
+    ) -> None:
+        attempt = attempt if attempt is not None else Attempt()
+        attempt.queued()
+        async with self.limiter.acquire(attempt.demand, size=len(out)):
+            attempt.in_service()
+            await asyncio.sleep(SEEK)
+            async with self.wire:
+                await asyncio.sleep(self.seconds)
+            out[:] = self.data[offset : offset + len(out)]
+            self.served += 1
+
+
+class FixedLimits(LimiterRegistry):
+    """A fixed in-flight limit per endpoint (a registry's limiters share one config)."""
+
+    def __init__(self, limits: dict[str, int], clock: Callable[[], float]) -> None:
+        super().__init__(clock=clock)
+        self.made = {
+            name: AdaptiveLimiter(name, LimiterConfig(initial=n, min_limit=n, max_limit=n), clock=clock)
+            for name, n in limits.items()
+        }
+
+    def get(self, endpoint: str, *, by_latency: bool = True) -> AdaptiveLimiter:
+        return self.made[endpoint]
+
+    def load(self, endpoint: str) -> int:
+        return self.made[endpoint].in_flight + self.made[endpoint].queued
+
+    def limit(self, endpoint: str) -> int:
+        return self.made[endpoint].limit
+
+    def has_room(self, endpoint: str) -> bool:
+        return self.made[endpoint].has_room
+
+
 class Replicas:
     def __init__(self, replicas: list[FakeReplica]) -> None:
         self.replicas = tuple(replicas)
@@ -102,8 +148,18 @@ async def _decode(ref: ChunkRef, stored: memoryview) -> memoryview:
     return decode_chunk(ref, stored)
 
 
-async def batch_p99(policy: HedgeConfig, seconds: list[float], warm: int = 20, batches: int = 60) -> float:
-    """The p99 batch latency (virtual seconds) of ``batches`` batches of FANOUT reads."""
+async def batch_p99(
+    policy: HedgeConfig,
+    seconds: list[float],
+    warm: int = 20,
+    batches: int = 60,
+    *,
+    link: bool = False,
+    limits: list[int] | None = None,
+) -> float:
+    """The p99 batch latency (virtual seconds) of ``batches`` batches of FANOUT reads;
+    ``link``: the first replica is a :class:`LinkReplica`; ``limits``: each replica's fixed
+    in-flight limit (default: 4 each)."""
     loop = asyncio.get_running_loop()
     raws = [bytes([i]) * CHUNK for i in range(FANOUT)]
     data = b"".join(raws)
@@ -112,8 +168,10 @@ async def batch_p99(policy: HedgeConfig, seconds: list[float], warm: int = 20, b
         ChunkRef(block_id=block, offset=i * CHUNK, length=CHUNK, raw_length=CHUNK, checksum=xxhash.xxh3_64_intdigest(raw))
         for i, raw in enumerate(raws)
     ]
-    limiters = LimiterRegistry(FIXED_4, clock=loop.time)
-    replicas = [FakeReplica(f"http://r{i}", limiters.get(f"http://r{i}"), s, data) for i, s in enumerate(seconds)]
+    names = [f"http://r{i}" for i in range(len(seconds))]
+    limiters = FixedLimits(dict(zip(names, limits or [4] * len(names), strict=True)), loop.time)
+    kinds = [LinkReplica if link and i == 0 else FakeReplica for i in range(len(names))]
+    replicas = [kind(name, limiters.get(name), s, data) for kind, name, s in zip(kinds, names, seconds, strict=True)]
     tier = L4Tier(Replicas(replicas), hedge=policy, limiters=limiters, clock=loop.time)  # type: ignore[arg-type]
     times = []
     for n in range(warm + batches):
@@ -148,3 +206,23 @@ def test_hedged_reads_cost_nothing_at_p99_without_a_fault() -> None:
     even = [0.001, 0.001, 0.001]
     none, hedged = run_virtual(batch_p99(NONE, even)), run_virtual(batch_p99(HEDGED, even))
     assert hedged <= none, f"hedged p99 {hedged * 1000:.1f} ms > plain failover's {none * 1000:.1f} ms"
+
+
+def test_a_replica_slow_on_the_wire_is_hedged_at_the_next_replicas_pace() -> None:
+    """Its p95 is as slow as its reads, so hedging at its own p95 hedged none of them: a read
+    there is raced once the replica next in line would have answered (its p95)."""
+    wire = [0.0066, SEEK, SEEK]  # 16 KiB at 20 Mbit/s; each read waits for those before it
+    none = run_virtual(batch_p99(NONE, wire, link=True))
+    hedged = run_virtual(batch_p99(HEDGED, wire, link=True))
+    assert hedged <= none / 2, f"hedged p99 {hedged * 1000:.1f} ms > half plain failover's {none * 1000:.1f} ms"
+
+
+def test_a_replica_of_lower_throughput_gets_its_share_by_throughput() -> None:
+    """Ranked by (load + 1) x latency, as if every replica served one read at a time, a slow
+    link's replica (limit 4) got a batch's reads as a server 4x its latency would, though the
+    fast ones (limit 16) serve 16 at once: plain failover's p99 was 10x its fault-free one.
+    Ranked by (load + 1) x latency / limit, it is within 2x."""
+    limits = [4, 16, 16]
+    slow = run_virtual(batch_p99(NONE, [0.0066, SEEK, SEEK], link=True, limits=limits))
+    even = run_virtual(batch_p99(NONE, [SEEK] * 3, limits=limits))
+    assert slow <= 2 * even, f"p99 {slow * 1000:.1f} ms with a slow link vs {even * 1000:.1f} ms without"
