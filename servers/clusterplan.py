@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import ipaddress
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from blobsdk.config import ClientConfig, S3Config, WriteConfig
 
@@ -61,8 +59,6 @@ class ClusterOptions:
             raise ValueError(f"api_servers must be at least 1, got {self.api_servers}")
         if self.api_servers > 1 and self.metadata is None:
             raise ValueError(METADATA_FOR_SEVERAL)
-        if self.hosts and self.metadata not in (None, OWN_REDIS) and _on_loopback(self.metadata):
-            raise ValueError(f"--metadata {self.metadata} is on this machine's loopback, which testbed hosts cannot reach")
 
 
 METADATA_FOR_SEVERAL = (
@@ -79,14 +75,6 @@ def service_hosts(options: ClusterOptions) -> list[tuple[str, str]]:
     """(name, kind) of the third-party servers a cluster of ``options`` starts: with
     ``hosts``, each runs in a testbed host of that name (``--link`` may name it or its kind)."""
     return [*([SEAWEEDFS_HOST] if options.seaweedfs else []), *(REDIS_HOSTS if options.metadata == OWN_REDIS else [])]
-
-
-def _on_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 @dataclass(frozen=True)

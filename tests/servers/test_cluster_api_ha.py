@@ -69,10 +69,6 @@ def test_several_api_servers_need_redis():
     with pytest.raises(ValueError) as zero:
         ClusterOptions(api_servers=0)
     assert str(zero.value) == "api_servers must be at least 1, got 0"
-    with pytest.raises(ValueError) as hosts:
-        ClusterOptions(api_servers=2, metadata="redis://127.0.0.1:6379/0", hosts=True)
-    loopback = "--metadata redis://127.0.0.1:6379/0 is on this machine's loopback, which testbed hosts cannot reach"
-    assert str(hosts.value) == loopback
     assert ClusterOptions(api_servers=2, metadata="redis", hosts=True).hosts  # its own Redis runs on hosts
     result = subprocess.run(
         [sys.executable, "-m", "servers.cluster", "--dir", "d", "--api-servers", "2"],
