@@ -37,7 +37,7 @@ BENCHMARKS = {
 # The benchmarks that draw a picture (--png).
 PICTURES: tuple[str, ...] = ("ingest", "scale", "swarm_sim", "membership")
 # The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
-ON_HOSTS: tuple[str, ...] = ("hedging", "p2p", "l3")
+ON_HOSTS: tuple[str, ...] = ("hedging", "p2p", "l3", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:
