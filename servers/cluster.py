@@ -77,20 +77,20 @@ import asyncio
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from blobsdk.config import ClientConfig, S3Config
 
 from ._common import prog
+from ._common.stopsignals import Stopping, stop_signals
 from .clustercli import parse_args, parse_cli
 from .clusterhosts import ClientHost, Placement
 from .clusterplan import (
@@ -423,10 +423,6 @@ class _Shutdown(Exception):
     """Raised by the SIGINT/SIGTERM handler to unwind to main."""
 
 
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    raise _Shutdown(signal.Signals(signum).name)
-
-
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -439,7 +435,9 @@ def _supervise(cluster: Cluster, restart: bool, log: ClusterLog) -> NoReturn:
         time.sleep(0.2)
 
 
-def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
+def run(dir: Path, options: ClusterOptions, restart: bool = True, stopping: Stopping | None = None) -> int:
+    """The cluster until a signal (or ``_Shutdown``) stops it; ``stopping``: the signals'
+    handlers (servers/_common/stopsignals.py), ignored while it stops."""
     if (missing := lacking(options)) is not None:
         _say(f"{prog(f'{__package__}.cluster')}: error: {missing}")
         return 1
@@ -458,8 +456,8 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
         _say(f"{prog(f'{__package__}.cluster')}: error: {exc}")
         return 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second signal must not interrupt the stop
+        if stopping is not None:
+            stopping.ignore()  # a second signal must not interrupt the stop
         cluster.stop()
         if stopped_by is not None:
             log.info(f"stopped ({stopped_by}): every server is down")
@@ -468,9 +466,8 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     dir, options, restart = parse_cli(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
-    return run(dir, options, restart)
+    with stop_signals(_Shutdown) as stopping:
+        return run(dir, options, restart, stopping)
 
 
 if __name__ == "__main__":
