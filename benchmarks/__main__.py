@@ -32,11 +32,12 @@ BENCHMARKS = {
     "scale": "benchmarks.scale",
     "swarm_sim": "benchmarks.swarm_sim",
     "membership": "benchmarks.membership",
+    "l3": "benchmarks.l3",
 }
 # The benchmarks that draw a picture (--png).
 PICTURES: tuple[str, ...] = ("ingest", "scale", "swarm_sim", "membership")
 # The benchmarks that run on a testbed of emulated hosts (servers/testbed.py) with --hosts N.
-ON_HOSTS: tuple[str, ...] = ("hedging", "p2p")
+ON_HOSTS: tuple[str, ...] = ("hedging", "p2p", "l3", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,7 +174,7 @@ def _sqlite_bytes(db: Path) -> int:
 
 def _raw_hget(store: RedisMetadataStore) -> Callable[[str], Awaitable[object]]:
     """The floor of a Redis lookup: one field of the path's hash, nothing decoded."""
-    return lambda path: store._redis.hget(store._key(path), "v")
+    return lambda path: store._redis.hget(store._keys.path(path), "v")
 
 
 async def _redis_used(store: RedisMetadataStore) -> int:

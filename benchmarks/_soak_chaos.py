@@ -14,12 +14,15 @@ server it applies to:
   ``CONFIG SET maxmemory 1``: every write command is refused with its OOM error, as a full
   Redis refuses them.
 
+On a cluster on hosts (``soak --hosts N``) the faults also include ``partition``, ``flap`` and
+``slow`` of a target's link (benchmarks/_soak_links.py), in the same rounds.
+
 Independently, every 2–5 s each clock file (one per client run under libfaketime) is set to a
 new offset in ``[-skew, +skew]`` seconds: that client's wall clock steps, as an NTP step
 would, while its monotonic clock runs on.
 
 :meth:`Chaos.heal` undoes everything (SIGCONT, disks freed, clocks back to 0, every server up);
-a cancelled run (Ctrl-C) still sends SIGCONT and sets every clock back to 0.
+a cancelled run (Ctrl-C) still sends SIGCONT, heals every link and sets every clock back to 0.
 :func:`cluster_targets` and :func:`third_party_targets` make the targets of a soak's servers.
 """
 
@@ -45,6 +48,8 @@ from servers.cluster import Cluster, ServerProcess, Supervisor
 from servers.redisd import RedisServer
 from servers.s3d import S3Server
 
+from ._soak_links import LINK_ACTIONS, LinkFaults
+
 HOLD_STOP_S = (1.0, 4.0)
 HOLD_DISK_FULL_S = (2.0, 6.0)
 GAP_S = (2.0, 5.0)
@@ -65,6 +70,7 @@ class Target:
     kill: Callable[[], None] | None = None  # SIGKILL it and start it again (blocking); None: never killed
     fill: Callable[[], None] | None = None  # disk full on
     free: Callable[[], None] | None = None  # and off
+    host: str | None = None  # its testbed host, on a cluster on hosts: its link's faults too
 
 
 @dataclass
@@ -83,11 +89,17 @@ class Chaos:
     skew_s: int
     seed: int
     log: Callable[[str], None]
+    links: LinkFaults | None = None  # on hosts: the faults at the targets' links
     events: list[Event] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     _stopped: set[int] = field(default_factory=set)
     _full: set[str] = field(default_factory=set)
     _began: float = field(default_factory=time.monotonic)
+
+    @property
+    def actions(self) -> list[str]:
+        """The kinds of fault, each once per round."""
+        return ACTIONS + (LINK_ACTIONS if self.links is not None else [])
 
     async def run(self, seconds: float) -> None:
         """Inject faults for ``seconds``; leaves everything healed."""
@@ -103,10 +115,12 @@ class Chaos:
         actions: list[str] = []
         while await _sleep_until(rng.uniform(*GAP_S), deadline):
             if not actions:  # every kind of fault once per round, in a random order
-                actions = rng.sample(ACTIONS, len(ACTIONS))
+                actions = rng.sample(self.actions, len(self.actions))
             action = actions.pop()
             eligible = [t for t in self.targets if _able(t, action)]
-            if eligible:
+            if eligible and action in LINK_ACTIONS:
+                await self._link(action, rng.choice(eligible), rng)
+            elif eligible:
                 await getattr(self, f"_{action}")(rng.choice(eligible), rng)
 
     async def _kill(self, target: Target, rng: random.Random) -> None:
@@ -154,6 +168,11 @@ class Chaos:
             await asyncio.to_thread(target.free)
         self._full.discard(target.name)
 
+    async def _link(self, action: str, target: Target, rng: random.Random) -> None:
+        assert self.links is not None and target.host is not None
+        count, seconds, note = await getattr(self.links, action)(target.host, rng)
+        self._event(count, target, seconds, note)
+
     async def _clocks(self, deadline: float) -> None:
         rng = random.Random(f"{self.seed}:clocks")
         if not self.clock_files or self.skew_s <= 0:
@@ -166,7 +185,9 @@ class Chaos:
                 self.events.append(Event(self._now(), "clock_step", path.stem, float(offset)))
 
     def _release(self) -> None:
-        """SIGCONT what is stopped, clocks to 0."""
+        """SIGCONT what is stopped, links healed, clocks to 0."""
+        if self.links is not None:
+            self.links.release()
         for pid in list(self._stopped):
             self._signal(pid, signal.SIGCONT)
         self._stopped.clear()
@@ -201,6 +222,8 @@ def _able(target: Target, action: str) -> bool:
         return target.kill is not None
     if action == "disk_full":
         return target.fill is not None
+    if action in LINK_ACTIONS:
+        return target.host is not None
     return True
 
 
@@ -314,6 +337,7 @@ def cluster_targets(cluster: Cluster, admin: str, supervisor: SupervisorThread, 
                 kill=_bound_kill(proc, supervisor),
                 fill=fill,
                 free=free,
+                host=None if cluster.placement is None else proc.name,
             )
         )
     return targets

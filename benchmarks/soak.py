@@ -2,7 +2,7 @@
 every read checked against a model of what was acknowledged (issue 20).
 
     python -m benchmarks soak [--duration S] [--quick] [--clients N] [--seed N]
-                              [--redis-s3 | --api-servers N] [--clock-skew S] [--json FILE]
+                              [--redis-s3 | --api-servers N] [--clock-skew S] [--hosts N] [--json FILE]
 
 The cluster (servers.cluster, every server a process on loopback): the metadata API server
 (SQLite), 3 block servers, 2 L3 flash nodes, 1 tracker.  With ``--api-servers N`` (N > 1) the
@@ -11,6 +11,12 @@ metadata's single point left, see docs/deployment.md), which the clients fail ov
 (``api_urls``), and the chaos kills and stops them like the other servers.  With ``--redis-s3`` the metadata is
 in Redis (AOF, fsync always) and L4 in S3 (moto), which the clients talk to directly; the L3
 nodes read through from S3.  The clients share one L2 directory and run peer servers.
+
+With ``--hosts N`` the cluster runs on a testbed (servers/testbed.py: each server in a network
+namespace of its own, and with ``--api-servers N`` over the cluster's own Redis primary and
+replica, each in its host), the client processes spread over N client hosts (at most one per
+process), each with its own L2 directory, and the chaos also partitions (both directions, in
+or out), flaps and slows the chaos targets' links (benchmarks/_soak_links.py).  Needs root.
 
 ``--clients`` processes (default 4; benchmarks/_soak_worker.py), each with 2 tasks, run a
 seeded random mix of put, get, ranged get, delete, list, put_many, checkpoint save and load,
@@ -66,12 +72,15 @@ import msgspec
 import blobsdk
 from blobsdk.config import ClientConfig, L2Config, S3Config, Timeouts, WriteConfig
 from blobsdk.errors import BlobError, BlobNotFound, BlockNotFound, Unavailable
+from servers._common.netns import IP
 from servers.cluster import Cluster, start_cluster
+from servers.clusterhosts import ClientHost
 from servers.redisd import RedisServer, start_redis
 from servers.s3d import S3Server, start_s3
 
 from ._report import Report
 from ._soak_chaos import Chaos, SupervisorThread, cluster_targets, set_clock, third_party_targets
+from ._soak_links import LinkFaults
 from ._soak_model import KeyModel, Verdict, judge_full, value
 from ._soak_worker import judge_checkpoint
 
@@ -85,6 +94,7 @@ START_TIMEOUT_S = 120.0  # a client process must be ready in this
 FINAL_PATIENCE_S = 60.0  # the final check retries Unavailable this long before an unreadable write counts as lost
 FAKETIME_LIBS = "/usr/lib/*/faketime/libfaketimeMT.so.1"
 WRITE = WriteConfig(chunk_size=256 << 10, block_size=4 << 20, max_write_seconds=MAX_WRITE_S)
+L2_BYTES = 256 << 20
 TIMEOUTS = Timeouts(connect=2.0, sock_read=10.0, total=30.0)
 
 
@@ -98,6 +108,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "api_servers": args.api_servers,
         "clock_skew": args.clock_skew,
         "targets": None if args.targets is None else tuple(args.targets.split(",")),
+        "hosts": args.hosts,
     }
 
 
@@ -111,13 +122,14 @@ async def run(
     targets: tuple[str, ...] | None = None,
     log: Callable[[str], None] | None = None,
     api_servers: int = 1,
+    hosts: int | None = None,
 ) -> Report:
     seconds = duration if duration is not None else (30.0 if quick else 300.0)
     began = time.monotonic()
     say = log or (lambda message: print(f"soak: {time.monotonic() - began:6.1f}s {message}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         soak = Soak(Path(tmp), seconds=seconds, clients=clients, seed=seed, redis_s3=redis_s3, skew=clock_skew, log=say)
-        soak.kinds, soak.api_servers = targets, api_servers
+        soak.kinds, soak.api_servers, soak.hosts = targets, api_servers, hosts
         return await soak.run()
 
 
@@ -132,14 +144,21 @@ class Soak:
         self.report = Report("soak")
         self.kinds: tuple[str, ...] | None = None  # the kinds of server the chaos hits (None: all)
         self.api_servers = 1  # more: over a Redis of their own (never a chaos target)
+        self.hosts: int | None = None  # on a testbed: this many client hosts (None: every process on loopback)
 
     async def run(self) -> Report:
+        if self.hosts is not None and self.redis_s3:
+            raise ValueError("the soak on hosts has no --redis-s3 form: its Redis and moto listen on loopback")
         async with AsyncExitStack() as stack:
             third_party = stack.enter_context(ExitStack())
             redis = third_party.enter_context(start_redis(self.dir / "redis", durable=True)) if self.redis_s3 else None
             s3 = third_party.enter_context(start_s3(self.dir / "s3")) if self.redis_s3 else None
             options = self._cluster_options(redis, s3)
-            if self.api_servers > 1:
+            if self.api_servers > 1 and self.hosts is not None:  # the cluster's own Redis and replica, on hosts
+                options.update(metadata="redis", api_servers=self.api_servers, hosts=True)
+            elif self.hosts is not None:
+                options.update(hosts=True)
+            elif self.api_servers > 1:
                 behind = third_party.enter_context(start_redis(self.dir / "redis-behind", durable=True))
                 options.update(metadata=behind.url, api_servers=self.api_servers)
             cluster = await stack.enter_async_context(start_cluster(self.dir / "cluster", **options))
@@ -151,9 +170,11 @@ class Soak:
             targets = cluster_targets(cluster, self.admin, supervisor, api=not self.redis_s3) + third_party_targets(redis, s3)
             if self.kinds is not None:
                 targets = [t for t in targets if t.name.split("-")[0] in self.kinds]
-            clients = Clients(self, config, shared)
+            on = [cluster.add_client_host(f"client-{k}") for k in range(min(self.hosts or 0, self.clients))]
+            clients = Clients(self, config, shared, on)
             await stack.enter_async_context(clients)
-            chaos = Chaos(targets, clients.clock_files, self.skew, self.seed, self.log)
+            links = None if cluster.placement is None else LinkFaults(cluster.placement.testbed)
+            chaos = Chaos(targets, clients.clock_files, self.skew, self.seed, self.log, links=links)
             self.log(f"{self.clients} clients ready; {self.seconds:g}s of chaos on {', '.join(t.name for t in targets)}")
             began = time.monotonic()
             await clients.go()
@@ -179,10 +200,13 @@ class Soak:
             "clock_skew_s": self.skew if self.faketime else 0,
             "chaos_targets": "all" if self.kinds is None else ",".join(self.kinds),
             "clock": "libfaketime (FAKETIME_TIMESTAMP_FILE, monotonic not faked)" if self.faketime else "off",
+            "hosts": "loopback" if self.hosts is None else f"testbed: a host per server, {self.hosts} client hosts",
             "disk_full": "fault-injected 503 on block PUTs (a block server's answer to ENOSPC); Redis: maxmemory 1",
         }
 
     def _metadata(self) -> str:
+        if self.api_servers > 1 and self.hosts is not None:
+            return f"{self.api_servers} api-servers (the cluster's redis and its replica, on hosts; not chaos targets)"
         if self.api_servers > 1:
             return f"{self.api_servers} api-servers (redis, not a chaos target)"
         return "api-server (sqlite)"
@@ -199,7 +223,7 @@ class Soak:
 
     def _client_config(self, cluster: Cluster, redis: RedisServer | None) -> ClientConfig:
         assert cluster.config is not None
-        l2 = L2Config(dir=str(self.dir / "l2"), capacity_bytes=256 << 20)
+        l2 = L2Config(dir=str(self.dir / "l2"), capacity_bytes=L2_BYTES)
         config = msgspec.structs.replace(cluster.config, write=WRITE, timeouts=TIMEOUTS, l2=l2)
         if redis is not None:  # the clients talk to Redis themselves, not through the API server
             config = msgspec.structs.replace(config, api_url=None, metadata_url=redis.url)
@@ -217,8 +241,8 @@ def _faketime_lib() -> str | None:
 class Clients:
     """The client processes: started and ready on entry, killed (if still running) on exit."""
 
-    def __init__(self, soak: Soak, config: ClientConfig, shared: list[tuple[str, int, int]]) -> None:
-        self.soak, self.config, self.shared = soak, config, shared
+    def __init__(self, soak: Soak, config: ClientConfig, shared: list[tuple[str, int, int]], hosts: list[ClientHost]) -> None:
+        self.soak, self.config, self.shared, self.hosts = soak, config, shared, hosts
         self.dir = soak.dir / "clients"
         self.procs: list[asyncio.subprocess.Process] = []
         self.clock_files: list[Path] = []
@@ -226,6 +250,10 @@ class Clients:
     async def __aenter__(self) -> Clients:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "client.toml").write_text(self.config.to_toml())
+        for host in self.hosts:  # its own peer address and L2 directory, the soak's writes and timeouts
+            l2 = L2Config(dir=str(host.dir / "l2"), capacity_bytes=L2_BYTES)
+            own = msgspec.structs.replace(self.config, peer=host.config.peer, l2=l2)
+            (self.dir / f"{host.host.name}.toml").write_text(own.to_toml())
         try:
             for i in range(self.soak.clients):
                 self.procs.append(await self._start(i))
@@ -240,8 +268,9 @@ class Clients:
         return self
 
     async def _start(self, i: int) -> asyncio.subprocess.Process:
+        host = self.hosts[i % len(self.hosts)] if self.hosts else None
         spec = {
-            "config": str(self.dir / "client.toml"),
+            "config": str(self.dir / ("client.toml" if host is None else f"{host.host.name}.toml")),
             "index": i,
             "tasks": TASKS,
             "seed": self.soak.seed,
@@ -264,7 +293,9 @@ class Clients:
                 FAKETIME_DONT_FAKE_MONOTONIC="1",
             )
         with open(self.dir / f"client-{i}.log", "wb") as log:  # noqa: ASYNC230 - a tiny local file, once per client
+            netns = [] if host is None else [IP, "netns", "exec", host.host.namespace]
             return await asyncio.create_subprocess_exec(
+                *netns,
                 sys.executable,
                 "-m",
                 "benchmarks._soak_worker",
@@ -414,7 +445,8 @@ def summarize(
     )
     for name, count in sorted(errors.items()):
         m[f"errors_{name}"] = count
-    for action in ("kill", "stop", "disk_full", "clock_step"):
+    links = ("partition_both", "partition_in", "partition_out", "flap", "slow") if chaos.links is not None else ()
+    for action in ("kill", "stop", "disk_full", "clock_step", *links):
         m[f"chaos_{action}"] = chaos.counts[action]
     report.goals.update({"wrong_bytes": "must be 0", "lost_acked_writes": "must be 0", "stale_reads": "should be 0"})
     report.goals["longest_stall_s"] = f"({longest_op})"

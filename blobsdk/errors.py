@@ -166,7 +166,8 @@ class Unavailable(BlobError):
 
 class Unreachable(Unavailable):
     """No connection to a server could be made: it was refused (nothing listens at the
-    address), or the host is unknown or has no route.  ``role`` names the server ("the API
+    address), the host is unknown or has no route, or it never answered the connect (down, or
+    cut off by a partition): the request never reached it.  ``role`` names the server ("the API
     server", "a block server"), ``address`` is its host:port, ``reason`` what happened
     ("connection refused"), ``hint`` the likely cause.  Made by the client where it connects
     (blobsdk/net/unreachable.py); never sent on the wire."""

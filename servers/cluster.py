@@ -63,7 +63,9 @@ Tests and benchmarks use the same machinery in-process::
         async with blobsdk.Client(cluster.config) as c: ...
 
 With ``--hosts`` (``hosts=True``) each server runs in a testbed host of its own, with the
-link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py).
+link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py); so do
+its Redis primary and replica (hosts ``redis``, ``redis-replica``) and SeaweedFS
+(``seaweedfs``).
 
 What a cluster starts (its options, kinds of server, launch table, client.toml, and what the
 environment needs for the options) is servers/clusterplan.py.
@@ -72,36 +74,30 @@ environment needs for the options) is servers/clusterplan.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
-import runpy
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-import msgspec
-
-from blobsdk.cli.parser import ArgumentParser
-from blobsdk.config import ClientConfig, S3Config, s3_location
+from blobsdk.config import ClientConfig, S3Config
 
 from ._common import prog
-from ._common.lifeline import wait_orphaned
-from ._common.stores import add_s3_args, s3_config_of_args
-from .clusterhosts import ClientHost, Placement, add_hosts_args, check_links, links_of_args
+from ._common.stopsignals import Stopping, stop_signals
+from .clustercli import parse_args, parse_cli
+from .clusterhosts import ClientHost, Placement
 from .clusterplan import (
     KINDS,
-    METADATA_FOR_SEVERAL,
     OWN_REDIS,
+    REDIS_HOSTS,
+    SEAWEEDFS_HOST,
     ClusterOptions,
     Launch,
     ServerKind,
@@ -134,9 +130,9 @@ __all__ = [  # what tests, benchmarks and the pytest plugin use (clusterplan's n
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
-ORPHAN_GRACE_SECONDS = 5.0  # an orphaned server that has not stopped on SIGTERM by then exits hard
-# Every server runs through serve_child: argv is the lifeline's fd, the starter's pid, the module, its flags.
-_CHILD = f"from {__package__}.cluster import serve_child; serve_child()"
+# Every server runs through serve_child (servers/clusterchild.py): argv is the lifeline's fd, the
+# starter's pid, the module, its flags.
+_CHILD = f"from {__package__}.clusterchild import serve_child; serve_child()"
 
 
 @dataclass
@@ -242,8 +238,9 @@ class Cluster:
         port_file = self.dir / "run" / "seaweedfs.port"
         port = self._port(port_file, "SeaweedFS")
         self.report(f"starting SeaweedFS (L4) in {self.dir / 'seaweedfs'}")
+        address, namespace = self._service_host(*SEAWEEDFS_HOST)
         try:
-            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs", port)
+            self.seaweed, source, s3 = start_seaweed_l4(self.dir / "seaweedfs", port, address, namespace)
         except (OSError, RuntimeError) as exc:  # weed missing or not answering; its log says why
             raise ClusterError(f"SeaweedFS did not start: {exc}") from exc
         port_file.write_text(str(self.seaweed.port))
@@ -252,13 +249,32 @@ class Cluster:
 
     def _start_redis(self) -> None:
         self.report(f"starting Redis (metadata) and its replica in {self.dir / 'redis'}")
+        on, replica_on = (self._service_host(*host) for host in REDIS_HOSTS)
         try:
-            primary = self._started_redis(RedisServer(self.dir / "redis" / "primary", durable=True))
-            replica = self._started_redis(RedisServer(self.dir / "redis" / "replica", durable=True, replica_of=primary.port))
+            primary = RedisServer(self.dir / "redis" / "primary", durable=True, address=on[0], namespace=on[1])
+            self._started_redis(primary)
+            replica = self._started_redis(
+                RedisServer(
+                    self.dir / "redis" / "replica",
+                    durable=True,
+                    replica_of=primary.port,
+                    primary_address=primary.address,
+                    address=replica_on[0],
+                    namespace=replica_on[1],
+                )
+            )
         except (OSError, RuntimeError) as exc:  # redis-server missing or not answering; its log says why
             raise ClusterError(f"Redis did not start: {exc}") from exc
         self.options = dataclasses.replace(self.options, metadata=primary.url)
         self.report(f"Redis ready at {primary.url}, its replica at {replica.url}")
+
+    def _service_host(self, name: str, kind: str) -> tuple[str, str | None]:
+        """(address, namespace) a third-party server binds: its own testbed host's, with
+        ``hosts`` (made the first time), else loopback in this namespace."""
+        if self.placement is None:
+            return HOST, None
+        host = self.placement.host_of(name, kind)
+        return host.address, host.namespace
 
     def _started_redis(self, server: RedisServer) -> RedisServer:
         self.redis.append(server)  # first: stop() stops it whatever happens next
@@ -400,155 +416,11 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-# --- inside each server process -------------------------------------------------------
-
-
-def serve_child() -> None:
-    """Run ``python -m MODULE FLAGS`` in this process (``sys.argv[1:]`` is the lifeline's
-    fd, the starter's pid, MODULE, FLAGS) and stop it once it is orphaned."""
-    fd, starter, module, *flags = sys.argv[1:]
-    threading.Thread(target=_stop_when_orphaned, args=(int(fd), int(starter)), name="lifeline", daemon=True).start()
-    sys.argv = [module, *flags]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-def _stop_when_orphaned(fd: int, starter: int) -> NoReturn:
-    """Once the starter is gone (already gone, if it died before we got here) or the lifeline
-    reached EOF, stop the server gracefully, and for good after ORPHAN_GRACE_SECONDS."""
-    with contextlib.suppress(OSError):  # a bad fd: stopping is the safe side
-        wait_orphaned(fd, starter)
-    os.kill(os.getpid(), signal.SIGTERM)  # the server's own graceful stop
-    time.sleep(ORPHAN_GRACE_SECONDS)
-    os._exit(1)
-
-
 # --- command line ---------------------------------------------------------------------
 
 
 class _Shutdown(Exception):
     """Raised by the SIGINT/SIGTERM handler to unwind to main."""
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    raise _Shutdown(signal.Signals(signum).name)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions]:
-    dir, options, _ = parse_cli(argv)
-    return dir, options
-
-
-def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, bool]:
-    """The cluster's directory, options, and whether dead servers are restarted."""
-    parser = ArgumentParser(prog=prog(f"{__package__}.cluster"), description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=Path, required=True, help="data, logs and client.toml go here")
-    parser.add_argument("--block-servers", type=int, default=3, metavar="N", help="L4 block servers (default 3)")
-    parser.add_argument("--write-quorum", type=int, metavar="Q", help="block replicas a write needs (default: a majority)")
-    parser.add_argument("--latency-ms", type=float, metavar="F", help="emulated HDD seek latency per block request")
-    parser.add_argument("--bandwidth-mbps", type=float, metavar="F", help="emulated HDD bandwidth of each block server, MB/s")
-    parser.add_argument("--spindles", type=int, metavar="N", help="concurrent data requests each block server serves")
-    parser.add_argument("--token", help="static admin bearer token every server requires (written to client.toml)")
-    parser.add_argument(
-        "--keys",
-        type=Path,
-        metavar="FILE",
-        help="keyring every server takes: tenants with tokens from 'blobsdk token create' (default: no tenants)",
-    )
-    parser.add_argument("--l3-nodes", type=int, default=2, metavar="M", help="L3 flash nodes (default 2)")
-    parser.add_argument(
-        "--l3-capacity-mb", type=float, default=1024, metavar="N", help="capacity of each L3 node, MiB (default 1024)"
-    )
-    parser.add_argument("--l3-hold-seconds", type=float, default=0.0, metavar="S", help="hold period of the L3 nodes (default 0)")
-    parser.add_argument("--trackers", type=int, default=1, metavar="N", help="peer-tier trackers (default 1; 0: no peer tier)")
-    parser.add_argument("--startup-timeout", type=float, default=30.0, metavar="S", help="seconds (default 30)")
-    for kind in KINDS:
-        parser.add_argument(
-            f"--{kind.name}-faults",
-            action="append",
-            default=[],
-            metavar="SPEC",
-            help=f"a --fault SPEC for every {kind.name} server (repeatable)",
-        )
-    parser.add_argument("--admin-token", help="every server mounts /admin/faults behind this bearer token")
-    parser.add_argument(
-        "--metadata",
-        metavar="URL",
-        help="redis://HOST:PORT/DB: the API servers' metadata in Redis; 'redis': in a Redis and its replica the cluster starts",
-    )
-    parser.add_argument(
-        "--api-servers", type=int, default=1, metavar="N", help="metadata API servers (default 1; more need --metadata)"
-    )
-    parser.add_argument("--source", metavar="S3_URL", help="s3://BUCKET/PREFIX: L4 in an object store, no block servers")
-    add_s3_args(parser)
-    parser.add_argument(
-        "--seaweedfs", action="store_true", help="L4 on a local SeaweedFS this starts and stops (no block servers)"
-    )
-    parser.add_argument(
-        "--no-restart", action="store_true", help="leave a server that dies down (default: restart it, with backoff)"
-    )
-    add_hosts_args(parser)
-    args = parser.parse_args(argv)
-    if args.block_servers < 1:
-        parser.error("--block-servers must be at least 1")
-    if args.write_quorum is not None and not 1 <= args.write_quorum <= args.block_servers:
-        parser.error(f"--write-quorum must be between 1 and --block-servers ({args.block_servers})")
-    if args.l3_nodes < 0 or args.l3_capacity_mb <= 0 or args.l3_hold_seconds < 0:
-        parser.error("--l3-nodes and --l3-hold-seconds must be >= 0, --l3-capacity-mb positive")
-    if args.trackers < 0:
-        parser.error("--trackers must be >= 0")
-    names = (
-        "block_servers",
-        "write_quorum",
-        "latency_ms",
-        "bandwidth_mbps",
-        "spindles",
-        "token",
-        "keys",
-        "l3_nodes",
-        "l3_capacity_mb",
-        "l3_hold_seconds",
-        "trackers",
-        "startup_timeout",
-        "admin_token",
-        "api_servers",
-    )
-    faults = {kind.name: tuple(specs) for kind in KINDS if (specs := getattr(args, f"{kind.name}_faults"))}
-    if args.keys is not None and not args.keys.is_file():
-        parser.error(f"--keys {args.keys}: no such file (make one with 'blobsdk token keygen FILE')")
-    try:
-        if args.source is not None:
-            s3_location(args.source)
-    except ValueError as exc:
-        parser.error(f"--source: {exc}")
-    if args.metadata is not None and args.metadata != OWN_REDIS and not args.metadata.startswith(("redis://", "rediss://")):
-        parser.error(f"--metadata must be redis://HOST:PORT/DB or redis, got {args.metadata!r}")
-    if args.api_servers < 1:
-        parser.error("--api-servers must be at least 1")
-    if args.api_servers > 1 and args.metadata is None:
-        parser.error(METADATA_FOR_SEVERAL)
-    if args.seaweedfs and (args.source is not None or args.s3_endpoint is not None):
-        parser.error("--seaweedfs and --source (or --s3-endpoint) both name L4: give one")
-    links = links_of_args(parser, args)
-    s3 = msgspec.structs.replace(s3_config_of_args(args), **_aws_credentials())
-    options = ClusterOptions(
-        **{n: getattr(args, n) for n in names},
-        faults=faults,
-        metadata=args.metadata,
-        source=args.source,
-        s3=s3,
-        seaweedfs=args.seaweedfs,
-        hosts=args.hosts,
-        links=links,
-    )
-    check_links(parser, options, launch_table(options), KINDS)
-    return args.dir, with_service_token(options), not args.no_restart
-
-
-def _aws_credentials() -> dict[str, str]:
-    """The AWS credentials of this environment, for client.toml's [s3] (the servers get them
-    through theirs)."""
-    keys = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY"}
-    return {field: os.environ[var] for field, var in keys.items() if os.environ.get(var)}
 
 
 def _say(line: str) -> None:
@@ -563,7 +435,9 @@ def _supervise(cluster: Cluster, restart: bool, log: ClusterLog) -> NoReturn:
         time.sleep(0.2)
 
 
-def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
+def run(dir: Path, options: ClusterOptions, restart: bool = True, stopping: Stopping | None = None) -> int:
+    """The cluster until a signal (or ``_Shutdown``) stops it; ``stopping``: the signals'
+    handlers (servers/_common/stopsignals.py), ignored while it stops."""
     if (missing := lacking(options)) is not None:
         _say(f"{prog(f'{__package__}.cluster')}: error: {missing}")
         return 1
@@ -582,8 +456,8 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
         _say(f"{prog(f'{__package__}.cluster')}: error: {exc}")
         return 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second signal must not interrupt the stop
+        if stopping is not None:
+            stopping.ignore()  # a second signal must not interrupt the stop
         cluster.stop()
         if stopped_by is not None:
             log.info(f"stopped ({stopped_by}): every server is down")
@@ -592,9 +466,8 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     dir, options, restart = parse_cli(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
-    return run(dir, options, restart)
+    with stop_signals(_Shutdown) as stopping:
+        return run(dir, options, restart, stopping)
 
 
 if __name__ == "__main__":

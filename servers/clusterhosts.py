@@ -133,8 +133,8 @@ def links_of_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return links
 
 
-def check_links(parser: argparse.ArgumentParser, options: Any, table: Sequence[tuple[str, str]], kinds: Iterable[Any]) -> None:
+def check_links(parser: argparse.ArgumentParser, options: Any, table: Sequence[tuple[str, str]], kinds: Iterable[str]) -> None:
     """argparse's error if a ``--link`` names neither a server of ``table`` nor a kind."""
     servers = [name for name, _ in table]
-    if unknown := sorted(set(options.links) - {kind.name for kind in kinds} - set(servers)):
+    if unknown := sorted(set(options.links) - set(kinds) - set(servers)):
         parser.error(f"--link {unknown[0]}: no such server or kind (servers: {', '.join(servers)})")

@@ -59,8 +59,6 @@ class ClusterOptions:
             raise ValueError(f"api_servers must be at least 1, got {self.api_servers}")
         if self.api_servers > 1 and self.metadata is None:
             raise ValueError(METADATA_FOR_SEVERAL)
-        if self.hosts and self.metadata == OWN_REDIS:
-            raise ValueError("--metadata redis starts Redis on this host's loopback, which testbed hosts cannot reach")
 
 
 METADATA_FOR_SEVERAL = (
@@ -68,6 +66,15 @@ METADATA_FOR_SEVERAL = (
     "or --metadata redis (a Redis and its replica, started by the cluster)"
 )
 OWN_REDIS = "redis"  # --metadata redis: the cluster starts a Redis and its replica
+# With hosts, the third-party servers' own hosts (name, kind): see service_hosts.
+REDIS_HOSTS = (("redis", "redis"), ("redis-replica", "redis"))
+SEAWEEDFS_HOST = ("seaweedfs", "seaweedfs")
+
+
+def service_hosts(options: ClusterOptions) -> list[tuple[str, str]]:
+    """(name, kind) of the third-party servers a cluster of ``options`` starts: with
+    ``hosts``, each runs in a testbed host of that name (``--link`` may name it or its kind)."""
+    return [*([SEAWEEDFS_HOST] if options.seaweedfs else []), *(REDIS_HOSTS if options.metadata == OWN_REDIS else [])]
 
 
 @dataclass(frozen=True)

@@ -43,27 +43,30 @@ class RedisServer(LocalService):
 
     cluster: bool = False
     durable: bool = False
-    replica_of: int | None = None  # the port of a primary on 127.0.0.1 this one replicates (--replicaof)
+    replica_of: int | None = None  # the port of a primary this one replicates (--replicaof)
+    primary_address: str = "127.0.0.1"  # that primary's address
 
     name: ClassVar[str] = "redis-server"
     log_name: ClassVar[str] = "redis.log"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.address}:{self.port}/0"
 
     def command(self, port: int) -> list[str]:
-        args = [redis_server_path(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args = [redis_server_path(), "--port", str(port), "--bind", self.address, "--dir", str(self.dir)]
         args += ["--logfile", str(self.dir / self.log_name), "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
+        if self.address != "127.0.0.1":  # a testbed host's: protected mode would refuse every other host
+            args += ["--protected-mode", "no"]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.dir / "nodes.conf")]
         if self.replica_of is not None:
-            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+            args += ["--replicaof", self.primary_address, str(self.replica_of)]
         return args
 
     def answers(self, port: int) -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+        with socket.create_connection((self.address, port), timeout=1) as conn:
             conn.sendall(b"PING\r\n")
             return conn.recv(64).startswith(b"+PONG")
 

@@ -63,37 +63,35 @@ class Read:
     l4_hedges: int  # hedged L4 reads it sent (each moves origin bytes too)
     minor_faults: int = 0  # page faults it took meanwhile (first touches of fresh memory)
     l4: dict[str, float] = field(default_factory=dict)  # its L4 tier's hedge and health counters
+    l3: dict[str, float] = field(default_factory=dict)  # its L3 tier's stats (misses, errors, nodes down, hedges)
 
     @property
     def mb_per_s(self) -> float:
         return self.bytes / self.seconds / 1e6
 
 
-class Readers:
-    """``count`` reader processes over ``config`` (``async with``: started and ready on entry,
-    told to exit and reaped on exit).  With ``hosts`` (at least ``count``), reader ``i`` runs
-    in ``hosts[i]``, with ``config`` but that host's peer server (on its address) and an L2
-    directory of its own under ``dir``."""
+@dataclass(frozen=True)
+class ReaderJob:
+    """One reader process: the paths it reads (path -> xxh3-64 hex digest), its client config,
+    and the testbed host it runs in (servers/clusterhosts.py; None: this process's own)."""
 
-    def __init__(
-        self, config: ClientConfig, digests: dict[str, str], count: int, dir: Path, hosts: Sequence[ClientHost] = ()
-    ) -> None:
-        if hosts and len(hosts) < count:
-            raise ValueError(f"{count} readers need {count} client hosts, got {len(hosts)}")
-        self._config, self._digests, self._count, self._dir = config, digests, count, dir
-        self._hosts = list(hosts)
+    digests: dict[str, str]
+    config: ClientConfig
+    host: ClientHost | None = None
+
+
+class Readers:
+    """A reader process per job (``async with``: started and ready on entry, told to exit and
+    reaped on exit); reader ``i`` keeps its client.toml and paths in ``dir/reader-i``."""
+
+    def __init__(self, jobs: Sequence[ReaderJob], dir: Path) -> None:
+        self._jobs, self._dir = list(jobs), dir
         self._procs: list[asyncio.subprocess.Process] = []
 
     async def __aenter__(self) -> Readers:
-        self._dir.mkdir(parents=True, exist_ok=True)
-        paths = self._dir / "paths.json"
-        paths.write_text(json.dumps(self._digests))
-        if not self._hosts:
-            (self._dir / "client.toml").write_text(self._config.to_toml())
         try:
-            for i in range(self._count):
-                config, prefix = self._place(i)
-                self._procs.append(await _start_reader(config, paths, prefix))
+            for i, job in enumerate(self._jobs):
+                self._procs.append(await _start_reader(job, self._dir / f"reader-{i}"))
             for proc in self._procs:
                 if await _line(proc, 60) != "ready":
                     raise RuntimeError("a reader process did not start: see its stderr above")
@@ -102,20 +100,8 @@ class Readers:
             raise
         return self
 
-    def _place(self, i: int) -> tuple[Path, list[str]]:
-        """Reader ``i``'s client.toml, and the argv prefix that runs it in its host."""
-        if not self._hosts:
-            return self._dir / "client.toml", []
-        host = self._hosts[i]
-        dir = self._dir / host.host.name
-        (dir / "l2").mkdir(parents=True, exist_ok=True)
-        own = msgspec.structs.replace(self._config, peer=host.config.peer, l2=L2Config(dir=str(dir / "l2")))
-        path = dir / "client.toml"
-        path.write_text(own.to_toml())
-        return path, [netns.IP, "netns", "exec", host.host.namespace]
-
     async def read(self) -> list[Read]:
-        """Every reader reads the whole dataset, all starting together; what each reported."""
+        """Every reader reads its paths, all starting together; what each reported."""
         for proc in self._procs:
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
@@ -136,10 +122,21 @@ class Readers:
         self._procs.clear()
 
 
-async def _start_reader(config: Path, paths: Path, prefix: Sequence[str] = ()) -> asyncio.subprocess.Process:
-    # In a host: ``ip netns exec`` execs the reader in place, so the pid and pipes are its own.
+def _write_job(job: ReaderJob, dir: Path) -> tuple[Path, Path]:
+    """The reader's client.toml and PATHS_JSON, written in ``dir``."""
+    dir.mkdir(parents=True, exist_ok=True)
+    config, paths = dir / "client.toml", dir / "paths.json"
+    config.write_text(job.config.to_toml())
+    paths.write_text(json.dumps(job.digests))
+    return config, paths
+
+
+async def _start_reader(job: ReaderJob, dir: Path) -> asyncio.subprocess.Process:
+    config, paths = _write_job(job, dir)
+    # `ip netns exec` runs the reader in the host's namespace (it keeps the process's pid).
+    within = () if job.host is None else (netns.IP, "netns", "exec", job.host.host.namespace)
     return await asyncio.create_subprocess_exec(
-        *prefix,
+        *within,
         sys.executable,
         "-m",
         f"{__package__}.swarm",
@@ -181,20 +178,38 @@ def origin_bytes(block_urls: Sequence[str]) -> int:
     return total
 
 
+def in_host(config: ClientConfig, digests: dict[str, str], host: ClientHost, dir: Path) -> ReaderJob:
+    """A reader in ``host``: ``config`` with the host's peer server and an L2 directory of its
+    own under ``dir``."""
+    l2 = dir / host.host.name / "l2"
+    l2.mkdir(parents=True, exist_ok=True)
+    own = msgspec.structs.replace(config, peer=host.config.peer, l2=L2Config(dir=str(l2)))
+    return ReaderJob(digests, own, host)
+
+
 async def read_together(
     config: ClientConfig, digests: dict[str, str], count: int, dir: Path, hosts: Sequence[ClientHost] = ()
 ) -> tuple[list[Read], int]:
-    """``count`` readers read the dataset together (with ``hosts``: each in its own, see
-    :class:`Readers`): what each reported, and the bytes the origin served meanwhile.
-    RuntimeError if any reader got a wrong byte."""
-    async with Readers(config, digests, count, dir, hosts) as readers:
+    """``count`` readers read the dataset together (with ``hosts``, at least ``count`` of them:
+    reader ``i`` in ``hosts[i]``, with ``config`` but that host's peer server, on its address,
+    and an L2 directory of its own under ``dir``): what each reported, and the bytes the
+    origin served meanwhile.  RuntimeError if any reader got a wrong byte."""
+    if hosts and len(hosts) < count:
+        raise ValueError(f"{count} readers need {count} client hosts, got {len(hosts)}")
+    jobs = [ReaderJob(digests, config)] * count if not hosts else [in_host(config, digests, h, dir) for h in hosts[:count]]
+    async with Readers(jobs, dir) as readers:
         before = origin_bytes(config.block_urls)
         reads = await readers.read()
         served = origin_bytes(config.block_urls) - before
+    return check_reads(reads), served
+
+
+def check_reads(reads: list[Read]) -> list[Read]:
+    """``reads``, or RuntimeError if any reader got a wrong byte."""
     wrong = [path for read in reads for path in read.wrong]
     if wrong:
         raise RuntimeError(f"readers got wrong bytes for {len(wrong)} blobs, e.g. {wrong[0]}")
-    return reads, served
+    return reads
 
 
 # --- the reader process -------------------------------------------------------------------------
@@ -218,6 +233,7 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
         result["minor_faults"] = _minor_faults() - faults
         l4 = stats["l4"].items()
         result["l4"] = {k: v for k, v in l4 if k.startswith(("hedge_", "targets_")) and isinstance(v, int | float)}
+        result["l3"] = stats["l3"]
         print(json.dumps(result), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):
             pass

@@ -19,16 +19,15 @@ Rates are Mbit/s; an empty or absent rate is unshaped (``NAME=1000:`` shapes the
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from blobsdk.cli.parser import ArgumentParser
 
 from ._common import prog
+from ._common.stopsignals import stop_signals
 from .testbed_hosts import DIRECTIONS, Direction, Flap, Host, Link, NetnsError, Testbed, check_address, unavailable
 
 __all__ = [  # the testbed's API (servers/testbed_hosts.py) and this command line
@@ -125,27 +124,21 @@ class _Stop(Exception):
     pass
 
 
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
-
-
 def _up(dir: Path, links: list[tuple[str, Link]]) -> int:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
-    bed = Testbed(dir=dir.resolve())
-    try:
-        bed.start()
-        for name, link in links:
-            bed.add_host(name, link)
-        _list(bed)
-        print(f"testbed ready in {dir}; Ctrl-C or SIGTERM removes it", file=sys.stderr, flush=True)
-        threading.Event().wait()
-    except _Stop:
-        pass
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        bed.stop()
+    with stop_signals(_Stop) as stopping:
+        bed = Testbed(dir=dir.resolve())
+        try:
+            bed.start()
+            for name, link in links:
+                bed.add_host(name, link)
+            _list(bed)
+            print(f"testbed ready in {dir}; Ctrl-C or SIGTERM removes it", file=sys.stderr, flush=True)
+            threading.Event().wait()
+        except _Stop:
+            pass
+        finally:
+            stopping.ignore()
+            bed.stop()
     return 0
 
 
@@ -160,18 +153,16 @@ def _rate(mbit: float | None) -> str:
 
 
 def _flap(bed: Testbed, host: str, down_s: float, up_s: float, cycles: int | None) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
-    flap = bed.flap(host, down_s, up_s)
-    try:
-        while cycles is None or flap.cycles < cycles or flap.host.partitioned:
-            threading.Event().wait(0.05)
-    except _Stop:
-        pass
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        flap.stop()
+    with stop_signals(_Stop) as stopping:
+        flap = bed.flap(host, down_s, up_s)
+        try:
+            while cycles is None or flap.cycles < cycles or flap.host.partitioned:
+                threading.Event().wait(0.05)
+        except _Stop:
+            pass
+        finally:
+            stopping.ignore()
+            flap.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
@@ -159,3 +159,44 @@ async def test_a_connection_dropped_once_made_is_worded_as_before(session) -> No
             await HttpEndpoint(session, f"http://127.0.0.1:{port}").read("GET", "/healthz")
     assert type(dropped.value) is Unavailable
     assert str(dropped.value).startswith(f"GET http://127.0.0.1:{port}/healthz: ")
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port whose listener never accepts and whose backlog is full: the kernel
+    drops every further SYN, as a partitioned host's link does, so connecting times out."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = int(listener.getsockname()[1])
+    fillers = []
+    for _ in range(8):  # past the backlog, whatever its rounding: until a connect is refused its SYN-ACK
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    try:
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+NO_ANSWER = "no answer to connect (the host is down or cut off from this one, or its packets are dropped)"
+
+
+async def test_a_server_that_never_answers_a_connect_is_named_on_control_requests_and_data_reads(silent_port) -> None:
+    """A partitioned server: the connect times out, and the error names who and where, as for a refusal."""
+    timeout = aiohttp.ClientTimeout(total=None, connect=0.2, sock_connect=0.2, sock_read=5)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        store = HttpMetadataStore(session, f"http://127.0.0.1:{silent_port}")
+        with pytest.raises(Unreachable) as listed:
+            await store.list_page("/bucket/")
+        block = new_block_id()
+        async with HttpBlockStore(session, f"http://127.0.0.1:{silent_port}") as blocks:
+            with pytest.raises(Unreachable) as read:
+                await blocks.read_range(block, 0, 1)
+    assert str(listed.value) == f"cannot reach the API server at 127.0.0.1:{silent_port} (POST /v1/list): {NO_ANSWER}"
+    assert str(read.value) == f"cannot reach a block server at 127.0.0.1:{silent_port} (GET /v1/blocks/{block}): {NO_ANSWER}"
+    assert (listed.value.role, listed.value.reason) == ("the API server", "no answer to connect")

@@ -41,7 +41,7 @@ import aiohttp
 from ..errors import BadRequest, BlobError, ReplyStalled, TimedOut, Unavailable, Unreachable
 from ..tail.limiter import Permit
 from .rpc import error_for, report_overload
-from .unreachable import SERVER, Role, unreachable
+from .unreachable import SERVER, Role, no_answer, unreachable
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20
@@ -402,7 +402,7 @@ class RawGetEndpoint:
             async with asyncio.timeout(self._connect_s):
                 _, conn = await loop.create_connection(lambda: _Conn(loop), self._host, self._port, ssl=self._ssl)
         except TimeoutError as exc:
-            raise TimedOut(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
+            raise no_answer(self.role, self.base_url, what) from exc
         except OSError as exc:
             error = unreachable(self.role, self.base_url, what, exc)
             raise error or Unavailable(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc

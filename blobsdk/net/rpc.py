@@ -15,7 +15,7 @@ from ..config import Timeouts
 from ..errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
 from ..tail.limiter import Permit
 from ..wire import MSGPACK, ErrorBody, encode
-from .unreachable import SERVER, Role, unreachable
+from .unreachable import SERVER, Role, no_answer, unreachable
 
 T = TypeVar("T")
 
@@ -100,10 +100,12 @@ class HttpEndpoint:
                 raise self._translated(method, route, exc) from exc
 
     def _translated(self, method: str, route: str, exc: BaseException) -> Unavailable:
-        if isinstance(exc, aiohttp.ClientConnectorError):
-            what = f"{method} {route.partition('?')[0]}"
-            if (error := unreachable(self.role, self.base_url, what, exc)) is not None:
-                return error
+        what = f"{method} {route.partition('?')[0]}"
+        error = unreachable(self.role, self.base_url, what, exc) if isinstance(exc, aiohttp.ClientConnectorError) else None
+        if error is not None:
+            return error
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return no_answer(self.role, self.base_url, what)
         cls = TimedOut if isinstance(exc, TimeoutError) else Unavailable
         return cls(f"{method} {self.base_url}{route}: {type(exc).__name__}: {exc}")
 

@@ -6,8 +6,10 @@ metadata store, blobsdk/metadata/redis.py).
 A refused connection means nothing listens at the address.  For a cluster's servers the
 likely causes are that the cluster is down, or that the config (a ``client.toml``) is from
 an earlier run, whose servers listened elsewhere; the message says so, so a user whose
-cluster is stopped reads that, not an aiohttp class name.  Other failures to connect (a
-reset, a timeout, a TLS failure) are not this: the caller words them as before.
+cluster is stopped reads that, not an aiohttp class name.  A connection attempt that gets no
+answer at all within the connect timeout (the host is down, or a partition drops its packets)
+is Unreachable too (:func:`no_answer`): the request never reached the server.  Other
+failures to connect (a reset, a TLS failure) are not this: the caller words them as before.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from urllib.parse import urlsplit
 from ..errors import Unreachable
 
 REFUSED = "connection refused"
+NO_ANSWER = "no answer to connect"
 CLUSTER_DOWN = "the cluster is down, or client.toml is from an earlier run"
 
 
@@ -57,6 +60,15 @@ def unreachable(role: Role, base_url: str, what: str, exc: BaseException) -> Unr
         return None
     address = urlsplit(base_url).netloc.rpartition("@")[2]
     hint = f"nothing listens there: {role.down}" if reason == REFUSED else "check the address in the config"
+    message = f"cannot reach {role.name} at {address} ({what}): {reason} ({hint})"
+    return Unreachable(message, role=role.name, address=address, reason=reason, hint=hint)
+
+
+def no_answer(role: Role, base_url: str, what: str) -> Unreachable:
+    """The error for a connection to ``role`` at ``base_url`` that got no answer within the
+    connect timeout (for ``what``, e.g. "POST /v1/commit"): the request was never sent."""
+    address = urlsplit(base_url).netloc.rpartition("@")[2]
+    reason, hint = NO_ANSWER, "the host is down or cut off from this one, or its packets are dropped"
     message = f"cannot reach {role.name} at {address} ({what}): {reason} ({hint})"
     return Unreachable(message, role=role.name, address=address, reason=reason, hint=hint)
 

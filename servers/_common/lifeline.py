@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, NoReturn
 
+from . import netns
+
 PARENT_POLL_S = 0.5  # without pidfds: how often an orphan looks whether its starter is gone
 # ``python -c LIFELINE STARTER_PID COMMAND...``: see run_under_lifeline.
 LIFELINE = f"from {__package__}.lifeline import run_under_lifeline; run_under_lifeline()"
@@ -99,11 +101,15 @@ def free_port() -> int:
 class LocalService:
     """A third-party server in ``dir`` on a loopback port, run under :data:`LIFELINE`:
     ``start()`` (again after ``stop()``: a restart on the same port), ``stop()`` (SIGKILL, and
-    waits).  A subclass says how to run it (:meth:`command`) and when it serves
-    (:meth:`answers`, one probe)."""
+    waits).  A subclass says how to run it (:meth:`command`, binding :attr:`address`) and when
+    it serves (:meth:`answers`, one probe).  ``namespace``: a testbed host's network namespace
+    to run it in (``ip netns exec``, which keeps the pid, so the lifeline still watches its
+    starter), with ``address`` that host's; None: this namespace, on loopback."""
 
     dir: Path
     port: int = 0
+    address: str = "127.0.0.1"
+    namespace: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _lifeline: int | None = field(default=None, repr=False)
 
@@ -126,6 +132,8 @@ class LocalService:
             read, write = os.pipe()
             with open(self.dir / self.log_name, "ab") as log:
                 argv = [sys.executable, "-c", LIFELINE, str(os.getpid()), *self.command(port)]
+                if self.namespace is not None:
+                    argv = [netns.IP, "netns", "exec", self.namespace, *argv]
                 self.process = subprocess.Popen(argv, stdin=read, stdout=log, stderr=log, env=_lifeline_env())
             os.close(read)
             self._lifeline = write

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SMALL = {"block_servers": 1, "l3_nodes": 0, "trackers": 0, "startup_timeout": 120.0}  # a loaded machine starts slowly
 
 
-def replication(port: int) -> str:
-    done = subprocess.run(["redis-cli", "-p", str(port), "info", "replication"], capture_output=True, text=True, timeout=10)
+def replication(port: int, host: str = "127.0.0.1") -> str:
+    argv = ["redis-cli", "-h", host, "-p", str(port), "info", "replication"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     return done.stdout
 
 
@@ -68,9 +69,7 @@ def test_several_api_servers_need_redis():
     with pytest.raises(ValueError) as zero:
         ClusterOptions(api_servers=0)
     assert str(zero.value) == "api_servers must be at least 1, got 0"
-    with pytest.raises(ValueError) as hosts:
-        ClusterOptions(api_servers=2, metadata="redis", hosts=True)
-    assert str(hosts.value) == "--metadata redis starts Redis on this host's loopback, which testbed hosts cannot reach"
+    assert ClusterOptions(api_servers=2, metadata="redis", hosts=True).hosts  # its own Redis runs on hosts
     result = subprocess.run(
         [sys.executable, "-m", "servers.cluster", "--dir", "d", "--api-servers", "2"],
         cwd=ROOT,
@@ -85,5 +84,7 @@ def test_several_api_servers_need_redis():
 def test_the_command_takes_api_servers_and_own_redis():
     _, options = parse_args(["--dir", "d", "--api-servers", "2", "--metadata", "redis"])
     assert (options.api_servers, options.metadata) == (2, "redis")
+    _, hosted = parse_args(["--dir", "d", "--hosts", "--api-servers", "2", "--metadata", "redis", "--link", "redis=100:100"])
+    assert (hosted.hosts, hosted.links["redis"].up) == (True, 100)
     _, default = parse_args(["--dir", "d"])
     assert (default.api_servers, default.metadata) == (1, None)

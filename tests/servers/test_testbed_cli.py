@@ -93,8 +93,12 @@ def test_the_command_drives_a_running_testbed(testbed_unavailable, tmp_path, cap
         assert ["rate 100Mbit" in bed.qdiscs("a")[0], "rate 50Mbit" in bed.qdiscs("a")[1]] == [True, True]
         assert main(["slow", "--dir", str(tmp_path), "b", "--up", "10"]) == 0
         assert "rate 10Mbit" in bed.qdiscs("b")[0] and "qdisc noqueue" in bed.qdiscs("b")[1]
+        handlers = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
         assert main(["flap", "--dir", str(tmp_path), "b", "--down-s", "0.05", "--up-s", "0.05", "--cycles", "2"]) == 0
         assert "rate 10Mbit" in bed.qdiscs("b")[0]
+        # The caller's process is left as it was: with SIGTERM left ignored, every child it
+        # started later (which inherits that across exec) outlived its terminate().
+        assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers
         assert main(["heal", "--dir", str(tmp_path), "c"]) == 1
         assert capsys.readouterr().err == "python -m servers.testbed: error: no host 'c' in this testbed (hosts: a, b)\n"
         up.send_signal(signal.SIGTERM)
