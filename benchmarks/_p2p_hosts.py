@@ -137,6 +137,7 @@ async def _phase(
         report.ratios[f"{ph}_{name}_origin_wire_egress"] = wire[name] * GOODPUT / dataset
         report.metrics[f"{ph}_{name}_link_drops"] = drops[name]
         report.details.setdefault("peer_stats", {})[f"{ph}_{name}"] = _peer_stats(reads)
+        report.details.setdefault("l4_stats", {})[f"{ph}_{name}"] = _summed([r.l4 for r in reads])
         # read_together raised had any byte been wrong; this says what each host read
         report.details.setdefault("reads", {})[f"{ph}_{name}"] = {
             "hosts": [r.host.name for r in readers[: len(reads)]],
@@ -150,6 +151,11 @@ async def _phase(
     report.ratios[f"{ph}_origin_egress_no_peers"] = runs["no_peers"][1] / dataset
     report.goals[f"{ph}_origin_egress"] = "goal <= 1.25"
     report.goals[f"{ph}_origin_egress_no_peers"] = f"about {n}"
+
+
+def _summed(counters: list[dict[str, float]]) -> dict[str, float]:
+    """Counters of several readers, summed."""
+    return {key: sum(c.get(key, 0) for c in counters) for key in sorted({k for c in counters for k in c})}
 
 
 def _peer_stats(reads: list[Read]) -> dict[str, float]:

@@ -246,7 +246,8 @@ class FenceResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 CACHE_HEADER = "X-Blobsdk-Cache"  # "hit": served from the node's flash; "miss": read through L4
 # A chunk GET may ask for "102 Processing" every MS ms while the node works on it (reading
-# it through from L4), so the client does not take a node queued behind L4 for hung.
+# it through from L4), so the client does not take a node queued behind L4 for hung; a block
+# server's GET (servers/blockstore.py) takes the same ask while it queues for a spindle.
 PROGRESS_HEADER = "X-Blobsdk-Progress"
 MIN_PROGRESS_MS, MAX_PROGRESS_MS = 10.0, 60_000.0
 HYDRATE_BATCH = 10_000  # refs per hydrate request (keeps bodies far below MAX_BODY_BYTES)

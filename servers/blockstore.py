@@ -4,6 +4,7 @@ Routes (block bytes travel raw; listings are msgpack, or JSON on request)::
 
     PUT    /v1/blocks/{id}    body = the block; 201 once durable; 400 if over --max-block-mb
     GET    /v1/blocks/{id}    200 whole block, or 206 for ``Range: bytes=first-last``
+           [X-Blobsdk-Progress: MS]   interim 102 Processing every MS ms while it queues
     DELETE /v1/blocks/{id}    204, idempotent
     GET    /v1/blocks?start_after=&limit=    ListBlocksResponse, limit <= 10000
 
@@ -19,7 +20,10 @@ would: the client must get exactly the bytes it asked for or an error.
 HDD emulation, for benchmarks: each GET/PUT waits for one of ``spindles`` (FIFO; 0 =
 unlimited), pays ``latency_ms`` once, then moves its bytes through one server-wide
 bandwidth budget (a reservation-based token bucket shared by every transfer in both
-directions, paced per 1 MiB piece, with no burst credit after idle time).
+directions, paced per 1 MiB piece, with no burst credit after idle time).  A GET that asks
+(``X-Blobsdk-Progress: MS``, as ``HttpBlockStore`` does) hears ``102 Processing`` every MS ms
+while it queues for a spindle: a spindle is held for the whole send, so on a full link a
+read may wait seconds with no byte of its own, and its client must not take that for a hang.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from aiohttp import web
@@ -43,7 +48,7 @@ from ._common import prog
 from ._common.auth import ServerAuth, check_grant, require_admin
 from ._common.faults import FAULTS_ENV, FaultConfig, config_of_args, fault_extensions
 from ._common.hdd import Bandwidth, Spindles
-from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, reply, serve
+from ._common.http import METRICS_KEY, add_serve_args, auth_of_args, base_app, progress_while, reply, serve
 from ._common.logs import setup_logging
 
 MiB = 1 << 20
@@ -79,7 +84,7 @@ class BlockServer:
         wanted = parse_range(request.headers.get("Range"))
         first, last = (0, None) if wanted is None else wanted
         check_grant(request, block_id, first, -1 if last is None else last - first + 1)
-        async with self.spindles:
+        async with self._spindle(request):
             # One disk operation finds the size and reads the first piece (clipped to the
             # block: a range past its end is refused below, before anything is sent).
             piece, size = await self.store.read_clipped(block_id, first, _first_piece(first, last))
@@ -87,6 +92,22 @@ class BlockServer:
                 return await self._send(request, block_id, piece, 0, size, size, status=200)
             start, length = span_of(wanted, size, block_id)
             return await self._send(request, block_id, piece, start, length, size, status=206)
+
+    @asynccontextmanager
+    async def _spindle(self, request: web.Request) -> AsyncIterator[None]:
+        """A spindle for ``request``; while it queues for one, ``102 Processing`` if asked
+        (``X-Blobsdk-Progress``): the client then knows its read waits behind others here and
+        is not hung.  (A spindle is held for the whole send, so on a full link a read may
+        queue for seconds with no byte of its own, while the server serves other clients.)"""
+        acquired = False
+        try:
+            async with progress_while(request):
+                await self.spindles.__aenter__()
+                acquired = True
+            yield
+        finally:
+            if acquired:
+                await self.spindles.__aexit__(None, None, None)
 
     async def delete_block(self, request: web.Request) -> web.Response:
         require_admin(request)

@@ -62,6 +62,7 @@ class Read:
     cpu_s: float  # CPU time (every thread, user and system) the reader spent meanwhile
     l4_hedges: int  # hedged L4 reads it sent (each moves origin bytes too)
     minor_faults: int = 0  # page faults it took meanwhile (first touches of fresh memory)
+    l4: dict[str, float] = field(default_factory=dict)  # its L4 tier's hedge and health counters
     l3: dict[str, float] = field(default_factory=dict)  # its L3 tier's stats (misses, errors, nodes down, hedges)
 
     @property
@@ -230,6 +231,8 @@ async def reader(config: ClientConfig, digests: dict[str, str]) -> None:
         result = {"seconds": seconds, "bytes": total, "wrong": wrong, "hits": hits, "peer": stats["peer"], "cpu_s": cpu_s}
         result["l4_hedges"] = int(stats["l4"].get("hedge_hedges_sent", 0))
         result["minor_faults"] = _minor_faults() - faults
+        l4 = stats["l4"].items()
+        result["l4"] = {k: v for k, v in l4 if k.startswith(("hedge_", "targets_")) and isinstance(v, int | float)}
         result["l3"] = stats["l3"]
         print(json.dumps(result), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):

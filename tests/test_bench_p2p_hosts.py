@@ -79,4 +79,6 @@ async def test_p2p_on_4_hosts_reports_each_run_against_its_bounds_and_every_byte
     assert report.ratios["mbit500_peers_origin_wire_egress"] >= 0.95
     assert report.details["bound"]["mbit500"] in ("cpu", "links")
     assert set(report.details["peer_stats"]) == {f"mbit500_{run}" for run in RUNS}
+    assert set(report.details["l4_stats"]) == set(report.details["peer_stats"])
+    assert report.details["l4_stats"]["mbit500_no_peers"]["hedge_primaries"] >= 4 * dataset // (4 * MiB)
     assert not report.failed

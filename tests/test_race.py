@@ -115,3 +115,69 @@ def test_a_hang_check_due_before_the_hedge_sends_no_hedge_before_its_delay() -> 
     assert result == "b"
     assert started == [("a", 0.01), ("b", 0.06)]  # not at 0.030, the first hang check
     assert (stats["hung_failovers"], stats["targets_hung"], stats["hedges_sent"]) == (0, 0, 1)
+
+
+class Trickle:
+    """Attempts whose reply arrives slowly but steadily, as a body on a full link does: bytes
+    every ``every`` seconds (``attempt.receiving()``), the whole after ``total``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, every: float, total: float) -> None:
+        self.loop, self.every, self.total = loop, every, total
+        self.started: list[tuple[str, float]] = []
+
+    async def __call__(self, name: str, attempt: Attempt) -> str:
+        self.started.append((name, round(self.loop.time(), 6)))
+        end = self.loop.time() + self.total
+        while self.loop.time() < end:
+            await asyncio.sleep(self.every)
+            attempt.receiving()
+        return name
+
+
+HEDGE_10S_HUNG_1S = HedgeConfig(min_delay_ms=10_000, max_delay_ms=10_000, hang_min_ms=1000, hang_max_ms=1000)
+
+
+def test_a_reply_arriving_slowly_but_steadily_is_no_hang() -> None:
+    """A 4 MiB body at 12 MB/s takes 0.35 s alone and seconds behind its neighbours on a full
+    link: bytes arrive every 0.3 s for 3 s, three times the 1 s hang deadline.  The deadline is
+    one for the first byte and each silence after it, so the attempt is neither failed over
+    (which would read the chunk again from the other replica, on the same full links) nor is
+    its target marked hung."""
+
+    async def main() -> tuple[str, list[tuple[str, float]], dict[str, int]]:
+        loop = asyncio.get_running_loop()
+        hedger = Hedger(HEDGE_10S_HUNG_1S, clock=loop.time)
+        targets = Trickle(loop, every=0.3, total=3.0)
+        result = await hedger.run(["a", "b"], targets)
+        return result, targets.started, hedger.stats()
+
+    result, started, stats = run_virtual(main())
+    assert result == "a"
+    assert started == [("a", 0.0)]
+    assert (stats["hung_failovers"], stats["targets_hung"], stats["hedges_sent"]) == (0, 0, 0)
+
+
+def test_a_reply_that_falls_silent_after_its_first_bytes_is_hung_one_deadline_later() -> None:
+    """Bytes count only while they come: ``a`` sends for 0.6 s, then stops; it is hung at its
+    last bytes plus the 1 s deadline, and the read fails over to ``b``."""
+
+    async def main() -> tuple[str, list[tuple[str, float]], dict[str, int]]:
+        loop = asyncio.get_running_loop()
+        hedger = Hedger(HEDGE_10S_HUNG_1S, clock=loop.time)
+        trickle = Trickle(loop, every=0.3, total=0.6)
+        fast = Targets(loop, b=0.001)
+
+        async def attempt(name: str, mark: Attempt) -> str:
+            if name == "b":
+                return await fast(name, mark)
+            await trickle(name, mark)
+            await asyncio.sleep(STALL)
+            return name
+
+        result = await hedger.run(["a", "b"], attempt)
+        return result, fast.started, hedger.stats()
+
+    result, started, stats = run_virtual(main())
+    assert result == "b"
+    assert started == [("b", 1.6)]
+    assert (stats["hung_failovers"], stats["targets_hung"], stats["hedges_sent"]) == (1, 1, 0)

@@ -38,9 +38,11 @@ from blobsdk.errors import (
     Unavailable,
     Unreachable,
 )
+from blobsdk.net.endpoint import Endpoint
 from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.limiter import AdaptiveLimiter
 from blobsdk.wire import ErrorBody, encode
 from servers._common.auth import ServerAuth
@@ -286,6 +288,56 @@ async def test_interim_replies_are_skipped_and_told_to_on_interim_each_as_it_com
     async with Server(handler) as server, endpoint(server.url) as ep:
         assert (await get(ep, on_interim=on_interim))[0] == b"0123456789" and heard == [0, 1, 2]
         assert (await get(ep))[0] == b"0123456789" and server.connections == 1  # no callback: skipped all the same
+
+
+async def test_each_arrival_of_a_replys_bytes_is_told_to_on_bytes_and_to_the_attempt() -> None:
+    """A body on a full link arrives in pieces over seconds: each arrival is told (the head
+    with the first bytes, then the rest, sent only once the client was told of the first), so
+    the hedger times its hang deadline from the last bytes, not from the request.  Through
+    an ``Endpoint``, they are the attempt's ``receiving()``: its ``heard`` moves on, and its
+    target is heard from (``on_progress``) without being taken off hedging."""
+    told = asyncio.Event()
+    head = GOOD[: GOOD.index(b"\r\n\r\n") + 4]
+
+    async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        while await read_head(reader):
+            told.clear()
+            writer.write(head + b"01234")
+            await writer.drain()
+            await told.wait()  # the client heard the first piece before the rest is sent
+            writer.write(b"56789")
+            await writer.drain()
+
+    arrivals: list[int] = []
+
+    def on_bytes() -> None:
+        arrivals.append(len(arrivals))
+        told.set()
+
+    async with Server(handler) as server, endpoint(server.url) as ep:
+        assert (await get(ep, on_bytes=on_bytes))[0] == b"0123456789" and len(arrivals) >= 2
+    now = [0.0]
+    spoke: list[float] = []
+
+    def clock() -> float:
+        now[0] += 1.0  # every look at the clock is a second later: past the throttle
+        return now[0]
+
+    def on_progress() -> None:
+        spoke.append(now[0])
+        told.set()
+
+    attempt = Attempt(clock, on_progress=on_progress)
+    async with Server(handler) as server, aiohttp.ClientSession() as session:
+        data = Endpoint(session, server.url)
+        try:
+            out = bytearray(10)
+            await data.get_into(ROUTE, memoryview(out), expect=206, attempt=attempt)
+        finally:
+            await data.aclose()
+    assert bytes(out) == b"0123456789"
+    assert len(spoke) >= 2 and attempt.heard == spoke[-1] > attempt.begun
+    assert not attempt.upstream  # still hedged when slow: bytes are no word that it waits upstream
 
 
 async def test_without_token_or_extra_headers_the_request_is_minimal() -> None:

@@ -11,7 +11,8 @@ server, an L3 node or (later) a peer needs, owned together for one base URL.
 A data GET that is one attempt of a hedged read is handed that read's
 :class:`~blobsdk.tail.attempt.Attempt`: it is marked queued while it waits for a permit and in
 service once it has one, so the hedger never hedges a read that is only waiting its turn in
-this client; an interim ``102 Processing`` from the server is its ``progress()``.  The
+this client; an interim ``102 Processing`` from the server is its ``progress()``, and every
+arrival of the reply's bytes its ``receiving()``.  The
 permit is told, by the GET itself, when the server sheds the request or it times out.
 """
 
@@ -90,7 +91,10 @@ class Endpoint:
             if attempt is not None:
                 attempt.in_service()
             on_interim = attempt.progress if attempt is not None else None
-            return await self._data.get_into(route, out, expect=expect, headers=headers, permit=permit, on_interim=on_interim)
+            on_bytes = attempt.receiving if attempt is not None else None
+            return await self._data.get_into(
+                route, out, expect=expect, headers=headers, permit=permit, on_interim=on_interim, on_bytes=on_bytes
+            )
 
     async def aclose(self) -> None:
         """Close the data connections (the session belongs to the caller)."""

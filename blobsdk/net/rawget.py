@@ -88,6 +88,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._out: memoryview | None = None
         self._error_body: bytearray | None = None
         self._on_interim: Callable[[], None] | None = None
+        self._on_bytes: Callable[[], None] | None = None
         self.on_body: Callable[[], None] | None = None  # the GET's deadline, told when the body begins
         self.last_active = 0.0
 
@@ -117,6 +118,8 @@ class _Conn(asyncio.BufferedProtocol):
             self.fail(Unavailable("bytes arrived between replies"))
             return
         self.received_any = True
+        if self._on_bytes is not None:
+            self._on_bytes()
         if self._body is not None:
             self._filled += nbytes
             self._maybe_finish()
@@ -167,10 +170,12 @@ class _Conn(asyncio.BufferedProtocol):
         expect: int,
         up_to: bool = False,
         on_interim: Callable[[], None] | None = None,
+        on_bytes: Callable[[], None] | None = None,
     ) -> asyncio.Future[_Reply]:
         assert self.transport is not None and self._done is None
         self._done = self._loop.create_future()
         self._out, self._expect, self._up_to, self._on_interim = out, expect, up_to, on_interim
+        self._on_bytes = on_bytes
         self._head = bytearray()
         self._reply, self._body, self._filled, self._error_body = None, None, 0, None
         self.received_any = False
@@ -206,6 +211,7 @@ class _Conn(asyncio.BufferedProtocol):
         if self._filled < self._body.nbytes:
             return
         done, self._done, self._body, self._out, self._on_interim = self._done, None, None, None, None
+        self._on_bytes = None
         if not self._reply.keep_alive:
             self.close()
         if not done.done():
@@ -215,7 +221,7 @@ class _Conn(asyncio.BufferedProtocol):
         return bytes(self._error_body or b"")
 
     def fail(self, exc: Exception) -> None:
-        done, self._done, self._body, self._on_interim = self._done, None, None, None
+        done, self._done, self._body, self._on_interim, self._on_bytes = self._done, None, None, None, None
         self.close()
         if done is not None and not done.done():
             done.set_exception(exc)
@@ -308,6 +314,7 @@ class RawGetEndpoint:
         up_to: bool = False,
         on_interim: Callable[[], None] | None = None,
         fresh: bool = False,
+        on_bytes: Callable[[], None] | None = None,
     ) -> dict[str, str]:
         """GET ``route``; its body (exactly ``out.nbytes``, or with ``up_to`` at most that:
         its ``content-length`` header says how many; status ``expect``) lands in ``out``.
@@ -316,7 +323,8 @@ class RawGetEndpoint:
         Unavailable.  ``permit``: the concurrency-limiter slot this GET holds; it is told
         when the server sheds the GET (429/503: ``overloaded``) or the GET times out
         (connect, ``sock_read``, ``total`` or ``stall_s``: ``dropped``).  ``on_interim`` is
-        called on each interim (1xx) reply before the reply.  ``fresh``: on a new connection,
+        called on each interim (1xx) reply before the reply, ``on_bytes`` each time bytes of
+        the reply arrive (its head or body: the server is not silent).  ``fresh``: on a new connection,
         not an idle one (a retry after a stall: the server behind an old one may be the
         one that stalled)."""
         if out.readonly:
@@ -329,7 +337,8 @@ class RawGetEndpoint:
         try:
             started = asyncio.get_running_loop().time()
             what = f"GET {route.partition('?')[0]}"
-            reply, conn = await self._exchange(request, out, expect, up_to, started, on_interim, fresh, what)
+            calls = (on_interim, on_bytes)
+            reply, conn = await self._exchange(request, out, expect, up_to, started, calls, fresh, what)
         except Unreachable:
             raise  # says which server, where and why already
         except Unavailable as exc:
@@ -347,21 +356,22 @@ class RawGetEndpoint:
         expect: int,
         up_to: bool,
         started: float,
-        on_interim: Callable[[], None] | None = None,
+        calls: tuple[Callable[[], None] | None, Callable[[], None] | None] = (None, None),
         fresh: bool = False,
         what: str = "GET",
     ) -> tuple[_Reply, _Conn]:
         """Send ``request`` and wait for its whole reply; a stale idle connection that fails
         before any reply byte is retried once on a new connection.  ``total`` counts from
-        ``started``, so it covers connecting and the retry."""
+        ``started``, so it covers connecting and the retry.  ``calls``: the GET's
+        ``on_interim`` and ``on_bytes``."""
         conn, reused = await self._connection(what, fresh)
         try:
-            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
+            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, *calls), started)
         except Unavailable:
             if not (reused and conn.peer_closed and not conn.received_any):
                 raise
             conn, _ = await self._connection(what, fresh=True)
-            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, on_interim), started)
+            reply = await self._await_reply(conn, conn.send(request, out, expect, up_to, *calls), started)
         if not conn.closed and len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(conn)
         else:

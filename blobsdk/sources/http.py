@@ -3,7 +3,8 @@
 Block bytes travel raw: a PUT streams the caller's parts as the body, part by part, and a
 ranged GET's body is received straight into the caller's buffer (``_rawget``: the data
 path's lean GET; aiohttp for the rest).  A response that is not exactly the bytes asked
-for is an error (Unavailable), never a short read.
+for is an error (Unavailable), never a short read.  A read asks the server for ``102
+Processing`` while it queues there (``X-Blobsdk-Progress``; servers/blockstore.py).
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from ..net.endpoint import Endpoint
 from ..net.unreachable import BLOCK_SERVER
 from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
-from ..wire import BlockInfo, ListBlocksResponse
+from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
 
 OCTETS = "application/octet-stream"
 LIST_PAGE = 1000
+# A read queued behind others at the server hears ``102 Processing`` this often: twice
+# within the shortest hang deadline by default (``[hedge] hang_min_ms``, 500), so a busy
+# server's queue is never taken for a hang, nor hedged into.
+PROGRESS_MS = "250"
 
 
 class HttpBlockStore:
@@ -75,7 +80,7 @@ class HttpBlockStore:
         view = memoryview(out).cast("B")
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
-        headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}"}
+        headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}", PROGRESS_HEADER: PROGRESS_MS}
         if grant:
             headers[GRANT_HEADER] = grant
         await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, attempt=attempt)

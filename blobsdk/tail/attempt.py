@@ -11,6 +11,10 @@ from collections.abc import Callable
 
 from .demand import Demand
 
+# How often bytes arriving move ``heard`` on: far finer than any hang deadline (>= 0.5 s by
+# default), and a clock read per recv, not a callback per recv.
+HEARD_EVERY_S = 0.01
+
 
 class Attempt:
     """What one attempt of a hedged request tells its hedger: whether it is in service, and
@@ -29,6 +33,14 @@ class Attempt:
     reads either), and it is no longer hedged (a hedge would make another node read
     the same chunk through: the upstream's queue again, twice).  Its latency still counts
     from :meth:`in_service`.
+
+    Bytes of the reply arriving (its head, or its body, however slowly) are :meth:`receiving`:
+    the target is not silent, so the hang deadline counts from the last of them too, and a
+    body that a full link delivers at its rate is no hang; unlike :meth:`progress`, the
+    attempt is still hedged when it runs past its hedge delay (a slow link is a straggler,
+    for the budget).  The hang deadline is thus one for the first byte and one for each
+    silence between bytes, never one for the whole body, whose time is its size over the
+    link's rate.
 
     ``on_service`` (the hedger's) is called when the attempt enters service, so the hedger
     times its hedge from then without polling the attempt while it waits."""
@@ -59,6 +71,13 @@ class Attempt:
         self.serving = True
         if self._on_service is not None:
             self._on_service()
+
+    def receiving(self) -> None:
+        now = self._clock()
+        if now - self.heard >= HEARD_EVERY_S:
+            self.heard = now
+            if self._on_progress is not None:
+                self._on_progress()
 
     def progress(self) -> None:
         self.heard = self._clock()

@@ -27,10 +27,14 @@ timeout (30 s by default).
 
 The rule, kept per target:
 
-- **Hung:** an attempt that has been *in service* (past its client-side queue) for longer
-  than the target's hang deadline — ``hang_factor`` x its latency estimate, clamped to
-  ``[hang_min_ms, hang_max_ms]`` — marks the target hung, if no attempt at that target
-  returned within that deadline either.  A target that answers others is busy, not hung: an
+- **Hung:** an attempt that has been *in service* (past its client-side queue) and silent
+  for longer than the target's hang deadline — ``hang_factor`` x its latency estimate,
+  clamped to ``[hang_min_ms, hang_max_ms]`` — marks the target hung, if no attempt at that
+  target returned or received bytes within that deadline either.  Silent: no byte of its
+  reply arrived (``Attempt.receiving``), so the deadline bounds the first byte and each
+  pause between bytes, never the whole body: a 4 MiB body behind seven others on a full
+  200 Mbit/s link takes seconds at the link's rate, and calling that hung failed nearly
+  every L4 read over to the other replica, whose link was as full.  A target that answers others is busy, not hung: an
   HDD server's queue (which the client does not see) makes a read wait far past the
   estimate while its spindles serve the reads ahead of it.  Calling that hung failed every
   read queued there over to the other replicas, which queued them again: on the benchmark's

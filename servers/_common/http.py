@@ -6,7 +6,8 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -119,6 +120,31 @@ async def with_progress(request: web.Request, work: Callable[[], Awaitable[T]]) 
         if not task.done():  # this handler was cancelled (the client left): so is the work
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+@asynccontextmanager
+async def progress_while(request: web.Request) -> AsyncIterator[None]:
+    """While the body runs, if the request asks for it (``X-Blobsdk-Progress: MS``), an
+    interim ``102 Processing`` every MS milliseconds: for a wait before the reply (a block
+    server's spindle queue) that the work itself cannot be handed to :func:`with_progress`
+    for.  Every interim reply is sent whole before this exits, so the reply's head never meets
+    one half-written.  A malformed MS is BadRequest, before the body runs."""
+    every = progress_every(request)
+    if every is None:
+        yield
+        return
+
+    async def beat(every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await request.writer.write(PROCESSING)  # written to the transport whole, then drained
+
+    task = asyncio.ensure_future(beat(every))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def progress_every(request: web.Request) -> float | None:

@@ -18,6 +18,8 @@ import pytest
 from blobsdk.errors import BlockNotFound, IncompatibleFormat, PayloadTooLarge, Unauthorized
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import ErrorBody, ListBlocksResponse
 from servers import blockstore as block_server
 from servers._common.metrics import sample_sum, sample_values
@@ -324,3 +326,58 @@ async def test_a_store_of_another_format_stops_the_server_at_startup(tmp_path: P
     with pytest.raises(IncompatibleFormat, match=f"block store {tmp_path} is in format 2"):
         async with running_app(block_server.make_app(tmp_path)):
             pass
+
+
+def one_spindle_app(root: Path) -> tuple[aiohttp.web.Application, Spindles]:
+    """The block server over ``root`` with one spindle (no seek) that the test can hold."""
+    spindles = Spindles(1, latency_s=0.0)
+    server = block_server.BlockServer(
+        LocalBlockStore(root), spindles=spindles, bandwidth=block_server.Bandwidth(0), max_block_bytes=MiB
+    )
+    app = block_server.base_app("blobsdk_blockstore", None)
+    block_server._install(app, server)
+    return app, spindles
+
+
+async def test_a_read_queued_for_a_spindle_hears_102_processing_and_is_neither_hung_nor_hedged(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """A spindle is held for a whole send, so on a full link a read waits seconds behind
+    other clients' sends with no byte of its own: the client alone cannot tell that from a
+    hung server.  While it queues the server says so (``102 Processing``, asked for by every
+    read of ``HttpBlockStore``): the attempt is told (``progress``), so its hedger neither
+    fails it over as hung nor hedges it into another queue; then its bytes land."""
+    data = os.urandom(1000)
+    block_id = new_block_id()
+    async with LocalBlockStore(tmp_path) as local:
+        await local.write_block(block_id, [data])
+    app, spindles = one_spindle_app(tmp_path)
+    async with running_app(app) as url, HttpBlockStore(session, url) as store:
+        await spindles.__aenter__()  # another client's read holds the one spindle
+        told = asyncio.Event()
+        attempt = Attempt(on_progress=told.set)
+        out = bytearray(len(data))
+        read = asyncio.ensure_future(store.read_into(block_id, 0, memoryview(out), attempt=attempt))
+        try:
+            async with asyncio.timeout(30):
+                await told.wait()
+            assert attempt.upstream and not read.done() and spindles.queued == 1
+        finally:
+            await spindles.__aexit__(None, None, None)
+            if not told.is_set():  # failing: end the read rather than leave it behind
+                read.cancel()
+        await read
+    assert bytes(out) == data
+
+
+async def test_a_malformed_progress_ask_is_400_before_queueing(tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    app, spindles = one_spindle_app(tmp_path)
+    async with running_app(app) as url:
+        await spindles.__aenter__()  # a read that queued would wait: the refusal comes first
+        try:
+            headers = {"X-Blobsdk-Progress": "fast", "Range": "bytes=0-0"}
+            async with session.get(f"{url}/v1/blocks/{new_block_id()}", headers=headers) as resp:
+                assert resp.status == 400
+                assert (await error_of(resp)).message == "X-Blobsdk-Progress must be 10 to 60000 ms, got 'fast'"
+        finally:
+            await spindles.__aexit__(None, None, None)
