@@ -49,9 +49,9 @@ from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.testbed import Link, Testbed
 
+from ._hedging_batches import batches, write_chunks
 from ._report import Report, percentile
 from ._servers import ROOT
-from .hedging import _batches, _write_chunks
 
 FAST_MBIT = 1000.0
 SLOW_MBIT = 10.0
@@ -129,7 +129,7 @@ async def _write(urls: list[str]) -> list[ChunkRef]:
         limiters = LimiterRegistry()
         blocks = ReplicatedBlockStore([HttpBlockStore(session, u, limiter=limiters.get(u)) for u in urls], write_quorum="all")
         try:
-            return await _write_chunks(blocks)
+            return await write_chunks(blocks)
         finally:
             await blocks.aclose()
 
@@ -154,11 +154,11 @@ async def _round(
             for policy in POLICY_NAMES[scenario]:
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
                 tier = L4Tier(blocks, hedge=policies[policy], limiters=None if policy == "duplicate" else limiters)
-                await _batches(tier, refs, shape.warmup)
+                await batches(tier, refs, shape.warmup)
                 before = tier.hedger.stats()
                 name = f"{scenario}_{policy}"
                 begun = time.process_time()
-                times.setdefault(name, []).append(await _batches(tier, refs, shape.batches))
+                times.setdefault(name, []).append(await batches(tier, refs, shape.batches))
                 cpu.setdefault(name, []).append((time.process_time() - begun) / shape.batches)
                 after = tier.hedger.stats()
                 total = counts.setdefault(name, {})

@@ -49,9 +49,9 @@ from servers.swarm import BLOB_MB, Read, read_together, write_dataset
 from servers.testbed import Host, Link
 from servers.tracker_rules import TrackerConfig
 
+from ._p2p_metrics import run_metrics
 from ._report import Report, median
 from ._swarm_model import Swarm
-from .p2p import run_metrics
 from .swarm_sim import REAL_CHUNK, link_params
 
 BLOCK_SERVERS = 2

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
@@ -48,25 +47,21 @@ from functools import partial
 from pathlib import Path
 
 import aiohttp
-import xxhash
 
 from blobsdk.config import HedgeConfig, Timeouts
 from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.net.rpc import new_session
-from blobsdk.read.codec import decode_chunk
-from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
+from ._hedging_batches import decode, write_chunks
 from ._hedging_inproc import client_cpu_in_process
 from ._report import Report, percentile
 from ._servers import block_servers
 
-CHUNK = 16 << 10
-FANOUT = 100
 SCENARIOS = {
     "tail": [["--latency-ms", "1", "--fault", "methods=GET;route=/v1/blocks;slow_fraction=1%;slow_ms=200"]] * 3,
     "slow_replica": [["--latency-ms", "10"], ["--latency-ms", "1"], ["--latency-ms", "1"]],
@@ -90,7 +85,7 @@ def options(args: argparse.Namespace) -> dict[str, object]:
 
 async def run(quick: bool = False, hosts: int | None = None) -> Report:
     if hosts is not None:
-        from ._hedging_hosts import FULL, QUICK, run_on_hosts  # it imports this module
+        from ._hedging_hosts import FULL, QUICK, run_on_hosts  # only with --hosts
 
         return await run_on_hosts(hosts, POLICIES, QUICK if quick else FULL)
     batches = 200 if quick else 1000
@@ -129,16 +124,16 @@ async def _scenario(report: Report, scenario: str, urls: list[str], batches: int
         replicas = [HttpBlockStore(session, url, limiter=limiters.get(url)) for url in urls]
         blocks = ReplicatedBlockStore(replicas, write_quorum="all")  # every replica holds every chunk before the reads
         try:
-            refs = await _write_chunks(blocks)
+            refs = await write_chunks(blocks)
             for policy, config in POLICIES.items():
                 if (scenario, policy) in SKIP:
                     continue
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
                 gate = None if policy == "duplicate" else limiters
                 tier = L4Tier(blocks, hedge=config, limiters=gate)
-                await _batches(tier, refs, 20)  # warm connections and latency estimates
+                await batches(tier, refs, 20)  # warm connections and latency estimates
                 before = tier.hedger.stats()
-                times = await _batches(tier, refs, batches)
+                times = await batches(tier, refs, batches)
                 after = tier.hedger.stats()
                 _record(report, f"{scenario}_{policy}", times, before, after)
             if scenario == "fault_free":
@@ -170,7 +165,7 @@ async def _client_cpu(
             await raw.get_into(f"/v1/blocks/{ref.block_id}", memoryview(bytearray(ref.length)), expect=206, headers=_range(ref))
 
         paths: dict[str, Callable[[ChunkRef], Awaitable[object]]] = {"http_get": http_get, "raw_get": raw_get}
-        paths.update({policy: partial(tier.fetch, decode=_decode) for policy, tier in tiers.items()})
+        paths.update({policy: partial(tier.fetch, decode=decode) for policy, tier in tiers.items()})
         rounds: dict[str, list[float]] = {name: [] for name in paths}
         try:
             for read in paths.values():  # warm connections and estimates
@@ -194,29 +189,6 @@ async def _each(read: Callable[[ChunkRef], Awaitable[object]], refs: list[ChunkR
 
 def _range(ref: ChunkRef) -> dict[str, str]:
     return {"Range": f"bytes={ref.offset}-{ref.offset + ref.length - 1}"}
-
-
-async def _write_chunks(blocks: ReplicatedBlockStore) -> list[ChunkRef]:
-    block_id = new_block_id()
-    raws = [os.urandom(CHUNK) for _ in range(FANOUT)]
-    await blocks.write_block(block_id, raws)
-    return [
-        ChunkRef(block_id=block_id, offset=i * CHUNK, length=CHUNK, raw_length=CHUNK, checksum=xxhash.xxh3_64_intdigest(raw))
-        for i, raw in enumerate(raws)
-    ]
-
-
-async def _decode(ref: ChunkRef, stored: memoryview) -> memoryview:
-    return decode_chunk(ref, stored)
-
-
-async def _batches(tier: L4Tier, refs: list[ChunkRef], count: int) -> list[float]:
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await asyncio.gather(*(tier.fetch(ref, _decode) for ref in refs))
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def _record(report: Report, name: str, times: list[float], before: dict[str, int], after: dict[str, int]) -> None:
