@@ -12,21 +12,9 @@ from blobsdk.errors import BadRequest, CorruptData, PreconditionFailed
 from blobsdk.metadata.base import RetryAwareStore
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.wire import CommitOp
-from servers.redisd import start_redis, start_redis_cluster
+from tests.metadata_backends import redis_cluster_fixture, redis_server_fixture  # noqa: F401
 
 from .conformance import make_plan
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    with start_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory):
-    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
-        yield cluster
 
 
 @pytest.fixture(params=["single", "cluster"])
