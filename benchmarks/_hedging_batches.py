@@ -35,7 +35,7 @@ async def decode(ref: ChunkRef, stored: memoryview) -> memoryview:
     return decode_chunk(ref, stored)
 
 
-async def batches(tier: L4Tier, refs: list[ChunkRef], count: int) -> list[float]:
+async def time_batches(tier: L4Tier, refs: list[ChunkRef], count: int) -> list[float]:
     """``count`` batches, each every ref read at once; each batch's seconds (its slowest read's)."""
     times = []
     for _ in range(count):

@@ -49,7 +49,7 @@ from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.testbed import Link, Testbed
 
-from ._hedging_batches import batches, write_chunks
+from ._hedging_batches import time_batches, write_chunks
 from ._report import Report, percentile
 from ._servers import ROOT
 
@@ -154,11 +154,11 @@ async def _round(
             for policy in POLICY_NAMES[scenario]:
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
                 tier = L4Tier(blocks, hedge=policies[policy], limiters=None if policy == "duplicate" else limiters)
-                await batches(tier, refs, shape.warmup)
+                await time_batches(tier, refs, shape.warmup)
                 before = tier.hedger.stats()
                 name = f"{scenario}_{policy}"
                 begun = time.process_time()
-                times.setdefault(name, []).append(await batches(tier, refs, shape.batches))
+                times.setdefault(name, []).append(await time_batches(tier, refs, shape.batches))
                 cpu.setdefault(name, []).append((time.process_time() - begun) / shape.batches)
                 after = tier.hedger.stats()
                 total = counts.setdefault(name, {})

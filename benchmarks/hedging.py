@@ -57,7 +57,7 @@ from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
-from ._hedging_batches import decode, write_chunks
+from ._hedging_batches import decode, time_batches, write_chunks
 from ._hedging_inproc import client_cpu_in_process
 from ._report import Report, percentile
 from ._servers import block_servers
@@ -131,9 +131,9 @@ async def _scenario(report: Report, scenario: str, urls: list[str], batches: int
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
                 gate = None if policy == "duplicate" else limiters
                 tier = L4Tier(blocks, hedge=config, limiters=gate)
-                await batches(tier, refs, 20)  # warm connections and latency estimates
+                await time_batches(tier, refs, 20)  # warm connections and latency estimates
                 before = tier.hedger.stats()
-                times = await batches(tier, refs, batches)
+                times = await time_batches(tier, refs, batches)
                 after = tier.hedger.stats()
                 _record(report, f"{scenario}_{policy}", times, before, after)
             if scenario == "fault_free":
