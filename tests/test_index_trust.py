@@ -43,12 +43,16 @@ def assert_state(loaded: dict[str, Any], state: dict[str, Any]) -> None:
     assert loaded["opt"]["step"] == state["opt"]["step"]
 
 
-async def plant_entry(client: blobsdk.Client, path: str, data: bytes) -> ChunkRef:
+async def plant_entry(client: blobsdk.Client, path: str, data: bytes, checksum: int | None = None) -> ChunkRef:
     """What any writer of the bucket can still do: its bytes written as a blob, then named by
-    an index entry through blobsdk's own kind of commit (no store can check the bytes)."""
+    an index entry through blobsdk's own kind of commit (no store can check the bytes), the
+    ref's checksum forged to ``checksum`` if given (no store can check that either)."""
     junk = await client.plan((await client.put("/ml/mallory/junk", data)).path)
-    await client._open.metadata.commit_many([CommitOp(path=path, plan=plan_of(path, junk.chunks), kind="index")])
-    return junk.chunks[0].unsigned()
+    ref = junk.chunks[0].unsigned()
+    if checksum is not None:
+        ref = msgspec.structs.replace(ref, checksum=checksum)
+    await client._open.metadata.commit_many([CommitOp(path=path, plan=plan_of(path, [ref]), kind="index")])
+    return ref
 
 
 @pytest.fixture
@@ -82,7 +86,7 @@ async def test_the_issues_attack_is_refused_and_an_entry_that_is_not_its_chunk_i
         assert (job3.index_entries_refused, manifest.reused_bytes) == (0, MiB)  # and, checked, it is reused
 
 
-@pytest.mark.parametrize("entry", ["same length, other bytes", "other length", "two refs"])
+@pytest.mark.parametrize("entry", ["same length, other bytes", "other bytes, checksum forged", "other length", "two refs"])
 async def test_an_entry_whose_ref_is_not_its_chunk_is_ignored_and_logged_once(
     client: blobsdk.Client, tmp_path: Path, entry: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -90,6 +94,8 @@ async def test_an_entry_whose_ref_is_not_its_chunk_is_ignored_and_logged_once(
         halves = await client._open.writer.write_chunks([memoryview(bytes(MiB // 2))] * 2)
         await client._open.metadata.commit("/ml/halves", plan_of("/ml/halves", halves))
         move_plan(tmp_path / "meta.sqlite", "/ml/halves", ZERO_ENTRY)
+    elif entry == "other bytes, checksum forged":  # its ref claims the zeros' xxh3-64: only reading it tells
+        await plant_entry(client, ZERO_ENTRY, POISON, checksum=xxhash.xxh3_64_intdigest(bytes(MiB)))
     else:
         await plant_entry(client, ZERO_ENTRY, POISON if entry == "same length, other bytes" else bytes(MiB - 1))
     ck = client.checkpoints("/ml/job2")

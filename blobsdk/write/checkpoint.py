@@ -169,7 +169,7 @@ class Checkpoints:
         self._base: Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
-        self._index = ChunkIndex(metadata, prefix, executor) if dedup else None  # the bucket's chunks, by content
+        self._index = ChunkIndex(metadata, prefix, executor, read) if dedup else None  # the bucket's chunks, by content
         self._stager = Stager(
             chunk_size=chunk_size,
             writer=writer,

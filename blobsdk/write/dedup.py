@@ -26,10 +26,13 @@ recorded).  So:
 
 An entry is never trusted: any writer of the bucket can make an index commit, and no store
 can tell whether the ref it names holds the chunk its path names.  So a lookup reuses an
-entry only if its one ref is the chunk being saved: the same raw length, and the ref's
-checksum (xxh3-64 of the raw bytes, which every read verifies) equal to the xxh3-64 of the
-chunk's bytes, hashed now.  Any other entry is ignored (the chunk is written, and its entry
-recorded anew), counted in ``refused`` and logged once per lookup; the save goes on.  A
+entry only if its one ref is the chunk being saved: the same raw length, the ref's checksum
+(xxh3-64 of the raw bytes, which every read verifies) equal to the xxh3-64 of the chunk's
+bytes, hashed now, and then the ref's bytes, read, equal to the chunk's.  The read is what
+catches a ref whose checksum was forged to the chunk's: its bytes fail their checksum (or
+differ), where without the read the save would name bytes no restore can return.  Any other
+entry is ignored (the chunk is written, and its entry recorded anew), counted in
+``refused`` and logged once per lookup; the save goes on.  A
 restore checks each chunk against the xxh3-128 its manifest holds too
 (blobsdk/write/restore.py), so a checkpoint an older build saved over a bad entry is
 CorruptData, never wrong bytes.
@@ -39,21 +42,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
 import xxhash
 
-from ..errors import BlockCollected
+from ..errors import BlobError, BlockCollected
 from ..metadata.base import MetadataStore
 from ..paths import INDEX_DIR, bucket_of
-from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp
+from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan
 from .writer import plan_of
 
 __all__ = ["INDEX_DIR", "ChunkIndex"]
 
 _log = logging.getLogger(__name__)
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
+_READS = 8  # entries' refs read at once to confirm them
 
 Refs = tuple[ChunkRef, ...]
 
@@ -61,9 +65,12 @@ Refs = tuple[ChunkRef, ...]
 class ChunkIndex:
     """The chunk index of one bucket (the bucket of ``prefix``); hashes on ``executor``."""
 
-    def __init__(self, metadata: MetadataStore, prefix: str, executor: Executor) -> None:
+    def __init__(
+        self, metadata: MetadataStore, prefix: str, executor: Executor, read: Callable[[ReadPlan], Awaitable[bytearray]]
+    ) -> None:
         self._metadata = metadata
         self._executor = executor
+        self._read = read  # a verified read of a plan (the client's, grants renewed)
         self.bucket = bucket_of(prefix)
         self.refused = 0  # entries found for a chunk whose ref is not that chunk: ignored
 
@@ -74,7 +81,7 @@ class ChunkIndex:
         """The refs, grants cleared, of each chunk of ``wanted`` (its xxh3-128 digest → its
         bytes) whose index entry is that chunk (see the module docstring)."""
         digests = list(wanted)
-        candidates: dict[bytes, ChunkRef] = {}  # entries of one ref of the chunk's length
+        candidates: dict[bytes, ReadPlan] = {}  # entries of one ref of the chunk's length
         refused: list[bytes] = []
         for start in range(0, len(digests), MAX_PATHS_PER_REQUEST):
             batch = digests[start : start + MAX_PATHS_PER_REQUEST]
@@ -83,18 +90,43 @@ class ChunkIndex:
                 if plan is None:
                     continue
                 if len(plan.chunks) == 1 and plan.chunks[0].raw_length == len(wanted[digest]):
-                    candidates[digest] = plan.chunks[0]
+                    candidates[digest] = plan
                 else:
                     refused.append(digest)
         checksums = await self._checksums([wanted[d] for d in candidates])
+        claimed: dict[bytes, ReadPlan] = {}
+        for (digest, plan), checksum in zip(candidates.items(), checksums, strict=True):
+            if plan.chunks[0].checksum == checksum:
+                claimed[digest] = plan
+            else:
+                refused.append(digest)
         found: dict[bytes, Refs] = {}
-        for (digest, ref), checksum in zip(candidates.items(), checksums, strict=True):
-            if ref.checksum == checksum:
-                found[digest] = (ref.unsigned(),)
+        for digest, holds in await self._confirm(claimed, wanted):
+            if holds:
+                found[digest] = (claimed[digest].chunks[0].unsigned(),)
             else:
                 refused.append(digest)
         self._refused(refused)
         return found
+
+    async def _confirm(self, claimed: dict[bytes, ReadPlan], wanted: Mapping[bytes, memoryview]) -> list[tuple[bytes, bool]]:
+        """Whether each claimed entry's ref holds the chunk's bytes: read (verified against the
+        ref's checksum), then compared, ``_READS`` at a time.  A read that fails for any reason
+        of the store's (a checksum that does not match, a block collected, a store down) is
+        not the chunk: it is written anew, never a failed save."""
+        gate = asyncio.Semaphore(_READS)
+
+        async def holds(digest: bytes) -> tuple[bytes, bool]:
+            async with gate:
+                try:
+                    data = await self._read(claimed[digest])
+                except BlobError:
+                    return digest, False
+                return digest, data == wanted[digest]
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(holds(d)) for d in claimed]
+        return [task.result() for task in tasks]
 
     async def _checksums(self, pieces: list[memoryview]) -> list[int]:
         """xxh3-64 of each piece (what a ref's checksum is), on the executor, ~16 MiB a job."""
