@@ -178,3 +178,31 @@ async def test_a_patched_chunk_is_checked_once_its_patches_are_applied(client: b
         "checkpoint 1 under /ml/job2 leaf 'w' chunk 0: the bytes read are not the ones saved"
         " (their xxh3-128 is not the digest its manifest holds)"
     )
+
+
+async def test_a_client_reads_back_only_the_entries_it_neither_wrote_nor_confirmed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry's bytes are read before reuse, but once per client: a save of a path per step
+    (DCP) reads none of what its client wrote the step before; a new client reads each once."""
+    state = fresh_state()
+
+    async def saved_reading(client: blobsdk.Client, prefix: str) -> tuple[int, int]:
+        reads: list[str] = []
+        read = client._read
+
+        async def counted(plan: Any, *args: Any) -> bytearray:
+            reads.append(plan.path)
+            return await read(plan, *args)
+
+        monkeypatch.setattr(client, "_read", counted)
+        manifest = await (await client.checkpoints(prefix).save(1, state)).wait()
+        monkeypatch.undo()
+        return len(reads), manifest.reused_bytes
+
+    async with blobsdk.Client.local(tmp_path, write=WRITE) as c:
+        assert await saved_reading(c, "/ml/step1") == (0, 0)  # written, recorded
+        assert await saved_reading(c, "/ml/step2") == (0, 3 * MiB)  # its own chunks: nothing read
+    async with blobsdk.Client.local(tmp_path, write=WRITE) as c:
+        assert await saved_reading(c, "/ml/step3") == (3, 3 * MiB)  # another client: each entry read once
+        assert await saved_reading(c, "/ml/step4") == (0, 3 * MiB)

@@ -30,7 +30,10 @@ entry only if its one ref is the chunk being saved: the same raw length, the ref
 (xxh3-64 of the raw bytes, which every read verifies) equal to the xxh3-64 of the chunk's
 bytes, hashed now, and then the ref's bytes, read, equal to the chunk's.  The read is what
 catches a ref whose checksum was forged to the chunk's: its bytes fail their checksum (or
-differ), where without the read the save would name bytes no restore can return.  Any other
+differ), where without the read the save would name bytes no restore can return.  A ref this
+client wrote for the chunk, or read and found to be it, is remembered (:class:`KnownChunks`,
+one per client, bounded), so a save of a path per step (DCP) reads none of the chunks its
+process stored the step before; a new process reads each entry it reuses once.  Any other
 entry is ignored (the chunk is written, and its entry recorded anew), counted in
 ``refused`` and logged once per lookup; the save goes on.  A
 restore checks each chunk against the xxh3-128 its manifest holds too
@@ -53,7 +56,7 @@ from ..paths import INDEX_DIR, bucket_of
 from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan
 from .writer import plan_of
 
-__all__ = ["INDEX_DIR", "ChunkIndex"]
+__all__ = ["INDEX_DIR", "ChunkIndex", "KnownChunks"]
 
 _log = logging.getLogger(__name__)
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
@@ -62,15 +65,40 @@ _READS = 8  # entries' refs read at once to confirm them
 Refs = tuple[ChunkRef, ...]
 
 
+class KnownChunks:
+    """Refs known to hold the chunk of a digest (xxh3-128): written by this client, or read by
+    it and compared; at most ``limit``, the oldest forgotten first.  Blocks are never
+    rewritten, so a ref once known stays its chunk (or is collected: BlockCollected at commit)."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self._refs: dict[bytes, ChunkRef] = {}
+        self._limit = limit
+
+    def holds(self, digest: bytes, ref: ChunkRef) -> bool:
+        return self._refs.get(digest) == ref.unsigned()
+
+    def add(self, digest: bytes, ref: ChunkRef) -> None:
+        self._refs.pop(digest, None)
+        self._refs[digest] = ref.unsigned()
+        if len(self._refs) > self._limit:
+            del self._refs[next(iter(self._refs))]
+
+
 class ChunkIndex:
     """The chunk index of one bucket (the bucket of ``prefix``); hashes on ``executor``."""
 
     def __init__(
-        self, metadata: MetadataStore, prefix: str, executor: Executor, read: Callable[[ReadPlan], Awaitable[bytearray]]
+        self,
+        metadata: MetadataStore,
+        prefix: str,
+        executor: Executor,
+        read: Callable[[ReadPlan], Awaitable[bytearray]],
+        known: KnownChunks,
     ) -> None:
         self._metadata = metadata
         self._executor = executor
         self._read = read  # a verified read of a plan (the client's, grants renewed)
+        self._known = known
         self.bucket = bucket_of(prefix)
         self.refused = 0  # entries found for a chunk whose ref is not that chunk: ignored
 
@@ -100,12 +128,14 @@ class ChunkIndex:
                 claimed[digest] = plan
             else:
                 refused.append(digest)
-        found: dict[bytes, Refs] = {}
-        for digest, holds in await self._confirm(claimed, wanted):
+        unknown = {d: plan for d, plan in claimed.items() if not self._known.holds(d, plan.chunks[0])}
+        for digest, holds in await self._confirm(unknown, wanted):
             if holds:
-                found[digest] = (claimed[digest].chunks[0].unsigned(),)
+                self._known.add(digest, claimed[digest].chunks[0])
             else:
                 refused.append(digest)
+                del claimed[digest]
+        found: dict[bytes, Refs] = {digest: (plan.chunks[0].unsigned(),) for digest, plan in claimed.items()}
         self._refused(refused)
         return found
 
@@ -155,6 +185,10 @@ class ChunkIndex:
             "y" if len(digests) == 1 else "ies",
             self.path(digests[0]),
         )
+
+    def remember(self, digest: bytes, ref: ChunkRef) -> None:
+        """``ref`` holds the chunk of ``digest``: this client just wrote it there."""
+        self._known.add(digest, ref)
 
     async def record(self, chunks: Iterable[tuple[bytes, Sequence[ChunkRef]]]) -> int:
         """Record ``chunks`` (digest, its one ref), overwriting; how many were recorded.  Best
