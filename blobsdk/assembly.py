@@ -47,6 +47,7 @@ from .tiers.l2 import L2Tier
 from .tiers.l3 import L3Tier
 from .tiers.l4 import L4Tier
 from .tiers.peer import PeerTier
+from .write.dedup import KnownChunks
 from .write.writer import Writer
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ class Assembled:
         self.shared_plans = backends.shared_plans
         self.executor = executor
         self.saves: set[asyncio.Task[Any]] = set()  # checkpoint saves in the background
+        self.known_chunks = KnownChunks()  # chunks the checkpoints' saves wrote or confirmed
         self.limiters = backends.limiters
         self.plans = plans
         self.metadata = plans  # every metadata call goes through the plan cache

@@ -281,6 +281,7 @@ class Client:
             dedup=dedup,
             mirror=mirror,
             rewrite_at=rewrite_at,
+            known=state.known_chunks,
         )
 
     async def plan(self, path: str) -> ReadPlan:

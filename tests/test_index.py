@@ -182,6 +182,24 @@ async def test_keys_that_are_no_blob_paths_are_skipped_and_directory_markers_ign
         assert [i.path async for i in c.list(dest + "/")] == [f"{dest}/dir/a"]
 
 
+async def test_a_key_in_the_reserved_namespace_is_skipped_and_the_others_indexed(services, tmp_path, run_id):
+    """An object whose blob path would lie under /{bucket}/.blobsdk/ (what any writer of the
+    S3 bucket can name) is skipped and reported, as a user's put there is refused; the pass goes on."""
+    config = config_of(services, tmp_path, run_id)
+    bucket, prefix = lake(services), f"rsv-{run_id}"
+    entry = f".blobsdk/chunks/{'0' * 32}"
+    await put_objects(bucket, {f"{prefix}/{entry}": b"\x66" * 100, f"{prefix}/a": b"a"})
+    dest = f"/rsv{run_id}"
+    async with blobsdk.Client(config) as c:
+        report = await c.index_s3(f"s3://lake/{prefix}", dest)
+        assert (report.objects, report.indexed, report.failed) == (2, 1, [])
+        assert report.skipped == [
+            f"s3://lake/{prefix}/{entry}: path '{dest}/{entry}': {dest}/.blobsdk/ is reserved for blobsdk's own records"
+            " (it can be read and listed, not written or deleted)"
+        ]
+        assert [i.path async for i in c.list(dest + "/")] == [f"{dest}/a"]
+
+
 async def test_an_object_that_changes_during_the_pass_fails_alone(services, tmp_path, run_id):
     """The listing saw one version, the read finds another: that object is reported failed
     (If-Match), the others are indexed."""

@@ -43,12 +43,16 @@ def assert_state(loaded: dict[str, Any], state: dict[str, Any]) -> None:
     assert loaded["opt"]["step"] == state["opt"]["step"]
 
 
-async def plant_entry(client: blobsdk.Client, path: str, data: bytes) -> ChunkRef:
+async def plant_entry(client: blobsdk.Client, path: str, data: bytes, checksum: int | None = None) -> ChunkRef:
     """What any writer of the bucket can still do: its bytes written as a blob, then named by
-    an index entry through blobsdk's own kind of commit (no store can check the bytes)."""
+    an index entry through blobsdk's own kind of commit (no store can check the bytes), the
+    ref's checksum forged to ``checksum`` if given (no store can check that either)."""
     junk = await client.plan((await client.put("/ml/mallory/junk", data)).path)
-    await client._open.metadata.commit_many([CommitOp(path=path, plan=plan_of(path, junk.chunks), kind="index")])
-    return junk.chunks[0].unsigned()
+    ref = junk.chunks[0].unsigned()
+    if checksum is not None:
+        ref = msgspec.structs.replace(ref, checksum=checksum)
+    await client._open.metadata.commit_many([CommitOp(path=path, plan=plan_of(path, [ref]), kind="index")])
+    return ref
 
 
 @pytest.fixture
@@ -82,7 +86,7 @@ async def test_the_issues_attack_is_refused_and_an_entry_that_is_not_its_chunk_i
         assert (job3.index_entries_refused, manifest.reused_bytes) == (0, MiB)  # and, checked, it is reused
 
 
-@pytest.mark.parametrize("entry", ["same length, other bytes", "other length", "two refs"])
+@pytest.mark.parametrize("entry", ["same length, other bytes", "other bytes, checksum forged", "other length", "two refs"])
 async def test_an_entry_whose_ref_is_not_its_chunk_is_ignored_and_logged_once(
     client: blobsdk.Client, tmp_path: Path, entry: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -90,6 +94,8 @@ async def test_an_entry_whose_ref_is_not_its_chunk_is_ignored_and_logged_once(
         halves = await client._open.writer.write_chunks([memoryview(bytes(MiB // 2))] * 2)
         await client._open.metadata.commit("/ml/halves", plan_of("/ml/halves", halves))
         move_plan(tmp_path / "meta.sqlite", "/ml/halves", ZERO_ENTRY)
+    elif entry == "other bytes, checksum forged":  # its ref claims the zeros' xxh3-64: only reading it tells
+        await plant_entry(client, ZERO_ENTRY, POISON, checksum=xxhash.xxh3_64_intdigest(bytes(MiB)))
     else:
         await plant_entry(client, ZERO_ENTRY, POISON if entry == "same length, other bytes" else bytes(MiB - 1))
     ck = client.checkpoints("/ml/job2")
@@ -172,3 +178,31 @@ async def test_a_patched_chunk_is_checked_once_its_patches_are_applied(client: b
         "checkpoint 1 under /ml/job2 leaf 'w' chunk 0: the bytes read are not the ones saved"
         " (their xxh3-128 is not the digest its manifest holds)"
     )
+
+
+async def test_a_client_reads_back_only_the_entries_it_neither_wrote_nor_confirmed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry's bytes are read before reuse, but once per client: a save of a path per step
+    (DCP) reads none of what its client wrote the step before; a new client reads each once."""
+    state = fresh_state()
+
+    async def saved_reading(client: blobsdk.Client, prefix: str) -> tuple[int, int]:
+        reads: list[str] = []
+        read = client._read
+
+        async def counted(plan: Any, *args: Any) -> bytearray:
+            reads.append(plan.path)
+            return await read(plan, *args)
+
+        monkeypatch.setattr(client, "_read", counted)
+        manifest = await (await client.checkpoints(prefix).save(1, state)).wait()
+        monkeypatch.undo()
+        return len(reads), manifest.reused_bytes
+
+    async with blobsdk.Client.local(tmp_path, write=WRITE) as c:
+        assert await saved_reading(c, "/ml/step1") == (0, 0)  # written, recorded
+        assert await saved_reading(c, "/ml/step2") == (0, 3 * MiB)  # its own chunks: nothing read
+    async with blobsdk.Client.local(tmp_path, write=WRITE) as c:
+        assert await saved_reading(c, "/ml/step3") == (3, 3 * MiB)  # another client: each entry read once
+        assert await saved_reading(c, "/ml/step4") == (0, 3 * MiB)

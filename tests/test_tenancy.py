@@ -392,15 +392,20 @@ MiB = 1 << 20
 ZERO_ENTRY = f"/ml/{INDEX_DIR}/{xxhash.xxh3_128_hexdigest(bytes(MiB))}"  # 1 MiB of zeros: a fresh optimizer moment
 
 
-async def test_a_tenant_cannot_poison_the_chunk_index_of_a_bucket_it_shares(deployment: Deployment) -> None:
+@pytest.mark.parametrize("forged", [False, True], ids=["its own checksum", "the zeros' checksum"])
+async def test_a_tenant_cannot_poison_the_chunk_index_of_a_bucket_it_shares(deployment: Deployment, forged: bool) -> None:
     """The issue's attack across tenants: refused at put; planted through blobsdk's own kind
-    of commit (the server cannot know the bytes an entry names), it is not reused."""
+    of commit (the server cannot know the bytes an entry names), even with its ref's checksum
+    forged to the zeros', it is not reused; an entry that is the chunk is (read with the
+    victim's grants)."""
     d = deployment
     async with d.client(d.tenancy.token("mallory", "ml")) as m:
         with pytest.raises(InvalidPath) as exc:
             await m.put(ZERO_ENTRY, b"\x66" * MiB)
         assert str(exc.value) == reserved(ZERO_ENTRY, "ml")
         (poison,) = await m._open.writer.write_chunks([memoryview(b"\x66" * MiB)])
+        if forged:
+            poison = msgspec.structs.replace(poison, checksum=xxhash.xxh3_64_intdigest(bytes(MiB)))
         await m._open.metadata.commit_many([CommitOp(path=ZERO_ENTRY, plan=plan_of(ZERO_ENTRY, [poison]), kind="index")])
     state = {"w": weights(0), "opt": {"exp_avg": np.zeros(MiB // 4, np.float32)}}
     async with d.client(d.tenancy.token("victim", "ml")) as v:
@@ -411,6 +416,9 @@ async def test_a_tenant_cannot_poison_the_chunk_index_of_a_bucket_it_shares(depl
         assert np.array_equal(loaded["w"], state["w"]) and loaded["opt"]["exp_avg"].tobytes() == bytes(MiB)
         into = {"opt": {"exp_avg": np.ones(MiB // 4, np.float32)}}
         assert (await ck.load(into=into))["opt"]["exp_avg"].tobytes() == bytes(MiB)
+        again = v.checkpoints("/ml/victim2", chunk_size=MiB)
+        manifest = await (await again.save(1, {"opt": {"exp_avg": np.zeros(MiB // 4, np.float32)}})).wait()
+        assert (again.index_entries_refused, manifest.reused_bytes) == (0, MiB)  # recorded anew, checked, reused
 
 
 @pytest.mark.parametrize("who", ["a bucket's tenant", "an every-bucket tenant", "an admin"])

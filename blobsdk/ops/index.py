@@ -28,7 +28,9 @@ names no block at all, so nothing tells an empty object's from an empty ``put``:
 blob at an object's path is replaced.)  gc deletes the links of replaced or removed blobs,
 never an object.  The indexed location may not overlap the client's own L4 prefix.
 
-**Keys.**  Keys that are not valid blob paths (blobsdk/paths.py) are skipped and reported.
+**Keys.**  Keys that are not valid blob paths (blobsdk/paths.py), or whose path would lie
+under ``/{bucket}/.blobsdk/`` (blobsdk's own; a batch naming one would fail whole), are
+skipped and reported.
 "Directory" markers are skipped: empty objects whose key is a directory of other keys, or the
 prefix itself (obstore lists ``dir/`` as ``dir``, so an empty folder with nothing in it is
 an empty object to it, and becomes an empty blob).  A key with an empty or a ".." segment
@@ -59,7 +61,7 @@ import xxhash
 from ..config import s3_location
 from ..errors import BadRequest, BlobError, CorruptData, InvalidPath, PreconditionFailed
 from ..metadata.base import MetadataStore
-from ..paths import validate_path, validate_prefix, validate_writable
+from ..paths import validate_prefix, validate_writable
 from ..runtime.tasks import task_group
 from ..sources.base import BlockStore, block_time, is_link, links_to
 from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
@@ -309,7 +311,7 @@ async def _listing(store: S3BlockStore, source: _Source, report: IndexReport) ->
             continue  # a "directory" marker ("dir/", which obstore lists as "dir")
         report.objects += 1
         try:
-            listed[validate_path(source.path_of(obj.key))] = obj
+            listed[validate_writable(source.path_of(obj.key))] = obj
         except InvalidPath as exc:
             report.skipped.append(f"{obj.url}: {exc}")
     return listed

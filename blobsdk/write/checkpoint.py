@@ -92,7 +92,7 @@ from ..metadata.base import MetadataStore
 from ..paths import validate_writable
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from .compare import Base
-from .dedup import ChunkIndex
+from .dedup import ChunkIndex, KnownChunks
 from .leaves import Stamp, flatten
 from .manifest import Entry, Manifest, Part
 from .restore import restore, selected
@@ -148,6 +148,7 @@ class Checkpoints:
         dedup: bool = True,
         mirror: bool = False,
         rewrite_at: float = REWRITE_AT,
+        known: KnownChunks | None = None,
     ) -> None:
         prefix = check_str("checkpoints: prefix", prefix)
         prefix = prefix.removesuffix("/") if prefix != "/" else prefix  # a directory's
@@ -169,7 +170,8 @@ class Checkpoints:
         self._base: Base | None = None  # the last checkpoint this object committed
         self._background = background if background is not None else set()
         self._warm = warm  # starts an L3 prefetch of a path, when the client has L3
-        self._index = ChunkIndex(metadata, prefix, executor) if dedup else None  # the bucket's chunks, by content
+        index = ChunkIndex(metadata, prefix, executor, read, known if known is not None else KnownChunks()) if dedup else None
+        self._index = index  # the bucket's chunks, by content
         self._stager = Stager(
             chunk_size=chunk_size,
             writer=writer,

@@ -26,10 +26,16 @@ recorded).  So:
 
 An entry is never trusted: any writer of the bucket can make an index commit, and no store
 can tell whether the ref it names holds the chunk its path names.  So a lookup reuses an
-entry only if its one ref is the chunk being saved: the same raw length, and the ref's
-checksum (xxh3-64 of the raw bytes, which every read verifies) equal to the xxh3-64 of the
-chunk's bytes, hashed now.  Any other entry is ignored (the chunk is written, and its entry
-recorded anew), counted in ``refused`` and logged once per lookup; the save goes on.  A
+entry only if its one ref is the chunk being saved: the same raw length, the ref's checksum
+(xxh3-64 of the raw bytes, which every read verifies) equal to the xxh3-64 of the chunk's
+bytes, hashed now, and then the ref's bytes, read, equal to the chunk's.  The read is what
+catches a ref whose checksum was forged to the chunk's: its bytes fail their checksum (or
+differ), where without the read the save would name bytes no restore can return.  A ref this
+client wrote for the chunk, or read and found to be it, is remembered (:class:`KnownChunks`,
+one per client, bounded), so a save of a path per step (DCP) reads none of the chunks its
+process stored the step before; a new process reads each entry it reuses once.  Any other
+entry is ignored (the chunk is written, and its entry recorded anew), counted in
+``refused`` and logged once per lookup; the save goes on.  A
 restore checks each chunk against the xxh3-128 its manifest holds too
 (blobsdk/write/restore.py), so a checkpoint an older build saved over a bad entry is
 CorruptData, never wrong bytes.
@@ -39,31 +45,60 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 
 import xxhash
 
-from ..errors import BlockCollected
+from ..errors import BlobError, BlockCollected
 from ..metadata.base import MetadataStore
 from ..paths import INDEX_DIR, bucket_of
-from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp
+from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan
 from .writer import plan_of
 
-__all__ = ["INDEX_DIR", "ChunkIndex"]
+__all__ = ["INDEX_DIR", "ChunkIndex", "KnownChunks"]
 
 _log = logging.getLogger(__name__)
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
+_READS = 8  # entries' refs read at once to confirm them
 
 Refs = tuple[ChunkRef, ...]
+
+
+class KnownChunks:
+    """Refs known to hold the chunk of a digest (xxh3-128): written by this client, or read by
+    it and compared; at most ``limit``, the oldest forgotten first.  Blocks are never
+    rewritten, so a ref once known stays its chunk (or is collected: BlockCollected at commit)."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self._refs: dict[bytes, ChunkRef] = {}
+        self._limit = limit
+
+    def holds(self, digest: bytes, ref: ChunkRef) -> bool:
+        return self._refs.get(digest) == ref.unsigned()
+
+    def add(self, digest: bytes, ref: ChunkRef) -> None:
+        self._refs.pop(digest, None)
+        self._refs[digest] = ref.unsigned()
+        if len(self._refs) > self._limit:
+            del self._refs[next(iter(self._refs))]
 
 
 class ChunkIndex:
     """The chunk index of one bucket (the bucket of ``prefix``); hashes on ``executor``."""
 
-    def __init__(self, metadata: MetadataStore, prefix: str, executor: Executor) -> None:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        prefix: str,
+        executor: Executor,
+        read: Callable[[ReadPlan], Awaitable[bytearray]],
+        known: KnownChunks,
+    ) -> None:
         self._metadata = metadata
         self._executor = executor
+        self._read = read  # a verified read of a plan (the client's, grants renewed)
+        self._known = known
         self.bucket = bucket_of(prefix)
         self.refused = 0  # entries found for a chunk whose ref is not that chunk: ignored
 
@@ -74,7 +109,7 @@ class ChunkIndex:
         """The refs, grants cleared, of each chunk of ``wanted`` (its xxh3-128 digest → its
         bytes) whose index entry is that chunk (see the module docstring)."""
         digests = list(wanted)
-        candidates: dict[bytes, ChunkRef] = {}  # entries of one ref of the chunk's length
+        candidates: dict[bytes, ReadPlan] = {}  # entries of one ref of the chunk's length
         refused: list[bytes] = []
         for start in range(0, len(digests), MAX_PATHS_PER_REQUEST):
             batch = digests[start : start + MAX_PATHS_PER_REQUEST]
@@ -83,18 +118,45 @@ class ChunkIndex:
                 if plan is None:
                     continue
                 if len(plan.chunks) == 1 and plan.chunks[0].raw_length == len(wanted[digest]):
-                    candidates[digest] = plan.chunks[0]
+                    candidates[digest] = plan
                 else:
                     refused.append(digest)
         checksums = await self._checksums([wanted[d] for d in candidates])
-        found: dict[bytes, Refs] = {}
-        for (digest, ref), checksum in zip(candidates.items(), checksums, strict=True):
-            if ref.checksum == checksum:
-                found[digest] = (ref.unsigned(),)
+        claimed: dict[bytes, ReadPlan] = {}
+        for (digest, plan), checksum in zip(candidates.items(), checksums, strict=True):
+            if plan.chunks[0].checksum == checksum:
+                claimed[digest] = plan
             else:
                 refused.append(digest)
+        unknown = {d: plan for d, plan in claimed.items() if not self._known.holds(d, plan.chunks[0])}
+        for digest, holds in await self._confirm(unknown, wanted):
+            if holds:
+                self._known.add(digest, claimed[digest].chunks[0])
+            else:
+                refused.append(digest)
+                del claimed[digest]
+        found: dict[bytes, Refs] = {digest: (plan.chunks[0].unsigned(),) for digest, plan in claimed.items()}
         self._refused(refused)
         return found
+
+    async def _confirm(self, claimed: dict[bytes, ReadPlan], wanted: Mapping[bytes, memoryview]) -> list[tuple[bytes, bool]]:
+        """Whether each claimed entry's ref holds the chunk's bytes: read (verified against the
+        ref's checksum), then compared, ``_READS`` at a time.  A read that fails for any reason
+        of the store's (a checksum that does not match, a block collected, a store down) is
+        not the chunk: it is written anew, never a failed save."""
+        gate = asyncio.Semaphore(_READS)
+
+        async def holds(digest: bytes) -> tuple[bytes, bool]:
+            async with gate:
+                try:
+                    data = await self._read(claimed[digest])
+                except BlobError:
+                    return digest, False
+                return digest, data == wanted[digest]
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(holds(d)) for d in claimed]
+        return [task.result() for task in tasks]
 
     async def _checksums(self, pieces: list[memoryview]) -> list[int]:
         """xxh3-64 of each piece (what a ref's checksum is), on the executor, ~16 MiB a job."""
@@ -123,6 +185,10 @@ class ChunkIndex:
             "y" if len(digests) == 1 else "ies",
             self.path(digests[0]),
         )
+
+    def remember(self, digest: bytes, ref: ChunkRef) -> None:
+        """``ref`` holds the chunk of ``digest``: this client just wrote it there."""
+        self._known.add(digest, ref)
 
     async def record(self, chunks: Iterable[tuple[bytes, Sequence[ChunkRef]]]) -> int:
         """Record ``chunks`` (digest, its one ref), overwriting; how many were recorded.  Best

@@ -231,6 +231,7 @@ class Stager:
                 views.append(slot.view if slot.whole else memoryview(records[id(slot)]))
         written = await self._writer.write_chunks(views)
         held = _held(staged, iter(written))
+        self._remember(staged, held)
         new_blocks = {ref.block_id for ref in written}
         refs: list[ChunkRef] = []
         entries = []
@@ -262,6 +263,16 @@ class Stager:
             base_version=base.latest_version if base is not None else 0,
             chunk_size=self.chunk_size,
         )
+
+    def _remember(self, staged: Staged, held: _Written) -> None:
+        """Tell the index which refs hold the whole chunks just written (read by no later lookup)."""
+        if self._index is None:
+            return
+        for slots, digests, holdings in zip(staged.chunks, staged.digests, held.refs, strict=True):
+            for slot, digest, holding in zip(slots, digests, holdings, strict=True):
+                whole = isinstance(slot, memoryview) or (isinstance(slot, _Patch) and slot.whole)
+                if whole and len(holding.refs) == 1:
+                    self._index.remember(digest, holding.refs[0])
 
     async def _seal_patches(self, staged: Staged) -> dict[int, bytearray]:
         """Set each patched chunk's digest (and its mirror copy's): xxh3-128 of its new bytes;
