@@ -15,6 +15,9 @@ with these items:
   then it gets SIGINT (Ctrl-C) and must exit 0.
 - ``not run: REASON``: the block does not run; the reason is kept, and tests/test_doc_snippets.py
   lists every such block, so none is skipped silently.
+- ``needs a testbed``: the block makes network namespaces (servers/testbed.py: root and
+  iproute2); its chain runs where a testbed can be made and is skipped, saying why, elsewhere,
+  as the suite's testbed tests are.
 
 Python blocks run in one process per chain, as written; a block with a top-level ``await``
 runs on the chain's event loop, as in ``python -m asyncio``.  Shell blocks run under ``bash
@@ -62,6 +65,7 @@ class Block:
     continues: bool = False
     background_until: str | None = None
     not_run: str | None = None
+    needs_testbed: bool = False
 
     @property
     def where(self) -> str:
@@ -101,6 +105,8 @@ def _items(marker: re.Match[str] | None, where: str) -> dict[str, object]:
     for item in text.split("; ") if text else []:
         if item == "continues":
             fields["continues"] = True
+        elif item == "needs a testbed":
+            fields["needs_testbed"] = True
         elif item.startswith("background until "):
             fields["background_until"] = item.removeprefix("background until ").strip()
         elif item.startswith("not run: "):
@@ -113,7 +119,7 @@ def _items(marker: re.Match[str] | None, where: str) -> dict[str, object]:
 
 
 def _check(block: Block) -> None:
-    if block.not_run is not None and (block.continues or block.background_until):
+    if block.not_run is not None and (block.continues or block.background_until or block.needs_testbed):
         raise MarkerError(f"{block.where}: a block that does not run takes no other item")
     if block.background_until is not None and (block.lang != "sh" or len(commands(block.code)) != 1):
         raise MarkerError(f"{block.where}: 'background until' is for a ```sh block of one command")

@@ -12,12 +12,13 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
+import blobsdk
 from blobsdk.cli import MMAP_THRESHOLD, NO_STORE, main
 from blobsdk.runtime.progress import ProgressLine
 from tests.helpers import ROOT, stored_files
@@ -285,8 +286,40 @@ def test_stats_exits_1_when_a_node_does_not_answer_after_showing_the_report(tmp_
     assert nodes[urls[1]] == {
         "error": f"Unreachable: cannot reach an L3 node at 127.0.0.1:{down} (GET /stats): connection refused {DOWN}"
     }
-    assert result.stderr.decode() == 'blobsdk: error: 2 of the 2 nodes did not answer (their "error" above)\n'
+    assert json.loads(result.stdout)["metadata"] == {
+        "error": f"Unreachable: cannot reach the API server at 127.0.0.1:1 (POST /v1/list): connection refused {DOWN}"
+    }
+    error = 'blobsdk: error: the metadata store and 2 of the 2 nodes did not answer (their "error" above)\n'
+    assert result.stderr.decode() == error
     assert "exits 1 if any node did not answer" in " ".join(run("stats", "--help").stdout.decode().split())
+
+
+def test_stats_exits_1_when_a_cluster_without_l3_nodes_is_down(tmp_path):
+    """No L3 node to ask: the metadata store's silence is what says the cluster is down."""
+    api = free_port()
+    config = tmp_path / "client.toml"
+    config.write_text(f'api_url = "http://127.0.0.1:{api}"\nblock_urls = ["http://127.0.0.1:{free_port()}"]\n')
+    result = run("--config", str(config), "stats", process=True)
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["nodes"] == {} and report["metadata"] == {
+        "error": f"Unreachable: cannot reach the API server at 127.0.0.1:{api} (POST /v1/list): connection refused {DOWN}"
+    }
+    assert result.stderr.decode() == 'blobsdk: error: the metadata store did not answer (their "error" above)\n'
+
+
+def test_stats_takes_a_refused_listing_as_the_metadata_store_answering(tmp_path, monkeypatch):
+    """A tenant's token may not list ``/``: the store answered, and nothing is said."""
+
+    async def refused(self: blobsdk.Client, prefix: str, **_: object) -> AsyncIterator[blobsdk.BlobInfo]:
+        raise blobsdk.Forbidden(f"the token does not allow listing {prefix!r}")
+        yield  # an async generator, as Client.list is
+
+    monkeypatch.setattr(blobsdk.Client, "list", refused)
+    config = tmp_path / "client.toml"
+    config.write_text(f'api_url = "http://127.0.0.1:{free_port()}"\nblock_urls = ["http://127.0.0.1:{free_port()}"]\n')
+    result = run("--config", str(config), "stats")
+    assert (result.returncode, result.stderr) == (0, b"") and "metadata" not in json.loads(result.stdout)
 
 
 @pytest.mark.parametrize("size", [0, 6, MMAP_THRESHOLD + 1])

@@ -38,6 +38,7 @@ CLI_CASES = [
     (["--confg", "x", "ls", "/b"], (), "blobsdk: error: unrecognized argument --confg; did you mean --config?"),
     (["--local", "x", "ls", "--lon", "/b"], ("ls",), "blobsdk ls: error: unrecognized argument --lon; did you mean --long?"),
     (["--loc", "x", "ls", "/b"], (), "blobsdk: error: unrecognized argument --loc; did you mean --local?"),
+    (["--cr", "--local", "x", "ls", "/b"], (), "blobsdk: error: unrecognized argument --cr; did you mean --create?"),
     (["--config=x", "stat", "--jsn", "/b/k"], ("stat",), "blobsdk stat: error: unrecognized argument --jsn"),
     (["ckpt", "ls", "--bogus", "/b/ckpt"], ("ckpt", "ls"), "blobsdk ckpt ls: error: unrecognized argument --bogus"),
     (["--local", "x", "prefetch", "/b/", "--tier=l2", "--pin-second", "5"], ("prefetch",), None),
@@ -64,7 +65,9 @@ def cluster_usage(capsys: pytest.CaptureFixture[str]) -> str:
     [
         (["--dirr", "x"], "unrecognized argument --dirr; did you mean --dir?"),  # not "required: --dir"
         (["--dir", "x", "--block-server", "3"], "unrecognized argument --block-server; did you mean --block-servers?"),
-        (["--dir", "x", "--l3", "2"], "unrecognized argument --l3"),
+        (["--dir", "x", "--l3", "2"], "unrecognized argument --l3"),  # a prefix of three options
+        (["--dir", "x", "--seaweed"], "unrecognized argument --seaweed; did you mean --seaweedfs?"),
+        (["--dir", "x", "--no-r"], "unrecognized argument --no-r; did you mean --no-restart?"),
         (["--dir=x", "--l3-node=2"], "unrecognized argument --l3-node; did you mean --l3-nodes?"),
     ],
 )

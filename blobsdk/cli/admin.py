@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tqdm import tqdm
 
 from ..client import Client
 from ..config import L2Config
+from ..errors import BlobError, Unavailable
 from ..read.prefetch import PrefetchProgress
 from ..runtime.progress import ProgressLine
 from ._common import UsageError, iso, non_negative, print_json, print_pretty, seconds
@@ -25,6 +27,8 @@ STATS_NOTE = (
     "client: this command's own client, new at each call, so its counters are zero (a process's"
     " counters are its Client.stats()); nodes: the L3 nodes' own stats, since they started"
 )
+METADATA_DOWN = "metadata: why the metadata store did not answer a listing's first page, here only when it did not"
+
 
 AddCommand = Callable[..., argparse.ArgumentParser]
 
@@ -58,26 +62,48 @@ class ScrubProgress(ProgressLine):
 
 async def cmd_stats(client: Client, args: argparse.Namespace) -> int:
     """The client's and the L3 nodes' counters, and on ``--local`` the store's totals; exit
-    1 (after the report) if a node did not answer."""
+    1 (after the report) if a node or, on a cluster, the metadata store did not answer (a
+    config without L3 nodes has no other server to ask)."""
     nodes = await client.node_stats()
     report: dict[str, Any] = {"about": STATS_NOTE, "client": client.stats(), "nodes": nodes}
+    metadata_error = None
     if args.local is not None:
         blobs = nbytes = 0
         async for info in client.list("/"):
             blobs += 1
             nbytes += info.size
         report["store"] = {"blobs": blobs, "bytes": nbytes}
+    else:
+        metadata_error = await _metadata_error(client)
+    if metadata_error is not None:
+        report["about"] = f"{STATS_NOTE}; {METADATA_DOWN}"
+        report["metadata"] = {"error": metadata_error}
     print_pretty(report)
-    return _silent_nodes(nodes)
+    return _silent(nodes, metadata_error is not None)
 
 
-def _silent_nodes(nodes: dict[str, dict[str, object]]) -> int:
-    """1, said on stderr, if any node answered its stats with an error; else 0."""
+async def _metadata_error(client: Client) -> str | None:
+    """Why the metadata store did not answer a listing's first page, or None: a refusal
+    (a tenant's token that may not list ``/``) is an answer."""
+    try:
+        async with aclosing(client.list("/")) as listing:
+            async for _ in listing:
+                break
+    except Unavailable as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except BlobError:  # it answered, refusing
+        return None
+    return None
+
+
+def _silent(nodes: dict[str, dict[str, object]], metadata: bool) -> int:
+    """1, said on stderr, if the metadata store or any node answered with an error; else 0."""
     answers = [answer for tier in nodes.values() for answer in tier.values()]
     silent = sum(isinstance(answer, dict) and "error" in answer for answer in answers)
-    if not silent:
+    if not silent and not metadata:
         return 0
-    print(f'blobsdk: error: {silent} of the {len(answers)} nodes did not answer (their "error" above)', file=sys.stderr)
+    who = [*(["the metadata store"] if metadata else []), *([f"{silent} of the {len(answers)} nodes"] if silent else [])]
+    print(f'blobsdk: error: {" and ".join(who)} did not answer (their "error" above)', file=sys.stderr)
     return 1
 
 
@@ -201,7 +227,7 @@ def add_parsers(command: AddCommand, sub: Any) -> None:
         cmd_stats,
         "show as JSON the L3 nodes' own stats, this command's client's per-tier counters (zero: each call is a new"
         " client), and on --local the store's blob count and bytes; exits 1 if any node did not answer (its entry"
-        ' is an "error"), after showing the rest',
+        ' is an "error"), or on a cluster the metadata store (a "metadata" entry), after showing the rest',
     )
 
     p = command("plan", cmd_plan, "show a blob's read plan (its chunks and where they are) as JSON")

@@ -72,10 +72,14 @@ class ArgumentParser(argparse.ArgumentParser):
         return None, name
 
     def _unknown(self, name: str) -> str:
-        """The error for an unknown option: its nearest shown one, by name (without the
-        dashes, which would make ``--l3`` look like ``--help``)."""
+        """The error for an unknown option: the one shown option it abbreviates, else its
+        nearest shown one by name (without the dashes, which would make ``--l3`` look like
+        ``--help``).  An abbreviation is refused too, but ``--cr`` is too short for difflib
+        to see ``--create`` in it."""
         shown = {o.lstrip(self.prefix_chars): o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings}
-        nearest = difflib.get_close_matches(name.lstrip(self.prefix_chars), shown, n=1)
+        bare = name.lstrip(self.prefix_chars)
+        expanded = [known for known in shown if known.startswith(bare)]
+        nearest = expanded if len(expanded) == 1 else difflib.get_close_matches(bare, shown, n=1)
         return f"unrecognized argument {name}" + (f"; did you mean {shown[nearest[0]]}?" if nearest else "")
 
     def _has_subcommands(self) -> bool:

@@ -617,7 +617,7 @@ async def test_a_stopped_cluster_is_named_down_and_a_restart_keeps_every_port_so
     assert listed.stderr == f"blobsdk: error: cannot reach the API server at {api} (POST /v1/list): connection refused {DOWN}\n"
     stats = _blobsdk(tmp_path / "client.toml", "stats")
     assert stats.returncode == 1 and json.loads(stats.stdout)["nodes"]["l3"].keys() == set(config.l3_urls)
-    assert stats.stderr == 'blobsdk: error: 2 of the 2 nodes did not answer (their "error" above)\n'
+    assert stats.stderr == 'blobsdk: error: the metadata store and 2 of the 2 nodes did not answer (their "error" above)\n'
 
     before = {s["name"]: s["url"] for s in _servers(tmp_path)}
     with _cluster_cli(tmp_path) as again:
@@ -631,7 +631,8 @@ async def test_a_stopped_cluster_is_named_down_and_a_restart_keeps_every_port_so
         if "api" not in moved:
             async with blobsdk.Client(config) as client:  # the config read before the restart
                 assert bytes(await client.get("/bkt/kept")) == data
-        assert _blobsdk(tmp_path / "client.toml", "stats").returncode == 0
+        stats = _blobsdk(tmp_path / "client.toml", "stats")
+        assert (stats.returncode, stats.stderr) == (0, "") and "metadata" not in json.loads(stats.stdout)
 
 
 def _said_until_ready(proc: subprocess.Popen[bytes]) -> list[str]:
