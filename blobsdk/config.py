@@ -4,7 +4,7 @@ Environment variables are read in exactly one place, :meth:`ClientConfig.from_en
 
 The ground floor: the structs of the modules with behaviour (the hedger, the limiter,
 repair) live here and those modules import them, never the other way round.  This module
-imports only leaves (``_settings``, ``_numbers``, ``_arguments``, ``errors``, ``wire``);
+imports only leaves (``_settings``, ``_numbers``, ``_arguments``, ``_redisurl``, ``errors``, ``wire``);
 tests/test_imports.py holds it to that.
 
 Every struct is a :class:`~blobsdk._settings.Settings`: each field's kind, each number's range
@@ -23,6 +23,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from ._numbers import Number, integer, non_negative, positive, real
+from ._redisurl import check_redis_url as check_redis_url  # servers check --metadata with it
 from ._settings import Settings, from_table
 from .wire import MAX_CHUNK_BYTES
 
@@ -319,8 +320,8 @@ class ReadConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True
 
     def check(self) -> None:
         url = self.shared_plan_cache_url
-        if url is not None and not url.startswith(("redis://", "rediss://")):
-            raise ValueError(f"[read] shared_plan_cache_url must be redis://HOST:PORT/DB, got {url!r}")
+        if url is not None:
+            check_redis_url(url, "[read] shared_plan_cache_url")
 
 
 class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -383,8 +384,8 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             raise ValueError("block_urls must name at least one L4 block server (or source_url an object store)")
         if has_l4 and not has_metadata:
             raise ValueError("L4 needs its metadata: an api_url (the metadata API server) or a metadata_url (Redis)")
-        if self.metadata_url is not None and not self.metadata_url.startswith(("redis://", "rediss://")):
-            raise ValueError(f"metadata_url must be redis://HOST:PORT/DB (or rediss://), got {self.metadata_url!r}")
+        if self.metadata_url is not None:
+            check_redis_url(self.metadata_url, "metadata_url")
         if self.source_url is not None:
             s3_location(self.source_url)
         check_write_config(self.write)

@@ -275,7 +275,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog=prog(f"{__package__}.api"), description="blobsdk metadata API server.")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", help="SQLite database file (created if missing)")
-    where.add_argument("--metadata", metavar="URL", help="redis://HOST:PORT/DB: the metadata in Redis (or a Redis Cluster)")
+    where.add_argument(
+        "--metadata",
+        metavar="URL",
+        help=(
+            "redis://HOST:PORT/DB: the metadata in Redis (or a Redis Cluster); "
+            "redis+sentinel://HOST:PORT,.../SERVICE/DB: in the primary those Sentinels name"
+        ),
+    )
     parser.add_argument(
         "--grant-ttl",
         type=positive(float),
@@ -298,7 +305,10 @@ def main(argv: list[str] | None = None) -> None:
         auth = auth_of_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    store = metadata_store_of(args.metadata or args.db)
+    try:
+        store = metadata_store_of(args.metadata or args.db)
+    except ValueError as exc:
+        parser.error(f"--metadata: {exc}")
     app = make_app(
         store, auth, grant_ttl=args.grant_ttl, faults=faults, admin_token=args.admin_token, tenant_slots=args.tenant_slots
     )

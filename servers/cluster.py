@@ -64,7 +64,8 @@ Tests and benchmarks use the same machinery in-process::
 
 With ``--hosts`` (``hosts=True``) each server runs in a testbed host of its own, with the
 link ``--link`` gives its name or kind (servers/clusterhosts.py, servers/testbed.py); so do
-its Redis primary and replica (hosts ``redis``, ``redis-replica``) and SeaweedFS
+its Redis primary and replica (hosts ``redis``, ``redis-replica``), the three Sentinels
+that fail the primary over (one on each of those and on ``redis-sentinel``), and SeaweedFS
 (``seaweedfs``).
 
 What a cluster starts (its options, kinds of server, launch table, client.toml, and what the
@@ -108,7 +109,7 @@ from .clusterplan import (
     server_name,
     with_service_token,
 )
-from .redisd import RedisServer
+from .redisd import RedisSentinel, RedisServer, sentinel_url
 from .seaweedd import SeaweedServer, start_seaweed_l4
 from .supervisor import HOST, ClusterError, ClusterLog, ServerProcess, Supervisor, _wait_ready, reusable_port
 from .testbed_hosts import Host, Link
@@ -147,6 +148,7 @@ class Cluster:
     config: ClientConfig | None = None
     seaweed: SeaweedServer | None = None  # with options.seaweedfs: the object store L4 is on
     redis: list[RedisServer] = field(default_factory=list)  # with --metadata redis: its primary, then replica
+    sentinels: list[RedisSentinel] = field(default_factory=list)  # and the Sentinels watching them
     report: Callable[[str], None] = field(default=lambda line: None, repr=False)
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
     placement: Placement | None = field(default=None, repr=False)  # with options.hosts: the testbed
@@ -248,8 +250,8 @@ class Cluster:
         self.report(f"SeaweedFS ready at {self.seaweed.endpoint}: L4 is {source} (log {self.seaweed.dir / 'weed.log'})")
 
     def _start_redis(self) -> None:
-        self.report(f"starting Redis (metadata) and its replica in {self.dir / 'redis'}")
-        on, replica_on = (self._service_host(*host) for host in REDIS_HOSTS)
+        self.report(f"starting Redis (metadata), its replica and 3 Sentinels in {self.dir / 'redis'}")
+        on, replica_on, third_on = (self._service_host(*host) for host in REDIS_HOSTS)
         try:
             primary = RedisServer(self.dir / "redis" / "primary", durable=True, address=on[0], namespace=on[1])
             self._started_redis(primary)
@@ -263,10 +265,20 @@ class Cluster:
                     namespace=replica_on[1],
                 )
             )
+            for i, (address, namespace) in enumerate((on, replica_on, third_on)):
+                sentinel = RedisSentinel(
+                    self.dir / "redis" / f"sentinel{i}",
+                    primary_port=primary.port,
+                    primary_address=primary.address,
+                    address=address,
+                    namespace=namespace,
+                )
+                self.sentinels.append(sentinel)  # first: stop() stops it whatever happens next
+                sentinel.start()
         except (OSError, RuntimeError) as exc:  # redis-server missing or not answering; its log says why
             raise ClusterError(f"Redis did not start: {exc}") from exc
-        self.options = dataclasses.replace(self.options, metadata=primary.url)
-        self.report(f"Redis ready at {primary.url}, its replica at {replica.url}")
+        self.options = dataclasses.replace(self.options, metadata=sentinel_url(self.sentinels))
+        self.report(f"Redis ready at {primary.url}, its replica at {replica.url}, failed over by {self.options.metadata}")
 
     def _service_host(self, name: str, kind: str) -> tuple[str, str | None]:
         """(address, namespace) a third-party server binds: its own testbed host's, with
@@ -355,6 +367,8 @@ class Cluster:
         seaweed, self.seaweed = self.seaweed, None
         if seaweed is not None:
             seaweed.stop()
+        while self.sentinels:
+            self.sentinels.pop().stop()
         while self.redis:
             self.redis.pop().stop()
         placement, self.placement = self.placement, None

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from blobsdk.cli.parser import ArgumentParser
-from blobsdk.config import s3_location
+from blobsdk.config import check_redis_url, s3_location
 
 from ._common import prog
 from ._common.stores import add_s3_args, s3_config_of_args
@@ -110,8 +110,11 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
             s3_location(args.source)
     except ValueError as exc:
         parser.error(f"--source: {exc}")
-    if args.metadata is not None and args.metadata != OWN_REDIS and not args.metadata.startswith(("redis://", "rediss://")):
-        parser.error(f"--metadata must be redis://HOST:PORT/DB or redis, got {args.metadata!r}")
+    if args.metadata is not None and args.metadata != OWN_REDIS:
+        try:
+            check_redis_url(args.metadata, "--metadata")
+        except ValueError as exc:
+            parser.error(f"{exc}; or redis: a Redis the cluster starts")
     if args.api_servers < 1:
         parser.error("--api-servers must be at least 1")
     if args.api_servers > 1 and args.metadata is None:

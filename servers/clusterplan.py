@@ -63,11 +63,11 @@ class ClusterOptions:
 
 METADATA_FOR_SEVERAL = (
     "several API servers share their store only in Redis: give --metadata redis://HOST:PORT/DB, "
-    "or --metadata redis (a Redis and its replica, started by the cluster)"
+    "or --metadata redis (a Redis, its replica and the Sentinels that fail it over, started by the cluster)"
 )
-OWN_REDIS = "redis"  # --metadata redis: the cluster starts a Redis and its replica
+OWN_REDIS = "redis"  # --metadata redis: the cluster starts a Redis, its replica and 3 Sentinels
 # With hosts, the third-party servers' own hosts (name, kind): see service_hosts.
-REDIS_HOSTS = (("redis", "redis"), ("redis-replica", "redis"))
+REDIS_HOSTS = (("redis", "redis"), ("redis-replica", "redis"), ("redis-sentinel", "redis"))
 SEAWEEDFS_HOST = ("seaweedfs", "seaweedfs")
 
 

@@ -1,8 +1,11 @@
 """Local ``redis-server`` processes, for tests, benchmarks and ``servers.cluster --metadata
-redis``: one server, or a Redis Cluster of N masters, on free loopback ports.
+redis``: one server, a primary with its replica and the Sentinels that fail it over, or a
+Redis Cluster of N masters, on free loopback ports.
 
     with start_redis(dir) as server:            # server.url: redis://127.0.0.1:PORT/0
         ...
+    with start_redis_failover(dir) as ha:       # ha.url: redis+sentinel://127.0.0.1:P1,.../blobsdk/0
+        ha.primary.stop()                       # the Sentinels promote ha.replica in a few seconds
     with start_redis_cluster(dir, masters=3) as cluster:
         cluster.url                             # any master's URL: the client finds the rest
         cluster.servers[1].stop(); cluster.servers[1].start()   # kill and restart one
@@ -66,9 +69,13 @@ class RedisServer(LocalService):
         return args
 
     def answers(self, port: int) -> bool:
-        with socket.create_connection((self.address, port), timeout=1) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(64).startswith(b"+PONG")
+        return _pongs(self.address, port)
+
+
+def _pongs(address: str, port: int) -> bool:
+    with socket.create_connection((address, port), timeout=1) as conn:
+        conn.sendall(b"PING\r\n")
+        return conn.recv(64).startswith(b"+PONG")
 
 
 @contextlib.contextmanager
@@ -93,6 +100,87 @@ def start_redis_pair(dir: str | os.PathLike[str]) -> Iterator[tuple[RedisServer,
             yield primary, replica
         finally:
             replica.stop()
+
+
+SERVICE = "blobsdk"  # the name the Sentinels know the primary by (the URL's SERVICE)
+DOWN_AFTER_MS = 1000  # how long a primary is silent before a Sentinel calls it down
+FAILOVER_TIMEOUT_MS = 10_000  # how long a failover may take before another Sentinel tries
+
+
+@dataclass
+class RedisSentinel(LocalService):
+    """One Sentinel (``redis-server CONF --sentinel``) watching the primary at
+    ``primary_address:primary_port`` as :data:`SERVICE`; ``quorum`` Sentinels must agree it
+    is down.  It rewrites its config file as it learns (replicas, other Sentinels, a new
+    primary), so a restart on the same ``dir`` resumes what it knew."""
+
+    primary_port: int = 0
+    primary_address: str = "127.0.0.1"
+    quorum: int = 2
+
+    name: ClassVar[str] = "redis-sentinel"
+    log_name: ClassVar[str] = "sentinel.log"
+
+    def command(self, port: int) -> list[str]:
+        conf = self.dir / "sentinel.conf"
+        if not conf.exists():
+            lines = [
+                f"sentinel monitor {SERVICE} {self.primary_address} {self.primary_port} {self.quorum}",
+                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
+                f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
+                f"sentinel parallel-syncs {SERVICE} 1",
+            ]
+            conf.write_text("\n".join(lines) + "\n")
+        args = [redis_server_path(), str(conf), "--sentinel", "--port", str(port), "--bind", self.address]
+        args += ["--dir", str(self.dir), "--logfile", str(self.dir / self.log_name)]
+        return args + (["--protected-mode", "no"] if self.address != "127.0.0.1" else [])
+
+    def answers(self, port: int) -> bool:
+        return _pongs(self.address, port)
+
+    def primary(self) -> tuple[str, int]:
+        """The primary's address as this Sentinel knows it now."""
+        argv = [shutil.which("redis-cli") or "redis-cli", "-h", self.address, "-p", str(self.port)]
+        argv += ["sentinel", "get-master-addr-by-name", SERVICE]
+        host, port = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout.split()
+        return host, int(port)
+
+
+def sentinel_url(sentinels: list[RedisSentinel], db: int = 0) -> str:
+    """The ``redis+sentinel://`` URL of the primary ``sentinels`` watch."""
+    return f"redis+sentinel://{','.join(f'{s.address}:{s.port}' for s in sentinels)}/{SERVICE}/{db}"
+
+
+@dataclass
+class RedisFailover:
+    """A durable primary, its replica and the Sentinels that promote the replica when the
+    primary is down; :attr:`url` is what a client connects with."""
+
+    primary: RedisServer
+    replica: RedisServer
+    sentinels: list[RedisSentinel]
+
+    @property
+    def url(self) -> str:
+        return sentinel_url(self.sentinels)
+
+
+@contextlib.contextmanager
+def start_redis_failover(dir: str | os.PathLike[str], *, sentinels: int = 3) -> Iterator[RedisFailover]:
+    """A primary and replica (:func:`start_redis_pair`) and ``sentinels`` Sentinels (quorum: a
+    majority), in ``dir``."""
+    with start_redis_pair(dir) as (primary, replica):
+        watching = [
+            RedisSentinel(Path(dir) / f"sentinel{i}", primary_port=primary.port, quorum=sentinels // 2 + 1)
+            for i in range(sentinels)
+        ]
+        try:
+            for sentinel in watching:
+                sentinel.start()
+            yield RedisFailover(primary, replica, watching)
+        finally:
+            for sentinel in watching:
+                sentinel.stop()
 
 
 @dataclass

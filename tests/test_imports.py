@@ -216,7 +216,15 @@ def test_no_import_cycles():
 # (with what those leaves import).  Config structs live in blobsdk.config, not beside the
 # behaviour they configure; the hedged attempt a block store marks, and the demand it carries,
 # live in leaves of their own.
-LEAVES = {"blobsdk._arguments", "blobsdk._numbers", "blobsdk._settings", "blobsdk.errors", "blobsdk.runtime.ids", "blobsdk.wire"}
+LEAVES = {
+    "blobsdk._arguments",
+    "blobsdk._numbers",
+    "blobsdk._redisurl",
+    "blobsdk._settings",
+    "blobsdk.errors",
+    "blobsdk.runtime.ids",
+    "blobsdk.wire",
+}
 GROUND_FLOOR = {
     "blobsdk.config": LEAVES,
     "blobsdk.tail.demand": set(),

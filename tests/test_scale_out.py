@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import blobsdk
+from blobsdk._redisurl import FORM
 from blobsdk.assembly import _block_store
 from blobsdk.config import ClientConfig, S3Config
 from blobsdk.metadata.redis import RedisMetadataStore
@@ -77,8 +78,9 @@ def test_the_config_names_one_metadata_and_one_l4():
         ClientConfig(api_url="http://a", metadata_url="redis://r:6379/0", block_urls=("http://b",))
     with pytest.raises(ValueError, match=r"^block_urls and source_url both name L4: set one$"):
         ClientConfig(api_url="http://a", block_urls=("http://b",), source_url="s3://xyz")
-    with pytest.raises(ValueError, match=r"^metadata_url must be redis://HOST:PORT/DB \(or rediss://\), got 'sqlite:///x'$"):
+    with pytest.raises(ValueError) as caught:
         ClientConfig(metadata_url="sqlite:///x", source_url="s3://xyz")
+    assert str(caught.value) == f"metadata_url must be {FORM}, got 'sqlite:///x'"
     with pytest.raises(ValueError, match=r"^an S3 location is s3://BUCKET\[/PREFIX\], got 's3:///x'$"):
         ClientConfig(metadata_url="redis://r:6379/0", source_url="s3:///x")
     with pytest.raises(ValueError, match=r"^L4 needs its metadata: an api_url \(the metadata API server\) or a metadata_url"):
@@ -128,6 +130,11 @@ def child_env() -> dict[str, str]:
     ("module", "args", "message"),
     [
         ("servers.api", ["--db", "x.sqlite", "--metadata", "redis://r/0"], "argument --metadata: not allowed with argument --db"),
+        (
+            "servers.api",
+            ["--metadata", "sqlite:///x"],
+            f"--metadata: a Redis metadata URL must be {FORM}, got 'sqlite:///x'",
+        ),
         ("servers.flash", ["--dir", "d", "--source", "http://x"], "source_url must be s3://BUCKET[/PREFIX]"),
         (
             "servers.flash",
@@ -137,7 +144,7 @@ def child_env() -> dict[str, str]:
         (
             "servers.cluster",
             ["--dir", "d", "--metadata", "sqlite:///x"],
-            "--metadata must be redis://HOST:PORT/DB or redis, got 'sqlite:///x'",
+            f"--metadata must be {FORM}, got 'sqlite:///x'; or redis: a Redis the cluster starts",
         ),
         (
             "servers.cluster",

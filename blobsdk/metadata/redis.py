@@ -1,6 +1,7 @@
-"""Redis metadata store (issue 13; extra ``redis``): the :class:`~blobsdk.metadata.base.MetadataStore`
-for deployments past one machine, over redis-py's asyncio client, on a single Redis server
-or a Redis Cluster (found out at open: ``INFO cluster``).
+"""Redis metadata store (extra ``redis``): the :class:`~blobsdk.metadata.base.MetadataStore`
+for deployments past one machine, over redis-py's asyncio client, on a single Redis server,
+a primary its Sentinels name and fail over (``redis+sentinel://``, blobsdk/_redisurl.py), or
+a Redis Cluster (found out at open: ``INFO cluster``).
 
 Layout, under a namespace ``ns`` (default ``blobsdk``), per bucket (a path's first segment):
 
@@ -46,7 +47,8 @@ puts a bucket's keys in one, so **a commit's paths must share their bucket there
 buckets one after another, so it spans slots and masters.  A bucket is one slot: a
 deployment spreads over the cluster by buckets (datasets, checkpoint prefixes, users).
 
-Failures: a connection refused or lost, a timeout (``timeout`` bounds every call) or a
+Failures: a connection refused or lost, a timeout (``timeout`` bounds each connect and each
+reply; a call is tried once more only when its connection failed, blobsdk/metadata/_redis_connect.py) or a
 cluster without a master for a slot is Unavailable; redis-py reconnects on the next call, so
 a restarted server serves again.  As with any remote store, a commit whose answer was lost
 may or may not have happened.  Durability is the server's: with ``appendfsync always`` an
@@ -60,24 +62,23 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import msgspec
 
 from .._extras import requires_extra
+from .._redisurl import check_redis_url
 from . import _redis_lua as lua
 from . import _redis_rows as rows
 
 with requires_extra("redis", __name__):
-    import redis.asyncio as aioredis
     import redis.exceptions as rexc
-    from redis.asyncio.cluster import RedisCluster
 
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
 from ..net.unreachable import REDIS, unreachable
 from ..paths import bucket_of, validate_path
 from ..runtime.ids import validate_hex32
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
+from ._redis_connect import RedisConnection, connect
 from .base import (
     block_collected,
     check_commit_op,
@@ -105,13 +106,12 @@ _encoder = msgspec.msgpack.Encoder()
 
 class RedisMetadataStore:
     """MetadataStore over Redis at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for TLS,
-    ``redis://:PASSWORD@HOST:PORT/DB``); see the module docstring.  Connects on first use,
+    ``redis://:PASSWORD@HOST:PORT/DB``, or ``redis+sentinel://HOST:PORT,.../SERVICE/DB``);
+    see the module docstring.  Connects on first use,
     or at ``open()`` / ``async with``; ``aclose()`` closes, and any later call is ClientClosed."""
 
     def __init__(self, url: str, *, namespace: str = "blobsdk", timeout: float = 5.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-            raise ValueError(f"a Redis metadata URL is redis://HOST:PORT/DB (or rediss://), got {url!r}")
+        check_redis_url(url, "a Redis metadata URL")
         if not namespace or "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace must be non-empty and without braces, got {namespace!r}")
         self.url = url
@@ -120,6 +120,8 @@ class RedisMetadataStore:
         self.cluster: bool | None = None  # known once open
         self._keys = rows.Keys(namespace)
         self._redis: Any = None
+        self._connection: RedisConnection | None = None
+        self._failed = False  # a call's connection failed since the last call began
         self._closed = False
         self._commit: Any = None
         self._delete: Any = None
@@ -143,30 +145,21 @@ class RedisMetadataStore:
 
     async def aclose(self) -> None:
         self._closed = True
-        client, self._redis = self._redis, None
-        if client is not None:
-            await client.aclose()
+        connection, self._connection, self._redis = self._connection, None, None
+        if connection is not None:
+            await connection.aclose()
 
     async def _client(self) -> Any:
         if self._closed:
             raise ClientClosed("metadata store is closed")
         if self._redis is not None:
+            if self._failed and self._connection is not None:
+                self._failed = False
+                await self._connection.drop_idle()  # after a failure: connect afresh (_redis_connect.py)
             return self._redis
-        options: dict[str, Any] = {"socket_timeout": self.timeout, "socket_connect_timeout": self.timeout}
         with self._errors():
-            single = aioredis.Redis.from_url(self.url, **options)
-            try:
-                info = await single.info("cluster")
-            except BaseException:
-                await single.aclose()
-                raise
-            if info.get("cluster_enabled"):
-                await single.aclose()
-                client: Any = RedisCluster.from_url(self.url, **options)
-                await client.initialize()
-                self.cluster = True
-            else:
-                client, self.cluster = single, False
+            connection = self._connection = await connect(self.url, timeout=self.timeout)
+        client, self.cluster = connection.client, connection.cluster
         self._commit, self._delete = client.register_script(lua.COMMIT), client.register_script(lua.DELETE)
         self._fence, self._list = client.register_script(lua.FENCE), client.register_script(lua.LIST)
         self._index_script = client.register_script(lua.INDEX)
@@ -177,8 +170,8 @@ class RedisMetadataStore:
                     await self._index_old_plans(client)
                     await client.set(self._keys.refs_done, REFS_VERSION)
         except BaseException:
-            self._redis = None  # the next call connects and tries the pass again
-            await client.aclose()
+            self._redis = self._connection = None  # the next call connects and tries the pass again
+            await connection.aclose()
             raise
         return client
 
@@ -206,6 +199,7 @@ class RedisMetadataStore:
         try:
             yield
         except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError, rexc.TryAgainError, OSError) as exc:
+            self._failed = True
             if (error := unreachable(REDIS, self.url, "the metadata store", exc)) is not None:
                 raise error from exc
             raise Unavailable(f"metadata store {rows.redacted(self.url)}: {str(exc) or type(exc).__name__}") from exc

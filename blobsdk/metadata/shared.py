@@ -36,11 +36,11 @@ import msgspec
 from .._extras import requires_extra
 
 with requires_extra("redis", __name__):
-    import redis.asyncio as aioredis
     import redis.exceptions as rexc
 
 from ..auth import grants_usable_for
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
+from ._redis_connect import client_for
 from .base import MetadataStore, PassThrough
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ class SharedPlanCache(PassThrough):
         self._scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]
         self._ns = namespace
         # A short timeout: a slow cache must cost less than the store it saves a trip to.
-        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._connection = client_for(url, timeout=timeout)
+        self._redis: Any = self._connection.client
         self.hits = self.misses = self.errors = 0
 
     def _keys(self, path: str) -> tuple[str, str]:
@@ -201,7 +202,7 @@ class SharedPlanCache(PassThrough):
         try:
             await self.store.aclose()
         finally:
-            await self._redis.aclose()
+            await self._connection.aclose()
 
 
 def _near_expiry(plan: ReadPlan) -> bool:

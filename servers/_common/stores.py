@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def metadata_store_of(location: str) -> RedisMetadataStore | SqliteMetadataStore:
-    """A Redis store for ``redis://`` or ``rediss://`` URLs, else SQLite in that file."""
-    if location.startswith(("redis://", "rediss://")):
+    """A Redis store for a URL (``redis://``, ``rediss://``, ``redis+sentinel://``: ValueError
+    for another scheme), else SQLite in that file."""
+    if "://" in location:
         from blobsdk.metadata.redis import RedisMetadataStore
 
         return RedisMetadataStore(location)

@@ -12,6 +12,7 @@ import time
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
+from blobsdk._redisurl import FORM
 from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable, Unreachable
 from blobsdk.metadata.base import MetadataStore, check_commit_op
 from blobsdk.metadata.redis import RedisMetadataStore
@@ -116,8 +117,9 @@ async def test_a_single_server_commits_across_buckets_atomically(redis_server):
 
 
 async def test_bad_urls_and_namespaces_are_refused():
-    with pytest.raises(ValueError, match=r"^a Redis metadata URL is redis://HOST:PORT/DB \(or rediss://\), got 'http://x'$"):
+    with pytest.raises(ValueError) as caught:
         RedisMetadataStore("http://x")
+    assert str(caught.value) == f"a Redis metadata URL must be {FORM}, got 'http://x'"
     with pytest.raises(ValueError, match=r"^namespace must be non-empty and without braces, got 'a\{b'$"):
         RedisMetadataStore("redis://127.0.0.1:1/0", namespace="a{b")
 
@@ -301,3 +303,28 @@ async def test_a_listing_page_across_buckets_is_one_command_per_bucket(redis_ser
         assert [info.path for info in page] == ["/b/k0", "/b/k1", "/b/k2", "/c/k0", "/c/k1"] and cursor == "/c/k1"
         page, cursor = await store.list_page("/", cursor, limit=5)
         assert [info.path for info in page] == ["/c/k2"] and cursor is None
+
+
+async def test_a_call_to_a_server_that_never_answers_is_tried_once():
+    """The store's timeout bounds a call: a timeout is not tried again (a failed connection is,
+    once: blobsdk/metadata/_redis_connect.py)."""
+    accepted = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        await reader.read()  # reads the command, never answers
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        store = RedisMetadataStore(f"redis://127.0.0.1:{port}/0", timeout=0.2)
+        with pytest.raises(Unavailable) as caught:
+            await store.open()
+        assert str(caught.value).startswith(f"metadata store redis://127.0.0.1:{port}/0: Timeout")
+        assert accepted == 1
+        await store.aclose()
+    finally:
+        server.close()
+        await server.wait_closed()
