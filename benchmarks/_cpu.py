@@ -1,5 +1,5 @@
 """Client CPU per GB delivered against its floor, and baselines interleaved with the paths
-they judge (issue 26): the helpers ``tiers`` and ``put_get`` share.
+they judge: the helpers ``tiers`` and ``put_get`` share.
 
 **CPU per GB.** Each path's ``process_time`` (this process, every thread: the executor's
 hashing and the local store's reads included; separate server processes not) over the bytes

@@ -2,7 +2,7 @@
 timing and memory helpers every curve uses, and the picture.
 
 A curve is *flat* when its value at the largest size is at most ``FLAT`` times its value at the
-smallest (issue 27: lookups, hits and locates flat, memory per entry constant).
+smallest (goals: lookups, hits and locates flat, memory per entry constant).
 """
 
 from __future__ import annotations

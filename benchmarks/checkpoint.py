@@ -1,4 +1,4 @@
-"""checkpoint: delta checkpoint saves (issue 12).  A state of float32 arrays of 64 MiB (16, 1 GiB;
+"""checkpoint: delta checkpoint saves.  A state of float32 arrays of 64 MiB (16, 1 GiB;
 ``--quick``: 4, 256 MiB), saved at 10 steps (``--quick``: 5), with 5% of its 4 MiB chunks (the default size) changed
 before each step, in one run:
 

@@ -1,4 +1,4 @@
-"""metadata: getReadPlan through every metadata path (issue 13), in one run, over the same
+"""metadata: getReadPlan through every metadata path, in one run, over the same
 blobs (10,000 of 4 chunks; ``--quick``: 2,000):
 
 - ``sqlite``: the embedded SQLite store, in process;

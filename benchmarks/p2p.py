@@ -1,4 +1,4 @@
-"""p2p: the peer tier (issue 11).  N = 8 reader processes, each a blobsdk client with its own
+"""p2p: the peer tier.  N = 8 reader processes, each a blobsdk client with its own
 peer server, read the same dataset at the same moment from a local cluster (API server, 2
 block servers emulating HDD, 1 tracker; separate processes), in one run:
 
@@ -19,7 +19,7 @@ per reader, and ``*_readers_cpu_floor_s``: the readers' CPU seconds ÷ the machi
 floor on the run's time that no schedule beats here (the servers' CPU comes on top).
 ``*_reader_cpu_s_per_GB``: the median reader's CPU seconds per GB it read (its peer
 server's sends included), and ``peers_cpu_vs_floor`` the peers run's against the memcpy +
-xxh3 floor measured in the same run (benchmarks/_cpu.py; goal <= 1.5, issue 26);
+xxh3 floor measured in the same run (benchmarks/_cpu.py; goal <= 1.5);
 ``*_reader_faults_per_GB`` the median reader's minor page faults per GB it read.
 ``--quick`` reads 128 MiB instead of 512 MiB.
 

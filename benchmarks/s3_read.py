@@ -1,6 +1,6 @@
 """s3_read: the S3 L4's reads against the plain S3 clients, on the same ranges of the same
 objects in a local SeaweedFS (servers/seaweedd.py, started and stopped by the run), in one
-run (issue 21 item 3: "S3 reads at the store's speed").
+run (the goal: S3 reads at the store's speed).
 
 Rows, each reading every range once, ``CONCURRENCY`` at a time, every byte checked against
 what was written (the same way in every row: one ``==`` on a ``bytes``, a memcmp):
@@ -26,7 +26,7 @@ s3torchconnector's pools included) and SeaweedFS's (``seaweed_cpu_s_per_GB_*``: 
 server's CPU over the whole size, every row).  Goals: ``store_vs_obstore_*`` >= 0.9,
 ``store_vs_best_323KB`` and ``client_vs_best_323KB`` >= 1.0.  ``floor_cpu_s_per_GB``: a
 memcpy + xxh3 per GB, measured in the same run (benchmarks/_cpu.py), and
-``client_cpu_vs_floor_*`` the whole client's read against it (goal <= 1.5, issue 26).
+``client_cpu_vs_floor_*`` the whole client's read against it (goal <= 1.5).
 ``--quick`` (5 rounds, fewer bytes and objects) measures the same rows.
 
 Measured on the 2-core dev machine, shared with other jobs, SeaweedFS on the same cores;

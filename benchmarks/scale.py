@@ -1,4 +1,4 @@
-"""scale: how each component's cost grows with its work (issue 27 part 1), as curves measured
+"""scale: how each component's cost grows with its work, as curves measured
 at sizes ten apart; a table, ``--json`` and a PNG (``scale.png``, or next to ``--json``).
 
 Curves (on the real objects):

@@ -1,5 +1,5 @@
 """soak: client processes doing everything at once against a local cluster under chaos, with
-every read checked against a model of what was acknowledged (issue 20).
+every read checked against a model of what was acknowledged.
 
     python -m benchmarks soak [--duration S] [--quick] [--clients N] [--seed N]
                               [--redis-s3 | --api-servers N] [--clock-skew S] [--hosts N] [--json FILE]
@@ -30,7 +30,7 @@ Meanwhile the chaos driver (benchmarks/_soak_chaos.py) SIGKILLs (and restarts), 
 continues) and fills the disk of one server at a time, every 2–5 s, and steps the wall clock
 of every other client process by up to ``--clock-skew`` seconds (default 4: two clients then
 disagree by at most 8 s, inside the 10 s that gc's rule tolerates, ``grace -
-max_write_seconds``; more, e.g. 3600, probes issue 20 item 2).  Moto is never killed (it keeps
+max_write_seconds``; more, e.g. 3600, probes a put held up for an hour).  Moto is never killed (it keeps
 objects in memory only), only stopped.
 
 Clock steps use libfaketime (``LD_PRELOAD``, ``FAKETIME_TIMESTAMP_FILE`` rewritten by the

@@ -10,9 +10,9 @@ sample once, shuffled, 16 reads in flight.  Epochs, each from one tier only:
 The warm tiers and the baselines are measured in interleaved rounds (benchmarks/_cpu.py):
 each round reads one window of 32 samples (128 MiB) from every path and baseline, in turn,
 the order reversed every other round; 9 rounds with ``--quick``, 15 in a full run, so both
-measure the same thing (issue 8: one ~0.1 s quick pass per path, a minute from its
-baseline, gave l3_vs_http anywhere from 0.55 to 1.95 for the same code; issue 26: 1 s
-passes, baselines after the tiers, still 0.53-1.0).  The L1, L2 and L3 clients and the
+measure the same thing (one ~0.1 s quick pass per path, a minute from its baseline, gave
+l3_vs_http anywhere from 0.55 to 1.95 for the same code; 1 s passes, baselines after the
+tiers, still 0.53-1.0).  The L1, L2 and L3 clients and the
 baselines stay open through the rounds.
 
 Ratios, each the median of the per-round ratios against a baseline measured in the same

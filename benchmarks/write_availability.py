@@ -1,4 +1,4 @@
-"""Write availability: puts while one block server at a time is down (issue 20 item 8).
+"""Write availability: puts while one block server at a time is down.
 
 A local cluster (API server + 3 block servers), one client putting 50 KB blobs one after
 another (``sock_read`` 2 s, so a write to a stopped server fails in 2 s, not 30).  Round after round, one block server is

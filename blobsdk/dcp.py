@@ -1,4 +1,4 @@
-"""PyTorch Distributed Checkpoint (DCP) storage over blobsdk's delta checkpoints (issue 12):
+"""PyTorch Distributed Checkpoint (DCP) storage over blobsdk's delta checkpoints:
 ``dcp.save(state, storage_writer=BlobStorageWriter(config, prefix))`` and ``dcp.load(state,
 storage_reader=BlobStorageReader(config, prefix))``; also importable from ``blobsdk.torch``.
 

@@ -1,5 +1,5 @@
 """Writing a blob to the local ``OUT`` of ``blobsdk get PATH OUT`` without changing what
-``OUT`` is (issue 20 item 5).
+``OUT`` is.
 
 - a regular file, or nothing: written to a temp file in the same directory and renamed over
   it, so a reader never sees half a file.  A new file gets the mode ``open(OUT, "w")`` would

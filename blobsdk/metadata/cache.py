@@ -8,7 +8,7 @@ another client's write becomes visible here within ``ttl_seconds``.  Missing pat
 cached, so a blob created elsewhere is visible at once.  Chunk caches cannot be stale at all
 (chunk keys name immutable bytes); only plans can.
 
-Late answers (issue 20): a lookup that left before this client's own commit or delete of the
+Late answers: a lookup that left before this client's own commit or delete of the
 path may answer after it, with the older version.  Versions only grow per path (even across
 deletes), so while any call for a path is in flight the cache keeps the newest version it has
 seen of it, and a tombstone (the deleted version) for its own deletes: an answer older than

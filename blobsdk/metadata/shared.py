@@ -1,4 +1,4 @@
-"""The shared read-plan cache (issue 13; the memcache-like plan cache of the Prometheus
+"""The shared read-plan cache (the memcache-like plan cache of the Prometheus
 design): plans in Redis, a second level behind each client's in-process cache
 (:mod:`blobsdk.metadata.cache`) and in front of the metadata store (usually the API server),
 so that a thousand readers of one dataset ask the API server once per plan and TTL, not a
@@ -16,7 +16,7 @@ expire.  A commit or delete through this cache bumps the path's generation, whic
 invalidates the path for every scope at once (no scan); so every client using the cache
 reads a write made through it at once.  A plan fetched from the store is cached at the
 generation read before the fetch, so an answer that left before a write and arrived after
-its bump is never served (issue 20).  A write that
+its bump is never served.  A write that
 does not go through it (another deployment's client, a server-side job) is visible within
 ``ttl_seconds``, as with the in-process cache.  Missing paths are not cached.  If Redis is
 down, the cache steps aside: reads and writes go to the store (counted in ``errors``), never

@@ -49,7 +49,7 @@ FD_RESERVE = 64  # open files kept free of connections (blocks, the database, lo
 # file until the 4th tick after (accept, transport, connection_made, close). Past the cap a
 # flood keeps that many refused sockets open, so the cap leaves room for them too: if accept()
 # ever fails with EMFILE, asyncio (3.11) logs a traceback for each of the burst's remaining
-# accepts and leaves a retry timer for each (issue 9 finding 2: 155 MB of them in 35 s).
+# accepts and leaves a retry timer for each (once measured: 155 MB of them in 35 s).
 ACCEPT_BACKLOG = 100  # the listen backlog, and asyncio's accepts per tick
 ACCEPT_IN_FLIGHT = 4 * ACCEPT_BACKLOG
 BODY_CHECKS = 4  # the body watchdog looks this many times per body_timeout

@@ -1,4 +1,4 @@
-"""Indexing S3 objects in place (issue 13): ``blobsdk import s3://BUCKET/PREFIX DEST --in-place``
+"""Indexing S3 objects in place: ``blobsdk import s3://BUCKET/PREFIX DEST --in-place``
 and :meth:`blobsdk.Client.index_s3` make blobs whose chunks are byte ranges of existing
 objects, with no copy.
 

@@ -1,5 +1,5 @@
 """A peer's side of its trackers (servers/tracker.py): the peer tier's control plane, seen
-from a client (issue 11).
+from a client.
 
 ``Trackers(session, urls, token, peer_id=..., address=..., serve_key=...)``, entered with
 ``async with``, says hello to every tracker (handing it the peer's serve key, which it signs

@@ -97,9 +97,9 @@ class BufferPool:
     into is never given back (its read may still be running in a thread).  Used from the
     event loop's thread only.
 
-    Every read gives back what it copied out of, gets too (issue 26).  Gets once did not:
-    with the pool, cluster gets of L1-less clients measured 15-20% slower (issue 12, "same
-    client CPU, same page faults"), though embedded ones were 1.7x faster.  Measured again,
+    Every read gives back what it copied out of, gets too.  Gets once did not:
+    with the pool, cluster gets of L1-less clients measured 15-20% slower ("same client CPU,
+    same page faults"), though embedded ones were 1.7x faster.  Measured again,
     alternating pool on and off round by round in one process (64 and 256 MiB gets, 3
     block servers, 12-16 rounds): on/off 0.96 [0.68-1.15], 0.98 [0.60-1.45] and 1.25
     [0.84-1.99] (median [min-max] per round): the slowdown is not there beyond this shared

@@ -1,4 +1,4 @@
-"""L4 on an S3-compatible object store (issue 13; extra ``s3``): AWS S3, MinIO, Ceph RGW, and
+"""L4 on an S3-compatible object store (extra ``s3``): AWS S3, MinIO, Ceph RGW, and
 GCS or Azure through the same API, over obstore (async, a Rust core: its own connection pool,
 retries with backoff, timeouts and the standard AWS credential chain).
 

@@ -1,4 +1,4 @@
-"""The S3 L4's data GETs (issue 21): SigV4-signed ranged GETs over the SDK's own HTTP GET
+"""The S3 L4's data GETs: SigV4-signed ranged GETs over the SDK's own HTTP GET
 path (blobsdk/net/rawget.py: keep-alive connections, the body received straight into the
 caller's buffer), not over obstore.
 

@@ -1,4 +1,4 @@
-"""Delta checkpoints (issue 12; DESIGN §3): ``ck = client.checkpoints(prefix, keep=K)``.
+"""Delta checkpoints (DESIGN §3): ``ck = client.checkpoints(prefix, keep=K)``.
 
 ``pending = await ck.save(step, state)`` takes a nested dict (str keys) whose leaves are numpy
 arrays, CPU torch tensors, bytes-likes and JSON scalars (None, bool, int, float, str, and
