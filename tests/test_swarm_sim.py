@@ -139,10 +139,11 @@ def test_a_fetch_whose_sources_went_stale_asks_again_instead_of_reading_the_orig
 
 def test_a_fetch_whose_sources_were_only_busy_does_not_ask_again() -> None:
     # Sends that hold their upload slots: children are refused (429) by sources that have the
-    # chunk.  Asking again then named other busy holders: 170 origin reads instead of 160.
+    # chunk.  Asking again then named other busy holders: 170 origin reads instead of 160
+    # (162 since a source's children count across keys: other trees, other refusals).
     result = Swarm(swarm_sim.scale_params(100, sndbuf_bytes=0)).run()
     assert "asked_again" not in result.problems and result.problems["refused"] >= 1
-    assert result.origin_chunks == 160
+    assert result.origin_chunks == 162
 
 
 def test_without_peers_every_host_reads_the_whole_blob_from_the_origin() -> None:
