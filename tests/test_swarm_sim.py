@@ -166,8 +166,8 @@ def test_the_validation_compares_the_simulated_p2p_run_with_a_measured_one(tmp_p
 def test_the_scale_runs_simulate_64_mib_chunks_standing_for_16_real_ones() -> None:
     params = swarm_sim.scale_params(10)
     assert params.chunks == 48 and params.budget_bytes == 64 * params.chunk_bytes
-    assert params.wait_s == 16 * 5.0 and params.sndbuf_bytes == params.chunk_bytes  # per real 4 MiB chunk
-    assert swarm_sim.scale_params(10, chunk_bytes=4 << 20).wait_s == 5.0
+    assert params.wait_s == 16 * 30.0 and params.sndbuf_bytes == params.chunk_bytes  # per real 4 MiB chunk
+    assert swarm_sim.scale_params(10, chunk_bytes=4 << 20).wait_s == 30.0
 
 
 def test_a_run_repeats_exactly_in_another_process() -> None:
