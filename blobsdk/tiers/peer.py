@@ -71,9 +71,10 @@ from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, PROGRESS_HEADER, ChunkRef, 
 from .base import Decoder, cache_failover
 
 _ANSWER_S = 1.0  # past a source's wait_s, how long its 404 may take to arrive
+_BUSY_PAUSE_S, _BUSY_PAUSE_MAX_S = 0.05, 1.0  # every source busy: tried again after this, doubling
 _BEATS = 4  # 102 Processing asked of a source still fetching, per timeout_s of silence allowed
 # The peer tier's own counters, in the order its stats list them (``Sharing`` counts the rest).
-_COUNTS = ("disallowed", "reported", "not_kept", "held", "over_budget", "asked_again", "reannounced")
+_COUNTS = ("disallowed", "reported", "not_kept", "held", "over_budget", "asked_again", "busy_waits", "reannounced")
 
 
 class PeerTier:
@@ -211,6 +212,24 @@ class PeerTier:
             if not sources:
                 return None
             try:
+                return await self._from_sources(ref, sources, deadline, demand)
+            except HedgeExhausted as exc:
+                busy = all(isinstance(error, PeerBusy) for _, error in exc.failures)  # they have it: not stale
+                if again or busy or asyncio.get_running_loop().time() >= deadline:
+                    return None
+                tried.update(s.peer_id for s in sources)
+                self.counts["asked_again"] += 1
+        return None
+
+    async def _from_sources(self, ref: ChunkRef, sources: list[Source], deadline: float, demand: Demand | None) -> memoryview:
+        """The chunk from one of ``sources``; HedgeExhausted if each failed.  Every one of
+        them busy (429: each has ``max_uploads`` sends on its uplink), they are tried again
+        after a pause (``busy_waits``; 50 ms, doubling, at most 1 s), while the budget lasts:
+        they have the chunk, and on full links the origin is busier still than they are."""
+        loop = asyncio.get_running_loop()
+        pause = _BUSY_PAUSE_S
+        while True:
+            try:
                 return await self.hedger.run(
                     sources,
                     partial(self._fetch_from, ref, deadline),
@@ -220,12 +239,11 @@ class PeerTier:
                     demand=demand,
                 )
             except HedgeExhausted as exc:
-                busy = all(isinstance(error, PeerBusy) for _, error in exc.failures)  # they have it: not stale
-                if again or busy or asyncio.get_running_loop().time() >= deadline:
-                    return None
-                tried.update(s.peer_id for s in sources)
-                self.counts["asked_again"] += 1
-        return None
+                if not all(isinstance(error, PeerBusy) for _, error in exc.failures) or loop.time() + pause >= deadline:
+                    raise
+            self.counts["busy_waits"] += 1
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, _BUSY_PAUSE_MAX_S)
 
     def _may_contact(self, source: Source) -> bool:
         """Whether ``source``'s address is an IP address inside ``allowed_networks``."""

@@ -388,6 +388,21 @@ async def test_a_child_waits_past_its_timeout_at_a_fetcher_that_says_processing(
     assert hits(child) == {"peer": 1, "l4": 0} and child.stats()["peer"]["errors"] == 0
 
 
+async def test_a_child_whose_sources_are_all_busy_tries_them_again_rather_than_the_origin(swarm: Swarm) -> None:
+    a = await swarm.client()
+    data = await written(a, "/p/busy", 1)
+    assert await a.get("/p/busy") == data
+    await announced()
+    server = peer_of(a).sharing.server
+    server.uploads = peer_of(a).config.max_uploads  # as if that many were sending: it refuses (429)
+    child = await swarm.client()
+    reading = asyncio.create_task(child.get("/p/busy"))
+    await until(lambda: server.counts["refused"] >= 2)  # refused, and asked again after a pause
+    server.uploads = 0
+    assert await reading == data
+    assert hits(child) == {"peer": 1, "l4": 0} and child.stats()["peer"]["busy_waits"] >= 1
+
+
 async def test_a_malformed_source_address_is_skipped_and_the_read_goes_on(cluster: Cluster) -> None:
     liar = Liar()  # a tracker that hands out addresses no peer has
     liar.sources = [source("ftp://127.0.0.1:7402"), source("http://127.0.0.1:99999"), source("http://127.0.0.1:7402:1")]
