@@ -81,6 +81,9 @@ class Params:
     # All peer sends share this many bytes/s, not each host's up link: the validation's one
     # machine, whose cores (not links) bound the real p2p benchmark's readers.
     shared_up_Bps: float | None = None
+    # Every flow into a host also shares this many bytes/s with all the others: the one
+    # machine's cores that a testbed's emulated hosts share (``Network``'s pool); None: none.
+    cpu_Bps: float | None = None
     # A send whose chunk fits the socket's send buffer leaves the server's hands at once (the
     # kernel takes it whole: the real server's upload slot is freed then, the bytes still on
     # their way); 0: a send holds its upload slot until its last byte left.
@@ -178,7 +181,7 @@ class Swarm:
         self.tracker = Tracker(params.tracker, clock=self.loop.clock, wall=self.loop.wall)
         self.meter = Metered(record=self.loop.clock if params.record else None)
         rng = random.Random(params.seed)
-        self.net = Network(self.loop)
+        self.net = Network(self.loop, None if params.cpu_Bps is None else Link(params.cpu_Bps))
         self.origin = Link(params.origin_Bps)
         shared = None if params.shared_up_Bps is None else Link(params.shared_up_Bps)
         self.hosts = [_host(i, params, shared) for i in range(params.hosts)]

@@ -168,13 +168,16 @@ def p2p_params(hosts: int) -> Params:
     )
 
 
-def link_params(hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: float, peers: bool = True) -> Params:
+def link_params(
+    hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: float, peers: bool = True, cpu_Bps: float | None = None
+) -> Params:
     """The p2p benchmark on a testbed of hosts (``python -m benchmarks p2p --hosts N``), its
     links taken as they are: each host's up and down link ``host_Bps``, the origin's uplink
     ``origin_Bps`` (bytes/s of payload), the SDK's 4 MiB chunks, p2p's read-ahead and seek,
-    and a 4 MiB send taken whole by the kernel (its default largest send buffer).  No CPU is
-    modelled: where the machine's cores, not the links, bound the real run, the simulation is
-    faster than it."""
+    and a 4 MiB send taken whole by the kernel (its default largest send buffer).  ``cpu_Bps``:
+    the bytes/s the machine's cores let every host together receive (the readers' own CPU per
+    byte, measured: see ``benchmarks/_p2p_hosts.py``), shared by every flow; None: links only,
+    and where the cores, not the links, bound the real run, the simulation is faster than it."""
     return Params(
         hosts=hosts,
         blob_bytes=dataset_bytes,
@@ -186,6 +189,7 @@ def link_params(hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: flo
         sndbuf_bytes=REAL_CHUNK,
         peers=peers,
         seed=hosts,
+        cpu_Bps=cpu_Bps,
     )
 
 
