@@ -42,6 +42,15 @@ def test_the_simulation_takes_the_testbeds_link_rates_as_given() -> None:
     assert crowd.origin_bytes == 4 * 16 * MiB
 
 
+def test_the_simulated_testbed_holds_a_sends_upload_slot_to_its_last_byte() -> None:
+    # A shaped link's send buffer is a flow's window, not a 4 MiB chunk: max_uploads binds,
+    # the next child is refused (429) and waits for its busy sources, not the origin.
+    params = link_params(8, 128 * MiB, L / 5, L / 5)  # p2p --hosts 8 at 200 Mbit/s
+    result = Swarm(params).run()
+    assert params.sndbuf_bytes < params.chunk_bytes and result.problems["refused"] >= 1
+    assert result.problems["busy_waits"] >= 1 and result.origin_chunks == 32  # each chunk once
+
+
 def test_the_simulation_shares_the_readers_cpu_among_every_host() -> None:
     assert cpu_Bps(8, D, 16.0, 2) == 8 * D / 8.0  # 16 CPU s over 2 cores for 8 x D received
     assert cpu_Bps(1, D, 4.0, 2) == D / 4.0  # a lone reader has one core
