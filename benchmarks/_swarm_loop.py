@@ -132,12 +132,15 @@ class Link:
 
 
 class Flow:
-    """Bytes moving from ``up`` to ``down``; ``done(*args)`` runs when the last one arrives."""
+    """Bytes moving from ``up`` to ``down`` (and through ``pool``, if any); ``done(*args)``
+    runs when the last one arrives."""
 
-    __slots__ = ("args", "done", "down", "due", "left", "rate", "since", "up")
+    __slots__ = ("args", "done", "down", "due", "left", "pool", "rate", "since", "up")
 
-    def __init__(self, up: Link, down: Link, size: float, done: Callable[..., None], args: tuple[Any, ...]) -> None:
-        self.up, self.down, self.left = up, down, size
+    def __init__(
+        self, up: Link, down: Link, size: float, done: Callable[..., None], args: tuple[Any, ...], pool: Link | None = None
+    ) -> None:
+        self.up, self.down, self.pool, self.left = up, down, pool, size
         self.rate, self.since, self.due = 0.0, 0.0, math.inf  # due: its earliest event pending
         self.done, self.args = done, args
 
@@ -148,16 +151,24 @@ class Network:
     ends there; a share the other end leaves unused is not handed on (max-min fairness would).
 
     A flow slowed down keeps its (now early) event, which finds it unfinished and schedules
-    the next; only a flow sped up gets a new one."""
+    the next; only a flow sped up gets a new one.
 
-    def __init__(self, loop: Loop) -> None:
+    ``pool``: a third share every flow also takes, ``Bps / flows`` of it: the one machine's
+    cores that every emulated host's reader spends on the bytes it receives (a testbed's
+    hosts share them; real hosts each have their own, and no pool)."""
+
+    def __init__(self, loop: Loop, pool: Link | None = None) -> None:
         self.loop = loop
+        self.pool = pool
 
     def start(self, up: Link, down: Link, size: float, done: Callable[..., None], *args: Any) -> Flow:
-        flow = Flow(up, down, size, done, args)
+        flow = Flow(up, down, size, done, args, self.pool)
         flow.since = self.loop.now
         up.flows[flow] = None
         down.flows[flow] = None
+        if self.pool is not None:
+            self.pool.flows[flow] = None
+            self._reshare(self.pool)
         self._reshare(up)
         self._reshare(down)
         return flow
@@ -170,6 +181,9 @@ class Network:
         flow.due = -1.0  # its pending events are stale
         flow.up.flows.pop(flow, None)
         flow.down.flows.pop(flow, None)
+        if flow.pool is not None:
+            flow.pool.flows.pop(flow, None)
+            self._reshare(flow.pool)
         self._reshare(flow.up)
         self._reshare(flow.down)
 
@@ -179,6 +193,8 @@ class Network:
             flow.left -= flow.rate * (now - flow.since)
             flow.since = now
             flow.rate = min(flow.up.Bps / len(flow.up.flows), flow.down.Bps / len(flow.down.flows))
+            if flow.pool is not None:
+                flow.rate = min(flow.rate, flow.pool.Bps / len(flow.pool.flows))
             finish = now + max(0.0, flow.left) / flow.rate
             if finish < flow.due:
                 flow.due = finish

@@ -12,11 +12,14 @@ A simulated host behaves as a real client (``blobsdk/tiers/peer.py``,
   source), one that does not have the chunk answers 404 (``missing``), a dead one is silent
   for ``timeout_s`` (``failed``), a left one refuses the connection (``failed``).  Every
   source failed, not all refused, with budget left: the tracker is asked once more and its
-  complete copies not tried yet are tried (``asked_again``).  No source left, or the
-  fetch's ``fetch_budget_s`` spent: the origin (L3/L4);
+  complete copies not tried yet are tried (``asked_again``); every one refused (busy): the
+  same ones again after a pause, 50 ms doubling to 1 s (``busy_waits``).  No source left, or
+  the fetch's ``fetch_budget_s`` spent: the origin (L3/L4);
 - a source still fetching the chunk keeps the child waiting until it lands (at most
-  ``wait_s``, then 404), then sends it: the real server serves a chunk once it has it all, so a
-  child never finishes before its source (store and forward per chunk, as the real code);
+  ``wait_s``, then 404; it says ``102 Processing`` meanwhile, so only a dead one is silent,
+  and left after ``timeout_s``), then sends it: the real server serves a chunk once it has it
+  all, so a child never finishes before its source (store and forward per chunk, as the real
+  code);
 - a landed chunk enters the serving cache (an LRU of ``budget_bytes``) and is announced as
   filled on the next 50 ms announce tick; a fill the tracker says not to keep leaves the cache
   2 s later; an evicted chunk is announced as evicting, held ``hold_s`` if the tracker says so,
@@ -47,6 +50,7 @@ from blobsdk.auth import ServeKey
 from blobsdk.config import PeerConfig
 from blobsdk.errors import BlobError, PeerNotFound
 from blobsdk.peer.sharing import _ANNOUNCE_S, _DROP_GRACE_S, _MAX_HELD
+from blobsdk.tiers.peer import _BUSY_PAUSE_MAX_S, _BUSY_PAUSE_S
 from blobsdk.wire import TRACKER_MAX_KEYS, AnnounceRequest, PeerHello, Problem, ReportRequest, Source
 from servers.tracker_rules import Tracker, TrackerConfig
 
@@ -77,6 +81,9 @@ class Params:
     # All peer sends share this many bytes/s, not each host's up link: the validation's one
     # machine, whose cores (not links) bound the real p2p benchmark's readers.
     shared_up_Bps: float | None = None
+    # Every flow into a host also shares this many bytes/s with all the others: the one
+    # machine's cores that a testbed's emulated hosts share (``Network``'s pool); None: none.
+    cpu_Bps: float | None = None
     # A send whose chunk fits the socket's send buffer leaves the server's hands at once (the
     # kernel takes it whole: the real server's upload slot is freed then, the bytes still on
     # their way); 0: a send holds its upload slot until its last byte left.
@@ -138,6 +145,7 @@ class Fetch:
     tried: int = 0
     stale: bool = False  # a source answered 404 or failed (not only refused: busy)
     asked_again: bool = False
+    pause: float = _BUSY_PAUSE_S  # before the busy sources are tried again
 
 
 @dataclass(eq=False)
@@ -173,7 +181,7 @@ class Swarm:
         self.tracker = Tracker(params.tracker, clock=self.loop.clock, wall=self.loop.wall)
         self.meter = Metered(record=self.loop.clock if params.record else None)
         rng = random.Random(params.seed)
-        self.net = Network(self.loop)
+        self.net = Network(self.loop, None if params.cpu_Bps is None else Link(params.cpu_Bps))
         self.origin = Link(params.origin_Bps)
         shared = None if params.shared_up_Bps is None else Link(params.shared_up_Bps)
         self.hosts = [_host(i, params, shared) for i in range(params.hosts)]
@@ -300,6 +308,9 @@ class Swarm:
             if f.stale and not f.asked_again and self.loop.now < f.deadline:
                 self._ask_again(f)
                 return
+            if f.sources and not f.stale and self.loop.now + f.pause < f.deadline:  # every source busy
+                self._busy_wait(f)
+                return
             tried = f.sources or f.asked_again
             self._count("over_budget" if f.tried < len(f.sources) else "no_source_left" if tried else "no_source")
             self._origin(f)
@@ -310,6 +321,14 @@ class Swarm:
             self._try_next(f)
             return
         self.loop.after(self.p.rtt_s / 2, self._arrive, Transfer(f, source))
+
+    def _busy_wait(self, f: Fetch) -> None:
+        """Every source refused (busy) with budget left: the same ones again after a pause,
+        doubling (as the real client, ``PeerTier._from_sources``)."""
+        f.tried = 0
+        self._count("busy_waits")
+        self.loop.after(f.pause, self._try_next, f)
+        f.pause = min(2 * f.pause, _BUSY_PAUSE_MAX_S)
 
     def _ask_again(self, f: Fetch) -> None:
         """Every source failed with budget left, not all of them busy: the list may be stale

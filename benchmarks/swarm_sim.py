@@ -168,13 +168,20 @@ def p2p_params(hosts: int) -> Params:
     )
 
 
-def link_params(hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: float, peers: bool = True) -> Params:
+def link_params(
+    hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: float, peers: bool = True, cpu_Bps: float | None = None
+) -> Params:
     """The p2p benchmark on a testbed of hosts (``python -m benchmarks p2p --hosts N``), its
     links taken as they are: each host's up and down link ``host_Bps``, the origin's uplink
     ``origin_Bps`` (bytes/s of payload), the SDK's 4 MiB chunks, p2p's read-ahead and seek,
-    and a 4 MiB send taken whole by the kernel (its default largest send buffer).  No CPU is
-    modelled: where the machine's cores, not the links, bound the real run, the simulation is
-    faster than it."""
+    and a send that holds its upload slot to its last byte: on a shaped link the kernel's send
+    buffer autotunes to about a flow's window (its share of the 50 ms tbf queue: ~0.2-0.8 MB
+    with 8 flows at 200-1000 Mbit/s), not to the 4 MiB chunk, so ``max_uploads`` sends at
+    once refuse the next child (429), who tries its other sources or waits (``busy_waits``).
+    ``cpu_Bps``:
+    the bytes/s the machine's cores let every host together receive (the readers' own CPU per
+    byte, measured: see ``benchmarks/_p2p_hosts.py``), shared by every flow; None: links only,
+    and where the cores, not the links, bound the real run, the simulation is faster than it."""
     return Params(
         hosts=hosts,
         blob_bytes=dataset_bytes,
@@ -183,9 +190,10 @@ def link_params(hosts: int, dataset_bytes: int, host_Bps: float, origin_Bps: flo
         origin_latency_s=P2P_SEEK_S,
         down_Bps=host_Bps,
         up_Bps=host_Bps,
-        sndbuf_bytes=REAL_CHUNK,
+        sndbuf_bytes=0,
         peers=peers,
         seed=hosts,
+        cpu_Bps=cpu_Bps,
     )
 
 

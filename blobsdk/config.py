@@ -89,8 +89,11 @@ class PeerConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True
     budget_bytes: int = 256 * MiB  # serving memory: the chunks it offers to other peers
     max_uploads: int = 8  # concurrent uploads; past it a child is refused at once (429) and moves on
     allowed_networks: tuple[str, ...] = PRIVATE_NETWORKS  # peers are contacted only at IP addresses in these
-    timeout_s: float = 5.0  # bounds connecting to a peer, each wait for its next bytes, and each upload
-    wait_s: float = 5.0  # how long a child waits at a peer for a chunk that peer is still fetching
+    timeout_s: float = 5.0  # bounds connecting to a peer, each silence (no byte, no 102), each upload piece
+    # How long a child waits at a peer for a chunk that peer is still fetching (hearing 102
+    # Processing meanwhile): above the time that peer's uplink needs for the children queued
+    # at it (8 hosts x 16 chunks at 200 Mbit/s: ~20 s).
+    wait_s: float = 30.0
     tracker_timeout_s: float = 1.0  # a tracker call longer than this is skipped (the read goes on to L3/L4)
     # The most one chunk's read spends on peers, however many sources stall: then L3/L4.
     fetch_budget_s: float | None = None  # None: wait_s + 1

@@ -16,13 +16,16 @@ The tracker never sees a byte of data.  Routes (msgpack bodies, ``blobsdk.wire``
   bytes from L4.  For each chunk key, ranked sources, each with a serve ticket for the asker
   — holders first (the demoted after the healthy, then fewest children across keys), then
   peers still fetching it (healthy first; those on the key's stripe, so that a peer is an inner
-  node of the trees of one key in ``stripes`` and the uploads spread over the swarm; fewest
-  hops from a copy; earliest: bytes flow down a shallow tree) — at most ``max_sources``,
+  node of the trees of one key in ``stripes`` and the uploads spread over the swarm; those
+  with fewer than ``source_load`` children across keys; fewest hops from a copy; earliest:
+  bytes flow down a shallow tree) — at most ``max_sources``,
   leaving out any source that already has ``fanout`` children for that key.
   A locate ranks only the first ``SCAN`` (32) holders and fetchers with room, so its cost does
   not grow with the swarm (servers/tracker_rules.py).  The asker is recorded as a fetcher of
   each key, a source for later askers.  No source: the asker fetches from the origin (L3/L4),
-  and the next askers are sent to it.
+  and the next askers are sent to it; with ``roots`` above 1, an asker whose best source
+  is such a fetcher past ``source_load`` is sent to the origin too (another root of that
+  chunk's tree), up to ``roots`` origin fetches of a chunk nobody holds yet.
 - ``POST /v1/announce`` ``AnnounceRequest`` -> ``AnnounceResponse``: ``filled`` keys become
   the peer's copies, and the tracker decides **caching**: a copy is kept while the key's copies
   are fewer than its recent demand needs (askers in the last ``demand_window_s`` ÷ ``fanout``,
@@ -136,6 +139,8 @@ _FLAGS = (
     ("--heartbeat-seconds", "heartbeat_s", "peers say hello this often"),
     ("--peer-ttl-seconds", "peer_ttl_s", "forget a peer unheard this long"),
     ("--fanout", "fanout", "children per source per chunk"),
+    ("--source-load", "source_load", "children across keys past which a fetching source is ranked after others"),
+    ("--roots", "roots", "origin fetches of a chunk nobody holds while a loaded fetcher could serve it"),
     ("--stripes", "stripes", "a peer is an inner node of one chunk's tree in this many (1: of all)"),
     ("--max-sources", "max_sources", "sources per chunk in an answer"),
     ("--demand-window-seconds", "demand_window_s", "how far back askers count as demand"),

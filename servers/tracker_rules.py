@@ -47,6 +47,8 @@ class TrackerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     heartbeat_s: float = 5.0  # peers say hello this often
     peer_ttl_s: float = 15.0  # and are forgotten after this long unheard
     fanout: int = 4  # children per source per key
+    source_load: int = 8  # children across keys past which a fetcher is ranked after those below it
+    roots: int = 1  # origin fetches of a chunk nobody holds while a loaded fetcher could serve it (1: the first's only)
     stripes: int = 4  # a peer is an inner node of one key's tree in this many (1: of every key's)
     child_ttl_s: float = 30.0  # a hand-out counts against its source this long, or until the child fills
     max_sources: int = 4  # sources per key in a locate answer
@@ -106,6 +108,7 @@ class _Swarm:
     stripe: int = 0  # crc32 of the key
     depth: dict[str, int] = field(default_factory=dict)  # fetcher -> hops from a holder or the origin
     load: Counter[str] = field(default_factory=Counter)  # the tracker's: source -> its children across keys
+    rooted: int = 0  # askers sent to the origin while nobody held it (its trees' roots)
 
     def idle(self) -> bool:
         return not (self.holders or self.fetchers or self.asks)
@@ -291,6 +294,10 @@ class Tracker:
         fanout, ttl = self.config.fanout, self.config.child_ttl_s
         swarm.reopen_due(now, fanout, ttl)
         sources = self._ranked_sources(key, swarm, asker, now)
+        if sources and self._another_root(swarm, sources[0]):
+            sources = []
+        if not swarm.holders and not sources:
+            swarm.rooted += 1
         if sources:
             swarm.hand_out(sources[0].peer_id, asker.peer_id, now, fanout, ttl)  # the child tries it first
             swarm.depth[asker.peer_id] = swarm.depth.get(sources[0].peer_id, 0) + 1
@@ -305,6 +312,15 @@ class Tracker:
         asker.fetches.add(key)
         return Located(key=key, sources=sources)
 
+    def _another_root(self, swarm: _Swarm, best: Source) -> bool:
+        """Whether the asker should fetch from the origin although a peer fetching it could
+        serve it: the best source already has ``source_load`` children across keys (its
+        uplink's queue) and the chunk has fewer than ``roots`` origin fetches.  At a job's
+        start every peer asks for the same chunks at once; the first asker, sent to the
+        origin for all of them, would otherwise be every chunk's only root, its uplink the
+        whole swarm's bottleneck."""
+        return not best.complete and swarm.rooted < self.config.roots and self._load[best.peer_id] >= self.config.source_load
+
     def _swarm(self, key: str) -> _Swarm:
         swarm = self._swarms.get(key)
         if swarm is None:
@@ -315,19 +331,26 @@ class Tracker:
         """The best ``max_sources`` of the first ``SCAN`` open holders (healthy before
         ranked-last, then fewest children across keys, uploads, children of this key), then of
         the first ``SCAN`` open fetchers (healthy first; on the key's stripe before off it;
-        fewest hops from a copy: one more than its source's, a holder's 0; earliest): each with
-        room for another child of this key.
+        below ``source_load`` children across keys before past it; fewest hops from a copy: one
+        more than its source's, a holder's 0; earliest): each with room for another child of
+        this key.
 
         The stripes spread the uploads (issue 27): at a job's start every peer asks for the
         same chunks at once and nobody holds them, so their trees were one tree whose inner
         quarter sent ``fanout`` children of every chunk while the rest sent nothing.  A fetcher
         is ranked first for one key in ``stripes`` (crc32 of its id and of the key), a leaf
         of the others' trees.  Hops keep trees shallow: a fresh fetcher of a fetcher is not
-        chosen over one fed by a holder or the origin."""
+        chosen over one fed by a holder or the origin.  The load across keys spreads them further:
+        the first asker of a burst, sent to the origin for every chunk, was handed about half of
+        every later asker's children (56 of 112 at 8 peers x 16 chunks), as each key's tree
+        counted only its own."""
         ttl, stripes = self.config.child_ttl_s, self.config.stripes
 
         def off(p: _Peer) -> bool:
             return (p.stripe - swarm.stripe) % stripes != 0
+
+        def loaded(p: _Peer) -> bool:
+            return self._load[p.peer_id] >= self.config.source_load
 
         holders = [
             (p.ranked_last_until > now, self._load[p.peer_id], p.uploads, here, p.peer_id, p)
@@ -335,7 +358,7 @@ class Tracker:
             for here in [swarm.children_of(p.peer_id, now, ttl)]
         ]
         fetchers = [
-            (p.ranked_last_until > now, off(p), swarm.depth.get(p.peer_id, 1), swarm.fetchers[p.peer_id], p.peer_id, p)
+            (p.ranked_last_until > now, off(p), loaded(p), swarm.depth.get(p.peer_id, 1), swarm.fetchers[p.peer_id], p.peer_id, p)
             for p in self._open_peers(swarm.open_fetchers, asker)
         ]
         best = [c[-1] for c in heapq.nsmallest(self.config.max_sources, holders, key=lambda c: c[:-1])]

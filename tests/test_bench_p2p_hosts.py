@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from benchmarks import p2p
-from benchmarks._p2p_hosts import RUNS, _peer_stats, link_floor_s, no_peers_floor_s, run_on_hosts, tree_ideal_s
+from benchmarks._p2p_hosts import RUNS, _peer_stats, cpu_Bps, link_floor_s, no_peers_floor_s, run_on_hosts, tree_ideal_s
 from benchmarks._swarm_model import Swarm
 from benchmarks.swarm_sim import link_params
 from servers.swarm import Read
@@ -42,6 +42,23 @@ def test_the_simulation_takes_the_testbeds_link_rates_as_given() -> None:
     assert crowd.origin_bytes == 4 * 16 * MiB
 
 
+def test_the_simulated_testbed_holds_a_sends_upload_slot_to_its_last_byte() -> None:
+    # A shaped link's send buffer is a flow's window, not a 4 MiB chunk: max_uploads binds,
+    # the next child is refused (429) and waits for its busy sources, not the origin.
+    params = link_params(8, 128 * MiB, L / 5, L / 5)  # p2p --hosts 8 at 200 Mbit/s
+    result = Swarm(params).run()
+    assert params.sndbuf_bytes < params.chunk_bytes and result.problems["refused"] >= 1
+    assert result.problems["busy_waits"] >= 1 and result.origin_chunks == 32  # each chunk once
+
+
+def test_the_simulation_shares_the_readers_cpu_among_every_host() -> None:
+    assert cpu_Bps(8, D, 16.0, 2) == 8 * D / 8.0  # 16 CPU s over 2 cores for 8 x D received
+    assert cpu_Bps(1, D, 4.0, 2) == D / 4.0  # a lone reader has one core
+    fast = Swarm(link_params(4, 16 * MiB, L, L)).run()
+    pooled = Swarm(link_params(4, 16 * MiB, L, L, cpu_Bps=L / 2)).run()  # the cores: half a link for all
+    assert max(fast.completion_s) < 4 * 16 * MiB / (L / 2) <= max(pooled.completion_s)
+
+
 def test_peer_stats_sum_the_readers_counters_and_take_the_median_readers_latencies() -> None:
     def read(peer: dict[str, float]) -> Read:
         return Read(seconds=1.0, bytes=1, wrong=[], hits={}, peer=peer, cpu_s=0.1, l4_hedges=0)
@@ -70,6 +87,8 @@ async def test_p2p_on_4_hosts_reports_each_run_against_its_bounds_and_every_byte
         for figure in ("slowest_s", "readers_cpu_floor_s", "origin_mb"):
             assert report.metrics[f"mbit500_{run}_{figure}"] > 0
         assert report.ratios[f"mbit500_sim_vs_measured_{run}"] > 0
+        assert report.ratios[f"mbit500_sim_cpu_vs_measured_{run}"] > 0
+        assert report.metrics[f"mbit500_sim_cpu_{run}_pool_mb_s"] > 0
     for figure in ("tree_ideal_s", "no_peers_floor_s", "link_floor_s", "sim_origin_egress"):
         assert report.metrics[f"mbit500_{figure}"] > 0
     assert report.metrics["mbit500_no_peers_peer_chunk_share"] == 0

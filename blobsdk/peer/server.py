@@ -15,7 +15,9 @@ verified raw bytes.  Its rules, in the order they are checked:
 - the chunk comes from ``lookup``, which may wait (up to the peer tier's ``wait_s``) for a
   chunk this client is still fetching; None is 404, a stale tracker entry.  A child that
   waited is not refused afterwards: it queues for one of the ``max_uploads`` sends (the
-  tracker's fan-out bounds how many wait per chunk);
+  tracker's fan-out bounds how many wait per chunk).  A child that asks for it
+  (``X-Blobsdk-Progress: MS``) hears ``102 Processing`` every MS ms while it waits, so it
+  tells a source that is waiting on its own upstream from one that stopped or was cut off;
 - each upload must be taken within ``timeout_s``: a child that stops reading loses it, and
   its connection is closed with the bytes still queued for it;
   and like every server (``blobsdk/net/serving.py``) it bounds header, body and idle time and
@@ -29,10 +31,11 @@ the same exceptions (``blobsdk/net/rpc.py``).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import msgspec
 from aiohttp import web
@@ -41,10 +44,11 @@ from ..auth import TICKET_HEADER, ServeKey
 from ..config import PeerConfig
 from ..errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
 from ..net.serving import end_connection, serving
-from ..wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
+from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, MSGPACK, PROGRESS_HEADER, ChunkRef, ErrorBody, ref_from_query
 
 Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PROCESSING = b"HTTP/1.1 102 Processing\r\n\r\n"
 
 
 class PeerServer:
@@ -94,16 +98,45 @@ class PeerServer:
         if self.uploads >= self._config.max_uploads:
             self.counts["refused"] += 1
             raise PeerBusy(f"peer busy: {self.uploads} uploads in flight, at most {self._config.max_uploads}")
-        raw = await self._lookup(ref)
-        if raw is None:
-            self.counts["missing"] += 1
-            raise BlobNotFound(f"chunk {key}: this peer does not hold it (any more)")
-        async with self._sending:
+        sending = False
+        try:
+            async with self._beating(request, _progress_every(request)):
+                raw = await self._lookup(ref)
+                if raw is None:
+                    self.counts["missing"] += 1
+                    raise BlobNotFound(f"chunk {key}: this peer does not hold it (any more)")
+                await self._sending.acquire()
+                sending = True
             self.uploads += 1
             try:
                 return await self._send(request, raw)
             finally:
                 self.uploads -= 1
+        finally:
+            if sending:
+                self._sending.release()
+
+    @asynccontextmanager
+    async def _beating(self, request: web.Request, every: float | None) -> AsyncIterator[None]:
+        """While the body waits (for a chunk still landing here, then for an upload slot), an
+        interim ``102 Processing`` every ``every`` seconds if the child asked for it: it then
+        tells this peer's silence (stopped, cut off) from its wait, and leaves a silent one
+        after its own ``timeout_s`` rather than at the end of ``wait_s``."""
+        if every is None:
+            yield
+            return
+        beat = asyncio.ensure_future(self._beat(request, every))
+        try:
+            yield
+        finally:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+
+    async def _beat(self, request: web.Request, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await request.writer.write(PROCESSING)  # whole, so the reply's head never meets half of one
+            self.counts["beats"] += 1
 
     async def _send(self, request: web.Request, raw: memoryview) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -129,6 +162,22 @@ class PeerServer:
             self.counts[f"answered_{exc.http_status}"] += 1
             body = msgspec.msgpack.encode(ErrorBody(code=exc.code, message=str(exc)))
             return web.Response(body=body, status=exc.http_status, content_type=MSGPACK)
+
+
+def _progress_every(request: web.Request) -> float | None:
+    """How often (seconds) the child wants ``102 Processing`` while it waits, None if it does
+    not (``X-Blobsdk-Progress: MS``, as the block servers and L3 nodes read it); a malformed
+    MS is BadRequest."""
+    raw = request.headers.get(PROGRESS_HEADER)
+    if raw is None or request.version < (1, 1):
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = math.nan
+    if not MIN_PROGRESS_MS <= ms <= MAX_PROGRESS_MS:  # nan compares false: refused too
+        raise BadRequest(f"{PROGRESS_HEADER} must be {MIN_PROGRESS_MS:g} to {MAX_PROGRESS_MS:g} ms, got {raw[:32]!r}")
+    return ms / 1000
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -42,11 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, Self
@@ -68,12 +67,14 @@ from ..tail.attempt import Attempt
 from ..tail.demand import Demand
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
-from ..wire import ChunkRef, Problem, Source, chunk_query
+from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, PROGRESS_HEADER, ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover
 
 _ANSWER_S = 1.0  # past a source's wait_s, how long its 404 may take to arrive
+_BUSY_PAUSE_S, _BUSY_PAUSE_MAX_S = 0.05, 1.0  # every source busy: tried again after this, doubling
+_BEATS = 4  # 102 Processing asked of a source still fetching, per timeout_s of silence allowed
 # The peer tier's own counters, in the order its stats list them (``Sharing`` counts the rest).
-_COUNTS = ("disallowed", "reported", "not_kept", "held", "over_budget", "asked_again", "reannounced")
+_COUNTS = ("disallowed", "reported", "not_kept", "held", "over_budget", "asked_again", "busy_waits", "reannounced")
 
 
 class PeerTier:
@@ -104,6 +105,8 @@ class PeerTier:
         self._allowed = networks(self.config.allowed_networks)
         budget = self.config.fetch_budget_s
         self._budget_s = self.config.wait_s + _ANSWER_S if budget is None else budget
+        progress_ms = self.config.timeout_s * 1000 / _BEATS
+        self._progress_ms = f"{min(max(progress_ms, MIN_PROGRESS_MS), MAX_PROGRESS_MS):g}"
         self._endpoints = _Endpoints(session, self.config, limiters if limiters is not None else LimiterRegistry())
         self._background = _Background()
         self._locating: dict[str, tuple[ChunkRef, asyncio.Future[list[Source]]]] = {}
@@ -209,6 +212,24 @@ class PeerTier:
             if not sources:
                 return None
             try:
+                return await self._from_sources(ref, sources, deadline, demand)
+            except HedgeExhausted as exc:
+                busy = all(isinstance(error, PeerBusy) for _, error in exc.failures)  # they have it: not stale
+                if again or busy or asyncio.get_running_loop().time() >= deadline:
+                    return None
+                tried.update(s.peer_id for s in sources)
+                self.counts["asked_again"] += 1
+        return None
+
+    async def _from_sources(self, ref: ChunkRef, sources: list[Source], deadline: float, demand: Demand | None) -> memoryview:
+        """The chunk from one of ``sources``; HedgeExhausted if each failed.  Every one of
+        them busy (429: each has ``max_uploads`` sends on its uplink), they are tried again
+        after a pause (``busy_waits``; 50 ms, doubling, at most 1 s), while the budget lasts:
+        they have the chunk, and on full links the origin is busier still than they are."""
+        loop = asyncio.get_running_loop()
+        pause = _BUSY_PAUSE_S
+        while True:
+            try:
                 return await self.hedger.run(
                     sources,
                     partial(self._fetch_from, ref, deadline),
@@ -218,12 +239,11 @@ class PeerTier:
                     demand=demand,
                 )
             except HedgeExhausted as exc:
-                busy = all(isinstance(error, PeerBusy) for _, error in exc.failures)  # they have it: not stale
-                if again or busy or asyncio.get_running_loop().time() >= deadline:
-                    return None
-                tried.update(s.peer_id for s in sources)
-                self.counts["asked_again"] += 1
-        return None
+                if not all(isinstance(error, PeerBusy) for _, error in exc.failures) or loop.time() + pause >= deadline:
+                    raise
+            self.counts["busy_waits"] += 1
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, _BUSY_PAUSE_MAX_S)
 
     def _may_contact(self, source: Source) -> bool:
         """Whether ``source``'s address is an IP address inside ``allowed_networks``."""
@@ -240,29 +260,41 @@ class PeerTier:
         """The verified raw bytes from one peer; a failure is counted, reported and raised (the
         hedger then tries the next source).  Past the chunk's ``deadline`` (its budget on
         peers) an attempt is cut and the next ones fail at once: the read goes on to L3/L4.
-        A source still fetching the chunk that stayed silent past its ``wait_s`` broke its
-        word (it answers 404 by then) and is reported; one cut sooner is not."""
+        A source still fetching the chunk that stayed silent past its ``wait_s``, or for
+        ``timeout_s`` (no ``102 Processing`` and no byte: stopped, cut off), broke its word
+        and is reported; one cut sooner by the budget is not."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         # A source still fetching the chunk answers once it lands there: a wait in its queue,
         # which is no hang and no cause to hedge; bounded by its wait_s (then it answers 404),
-        # and here by that plus a second for the answer (a stopped peer sends none).
-        own = math.inf if source.complete else now + self.config.wait_s + _ANSWER_S
+        # and here by that plus a second for the answer.  Meanwhile it says 102 Processing
+        # every quarter timeout_s: silent for timeout_s, it stopped or was cut off.
+        hard = deadline if source.complete else min(deadline, now + self.config.wait_s + _ANSWER_S)
         if now >= deadline:
             raise TimedOut(f"{source.address}: chunk {ref.key}: its {self._budget_s:g} s on peers are spent")
         try:
-            async with asyncio.timeout_at(min(own, deadline)) as limit:
-                return await self._verified_from(ref, source, attempt)
+            async with asyncio.timeout_at(hard) as limit:
+
+                def heard() -> None:  # from the send of the request on, silence is bounded
+                    limit.reschedule(min(hard, loop.time() + self.config.timeout_s))
+
+                return await self._verified_from(ref, source, attempt, None if source.complete else heard)
         except TimeoutError:
             if not limit.expired():
                 raise
+            if not source.complete and (limit.when() or hard) < hard:
+                self.stats.errors += 1
+                self._report(source, ref.key, "failed")
+                raise TimedOut(f"{source.address}: chunk {ref.key}: silent for {self.config.timeout_s:g} s") from None
             if source.complete or loop.time() - now < self.config.wait_s:
                 raise TimedOut(f"{source.address}: chunk {ref.key}: its {self._budget_s:g} s on peers are spent") from None
             self.stats.errors += 1
             self._report(source, ref.key, "failed")
             raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None
 
-    async def _verified_from(self, ref: ChunkRef, source: Source, attempt: Attempt) -> memoryview:
+    async def _verified_from(
+        self, ref: ChunkRef, source: Source, attempt: Attempt, heard: Callable[[], None] | None
+    ) -> memoryview:
         # Filled whole and verified, or discarded.  The serving cache keeps what fits (and L1
         # does too): a mapping of its own, faulted in at once (runtime/buffers.py, kept_buffer).
         size = ref.raw_length
@@ -271,11 +303,12 @@ class PeerTier:
         headers = {TICKET_HEADER: source.ticket}
         endpoint = self._endpoints.get(source.address)
         try:
-            if source.complete:
+            if heard is None:
                 await endpoint.get_into(route, buf, headers=headers, attempt=attempt)
-            else:
+            else:  # its wait is no hang for the hedger; its silence is ``heard``'s
                 attempt.queued()
-                await endpoint.get_into(route, buf, headers=headers)
+                headers[PROGRESS_HEADER] = self._progress_ms
+                await endpoint.get_into(route, buf, headers=headers, attempt=Attempt(on_progress=heard, on_service=heard))
             return verify_raw(ref, buf)
         except BadCopy:
             self.stats.corrupt += 1

@@ -124,7 +124,7 @@ class TestPeerTier(TierTests):
     extra_keys = frozenset(
         {"serving_entries", "serving_bytes", "uploads", "bytes_served", "uploads_refused", "uploads_missing"}
         | {"tracker_errors", "tracker_timeouts", "tracker_nonsense", "bad_sources", "disallowed", "reported"}
-        | {"not_kept", "held", "over_budget", "asked_again", "reannounced"}
+        | {"not_kept", "held", "over_budget", "asked_again", "busy_waits", "reannounced"}
     )
     extra_prefixes = ("hedge_",)
 

@@ -27,7 +27,7 @@ from blobsdk.net.serving import serving
 from blobsdk.peer.trackers import Trackers, tracker_servers
 from blobsdk.runtime.buffers import MAPPED_FROM
 from blobsdk.tiers.peer import PeerTier
-from blobsdk.wire import ErrorBody, chunk_query
+from blobsdk.wire import PROGRESS_HEADER, ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
 from servers.tracker import TRACKER, make_app
 from servers.tracker_rules import Tracker, TrackerConfig
@@ -236,6 +236,10 @@ async def test_the_peer_server_serves_only_against_a_valid_ticket(swarm: Swarm) 
             400,
             ErrorBody(code="bad_request", message=f"the chunk reference in the query is not that of chunk {other.key}"),
         )
+        async with s.get(url, headers={TICKET_HEADER: good, PROGRESS_HEADER: "5"}) as resp:  # a 102 every 5 ms
+            assert resp.status == 400 and msgspec.msgpack.decode(await resp.read(), type=ErrorBody) == ErrorBody(
+                code="bad_request", message="X-Blobsdk-Progress must be 10 to 60000 ms, got '5'"
+            )
         tier.sharing.serving.clear()
         assert await get(s, url, good) == (
             404,
@@ -349,6 +353,54 @@ async def test_a_fetcher_that_never_answers_costs_a_child_its_wait_and_a_second(
                 elapsed = time.perf_counter() - begun
     assert 1.3 <= elapsed < 2.5  # its wait_s plus a second for the answer, then the origin
     assert hits(child) == {"peer": 0, "l4": 1} and child.stats()["peer"]["errors"] == 1
+
+
+async def test_a_silent_fetcher_is_left_after_the_timeout_not_the_whole_wait(swarm: Swarm) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/hushed", 1)
+    (ref,) = (await writer.plan("/p/hushed")).chunks
+    with silent_peers(1) as (address,):  # a stopped peer: the kernel accepts, nobody answers
+        async with aiohttp.ClientSession() as session:
+            fetcher = Trackers(session, [swarm.url], peer_id="f" * 32, address=address, serve_key=ServeKey.generate())
+            async with fetcher:
+                assert await fetcher.locate([ref]) == {ref.key: []}  # recorded as fetching it
+                child = await swarm.client(PeerConfig(wait_s=60.0, timeout_s=0.5))
+                async with asyncio.timeout(20):  # its wait (61 s) would end far later
+                    assert await child.get("/p/hushed") == data
+    # No 102 Processing and no byte for timeout_s: stopped or cut off, reported, then the origin.
+    assert hits(child) == {"peer": 0, "l4": 1} and child.stats()["peer"]["errors"] == 1
+
+
+async def test_a_child_waits_past_its_timeout_at_a_fetcher_that_says_processing(swarm: Swarm) -> None:
+    writer = await swarm.client()
+    data = await written(writer, "/p/patient", 1)
+    (ref,) = (await writer.plan("/p/patient")).chunks
+    fetching = peer_of(await swarm.client(PeerConfig(wait_s=60.0)))
+    fetching.sharing.expect(ref.key)  # as if its fetch from the origin were on a slow link
+    assert fetching._trackers is not None and await fetching._trackers.locate([ref]) == {ref.key: []}
+    child = await swarm.client(PeerConfig(wait_s=60.0, timeout_s=2.0))  # a 102 every 0.5 s asked
+    reading = asyncio.create_task(child.get("/p/patient"))
+    server = fetching.sharing.server
+    await until(lambda: server.counts["beats"] >= 6, within=20)  # 3 s of 102s: past the child's timeout_s
+    assert not reading.done()
+    fetching.sharing.landed(ref.key, memoryview(bytearray(data)))
+    assert await reading == data
+    assert hits(child) == {"peer": 1, "l4": 0} and child.stats()["peer"]["errors"] == 0
+
+
+async def test_a_child_whose_sources_are_all_busy_tries_them_again_rather_than_the_origin(swarm: Swarm) -> None:
+    a = await swarm.client()
+    data = await written(a, "/p/busy", 1)
+    assert await a.get("/p/busy") == data
+    await announced()
+    server = peer_of(a).sharing.server
+    server.uploads = peer_of(a).config.max_uploads  # as if that many were sending: it refuses (429)
+    child = await swarm.client()
+    reading = asyncio.create_task(child.get("/p/busy"))
+    await until(lambda: server.counts["refused"] >= 2)  # refused, and asked again after a pause
+    server.uploads = 0
+    assert await reading == data
+    assert hits(child) == {"peer": 1, "l4": 0} and child.stats()["peer"]["busy_waits"] >= 1
 
 
 async def test_a_malformed_source_address_is_skipped_and_the_read_goes_on(cluster: Cluster) -> None:
