@@ -66,7 +66,7 @@ class Metered:
     the cyclic collector's passes that fell inside a call, ``gc_s`` those passes (while
     :meth:`watching_gc`).
 
-    Why apart (issue 27): the collector's passes run when some allocation trips its
+    Why apart: the collector's passes run when some allocation trips its
     threshold, and a locate allocates in bursts (its ranking tuples, the sources), so most
     passes fell inside tracker calls, though what they walk is the simulator's heap (~450
     objects per host: its events, flows, fetches; the tracker's own state is a few objects

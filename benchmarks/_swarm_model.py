@@ -1,4 +1,4 @@
-"""The peer tier at thousands of hosts, simulated (issue 27): a discrete-event model of hosts
+"""The peer tier at thousands of hosts, simulated: a discrete-event model of hosts
 fetching one blob through the peer tier, that drives the real tracker
 (:class:`servers.tracker_rules.Tracker`, on the simulated clock) and models only the clients
 and the network.  ``benchmarks/swarm_sim.py`` builds the scenarios and reports.

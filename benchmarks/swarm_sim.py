@@ -1,4 +1,4 @@
-"""swarm_sim: the peer tier at 100 to 10,000 hosts, simulated (issue 27 part 2).  Every host
+"""swarm_sim: the peer tier at 100 to 10,000 hosts, simulated.  Every host
 fetches one 3 GiB blob at the same moment over 10 Gb/s links; the tracker deciding who
 fetches from whom is the real one (``servers/tracker_rules.py``), on the simulated clock; the
 hosts, links and origin are ``benchmarks/_swarm_model.py``'s.

@@ -1,4 +1,4 @@
-"""The tracker: the control plane of the Owl-style peer tier (issue 11; DESIGN §2).
+"""The tracker: the control plane of the Owl-style peer tier (DESIGN §2).
 
 Peers (the clients' embedded peer servers) say hello (register, then heartbeat), ask where
 chunks are, announce what they filled and evicted, and report peers that served them badly.

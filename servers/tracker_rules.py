@@ -1,4 +1,4 @@
-"""The tracker's decisions, with no I/O (issue 11; DESIGN §2): who a peer fetches a chunk
+"""The tracker's decisions, with no I/O (DESIGN §2): who a peer fetches a chunk
 from, which copies are kept, which last copies are held, which sources are demoted or banned.
 
 servers/tracker.py serves a :class:`Tracker` over HTTP (its docstring gives the routes and
@@ -90,7 +90,7 @@ class _Swarm:
     """One chunk key: who holds it, who fetches it (since when), who was sent where.
 
     A locate must not walk the whole swarm: at 10,000 hosts on one blob that is quadratic
-    (issue 27).  So the swarm keeps its *open* sources, those with room for another child,
+    (measured in swarm_sim).  So the swarm keeps its *open* sources, those with room for another child,
     in two insertion-ordered dicts (fetchers earliest first; a holder that is handed a child
     moves to the back, so hand-outs rotate), and a locate ranks only the first ``SCAN`` of
     each.  A source that reaches ``fanout`` children leaves its dict and waits in ``full``, a
@@ -254,7 +254,7 @@ class Tracker:
         """Forget peers unheard for ``peer_ttl_s`` (checked at most once a second, or four
         times a TTL if that is shorter).  ``_peers`` is in the order they were last heard
         (a hello moves its peer to the end), so this looks at the expired ones and one more,
-        not at every peer (issue 27: a sweep of all of them grew the CPU per host with N)."""
+        not at every peer (a sweep of all of them grew the CPU per host with N)."""
         now = self._clock()
         if now < self._next_expiry:
             return
@@ -335,7 +335,7 @@ class Tracker:
         more than its source's, a holder's 0; earliest): each with room for another child of
         this key.
 
-        The stripes spread the uploads (issue 27): at a job's start every peer asks for the
+        The stripes spread the uploads: at a job's start every peer asks for the
         same chunks at once and nobody holds them, so their trees were one tree whose inner
         quarter sent ``fanout`` children of every chunk while the rest sent nothing.  A fetcher
         is ranked first for one key in ``stripes`` (crc32 of its id and of the key), a leaf

@@ -1,4 +1,4 @@
-"""The peer server a client runs when it has trackers (issue 11): it serves the chunks of its
+"""The peer server a client runs when it has trackers: it serves the chunks of its
 peer tier (``blobsdk/tiers/peer.py``) to other clients of its tenant.
 
 One route, ``GET /v1/chunks/{key}?<chunk ref>`` (``wire.chunk_query``), answering the chunk's

@@ -1,4 +1,4 @@
-"""The peer tier (issue 11; DESIGN §2): between L2 and L3, chunks fetched from other clients
+"""The peer tier (DESIGN §2): between L2 and L3, chunks fetched from other clients
 of the same tenant, Owl-style, with the trackers (``servers/tracker.py``) as control plane.
 
 A client with ``tracker_urls`` runs one :class:`PeerTier`: the part of a peer that fetches.
