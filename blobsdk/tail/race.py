@@ -41,9 +41,10 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ..errors import BlobError, HedgeExhausted, Unavailable
 from .attempt import Attempt
@@ -58,6 +59,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 Kind = Literal["primary", "hedge", "failover"]
+_NONE: frozenset[Any] = frozenset()  # an empty set of a race's, until it needs one
 AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
 
 
@@ -91,6 +93,7 @@ class Race(Generic[T, R]):
     __slots__ = (
         "__weakref__",
         "_armed",
+        "_armed_delay",
         "_attempt",
         "_candidates",
         "_clock",
@@ -146,12 +149,15 @@ class Race(Generic[T, R]):
         self._failover = failover
         self._next = 0  # index of the next candidate to start
         self._running: dict[Attempt, _Entry[T, R]] = {}
-        self._hung: set[Attempt] = set()  # attempts failed over as hung (stopped)
-        self._waited_for: set[Attempt] = set()  # hung, but the last hope: not failed over
-        self._failures: list[tuple[T, BaseException]] = []
+        # Made on first use (most races need none: each tracked object a read keeps alive
+        # brings the cyclic collector's next pass nearer).
+        self._hung: AbstractSet[Attempt] = _NONE  # attempts failed over as hung (stopped)
+        self._waited_for: AbstractSet[Attempt] = _NONE  # hung, but the last hope: not failed over
+        self._failures: list[tuple[T, BaseException]] | None = None
         self._hedging = hedger.config.enabled
         self._deferred = False
-        self._armed: tuple[Attempt, float] | None = None  # the watched attempt, and its delay
+        self._armed: Attempt | None = None  # the watched attempt
+        self._armed_delay = 0.0  # and its hedge delay
         self._not_before = -math.inf  # a deferred hedge looks again no earlier than this
         self._loop = asyncio.get_running_loop()
         self._deadlines = hedger.deadlines(self._loop)
@@ -164,7 +170,7 @@ class Race(Generic[T, R]):
         self._over = False
         self._result: _Outcome[R] | None = None  # None once over: every candidate failed
         self._interrupted = False  # the caller's task was cancelled by us, to stop the primary
-        self._tasks: set[asyncio.Task[_Outcome[R]]] = set()  # every task started, until it ended
+        self._tasks: AbstractSet[asyncio.Task[_Outcome[R]]] = _NONE  # every task started, until it ended
         self._soon = False  # a first look at the timer is on its way (see _arm)
 
     async def run(self) -> R:
@@ -179,14 +185,14 @@ class Race(Generic[T, R]):
             races.discard(self)
             self._end()
             if self._tasks:
-                await _wait_out(self._tasks)
+                await _wait_out(self._started())
             # An attempt's on_service refers to this race: let go of the attempts, so the
             # race is freed by its last reference, not left to the cyclic garbage collector.
             self._armed = None
             self._running.clear()
         result = self._result
         if result is None:
-            raise exhausted(self._failures, self._key_of)
+            raise exhausted(self._failures or [], self._key_of)
         if result.error is not None:
             raise result.error
         return result.value  # type: ignore[return-value]
@@ -229,18 +235,25 @@ class Race(Generic[T, R]):
     # --- attempts in tasks ----------------------------------------------------------------
 
     def _new_attempt(self, candidate: T) -> Attempt:
-        key = self._key_of(candidate)
-        return Attempt(self._clock, partial(self._hedger.health.answered, key), self._demand, on_service=self._schedule)
+        on_progress = self._hedger.answered_of(self._key_of(candidate))
+        return Attempt(self._clock, on_progress, self._demand, on_service=self._schedule)
 
     def _start(self, kind: Kind) -> None:
         candidate = self._candidates[self._next]
         self._next += 1
         mark = self._new_attempt(candidate)
         task = self._loop.create_task(self._timed(candidate, mark), name=f"hedge:{kind}:{self._key_of(candidate)}")
-        self._tasks.add(task)
+        self._started().add(task)
         task.add_done_callback(partial(self._ended, mark))
         self._running[mark] = _Entry(candidate, kind, task)
         self._arm(candidate, mark)
+
+    def _started(self) -> set[asyncio.Task[_Outcome[R]]]:
+        """The set of tasks started, made on first use."""
+        tasks = self._tasks
+        if not isinstance(tasks, set):
+            tasks = self._tasks = set()
+        return tasks
 
     async def _timed(self, candidate: T, mark: Attempt) -> _Outcome[R]:
         """Run one attempt in its own task; a returned value's latency since it entered
@@ -266,7 +279,7 @@ class Race(Generic[T, R]):
 
     def _ended(self, mark: Attempt, task: asyncio.Task[_Outcome[R]]) -> None:
         """A task's done callback."""
-        self._tasks.discard(task)
+        self._started().discard(task)
         if task.cancelled():
             return  # stopped by us (a loser, or hung): already settled
         error = task.exception()
@@ -290,6 +303,8 @@ class Race(Generic[T, R]):
             self._after_change()
 
     def _fail_over(self, candidate: T, error: BaseException) -> None:
+        if self._failures is None:
+            self._failures = []
         self._failures.append((candidate, error))
         if self._next < len(self._candidates):
             self._hedger.counts.failovers += 1
@@ -383,16 +398,18 @@ class Race(Generic[T, R]):
     def _due(self) -> float | None:
         """Clock time of the next hedge (inf while the watched attempt is queued in this
         client or its server waits on its upstream); None: no hedge due."""
-        if self._armed is None:
+        mark = self._armed
+        if mark is None:
             return None
-        mark, delay = self._armed
-        return max(mark.begun + delay, self._not_before) if mark.serving and not mark.upstream else math.inf
+        return max(mark.begun + self._armed_delay, self._not_before) if mark.serving and not mark.upstream else math.inf
 
     def _arm(self, candidate: T, mark: Attempt) -> None:
         """Watch the attempt just started for a hedge, if another may follow it."""
         config = self._hedger.config
         can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < config.max_parallel
-        self._armed = (mark, self._delay(candidate)) if can_hedge else None
+        self._armed = mark if can_hedge else None
+        if can_hedge:
+            self._armed_delay = self._delay(candidate)
         self._not_before = -math.inf
         if not self._soon:  # once the attempt made its first move: queued (no timer yet) or not
             self._soon = True
@@ -466,10 +483,10 @@ class Race(Generic[T, R]):
             elif key == self._probe or not health.has(key, Reason.HUNG):
                 continue  # a probe of a hung target fails only by its own deadline
             if self._patient and len(self._running) == 1 and not self._healthy_left():
-                self._waited_for.add(mark)  # nowhere better to go: wait for it
+                self._waited_for = {*self._waited_for, mark}  # nowhere better to go: wait for it
                 continue
             del self._running[mark]
-            self._hung.add(mark)
+            self._hung = {*self._hung, mark}
             self._stop(entry)
             self._hedger.counts.hung_failovers += 1
             self._fail_over(entry.candidate, Unavailable(f"{key}: no answer within its hang deadline (hung)"))
