@@ -95,6 +95,7 @@ class L4Tier(KeepsNothing, Closing):
             else None
         )
         self._stack = AsyncExitStack()  # what the tier owns: the repairer, once entered
+        self._ready = self._has_room  # bound once: a bound method per read is one more object alive in flight
 
     async def __aenter__(self) -> Self:
         if self.repairer is not None:
@@ -168,7 +169,7 @@ class L4Tier(KeepsNothing, Closing):
                 partial(self._read_spans, block_id, spans, check),
                 key_of=_name,
                 failover=_is_failover,
-                ready=self._has_room,
+                ready=self._ready,
                 patient=True,
                 demand=demand,
             )
@@ -243,7 +244,7 @@ class L4Tier(KeepsNothing, Closing):
         begun = time.perf_counter()
         try:
             copy = await self.hedger.run(
-                candidates, attempt, key_of=_name, failover=_is_failover, ready=self._has_room, patient=True, demand=demand
+                candidates, attempt, key_of=_name, failover=_is_failover, ready=self._ready, patient=True, demand=demand
             )
         except HedgeExhausted as exc:
             self.stats.misses += 1
