@@ -447,8 +447,11 @@ class Race(Generic[T, R]):
 
     def _hang_bound(self) -> float:
         """A lower bound of :meth:`_hang_check_at`: no deadline is shorter than ``hang_min_ms``."""
-        shortest = self._hedger.config.hang_min_ms / 1000
-        return min((mark.heard + shortest for mark in self._running if mark.serving), default=math.inf)
+        heard = math.inf
+        for mark in self._running:  # a loop, not a generator: this runs at every look of every race
+            if mark.serving and mark.heard < heard:
+                heard = mark.heard
+        return heard + self._hedger.config.hang_min_ms / 1000
 
     def _hang_check_at(self) -> float | None:
         """When an attempt in service may next be found hung (its hang deadline); None if none
