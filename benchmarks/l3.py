@@ -16,11 +16,13 @@ none of it and every chunk comes from L3 or the origin.  Two epochs, three ways,
 (each run with L3 on a dataset of its own, so its epoch 1 finds L3 cold):
 
 - ``l3``: the clients name the L3 nodes;
-- ``l3_patient``: the same, the clients' hedging off and a node hung only after 30 s in
-  service: a client whose link is full takes more than the default 1 s hang deadline for
-  every chunk in flight, calls the L3 node that holds it hung, and fails the read over to
-  the other node, which reads it from the origin, or to the origin itself (``*_l3_hung_failovers``,
-  ``*_l3_hedges_won``, ``*_l3_node_fills``: chunks a node read through from the origin);
+- ``l3_patient``: the same, the clients' hedging off and a node hung only after 30 s of
+  silence.  A host's 4 MiB chunks on its full 100 Mbit/s link take longer than any hedge
+  delay (at most ``max_delay_ms``), so the default clients hedge nearly every L3 read to the
+  other node, which does not hold the chunk and reads it through from the origin, even once
+  the client has cancelled that loser (``*_l3_hedges_sent``, ``*_l3_hedges_won``,
+  ``*_l3_hung_failovers``, ``*_l3_node_fills``: chunks a node read through from the origin,
+  as the clients saw them);
 - ``no_l3``: the same job without them (``l3_urls`` removed; fresh L2 directories).
 
 Some jobs read everything on every host (evaluation, a small dataset each rank shuffles
@@ -201,7 +203,8 @@ def _epoch_figures(report: Report, key: str, epoch: Epoch, dataset: int, rates: 
     report.metrics[f"{key}_cpu_s_per_GB"] = epoch.cpu_s / (epoch.bytes / 1e9)
     report.metrics[f"{key}_busy"] = epoch.busy
     report.metrics[f"{key}_l4_hedges"] = sum(r.l4_hedges for r in epoch.reads)
-    for stat in ("node_fills", "hedge_hedges_won", "hedge_hung_failovers"):  # what took L3 reads to the origin
+    # What took L3 reads to the origin:
+    for stat in ("node_fills", "hedge_hedges_sent", "hedge_hedges_won", "hedge_hung_failovers"):
         report.metrics[f"{key}_l3_{stat.removeprefix('hedge_')}"] = sum(r.l3.get(stat, 0) for r in epoch.reads)
     reads = epoch.reads
     report.details[key] = {"bound": bound, "bytes": [r.bytes for r in reads], "hits": [r.hits for r in reads]}

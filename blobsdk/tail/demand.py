@@ -30,21 +30,27 @@ class Demand:
 
     def __init__(self, priority: Priority = Priority.FOREGROUND) -> None:
         self.priority = priority
-        self._watchers: list[Callable[[], None]] = []
+        self._watchers: list[Callable[[], None]] | None = None  # made by the first watch
 
     def promote(self) -> None:
         """A foreground reader waits for this fetch now: its queued requests move ahead."""
         if self.priority is Priority.FOREGROUND:
             return
         self.priority = Priority.FOREGROUND
-        for watcher in list(self._watchers):
+        for watcher in list(self._watchers or ()):
             watcher()
 
     def watch(self, on_promote: Callable[[], None]) -> None:
-        """Call ``on_promote`` when this demand is promoted (a limiter, while a request of it waits)."""
+        """Call ``on_promote`` when this demand is promoted (a limiter, while a request of it
+        waits).  A foreground demand is never promoted (nothing lowers a priority), so a
+        watcher of one is never called: callers may skip it."""
+        if self._watchers is None:
+            self._watchers = []
         self._watchers.append(on_promote)
 
     def unwatch(self, on_promote: Callable[[], None]) -> None:
+        if self._watchers is None:
+            raise ValueError("unwatch of a watcher never watched")
         self._watchers.remove(on_promote)
 
     def __repr__(self) -> str:

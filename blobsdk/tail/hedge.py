@@ -60,6 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -74,6 +75,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
+_MAX_ANSWERED = 1024  # targets whose ``answered`` callback a hedger keeps made (peers come and go)
 
 __all__ = ["Attempt", "AttemptFn", "HedgeBudget", "HedgeConfig", "HedgeStats", "Hedger", "LatencyTracker", "is_failover"]
 
@@ -223,6 +225,7 @@ class Hedger:
         self.races: set[Race[Any, Any]] = set()  # in flight: told when a race finds a target hung
         self._deadlines: WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = WeakKeyDictionary()
         self._last: Deadlines | None = None  # those of the loop served last
+        self._answered: dict[str, Callable[[], None]] = {}  # see answered_of
         if self.health.config != self.config:
             raise ValueError("a hedger and the health tracker it shares need the same HedgeConfig")
 
@@ -270,7 +273,7 @@ class Hedger:
     ) -> R:
         """No hedge possible: one attempt at a time, in this task (no task or timer to pay
         for), failing over in rank order."""
-        failures: list[tuple[T, BaseException]] = []
+        failures: list[tuple[T, BaseException]] | None = None  # made by the first failure
         for candidate in candidates:
             if failures:
                 self.counts.failovers += 1
@@ -280,12 +283,24 @@ class Hedger:
             except Exception as exc:
                 if not failover(exc):
                     raise
+                failures = failures if failures is not None else []
                 failures.append((candidate, exc))
                 continue
             self.latency.record(key_of(candidate), self.clock() - mark.begun)
             self.health.answered(key_of(candidate))
             return value
-        raise exhausted(failures, key_of)
+        raise exhausted(failures or [], key_of)
+
+    def answered_of(self, target: str) -> Callable[[], None]:
+        """``health.answered`` of ``target``, as the callback an attempt at it calls when its
+        target speaks; made once per target, not once per attempt (each object a read in
+        flight keeps alive brings the cyclic collector's next pass nearer)."""
+        call = self._answered.get(target)
+        if call is None:
+            if len(self._answered) >= _MAX_ANSWERED:
+                self._answered.clear()
+            call = self._answered[target] = partial(self.health.answered, target)
+        return call
 
     def deadlines(self, loop: asyncio.AbstractEventLoop | None = None) -> Deadlines:
         """The one timer for every race's hedge and hang looks on ``loop`` (default: the

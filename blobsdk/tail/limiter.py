@@ -314,19 +314,28 @@ class AdaptiveLimiter:
         waiter = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (permit.priority, next(self._seq), waiter))
         self._queued += 1
-
-        def promoted() -> None:  # queued again at the front's priority; _wake skips the old entry
-            if not waiter.done():
-                heapq.heappush(self._waiters, (permit.priority, next(self._seq), waiter))
-
-        permit.demand.watch(promoted)
+        # A foreground request is at the front's priority already, never promoted: no watcher
+        # (a closure and its cells, made in _watch, only for what may move).
+        promoted = None if permit.priority is Priority.FOREGROUND else self._watch(permit, waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             self._leave_queue(waiter)
             raise
         finally:
-            permit.demand.unwatch(promoted)
+            if promoted is not None:
+                permit.demand.unwatch(promoted)
+
+    def _watch(self, permit: Permit, waiter: asyncio.Future[None]) -> Callable[[], None]:
+        """Queue ``waiter`` again at the front's priority if ``permit``'s demand is promoted
+        while it waits (``_wake`` skips its old entry); the watcher, to unwatch."""
+
+        def promoted() -> None:
+            if not waiter.done():
+                heapq.heappush(self._waiters, (permit.priority, next(self._seq), waiter))
+
+        permit.demand.watch(promoted)
+        return promoted
 
     def _leave_queue(self, waiter: asyncio.Future[None]) -> None:
         """A waiter was cancelled: if it had already been granted a slot, pass the slot on."""

@@ -95,6 +95,7 @@ class L4Tier(KeepsNothing, Closing):
             else None
         )
         self._stack = AsyncExitStack()  # what the tier owns: the repairer, once entered
+        self._ready = self._has_room  # bound once: a bound method per read is one more object alive in flight
 
     async def __aenter__(self) -> Self:
         if self.repairer is not None:
@@ -117,9 +118,9 @@ class L4Tier(KeepsNothing, Closing):
     async def fetch_stored(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> tuple[memoryview, memoryview]:
         """The verified stored copy of ``ref`` and its raw bytes (a view of that copy for
         an uncompressed chunk), hedged across the replicas in order."""
-        skipped: list[BlobError] = []  # bad or missing copies met on the way
-        stored, raw = await self._hedged(ref, self.candidates(ref.key), partial(self._read_copy, ref, decode, skipped), demand)
-        if skipped and self.repairer is not None:
+        read = _CopyRead(self, ref, decode)
+        stored, raw = await self._hedged(ref, self.candidates(ref.key), read, demand)
+        if read.skipped and self.repairer is not None:
             self.repairer.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
 
@@ -133,8 +134,7 @@ class L4Tier(KeepsNothing, Closing):
         candidates = self.candidates(ref.key)
         if len(candidates) != 1 or ref.codec != "none" or len(out) != ref.raw_length:
             return False
-        attempt = partial(self._read_copy, ref, decode, [], into=out)
-        read = asyncio.ensure_future(self._hedged(ref, candidates, attempt, demand))
+        read = asyncio.ensure_future(self._hedged(ref, candidates, _CopyRead(self, ref, decode, out), demand))
         try:
             await asyncio.shield(read)
         except asyncio.CancelledError:
@@ -169,7 +169,7 @@ class L4Tier(KeepsNothing, Closing):
                 partial(self._read_spans, block_id, spans, check),
                 key_of=_name,
                 failover=_is_failover,
-                ready=self._has_room,
+                ready=self._ready,
                 patient=True,
                 demand=demand,
             )
@@ -244,7 +244,7 @@ class L4Tier(KeepsNothing, Closing):
         begun = time.perf_counter()
         try:
             copy = await self.hedger.run(
-                candidates, attempt, key_of=_name, failover=_is_failover, ready=self._has_room, patient=True, demand=demand
+                candidates, attempt, key_of=_name, failover=_is_failover, ready=self._ready, patient=True, demand=demand
             )
         except HedgeExhausted as exc:
             self.stats.misses += 1
@@ -301,20 +301,12 @@ class L4Tier(KeepsNothing, Closing):
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
         return self._limiters.has_room(replica.name)
 
-    async def _read_copy(
-        self,
-        ref: ChunkRef,
-        decode: Decoder,
-        skipped: list[BlobError],
-        replica: BlockReplica,
-        attempt: Attempt,
-        *,
-        into: memoryview | None = None,
-    ) -> _Copy:
-        """One replica's verified copy, in a buffer of its own (or ``into``, by fetch_into): a
-        cancelled loser's read may go on in a thread, so no two attempts ever share one.  A
-        bad or missing copy goes on ``skipped``; a bad one demotes its replica, a verified one
-        restores it."""
+    async def _read_copy(self, read: _CopyRead, replica: BlockReplica, attempt: Attempt) -> _Copy:
+        """One replica's verified copy of ``read.ref``, in a buffer of its own (or
+        ``read.into``, by fetch_into): a cancelled loser's read may go on in a thread, so no two
+        attempts ever share one.  A bad or missing copy goes on ``read.skipped``; a bad one
+        demotes its replica, a verified one restores it."""
+        ref, decode, into = read.ref, read.decode, read.into
         stored = self.buffers.take(ref.length) if into is None else into
         try:
             await replica.read_into(ref.block_id, ref.offset, stored, attempt=attempt, grant=ref.grant)
@@ -329,7 +321,7 @@ class L4Tier(KeepsNothing, Closing):
             if isinstance(exc, CorruptData):  # a bad copy, or one too short for the chunk
                 self.health.mark(replica.name, Reason.BAD_BYTES)
             if isinstance(exc, CorruptData | BlockNotFound):
-                skipped.append(exc)
+                read.skip(exc)
             raise
         self.health.clear(replica.name, Reason.BAD_BYTES)
         return stored, raw
@@ -381,6 +373,30 @@ class L4Tier(KeepsNothing, Closing):
 
 
 _Copy = tuple[memoryview, memoryview]  # a verified stored copy and its raw bytes
+
+
+class _CopyRead:
+    """The hedger's attempt function of one chunk's read (``L4Tier._read_copy`` at a replica),
+    and the bad or missing copies its attempts met.  One slotted object per read, where a
+    ``partial`` of a bound method and a list were three, each kept alive while the read is in
+    flight (and each bringing the cyclic collector's next pass nearer)."""
+
+    __slots__ = ("decode", "into", "ref", "skipped", "tier")
+
+    def __init__(self, tier: L4Tier, ref: ChunkRef, decode: Decoder, into: memoryview | None = None) -> None:
+        self.tier = tier
+        self.ref = ref
+        self.decode = decode
+        self.into = into  # the caller's memory (fetch_into), or None: a buffer of the tier's
+        self.skipped: list[BlobError] | None = None  # made by the first skip
+
+    def __call__(self, replica: BlockReplica, attempt: Attempt) -> Awaitable[_Copy]:
+        return self.tier._read_copy(self, replica, attempt)
+
+    def skip(self, error: BlobError) -> None:
+        if self.skipped is None:
+            self.skipped = []
+        self.skipped.append(error)
 
 
 def _fits(piece: Piece, block_id: str) -> bool:

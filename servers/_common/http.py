@@ -128,23 +128,30 @@ async def progress_while(request: web.Request) -> AsyncIterator[None]:
     interim ``102 Processing`` every MS milliseconds: for a wait before the reply (a block
     server's spindle queue) that the work itself cannot be handed to :func:`with_progress`
     for.  Every interim reply is sent whole before this exits, so the reply's head never meets
-    one half-written.  A malformed MS is BadRequest, before the body runs."""
+    one half-written.  A malformed MS is BadRequest, before the body runs.  Nearly every body
+    ends before the first beat is due: until then a loop timer stands for it, and the task
+    that writes the beats is made only when one is due (a task made and cancelled per request
+    was most of what the ask cost a block server that never queued)."""
     every = progress_every(request)
     if every is None:
         yield
         return
-
-    async def beat(every: float) -> None:
-        while True:
-            await asyncio.sleep(every)
-            await request.writer.write(PROCESSING)  # written to the transport whole, then drained
-
-    task = asyncio.ensure_future(beat(every))
+    beats: list[asyncio.Task[None]] = []
+    timer = asyncio.get_running_loop().call_later(every, lambda: beats.append(asyncio.ensure_future(_beat(request, every))))
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        timer.cancel()
+        for task in beats:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _beat(request: web.Request, every: float) -> None:
+    """``102 Processing`` now and every ``every`` seconds after."""
+    while True:
+        await request.writer.write(PROCESSING)  # written to the transport whole, then drained
+        await asyncio.sleep(every)
 
 
 def progress_every(request: web.Request) -> float | None:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -368,6 +369,37 @@ async def test_a_read_queued_for_a_spindle_hears_102_processing_and_is_neither_h
                 read.cancel()
         await read
     assert bytes(out) == data
+
+
+async def test_a_read_that_gets_its_spindle_at_once_costs_the_server_no_progress_task(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """Every read of ``HttpBlockStore`` asks for ``102 Processing``, and nearly every one gets
+    its spindle before the first is due: the ask then costs the server no task (one made and
+    cancelled per read was most of what it cost a server that never queued)."""
+    data = os.urandom(1000)
+    block_id = new_block_id()
+    async with LocalBlockStore(tmp_path) as local:
+        await local.write_block(block_id, [data])
+    app, _ = one_spindle_app(tmp_path)
+    made: list[str] = []
+    loop = asyncio.get_running_loop()
+    factory = loop.get_task_factory()
+
+    def recording(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        made.append(coro.cr_code.co_filename if hasattr(coro, "cr_code") else "")
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(recording)
+    try:
+        async with running_app(app) as url, HttpBlockStore(session, url) as store:
+            for _ in range(5):
+                out = bytearray(len(data))
+                await store.read_into(block_id, 0, memoryview(out))
+                assert bytes(out) == data
+    finally:
+        loop.set_task_factory(factory)
+    assert made and not [name for name in made if name.endswith(os.path.join("_common", "http.py"))]
 
 
 async def test_a_malformed_progress_ask_is_400_before_queueing(tmp_path: Path, session: aiohttp.ClientSession) -> None:
