@@ -68,7 +68,7 @@ from blobsdk.cache.disk import DiskCache
 from blobsdk.config import Timeouts, s3_location
 from blobsdk.errors import BadCopy, BadRequest, BadUpload, InsufficientStorage, QuotaExceeded
 from blobsdk.net.rpc import new_session
-from blobsdk.net.serving import limits_of_args
+from blobsdk.net.serving import limits_of_args, progress_every
 from blobsdk.read.codec import ChunkDecoder
 from blobsdk.runtime.singleflight import SingleFlight
 from blobsdk.sources.base import BlockStore, Buffer
@@ -85,7 +85,6 @@ from ._common.http import (
     METRICS_KEY,
     auth_of_args,
     base_app,
-    progress_every,
     read_piece,
     send_bytes,
     serve,

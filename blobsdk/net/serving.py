@@ -40,8 +40,18 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from blobsdk.errors import BodyTimedOut
-from blobsdk.wire import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, KEEPALIVE_TIMEOUT_S, MAX_CONNECTIONS, ErrorBody, encode
+from blobsdk.errors import BadRequest, BodyTimedOut
+from blobsdk.wire import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    KEEPALIVE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_PROGRESS_MS,
+    MIN_PROGRESS_MS,
+    PROGRESS_HEADER,
+    ErrorBody,
+    encode,
+)
 
 LOG_INTERVAL_S = 10.0  # at most one line per interval for refusals and for malformed requests
 FD_RESERVE = 64  # open files kept free of connections (blocks, the database, logs)
@@ -374,3 +384,20 @@ async def serving(app: web.Application, host: str, port: int, limits: ServerLimi
         yield runner.addresses[0][1]
     finally:
         await runner.cleanup()
+
+
+def progress_every(request: web.Request) -> float | None:
+    """How often (seconds) a request wants ``102 Processing`` while it waits, None if it does
+    not (``X-Blobsdk-Progress: MS``, asked of block servers, L3 nodes and peers alike); a
+    malformed MS is BadRequest, its echo bounded.  A handler that may answer at once calls
+    this first, so that the refusal does not depend on timing."""
+    raw = request.headers.get(PROGRESS_HEADER)
+    if raw is None or request.version < (1, 1):
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not MIN_PROGRESS_MS <= ms <= MAX_PROGRESS_MS:  # nan compares false: refused too
+        raise BadRequest(f"{PROGRESS_HEADER} must be {MIN_PROGRESS_MS:g} to {MAX_PROGRESS_MS:g} ms, got {raw[:32]!r}")
+    return ms / 1000

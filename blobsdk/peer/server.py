@@ -31,7 +31,6 @@ the same exceptions (``blobsdk/net/rpc.py``).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,8 +42,8 @@ from aiohttp import web
 from ..auth import TICKET_HEADER, ServeKey
 from ..config import PeerConfig
 from ..errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
-from ..net.serving import end_connection, serving
-from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, MSGPACK, PROGRESS_HEADER, ChunkRef, ErrorBody, ref_from_query
+from ..net.serving import end_connection, progress_every, serving
+from ..wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
 
 Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -100,7 +99,7 @@ class PeerServer:
             raise PeerBusy(f"peer busy: {self.uploads} uploads in flight, at most {self._config.max_uploads}")
         sending = False
         try:
-            async with self._beating(request, _progress_every(request)):
+            async with self._beating(request, progress_every(request)):
                 raw = await self._lookup(ref)
                 if raw is None:
                     self.counts["missing"] += 1
@@ -162,22 +161,6 @@ class PeerServer:
             self.counts[f"answered_{exc.http_status}"] += 1
             body = msgspec.msgpack.encode(ErrorBody(code=exc.code, message=str(exc)))
             return web.Response(body=body, status=exc.http_status, content_type=MSGPACK)
-
-
-def _progress_every(request: web.Request) -> float | None:
-    """How often (seconds) the child wants ``102 Processing`` while it waits, None if it does
-    not (``X-Blobsdk-Progress: MS``, as the block servers and L3 nodes read it); a malformed
-    MS is BadRequest."""
-    raw = request.headers.get(PROGRESS_HEADER)
-    if raw is None or request.version < (1, 1):
-        return None
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = math.nan
-    if not MIN_PROGRESS_MS <= ms <= MAX_PROGRESS_MS:  # nan compares false: refused too
-        raise BadRequest(f"{PROGRESS_HEADER} must be {MIN_PROGRESS_MS:g} to {MAX_PROGRESS_MS:g} ms, got {raw[:32]!r}")
-    return ms / 1000
 
 
 async def _healthz(request: web.Request) -> web.Response:

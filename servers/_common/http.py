@@ -17,7 +17,7 @@ from aiohttp.typedefs import Middleware
 
 from blobsdk.auth import CLOCK_SKEW_S, Keyring
 from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, UnsupportedEncoding
-from blobsdk.net.serving import ServerLimits, serving
+from blobsdk.net.serving import ServerLimits, progress_every, serving
 from blobsdk.wire import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -25,10 +25,7 @@ from blobsdk.wire import (
     KEEPALIVE_TIMEOUT_S,
     MAX_BODY_BYTES,
     MAX_CONNECTIONS,
-    MAX_PROGRESS_MS,
-    MIN_PROGRESS_MS,
     MSGPACK,
-    PROGRESS_HEADER,
     ErrorBody,
 )
 
@@ -152,22 +149,6 @@ async def _beat(request: web.Request, every: float) -> None:
     while True:
         await request.writer.write(PROCESSING)  # written to the transport whole, then drained
         await asyncio.sleep(every)
-
-
-def progress_every(request: web.Request) -> float | None:
-    """How often (seconds) the request wants ``102 Processing``, None if it does not; a
-    malformed ``X-Blobsdk-Progress`` is BadRequest (a handler that may answer without
-    :func:`with_progress` calls this first, so that the refusal does not depend on timing)."""
-    raw = request.headers.get(PROGRESS_HEADER)
-    if raw is None or request.version < (1, 1):
-        return None
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = float("nan")
-    if not MIN_PROGRESS_MS <= ms <= MAX_PROGRESS_MS:  # nan compares false: refused too
-        raise BadRequest(f"{PROGRESS_HEADER} must be {MIN_PROGRESS_MS:g} to {MAX_PROGRESS_MS:g} ms, got {raw!r}")
-    return ms / 1000
 
 
 def error_reply(request: web.Request, exc: BlobError) -> web.Response:
