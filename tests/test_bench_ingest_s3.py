@@ -116,8 +116,9 @@ def test_each_peer_is_picked_at_its_least_ingestion() -> None:
 def test_the_cold_epoch_is_split_at_the_origins_first_and_last_byte() -> None:
     """``cold_origin``: the origin's requests begun before epoch 0's end (job start 100 s,
     set-up 0.5 s, epoch 0 of 4 s: until 104.5 s), against the job's own times."""
-    result = JobResult(setup_s=0.5, epochs=[EpochTiming(wall_s=4.0, compute_s=3.0, first_batch_s=0.1)], extra={"started_at": 100.0})
+    epoch0 = EpochTiming(wall_s=4.0, compute_s=3.0, first_batch_s=0.1)
+    result = JobResult(setup_s=0.5, epochs=[epoch0], extra={"started_at": 100.0})
     requests = [(100.25, 101.0, 2_000_000), (100.5, 104.25, 6_000_000), (104.6, 105.0, 9_000_000)]  # the last: epoch 1's
     figures = rows.cold_origin(result, requests)
-    assert figures == pytest.approx({"origin_first_s": 0.25, "origin_last_s": 4.25, "origin_cold_mbps": 8.0 / 4.0, "drain_s": 0.25})
+    assert figures == pytest.approx({"origin_first_s": 0.25, "origin_last_s": 4.25, "origin_cold_mbps": 2.0, "drain_s": 0.25})
     assert rows.cold_origin(result, requests[2:]) == {}  # no request in epoch 0: nothing to say
