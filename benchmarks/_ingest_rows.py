@@ -142,15 +142,20 @@ def play_spawned(row: Row, context: RowContext) -> JobResult:
         return fresh.submit(play_here, row, context).result(timeout=ROW_TIMEOUT_S)
 
 
+Timeline = Callable[[float], list[tuple[float, float, int]]]  # the HDD proxy's requests begun since a time
+
+
 def play_rows(
     rows: Sequence[Row],
     context: RowContext,
     measure: Callable[[], dict[str, int]],
     say: Callable[[str], None],
+    timeline: Timeline | None = None,
 ) -> tuple[dict[str, JobResult], dict[str, str]]:
     """Each row in its own spawned process, in the order given; ``measure`` reads the
-    origin's counters (``tier_requests``, ``tier_mb``, ``tier_repeats`` added to each row).
-    A peer that fails is reported, with its error, and the run goes on."""
+    origin's counters (``tier_requests``, ``tier_mb``, ``tier_repeats`` added to each row),
+    ``timeline`` its requests (:func:`cold_origin`'s figures added to each row).  A peer
+    that fails is reported, with its error, and the run goes on."""
     results: dict[str, JobResult] = {}
     failed: dict[str, str] = {}
     for row in rows:
@@ -167,9 +172,31 @@ def play_rows(
         after = measure()
         moved = {key: after[key] - before[key] for key in ("requests", "bytes", "repeats")}
         result.extra.update(tier_requests=moved["requests"], tier_mb=moved["bytes"] / 1e6, tier_repeats=moved["repeats"])
+        if timeline is not None and "started_at" in result.extra:
+            result.extra.update(cold_origin(result, timeline(result.extra["started_at"])))
         results[row.name] = result
         say(line(row.name, result))
     return results, failed
+
+
+def cold_origin(result: JobResult, requests: list[tuple[float, float, int]]) -> dict[str, float]:
+    """Where the cold epoch's time went, from the origin's requests begun between the job's
+    start and epoch 0's end: ``origin_first_s`` (the first request, from the job's start: the
+    set-up phase is ``result.setup_s``), ``origin_last_s`` (the end of the last),
+    ``origin_cold_mbps`` (the bytes over that span) and ``drain_s`` (epoch 0's end after the
+    last byte: the batches still to compute once the origin had nothing left to send)."""
+    start = result.extra["started_at"]
+    end = start + result.setup_s + result.epochs[0].wall_s
+    cold = [(begun, ended, n) for begun, ended, n in requests if begun < end]
+    if not cold:
+        return {}
+    first, last = min(begun for begun, _, _ in cold), max(ended for _, ended, _ in cold)
+    return {
+        "origin_first_s": first - start,
+        "origin_last_s": last - start,
+        "origin_cold_mbps": sum(n for _, _, n in cold) / 1e6 / max(last - first, 1e-9),
+        "drain_s": end - last,
+    }
 
 
 def line(name: str, result: JobResult) -> str:
@@ -177,4 +204,10 @@ def line(name: str, result: JobResult) -> str:
     return (
         f"{name:>22}: epochs {walls} s, ingest {result.ingest_s:6.2f} s, first batch {result.extra.get('ttfb_s', 0):.2f} s, "
         f"{result.extra.get('tier_mb', 0):.0f} MB from the origin in {result.extra.get('tier_requests', 0):.0f} requests"
+        + (
+            f"; cold: first GET {result.extra['origin_first_s']:.2f} s, last byte {result.extra['origin_last_s']:.2f} s"
+            f" ({result.extra['origin_cold_mbps']:.0f} MB/s), drain {result.extra['drain_s']:.2f} s"
+            if "drain_s" in result.extra
+            else ""
+        )
     )

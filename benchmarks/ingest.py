@@ -97,6 +97,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -220,11 +221,13 @@ def play(variant: Variant, workload: Workload, samples: Samples) -> JobResult:
     seconds of the processes the variant started and stopped (its DataLoader workers, once
     joined; the background reader of ``memory_l3_busy``)."""
     before = _children_cpu_s()
+    started_at = time.monotonic()  # the job's start on this host's clock (the HDD proxy's timeline)
     try:
         result = run_job(variant, workload, samples)
     finally:
         variant.close()
     result.extra["workers_cpu_s"] = _children_cpu_s() - before
+    result.extra["started_at"] = started_at
     return result
 
 

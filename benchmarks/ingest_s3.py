@@ -105,12 +105,13 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
             ceiling = await asyncio.to_thread(origin_ceiling_Bps, origin, samples)
             say(f"origin ceiling: {ceiling / 1e6:.0f} MB/s ({CEILING_PARALLEL} plain GETs in flight, every sample once)")
             first = await blobsdk_row(origin, context, samples)
-            more, failed = await asyncio.to_thread(rows.play_rows, sweep, context, origin.proxy.stats, say)
+            more, failed = await asyncio.to_thread(rows.play_rows, sweep, context, origin.proxy.stats, say, origin.proxy.timeline)
             first.update(more)
             picks = best_configs(first, sweep)
             say("== again, best of each peer, in the reverse order ==")
             again_rows = list(reversed([row for row in sweep if row.name in picks.values()]))
-            again, failed_again = await asyncio.to_thread(rows.play_rows, again_rows, context, origin.proxy.stats, say)
+            proxy = origin.proxy
+            again, failed_again = await asyncio.to_thread(rows.play_rows, again_rows, context, proxy.stats, say, proxy.timeline)
             again.update(await blobsdk_row(origin, context, samples))
     skipped = dict.fromkeys(rows.PEERS, why) if why else {}
     if not any(row.peer == "mosaic" for row in sweep):
@@ -146,7 +147,7 @@ async def blobsdk_row(origin: peers.Origin, context: RowContext, samples: Sample
         assert cluster.config is not None and context.blobsdk_toml is not None
         await peers.load_blobs(cluster.config, origin, samples)
         context.blobsdk_toml.write_text(cluster.config.to_toml())
-        results, _ = await asyncio.to_thread(rows.play_rows, [BLOBSDK], context, origin.proxy.stats, say)
+        results, _ = await asyncio.to_thread(rows.play_rows, [BLOBSDK], context, origin.proxy.stats, say, origin.proxy.timeline)
     return results
 
 
@@ -224,7 +225,7 @@ def row_metrics(out: Report, name: str, result: JobResult, floor: float) -> None
         out.metrics[f"{name}_epoch{e}_s"] = timing.wall_s
         out.metrics[f"{name}_stall_epoch{e}_s"] = timing.stall_s
     out.metrics[f"{name}_ingest_s"] = result.ingest_s
-    for key in ("ttfb_s", "tier_mb", "tier_requests"):
+    for key in ("ttfb_s", "tier_mb", "tier_requests", "origin_first_s", "origin_last_s", "origin_cold_mbps", "drain_s"):
         if key in result.extra:
             out.metrics[f"{name}_{key}"] = result.extra[key]
 

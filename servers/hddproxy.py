@@ -24,6 +24,9 @@ request with no bytes, one).
 ``{"requests": N, "stripes": N, "bytes": N, "repeats": N}`` (stripe transfers the disks
 served; bytes either way; repeats: requests for a
 method, path and ``Range`` asked before), which the benchmark reads around a row.
+``GET /-/timeline?since=T`` answers ``[[begun, ended, bytes], ...]`` for each request begun
+at ``T`` or later (monotonic seconds, this host's clock; bytes relayed back): when a loader's
+reads reached the disks and when the last of them ended, against its job's own times.
 ``--log FILE`` appends a JSON line per request, naming the process that sent it (debugging).
 It answers ``GET /`` as its upstream does (the S3 bucket listing), which is how
 :class:`HddProxy` (a :class:`~servers._common.lifeline.LocalService`: free loopback port,
@@ -174,6 +177,7 @@ class Proxy:
         self.requests = 0
         self.repeats = 0
         self._seen: set[str] = set()
+        self.timeline: list[tuple[float, float, int]] = []  # (begun, ended, bytes back) per request
         self._log = RequestLog(log) if log is not None else None
         self._session: aiohttp.ClientSession | None = None
 
@@ -192,6 +196,14 @@ class Proxy:
                 "repeats": self.repeats,
             }
         )
+
+    async def timeline_since(self, request: web.Request) -> web.Response:
+        """``[[begun, ended, bytes], ...]`` of the requests begun at ``since`` or later."""
+        try:
+            since = float(request.query.get("since", "0"))
+        except ValueError:
+            raise web.HTTPBadRequest(text=f"since must be a number, got {request.query['since']!r}") from None
+        return web.json_response([entry for entry in self.timeline if entry[0] >= since])
 
     async def start(self, app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
@@ -229,6 +241,7 @@ class Proxy:
                 status = upstream.status
                 return await self._relay(request, upstream, self.start_of(request.headers.get("Range")), sent)
         finally:
+            self.timeline.append((begun, time.monotonic(), sent[0]))
             if self._log is not None:
                 self._log.write(request, status, begun, sent[0])
 
@@ -282,6 +295,7 @@ def make_app(upstream: str, model: HddModel, log: Path | None = None) -> web.App
     app = web.Application(client_max_size=1 << 40)  # bodies of any size pass through
     app[PROXY_KEY] = proxy
     app.router.add_get("/-/stats", proxy.stats)  # no S3 bucket name starts with "-"
+    app.router.add_get("/-/timeline", proxy.timeline_since)
     app.router.add_route("*", "/{tail:.*}", proxy.forward)
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.stop)
@@ -313,6 +327,12 @@ class HddProxy(LocalService):
         """``GET /-/stats``: requests, stripe transfers and bytes its disks served so far, and repeats."""
         with urllib.request.urlopen(f"{self.endpoint}/-/stats", timeout=10) as response:
             return dict(json.load(response))
+
+    def timeline(self, since: float) -> list[tuple[float, float, int]]:
+        """``GET /-/timeline``: (begun, ended, bytes back) of each request begun at ``since``
+        (``time.monotonic()``) or later."""
+        with urllib.request.urlopen(f"{self.endpoint}/-/timeline?since={since!r}", timeout=10) as response:
+            return [(float(b), float(e), int(n)) for b, e, n in json.load(response)]
 
     def answers(self, port: int) -> bool:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

@@ -44,6 +44,7 @@ def test_every_row_feeds_the_job_every_sample_in_its_own_process_in_two_orders(t
         assert report.metrics[f"{name}_tier_mb"] > 0  # through the proxy
         assert report.metrics[f"{name}_ttfb_s"] > 0
         assert f"{name}_again_epoch1_s" in report.metrics  # the second order
+        assert 0 <= report.metrics[f"{name}_origin_first_s"] < report.metrics[f"{name}_origin_last_s"]  # the proxy's timeline
     assert report.metrics["cold_limit_s"] == pytest.approx(Samples(TINY).total_bytes / (2 * 400e6))
     assert report.skipped["mosaic"].startswith("not run: no .venv-mosaic (make venv-mosaic")
     if peers.missing() is None:
@@ -110,3 +111,14 @@ def test_each_peer_is_picked_at_its_least_ingestion() -> None:
     results = {"litdata_8mb": _job([3.0], 1.0), "litdata_64mb": _job([1.0], 1.0), "s3torch_sequential": _job([2.0], 1.0)}
     sweep = [Row("litdata", chunk_mb=8), Row("litdata", chunk_mb=64), Row("s3torch", reader="sequential")]
     assert ingest_s3.best_configs(results, sweep) == {"litdata": "litdata_64mb", "s3torch": "s3torch_sequential"}
+
+
+def test_the_cold_epoch_is_split_at_the_origins_first_and_last_byte() -> None:
+    """``cold_origin``: the origin's requests begun before epoch 0's end (job start 100 s,
+    set-up 0.5 s, epoch 0 of 4 s: until 104.5 s), against the job's own times."""
+    epoch0 = EpochTiming(wall_s=4.0, compute_s=3.0, first_batch_s=0.1)
+    result = JobResult(setup_s=0.5, epochs=[epoch0], extra={"started_at": 100.0})
+    requests = [(100.25, 101.0, 2_000_000), (100.5, 104.25, 6_000_000), (104.6, 105.0, 9_000_000)]  # the last: epoch 1's
+    figures = rows.cold_origin(result, requests)
+    assert figures == pytest.approx({"origin_first_s": 0.25, "origin_last_s": 4.25, "origin_cold_mbps": 2.0, "drain_s": 0.25})
+    assert rows.cold_origin(result, requests[2:]) == {}  # no request in epoch 0: nothing to say

@@ -13,7 +13,9 @@ and works in the background:
 
    - ``"l3"``: hydrate jobs posted to the L3 nodes that own each chunk (the read path's
      rendezvous placement and replicas), pinned for ``pin_seconds`` (None: the nodes'
-     default), progress polled from the nodes every ``POLL_S``.  Progress counts chunk
+     default), progress polled from the nodes at once, then after a wait of ``POLL_S`` that
+     doubles after each ask up to ``POLL_MAX_S`` (a long job is asked about once a second,
+     not ten times: each ask is a request the node and the client pay CPU for).  Progress counts chunk
      *copies*: with 2 L3 replicas each chunk counts twice (``dataset_chunks`` and
      ``dataset_bytes`` are the distinct chunks' count and bytes).  A chunk fails (its paths go to
      ``failed``) only when every node it was sent to failed it.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,7 +51,8 @@ from .readpath import ReadPath
 
 TierName = Literal["l1", "l2", "l3"]
 PLAN_BATCH = 1000  # paths per plan lookup (the API server's bound)
-POLL_S = 0.1  # how often an L3 prefetch asks the nodes how far their jobs are
+POLL_S = 0.1  # the first wait before an L3 prefetch asks the nodes how far their jobs are
+POLL_MAX_S = 1.0  # the wait doubles after each ask, up to this
 CANCEL_TIMEOUT_S = 5.0  # how long a cancelled L3 prefetch waits for its nodes to stop
 
 
@@ -150,13 +153,22 @@ class Prefetcher:
     """What a client prefetches with: its plan cache, read path and L3 tier.  Owns the
     prefetches it started: :meth:`aclose` cancels and awaits them."""
 
-    def __init__(self, plans: CachedMetadataStore, readpath: ReadPath, parallel: int, capacities: dict[str, int]) -> None:
+    def __init__(
+        self,
+        plans: CachedMetadataStore,
+        readpath: ReadPath,
+        parallel: int,
+        capacities: dict[str, int],
+        *,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
         self.plans = plans
         self.readpath = readpath
         self.parallel = parallel
         self.capacities = capacities  # tier name -> bytes, for the default budget
         self.l3 = next((t for t in readpath.tiers if isinstance(t, L3Tier)), None)
         self._running: set[asyncio.Task[None]] = set()
+        self._sleep = sleep  # the waits between polls of an L3 prefetch (a fake one in tests)
 
     def start(
         self,
@@ -293,6 +305,7 @@ class Prefetcher:
         its job), with ``tally`` kept up to date."""
         assert self.l3 is not None
         final: dict[int, HydrateStatus] = {}
+        wait = POLL_S
         while True:
             for i, job in enumerate(jobs):
                 if i not in final:
@@ -302,7 +315,8 @@ class Prefetcher:
                     tally.count(i, status)
             if len(final) == len(jobs):
                 return [final[i] for i in range(len(jobs))]
-            await asyncio.sleep(POLL_S)
+            await self._sleep(wait)
+            wait = min(2 * wait, POLL_MAX_S)
 
 
 def _targets(targets: str | Iterable[str]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -126,6 +127,30 @@ async def test_stats_count_repeats_and_the_log_names_each_requests_process(origi
     ]
     assert {(e["pid"], e["ppid"]) for e in lines} == {(os.getpid(), os.getppid())}
     assert all(e["begun"] <= e["ended"] and e["client"].startswith("127.0.0.1:") for e in lines)
+
+
+async def test_the_timeline_lists_each_request_begun_since_a_time(origin: tuple[Origin, str]) -> None:
+    """``GET /-/timeline?since=T``: (begun, ended, bytes back) of each request begun at T
+    or later, on this host's monotonic clock; a ``since`` that is not a number is a 400."""
+    fake, upstream = origin
+    fake.release.set()
+    app = make_app(upstream, HddModel(disks=1, spindles=1, latency_ms=0, bandwidth_mbps=0))
+    async with running_app(app) as url, aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/bucket/early") as response:
+            assert response.status == 207
+        between = time.monotonic()
+        for body in (b"1", b"22"):
+            async with session.put(f"{url}/bucket/late", data=body) as response:
+                assert response.status == 207
+        async with session.get(f"{url}/-/timeline", params={"since": repr(between)}) as response:
+            late = await response.json()
+        async with session.get(f"{url}/-/timeline") as response:
+            every = await response.json()
+        async with session.get(f"{url}/-/timeline", params={"since": "soon"}) as response:
+            assert (response.status, await response.text()) == (400, "since must be a number, got 'soon'")
+    assert [n for _, _, n in late] == [len(b"answer:1"), len(b"answer:22")]
+    assert all(between <= begun <= ended <= time.monotonic() for begun, ended, _ in late)
+    assert [n for _, _, n in every] == [len(b"answer:"), len(b"answer:1"), len(b"answer:22")]
 
 
 def test_each_stripe_of_an_object_has_its_disk() -> None:
