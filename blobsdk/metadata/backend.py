@@ -20,7 +20,9 @@ public            what the backend's method gets
 ``prune_fences``  ``_prune_fences(older_than)``: a finite float >= 0
 ================  ============================================================
 
-``commit``, ``list``, ``iter_plans`` and ``iter_naming`` are written here over those.
+``commit``, ``list``, ``iter_plans`` and ``iter_naming`` are written here over those.  One
+base per capability (:class:`PlanReaderBase` ... :class:`BlockFencesBase`), so a backend of
+some capabilities derives only theirs; :class:`MetadataBackend` is all of them.
 
 A plan enters the process where a backend answers it (a SQLite file or a Redis another
 writer can write, an API server that may lie): ``get_plan`` and ``get_plans`` check every
@@ -59,11 +61,9 @@ def arrived(plans: Sequence[ReadPlan | None], paths: Sequence[str]) -> builtins.
     return [None if plan is None else checked_plan(plan, path) for plan, path in zip(plans, paths, strict=True)]
 
 
-class MetadataBackend(ABC):
-    """A :class:`~blobsdk.metadata.base.MetadataStore` whose public methods check, then call
-    the backend's ``_method`` (see the module docstring)."""
-
-    # --- PlanReader ------------------------------------------------------------------------
+class PlanReaderBase(ABC):
+    """:class:`~blobsdk.metadata.base.PlanReader`, checked; the backend writes ``_get_plans``
+    (and ``_get_plan`` if one lookup has a faster way)."""
 
     async def get_plan(self, path: str) -> ReadPlan:
         plan = await self._get_plan(validate_path(path))
@@ -82,7 +82,10 @@ class MetadataBackend(ABC):
     @abstractmethod
     async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]: ...
 
-    # --- PlanWriter ------------------------------------------------------------------------
+
+class PlanWriterBase(ABC):
+    """:class:`~blobsdk.metadata.base.PlanWriter`, checked; the backend writes ``_commit_many``
+    and ``_delete``."""
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
         (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
@@ -102,7 +105,10 @@ class MetadataBackend(ABC):
     @abstractmethod
     async def _delete(self, path: str, if_version: int | None, kind: WriteKind) -> BlobInfo: ...
 
-    # --- PlanLister ------------------------------------------------------------------------
+
+class PlanListerBase(ABC):
+    """:class:`~blobsdk.metadata.base.PlanLister`, checked; the backend writes ``_list_page``
+    and ``_scan_page``."""
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
@@ -130,7 +136,9 @@ class MetadataBackend(ABC):
     @abstractmethod
     async def _scan_page(self, start_after: str | None, limit: int) -> tuple[builtins.list[ReadPlan], str | None]: ...
 
-    # --- BlockIndex ------------------------------------------------------------------------
+
+class BlockIndexBase(ABC):
+    """:class:`~blobsdk.metadata.base.BlockIndex`, checked; the backend writes ``_naming_page``."""
 
     async def naming_page(
         self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
@@ -148,7 +156,10 @@ class MetadataBackend(ABC):
         self, block_ids: builtins.list[str], after: tuple[str, str], limit: int
     ) -> tuple[builtins.list[ReadPlan], str | None]: ...
 
-    # --- BlockFences -----------------------------------------------------------------------
+
+class BlockFencesBase(ABC):
+    """:class:`~blobsdk.metadata.base.BlockFences`, checked; the backend writes ``_fence``,
+    ``_unfence`` and ``_prune_fences``."""
 
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         if ids := check_fence_ids(block_ids):
@@ -169,6 +180,12 @@ class MetadataBackend(ABC):
 
     @abstractmethod
     async def _prune_fences(self, older_than: float) -> int: ...
+
+
+class MetadataBackend(PlanReaderBase, PlanWriterBase, PlanListerBase, BlockIndexBase, BlockFencesBase):
+    """A whole :class:`~blobsdk.metadata.base.MetadataStore` whose public methods check, then
+    call the backend's ``_method`` (see the module docstring): what sqlite.py, redis.py and
+    http.py derive."""
 
     @abstractmethod
     async def aclose(self) -> None: ...
