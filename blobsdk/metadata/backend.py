@@ -27,7 +27,8 @@ some capabilities derives only theirs; :class:`MetadataBackend` is all of them.
 A plan enters the process where a backend answers it (a SQLite file or a Redis another
 writer can write, an API server that may lie): ``get_plan`` and ``get_plans`` check every
 plan the backend answers against the plan rules and the path it was asked for
-(:func:`arrived`: CorruptData), and nothing after them checks it again.
+(:func:`arrived`: CorruptData; http.py applies it to a server's answer to a commit too), and
+nothing after them checks it again: not the plan caches in front (cache.py, shared.py).
 """
 
 from __future__ import annotations
