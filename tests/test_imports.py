@@ -222,14 +222,14 @@ LEAVES = {
     "blobsdk._redisurl",
     "blobsdk._settings",
     "blobsdk.errors",
-    "blobsdk.runtime.ids",
+    "blobsdk.chunks.ids",
     "blobsdk.wire",
 }
 GROUND_FLOOR = {
     "blobsdk.config": LEAVES,
-    "blobsdk.tail.demand": set(),
-    "blobsdk.tail.attempt": {"blobsdk.tail.demand"},
-    "blobsdk.sources.base": LEAVES | {"blobsdk.tail.attempt", "blobsdk.tail.demand"},
+    "blobsdk.chunks.demand": set(),
+    "blobsdk.chunks.attempt": {"blobsdk.chunks.demand"},
+    "blobsdk.sources.base": LEAVES | {"blobsdk.chunks.attempt", "blobsdk.chunks.demand"},
 }
 
 
@@ -265,8 +265,8 @@ SERVER_IMPORTS = {
     "blobsdk.net.rpc",
     "blobsdk.net.serving",
     "blobsdk.paths",
-    "blobsdk.read.codec",
-    "blobsdk.runtime.ids",
+    "blobsdk.chunks.codec",
+    "blobsdk.chunks.ids",
     "blobsdk.runtime.singleflight",
     "blobsdk.sources.base",
     "blobsdk.sources.http",

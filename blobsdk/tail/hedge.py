@@ -64,10 +64,10 @@ from functools import partial
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
 from ..config import MIN_SAMPLES, HedgeConfig
-from .attempt import Attempt
 from .deadlines import Deadlines
-from .demand import Demand
 from .health import Reason, TargetHealth
 from .race import AttemptFn, Race, exhausted, is_failover
 
@@ -249,7 +249,7 @@ class Hedger:
         running and no candidate is left; it is waited for (its request timeout bounds it),
         so a tier that is only slow for this client never fails the read.  ``demand``: the
         fetch this read serves (None: a foreground one); every attempt carries it to the
-        limiter it queues at (blobsdk/tail/demand.py)."""
+        limiter it queues at (blobsdk/chunks/demand.py)."""
         demand = demand if demand is not None else Demand()
         self.counts.primaries += 1
         self.budget.earn()

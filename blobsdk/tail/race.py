@@ -54,10 +54,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
 from ..errors import BlobError, HedgeExhausted, Unavailable
-from .attempt import Attempt
 from .deadlines import Deadline
-from .demand import Demand
 from .health import Reason
 
 if TYPE_CHECKING:
