@@ -61,7 +61,7 @@ from .deadlines import Deadline
 from .health import Reason
 
 if TYPE_CHECKING:
-    from .hedge import Hedger
+    from .hedgestate import RaceHost as Hedger  # the hedger as its races see it
 
 T = TypeVar("T")
 R = TypeVar("R")
