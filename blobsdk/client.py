@@ -345,7 +345,7 @@ class Client:
         bad URL), and not empty.  Reads in flight finish on the nodes they began with or fall
         through to L4; new reads place chunks over the new list, which moves only the chunks
         whose first nodes change (~1/N of them per node added or removed: rendezvous hashing,
-        blobsdk/read/placement.py).  ``self.config`` takes the new list, so a copy (a forked
+        blobsdk/chunks/placement.py).  ``self.config`` takes the new list, so a copy (a forked
         worker's client) starts with it.  Each client of a job is told on its own: the nodes
         hold no list of members, and clients that disagree for a while cost misses, never
         bytes (every copy is verified).  BadRequest if this client was opened without L3."""

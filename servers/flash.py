@@ -65,11 +65,11 @@ from aiohttp import web
 
 from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
+from blobsdk.chunks.codec import ChunkDecoder
 from blobsdk.config import Timeouts, s3_location
 from blobsdk.errors import BadCopy, BadRequest, BadUpload, InsufficientStorage, QuotaExceeded
 from blobsdk.net.rpc import new_session
 from blobsdk.net.serving import limits_of_args, progress_every
-from blobsdk.read.codec import ChunkDecoder
 from blobsdk.runtime.singleflight import SingleFlight
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.http import HttpBlockStore

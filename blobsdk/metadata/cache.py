@@ -18,7 +18,7 @@ is in flight every new lookup starts after those writes, so the record is droppe
 bounded by the calls in flight).
 
 Every plan that arrives from the store, read or committed, is checked against the plan rules
-(:func:`blobsdk.read.plans.checked_plan`) before it is cached or returned: whatever the backend, a
+(:func:`blobsdk.chunks.plans.checked_plan`) before it is cached or returned: whatever the backend, a
 client never reads through a bad plan; it gets CorruptData.
 
 The TTL + LRU map is :class:`_Plans`, not cachetools' ``TLRUCache``: a lookup is on every
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from ..auth import grants_usable_for
+from ..chunks.plans import checked_plan
 from ..errors import BlobNotFound
-from ..read.plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import MetadataStore, PassThrough
 

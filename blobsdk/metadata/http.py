@@ -2,7 +2,7 @@
 
 Arguments are checked here exactly as the embedded store checks them, so a bad path fails
 the same way without a round trip; the server checks them again.  Every plan the server
-answers is checked too (:func:`blobsdk.read.plans.checked_plan`): a bad one is CorruptData.
+answers is checked too (:func:`blobsdk.chunks.plans.checked_plan`): a bad one is CorruptData.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Self, TypeVar
 
 import aiohttp
 
+from ..chunks.plans import checked_plan
 from ..config import Timeouts
 from ..errors import BadRequest, BlobNotFound, Unavailable
 from ..paths import validate_path
-from ..read.plans import checked_plan
 from ..wire import (
     MAX_OPS_PER_REQUEST,
     MAX_PATHS_PER_REQUEST,

@@ -63,10 +63,10 @@ from typing import Self
 
 import msgspec
 
+from ..chunks.codec import decode_chunk
 from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
 from ..metadata.base import MAX_FENCE_IDS, MetadataStore
-from ..read.codec import decode_chunk
 from ..runtime.tasks import task_group
 from ..sources.base import BlockReplica, BlockStore, block_time
 from ..sources.replicated import UnderReplicated

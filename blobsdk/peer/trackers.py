@@ -6,7 +6,7 @@ from a client.
 the peer's serve tickets with, and learning the tenant the peer serves) and then heartbeats
 each every ``heartbeat_s`` (as the tracker asks), with the peer's current upload count.
 Each chunk key belongs to one tracker, chosen by rendezvous hashing over ``urls``
-(``blobsdk.read.placement``), so trackers shard the key space and never talk to each other.
+(``blobsdk.chunks.placement``), so trackers shard the key space and never talk to each other.
 ``locate``, ``announce`` and ``report`` batch their keys per tracker and ask the trackers
 concurrently.
 
@@ -57,11 +57,11 @@ import aiohttp
 import msgspec
 
 from ..auth import ServeKey
+from ..chunks.ids import is_hex32
+from ..chunks.placement import rank
 from ..errors import BlobError, PeerNotFound, Unavailable
 from ..net.rpc import HttpEndpoint
 from ..net.unreachable import TRACKER
-from ..read.placement import rank
-from ..runtime.ids import is_hex32
 from ..tail.health import Reason, TargetHealth
 from ..wire import (
     MAX_BODY_BYTES,

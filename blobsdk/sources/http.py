@@ -18,10 +18,10 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
 from ..auth import GRANT_HEADER
+from ..chunks.attempt import Attempt
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
 from ..net.unreachable import BLOCK_SERVER
-from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id

@@ -43,6 +43,7 @@ from typing import Any, Self, TypeVar
 
 import xxhash
 
+from ..chunks.attempt import Attempt
 from ..errors import (
     BadRequest,
     BlobError,
@@ -63,7 +64,6 @@ from ..runtime.rootdir import (
     refusal,
     remove_if_dead,
 )
-from ..tail.attempt import Attempt
 from ..wire import BlockInfo
 from .base import Buffer, Span, SpanCheck, block_time, validate_block_id
 from .localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip

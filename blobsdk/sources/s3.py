@@ -71,6 +71,8 @@ with requires_extra("s3", __name__):
     from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
     from obstore.store import S3Store
 
+from ..chunks.attempt import Attempt
+from ..chunks.ids import is_hex32
 from ..config import Timeouts
 from ..errors import (
     BadRequest,
@@ -89,9 +91,7 @@ from ..errors import (
     Unavailable,
 )
 from ..net.retry import Backoff
-from ..runtime.ids import is_hex32
 from ..runtime.singleflight import SingleFlight
-from ..tail.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter, Permit
 from ..wire import BlockInfo
 from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listing_error, _obstore_retries, _pieces, _unavailable

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from ..cache.memory import MemoryCache
+from ..chunks.demand import Demand
 from ..stats import TierStats
-from ..tail.demand import Demand
 from ..wire import ChunkRef
 from .base import Closing, Decoder
 

@@ -23,9 +23,9 @@ from contextlib import AsyncExitStack
 from typing import Self
 
 from ..cache.disk import DiskCache
+from ..chunks.demand import Demand
 from ..errors import BlobError
 from ..stats import TierStats
-from ..tail.demand import Demand
 from ..wire import ChunkRef
 from .base import Decoder
 

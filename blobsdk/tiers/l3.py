@@ -1,7 +1,7 @@
 """L3: the regional flash nodes (``servers/flash.py``), seen from the client.
 
 Each chunk lives on ``replicas`` nodes chosen by rendezvous hashing of its chunk key over
-the node URLs (:mod:`blobsdk.read.placement`).  A node that misses reads the chunk through from
+the node URLs (:mod:`blobsdk.chunks.placement`).  A node that misses reads the chunk through from
 L4 itself, so a GET answers with the chunk's stored bytes either way; the client verifies
 every copy (``decode``) and tries the next node on a bad or failed one.  It reports a bad
 copy to the node that sent it (``POST /v1/chunks/{key}/bad``): a node sends a cache file it
@@ -48,15 +48,15 @@ import aiohttp
 import msgspec
 
 from ..auth import GRANT_HEADER
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
+from ..chunks.placement import rank
 from ..config import HedgeConfig
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
 from ..net.unreachable import L3_NODE
-from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..stats import TierStats
-from ..tail.attempt import Attempt
-from ..tail.demand import Demand
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry

@@ -31,17 +31,17 @@ from contextlib import AsyncExitStack
 from functools import partial
 from typing import Self
 
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
+from ..chunks.placement import rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
 from ..metadata.base import MetadataStore
 from ..ops.repair import Repairer
-from ..read.placement import rank
 from ..runtime.buffers import BufferPool
 from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
-from ..tail.attempt import Attempt
-from ..tail.demand import Demand
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import AttemptFn, Hedger
 from ..tail.limiter import LimiterRegistry

@@ -54,17 +54,17 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..auth import TICKET_HEADER
+from ..chunks.attempt import Attempt
+from ..chunks.codec import verify_raw
+from ..chunks.demand import Demand
 from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
 from ..net.endpoint import Endpoint
 from ..net.unreachable import PEER
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
-from ..read.codec import verify_raw
 from ..runtime.buffers import kept_buffer, uninitialized
 from ..stats import TierStats
-from ..tail.attempt import Attempt
-from ..tail.demand import Demand
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, PROGRESS_HEADER, ChunkRef, Problem, Source, chunk_query

@@ -14,8 +14,8 @@ import msgspec
 import pytest
 
 from blobsdk.cache.disk import PayloadFile
+from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig
-from blobsdk.read.placement import rank
 from blobsdk.tail.health import Reason
 from blobsdk.tiers.l3 import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef, chunk_query

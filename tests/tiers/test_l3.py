@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.chunks.codec import decode_chunk
+from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig
-from blobsdk.read.codec import decode_chunk
-from blobsdk.read.placement import rank
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l3 import HydrateJob, L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef

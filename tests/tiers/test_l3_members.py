@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
+from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig
-from blobsdk.read.placement import rank
 from blobsdk.tiers.l3 import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 from tests.helpers import running_app
