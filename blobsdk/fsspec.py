@@ -73,6 +73,7 @@ from typing import Any, cast
 from ._arguments import check_number, wrong
 from ._extras import requires_extra
 from ._numbers import integer
+from .runtime.resource import AsyncResource
 
 with requires_extra("fsspec", __name__):
     from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
@@ -100,7 +101,7 @@ LIST_SKIP_AFTER = 1000  # ls: entries of one subdirectory read before jumping pa
 _PAST_EVERY_PATH = "\U0010ffff" * 256
 
 
-class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untyped
+class BlobFileSystem(AsyncFileSystem, AsyncResource):  # type: ignore[misc]  # fsspec is untyped
     """The ``blob://`` filesystem (see the module docstring)."""
 
     protocol = "blob"
@@ -156,12 +157,6 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    async def __aenter__(self) -> BlobFileSystem:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def _client(self) -> Client:
         return await self._slot.get()

@@ -70,6 +70,7 @@ from typing import Any, Self, TypeVar
 
 from ..errors import ClientClosed, Unavailable
 from ..runtime.forksafe import Executor
+from ..runtime.resource import AsyncResource
 from ..runtime.rootdir import RootDir, UnsafeEntry
 from ._diskfiles import DiskFiles, space_deficit, with_file
 from ._diskscan import FileTimes, scan_shard
@@ -94,7 +95,7 @@ class _Fill:
     pin_until: float
 
 
-class DiskCache(DiskFiles):
+class DiskCache(DiskFiles, AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` over one directory (module docstring).
 
     ``capacity_bytes`` counts payload bytes (a file adds 32 bytes plus the tenant name);
@@ -318,15 +319,8 @@ class DiskCache(DiskFiles):
         self._state = "closed"
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 
-    async def __aenter__(self) -> Self:
-        try:
-            return await self.open()
-        except BaseException:  # the pool must not outlive a failed open
-            await self.aclose()
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def _start(self) -> None:
+        await self.open()  # a failed one is closed (AsyncResource): the pool never outlives it
 
     # --- internals, on the event loop -------------------------------------------------
 

@@ -58,13 +58,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Seq
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Self, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import msgspec
 import xxhash
 from cachetools import LRUCache
 
 from .._extras import requires_extra
+from ..runtime.resource import AsyncResource
 
 with requires_extra("s3", __name__):
     import obstore
@@ -135,7 +136,7 @@ class S3Object(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.encode((self.bucket, self.key, self.etag)).decode()
 
 
-class S3BlockStore:
+class S3BlockStore(AsyncResource):
     """A :class:`~blobsdk.sources.base.BlockStore` in ``bucket`` under ``prefix``; see the
     module docstring.  ``config``: obstore's S3 options (``endpoint``, ``region``,
     ``access_key_id``, ``secret_access_key``...; absent ones come from the standard AWS
@@ -192,12 +193,6 @@ class S3BlockStore:
     @property
     def replicas(self) -> tuple[S3BlockStore]:
         return (self,)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop link reads in flight and close this process's GET connections (obstore's

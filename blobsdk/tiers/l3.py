@@ -54,6 +54,7 @@ from ..net.endpoint import Endpoint
 from ..net.unreachable import L3_NODE
 from ..read.placement import rank
 from ..runtime.buffers import BufferPool
+from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.attempt import Attempt
 from ..tail.demand import Demand
@@ -70,7 +71,7 @@ from ..wire import (
     HydrateStatus,
     chunk_query,
 )
-from .base import Closing, Decoder, KeepsNothing, cache_failover
+from .base import Decoder, KeepsNothing, cache_failover
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class HydrateJob:
         return len(self.refs)
 
 
-class L3Tier(KeepsNothing, Closing):
+class L3Tier(KeepsNothing, AsyncResource):
     """The Tier over a set of L3 flash nodes, using (never closing) the caller's session.
 
     ``token`` is the bearer token the nodes want (it names the tenant); ``timeout`` bounds
