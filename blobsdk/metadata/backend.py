@@ -37,9 +37,9 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
+from ..chunks.plans import checked_plan
 from ..errors import BlobNotFound
 from ..paths import validate_path
-from ..read.plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import (
     check_cursor,
@@ -58,7 +58,7 @@ from .base import (
 
 def arrived(plans: Sequence[ReadPlan | None], paths: Sequence[str]) -> builtins.list[ReadPlan | None]:
     """``plans`` as a store answered them for ``paths``, each checked (CorruptData for a bad
-    plan or one of another path; :func:`blobsdk.read.plans.checked_plan`)."""
+    plan or one of another path; :func:`blobsdk.chunks.plans.checked_plan`)."""
     return [None if plan is None else checked_plan(plan, path) for plan, path in zip(plans, paths, strict=True)]
 
 

@@ -22,7 +22,7 @@ capability):
 - ``delete`` removes the live version (BlobNotFound if none) with the same ``if_version`` rule.
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
 - Every path argument is validated (InvalidPath) before anything else happens, and every
-  committed plan is checked against the plan rules of :mod:`blobsdk.read.plans` (BadRequest).
+  committed plan is checked against the plan rules of :mod:`blobsdk.chunks.plans` (BadRequest).
 - **The reserved namespace** (blobsdk/paths.py): a commit or delete of kind ``"blob"`` (the
   default: a user's write) under ``/{bucket}/.blobsdk/`` is InvalidPath.  Kind ``"index"``
   is blobsdk's own: a commit only at a chunk index entry's path with a one-chunk plan, a
@@ -59,10 +59,10 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
+from ..chunks.ids import validate_hex32
+from ..chunks.plans import check_plan
 from ..errors import BadRequest, BlockCollected, CorruptData, InvalidPath, PreconditionFailed
 from ..paths import INDEX_DIR, RESERVED_DIR, is_index_entry, is_reserved, validate_path, validate_prefix, validate_writable
-from ..read.plans import check_plan
-from ..runtime.ids import validate_hex32
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 
 T = TypeVar("T")

@@ -73,10 +73,10 @@ from . import _redis_rows as rows
 with requires_extra("redis", __name__):
     import redis.exceptions as rexc
 
+from ..chunks.ids import validate_hex32
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
 from ..net.unreachable import REDIS, unreachable
 from ..paths import bucket_of, validate_path
-from ..runtime.ids import validate_hex32
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import RedisConnection, connect
 from .backend import MetadataBackend

@@ -21,7 +21,7 @@ does not go through it (another deployment's client, a server-side job) is visib
 ``ttl_seconds``, as with the in-process cache.  Missing paths are not cached.  If Redis is
 down, the cache steps aside: reads and writes go to the store (counted in ``errors``), never
 failing because of the cache.  A usable entry whose plan breaks the plan rules or is of
-another path is CorruptData (blobsdk/read/plans.py): its plans enter the process here.
+another path is CorruptData (blobsdk/chunks/plans.py): its plans enter the process here.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ with requires_extra("redis", __name__):
     import redis.exceptions as rexc
 
 from ..auth import grants_usable_for
-from ..read.plans import checked_plan
+from ..chunks.plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import client_for
 from .base import MetadataStore, PassThrough

@@ -59,14 +59,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Protocol, Self
+from typing import Protocol
 
 import msgspec
 
+from ..chunks.codec import decode_chunk
 from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
 from ..metadata.base import MAX_FENCE_IDS, BlockIndex, PlanLister
-from ..read.codec import decode_chunk
+from ..runtime.resource import AsyncResource
 from ..runtime.tasks import task_group
 from ..sources.base import BlockReplica, BlockStore, block_time
 from ..sources.replicated import UnderReplicated
@@ -210,7 +211,7 @@ class RepairStats:
         return asdict(self)
 
 
-class Repairer:
+class Repairer(AsyncResource):
     """Background repair of the blocks reads report, and of the ``under_replicated`` ones
     writes record (module docstring).  ``async with`` starts its tasks; leaving cancels and
     awaits them.  ``clock`` is the writer's clock of block ids (time.time)."""
@@ -253,15 +254,11 @@ class Repairer:
         """Nothing queued or being repaired."""
         return not self._pending
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="blobsdk-l4-repair")
         if self._ledger_task is None and self.under_replicated is not None:
             self._ledger_task = asyncio.create_task(self._run_ledger(self.under_replicated), name="blobsdk-l4-rereplicate")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Cancel the repair tasks and wait for them; idempotent."""

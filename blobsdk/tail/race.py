@@ -54,14 +54,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
 from ..errors import BlobError, HedgeExhausted, Unavailable
-from .attempt import Attempt
 from .deadlines import Deadline
-from .demand import Demand
 from .health import Reason
 
 if TYPE_CHECKING:
-    from .hedge import Hedger
+    from .hedgestate import RaceHost as Hedger  # the hedger as its races see it
 
 T = TypeVar("T")
 R = TypeVar("R")
