@@ -311,7 +311,8 @@ class Client(AsyncResource):
         check_callable("index_s3: progress", progress)
         check_number("index_s3: parallel", parallel, integer(1))
         state = self._open
-        return await index_s3(s3_source(state.blocks), state.writer, url, dest, progress=progress, parallel=parallel)
+        store = s3_source(state.blocks)
+        return await index_s3(store, state.writer, state.metadata, url, dest, progress=progress, parallel=parallel)
 
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds

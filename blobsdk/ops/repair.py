@@ -59,13 +59,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from typing import Protocol
 
 import msgspec
 
 from ..chunks.codec import decode_chunk
 from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
-from ..metadata.base import MAX_FENCE_IDS, MetadataStore
+from ..metadata.base import MAX_FENCE_IDS, BlockIndex, PlanLister
 from ..runtime.resource import AsyncResource
 from ..runtime.tasks import task_group
 from ..sources.base import BlockReplica, BlockStore, block_time
@@ -103,24 +104,36 @@ class BlockOutcome:
         return all(copy is Copy.GOOD or name in self.repaired for name, copy in self.found.items())
 
 
-async def live_chunks(metadata: MetadataStore, only: set[str] | None = None) -> dict[str, list[ChunkRef]]:
+class ChunkWalk(PlanLister, BlockIndex, Protocol):
+    """What :func:`live_chunks` asks of the metadata: every plan, or those naming some blocks."""
+
+
+async def live_chunks(metadata: ChunkWalk, only: set[str] | None = None) -> dict[str, list[ChunkRef]]:
     """Every chunk a live plan references, by block (sorted by id), each block's chunks
     sorted by offset and without duplicates; only the blocks in ``only`` if given, found
     through the store's reverse index (not a walk of every plan)."""
+    return await all_chunks(metadata) if only is None else await named_chunks(metadata, only)
+
+
+async def all_chunks(metadata: PlanLister) -> dict[str, list[ChunkRef]]:
+    """:func:`live_chunks` of every block: a walk of every plan (scrub's)."""
+    return await _chunks_in([metadata.iter_plans()], None)
+
+
+async def named_chunks(metadata: BlockIndex, only: set[str]) -> dict[str, list[ChunkRef]]:
+    """:func:`live_chunks` of the blocks in ``only``, through the reverse index."""
+    ids = sorted(only)
+    return await _chunks_in([metadata.iter_naming(ids[i : i + MAX_FENCE_IDS]) for i in range(0, len(ids), MAX_FENCE_IDS)], only)
+
+
+async def _chunks_in(walks: list[AsyncIterator[ReadPlan]], only: set[str] | None) -> dict[str, list[ChunkRef]]:
     index: dict[str, dict[str, ChunkRef]] = {}
-    for plans in _plans_naming(metadata, only):
+    for plans in walks:
         async for plan in plans:
             for ref in plan.chunks:
                 if only is None or ref.block_id in only:
                     index.setdefault(ref.block_id, {})[ref.key] = ref
     return {b: sorted(refs.values(), key=lambda r: r.offset) for b, refs in sorted(index.items())}
-
-
-def _plans_naming(metadata: MetadataStore, only: set[str] | None) -> list[AsyncIterator[ReadPlan]]:
-    if only is None:
-        return [metadata.iter_plans()]
-    ids = sorted(only)
-    return [metadata.iter_naming(ids[i : i + MAX_FENCE_IDS]) for i in range(0, len(ids), MAX_FENCE_IDS)]
 
 
 async def check_block(
@@ -205,7 +218,7 @@ class Repairer(AsyncResource):
 
     def __init__(
         self,
-        metadata: MetadataStore,
+        metadata: BlockIndex,
         replicas: Sequence[BlockReplica],
         config: RepairConfig | None = None,
         *,
@@ -262,7 +275,7 @@ class Repairer(AsyncResource):
         blocks = ledger.blocks() if ledger is not None else []
         if ledger is None or not blocks:
             return 0
-        index = await live_chunks(self._metadata, set(blocks))
+        index = await named_chunks(self._metadata, set(blocks))
         todo, rewritten = iter(blocks), [0]
 
         async def worker() -> None:
@@ -320,7 +333,7 @@ class Repairer(AsyncResource):
 
     async def _repair_batch(self, batch: list[str]) -> None:
         try:
-            index = await live_chunks(self._metadata, set(batch))
+            index = await named_chunks(self._metadata, set(batch))
         except BlobError:  # the metadata cannot be walked now: a later read reports again
             self.stats.repairs_failed += len(batch)
             return
@@ -382,13 +395,13 @@ class ScrubReport(msgspec.Struct, kw_only=True):
 
 
 async def scrub(
-    metadata: MetadataStore, blocks: BlockStore, *, dry_run: bool = False, concurrency: int = 2, progress: Progress | None = None
+    metadata: PlanLister, blocks: BlockStore, *, dry_run: bool = False, concurrency: int = 2, progress: Progress | None = None
 ) -> ScrubReport:
     """Verify every replica's copy of every live block and repair what is bad or missing
     (nothing is written if ``dry_run``); ``progress(done, total, bytes)`` after each block."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    index = await live_chunks(metadata)
+    index = await all_chunks(metadata)
     report = ScrubReport(dry_run=dry_run)
     todo = iter(index.items())
 

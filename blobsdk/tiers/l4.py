@@ -35,7 +35,7 @@ from ..chunks.demand import Demand
 from ..chunks.placement import rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
-from ..metadata.base import MetadataStore
+from ..metadata.base import BlockIndex
 from ..ops.repair import Repairer
 from ..runtime.buffers import BufferPool
 from ..runtime.resource import AsyncResource
@@ -71,7 +71,7 @@ class L4Tier(KeepsNothing, AsyncResource):
         *,
         hedge: HedgeConfig | None = None,
         limiters: LimiterRegistry | None = None,
-        metadata: MetadataStore | None = None,
+        metadata: BlockIndex | None = None,
         repair: RepairConfig | None = None,
         buffers: BufferPool | None = None,
         write_horizon: float = 600.0,
