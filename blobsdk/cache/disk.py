@@ -45,8 +45,8 @@ read.  LRU order is seeded from atimes (reads refresh them, at most once a minut
 hold from mtimes (the fill); pins are not persisted.  Then the cache is trimmed to its
 capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
-bytes; files another process adds are seen at the next open (once its reconciliation reaches
-their shard).  All disk access runs on the cache's own thread pool, never on the event loop
+bytes; a file another process adds is found by the first read that misses the index
+(blobsdk/cache/_diskshare.py).  All disk access runs on the cache's own thread pool, never on the event loop
 (the blocking file operations: blobsdk/cache/_diskfiles.py).
 
 With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
@@ -71,8 +71,9 @@ from typing import Any, Self, TypeVar
 from ..errors import ClientClosed, Unavailable
 from ..runtime.forksafe import Executor
 from ..runtime.rootdir import RootDir, UnsafeEntry
-from ._diskfiles import DiskFiles, space_deficit, with_file
+from ._diskfiles import space_deficit, with_file
 from ._diskscan import FileTimes, scan_shard
+from ._diskshare import SharedFiles
 from ._entryfile import Damaged as _Damaged
 from ._indexfile import INDEX_FILE, Dropped, Listing, by_shard_of, read_index, write_index
 from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
@@ -94,7 +95,7 @@ class _Fill:
     pin_until: float
 
 
-class DiskCache(DiskFiles):
+class DiskCache(SharedFiles):
     """A :class:`~blobsdk.cache.base.ChunkCache` over one directory (module docstring).
 
     ``capacity_bytes`` counts payload bytes (a file adds 32 bytes plus the tenant name);
@@ -184,9 +185,8 @@ class DiskCache(DiskFiles):
         the executor, or None.  With ``checksum`` (an xxh3-64 the caller expects) a copy
         whose recorded checksum differs counts as corrupt too: one hash checks both."""
         entry = await self._readable(validate_key(key))
-        if entry is None:
-            self._counts["misses"] += 1
-            return None
+        if entry is None:  # another process sharing root may have written it since we opened
+            return await self._adopt(key, checksum)
         try:
             data, ident = await self._io(self._read_sync, key, checksum)
         except _Damaged:
