@@ -162,3 +162,53 @@ async def test_an_adopted_file_past_the_ttl_is_expired(tmp_path: Path) -> None:
         os.utime(path, (st.st_atime - 3600, st.st_mtime - 3600))  # filled an hour ago
         assert await b.get(key_of(1)) is None
         assert not path.exists() and counts(b)["entries"] == 0 and counts(b)["misses"] == 1
+
+
+async def test_find_indexes_another_process_s_file_by_its_header_and_counts_no_read(tmp_path: Path) -> None:
+    async with cache(tmp_path) as a, cache(tmp_path) as b:
+        assert await a.put(key_of(1), blob(1))
+        assert not await b.find(key_of(2))
+        assert await b.find(key_of(1), checksum=xxhash.xxh3_64_intdigest(blob(1)))
+        assert b.contains(key_of(1)) and await b.find(key_of(1))
+        assert counts(b) == {"hits": 0, "misses": 0, "corrupt": 0, "errors": 0, "entries": 1, "bytes": 100}
+        assert await b.get(key_of(1)) == blob(1)  # the payload verified at its read
+
+
+async def test_find_deletes_a_file_that_records_other_bytes_than_the_caller_expects(tmp_path: Path) -> None:
+    async with cache(tmp_path) as a, cache(tmp_path) as b:
+        assert await a.put(key_of(1), blob(1))
+        assert not await b.find(key_of(1), checksum=xxhash.xxh3_64_intdigest(blob(2)))
+        assert not file_of(tmp_path, key_of(1)).exists()
+        assert counts(b) == {"hits": 0, "misses": 0, "corrupt": 1, "errors": 0, "entries": 0, "bytes": 0}
+
+
+@pytest.mark.parametrize("forge", FORGERIES.values(), ids=FORGERIES.keys())
+async def test_find_never_adopts_a_forged_file(tmp_path: Path, forge: object) -> None:
+    maker = tmp_path / "maker"
+    async with cache(maker) as m:
+        assert await m.put(key_of(1), blob(1)) and await m.put(key_of(2), blob(2))
+    good, other = file_of(maker, key_of(1)).read_bytes(), file_of(maker, key_of(2)).read_bytes()
+    root = tmp_path / "l2"
+    async with cache(root) as c:
+        file_of(root, key_of(1)).parent.mkdir()
+        file_of(root, key_of(1)).write_bytes(forge(good, other))  # type: ignore[operator]
+        found = await c.find(key_of(1))
+        # A flipped payload bit passes the header: indexed, then caught and deleted at its read.
+        assert await c.get(key_of(1)) is None
+        assert not file_of(root, key_of(1)).exists()
+        assert counts(c)["corrupt"] == 1 and counts(c)["entries"] == 0 and counts(c)["hits"] == 0
+        assert found == (forge is FORGERIES["payload bit flipped"])
+
+
+async def test_find_never_follows_a_symlink(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    maker = tmp_path / "maker"
+    async with cache(maker) as m:
+        assert await m.put(key_of(1), blob(1))
+    root = tmp_path / "l2"
+    async with cache(root) as c:
+        file_of(root, key_of(1)).parent.mkdir()
+        file_of(root, key_of(1)).symlink_to(file_of(maker, key_of(1)))
+        with caplog.at_level(logging.WARNING):
+            assert not await c.find(key_of(1))
+        assert counts(c)["errors"] == 1 and not c.contains(key_of(1)) and file_of(root, key_of(1)).is_symlink()
+    assert messages(caplog) == [f"cache l2: ignored {file_of(root, key_of(1))}: it is a symlink, not a regular file {NOTE}"]
