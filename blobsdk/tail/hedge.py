@@ -59,17 +59,18 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 from weakref import WeakKeyDictionary
 
 from ..config import MIN_SAMPLES, HedgeConfig
 from .attempt import Attempt
+from .candidates import AttemptFn, HedgeStats, exhausted, is_failover
 from .deadlines import Deadlines
 from .demand import Demand
-from .health import Reason, TargetHealth
-from .race import AttemptFn, Race, exhausted, is_failover
+from .health import HangWatch, Reason, TargetHealth
+from .race import Race
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -166,6 +167,14 @@ class LatencyTracker:
         estimate = self.estimate(target)
         return high if estimate is None else min(high, max(low, estimate))
 
+    def hedge_delay(self, target: str, next_target: str) -> float:
+        """How long an attempt at ``target`` runs before ``next_target`` is hedged to: the
+        shorter of their delays.  By the next one's p95 it would have answered 95 times in
+        100, so an attempt still running then is better raced, even when it is only its
+        own target's usual pace: a replica slow on every read, behind a slow link, has a
+        p95 as slow as its reads, and its own delay alone would hedge none of them."""
+        return min(self.delay(target), self.delay(next_target))
+
 
 class HedgeBudget:
     """A token bucket: each primary request earns ``ratio`` tokens (capped at ``burst``,
@@ -186,24 +195,6 @@ class HedgeBudget:
         return True
 
 
-@dataclass
-class HedgeStats:
-    """``primaries``: requests run; ``hedges_sent``/``hedges_won``: hedged attempts started /
-    that returned first; ``budget_exhausted``: requests that wanted a hedge and had no token;
-    ``failovers``: attempts started because another one failed; ``hedges_deferred``:
-    requests whose hedge waited for its target to have room; ``hung_failovers``: attempts
-    failed over because they outlived their hang deadline or their target was hung (see
-    blobsdk/tail/health.py)."""
-
-    primaries: int = 0
-    hedges_sent: int = 0
-    hedges_won: int = 0
-    budget_exhausted: int = 0
-    failovers: int = 0
-    hedges_deferred: int = 0
-    hung_failovers: int = 0
-
-
 class Hedger:
     """Runs hedged requests for one tier; see the module docstring.  ``health``: the tier's
     tracker (blobsdk/tail/health.py), made with the same ``config`` and ``clock``, to share;
@@ -222,7 +213,7 @@ class Hedger:
         self.counts = HedgeStats()
         self.clock = clock
         self.health = health if health is not None else TargetHealth(self.config, clock)
-        self.races: set[Race[Any, Any]] = set()  # in flight: told when a race finds a target hung
+        self.hangs = HangWatch(self.health, self.latency.estimate)  # and the races in flight
         self._deadlines: WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = WeakKeyDictionary()
         self._last: Deadlines | None = None  # those of the loop served last
         self._answered: dict[str, Callable[[], None]] = {}  # see answered_of
