@@ -8,6 +8,8 @@ import pytest
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, InvalidPath, Unavailable
 from blobsdk.tail import hedge
 from blobsdk.tail.candidates import HedgeStats, exhausted, is_failover
+from tests.helpers import ROOT
+from tests.test_imports import import_edges
 
 
 @pytest.mark.parametrize("error", [Unavailable("down"), BadCopy("bad bytes"), BlockNotFound("gone")])
@@ -37,3 +39,12 @@ def test_exhausted_with_no_candidate_says_so() -> None:
 def test_the_hedger_counts_in_the_shared_stats_and_still_names_them() -> None:
     assert hedge.HedgeStats is HedgeStats and hedge.is_failover is is_failover
     assert HedgeStats() == HedgeStats(0, 0, 0, 0, 0, 0, 0)
+
+
+def test_the_race_imports_nothing_of_the_hedger_not_even_for_typing() -> None:
+    """hedge.py runs races (it imports race.py); race.py names what it uses of its hedger as a
+    protocol, and what both share is in candidates.py: no cycle, typing-only ones included."""
+    edges = {(e.source, e.target) for e in import_edges(ROOT, ("blobsdk",))}
+    assert ("blobsdk.tail.hedge", "blobsdk.tail.race") in edges
+    assert ("blobsdk.tail.race", "blobsdk.tail.hedge") not in edges
+    assert not {t for s, t in edges if s == "blobsdk.tail.candidates"} & {"blobsdk.tail.hedge", "blobsdk.tail.race"}
