@@ -54,12 +54,16 @@ _NONE: frozenset[Any] = frozenset()  # an empty set of a race's, until it needs 
 
 
 class _Latency(Protocol):
+    """The hedger's latency estimates (``LatencyTracker``), as a race uses them."""
+
     def record(self, target: str, seconds: float) -> None: ...
 
     def hedge_delay(self, target: str, next_target: str) -> float: ...
 
 
 class _Budget(Protocol):
+    """The hedger's hedge budget (``HedgeBudget``), as a race spends it."""
+
     def try_spend(self) -> bool: ...
 
 
