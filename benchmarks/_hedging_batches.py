@@ -10,7 +10,7 @@ import time
 
 import xxhash
 
-from blobsdk.read.codec import decode_chunk
+from blobsdk.chunks.codec import decode_chunk
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tiers.l4 import L4Tier

@@ -17,9 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.config import HedgeConfig
 from blobsdk.sources.base import new_block_id
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef

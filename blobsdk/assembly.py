@@ -8,7 +8,7 @@ reverse order, also after a failure part-way:
   embedded SQLite + block directory of ``Client.local``) or ``GivenStores`` (stores the caller
   built, ``Client.from_stores``);
 - :meth:`Assembled.start` builds over them the plan cache, the tiers named by the config (top
-  to bottom: :data:`TIER_NAMES`), the read path, the prefetcher and the writer.
+  to bottom: :data:`~blobsdk.stats.TIER_NAMES`), the read path, the prefetcher and the writer.
 
 It is its own module so that the async API (blobsdk/client.py) reads as the API, and the
 wiring of stores and tiers, which grows with every tier or backend, is read in one place.
@@ -39,7 +39,7 @@ from .read.prefetch import Prefetcher
 from .read.readpath import ReadPath
 from .runtime.buffers import BufferPool
 from .sources.base import BlockStore
-from .stats import LatencyHistogram, TierStats
+from .stats import TIER_NAMES, LatencyHistogram, TierStats
 from .tail.limiter import LimiterRegistry
 from .tiers.base import Tier
 from .tiers.l1 import L1Tier
@@ -52,8 +52,6 @@ from .write.writer import Writer
 
 if TYPE_CHECKING:
     from .metadata.shared import SharedPlanCache
-
-TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")  # every tier a client can have, top to bottom
 
 
 @dataclass(frozen=True)
@@ -236,13 +234,11 @@ def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Ite
         trackers = tracker_servers(backends.session, config.tracker_urls, config.token, timeout_s=config.peer.tracker_timeout_s)
         yield PeerTier(backends.session, trackers, config.peer, hedge=config.hedge, limiters=LimiterRegistry(config.limiter))
     if config.l3_urls and backends.session is not None:
-        l3 = config.l3
         yield L3Tier(
             backends.session,
             config.l3_urls,
+            config.l3,
             token=config.token,
-            replicas=l3.replicas,
-            down_seconds=l3.down_seconds,
             hedge=config.hedge,
             limiters=backends.limiters,
             buffers=buffers,

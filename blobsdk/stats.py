@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+TIER_NAMES = ("l1", "l2", "peer", "l3", "l4")  # every tier a client can have, top to bottom
 _LATENCY_WINDOW = 2048  # recent samples kept per tier for percentiles
 
 # Upper bounds (seconds, inclusive) of the histogram's buckets; one more bucket holds the rest.

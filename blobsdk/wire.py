@@ -14,8 +14,8 @@ from urllib.parse import urlencode
 import msgspec
 import xxhash
 
+from .chunks.ids import validate_hex32
 from .errors import BadRequest
-from .runtime.ids import validate_hex32
 
 Codec = Literal["none", "lz4"]
 # What a commit or delete writes: a user's blob, or an entry of a bucket's chunk index,

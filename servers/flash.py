@@ -65,11 +65,11 @@ from aiohttp import web
 
 from blobsdk.cache.base import validate_key
 from blobsdk.cache.disk import DiskCache
+from blobsdk.chunks.codec import ChunkDecoder
 from blobsdk.config import Timeouts, s3_location
 from blobsdk.errors import BadCopy, BadRequest, BadUpload, InsufficientStorage, QuotaExceeded
 from blobsdk.net.rpc import new_session
 from blobsdk.net.serving import limits_of_args, progress_every
-from blobsdk.read.codec import ChunkDecoder
 from blobsdk.runtime.singleflight import SingleFlight
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.http import HttpBlockStore
@@ -126,18 +126,10 @@ class FlashNode:
         self._clock = clock
         self._loads: SingleFlight[tuple[Buffer, bool]] = SingleFlight()
         self._verify = ChunkDecoder()
-        self.hydrator = Hydrator(
-            self._hydrate_chunk,
-            self._check_size,
-            concurrency=config.hydrate_concurrency,
-            max_jobs=config.max_jobs,
-            pin_seconds=config.pin_seconds,
-        )
+        self.hydrator = Hydrator(self._hydrate_chunk, self._check_size, config)
         self._limiters = LimiterRegistry()  # one per block server: reads wait for it, hedges look at it
         self.gate: TenantGate | None = None  # tenants' request slots (make_app installs it with a keyring)
-        self.reports = BadCopyReports(
-            rate=config.report_rate, burst=config.report_burst, absorb_seconds=config.report_absorb_seconds, clock=clock
-        )
+        self.reports = BadCopyReports(config, clock=clock)
 
     async def open(self, stack: AsyncExitStack) -> None:
         self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack), limiters=self._limiters)

@@ -4,12 +4,33 @@ reports, L4 reads and hydrate jobs, read from the node at each scrape."""
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+from blobsdk.cache.disk import DiskCache
+from blobsdk.tiers.l4 import L4Tier
 
 from ._common.metrics import ServerMetrics
+from .flashreports import BadCopyReports
 
-if TYPE_CHECKING:
-    from .flash import FlashNode
+
+class Node(Protocol):
+    """What /metrics reads of the flash node (servers/flash.py's FlashNode, which exports
+    its figures here and so sits above this module)."""
+
+    @property
+    def cache(self) -> DiskCache: ...
+
+    @property
+    def l4(self) -> L4Tier: ...
+
+    @property
+    def counters(self) -> object: ...
+
+    @property
+    def reports(self) -> BadCopyReports: ...
+
+    def running_jobs(self) -> int: ...
+
 
 _CACHE_GAUGES = {
     "bytes": "Bytes of chunks the flash cache holds (L3 fill; see cache_capacity_bytes).",
@@ -45,7 +66,7 @@ _HEDGE_COUNTERS = {
 }
 
 
-def export(metrics: ServerMetrics, node: FlashNode) -> None:
+def export(metrics: ServerMetrics, node: Node) -> None:
     """The node's cache, request, L4 and job figures on /metrics (read at each scrape)."""
     for name, text in _CACHE_GAUGES.items():
         metrics.gauge(f"cache_{name}", text, partial(_cache_stat, node, name))
@@ -66,19 +87,19 @@ def export(metrics: ServerMetrics, node: FlashNode) -> None:
     metrics.gauge("hydrate_jobs_running", "Hydrate jobs running (the job queue depth).", node.running_jobs)
 
 
-def _cache_stat(node: FlashNode, name: str) -> float:
+def _cache_stat(node: Node, name: str) -> float:
     return node.cache.stats().get(name, 0)
 
 
-def _counter_stat(node: FlashNode, name: str) -> float:
+def _counter_stat(node: Node, name: str) -> float:
     value: int = getattr(node.counters, name)
     return value
 
 
-def _report_stat(node: FlashNode, name: str) -> float:
+def _report_stat(node: Node, name: str) -> float:
     value: int = getattr(node.reports.counters, name)
     return value
 
 
-def _l4_stat(node: FlashNode, name: str) -> float:
+def _l4_stat(node: Node, name: str) -> float:
     return node.l4.extra_stats().get(name, 0)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import BlockInfo, ChunkRef, Codec
 from blobsdk.write.writer import encode_chunk
 

@@ -1,4 +1,4 @@
-"""blobsdk.read.codec.verify_windows: a chunk checked where it was read, over one or more windows."""
+"""blobsdk.chunks.codec.verify_windows: a chunk checked where it was read, over one or more windows."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 import pytest
 import xxhash
 
+from blobsdk.chunks.codec import verify_windows
 from blobsdk.errors import BadCopy
-from blobsdk.read.codec import verify_windows
 from blobsdk.wire import ChunkRef
 
 RAW = os.urandom(1000)

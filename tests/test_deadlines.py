@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.config import HedgeConfig
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.deadlines import Deadlines
 from blobsdk.tail.hedge import Hedger
 from tests.tiers.test_l4_slow_replica import VirtualTimeLoop

@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, InsufficientStorage, TimedOut, error_from_code
 from blobsdk.net.endpoint import Endpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.limiter import AdaptiveLimiter
 from servers.blockstore import make_app
 from tests.helpers import running_app

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import xxhash
 
+from blobsdk.chunks.codec import decode_chunk
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, Unavailable
-from blobsdk.read.codec import decode_chunk
 from blobsdk.tail.health import Reason
 from blobsdk.tail.hedge import (
     Attempt,

@@ -1,8 +1,8 @@
 import pytest
 
 from blobsdk.cache.base import validate_key
+from blobsdk.chunks.ids import is_hex32, validate_hex32
 from blobsdk.errors import BadRequest
-from blobsdk.runtime.ids import is_hex32, validate_hex32
 from blobsdk.sources.base import new_block_id, validate_block_id
 
 GOOD = "0123456789abcdef" * 2

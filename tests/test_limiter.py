@@ -10,8 +10,8 @@ import selectors
 
 import pytest
 
+from blobsdk.chunks.demand import Demand
 from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
-from blobsdk.tail.demand import Demand
 from blobsdk.tail.limiter import (
     AdaptiveLimiter,
     LimiterConfig,

@@ -1,4 +1,4 @@
-"""blobsdk.read.placement: rendezvous hashing."""
+"""blobsdk.chunks.placement: rendezvous hashing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from blobsdk.read.placement import expected_moved, moved, place, rank
+from blobsdk.chunks.placement import expected_moved, moved, place, rank
 
 NODES = [f"http://10.0.0.{i}:7201" for i in range(4)]
 KEYS = [f"{i:032x}" for i in range(10_000)]

@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 
 import blobsdk
+from blobsdk.chunks.demand import Priority
 from blobsdk.config import ClientConfig, L1Config, L2Config, LimiterConfig, WriteConfig
 from blobsdk.errors import BadRequest, BlobNotFound, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.read.prefetch import PrefetchProgress
-from blobsdk.tail.demand import Priority
 from servers import api, blockstore
 from servers.cluster import start_cluster
 from tests.helpers import in_a_forked_child, running_app, until, wait_for_child

@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import HedgeExhausted, Unavailable
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.hedge import Hedger
 from tests.tiers.test_l4_slow_replica import run_virtual
 

@@ -23,6 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.config import LimiterConfig
 from blobsdk.errors import (
     BadRequest,
@@ -42,7 +43,6 @@ from blobsdk.net.endpoint import Endpoint
 from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.limiter import AdaptiveLimiter
 from blobsdk.wire import ErrorBody, encode
 from servers._common.auth import ServerAuth

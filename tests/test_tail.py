@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 import blobsdk
+from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L1Config, Timeouts, WriteConfig
-from blobsdk.read.placement import rank
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from servers.cluster import start_cluster
 

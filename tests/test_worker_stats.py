@@ -12,9 +12,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 import blobsdk
-from blobsdk.assembly import TIER_NAMES
 from blobsdk.config import L1Config, L2Config
 from blobsdk.runtime.workerstats import COUNTERS, SLOT, WorkerStats
+from blobsdk.stats import TIER_NAMES
 from blobsdk.torch import BlobDataset, BlobIterableDataset
 
 N = 200  # samples in the store

@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import xxhash
 
+from ..chunks.ids import is_hex32
 from ..runtime.buffers import uninitialized
-from ..runtime.ids import is_hex32
 from ..runtime.rootdir import RootDir, UnsafeEntry, create_temp, marker_text, misnamed, unlink_at
 from ._diskscan import with_entry
 from ._entryfile import Damaged as _Damaged

@@ -43,8 +43,8 @@ from typing import Annotated, cast
 import msgspec
 import xxhash
 
+from ..chunks.ids import is_hex32
 from ..errors import BadRequest
-from ..runtime.ids import is_hex32
 from ..runtime.rootdir import UnsafeEntry, read_root_file, write_root_file
 from .base import DEFAULT_TENANT, validate_key
 from .policy import Entry, validate_tenant

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..auth import STATIC_TENANT
-from ..runtime.ids import validate_hex32
+from ..chunks.ids import validate_hex32
 
 Buffer = bytes | bytearray | memoryview
 

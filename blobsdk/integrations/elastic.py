@@ -15,7 +15,6 @@ length of the list, where carrying the set itself would cost a bit or an index p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .._extras import requires_extra
@@ -23,7 +22,7 @@ from .._extras import requires_extra
 with requires_extra("torch", "blobsdk.torch"):
     import torch
 
-from .order import Position, Sharding, check_epoch, check_identity, is_int, restore
+from .order import Generation, Position, Sharding, check_epoch, check_identity, is_int, restore
 
 T = TypeVar("T")
 
@@ -43,32 +42,6 @@ class Resumable:
 
 SLOT_KEYS = ("rank", "world_size")
 WORKER_KEYS = ("worker", "workers")
-
-
-@dataclass(frozen=True)
-class Generation:
-    """How far one shape of the job got through an epoch: its ranks, its workers per rank,
-    and how many samples each (rank, worker) handed out, rank-major."""
-
-    world_size: int
-    workers: int
-    yielded: tuple[int, ...]
-
-    def state(self) -> dict[str, object]:
-        return {"world_size": self.world_size, "workers": self.workers, "yielded": list(self.yielded)}
-
-    @property
-    def consumed(self) -> int:
-        return sum(self.yielded)
-
-    def positions(self) -> torch.Tensor:
-        """The positions, in the order this shape cut, of every sample it handed out."""
-        counts = torch.tensor(self.yielded, dtype=torch.int64)
-        slots = torch.arange(len(self.yielded), dtype=torch.int64)
-        offsets = slots // self.workers + self.world_size * (slots % self.workers)  # r + W*k
-        starts = torch.cumsum(counts, 0) - counts
-        steps = torch.arange(int(counts.sum()), dtype=torch.int64) - torch.repeat_interleave(starts, counts)
-        return torch.repeat_interleave(offsets, counts) + self.world_size * self.workers * steps
 
 
 def share(total: int, rank: int, world_size: int, worker: int = 0, workers: int = 1) -> int:

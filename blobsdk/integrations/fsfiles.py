@@ -10,7 +10,7 @@ import os
 import secrets
 import stat
 import tempfile
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from .._arguments import check_bytes_like
 from .._extras import requires_extra
@@ -23,14 +23,28 @@ from ..sources.base import Buffer
 from ..wire import BlobInfo
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
+    import asyncio
 
-    from ..fsspec import BlobFileSystem
+    from _typeshed import ReadableBuffer
 
 MiB = 1 << 20
 READ_BLOCK_BYTES = 4 * MiB  # see blobsdk/fsspec.py's module docstring
 Entry = dict[str, Any]
 Pin = tuple[int, str]  # (version, etag) of the blob version a read must come from
+
+
+class FileSystem(Protocol):
+    """What a file of ``blob://`` uses of its filesystem (blobsdk/fsspec.py's BlobFileSystem,
+    which opens the files and so sits above them)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    async def _read_pinned(self, blob: str, start: int, end: int, pin: Pin) -> bytes: ...
+
+    async def _write_blob(self, blob: str, data: Buffer, *, create: bool = False) -> BlobInfo: ...
+
+    def unstrip_protocol(self, name: str) -> str: ...
 
 
 class BlobFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
@@ -39,7 +53,7 @@ class BlobFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
 
     DEFAULT_BLOCK_SIZE = READ_BLOCK_BYTES
 
-    def __init__(self, fs: BlobFileSystem, name: str, info: Entry, **kwargs: Any) -> None:
+    def __init__(self, fs: FileSystem, name: str, info: Entry, **kwargs: Any) -> None:
         super().__init__(fs, name, mode="rb", size=info["size"], **kwargs)
         self.details = info
         self._blob = "/" + name
@@ -54,7 +68,7 @@ class BlobWriteFile(io.RawIOBase):
     :meth:`commit`, which ``close`` calls (``autocommit``; in ``fs.transaction`` the
     transaction does).  Leaving a ``with`` block by an exception discards them."""
 
-    def __init__(self, fs: BlobFileSystem, name: str, *, create: bool, autocommit: bool, spool_bytes: int) -> None:
+    def __init__(self, fs: FileSystem, name: str, *, create: bool, autocommit: bool, spool_bytes: int) -> None:
         super().__init__()
         self.fs = fs
         self.path = name

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TypeGuard
 
 import xxhash
 
@@ -19,9 +19,6 @@ with requires_extra("torch", "blobsdk.torch"):
 
 from ..paths import validate_path, validate_prefix
 from .stores import Store
-
-if TYPE_CHECKING:
-    from .elastic import Generation
 
 FINGERPRINT_BATCH = 4096  # paths hashed per update
 
@@ -138,6 +135,32 @@ class Sharding:
             "rank": self.rank,
             "world_size": self.world_size,
         }
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How far one shape of the job got through an epoch: its ranks, its workers per rank,
+    and how many samples each (rank, worker) handed out, rank-major."""
+
+    world_size: int
+    workers: int
+    yielded: tuple[int, ...]
+
+    def state(self) -> dict[str, object]:
+        return {"world_size": self.world_size, "workers": self.workers, "yielded": list(self.yielded)}
+
+    @property
+    def consumed(self) -> int:
+        return sum(self.yielded)
+
+    def positions(self) -> torch.Tensor:
+        """The positions, in the order this shape cut, of every sample it handed out."""
+        counts = torch.tensor(self.yielded, dtype=torch.int64)
+        slots = torch.arange(len(self.yielded), dtype=torch.int64)
+        offsets = slots // self.workers + self.world_size * (slots % self.workers)  # r + W*k
+        starts = torch.cumsum(counts, 0) - counts
+        steps = torch.arange(int(counts.sum()), dtype=torch.int64) - torch.repeat_interleave(starts, counts)
+        return torch.repeat_interleave(offsets, counts) + self.world_size * self.workers * steps
 
 
 @dataclass

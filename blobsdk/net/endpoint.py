@@ -9,7 +9,7 @@ server, an L3 node or (later) a peer needs, owned together for one base URL.
   every data GET waits for.
 
 A data GET that is one attempt of a hedged read is handed that read's
-:class:`~blobsdk.tail.attempt.Attempt`: it is marked queued while it waits for a permit and in
+:class:`~blobsdk.chunks.attempt.Attempt`: it is marked queued while it waits for a permit and in
 service once it has one, so the hedger never hedges a read that is only waiting its turn in
 this client; an interim ``102 Processing`` from the server is its ``progress()``, and every
 arrival of the reply's bytes its ``receiving()``.  The
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ..tail.attempt import Attempt
+from ..chunks.attempt import Attempt
 from ..tail.limiter import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint

@@ -6,7 +6,7 @@ from a client.
 the peer's serve tickets with, and learning the tenant the peer serves) and then heartbeats
 each every ``heartbeat_s`` (as the tracker asks), with the peer's current upload count.
 Each chunk key belongs to one tracker, chosen by rendezvous hashing over ``urls``
-(``blobsdk.read.placement``), so trackers shard the key space and never talk to each other.
+(``blobsdk.chunks.placement``), so trackers shard the key space and never talk to each other.
 ``locate``, ``announce`` and ``report`` batch their keys per tracker and ask the trackers
 concurrently.
 
@@ -50,18 +50,19 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, Self, TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
 from ..auth import ServeKey
+from ..chunks.ids import is_hex32
+from ..chunks.placement import rank
 from ..errors import BlobError, PeerNotFound, Unavailable
 from ..net.rpc import HttpEndpoint
 from ..net.unreachable import TRACKER
-from ..read.placement import rank
-from ..runtime.ids import is_hex32
+from ..runtime.resource import AsyncResource
 from ..tail.health import Reason, TargetHealth
 from ..wire import (
     MAX_BODY_BYTES,
@@ -151,7 +152,7 @@ class Registration:
 ConnectTrackers = Callable[[Registration], AbstractAsyncContextManager[TrackerClient]]
 
 
-class Trackers:
+class Trackers(AsyncResource):
     """See the module docstring."""
 
     def __init__(
@@ -183,12 +184,12 @@ class Trackers:
         self._heartbeat: asyncio.Task[None] | None = None
         self.counts: Counter[str] = Counter()
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         await asyncio.gather(*(self._hello(url) for url in self._endpoints))
         self._heartbeat = asyncio.create_task(self._beat(), name="blobsdk-tracker-heartbeat")
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def aclose(self) -> None:
+        """Stop the heartbeat; idempotent."""
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

@@ -1,7 +1,7 @@
 """The tiered read path (DESIGN §2): for each chunk a plan needs, walk the tiers in order —
 L1 memory, L2 local disk, (peers), L3 regional flash, L4 durable — with one fetch per chunk
 key in flight (single-flight, :mod:`blobsdk.runtime.singleflight`), verify bytes at every tier
-boundary (:mod:`blobsdk.read.codec`), and fill the upper tiers on the way back.
+boundary (:mod:`blobsdk.chunks.codec`), and fill the upper tiers on the way back.
 
 The walk: first every tier's synchronous ``peek``, in order (an L1 hit costs no await and
 no task); the first hit is the answer.  Otherwise one fetch task per chunk key asks each
@@ -36,7 +36,7 @@ L1 reads as a one-off read does, so whole chunks from a lone L4 replica go strai
 caller's buffer (a lone chunk with no task of its own: ``_direct_job``); with L1 the chunks
 are filled into it as ``read`` fills them and copied out.
 
-Priority: each fetch carries a :class:`~blobsdk.tail.demand.Demand` down to the limiters its
+Priority: each fetch carries a :class:`~blobsdk.chunks.demand.Demand` down to the limiters its
 requests queue at: foreground for a reader's fetch, prefetch for :meth:`ReadPath.warm`'s.  A
 reader that joins a fetch a prefetch started promotes it, so it never waits at prefetch
 priority behind the rest of a prefetch.
@@ -56,14 +56,14 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from ..chunks.codec import ChunkDecoder, verify_windows
+from ..chunks.demand import Demand, Priority
 from ..errors import BadRequest, Unavailable
 from ..runtime.buffers import BufferPool, uninitialized
 from ..runtime.singleflight import SingleFlight
 from ..runtime.tasks import task_group
-from ..tail.demand import Demand, Priority
 from ..tiers.base import DirectTier, Piece, Tier
 from ..wire import ChunkRef, ReadPlan
-from .codec import ChunkDecoder, verify_windows
 from .groups import Filling, Job, chunks_of, copy_into, direct_kind, starts_of
 
 

@@ -42,8 +42,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from ..chunks.ids import is_hex32
 from ..errors import IncompatibleFormat
-from .ids import is_hex32
 
 TMP_SUFFIX = ".tmp"
 FORMAT_FILE = "FORMAT"

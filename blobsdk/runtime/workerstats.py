@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import xxhash
 
-from ..assembly import TIER_NAMES
+from ..stats import TIER_NAMES
 
 COUNTERS = ("hits", "misses", "bytes", "corrupt", "errors")
 SLOT = struct.Struct(f"<QqQ{len(TIER_NAMES) * len(COUNTERS)}Q")  # checksum, pid, enabled mask, counters

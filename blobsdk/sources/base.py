@@ -51,9 +51,9 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
+from ..chunks.attempt import Attempt
+from ..chunks.ids import validate_hex32
 from ..errors import BlobError
-from ..runtime.ids import validate_hex32
-from ..tail.attempt import Attempt
 from ..wire import BlockInfo
 
 Buffer = bytes | bytearray | memoryview

@@ -36,57 +36,19 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from ..config import HedgeConfig
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
 from ..errors import Unavailable
-from .attempt import Attempt
-from .candidates import AttemptFn, HedgeStats, exhausted
-from .deadlines import Deadlines, Timer
-from .demand import Demand
-from .health import HangWatch, TargetHealth
+from .deadlines import Timer
+from .hedgestate import AttemptFn, RaceHost, exhausted
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Kind = Literal["primary", "hedge", "failover"]
 _NONE: frozenset[Any] = frozenset()  # an empty set of a race's, until it needs one
-
-
-class _Latency(Protocol):
-    """The hedger's latency estimates (``LatencyTracker``), as a race uses them."""
-
-    def record(self, target: str, seconds: float) -> None: ...
-
-    def hedge_delay(self, target: str, next_target: str) -> float: ...
-
-
-class _Budget(Protocol):
-    """The hedger's hedge budget (``HedgeBudget``), as a race spends it."""
-
-    def try_spend(self) -> bool: ...
-
-
-class Hedging(Protocol):
-    """What a race uses of its hedger (blobsdk/tail/hedge.py), shared by every race of one
-    tier: its settings and clock, its estimates, budget and counts, its targets' health and
-    hang watch, and its timer."""
-
-    config: HedgeConfig
-    clock: Callable[[], float]
-    counts: HedgeStats
-    health: TargetHealth
-    hangs: HangWatch
-
-    @property
-    def latency(self) -> _Latency: ...
-
-    @property
-    def budget(self) -> _Budget: ...
-
-    def answered_of(self, target: str) -> Callable[[], None]: ...
-
-    def deadlines(self, loop: asyncio.AbstractEventLoop | None = None) -> Deadlines: ...
 
 
 @dataclass
@@ -148,7 +110,7 @@ class Race(Generic[T, R]):
 
     def __init__(
         self,
-        hedger: Hedging,
+        hedger: RaceHost,
         candidates: Sequence[T],
         attempt: AttemptFn[T, R],
         key_of: Callable[[T], str],

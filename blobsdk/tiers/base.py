@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Self, runtime_checkable
 
+from ..chunks.demand import Demand
 from ..errors import BlobError
 from ..stats import TierStats
-from ..tail.demand import Demand
 from ..wire import ChunkRef
 
 Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
@@ -99,7 +99,7 @@ class Tier(Protocol):
     async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         """The verified raw bytes of ``ref``, or None if this tier cannot serve them.
         ``demand``: the fetch this is (None: a foreground read); a tier that sends requests
-        hands it to its hedger, so they queue at its priority (blobsdk/tail/demand.py)."""
+        hands it to its hedger, so they queue at its priority (blobsdk/chunks/demand.py)."""
         ...
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
@@ -149,16 +149,3 @@ class KeepsNothing:
 
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing kept."""
-
-
-class Closing:
-    """``async with tier:`` for tiers that start nothing on entry: leaving closes it."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Nothing owned."""

@@ -29,24 +29,24 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Self
 
+from ..chunks.attempt import Attempt
+from ..chunks.demand import Demand
+from ..chunks.placement import rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
-from ..metadata.base import MetadataStore
+from ..metadata.base import BlockIndex
 from ..ops.repair import Repairer
-from ..read.placement import rank
 from ..runtime.buffers import BufferPool
+from ..runtime.resource import AsyncResource
 from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
 from ..sources.replicated import ReplicatedBlockStore
 from ..stats import TierStats
-from ..tail.attempt import Attempt
-from ..tail.demand import Demand
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import AttemptFn, Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
-from .base import Closing, Decoder, KeepsNothing, Piece, Verifier
+from .base import Decoder, KeepsNothing, Piece, Verifier
 
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
@@ -54,7 +54,7 @@ _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try 
 SLOW_WITHIN_S = 2.0  # a replica's latencies older than this do not rank it
 
 
-class L4Tier(KeepsNothing, Closing):
+class L4Tier(KeepsNothing, AsyncResource):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself).  With ``metadata`` and more than one replica it owns a
     :class:`~blobsdk.ops.repair.Repairer`, entered on its exit stack and stopped on close, which also
@@ -71,7 +71,7 @@ class L4Tier(KeepsNothing, Closing):
         *,
         hedge: HedgeConfig | None = None,
         limiters: LimiterRegistry | None = None,
-        metadata: MetadataStore | None = None,
+        metadata: BlockIndex | None = None,
         repair: RepairConfig | None = None,
         buffers: BufferPool | None = None,
         write_horizon: float = 600.0,
@@ -97,10 +97,9 @@ class L4Tier(KeepsNothing, Closing):
         self._stack = AsyncExitStack()  # what the tier owns: the repairer, once entered
         self._ready = self._has_room  # bound once: a bound method per read is one more object alive in flight
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         if self.repairer is not None:
             await self._stack.enter_async_context(self.repairer)
-        return self
 
     async def aclose(self) -> None:
         """Stop background repair (a repair cut short is finished by a later read or scrub)."""

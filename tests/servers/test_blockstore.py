@@ -16,11 +16,11 @@ import aiohttp
 import msgspec
 import pytest
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.errors import BlockNotFound, IncompatibleFormat, PayloadTooLarge, Unauthorized
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import ErrorBody, ListBlocksResponse
 from servers import blockstore as block_server
 from servers._common.metrics import sample_sum, sample_values

@@ -17,11 +17,11 @@ import msgspec
 import pytest
 import xxhash
 
+from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.codec import decode_chunk
+from blobsdk.chunks.placement import rank
 from blobsdk.net.rawget import RawGetEndpoint
-from blobsdk.read.codec import decode_chunk
-from blobsdk.read.placement import rank
 from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import CACHE_HEADER, JSON, PROGRESS_HEADER, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query
 from servers import flash
 from servers._common.auth import ServerAuth

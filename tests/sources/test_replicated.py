@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops.gc import collect
@@ -18,7 +19,6 @@ from blobsdk.sources.base import BlockReplica, BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
-from blobsdk.tail.attempt import Attempt
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app

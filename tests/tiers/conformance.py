@@ -38,8 +38,8 @@ from typing import Literal, Protocol
 
 import pytest
 
+from blobsdk.chunks.codec import decode_chunk
 from blobsdk.errors import BlockNotFound, CorruptData
-from blobsdk.read.codec import decode_chunk
 from blobsdk.tiers.base import Tier
 from blobsdk.wire import ChunkRef
 from tests.block_fixtures import Chunks, pack

@@ -10,10 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.read.codec import decode_chunk
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.health import Reason

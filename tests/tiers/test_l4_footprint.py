@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
+from blobsdk.chunks.attempt import Attempt
 from blobsdk.config import HedgeConfig
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.hedge import Hedger
 from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from blobsdk.chunks.codec import verify_windows
 from blobsdk.errors import BlockNotFound, CorruptData
-from blobsdk.read.codec import verify_windows
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import xxhash
 
+from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig, LimiterConfig
-from blobsdk.read.codec import decode_chunk
-from blobsdk.tail.attempt import Attempt
 from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef

@@ -18,8 +18,8 @@ not in a chunk, and its block ids are safe as file names and URL segments.  A ba
 from __future__ import annotations
 
 from ..errors import BadRequest, CorruptData
-from ..runtime.ids import is_hex32
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, ReadPlan
+from .ids import is_hex32
 
 _UINT64 = 1 << 64
 

@@ -1,6 +1,6 @@
 """Who waits for a fetch, as the priority its requests queue at: the read path makes one
 :class:`Demand` per chunk fetch and hands it down explicitly (``Tier.fetch`` -> the hedger ->
-each :class:`~blobsdk.tail.attempt.Attempt` -> the endpoint or S3 store -> the limiter's
+each :class:`~blobsdk.chunks.attempt.Attempt` -> the endpoint or S3 store -> the limiter's
 ``acquire``), so nothing travels in a context variable.
 
 A prefetch's fetch queues at ``PREFETCH``, behind foreground reads.  A foreground reader that

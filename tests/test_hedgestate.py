@@ -1,4 +1,4 @@
-"""blobsdk.tail.candidates: what the hedger and its race share, which errors fail over to the
+"""blobsdk.tail.hedgestate: what the hedger and its race share, which errors fail over to the
 next candidate, and the error once every candidate failed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, InvalidPath, Unavailable
 from blobsdk.tail import hedge
-from blobsdk.tail.candidates import HedgeStats, exhausted, is_failover
+from blobsdk.tail.hedgestate import HedgeStats, exhausted, is_failover
 from tests.helpers import ROOT
 from tests.test_imports import import_edges
 
@@ -43,8 +43,9 @@ def test_the_hedger_counts_in_the_shared_stats_and_still_names_them() -> None:
 
 def test_the_race_imports_nothing_of_the_hedger_not_even_for_typing() -> None:
     """hedge.py runs races (it imports race.py); race.py names what it uses of its hedger as a
-    protocol, and what both share is in candidates.py: no cycle, typing-only ones included."""
+    protocol (RaceHost), and what both share is in hedgestate.py: no cycle, typing-only ones
+    included."""
     edges = {(e.source, e.target) for e in import_edges(ROOT, ("blobsdk",))}
     assert ("blobsdk.tail.hedge", "blobsdk.tail.race") in edges
     assert ("blobsdk.tail.race", "blobsdk.tail.hedge") not in edges
-    assert not {t for s, t in edges if s == "blobsdk.tail.candidates"} & {"blobsdk.tail.hedge", "blobsdk.tail.race"}
+    assert not {t for s, t in edges if s == "blobsdk.tail.hedgestate"} & {"blobsdk.tail.hedge", "blobsdk.tail.race"}
