@@ -256,13 +256,11 @@ def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool, repair
         trackers = tracker_servers(backends.session, config.tracker_urls, config.token, timeout_s=config.peer.tracker_timeout_s)
         yield PeerTier(backends.session, trackers, config.peer, hedge=config.hedge, limiters=LimiterRegistry(config.limiter))
     if config.l3_urls and backends.session is not None:
-        l3 = config.l3
         yield L3Tier(
             backends.session,
             config.l3_urls,
+            config.l3,
             token=config.token,
-            replicas=l3.replicas,
-            down_seconds=l3.down_seconds,
             hedge=config.hedge,
             limiters=backends.limiters,
             buffers=buffers,

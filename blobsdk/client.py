@@ -6,8 +6,9 @@ A client is a MetadataStore plus a BlockStore plus the read and write paths over
 :class:`~blobsdk.assembly.Stores` object says where the stores are: ``ClusterStores`` (the
 default: the API server and block servers ``config`` names), ``LocalStores``
 (``Client.local(dir)``, the embedded default: SQLite + a local block directory, no servers) or
-``GivenStores`` (``Client.from_stores``).  Every resource, tier and task is opened in
-``__aenter__`` on one exit stack and closed by it in ``__aexit__``/``aclose``.
+``GivenStores`` (``Client.from_stores``).  Every resource, tier and task is opened when
+the client is entered (``_start``: :class:`~blobsdk.runtime.resource.AsyncResource` gives the
+``async with``) on one exit stack, and closed by it in ``aclose``.
 
 What is elsewhere, and why: how the stores and tiers are built from a config is
 blobsdk/assembly.py (it grows with each tier and backend; this module is the API), and the
@@ -41,6 +42,7 @@ from .read.prefetch import Prefetch
 from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
 from .read.readpath import check_offset
 from .runtime.forksafe import Executor
+from .runtime.resource import AsyncResource
 from .sources.base import BlockStore, Buffer
 from .stats import LatencyHistogram
 from .wire import BlobInfo, ReadPlan
@@ -52,7 +54,7 @@ T = TypeVar("T")
 Item = tuple[str, Buffer]
 
 
-class Client:
+class Client(AsyncResource):
     """The async blobsdk client.  Use as ``async with Client(config) as c:``.
 
     ``config`` sets everything but where the stores are, which ``stores`` says (default:
@@ -102,21 +104,15 @@ class Client:
         return cls(ClientConfig(write=write, read=read, l1=l1, l2=l2), stores=GivenStores(metadata, blocks))
 
     async def __aenter__(self) -> Self:
-        if self._stack is not None:
+        if self._stack is not None:  # refused before AsyncResource's entry: a failed one would close it
             raise ClientClosed("client is already open")
-        stack = AsyncExitStack()
-        try:
-            executor = stack.enter_context(Executor(max_workers=4, thread_name_prefix="blobsdk"))
-            backends = await self._stores.open(stack)
-            self._state = await Assembled.start(stack, backends, executor, self.config)
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
-        return self
+        return await super().__aenter__()
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def _start(self) -> None:
+        self._stack = stack = AsyncExitStack()  # closed by aclose if the start fails (AsyncResource)
+        executor = stack.enter_context(Executor(max_workers=4, thread_name_prefix="blobsdk"))
+        backends = await self._stores.open(stack)
+        self._state = await Assembled.start(stack, backends, executor, self.config)
 
     async def aclose(self) -> None:
         stack, self._stack, self._state = self._stack, None, None
@@ -315,7 +311,8 @@ class Client:
         check_callable("index_s3: progress", progress)
         check_number("index_s3: parallel", parallel, integer(1))
         state = self._open
-        return await index_s3(s3_source(state.blocks), state.writer, url, dest, progress=progress, parallel=parallel)
+        store = s3_source(state.blocks)
+        return await index_s3(store, state.writer, state.metadata, url, dest, progress=progress, parallel=parallel)
 
     async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds

@@ -67,12 +67,13 @@ import errno
 import os
 import weakref
 from contextlib import aclosing, suppress
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 from ._arguments import check_number, wrong
 from ._extras import requires_extra
 from ._numbers import integer
+from .runtime.resource import AsyncResource
 
 with requires_extra("fsspec", __name__):
     from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
@@ -83,7 +84,8 @@ from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
 from .integrations.fsclient import ClientSlot, client_factory
 from .integrations.fsfiles import BlobFile, BlobWriteFile, Entry, LocalFile, Pin, Spool, read_local_file
-from .paths import is_reserved, refuse_reserved, validate_path, validate_prefix, validate_writable
+from .integrations.fsnames import blob_path, dir_entry, dir_prefix, file_entry, parents, writable_path
+from .paths import is_reserved, refuse_reserved
 from .runtime.here import Held
 from .sources.base import Buffer
 from .wire import BlobInfo
@@ -100,7 +102,7 @@ LIST_SKIP_AFTER = 1000  # ls: entries of one subdirectory read before jumping pa
 _PAST_EVERY_PATH = "\U0010ffff" * 256
 
 
-class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untyped
+class BlobFileSystem(AsyncFileSystem, AsyncResource):  # type: ignore[misc]  # fsspec is untyped
     """The ``blob://`` filesystem (see the module docstring)."""
 
     protocol = "blob"
@@ -157,12 +159,6 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> BlobFileSystem:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     async def _client(self) -> Client:
         return await self._slot.get()
 
@@ -171,14 +167,14 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     async def _info(self, path: str, **kwargs: Any) -> Entry:
         name = _name(path)
         if not name:
-            return _dir_entry("")
+            return dir_entry("")
         client = await self._client()
         try:
-            return _file_entry(await _stat_blob(client, name))
+            return file_entry(await _stat_blob(client, name))
         except BlobNotFound:
             pass
         if await self._dir_exists(client, name):
-            return _dir_entry(name)
+            return dir_entry(name)
         raise FileNotFoundError(errno.ENOENT, "no blob or directory", name)
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Entry] | list[str]:
@@ -187,7 +183,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         entries = await self._children(client, name)
         if not entries and name:
             try:
-                entries = [_file_entry(await _stat_blob(client, name))]
+                entries = [file_entry(await _stat_blob(client, name))]
             except BlobNotFound:
                 raise FileNotFoundError(errno.ENOENT, "no blob or directory", name) from None
         entries.sort(key=lambda e: str(e["name"]))
@@ -197,7 +193,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         """The blobs directly below ``name`` and one entry per subdirectory.  A subdirectory
         read for a whole list page is jumped past with a new listing, so ``ls`` of a tree
         costs a page per directory, not the whole tree."""
-        prefix = _dir_prefix(name)
+        prefix = dir_prefix(name)
         entries: list[Entry] = []
         cursor: str | None = None
         while True:
@@ -207,10 +203,10 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
                 async for info in infos:
                     head, sep, _ = info.path[len(prefix) :].partition("/")
                     if not sep:
-                        entries.append(_file_entry(info))
+                        entries.append(file_entry(info))
                     elif head != subdir:
                         subdir, skipped = head, 0
-                        entries.append(_dir_entry(prefix[1:] + head))
+                        entries.append(dir_entry(prefix[1:] + head))
                     else:
                         skipped += 1
                         if skipped >= LIST_SKIP_AFTER:
@@ -220,7 +216,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
                 return entries
 
     async def _dir_exists(self, client: Client, name: str) -> bool:
-        async with aclosing(client.list(_dir_prefix(name))) as infos:
+        async with aclosing(client.list(dir_prefix(name))) as infos:
             async for _ in infos:
                 return True
         return False
@@ -241,21 +237,21 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             raise ValueError("maxdepth must be at least 1")
         name = _name(path)
         client = await self._client()
-        base = _dir_prefix(name)
+        base = dir_prefix(name)
         found: dict[str, Entry] = {}
         async for info in client.list(base + prefix):
             parts = info.path[len(base) :].split("/")
             if maxdepth is None or len(parts) <= maxdepth:
-                found[info.path[1:]] = _file_entry(info)
+                found[info.path[1:]] = file_entry(info)
             if withdirs:
                 above = len(parts) - 1 if maxdepth is None else min(len(parts) - 1, maxdepth)
                 for i in range(1, above + 1):
-                    found.setdefault(base[1:] + "/".join(parts[:i]), _dir_entry(base[1:] + "/".join(parts[:i])))
+                    found.setdefault(base[1:] + "/".join(parts[:i]), dir_entry(base[1:] + "/".join(parts[:i])))
                 if name:
-                    found.setdefault(name, _dir_entry(name))
+                    found.setdefault(name, dir_entry(name))
         if not found and name and not prefix:
             with suppress(BlobNotFound):
-                found[name] = _file_entry(await _stat_blob(client, name))
+                found[name] = file_entry(await _stat_blob(client, name))
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
 
@@ -266,10 +262,10 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         """Directories exist through the blobs below them: only the name is checked."""
-        _dir_prefix(_name(path))
+        dir_prefix(_name(path))
 
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
-        _dir_prefix(_name(path))
+        dir_prefix(_name(path))
 
     def modified(self, path: str) -> datetime:
         """When the live version of a blob was written."""
@@ -284,7 +280,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         """``blob[start:end]``: negative bounds count from the end, as in Python slices."""
         _check_bound("start", start)
         _check_bound("end", end)
-        blob = _blob_path(_name(path))
+        blob = blob_path(_name(path))
         client = await self._client()
         offset = start or 0
         if offset >= 0 and (end is None or end >= 0):
@@ -346,14 +342,14 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             raise NotImplementedError(f"mode {mode!r} is not supported: blobs are read ('rb') or written whole ('wb', 'xb')")
         if kwargs:
             raise TypeError(f"unexpected options for writing {name!r}: {', '.join(sorted(kwargs))}")
-        _writable_path(name)
+        writable_path(name)
         if mode == "xb" and self.exists(name):
             raise FileExistsError(errno.EEXIST, "already exists", name)
         return BlobWriteFile(self, name, create=mode == "xb", autocommit=autocommit, spool_bytes=SPOOL_MEMORY_BYTES)
 
     async def _stat_entry(self, name: str) -> Entry:
         client = await self._client()
-        return _file_entry(await _stat_blob(client, name))
+        return file_entry(await _stat_blob(client, name))
 
     # --- writes --------------------------------------------------------------------------------
 
@@ -368,14 +364,14 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             raise FileExistsError(errno.EEXIST, "already exists", blob[1:]) from exc
 
     async def _pipe_file(self, path: str, value: Buffer, mode: str = "overwrite", **kwargs: Any) -> None:
-        await self._write_blob(_writable_path(_name(path)), value, create=_is_create(mode))
+        await self._write_blob(writable_path(_name(path)), value, create=_is_create(mode))
 
     async def _put_file(
         self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK, mode: str = "overwrite", **kwargs: Any
     ) -> None:
         """Upload a local file (a directory uploads nothing: directories are implied)."""
         create = _is_create(mode)
-        blob = _writable_path(_name(rpath))
+        blob = writable_path(_name(rpath))
         if await asyncio.to_thread(os.path.isdir, lpath):
             return
         data = await asyncio.to_thread(read_local_file, os.fspath(lpath), LOCAL_MMAP_BYTES)
@@ -387,7 +383,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """Read and put (there is no server-side copy), holding at most RANGE_BYTES of a
         large blob in memory."""
-        source, target = _blob_path(_name(path1)), _writable_path(_name(path2))
+        source, target = blob_path(_name(path1)), writable_path(_name(path2))
         client = await self._client()
         info = await client.stat(source)
         if info.size <= SPOOL_MEMORY_BYTES:
@@ -407,7 +403,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         name = _name(path)
         if "/" not in name:  # a bucket: a directory, never a blob (as in _stat_blob)
             raise BlobNotFound(f"a bucket is not a blob: {name!r}")
-        await client.delete(_writable_path(name))
+        await client.delete(writable_path(name))
 
     async def _rm(
         self,
@@ -430,7 +426,7 @@ class BlobFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         results = await _run_coros_in_chunks(
             [self._rm_file(n) for n in blobs], batch_size=batch_size or self.batch_size, nofiles=True, return_exceptions=True
         )
-        listed_dirs = {parent for n in names for parent in _parents(n)}
+        listed_dirs = {parent for n in names for parent in parents(n)}
         client = await self._client()
         for name, result in zip(blobs, results, strict=True):
             if result is None or (isinstance(result, BlobNotFound) and name in listed_dirs):
@@ -450,44 +446,7 @@ async def _stat_blob(client: Client, name: str) -> BlobInfo:
     it is looked up as a directory."""
     if "/" not in name:
         raise BlobNotFound(f"a bucket is not a blob: {name!r}")
-    return await client.stat(_blob_path(name))
-
-
-def _blob_path(name: str) -> str:
-    """The blob path of fsspec name ``bucket/key`` (InvalidPath, a ValueError, if bad)."""
-    return validate_path("/" + name)
-
-
-def _writable_path(name: str) -> str:
-    """The blob path of fsspec name ``bucket/key``, if a user may write or delete it."""
-    return validate_writable("/" + name)
-
-
-def _dir_prefix(name: str) -> str:
-    """The listing prefix of directory ``name`` (``""`` is the root)."""
-    return validate_prefix(f"/{name}/" if name else "/")
-
-
-def _parents(name: str) -> list[str]:
-    """The directories above ``name``: ``a/b/c`` -> ``a/b``, ``a``."""
-    parts = name.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
-
-
-def _file_entry(info: BlobInfo) -> Entry:
-    return {
-        "name": info.path[1:],
-        "size": info.size,
-        "type": "file",
-        "version": info.version,
-        "etag": info.etag,
-        "created": info.created,
-        "mtime": datetime.fromtimestamp(info.created, UTC),
-    }
-
-
-def _dir_entry(name: str) -> Entry:
-    return {"name": name, "size": 0, "type": "directory"}
+    return await client.stat(blob_path(name))
 
 
 def _check_bound(what: str, value: object) -> None:

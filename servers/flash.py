@@ -127,18 +127,10 @@ class FlashNode:
         self._clock = clock
         self._loads: SingleFlight[tuple[Buffer, bool]] = SingleFlight()
         self._verify = ChunkDecoder()
-        self.hydrator = Hydrator(
-            self._hydrate_chunk,
-            self._check_size,
-            concurrency=config.hydrate_concurrency,
-            max_jobs=config.max_jobs,
-            pin_seconds=config.pin_seconds,
-        )
+        self.hydrator = Hydrator(self._hydrate_chunk, self._check_size, config)
         self._limiters = LimiterRegistry()  # one per block server: reads wait for it, hedges look at it
         self.gate: TenantGate | None = None  # tenants' request slots (make_app installs it with a keyring)
-        self.reports = BadCopyReports(
-            rate=config.report_rate, burst=config.report_burst, absorb_seconds=config.report_absorb_seconds, clock=clock
-        )
+        self.reports = BadCopyReports(config, clock=clock)
 
     async def open(self, stack: AsyncExitStack) -> None:
         self.l4 = ReplicaReader(self._given_blocks or await self._open_blocks(stack), limiters=self._limiters)

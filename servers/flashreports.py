@@ -35,6 +35,7 @@ from blobsdk.errors import Overloaded
 from blobsdk.runtime.singleflight import SingleFlight
 
 from ._common.admission import TenantBuckets
+from .flashconfig import FlashConfig
 from .flashsend import recheck
 
 REMEMBERED = 65536  # chunks found good that are remembered for absorb_seconds
@@ -48,12 +49,14 @@ class ReportCounters:
 
 
 class BadCopyReports:
-    """The reports one node has taken (module docstring)."""
+    """The reports one node has taken (module docstring), at the node's ``config`` rates
+    (report_rate, report_burst, report_absorb_seconds)."""
 
-    def __init__(self, *, rate: float, burst: float, absorb_seconds: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: FlashConfig, *, clock: Callable[[], float] = time.monotonic):
         self.counters = ReportCounters()
-        self._buckets = TenantBuckets(rate, burst, clock=clock)
+        self._buckets = TenantBuckets(config.report_rate, config.report_burst, clock=clock)
         self._flights: SingleFlight[bool] = SingleFlight()
+        absorb_seconds = config.report_absorb_seconds
         self._found_good: cachetools.TTLCache[str, bool] | None = (
             cachetools.TTLCache(REMEMBERED, absorb_seconds, timer=clock) if absorb_seconds > 0 else None
         )

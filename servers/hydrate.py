@@ -26,6 +26,7 @@ from blobsdk.wire import MAX_FAILED_KEYS, ChunkRef, HydrateRequest, HydrateStatu
 
 from ._common.auth import AUTH_KEY, claims_of
 from ._common.http import read_body, reply
+from .flashconfig import FlashConfig
 
 _JOB_ERRORS = 5  # failure messages a job keeps
 
@@ -72,22 +73,15 @@ class Job:
 
 class Hydrator:
     """The hydrate routes and the jobs they start.  ``chunk`` stores and pins one chunk for a
-    tenant (its stored size); ``check_size`` refuses a chunk over the node's limit (BadRequest)."""
+    tenant (its stored size); ``check_size`` refuses a chunk over the node's limit (BadRequest);
+    ``config`` is the node's (its hydrate_concurrency, max_jobs and pin_seconds)."""
 
-    def __init__(
-        self,
-        chunk: HydrateChunk,
-        check_size: Callable[[ChunkRef], ChunkRef],
-        *,
-        concurrency: int,
-        max_jobs: int,
-        pin_seconds: float,
-    ) -> None:
+    def __init__(self, chunk: HydrateChunk, check_size: Callable[[ChunkRef], ChunkRef], config: FlashConfig) -> None:
         self._chunk, self._check_size = chunk, check_size
-        self._concurrency, self._max_jobs, self._pin_seconds = concurrency, max_jobs, pin_seconds
+        self._concurrency, self._max_jobs, self._pin_seconds = config.hydrate_concurrency, config.max_jobs, config.pin_seconds
         self._jobs: dict[str, Job] = {}
         self._finished: deque[str] = deque()
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = asyncio.Semaphore(self._concurrency)
 
     async def aclose(self) -> None:
         """Cancel every job and wait for them."""

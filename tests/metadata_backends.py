@@ -2,6 +2,11 @@
 server over SQLite, Redis and a three-master Redis Cluster in turn.  A test module imports the
 three ``*_fixture`` functions (the Redis servers are module-scoped: each test takes a namespace
 of its own on the module's), named apart from their fixtures so a test's argument shadows none.
+
+``CAPABILITIES`` says what each backend has (the protocols of blobsdk/metadata/base.py), as
+the conformance suites split (tests/metadata/conformance.py); :func:`backends_with` names the
+backends that have some.  ``metadata`` is the backends with every one: a whole MetadataStore,
+what ``Client.from_stores`` takes.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
@@ -23,7 +28,16 @@ from servers import api
 from servers.redisd import RedisCluster, RedisServer, start_redis, start_redis_cluster
 from tests.helpers import running_app
 
-BACKENDS = ["sqlite", "api", "redis", "redis-cluster"]
+EVERY_CAPABILITY = (PlanReader, PlanWriter, PlanLister, BlockFences, BlockIndex)
+CAPABILITIES: dict[str, tuple[type, ...]] = dict.fromkeys(("sqlite", "api", "redis", "redis-cluster"), EVERY_CAPABILITY)
+
+
+def backends_with(*capabilities: type) -> list[str]:
+    """The backends that have every one of ``capabilities``."""
+    return [name for name, has in CAPABILITIES.items() if set(capabilities) <= set(has)]
+
+
+BACKENDS = backends_with(*EVERY_CAPABILITY)
 
 
 @pytest.fixture(scope="module", name="redis_server")
@@ -54,4 +68,5 @@ async def metadata_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> As
         await stack.enter_async_context(store)
         if isinstance(store, RedisMetadataStore):
             assert store.cluster is (request.param == "redis-cluster")  # found out once open
+        assert all(isinstance(store, has) for has in CAPABILITIES[request.param])
         yield store

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from blobsdk.config import HedgeConfig, RepairConfig
+from blobsdk.config import HedgeConfig, L3Config, RepairConfig
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tail.health import Reason, TargetHealth
 from blobsdk.tail.hedge import Hedger
@@ -131,7 +131,7 @@ def test_a_hedger_shares_its_tiers_tracker_made_with_its_config(clock: Clock) ->
 async def test_the_l3_and_l4_tiers_each_keep_one_tracker_their_hedger_shares(tmp_path: Path) -> None:
     url = "http://127.0.0.1:9"
     async with aiohttp.ClientSession() as session:
-        l3 = L3Tier(session, [url], down_seconds=5.0)
+        l3 = L3Tier(session, [url], L3Config(down_seconds=5.0))
         assert l3.hedger.health is l3.health and l3.health.down_seconds == 5.0
         l3.health.mark(url, Reason.DOWN)
         assert l3.candidates("key") == [] and l3.extra_stats()["nodes_down"] == 1

@@ -16,7 +16,6 @@ already in ``sys.modules`` by the time their submodules import anything.
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,40 +281,6 @@ def test_no_import_cycles_typing_only_imports_included():
     assert not cycles, "import cycles:\n" + "\n".join(describe(c) for c in cycles)
 
 
-def layout_entries(page: str) -> dict[str, str]:
-    """The Layout block of docs/architecture.md, by its entries for blobsdk/'s top level
-    ("client.py", "tiers/"): each with its own lines and those of its modules."""
-    block = page.split("## Layout", 1)[1].split("```", 2)[1]
-    entries: dict[str, str] = {}
-    current = ""
-    for line in block.splitlines():
-        if line.startswith("  ") and not line.startswith("   "):
-            current = line.split()[0]
-        if current:
-            entries[current] = entries.get(current, "") + line + "\n"
-    return entries
-
-
-def unnamed_modules(root: Path) -> list[str]:
-    """The modules of blobsdk/ that docs/architecture.md's Layout does not name where they live."""
-    entries = layout_entries((root / "docs" / "architecture.md").read_text())
-    missing = []
-    for path in sorted((root / "blobsdk").rglob("*.py")):
-        parts = path.relative_to(root / "blobsdk").parts
-        if parts == ("__init__.py",):
-            continue  # the package itself
-        entry = parts[0] if len(parts) == 1 else parts[0] + "/"
-        named = path.name == "__init__.py" or re.search(rf"(?<![\w/.]){re.escape(path.name)}(?!\w)", entries.get(entry, ""))
-        if entry not in entries or not named:
-            missing.append(path.relative_to(root).as_posix())
-    return missing
-
-
-def test_the_architecture_page_names_every_module():
-    missing = unnamed_modules(ROOT)
-    assert not missing, "docs/architecture.md's Layout does not name: " + ", ".join(missing)
-
-
 # The ground package and config sit below every role, and the block store protocol, which
 # third-party backends implement, names only the chunk model: what they import is named here,
 # not only bounded by their layer.
@@ -499,11 +464,3 @@ def test_a_module_in_no_layer_and_an_import_up_a_layer_are_found(tmp_path: Path)
     assert layer_of("pkg.low.x", layers) == 0 and layer_of("pkg.top", layers) == 1
     assert unplaced(module_names(root, ["pkg"]), layers) == ["pkg.stray"]  # "pkg" names only the face
     assert upward(import_edges(root, ["pkg"]), layers) == ["pkg.low.x (0) -> pkg.top (1) (pkg/low/x.py:3, typing only)"]
-
-
-def test_a_module_the_layout_does_not_name_is_found(tmp_path: Path):
-    layout = "## Layout\n\n```\nblobsdk/\n  client.py   the API\n  tiers/      the tiers\n    l1.py     memory\n```\n"
-    modules = ("__init__.py", "client.py", "sync.py", "tiers/__init__.py", "tiers/l1.py", "tiers/l2.py", "cache/base.py")
-    files = {"docs/architecture.md": layout + "\nl2.py and sync.py, outside the block\n"}
-    root = _tree(tmp_path, {**files, **{f"blobsdk/{name}": "" for name in modules}})
-    assert unnamed_modules(root) == ["blobsdk/cache/base.py", "blobsdk/sync.py", "blobsdk/tiers/l2.py"]

@@ -47,7 +47,8 @@ capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
 bytes; files another process adds are seen at the next open (once its reconciliation reaches
 their shard).  All disk access runs on the cache's own thread pool, never on the event loop
-(the blocking file operations: blobsdk/cache/_diskfiles.py).
+(the blocking file operations: blobsdk/cache/_diskfiles.py; the restart path, index file and
+reconciliation: blobsdk/cache/_diskreload.py).
 
 With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
 verified read saw (in memory only: after a restart every file is verified again), and
@@ -70,11 +71,12 @@ from typing import Any, Self, TypeVar
 
 from ..errors import ClientClosed, Unavailable
 from ..runtime.forksafe import Executor
+from ..runtime.resource import AsyncResource
 from ..runtime.rootdir import RootDir, UnsafeEntry
 from ._diskfiles import DiskFiles, space_deficit, with_file
-from ._diskscan import FileTimes, scan_shard
+from ._diskreload import Reload
 from ._entryfile import Damaged as _Damaged
-from ._indexfile import INDEX_FILE, Dropped, Listing, by_shard_of, read_index, write_index
+from ._indexfile import Dropped
 from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
 from ._payloadfile import VerifiedFiles, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
@@ -94,7 +96,7 @@ class _Fill:
     pin_until: float
 
 
-class DiskCache(DiskFiles):
+class DiskCache(DiskFiles, Reload, AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` over one directory (module docstring).
 
     ``capacity_bytes`` counts payload bytes (a file adds 32 bytes plus the tenant name);
@@ -318,15 +320,8 @@ class DiskCache(DiskFiles):
         self._state = "closed"
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 
-    async def __aenter__(self) -> Self:
-        try:
-            return await self.open()
-        except BaseException:  # the pool must not outlive a failed open
-            await self.aclose()
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def _start(self) -> None:
+        await self.open()  # a failed one is closed (AsyncResource): the pool never outlives it
 
     # --- internals, on the event loop -------------------------------------------------
 
@@ -334,84 +329,6 @@ class DiskCache(DiskFiles):
         if self._state == "closed":
             raise ClientClosed(f"cache {self._name} is closed")
         return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
-
-    async def _scan_all(self) -> None:
-        """Index every entry file by its header (shards scanned in parallel)."""
-        shards = await self._io(self._dir.shards)
-        scan = partial(scan_shard, self._dir, token=self._token, times=FileTimes(self._clock()))
-        scans = await asyncio.gather(*(self._io(scan, shard) for shard in shards))
-        self._counts["corrupt"] += sum(s.damaged for s in scans)
-        self._index.load(entry for s in scans for entry in s.found)
-
-    def _read_index(self) -> Listing | None:
-        try:
-            return read_index(str(self._root), self._clock())
-        except UnsafeEntry as exc:
-            self._dir.ignore(str(exc))
-            return None
-
-    def _load(self, listing: Listing) -> None:
-        """Index what the index file lists, in its LRU order; what it lists that this cache does
-        not write is reported once the keys are checked too (:meth:`_report_dropped`)."""
-        repeats = self._index.load(listing.entries, lru_ordered=True)
-        if repeats:
-            listing.dropped.add(f"key {repeats[0].key} is listed more than once", len(repeats))
-        self._dropped = listing.dropped
-
-    def _report_dropped(self, foreign: list[Entry], why: str) -> None:
-        """Drop the entries listed under keys that are not chunk keys, then report all that was
-        dropped: once per open (from aclose if the reconciliation never got this far)."""
-        for entry in foreign:
-            if self._index.get(entry.key) is entry:
-                self._index.remove(entry.key)
-        dropped, self._dropped = self._dropped, None
-        if dropped is not None and foreign:
-            dropped.add(why, len(foreign))
-        if dropped is not None and dropped.count:
-            log.warning("cache %s: %s", self._name, dropped.describe(self._root / INDEX_FILE))
-
-    async def _reconcile(self, loaded: list[Entry]) -> None:
-        """After a start from the index file (``loaded``: its entries): bring the index in
-        line with the directory, one shard at a time (files other processes added or removed
-        since; only new files' headers are read), then write a fresh index file.  An entry
-        replaced or removed meanwhile, or a key put or deleted since open, is not this scan's
-        to judge (its file may be one the scan saw before a delete).  The entries are grouped by
-        shard here, on the executor, not in :meth:`open`: ~0.4 s of a 10^6-entry restart; and
-        first, those listed under a key that is not a chunk key are dropped and reported."""
-        times = FileTimes(self._clock())
-        try:
-            by_shard, foreign, why = await self._io(by_shard_of, loaded)
-            self._report_dropped(foreign, why)
-            for shard in sorted(set(await self._io(self._dir.shards)) | set(by_shard)):
-                known = by_shard.get(shard, [])
-                scan = await self._io(scan_shard, self._dir, shard, token=self._token, times=times, known={e.key for e in known})
-                self._counts["corrupt"] += scan.damaged
-                for entry in known:
-                    if entry.key not in scan.names and self._index.get(entry.key) is entry:
-                        self._index.remove(entry.key)  # gone since the index file was written
-                for entry in scan.found:
-                    if entry.key not in self._index and entry.key not in self._fills and entry.key not in (self._touched or ()):
-                        self._index.add(entry)  # another process's
-            await self._remove_victims(self._chain.trim(self._index, self._capacity, self._clock()))
-        except (OSError, UnsafeEntry) as exc:
-            log.warning("cache %s: reconciling %s with its index file stopped: %s", self._name, self._root, exc)
-            return
-        finally:
-            self._touched = None
-        await self._save_index()
-
-    async def _save_index(self) -> None:
-        """Write the index file (what a restart loads); a failure is logged, never raised.
-        One write at a time, in order: a write whose caller was cancelled (a reconciliation
-        stopped by aclose) still runs on the pool, and must not land after a newer one."""
-        if self._saving is not None:
-            await asyncio.wait([self._saving])
-        entries = [e for e in self._index.lru.values() if e.key not in self._fills]
-        self._saving = asyncio.wrap_future(self._pool.submit(write_index, str(self._root), entries, self._clock(), self._token))
-        try:
-            await asyncio.shield(self._saving)
-        except (OSError, UnsafeEntry) as exc:
-            log.warning("cache %s: cannot write %s/%s: %s", self._name, self._root, INDEX_FILE, exc)
 
     async def _readable(self, key: str) -> Entry | None:
         """The entry to read for ``key``: None if absent, being written or expired."""

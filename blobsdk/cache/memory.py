@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Self
 
+from ..runtime.resource import AsyncResource
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, PolicyChain, validate_tenant
 
 
-class MemoryCache:
+class MemoryCache(AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` in process memory.
 
     The hot path is synchronous: :meth:`get_nowait` (a hit costs a dict lookup, a clock
@@ -142,12 +142,6 @@ class MemoryCache:
         """Drop every entry (frees the memory).  Idempotent."""
         self._index.clear()
         self._data.clear()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def _expire(self, entry: Entry) -> None:
         del self._data[entry.key]

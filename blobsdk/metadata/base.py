@@ -1,6 +1,17 @@
-"""The MetadataStore protocol: flat, O(1) map from blob path to its current ReadPlan.
+"""The MetadataStore protocols: flat, O(1) map from blob path to its current ReadPlan.
 
-Semantics every backend holds (tests/metadata/conformance.py checks them):
+One protocol per capability, so that a caller asks only for what it uses (as obspec's
+``GetAsync``, ``PutAsync``): :class:`PlanReader` (``get_plan``, ``get_plans``),
+:class:`PlanWriter` (``commit``, ``commit_many``, ``delete``), :class:`PlanLister`
+(``list_page``, ``list``, ``scan_page``, ``iter_plans``), :class:`BlockFences` (gc's
+fences) and :class:`BlockIndex` (blocks to plans).  :class:`MetadataStore` is their union
+plus ``aclose``: what a backend implements.  A backend derives
+:class:`~blobsdk.metadata.backend.MetadataBackend`, whose public methods make the checks
+below once and hand the backend's ``_method`` only checked arguments; the checks themselves
+are the functions of this module, which the API server applies too.
+
+Semantics every backend holds (tests/metadata/conformance.py checks them, a suite per
+capability):
 
 - ``get_plan`` of a missing path raises BlobNotFound; ``get_plans`` returns None for it.
 - ``commit`` stores a new version: the store assigns ``version`` (previous version + 1,
@@ -32,6 +43,12 @@ Semantics every backend holds (tests/metadata/conformance.py checks them):
   ``"<block id>/<path>"`` of the page's last reference.
 - A stored plan that no longer decodes (a row or hash field damaged outside the store) is
   CorruptData naming its path (:func:`decode_stored`), never a decoder's own exception.
+- **A plan is checked once, where it enters**: every plan a backend answers for a path
+  (``get_plan``, ``get_plans``; an API server's answer to a commit too) is checked against
+  the plan rules and its path by :class:`~blobsdk.metadata.backend.MetadataBackend`
+  (CorruptData), whatever medium it came from: a SQLite file or a Redis another writer can
+  write, an API server that may lie.  The plan caches in front (cache.py, shared.py) hold
+  plans a backend checked; the shared one checks what it reads back from its own Redis.
 """
 
 from __future__ import annotations
@@ -52,16 +69,34 @@ T = TypeVar("T")
 
 
 @runtime_checkable
-class MetadataStore(Protocol):
-    async def get_plan(self, path: str) -> ReadPlan: ...
+class PlanReader(Protocol):
+    """Reading plans: the read path's one need."""
 
-    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]: ...
+    async def get_plan(self, path: str) -> ReadPlan:
+        """The live plan of ``path`` (BlobNotFound if none)."""
+        ...
+
+    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
+        """The live plan of each path, None where there is none."""
+        ...
+
+
+@runtime_checkable
+class PlanWriter(Protocol):
+    """Writing plans: commits and deletes, each under its ``if_version`` rule."""
 
     async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan: ...
 
-    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]: ...
+    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+        """Several commits, atomically: all of them or none."""
+        ...
 
     async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo: ...
+
+
+@runtime_checkable
+class PlanLister(Protocol):
+    """Listing: the live blobs under a prefix, and every live plan (gc's scan)."""
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
@@ -81,15 +116,10 @@ class MetadataStore(Protocol):
         """Every live plan (for garbage collection)."""
         ...
 
-    async def naming_page(
-        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
-    ) -> tuple[builtins.list[ReadPlan], str | None]:
-        """One page of the live plans naming any of ``block_ids`` and the next page's cursor."""
-        ...
 
-    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
-        """Every live plan naming any of ``block_ids`` (one naming several may come again)."""
-        ...
+@runtime_checkable
+class BlockFences(Protocol):
+    """gc's fences: the handshake that keeps a commit from naming a block gc deletes."""
 
     async def fence_blocks(self, block_ids: Sequence[str]) -> None:
         """Refuse every later commit that names one of ``block_ids`` (gc is deleting them)."""
@@ -102,6 +132,27 @@ class MetadataStore(Protocol):
     async def prune_fences(self, older_than: float) -> int:
         """Drop fences set more than ``older_than`` seconds ago (the store's clock); how many."""
         ...
+
+
+@runtime_checkable
+class BlockIndex(Protocol):
+    """The block -> plans index: the live plans that name some blocks (repair's question)."""
+
+    async def naming_page(
+        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    ) -> tuple[list[ReadPlan], str | None]:
+        """One page of the live plans naming any of ``block_ids`` and the next page's cursor."""
+        ...
+
+    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
+        """Every live plan naming any of ``block_ids`` (one naming several may come again)."""
+        ...
+
+
+@runtime_checkable
+class MetadataStore(PlanReader, PlanWriter, PlanLister, BlockFences, BlockIndex, Protocol):
+    """Every capability, and ``aclose``: what a backend implements (most derive
+    :class:`~blobsdk.metadata.backend.MetadataBackend`, which checks the arguments once)."""
 
     async def aclose(self) -> None: ...
 
@@ -158,7 +209,7 @@ class PassThrough:
         return await self.store.prune_fences(older_than)
 
 
-async def iterate_pages(store: MetadataStore, prefix: str, start_after: str | None, limit: int) -> AsyncIterator[BlobInfo]:
+async def iterate_pages(store: PlanLister, prefix: str, start_after: str | None, limit: int) -> AsyncIterator[BlobInfo]:
     """Shared ``list`` implementation over ``list_page``."""
     cursor = start_after
     while True:
@@ -169,7 +220,7 @@ async def iterate_pages(store: MetadataStore, prefix: str, start_after: str | No
             return
 
 
-async def iterate_plans(store: MetadataStore, page: int = 1000) -> AsyncIterator[ReadPlan]:
+async def iterate_plans(store: PlanLister, page: int = 1000) -> AsyncIterator[ReadPlan]:
     """Shared ``iter_plans`` implementation over ``scan_page``."""
     cursor: str | None = None
     while True:
@@ -180,13 +231,13 @@ async def iterate_plans(store: MetadataStore, page: int = 1000) -> AsyncIterator
             return
 
 
-def iterate_naming(store: MetadataStore, block_ids: Sequence[str], page: int = 1000) -> AsyncIterator[ReadPlan]:
+def iterate_naming(store: BlockIndex, block_ids: Sequence[str], page: int = 1000) -> AsyncIterator[ReadPlan]:
     """Shared ``iter_naming`` implementation over ``naming_page``; the ids are checked now,
     not at the first iteration."""
     return _naming_pages(store, check_fence_ids(block_ids, "naming_page"), page)
 
 
-async def _naming_pages(store: MetadataStore, ids: builtins.list[str], page: int) -> AsyncIterator[ReadPlan]:
+async def _naming_pages(store: BlockIndex, ids: builtins.list[str], page: int) -> AsyncIterator[ReadPlan]:
     cursor: str | None = None
     while ids:
         plans, cursor = await store.naming_page(ids, cursor, page)
@@ -224,6 +275,14 @@ def check_commit_op(op: CommitOp) -> None:
     check_plan(op.plan)
     if op.kind == "index" and len(op.plan.chunks) != 1:
         raise BadRequest(f"an index commit of {op.path!r}: an entry's plan names one chunk, this one {len(op.plan.chunks)}")
+
+
+def checked_ops(ops: Sequence[CommitOp]) -> builtins.list[CommitOp]:
+    """``ops`` as a list, every op checked (:func:`check_commit_op`) before any is applied."""
+    ops = builtins.list(ops)
+    for op in ops:
+        check_commit_op(op)
+    return ops
 
 
 def check_delete(path: str, if_version: int | None, kind: WriteKind) -> None:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
 
@@ -79,22 +79,8 @@ from ..net.unreachable import REDIS, unreachable
 from ..paths import bucket_of, validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import RedisConnection, connect
-from .base import (
-    block_collected,
-    check_commit_op,
-    check_cursor,
-    check_delete,
-    check_fence_age,
-    check_fence_ids,
-    check_limit,
-    check_list_args,
-    check_naming_args,
-    iterate_naming,
-    iterate_pages,
-    iterate_plans,
-    precondition_failed,
-    prefix_end,
-)
+from .backend import MetadataBackend
+from .base import block_collected, check_delete, checked_ops, precondition_failed, prefix_end
 
 REQUEST_TTL_S = 3600  # how long a retryable write's record is kept: a retry later than this applies again
 REFS_VERSION = "1"  # the value of ``ns:refs`` once every plan is in the reverse index
@@ -104,7 +90,7 @@ _plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class RedisMetadataStore:
+class RedisMetadataStore(MetadataBackend):
     """MetadataStore over Redis at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for TLS,
     ``redis://:PASSWORD@HOST:PORT/DB``, or ``redis+sentinel://HOST:PORT,.../SERVICE/DB``);
     see the module docstring.  Connects on first use,
@@ -123,11 +109,11 @@ class RedisMetadataStore:
         self._connection: RedisConnection | None = None
         self._failed = False  # a call's connection failed since the last call began
         self._closed = False
-        self._commit: Any = None
-        self._delete: Any = None
-        self._fence: Any = None
+        self._commit_script: Any = None
+        self._delete_script: Any = None
+        self._fence_script: Any = None
         self._index_script: Any = None
-        self._list: Any = None
+        self._list_script: Any = None
 
     def __repr__(self) -> str:
         return f"RedisMetadataStore({rows.redacted(self.url)!r})"
@@ -160,8 +146,8 @@ class RedisMetadataStore:
         with self._errors():
             connection = self._connection = await connect(self.url, timeout=self.timeout)
         client, self.cluster = connection.client, connection.cluster
-        self._commit, self._delete = client.register_script(lua.COMMIT), client.register_script(lua.DELETE)
-        self._fence, self._list = client.register_script(lua.FENCE), client.register_script(lua.LIST)
+        self._commit_script, self._delete_script = client.register_script(lua.COMMIT), client.register_script(lua.DELETE)
+        self._fence_script, self._list_script = client.register_script(lua.FENCE), client.register_script(lua.LIST)
         self._index_script = client.register_script(lua.INDEX)
         self._redis = client  # set first: the pass below reads through it
         try:
@@ -180,7 +166,7 @@ class RedisMetadataStore:
         cursor: str | None = None
         while True:
             paths = await self._paths("/", cursor, 1001)
-            found = await self.get_plans(paths[:1000])
+            found = await self._stored(paths[:1000])
             by_bucket: dict[str, builtins.list[ReadPlan]] = {}
             for plan in found:
                 if plan is not None:
@@ -222,33 +208,28 @@ class RedisMetadataStore:
 
     # --- fences (gc's handshake with writers; see base.py) --------------------------------
 
-    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
+    async def _fence(self, ids: builtins.list[str]) -> None:
         """The global set first, then every bucket's: a bucket registered after the bucket
         list is read copies the global set (:meth:`_register`)."""
-        if not (ids := check_fence_ids(block_ids)):
-            return
         client = await self._client()
         with self._errors():
             now = await self._now(client)
-            await self._fence(keys=[self._keys.fences(None)], args=[repr(now), *ids])
+            await self._fence_script(keys=[self._keys.fences(None)], args=[repr(now), *ids])
             for bucket in await self._buckets_under("/"):
-                await self._fence(keys=[self._keys.fences(bucket)], args=[repr(now), *ids])
+                await self._fence_script(keys=[self._keys.fences(bucket)], args=[repr(now), *ids])
 
-    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
+    async def _unfence(self, ids: builtins.list[str]) -> None:
         """The global set first, so a bucket registered meanwhile copies no lifted fence."""
-        if not (ids := check_fence_ids(block_ids)):
-            return
         client = await self._client()
         with self._errors():
             await client.zrem(self._keys.fences(None), *ids)
             for bucket in await self._buckets_under("/"):
                 await client.zrem(self._keys.fences(bucket), *ids)
 
-    async def prune_fences(self, older_than: float) -> int:
-        cutoff = check_fence_age(older_than)
+    async def _prune_fences(self, older_than: float) -> int:
         client = await self._client()
         with self._errors():
-            cutoff = await self._now(client) - cutoff
+            cutoff = await self._now(client) - older_than
             pruned = await client.zremrangebyscore(self._keys.fences(None), "-inf", f"({cutoff!r}")
             for bucket in await self._buckets_under("/"):
                 await client.zremrangebyscore(self._keys.fences(bucket), "-inf", f"({cutoff!r}")
@@ -260,22 +241,15 @@ class RedisMetadataStore:
         seconds, micros = next(iter(answer.values())) if isinstance(answer, dict) else answer
         return int(seconds) + int(micros) / 1e6
 
-    # --- MetadataStore ---------------------------------------------------------------------
+    # --- the backend's work (MetadataBackend has checked the arguments) -------------------
 
-    async def get_plan(self, path: str) -> ReadPlan:
-        validate_path(path)
+    async def _get_plan(self, path: str) -> ReadPlan | None:
         client = await self._client()
         with self._errors():
             fields = await client.hmget(self._keys.path(path), "plan", "v", "t")
-        plan = rows.plan_of(path, fields)
-        if plan is None:
-            raise BlobNotFound(f"no blob at {path!r}")
-        return plan
+        return rows.plan_of(path, fields)
 
-    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
-        paths = list(paths)
-        for path in paths:
-            validate_path(path)
+    async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
         if not paths:
             return []
         client = await self._client()
@@ -286,23 +260,16 @@ class RedisMetadataStore:
                 found = await pipe.execute()
         return [rows.plan_of(path, fields) for path, fields in zip(paths, found, strict=True)]
 
-    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
-        (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
-        return committed
-
-    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+    async def _commit_many(self, ops: builtins.list[CommitOp]) -> builtins.list[ReadPlan]:
         return await self._commit_ops(ops, None)
 
-    async def commit_once(self, ops: Sequence[CommitOp], request_id: str) -> list[ReadPlan]:
+    async def commit_once(self, ops: Sequence[CommitOp], request_id: str) -> builtins.list[ReadPlan]:
         """``commit_many``, applied at most once per ``request_id`` (:class:`RetryAwareStore`)."""
-        return await self._commit_ops(ops, validate_hex32(request_id, "request_id"))
+        request_id = validate_hex32(request_id, "request_id")
+        ops = checked_ops(ops)
+        return await self._commit_ops(ops, request_id) if ops else []
 
-    async def _commit_ops(self, ops: Sequence[CommitOp], request_id: str | None) -> list[ReadPlan]:
-        ops = list(ops)
-        for op in ops:
-            check_commit_op(op)
-        if not ops:
-            return []
+    async def _commit_ops(self, ops: builtins.list[CommitOp], request_id: str | None) -> builtins.list[ReadPlan]:
         client = await self._client()
         buckets = sorted({bucket_of(op.path) for op in ops})
         if self.cluster and len(buckets) > 1:
@@ -321,7 +288,7 @@ class RedisMetadataStore:
             args.append(REQUEST_TTL_S)
         with self._errors():
             await self._register(client, buckets)
-            answer = await self._commit(keys=keys, args=args)
+            answer = await self._commit_script(keys=keys, args=args)
         if answer[0] == -4:
             now, versions = rows.replayed_commit(answer[1], [op.path for op in ops], request_id)
         elif answer[0] == -3:
@@ -333,22 +300,23 @@ class RedisMetadataStore:
             versions = [int(v) for v in answer[1:]]
         return [msgspec.structs.replace(op.plan, version=v, created=now) for op, v in zip(ops, versions, strict=True)]
 
-    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
-        return await self._delete_path(path, if_version, kind, None)
+    async def _delete(self, path: str, if_version: int | None, kind: WriteKind) -> BlobInfo:
+        return await self._delete_path(path, if_version, None)
 
     async def delete_once(self, path: str, if_version: int | None, kind: WriteKind, request_id: str) -> BlobInfo:
         """``delete``, applied at most once per ``request_id`` (:class:`RetryAwareStore`)."""
-        return await self._delete_path(path, if_version, kind, validate_hex32(request_id, "request_id"))
-
-    async def _delete_path(self, path: str, if_version: int | None, kind: WriteKind, request_id: str | None) -> BlobInfo:
+        request_id = validate_hex32(request_id, "request_id")
         check_delete(path, if_version, kind)
+        return await self._delete_path(path, if_version, request_id)
+
+    async def _delete_path(self, path: str, if_version: int | None, request_id: str | None) -> BlobInfo:
         await self._client()
         keys, args = [self._keys.path(path), self._keys.index(bucket_of(path))], [path, "" if if_version is None else if_version]
         if request_id is not None:
             keys.append(self._keys.request(path, request_id))
             args.append(REQUEST_TTL_S)
         with self._errors():
-            answer = await self._delete(keys=keys, args=args)
+            answer = await self._delete_script(keys=keys, args=args)
         if answer[0] == -4:
             recorded = rows.record(answer[1], path)
             if recorded[0] != path:
@@ -360,20 +328,17 @@ class RedisMetadataStore:
             raise precondition_failed(path, if_version, int(answer[1]))
         return rows.info(path, answer[1:])
 
-    async def list_page(
-        self, prefix: str, start_after: str | None = None, limit: int = 1000
-    ) -> tuple[builtins.list[BlobInfo], str | None]:
+    async def _list_page(self, prefix: str, start_after: str | None, limit: int) -> tuple[builtins.list[BlobInfo], str | None]:
         """One script call per bucket the page spans (one for a prefix inside a bucket): it
         reads the index and the page's hashes at one instant and answers in one msgpack
         string (see the module docstring for the figures)."""
-        check_list_args(prefix, start_after, limit)
         await self._client()
         items: builtins.list[BlobInfo] = []
         read, cursor = 0, None
         with self._errors():
             for bucket, low, high in await self._ranges(prefix, start_after):
                 args = [self._keys.stem(bucket), low, high, limit + 1 - read, max(limit - read, 0)]
-                packed, count, last = await self._list(keys=[self._keys.index(bucket)], args=args)
+                packed, count, last = await self._list_script(keys=[self._keys.index(bucket)], args=args)
                 items += rows.listed(packed)
                 cursor = cursor if last is None else last.decode()
                 read += count
@@ -381,24 +346,14 @@ class RedisMetadataStore:
                     break
         return items, (cursor if read > limit else None)
 
-    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
-        check_list_args(prefix, start_after, limit)
-        return iterate_pages(self, prefix, start_after, limit)
-
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
-        check_cursor(start_after)
-        check_limit(limit)
+    async def _scan_page(self, start_after: str | None, limit: int) -> tuple[builtins.list[ReadPlan], str | None]:
         paths = await self._paths("/", start_after, limit + 1)
-        plans = [plan for plan in await self.get_plans(paths[:limit]) if plan is not None]
+        plans = [plan for plan in await self._stored(paths[:limit]) if plan is not None]
         return plans, (paths[limit - 1] if len(paths) > limit else None)
 
-    def iter_plans(self) -> AsyncIterator[ReadPlan]:
-        return iterate_plans(self)
-
-    async def naming_page(
-        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    async def _naming_page(
+        self, ids: builtins.list[str], after: tuple[str, str], limit: int
     ) -> tuple[builtins.list[ReadPlan], str | None]:
-        ids, after = check_naming_args(block_ids, start_after, limit)
         refs: builtins.list[tuple[str, str]] = []
         client = await self._client()
         with self._errors():
@@ -409,11 +364,12 @@ class RedisMetadataStore:
                 if len(refs) > limit:
                     break
         paths = builtins.list(dict.fromkeys(path for _, path in refs[:limit]))
-        plans = [plan for plan in await self.get_plans(paths) if plan is not None]  # one gone meanwhile: skipped
+        plans = [plan for plan in await self._stored(paths) if plan is not None]  # one gone meanwhile: skipped
         return plans, ("/".join(refs[limit - 1]) if len(refs) > limit else None)
 
-    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
-        return iterate_naming(self, block_ids)
+    async def _stored(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
+        """The plans at ``paths`` this store's own index named (valid paths, else InvalidPath)."""
+        return await self._get_plans([validate_path(path) for path in paths])
 
     async def _naming_one(
         self, client: Any, block_id: str, buckets: builtins.list[str], since: str, count: int

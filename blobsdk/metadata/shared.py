@@ -20,7 +20,8 @@ its bump is never served.  A write that
 does not go through it (another deployment's client, a server-side job) is visible within
 ``ttl_seconds``, as with the in-process cache.  Missing paths are not cached.  If Redis is
 down, the cache steps aside: reads and writes go to the store (counted in ``errors``), never
-failing because of the cache.
+failing because of the cache.  A usable entry whose plan breaks the plan rules or is of
+another path is CorruptData (blobsdk/chunks/plans.py): its plans enter the process here.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ with requires_extra("redis", __name__):
     import redis.exceptions as rexc
 
 from ..auth import grants_usable_for
+from ..chunks.plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import client_for
 from .base import MetadataStore, PassThrough
@@ -119,10 +121,12 @@ class SharedPlanCache(PassThrough):
             self._failed(exc)
             return [(None, None)] * len(paths)
         found: builtins.list[tuple[ReadPlan | None, int | None]] = []
-        for gen, raw in answers:
+        for path, (gen, raw) in zip(paths, answers, strict=True):
             entry = self._entry(raw)
             usable = entry is not None and entry.gen == int(gen or 0) and not _near_expiry(entry.plan)
-            found.append((entry.plan if usable and entry is not None else None, int(gen or 0)))
+            # A plan read back from Redis enters here: anyone who can write that Redis could
+            # have put it there (CorruptData, as from any metadata store).
+            found.append((checked_plan(entry.plan, path) if usable and entry is not None else None, int(gen or 0)))
         hits = sum(plan is not None for plan, _ in found)
         self.hits += hits
         self.misses += len(found) - hits

@@ -1,4 +1,5 @@
-"""SQLite metadata store: the embedded default :class:`~blobsdk.metadata.base.MetadataStore`.
+"""SQLite metadata store: the embedded default :class:`~blobsdk.metadata.base.MetadataStore`
+(a :class:`~blobsdk.metadata.backend.MetadataBackend`: the arguments come checked).
 
 Layout: one row per path in ``plans``, gc's fences in ``fences`` (block id, time set), and
 the reverse index ``block_refs`` (block id, path) of every live plan's blocks, kept in the
@@ -26,38 +27,17 @@ import builtins
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
 
 import msgspec
 
-from ..errors import (
-    BlobError,
-    BlobNotFound,
-    ClientClosed,
-    Unavailable,
-)
-from ..paths import validate_path
+from ..errors import BlobError, BlobNotFound, ClientClosed, Unavailable
 from ..runtime.forksafe import Executor
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
-from .base import (
-    block_collected,
-    check_commit_op,
-    check_cursor,
-    check_delete,
-    check_fence_age,
-    check_fence_ids,
-    check_limit,
-    check_list_args,
-    check_naming_args,
-    check_precondition,
-    decode_stored,
-    iterate_naming,
-    iterate_pages,
-    iterate_plans,
-    prefix_end,
-)
+from .backend import MetadataBackend
+from .base import block_collected, check_precondition, decode_stored, prefix_end
 
 T = TypeVar("T")
 
@@ -91,7 +71,7 @@ _plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class SqliteMetadataStore:
+class SqliteMetadataStore(MetadataBackend):
     """MetadataStore over one SQLite file (``":memory:"`` works too, without durability).
 
     The connection opens lazily on first use, or eagerly with ``await store.open()`` or
@@ -136,79 +116,41 @@ class SqliteMetadataStore:
         finally:
             executor.shutdown(wait=False)
 
-    # --- MetadataStore -------------------------------------------------------------------
+    # --- the backend's work (MetadataBackend has checked the arguments) -------------------
 
-    async def get_plan(self, path: str) -> ReadPlan:
-        validate_path(path)
-        plan = await self._run(_select_plan, path)
-        if plan is None:
-            raise BlobNotFound(f"no blob at {path!r}")
-        return plan
+    async def _get_plan(self, path: str) -> ReadPlan | None:
+        return await self._run(_select_plan, path)
 
-    async def get_plans(self, paths: Sequence[str]) -> list[ReadPlan | None]:
-        paths = list(paths)
-        for path in paths:
-            validate_path(path)
-        found = await self._run(_select_plans, list(dict.fromkeys(paths)))
+    async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
+        found = await self._run(_select_plans, builtins.list(dict.fromkeys(paths)))
         return [found.get(path) for path in paths]
 
-    async def commit(self, path: str, plan: ReadPlan, if_version: int | None = None) -> ReadPlan:
-        (committed,) = await self.commit_many([CommitOp(path=path, plan=plan, if_version=if_version)])
-        return committed
-
-    async def commit_many(self, ops: Sequence[CommitOp]) -> list[ReadPlan]:
+    async def _commit_many(self, ops: builtins.list[CommitOp]) -> builtins.list[ReadPlan]:
         """All ops in one transaction; ops naming the same path apply in order."""
-        ops = list(ops)
-        for op in ops:
-            check_commit_op(op)
-        if not ops:
-            return []
         return await self._run(_commit_ops, ops)
 
-    async def delete(self, path: str, if_version: int | None = None, *, kind: WriteKind = "blob") -> BlobInfo:
-        check_delete(path, if_version, kind)
+    async def _delete(self, path: str, if_version: int | None, kind: WriteKind) -> BlobInfo:
         return await self._run(_delete, path, if_version)
 
-    async def list_page(
-        self, prefix: str, start_after: str | None = None, limit: int = 1000
-    ) -> tuple[list[BlobInfo], str | None]:
-        check_list_args(prefix, start_after, limit)
+    async def _list_page(self, prefix: str, start_after: str | None, limit: int) -> tuple[builtins.list[BlobInfo], str | None]:
         return await self._run(_list_page, prefix, start_after, limit)
 
-    def list(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> AsyncIterator[BlobInfo]:
-        check_list_args(prefix, start_after, limit)  # now, not at the first iteration
-        return iterate_pages(self, prefix, start_after, limit)
-
-    async def scan_page(self, start_after: str | None = None, limit: int = 1000) -> tuple[builtins.list[ReadPlan], str | None]:
-        """One page of every live plan, sorted by path, and the cursor of the next page."""
-        check_cursor(start_after)
-        check_limit(limit)
+    async def _scan_page(self, start_after: str | None, limit: int) -> tuple[builtins.list[ReadPlan], str | None]:
         return await self._run(_scan_page, start_after, limit)
 
-    def iter_plans(self) -> AsyncIterator[ReadPlan]:
-        return iterate_plans(self)
-
-    async def naming_page(
-        self, block_ids: Sequence[str], start_after: str | None = None, limit: int = 1000
+    async def _naming_page(
+        self, block_ids: builtins.list[str], after: tuple[str, str], limit: int
     ) -> tuple[builtins.list[ReadPlan], str | None]:
-        ids, after = check_naming_args(block_ids, start_after, limit)
-        if not ids:
-            return [], None
-        return await self._run(_naming_page, ids, after, limit)
+        return await self._run(_naming_page, block_ids, after, limit)
 
-    def iter_naming(self, block_ids: Sequence[str]) -> AsyncIterator[ReadPlan]:
-        return iterate_naming(self, block_ids)
+    async def _fence(self, block_ids: builtins.list[str]) -> None:
+        await self._run(_fence, block_ids)
 
-    async def fence_blocks(self, block_ids: Sequence[str]) -> None:
-        if ids := check_fence_ids(block_ids):
-            await self._run(_fence, ids)
+    async def _unfence(self, block_ids: builtins.list[str]) -> None:
+        await self._run(_unfence, block_ids)
 
-    async def unfence_blocks(self, block_ids: Sequence[str]) -> None:
-        if ids := check_fence_ids(block_ids):
-            await self._run(_unfence, ids)
-
-    async def prune_fences(self, older_than: float) -> int:
-        return await self._run(_prune_fences, check_fence_age(older_than))
+    async def _prune_fences(self, older_than: float) -> int:
+        return await self._run(_prune_fences, older_than)
 
     # --- the worker thread -----------------------------------------------------------------
 

@@ -41,12 +41,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
 from ..errors import BadRequest, BlobError, BlobNotFound, PreconditionFailed
-from ..metadata.base import MAX_FENCE_IDS, MetadataStore
+from ..metadata.base import MAX_FENCE_IDS, BlockFences, PlanLister, PlanWriter
 from ..paths import is_index_entry, is_reserved
 from ..sources.base import BlockStore, block_time
 from ..wire import ReadPlan
@@ -58,6 +58,10 @@ _log = logging.getLogger(__name__)
 FENCE_KEEP_S = 7 * 86400.0  # how long a fence outlives its pass (the metadata store's clock)
 STEP_TIMEOUT_S = 30.0  # one listing page, scan page, fence call or delete
 _DELETE_PARALLEL = 16
+
+
+class GcMetadata(PlanLister, PlanWriter, BlockFences, Protocol):
+    """What a gc pass asks of the metadata store: its scan, deletes of index entries, fences."""
 
 
 class GcReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,7 +104,7 @@ class _Steps:
 
 
 async def collect(
-    metadata: MetadataStore,
+    metadata: GcMetadata,
     blocks: BlockStore,
     grace: float,
     max_write_seconds: float,
@@ -147,7 +151,7 @@ async def _candidates(blocks: BlockStore, cutoff: float, steps: _Steps) -> tuple
     return scanned, candidates
 
 
-async def _referenced_and_index(metadata: MetadataStore, steps: _Steps) -> tuple[set[str], list[ReadPlan], int]:
+async def _referenced_and_index(metadata: PlanLister, steps: _Steps) -> tuple[set[str], list[ReadPlan], int]:
     """The blocks every live plan but the chunk index's entries names, those entries, and how
     many strays (see the module docstring) the scan met."""
     referenced: set[str] = set()
@@ -165,7 +169,7 @@ async def _referenced_and_index(metadata: MetadataStore, steps: _Steps) -> tuple
     return referenced, index, len(strays)
 
 
-async def _sweep(metadata: MetadataStore, index: list[ReadPlan], referenced: set[str], steps: _Steps, *, dry_run: bool) -> int:
+async def _sweep(metadata: PlanWriter, index: list[ReadPlan], referenced: set[str], steps: _Steps, *, dry_run: bool) -> int:
     """Delete the index entries that name a block no other plan names; how many.  The blocks
     of an entry kept (all named elsewhere, or changed since the scan) join ``referenced``."""
     deleted = 0
@@ -187,14 +191,14 @@ async def _sweep(metadata: MetadataStore, index: list[ReadPlan], referenced: set
     return deleted
 
 
-async def _referenced(metadata: MetadataStore, steps: _Steps) -> set[str]:
+async def _referenced(metadata: PlanLister, steps: _Steps) -> set[str]:
     referenced: set[str] = set()
     async for plan in steps.each("scanning plans", aiter(metadata.iter_plans())):
         referenced.update(plan.block_ids())
     return referenced
 
 
-async def _fence(metadata: MetadataStore, doomed: dict[str, int], steps: _Steps) -> int:
+async def _fence(metadata: GcMetadata, doomed: dict[str, int], steps: _Steps) -> int:
     """Fence ``doomed``, scan again and lift the fences of blocks a commit named meanwhile
     (removed from ``doomed``); how many were spared so."""
     ids = list(doomed)

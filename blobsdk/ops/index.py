@@ -53,14 +53,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import xxhash
 
 from ..config import s3_location
 from ..errors import BadRequest, BlobError, CorruptData, InvalidPath, PreconditionFailed
-from ..metadata.base import MetadataStore
+from ..metadata.base import PlanLister, PlanReader, PlanWriter
 from ..paths import validate_prefix, validate_writable
 from ..runtime.tasks import task_group
 from ..sources.base import BlockStore, block_time, is_link, links_to
@@ -75,6 +75,11 @@ COMMIT_TRIES = 3  # a batch refused because some of its blobs were written meanw
 PARALLEL_OBJECTS = 4  # objects read and hashed at once
 
 Progress = Callable[["IndexProgress"], None]
+
+
+class IndexMetadata(PlanReader, PlanWriter, PlanLister, Protocol):
+    """What indexing asks of the metadata store: the blobs it made before (listed, looked up),
+    commits and deletes."""
 
 
 class IndexReport(msgspec.Struct, kw_only=True):
@@ -140,9 +145,10 @@ class _Committer:
     waited half of ``max_write_seconds`` (a slow metadata store) is made again before its
     commit, so the writer's age check (gc's safety rule) never refuses hashed work."""
 
-    def __init__(self, store: S3BlockStore, writer: Writer, report: IndexReport) -> None:
+    def __init__(self, store: S3BlockStore, writer: Writer, metadata: IndexMetadata, report: IndexReport) -> None:
         self._store = store
         self._writer = writer
+        self._metadata = metadata
         self._report = report
         self._max_age_s = writer.config.max_write_seconds / 2
         self._every_s = min(COMMIT_EVERY_S, writer.config.max_write_seconds / 4)
@@ -182,7 +188,7 @@ class _Committer:
             try:
                 batch = [await self._fresh(item) for item in batch]
                 self._writer.check_age(b for item in batch for b in item.plan.block_ids())
-                await self._writer.metadata.commit_many([item.op for item in batch])
+                await self._metadata.commit_many([item.op for item in batch])
             except PreconditionFailed as exc:
                 batch = await self._drop_written(batch, exc)
                 if batch:
@@ -207,7 +213,7 @@ class _Committer:
 
     async def _drop_written(self, batch: list[_Indexed], exc: PreconditionFailed) -> list[_Indexed]:
         """The items of ``batch`` whose blob is still at the version seen; the others fail."""
-        live = await self._writer.metadata.get_plans([item.todo.path for item in batch])
+        live = await self._metadata.get_plans([item.todo.path for item in batch])
         kept = []
         for item, plan in zip(batch, live, strict=True):
             if (plan.version if plan is not None else 0) == item.todo.if_version:
@@ -223,6 +229,7 @@ class _Committer:
 async def index_s3(
     store: S3BlockStore,
     writer: Writer,
+    metadata: IndexMetadata,
     url: str,
     dest: str,
     *,
@@ -230,8 +237,8 @@ async def index_s3(
     parallel: int = PARALLEL_OBJECTS,
 ) -> IndexReport:
     """Index every object under ``url`` (``s3://bucket[/prefix]``) into blobs under ``dest``
-    (see the module docstring), committing through ``writer`` (its metadata, chunk size and
-    ``max_write_seconds``); ``progress`` is called with a snapshot after each object read."""
+    (see the module docstring), committing to ``metadata`` by the rules of ``writer`` (its
+    chunk size and ``max_write_seconds``); ``progress`` is called with a snapshot after each object read."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     bucket, prefix = s3_location(url)
@@ -240,11 +247,11 @@ async def index_s3(
     report = IndexReport()
     listed = await _listing(store, source, report)
     links = await store.links()
-    todo = await _changed(writer.metadata, listed, links, report)
+    todo = await _changed(metadata, listed, links, report)
     done = IndexProgress(objects_total=len(todo), bytes_total=sum(t.obj.size for t in todo))
     if progress is not None:
         progress(done)
-    committer = _Committer(store, writer, report)
+    committer = _Committer(store, writer, metadata, report)
     queue = iter(todo)
 
     async def worker() -> None:
@@ -266,7 +273,7 @@ async def index_s3(
             for _ in range(min(parallel, max(1, len(todo)))):
                 readers.create_task(worker())
         committer.stop()
-    report.removed = await _remove_gone(store, writer.metadata, source, listed, report)
+    report.removed = await _remove_gone(store, metadata, source, listed, report)
     return report
 
 
@@ -317,7 +324,7 @@ async def _listing(store: S3BlockStore, source: _Source, report: IndexReport) ->
     return listed
 
 
-async def _changed(metadata: MetadataStore, listed: dict[str, S3Object], links: set[str], report: IndexReport) -> list[_Todo]:
+async def _changed(metadata: PlanReader, listed: dict[str, S3Object], links: set[str], report: IndexReport) -> list[_Todo]:
     """The listed objects whose blob does not already link, by one of ``links`` (those in
     the store), to the version listed, and may be replaced (a blob not indexed in place may
     not: its object is reported failed)."""
@@ -372,7 +379,7 @@ async def _chunk_checksums(pieces: AsyncIterator[memoryview], chunk_size: int) -
 
 
 async def _remove_gone(
-    store: S3BlockStore, metadata: MetadataStore, source: _Source, listed: dict[str, S3Object], report: IndexReport
+    store: S3BlockStore, metadata: IndexMetadata, source: _Source, listed: dict[str, S3Object], report: IndexReport
 ) -> int:
     """Remove the blobs under the destination that were indexed in place from an object of
     the source that was not listed and is not there now (an overlapping pass may have

@@ -59,14 +59,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Self
+from typing import Protocol
 
 import msgspec
 
 from ..chunks.codec import decode_chunk
 from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
-from ..metadata.base import MAX_FENCE_IDS, MetadataStore
+from ..metadata.base import MAX_FENCE_IDS, BlockIndex, PlanLister
+from ..runtime.resource import AsyncResource
 from ..runtime.tasks import task_group
 from ..sources.base import BlockReplica, BlockStore, block_time
 from ..sources.replicated import UnderReplicated
@@ -103,24 +104,36 @@ class BlockOutcome:
         return all(copy is Copy.GOOD or name in self.repaired for name, copy in self.found.items())
 
 
-async def live_chunks(metadata: MetadataStore, only: set[str] | None = None) -> dict[str, list[ChunkRef]]:
+class ChunkWalk(PlanLister, BlockIndex, Protocol):
+    """What :func:`live_chunks` asks of the metadata: every plan, or those naming some blocks."""
+
+
+async def live_chunks(metadata: ChunkWalk, only: set[str] | None = None) -> dict[str, list[ChunkRef]]:
     """Every chunk a live plan references, by block (sorted by id), each block's chunks
     sorted by offset and without duplicates; only the blocks in ``only`` if given, found
     through the store's reverse index (not a walk of every plan)."""
+    return await all_chunks(metadata) if only is None else await named_chunks(metadata, only)
+
+
+async def all_chunks(metadata: PlanLister) -> dict[str, list[ChunkRef]]:
+    """:func:`live_chunks` of every block: a walk of every plan (scrub's)."""
+    return await _chunks_in([metadata.iter_plans()], None)
+
+
+async def named_chunks(metadata: BlockIndex, only: set[str]) -> dict[str, list[ChunkRef]]:
+    """:func:`live_chunks` of the blocks in ``only``, through the reverse index."""
+    ids = sorted(only)
+    return await _chunks_in([metadata.iter_naming(ids[i : i + MAX_FENCE_IDS]) for i in range(0, len(ids), MAX_FENCE_IDS)], only)
+
+
+async def _chunks_in(walks: list[AsyncIterator[ReadPlan]], only: set[str] | None) -> dict[str, list[ChunkRef]]:
     index: dict[str, dict[str, ChunkRef]] = {}
-    for plans in _plans_naming(metadata, only):
+    for plans in walks:
         async for plan in plans:
             for ref in plan.chunks:
                 if only is None or ref.block_id in only:
                     index.setdefault(ref.block_id, {})[ref.key] = ref
     return {b: sorted(refs.values(), key=lambda r: r.offset) for b, refs in sorted(index.items())}
-
-
-def _plans_naming(metadata: MetadataStore, only: set[str] | None) -> list[AsyncIterator[ReadPlan]]:
-    if only is None:
-        return [metadata.iter_plans()]
-    ids = sorted(only)
-    return [metadata.iter_naming(ids[i : i + MAX_FENCE_IDS]) for i in range(0, len(ids), MAX_FENCE_IDS)]
 
 
 async def check_block(
@@ -198,14 +211,14 @@ class RepairStats:
         return asdict(self)
 
 
-class Repairer:
+class Repairer(AsyncResource):
     """Background repair of the blocks reads report, and of the ``under_replicated`` ones
     writes record (module docstring).  ``async with`` starts its tasks; leaving cancels and
     awaits them.  ``clock`` is the writer's clock of block ids (time.time)."""
 
     def __init__(
         self,
-        metadata: MetadataStore,
+        metadata: BlockIndex,
         replicas: Sequence[BlockReplica],
         config: RepairConfig | None = None,
         *,
@@ -250,15 +263,11 @@ class Repairer:
         """Nothing queued or being repaired."""
         return not self._pending
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="blobsdk-l4-repair")
         if self._ledger_task is None and self.under_replicated is not None:
             self._ledger_task = asyncio.create_task(self._run_ledger(self.under_replicated), name="blobsdk-l4-rereplicate")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Cancel the repair tasks and wait for them; idempotent."""
@@ -275,7 +284,7 @@ class Repairer:
         blocks = ledger.blocks() if ledger is not None else []
         if ledger is None or not blocks:
             return 0
-        index = await live_chunks(self._metadata, set(blocks))
+        index = await named_chunks(self._metadata, set(blocks))
         todo, rewritten = iter(blocks), [0]
 
         async def worker() -> None:
@@ -333,7 +342,7 @@ class Repairer:
 
     async def _repair_batch(self, batch: list[str]) -> None:
         try:
-            index = await live_chunks(self._metadata, set(batch))
+            index = await named_chunks(self._metadata, set(batch))
         except BlobError:  # the metadata cannot be walked now: a later read reports again
             self.stats.repairs_failed += len(batch)
             return
@@ -395,13 +404,13 @@ class ScrubReport(msgspec.Struct, kw_only=True):
 
 
 async def scrub(
-    metadata: MetadataStore, blocks: BlockStore, *, dry_run: bool = False, concurrency: int = 2, progress: Progress | None = None
+    metadata: PlanLister, blocks: BlockStore, *, dry_run: bool = False, concurrency: int = 2, progress: Progress | None = None
 ) -> ScrubReport:
     """Verify every replica's copy of every live block and repair what is bad or missing
     (nothing is written if ``dry_run``); ``progress(done, total, bytes)`` after each block."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    index = await live_chunks(metadata)
+    index = await all_chunks(metadata)
     report = ScrubReport(dry_run=dry_run)
     todo = iter(index.items())
 

@@ -50,7 +50,7 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, Self, TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -62,6 +62,7 @@ from ..chunks.placement import rank
 from ..errors import BlobError, PeerNotFound, Unavailable
 from ..net.rpc import HttpEndpoint
 from ..net.unreachable import TRACKER
+from ..runtime.resource import AsyncResource
 from ..tail.health import Reason, TargetHealth
 from ..wire import (
     MAX_BODY_BYTES,
@@ -151,7 +152,7 @@ class Registration:
 ConnectTrackers = Callable[[Registration], AbstractAsyncContextManager[TrackerClient]]
 
 
-class Trackers:
+class Trackers(AsyncResource):
     """See the module docstring."""
 
     def __init__(
@@ -183,12 +184,12 @@ class Trackers:
         self._heartbeat: asyncio.Task[None] | None = None
         self.counts: Counter[str] = Counter()
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         await asyncio.gather(*(self._hello(url) for url in self._endpoints))
         self._heartbeat = asyncio.create_task(self._beat(), name="blobsdk-tracker-heartbeat")
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def aclose(self) -> None:
+        """Stop the heartbeat; idempotent."""
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

@@ -38,12 +38,12 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from .._arguments import check_number
 from .._numbers import non_negative
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
-from ..metadata.cache import CachedMetadataStore
+from ..metadata.base import PlanLister, PlanReader
 from ..paths import bucket_of, validate_path, validate_prefix
 from ..tiers.l3 import HydrateJob, L3Tier
 from ..wire import ChunkRef, HydrateStatus, ReadPlan
@@ -149,13 +149,17 @@ class Prefetch:
         return f"<Prefetch {state}: {p.chunks_done}/{p.chunks_total} chunks, {len(self._tally.failed)} failed>"
 
 
+class PrefetchPlans(PlanReader, PlanLister, Protocol):
+    """What a prefetch asks of the metadata (the client's plan cache): a prefix listed, its plans."""
+
+
 class Prefetcher:
     """What a client prefetches with: its plan cache, read path and L3 tier.  Owns the
     prefetches it started: :meth:`aclose` cancels and awaits them."""
 
     def __init__(
         self,
-        plans: CachedMetadataStore,
+        plans: PrefetchPlans,
         readpath: ReadPath,
         parallel: int,
         capacities: dict[str, int],

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Itera
 from dataclasses import dataclass
 
 from ..errors import BadRequest, BlobError, BlobNotFound
-from ..metadata.cache import CachedMetadataStore
+from ..metadata.base import PlanReader
 from ..paths import validate_path
 from ..wire import ReadPlan
 
@@ -46,7 +46,7 @@ class _Slot:
 
 
 async def readahead(
-    plans: CachedMetadataStore, read: Reader, paths: Iterable[str], *, depth: int, max_bytes: int
+    plans: PlanReader, read: Reader, paths: Iterable[str], *, depth: int, max_bytes: int
 ) -> AsyncGenerator[tuple[str, bytearray], None]:
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise BadRequest(f"depth must be an int >= 1, got {depth!r}")
@@ -79,7 +79,7 @@ async def readahead(
         await _cancel(reading)
 
 
-async def _plan_batch(plans: CachedMetadataStore, source: Iterator[str], n: int) -> list[_Slot]:
+async def _plan_batch(plans: PlanReader, source: Iterator[str], n: int) -> list[_Slot]:
     """The next ``n`` paths with their plans (one lookup), or the error each will raise."""
     slots: list[_Slot] = []
     for path in itertools.islice(source, n):

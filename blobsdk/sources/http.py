@@ -10,7 +10,6 @@ Processing`` while it queues there (``X-Blobsdk-Progress``; servers/blockstore.p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Self
 from urllib.parse import urlencode
 
 import aiohttp
@@ -22,6 +21,7 @@ from ..chunks.attempt import Attempt
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
 from ..net.unreachable import BLOCK_SERVER
+from ..runtime.resource import AsyncResource
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
 from .base import Buffer, validate_block_id
@@ -34,7 +34,7 @@ LIST_PAGE = 1000
 PROGRESS_MS = "250"
 
 
-class HttpBlockStore:
+class HttpBlockStore(AsyncResource):
     """A :class:`~blobsdk.sources.base.BlockStore` served by one L4 block server.
 
     Uses, and never closes, the caller's long-lived ``aiohttp.ClientSession`` (data reads
@@ -109,12 +109,6 @@ class HttpBlockStore:
     async def aclose(self) -> None:
         """Close the data-read connections (the session belongs to the caller)."""
         await self.endpoint.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 class _PartsPayload(Payload):

@@ -39,7 +39,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import xxhash
 
@@ -53,6 +53,7 @@ from ..errors import (
     Unavailable,
 )
 from ..runtime.forksafe import Executor
+from ..runtime.resource import AsyncResource
 from ..runtime.rootdir import (
     FORMAT_FILE,
     TMP_SUFFIX,
@@ -77,7 +78,7 @@ _FORMAT = 1  # the layout above; bump it (and read the old one, or refuse it) wh
 log = logging.getLogger(__name__)
 
 
-class LocalBlockStore:
+class LocalBlockStore(AsyncResource):
     """A :class:`~blobsdk.sources.base.BlockStore` over one directory.
 
     ``threads`` bounds the concurrent disk operations (the store's own executor, shut down
@@ -208,16 +209,8 @@ class LocalBlockStore:
             await self._wait(self._opening)
             self._opened = True
 
-    async def __aenter__(self) -> Self:
-        try:
-            await self.wait_open()
-        except BaseException:  # the pool must not outlive a failed open
-            await self.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def _start(self) -> None:
+        await self.wait_open()  # a failed one is closed (AsyncResource): the pool never outlives it
 
     async def _open_temp(self, shard: str, block_id: str) -> _TempFile:
         if self._closed:

@@ -30,9 +30,10 @@ import heapq
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from contextlib import aclosing
 from functools import partial
-from typing import Any, Literal, Protocol, Self, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import ClientClosed, Unavailable, Unreachable
+from ..runtime.resource import AsyncResource
 from ..wire import BlockInfo
 from .base import BlockReplica, BlockStore, Buffer, validate_block_id
 
@@ -108,7 +109,7 @@ class RecordsUnderReplicated(Protocol):
     def under_replicated(self) -> UnderReplicated: ...
 
 
-class ReplicatedBlockStore:
+class ReplicatedBlockStore(AsyncResource):
     """A write-only :class:`~blobsdk.sources.base.BlockStore` over independent replicas (module docstring).
 
     ``write_quorum`` replicas must acknowledge a write (None, the default: a majority;
@@ -246,12 +247,6 @@ class ReplicatedBlockStore:
         await self._drain_writes()
         for store in self._stores:
             await store.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -29,7 +29,8 @@ prefix, and block ids begin with their time, so unsharded they would all share o
 - Missing objects are BlockNotFound; a range past an object's end is CorruptData; refused
   credentials are Unauthorized or Forbidden; a throttle that outlasted the budget is
   Overloaded, its message saying how many tries over how long; anything else, a connection
-  refused or a timeout once retries are spent included, is Unavailable.
+  refused or a timeout once retries are spent included, is Unavailable (the one error map:
+  sources/_s3errors.py).
 - **fork()**: obstore runs every request on one Rust (tokio) runtime per process, started
   by its first request, whose threads do not survive a fork: a forked child's obstore
   requests would hang for ever, a new store's too (measured: obstore 0.12.1).  Reads (of
@@ -54,21 +55,21 @@ checked when the link is read.  gc deletes links like blocks; the object is neve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Self, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import msgspec
 import xxhash
 from cachetools import LRUCache
 
 from .._extras import requires_extra
+from ..runtime.resource import AsyncResource
 
 with requires_extra("s3", __name__):
     import obstore
-    from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
     from obstore.store import S3Store
 
 from ..chunks.attempt import Attempt
@@ -76,27 +77,23 @@ from ..chunks.ids import is_hex32
 from ..config import Timeouts
 from ..errors import (
     BadRequest,
-    BlobError,
     BlobNotFound,
     BlockNotFound,
     CorruptData,
-    Forbidden,
-    NotForkSafe,
     Overloaded,
     PreconditionFailed,
     RangeNotSatisfiable,
     SourceChanged,
     TimedOut,
-    Unauthorized,
-    Unavailable,
 )
 from ..net.retry import Backoff
 from ..runtime.singleflight import SingleFlight
 from ..tail.limiter import AdaptiveLimiter, Permit
 from ..wire import BlockInfo
-from ._s3obstore import _copied, _first_line, _forked_after_obstore, _listing_error, _obstore_retries, _pieces, _unavailable
+from ._s3errors import S3Errors
+from ._s3obstore import _copied, _obstore_retries, _pieces
 from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
-from .s3get import Admit, S3Getter, S3Refused, S3Target, target_of
+from .s3get import Admit, S3Getter, S3Target, target_of
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig
@@ -108,13 +105,6 @@ LINKS = "links"  # link blocks live under PREFIX/links/<shard>/<id>, so they can
 LINKS_KEPT = 1 << 16  # link blocks whose object a store remembers (about 200 bytes each)
 LINK_MAX_BYTES = 64 << 10  # a link block's body is under 2 KiB (an S3 key is at most 1 KiB)
 STALL_S = Timeouts().stall  # a read's body silent this long mid-transfer fails that try
-_FORKED = (
-    "S3 {what} (obstore) cannot run in a process forked after its parent used obstore: obstore's runtime threads do "
-    "not survive fork(). Do it in the parent, or start the workers with "
-    'multiprocessing_context="forkserver" (or "spawn")'
-)
-_READS_NEED_OBSTORE = "; reads go through obstore too because {why}: give static credentials to read in forked workers"
-_AGAIN = "index it again (client.index_s3, or blobsdk import --in-place) to read its new bytes"
 
 
 class S3Object(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,7 +125,7 @@ class S3Object(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.encode((self.bucket, self.key, self.etag)).decode()
 
 
-class S3BlockStore:
+class S3BlockStore(AsyncResource):
     """A :class:`~blobsdk.sources.base.BlockStore` in ``bucket`` under ``prefix``; see the
     module docstring.  ``config``: obstore's S3 options (``endpoint``, ``region``,
     ``access_key_id``, ``secret_access_key``...; absent ones come from the standard AWS
@@ -176,7 +166,6 @@ class S3BlockStore:
         target = target_of(dict(config or {}), allow_http)
         getter = partial(S3Getter, timeout_s=timeout_s, stall_s=stall_s, backoff=backoff)
         self._getter = getter(target) if isinstance(target, S3Target) else None
-        self._why_obstore_reads = target if isinstance(target, str) else ""
         self._store = self._open_store(bucket, prefix=self.prefix or None)
         self._buckets: dict[str, S3Store] = {}  # whole buckets that link blocks point into
         self._links: LRUCache[str, S3Object] = LRUCache(maxsize=LINKS_KEPT)
@@ -184,6 +173,8 @@ class S3BlockStore:
         self._deadline_s = 2 * timeout_s + 5  # a read's bound, whatever obstore does (see the module docstring)
         self._endpoint = (config or {}).get("endpoint", "")
         self._name = f"s3://{bucket}/{self.prefix}" + (f" at {self._endpoint}" if self._endpoint else "")
+        why_obstore_reads = target if isinstance(target, str) else ""
+        self._errors = S3Errors(self._name, signs_reads=self._getter is not None, why_obstore_reads=why_obstore_reads).mapped
 
     @property
     def name(self) -> str:
@@ -192,12 +183,6 @@ class S3BlockStore:
     @property
     def replicas(self) -> tuple[S3BlockStore]:
         return (self,)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop link reads in flight and close this process's GET connections (obstore's
@@ -220,67 +205,6 @@ class S3BlockStore:
         if store is None:
             store = self._buckets[bucket] = self._open_store(bucket)
         return store
-
-    @contextmanager
-    def _errors(
-        self, block_id: str = "", *, obj: S3Object | None = None, where: str = "", signed: bool = False, listing: bool = False
-    ) -> Iterator[None]:
-        """obstore's errors, and the signed GETs' (``signed``), as ours: the one place where
-        they are read, so what a failure means (a status among them) travels in our classes,
-        never in ``__cause__``.  ``obj``: the indexed object a link block's read reads;
-        ``where``: what else a request is about (a ``listing``), for messages.  Every request
-        goes through here, so here is where a forked process is refused an obstore request."""
-        if not signed and _forked_after_obstore():
-            raise NotForkSafe(self._not_here(block_id, obj, where))
-        place = obj.url if obj is not None else (where or self.name)
-        try:
-            yield
-        except S3Refused as exc:
-            raise self._refused(exc, block_id, obj, place) from exc
-        except Unavailable as exc:
-            if not signed:
-                raise  # ours already
-            cls = type(exc) if isinstance(exc, TimedOut) else Unavailable  # a signed GET's connection error, timeout, stall
-            raise cls(f"{place}: {exc}") from exc
-        except BlobError:
-            raise  # ours already (BlobNotFound is also a FileNotFoundError)
-        except FileNotFoundError as exc:  # obstore's "not found"
-            if obj is not None:
-                raise SourceChanged(f"{obj.url} is gone: it was deleted since it was indexed; {_AGAIN}") from exc
-            if not block_id:
-                raise BlobNotFound(f"{place}: {_first_line(exc)}") from exc
-            raise BlockNotFound(f"block {block_id} is not in {self.name}") from exc
-        except PreconditionError as exc:  # If-Match failed: only the reads of indexed objects send one
-            if obj is None:
-                raise Unavailable(f"{place}: {_first_line(exc)}") from exc
-            raise SourceChanged(f"{obj.url} changed since it was indexed (its ETag then: {obj.etag}); {_AGAIN}") from exc
-        except UnauthenticatedError as exc:
-            raise Unauthorized(f"{place}: {_first_line(exc)}") from exc
-        except PermissionDeniedError as exc:
-            raise Forbidden(f"{place}: {_first_line(exc)}") from exc
-        except (BaseError, OSError) as exc:
-            listed = _listing_error(place, exc) if listing else None
-            raise (listed or _unavailable(f"{place}: {_first_line(exc)}", exc)) from exc
-
-    def _not_here(self, block_id: str, obj: S3Object | None, where: str) -> str:
-        """NotForkSafe's message for an obstore request about a block, object or ``where``."""
-        if self._getter is not None or where or not (block_id or obj):
-            return _FORKED.format(what="writes, listings and indexing")
-        return _FORKED.format(what="reads") + _READS_NEED_OBSTORE.format(why=self._why_obstore_reads)
-
-    def _refused(self, exc: S3Refused, block_id: str, obj: S3Object | None, place: str) -> BlobError:
-        """What an S3 error reply to a signed GET means for the block or object it read."""
-        if exc.status == 404:
-            if obj is not None:
-                return SourceChanged(f"{obj.url} is gone: it was deleted since it was indexed; {_AGAIN}")
-            return BlockNotFound(f"block {block_id} is not in {self.name}")
-        if exc.status == 412 and obj is not None:
-            return SourceChanged(f"{obj.url} changed since it was indexed (its ETag then: {obj.etag}); {_AGAIN}")
-        if exc.status == 401:
-            return Unauthorized(f"{place}: {exc}")
-        if exc.status == 403:
-            return Forbidden(f"{place}: {exc}")
-        return _unavailable(f"{place}: {exc}", exc)
 
     @asynccontextmanager
     async def _bounded(self, what: str) -> AsyncIterator[None]:

@@ -137,16 +137,3 @@ class KeepsNothing:
 
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """Nothing kept."""
-
-
-class Closing:
-    """``async with tier:`` for tiers that start nothing on entry: leaving closes it."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Nothing owned."""

@@ -10,12 +10,13 @@ import time
 
 from ..cache.memory import MemoryCache
 from ..chunks.demand import Demand
+from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..wire import ChunkRef
-from .base import Closing, Decoder
+from .base import Decoder
 
 
-class L1Tier(Closing):
+class L1Tier(AsyncResource):
     """The Tier over a :class:`~blobsdk.cache.memory.MemoryCache`."""
 
     name = "l1"

@@ -20,11 +20,11 @@ import asyncio
 import logging
 import time
 from contextlib import AsyncExitStack
-from typing import Self
 
 from ..cache.disk import DiskCache
 from ..chunks.demand import Demand
 from ..errors import BlobError
+from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .base import Decoder
@@ -35,7 +35,7 @@ _WRITERS = 4  # fills written at once (the disk engine has as many threads)
 log = logging.getLogger(__name__)
 
 
-class L2Tier:
+class L2Tier(AsyncResource):
     """The Tier over a :class:`~blobsdk.cache.disk.DiskCache`, which it owns (entered and
     closed with the tier), with its write-behind writers."""
 
@@ -54,13 +54,9 @@ class L2Tier:
         self._writers: list[asyncio.Task[None]] = []
         self._stack = AsyncExitStack()  # the cache, once entered
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         await self._stack.enter_async_context(self.cache)
         self._writers = [asyncio.create_task(self._drain(), name=f"l2-writer-{i}") for i in range(self._writer_count)]
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def peek(self, ref: ChunkRef) -> memoryview | None:
         """Nothing without a disk read: ask fetch."""

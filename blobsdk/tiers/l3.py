@@ -51,11 +51,12 @@ from ..auth import GRANT_HEADER
 from ..chunks.attempt import Attempt
 from ..chunks.demand import Demand
 from ..chunks.placement import rank
-from ..config import HedgeConfig
+from ..config import HedgeConfig, L3Config
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
 from ..net.unreachable import L3_NODE
 from ..runtime.buffers import BufferPool
+from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
@@ -70,7 +71,7 @@ from ..wire import (
     HydrateStatus,
     chunk_query,
 )
-from .base import Closing, Decoder, KeepsNothing, cache_failover
+from .base import Decoder, KeepsNothing, cache_failover
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,11 @@ class HydrateJob:
         return len(self.refs)
 
 
-class L3Tier(KeepsNothing, Closing):
+class L3Tier(KeepsNothing, AsyncResource):
     """The Tier over a set of L3 flash nodes, using (never closing) the caller's session.
 
-    ``token`` is the bearer token the nodes want (it names the tenant); ``timeout`` bounds
+    ``config`` is the client's ``[l3]`` table (replicas per chunk, how long a failed node is
+    skipped).  ``token`` is the bearer token the nodes want (it names the tenant); ``timeout`` bounds
     each request to a node (default: the session's).  Besides ``stats`` it counts
     ``node_hits`` (served from a node's flash), ``node_fills`` (read through L4 by the
     node) and ``bad_copies_reported`` (bad copies a node was told of), see :meth:`extra_stats`.
@@ -103,17 +105,17 @@ class L3Tier(KeepsNothing, Closing):
         self,
         session: aiohttp.ClientSession,
         urls: Sequence[str],
+        config: L3Config = L3Config(),
         *,
         token: str | None = None,
-        replicas: int = 2,
-        down_seconds: float = 5.0,
         timeout: aiohttp.ClientTimeout | None = None,
         clock: Callable[[], float] = time.monotonic,
         hedge: HedgeConfig | None = None,
         limiters: LimiterRegistry | None = None,
         buffers: BufferPool | None = None,
     ) -> None:
-        if replicas < 1 or down_seconds < 0:
+        replicas, down_seconds = config.replicas, config.down_seconds
+        if replicas < 1 or down_seconds < 0:  # a struct changed past its own check (force_setattr)
             raise ValueError(f"replicas must be >= 1 and down_seconds >= 0, got {replicas} and {down_seconds}")
         self.stats = TierStats()
         self.buffers = buffers if buffers is not None else BufferPool()

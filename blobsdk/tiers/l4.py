@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from ..chunks.demand import Demand
 from ..config import HedgeConfig, RepairConfig
 from ..runtime.buffers import BufferPool
+from ..runtime.resource import AsyncResource
 from ..sources.base import BlockReplica, BlockStore
 from ..sources.replicaread import BlockReport, ReplicaReader
 from ..stats import TierStats
@@ -26,10 +27,10 @@ from ..tail.health import TargetHealth
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
-from .base import Closing, Decoder, KeepsNothing, Piece, Verifier
+from .base import Decoder, KeepsNothing, Piece, Verifier
 
 
-class L4Tier(KeepsNothing, Closing):
+class L4Tier(KeepsNothing, AsyncResource):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself), read through one
     :class:`~blobsdk.sources.replicaread.ReplicaReader` (``engine``) built from the same
@@ -101,6 +102,9 @@ class L4Tier(KeepsNothing, Closing):
 
     async def flush(self) -> None:
         """Nothing deferred."""
+
+    async def aclose(self) -> None:
+        """Nothing owned: the block store is the client's, the repairer too."""
 
     def extra_stats(self) -> dict[str, int | float]:
         return self.engine.figures()

@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any, Self
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -64,6 +64,7 @@ from ..net.unreachable import PEER
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
 from ..runtime.buffers import kept_buffer, uninitialized
+from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.hedge import Hedger
 from ..tail.limiter import LimiterRegistry
@@ -77,7 +78,7 @@ _BEATS = 4  # 102 Processing asked of a source still fetching, per timeout_s of 
 _COUNTS = ("disallowed", "reported", "not_kept", "held", "over_budget", "asked_again", "busy_waits", "reannounced")
 
 
-class PeerTier:
+class PeerTier(AsyncResource):
     """See the module docstring.  ``trackers`` connects this peer to its trackers
     (:func:`blobsdk.peer.trackers.tracker_servers`); enter the tier (``async with``) to start
     its server and say hello."""
@@ -114,17 +115,13 @@ class PeerTier:
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
+    async def _start(self) -> None:
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self._endpoints.aclose)
             self._trackers = await self.sharing.open(stack, self._connect, self.peer_id)
             stack.callback(self._forget_trackers)
             stack.push_async_callback(self._background.aclose)
             self._stack = stack.pop_all()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop fetching and serving, tell the trackers what this peer held, close its

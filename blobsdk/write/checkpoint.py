@@ -80,7 +80,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -88,7 +88,7 @@ from .._arguments import check_callable, check_flag, check_number, check_str, wr
 from .._extras import requires_extra
 from .._numbers import integer, positive
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
-from ..metadata.base import MetadataStore
+from ..metadata.base import PlanLister, PlanReader, PlanWriter
 from ..paths import validate_writable
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from .compare import Base
@@ -103,6 +103,10 @@ _log = logging.getLogger(__name__)
 
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
 _STEP_DIGITS = 12
+
+
+class CheckpointMetadata(PlanReader, PlanWriter, PlanLister, Protocol):
+    """What checkpoints ask of the metadata store: their plans read, written and listed."""
 
 
 class Pending:
@@ -135,7 +139,7 @@ class Checkpoints:
         self,
         prefix: str,
         *,
-        metadata: MetadataStore,
+        metadata: CheckpointMetadata,
         writer: Writer,
         read: Callable[[ReadPlan], Awaitable[bytearray]],
         read_into: Callable[[ReadPlan, memoryview | Sequence[memoryview], bool], Awaitable[None]],

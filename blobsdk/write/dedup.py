@@ -47,11 +47,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
+from typing import Protocol
 
 import xxhash
 
 from ..errors import BlobError, BlockCollected
-from ..metadata.base import MetadataStore
+from ..metadata.base import PlanReader, PlanWriter
 from ..paths import INDEX_DIR, bucket_of
 from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan
 from .writer import plan_of
@@ -84,12 +85,16 @@ class KnownChunks:
             del self._refs[next(iter(self._refs))]
 
 
+class IndexEntries(PlanReader, PlanWriter, Protocol):
+    """What a chunk index asks of the metadata store: its entries, looked up and committed."""
+
+
 class ChunkIndex:
     """The chunk index of one bucket (the bucket of ``prefix``); hashes on ``executor``."""
 
     def __init__(
         self,
-        metadata: MetadataStore,
+        metadata: IndexEntries,
         prefix: str,
         executor: Executor,
         read: Callable[[ReadPlan], Awaitable[bytearray]],

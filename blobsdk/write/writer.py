@@ -28,7 +28,7 @@ import xxhash
 from .._arguments import check_bytes_like, check_pair
 from ..config import Compression, WriteConfig, check_write_config
 from ..errors import BlockCollected, Unavailable
-from ..metadata.base import MetadataStore
+from ..metadata.base import PlanWriter
 from ..paths import validate_writable
 from ..runtime.tasks import task_group
 from ..sources.base import BlockStore, Buffer, block_time, new_block_id
@@ -151,9 +151,9 @@ class _Packer:
 
 
 class Writer:
-    """Writes blobs into a BlockStore and commits them to a MetadataStore."""
+    """Writes blobs into a BlockStore and commits them to a metadata store (its PlanWriter)."""
 
-    def __init__(self, metadata: MetadataStore, blocks: BlockStore, config: WriteConfig, executor: Executor) -> None:
+    def __init__(self, metadata: PlanWriter, blocks: BlockStore, config: WriteConfig, executor: Executor) -> None:
         check_write_config(config)
         if config.chunk_size > MAX_CHUNK_BYTES:  # every commit would be refused: fail before writing
             raise ValueError(f"chunk_size {config.chunk_size} exceeds the plan limit of {MAX_CHUNK_BYTES} bytes")

@@ -149,7 +149,7 @@ async def test_a_root_it_may_not_write_opens_and_closes_without_an_index_file(
     def refuse(*args: object) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("blobsdk.cache.disk.write_index", refuse)
+    monkeypatch.setattr("blobsdk.cache._diskreload.write_index", refuse)
     with caplog.at_level(logging.WARNING, logger="blobsdk.cache.disk"):
         async with DiskCache(tmp_path, capacity_bytes=1 << 20) as cache:
             await fill(cache, 1)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from blobsdk.cache import disk
+from blobsdk.cache import _diskreload as disk  # the restart path: its scan and index writes
 from blobsdk.cache._indexfile import write_index
 
 from .conformance import blob, fill, key, present

@@ -1,7 +1,11 @@
-"""The MetadataStore conformance suite (semantics of blobsdk/metadata/base.py).
+"""The MetadataStore conformance suites (semantics of blobsdk/metadata/base.py), one per
+capability: :class:`PlanReaderTests`, :class:`PlanWriterTests` (with the reserved namespace's,
+tests/metadata/reserved.py), :class:`PlanListerTests`, :class:`BlockIndexTests` and
+:class:`BlockFencesTests`; :class:`MetadataStoreTests` is all of them.
 
-Each backend's test module subclasses :class:`MetadataStoreTests` and provides an async
-``store`` fixture yielding an open, empty store.
+A backend's test class subclasses the suites of the capabilities it has (every backend here
+has all: ``MetadataStoreTests``) and provides an async ``store`` fixture yielding an open,
+empty store.  Every suite makes its data with ``commit``, so a store under test can commit.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import msgspec
 import pytest
 
 from blobsdk.errors import BadRequest, BlobNotFound, BlockCollected, InvalidPath, PreconditionFailed
+from blobsdk.metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
 from blobsdk.wire import BlobInfo, ChunkRef, CommitOp, ReadPlan, etag_of
 
 from .reserved import ReservedNamespaceTests
@@ -81,10 +86,11 @@ async def all_listed(store, prefix: str, limit: int = 1000) -> list[str]:
     return [info.path async for info in store.list(prefix, limit=limit)]
 
 
-class MetadataStoreTests(ReservedNamespaceTests):
-    """Every MetadataStore backend passes these (and those of tests/metadata/reserved.py)."""
+class PlanReaderTests:
+    """Reading plans (:class:`~blobsdk.metadata.base.PlanReader`)."""
 
-    # --- reads of missing paths ----------------------------------------------------------
+    async def test_is_a_plan_reader(self, store):
+        assert isinstance(store, PlanReader)
 
     async def test_get_missing_raises_blob_not_found(self, store):
         with pytest.raises(BlobNotFound) as exc:
@@ -97,6 +103,20 @@ class MetadataStoreTests(ReservedNamespaceTests):
         got = await store.get_plans(["/b/nope", "/b/there", "/b/nope2", "/b/there"])
         assert got == [None, committed, None, committed]
         assert await store.get_plans([]) == []
+
+    @pytest.mark.parametrize("path", INVALID_PATHS)
+    async def test_invalid_paths_rejected_by_reads(self, store, path):
+        for call in (lambda: store.get_plan(path), lambda: store.get_plans(["/b/ok", path])):
+            with pytest.raises(InvalidPath):
+                await call()
+
+
+class PlanWriterTests(ReservedNamespaceTests):
+    """Writing plans (:class:`~blobsdk.metadata.base.PlanWriter`), the reserved namespace
+    (tests/metadata/reserved.py) included."""
+
+    async def test_is_a_plan_writer(self, store):
+        assert isinstance(store, PlanWriter)
 
     # --- commit and versions -------------------------------------------------------------
 
@@ -241,6 +261,46 @@ class MetadataStoreTests(ReservedNamespaceTests):
             await store.commit_many(ops)
         assert await store.get_plans(["/b/ok"]) == [None]
 
+    # --- path validation -----------------------------------------------------------------
+
+    @pytest.mark.parametrize("path", INVALID_PATHS)
+    async def test_invalid_paths_rejected_by_writes(self, store, path):
+        calls = [
+            lambda: store.commit(path, make_plan(path)),
+            lambda: store.commit_many([CommitOp(path=path, plan=make_plan(path))]),
+            lambda: store.delete(path),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidPath):
+                await call()
+
+    async def test_longest_path_is_valid(self, store):
+        path = "/b/" + "x" * 1021
+        assert len(path.encode()) == 1024
+        assert (await put(store, path)).path == path
+
+    # --- concurrency -----------------------------------------------------------------------
+
+    async def test_concurrent_cas_exactly_one_wins(self, store):
+        await put(store, "/b/x")
+        results = await asyncio.gather(*(put(store, "/b/x", seed=i, if_version=1) for i in range(20)), return_exceptions=True)
+        winners = [r for r in results if isinstance(r, ReadPlan)]
+        assert len(winners) == 1 and winners[0].version == 2
+        assert all(isinstance(r, PreconditionFailed) for r in results if r is not winners[0])
+        assert await store.get_plan("/b/x") == winners[0]
+
+    async def test_concurrent_create_only_exactly_one_wins(self, store):
+        results = await asyncio.gather(*(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True)
+        assert sum(isinstance(r, ReadPlan) for r in results) == 1
+        assert sum(isinstance(r, PreconditionFailed) for r in results) == 19
+
+
+class PlanListerTests:
+    """Listing (:class:`~blobsdk.metadata.base.PlanLister`): blobs under a prefix, every plan."""
+
+    async def test_is_a_plan_lister(self, store):
+        assert isinstance(store, PlanLister)
+
     # --- list ----------------------------------------------------------------------------
 
     async def test_list_sorted_and_paged(self, store):
@@ -307,27 +367,7 @@ class MetadataStoreTests(ReservedNamespaceTests):
         with pytest.raises(InvalidPath):
             await store.list_page(prefix)
 
-    # --- path validation -----------------------------------------------------------------
-
-    @pytest.mark.parametrize("path", INVALID_PATHS)
-    async def test_invalid_paths_rejected_everywhere(self, store, path):
-        calls = [
-            lambda: store.get_plan(path),
-            lambda: store.get_plans(["/b/ok", path]),
-            lambda: store.commit(path, make_plan(path)),
-            lambda: store.commit_many([CommitOp(path=path, plan=make_plan(path))]),
-            lambda: store.delete(path),
-        ]
-        for call in calls:
-            with pytest.raises(InvalidPath):
-                await call()
-
-    async def test_longest_path_is_valid(self, store):
-        path = "/b/" + "x" * 1021
-        assert len(path.encode()) == 1024
-        assert (await put(store, path)).path == path
-
-    # --- scanning and concurrency --------------------------------------------------------
+    # --- scanning every plan ---------------------------------------------------------------
 
     async def test_iter_plans_yields_every_live_plan(self, store):
         paths = [f"/b{i % 3}/k{i}" for i in range(40)]
@@ -344,18 +384,12 @@ class MetadataStoreTests(ReservedNamespaceTests):
         plans, cursor = await store.scan_page(cursor, 2)
         assert [p.path for p in plans] == ["/c/x"] and cursor is None
 
-    async def test_concurrent_cas_exactly_one_wins(self, store):
-        await put(store, "/b/x")
-        results = await asyncio.gather(*(put(store, "/b/x", seed=i, if_version=1) for i in range(20)), return_exceptions=True)
-        winners = [r for r in results if isinstance(r, ReadPlan)]
-        assert len(winners) == 1 and winners[0].version == 2
-        assert all(isinstance(r, PreconditionFailed) for r in results if r is not winners[0])
-        assert await store.get_plan("/b/x") == winners[0]
 
-    async def test_concurrent_create_only_exactly_one_wins(self, store):
-        results = await asyncio.gather(*(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True)
-        assert sum(isinstance(r, ReadPlan) for r in results) == 1
-        assert sum(isinstance(r, PreconditionFailed) for r in results) == 19
+class BlockIndexTests:
+    """The block -> plans index (:class:`~blobsdk.metadata.base.BlockIndex`)."""
+
+    async def test_has_a_block_index(self, store):
+        assert isinstance(store, BlockIndex)
 
     # --- blocks to plans (repair's reverse index) -------------------------------------------
 
@@ -405,6 +439,13 @@ class MetadataStoreTests(ReservedNamespaceTests):
         with pytest.raises(BadRequest, match="limit must be an int from 1 to 10000, got 0"):
             await store.naming_page([f"{1:032x}"], None, 0)
 
+
+class BlockFencesTests:
+    """gc's fences (:class:`~blobsdk.metadata.base.BlockFences`)."""
+
+    async def test_has_block_fences(self, store):
+        assert isinstance(store, BlockFences)
+
     # --- gc's fences -----------------------------------------------------------------------
 
     async def test_a_fenced_block_refuses_every_commit_naming_it(self, store):
@@ -446,3 +487,10 @@ class MetadataStoreTests(ReservedNamespaceTests):
                 await store.prune_fences(bad)
         await store.fence_blocks([])
         await store.unfence_blocks([f"{9:032x}"])  # not fenced: nothing happens
+
+
+class MetadataStoreTests(PlanReaderTests, PlanWriterTests, PlanListerTests, BlockIndexTests, BlockFencesTests):
+    """Every capability: what a backend that implements the whole MetadataStore runs."""
+
+    async def test_is_a_metadata_store(self, store):
+        assert isinstance(store, MetadataStore)

@@ -37,7 +37,7 @@ NOT_ENTRIES = [
 
 
 class ReservedNamespaceTests:
-    """Mixed into MetadataStoreTests: every backend passes these."""
+    """Mixed into PlanWriterTests: every backend that writes plans passes these."""
 
     @pytest.mark.parametrize("path", RESERVED_PATHS)
     async def test_a_blob_commit_in_the_reserved_namespace_is_invalid_path_and_commits_nothing(self, store, path):

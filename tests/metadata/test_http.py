@@ -6,9 +6,10 @@ from aiohttp import web
 
 from blobsdk.errors import BadRequest, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore
+from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.wire import MAX_PATHS_PER_REQUEST, MSGPACK, CommitOp, GetPlansResponse, encode
+from blobsdk.wire import MAX_PATHS_PER_REQUEST, MSGPACK, CommitOp, CommitResponse, GetPlansResponse, encode
 from servers.api import make_app
 from tests.helpers import running_app
 
@@ -105,3 +106,45 @@ async def test_a_plan_of_another_path_from_the_server_is_corrupt_data(session):
         with pytest.raises(CorruptData) as exc:
             await HttpMetadataStore(session, url).get_plan("/b/x")
     assert str(exc.value) == "metadata store returned an invalid plan: plan for '/b/other', not for '/b/x'"
+
+
+PASSWD = (
+    "metadata store returned an invalid plan: plan for '/b/x': "
+    "chunk 0: invalid block id '../../etc/passwd': want 32 lowercase hex digits"
+)
+
+
+@pytest.fixture
+async def lying_url():
+    """A metadata server that answers every lookup and every commit with a plan of '/b/x'
+    whose first chunk names the block '../../etc/passwd'."""
+    bad = bad_plan("/b/x", None, {"block_id": "../../etc/passwd"})
+
+    async def plans(request: web.Request) -> web.Response:
+        return web.Response(body=encode(GetPlansResponse(plans=[bad])), content_type=MSGPACK)
+
+    async def commit(request: web.Request) -> web.Response:
+        return web.Response(body=encode(CommitResponse(plans=[bad])), content_type=MSGPACK)
+
+    app = web.Application()
+    app.router.add_post("/v1/plans", plans)
+    app.router.add_post("/v1/commit", commit)
+    async with running_app(app) as url:
+        yield url
+
+
+async def test_a_bad_plan_from_a_lying_server_is_refused_where_it_enters(session, lying_url):
+    """Looked up or committed, straight or through the plan cache (which checks nothing
+    again): the same CorruptData, and nothing cached."""
+    store = HttpMetadataStore(session, lying_url)
+    cache = CachedMetadataStore(store)
+    for reader in (store, cache):
+        for call in (
+            lambda r=reader: r.get_plan("/b/x"),
+            lambda r=reader: r.get_plans(["/b/x"]),
+            lambda r=reader: r.commit("/b/x", make_plan("/b/x")),
+        ):
+            with pytest.raises(CorruptData) as exc:
+                await call()
+            assert str(exc.value) == PASSWD
+    assert cache.peek("/b/x") is None and cache.stats()["entries"] == 0

@@ -10,12 +10,13 @@ import time
 import msgspec
 import pytest
 
+from blobsdk.errors import CorruptData
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.shared import SharedPlanCache
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from servers.redisd import start_redis
 
-from .conformance import MetadataStoreTests, make_plan, put
+from .conformance import MetadataStoreTests, bad_plan, make_plan, put
 from .late import LateAnswers
 
 
@@ -116,6 +117,19 @@ async def test_a_plan_whose_grants_are_about_to_expire_is_not_served(backing, ca
     plan = msgspec.structs.replace(await put(backing, "/b/x"), grants_expire=time.time() + 1)  # inside the margin
     await shared._put([(plan, 0)])
     assert await shared._cached(["/b/x"]) == [(None, 0)]
+
+
+async def test_a_bad_plan_in_the_shared_redis_is_corrupt_data(backing, cache):
+    """Whoever can write the cache's Redis can put a plan there: it is checked where it
+    enters, the cache's read of Redis, as a plan from any metadata store is."""
+    shared = cache(backing, secrets.token_hex(4))
+    await put(backing, "/b/x")
+    await shared._put([(bad_plan("/b/x", {"size": 10, "chunks": ()}), 0)])
+    for call in (lambda: shared.get_plan("/b/x"), lambda: shared.get_plans(["/b/x"])):
+        with pytest.raises(CorruptData) as exc:
+            await call()
+        assert str(exc.value) == "metadata store returned an invalid plan: plan for '/b/x': chunks cover 0 bytes, size is 10"
+    assert backing.reads == 0
 
 
 async def test_with_redis_down_reads_and_writes_go_to_the_store(backing, tmp_path, opened):

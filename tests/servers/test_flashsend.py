@@ -15,7 +15,7 @@ import pytest
 
 from blobsdk.cache.disk import PayloadFile
 from blobsdk.chunks.placement import rank
-from blobsdk.config import HedgeConfig
+from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tail.health import Reason
 from blobsdk.tiers.l3 import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef, chunk_query
@@ -139,7 +139,7 @@ async def test_the_client_gets_good_bytes_and_the_rotted_copy_is_dropped(env: En
     await env.start(2)
     (ref,) = await chunks(env, 1)
     nodes = await flash_nodes(env, 2)
-    tier = L3Tier(env.session, list(nodes), replicas=2, hedge=HedgeConfig(enabled=False))
+    tier = L3Tier(env.session, list(nodes), L3Config(replicas=2), hedge=HedgeConfig(enabled=False))
     first_url = rank(ref.key, list(nodes))[0]
     first, _ = nodes[first_url]
     good = bytes(await tier.fetch(ref, decode) or b"")  # the first node fills
@@ -250,7 +250,7 @@ async def test_the_client_fails_a_short_hit_over_at_once(env: Env, monkeypatch: 
     nodes = dict([await patient_node(env, f"flash{i}") for i in range(2)])
     hedge = HedgeConfig(enabled=False, hang_min_ms=100_000, hang_max_ms=100_000)
     timeout = aiohttp.ClientTimeout(total=LONG, sock_read=LONG)
-    tier = L3Tier(env.session, list(nodes), replicas=2, hedge=hedge, timeout=timeout)
+    tier = L3Tier(env.session, list(nodes), L3Config(replicas=2), hedge=hedge, timeout=timeout)
     env.stack.push_async_callback(tier.aclose)
     first_url = rank(ref.key, list(nodes))[0]
     good = bytes(await tier.fetch(ref, decode) or b"")  # the first node fills

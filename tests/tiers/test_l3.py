@@ -16,7 +16,7 @@ from aiohttp import web
 
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.chunks.placement import rank
-from blobsdk.config import HedgeConfig
+from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l3 import HydrateJob, L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
@@ -67,7 +67,7 @@ async def test_serves_verified_bytes_and_counts_where_nodes_found_them(env: Env)
     raws = [os.urandom(CHUNK) for _ in range(5)] + [b"squeeze me " * 3000]
     refs = await pack(env.blocks, raws, "auto")
     nodes = await flash_nodes(env, 3)
-    tier = L3Tier(env.session, list(nodes), replicas=2, hedge=HedgeConfig(enabled=False))  # exact counts
+    tier = L3Tier(env.session, list(nodes), L3Config(replicas=2), hedge=HedgeConfig(enabled=False))  # exact counts
     assert isinstance(tier, Tier) and tier.name == "l3"
     for _ in range(2):
         assert [bytes(await tier.fetch(ref, decode)) for ref in refs] == raws
@@ -84,7 +84,7 @@ async def test_a_dead_node_is_skipped_marked_down_and_retried_later(env: Env) ->
     refs = await chunks(env, 8)
     nodes = await flash_nodes(env, 3)
     clock = FakeClock()
-    tier = L3Tier(env.session, list(nodes), down_seconds=5.0, clock=clock)
+    tier = L3Tier(env.session, list(nodes), L3Config(down_seconds=5.0), clock=clock)
     dead = rank(refs[0].key, list(nodes))[0]
     await nodes[dead][1].aclose()
     assert await tier.fetch(refs[0], decode) is not None
@@ -153,7 +153,7 @@ async def test_a_node_reading_through_past_the_hang_deadline_is_waited_for_so_l4
     source.gate.clear()
     url, _ = await env.node(blocks=source)
     clock = FakeClock()
-    tier = L3Tier(env.session, [url], replicas=1, hedge=HedgeConfig(hang_min_ms=100, hang_max_ms=100), clock=clock)
+    tier = L3Tier(env.session, [url], L3Config(replicas=1), hedge=HedgeConfig(hang_min_ms=100, hang_max_ms=100), clock=clock)
     client_reads = 0
 
     async def read(ref: ChunkRef) -> bytes:
@@ -200,7 +200,7 @@ async def test_a_tenant_sends_its_grants_and_a_refused_read_is_a_miss_not_an_err
 async def test_a_tenant_hydrates_with_its_grants(env: Env) -> None:
     refs = await chunks(env, 2)
     nodes = await flash_nodes(env, 1, auth=TENANCY.auth())
-    tier = L3Tier(env.session, list(nodes), token=TOK_A, replicas=1)
+    tier = L3Tier(env.session, list(nodes), L3Config(replicas=1), token=TOK_A)
     (status,) = await tier.wait_hydrated(await tier.hydrate([for_a(r) for r in refs]), poll_seconds=0.01)
     assert (status.state, status.done) == ("done", 2)
     (refused,) = await tier.hydrate(refs)  # without grants
@@ -210,7 +210,7 @@ async def test_a_tenant_hydrates_with_its_grants(env: Env) -> None:
 async def test_hydrate_fills_every_replica_and_reports_progress(env: Env) -> None:
     refs = await chunks(env, 6)
     nodes = await flash_nodes(env, 3)
-    tier = L3Tier(env.session, list(nodes), replicas=2)
+    tier = L3Tier(env.session, list(nodes), L3Config(replicas=2))
     jobs = await tier.hydrate(refs + refs[:2], pin_seconds=60)
     statuses = await tier.wait_hydrated(jobs, poll_seconds=0.01)
     assert {s.state for s in statuses} == {"done"}
@@ -227,7 +227,7 @@ async def test_hydrate_to_a_dead_node_reports_a_failed_job(env: Env) -> None:
     nodes = await flash_nodes(env, 2)
     dead, alive = list(nodes)
     await nodes[dead][1].aclose()
-    tier = L3Tier(env.session, [dead, alive], replicas=2)
+    tier = L3Tier(env.session, [dead, alive], L3Config(replicas=2))
     jobs = await tier.hydrate(refs)
     by_url = {job.url: job for job in jobs}
     assert by_url[dead].job_id is None and f"{dead}: Unreachable: cannot reach an L3 node at " in (by_url[dead].error or "")

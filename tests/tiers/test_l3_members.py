@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from blobsdk.chunks.placement import rank
-from blobsdk.config import HedgeConfig
+from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tiers.l3 import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 from tests.helpers import running_app
@@ -56,7 +56,7 @@ async def test_added_and_removed_nodes_take_their_keys_and_stats_show_it(env: En
     refs = await chunks(env, 24)
     nodes = await flash_nodes(env, 4)
     urls = list(nodes)
-    tier = L3Tier(env.session, urls[:3], replicas=1, hedge=IN_TURN)
+    tier = L3Tier(env.session, urls[:3], L3Config(replicas=1), hedge=IN_TURN)
     await tier.set_urls([*urls[:3], urls[3] + "/"])  # a trailing slash names the same node
     assert tier.urls == urls
     for ref in refs:
@@ -118,7 +118,7 @@ async def test_a_read_whose_nodes_were_all_removed_falls_through_and_marks_none_
 async def test_reads_running_across_an_add_and_a_remove_never_get_wrong_bytes(env: Env) -> None:
     refs, raws = await stored(env, 64)
     nodes = list(await flash_nodes(env, 4))
-    tier = L3Tier(env.session, nodes[:3], replicas=2)
+    tier = L3Tier(env.session, nodes[:3], L3Config(replicas=2))
     done = 0
 
     async def read(ref: ChunkRef) -> bytes | None:
