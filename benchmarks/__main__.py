@@ -33,6 +33,7 @@ BENCHMARKS = {
     "swarm_sim": "benchmarks.swarm_sim",
     "membership": "benchmarks.membership",
     "l3": "benchmarks.l3",
+    "walk": "benchmarks.walk",
 }
 # The benchmarks that draw a picture (--png).
 PICTURES: tuple[str, ...] = ("ingest", "scale", "swarm_sim", "membership")

@@ -156,9 +156,10 @@ def load(
     return shards
 
 
-def blobsdk_cluster_options(origin: Origin, workload: Workload, samples: Samples) -> dict[str, Any]:
+def blobsdk_cluster_options(origin: Origin, workload: Workload, samples: Samples, tier: str = "l3") -> dict[str, Any]:
+    """The cluster of blobsdk's row: its L3 nodes for ``tier`` "l3", none for "l2"."""
     return {
-        "l3_nodes": workload.l3_nodes,
+        "l3_nodes": workload.l3_nodes if tier == "l3" else 0,
         "trackers": 0,
         "l3_capacity_mb": samples.total_bytes // MiB + 256,
         "source": BLOBSDK_SOURCE,
@@ -173,8 +174,8 @@ async def load_blobs(config: blobsdk.ClientConfig, origin: Origin, samples: Samp
         await client.put_many((samples.paths[i], samples.data(i)) for i in range(len(samples)))
 
 
-def blobsdk_s3(config: blobsdk.ClientConfig, samples: Samples, workload: Workload) -> Variant:
-    return blobsdk_dataset(config, samples, workload, name="blobsdk_s3")
+def blobsdk_s3(config: blobsdk.ClientConfig, samples: Samples, workload: Workload, name: str = "blobsdk_s3") -> Variant:
+    return blobsdk_dataset(config, samples, workload, name=name)
 
 
 # --- s3torchconnector -----------------------------------------------------------------------

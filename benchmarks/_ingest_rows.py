@@ -28,7 +28,7 @@ class Row:
     the documented knob it was given (a reader, or a chunk or shard size in MB)."""
 
     peer: str
-    reader: str = ""  # s3torch: sequential or range_based
+    reader: str = ""  # s3torch: sequential or range_based; blobsdk: its cache tier, l3 or l2
     chunk_mb: int = 0  # litdata's chunk_bytes, WebDataset's shard size
 
     @property
@@ -43,7 +43,10 @@ class Row:
             "litdata": f"StreamingDataset, chunk_bytes={self.chunk_mb}MB, tuple samples, max_cache_size={budget}",
             "webdataset": f"WebDataset, {self.chunk_mb} MB tar shards, one plain S3 GET per shard, shards shuffled",
             "mosaic": f"streaming.StreamingDataset, {self.chunk_mb} MB MDS shards, shuffled, cache_limit={budget}",
-            "blobsdk": "BlobIterableDataset(readahead, prefetch_window, prefetch_tier='l3'), 4 MiB chunks, L3 as its cache",
+            "blobsdk": {
+                "l3": f"BlobIterableDataset(readahead, prefetch_window, prefetch_tier='l3'), 4 MiB chunks, L3 nodes ({budget})",
+                "l2": f"BlobIterableDataset(readahead, prefetch_tier=None), 4 MiB chunks, L2 local flash ({budget}), no L3",
+            }.get(self.reader, ""),
         }[self.peer]
 
 
@@ -62,6 +65,7 @@ class RowContext:
 
 
 PEERS = ("s3torch", "litdata", "webdataset", "mosaic")
+BLOBSDK_ROWS = (Row("blobsdk", reader="l3"), Row("blobsdk", reader="l2"))  # its caches: a region's L3 nodes, the host's L2
 MOSAIC_VENV = Path(__file__).resolve().parents[1] / ".venv-mosaic"
 FULL_SIZES_MB = (4, 8, 16, 64)
 QUICK_SIZES_MB = (8, 64)
@@ -114,7 +118,7 @@ def variant_of(row: Row, context: RowContext, samples: Samples) -> LoaderVariant
         import blobsdk
 
         assert context.blobsdk_toml is not None
-        return peers.blobsdk_s3(blobsdk.ClientConfig.from_toml(context.blobsdk_toml), samples, workload)
+        return peers.blobsdk_s3(blobsdk.ClientConfig.from_toml(context.blobsdk_toml), samples, workload, name=row.name)
     raise ValueError(f"no loader {row.peer!r}")
 
 

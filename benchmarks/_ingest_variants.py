@@ -362,8 +362,9 @@ def _tensor_item(sample: tuple[str, bytearray]) -> Item:
 
 def blobsdk_dataset(config: blobsdk.ClientConfig, samples: Samples, workload: Workload, name: str = "blobsdk") -> LoaderVariant:
     """``BlobIterableDataset`` (shuffled, sharded over the workers; each worker reads ahead
-    ``readahead`` samples and deep-prefetches its next ``prefetch_window`` into L3) in the
-    common DataLoader, ``set_epoch`` before each epoch."""
+    ``readahead`` samples and, when the config has L3 nodes, deep-prefetches its next
+    ``prefetch_window`` into L3; with L2 and no L3, the readahead's reads fill L2 behind
+    them) in the common DataLoader, ``set_epoch`` before each epoch."""
     from blobsdk.torch import BlobIterableDataset
 
     dataset = BlobIterableDataset(
@@ -374,7 +375,7 @@ def blobsdk_dataset(config: blobsdk.ClientConfig, samples: Samples, workload: Wo
         seed=workload.seed,
         readahead=workload.readahead,
         prefetch_window=workload.prefetch_window,
-        prefetch_tier="l3",
+        prefetch_tier="l3" if config.l3_urls else None,
     )
     return LoaderVariant(name, lambda: DataLoader(dataset, **loader_options(workload)), before_epoch=dataset.set_epoch)
 

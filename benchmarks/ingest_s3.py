@@ -24,22 +24,26 @@ of blobsdk's L3 nodes is given; blobsdk keeps one replica per chunk):
   epoch: docs/benchmarks.md says where.)
 - ``webdataset_NNmb``: WebDataset over tar shards of the same sizes, each shard one plain S3
   GET (boto3), shards shuffled and split over the workers; no cache.
-- ``blobsdk``: ``BlobIterableDataset`` (readahead 8, a prefetch window of 16 into L3) over a
-  cluster of 2 L3 nodes whose L4 is the same bucket.
+- ``blobsdk_l3``, ``blobsdk_l2``: ``BlobIterableDataset`` (readahead 8) over a cluster whose
+  L4 is the same bucket, with each of its two documented caches: 2 L3 nodes (a region's
+  shared flash, a prefetch window of 16 into it), or L2 (the host's local flash, a
+  directory its DataLoader workers share; no L3 nodes, no deep prefetch: the readahead's
+  reads fill it behind them).  blobsdk's best of the two is its figure, as each peer's.
 - ``mosaic_NNmb``: Mosaic Streaming's ``StreamingDataset`` over MDS shards of the same sizes,
   ``cache_limit`` = the budget, in the interpreter of its own venv (``make venv-mosaic``:
   mosaicml-streaming 0.13.0 pins numpy < 2.2 and xxhash < 4; benchmarks/_ingest_mosaic.py);
   without that venv, reported as skipped.
 
-**Two orders**: every row once, blobsdk first (it used to hang the forked workers of the
-loaders after it when it ran in the same process), then each peer's best configuration and
-blobsdk again in the reverse order.  ``order_spread``: the largest change of a row's job
+**Two orders**: every row once, blobsdk's first (they used to hang the forked workers of the
+loaders after them when they ran in the same process), then each peer's best configuration
+and blobsdk's best again in the reverse order.  ``order_spread``: the largest change of a row's job
 time between its two runs, as a share.  Each peer's best is the configuration with the
 least ingestion time (stall) over the job, the mean of its runs.
 
 **Figures** per row: each epoch's wall time, its stall, the time to the first batch
 (``ttfb_s``, from the loader's start), the bytes it pulled from the origin (``tier_mb``).
-Ratios (blobsdk's figure against the best peer's figure, each figure's own best peer):
+Ratios (blobsdk's figure, at its best configuration, against the best peer's figure, each
+figure's own best peer):
 ``cold_vs_best_peer`` (epoch 0's stall, goal >= 1.3), ``warm_vs_best_peer`` (the later
 epochs' stall), ``job_vs_best_peer`` (the job's stall, goal >= 2), ``ttfb_vs_best_peer``
 (goal >= 1: no later than the best).  Against the physical limit: ``cold_vs_limit`` (the
@@ -63,6 +67,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
+
+from blobsdk.config import L2Config
 from servers.cluster import start_cluster
 
 from . import _ingest_peers as peers
@@ -78,7 +85,6 @@ GOALS = {
     "job_vs_best_peer": ">= 2",
     "ttfb_vs_best_peer": ">= 1",
 }
-BLOBSDK = Row("blobsdk")
 CEILING_PARALLEL = 16
 
 
@@ -101,10 +107,13 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
             shards = peers.load(origin, samples, root, litdata_mb=sizes if sweep else (), webdataset_mb=sizes)
             load_mosaic(origin, workload, root, sorted({row.chunk_mb for row in sweep if row.peer == "mosaic"}))
             context = RowContext(workload, origin.endpoint, root, cache_budget(samples), root / "blobsdk.toml", shards)
-            say("== rows ==", *(f"{row.name}: {row.describe(context)}" for row in [BLOBSDK, *sweep]))
+            say("== rows ==", *(f"{row.name}: {row.describe(context)}" for row in [*rows.BLOBSDK_ROWS, *sweep]))
             ceiling = await asyncio.to_thread(origin_ceiling_Bps, origin, samples)
             say(f"origin ceiling: {ceiling / 1e6:.0f} MB/s ({CEILING_PARALLEL} plain GETs in flight, every sample once)")
-            first = await blobsdk_row(origin, context, samples)
+            first = {}
+            for row in rows.BLOBSDK_ROWS:
+                first.update(await blobsdk_row(origin, context, samples, row))
+            ours = min(first, key=lambda name: first[name].ingest_s)
             more, failed = await asyncio.to_thread(rows.play_rows, sweep, context, origin.proxy.stats, say, origin.proxy.timeline)
             first.update(more)
             picks = best_configs(first, sweep)
@@ -112,14 +121,14 @@ async def measure(workload: Workload, sweep: list[Row]) -> Report:
             again_rows = list(reversed([row for row in sweep if row.name in picks.values()]))
             proxy = origin.proxy
             again, failed_again = await asyncio.to_thread(rows.play_rows, again_rows, context, proxy.stats, say, proxy.timeline)
-            again.update(await blobsdk_row(origin, context, samples))
+            again.update(await blobsdk_row(origin, context, samples, next(r for r in rows.BLOBSDK_ROWS if r.name == ours)))
     skipped = dict.fromkeys(rows.PEERS, why) if why else {}
     if not any(row.peer == "mosaic" for row in sweep):
         skipped["mosaic"] = f"not run: no {rows.MOSAIC_VENV.name} (make venv-mosaic: mosaicml-streaming 0.13.0 pins numpy < 2.2)"
-    out = report(workload, samples, first, again, picks, {**failed, **failed_again}, skipped)
+    out = report(workload, samples, first, again, picks, {**failed, **failed_again}, skipped, ours=ours)
     out.metrics["origin_ceiling_mbps"] = ceiling / 1e6
-    if "blobsdk" in first:
-        runs = [r for r in (first["blobsdk"], again.get("blobsdk")) if r is not None]
+    if ours in first:
+        runs = [r for r in (first[ours], again.get(ours)) if r is not None]
         out.metrics["cold_vs_ceiling"] = _mean(runs, lambda r: samples.total_bytes / ceiling / r.epochs[0].wall_s)
     return out
 
@@ -139,15 +148,20 @@ def origin_ceiling_Bps(origin: peers.Origin, samples: Samples) -> float:
     return moved / (time.perf_counter() - begun)
 
 
-async def blobsdk_row(origin: peers.Origin, context: RowContext, samples: Samples) -> dict[str, JobResult]:
-    """The blobsdk row on a fresh cluster (its L3 nodes empty: a cold first epoch), written
-    to ``context.blobsdk_toml`` for the row's process."""
-    options = peers.blobsdk_cluster_options(origin, context.workload, samples)
+async def blobsdk_row(origin: peers.Origin, context: RowContext, samples: Samples, row: Row) -> dict[str, JobResult]:
+    """A blobsdk row on a fresh cluster and an empty cache (a cold first epoch): its L3 nodes
+    (``row.reader`` "l3"), or a new L2 directory of the budget's size ("l2"); the client's
+    config is written to ``context.blobsdk_toml`` for the row's process."""
+    options = peers.blobsdk_cluster_options(origin, context.workload, samples, row.reader)
     async with start_cluster(Path(tempfile.mkdtemp(prefix="cluster-", dir=context.root)), **options) as cluster:
         assert cluster.config is not None and context.blobsdk_toml is not None
         await peers.load_blobs(cluster.config, origin, samples)
-        context.blobsdk_toml.write_text(cluster.config.to_toml())
-        results, _ = await asyncio.to_thread(rows.play_rows, [BLOBSDK], context, origin.proxy.stats, say, origin.proxy.timeline)
+        config = cluster.config
+        if row.reader == "l2":
+            l2 = L2Config(dir=tempfile.mkdtemp(prefix="l2-", dir=context.root), capacity_bytes=context.cache_bytes)
+            config = msgspec.structs.replace(config, l2=l2)
+        context.blobsdk_toml.write_text(config.to_toml())
+        results, _ = await asyncio.to_thread(rows.play_rows, [row], context, origin.proxy.stats, say, origin.proxy.timeline)
     return results
 
 
@@ -187,7 +201,10 @@ def report(
     picks: dict[str, str],
     failed: dict[str, str],
     skipped: dict[str, str],
+    ours: str = "blobsdk",
 ) -> Report:
+    """The rows' figures, and blobsdk's (row ``ours``, its best configuration) against each
+    figure's best peer and the limit."""
     out = Report("ingest_s3")
     floor = samples.total_bytes / workload.hdd_bandwidth_Bps
     out.metrics["cold_limit_s"] = floor
@@ -200,20 +217,21 @@ def report(
         spreads.append(abs(two - one) / one)
     if spreads:
         out.metrics["order_spread"] = max(spreads)
-    both = {name: [r for r in (first.get(name), again.get(name)) if r is not None] for name in [*picks.values(), "blobsdk"]}
+    both = {name: [r for r in (first.get(name), again.get(name)) if r is not None] for name in [*picks.values(), ours]}
     for peer, name in picks.items():
         out.details[f"best_{peer}"] = name
-    if "blobsdk" in first:
-        ours = both["blobsdk"]
-        limits(out, "", ours, floor)
+    if ours in first:
+        out.details["best_blobsdk"] = ours
+        runs = both[ours]
+        limits(out, "", runs, floor)
         for peer, name in picks.items():
             limits(out, f"{peer}_best_", both[name], floor)
         if picks:
             best_peers = [both[name] for name in picks.values()]
-            ratio(out, "cold_vs_best_peer", best_peers, ours, lambda r: r.epochs[0].stall_s)
-            ratio(out, "warm_vs_best_peer", best_peers, ours, lambda r: sum(e.stall_s for e in r.epochs[1:]))
-            ratio(out, "job_vs_best_peer", best_peers, ours, lambda r: r.ingest_s)
-            ratio(out, "ttfb_vs_best_peer", best_peers, ours, lambda r: r.extra["ttfb_s"])
+            ratio(out, "cold_vs_best_peer", best_peers, runs, lambda r: r.epochs[0].stall_s)
+            ratio(out, "warm_vs_best_peer", best_peers, runs, lambda r: sum(e.stall_s for e in r.epochs[1:]))
+            ratio(out, "job_vs_best_peer", best_peers, runs, lambda r: r.ingest_s)
+            ratio(out, "ttfb_vs_best_peer", best_peers, runs, lambda r: r.extra["ttfb_s"])
     out.skipped.update(failed)
     out.skipped.update(skipped)
     out.goals.update({key: goal for key, goal in GOALS.items() if key in out.ratios or key in out.metrics})

@@ -13,7 +13,7 @@ MAX_LINES = 500
 PACKAGES = ("blobsdk", "servers", "benchmarks")
 # Over the bound while their split is under way elsewhere; the check below fails once one is
 # under it, so this list empties as they land and cannot hide a module that grows.
-PENDING = {"blobsdk/tail/race.py", "blobsdk/read/readpath.py"}
+PENDING: set[str] = set()  # none left: tail/race.py and read/readpath.py were the last
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 DOCUMENTED = ("blobsdk", "servers")

@@ -82,6 +82,21 @@ async def test_an_l2_prefetch_fills_l2_only_and_outlives_the_client(tmp_path: Pa
         assert stats["l2"]["hits"] == 36 and stats["l4"]["hits"] == 0
 
 
+async def test_an_l2_prefetch_reads_nothing_another_process_put_in_l2_since_it_opened(
+    tmp_path: Path, stocked: dict[str, bytes]
+) -> None:
+    l2 = L2Config(dir=str(tmp_path / "l2"), capacity_bytes=64 << 20)
+    async with local(tmp_path, l2=l2) as c, local(tmp_path, l2=l2) as other:  # a DataLoader's two workers
+        assert (await other.prefetch("/ds/", tier="l2")).chunks_done == 36
+        progress = await c.prefetch("/ds/", tier="l2")
+        assert (progress.chunks_done, progress.chunks_total) == (36, 36)
+        stats = c.stats()
+        assert stats["l4"]["hits"] == 0 and stats["l2"]["cache_entries"] == 36  # found and indexed, none read
+        for path, data in stocked.items():
+            assert await c.get(path) == data
+        assert c.stats()["l2"]["hits"] == 36 and c.stats()["l4"]["hits"] == 0
+
+
 async def test_the_byte_budget_bounds_what_one_prefetch_fetches(tmp_path: Path, stocked: dict[str, bytes]) -> None:
     async with local(tmp_path, l1=L1Config(capacity_bytes=20 * CHUNK)) as c:
         progress = await c.prefetch(list(stocked), tier="l1")  # default budget: half of L1

@@ -12,10 +12,12 @@ import pytest
 from torch.utils.data import DataLoader
 
 import blobsdk
+from blobsdk.chunks.ids import is_hex32
 from blobsdk.config import L1Config, L2Config
 from blobsdk.runtime.workerstats import COUNTERS, SLOT, WorkerStats
 from blobsdk.stats import TIER_NAMES
 from blobsdk.torch import BlobDataset, BlobIterableDataset
+from tests.helpers import until
 
 N = 200  # samples in the store
 PREFIX = "/ws/s/"
@@ -99,6 +101,29 @@ def test_map_style_workers_of_each_epoch_add_to_the_same_slots(store: Path, cont
         assert not total["l1"]["enabled"] and total["l2"]["enabled"]
         path = ds._stats.path
     assert not os.path.exists(path)
+
+
+def l2_files(root: Path) -> int:
+    return sum(1 for f in root.glob("??/*") if is_hex32(f.name))
+
+
+def test_persistent_workers_hit_in_l2_what_the_other_worker_filled(store: Path, tmp_path: Path) -> None:
+    """A DataLoader hands batch k to worker k % 2; the second epoch's order moves each batch to
+    the other worker, whose client opened the shared L2 directory before those chunks were in it."""
+    l2 = L2Config(dir=str(tmp_path / "l2"))
+    batches = [list(range(i, i + 10)) for i in range(0, N, 10)]
+    sampler = [i for batch in batches for i in batch]
+    ds = BlobDataset.local(store, PREFIX, l1=L1Config(capacity_bytes=0), l2=l2)
+    with ds:
+        loader = DataLoader(ds, num_workers=2, batch_size=10, sampler=sampler, collate_fn=list, persistent_workers=True)
+        first = sum(len(data) for batch in loader for _, data in batch)
+        until(lambda: l2_files(tmp_path / "l2") == N)  # every fill written, by one worker or the other
+        sampler[:] = [i for batch in batches[1:] + batches[:1] for i in batch]  # batch k+1 in place k
+        second = sum(len(data) for batch in loader for _, data in batch)
+        total = ds.worker_stats()["total"]
+        assert first == second and summed(total, "bytes") == first + second
+        assert total["l2"]["hits"] == N and total["l2"]["misses"] == N  # the second epoch: all L2
+        assert total["l4"]["hits"] == N  # the origin read once
 
 
 def test_without_workers_the_main_process_client_is_the_total(store: Path) -> None:

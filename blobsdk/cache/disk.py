@@ -45,10 +45,10 @@ read.  LRU order is seeded from atimes (reads refresh them, at most once a minut
 hold from mtimes (the fill); pins are not persisted.  Then the cache is trimmed to its
 capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
-bytes; files another process adds are seen at the next open (once its reconciliation reaches
-their shard).  All disk access runs on the cache's own thread pool, never on the event loop
-(the blocking file operations: blobsdk/cache/_diskfiles.py; the restart path, index file and
-reconciliation: blobsdk/cache/_diskreload.py).
+bytes; a file another process adds is found by the first read that misses the index
+(blobsdk/cache/_diskshare.py).  All disk access runs on the cache's own thread pool, never
+on the event loop (the blocking file operations: blobsdk/cache/_diskfiles.py; the restart
+path, index file and reconciliation: blobsdk/cache/_diskreload.py).
 
 With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
 verified read saw (in memory only: after a restart every file is verified again), and
@@ -73,8 +73,9 @@ from ..errors import ClientClosed, Unavailable
 from ..runtime.forksafe import Executor
 from ..runtime.resource import AsyncResource
 from ..runtime.rootdir import RootDir, UnsafeEntry
-from ._diskfiles import DiskFiles, space_deficit, with_file
+from ._diskfiles import space_deficit, with_file
 from ._diskreload import Reload
+from ._diskshare import SharedFiles
 from ._entryfile import Damaged as _Damaged
 from ._indexfile import Dropped
 from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
@@ -96,7 +97,7 @@ class _Fill:
     pin_until: float
 
 
-class DiskCache(DiskFiles, Reload, AsyncResource):
+class DiskCache(SharedFiles, Reload, AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` over one directory (module docstring).
 
     ``capacity_bytes`` counts payload bytes (a file adds 32 bytes plus the tenant name);
@@ -186,9 +187,8 @@ class DiskCache(DiskFiles, Reload, AsyncResource):
         the executor, or None.  With ``checksum`` (an xxh3-64 the caller expects) a copy
         whose recorded checksum differs counts as corrupt too: one hash checks both."""
         entry = await self._readable(validate_key(key))
-        if entry is None:
-            self._counts["misses"] += 1
-            return None
+        if entry is None:  # another process sharing root may have written it since we opened
+            return await self._adopt(key, checksum)
         try:
             data, ident = await self._io(self._read_sync, key, checksum)
         except _Damaged:

@@ -270,7 +270,7 @@ class Prefetcher:
     async def _cache_worker(self, queue: Iterable[tuple[ChunkRef, list[str]]], tally: _Tally, top: int, left: list[int]) -> None:
         target = self.readpath.tiers[top]
         for ref, paths in queue:  # shared by the workers: each chunk is taken once
-            if not target.holds(ref):
+            if not await target.finds(ref):  # in L2: also a file another process put there
                 if ref.raw_length > left[0]:
                     tally.chunks_skipped += 1
                     continue

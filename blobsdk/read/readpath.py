@@ -19,22 +19,17 @@ the tiers' :class:`~blobsdk.runtime.buffers.BufferPool`, for the next fetches to
 (a get of a client without L1, or a one-off read: ``read_into(..., fill_memory=False)``, a
 checkpoint restore).  A get's result is taken unzeroed: every byte of it is a chunk's.
 
-A one-off read's whole uncompressed chunks need no buffer at all when the tier it would fetch from is L4 with a
-lone replica (:class:`~blobsdk.tiers.base.DirectTier`): they are read straight into the
-caller's memory (into each of its windows, for a chunk that straddles the caller's
-buffers) and verified there.  They go in groups, a block's chunks in the order of their
-offsets (``_start_groups``): on the local store one request, one open and one ``preadv``
-per run of nearby chunks, each chunk verified on the thread that read it, so a chunk costs
-µs, not a task, a hedged attempt and two thread hops each (a one-off read of 4,096 adjacent
-refs of 16 KiB: 0.89-0.92 s before, 57-66 ms with groups, 14-16 µs a ref).  A replica
-that reads no spans (a block server, S3) gets them one at a time (``_direct``).  A 256 MiB
-``load(into=)`` of 4 MiB chunks runs at 0.48-0.52 of a memcpy, against 0.52-0.63 for the
-floor (``preadv`` from the page cache and xxh3 on both cores) and 0.33-0.34 before groups
-(``benchmarks checkpoint --quick``).  A client whose only tier is L4 fills nothing, so its
-gets of several chunks read as one-off reads do, in groups straight into the result: with
-the unzeroed result, an embedded L1-less get of 256 MiB went from 1.4-1.6 to 0.46-0.62 CPU
-s/GB, and from 0.45-0.47 to 1.00-1.17 of a plain file read (``benchmarks put_get --quick``,
-two runs each).
+A one-off read's whole uncompressed chunks need no buffer at all when the tier it would
+fetch from is L4 with a lone replica (:class:`~blobsdk.tiers.base.DirectTier`): they are read
+straight into the caller's memory (into each of its windows, for a chunk that straddles the
+caller's buffers) and verified there.  They go in groups, a block's chunks in the order of
+their offsets (``_start_groups``, with :mod:`blobsdk.read.groups`): on the local store one
+request, one open and one ``preadv`` per run of nearby chunks, each chunk verified on the
+thread that read it, so a chunk costs µs, not a task, a hedged attempt and two thread hops.
+A replica that reads no spans (a block server, S3) gets them one at a time (``_direct``).
+A client whose only tier is L4 fills nothing, so its gets of several chunks read as one-off
+reads do, in groups straight into the result.  The figures are in docs/benchmarks.md
+("Figures behind the read path and the race").
 
 The caller's memory (``get_into``, ``get_many_into``: ``read_ranges_into``): a client without
 L1 reads as a one-off read does, so whole chunks from a lone L4 replica go straight into the
@@ -56,9 +51,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-import operator
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -70,6 +64,7 @@ from ..runtime.singleflight import SingleFlight
 from ..runtime.tasks import task_group
 from ..tiers.base import DirectTier, Piece, Tier
 from ..wire import ChunkRef, ReadPlan
+from .groups import Filling, Job, chunks_of, copy_into, direct_kind, starts_of
 
 
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:
@@ -88,12 +83,9 @@ def check_offset(offset: object) -> None:
         raise BadRequest(f"offset must be an int >= 0, got {offset!r}")
 
 
-_Job = tuple[memoryview, int, ChunkRef, int]  # see ReadPath._read_jobs
-
 # A one-off read's groups of whole chunks (ReadPath._start_groups): big enough that a group's
-# request, thread hop and open cost little per byte (a 256 MiB restore of 4 MiB chunks in 4
-# blocks: 48 ms in groups of 16 MiB, 43 ms of 32 or 64 MiB, 56 ms of 8 MiB), small enough that
-# a restore of one block still keeps two cores busy; at most GROUPS_IN_FLIGHT at once.
+# request, thread hop and open cost little per byte, small enough that a restore of one block
+# still keeps two cores busy; at most GROUPS_IN_FLIGHT at once.
 GROUP_BYTES = 32 << 20
 GROUP_CHUNKS = 256
 GROUPS_IN_FLIGHT = 4
@@ -137,8 +129,7 @@ class ReadPath:
         """A read of a one-chunk blob whose chunk a tier holds at hand (``peek``: L1), done
         without an await: the range copied out; None if no tier has it (or the range is bad:
         then ``read`` says why).  Small gets from L1 take this path: the five coroutine
-        layers they skip cost ~1 µs each of a ~7 µs get (4 KiB gets from L1: 134k per
-        CPU-second before, 210k after; 320k with the plan cache's own map)."""
+        layers they skip cost ~1 µs each of a ~7 µs get."""
         chunks = plan.chunks
         if len(chunks) != 1 or type(offset) is not int or offset < 0:
             return None  # bad input: read's BadRequest
@@ -176,7 +167,7 @@ class ReadPath:
         size = sum(o.nbytes for o in outs)
         if size != plan.size:
             raise BadRequest(f"{plan.path}: a buffer of {size} bytes for a blob of {plan.size}")
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         starts = _starts(plan.chunks)
         start = 0
         for o in outs:
@@ -200,7 +191,7 @@ class ReadPath:
         peer or a hedged L4) land in a buffer of the tier's, are copied into ``out``, and the
         buffer is given back to the pool unless L2 keeps it."""
         counts: list[int] = []
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         for plan, offset, out in reads:
             start, end = resolve_range(plan.size, offset, out.nbytes)
             counts.append(end - start)
@@ -211,7 +202,7 @@ class ReadPath:
             await self._read_jobs(jobs, one_off=not self._fills_memory)
         return counts
 
-    async def _read_jobs(self, jobs: list[_Job], *, one_off: bool) -> None:
+    async def _read_jobs(self, jobs: list[Job], *, one_off: bool) -> None:
         """Each job: (an output window, the blob offset it begins at, a chunk, the blob offset
         the chunk begins at).  A one-off read's whole chunks that can go straight into the
         output go in groups (see ``_start_groups``)."""
@@ -227,27 +218,27 @@ class ReadPath:
             for job in jobs:
                 tasks.create_task(self._bounded(slots, *job, one_off))
 
-    async def _start_groups(self, jobs: list[_Job], tasks: asyncio.TaskGroup, slots: asyncio.Semaphore) -> list[_Job]:
+    async def _start_groups(self, jobs: list[Job], tasks: asyncio.TaskGroup, slots: asyncio.Semaphore) -> list[Job]:
         """Start a one-off read's whole uncompressed chunks that no tier has at hand and no
         fetch is reading on the direct tier, in groups (``_group``), each as soon as it is
         full, so that the first are read while the rest are found; the jobs of every other
         chunk are returned.  A group: chunks of one block, at most GROUP_BYTES (or one chunk)
         and GROUP_CHUNKS of them."""
         group_slots = asyncio.Semaphore(GROUPS_IN_FLIGHT)
-        filling: dict[str, _Filling] = {}
-        rest: list[_Job] = []
-        for same, windows in _chunks_of(jobs):
+        filling: dict[str, Filling] = {}
+        rest: list[Job] = []
+        for same, windows in chunks_of(jobs):
             ref = same[0][2]
-            if windows is None or not _direct_kind(ref) or self._in_flight(ref):
+            if windows is None or not direct_kind(ref) or self._in_flight(ref):
                 rest.extend(same)
                 continue
             held = self._at_hand(ref)
             if held is not None:
-                _copy(held, windows)
+                copy_into(held, windows)
                 continue
             group = filling.get(ref.block_id)
             if group is None:
-                group = filling[ref.block_id] = _Filling()
+                group = filling[ref.block_id] = Filling()
             elif group.nbytes + ref.length > GROUP_BYTES or len(group.pieces) == GROUP_CHUNKS:
                 tasks.create_task(self._group(group_slots, slots, group.take()))
                 await asyncio.sleep(0)  # it starts reading while the rest are grouped
@@ -260,11 +251,9 @@ class ReadPath:
         """A lone job's whole chunk straight into its window, with no task of its own (a
         ``get_into`` of one chunk, a restore of one): as a group of one, else by the tier's
         ``fetch_into``; False (nothing read) if the chunk is cut by the window or cannot go
-        direct.  A 16 KiB get_into cost
-        more than a get through the groups' tasks (``benchmarks get_into --quick``: 10.3
-        CPU-s/GB, against 8.7 for get; 9.3 against 10.7 with this)."""
+        direct.  Through the groups' tasks, a 16 KiB get_into cost more than a get."""
         lo = chunk_start - start
-        if lo < 0 or lo + ref.raw_length > out.nbytes or not _direct_kind(ref) or self._in_flight(ref):
+        if lo < 0 or lo + ref.raw_length > out.nbytes or not direct_kind(ref) or self._in_flight(ref):
             return False
         window = out[lo : lo + ref.raw_length]
         held = self._at_hand(ref)
@@ -274,8 +263,7 @@ class ReadPath:
         tier = self._direct_tier
         assert tier is not None
         # Verified inline, unlike a restore's many chunks (``_direct``): one read waits for
-        # this chunk alone, and the hop to a thread cost more than it spread (a 4 MiB
-        # get_into from a block server: 0.30-0.44 CPU-s/GB inline, 0.37-0.52 on the executor).
+        # this chunk alone, and the hop to a thread cost more than it spread.
         if await tier.fetch_many_into([Piece(ref, (window,))], verify_windows):
             return True
         return await tier.fetch_into(ref, window, self.decode)
@@ -297,10 +285,7 @@ class ReadPath:
         """A group of whole chunks of one block read straight into the output by the direct
         tier, in one request (on the local store: one open, one preadv per run of nearby
         chunks, each verified on the thread that read it, while still in the CPU's cache);
-        one at a time (``_piece``) if the tier cannot.  Measured (``load(into=)`` of 256 MiB,
-        embedded, fresh client, ``benchmarks checkpoint --quick``): whole 4 MiB chunks at
-        5.3-5.6 GB/s (0.48-0.52 of a memcpy; the floor 0.52-0.63), 3.9-4.0 GB/s before;
-        Check-N-Run's bases and patches at 0.35-0.41 of a memcpy, 0.18-0.19 before."""
+        one at a time (``_piece``) if the tier cannot."""
         assert self._direct_tier is not None
         async with group_slots:
             if await self._direct_tier.fetch_many_into(group, verify_windows):
@@ -315,7 +300,7 @@ class ReadPath:
         async with slots:
             if len(piece.windows) == 1 and await self._direct(piece.ref, piece.windows[0]):
                 return
-            for window, at in zip(piece.windows, _starts_of(piece.windows), strict=False):
+            for window, at in zip(piece.windows, starts_of(piece.windows), strict=False):
                 await self._place(window, at, piece.ref, 0, True)
 
     async def chunk(self, ref: ChunkRef) -> memoryview:
@@ -369,7 +354,7 @@ class ReadPath:
         read) else.  Verified on the executor: a restore's hashing uses both cores.  For a
         replica that reads no spans (a block server, S3); the local store reads groups."""
         tier = self._direct_tier
-        if tier is None or not _direct_kind(ref) or self._in_flight(ref) or self._at_hand(ref) is not None:
+        if tier is None or not direct_kind(ref) or self._in_flight(ref) or self._at_hand(ref) is not None:
             return False
         return await tier.fetch_into(ref, window, self._decode_direct)
 
@@ -445,72 +430,3 @@ def _tiles(jobs: list[tuple[ChunkRef, int]], start: int, end: int) -> bool:
             return False
         at = max(at, chunk_start + ref.raw_length)
     return at >= end
-
-
-def _window(out: memoryview, start: int, ref: ChunkRef, chunk_start: int) -> memoryview:
-    """The part of output window ``out`` (beginning at blob offset ``start``) that chunk
-    ``ref`` (beginning at ``chunk_start``) fills."""
-    lo = max(chunk_start, start)
-    hi = min(chunk_start + ref.raw_length, start + len(out))
-    return out[lo - start : hi - start]
-
-
-def _direct_kind(ref: ChunkRef) -> bool:
-    """Whether a chunk can be read straight into the caller's memory: stored uncompressed."""
-    return ref.codec == "none" and ref.length == ref.raw_length and ref.raw_length > 0
-
-
-def _copy(raw: memoryview, windows: tuple[memoryview, ...]) -> None:
-    """A chunk's raw bytes into its windows, one after another."""
-    at = 0
-    for window in windows:
-        window[:] = raw[at : at + window.nbytes]
-        at += window.nbytes
-
-
-def _chunks_of(jobs: list[_Job]) -> Iterator[tuple[list[_Job], tuple[memoryview, ...] | None]]:
-    """Each chunk's jobs (consecutive: the jobs are in blob order, and a chunk that straddles
-    output windows has one in each) and, when they cover all of it, its windows in order."""
-    i, n = 0, len(jobs)
-    while i < n:
-        out, start, ref, chunk_start = jobs[i]
-        lo = chunk_start - start
-        if lo >= 0 and lo + ref.raw_length <= out.nbytes:  # in one window: the common case
-            yield jobs[i : i + 1], (out[lo : lo + ref.raw_length],)
-            i += 1
-            continue
-        j = i + 1
-        while j < n and jobs[j][3] == chunk_start and jobs[j][2] is ref:
-            j += 1
-        same = jobs[i:j]
-        windows = tuple(_window(*job) for job in same)
-        yield same, (windows if lo >= 0 and sum(w.nbytes for w in windows) == ref.raw_length else None)
-        i = j
-
-
-class _Filling:
-    """The chunks of one block a one-off read is gathering into its next group."""
-
-    __slots__ = ("nbytes", "pieces")
-
-    def __init__(self) -> None:
-        self.pieces: list[Piece] = []
-        self.nbytes = 0
-
-    def add(self, piece: Piece) -> None:
-        self.pieces.append(piece)
-        self.nbytes += piece.ref.length
-
-    def take(self) -> list[Piece]:
-        """The group gathered, in the order of the chunks' offsets; empty again."""
-        group = sorted(self.pieces, key=_offset)
-        self.pieces, self.nbytes = [], 0
-        return group
-
-
-_offset = operator.attrgetter("ref.offset")
-
-
-def _starts_of(windows: tuple[memoryview, ...]) -> Iterator[int]:
-    """Where each of a chunk's windows begins in the chunk."""
-    return itertools.accumulate((w.nbytes for w in windows), initial=0)

@@ -1,21 +1,18 @@
-"""One event-loop timer for every race of a hedger (blobsdk/tail/race.py).
+"""One event-loop timer for every race of a hedger (blobsdk/tail/race.py), and each race's
+:class:`Timer` in it.
 
-Each hedged read used to set a loop timer of its own (``loop.call_later``) for its hedge or
-hang look, and cancel it when its primary answered first, as nearly every one does; and it
-put its first look on the loop (``call_soon``) once its attempt had made its first move.
-That was ~11 µs of a race's ~17 µs (a lone race whose attempt answers at once).  Here the
-races of one hedger share a heap of deadlines on their hedger's clock and one loop timer for
-the earliest; a batch of 100 reads sets it once.  A deadline is a small list; cancelling
-one only marks it (and lets go of its callback, so of its race), and the heap is dropped whole
-once no deadline is left.  The loop timer is then left to fire once, idle, rather than be
-cancelled: reads one after another (each ends before its hedge is due) then set it once per
-hedge delay, not once per read.
-First looks are batched the same way: one ``call_soon`` per turn of the loop, for every
-race that asked during that turn.
+The races of one hedger share a heap of deadlines on their hedger's clock and one loop timer
+for the earliest; a batch of 100 reads sets it once, where each read set and cancelled a loop
+timer of its own (``loop.call_later``), though its primary answers first nearly every time.
+A deadline is a small list; cancelling one only marks it (and lets go of its callback, so of
+its race), and the heap is dropped whole once no deadline is left.  The loop timer is then
+left to fire once, idle, rather than be cancelled: reads one after another (each ends before
+its hedge is due) then set it once per hedge delay, not once per read.  First looks are
+batched the same way: one ``call_soon`` per turn of the loop, for every race that asked
+during that turn.  What this saved is in docs/benchmarks.md ("hedging").
 
-Measured with the race's other changes (blobsdk/tail/race.py; docs/benchmarks.md, "hedging"):
-a lone race 20.2 -> 18.2 µs; a hedged read's tier, limiter and hedger, with in-process
-replicas, 52-61 -> 45-52 µs.
+A race's :class:`Timer` is its one deadline in that heap, for whichever look is due first
+(its hedge, or a hang deadline of its attempts), and its first look.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 Deadline = list[object]  # [at, seq, callback or None once cancelled or fired]
 
@@ -115,6 +113,70 @@ class Deadlines:
             self._set_timer(heap[0][0])  # type: ignore[arg-type]
         if due:
             self.loop.call_soon(_run_all, due)
+
+
+class Looking(Protocol):
+    """A race (blobsdk/tail/race.py), as its :class:`Timer` calls it."""
+
+    def schedule(self) -> None:
+        """Set the timer for the next look the race needs."""
+
+    def look(self) -> None:
+        """Look now: fail over hung attempts, send a hedge that is due, set the next look."""
+
+
+class Timer:
+    """One race's deadline in its hedger's :class:`Deadlines`: set for the earliest look the
+    race needs, kept when it is set for earlier already (the race then looks again when it
+    fires, and sets it anew), and the race's first look, on the next turn of the loop with
+    every other race's: its attempt has then made its first move (queued in this client,
+    where it needs no deadline, or sent).  ``owner.schedule`` runs at that first look,
+    ``owner.look`` when the deadline comes; :meth:`close` lets go of ``owner``."""
+
+    __slots__ = ("_deadline", "_deadlines", "_owner", "asked")
+
+    def __init__(self, deadlines: Deadlines, owner: Looking) -> None:
+        self._deadlines = deadlines
+        self._owner: Looking | None = owner
+        self._deadline: Deadline | None = None
+        self.asked = False  # a first look is on its way
+
+    def first_look(self) -> None:
+        """Ask for a first look, unless one is on its way."""
+        if not self.asked:
+            self.asked = True
+            self._deadlines.call_soon(self._first)
+
+    def set(self, at: float) -> None:
+        """Look at ``at`` (the hedger's clock), unless set for earlier already."""
+        deadline = self._deadline
+        if deadline is not None:
+            if deadline[0] <= at:  # type: ignore[operator]
+                return
+            self._deadlines.cancel(deadline)
+        self._deadline = self._deadlines.call_at(at, self._fired)
+
+    def close(self) -> None:
+        """Cancel the deadline and let go of the owner (a race is freed by its last
+        reference, not left to the cyclic garbage collector)."""
+        if self._deadline is not None:
+            self._deadlines.cancel(self._deadline)
+            self._deadline = None
+        self._owner = None
+
+    def _first(self) -> None:
+        self.asked = False
+        if self._owner is not None:
+            self._owner.schedule()
+
+    def _fired(self) -> None:
+        """The deadline came.  The shared timer runs this once the callbacks already due
+        when it fired have run: an attempt whose answer came in the same turn of the loop (a
+        loaded machine runs late) has then returned, rather than be hedged or found hung
+        with its answer waiting."""
+        self._deadline = None
+        if self._owner is not None:
+            self._owner.look()
 
 
 def _run_all(callbacks: list[Callable[[], None]]) -> None:

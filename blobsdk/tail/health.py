@@ -54,10 +54,11 @@ The rule, kept per target:
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ..config import HedgeConfig
 
@@ -217,3 +218,88 @@ class TargetHealth:
                 self.probes += 1
                 return [c, *healthy, *(h for h in hung if h is not c)], key_of(c)
         return [*healthy, *hung], None
+
+
+class Poked(Protocol):
+    """A race in flight (blobsdk/tail/race.py), as the hang watch tells it a target is hung."""
+
+    def poke(self) -> None: ...
+
+
+class Heard(Protocol):
+    """An attempt (blobsdk/tail/attempt.py) as the hang watch sees it: whether it is in
+    service, and when its target last spoke for it."""
+
+    @property
+    def serving(self) -> bool: ...
+
+    @property
+    def heard(self) -> float: ...
+
+
+class Watched(Protocol):
+    """A race's record of one attempt: its target, and whether it is waited for past its
+    hang deadline (the last hope of a patient tier: no longer watched)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def waited(self) -> bool: ...
+
+
+class HangWatch:
+    """The hang rule (the module docstring) applied to the attempts of one hedger's races:
+    when one of a race's attempts in service may next be found hung, whether one is now, and
+    which races are in flight, so that one that finds a target hung tells the others (their
+    attempts queued or running there fail over; none of them polls).  ``estimate``: a
+    target's latency estimate, which sets its hang deadline."""
+
+    __slots__ = ("_estimate", "_health", "_least", "races")
+
+    def __init__(self, health: TargetHealth, estimate: Callable[[str], float | None]) -> None:
+        self._health = health
+        self._estimate = estimate
+        self._least = health.config.hang_min_ms / 1000  # no hang deadline is shorter
+        self.races: set[Poked] = set()  # in flight: told when a race finds a target hung
+
+    def bound(self, marks: Iterable[Heard]) -> float:
+        """A lower bound of :meth:`next_check`, cheap: it looks up no deadline."""
+        heard = math.inf
+        for mark in marks:  # a loop, not a generator: this runs at every look of every race
+            if mark.serving and mark.heard < heard:
+                heard = mark.heard
+        return heard + self._least
+
+    def next_check(self, running: Iterable[tuple[Heard, Watched]]) -> float | None:
+        """When an attempt in service may next be found hung: past its deadline, once its
+        target is silent as long (a target that answers others is busy, not hung); None if
+        none is in service (one queued in this client fails over when its target is found
+        hung: see ``Race.poke``)."""
+        health, first = self._health, math.inf
+        for mark, entry in running:
+            if mark.serving and not entry.waited:
+                deadline = health.deadline(self._estimate(entry.key))
+                first = min(first, max(mark.heard + deadline, health.silent_since(entry.key, deadline)))
+        return None if first == math.inf else first
+
+    def found_hung(self, target: str, mark: Heard, now: float, finder: Poked) -> bool:
+        """Whether an attempt at ``target`` is hung by its own deadline now; if so ``target``
+        is marked hung and every race in flight but ``finder`` is told."""
+        if not mark.serving:
+            return False
+        deadline = self._health.deadline(self._estimate(target))
+        if now - mark.heard < deadline or not self._health.silent_for(target, deadline):
+            return False
+        self._health.mark(target, _HUNG)
+        for race in list(self.races):
+            if race is not finder:
+                race.poke()
+        return True
+
+    def is_hung(self, target: str) -> bool:
+        return self._health.has(target, _HUNG)
+
+    def any_healthy(self, targets: Iterable[str]) -> bool:
+        """Whether one of ``targets`` is not known to be hung."""
+        return any(not self._health.has(target, _HUNG) for target in targets)

@@ -59,16 +59,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 from weakref import WeakKeyDictionary
 
 from ..chunks.attempt import Attempt
 from ..chunks.demand import Demand
 from ..config import HedgeConfig
 from .deadlines import Deadlines
-from .health import Reason, TargetHealth
-from .hedgestate import HedgeBudget, HedgeStats, LatencyTracker
-from .race import AttemptFn, Race, exhausted, is_failover
+from .health import HangWatch, Reason, TargetHealth
+from .hedgestate import AttemptFn, HedgeBudget, HedgeStats, LatencyTracker, exhausted, is_failover
+from .race import Race
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -96,7 +96,7 @@ class Hedger:
         self.counts = HedgeStats()
         self.clock = clock
         self.health = health if health is not None else TargetHealth(self.config, clock)
-        self.races: set[Race[Any, Any]] = set()  # in flight: told when a race finds a target hung
+        self.hangs = HangWatch(self.health, self.latency.estimate)  # and the races in flight
         self._deadlines: WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = WeakKeyDictionary()
         self._last: Deadlines | None = None  # those of the loop served last
         self._answered: dict[str, Callable[[], None]] = {}  # see answered_of

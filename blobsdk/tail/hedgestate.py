@@ -1,7 +1,8 @@
 """What a hedger (blobsdk/tail/hedge.py) shares with the races it runs (blobsdk/tail/race.py):
-its latency estimates, its hedge budget, its counters, and :class:`RaceHost`, the hedger as a
-race sees it.  It sits below both, so a race names what it uses of its hedger without
-importing the hedger, which starts races."""
+the attempt at one candidate, whether an attempt's error moves on to the next, the error once
+every one failed, its latency estimates, its hedge budget, its counters, and
+:class:`RaceHost`, the hedger as a race sees it.  It sits below both, so a race names what it
+uses of its hedger without importing the hedger, which starts races."""
 
 from __future__ import annotations
 
@@ -9,15 +10,37 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
+from ..chunks.attempt import Attempt
 from ..config import MIN_SAMPLES, HedgeConfig
+from ..errors import BlobError, HedgeExhausted
 from .deadlines import Deadlines
-from .health import TargetHealth
+from .health import HangWatch, TargetHealth
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
 
 _REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
+
+
+def is_failover(exc: BaseException) -> bool:
+    """Whether an attempt's error is about that candidate only (so another may succeed)."""
+    return isinstance(exc, BlobError) and not isinstance(exc, ValueError)
+
+
+def exhausted(failures: list[tuple[T, BaseException]], key_of: Callable[[T], str]) -> HedgeExhausted:
+    """The error once every candidate failed: each failure described, the last as cause."""
+    if not failures:
+        return HedgeExhausted("no candidates to try", [])
+    described = "; ".join(f"{key_of(c)}: {type(e).__name__}: {e}" for c, e in failures)
+    exc = HedgeExhausted(f"all {len(failures)} candidates failed: {described}", failures)
+    exc.__cause__ = failures[-1][1]
+    return exc
 
 
 class _Window:
@@ -106,6 +129,14 @@ class LatencyTracker:
         estimate = self.estimate(target)
         return high if estimate is None else min(high, max(low, estimate))
 
+    def hedge_delay(self, target: str, next_target: str) -> float:
+        """How long an attempt at ``target`` runs before ``next_target`` is hedged to: the
+        shorter of their delays.  By the next one's p95 it would have answered 95 times in
+        100, so an attempt still running then is better raced, even when it is only its
+        own target's usual pace: a replica slow on every read, behind a slow link, has a
+        p95 as slow as its reads, and its own delay alone would hedge none of them."""
+        return min(self.delay(target), self.delay(next_target))
+
 
 class HedgeBudget:
     """A token bucket: each primary request earns ``ratio`` tokens (capped at ``burst``,
@@ -153,7 +184,7 @@ class RaceHost(Protocol):
     budget: HedgeBudget
     counts: HedgeStats
     health: TargetHealth
-    races: set[Any]  # the races in flight: each is poked when one of them finds a target hung
+    hangs: HangWatch  # the hang rule on its attempts, and the races in flight, poked when one finds a target hung
 
     def answered_of(self, target: str) -> Callable[[], None]: ...
 

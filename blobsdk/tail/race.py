@@ -6,74 +6,49 @@ are one attempt that answers before its hedge delay.  So:
 - The primary attempt runs in the caller's own task, not a task of its own.  It costs no
   task, and it reaches its endpoint's limiter before the next read of a batch is ranked, so
   the tier's least-loaded order sees the reads a batch has already sent (with a task per
-  primary, all 100 reads of a batch were ranked before any had started: every one saw every
-  replica idle).  Hedges and failovers run in tasks of their own.  When one of them decides
-  the race (or the primary is found hung), the primary is stopped by cancelling the caller's
-  task and taking that cancellation back (``Task.uncancel``), as ``asyncio.timeout`` does;
-  a cancellation from outside is never taken for ours.
-- One deadline per race, for whichever is due first: the hedge, or a look at the hang
-  deadlines, set once the attempt has made its first move (an attempt waiting in its
-  client-side queue needs none).  The deadlines of every race of a hedger share one loop
-  timer (blobsdk/tail/deadlines.py), and their first looks one ``call_soon`` per turn of the
-  loop: a batch of reads sets the timer once, where each read set and cancelled its own.
-  Nothing polls: an attempt that leaves its client-side queue says so
+  primary, every read of a batch was ranked before any had started: each saw every replica
+  idle).  Hedges and failovers run in tasks of their own.  When one of them decides the race
+  (or the primary is found hung), the primary is stopped by cancelling the caller's task and
+  taking that cancellation back (``Race._stop``, ``Race._take_back``: the only two places
+  that touch the caller's task), as ``asyncio.timeout`` does; a cancellation from outside
+  is never taken for ours.
+- One deadline per race (:class:`~blobsdk.tail.deadlines.Timer`), for whichever is due
+  first: the hedge, or a look at the hang deadlines (:class:`~blobsdk.tail.health.HangWatch`),
+  set once the attempt has made its first move (an attempt waiting in its client-side queue
+  needs none).  Nothing polls: an attempt that leaves its client-side queue says so
   (``Attempt(on_service=)``), and a race that finds a target hung tells the hedger's other
-  races (``Hedger.races``), whose attempts queued there fail over; before, every race with an
-  attempt queued woke every hedge delay to look.  A deadline due earlier than needed is kept
-  and re-armed when it fires.
+  races, whose attempts queued there fail over.
 - The caller's task sleeps on one future that an attempt's end or the timer wakes; the
   decisions (hedge, fail over, settle) are made in those callbacks.
 
-Measured (client CPU per 16 KiB L4 read, batches of 100 over three block servers in other
-processes, ``python -m benchmarks hedging``'s ``client_cpu_*`` rows, on the 2-core reference
-machine under load): with a task per attempt, ``asyncio.wait`` and a timeout per wake-up
-(2.8 wake-ups per read, most of them polls of reads queued in the client), a hedged read
-cost ~75-105 µs more than plain failover (198-240 vs 118-148 µs); then ~25 µs more (140-153
-vs 116-130 µs).  With the shared timer and the race's state in slots, a lone race whose
-attempt answers on the next turn of the loop costs 18.2 µs against 6.6 µs in turn (was 20.2);
-a batch of 100 reads from in-process replicas behind their limiters (the hedging benchmark's
-``client_cpu_inproc_*`` rows: tier, limiter and hedger, no network), hedged, 45-52 µs a read
-against 32-37 µs unhedged (was 52-61 against 35-41; the least of 9 rounds, 6 runs each).
-
-What a read keeps alive while in flight is what sets off the cyclic garbage collector (every
-700 tracked objects a batch keeps alive, and a full collection of the process once enough
-lived through two), which was a third of those in-process figures.  So a race makes its sets
-and lists only when it needs them, and takes its target's ``answered`` callback from the
-hedger (one per target): a hedged read in flight keeps 25 tracked objects alive, an unhedged
-one 20 (were 40 and 28; tests/tiers/test_l4_footprint.py counts them), and 30,000 in-process
-reads set off 818 young and 7 full collections (were 1,365 and 11).
+What a read keeps alive while in flight is what sets off the cyclic garbage collector, so a
+race makes its sets and lists only when it needs them, takes its target's ``answered``
+callback from the hedger (one per target), and is freed by its last reference
+(tests/tiers/test_l4_footprint.py counts what a read keeps).  The figures are in
+docs/benchmarks.md ("hedging").
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from ..chunks.attempt import Attempt
 from ..chunks.demand import Demand
-from ..errors import BlobError, HedgeExhausted, Unavailable
-from .deadlines import Deadline
-from .health import Reason
-
-if TYPE_CHECKING:
-    from .hedgestate import RaceHost as Hedger  # the hedger as its races see it
+from ..errors import Unavailable
+from .deadlines import Timer
+from .hedgestate import AttemptFn, RaceHost, exhausted
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Kind = Literal["primary", "hedge", "failover"]
 _NONE: frozenset[Any] = frozenset()  # an empty set of a race's, until it needs one
-AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
-
-
-def is_failover(exc: BaseException) -> bool:
-    """Whether an attempt's error is about that candidate only (so another may succeed)."""
-    return isinstance(exc, BlobError) and not isinstance(exc, ValueError)
 
 
 @dataclass
@@ -85,14 +60,19 @@ class _Outcome(Generic[R]):
 
 
 class _Entry(Generic[T, R]):
-    """One attempt running: its candidate, kind and task (None: the primary, in the caller's task)."""
+    """One attempt: its candidate, the candidate's target, its kind and task (None: the
+    primary, in the caller's task), and how the hang watch left it: ``hung`` (failed over as
+    hung, stopped) or ``waited`` (hung, but the last hope: waited for)."""
 
-    __slots__ = ("candidate", "kind", "task")
+    __slots__ = ("candidate", "hung", "key", "kind", "task", "waited")
 
-    def __init__(self, candidate: T, kind: Kind, task: asyncio.Task[_Outcome[R]] | None) -> None:
+    def __init__(self, candidate: T, key: str, kind: Kind) -> None:
         self.candidate = candidate
+        self.key = key
         self.kind = kind
-        self.task = task
+        self.task: asyncio.Task[_Outcome[R]] | None = None
+        self.hung = False
+        self.waited = False
 
 
 class Race(Generic[T, R]):
@@ -105,14 +85,12 @@ class Race(Generic[T, R]):
         "_attempt",
         "_candidates",
         "_clock",
-        "_deadlines",
         "_deferred",
         "_demand",
         "_failover",
         "_failures",
         "_hedger",
         "_hedging",
-        "_hung",
         "_interrupted",
         "_key_of",
         "_loop",
@@ -124,18 +102,15 @@ class Race(Generic[T, R]):
         "_ready",
         "_result",
         "_running",
-        "_soon",
         "_task",
         "_tasks",
         "_timer",
-        "_timer_at",
-        "_waited_for",
         "_wake",
     )
 
     def __init__(
         self,
-        hedger: Hedger,
+        hedger: RaceHost,
         candidates: Sequence[T],
         attempt: AttemptFn[T, R],
         key_of: Callable[[T], str],
@@ -147,42 +122,35 @@ class Race(Generic[T, R]):
     ) -> None:
         self._hedger = hedger
         self._clock = hedger.clock
-        self._demand = demand
-        self._patient = patient
-        self._ready = ready
-        self._probe = probe  # the hung target this read probes, if any
         self._candidates = candidates
         self._attempt = attempt
         self._key_of = key_of
         self._failover = failover
+        self._ready = ready
+        self._demand = demand
+        self._probe = probe  # the hung target this read probes, if any
+        self._patient = patient
         self._next = 0  # index of the next candidate to start
         self._running: dict[Attempt, _Entry[T, R]] = {}
-        # Made on first use (most races need none: each tracked object a read keeps alive
-        # brings the cyclic collector's next pass nearer).
-        self._hung: AbstractSet[Attempt] = _NONE  # attempts failed over as hung (stopped)
-        self._waited_for: AbstractSet[Attempt] = _NONE  # hung, but the last hope: not failed over
-        self._failures: list[tuple[T, BaseException]] | None = None
+        self._failures: list[tuple[T, BaseException]] | None = None  # made by the first
+        self._tasks: AbstractSet[asyncio.Task[_Outcome[R]]] = _NONE  # every task started, until it ended
         self._hedging = hedger.config.enabled
         self._deferred = False
         self._armed: Attempt | None = None  # the watched attempt
         self._armed_delay = 0.0  # and its hedge delay
         self._not_before = -math.inf  # a deferred hedge looks again no earlier than this
         self._loop = asyncio.get_running_loop()
-        self._deadlines = hedger.deadlines(self._loop)
+        self._timer = Timer(hedger.deadlines(self._loop), self)
         task = asyncio.current_task()
         assert task is not None, "a hedged request runs in a task"
-        self._task = task
-        self._timer: Deadline | None = None  # this race's deadline in its hedger's shared timer
-        self._timer_at = math.inf  # hedger clock time the timer is set for
+        self._task = task  # the caller's, which runs the primary attempt
+        self._interrupted = False  # the caller's task was cancelled by us, to stop the primary
         self._wake: asyncio.Future[None] | None = None  # what the caller sleeps on
         self._over = False
         self._result: _Outcome[R] | None = None  # None once over: every candidate failed
-        self._interrupted = False  # the caller's task was cancelled by us, to stop the primary
-        self._tasks: AbstractSet[asyncio.Task[_Outcome[R]]] = _NONE  # every task started, until it ended
-        self._soon = False  # a first look at the timer is on its way (see _arm)
 
     async def run(self) -> R:
-        races = self._hedger.races
+        races = self._hedger.hangs.races
         races.add(self)
         try:
             await self._primary()
@@ -205,56 +173,45 @@ class Race(Generic[T, R]):
             raise result.error
         return result.value  # type: ignore[return-value]
 
-    # --- the primary, in the caller's task --------------------------------------------------
+    # --- the attempts ---------------------------------------------------------------------
 
     async def _primary(self) -> None:
-        candidate = self._candidates[0]
-        self._next = 1
-        mark = self._new_attempt(candidate)
-        self._running[mark] = _Entry(candidate, "primary", None)
-        self._arm(candidate, mark)
-        cancelling = self._task.cancelling()
+        """The first candidate's attempt, in the caller's task."""
+        entry, mark = self._new_entry("primary")
+        before = self._task.cancelling()  # cancellations asked before the primary: not ours
         try:
-            value = await self._attempt(candidate, mark)
+            value = await self._attempt(entry.candidate, mark)
         except asyncio.CancelledError:
-            if not self._take_back(cancelling):
+            if not self._take_back(before):
                 raise  # from outside: run's finally stops the rest
             # Stopped by us: another attempt decided the race, or this one was found hung.
-            if mark.serving and mark not in self._hung:
-                self._hedger.latency.record(self._key_of(candidate), self._clock() - mark.begun)
+            self._censored(entry, mark)
             return
         except Exception as exc:  # noqa: BLE001 - settled like any attempt's error
-            self._take_back(cancelling)
+            self._take_back(before)
             self._settle(mark, _Outcome(error=exc))
             return
-        self._take_back(cancelling)
+        self._take_back(before)
         if mark in self._running:
-            self._record(candidate, mark)
+            self._record(entry.key, mark)
         self._settle(mark, _Outcome(value=value))
 
-    def _take_back(self, cancelling: int) -> bool:
-        """Undo our own cancellation of the caller's task, if we made one; whether the task is
-        left with no other cancellation than it had before the race."""
-        if not self._interrupted:
-            return False
-        self._interrupted = False
-        return self._task.uncancel() <= cancelling
-
-    # --- attempts in tasks ----------------------------------------------------------------
-
-    def _new_attempt(self, candidate: T) -> Attempt:
-        on_progress = self._hedger.answered_of(self._key_of(candidate))
-        return Attempt(self._clock, on_progress, self._demand, on_service=self._schedule)
-
     def _start(self, kind: Kind) -> None:
-        candidate = self._candidates[self._next]
-        self._next += 1
-        mark = self._new_attempt(candidate)
-        task = self._loop.create_task(self._timed(candidate, mark), name=f"hedge:{kind}:{self._key_of(candidate)}")
+        """The next candidate's attempt, in a task of its own."""
+        entry, mark = self._new_entry(kind)
+        task = self._loop.create_task(self._timed(entry, mark), name=f"hedge:{kind}:{entry.key}")
+        entry.task = task
         self._started().add(task)
         task.add_done_callback(partial(self._ended, mark))
-        self._running[mark] = _Entry(candidate, kind, task)
-        self._arm(candidate, mark)
+
+    def _new_entry(self, kind: Kind) -> tuple[_Entry[T, R], Attempt]:
+        candidate = self._candidates[self._next]
+        self._next += 1
+        entry: _Entry[T, R] = _Entry(candidate, self._key_of(candidate), kind)
+        mark = Attempt(self._clock, self._hedger.answered_of(entry.key), self._demand, on_service=self.schedule)
+        self._running[mark] = entry
+        self._arm(entry.key, mark)
+        return entry, mark
 
     def _started(self) -> set[asyncio.Task[_Outcome[R]]]:
         """The set of tasks started, made on first use."""
@@ -263,27 +220,29 @@ class Race(Generic[T, R]):
             tasks = self._tasks = set()
         return tasks
 
-    async def _timed(self, candidate: T, mark: Attempt) -> _Outcome[R]:
+    async def _timed(self, entry: _Entry[T, R], mark: Attempt) -> _Outcome[R]:
         """Run one attempt in its own task; a returned value's latency since it entered
         service becomes a sample of its target."""
         try:
-            value = await self._attempt(candidate, mark)
+            value = await self._attempt(entry.candidate, mark)
         except asyncio.CancelledError:
-            # A loser in service at least this long: keeping that (censored) sample stops
-            # the estimate from learning only the fast winners and hedging ever earlier.
-            # (Not a hung one: its wait says nothing about the target's latency.)
-            if mark.serving and mark not in self._hung:
-                self._hedger.latency.record(self._key_of(candidate), self._clock() - mark.begun)
+            self._censored(entry, mark)
             raise
         except Exception as exc:  # noqa: BLE001 - the race decides; CancelledError is no Exception
             return _Outcome(error=exc)
-        self._record(candidate, mark)
+        self._record(entry.key, mark)
         return _Outcome(value=value)
 
-    def _record(self, candidate: T, mark: Attempt) -> None:
-        key = self._key_of(candidate)
+    def _record(self, key: str, mark: Attempt) -> None:
         self._hedger.latency.record(key, self._clock() - mark.begun)
         self._hedger.health.answered(key)
+
+    def _censored(self, entry: _Entry[T, R], mark: Attempt) -> None:
+        """A loser stopped in service at least this long: keeping that (censored) sample stops
+        the estimate from learning only the fast winners and hedging ever earlier.  (Not a
+        hung one: its wait says nothing about the target's latency.)"""
+        if mark.serving and not entry.hung:
+            self._hedger.latency.record(entry.key, self._clock() - mark.begun)
 
     def _ended(self, mark: Attempt, task: asyncio.Task[_Outcome[R]]) -> None:
         """A task's done callback."""
@@ -292,6 +251,28 @@ class Race(Generic[T, R]):
             return  # stopped by us (a loser, or hung): already settled
         error = task.exception()
         self._settle(mark, task.result() if error is None else _Outcome(error=error))
+
+    def _stop(self, entry: _Entry[T, R]) -> None:
+        if entry.task is not None:
+            entry.task.cancel()
+        elif not self._interrupted:  # the primary: stopped by cancelling the caller's task, once
+            self._interrupted = True
+            self._task.cancel()
+
+    def _take_back(self, before: int) -> bool:
+        """Undo our cancellation of the caller's task, if we made one; whether the task is
+        left with no other cancellation than the ``before`` it had when the primary started
+        (else one came from outside too, and it stands)."""
+        if not self._interrupted:
+            return False
+        self._interrupted = False
+        return self._task.uncancel() <= before
+
+    def _end(self) -> None:
+        """Cancel the timer, and every task (a race left by an error or a cancellation)."""
+        self._timer.close()
+        for task in self._tasks:
+            task.cancel()
 
     # --- deciding -------------------------------------------------------------------------
 
@@ -323,7 +304,7 @@ class Race(Generic[T, R]):
         if not self._running:
             self._decide(None)
         else:
-            self._schedule()
+            self.schedule()
 
     def _decide(self, outcome: _Outcome[R] | None) -> None:
         """The race is over (None: every candidate failed): stop what still runs, wake the caller."""
@@ -335,50 +316,22 @@ class Race(Generic[T, R]):
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    def _stop(self, entry: _Entry[T, R]) -> None:
-        if entry.task is not None:
-            entry.task.cancel()
-        elif not self._interrupted:
-            self._interrupted = True
-            self._task.cancel()
+    # --- looks: hedges and hang deadlines (the timer's owner) ------------------------------
 
-    def _end(self) -> None:
-        """Cancel the timer, and every task (a race left by an error or a cancellation)."""
-        if self._timer is not None:
-            self._deadlines.cancel(self._timer)
-            self._timer = None
-        for task in self._tasks:
-            task.cancel()
-
-    # --- the timer: hedges and hang deadlines ----------------------------------------------
-
-    def _schedule(self) -> None:
-        """Set the timer for the next look (the hedge or a hang deadline), unless it is set
-        for earlier already (it then looks again when it fires)."""
-        if self._over or self._soon:
+    def schedule(self) -> None:
+        """Set the timer for the next look (the hedge or a hang deadline)."""
+        if self._over or self._timer.asked:
             return  # over, or the first look is on its way
         at = self._next_look()
-        if at is None or (self._timer is not None and self._timer_at <= at):
-            return
-        if self._timer is not None:
-            self._deadlines.cancel(self._timer)
-        self._timer_at = at
-        self._timer = self._deadlines.call_at(at, self._fired)
-
-    def _fired(self) -> None:
-        """The deadline came.  The shared timer runs this once the callbacks already due
-        when it fired have run: an attempt whose answer came in the same turn of the loop (a
-        loaded machine runs late) has then returned, rather than be hedged or found hung
-        with its answer waiting."""
-        self._timer = None
-        self._look()
+        if at is not None:
+            self._timer.set(at)
 
     def poke(self) -> None:
         """Another race found a target hung: look whether an attempt of this one is there."""
         if not self._over:
-            self._loop.call_soon(self._look)
+            self._loop.call_soon(self.look)
 
-    def _look(self) -> None:
+    def look(self) -> None:
         """Fail over hung attempts, send a due hedge, set the next timer."""
         if self._over:
             return
@@ -396,9 +349,9 @@ class Race(Generic[T, R]):
         due = self._due()
         if due == math.inf:  # the watched attempt waits in this client or on its server's upstream
             due = None
-        elif due is not None and due <= self._hang_bound():
+        elif due is not None and due <= self._hedger.hangs.bound(self._running):
             return due  # the usual case, without working out any hang deadline
-        hang = self._hang_check_at()
+        hang = self._hedger.hangs.next_check(self._running.items())
         if hang is not None:
             due = hang if due is None else min(due, hang)
         return due
@@ -411,30 +364,15 @@ class Race(Generic[T, R]):
             return None
         return max(mark.begun + self._armed_delay, self._not_before) if mark.serving and not mark.upstream else math.inf
 
-    def _arm(self, candidate: T, mark: Attempt) -> None:
+    def _arm(self, key: str, mark: Attempt) -> None:
         """Watch the attempt just started for a hedge, if another may follow it."""
         config = self._hedger.config
         can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < config.max_parallel
         self._armed = mark if can_hedge else None
         if can_hedge:
-            self._armed_delay = self._delay(candidate)
+            self._armed_delay = self._hedger.latency.hedge_delay(key, self._key_of(self._candidates[self._next]))
         self._not_before = -math.inf
-        if not self._soon:  # once the attempt made its first move: queued (no timer yet) or not
-            self._soon = True
-            self._deadlines.call_soon(self._first_look)
-
-    def _delay(self, candidate: T) -> float:
-        """How long ``candidate``'s attempt runs before the next candidate is hedged to: the
-        shorter of their delays.  By the next one's p95 it would have answered 95 times in
-        100, so an attempt still running then is better raced, even when it is only its
-        own target's usual pace: a replica slow on every read, behind a slow link, has a
-        p95 as slow as its reads, and its own delay alone would hedge none of them."""
-        latency, key_of = self._hedger.latency, self._key_of
-        return min(latency.delay(key_of(candidate)), latency.delay(key_of(self._candidates[self._next])))
-
-    def _first_look(self) -> None:
-        self._soon = False
-        self._schedule()
+        self._timer.first_look()  # once the attempt made its first move: queued (no timer yet) or not
 
     def _hedge(self) -> None:
         """The hedge delay passed: start the next candidate if it has room and the budget
@@ -453,63 +391,33 @@ class Race(Generic[T, R]):
         self._hedging = False
         self._armed = None
 
-    def _hang_bound(self) -> float:
-        """A lower bound of :meth:`_hang_check_at`: no deadline is shorter than ``hang_min_ms``."""
-        heard = math.inf
-        for mark in self._running:  # a loop, not a generator: this runs at every look of every race
-            if mark.serving and mark.heard < heard:
-                heard = mark.heard
-        return heard + self._hedger.config.hang_min_ms / 1000
-
-    def _hang_check_at(self) -> float | None:
-        """When an attempt in service may next be found hung (its hang deadline); None if none
-        is in service (one queued in this client fails over when its target is found hung:
-        see :meth:`poke`)."""
-        health = self._hedger.health
-        first: float | None = None
-        for mark, entry in self._running.items():
-            if mark in self._waited_for or not mark.serving:
-                continue
-            key = self._key_of(entry.candidate)
-            deadline = health.deadline(self._hedger.latency.estimate(key))
-            # Past its deadline at a target that still answers others: when it falls silent.
-            at = max(mark.heard + deadline, health.silent_since(key, deadline))
-            first = at if first is None else min(first, at)
-        return first
-
     def _fail_over_hung(self) -> None:
         """Stop every attempt that outlived its hang deadline, or whose target is hung, and
-        fail over from it at once, spending no hedge budget (a hung target is a failure)."""
-        health, now = self._hedger.health, self._clock()
+        fail over from it at once, spending no hedge budget (a hung target is a failure).  A
+        patient tier (the last: nowhere to fall through to) waits for its last attempt rather
+        than move on only to targets already found hung: on a loaded machine a healthy
+        replica may outlive its hang deadline, and failing over from it to a stalled one would
+        wait out a socket timeout instead (seen: 30 s, in a fresh-clone run beside another
+        suite)."""
+        hangs, now = self._hedger.hangs, self._clock()
         for mark, entry in list(self._running.items()):
-            if mark in self._waited_for or (entry.task is not None and entry.task.done()):
+            if entry.waited or (entry.task is not None and entry.task.done()):
                 continue  # waited for, or ended (its outcome is on its way)
-            key = self._key_of(entry.candidate)
-            deadline = health.deadline(self._hedger.latency.estimate(key))
-            if mark.serving and now - mark.heard >= deadline and health.silent_for(key, deadline):
-                health.mark(key, Reason.HUNG)
-                for race in list(self._hedger.races):
-                    if race is not self:
-                        race.poke()
-            elif key == self._probe or not health.has(key, Reason.HUNG):
+            found = hangs.found_hung(entry.key, mark, now, self)
+            if not found and (entry.key == self._probe or not hangs.is_hung(entry.key)):
                 continue  # a probe of a hung target fails only by its own deadline
-            if self._patient and len(self._running) == 1 and not self._healthy_left():
-                self._waited_for = {*self._waited_for, mark}  # nowhere better to go: wait for it
+            if self._patient and len(self._running) == 1 and not self._untried_healthy():
+                entry.waited = True  # nowhere better to go: wait for it
                 continue
             del self._running[mark]
-            self._hung = {*self._hung, mark}
+            entry.hung = True
             self._stop(entry)
             self._hedger.counts.hung_failovers += 1
-            self._fail_over(entry.candidate, Unavailable(f"{key}: no answer within its hang deadline (hung)"))
+            self._fail_over(entry.candidate, Unavailable(f"{entry.key}: no answer within its hang deadline (hung)"))
 
-    def _healthy_left(self) -> bool:
-        """Whether a candidate not yet tried is a target not known to be hung.  A patient tier
-        (the last: nowhere to fall through to) waits for its last attempt rather than move on
-        only to targets already found hung: on a loaded machine a healthy replica may outlive
-        its hang deadline, and failing over from it to a stalled one would wait out a socket
-        timeout instead (seen: 30 s, in a fresh-clone run beside another suite)."""
-        health = self._hedger.health
-        return any(not health.has(self._key_of(c), Reason.HUNG) for c in self._candidates[self._next :])
+    def _untried_healthy(self) -> bool:
+        """Whether a candidate not yet tried is a target not known to be hung."""
+        return self._hedger.hangs.any_healthy(map(self._key_of, self._candidates[self._next :]))
 
 
 async def _wait_out(tasks: set[asyncio.Task[_Outcome[R]]]) -> None:
@@ -524,13 +432,3 @@ async def _wait_out(tasks: set[asyncio.Task[_Outcome[R]]]) -> None:
         tasks.difference_update([t for t in tasks if t.done()])
     if cancelled is not None:
         raise cancelled
-
-
-def exhausted(failures: list[tuple[T, BaseException]], key_of: Callable[[T], str]) -> HedgeExhausted:
-    """The error once every candidate failed: each failure described, the last as cause."""
-    if not failures:
-        return HedgeExhausted("no candidates to try", [])
-    described = "; ".join(f"{key_of(c)}: {type(e).__name__}: {e}" for c, e in failures)
-    exc = HedgeExhausted(f"all {len(failures)} candidates failed: {described}", failures)
-    exc.__cause__ = failures[-1][1]
-    return exc

@@ -15,8 +15,10 @@ to ``decode``, which decodes and checks the ChunkRef checksum, raising BadCopy f
 that does not match; the tier then counts it as ``corrupt`` and tries its next candidate.
 Local tiers hold raw bytes that were verified before they were filled.
 
-Deep prefetch (blobsdk/read/prefetch.py) asks two more things: ``holds`` (does the tier keep this
-chunk now, known without a read: L1's and L2's index) and ``keep`` (store these bytes and
+Deep prefetch (blobsdk/read/prefetch.py) asks three more things: ``holds`` (does the tier keep this
+chunk now, known without a read: L1's and L2's index), ``finds`` (``holds``, or else the chunk
+is where a tier shared with other processes finds it: a file another process put in L2's
+directory, looked for on the disk's threads) and ``keep`` (store these bytes and
 return only once they are stored: where ``fill`` may drop bytes when the disk is behind, as
 L2's write-behind does, ``keep`` waits).  Tiers that keep nothing answer False and ignore it.
 
@@ -102,6 +104,11 @@ class Tier(Protocol):
         """Whether the tier keeps ``ref`` now, by its index alone (counts nothing)."""
         ...
 
+    async def finds(self, ref: ChunkRef) -> bool:
+        """``holds``, or else whether ``ref`` is where the tier finds what other processes
+        sharing it stored (then it holds it from now on; counts nothing)."""
+        ...
+
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """Store raw bytes a lower tier served, waiting until they are stored (a tier that
         keeps nothing ignores them)."""
@@ -133,6 +140,9 @@ class KeepsNothing:
     keeps_fetched = False
 
     def holds(self, ref: ChunkRef) -> bool:
+        return False
+
+    async def finds(self, ref: ChunkRef) -> bool:
         return False
 
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:

@@ -47,6 +47,10 @@ class L1Tier(AsyncResource):
     def holds(self, ref: ChunkRef) -> bool:
         return self.cache.contains(ref.key)
 
+    async def finds(self, ref: ChunkRef) -> bool:
+        """Memory is this process's own: what it holds."""
+        return self.holds(ref)
+
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """A fill: memory never falls behind."""
         self.cache.put_nowait(ref.key, raw)

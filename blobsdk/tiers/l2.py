@@ -88,6 +88,10 @@ class L2Tier(AsyncResource):
     def holds(self, ref: ChunkRef) -> bool:
         return self.cache.contains(ref.key)
 
+    async def finds(self, ref: ChunkRef) -> bool:
+        """Also a file another process sharing the directory wrote (its header checked)."""
+        return await self.cache.find(ref.key, checksum=ref.checksum)
+
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """Write now, past the write-behind queue (which may drop): a prefetch waits for the disk."""
         await self._write(ref.key, raw)

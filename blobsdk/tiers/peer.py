@@ -166,6 +166,9 @@ class PeerTier(AsyncResource):
         """Never a prefetch target (``client.prefetch`` warms L1, L2 or L3)."""
         return False
 
+    async def finds(self, ref: ChunkRef) -> bool:
+        return False
+
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """A chunk a deep prefetch brought from L3 or L4: as ``fill`` (children may be waiting
         for it: without this, a worker's prefetched windows answered every child 404)."""

@@ -14,7 +14,8 @@ peek, extra_stats, async with / aclose):
 - ``fill`` counts neither hit nor miss.  A tier that keeps fills (``keeps_fills``) serves a
   fill once ``flush`` returned; the others ignore fills.  ``flush`` always returns.
 - ``holds`` counts nothing; a tier that keeps fills holds a chunk once ``keep`` returned
-  (no flush needed) and serves it; the others never hold one and ignore ``keep``.
+  (no flush needed) and serves it; the others never hold one and ignore ``keep``.  ``finds``
+  of a tier alone (nothing else sharing it) answers as ``holds`` and counts nothing.
 - ``peek`` never awaits and never counts a miss; a tier with ``peeks = True`` (L1) answers a
   chunk it holds with its bytes and a hit, the others always answer None ("call fetch").
 - ``async with tier`` gives the tier itself, ready to serve; ``aclose`` twice, or after
@@ -225,6 +226,13 @@ class TierTests:
         else:
             assert not tier.holds(chunks.refs[0])
             await self.missed(tier, chunks.refs[0])
+
+    async def test_finds_of_a_tier_alone_answers_as_holds_and_counts_nothing(self, tier: Tier) -> None:
+        chunks = pack([payload(24), payload(25)])
+        await tier.keep(chunks.refs[0], memoryview(chunks.raws[0]))
+        assert [await tier.finds(ref) for ref in chunks.refs] == [tier.holds(ref) for ref in chunks.refs]
+        assert [tier.holds(ref) for ref in chunks.refs] == [self.keeps_fills, False]
+        assert counts(tier) == (0, 0, 0, 0)
 
     # --- peek --------------------------------------------------------------------------------
 
