@@ -99,6 +99,15 @@ class ReplicaReader:
             self._report.report(ref.block_id)  # a verified copy exists: the others can be mended
         return stored, raw
 
+    async def read_raw(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview:
+        """``read``'s raw bytes alone (its body again, not a call of it: one coroutine less in
+        the chain each resumption of the read runs through)."""
+        read = _CopyRead(self, ref, decode)
+        _, raw = await self._hedged(ref, self.candidates(ref.key), read, demand)
+        if read.skipped and self._report is not None:
+            self._report.report(ref.block_id)
+        return raw
+
     async def read_into(self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None) -> bool:
         """``ref``'s verified raw bytes read straight into ``out`` (see DirectTier): only from
         a lone replica, whose one attempt at a time the hedger waits for (patient, in turn), so

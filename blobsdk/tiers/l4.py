@@ -14,7 +14,8 @@ as a :class:`~blobsdk.sources.replicaread.BlockReport`, which the engine tells o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from ..chunks.demand import Demand
 from ..config import HedgeConfig, RepairConfig
@@ -83,22 +84,31 @@ class L4Tier(KeepsNothing, AsyncResource):
         """Nothing without a read: ask fetch."""
         return None
 
-    async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview:
+    # The reads hand back the engine's coroutine, not one of their own around it: each
+    # resumption of a read runs through every coroutine of its chain, so a wrapper would
+    # cost a call per resumption.
+
+    def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> Coroutine[Any, Any, memoryview]:
         """The verified raw bytes of ``ref`` (never None: L4 raises instead)."""
-        _, raw = await self.engine.read(ref, decode, demand)
-        return raw
+        return self.engine.read_raw(ref, decode, demand)
 
-    async def fetch_stored(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> tuple[memoryview, memoryview]:
+    def fetch_stored(
+        self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None
+    ) -> Coroutine[Any, Any, tuple[memoryview, memoryview]]:
         """The verified stored copy of ``ref`` and its raw bytes (ReplicaReader.read)."""
-        return await self.engine.read(ref, decode, demand)
+        return self.engine.read(ref, decode, demand)
 
-    async def fetch_into(self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None) -> bool:
+    def fetch_into(
+        self, ref: ChunkRef, out: memoryview, decode: Decoder, demand: Demand | None = None
+    ) -> Coroutine[Any, Any, bool]:
         """``ref``'s verified raw bytes read straight into ``out`` (ReplicaReader.read_into)."""
-        return await self.engine.read_into(ref, out, decode, demand)
+        return self.engine.read_into(ref, out, decode, demand)
 
-    async def fetch_many_into(self, pieces: Sequence[Piece], verify: Verifier, demand: Demand | None = None) -> bool:
+    def fetch_many_into(
+        self, pieces: Sequence[Piece], verify: Verifier, demand: Demand | None = None
+    ) -> Coroutine[Any, Any, bool]:
         """The chunks of ``pieces`` read straight into their windows (ReplicaReader.read_many_into)."""
-        return await self.engine.read_many_into(pieces, verify, demand)
+        return self.engine.read_many_into(pieces, verify, demand)
 
     async def flush(self) -> None:
         """Nothing deferred."""
