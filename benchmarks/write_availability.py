@@ -28,7 +28,6 @@ import blobsdk
 from blobsdk.config import ClientConfig, Timeouts, WriteConfig
 from blobsdk.ops.repair import Repairer
 from blobsdk.sources.replicated import Quorum, ReplicatedBlockStore
-from blobsdk.tiers.l4 import L4Tier
 from servers.cluster import Cluster, ServerProcess, start_cluster
 from servers.cluster import _wait_ready as wait_ready
 
@@ -115,9 +114,9 @@ def _config(cluster: Cluster, quorum: Quorum) -> ClientConfig:
 
 
 def _parts(c: blobsdk.Client) -> tuple[ReplicatedBlockStore, Repairer]:
-    store, l4 = c._open.blocks, c._open.readpath.tiers[-1]
-    assert isinstance(store, ReplicatedBlockStore) and isinstance(l4, L4Tier) and l4.repairer is not None
-    return store, l4.repairer
+    store, repairer = c._open.blocks, c._open.repairer
+    assert isinstance(store, ReplicatedBlockStore) and repairer is not None
+    return store, repairer
 
 
 async def _restart(cluster: Cluster, proc: ServerProcess) -> None:

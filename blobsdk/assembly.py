@@ -34,11 +34,13 @@ from .config import ClientConfig, L2Config, s3_location
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
 from .net.rpc import new_session
+from .ops.repair import Repairer
 from .peer.trackers import tracker_servers
 from .read.prefetch import Prefetcher
 from .read.readpath import ReadPath
 from .runtime.buffers import BufferPool
 from .sources.base import BlockStore
+from .sources.replicated import RecordsUnderReplicated
 from .stats import TIER_NAMES, LatencyHistogram, TierStats
 from .tail.limiter import LimiterRegistry
 from .tiers.base import Tier
@@ -170,8 +172,10 @@ class Assembled:
         writer: Writer,
         prefetcher: Prefetcher,
         executor: ThreadPoolExecutor,
+        repairer: Repairer | None = None,
     ) -> None:
         self.blocks = backends.blocks
+        self.repairer = repairer  # L4's background repair: the blocks reads report, the writes left under-replicated
         self.shared_plans = backends.shared_plans
         self.executor = executor
         self.saves: set[asyncio.Task[Any]] = set()  # checkpoint saves in the background
@@ -193,14 +197,17 @@ class Assembled:
             backends.metadata, ttl_seconds=read.plan_cache_ttl_seconds, max_entries=read.plan_cache_entries
         )
         buffers = BufferPool(read.parallel_chunks * config.write.chunk_size)  # a read's chunks in flight
-        tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config, buffers)]
+        repairer = _repairer(backends, config)
+        if repairer is not None:  # entered before the tiers: it outlives every read that reports to it
+            await stack.enter_async_context(repairer)
+        tiers = [await stack.enter_async_context(tier) for tier in _tiers(backends, config, buffers, repairer)]
         readpath = ReadPath(tiers, executor, read.parallel_chunks, buffers)
         stack.push_async_callback(readpath.aclose)  # no fetch outlives its tiers
         capacities = {"l1": config.l1.capacity_bytes, "l2": config.l2.capacity_bytes if config.l2 else 0}
         prefetcher = Prefetcher(plans, readpath, read.parallel_chunks, capacities)
         stack.push_async_callback(prefetcher.aclose)  # first out: no prefetch outlives the read path
         writer = Writer(plans, backends.blocks, config.write, executor)
-        state = cls(backends, plans, readpath, writer, prefetcher, executor)
+        state = cls(backends, plans, readpath, writer, prefetcher, executor, repairer)
         stack.push_async_callback(state.finish_saves)  # first out: a save finishes before its stores close
         return state
 
@@ -212,6 +219,8 @@ class Assembled:
         out: dict[str, dict[str, int | float]] = {name: {**TierStats().as_dict(), "enabled": False} for name in TIER_NAMES}
         for tier in self.readpath.tiers:
             out[tier.name] = {**tier.stats.as_dict(), "enabled": True, **tier.extra_stats()}
+        if self.repairer is not None:
+            out["l4"].update(self.repairer.figures())
         out["plan"] = self.plans.stats()
         if self.shared_plans is not None:
             out["shared_plan"] = {**self.shared_plans.stats()}
@@ -223,7 +232,20 @@ class Assembled:
         return {tier.name: tier.stats.histogram() for tier in self.readpath.tiers}
 
 
-def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Iterator[Tier]:
+def _repairer(backends: Backends, config: ClientConfig) -> Repairer | None:
+    """The repairer of L4's copies, over a store of more than one replica (with one, a read
+    that met a bad copy has nothing to mend it from); it works through the under-replicated
+    list of a store that keeps one."""
+    blocks = backends.blocks
+    if len(blocks.replicas) < 2:
+        return None
+    ledger = blocks.under_replicated if isinstance(blocks, RecordsUnderReplicated) else None
+    return Repairer(
+        backends.metadata, blocks.replicas, config.repair, under_replicated=ledger, write_horizon=config.write.max_write_seconds
+    )
+
+
+def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool, repairer: Repairer | None) -> Iterator[Tier]:
     """The read path's tiers, top to bottom, for ``config`` (each is entered by the caller,
     as it is built, so a failure part-way closes the ones before it)."""
     if config.l1.capacity_bytes > 0:
@@ -247,10 +269,9 @@ def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool) -> Ite
         backends.blocks,
         hedge=config.hedge,
         limiters=backends.limiters,
-        metadata=backends.metadata,
         repair=config.repair,
         buffers=buffers,
-        write_horizon=config.write.max_write_seconds,
+        report=repairer,
     )
 
 

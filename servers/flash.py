@@ -16,7 +16,8 @@ Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verif
 ``<ChunkRef>`` is the ChunkRef as query parameters (blobsdk.wire.chunk_query); ``key``
 must be its chunk key, else 400.
 
-Read-through: a miss reads the L4 replicas in order, verifies each copy (decode + xxh3-64),
+Read-through: a miss reads the L4 replicas in order (blobsdk/sources/replicaread.py, the
+client's L4 tier's engine too), verifies each copy (decode + xxh3-64),
 stores the first good one for the requesting tenant and serves it; one load per chunk key is
 in flight (single-flight: the fill is charged to the tenant that asked first).  A hit is read
 and verified (xxh3-64) on its first read since the fill or the node's start; later hits of
@@ -73,9 +74,9 @@ from blobsdk.net.serving import limits_of_args, progress_every
 from blobsdk.runtime.singleflight import SingleFlight
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources.replicaread import ReplicaReader
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.limiter import LimiterRegistry
-from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef, ref_from_query
 
 from ._common.admission import TenantGate, install_gate, stepped_out
@@ -117,7 +118,7 @@ class FlashNode:
     open in :meth:`open` (app start-up) and close with the stack given there."""
 
     cache: DiskCache
-    l4: L4Tier
+    l4: ReplicaReader  # the read-through from L4
 
     def __init__(self, config: FlashConfig, *, blocks: BlockStore | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
@@ -132,7 +133,7 @@ class FlashNode:
         self.reports = BadCopyReports(config, clock=clock)
 
     async def open(self, stack: AsyncExitStack) -> None:
-        self.l4 = L4Tier(self._given_blocks or await self._open_blocks(stack), limiters=self._limiters)
+        self.l4 = ReplicaReader(self._given_blocks or await self._open_blocks(stack), limiters=self._limiters)
         c = self.config
         self.cache = await stack.enter_async_context(
             DiskCache(
@@ -227,7 +228,7 @@ class FlashNode:
         data = await self.cache.get(ref.key)
         if data is not None and len(data) == ref.length:
             return data, True
-        buf, _ = await self.l4.fetch_stored(ref, self._verify)
+        buf, _ = await self.l4.read(ref, self._verify)
         await self._fill(ref, buf, tenant, pin_seconds)
         return buf, False
 

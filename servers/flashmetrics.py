@@ -7,7 +7,7 @@ from functools import partial
 from typing import Protocol
 
 from blobsdk.cache.disk import DiskCache
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.sources.replicaread import ReplicaReader
 
 from ._common.metrics import ServerMetrics
 from .flashreports import BadCopyReports
@@ -21,7 +21,7 @@ class Node(Protocol):
     def cache(self) -> DiskCache: ...
 
     @property
-    def l4(self) -> L4Tier: ...
+    def l4(self) -> ReplicaReader: ...
 
     @property
     def counters(self) -> object: ...
@@ -102,4 +102,4 @@ def _report_stat(node: Node, name: str) -> float:
 
 
 def _l4_stat(node: Node, name: str) -> float:
-    return node.l4.extra_stats().get(name, 0)
+    return node.l4.figures().get(name, 0)

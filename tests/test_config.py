@@ -110,8 +110,8 @@ async def test_repair_settings_come_from_client_toml_and_reach_the_l4_tier(tmp_p
         ReplicatedBlockStore([LocalBlockStore(tmp_path / "r0"), LocalBlockStore(tmp_path / "r1")]) as blocks,
         blobsdk.Client(cfg, stores=GivenStores(meta, blocks)) as c,
     ):
-        l4 = c._open.readpath.tiers[-1]
-        assert l4.repairer is not None and l4.repairer.config == cfg.repair and l4.health.bad_bytes_seconds == 5.0
+        l4, repairer = c._open.readpath.tiers[-1], c._open.repairer
+        assert repairer is not None and repairer.config == cfg.repair and l4.health.bad_bytes_seconds == 5.0
 
 
 @pytest.mark.parametrize("quorum", [0, -1])

@@ -219,10 +219,10 @@ LAYERS: dict[int, tuple[str, ...]] = {
     7: ("blobsdk.metadata", "blobsdk.sources", "blobsdk.peer"),
     # writes
     8: ("blobsdk.write",),
-    # operations on a whole store (below the tiers while tiers/l4.py starts the repairer)
-    9: ("blobsdk.ops",),
-    # the tiers
-    10: ("blobsdk.tiers",),
+    # the tiers (they report blocks to mend; the composition root starts the repairer)
+    9: ("blobsdk.tiers",),
+    # operations on a whole store
+    10: ("blobsdk.ops",),
     # the read path over the tiers
     11: ("blobsdk.read",),
     # the composition root
@@ -309,6 +309,21 @@ def test_the_ground_imports_only_what_it_names():
         assert not wrong, f"{package} imports beyond {sorted(allowed)}:\n" + "\n".join(wrong)
 
 
+# A tier sees a block store through its protocols and reads it through the replicated read
+# engine: it names no store class (no isinstance on one), and what a store's writes leave to
+# mend is the composition root's to wire.
+TIER_SOURCES = {"blobsdk.sources.base", "blobsdk.sources.replicaread"}
+
+
+def test_tiers_name_no_block_store_class():
+    wrong = [
+        f"{e.source} -> {e.target} ({e.where})"
+        for e in import_edges(ROOT, ["blobsdk"])
+        if e.source.startswith("blobsdk.tiers.") and e.target.startswith("blobsdk.sources") and e.target not in TIER_SOURCES
+    ]
+    assert not wrong, "tiers import a block store's module, not only the protocols and the read engine:\n" + "\n".join(wrong)
+
+
 def test_blobsdk_never_imports_servers_or_benchmarks():
     wrong = [e for e in import_edges(ROOT) if e.source.split(".")[0] == "blobsdk" and e.target.split(".")[0] != "blobsdk"]
     assert not wrong, "blobsdk imports: " + ", ".join(f"{e.target} ({e.where})" for e in wrong)
@@ -340,10 +355,10 @@ SERVER_IMPORTS = {
     "blobsdk.sources.base",
     "blobsdk.sources.http",
     "blobsdk.sources.local",
+    "blobsdk.sources.replicaread",
     "blobsdk.sources.replicated",
     "blobsdk.sources.s3",
     "blobsdk.tail.limiter",
-    "blobsdk.tiers.l4",
     "blobsdk.wire",
 }
 

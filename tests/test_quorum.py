@@ -20,7 +20,6 @@ from blobsdk.config import ClientConfig, RepairConfig, Timeouts, WriteConfig
 from blobsdk.errors import BlobNotFound, Unavailable
 from blobsdk.ops.repair import Repairer
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tiers.l4 import L4Tier
 from servers.cluster import Cluster, ServerProcess, start_cluster
 from servers.cluster import _wait_ready as wait_ready
 
@@ -50,9 +49,9 @@ def _block(cluster: Cluster, i: int) -> ServerProcess:
 
 
 def _parts(c: blobsdk.Client) -> tuple[ReplicatedBlockStore, Repairer]:
-    store, l4 = c._open.blocks, c._open.readpath.tiers[-1]
-    assert isinstance(store, ReplicatedBlockStore) and isinstance(l4, L4Tier) and l4.repairer is not None
-    return store, l4.repairer
+    store, repairer = c._open.blocks, c._open.repairer
+    assert isinstance(store, ReplicatedBlockStore) and repairer is not None
+    return store, repairer
 
 
 async def _restarted(cluster: Cluster, proc: ServerProcess) -> None:

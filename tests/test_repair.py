@@ -71,7 +71,7 @@ class Store:
         return tier
 
     async def repaired(self) -> dict[str, int | float]:
-        repairer = self.l4.repairer
+        repairer = self.client._open.repairer
         assert repairer is not None
         for _ in range(500):
             if repairer.idle:

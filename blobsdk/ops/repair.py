@@ -249,6 +249,15 @@ class Repairer(AsyncResource):
         self._queue.put_nowait(block_id)
         self.stats.repairs_queued += 1
 
+    def figures(self) -> dict[str, int]:
+        """Its counters, and the under-replicated list's (the L4 entry of Client.stats())."""
+        out = self.stats.as_dict()
+        if (ledger := self.under_replicated) is not None:
+            out["under_replicated"] = len(ledger)
+            out["under_replicated_recorded"] = ledger.recorded
+            out["under_replicated_dropped"] = ledger.dropped
+        return out
+
     @property
     def idle(self) -> bool:
         """Nothing queued or being repaired."""

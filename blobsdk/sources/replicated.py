@@ -14,8 +14,9 @@ checks every replica of every live block) finds those blocks instead.
 
 **Write-only.**  This store is a :class:`~blobsdk.sources.base.BlockStore` and no
 :class:`~blobsdk.sources.base.BlockReplica`: it writes, deletes and lists, and ``replicas``
-exposes the copies; it reads nothing.  The one reader of L4 is the L4 tier
-(blobsdk/tiers/l4.py): it ranks the replicas (load, latency, health), hedges across them,
+exposes the copies; it reads nothing.  The one reader of L4 is the replicated read
+engine (blobsdk/sources/replicaread.py, the L4 tier's and the L3 node's): it ranks the
+replicas (load, latency, health), hedges across them,
 verifies every copy and fails over from a bad one, which a plain in-order read here could
 not do.  A second reader, unverified and unhedged, would be a second place for a fix to
 miss.  (Repair and scrub, blobsdk/ops/repair.py, read each replica on its own, by design:
@@ -29,7 +30,7 @@ import heapq
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from contextlib import aclosing
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import ClientClosed, Unavailable, Unreachable
 from ..runtime.resource import AsyncResource
@@ -96,6 +97,16 @@ class UnderReplicated:
         any was)."""
         await self._changed.wait()
         self._changed.clear()
+
+
+@runtime_checkable
+class RecordsUnderReplicated(Protocol):
+    """A block store that records the writes it acknowledged without a copy on every
+    replica (ReplicatedBlockStore): a capability the client's repairer is given, whichever
+    class has it."""
+
+    @property
+    def under_replicated(self) -> UnderReplicated: ...
 
 
 class ReplicatedBlockStore(AsyncResource):

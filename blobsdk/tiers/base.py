@@ -29,28 +29,16 @@ passed to ``fill`` may be kept as they are (see readpath.py on buffer ownership)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol, Self, runtime_checkable
 
 from ..chunks.demand import Demand
+from ..chunks.pieces import Decoder as Decoder
+from ..chunks.pieces import Piece as Piece
+from ..chunks.pieces import Verifier as Verifier
 from ..errors import BlobError
 from ..stats import TierStats
 from ..wire import ChunkRef
-
-Decoder = Callable[[ChunkRef, memoryview], Awaitable[memoryview]]
-# Checks a chunk's raw bytes in the caller's windows, one after another; raises BadCopy if bad.
-Verifier = Callable[[ChunkRef, Sequence[memoryview]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """A whole uncompressed chunk and where its raw bytes go: ``windows``, one after another
-    (writable byte views of the caller's memory, ``ref.raw_length`` bytes in all; several
-    when the chunk straddles the caller's buffers)."""
-
-    ref: ChunkRef
-    windows: tuple[memoryview, ...]
 
 
 @runtime_checkable

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from blobsdk.chunks.codec import decode_chunk
+from blobsdk.client import Client
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
@@ -236,21 +237,48 @@ async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas
     assert tier.candidates(firsts[0].key)[0] is bad
 
 
-async def test_the_tier_owns_its_repairer_from_entry_to_close(replicas: Replicas, tmp_path: Path) -> None:
+class Reports:
+    """A BlockReport that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.blocks: list[str] = []
+
+    def report(self, block_id: str) -> None:
+        self.blocks.append(block_id)
+
+
+async def test_the_tier_reports_a_block_it_skipped_a_bad_or_missing_copy_of(replicas: Replicas) -> None:
+    blocks = await replicas.start(2)
+    refs = await pack(blocks, [os.urandom(1000) for _ in range(8)])
+    reports = Reports()
+    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False), report=reports)
+    await tier.fetch(refs[0], decode)
+    assert reports.blocks == []  # the first copy verified: nothing to mend
+    first = tier.candidates(refs[1].key)[0]
+    replicas.corrupt(blocks.replicas.index(first), refs[1])
+    await tier.fetch(refs[1], decode)
+    assert reports.blocks == [refs[1].block_id]
+    await tier.aclose()
+
+
+async def test_the_client_owns_its_repairer_from_start_to_close(replicas: Replicas, tmp_path: Path) -> None:
     blocks = await replicas.start(2)
     async with SqliteMetadataStore(tmp_path / "meta.sqlite") as metadata:
-        tier = L4Tier(blocks, metadata=metadata)
-        assert tier.repairer is not None and tier.repairer._task is None  # nothing starts before entry
-        async with tier:
-            tasks = [tier.repairer._task, tier.repairer._ledger_task]
+        async with Client.from_stores(metadata, blocks) as client:
+            repairer = client._open.repairer
+            assert repairer is not None and repairer.under_replicated is blocks.under_replicated
+            tasks = [repairer._task, repairer._ledger_task]
             assert all(task is not None and not task.done() for task in tasks)
-        assert all(task is not None and task.done() for task in tasks) and tier.repairer._task is None
-        await tier.aclose()  # closing again is harmless
+            l4 = client._open.readpath.tiers[-1]
+            assert isinstance(l4, L4Tier) and l4.engine._report is repairer  # what the tier's reads report to
+        assert all(task is not None and task.done() for task in tasks) and repairer._task is None
+        async with Client.from_stores(metadata, blocks.replicas[0]) as client:
+            assert client._open.repairer is None  # one replica: nothing to mend a copy from
 
 
 def test_give_up_keeps_a_changed_sources_message_when_every_replica_lost_the_block():
     from blobsdk.errors import BlockNotFound, SourceChanged
-    from blobsdk.tiers.l4 import give_up
+    from blobsdk.sources.replicaread import give_up
 
     ref = ChunkRef(block_id="f" + "0" * 31, offset=0, length=1, raw_length=1, checksum=0)
     changed = SourceChanged("s3://lake/k changed since it was indexed")
