@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
 from blobsdk.sources.base import new_block_id
 from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
@@ -35,14 +35,12 @@ class _Replica:
         self.name = name
         self.limiter = limiter
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes):
-            if attempt is not None:
-                attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        if call is not None:
+            call.queued()
+        async with self.limiter.acquire(call.demand if call is not None else None, size=out.nbytes):
+            if call is not None:
+                call.in_service()
             await asyncio.sleep(0)
 
 

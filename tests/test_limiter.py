@@ -10,7 +10,7 @@ import selectors
 
 import pytest
 
-from blobsdk.chunks.demand import Demand
+from blobsdk.chunks.call import Demand
 from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
 from blobsdk.tail.limiter import (
     AdaptiveLimiter,

@@ -8,11 +8,11 @@ server, an L3 node or (later) a peer needs, owned together for one base URL.
 - the server's adaptive concurrency limit (:class:`~blobsdk.tail.limiter.AdaptiveLimiter`), which
   every data GET waits for.
 
-A data GET that is one attempt of a hedged read is handed that read's
-:class:`~blobsdk.chunks.attempt.Attempt`: it is marked queued while it waits for a permit and in
-service once it has one, so the hedger never hedges a read that is only waiting its turn in
-this client; an interim ``102 Processing`` from the server is its ``progress()``, and every
-arrival of the reply's bytes its ``receiving()``.  The
+A data GET that is one attempt of a hedged read is handed that attempt's
+:class:`~blobsdk.chunks.call.Call`: it queues at the limiter at its demand's priority, marked
+queued while it waits for a permit and in service once it has one, so the hedger never hedges
+a read that is only waiting its turn in this client; an interim ``102 Processing`` from the
+server is its ``progress()``, and every arrival of the reply's bytes its ``receiving()``.  The
 permit is told, by the GET itself, when the server sheds the request or it times out.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
 from ..tail.limiter import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint
@@ -81,19 +81,18 @@ class Endpoint:
         *,
         expect: int = 200,
         headers: Mapping[str, str] | None = None,
-        attempt: Attempt | None = None,
+        call: Call | None = None,
     ) -> dict[str, str]:
         """A data GET whose body lands in ``out`` (see ``RawGetEndpoint.get_into``), once
         the limiter admits it."""
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes) as permit:
-            if attempt is not None:
-                attempt.in_service()
-            on_interim = attempt.progress if attempt is not None else None
-            on_bytes = attempt.receiving if attempt is not None else None
+        if call is None:
+            async with self.limiter.acquire(None, size=out.nbytes) as permit:
+                return await self._data.get_into(route, out, expect=expect, headers=headers, permit=permit)
+        call.queued()
+        async with self.limiter.acquire(call.demand, size=out.nbytes) as permit:
+            call.in_service()
             return await self._data.get_into(
-                route, out, expect=expect, headers=headers, permit=permit, on_interim=on_interim, on_bytes=on_bytes
+                route, out, expect=expect, headers=headers, permit=permit, on_interim=call.progress, on_bytes=call.receiving
             )
 
     async def aclose(self) -> None:

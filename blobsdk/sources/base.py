@@ -18,9 +18,10 @@ Semantics every backend holds (tests/sources/conformance.py checks them):
 - ``write_block(block_id, parts)`` stores the concatenation of ``parts`` under ``block_id``
   and returns only once it is durable.  Blocks are immutable: writing an existing id with
   the same size is a no-op, with another size PreconditionFailed; never a partial overwrite.
-- ``read_into(block_id, offset, out, attempt=None)`` fills ``out`` (a writable memoryview)
-  with the bytes at ``offset``; ``attempt`` is the hedged attempt the read is, which a store
-  that waits in a client-side queue (a concurrency permit) marks queued meanwhile; a
+- ``read_into(block_id, offset, out, call=None)`` fills ``out`` (a writable memoryview)
+  with the bytes at ``offset``; ``call`` (blobsdk/chunks/call.py) is the read: its demand,
+  its grant, and the hooks of the hedged attempt it is, which a store that waits in a
+  client-side queue (a concurrency permit) marks queued meanwhile; a
   missing block raises BlockNotFound, a range past the end of the block raises CorruptData
   (a plan never points past a block).
 - ``read_range`` is the same returning new bytes.  A zero-length read returns ``b""``
@@ -52,7 +53,7 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
 from ..chunks.ids import validate_hex32
 from ..errors import BlobError
 from ..wire import BlockInfo
@@ -117,12 +118,10 @@ class BlockStore(Protocol):
 class BlockReplica(BlockStore, Protocol):
     """One independent copy of L4: a BlockStore that can be read."""
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        """Fill ``out`` with the bytes of ``block_id`` at ``offset``.  ``attempt``: the
-        hedged read this is one attempt of; ``grant``: the chunk grant for exactly these
-        bytes (blobsdk.auth), which a server with tenants wants.  Cancelled, it ends (raises
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        """Fill ``out`` with the bytes of ``block_id`` at ``offset``.  ``call``: the read
+        (its demand, the hedged attempt it is, and its ``grant``: the chunk grant for exactly
+        these bytes, blobsdk.auth, which a server with tenants wants).  Cancelled, it ends (raises
         CancelledError) only once nothing writes into ``out`` any more: a thread's read is
         waited for, a connection receiving into it is closed."""
         ...
@@ -151,7 +150,7 @@ class SpanReader(Protocol):
     memory (see the module docstring)."""
 
     async def read_spans(
-        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
+        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, call: Call | None = None
     ) -> list[BlobError | None]:
         """Read every span of ``block_id`` into its windows, spans adjacent in the block
         (``spans[i].offset + spans[i].length == spans[i + 1].offset``) with one read where

@@ -17,7 +17,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
 from ..auth import GRANT_HEADER
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
 from ..net.unreachable import BLOCK_SERVER
@@ -74,16 +74,14 @@ class HttpBlockStore(AsyncResource):
         async with self._http.request("PUT", _route(block_id), data=_PartsPayload(parts), headers=headers):
             pass  # 201: the server answers only once the block is durable
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         view = memoryview(out).cast("B")
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}", PROGRESS_HEADER: PROGRESS_MS}
-        if grant:
-            headers[GRANT_HEADER] = grant
-        await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, attempt=attempt)
+        if call is not None and call.grant:
+            headers[GRANT_HEADER] = call.grant
+        await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, call=call)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         buf = bytearray(_check_span(block_id, offset, length))

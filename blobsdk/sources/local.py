@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
 from ..errors import (
     BadRequest,
     BlobError,
@@ -119,9 +119,7 @@ class LocalBlockStore(AsyncResource):
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
         await self._run(_write_block_sync, self._dir, *_locate(block_id), parts, self._token)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         where = _locate(block_id)
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:
@@ -129,7 +127,7 @@ class LocalBlockStore(AsyncResource):
         await self._run(read_into_sync, self._dir, *where, offset, view, writes_into=True)
 
     async def read_spans(
-        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
+        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, call: Call | None = None
     ) -> list[BlobError | None]:
         """See :class:`~blobsdk.sources.base.SpanReader`: one open, one preadv per run of
         nearby spans and the checks, in one job on the store's thread pool."""

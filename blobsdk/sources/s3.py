@@ -72,7 +72,7 @@ with requires_extra("s3", __name__):
     import obstore
     from obstore.store import S3Store
 
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
 from ..chunks.ids import is_hex32
 from ..config import Timeouts
 from ..errors import (
@@ -254,9 +254,7 @@ class S3BlockStore(AsyncResource):
                 max_concurrency=self.max_concurrency,
             )
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         view = memoryview(out).cast("B")
         validate_block_id(block_id)
         if offset < 0:
@@ -264,22 +262,22 @@ class S3BlockStore(AsyncResource):
         if view.nbytes == 0:
             return
         try:
-            got = await self._range_into(block_id, offset, view, partial(self._admitted, attempt, view.nbytes))
+            got = await self._range_into(block_id, offset, view, partial(self._admitted, call, view.nbytes))
         except RangeNotSatisfiable as exc:  # the range starts past the end
             raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
         if got != view.nbytes:
             raise CorruptData(f"{self._what(block_id)}: {got} bytes at {offset}, not {view.nbytes}: past its end")
 
     @asynccontextmanager
-    async def _admitted(self, attempt: Attempt | None, size: int) -> AsyncIterator[Permit]:
-        """A permit of the endpoint's limiter for one try of a read, ``attempt`` marked
+    async def _admitted(self, call: Call | None, size: int) -> AsyncIterator[Permit]:
+        """A permit of the endpoint's limiter for one try of a read, ``call`` marked
         queued while it waits; a SlowDown that reaches it through obstore's retries backs
         the limit off (the signed GETs tell the permit themselves)."""
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=size) as permit:
-            if attempt is not None:
-                attempt.in_service()
+        if call is not None:
+            call.queued()
+        async with self.limiter.acquire(call.demand if call is not None else None, size=size) as permit:
+            if call is not None:
+                call.in_service()
             try:
                 yield permit
             except Overloaded:

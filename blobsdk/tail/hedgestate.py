@@ -10,11 +10,10 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ..chunks.attempt import Attempt
 from ..config import MIN_SAMPLES, HedgeConfig
 from ..errors import BlobError, HedgeExhausted
 from .deadlines import Deadlines
@@ -22,8 +21,6 @@ from .health import HangWatch, TargetHealth
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-AttemptFn = Callable[[T, Attempt], Awaitable[R]]  # one attempt at one candidate
 
 _REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
 

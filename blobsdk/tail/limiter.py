@@ -64,7 +64,7 @@ limit would only cap throughput.  Measured on the 2-core dev machine against Sea
 cores contended: the latency limit settled at 5 of 8 concurrent 256 KiB GETs and read 0.87x
 of obstore's rate, the same store cut by drops only 1.00x, in the same run.
 
-Priority is passed explicitly: ``acquire(demand)`` takes the :class:`~blobsdk.chunks.demand.Demand`
+Priority is passed explicitly: ``acquire(demand)`` takes the :class:`~blobsdk.chunks.call.Demand`
 of the fetch the request belongs to (the read path makes one per chunk fetch and hands it
 down through the tier, the hedger and the attempt).  A waiting request whose demand is
 promoted (a foreground reader joined a prefetch's fetch) moves to the foreground queue.
@@ -82,7 +82,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Self
 
-from ..chunks.demand import Demand, Priority
+from ..chunks.call import Demand, Priority
 from ..config import LimiterConfig
 
 Clock = Callable[[], float]
@@ -272,7 +272,7 @@ class AdaptiveLimiter:
     def acquire(self, demand: Demand | Priority | None = None, *, size: int | None = None) -> Permit:
         """A permit to enter with ``async with``, queued at ``demand``'s priority (None:
         FOREGROUND), and moved ahead if that demand is promoted while it waits (see
-        blobsdk/chunks/demand.py).  ``size``: the bytes the request moves, where that varies
+        blobsdk/chunks/call.py).  ``size``: the bytes the request moves, where that varies
         (see the module docstring)."""
         if not isinstance(demand, Demand):
             demand = Demand(Priority.FOREGROUND if demand is None else demand)

@@ -16,7 +16,7 @@ are one attempt that answers before its hedge delay.  So:
   first: the hedge, or a look at the hang deadlines (:class:`~blobsdk.tail.health.HangWatch`),
   set once the attempt has made its first move (an attempt waiting in its client-side queue
   needs none).  Nothing polls: an attempt that leaves its client-side queue says so
-  (``Attempt(on_service=)``), and a race that finds a target hung tells the hedger's other
+  (``Call.attempt(on_service=)``), and a race that finds a target hung tells the hedger's other
   races, whose attempts queued there fail over.
 - The caller's task sleeps on one future that an attempt's end or the timer wakes; the
   decisions (hedge, fail over, settle) are made in those callbacks.
@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
-from ..chunks.attempt import Attempt
-from ..chunks.demand import Demand
+from ..chunks.call import AttemptFn, Call
 from ..errors import Unavailable
 from .deadlines import Timer
-from .hedgestate import AttemptFn, RaceHost, exhausted
+from .hedgestate import RaceHost, exhausted
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -83,10 +82,10 @@ class Race(Generic[T, R]):
         "_armed",
         "_armed_delay",
         "_attempt",
+        "_call",
         "_candidates",
         "_clock",
         "_deferred",
-        "_demand",
         "_failover",
         "_failures",
         "_hedger",
@@ -116,7 +115,7 @@ class Race(Generic[T, R]):
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
         ready: Callable[[T], bool] | None,
-        demand: Demand,
+        call: Call,
         probe: str | None = None,
         patient: bool = False,
     ) -> None:
@@ -127,16 +126,16 @@ class Race(Generic[T, R]):
         self._key_of = key_of
         self._failover = failover
         self._ready = ready
-        self._demand = demand
+        self._call = call  # the read's: each attempt's own call is made from it
         self._probe = probe  # the hung target this read probes, if any
         self._patient = patient
         self._next = 0  # index of the next candidate to start
-        self._running: dict[Attempt, _Entry[T, R]] = {}
+        self._running: dict[Call, _Entry[T, R]] = {}
         self._failures: list[tuple[T, BaseException]] | None = None  # made by the first
         self._tasks: AbstractSet[asyncio.Task[_Outcome[R]]] = _NONE  # every task started, until it ended
         self._hedging = hedger.config.enabled
         self._deferred = False
-        self._armed: Attempt | None = None  # the watched attempt
+        self._armed: Call | None = None  # the watched attempt
         self._armed_delay = 0.0  # and its hedge delay
         self._not_before = -math.inf  # a deferred hedge looks again no earlier than this
         self._loop = asyncio.get_running_loop()
@@ -204,11 +203,11 @@ class Race(Generic[T, R]):
         self._started().add(task)
         task.add_done_callback(partial(self._ended, mark))
 
-    def _new_entry(self, kind: Kind) -> tuple[_Entry[T, R], Attempt]:
+    def _new_entry(self, kind: Kind) -> tuple[_Entry[T, R], Call]:
         candidate = self._candidates[self._next]
         self._next += 1
         entry: _Entry[T, R] = _Entry(candidate, self._key_of(candidate), kind)
-        mark = Attempt(self._clock, self._hedger.answered_of(entry.key), self._demand, on_service=self.schedule)
+        mark = self._call.attempt(self._clock, self._hedger.answered_of(entry.key), self.schedule)
         self._running[mark] = entry
         self._arm(entry.key, mark)
         return entry, mark
@@ -220,7 +219,7 @@ class Race(Generic[T, R]):
             tasks = self._tasks = set()
         return tasks
 
-    async def _timed(self, entry: _Entry[T, R], mark: Attempt) -> _Outcome[R]:
+    async def _timed(self, entry: _Entry[T, R], mark: Call) -> _Outcome[R]:
         """Run one attempt in its own task; a returned value's latency since it entered
         service becomes a sample of its target."""
         try:
@@ -233,18 +232,18 @@ class Race(Generic[T, R]):
         self._record(entry.key, mark)
         return _Outcome(value=value)
 
-    def _record(self, key: str, mark: Attempt) -> None:
+    def _record(self, key: str, mark: Call) -> None:
         self._hedger.latency.record(key, self._clock() - mark.begun)
         self._hedger.health.answered(key)
 
-    def _censored(self, entry: _Entry[T, R], mark: Attempt) -> None:
+    def _censored(self, entry: _Entry[T, R], mark: Call) -> None:
         """A loser stopped in service at least this long: keeping that (censored) sample stops
         the estimate from learning only the fast winners and hedging ever earlier.  (Not a
         hung one: its wait says nothing about the target's latency.)"""
         if mark.serving and not entry.hung:
             self._hedger.latency.record(entry.key, self._clock() - mark.begun)
 
-    def _ended(self, mark: Attempt, task: asyncio.Task[_Outcome[R]]) -> None:
+    def _ended(self, mark: Call, task: asyncio.Task[_Outcome[R]]) -> None:
         """A task's done callback."""
         self._started().discard(task)
         if task.cancelled():
@@ -276,7 +275,7 @@ class Race(Generic[T, R]):
 
     # --- deciding -------------------------------------------------------------------------
 
-    def _settle(self, mark: Attempt, outcome: _Outcome[R]) -> None:
+    def _settle(self, mark: Call, outcome: _Outcome[R]) -> None:
         """An attempt ended: a value or an error that is no failover decides the race; a
         failover error starts the next candidate."""
         entry = self._running.pop(mark, None)
@@ -364,7 +363,7 @@ class Race(Generic[T, R]):
             return None
         return max(mark.begun + self._armed_delay, self._not_before) if mark.serving and not mark.upstream else math.inf
 
-    def _arm(self, key: str, mark: Attempt) -> None:
+    def _arm(self, key: str, mark: Call) -> None:
         """Watch the attempt just started for a hedge, if another may follow it."""
         config = self._hedger.config
         can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < config.max_parallel

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from ..chunks.demand import Demand
+from ..chunks.call import Demand
 from ..config import HedgeConfig, RepairConfig
 from ..runtime.buffers import BufferPool
 from ..runtime.resource import AsyncResource

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
 from blobsdk.tail.hedge import Hedger
 from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
@@ -30,14 +30,12 @@ class _Replica:
         self.limiter = limiter
         self.gate = gate
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes):
-            if attempt is not None:
-                attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        if call is not None:
+            call.queued()
+        async with self.limiter.acquire(call.demand if call is not None else None, size=out.nbytes):
+            if call is not None:
+                call.in_service()
             await self.gate.wait()
 
 

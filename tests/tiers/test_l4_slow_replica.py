@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig, LimiterConfig
 from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
@@ -78,13 +78,11 @@ class FakeReplica:
     def replicas(self) -> tuple[FakeReplica]:
         return (self,)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        attempt = attempt if attempt is not None else Attempt()
-        attempt.queued()
-        async with self.limiter.acquire(attempt.demand, size=len(out)):
-            attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        call = call if call is not None else Call()
+        call.queued()
+        async with self.limiter.acquire(call.demand, size=len(out)):
+            call.in_service()
             await asyncio.sleep(self.seconds)
             out[:] = self.data[offset : offset + len(out)]
             self.served += 1
@@ -102,13 +100,11 @@ class LinkReplica(FakeReplica):
         super().__init__(name, limiter, seconds, data)
         self.wire = asyncio.Lock()
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        attempt = attempt if attempt is not None else Attempt()
-        attempt.queued()
-        async with self.limiter.acquire(attempt.demand, size=len(out)):
-            attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        call = call if call is not None else Call()
+        call.queued()
+        async with self.limiter.acquire(call.demand, size=len(out)):
+            call.in_service()
             await asyncio.sleep(SEEK)
             async with self.wire:
                 await asyncio.sleep(self.seconds)
