@@ -64,10 +64,10 @@ from weakref import WeakKeyDictionary
 
 from ..chunks.call import AttemptFn, Call
 from ..config import HedgeConfig
-from .deadlines import Deadlines
+from ..errors import BlobError
+from .deadlines import Deadlines, LatencyTracker
 from .health import HangWatch, Reason, TargetHealth
-from .hedgestate import HedgeBudget, HedgeStats, LatencyTracker, exhausted, is_failover
-from .race import Race
+from .race import HedgeStats, Race, exhausted
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -75,6 +75,30 @@ R = TypeVar("R")
 _MAX_ANSWERED = 1024  # targets whose ``answered`` callback a hedger keeps made (peers come and go)
 
 __all__ = ["AttemptFn", "Call", "HedgeBudget", "HedgeConfig", "HedgeStats", "Hedger", "LatencyTracker", "is_failover"]
+
+
+def is_failover(exc: BaseException) -> bool:
+    """Whether an attempt's error is about that candidate only (so another may succeed)."""
+    return isinstance(exc, BlobError) and not isinstance(exc, ValueError)
+
+
+class HedgeBudget:
+    """A token bucket: each primary request earns ``ratio`` tokens (capped at ``burst``,
+    starting full), each hedge spends one."""
+
+    def __init__(self, ratio: float, burst: float) -> None:
+        self._ratio = ratio
+        self._burst = burst
+        self.tokens = burst
+
+    def earn(self) -> None:
+        self.tokens = min(self._burst, self.tokens + self._ratio)
+
+    def try_spend(self) -> bool:
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class Hedger:

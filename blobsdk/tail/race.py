@@ -21,6 +21,10 @@ are one attempt that answers before its hedge delay.  So:
 - The caller's task sleeps on one future that an attempt's end or the timer wakes; the
   decisions (hedge, fail over, settle) are made in those callbacks.
 
+A race names what it uses of the hedger that runs it as a protocol (:class:`RaceHost`), and
+keeps the counters it writes (:class:`HedgeStats`) and the error once every attempt failed
+(:func:`exhausted`) here, so it imports nothing of blobsdk/tail/hedge.py, which starts races.
+
 What a read keeps alive while in flight is what sets off the cyclic garbage collector, so a
 race makes its sets and lists only when it needs them, takes its target's ``answered``
 callback from the hedger (one per target), and is freed by its last reference
@@ -36,18 +40,71 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from ..chunks.call import AttemptFn, Call
-from ..errors import Unavailable
-from .deadlines import Timer
-from .hedgestate import RaceHost, exhausted
+from ..config import HedgeConfig
+from ..errors import HedgeExhausted, Unavailable
+from .deadlines import Deadlines, LatencyTracker, Timer
+from .health import HangWatch, TargetHealth
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Kind = Literal["primary", "hedge", "failover"]
 _NONE: frozenset[Any] = frozenset()  # an empty set of a race's, until it needs one
+
+
+@dataclass
+class HedgeStats:
+    """``primaries``: requests run; ``hedges_sent``/``hedges_won``: hedged attempts started /
+    that returned first; ``budget_exhausted``: requests that wanted a hedge and had no token;
+    ``failovers``: attempts started because another one failed; ``hedges_deferred``:
+    requests whose hedge waited for its target to have room; ``hung_failovers``: attempts
+    failed over because they outlived their hang deadline or their target was hung (see
+    blobsdk/tail/health.py)."""
+
+    primaries: int = 0
+    hedges_sent: int = 0
+    hedges_won: int = 0
+    budget_exhausted: int = 0
+    failovers: int = 0
+    hedges_deferred: int = 0
+    hung_failovers: int = 0
+
+
+class Budget(Protocol):
+    """A hedger's hedge budget as a race spends it (:class:`~blobsdk.tail.hedge.HedgeBudget`)."""
+
+    def try_spend(self) -> bool: ...
+
+
+class RaceHost(Protocol):
+    """What a race reads and updates of the hedger that runs it (:class:`~blobsdk.tail.hedge.Hedger`)."""
+
+    config: HedgeConfig
+    clock: Callable[[], float]
+    latency: LatencyTracker
+    counts: HedgeStats
+    health: TargetHealth
+    hangs: HangWatch  # the hang rule on its attempts, and the races in flight, poked when one finds a target hung
+
+    @property
+    def budget(self) -> Budget: ...
+
+    def answered_of(self, target: str) -> Callable[[], None]: ...
+
+    def deadlines(self, loop: asyncio.AbstractEventLoop | None = None) -> Deadlines: ...
+
+
+def exhausted(failures: list[tuple[T, BaseException]], key_of: Callable[[T], str]) -> HedgeExhausted:
+    """The error once every candidate failed: each failure described, the last as cause."""
+    if not failures:
+        return HedgeExhausted("no candidates to try", [])
+    described = "; ".join(f"{key_of(c)}: {type(e).__name__}: {e}" for c, e in failures)
+    exc = HedgeExhausted(f"all {len(failures)} candidates failed: {described}", failures)
+    exc.__cause__ = failures[-1][1]
+    return exc
 
 
 @dataclass
