@@ -54,7 +54,7 @@ from typing import Protocol, runtime_checkable
 import xxhash
 
 from ..chunks.call import Call
-from ..chunks.ids import validate_hex32
+from ..chunks.ids import validate_block_id
 from ..errors import BlobError
 from ..wire import BlockInfo
 
@@ -87,10 +87,6 @@ def is_link(block_id: str) -> bool:
 def links_to(block_id: str, identity: str) -> bool:
     """Whether ``block_id`` is a link block made for ``identity``."""
     return is_link(block_id) and block_id[12:] == link_digest(identity)
-
-
-def validate_block_id(block_id: object) -> str:
-    return validate_hex32(block_id, "block id")
 
 
 @runtime_checkable

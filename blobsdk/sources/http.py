@@ -18,13 +18,14 @@ from aiohttp.payload import Payload
 
 from ..auth import GRANT_HEADER
 from ..chunks.call import Call
+from ..chunks.ids import validate_block_id
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
 from ..net.unreachable import BLOCK_SERVER
 from ..runtime.resource import AsyncResource
 from ..tail.limiter import AdaptiveLimiter
 from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
-from .base import Buffer, validate_block_id
+from .base import Buffer
 
 OCTETS = "application/octet-stream"
 LIST_PAGE = 1000

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from ..chunks.call import Call
+from ..chunks.ids import validate_block_id
 from ..errors import (
     BadRequest,
     BlobError,
@@ -66,7 +67,7 @@ from ..runtime.rootdir import (
     remove_if_dead,
 )
 from ..wire import BlockInfo
-from .base import Buffer, Span, SpanCheck, block_time, validate_block_id
+from .base import Buffer, Span, SpanCheck, block_time
 from .localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 
 T = TypeVar("T")

@@ -32,10 +32,11 @@ from contextlib import aclosing
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..chunks.ids import validate_block_id
 from ..errors import ClientClosed, Unavailable, Unreachable
 from ..runtime.resource import AsyncResource
 from ..wire import BlockInfo
-from .base import BlockReplica, BlockStore, Buffer, validate_block_id
+from .base import BlockReplica, BlockStore, Buffer
 
 Quorum = int | Literal["all"] | None  # None: a majority
 

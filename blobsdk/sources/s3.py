@@ -73,7 +73,7 @@ with requires_extra("s3", __name__):
     from obstore.store import S3Store
 
 from ..chunks.call import Call
-from ..chunks.ids import is_hex32
+from ..chunks.ids import is_hex32, validate_block_id
 from ..config import Timeouts
 from ..errors import (
     BadRequest,
@@ -92,7 +92,7 @@ from ..tail.limiter import AdaptiveLimiter, Permit
 from ..wire import BlockInfo
 from ._s3errors import S3Errors
 from ._s3obstore import _copied, _obstore_retries, _pieces
-from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
+from .base import Buffer, block_time, is_link, links_to, new_link_id
 from .s3get import Admit, S3Getter, S3Target, target_of
 
 if TYPE_CHECKING:
