@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blobsdk.config import HedgeConfig, Timeouts
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rpc import new_session
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.testbed import Link, Testbed

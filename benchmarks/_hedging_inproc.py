@@ -1,7 +1,7 @@
 """The hedging benchmark's in-process rows: the client CPU of the L4 tier, its limiters and its
 hedger per read, with no network.
 
-Three in-process replicas, each behind its own :class:`~blobsdk.tail.limiter.AdaptiveLimiter`
+Three in-process replicas, each behind its own :class:`~blobsdk.net.limiter.AdaptiveLimiter`
 as a block server's data GETs are, answer every read on the next turn of the event loop.  A
 batch is 100 reads at once, as in the benchmark.  Rows, per read, in rounds that interleave
 them: ``bare`` (a replica's read alone: its limiter and one loop turn), ``none`` and
@@ -19,8 +19,8 @@ from functools import partial
 
 from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
+from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.sources.base import new_block_id
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 

@@ -33,6 +33,7 @@ from .cache.memory import MemoryCache
 from .config import ClientConfig, L2Config, s3_location
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
+from .net.limiter import LimiterRegistry
 from .net.rpc import new_session
 from .ops.repair import Repairer
 from .peer.trackers import tracker_servers
@@ -42,7 +43,6 @@ from .runtime.buffers import BufferPool
 from .sources.base import BlockStore
 from .sources.replicated import RecordsUnderReplicated
 from .stats import TIER_NAMES, LatencyHistogram, TierStats
-from .tail.limiter import LimiterRegistry
 from .tiers.base import Tier
 from .tiers.l1 import L1Tier
 from .tiers.l2 import L2Tier

@@ -12,7 +12,7 @@ import pytest
 
 from blobsdk.chunks.call import Demand
 from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
-from blobsdk.tail.limiter import (
+from blobsdk.net.limiter import (
     AdaptiveLimiter,
     LimiterConfig,
     LimiterRegistry,

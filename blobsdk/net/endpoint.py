@@ -5,7 +5,7 @@ server, an L3 node or (later) a peer needs, owned together for one base URL.
   ``aiohttp.ClientSession`` (:class:`~blobsdk.net.rpc.HttpEndpoint`);
 - data GETs on keep-alive connections of its own, the body received straight into the
   caller's buffer (:class:`~blobsdk.net.rawget.RawGetEndpoint`);
-- the server's adaptive concurrency limit (:class:`~blobsdk.tail.limiter.AdaptiveLimiter`), which
+- the server's adaptive concurrency limit (:class:`~blobsdk.net.limiter.AdaptiveLimiter`), which
   every data GET waits for.
 
 A data GET that is one attempt of a hedged read is handed that attempt's
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from ..chunks.call import Call
-from ..tail.limiter import AdaptiveLimiter
+from .limiter import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint
 from .unreachable import SERVER, Role

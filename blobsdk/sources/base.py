@@ -10,7 +10,7 @@ Two protocols, because L4 is written as a whole and read one copy at a time:
 
 A store of several replicas (blobsdk/sources/replicated.py) is a BlockStore and no
 BlockReplica: the one reader of L4 is the replicated read engine
-(blobsdk/sources/replicaread.py: the L4 tier's and the L3 node's), which reads each
+(blobsdk/tail/replicaread.py: the L4 tier's and the L3 node's), which reads each
 replica itself, verifying every copy and failing over between them.
 
 Semantics every backend holds (tests/sources/conformance.py checks them):

@@ -21,9 +21,9 @@ from ..chunks.call import Call
 from ..chunks.ids import validate_block_id
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
+from ..net.limiter import AdaptiveLimiter
 from ..net.unreachable import BLOCK_SERVER
 from ..runtime.resource import AsyncResource
-from ..tail.limiter import AdaptiveLimiter
 from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
 from .base import Buffer
 

@@ -10,7 +10,7 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   through obstore only without static credentials), each try through ``limiter`` (the
   endpoint's adaptive concurrency limit, the one the HTTP block servers' reads go through,
   made ``by_latency=False``: an object store's latency is no load signal, see
-  blobsdk/tail/limiter.py), marking the hedged attempt queued while it waits for a permit.
+  blobsdk/net/limiter.py), marking the hedged attempt queued while it waits for a permit.
   Every throttle (429, 503 SlowDown) tells the limiter the store is overloaded, and a body that stops arriving for
   ``stall_s`` mid-transfer fails its try (ReplyStalled).  The L4 tier verifies them like
   any replica's.
@@ -86,9 +86,9 @@ from ..errors import (
     SourceChanged,
     TimedOut,
 )
+from ..net.limiter import AdaptiveLimiter, Permit
 from ..net.retry import Backoff
 from ..runtime.singleflight import SingleFlight
-from ..tail.limiter import AdaptiveLimiter, Permit
 from ..wire import BlockInfo
 from ._s3errors import S3Errors
 from ._s3obstore import _copied, _obstore_retries, _pieces

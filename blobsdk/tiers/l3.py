@@ -53,13 +53,13 @@ from ..chunks.placement import rank
 from ..config import HedgeConfig, L3Config
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
+from ..net.limiter import LimiterRegistry
 from ..net.unreachable import L3_NODE
 from ..runtime.buffers import BufferPool
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
 from ..wire import (
     CACHE_HEADER,
     HYDRATE_BATCH,

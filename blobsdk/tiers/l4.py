@@ -1,14 +1,14 @@
 """L4: the durable block store, the last tier of the read path.
 
 The tier is the read path's face of the replicated read engine
-(:class:`~blobsdk.sources.replicaread.ReplicaReader`: each chunk hedged across the replicas,
+(:class:`~blobsdk.tail.replicaread.ReplicaReader`: each chunk hedged across the replicas,
 verified, a replica that served bad bytes ranked last a while), which the L3 node's
 read-through from L4 uses too.  Being the last tier, L4 never misses quietly: when every
 replica failed it raises CorruptData, BlockNotFound or Unavailable.
 
 It owns nothing: the repair of the blocks its reads found a bad or missing copy of is the
 client's (blobsdk/assembly.py builds the :class:`~blobsdk.ops.repair.Repairer`), handed here
-as a :class:`~blobsdk.sources.replicaread.BlockReport`, which the engine tells of each one.
+as a :class:`~blobsdk.tail.replicaread.BlockReport`, which the engine tells of each one.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 
 from ..chunks.call import Demand
 from ..config import HedgeConfig, RepairConfig
+from ..net.limiter import LimiterRegistry
 from ..runtime.buffers import BufferPool
 from ..runtime.resource import AsyncResource
 from ..sources.base import BlockReplica, BlockStore
-from ..sources.replicaread import BlockReport, ReplicaReader
 from ..stats import TierStats
 from ..tail.health import TargetHealth
 from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
+from ..tail.replicaread import BlockReport, ReplicaReader
 from ..wire import ChunkRef
 from .base import Decoder, KeepsNothing, Piece, Verifier
 
@@ -34,7 +34,7 @@ from .base import Decoder, KeepsNothing, Piece, Verifier
 class L4Tier(KeepsNothing, AsyncResource):
     """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
     closes its block store itself), read through one
-    :class:`~blobsdk.sources.replicaread.ReplicaReader` (``engine``) built from the same
+    :class:`~blobsdk.tail.replicaread.ReplicaReader` (``engine``) built from the same
     arguments; ``report``: told of each block a read skipped a bad or missing copy of."""
 
     name = "l4"

@@ -59,6 +59,7 @@ from ..chunks.codec import verify_raw
 from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
 from ..net.endpoint import Endpoint
+from ..net.limiter import LimiterRegistry
 from ..net.unreachable import PEER
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
@@ -66,7 +67,6 @@ from ..runtime.buffers import kept_buffer, uninitialized
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
 from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, PROGRESS_HEADER, ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover
 

@@ -15,10 +15,10 @@ from blobsdk.client import Client
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.health import Reason
-from blobsdk.tail.limiter import LimiterRegistry
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef, Codec
@@ -278,7 +278,7 @@ async def test_the_client_owns_its_repairer_from_start_to_close(replicas: Replic
 
 def test_give_up_keeps_a_changed_sources_message_when_every_replica_lost_the_block():
     from blobsdk.errors import BlockNotFound, SourceChanged
-    from blobsdk.sources.replicaread import give_up
+    from blobsdk.tail.replicaread import give_up
 
     ref = ChunkRef(block_id="f" + "0" * 31, offset=0, length=1, raw_length=1, checksum=0)
     changed = SourceChanged("s3://lake/k changed since it was indexed")

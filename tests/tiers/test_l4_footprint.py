@@ -14,8 +14,8 @@ import pytest
 
 from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
+from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tail.hedge import Hedger
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 

@@ -20,7 +20,7 @@ import xxhash
 from blobsdk.chunks.call import Call
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig, LimiterConfig
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
+from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 

@@ -35,13 +35,13 @@ from ..chunks.pieces import Decoder, Piece, Verifier
 from ..chunks.placement import rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
+from ..net.limiter import LimiterRegistry
 from ..runtime.buffers import BufferPool
+from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
 from ..stats import TierStats
-from ..tail.health import Reason, TargetHealth
-from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
-from .base import BlockReplica, BlockStore, Span, SpanReader
+from .health import Reason, TargetHealth
+from .hedge import Hedger
 
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
