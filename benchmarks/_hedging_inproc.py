@@ -21,6 +21,7 @@ from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
 from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.sources.base import new_block_id
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -66,7 +67,7 @@ async def client_cpu_in_process(policies: dict[str, HedgeConfig], batches: int) 
 
     rows: dict[str, Callable[[ChunkRef], Awaitable[object]]] = {"bare": bare}
     for name in ("none", "hedged"):
-        tier = L4Tier(_Blocks(replicas), hedge=policies[name], limiters=limiters)  # type: ignore[arg-type]
+        tier = L4Tier(ReplicaReader(_Blocks(replicas), hedge=policies[name], limiters=limiters))  # type: ignore[arg-type]
         rows[name] = partial(tier.fetch, decode=_as_is)
     rounds: dict[str, list[float]] = {name: [] for name in rows}
     for read in rows.values():  # warm the limiters and the latency estimates

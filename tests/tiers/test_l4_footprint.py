@@ -16,6 +16,7 @@ from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
 from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tail.hedge import Hedger
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -54,7 +55,7 @@ async def _tracked_per_read(config: HedgeConfig) -> float:
     gate = asyncio.Event()
     limiters = LimiterRegistry()
     replicas = [_Replica(f"http://replica-{i}", limiters.get(f"http://replica-{i}"), gate) for i in range(3)]
-    tier = L4Tier(_Blocks(replicas), hedge=config, limiters=limiters)  # type: ignore[arg-type]
+    tier = L4Tier(ReplicaReader(_Blocks(replicas), hedge=config, limiters=limiters))  # type: ignore[arg-type]
     refs = [ChunkRef(block_id="0" * 32, offset=i << 10, length=1 << 10, raw_length=1 << 10, checksum=0) for i in range(READS)]
     gate.set()
     for _ in range(5):

@@ -21,6 +21,7 @@ from blobsdk.chunks.call import Call
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig, LimiterConfig
 from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -168,7 +169,7 @@ async def batch_p99(
     limiters = FixedLimits(dict(zip(names, limits or [4] * len(names), strict=True)), loop.time)
     kinds = [LinkReplica if link and i == 0 else FakeReplica for i in range(len(names))]
     replicas = [kind(name, limiters.get(name), s, data) for kind, name, s in zip(kinds, names, seconds, strict=True)]
-    tier = L4Tier(Replicas(replicas), hedge=policy, limiters=limiters, clock=loop.time)  # type: ignore[arg-type]
+    tier = L4Tier(ReplicaReader(Replicas(replicas), hedge=policy, limiters=limiters, clock=loop.time))  # type: ignore[arg-type]
     times = []
     for n in range(warm + batches):
         begun = loop.time()
