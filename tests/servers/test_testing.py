@@ -236,19 +236,26 @@ def test_the_entry_point_loads_the_plugin_and_nothing_heavy(user, monkeypatch):
     result.stdout.fnmatch_lines(["*fixture 'blob_sync_client' not found*"])
 
 
-# docs/testing.md's example: each file behind a marker ``<!-- plugin-example: NAME -->``.
-_EXAMPLE = re.compile(r"^<!-- plugin-example: (\S+) -->\n```\w*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# docs/testing.md's examples: each file behind a marker ``<!-- KIND: NAME -->``, KIND
+# ``plugin-example`` (the fixtures) or ``backend-example`` (a backend of one's own and its suites).
+_EXAMPLE = re.compile(r"^<!-- (plugin-example|backend-example): (\S+) -->\n```\w*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def doc_example(kind: str) -> dict[str, str]:
+    """The example project of ``kind``, file name -> text, each taken from the one page that shows it."""
+    shown: dict[str, list[tuple[str, str]]] = {}  # file name -> (page, text) of each copy
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for found, name, text in _EXAMPLE.findall(page.read_text()):
+            if found == kind:
+                shown.setdefault(name, []).append((str(page.relative_to(ROOT)), text))
+    assert all(len(copies) == 1 for copies in shown.values()), "each file of the example is shown once"
+    return {name: copies[0][1] for name, copies in shown.items()}
 
 
 def plugin_example() -> dict[str, str]:
-    """The plugin's example project, file name -> text, each taken from the one page that shows it."""
-    shown: dict[str, list[tuple[str, str]]] = {}  # file name -> (page, text) of each copy
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for name, text in _EXAMPLE.findall(page.read_text()):
-            shown.setdefault(name, []).append((str(page.relative_to(ROOT)), text))
+    shown = doc_example("plugin-example")
     assert sorted(shown) == ["pytest.ini", "test_blobsdk_fixtures.py"], shown
-    assert all(len(copies) == 1 for copies in shown.values()), "each file of the example is shown once"
-    return {name: copies[0][1] for name, copies in shown.items()}
+    return shown
 
 
 def test_the_docs_first_test_file_passes_as_is_in_a_fresh_project(tmp_path):
@@ -270,3 +277,29 @@ def test_the_docs_first_test_file_passes_as_is_in_a_fresh_project(tmp_path):
     assert any(line.startswith("asyncio: mode=Mode.STRICT") for line in lines), out
     assert re.fullmatch(r"=+ 5 passed in [0-9.]+s( \([0-9:]+\))? =+", lines[-1]), out
     assert "warning" not in out.lower(), out
+
+
+# What PlanReaderTests and PlanWriterTests hold, in tests (with their parameters): the number
+# docs/testing.md says the example runs.
+SUITES_TESTS = 71
+
+
+def test_a_backend_written_outside_blobsdk_runs_the_shipped_suites(user):
+    """docs/testing.md's dict store, in a project of its own (outside this repository's tests/),
+    subclasses the suites from the package: every test of theirs runs there and passes, and a
+    store that breaks one rule fails exactly the test of that rule."""
+    example = doc_example("backend-example")
+    assert sorted(example) == ["dictplans.py", "test_dictplans.py"], example
+    for name, text in example.items():
+        (user.path / name).write_text(text)
+    passed = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing")
+    passed.assert_outcomes(passed=SUITES_TESTS)
+    passed.stdout.no_fnmatch_line("*warning*")
+    assert f"passes the suites' {SUITES_TESTS} tests" in (ROOT / "docs" / "testing.md").read_text().replace("\n", " ")
+
+    broken = example["dictplans.py"].replace("versions.get(op.path, 0) + 1", "(current.version if current else 0) + 1")
+    assert broken != example["dictplans.py"]
+    (user.path / "dictplans.py").write_text(broken)  # versions restart after a delete
+    failed = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing", "-rf")
+    failed.assert_outcomes(passed=SUITES_TESTS - 1, failed=1)
+    failed.stdout.fnmatch_lines(["FAILED test_dictplans.py::TestDictPlans::test_version_monotonic_across_delete_and_recreate*"])
