@@ -1,7 +1,8 @@
-"""The pytest plugin servers/testing.py as a user's suite uses it: each test writes a small
-test module and runs pytest on it in a subprocess (``pytester``), with the plugin loaded by
-``-p blobsdk_servers.testing`` (the installed name of servers/testing.py) or by its pytest11
-entry point."""
+"""The pytest plugin servers/testing.py, and the conformance suites of blobsdk/testing/, as a
+user's suite uses them: each test writes a small test module and runs pytest on it in a
+subprocess (``pytester``), with the plugin loaded by ``-p blobsdk_servers.testing`` (the
+installed name of servers/testing.py) or by its pytest11 entry point, or a backend's tests
+subclassing the suites from the package, outside this repository's tests/."""
 
 from __future__ import annotations
 
@@ -303,3 +304,57 @@ def test_a_backend_written_outside_blobsdk_runs_the_shipped_suites(user):
     failed = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing", "-rf")
     failed.assert_outcomes(passed=SUITES_TESTS - 1, failed=1)
     failed.stdout.fnmatch_lines(["FAILED test_dictplans.py::TestDictPlans::test_version_monotonic_across_delete_and_recreate*"])
+
+
+# Each suite's tests, with their parameters: MetadataStoreTests, BlockReplicaTests, ChunkCacheTests.
+EVERY_SUITE_TESTS = {"TestSqlite": 102, "TestLocal": 32, "TestMemory": 51}
+
+EVERY_SUITE = """
+import pytest_asyncio
+
+from blobsdk.cache.memory import MemoryCache
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.testing.cache import ChunkCacheTests
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.sources import BlockReplicaTests
+
+
+class TestSqlite(MetadataStoreTests):
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path):
+        async with SqliteMetadataStore(tmp_path / "meta.sqlite") as store:
+            yield store
+
+
+class TestLocal(BlockReplicaTests):
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path):
+        async with LocalBlockStore(tmp_path / "blocks") as store:
+            yield store
+
+
+class TestMemory(ChunkCacheTests):
+    @pytest_asyncio.fixture
+    async def make_cache(self):
+        made = []
+
+        async def make(capacity_bytes, **options):
+            made.append(MemoryCache(capacity_bytes, **options))
+            return made[-1]
+
+        yield make
+        for cache in made:
+            await cache.aclose()
+"""
+
+
+def test_every_shipped_suite_runs_in_a_users_strict_mode_project(user):
+    """Each suite, subclassed outside this repository's tests/ over one of blobsdk's own
+    backends, runs whole in pytest-asyncio's strict mode with warnings as errors: every test of
+    the suite (and none of a suite class alone) is collected and passes."""
+    user.makepyfile(test_backends=EVERY_SUITE)
+    result = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing", "-v")
+    result.assert_outcomes(passed=sum(EVERY_SUITE_TESTS.values()))
+    ran = {cls: sum(f"::{cls}::" in line and " PASSED" in line for line in result.outlines) for cls in EVERY_SUITE_TESTS}
+    assert ran == EVERY_SUITE_TESTS
