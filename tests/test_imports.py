@@ -235,8 +235,16 @@ LAYERS: dict[int, tuple[str, ...]] = {
     15: ("blobsdk.client", "blobsdk.metrics"),
     # the blocking API and the demo, made over the async one
     16: ("blobsdk.sync", "blobsdk.demo"),
-    # what users import for their frameworks, and the command line
-    17: ("blobsdk.integrations", "blobsdk.torch", "blobsdk.dcp", "blobsdk.fsspec", "blobsdk.dlio", "blobsdk.cli"),
+    # what users import for their frameworks and their backends' tests, and the command line
+    17: (
+        "blobsdk.integrations",
+        "blobsdk.torch",
+        "blobsdk.dcp",
+        "blobsdk.fsspec",
+        "blobsdk.dlio",
+        "blobsdk.testing",
+        "blobsdk.cli",
+    ),
     # the package face
     18: ("blobsdk", "blobsdk.__main__"),
 }

@@ -1,7 +1,7 @@
 """The ChunkCache protocol: bytes by chunk key, shared by the SDK tiers (L1 memory, L2 local
 disk) and the L3 flash node.
 
-Semantics every engine holds (tests/cache/conformance.py checks them):
+Semantics every engine holds (blobsdk/testing/cache.py checks them):
 
 - Keys are chunk keys: 32 lowercase hex digits (:attr:`blobsdk.wire.ChunkRef.key`).  Any
   other key raises BadRequest before it comes near a dict or a file name.

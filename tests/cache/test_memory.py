@@ -4,8 +4,7 @@ import pytest
 
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.errors import BadRequest
-
-from .conformance import ChunkCacheTests, FakeClock, blob, key
+from blobsdk.testing.cache import ChunkCacheTests, FakeClock, blob, key
 
 
 class TestMemoryCache(ChunkCacheTests):

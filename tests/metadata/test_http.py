@@ -9,11 +9,12 @@ from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import bad_plan, make_plan, put
 from blobsdk.wire import MAX_PATHS_PER_REQUEST, MSGPACK, CommitOp, CommitResponse, GetPlansResponse, encode
 from servers.api import make_app
 from tests.helpers import running_app
 
-from .conformance import MetadataStoreTests, bad_plan, make_plan, put
 from .unchecked import plant_plan
 
 
