@@ -85,12 +85,9 @@ class Endpoint:
     ) -> dict[str, str]:
         """A data GET whose body lands in ``out`` (see ``RawGetEndpoint.get_into``), once
         the limiter admits it."""
-        if call is None:
-            async with self.limiter.acquire(None, size=out.nbytes) as permit:
+        async with self.limiter.acquire(call, size=out.nbytes) as permit:
+            if call is None:
                 return await self._data.get_into(route, out, expect=expect, headers=headers, permit=permit)
-        call.queued()
-        async with self.limiter.acquire(call.demand, size=out.nbytes) as permit:
-            call.in_service()
             return await self._data.get_into(
                 route, out, expect=expect, headers=headers, permit=permit, on_interim=call.progress, on_bytes=call.receiving
             )

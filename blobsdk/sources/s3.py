@@ -273,11 +273,7 @@ class S3BlockStore(AsyncResource):
         """A permit of the endpoint's limiter for one try of a read, ``call`` marked
         queued while it waits; a SlowDown that reaches it through obstore's retries backs
         the limit off (the signed GETs tell the permit themselves)."""
-        if call is not None:
-            call.queued()
-        async with self.limiter.acquire(call.demand if call is not None else None, size=size) as permit:
-            if call is not None:
-                call.in_service()
+        async with self.limiter.acquire(call, size=size) as permit:
             try:
                 yield permit
             except Overloaded:
