@@ -40,6 +40,14 @@ async def test_is_a_metadata_store(session, api_url):
     assert isinstance(HttpMetadataStore(session, api_url), MetadataStore)
 
 
+async def test_with_one_server_a_call_is_that_servers_post(session, api_url):
+    """Nothing of the failover wraps the one server's call (several: tests/metadata/test_api_failover.py)."""
+    store = HttpMetadataStore(session, api_url)
+    assert store.servers.call == store.servers.endpoints[0].post
+    assert await store.get_plans(["/b/x"]) == [None]
+    assert HttpMetadataStore(session, [api_url, api_url]).servers.call != store.servers.endpoints[0].post
+
+
 async def test_get_plans_splits_long_lists(session, api_url):
     store = HttpMetadataStore(session, api_url)
     count = 2 * MAX_PATHS_PER_REQUEST + 500
