@@ -29,15 +29,16 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..auth import STATIC_TENANT
-from ..chunks.ids import validate_hex32
+from ..chunks.ids import ChunkKey, validate_hex32
 
 Buffer = bytes | bytearray | memoryview
 
 DEFAULT_TENANT = STATIC_TENANT  # whose entries a cache without tenants holds
 
 
-def validate_key(key: object) -> str:
-    return validate_hex32(key, "chunk key")
+def validate_key(key: object) -> ChunkKey:
+    """``key`` if it is a chunk key (the check where a key enters an engine), else BadRequest."""
+    return ChunkKey(validate_hex32(key, "chunk key"))
 
 
 @runtime_checkable
