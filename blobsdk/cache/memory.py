@@ -23,11 +23,12 @@ class MemoryCache(AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` in process memory.
 
     The hot path is synchronous: :meth:`get_nowait` (a hit costs a dict lookup, a clock
-    read and an LRU move: ~0.3 µs) and :meth:`put_nowait`; the async methods of
-    the protocol are thin wrappers.  :meth:`lookup` and :meth:`fill` are those two for a
-    key already checked (a :data:`~blobsdk.chunks.ids.ChunkKey`): the L1 tier's.  Reads are
-    zero-copy: they return the stored ``bytes`` or a read-only memoryview of the caller's
-    buffer, so a caller of :meth:`put_nowait` must not mutate ``data`` afterwards.  ``clock`` is injectable for tests.
+    read and an LRU move: ~0.3 µs) and :meth:`put_nowait`; the async methods of the
+    protocol are thin wrappers.  :meth:`lookup`, :meth:`fill` and :meth:`holds` are those
+    two and ``contains`` for a key already checked (a :data:`~blobsdk.chunks.ids.ChunkKey`):
+    the L1 tier's.  Reads are zero-copy: they return the stored ``bytes`` or a read-only
+    memoryview of the caller's buffer, so a caller of :meth:`put_nowait` must not mutate
+    ``data`` afterwards.  ``clock`` is injectable for tests.
     """
 
     def __init__(
@@ -140,7 +141,11 @@ class MemoryCache(AsyncResource):
         return self._remove(validate_key(key)) is not None
 
     def contains(self, key: str) -> bool:
-        return validate_key(key) in self._index
+        return self.holds(validate_key(key))
+
+    def holds(self, key: ChunkKey) -> bool:
+        """:meth:`contains` of a key already checked."""
+        return key in self._data
 
     def stats(self) -> dict[str, int | float]:
         return {

@@ -45,7 +45,7 @@ class L1Tier(AsyncResource):
         self.cache.fill(ref.key, raw)
 
     def holds(self, ref: ChunkRef) -> bool:
-        return self.cache.contains(ref.key)
+        return self.cache.holds(ref.key)
 
     async def finds(self, ref: ChunkRef) -> bool:
         """Memory is this process's own: what it holds."""

@@ -84,6 +84,7 @@ def test_a_fill_that_fits_without_quotas_asks_no_policy(monkeypatch):
     monkeypatch.setattr(memory, "validate_key", refused)
     assert cache.fill(ChunkKey(key(1)), blob(1)) and cache.fill(ChunkKey(key(2)), blob(2))
     assert cache.lookup(ChunkKey(key(1))) == blob(1) and cache.lookup(ChunkKey(key(3))) is None
+    assert cache.holds(ChunkKey(key(2))) and not cache.holds(ChunkKey(key(3)))
     assert cache.stats()["puts"] == 2 and cache.stats()["hits"] == 1 and cache.stats()["misses"] == 1
     monkeypatch.undo()
     assert cache.put_nowait(key(3), blob(3)) and cache.put_nowait(key(4), blob(4))  # evicts key(2), the LRU one
