@@ -4,7 +4,9 @@ disk) and the L3 flash node.
 Semantics every engine holds (tests/cache/conformance.py checks them):
 
 - Keys are chunk keys: 32 lowercase hex digits (:attr:`blobsdk.wire.ChunkRef.key`).  Any
-  other key raises BadRequest before it comes near a dict or a file name.
+  other key raises BadRequest before it comes near a dict or a file name (:func:`validate_key`,
+  which types it :data:`~blobsdk.chunks.ids.ChunkKey`; an engine's methods that take a
+  ChunkKey, as MemoryCache's ``lookup`` and ``fill``, do not check it again).
 - ``get(key)`` returns the bytes last ``put`` under ``key`` or None (a miss).  An engine that
   finds a damaged copy (disk: checksum mismatch, truncation) deletes it, counts it as
   ``corrupt`` and reports a miss: it never returns wrong bytes.
