@@ -2,9 +2,10 @@
 (:attr:`blobsdk.wire.ChunkRef.key`) and block ids are 32 lowercase hex digits.
 
 A key is checked once, where it enters (a cache's public methods: blobsdk/cache/base.py
-``validate_key``), and typed :data:`ChunkKey` thereafter: what a checked plan's ref makes
-(:attr:`~blobsdk.wire.ChunkRef.key`) or that check returns, so code that takes a ChunkKey
-(an engine's trusted fast path, the L1 tier's) does not check it again."""
+``validate_key``), and typed :data:`ChunkKey` thereafter: what a ref makes
+(:attr:`~blobsdk.wire.ChunkRef.key`, an xxh3-128 hex digest: a chunk key whatever the ref
+holds) or that check returns, so code that takes a ChunkKey (an engine's trusted fast path,
+the L1 tier's) does not check it again."""
 
 from __future__ import annotations
 
