@@ -40,7 +40,9 @@ class Endpoint:
     session's); ``stall_s`` bounds a data GET's body's silences (None: only the timeout's
     ``sock_read``; see blobsdk/net/rawget.py); ``role``: which server it is, for the error
     when nothing answers there (blobsdk/net/unreachable.py).  :meth:`aclose` closes the data
-    connections.
+    connections.  ``control``, ``data`` and ``limiter`` are its three parts, for a client that
+    composes them itself (a block server's store reads through ``data`` under a permit of
+    ``limiter``, with no coroutine of this class in its chain).
     """
 
     def __init__(
@@ -58,7 +60,7 @@ class Endpoint:
         self.base_url = self.control.base_url
         self.limiter = limiter if limiter is not None else AdaptiveLimiter(self.base_url)
         data_timeout = timeout if timeout is not None else session.timeout
-        self._data = RawGetEndpoint(base_url, token, timeout=data_timeout, stall_s=stall_s, role=role)
+        self.data = RawGetEndpoint(base_url, token, timeout=data_timeout, stall_s=stall_s, role=role)
         self._request_args: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
 
     @property
@@ -87,11 +89,11 @@ class Endpoint:
         the limiter admits it."""
         async with self.limiter.acquire(call, size=out.nbytes) as permit:
             if call is None:
-                return await self._data.get_into(route, out, expect=expect, headers=headers, permit=permit)
-            return await self._data.get_into(
+                return await self.data.get_into(route, out, expect=expect, headers=headers, permit=permit)
+            return await self.data.get_into(
                 route, out, expect=expect, headers=headers, permit=permit, on_interim=call.progress, on_bytes=call.receiving
             )
 
     async def aclose(self) -> None:
         """Close the data connections (the session belongs to the caller)."""
-        await self._data.aclose()
+        await self.data.aclose()
