@@ -32,8 +32,8 @@ import blobsdk
 from blobsdk import Client, ClientConfig, MissingExtra
 from blobsdk._extras import install_command, pip_install
 from blobsdk._version import UNKNOWN, installed_version
+from tests.cli.test_cli import run
 from tests.helpers import ROOT
-from tests.test_cli import run
 
 # --- version, py.typed, licence -------------------------------------------------------------
 

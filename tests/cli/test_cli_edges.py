@@ -13,7 +13,7 @@ import pytest
 
 from blobsdk.cli.admin import STATS_NOTE, _show, dataset_bytes_done
 from blobsdk.read.prefetch import PrefetchProgress
-from tests.test_cli import error_line, ok, run
+from tests.cli.test_cli import error_line, ok, run
 
 
 @pytest.fixture
