@@ -21,8 +21,8 @@ import pytest
 import blobsdk
 from blobsdk.cli import MMAP_THRESHOLD, NO_STORE, main
 from blobsdk.runtime.progress import ProgressLine
+from blobsdk.testing.plans import bad_plan
 from tests.helpers import ROOT, stored_files
-from tests.metadata.conformance import bad_plan
 from tests.metadata.unchecked import plant_plan
 
 RESERVED_TAIL = " (it can be read and listed, not written or deleted)"

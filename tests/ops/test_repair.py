@@ -19,11 +19,11 @@ from blobsdk.ops.repair import Copy, Repairer, check_block, live_chunks
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated
+from blobsdk.testing.plans import make_plan
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef, CommitOp
 from servers.blockstore import make_app
 from tests.helpers import running_app
-from tests.metadata.conformance import make_plan
 
 CHUNK = 4096
 SMALL = WriteConfig(chunk_size=CHUNK, block_size=64 * CHUNK)

@@ -12,8 +12,11 @@ import sys
 
 from tests.helpers import ROOT
 
-# Packages of the extras (torch, fsspec, s3, redis) and of dev: none is in a core install.
-NOT_CORE = ("torch", "torchdata", "fsspec", "obstore", "redis", "numpy", "pyarrow", "pandas", "boto3", "botocore", "moto")
+# Packages of the extras (torch, fsspec, s3, redis, testing) and of dev: none is in a core install.
+NOT_CORE = (
+    *("torch", "torchdata", "fsspec", "obstore", "redis", "numpy", "pyarrow", "pandas", "boto3", "botocore", "moto"),
+    *("pytest", "_pytest", "pytest_asyncio"),
+)
 
 _BLOCKER = f"""
 import sys
@@ -94,3 +97,27 @@ for m in {list(NEEDS_AN_EXTRA)!r}:
         f"True {module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' ({package} is not in a core install)"
         for module, (extra, package) in NEEDS_AN_EXTRA.items()
     ]
+
+
+# The conformance suites a backend's own tests subclass (docs/testing.md): pytest is theirs alone.
+SUITES = ("blobsdk.testing.cache", "blobsdk.testing.metadata", "blobsdk.testing.reserved", "blobsdk.testing.sources")
+
+
+def test_blobsdk_imports_no_pytest_and_the_suites_name_the_testing_extra():
+    """``import blobsdk`` (and its testing package, and the plans the suites commit) needs no
+    pytest; a suite itself says which extra brings it."""
+    code = f"""
+import importlib
+import blobsdk, blobsdk.testing, blobsdk.testing.plans
+from blobsdk.errors import MissingExtra
+print("imported")
+for m in {SUITES!r}:
+    try:
+        importlib.import_module(m)
+    except MissingExtra as exc:
+        print(exc)
+"""
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    said = f"blobsdk.testing needs the 'testing' extra: pip install -e '{ROOT}[testing]' (pytest is not in a core install)"
+    assert done.stdout.splitlines() == ["imported"] + [said] * len(SUITES)

@@ -35,6 +35,13 @@ NOT_RUN = {
     ("docs/testing.md", "import pytest"): (
         "tests/servers/test_testing.py runs it with plain pytest in a fresh project, with the pytest.ini below"
     ),
+    ("docs/testing.md", "import time"): (
+        "tests/servers/test_testing.py runs it with plain pytest in a fresh project, with the test file below and the"
+        " pytest.ini above"
+    ),
+    ("docs/testing.md", "import pytest_asyncio"): (
+        "tests/servers/test_testing.py runs it with plain pytest in a fresh project, beside dictplans.py"
+    ),
     ("docs/deployment.md", "useradd --system --home /var/lib/blobsdk blobsdk"): (
         "adds a system user and writes /etc as root; tests/project/test_docs.py starts each unit's command line instead"
     ),

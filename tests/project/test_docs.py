@@ -215,7 +215,7 @@ def test_every_client_toml_shown_is_a_valid_config():
 
 _PATH = re.compile(r"(?<![\w/.-])((?:blobsdk|servers|tests|benchmarks|examples|deploy|docs)/[\w./-]*\w)")
 _DOTTED = re.compile(r"(?<![\w/.-])(blobsdk(?:\.[A-Za-z_]\w*)+)")
-_TEST_FILE = re.compile(r"(?<![\w/.-])(tests/[\w/]+\.py)")
+_TEST_FILE = re.compile(r"(?<![\w/.-])((?:tests|blobsdk/testing)/[\w/]+\.py)")  # the shipped suites hold tests too
 _TEST_NAME = re.compile(r"::([\w*]+)")
 _FILE_SUFFIXES = (".json", ".toml", ".md", ".py", ".png", ".log")  # blobsdk.json is a file, not a name
 _LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -231,8 +231,16 @@ LAYERS: dict[int, tuple[str, ...]] = {
     13: ("blobsdk.client", "blobsdk.metrics"),
     # the blocking API and the demo, made over the async one
     14: ("blobsdk.sync", "blobsdk.demo"),
-    # what users import for their frameworks, and the command line
-    15: ("blobsdk.integrations", "blobsdk.torch", "blobsdk.dcp", "blobsdk.fsspec", "blobsdk.dlio", "blobsdk.cli"),
+    # what users import for their frameworks and their backends' tests, and the command line
+    15: (
+        "blobsdk.integrations",
+        "blobsdk.torch",
+        "blobsdk.dcp",
+        "blobsdk.fsspec",
+        "blobsdk.dlio",
+        "blobsdk.testing",
+        "blobsdk.cli",
+    ),
     # the package face
     16: ("blobsdk", "blobsdk.__main__"),
 }

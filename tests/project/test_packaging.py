@@ -118,6 +118,22 @@ def test_the_installed_servers_run_without_the_checkout(wheel: Path, tmp_path: P
     assert shown.stdout.startswith("usage: python -m blobsdk_servers.cluster ")
 
 
+def test_the_conformance_suites_import_from_the_installed_wheel(wheel: Path, tmp_path: Path):
+    """A backend's tests import the suites from the install, not from a checkout's tests/."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import importlib, sys\n"
+        "for name in ('cache', 'metadata', 'plans', 'reserved', 'sources'):\n"
+        "    module = importlib.import_module('blobsdk.testing.' + name)\n"
+        "    assert module.__file__.startswith(sys.argv[1]), module.__file__\n"
+        "from blobsdk.testing.metadata import MetadataStoreTests, PlanReaderTests\n"
+        "assert issubclass(MetadataStoreTests, PlanReaderTests) and 'tests' not in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, check=True, timeout=120)
+
+
 # --- missing extras ---------------------------------------------------------------------------
 
 

@@ -19,9 +19,9 @@ from blobsdk.errors import CorruptData, InvalidPath
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.paths import INDEX_DIR
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.testing.reserved import reserved
 from blobsdk.wire import ChunkRef, CommitOp
 from blobsdk.write.writer import plan_of
-from tests.metadata.reserved import reserved
 from tests.metadata.unchecked import move_plan
 from tests.metadata_backends import metadata_fixture, redis_cluster_fixture, redis_server_fixture  # noqa: F401
 

@@ -1,9 +1,14 @@
-"""The BlockStore contracts (blobsdk/sources/base.py), checked the same way for every backend.
+"""The BlockStore conformance suites: what every L4 backend holds (blobsdk/sources/base.py),
+checked the same way for blobsdk's own backends and for one you write.
 
-Subclass :class:`BlockReplicaTests` (a backend: it is read) or :class:`BlockStoreTests` (a
-store of several replicas: written, listed, deleted, read through its replicas) in a
-``test_*.py`` module and provide an async fixture named ``store`` that yields an empty, open
-store (and closes it afterwards), whose writes are on every replica once acknowledged.
+Subclass :class:`BlockReplicaTests` (a backend: one copy, read directly) or
+:class:`BlockStoreTests` (a store of several replicas: written, listed, deleted, read through
+its replicas) in a ``test_*.py`` module, in a class named ``Test...`` (so pytest collects it;
+the suites' own names do not start with ``Test``, so neither is collected alone), and provide
+a fixture named ``store`` that yields an empty, open store (and closes it afterwards), whose
+writes are on every replica once acknowledged (async: ``pytest_asyncio.fixture`` in
+pytest-asyncio's strict mode).  The suites need pytest and pytest-asyncio (the ``testing``
+extra); their tests carry the asyncio mark.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import os
 
-import pytest
+from .._extras import requires_extra
+from ..errors import BadRequest, BlobError, BlockNotFound, CorruptData
+from ..sources.base import BlockReplica, BlockStore, block_time, new_block_id
 
-from blobsdk.errors import BadRequest, BlobError, BlockNotFound, CorruptData
-from blobsdk.sources.base import BlockReplica, BlockStore, block_time, new_block_id
+with requires_extra("testing", "blobsdk.testing"):
+    import pytest
 
 MiB = 1 << 20
 INVALID_IDS = ["", "../x", "ABC", "0" * 31, "0" * 33, "A" * 32, "../" + "0" * 29, "g" * 32, "0" * 30 + "/x"]
@@ -49,6 +56,8 @@ async def read_back(store: BlockStore, block_id: str, offset: int, length: int) 
 class BlockStoreTests:
     """Every store passes these, a replicated one too.  Fixture ``store``: an empty, open
     BlockStore; what it wrote is read back from its replicas."""
+
+    pytestmark = pytest.mark.asyncio
 
     async def test_is_a_block_store(self, store: BlockStore) -> None:
         assert isinstance(store, BlockStore)

@@ -1,126 +1,76 @@
-"""The MetadataStore conformance suites (semantics of blobsdk/metadata/base.py), one per
-capability: :class:`PlanReaderTests`, :class:`PlanWriterTests` (with the reserved namespace's,
-tests/metadata/reserved.py), :class:`PlanListerTests`, :class:`BlockIndexTests` and
+"""The MetadataStore conformance suites: what every metadata backend holds
+(blobsdk/metadata/base.py), one suite per capability, for blobsdk's own backends and for one
+you write: :class:`PlanReaderTests`, :class:`PlanWriterTests` (with the reserved namespace's,
+blobsdk/testing/reserved.py), :class:`PlanListerTests`, :class:`BlockIndexTests` and
 :class:`BlockFencesTests`; :class:`MetadataStoreTests` is all of them.
 
-A backend's test class subclasses the suites of the capabilities it has (every backend here
-has all: ``MetadataStoreTests``) and provides an async ``store`` fixture yielding an open,
-empty store.  Every suite makes its data with ``commit``, so a store under test can commit.
+A backend's test class (named ``Test...``, so pytest collects it; no suite's name starts with
+``Test``, so none is collected alone) subclasses the suites of the capabilities it has and
+provides a fixture ``store`` yielding an open, empty store (async: ``pytest_asyncio.fixture``
+in pytest-asyncio's strict mode).  Every suite makes its data with ``commit`` and reads it back
+with ``get_plan``, so a store under test can commit and read plans whatever else it has.  The
+suites need pytest and pytest-asyncio (the ``testing`` extra); their tests carry the asyncio
+mark.  The plans they commit come from blobsdk/testing/plans.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
-import pytest
 
-from blobsdk.errors import BadRequest, BlobNotFound, BlockCollected, InvalidPath, PreconditionFailed
-from blobsdk.metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
-from blobsdk.wire import BlobInfo, ChunkRef, CommitOp, ReadPlan, etag_of
+from .._extras import requires_extra
+from ..errors import BadRequest, BlobNotFound, BlockCollected, InvalidPath, PreconditionFailed
+from ..metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
+from ..wire import BlobInfo, CommitOp, ReadPlan
+from .plans import BAD_PLANS, INVALID_PATHS, all_listed, bad_plan, make_plan, naming, put, put_all, two_block_plan
+from .reserved import ENTRY, ReservedNamespaceTests, one_chunk
 
-from .reserved import ReservedNamespaceTests
-
-INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00x", "/b/" + "x" * 1022]
-
-
-def make_plan(path: str, size: int = 10, seed: int = 0) -> ReadPlan:
-    """A valid uncommitted plan of ``size`` bytes in 8-byte chunks (two by default) whose
-    content depends on ``seed``."""
-    lengths = [min(8, size - start) for start in range(0, size, 8)]
-    chunks = tuple(
-        ChunkRef(block_id=f"{seed:032x}", offset=i * 8, length=n, raw_length=n, checksum=seed * 100 + i)
-        for i, n in enumerate(lengths)
-    )
-    return ReadPlan(path=path, version=0, etag=etag_of(chunks, size), size=size, chunk_size=8, chunks=chunks)
-
-
-def bad_plan(path: str, plan: dict[str, object] | None = None, chunk: dict[str, object] | None = None) -> ReadPlan:
-    """``make_plan(path)`` with some plan fields and some fields of its first chunk replaced."""
-    good = make_plan(path)
-    first = msgspec.structs.replace(good.chunks[0], **(chunk or {}))
-    return msgspec.structs.replace(good, **{"chunks": (first, *good.chunks[1:]), **(plan or {})})
-
-
-# (plan fields, first-chunk fields, the BadRequest message after "plan for '/b/x': ")
-BAD_PLANS = [
-    ({"size": 10, "chunks": ()}, None, "chunks cover 0 bytes, size is 10"),
-    ({"size": 2**50}, None, "chunks cover 10 bytes, size is 1125899906842624"),
-    ({"size": -1}, None, "negative size -1"),
-    ({"chunk_size": 0}, None, "chunk_size 0 is not from 1 to 67108864"),
-    ({"chunk_size": (64 << 20) + 1}, None, "chunk_size 67108865 is not from 1 to 67108864"),
-    (None, {"block_id": "../../etc/passwd"}, "chunk 0: invalid block id '../../etc/passwd': want 32 lowercase hex digits"),
-    (None, {"block_id": "A" * 32}, f"chunk 0: invalid block id '{'A' * 32}': want 32 lowercase hex digits"),
-    (None, {"offset": -1}, "chunk 0: negative offset -1 or checksum 0 out of 64 bits"),
-    (None, {"length": -8}, "chunk 0: uncompressed chunk with length -8 != raw_length 8"),
-    (None, {"length": 7}, "chunk 0: uncompressed chunk with length 7 != raw_length 8"),
-    (None, {"raw_length": -8, "length": -8}, "chunk 0: raw_length -8 is not from 1 to chunk_size 8"),
-    (None, {"raw_length": 0, "length": 0}, "chunk 0: raw_length 0 is not from 1 to chunk_size 8"),
-    ({"size": 11}, {"raw_length": 9, "length": 9}, "chunk 0: raw_length 9 is not from 1 to chunk_size 8"),
-    (None, {"codec": "lz4", "length": 0}, "chunk 0: lz4 chunk with length 0 is not from 1 to 24 (raw_length 8)"),
-    (None, {"codec": "lz4", "length": 25}, "chunk 0: lz4 chunk with length 25 is not from 1 to 24 (raw_length 8)"),
-]
-
-
-def two_block_plan(path: str, first: int, second: int) -> ReadPlan:
-    """A 16-byte plan: one 8-byte chunk in block ``first``, one in block ``second``."""
-    chunks = tuple(ChunkRef(block_id=f"{seed:032x}", offset=0, length=8, raw_length=8, checksum=seed) for seed in (first, second))
-    return ReadPlan(path=path, version=0, etag=etag_of(chunks, 16), size=16, chunk_size=8, chunks=chunks)
-
-
-async def naming(store, block_ids: list[str]) -> list[str]:
-    """The distinct paths ``iter_naming`` yields, sorted (a plan naming two of the ids may come twice)."""
-    return sorted({plan.path async for plan in store.iter_naming(block_ids)})
-
-
-async def put(store, path: str, seed: int = 0, if_version: int | None = None) -> ReadPlan:
-    return await store.commit(path, make_plan(path, seed=seed), if_version)
-
-
-async def put_all(store, paths: list[str]) -> None:
-    await store.commit_many([CommitOp(path=p, plan=make_plan(p)) for p in paths])
-
-
-async def all_listed(store, prefix: str, limit: int = 1000) -> list[str]:
-    return [info.path async for info in store.list(prefix, limit=limit)]
+with requires_extra("testing", "blobsdk.testing"):
+    import pytest
 
 
 class PlanReaderTests:
     """Reading plans (:class:`~blobsdk.metadata.base.PlanReader`)."""
 
-    async def test_is_a_plan_reader(self, store):
+    pytestmark = pytest.mark.asyncio
+
+    async def test_is_a_plan_reader(self, store: Any) -> None:
         assert isinstance(store, PlanReader)
 
-    async def test_get_missing_raises_blob_not_found(self, store):
+    async def test_get_missing_raises_blob_not_found(self, store: Any) -> None:
         with pytest.raises(BlobNotFound) as exc:
             await store.get_plan("/b/missing")
         assert type(exc.value) is BlobNotFound
         assert "/b/missing" in str(exc.value)
 
-    async def test_get_plans_aligns_missing_with_none(self, store):
+    async def test_get_plans_aligns_missing_with_none(self, store: Any) -> None:
         committed = await put(store, "/b/there")
         got = await store.get_plans(["/b/nope", "/b/there", "/b/nope2", "/b/there"])
         assert got == [None, committed, None, committed]
         assert await store.get_plans([]) == []
 
     @pytest.mark.parametrize("path", INVALID_PATHS)
-    async def test_invalid_paths_rejected_by_reads(self, store, path):
-        for call in (lambda: store.get_plan(path), lambda: store.get_plans(["/b/ok", path])):
+    async def test_invalid_paths_rejected_by_reads(self, store: Any, path: Any) -> None:
+        calls: list[Callable[[], Awaitable[object]]] = [lambda: store.get_plan(path), lambda: store.get_plans(["/b/ok", path])]
+        for call in calls:
             with pytest.raises(InvalidPath):
                 await call()
 
 
 class PlanWriterTests(ReservedNamespaceTests):
     """Writing plans (:class:`~blobsdk.metadata.base.PlanWriter`), the reserved namespace
-    (tests/metadata/reserved.py) included."""
+    (blobsdk/testing/reserved.py) included."""
 
-    async def test_is_a_plan_writer(self, store):
+    async def test_is_a_plan_writer(self, store: Any) -> None:
         assert isinstance(store, PlanWriter)
 
     # --- commit and versions -------------------------------------------------------------
 
-    async def test_commit_assigns_versions_and_created(self, store):
+    async def test_commit_assigns_versions_and_created(self, store: Any) -> None:
         before = time.time()
         versions = [(await put(store, "/b/x", seed=i)).version for i in range(3)]
         assert versions == [1, 2, 3]
@@ -128,32 +78,32 @@ class PlanWriterTests(ReservedNamespaceTests):
         assert latest.version == 3 and latest.chunks == make_plan("/b/x", seed=2).chunks
         assert before - 1 <= latest.created <= time.time() + 1
 
-    async def test_commit_keeps_caller_fields(self, store):
+    async def test_commit_keeps_caller_fields(self, store: Any) -> None:
         plan = make_plan("/b/x", size=16, seed=7)
         committed = await store.commit("/b/x", plan)
         assert committed == msgspec.structs.replace(plan, version=1, created=committed.created)
         assert await store.get_plan("/b/x") == committed
 
-    async def test_version_monotonic_across_delete_and_recreate(self, store):
+    async def test_version_monotonic_across_delete_and_recreate(self, store: Any) -> None:
         await put(store, "/b/x")
         await put(store, "/b/x")
         await store.delete("/b/x")
         recreated = await put(store, "/b/x", if_version=0)
         assert recreated.version == 3
 
-    async def test_create_only(self, store):
+    async def test_create_only(self, store: Any) -> None:
         assert (await put(store, "/b/x", if_version=0)).version == 1
         with pytest.raises(PreconditionFailed) as exc:
             await put(store, "/b/x", seed=1, if_version=0)
         assert "/b/x" in str(exc.value) and "version 1" in str(exc.value)
         assert (await store.get_plan("/b/x")).chunks == make_plan("/b/x").chunks
 
-    async def test_if_version_match(self, store):
+    async def test_if_version_match(self, store: Any) -> None:
         await put(store, "/b/x")
         assert (await put(store, "/b/x", seed=1, if_version=1)).version == 2
         assert (await put(store, "/b/x", seed=2, if_version=2)).version == 3
 
-    async def test_if_version_mismatch_names_path_and_versions(self, store):
+    async def test_if_version_mismatch_names_path_and_versions(self, store: Any) -> None:
         await put(store, "/b/x")
         await put(store, "/b/x")
         with pytest.raises(PreconditionFailed) as exc:
@@ -162,7 +112,7 @@ class PlanWriterTests(ReservedNamespaceTests):
         assert "/b/x" in message and "version 1" in message and "version 2" in message
         assert (await store.get_plan("/b/x")).version == 2
 
-    async def test_if_version_on_missing_or_deleted_path(self, store):
+    async def test_if_version_on_missing_or_deleted_path(self, store: Any) -> None:
         with pytest.raises(PreconditionFailed):
             await put(store, "/b/x", if_version=1)
         await put(store, "/b/x")
@@ -170,39 +120,39 @@ class PlanWriterTests(ReservedNamespaceTests):
         with pytest.raises(PreconditionFailed):
             await put(store, "/b/x", if_version=1)  # version 1 exists only as a tombstone
 
-    async def test_negative_if_version_is_value_error(self, store):
+    async def test_negative_if_version_is_value_error(self, store: Any) -> None:
         with pytest.raises(ValueError):
             await put(store, "/b/x", if_version=-1)
         with pytest.raises(ValueError):
             await store.delete("/b/x", if_version=-1)
 
     @pytest.mark.parametrize(("plan", "chunk", "message"), BAD_PLANS)
-    async def test_invalid_plan_is_bad_request_and_not_committed(self, store, plan, chunk, message):
+    async def test_invalid_plan_is_bad_request_and_not_committed(self, store: Any, plan: Any, chunk: Any, message: Any) -> None:
         with pytest.raises(BadRequest) as exc:
             await store.commit("/b/x", bad_plan("/b/x", plan, chunk))
         assert str(exc.value) == f"plan for '/b/x': {message}"
         assert await store.get_plans(["/b/x"]) == [None]
 
-    async def test_commit_many_with_one_invalid_plan_commits_none(self, store):
+    async def test_commit_many_with_one_invalid_plan_commits_none(self, store: Any) -> None:
         ops = [CommitOp(path="/b/ok", plan=make_plan("/b/ok")), CommitOp(path="/b/x", plan=bad_plan("/b/x", {"size": 9}))]
         with pytest.raises(BadRequest, match="chunks cover 10 bytes, size is 9"):
             await store.commit_many(ops)
         assert await store.get_plans(["/b/ok", "/b/x"]) == [None, None]
 
-    async def test_valid_edge_plans_commit(self, store):
+    async def test_valid_edge_plans_commit(self, store: Any) -> None:
         empty = await store.commit("/b/empty", make_plan("/b/empty", size=0))
         assert (empty.size, empty.chunks) == (0, ())
         lz4 = bad_plan("/b/lz4", None, {"codec": "lz4", "length": 24})  # lz4's worst case for 8 bytes
         assert (await store.commit("/b/lz4", lz4)).chunks == lz4.chunks
 
-    async def test_plan_path_mismatch_is_bad_request(self, store):
+    async def test_plan_path_mismatch_is_bad_request(self, store: Any) -> None:
         with pytest.raises(BadRequest):
             await store.commit("/b/x", make_plan("/b/y"))
         assert await store.get_plans(["/b/x", "/b/y"]) == [None, None]
 
     # --- delete --------------------------------------------------------------------------
 
-    async def test_delete_returns_info_and_hides_blob(self, store):
+    async def test_delete_returns_info_and_hides_blob(self, store: Any) -> None:
         committed = await put(store, "/b/x")
         info = await store.delete("/b/x")
         assert info == committed.info()
@@ -210,7 +160,7 @@ class PlanWriterTests(ReservedNamespaceTests):
         with pytest.raises(BlobNotFound):
             await store.get_plan("/b/x")
 
-    async def test_delete_missing_raises_blob_not_found(self, store):
+    async def test_delete_missing_raises_blob_not_found(self, store: Any) -> None:
         with pytest.raises(BlobNotFound) as exc:
             await store.delete("/b/never")
         assert "/b/never" in str(exc.value)
@@ -219,7 +169,7 @@ class PlanWriterTests(ReservedNamespaceTests):
         with pytest.raises(BlobNotFound):
             await store.delete("/b/x")
 
-    async def test_delete_if_version(self, store):
+    async def test_delete_if_version(self, store: Any) -> None:
         await put(store, "/b/x")
         await put(store, "/b/x")
         for wrong in (0, 1, 3):
@@ -230,7 +180,7 @@ class PlanWriterTests(ReservedNamespaceTests):
 
     # --- commit_many ---------------------------------------------------------------------
 
-    async def test_commit_many_applies_all(self, store):
+    async def test_commit_many_applies_all(self, store: Any) -> None:
         await put(store, "/b/a")
         ops = [
             CommitOp(path="/b/a", plan=make_plan("/b/a", seed=1), if_version=1),
@@ -242,7 +192,7 @@ class PlanWriterTests(ReservedNamespaceTests):
         assert await store.get_plans(["/b/a", "/b/b", "/b/c"]) == committed
         assert await store.commit_many([]) == []
 
-    async def test_commit_many_is_atomic(self, store):
+    async def test_commit_many_is_atomic(self, store: Any) -> None:
         await put(store, "/b/a")
         ops = [
             CommitOp(path="/b/new", plan=make_plan("/b/new")),
@@ -255,7 +205,7 @@ class PlanWriterTests(ReservedNamespaceTests):
         assert (await store.get_plan("/b/a")).version == 1
         assert (await put(store, "/b/new")).version == 1  # the failed batch consumed no version
 
-    async def test_commit_many_checks_every_op_first(self, store):
+    async def test_commit_many_checks_every_op_first(self, store: Any) -> None:
         ops = [CommitOp(path="/b/ok", plan=make_plan("/b/ok")), CommitOp(path="/b//bad", plan=make_plan("/b//bad"))]
         with pytest.raises(InvalidPath):
             await store.commit_many(ops)
@@ -264,8 +214,8 @@ class PlanWriterTests(ReservedNamespaceTests):
     # --- path validation -----------------------------------------------------------------
 
     @pytest.mark.parametrize("path", INVALID_PATHS)
-    async def test_invalid_paths_rejected_by_writes(self, store, path):
-        calls = [
+    async def test_invalid_paths_rejected_by_writes(self, store: Any, path: Any) -> None:
+        calls: list[Callable[[], Awaitable[object]]] = [
             lambda: store.commit(path, make_plan(path)),
             lambda: store.commit_many([CommitOp(path=path, plan=make_plan(path))]),
             lambda: store.delete(path),
@@ -274,14 +224,14 @@ class PlanWriterTests(ReservedNamespaceTests):
             with pytest.raises(InvalidPath):
                 await call()
 
-    async def test_longest_path_is_valid(self, store):
+    async def test_longest_path_is_valid(self, store: Any) -> None:
         path = "/b/" + "x" * 1021
         assert len(path.encode()) == 1024
         assert (await put(store, path)).path == path
 
     # --- concurrency -----------------------------------------------------------------------
 
-    async def test_concurrent_cas_exactly_one_wins(self, store):
+    async def test_concurrent_cas_exactly_one_wins(self, store: Any) -> None:
         await put(store, "/b/x")
         results = await asyncio.gather(*(put(store, "/b/x", seed=i, if_version=1) for i in range(20)), return_exceptions=True)
         winners = [r for r in results if isinstance(r, ReadPlan)]
@@ -289,7 +239,7 @@ class PlanWriterTests(ReservedNamespaceTests):
         assert all(isinstance(r, PreconditionFailed) for r in results if r is not winners[0])
         assert await store.get_plan("/b/x") == winners[0]
 
-    async def test_concurrent_create_only_exactly_one_wins(self, store):
+    async def test_concurrent_create_only_exactly_one_wins(self, store: Any) -> None:
         results = await asyncio.gather(*(put(store, "/b/new", seed=i, if_version=0) for i in range(20)), return_exceptions=True)
         assert sum(isinstance(r, ReadPlan) for r in results) == 1
         assert sum(isinstance(r, PreconditionFailed) for r in results) == 19
@@ -298,12 +248,14 @@ class PlanWriterTests(ReservedNamespaceTests):
 class PlanListerTests:
     """Listing (:class:`~blobsdk.metadata.base.PlanLister`): blobs under a prefix, every plan."""
 
-    async def test_is_a_plan_lister(self, store):
+    pytestmark = pytest.mark.asyncio
+
+    async def test_is_a_plan_lister(self, store: Any) -> None:
         assert isinstance(store, PlanLister)
 
     # --- list ----------------------------------------------------------------------------
 
-    async def test_list_sorted_and_paged(self, store):
+    async def test_list_sorted_and_paged(self, store: Any) -> None:
         paths = [f"/b/k{i:03d}" for i in range(25)]
         await put_all(store, list(reversed(paths)))
         page, cursor = await store.list_page("/b/", limit=10)
@@ -314,11 +266,11 @@ class PlanListerTests:
         assert [i.path for i in page] == paths[20:] and cursor is None
         assert await all_listed(store, "/b/", limit=7) == paths
 
-    async def test_list_items_are_blob_infos(self, store):
+    async def test_list_items_are_blob_infos(self, store: Any) -> None:
         committed = await put(store, "/b/x")
         assert [info async for info in store.list("/b")] == [committed.info()]
 
-    async def test_list_prefix_is_exact_string_prefix(self, store):
+    async def test_list_prefix_is_exact_string_prefix(self, store: Any) -> None:
         await put_all(store, ["/b/a", "/b/a/x", "/b/ab", "/b/b", "/c/a", "/ba/x"])
         assert await all_listed(store, "/b/a") == ["/b/a", "/b/a/x", "/b/ab"]
         assert await all_listed(store, "/b/a/") == ["/b/a/x"]
@@ -327,34 +279,40 @@ class PlanListerTests:
         assert await all_listed(store, "/") == sorted(["/b/a", "/b/a/x", "/b/ab", "/b/b", "/c/a", "/ba/x"])
         assert await all_listed(store, "/zzz") == []
 
-    async def test_list_treats_percent_and_underscore_literally(self, store):
+    async def test_list_treats_percent_and_underscore_literally(self, store: Any) -> None:
         await put_all(store, ["/b/x%y", "/b/x_y", "/b/xay", "/b/xzy", "/b/x%%"])
         assert await all_listed(store, "/b/x%") == ["/b/x%%", "/b/x%y"]
         assert await all_listed(store, "/b/x_") == ["/b/x_y"]
         assert await store.get_plans(["/b/x%y", "/b/x_y"]) != [None, None]
 
-    async def test_list_non_ascii_in_code_point_order(self, store):
+    async def test_list_non_ascii_in_code_point_order(self, store: Any) -> None:
         paths = ["/b/z", "/b/é", "/b/日本", "/b/\U0001f600", "/b/\uffff", "/b/\U0010ffff", "/b/\U0010ffffa"]
         await put_all(store, paths)
         assert await all_listed(store, "/b/") == sorted(paths)
         assert await all_listed(store, "/b/\U0010ffff") == ["/b/\U0010ffff", "/b/\U0010ffffa"]
         assert await all_listed(store, "/b/\ud7ff") == []
 
-    async def test_list_start_after_is_exclusive(self, store):
+    async def test_list_start_after_is_exclusive(self, store: Any) -> None:
         await put_all(store, ["/b/a", "/b/b", "/b/c", "/d/a"])
         assert [i.path async for i in store.list("/b/", start_after="/b/a")] == ["/b/b", "/b/c"]
         assert [i.path async for i in store.list("/b/", start_after="/b/bb")] == ["/b/c"]
         assert [i.path async for i in store.list("/b/", start_after="/a")] == ["/b/a", "/b/b", "/b/c"]
         assert [i.path async for i in store.list("/b/", start_after="/c")] == []
 
-    async def test_list_skips_deleted(self, store):
+    async def test_an_index_entry_is_listed_with_the_blobs(self, store: Any) -> None:
+        await store.commit_many([CommitOp(path=ENTRY, plan=one_chunk(ENTRY), kind="index")])
+        await put(store, "/b/x")
+        assert await all_listed(store, "/b/.blobsdk/") == [ENTRY]
+        assert await all_listed(store, "/b/") == [ENTRY, "/b/x"]
+
+    async def test_list_skips_deleted(self, store: Any) -> None:
         await put_all(store, ["/b/a", "/b/b", "/b/c"])
         await store.delete("/b/b")
         page, cursor = await store.list_page("/b/", limit=2)
         assert [i.path for i in page] == ["/b/a", "/b/c"] and cursor is None
 
     @pytest.mark.parametrize("limit", [0, -1, 10_001, 1.5])
-    async def test_list_limit_validation(self, store, limit):
+    async def test_list_limit_validation(self, store: Any, limit: Any) -> None:
         with pytest.raises(ValueError):
             await store.list_page("/b/", limit=limit)
         with pytest.raises(ValueError):
@@ -363,13 +321,13 @@ class PlanListerTests:
             await store.scan_page(None, limit)
 
     @pytest.mark.parametrize("prefix", ["", "b", "//", "/b//", "/b/../", "/b\x00"])
-    async def test_invalid_prefix(self, store, prefix):
+    async def test_invalid_prefix(self, store: Any, prefix: Any) -> None:
         with pytest.raises(InvalidPath):
             await store.list_page(prefix)
 
     # --- scanning every plan ---------------------------------------------------------------
 
-    async def test_iter_plans_yields_every_live_plan(self, store):
+    async def test_iter_plans_yields_every_live_plan(self, store: Any) -> None:
         paths = [f"/b{i % 3}/k{i}" for i in range(40)]
         await put_all(store, paths)
         await store.delete(paths[0])
@@ -377,7 +335,7 @@ class PlanListerTests:
         assert [p.path for p in plans] == sorted(paths[1:])
         assert all(p.version == 1 for p in plans)
 
-    async def test_scan_page_cursor(self, store):
+    async def test_scan_page_cursor(self, store: Any) -> None:
         await put_all(store, ["/a/x", "/b/x", "/c/x"])
         plans, cursor = await store.scan_page(None, 2)
         assert [p.path for p in plans] == ["/a/x", "/b/x"] and cursor == "/b/x"
@@ -388,12 +346,14 @@ class PlanListerTests:
 class BlockIndexTests:
     """The block -> plans index (:class:`~blobsdk.metadata.base.BlockIndex`)."""
 
-    async def test_has_a_block_index(self, store):
+    pytestmark = pytest.mark.asyncio
+
+    async def test_has_a_block_index(self, store: Any) -> None:
         assert isinstance(store, BlockIndex)
 
     # --- blocks to plans (repair's reverse index) -------------------------------------------
 
-    async def test_naming_finds_the_live_plans_naming_blocks(self, store):
+    async def test_naming_finds_the_live_plans_naming_blocks(self, store: Any) -> None:
         a, b, c = (f"{n:032x}" for n in (1, 2, 3))
         await put_all(store, ["/b/x"])  # block 0
         await put(store, "/b/one", seed=1)
@@ -411,12 +371,12 @@ class BlockIndexTests:
         plans = [plan async for plan in store.iter_naming([c])]
         assert plans == [await store.get_plan("/b/moved")]
 
-    async def test_naming_follows_a_path_committed_twice_in_one_batch(self, store):
+    async def test_naming_follows_a_path_committed_twice_in_one_batch(self, store: Any) -> None:
         ops = [CommitOp(path="/b/x", plan=make_plan("/b/x", seed=s)) for s in (5, 6)]
         await store.commit_many(ops)
         assert await naming(store, [f"{5:032x}"]) == [] and await naming(store, [f"{6:032x}"]) == ["/b/x"]
 
-    async def test_naming_page_cursor(self, store):
+    async def test_naming_page_cursor(self, store: Any) -> None:
         a, b = f"{1:032x}", f"{2:032x}"
         await put(store, "/b/p", seed=1)
         await put(store, "/b/q", seed=1)
@@ -426,7 +386,7 @@ class BlockIndexTests:
         plans, cursor = await store.naming_page([b, a], cursor, 2)
         assert [p.path for p in plans] == ["/b/r"] and cursor is None
 
-    async def test_naming_arguments_are_checked(self, store):
+    async def test_naming_arguments_are_checked(self, store: Any) -> None:
         with pytest.raises(BadRequest, match=r"invalid block id '\.\./x': want 32 lowercase hex digits"):
             await store.naming_page(["../x"])
         with pytest.raises(BadRequest, match="10001 block ids in one naming_page call; the limit is 10000"):
@@ -443,12 +403,14 @@ class BlockIndexTests:
 class BlockFencesTests:
     """gc's fences (:class:`~blobsdk.metadata.base.BlockFences`)."""
 
-    async def test_has_block_fences(self, store):
+    pytestmark = pytest.mark.asyncio
+
+    async def test_has_block_fences(self, store: Any) -> None:
         assert isinstance(store, BlockFences)
 
     # --- gc's fences -----------------------------------------------------------------------
 
-    async def test_a_fenced_block_refuses_every_commit_naming_it(self, store):
+    async def test_a_fenced_block_refuses_every_commit_naming_it(self, store: Any) -> None:
         await put(store, "/b/old", seed=1)
         await store.fence_blocks([f"{2:032x}", f"{3:032x}"])
         for commit in (
@@ -468,7 +430,7 @@ class BlockFencesTests:
         with pytest.raises(BlockCollected, match=f"commit of '/b/w' refused: block {3:032x} it names"):
             await put(store, "/b/w", seed=3)
 
-    async def test_fences_are_pruned_by_age(self, store):
+    async def test_fences_are_pruned_by_age(self, store: Any) -> None:
         await store.fence_blocks([f"{2:032x}"])
         assert await store.prune_fences(3600) == 0
         with pytest.raises(BlockCollected):
@@ -477,7 +439,7 @@ class BlockFencesTests:
         assert await store.prune_fences(0.01) >= 1
         assert (await put(store, "/b/x", seed=2)).version == 1
 
-    async def test_fence_arguments_are_checked(self, store):
+    async def test_fence_arguments_are_checked(self, store: Any) -> None:
         with pytest.raises(BadRequest, match=r"invalid block id '\.\./x': want 32 lowercase hex digits"):
             await store.fence_blocks(["../x"])
         with pytest.raises(BadRequest, match="10001 block ids in one fence call; the limit is 10000"):
@@ -492,5 +454,5 @@ class BlockFencesTests:
 class MetadataStoreTests(PlanReaderTests, PlanWriterTests, PlanListerTests, BlockIndexTests, BlockFencesTests):
     """Every capability: what a backend that implements the whole MetadataStore runs."""
 
-    async def test_is_a_metadata_store(self, store):
+    async def test_is_a_metadata_store(self, store: Any) -> None:
         assert isinstance(store, MetadataStore)
