@@ -14,7 +14,7 @@ import pytest
 
 from tests.docsnippets import Block, MarkerError, blocks, chains, commands, dump
 from tests.helpers import ROOT
-from tests.test_examples import clean_env
+from tests.project.test_examples import clean_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FOUND = {page: blocks(page, ROOT) for page in PAGES}
@@ -43,7 +43,7 @@ NOT_RUN = {
         "tests/servers/test_testing.py runs it with plain pytest in a fresh project, beside dictplans.py"
     ),
     ("docs/deployment.md", "useradd --system --home /var/lib/blobsdk blobsdk"): (
-        "adds a system user and writes /etc as root; tests/test_docs.py starts each unit's command line instead"
+        "adds a system user and writes /etc as root; tests/project/test_docs.py starts each unit's command line instead"
     ),
     ("docs/dlio.md", "export BLOBSDK_CONFIG=.cluster/client.toml BLOBSDK_DLIO_PREFIX=/bucket/unet3d"): (
         "needs .venv-dlio (make dlio), MPI and a dataset in a store"

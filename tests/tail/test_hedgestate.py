@@ -9,7 +9,7 @@ from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, I
 from blobsdk.tail import hedge
 from blobsdk.tail.hedgestate import HedgeStats, exhausted, is_failover
 from tests.helpers import ROOT
-from tests.test_imports import import_edges
+from tests.project.test_imports import import_edges
 
 
 @pytest.mark.parametrize("error", [Unavailable("down"), BadCopy("bad bytes"), BlockNotFound("gone")])
