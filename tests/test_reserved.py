@@ -1,5 +1,5 @@
 """``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/paths.py): every way a user writes or
-deletes refuses it before any I/O (the client, fsspec; the CLI in tests/test_cli.py; every
+deletes refuses it before any I/O (the client, fsspec; the CLI in tests/cli/test_cli.py; every
 store in blobsdk/testing/reserved.py; the API server per tenant in tests/test_tenancy.py), reads
 and listings there still work, and gc sweeps only index entries there, keeping a stray an
 older build let a user write."""

@@ -19,9 +19,9 @@ import pytest
 
 from servers import cluster, testing
 from tests.helpers import ROOT
+from tests.project.test_examples import clean_env
 from tests.servers.test_cluster import _alive as running
 from tests.servers.test_cluster import _wait_for
-from tests.test_examples import clean_env
 
 pytest_plugins = ["pytester"]
 

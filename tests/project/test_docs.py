@@ -4,7 +4,7 @@ lives in) with its type and default, and every environment variable the code rea
 module path, dotted ``blobsdk.`` name, test name and relative link in README.md and docs/*.md
 exists; the README stays a front door (its order, at most 400 lines, the two make commands and a
 first get on its first screen, a link to every page of docs/) and names no internal issue.
-tests/test_doc_snippets.py runs their code blocks."""
+tests/project/test_doc_snippets.py runs their code blocks."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def render_type(tp: Any) -> str:
         return f"list of {render_type(args[0])}s"
     names = {int: "integer", float: "number", bool: "boolean", str: "string"}
     if tp not in names:
-        raise AssertionError(f"tests/test_docs.py cannot render the type {tp!r}: teach render_type")
+        raise AssertionError(f"tests/project/test_docs.py cannot render the type {tp!r}: teach render_type")
     return names[tp]
 
 

@@ -81,7 +81,7 @@ NEEDS_AN_EXTRA = {
 
 def test_a_module_that_needs_an_extra_says_which():
     """In a core install each names its extra (MissingExtra, an ImportError), not only the
-    missing package; tests/test_packaging.py checks the rest in the test process."""
+    missing package; tests/project/test_packaging.py checks the rest in the test process."""
     code = f"""
 import importlib
 from blobsdk.errors import MissingExtra

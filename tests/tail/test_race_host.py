@@ -11,7 +11,7 @@ from blobsdk.tail import hedge
 from blobsdk.tail.hedge import is_failover
 from blobsdk.tail.race import HedgeStats, exhausted
 from tests.helpers import ROOT
-from tests.test_imports import import_edges
+from tests.project.test_imports import import_edges
 
 
 @pytest.mark.parametrize("error", [Unavailable("down"), BadCopy("bad bytes"), BlockNotFound("gone")])

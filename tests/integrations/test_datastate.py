@@ -18,7 +18,7 @@ import blobsdk
 from blobsdk.integrations.order import fingerprint
 from blobsdk.torch import BlobDataset, BlobIterableDataset, BlobSampler, DataState, states_of
 from tests import helpers
-from tests.test_elastic import SEED, N, flat, read, stateful
+from tests.integrations.test_elastic import SEED, N, flat, read, stateful
 
 KINDS = ("iterable", "sampled")
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import blobsdk
-from tests.test_checkpoint import CHUNK, assert_same, model
+from tests.write.test_checkpoint import CHUNK, assert_same, model
 
 
 def zeroed(state: dict[str, Any]) -> dict[str, Any]:

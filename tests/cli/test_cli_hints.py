@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_cli import run
+from tests.cli.test_cli import run
 
 L2_TABLE = '[l2]\ndir = "{dir}"\ncapacity_bytes = 10737418240  # 10 GiB\n'
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import ok, run
+from tests.cli.test_cli import ok, run
 
 DATA = b"the bytes of /b/x\n" * 1000
 

@@ -23,9 +23,9 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import MAX_CHUNK_BYTES
 from servers.cluster import start_cluster
+from tests.cli.test_cli import error_line, ok, run
 from tests.helpers import ROOT, gc_ahead
-from tests.test_cli import error_line, ok, run
-from tests.test_dedup import assert_index_sound_after_gc
+from tests.write.test_dedup import assert_index_sound_after_gc
 
 CHUNK = 64 << 10
 ADMIN = "admin-token-for-faults"

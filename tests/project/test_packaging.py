@@ -5,7 +5,7 @@ install when a module needs one (``MissingExtra``).
 The extras are taken away in this process: the extra's modules are dropped from
 ``sys.modules`` and a finder refuses them as an uninstalled package is refused (``No module
 named ...``), then the module under test is imported afresh.  ``monkeypatch`` puts every
-module back after the test.  tests/test_core_only.py checks the same in a fresh interpreter.
+module back after the test.  tests/project/test_core_only.py checks the same in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import blobsdk
 from blobsdk import Client, ClientConfig, MissingExtra
 from blobsdk._extras import install_command, pip_install
 from blobsdk._version import UNKNOWN, installed_version
+from tests.cli.test_cli import run
 from tests.helpers import ROOT
-from tests.test_cli import run
 
 # --- version, py.typed, licence -------------------------------------------------------------
 

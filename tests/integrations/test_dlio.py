@@ -25,7 +25,7 @@ from blobsdk.integrations.dliofiles import (
 from servers.cluster import start_cluster
 from tests.helpers import in_a_forked_child
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 DLIO_VENV = ROOT / ".venv-dlio"
 PREFIX = "/bench/dlio"
 

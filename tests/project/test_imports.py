@@ -280,7 +280,7 @@ def upward(edges: Iterable[Edge], layers: dict[int, tuple[str, ...]] = LAYERS) -
 
 def test_every_module_of_blobsdk_has_a_layer():
     missing = unplaced(module_names(ROOT, ["blobsdk"]))
-    assert not missing, "modules in no layer of LAYERS (tests/test_imports.py): " + ", ".join(missing)
+    assert not missing, "modules in no layer of LAYERS (tests/project/test_imports.py): " + ", ".join(missing)
 
 
 def test_every_import_points_to_its_own_layer_or_below():

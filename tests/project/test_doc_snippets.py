@@ -5,6 +5,7 @@ marked with its reason and listed here, so none is skipped silently."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 
 from tests.docsnippets import Block, MarkerError, blocks, chains, commands, dump
 from tests.helpers import ROOT
-from tests.test_examples import clean_env
+from tests.project.test_examples import clean_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FOUND = {page: blocks(page, ROOT) for page in PAGES}
@@ -43,7 +44,7 @@ NOT_RUN = {
         "tests/servers/test_testing.py runs it with plain pytest in a fresh project, beside dictplans.py"
     ),
     ("docs/deployment.md", "useradd --system --home /var/lib/blobsdk blobsdk"): (
-        "adds a system user and writes /etc as root; tests/test_docs.py starts each unit's command line instead"
+        "adds a system user and writes /etc as root; tests/project/test_docs.py starts each unit's command line instead"
     ),
     ("docs/dlio.md", "export BLOBSDK_CONFIG=.cluster/client.toml BLOBSDK_DLIO_PREFIX=/bucket/unet3d"): (
         "needs .venv-dlio (make dlio), MPI and a dataset in a store"
@@ -76,10 +77,22 @@ def test_the_chain_of_blocks_runs_as_written(chain: list[Block], tmp_path: Path,
     if testbed_unavailable is not None and any(block.needs_testbed for block in chain):
         pytest.skip(f"{chain[0].where} needs a testbed: {testbed_unavailable}")
     dump(chain, tmp_path / "chain.json")
-    work = tmp_path / "work"
+    done = _run_chain(tmp_path, "work")
+    if _arrow_exit_race(chain, done):
+        done = _run_chain(tmp_path, "again")
+    assert done.returncode == 0, f"{chain[0].where} failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    # an exception in an atexit handler (a client closed there) or a finalizer is printed, and
+    # the exit code stays 0
+    assert "Exception ignored" not in done.stderr, f"{chain[0].where}:\n{done.stderr[-8000:]}"
+    missing = [line for key in _outputs_of(chain) for line in OUTPUT[key] if line not in done.stdout]
+    assert not missing, f"{chain[0].where} did not print {missing}:\n{done.stdout[-4000:]}"
+
+
+def _run_chain(tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
+    work = tmp / name
     work.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.docsnippets", str(tmp_path / "chain.json")],
+    return subprocess.run(
+        [sys.executable, "-m", "tests.docsnippets", str(tmp / "chain.json")],
         cwd=work,
         env=_env(work),
         capture_output=True,
@@ -87,12 +100,21 @@ def test_the_chain_of_blocks_runs_as_written(chain: list[Block], tmp_path: Path,
         timeout=900,
         check=False,
     )
-    assert done.returncode == 0, f"{chain[0].where} failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    # an exception in an atexit handler (a client closed there) or a finalizer is printed, and
-    # the exit code stays 0
-    assert "Exception ignored" not in done.stderr, f"{chain[0].where}:\n{done.stderr[-8000:]}"
-    missing = [line for key in _outputs_of(chain) for line in OUTPUT[key] if line not in done.stdout]
-    assert not missing, f"{chain[0].where} did not print {missing}:\n{done.stdout[-4000:]}"
+
+
+# pyarrow's own exit race, run once more and never passed: a parquet read through any fsspec
+# filesystem (``memory://`` does it too: 1 run in 800 with 6 at once on 2 cores) can leave the
+# Python file's last reference to one of pyarrow's pool threads, whose C++ destructor takes the
+# GIL after finalization began: CPython ends that thread with pthread_exit, whose unwinding
+# through a noexcept destructor is std::terminate (core dump: OwnedRefNoGIL::~OwnedRefNoGIL in
+# PyReadableFile's destructor, under take_gil -> PyThread_exit_thread). Everything the chain
+# printed was printed; docs/integrations.md says so.
+_ARROW_EXIT_RACE = "terminate called without an active exception\n"
+
+
+def _arrow_exit_race(chain: list[Block], done: subprocess.CompletedProcess[str]) -> bool:
+    reads_parquet = any("read_parquet" in block.code or "pq.read_table" in block.code for block in chain)
+    return reads_parquet and done.returncode == -signal.SIGABRT and done.stderr.endswith(_ARROW_EXIT_RACE)
 
 
 def test_every_block_that_does_not_run_says_why_and_is_listed() -> None:
@@ -218,3 +240,19 @@ def test_a_marker_it_cannot_apply_is_refused(tmp_path: Path, text: str, message:
 
 def test_commands_are_one_per_line_with_continuations_joined() -> None:
     assert commands("a b  # c\n\n# d\ne \\\n  f\n") == [["a", "b"], ["e", "f"]]
+
+
+def test_only_pyarrows_exit_race_on_a_chain_that_reads_parquet_runs_again() -> None:
+    parquet = [Block(page="p.md", line=1, lang="python", code='pd.read_parquet("blob://b/t.parquet")')]
+    other = [Block(page="p.md", line=1, lang="python", code="print(1)")]
+    race = subprocess.CompletedProcess(args=[], returncode=-signal.SIGABRT, stdout="True\n", stderr=_ARROW_EXIT_RACE)
+    assert _arrow_exit_race(parquet, race)
+    assert not _arrow_exit_race(other, race)
+    for returncode, stderr in (
+        (-signal.SIGABRT, "free(): invalid pointer\n"),
+        (-signal.SIGSEGV, _ARROW_EXIT_RACE),
+        (1, _ARROW_EXIT_RACE),
+    ):
+        assert not _arrow_exit_race(
+            parquet, subprocess.CompletedProcess(args=[], returncode=returncode, stdout="", stderr=stderr)
+        )

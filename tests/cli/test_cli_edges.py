@@ -1,5 +1,5 @@
 """The CLI's rough edges of issue 22 (section "CLI"), each with its exact message and exit
-code.  Item 1 (a new file's mode follows the umask) is tests/test_cli_out.py's
+code.  Item 1 (a new file's mode follows the umask) is tests/cli/test_cli_out.py's
 ``test_a_new_file_gets_the_umasks_mode``; item 6 (``get PATH DIR``) is there too."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from blobsdk.cli.admin import STATS_NOTE, _show, dataset_bytes_done
 from blobsdk.read.prefetch import PrefetchProgress
-from tests.test_cli import error_line, ok, run
+from tests.cli.test_cli import error_line, ok, run
 
 
 @pytest.fixture
