@@ -41,10 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blobsdk.config import HedgeConfig, Timeouts
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rpc import new_session
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.limiter import LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.testbed import Link, Testbed
@@ -153,7 +154,7 @@ async def _round(
         try:
             for policy in POLICY_NAMES[scenario]:
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
-                tier = L4Tier(blocks, hedge=policies[policy], limiters=None if policy == "duplicate" else limiters)
+                tier = L4Tier(ReplicaReader(blocks, hedge=policies[policy], limiters=None if policy == "duplicate" else limiters))
                 await time_batches(tier, refs, shape.warmup)
                 before = tier.hedger.stats()
                 name = f"{scenario}_{policy}"

@@ -1,7 +1,7 @@
 """The hedging benchmark's in-process rows: the client CPU of the L4 tier, its limiters and its
 hedger per read, with no network.
 
-Three in-process replicas, each behind its own :class:`~blobsdk.tail.limiter.AdaptiveLimiter`
+Three in-process replicas, each behind its own :class:`~blobsdk.net.limiter.AdaptiveLimiter`
 as a block server's data GETs are, answer every read on the next turn of the event loop.  A
 batch is 100 reads at once, as in the benchmark.  Rows, per read, in rounds that interleave
 them: ``bare`` (a replica's read alone: its limiter and one loop turn), ``none`` and
@@ -17,10 +17,11 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
+from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.sources.base import new_block_id
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -35,14 +36,12 @@ class _Replica:
         self.name = name
         self.limiter = limiter
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes):
-            if attempt is not None:
-                attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        if call is not None:
+            call.queued()
+        async with self.limiter.acquire(call.demand if call is not None else None, size=out.nbytes):
+            if call is not None:
+                call.in_service()
             await asyncio.sleep(0)
 
 
@@ -68,7 +67,7 @@ async def client_cpu_in_process(policies: dict[str, HedgeConfig], batches: int) 
 
     rows: dict[str, Callable[[ChunkRef], Awaitable[object]]] = {"bare": bare}
     for name in ("none", "hedged"):
-        tier = L4Tier(_Blocks(replicas), hedge=policies[name], limiters=limiters)  # type: ignore[arg-type]
+        tier = L4Tier(ReplicaReader(_Blocks(replicas), hedge=policies[name], limiters=limiters))  # type: ignore[arg-type]
         rows[name] = partial(tier.fetch, decode=_as_is)
     rounds: dict[str, list[float]] = {name: [] for name in rows}
     for read in rows.values():  # warm the limiters and the latency estimates

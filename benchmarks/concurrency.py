@@ -55,10 +55,10 @@ import aiohttp
 
 from blobsdk.config import LimiterConfig, Timeouts
 from blobsdk.errors import Unavailable
+from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.rpc import new_session
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter
 
 from ._report import Report, percentile
 from ._servers import block_servers

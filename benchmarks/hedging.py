@@ -49,11 +49,12 @@ from pathlib import Path
 import aiohttp
 
 from blobsdk.config import HedgeConfig, Timeouts
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.net.rpc import new_session
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.limiter import LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -130,7 +131,7 @@ async def _scenario(report: Report, scenario: str, urls: list[str], batches: int
                     continue
                 # "duplicate" is the plain baseline: both copies at once, never waiting for room
                 gate = None if policy == "duplicate" else limiters
-                tier = L4Tier(blocks, hedge=config, limiters=gate)
+                tier = L4Tier(ReplicaReader(blocks, hedge=config, limiters=gate))
                 await time_batches(tier, refs, 20)  # warm connections and latency estimates
                 before = tier.hedger.stats()
                 times = await time_batches(tier, refs, batches)
@@ -153,7 +154,7 @@ async def _client_cpu(
 ) -> None:
     """Client CPU per read of each path, the paths interleaved round by round (the machine's
     load changes between rounds, not between paths); the median round of each."""
-    tiers = {policy: L4Tier(blocks, hedge=POLICIES[policy], limiters=limiters) for policy in ("none", "hedged")}
+    tiers = {policy: L4Tier(ReplicaReader(blocks, hedge=POLICIES[policy], limiters=limiters)) for policy in ("none", "hedged")}
     raw = RawGetEndpoint(url, timeout=session.timeout)
     async with aiohttp.ClientSession(timeout=session.timeout) as plain:
 

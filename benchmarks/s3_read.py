@@ -69,7 +69,7 @@ the event loop; ~300 us of CPU per GET against obstore's ~430 (its Rust threads 
 two loop wake-ups per GET.  No one step dominates; what did was admission: the limiter's
 latency gradient settled at 5 of the 8 GETs in flight (RTT 2x the 1 ms floor), which with
 both cores contended (4 busy loops, the same run) read 0.87x of obstore's rate against
-1.00x for the same store cut by drops only (blobsdk/tail/limiter.py, ``by_latency``).
+1.00x for the same store cut by drops only (blobsdk/net/limiter.py, ``by_latency``).
 With the neighbours' load (run 1), every Python row, the signed GETs without a limiter
 included, falls to 0.76-0.83 at 256 KiB: the one event-loop thread does each GET's ~250-300
 us of work in turn, where obstore spreads its ~430 us over its runtime's threads, which the

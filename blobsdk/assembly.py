@@ -33,6 +33,7 @@ from .cache.memory import MemoryCache
 from .config import ClientConfig, L2Config, s3_location
 from .metadata.base import MetadataStore
 from .metadata.cache import CachedMetadataStore
+from .net.limiter import LimiterRegistry
 from .net.rpc import new_session
 from .ops.repair import Repairer
 from .peer.trackers import tracker_servers
@@ -42,7 +43,7 @@ from .runtime.buffers import BufferPool
 from .sources.base import BlockStore
 from .sources.replicated import RecordsUnderReplicated
 from .stats import TIER_NAMES, LatencyHistogram, TierStats
-from .tail.limiter import LimiterRegistry
+from .tail.replicaread import ReplicaReader
 from .tiers.base import Tier
 from .tiers.l1 import L1Tier
 from .tiers.l2 import L2Tier
@@ -266,12 +267,14 @@ def _tiers(backends: Backends, config: ClientConfig, buffers: BufferPool, repair
             buffers=buffers,
         )
     yield L4Tier(
-        backends.blocks,
-        hedge=config.hedge,
-        limiters=backends.limiters,
-        repair=config.repair,
-        buffers=buffers,
-        report=repairer,
+        ReplicaReader(
+            backends.blocks,
+            hedge=config.hedge,
+            limiters=backends.limiters,
+            repair=config.repair,
+            buffers=buffers,
+            report=repairer,
+        )
     )
 
 

@@ -163,7 +163,7 @@ class Timeouts(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     api_failover: float = 5.0  # with several api_urls: an API server silent this long is left for the next
 
 
-# --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/tail/limiter.py, blobsdk/ops/repair.py
+# --- tail control and repair: used by blobsdk/tail/hedge.py, blobsdk/net/limiter.py, blobsdk/ops/repair.py
 
 MIN_SAMPLES = 8  # fewer recent latencies than this: a hedger's target borrows the tier-wide estimate
 
@@ -224,7 +224,7 @@ _LIMITER_NUMBERS = {
 
 
 class LimiterConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one endpoint's in-flight limit adapts (see blobsdk/tail/limiter.py)."""
+    """How one endpoint's in-flight limit adapts (see blobsdk/net/limiter.py)."""
 
     table: ClassVar[str] = "limiter"
     numbers: ClassVar[dict[str, Number]] = _LIMITER_NUMBERS

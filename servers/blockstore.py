@@ -37,10 +37,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from blobsdk.chunks.ids import validate_block_id
 from blobsdk.cli.parser import ArgumentParser
 from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from blobsdk.net.serving import limits_of_args
-from blobsdk.sources.base import validate_block_id
 from blobsdk.sources.local import BlockWriter, LocalBlockStore
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
 

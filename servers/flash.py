@@ -16,7 +16,7 @@ Routes (chunk bytes travel raw in their stored form, maybe lz4: the client verif
 ``<ChunkRef>`` is the ChunkRef as query parameters (blobsdk.wire.chunk_query); ``key``
 must be its chunk key, else 400.
 
-Read-through: a miss reads the L4 replicas in order (blobsdk/sources/replicaread.py, the
+Read-through: a miss reads the L4 replicas in order (blobsdk/tail/replicaread.py, the
 client's L4 tier's engine too), verifies each copy (decode + xxh3-64),
 stores the first good one for the requesting tenant and serves it; one load per chunk key is
 in flight (single-flight: the fill is charged to the tenant that asked first).  A hit is read
@@ -69,14 +69,14 @@ from blobsdk.cache.disk import DiskCache
 from blobsdk.chunks.codec import ChunkDecoder
 from blobsdk.config import Timeouts, s3_location
 from blobsdk.errors import BadCopy, BadRequest, BadUpload, InsufficientStorage, QuotaExceeded
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rpc import new_session
 from blobsdk.net.serving import limits_of_args, progress_every
 from blobsdk.runtime.singleflight import SingleFlight
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicaread import ReplicaReader
 from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.limiter import LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.wire import CACHE_HEADER, ChunkRef, ref_from_query
 
 from ._common.admission import TenantGate, install_gate, stepped_out

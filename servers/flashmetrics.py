@@ -7,7 +7,7 @@ from functools import partial
 from typing import Protocol
 
 from blobsdk.cache.disk import DiskCache
-from blobsdk.sources.replicaread import ReplicaReader
+from blobsdk.tail.replicaread import ReplicaReader
 
 from ._common.metrics import ServerMetrics
 from .flashreports import BadCopyReports

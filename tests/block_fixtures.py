@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import BlockInfo, ChunkRef, Codec
@@ -45,10 +45,8 @@ class OneAtATime:
     def list_blocks(self, start_after: str | None = None) -> AsyncIterator[BlockInfo]:
         return self.store.list_blocks(start_after)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        await self.store.read_into(block_id, offset, out, attempt=attempt, grant=grant)
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        await self.store.read_into(block_id, offset, out, call=call)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         return await self.store.read_range(block_id, offset, length)
@@ -101,7 +99,7 @@ class GatedSpans(LocalBlockStore):
         self.started, self.release = asyncio.Event(), threading.Event()
         self.checked: list[int] = []
 
-    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+    async def read_spans(self, block_id, spans, *, check=None, call=None):
         loop = asyncio.get_running_loop()
 
         def gated(i: int) -> None:
@@ -112,4 +110,4 @@ class GatedSpans(LocalBlockStore):
                 self.release.wait()
             self.checked.append(i)
 
-        return await super().read_spans(block_id, spans, check=gated, attempt=attempt)
+        return await super().read_spans(block_id, spans, check=gated, call=call)

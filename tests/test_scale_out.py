@@ -16,8 +16,8 @@ from blobsdk._redisurl import FORM
 from blobsdk.assembly import _block_store
 from blobsdk.config import ClientConfig, S3Config
 from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.sources.s3 import S3BlockStore
-from blobsdk.tail.limiter import LimiterRegistry
 from servers.cluster import start_cluster
 from servers.redisd import start_redis
 from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server
@@ -93,7 +93,7 @@ def test_the_config_names_one_metadata_and_one_l4():
 
 
 def test_an_s3_l4_s_limiter_is_cut_by_drops_not_by_latency():
-    """An object store's latency is no load signal (blobsdk/tail/limiter.py): the S3 L4's
+    """An object store's latency is no load signal (blobsdk/net/limiter.py): the S3 L4's
     limiter, the client's and a bare store's, only drops cut."""
     config = ClientConfig(metadata_url="redis://r:6379/0", source_url="s3://xyz/p", s3=S3Config(region="eu-west-1"))
     registry = LimiterRegistry(config.limiter)

@@ -18,6 +18,7 @@ import xxhash
 
 import blobsdk
 from blobsdk.auth import GRANT_TTL_S
+from blobsdk.chunks.call import Call
 from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
 from blobsdk.errors import Forbidden, InvalidPath, Unauthorized
 from blobsdk.metadata.http import HttpMetadataStore
@@ -149,11 +150,11 @@ async def test_a_grant_replayed_by_another_tenant_or_for_other_bytes_is_forbidde
         (ref,) = (await HttpMetadataStore(session, d.api_url, a).get_plan("/train/a.bin")).chunks
         async with HttpBlockStore(session, d.block_urls[0], a) as as_a, HttpBlockStore(session, d.block_urls[0], b) as as_b:
             out = memoryview(bytearray(ref.length))
-            await as_a.read_into(ref.block_id, ref.offset, out, grant=ref.grant)
+            await as_a.read_into(ref.block_id, ref.offset, out, call=Call(grant=ref.grant))
             with pytest.raises(Forbidden, match="not for tenant 'beta'"):
-                await as_b.read_into(ref.block_id, ref.offset, out, grant=ref.grant)
+                await as_b.read_into(ref.block_id, ref.offset, out, call=Call(grant=ref.grant))
             with pytest.raises(Forbidden, match="not for tenant 'acme' and bytes 1\\+"):
-                await as_a.read_into(ref.block_id, ref.offset + 1, out[:-1], grant=ref.grant)
+                await as_a.read_into(ref.block_id, ref.offset + 1, out[:-1], call=Call(grant=ref.grant))
             with pytest.raises(Forbidden, match="a chunk grant"):
                 await as_a.read_into(ref.block_id, ref.offset, out)
             with pytest.raises(Forbidden, match="needs an admin token"):

@@ -27,3 +27,8 @@ def validate_hex32(value: object, what: str) -> str:
     if not isinstance(value, str) or not is_hex32(value):
         raise BadRequest(f"invalid {what} {value!r}: want 32 lowercase hex digits")
     return value
+
+
+def validate_block_id(block_id: object) -> str:
+    """``block_id`` if it is a block id (written or link: 32 lowercase hex digits), else BadRequest."""
+    return validate_hex32(block_id, "block id")

@@ -5,14 +5,14 @@ server, an L3 node or (later) a peer needs, owned together for one base URL.
   ``aiohttp.ClientSession`` (:class:`~blobsdk.net.rpc.HttpEndpoint`);
 - data GETs on keep-alive connections of its own, the body received straight into the
   caller's buffer (:class:`~blobsdk.net.rawget.RawGetEndpoint`);
-- the server's adaptive concurrency limit (:class:`~blobsdk.tail.limiter.AdaptiveLimiter`), which
+- the server's adaptive concurrency limit (:class:`~blobsdk.net.limiter.AdaptiveLimiter`), which
   every data GET waits for.
 
-A data GET that is one attempt of a hedged read is handed that read's
-:class:`~blobsdk.chunks.attempt.Attempt`: it is marked queued while it waits for a permit and in
-service once it has one, so the hedger never hedges a read that is only waiting its turn in
-this client; an interim ``102 Processing`` from the server is its ``progress()``, and every
-arrival of the reply's bytes its ``receiving()``.  The
+A data GET that is one attempt of a hedged read is handed that attempt's
+:class:`~blobsdk.chunks.call.Call`: it queues at the limiter at its demand's priority, marked
+queued while it waits for a permit and in service once it has one, so the hedger never hedges
+a read that is only waiting its turn in this client; an interim ``102 Processing`` from the
+server is its ``progress()``, and every arrival of the reply's bytes its ``receiving()``.  The
 permit is told, by the GET itself, when the server sheds the request or it times out.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ..chunks.attempt import Attempt
-from ..tail.limiter import AdaptiveLimiter
+from ..chunks.call import Call
+from .limiter import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint
 from .unreachable import SERVER, Role
@@ -40,7 +40,9 @@ class Endpoint:
     session's); ``stall_s`` bounds a data GET's body's silences (None: only the timeout's
     ``sock_read``; see blobsdk/net/rawget.py); ``role``: which server it is, for the error
     when nothing answers there (blobsdk/net/unreachable.py).  :meth:`aclose` closes the data
-    connections.
+    connections.  ``control``, ``data`` and ``limiter`` are its three parts, for a client that
+    composes them itself (a block server's store reads through ``data`` under a permit of
+    ``limiter``, with no coroutine of this class in its chain).
     """
 
     def __init__(
@@ -58,7 +60,7 @@ class Endpoint:
         self.base_url = self.control.base_url
         self.limiter = limiter if limiter is not None else AdaptiveLimiter(self.base_url)
         data_timeout = timeout if timeout is not None else session.timeout
-        self._data = RawGetEndpoint(base_url, token, timeout=data_timeout, stall_s=stall_s, role=role)
+        self.data = RawGetEndpoint(base_url, token, timeout=data_timeout, stall_s=stall_s, role=role)
         self._request_args: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
 
     @property
@@ -81,21 +83,17 @@ class Endpoint:
         *,
         expect: int = 200,
         headers: Mapping[str, str] | None = None,
-        attempt: Attempt | None = None,
+        call: Call | None = None,
     ) -> dict[str, str]:
         """A data GET whose body lands in ``out`` (see ``RawGetEndpoint.get_into``), once
         the limiter admits it."""
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes) as permit:
-            if attempt is not None:
-                attempt.in_service()
-            on_interim = attempt.progress if attempt is not None else None
-            on_bytes = attempt.receiving if attempt is not None else None
-            return await self._data.get_into(
-                route, out, expect=expect, headers=headers, permit=permit, on_interim=on_interim, on_bytes=on_bytes
+        async with self.limiter.acquire(call, size=out.nbytes) as permit:
+            if call is None:
+                return await self.data.get_into(route, out, expect=expect, headers=headers, permit=permit)
+            return await self.data.get_into(
+                route, out, expect=expect, headers=headers, permit=permit, on_interim=call.progress, on_bytes=call.receiving
             )
 
     async def aclose(self) -> None:
         """Close the data connections (the session belongs to the caller)."""
-        await self._data.aclose()
+        await self.data.aclose()

@@ -13,8 +13,8 @@ import msgspec
 
 from ..config import Timeouts
 from ..errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
-from ..tail.limiter import Permit
 from ..wire import MSGPACK, ErrorBody, encode
+from .limiter import Permit
 from .unreachable import SERVER, Role, no_answer, unreachable
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ imaginary part of one): the bytes written would read back conjugated or negated.
 The buffer is the caller's, written by the read and by nobody else until the read returns.
 A chunk read straight into it is verified there; if it fails, the store's copy is read again
 into the client's own memory: if that one verifies, the caller's buffer changed under the
-read, which raises BufferChanged and blames no store (blobsdk/sources/replicaread.py).
+read, which raises BufferChanged and blames no store (blobsdk/tail/replicaread.py).
 """
 
 from __future__ import annotations

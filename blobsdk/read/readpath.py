@@ -36,7 +36,7 @@ L1 reads as a one-off read does, so whole chunks from a lone L4 replica go strai
 caller's buffer (a lone chunk with no task of its own: ``_direct_job``); with L1 the chunks
 are filled into it as ``read`` fills them and copied out.
 
-Priority: each fetch carries a :class:`~blobsdk.chunks.demand.Demand` down to the limiters its
+Priority: each fetch carries a :class:`~blobsdk.chunks.call.Demand` down to the limiters its
 requests queue at: foreground for a reader's fetch, prefetch for :meth:`ReadPath.warm`'s.  A
 reader that joins a fetch a prefetch started promotes it, so it never waits at prefetch
 priority behind the rest of a prefetch.
@@ -56,8 +56,8 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from ..chunks.call import Demand, Priority
 from ..chunks.codec import ChunkDecoder, verify_windows
-from ..chunks.demand import Demand, Priority
 from ..errors import BadRequest, Unavailable
 from ..runtime.buffers import BufferPool, uninitialized
 from ..runtime.singleflight import SingleFlight

@@ -10,7 +10,7 @@ Two protocols, because L4 is written as a whole and read one copy at a time:
 
 A store of several replicas (blobsdk/sources/replicated.py) is a BlockStore and no
 BlockReplica: the one reader of L4 is the replicated read engine
-(blobsdk/sources/replicaread.py: the L4 tier's and the L3 node's), which reads each
+(blobsdk/tail/replicaread.py: the L4 tier's and the L3 node's), which reads each
 replica itself, verifying every copy and failing over between them.
 
 Semantics every backend holds (blobsdk/testing/sources.py checks them):
@@ -18,9 +18,10 @@ Semantics every backend holds (blobsdk/testing/sources.py checks them):
 - ``write_block(block_id, parts)`` stores the concatenation of ``parts`` under ``block_id``
   and returns only once it is durable.  Blocks are immutable: writing an existing id with
   the same size is a no-op, with another size PreconditionFailed; never a partial overwrite.
-- ``read_into(block_id, offset, out, attempt=None)`` fills ``out`` (a writable memoryview)
-  with the bytes at ``offset``; ``attempt`` is the hedged attempt the read is, which a store
-  that waits in a client-side queue (a concurrency permit) marks queued meanwhile; a
+- ``read_into(block_id, offset, out, call=None)`` fills ``out`` (a writable memoryview)
+  with the bytes at ``offset``; ``call`` (blobsdk/chunks/call.py) is the read: its demand,
+  its grant, and the hooks of the hedged attempt it is, which a store that waits in a
+  client-side queue (a concurrency permit) marks queued meanwhile; a
   missing block raises BlockNotFound, a range past the end of the block raises CorruptData
   (a plan never points past a block).
 - ``read_range`` is the same returning new bytes.  A zero-length read returns ``b""``
@@ -52,8 +53,8 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
-from ..chunks.attempt import Attempt
-from ..chunks.ids import validate_hex32
+from ..chunks.call import Call
+from ..chunks.ids import validate_block_id
 from ..errors import BlobError
 from ..wire import BlockInfo
 
@@ -88,10 +89,6 @@ def links_to(block_id: str, identity: str) -> bool:
     return is_link(block_id) and block_id[12:] == link_digest(identity)
 
 
-def validate_block_id(block_id: object) -> str:
-    return validate_hex32(block_id, "block id")
-
-
 @runtime_checkable
 class BlockStore(Protocol):
     """L4 as a whole: written, listed and deleted here, read through its ``replicas``."""
@@ -117,12 +114,10 @@ class BlockStore(Protocol):
 class BlockReplica(BlockStore, Protocol):
     """One independent copy of L4: a BlockStore that can be read."""
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        """Fill ``out`` with the bytes of ``block_id`` at ``offset``.  ``attempt``: the
-        hedged read this is one attempt of; ``grant``: the chunk grant for exactly these
-        bytes (blobsdk.auth), which a server with tenants wants.  Cancelled, it ends (raises
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        """Fill ``out`` with the bytes of ``block_id`` at ``offset``.  ``call``: the read
+        (its demand, the hedged attempt it is, and its ``grant``: the chunk grant for exactly
+        these bytes, blobsdk.auth, which a server with tenants wants).  Cancelled, it ends (raises
         CancelledError) only once nothing writes into ``out`` any more: a thread's read is
         waited for, a connection receiving into it is closed."""
         ...
@@ -151,7 +146,7 @@ class SpanReader(Protocol):
     memory (see the module docstring)."""
 
     async def read_spans(
-        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
+        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, call: Call | None = None
     ) -> list[BlobError | None]:
         """Read every span of ``block_id`` into its windows, spans adjacent in the block
         (``spans[i].offset + spans[i].length == spans[i + 1].offset``) with one read where

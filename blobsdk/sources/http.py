@@ -17,14 +17,15 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
 from ..auth import GRANT_HEADER
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
+from ..chunks.ids import validate_block_id
 from ..errors import BadRequest
 from ..net.endpoint import Endpoint
+from ..net.limiter import AdaptiveLimiter
 from ..net.unreachable import BLOCK_SERVER
 from ..runtime.resource import AsyncResource
-from ..tail.limiter import AdaptiveLimiter
 from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
-from .base import Buffer, validate_block_id
+from .base import Buffer
 
 OCTETS = "application/octet-stream"
 LIST_PAGE = 1000
@@ -43,6 +44,10 @@ class HttpBlockStore(AsyncResource):
     ``limiter``, the endpoint's adaptive concurrency limit (writes are bounded by the
     writer instead); see :class:`~blobsdk.net.endpoint.Endpoint`.  ``stall_s``: a read whose
     body stops arriving for this long fails (ReplyStalled), and the L4 tier fails over.
+
+    A read takes its permit and makes its GET itself, through the endpoint's ``limiter`` and
+    ``data``, not through ``Endpoint.get_into``: every resumption of a read runs through each
+    coroutine of its chain, and this is the hot one.
     """
 
     def __init__(
@@ -74,16 +79,22 @@ class HttpBlockStore(AsyncResource):
         async with self._http.request("PUT", _route(block_id), data=_PartsPayload(parts), headers=headers):
             pass  # 201: the server answers only once the block is durable
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         view = memoryview(out).cast("B")
         if _check_span(block_id, offset, view.nbytes) == 0:
             return
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}", PROGRESS_HEADER: PROGRESS_MS}
-        if grant:
-            headers[GRANT_HEADER] = grant
-        await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, attempt=attempt)
+        if call is not None and call.grant:
+            headers[GRANT_HEADER] = call.grant
+        route, data = _route(block_id), self.endpoint.data
+        async with self.endpoint.limiter.acquire(call, size=view.nbytes) as permit:
+            if call is None:
+                await data.get_into(route, view, expect=206, headers=headers, permit=permit)
+            else:
+                progress, receiving = call.progress, call.receiving
+                await data.get_into(
+                    route, view, expect=206, headers=headers, permit=permit, on_interim=progress, on_bytes=receiving
+                )
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         buf = bytearray(_check_span(block_id, offset, length))

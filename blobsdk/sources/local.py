@@ -43,7 +43,8 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call
+from ..chunks.ids import validate_block_id
 from ..errors import (
     BadRequest,
     BlobError,
@@ -66,7 +67,7 @@ from ..runtime.rootdir import (
     remove_if_dead,
 )
 from ..wire import BlockInfo
-from .base import Buffer, Span, SpanCheck, block_time, validate_block_id
+from .base import Buffer, Span, SpanCheck, block_time
 from .localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 
 T = TypeVar("T")
@@ -119,9 +120,7 @@ class LocalBlockStore(AsyncResource):
     async def write_block(self, block_id: str, parts: Sequence[Buffer]) -> None:
         await self._run(_write_block_sync, self._dir, *_locate(block_id), parts, self._token)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         where = _locate(block_id)
         view = memoryview(out).cast("B")
         if _check_span(offset, view.nbytes) == 0:
@@ -129,7 +128,7 @@ class LocalBlockStore(AsyncResource):
         await self._run(read_into_sync, self._dir, *where, offset, view, writes_into=True)
 
     async def read_spans(
-        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, attempt: Attempt | None = None
+        self, block_id: str, spans: Sequence[Span], *, check: SpanCheck | None = None, call: Call | None = None
     ) -> list[BlobError | None]:
         """See :class:`~blobsdk.sources.base.SpanReader`: one open, one preadv per run of
         nearby spans and the checks, in one job on the store's thread pool."""

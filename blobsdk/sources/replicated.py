@@ -15,7 +15,7 @@ checks every replica of every live block) finds those blocks instead.
 **Write-only.**  This store is a :class:`~blobsdk.sources.base.BlockStore` and no
 :class:`~blobsdk.sources.base.BlockReplica`: it writes, deletes and lists, and ``replicas``
 exposes the copies; it reads nothing.  The one reader of L4 is the replicated read
-engine (blobsdk/sources/replicaread.py, the L4 tier's and the L3 node's): it ranks the
+engine (blobsdk/tail/replicaread.py, the L4 tier's and the L3 node's): it ranks the
 replicas (load, latency, health), hedges across them,
 verifies every copy and fails over from a bad one, which a plain in-order read here could
 not do.  A second reader, unverified and unhedged, would be a second place for a fix to
@@ -32,10 +32,11 @@ from contextlib import aclosing
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..chunks.ids import validate_block_id
 from ..errors import ClientClosed, Unavailable, Unreachable
 from ..runtime.resource import AsyncResource
 from ..wire import BlockInfo
-from .base import BlockReplica, BlockStore, Buffer, validate_block_id
+from .base import BlockReplica, BlockStore, Buffer
 
 Quorum = int | Literal["all"] | None  # None: a majority
 

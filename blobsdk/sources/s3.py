@@ -10,7 +10,7 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   through obstore only without static credentials), each try through ``limiter`` (the
   endpoint's adaptive concurrency limit, the one the HTTP block servers' reads go through,
   made ``by_latency=False``: an object store's latency is no load signal, see
-  blobsdk/tail/limiter.py), marking the hedged attempt queued while it waits for a permit.
+  blobsdk/net/limiter.py), marking the hedged attempt queued while it waits for a permit.
   Every throttle (429, 503 SlowDown) tells the limiter the store is overloaded, and a body that stops arriving for
   ``stall_s`` mid-transfer fails its try (ReplyStalled).  The L4 tier verifies them like
   any replica's.
@@ -72,8 +72,8 @@ with requires_extra("s3", __name__):
     import obstore
     from obstore.store import S3Store
 
-from ..chunks.attempt import Attempt
-from ..chunks.ids import is_hex32
+from ..chunks.call import Call
+from ..chunks.ids import is_hex32, validate_block_id
 from ..config import Timeouts
 from ..errors import (
     BadRequest,
@@ -86,13 +86,13 @@ from ..errors import (
     SourceChanged,
     TimedOut,
 )
+from ..net.limiter import AdaptiveLimiter, Permit
 from ..net.retry import Backoff
 from ..runtime.singleflight import SingleFlight
-from ..tail.limiter import AdaptiveLimiter, Permit
 from ..wire import BlockInfo
 from ._s3errors import S3Errors
 from ._s3obstore import _copied, _obstore_retries, _pieces
-from .base import Buffer, block_time, is_link, links_to, new_link_id, validate_block_id
+from .base import Buffer, block_time, is_link, links_to, new_link_id
 from .s3get import Admit, S3Getter, S3Target, target_of
 
 if TYPE_CHECKING:
@@ -254,9 +254,7 @@ class S3BlockStore(AsyncResource):
                 max_concurrency=self.max_concurrency,
             )
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         view = memoryview(out).cast("B")
         validate_block_id(block_id)
         if offset < 0:
@@ -264,22 +262,18 @@ class S3BlockStore(AsyncResource):
         if view.nbytes == 0:
             return
         try:
-            got = await self._range_into(block_id, offset, view, partial(self._admitted, attempt, view.nbytes))
+            got = await self._range_into(block_id, offset, view, partial(self._admitted, call, view.nbytes))
         except RangeNotSatisfiable as exc:  # the range starts past the end
             raise CorruptData(f"{self._what(block_id)}: no {view.nbytes} bytes at {offset}: past its end") from exc
         if got != view.nbytes:
             raise CorruptData(f"{self._what(block_id)}: {got} bytes at {offset}, not {view.nbytes}: past its end")
 
     @asynccontextmanager
-    async def _admitted(self, attempt: Attempt | None, size: int) -> AsyncIterator[Permit]:
-        """A permit of the endpoint's limiter for one try of a read, ``attempt`` marked
+    async def _admitted(self, call: Call | None, size: int) -> AsyncIterator[Permit]:
+        """A permit of the endpoint's limiter for one try of a read, ``call`` marked
         queued while it waits; a SlowDown that reaches it through obstore's retries backs
         the limit off (the signed GETs tell the permit themselves)."""
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=size) as permit:
-            if attempt is not None:
-                attempt.in_service()
+        async with self.limiter.acquire(call, size=size) as permit:
             try:
                 yield permit
             except Overloaded:

@@ -1,5 +1,6 @@
-"""One event-loop timer for every race of a hedger (blobsdk/tail/race.py), and each race's
-:class:`Timer` in it.
+"""When a hedged request looks again: the hedge delay its targets' latencies set
+(:class:`LatencyTracker`), one event-loop timer for every race of a hedger
+(blobsdk/tail/race.py), and each race's :class:`Timer` in it.
 
 The races of one hedger share a heap of deadlines on their hedger's clock and one loop timer
 for the earliest; a batch of 100 reads sets it once, where each read set and cancelled a loop
@@ -21,10 +22,16 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from ..config import MIN_SAMPLES, HedgeConfig
+
 Deadline = list[object]  # [at, seq, callback or None once cancelled or fired]
+
+_REFRESH_FRACTION = 8  # re-sort a window after 1/8 of it is new samples
 
 
 class Deadlines:
@@ -190,3 +197,98 @@ def _call(callback: Callable[[], None]) -> None:
         callback()
     except Exception as exc:  # noqa: BLE001 - one race's bug must not stall the others
         asyncio.get_running_loop().call_exception_handler({"message": "hedger deadline callback failed", "exception": exc})
+
+
+class _Window:
+    """The last ``size`` samples of one target, cached quantiles of them, and when the
+    last one came."""
+
+    __slots__ = ("at", "fresh", "median", "samples", "value")
+
+    def __init__(self, size: int) -> None:
+        self.samples: deque[float] = deque(maxlen=size)
+        self.fresh = 0  # samples added since ``value`` was computed
+        self.value: float | None = None
+        self.median: float | None = None
+        self.at = -math.inf  # clock time of the last sample
+
+    def add(self, seconds: float, at: float) -> None:
+        self.samples.append(seconds)
+        self.fresh += 1
+        self.at = at
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the window, re-sorted only once enough of it is new."""
+        n = len(self.samples)
+        if n < MIN_SAMPLES:
+            return None
+        if self.value is None or self.fresh * _REFRESH_FRACTION >= n:
+            ordered = sorted(self.samples)
+            self.value, self.median = ordered[min(n - 1, int(q * n))], ordered[n // 2]
+            self.fresh = 0
+        return self.value
+
+
+class LatencyTracker:
+    """A cheap streaming latency quantile per target, and the hedge delay it implies.
+
+    Each target keeps its last ``window`` samples in a ring; the quantile is recomputed by
+    sorting the ring once 1/8 of it is new (128 floats sort in a few µs: well under a µs per
+    sample, and the estimate lags by at most 1/8 window).  A ring is exact over its window
+    and forgets old behaviour in ``window`` samples, unlike an EWMA of mean + k·deviation,
+    which assumes a shape the heavy-tailed HDD/network latencies do not have.  A target with
+    fewer than ``MIN_SAMPLES`` samples borrows the quantile of all targets together; with
+    none anywhere the delay is ``max_delay_ms``.  :meth:`typical` (the median of a target's
+    recent samples) is for ranking targets, which a few slow samples must not decide.
+    """
+
+    def __init__(self, config: HedgeConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self._targets: dict[str, _Window] = {}
+        self._all = _Window(config.window)
+
+    def forget(self, target: str) -> None:
+        """Drop ``target``'s own window (no longer a target; the samples of all stay)."""
+        self._targets.pop(target, None)
+
+    def record(self, target: str, seconds: float) -> None:
+        window = self._targets.get(target)
+        if window is None:
+            window = self._targets[target] = _Window(self._config.window)
+        now = self._clock()
+        window.add(seconds, now)
+        self._all.add(seconds, now)
+
+    def typical(self, target: str, within: float) -> float | None:
+        """The median latency of ``target``'s own window, if its last sample is at most
+        ``within`` seconds old.  Else None, and the window starts afresh: what the target did
+        then says little about it now, and a target ranked last for being slow gets no
+        samples to say otherwise."""
+        window = self._targets.get(target)
+        if window is None:
+            return None
+        if self._clock() - window.at > within:
+            self._targets[target] = _Window(self._config.window)
+            return None
+        return window.median if window.quantile(self._config.quantile) is not None else None
+
+    def estimate(self, target: str) -> float | None:
+        """The latency quantile of ``target`` (or of all targets), None if unmeasured."""
+        window = self._targets.get(target)
+        own = None if window is None else window.quantile(self._config.quantile)
+        return own if own is not None else self._all.quantile(self._config.quantile)
+
+    def delay(self, target: str) -> float:
+        """Seconds to wait for ``target`` before hedging: its estimate, clamped."""
+        low, high = self._config.min_delay_ms / 1000, self._config.max_delay_ms / 1000
+        estimate = self.estimate(target)
+        return high if estimate is None else min(high, max(low, estimate))
+
+    def hedge_delay(self, target: str, next_target: str) -> float:
+        """How long an attempt at ``target`` runs before ``next_target`` is hedged to: the
+        shorter of their delays.  By the next one's p95 it would have answered 95 times in
+        100, so an attempt still running then is better raced, even when it is only its
+        own target's usual pace: a replica slow on every read, behind a slow link, has a
+        p95 as slow as its reads, and its own delay alone would hedge none of them."""
+        return min(self.delay(target), self.delay(next_target))

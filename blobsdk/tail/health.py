@@ -31,7 +31,7 @@ The rule, kept per target:
   for longer than the target's hang deadline — ``hang_factor`` x its latency estimate,
   clamped to ``[hang_min_ms, hang_max_ms]`` — marks the target hung, if no attempt at that
   target returned or received bytes within that deadline either.  Silent: no byte of its
-  reply arrived (``Attempt.receiving``), so the deadline bounds the first byte and each
+  reply arrived (``Call.receiving``), so the deadline bounds the first byte and each
   pause between bytes, never the whole body: a 4 MiB body behind seven others on a full
   200 Mbit/s link takes seconds at the link's rate, and calling that hung failed nearly
   every L4 read over to the other replica, whose link was as full.  A target that answers others is busy, not hung: an
@@ -227,7 +227,7 @@ class Poked(Protocol):
 
 
 class Heard(Protocol):
-    """An attempt (blobsdk/tail/attempt.py) as the hang watch sees it: whether it is in
+    """An attempt's call (blobsdk/chunks/call.py) as the hang watch sees it: whether it is in
     service, and when its target last spoke for it."""
 
     @property

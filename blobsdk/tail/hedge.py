@@ -27,9 +27,9 @@ estimate does not learn only the fast winners); failed attempts are not samples,
 shorter of its own target's delay and the next candidate's: a target slow on every read (a
 slow link) has a p95 as slow as its reads, and by its own delay alone none would be hedged.
 
-Never hedge into a queue: each attempt is handed an :class:`Attempt`; one that waits in a
-client-side queue (its endpoint's concurrency permit) calls ``attempt.queued()`` and then
-``attempt.in_service()``; until then it is not hedged, and its latency and delay count from
+Never hedge into a queue: each attempt is handed a :class:`~blobsdk.chunks.call.Call` of its
+own; one that waits in a client-side queue (its endpoint's concurrency permit) calls
+``call.queued()`` and then ``call.in_service()``; until then it is not hedged, and its latency and delay count from
 entering service, so reads waiting their
 turn in a burst are not taken for a slow server.  And ``run(..., ready=)`` says whether a
 candidate has room now (a free limiter slot): a hedge that is due waits, polling every
@@ -62,20 +62,43 @@ from functools import partial
 from typing import TypeVar
 from weakref import WeakKeyDictionary
 
-from ..chunks.attempt import Attempt
-from ..chunks.demand import Demand
+from ..chunks.call import AttemptFn, Call
 from ..config import HedgeConfig
-from .deadlines import Deadlines
+from ..errors import BlobError
+from .deadlines import Deadlines, LatencyTracker
 from .health import HangWatch, Reason, TargetHealth
-from .hedgestate import AttemptFn, HedgeBudget, HedgeStats, LatencyTracker, exhausted, is_failover
-from .race import Race
+from .race import HedgeStats, Race, exhausted
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _MAX_ANSWERED = 1024  # targets whose ``answered`` callback a hedger keeps made (peers come and go)
 
-__all__ = ["Attempt", "AttemptFn", "HedgeBudget", "HedgeConfig", "HedgeStats", "Hedger", "LatencyTracker", "is_failover"]
+__all__ = ["AttemptFn", "Call", "HedgeBudget", "HedgeConfig", "HedgeStats", "Hedger", "LatencyTracker", "is_failover"]
+
+
+def is_failover(exc: BaseException) -> bool:
+    """Whether an attempt's error is about that candidate only (so another may succeed)."""
+    return isinstance(exc, BlobError) and not isinstance(exc, ValueError)
+
+
+class HedgeBudget:
+    """A token bucket: each primary request earns ``ratio`` tokens (capped at ``burst``,
+    starting full), each hedge spends one."""
+
+    def __init__(self, ratio: float, burst: float) -> None:
+        self._ratio = ratio
+        self._burst = burst
+        self.tokens = burst
+
+    def earn(self) -> None:
+        self.tokens = min(self._burst, self.tokens + self._ratio)
+
+    def try_spend(self) -> bool:
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class Hedger:
@@ -112,7 +135,7 @@ class Hedger:
         failover: Callable[[BaseException], bool] = is_failover,
         ready: Callable[[T], bool] | None = None,
         patient: bool = False,
-        demand: Demand | None = None,
+        call: Call | None = None,
     ) -> R:
         """The result of the first ``attempt(candidate)`` to return, trying ``candidates`` in
         rank order; HedgeExhausted if every one failed over; any other error at once.
@@ -121,18 +144,18 @@ class Hedger:
         hedge now (see the module docstring).  ``patient`` (the last tier, which has nowhere
         to fall through to): an attempt found hung is not cancelled when it is the last one
         running and no candidate is left; it is waited for (its request timeout bounds it),
-        so a tier that is only slow for this client never fails the read.  ``demand``: the
-        fetch this read serves (None: a foreground one); every attempt carries it to the
-        limiter it queues at (blobsdk/chunks/demand.py)."""
-        demand = demand if demand is not None else Demand()
+        so a tier that is only slow for this client never fails the read.  ``call``: the
+        read (blobsdk/chunks/call.py): its demand (None: a foreground one) and grant, which
+        each attempt's own call carries down to the store and the limiter it queues at."""
+        call = call if call is not None else Call()
         self.counts.primaries += 1
         self.budget.earn()
         ranked, probed = self.health.rank(candidates, key_of)
         try:
             single = len(ranked) == 1
             if not self.config.enabled or self.config.max_parallel == 1 or not ranked or (single and patient):
-                return await self._in_turn(ranked, attempt, key_of, failover, demand)
-            return await Race(self, ranked, attempt, key_of, failover, ready, demand, probed, patient).run()
+                return await self._in_turn(ranked, attempt, key_of, failover, call)
+            return await Race(self, ranked, attempt, key_of, failover, ready, call, probed, patient).run()
         finally:
             if probed is not None:
                 self.health.probe_done(probed)
@@ -143,7 +166,7 @@ class Hedger:
         attempt: AttemptFn[T, R],
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
-        demand: Demand,
+        call: Call,
     ) -> R:
         """No hedge possible: one attempt at a time, in this task (no task or timer to pay
         for), failing over in rank order."""
@@ -151,7 +174,7 @@ class Hedger:
         for candidate in candidates:
             if failures:
                 self.counts.failovers += 1
-            mark = Attempt(self.clock, demand=demand)
+            mark = call.attempt(self.clock)
             try:
                 value = await attempt(candidate, mark)
             except Exception as exc:

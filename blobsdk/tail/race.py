@@ -16,10 +16,14 @@ are one attempt that answers before its hedge delay.  So:
   first: the hedge, or a look at the hang deadlines (:class:`~blobsdk.tail.health.HangWatch`),
   set once the attempt has made its first move (an attempt waiting in its client-side queue
   needs none).  Nothing polls: an attempt that leaves its client-side queue says so
-  (``Attempt(on_service=)``), and a race that finds a target hung tells the hedger's other
+  (``Call.attempt(on_service=)``), and a race that finds a target hung tells the hedger's other
   races, whose attempts queued there fail over.
 - The caller's task sleeps on one future that an attempt's end or the timer wakes; the
   decisions (hedge, fail over, settle) are made in those callbacks.
+
+A race names what it uses of the hedger that runs it as a protocol (:class:`RaceHost`), and
+keeps the counters it writes (:class:`HedgeStats`) and the error once every attempt failed
+(:func:`exhausted`) here, so it imports nothing of blobsdk/tail/hedge.py, which starts races.
 
 What a read keeps alive while in flight is what sets off the cyclic garbage collector, so a
 race makes its sets and lists only when it needs them, takes its target's ``answered``
@@ -36,19 +40,71 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from ..chunks.attempt import Attempt
-from ..chunks.demand import Demand
-from ..errors import Unavailable
-from .deadlines import Timer
-from .hedgestate import AttemptFn, RaceHost, exhausted
+from ..chunks.call import AttemptFn, Call
+from ..config import HedgeConfig
+from ..errors import HedgeExhausted, Unavailable
+from .deadlines import Deadlines, LatencyTracker, Timer
+from .health import HangWatch, TargetHealth
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Kind = Literal["primary", "hedge", "failover"]
 _NONE: frozenset[Any] = frozenset()  # an empty set of a race's, until it needs one
+
+
+@dataclass
+class HedgeStats:
+    """``primaries``: requests run; ``hedges_sent``/``hedges_won``: hedged attempts started /
+    that returned first; ``budget_exhausted``: requests that wanted a hedge and had no token;
+    ``failovers``: attempts started because another one failed; ``hedges_deferred``:
+    requests whose hedge waited for its target to have room; ``hung_failovers``: attempts
+    failed over because they outlived their hang deadline or their target was hung (see
+    blobsdk/tail/health.py)."""
+
+    primaries: int = 0
+    hedges_sent: int = 0
+    hedges_won: int = 0
+    budget_exhausted: int = 0
+    failovers: int = 0
+    hedges_deferred: int = 0
+    hung_failovers: int = 0
+
+
+class Budget(Protocol):
+    """A hedger's hedge budget as a race spends it (:class:`~blobsdk.tail.hedge.HedgeBudget`)."""
+
+    def try_spend(self) -> bool: ...
+
+
+class RaceHost(Protocol):
+    """What a race reads and updates of the hedger that runs it (:class:`~blobsdk.tail.hedge.Hedger`)."""
+
+    config: HedgeConfig
+    clock: Callable[[], float]
+    latency: LatencyTracker
+    counts: HedgeStats
+    health: TargetHealth
+    hangs: HangWatch  # the hang rule on its attempts, and the races in flight, poked when one finds a target hung
+
+    @property
+    def budget(self) -> Budget: ...
+
+    def answered_of(self, target: str) -> Callable[[], None]: ...
+
+    def deadlines(self, loop: asyncio.AbstractEventLoop | None = None) -> Deadlines: ...
+
+
+def exhausted(failures: list[tuple[T, BaseException]], key_of: Callable[[T], str]) -> HedgeExhausted:
+    """The error once every candidate failed: each failure described, the last as cause."""
+    if not failures:
+        return HedgeExhausted("no candidates to try", [])
+    described = "; ".join(f"{key_of(c)}: {type(e).__name__}: {e}" for c, e in failures)
+    exc = HedgeExhausted(f"all {len(failures)} candidates failed: {described}", failures)
+    exc.__cause__ = failures[-1][1]
+    return exc
 
 
 @dataclass
@@ -83,10 +139,10 @@ class Race(Generic[T, R]):
         "_armed",
         "_armed_delay",
         "_attempt",
+        "_call",
         "_candidates",
         "_clock",
         "_deferred",
-        "_demand",
         "_failover",
         "_failures",
         "_hedger",
@@ -116,7 +172,7 @@ class Race(Generic[T, R]):
         key_of: Callable[[T], str],
         failover: Callable[[BaseException], bool],
         ready: Callable[[T], bool] | None,
-        demand: Demand,
+        call: Call,
         probe: str | None = None,
         patient: bool = False,
     ) -> None:
@@ -127,16 +183,16 @@ class Race(Generic[T, R]):
         self._key_of = key_of
         self._failover = failover
         self._ready = ready
-        self._demand = demand
+        self._call = call  # the read's: each attempt's own call is made from it
         self._probe = probe  # the hung target this read probes, if any
         self._patient = patient
         self._next = 0  # index of the next candidate to start
-        self._running: dict[Attempt, _Entry[T, R]] = {}
+        self._running: dict[Call, _Entry[T, R]] = {}
         self._failures: list[tuple[T, BaseException]] | None = None  # made by the first
         self._tasks: AbstractSet[asyncio.Task[_Outcome[R]]] = _NONE  # every task started, until it ended
         self._hedging = hedger.config.enabled
         self._deferred = False
-        self._armed: Attempt | None = None  # the watched attempt
+        self._armed: Call | None = None  # the watched attempt
         self._armed_delay = 0.0  # and its hedge delay
         self._not_before = -math.inf  # a deferred hedge looks again no earlier than this
         self._loop = asyncio.get_running_loop()
@@ -204,11 +260,11 @@ class Race(Generic[T, R]):
         self._started().add(task)
         task.add_done_callback(partial(self._ended, mark))
 
-    def _new_entry(self, kind: Kind) -> tuple[_Entry[T, R], Attempt]:
+    def _new_entry(self, kind: Kind) -> tuple[_Entry[T, R], Call]:
         candidate = self._candidates[self._next]
         self._next += 1
         entry: _Entry[T, R] = _Entry(candidate, self._key_of(candidate), kind)
-        mark = Attempt(self._clock, self._hedger.answered_of(entry.key), self._demand, on_service=self.schedule)
+        mark = self._call.attempt(self._clock, self._hedger.answered_of(entry.key), self.schedule)
         self._running[mark] = entry
         self._arm(entry.key, mark)
         return entry, mark
@@ -220,7 +276,7 @@ class Race(Generic[T, R]):
             tasks = self._tasks = set()
         return tasks
 
-    async def _timed(self, entry: _Entry[T, R], mark: Attempt) -> _Outcome[R]:
+    async def _timed(self, entry: _Entry[T, R], mark: Call) -> _Outcome[R]:
         """Run one attempt in its own task; a returned value's latency since it entered
         service becomes a sample of its target."""
         try:
@@ -233,18 +289,18 @@ class Race(Generic[T, R]):
         self._record(entry.key, mark)
         return _Outcome(value=value)
 
-    def _record(self, key: str, mark: Attempt) -> None:
+    def _record(self, key: str, mark: Call) -> None:
         self._hedger.latency.record(key, self._clock() - mark.begun)
         self._hedger.health.answered(key)
 
-    def _censored(self, entry: _Entry[T, R], mark: Attempt) -> None:
+    def _censored(self, entry: _Entry[T, R], mark: Call) -> None:
         """A loser stopped in service at least this long: keeping that (censored) sample stops
         the estimate from learning only the fast winners and hedging ever earlier.  (Not a
         hung one: its wait says nothing about the target's latency.)"""
         if mark.serving and not entry.hung:
             self._hedger.latency.record(entry.key, self._clock() - mark.begun)
 
-    def _ended(self, mark: Attempt, task: asyncio.Task[_Outcome[R]]) -> None:
+    def _ended(self, mark: Call, task: asyncio.Task[_Outcome[R]]) -> None:
         """A task's done callback."""
         self._started().discard(task)
         if task.cancelled():
@@ -276,7 +332,7 @@ class Race(Generic[T, R]):
 
     # --- deciding -------------------------------------------------------------------------
 
-    def _settle(self, mark: Attempt, outcome: _Outcome[R]) -> None:
+    def _settle(self, mark: Call, outcome: _Outcome[R]) -> None:
         """An attempt ended: a value or an error that is no failover decides the race; a
         failover error starts the next candidate."""
         entry = self._running.pop(mark, None)
@@ -364,7 +420,7 @@ class Race(Generic[T, R]):
             return None
         return max(mark.begun + self._armed_delay, self._not_before) if mark.serving and not mark.upstream else math.inf
 
-    def _arm(self, key: str, mark: Attempt) -> None:
+    def _arm(self, key: str, mark: Call) -> None:
         """Watch the attempt just started for a hedge, if another may follow it."""
         config = self._hedger.config
         can_hedge = self._hedging and self._next < len(self._candidates) and len(self._running) < config.max_parallel

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, Self, runtime_checkable
 
-from ..chunks.demand import Demand
+from ..chunks.call import Demand
 from ..chunks.pieces import Decoder as Decoder
 from ..chunks.pieces import Piece as Piece
 from ..chunks.pieces import Verifier as Verifier
@@ -89,7 +89,7 @@ class Tier(Protocol):
     async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         """The verified raw bytes of ``ref``, or None if this tier cannot serve them.
         ``demand``: the fetch this is (None: a foreground read); a tier that sends requests
-        hands it to its hedger, so they queue at its priority (blobsdk/chunks/demand.py)."""
+        hands it to its hedger, so they queue at its priority (blobsdk/chunks/call.py)."""
         ...
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:

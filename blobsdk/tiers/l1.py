@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from ..cache.memory import MemoryCache
-from ..chunks.demand import Demand
+from ..chunks.call import Demand
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..wire import ChunkRef

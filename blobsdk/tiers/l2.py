@@ -22,7 +22,7 @@ import time
 from contextlib import AsyncExitStack
 
 from ..cache.disk import DiskCache
-from ..chunks.demand import Demand
+from ..chunks.call import Demand
 from ..errors import BlobError
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats

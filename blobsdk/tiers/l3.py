@@ -48,19 +48,18 @@ import aiohttp
 import msgspec
 
 from ..auth import GRANT_HEADER
-from ..chunks.attempt import Attempt
-from ..chunks.demand import Demand
+from ..chunks.call import Call, Demand
 from ..chunks.placement import rank
 from ..config import HedgeConfig, L3Config
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
 from ..net.endpoint import Endpoint
+from ..net.limiter import LimiterRegistry
 from ..net.unreachable import L3_NODE
 from ..runtime.buffers import BufferPool
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.health import Reason, TargetHealth
 from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
 from ..wire import (
     CACHE_HEADER,
     HYDRATE_BATCH,
@@ -176,7 +175,7 @@ class L3Tier(KeepsNothing, AsyncResource):
                 partial(self._fetch_from, nodes, ref, decode),
                 failover=cache_failover,
                 ready=lambda url: nodes[url].has_room,  # a hedge goes only to a node with a free slot
-                demand=demand,
+                call=Call(demand, ref.grant),
             )
         except HedgeExhausted:
             self.stats.misses += 1
@@ -219,15 +218,13 @@ class L3Tier(KeepsNothing, AsyncResource):
         for node in self._nodes.values():
             await node.aclose()
 
-    async def _fetch_from(
-        self, nodes: dict[str, Endpoint], ref: ChunkRef, decode: Decoder, url: str, attempt: Attempt
-    ) -> memoryview:
+    async def _fetch_from(self, nodes: dict[str, Endpoint], ref: ChunkRef, decode: Decoder, url: str, call: Call) -> memoryview:
         """The verified raw bytes from one of ``nodes``; a failure is counted (a node that is
         Unavailable is marked down, if it is still a member) and raised, so the hedger tries
         the next node."""
         node = nodes[url]
         try:
-            stored, served_from = await self._get(node, ref, attempt)
+            stored, served_from = await self._get(node, ref, call)
             raw = await decode(ref, stored)
         except BadCopy:
             self.stats.corrupt += 1
@@ -245,13 +242,13 @@ class L3Tier(KeepsNothing, AsyncResource):
         self._count_source(served_from)
         return raw
 
-    async def _get(self, node: Endpoint, ref: ChunkRef, attempt: Attempt) -> tuple[memoryview, str]:
+    async def _get(self, node: Endpoint, ref: ChunkRef, call: Call) -> tuple[memoryview, str]:
         """The node's copy of ``ref``'s stored bytes (exactly ``ref.length`` of them), and
         where the node found it."""
         route = f"/v1/chunks/{ref.key}?{chunk_query(ref)}"
         buf = self.buffers.take(ref.length)
-        asked = {PROGRESS_HEADER: self._progress_ms, **({GRANT_HEADER: ref.grant} if ref.grant else {})}
-        headers = await node.get_into(route, buf, headers=asked, attempt=attempt)
+        asked = {PROGRESS_HEADER: self._progress_ms, **({GRANT_HEADER: call.grant} if call.grant else {})}
+        headers = await node.get_into(route, buf, headers=asked, call=call)
         return buf, headers.get(CACHE_HEADER.lower(), "")
 
     async def _report_bad(self, node: Endpoint, ref: ChunkRef) -> None:

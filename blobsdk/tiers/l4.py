@@ -1,60 +1,43 @@
 """L4: the durable block store, the last tier of the read path.
 
 The tier is the read path's face of the replicated read engine
-(:class:`~blobsdk.sources.replicaread.ReplicaReader`: each chunk hedged across the replicas,
+(:class:`~blobsdk.tail.replicaread.ReplicaReader`: each chunk hedged across the replicas,
 verified, a replica that served bad bytes ranked last a while), which the L3 node's
 read-through from L4 uses too.  Being the last tier, L4 never misses quietly: when every
 replica failed it raises CorruptData, BlockNotFound or Unavailable.
 
-It owns nothing: the repair of the blocks its reads found a bad or missing copy of is the
-client's (blobsdk/assembly.py builds the :class:`~blobsdk.ops.repair.Repairer`), handed here
-as a :class:`~blobsdk.sources.replicaread.BlockReport`, which the engine tells of each one.
+It owns nothing: the engine is built by blobsdk/assembly.py (the composition root), and the
+repair of the blocks its reads found a bad or missing copy of is the client's (the
+:class:`~blobsdk.ops.repair.Repairer`, handed to the engine as its
+:class:`~blobsdk.tail.replicaread.BlockReport`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ..chunks.demand import Demand
-from ..config import HedgeConfig, RepairConfig
+from ..chunks.call import Demand
 from ..runtime.buffers import BufferPool
 from ..runtime.resource import AsyncResource
 from ..sources.base import BlockReplica, BlockStore
-from ..sources.replicaread import BlockReport, ReplicaReader
-from ..stats import TierStats
 from ..tail.health import TargetHealth
 from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
+from ..tail.replicaread import ReplicaReader
 from ..wire import ChunkRef
 from .base import Decoder, KeepsNothing, Piece, Verifier
 
 
 class L4Tier(KeepsNothing, AsyncResource):
-    """The Tier over a :class:`~blobsdk.sources.base.BlockStore` (not owned: the client
-    closes its block store itself), read through one
-    :class:`~blobsdk.sources.replicaread.ReplicaReader` (``engine``) built from the same
-    arguments; ``report``: told of each block a read skipped a bad or missing copy of."""
+    """The Tier over the block store ``engine`` reads (a
+    :class:`~blobsdk.tail.replicaread.ReplicaReader`, built by the composition root; not
+    owned, nor its store: the client closes its block store itself)."""
 
     name = "l4"
 
-    def __init__(
-        self,
-        blocks: BlockStore,
-        stats: TierStats | None = None,
-        *,
-        hedge: HedgeConfig | None = None,
-        limiters: LimiterRegistry | None = None,
-        repair: RepairConfig | None = None,
-        buffers: BufferPool | None = None,
-        report: BlockReport | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.engine = ReplicaReader(
-            blocks, stats, hedge=hedge, limiters=limiters, repair=repair, buffers=buffers, report=report, clock=clock
-        )
-        self.stats = self.engine.stats
+    def __init__(self, engine: ReplicaReader) -> None:
+        self.engine = engine
+        self.stats = engine.stats
 
     @property
     def blocks(self) -> BlockStore:

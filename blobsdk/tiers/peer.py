@@ -54,12 +54,12 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..auth import TICKET_HEADER
-from ..chunks.attempt import Attempt
+from ..chunks.call import Call, Demand
 from ..chunks.codec import verify_raw
-from ..chunks.demand import Demand
 from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
 from ..net.endpoint import Endpoint
+from ..net.limiter import LimiterRegistry
 from ..net.unreachable import PEER
 from ..peer.sharing import Sharing
 from ..peer.trackers import ConnectTrackers, TrackerClient
@@ -67,7 +67,6 @@ from ..runtime.buffers import kept_buffer, uninitialized
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats
 from ..tail.hedge import Hedger
-from ..tail.limiter import LimiterRegistry
 from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, PROGRESS_HEADER, ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover
 
@@ -236,7 +235,7 @@ class PeerTier(AsyncResource):
                     key_of=_address_of,
                     failover=cache_failover,
                     ready=lambda s: self._endpoints.get(s.address).has_room,
-                    demand=demand,
+                    call=Call(demand),
                 )
             except HedgeExhausted as exc:
                 if not all(isinstance(error, PeerBusy) for _, error in exc.failures) or loop.time() + pause >= deadline:
@@ -256,7 +255,7 @@ class PeerTier(AsyncResource):
             self.counts["disallowed"] += 1
         return allowed
 
-    async def _fetch_from(self, ref: ChunkRef, deadline: float, source: Source, attempt: Attempt) -> memoryview:
+    async def _fetch_from(self, ref: ChunkRef, deadline: float, source: Source, call: Call) -> memoryview:
         """The verified raw bytes from one peer; a failure is counted, reported and raised (the
         hedger then tries the next source).  Past the chunk's ``deadline`` (its budget on
         peers) an attempt is cut and the next ones fail at once: the read goes on to L3/L4.
@@ -278,7 +277,7 @@ class PeerTier(AsyncResource):
                 def heard() -> None:  # from the send of the request on, silence is bounded
                     limit.reschedule(min(hard, loop.time() + self.config.timeout_s))
 
-                return await self._verified_from(ref, source, attempt, None if source.complete else heard)
+                return await self._verified_from(ref, source, call, None if source.complete else heard)
         except TimeoutError:
             if not limit.expired():
                 raise
@@ -292,9 +291,7 @@ class PeerTier(AsyncResource):
             self._report(source, ref.key, "failed")
             raise TimedOut(f"{source.address}: chunk {ref.key} did not land there in time") from None
 
-    async def _verified_from(
-        self, ref: ChunkRef, source: Source, attempt: Attempt, heard: Callable[[], None] | None
-    ) -> memoryview:
+    async def _verified_from(self, ref: ChunkRef, source: Source, call: Call, heard: Callable[[], None] | None) -> memoryview:
         # Filled whole and verified, or discarded.  The serving cache keeps what fits (and L1
         # does too): a mapping of its own, faulted in at once (runtime/buffers.py, kept_buffer).
         size = ref.raw_length
@@ -304,11 +301,11 @@ class PeerTier(AsyncResource):
         endpoint = self._endpoints.get(source.address)
         try:
             if heard is None:
-                await endpoint.get_into(route, buf, headers=headers, attempt=attempt)
+                await endpoint.get_into(route, buf, headers=headers, call=call)
             else:  # its wait is no hang for the hedger; its silence is ``heard``'s
-                attempt.queued()
+                call.queued()
                 headers[PROGRESS_HEADER] = self._progress_ms
-                await endpoint.get_into(route, buf, headers=headers, attempt=Attempt(on_progress=heard, on_service=heard))
+                await endpoint.get_into(route, buf, headers=headers, call=Call(on_progress=heard, on_service=heard))
             return verify_raw(ref, buf)
         except BadCopy:
             self.stats.corrupt += 1

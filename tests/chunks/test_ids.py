@@ -1,9 +1,9 @@
 import pytest
 
 from blobsdk.cache.base import validate_key
-from blobsdk.chunks.ids import is_hex32, validate_hex32
+from blobsdk.chunks.ids import is_hex32, validate_block_id, validate_hex32
 from blobsdk.errors import BadRequest
-from blobsdk.sources.base import new_block_id, validate_block_id
+from blobsdk.sources.base import new_block_id
 
 GOOD = "0123456789abcdef" * 2
 

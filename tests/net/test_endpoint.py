@@ -10,13 +10,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, InsufficientStorage, TimedOut, error_from_code
 from blobsdk.net.endpoint import Endpoint
+from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter
 from servers.blockstore import make_app
 from tests.helpers import running_app
 
@@ -35,12 +35,12 @@ async def test_a_data_get_marks_its_attempt_queued_until_it_has_a_permit(served)
     session, url, block = served
     limiter = AdaptiveLimiter(url, LimiterConfig(initial=1, min_limit=1, max_limit=1))
     endpoint = Endpoint(session, url, limiter=limiter)
-    attempt = Attempt()
+    attempt = Call()
     out = memoryview(bytearray(4))
     try:
         async with limiter.acquire():  # the only slot is taken
             get = asyncio.create_task(
-                endpoint.get_into(f"/v1/blocks/{block}", out, expect=206, headers={"Range": "bytes=2-5"}, attempt=attempt)
+                endpoint.get_into(f"/v1/blocks/{block}", out, expect=206, headers={"Range": "bytes=2-5"}, call=attempt)
             )
             await asyncio.sleep(0.05)
             assert attempt.serving is False and not endpoint.has_room

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import LimiterConfig
 from blobsdk.errors import (
     BadRequest,
@@ -40,10 +40,10 @@ from blobsdk.errors import (
     Unreachable,
 )
 from blobsdk.net.endpoint import Endpoint
+from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter
 from blobsdk.wire import ErrorBody, encode
 from servers._common.auth import ServerAuth
 from servers.blockstore import make_app
@@ -327,12 +327,12 @@ async def test_each_arrival_of_a_replys_bytes_is_told_to_on_bytes_and_to_the_att
         spoke.append(now[0])
         told.set()
 
-    attempt = Attempt(clock, on_progress=on_progress)
+    attempt = Call(clock=clock, on_progress=on_progress)
     async with Server(handler) as server, aiohttp.ClientSession() as session:
         data = Endpoint(session, server.url)
         try:
             out = bytearray(10)
-            await data.get_into(ROUTE, memoryview(out), expect=206, attempt=attempt)
+            await data.get_into(ROUTE, memoryview(out), expect=206, call=attempt)
         finally:
             await data.aclose()
     assert bytes(out) == b"0123456789"

@@ -211,28 +211,32 @@ LAYERS: dict[int, tuple[str, ...]] = {
     3: ("blobsdk.chunks",),
     # process plumbing, keys and tokens, counters
     4: ("blobsdk.runtime", "blobsdk.auth", "blobsdk.stats"),
-    # tail control and the cache engines
-    5: ("blobsdk.tail", "blobsdk.cache"),
-    # the HTTP data path
+    # the cache engines
+    5: ("blobsdk.cache",),
+    # the HTTP data path, and each server's concurrency limit
     6: ("blobsdk.net",),
-    # the stores: metadata and blocks; a peer's sharing side
-    7: ("blobsdk.metadata", "blobsdk.sources", "blobsdk.peer"),
+    # the block stores: each one copy of L4, which no hedger or health rule reaches into
+    7: ("blobsdk.sources",),
+    # tail control over candidates, and the replicated read engine that hedges a block store's replicas
+    8: ("blobsdk.tail",),
+    # the metadata stores and a peer's sharing side (they rank their servers and trackers by health)
+    9: ("blobsdk.metadata", "blobsdk.peer"),
     # writes
-    8: ("blobsdk.write",),
+    10: ("blobsdk.write",),
     # the tiers (they report blocks to mend; the composition root starts the repairer)
-    9: ("blobsdk.tiers",),
+    11: ("blobsdk.tiers",),
     # operations on a whole store
-    10: ("blobsdk.ops",),
+    12: ("blobsdk.ops",),
     # the read path over the tiers
-    11: ("blobsdk.read",),
+    13: ("blobsdk.read",),
     # the composition root
-    12: ("blobsdk.assembly",),
+    14: ("blobsdk.assembly",),
     # the async API, and what reads it
-    13: ("blobsdk.client", "blobsdk.metrics"),
+    15: ("blobsdk.client", "blobsdk.metrics"),
     # the blocking API and the demo, made over the async one
-    14: ("blobsdk.sync", "blobsdk.demo"),
+    16: ("blobsdk.sync", "blobsdk.demo"),
     # what users import for their frameworks and their backends' tests, and the command line
-    15: (
+    17: (
         "blobsdk.integrations",
         "blobsdk.torch",
         "blobsdk.dcp",
@@ -242,7 +246,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "blobsdk.cli",
     ),
     # the package face
-    16: ("blobsdk", "blobsdk.__main__"),
+    18: ("blobsdk", "blobsdk.__main__"),
 }
 
 
@@ -320,7 +324,7 @@ def test_the_ground_imports_only_what_it_names():
 # A tier sees a block store through its protocols and reads it through the replicated read
 # engine: it names no store class (no isinstance on one), and what a store's writes leave to
 # mend is the composition root's to wire.
-TIER_SOURCES = {"blobsdk.sources.base", "blobsdk.sources.replicaread"}
+TIER_SOURCES = {"blobsdk.sources.base"}
 
 
 def test_tiers_name_no_block_store_class():
@@ -330,6 +334,24 @@ def test_tiers_name_no_block_store_class():
         if e.source.startswith("blobsdk.tiers.") and e.target.startswith("blobsdk.sources") and e.target not in TIER_SOURCES
     ]
     assert not wrong, "tiers import a block store's module, not only the protocols and the read engine:\n" + "\n".join(wrong)
+
+
+def below_tail_control(edges: Iterable[Edge]) -> list[str]:
+    """The imports of tail control by the block stores or the data path, as ``source -> target (file:line)``."""
+    low = ("blobsdk.sources", "blobsdk.net", "blobsdk.chunks")
+    return [
+        f"{e.source} -> {e.target} ({e.where})"
+        for e in edges
+        if e.source.startswith(low) and (e.target == "blobsdk.tail" or e.target.startswith("blobsdk.tail."))
+    ]
+
+
+def test_block_stores_and_the_data_path_import_nothing_of_tail_control():
+    """A store is one copy of L4 and an endpoint one server: the hedger, the health rules and
+    the replicated read engine compose them from above (the concurrency limit is the
+    endpoint's own, in net/), so neither names tail control, not even for typing."""
+    wrong = below_tail_control(import_edges(ROOT, ["blobsdk"]))
+    assert not wrong, "stores or the data path import tail control:\n" + "\n".join(wrong)
 
 
 def test_blobsdk_never_imports_servers_or_benchmarks():
@@ -363,10 +385,10 @@ SERVER_IMPORTS = {
     "blobsdk.sources.base",
     "blobsdk.sources.http",
     "blobsdk.sources.local",
-    "blobsdk.sources.replicaread",
+    "blobsdk.tail.replicaread",
     "blobsdk.sources.replicated",
     "blobsdk.sources.s3",
-    "blobsdk.tail.limiter",
+    "blobsdk.net.limiter",
     "blobsdk.wire",
 }
 

@@ -32,9 +32,9 @@ class Spans(LocalBlockStore):
         super().__init__(root)
         self.groups: list[tuple[str, list[int]]] = []
 
-    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+    async def read_spans(self, block_id, spans, *, check=None, call=None):
         self.groups.append((block_id, [s.offset for s in spans]))
-        return await super().read_spans(block_id, spans, check=check, attempt=attempt)
+        return await super().read_spans(block_id, spans, check=check, call=call)
 
 
 def plan_of(refs: list[ChunkRef]) -> ReadPlan:

@@ -47,9 +47,9 @@ class Spans(LocalBlockStore):
         super().__init__(root)
         self.groups: list[int] = []
 
-    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+    async def read_spans(self, block_id, spans, *, check=None, call=None):
         self.groups.append(len(spans))
-        return await super().read_spans(block_id, spans, check=check, attempt=attempt)
+        return await super().read_spans(block_id, spans, check=check, call=call)
 
 
 class WrittenInSpans(LocalBlockStore):
@@ -60,13 +60,13 @@ class WrittenInSpans(LocalBlockStore):
 
     target: object | None = None
 
-    async def read_spans(self, block_id, spans, *, check=None, attempt=None):
+    async def read_spans(self, block_id, spans, *, check=None, call=None):
         def written_then_checked(i: int) -> None:
             if self.target is not None:
                 spans[i].windows[0][0] ^= 0xFF
             check(i)
 
-        return await super().read_spans(block_id, spans, check=written_then_checked, attempt=attempt)
+        return await super().read_spans(block_id, spans, check=written_then_checked, call=call)
 
 
 class WrittenOneAtATime(OneAtATime):
@@ -77,8 +77,8 @@ class WrittenOneAtATime(OneAtATime):
         super().__init__(LocalBlockStore(root))
         self.target: bytearray | None = None
 
-    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
-        await super().read_into(block_id, offset, out, attempt=attempt, grant=grant)
+    async def read_into(self, block_id, offset, out, *, call=None):
+        await super().read_into(block_id, offset, out, call=call)
         if out.obj is self.target:  # the caller's memory, not a buffer of the tier's
             out[0] ^= 0xFF
 

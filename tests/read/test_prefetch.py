@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 import blobsdk
-from blobsdk.chunks.demand import Priority
+from blobsdk.chunks.call import Priority
 from blobsdk.config import ClientConfig, L1Config, L2Config, LimiterConfig, WriteConfig
 from blobsdk.errors import BadRequest, BlobNotFound, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore

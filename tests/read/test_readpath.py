@@ -36,7 +36,7 @@ class CountingBlocks(LocalBlockStore):
 
     reads = 0
 
-    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
+    async def read_into(self, block_id, offset, out, *, call=None):
         self.reads += 1
         await asyncio.sleep(0.01)  # long enough for concurrent readers to pile up
         await super().read_into(block_id, offset, out)
@@ -451,18 +451,18 @@ class Gated(OneAtATime):
         self.started, self.release = asyncio.Event(), asyncio.Event()
         self.finished = 0
 
-    async def read_into(self, block_id, offset, out, *, attempt=None, grant=""):
+    async def read_into(self, block_id, offset, out, *, call=None):
         self.started.set()
-        job = asyncio.ensure_future(self._read_when_released(block_id, offset, out, attempt, grant))
+        job = asyncio.ensure_future(self._read_when_released(block_id, offset, out, call))
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
             await asyncio.wait([job])
             raise
 
-    async def _read_when_released(self, block_id, offset, out, attempt, grant):
+    async def _read_when_released(self, block_id, offset, out, call):
         await self.release.wait()
-        await super().read_into(block_id, offset, out, attempt=attempt, grant=grant)
+        await super().read_into(block_id, offset, out, call=call)
         self.finished += 1
 
 

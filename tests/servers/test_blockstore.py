@@ -16,7 +16,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.errors import BlockNotFound, IncompatibleFormat, PayloadTooLarge, Unauthorized
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
@@ -356,9 +356,9 @@ async def test_a_read_queued_for_a_spindle_hears_102_processing_and_is_neither_h
     async with running_app(app) as url, HttpBlockStore(session, url) as store:
         await spindles.__aenter__()  # another client's read holds the one spindle
         told = asyncio.Event()
-        attempt = Attempt(on_progress=told.set)
+        attempt = Call(on_progress=told.set)
         out = bytearray(len(data))
-        read = asyncio.ensure_future(store.read_into(block_id, 0, memoryview(out), attempt=attempt))
+        read = asyncio.ensure_future(store.read_into(block_id, 0, memoryview(out), call=attempt))
         try:
             async with asyncio.timeout(30):
                 await told.wait()

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import xxhash
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.chunks.placement import rank
 from blobsdk.net.rawget import RawGetEndpoint
@@ -59,9 +59,7 @@ class CountingStore:
     def replicas(self) -> tuple[CountingStore]:
         return (self,)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         self.reads += 1
         await self.gate.wait()
         await self.inner.replicas[0].read_into(block_id, offset, out)

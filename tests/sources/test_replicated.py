@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops.gc import collect
@@ -201,10 +201,8 @@ class HeldWrites:
         await self.gate.wait()
         await self.inner.write_block(block_id, parts)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        await self.inner.read_into(block_id, offset, out, attempt=attempt)
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        await self.inner.read_into(block_id, offset, out, call=call)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         return await self.inner.read_range(block_id, offset, length)

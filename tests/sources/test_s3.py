@@ -14,10 +14,10 @@ from aiohttp import web
 
 from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, Overloaded, PreconditionFailed, Unavailable
+from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.retry import Backoff
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
-from blobsdk.tail.limiter import AdaptiveLimiter
 from blobsdk.testing.sources import BlockReplicaTests, MiB, payload
 from servers.s3d import start_s3
 from servers.seaweedd import start_seaweed

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
 from blobsdk.tail.deadlines import Deadlines
 from blobsdk.tail.hedge import Hedger
@@ -125,7 +125,7 @@ class Replica:
         self.loop = loop
         self.started: list[tuple[str, float]] = []
 
-    async def __call__(self, name: str, attempt: Attempt) -> str:
+    async def __call__(self, name: str, attempt: Call) -> str:
         self.started.append((name, round(self.loop.time(), 6)))
         await asyncio.sleep(3600 if name == "a" else 0.001)
         return name

@@ -12,6 +12,7 @@ from blobsdk.config import HedgeConfig, L3Config, RepairConfig
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.tail.health import Reason, TargetHealth
 from blobsdk.tail.hedge import Hedger
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l3 import L3Tier
 from blobsdk.tiers.l4 import L4Tier
 
@@ -137,7 +138,7 @@ async def test_the_l3_and_l4_tiers_each_keep_one_tracker_their_hedger_shares(tmp
         assert l3.candidates("key") == [] and l3.extra_stats()["nodes_down"] == 1
         await l3.aclose()
     async with LocalBlockStore(tmp_path) as blocks:
-        l4 = L4Tier(blocks, repair=RepairConfig(demote_seconds=7.0))
+        l4 = L4Tier(ReplicaReader(blocks, repair=RepairConfig(demote_seconds=7.0)))
         assert l4.hedger.health is l4.health and l4.health.bad_bytes_seconds == 7.0
         l4.health.mark(blocks.name, Reason.BAD_BYTES)
         assert l4.extra_stats()["replicas_demoted"] == 1

@@ -17,7 +17,7 @@ from blobsdk.chunks.codec import decode_chunk
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, Unavailable
 from blobsdk.tail.health import Reason
 from blobsdk.tail.hedge import (
-    Attempt,
+    Call,
     HedgeBudget,
     HedgeConfig,
     Hedger,
@@ -40,7 +40,7 @@ class Fakes:
         self.cancelled: list[str] = []
         self.forever = asyncio.Event()  # never set
 
-    async def __call__(self, name: str, attempt: Attempt | None = None) -> str:
+    async def __call__(self, name: str, attempt: Call | None = None) -> str:
         self.started.append(name)
         what = self.behaviour[name]
         try:
@@ -124,7 +124,7 @@ async def test_loser_releases_its_connection() -> None:
 
     fakes = Fakes(a="stall", b="ok")
 
-    async def attempt(name: str, _: Attempt) -> str:
+    async def attempt(name: str, _: Call) -> str:
         async with connection(name):
             return await fakes(name)
 
@@ -187,7 +187,7 @@ async def test_a_bad_copy_fails_over_and_the_good_copy_is_returned() -> None:
     copies = {"r0": bytearray(raw), "r1": bytearray(raw)}
     copies["r0"][7] ^= 0xFF
 
-    async def read_and_verify(replica: str, _: Attempt) -> bytes:
+    async def read_and_verify(replica: str, _: Call) -> bytes:
         buf = memoryview(bytearray(copies[replica]))  # a fresh buffer per attempt
         return bytes(decode_chunk(ref, buf))
 
@@ -199,7 +199,7 @@ async def test_a_bad_copy_fails_over_and_the_good_copy_is_returned() -> None:
 async def test_the_budget_caps_hedges_when_every_primary_is_slow() -> None:
     config = HedgeConfig(min_delay_ms=0, max_delay_ms=0)  # every primary "too slow" at once
 
-    async def attempt(name: str, _: Attempt) -> str:
+    async def attempt(name: str, _: Call) -> str:
         if name == "slow":
             for _ in range(20):  # far slower than the hedge, which returns at once
                 await asyncio.sleep(0)
@@ -291,7 +291,7 @@ async def test_disabled_hedging_only_fails_over() -> None:
 async def test_key_of_names_latency_targets() -> None:
     hedger = Hedger()
 
-    async def attempt(candidate: tuple[str, int], _: Attempt) -> str:
+    async def attempt(candidate: tuple[str, int], _: Call) -> str:
         await asyncio.sleep(0)
         return candidate[0]
 
@@ -332,11 +332,11 @@ async def test_a_failover_does_not_wait_for_room() -> None:
     assert await hedger.run(["a", "b"], fakes, ready=lambda name: False) == "from b"
 
 
-def queued_then(queue_s: float, service: object) -> Callable[[str, Attempt], Awaitable[str]]:
+def queued_then(queue_s: float, service: object) -> Callable[[str, Call], Awaitable[str]]:
     """An attempt that waits ``queue_s`` in a client-side queue, then serves like Fakes."""
     fakes = Fakes(a=service, b="ok")
 
-    async def attempt(name: str, handle: Attempt) -> str:
+    async def attempt(name: str, handle: Call) -> str:
         if name == "a":
             handle.queued()
             await asyncio.sleep(queue_s)
@@ -365,7 +365,7 @@ async def test_latency_counts_from_entering_service() -> None:
 
 def test_an_attempt_handle_records_its_queueing() -> None:
     now = [1.0]
-    handle = Attempt(lambda: now[0])
+    handle = Call(clock=lambda: now[0])
     assert (handle.serving, handle.begun) == (True, 1.0)
     handle.queued()
     now[0] = 3.0
@@ -375,9 +375,9 @@ def test_an_attempt_handle_records_its_queueing() -> None:
 
 
 async def test_every_attempt_gets_a_handle_of_its_own() -> None:
-    handles: list[Attempt] = []
+    handles: list[Call] = []
 
-    async def attempt(name: str, handle: Attempt) -> str:
+    async def attempt(name: str, handle: Call) -> str:
         handles.append(handle)
         if name == "a":
             raise Unavailable("down")
@@ -485,7 +485,7 @@ async def test_an_attempt_queued_for_a_target_found_hung_fails_over() -> None:
     hedger = Hedger(HANG_20MS)
     gate = asyncio.Event()  # never set: the queue at "a" never moves
 
-    async def attempt(name: str, handle: Attempt) -> str:
+    async def attempt(name: str, handle: Call) -> str:
         if name == "a":
             handle.queued()
             await gate.wait()
@@ -571,7 +571,7 @@ async def test_an_attempt_whose_server_says_it_works_is_neither_hedged_nor_hung_
     hedger = Hedger(HedgeConfig(min_delay_ms=1, max_delay_ms=1, hang_min_ms=20, hang_max_ms=20), clock=lambda: now[0])
     forever = asyncio.Event()
 
-    async def attempt(name: str, mark: Attempt) -> str:
+    async def attempt(name: str, mark: Call) -> str:
         if name == "b":
             return "from b"
         for _ in range(10):
@@ -591,7 +591,7 @@ async def test_an_attempt_whose_server_says_it_works_is_neither_hedged_nor_hung_
 
 def test_an_attempt_handle_records_its_servers_progress() -> None:
     now, heard = [5.0], []
-    mark = Attempt(lambda: now[0], on_progress=lambda: heard.append(now[0]))
+    mark = Call(clock=lambda: now[0], on_progress=lambda: heard.append(now[0]))
     assert (mark.begun, mark.heard, mark.upstream) == (5.0, 5.0, False)
     now[0] = 7.0
     mark.progress()

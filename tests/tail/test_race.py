@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import HedgeExhausted, Unavailable
 from blobsdk.tail.hedge import Hedger
@@ -30,7 +30,7 @@ class Targets:
         self.behaviour = behaviour
         self.started: list[tuple[str, float]] = []
 
-    async def __call__(self, name: str, attempt: Attempt) -> str:
+    async def __call__(self, name: str, attempt: Call) -> str:
         self.started.append((name, round(self.loop.time(), 6)))
         what = self.behaviour[name]
         if isinstance(what, Exception):
@@ -125,7 +125,7 @@ class Trickle:
         self.loop, self.every, self.total = loop, every, total
         self.started: list[tuple[str, float]] = []
 
-    async def __call__(self, name: str, attempt: Attempt) -> str:
+    async def __call__(self, name: str, attempt: Call) -> str:
         self.started.append((name, round(self.loop.time(), 6)))
         end = self.loop.time() + self.total
         while self.loop.time() < end:
@@ -167,7 +167,7 @@ def test_a_reply_that_falls_silent_after_its_first_bytes_is_hung_one_deadline_la
         trickle = Trickle(loop, every=0.3, total=0.6)
         fast = Targets(loop, b=0.001)
 
-        async def attempt(name: str, mark: Attempt) -> str:
+        async def attempt(name: str, mark: Call) -> str:
             if name == "b":
                 return await fast(name, mark)
             await trickle(name, mark)

@@ -16,6 +16,7 @@ import pytest
 from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l1 import L1Tier
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.tiers.l3 import L3Tier
@@ -217,7 +218,7 @@ class TestL4TierOverALocalStore(L4Tests):
     @pytest.fixture
     async def harness(self, tmp_path: Path) -> AsyncIterator[L4LocalHarness]:
         async with LocalBlockStore(tmp_path / "blocks") as store:
-            yield L4LocalHarness(L4Tier(store), store)
+            yield L4LocalHarness(L4Tier(ReplicaReader(store)), store)
 
 
 class TestL4TierOverTwoBlockServers(L4Tests):
@@ -226,4 +227,4 @@ class TestL4TierOverTwoBlockServers(L4Tests):
         async with aiohttp.ClientSession() as session, AsyncExitStack() as stack:
             replicas = Replicas(tmp_path, session, stack)
             blocks = await replicas.start(2)
-            yield L4HttpHarness(L4Tier(blocks), replicas)
+            yield L4HttpHarness(L4Tier(ReplicaReader(blocks)), replicas)

@@ -15,10 +15,11 @@ from blobsdk.client import Client
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.health import Reason
-from blobsdk.tail.limiter import LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.base import Tier
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef, Codec
@@ -80,7 +81,7 @@ async def test_serves_verified_bytes_of_plain_and_lz4_chunks(replicas: Replicas)
     raws = [os.urandom(5000), b"abc" * 20_000]
     refs = await pack(blocks, raws, "auto")
     assert [r.codec for r in refs] == ["none", "lz4"]
-    tier = L4Tier(blocks)
+    tier = L4Tier(ReplicaReader(blocks))
     assert isinstance(tier, Tier) and tier.name == "l4"
     for ref, raw in zip(refs, raws, strict=True):
         assert bytes(await tier.fetch(ref, decode)) == raw
@@ -90,7 +91,7 @@ async def test_serves_verified_bytes_of_plain_and_lz4_chunks(replicas: Replicas)
 async def test_fetch_stored_returns_the_copy_it_read(replicas: Replicas) -> None:
     blocks = await replicas.start(1)
     (ref,) = await pack(blocks, [os.urandom(3000)])
-    stored, raw = await L4Tier(blocks).fetch_stored(ref, decode)
+    stored, raw = await L4Tier(ReplicaReader(blocks)).fetch_stored(ref, decode)
     assert raw.obj is stored.obj  # uncompressed: the raw bytes are the stored copy itself
 
 
@@ -98,7 +99,7 @@ async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) ->
     blocks = await replicas.start(3)
     raws = [os.urandom(4000), b"xyz" * 9000]
     refs = await pack(blocks, raws, "auto")
-    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    tier = L4Tier(ReplicaReader(blocks, hedge=HedgeConfig(enabled=False)))
     first_two = tier.candidates(refs[0].key)[:2]  # so the first chunk tries both bad copies
     for ref in refs:
         for bad in first_two:
@@ -115,7 +116,7 @@ async def test_a_corrupt_replica_fails_over_to_a_good_one(replicas: Replicas) ->
 
 async def test_candidates_spread_over_replicas_and_demote_a_slow_one(replicas: Replicas) -> None:
     blocks = await replicas.start(3)
-    tier = L4Tier(blocks)
+    tier = L4Tier(ReplicaReader(blocks))
     keys = [f"{i:032x}" for i in range(300)]
     firsts = [tier.candidates(k)[0].name for k in keys]
     assert all(firsts.count(r.name) > 60 for r in blocks.replicas)  # ~100 each
@@ -131,7 +132,7 @@ async def test_the_least_loaded_replica_is_tried_first(replicas: Replicas) -> No
     """On a busy HDD tier a chunk's rendezvous-first replica may have the longest queue."""
     blocks = await replicas.start(3)
     limiters = LimiterRegistry()
-    tier = L4Tier(blocks, limiters=limiters)
+    tier = L4Tier(ReplicaReader(blocks, limiters=limiters))
     keys = [f"{i:032x}" for i in range(60)]
     at_rest = {k: [r.name for r in tier.candidates(k)] for k in keys}
     busy = blocks.replicas[0].name
@@ -151,7 +152,7 @@ async def test_every_copy_corrupt_is_corrupt_data(replicas: Replicas) -> None:
     (ref,) = await pack(blocks, [os.urandom(4000)])
     replicas.corrupt(0, ref)
     replicas.corrupt(1, ref)
-    tier = L4Tier(blocks)
+    tier = L4Tier(ReplicaReader(blocks))
     with pytest.raises(CorruptData, match="no replica returned bytes matching its checksum") as caught:
         await tier.fetch(ref, decode)
     assert not isinstance(caught.value, BadCopy)
@@ -164,14 +165,14 @@ async def test_a_corrupt_copy_wins_over_other_failures(replicas: Replicas) -> No
     replicas.corrupt(0, ref)
     await replicas.stop(1)
     with pytest.raises(CorruptData):
-        await L4Tier(blocks).fetch(ref, decode)
+        await L4Tier(ReplicaReader(blocks)).fetch(ref, decode)
 
 
 async def test_a_block_gone_everywhere_is_block_not_found(replicas: Replicas) -> None:
     blocks = await replicas.start(2)
     (ref,) = await pack(blocks, [os.urandom(100)])
     await blocks.delete_block(ref.block_id)
-    tier = L4Tier(blocks)
+    tier = L4Tier(ReplicaReader(blocks))
     with pytest.raises(BlockNotFound):
         await tier.fetch(ref, decode)
     assert tier.stats.errors == 2
@@ -180,7 +181,7 @@ async def test_a_block_gone_everywhere_is_block_not_found(replicas: Replicas) ->
 async def test_a_dead_replica_fails_over_and_all_dead_is_unavailable(replicas: Replicas) -> None:
     blocks = await replicas.start(2)
     (ref,) = await pack(blocks, [os.urandom(1000)])
-    tier = L4Tier(blocks)
+    tier = L4Tier(ReplicaReader(blocks))
     first = list(blocks.replicas).index(tier.candidates(ref.key)[0])
     await replicas.stop(first)
     assert len(await tier.fetch(ref, decode)) == 1000
@@ -194,7 +195,7 @@ async def test_a_replica_that_lost_the_block_fails_over(replicas: Replicas) -> N
     blocks = await replicas.start(2)
     raw = os.urandom(100)
     (ref,) = await pack(blocks, [raw])
-    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    tier = L4Tier(ReplicaReader(blocks, hedge=HedgeConfig(enabled=False)))
     await tier.candidates(ref.key)[0].delete_block(ref.block_id)
     assert bytes(await tier.fetch(ref, decode)) == raw
     assert (tier.stats.hits, tier.stats.errors) == (1, 1)
@@ -206,13 +207,13 @@ async def test_missing_on_one_and_dead_on_the_other_is_unavailable(replicas: Rep
     await HttpBlockStore(replicas.session, replicas.urls[1]).delete_block(ref.block_id)
     await replicas.stop(0)
     with pytest.raises(Unavailable):
-        await L4Tier(blocks).fetch(ref, decode)
+        await L4Tier(ReplicaReader(blocks)).fetch(ref, decode)
 
 
 async def test_fill_is_a_no_op(replicas: Replicas) -> None:
     blocks = await replicas.start(1)
     (ref,) = await pack(blocks, [b"z" * 10])
-    tier = L4Tier(blocks)
+    tier = L4Tier(ReplicaReader(blocks))
     await tier.fill(ref, memoryview(b"other bytes"))
     assert bytes(await tier.fetch(ref, decode)) == b"z" * 10
     await tier.aclose()
@@ -222,7 +223,7 @@ async def test_a_replica_that_served_a_bad_copy_is_tried_last(replicas: Replicas
     blocks = await replicas.start(3)
     raws = [os.urandom(1000) for _ in range(120)]  # 40 gave fewer than 6 firsts on replica 0 once in ~300 runs
     refs = await pack(blocks, raws)
-    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False))
+    tier = L4Tier(ReplicaReader(blocks, hedge=HedgeConfig(enabled=False)))
     bad = blocks.replicas[0]
     firsts = [r for r in refs if tier.candidates(r.key)[0] is bad][:6]
     assert len(firsts) == 6
@@ -251,7 +252,7 @@ async def test_the_tier_reports_a_block_it_skipped_a_bad_or_missing_copy_of(repl
     blocks = await replicas.start(2)
     refs = await pack(blocks, [os.urandom(1000) for _ in range(8)])
     reports = Reports()
-    tier = L4Tier(blocks, hedge=HedgeConfig(enabled=False), report=reports)
+    tier = L4Tier(ReplicaReader(blocks, hedge=HedgeConfig(enabled=False), report=reports))
     await tier.fetch(refs[0], decode)
     assert reports.blocks == []  # the first copy verified: nothing to mend
     first = tier.candidates(refs[1].key)[0]
@@ -278,7 +279,7 @@ async def test_the_client_owns_its_repairer_from_start_to_close(replicas: Replic
 
 def test_give_up_keeps_a_changed_sources_message_when_every_replica_lost_the_block():
     from blobsdk.errors import BlockNotFound, SourceChanged
-    from blobsdk.sources.replicaread import give_up
+    from blobsdk.tail.replicaread import give_up
 
     ref = ChunkRef(block_id="f" + "0" * 31, offset=0, length=1, raw_length=1, checksum=0)
     changed = SourceChanged("s3://lake/k changed since it was indexed")

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.config import HedgeConfig
+from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tail.hedge import Hedger
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -30,14 +31,12 @@ class _Replica:
         self.limiter = limiter
         self.gate = gate
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        if attempt is not None:
-            attempt.queued()
-        async with self.limiter.acquire(attempt.demand if attempt is not None else None, size=out.nbytes):
-            if attempt is not None:
-                attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        if call is not None:
+            call.queued()
+        async with self.limiter.acquire(call.demand if call is not None else None, size=out.nbytes):
+            if call is not None:
+                call.in_service()
             await self.gate.wait()
 
 
@@ -56,7 +55,7 @@ async def _tracked_per_read(config: HedgeConfig) -> float:
     gate = asyncio.Event()
     limiters = LimiterRegistry()
     replicas = [_Replica(f"http://replica-{i}", limiters.get(f"http://replica-{i}"), gate) for i in range(3)]
-    tier = L4Tier(_Blocks(replicas), hedge=config, limiters=limiters)  # type: ignore[arg-type]
+    tier = L4Tier(ReplicaReader(_Blocks(replicas), hedge=config, limiters=limiters))  # type: ignore[arg-type]
     refs = [ChunkRef(block_id="0" * 32, offset=i << 10, length=1 << 10, raw_length=1 << 10, checksum=0) for i in range(READS)]
     gate.set()
     for _ in range(5):

@@ -17,6 +17,7 @@ from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 from blobsdk.tail.health import Reason
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.base import DirectTier, Piece
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
@@ -47,7 +48,7 @@ async def local(tmp_path: Path) -> AsyncIterator[LocalBlockStore]:
 async def test_a_group_lands_in_its_windows_counted_per_chunk(local: LocalBlockStore) -> None:
     raws = [os.urandom(n) for n in (1000, 5000, 1, 70_000)]
     refs = await pack_chunks(local, raws)
-    tier = L4Tier(local)
+    tier = L4Tier(ReplicaReader(local))
     assert isinstance(tier, DirectTier)
     pieces = pieces_of(refs, cuts=1) + pieces_of(refs[1:2], cuts=3)  # a chunk twice, the second time in 3 windows
     assert await tier.fetch_many_into(pieces, verify_windows)
@@ -65,7 +66,7 @@ async def test_a_bad_chunk_in_a_group_raises_as_a_lone_read_would(local: LocalBl
     data[refs[2].offset + 7] ^= 0xFF
     path.chmod(0o644)
     path.write_bytes(data)
-    tier = L4Tier(local)
+    tier = L4Tier(ReplicaReader(local))
     pieces = pieces_of(refs)
     with pytest.raises(CorruptData) as info:
         await tier.fetch_many_into(pieces, verify_windows)
@@ -83,7 +84,7 @@ async def test_a_bad_chunk_in_a_group_raises_as_a_lone_read_would(local: LocalBl
 async def test_a_block_gone_is_block_not_found(local: LocalBlockStore) -> None:
     refs = await pack_chunks(local, [b"a" * 100, b"b" * 100])
     await local.delete_block(refs[0].block_id)
-    tier = L4Tier(local)
+    tier = L4Tier(ReplicaReader(local))
     gone = rf"^block {refs[0].block_id} is gone from every replica \(blob deleted or replaced\?\)$"
     with pytest.raises(BlockNotFound, match=gone):
         await tier.fetch_many_into(pieces_of(refs), verify_windows)
@@ -93,7 +94,7 @@ async def test_a_block_gone_is_block_not_found(local: LocalBlockStore) -> None:
 async def test_what_a_group_cannot_hold_is_refused_with_nothing_written(local: LocalBlockStore) -> None:
     plain = await pack_chunks(local, [os.urandom(3000), os.urandom(3000)])
     (packed,) = await pack_chunks(local, [b"xyz" * 5000], "lz4")
-    tier = L4Tier(local)
+    tier = L4Tier(ReplicaReader(local))
     short = Piece(plain[0], (memoryview(bytearray(2999)),))
     for group in ([short], pieces_of([packed]), [*pieces_of(plain[:1]), *pieces_of([packed])]):
         assert not await tier.fetch_many_into(group, verify_windows)
@@ -112,10 +113,10 @@ async def test_several_replicas_or_one_that_reads_no_spans_keep_the_one_at_a_tim
     ):
         refs = await pack_chunks(two, [os.urandom(500)])
         await two.settle()
-        assert not await L4Tier(two).fetch_many_into(pieces_of(refs), verify_windows)
+        assert not await L4Tier(ReplicaReader(two)).fetch_many_into(pieces_of(refs), verify_windows)
         http = HttpBlockStore(session, url)
         refs = await pack_chunks(http, [os.urandom(500)])
-        tier = L4Tier(http)
+        tier = L4Tier(ReplicaReader(http))
         pieces = pieces_of(refs)
         assert not await tier.fetch_many_into(pieces, verify_windows)
         assert landed(pieces[0]) == bytes(500) and tier.stats.hits == 0

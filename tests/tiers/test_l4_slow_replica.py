@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from blobsdk.chunks.attempt import Attempt
+from blobsdk.chunks.call import Call
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig, LimiterConfig
-from blobsdk.tail.limiter import AdaptiveLimiter, LimiterRegistry
+from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
+from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 
@@ -78,13 +79,11 @@ class FakeReplica:
     def replicas(self) -> tuple[FakeReplica]:
         return (self,)
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        attempt = attempt if attempt is not None else Attempt()
-        attempt.queued()
-        async with self.limiter.acquire(attempt.demand, size=len(out)):
-            attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        call = call if call is not None else Call()
+        call.queued()
+        async with self.limiter.acquire(call.demand, size=len(out)):
+            call.in_service()
             await asyncio.sleep(self.seconds)
             out[:] = self.data[offset : offset + len(out)]
             self.served += 1
@@ -102,13 +101,11 @@ class LinkReplica(FakeReplica):
         super().__init__(name, limiter, seconds, data)
         self.wire = asyncio.Lock()
 
-    async def read_into(
-        self, block_id: str, offset: int, out: memoryview, *, attempt: Attempt | None = None, grant: str = ""
-    ) -> None:
-        attempt = attempt if attempt is not None else Attempt()
-        attempt.queued()
-        async with self.limiter.acquire(attempt.demand, size=len(out)):
-            attempt.in_service()
+    async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
+        call = call if call is not None else Call()
+        call.queued()
+        async with self.limiter.acquire(call.demand, size=len(out)):
+            call.in_service()
             await asyncio.sleep(SEEK)
             async with self.wire:
                 await asyncio.sleep(self.seconds)
@@ -172,7 +169,7 @@ async def batch_p99(
     limiters = FixedLimits(dict(zip(names, limits or [4] * len(names), strict=True)), loop.time)
     kinds = [LinkReplica if link and i == 0 else FakeReplica for i in range(len(names))]
     replicas = [kind(name, limiters.get(name), s, data) for kind, name, s in zip(kinds, names, seconds, strict=True)]
-    tier = L4Tier(Replicas(replicas), hedge=policy, limiters=limiters, clock=loop.time)  # type: ignore[arg-type]
+    tier = L4Tier(ReplicaReader(Replicas(replicas), hedge=policy, limiters=limiters, clock=loop.time))  # type: ignore[arg-type]
     times = []
     for n in range(warm + batches):
         begun = loop.time()

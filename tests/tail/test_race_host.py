@@ -1,5 +1,6 @@
-"""blobsdk.tail.hedgestate: what the hedger and its race share, which errors fail over to the
-next candidate, and the error once every candidate failed."""
+"""What the hedger and its race share: which errors fail over to the next candidate
+(blobsdk/tail/hedge.py), the error once every candidate failed and the counters
+(blobsdk/tail/race.py), and the race's view of its hedger (RaceHost)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, HedgeExhausted, InvalidPath, Unavailable
 from blobsdk.tail import hedge
-from blobsdk.tail.hedgestate import HedgeStats, exhausted, is_failover
+from blobsdk.tail.hedge import is_failover
+from blobsdk.tail.race import HedgeStats, exhausted
 from tests.helpers import ROOT
 from tests.project.test_imports import import_edges
 
@@ -43,9 +45,8 @@ def test_the_hedger_counts_in_the_shared_stats_and_still_names_them() -> None:
 
 def test_the_race_imports_nothing_of_the_hedger_not_even_for_typing() -> None:
     """hedge.py runs races (it imports race.py); race.py names what it uses of its hedger as a
-    protocol (RaceHost), and what both share is in hedgestate.py: no cycle, typing-only ones
-    included."""
+    protocol (RaceHost), and what both share sits in race.py or below it: no cycle, typing-only
+    ones included."""
     edges = {(e.source, e.target) for e in import_edges(ROOT, ("blobsdk",))}
     assert ("blobsdk.tail.hedge", "blobsdk.tail.race") in edges
     assert ("blobsdk.tail.race", "blobsdk.tail.hedge") not in edges
-    assert not {t for s, t in edges if s == "blobsdk.tail.hedgestate"} & {"blobsdk.tail.hedge", "blobsdk.tail.race"}

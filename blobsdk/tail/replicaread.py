@@ -30,19 +30,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Protocol
 
-from ..chunks.attempt import Attempt
-from ..chunks.demand import Demand
+from ..chunks.call import AttemptFn, Call, Demand
 from ..chunks.pieces import Decoder, Piece, Verifier
 from ..chunks.placement import rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
+from ..net.limiter import LimiterRegistry
 from ..runtime.buffers import BufferPool
+from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
 from ..stats import TierStats
-from ..tail.health import Reason, TargetHealth
-from ..tail.hedge import AttemptFn, Hedger
-from ..tail.limiter import LimiterRegistry
 from ..wire import ChunkRef
-from .base import BlockReplica, BlockStore, Span, SpanReader
+from .health import Reason, TargetHealth
+from .hedge import Hedger
 
 _FAILOVER = (BlockNotFound, Unavailable, CorruptData)  # about one replica: try the next
 
@@ -155,7 +154,7 @@ class ReplicaReader:
                 failover=_is_failover,
                 ready=self._ready,
                 patient=True,
-                demand=demand,
+                call=Call(demand),
             )
         except HedgeExhausted as exc:
             self.stats.misses += len(pieces)
@@ -182,13 +181,13 @@ class ReplicaReader:
                 raise give_up(pieces[i].ref, [exc]) from exc
 
     async def _read_spans(
-        self, block_id: str, spans: list[Span], check: Callable[[int], None], replica: BlockReplica, attempt: Attempt
+        self, block_id: str, spans: list[Span], check: Callable[[int], None], replica: BlockReplica, call: Call
     ) -> list[BlobError | None]:
         """One replica's read of a group's spans (errors about the whole block counted here,
         as ``_read_copy`` counts them)."""
         assert isinstance(replica, SpanReader)
         try:
-            return await replica.read_spans(block_id, spans, check=check, attempt=attempt)
+            return await replica.read_spans(block_id, spans, check=check, call=call)
         except _FAILOVER as exc:
             self._count(exc)
             if isinstance(exc, CorruptData):  # the block shrank under the read
@@ -228,7 +227,13 @@ class ReplicaReader:
         begun = time.perf_counter()
         try:
             copy = await self.hedger.run(
-                candidates, attempt, key_of=_name, failover=_is_failover, ready=self._ready, patient=True, demand=demand
+                candidates,
+                attempt,
+                key_of=_name,
+                failover=_is_failover,
+                ready=self._ready,
+                patient=True,
+                call=Call(demand, ref.grant),
             )
         except HedgeExhausted as exc:
             self.stats.misses += 1
@@ -285,7 +290,7 @@ class ReplicaReader:
         """A hedge goes only to a replica whose concurrency limit has a free slot."""
         return self._limiters.has_room(replica.name)
 
-    async def _read_copy(self, read: _CopyRead, replica: BlockReplica, attempt: Attempt) -> _Copy:
+    async def _read_copy(self, read: _CopyRead, replica: BlockReplica, call: Call) -> _Copy:
         """One replica's verified copy of ``read.ref``, in a buffer of its own (or
         ``read.into``, by read_into): a cancelled loser's read may go on in a thread, so no two
         attempts ever share one.  A bad or missing copy goes on ``read.skipped``; a bad one
@@ -293,7 +298,7 @@ class ReplicaReader:
         ref, decode, into = read.ref, read.decode, read.into
         stored = self.buffers.take(ref.length) if into is None else into
         try:
-            await replica.read_into(ref.block_id, ref.offset, stored, attempt=attempt, grant=ref.grant)
+            await replica.read_into(ref.block_id, ref.offset, stored, call=call)
             try:
                 raw = await decode(ref, stored)
             except BadCopy as exc:
@@ -318,7 +323,7 @@ class ReplicaReader:
         ``verify`` there too; else BufferChanged (the caller's buffer changed under the read).
         An error of the second read (the replica gone) is raised."""
         own = self.buffers.take(ref.length)
-        await replica.read_into(ref.block_id, ref.offset, own, grant=ref.grant)
+        await replica.read_into(ref.block_id, ref.offset, own, call=Call(grant=ref.grant))
         verdict: BadCopy | BufferChanged
         try:
             await verify(ref, own)
@@ -363,8 +368,8 @@ class _CopyRead:
         self.into = into  # the caller's memory (read_into), or None: a buffer of the engine's
         self.skipped: list[BlobError] | None = None  # made by the first skip
 
-    def __call__(self, replica: BlockReplica, attempt: Attempt) -> Awaitable[_Copy]:
-        return self.engine._read_copy(self, replica, attempt)
+    def __call__(self, replica: BlockReplica, call: Call) -> Awaitable[_Copy]:
+        return self.engine._read_copy(self, replica, call)
 
     def skip(self, error: BlobError) -> None:
         if self.skipped is None:

@@ -21,8 +21,7 @@ outcome moves the limit:
   from an exception's ``__cause__``.  The limit is multiplied by ``backoff``, at most once
   per round trip: only requests that began after the last cut can cut again, so a burst of
   429s answering one overload shrinks the limit once, not once per request (as TCP halves
-  once per window).
-  For ``min_rtt_window_s`` after a drop the limit stays below the one that dropped, then
+  once per window).  For ``min_rtt_window_s`` after a drop the limit stays below the one that dropped, then
   probes it again: a server with a shallow queue rejects before its latency rises, and
   without this memory the limit would climb back into the 429s every few round trips.
   Only a drop amid successes (one since the last cut) is remembered so.  Drops while
@@ -34,8 +33,7 @@ outcome moves the limit:
   RTT exceeds ``tolerance`` x the floor, or a drop amid successes finds the level.
 - ignored: cancellation (a hedged loser, a reader that left) and every other error (404,
   connection refused, bad checksum) say nothing about load; the slot is released, no sample.
-  So a deadline belongs *inside* the permit (``async with permit: async with
-  asyncio.timeout(t): ...``): one around it reaches the permit as a cancellation.
+  So a deadline belongs *inside* the permit: one around it reaches it as a cancellation.
 
 Algorithms (``LimiterConfig.algorithm``):
 
@@ -60,14 +58,12 @@ cut its limit, and every success is a sample at the floor (no floor is kept or p
 object store (the S3 L4) is one: it serves each GET from a fleet that one client does not
 queue, its time to first byte varies by more than ``tolerance`` on its own (AWS S3's median
 is well over twice its best), and it says when it is overloaded (503 SlowDown), so a latency
-limit would only cap throughput.  Measured on the 2-core dev machine against SeaweedFS, both
-cores contended: the latency limit settled at 5 of 8 concurrent 256 KiB GETs and read 0.87x
-of obstore's rate, the same store cut by drops only 1.00x, in the same run.
+limit would only cap throughput (docs/architecture.md, "Adaptive concurrency", has the figure).
 
-Priority is passed explicitly: ``acquire(demand)`` takes the :class:`~blobsdk.chunks.demand.Demand`
-of the fetch the request belongs to (the read path makes one per chunk fetch and hands it
-down through the tier, the hedger and the attempt).  A waiting request whose demand is
-promoted (a foreground reader joined a prefetch's fetch) moves to the foreground queue.
+Priority is passed explicitly: ``acquire(call)`` takes the read's :class:`~blobsdk.chunks.call.Call`
+(or a bare Demand), queues at its demand's priority (moved to the foreground queue if a
+foreground reader joins the fetch meanwhile), and marks the call queued while it waits and
+in service once admitted: the hedger never takes a read waiting its turn for a slow server.
 """
 
 from __future__ import annotations
@@ -82,7 +78,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Self
 
-from ..chunks.demand import Demand, Priority
+from ..chunks.call import Call, Demand, Priority
 from ..config import LimiterConfig
 
 Clock = Callable[[], float]
@@ -114,11 +110,12 @@ class Permit:
     an exception, and a cancellation says nothing about load.
     """
 
-    __slots__ = ("_entered", "_limiter", "demand", "drop", "in_flight_at_start", "sample", "started")
+    __slots__ = ("_entered", "_limiter", "call", "demand", "drop", "in_flight_at_start", "sample", "started")
 
-    def __init__(self, limiter: AdaptiveLimiter, demand: Demand, sample: bool) -> None:
+    def __init__(self, limiter: AdaptiveLimiter, demand: Demand, sample: bool, call: Call | None = None) -> None:
         self._limiter = limiter
         self.demand = demand
+        self.call = call  # marked queued while the permit waits, in service once admitted
         self.sample = sample  # whether its RTT is a sample (see ``acquire(size=)``)
         self.drop = False  # told it was shed or timed out
         self.started = 0.0  # limiter clock when it was admitted
@@ -141,7 +138,11 @@ class Permit:
         if self._entered:
             raise RuntimeError("a Permit is entered only once; call acquire() per request")
         self._entered = True
+        if self.call is not None:
+            self.call.queued()
         await self._limiter.admit(self)
+        if self.call is not None:
+            self.call.in_service()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -269,11 +270,13 @@ class AdaptiveLimiter:
         probe_cap = self._floor.probe_cap
         return self.limit if probe_cap is None else min(probe_cap, self.limit)
 
-    def acquire(self, demand: Demand | Priority | None = None, *, size: int | None = None) -> Permit:
-        """A permit to enter with ``async with``, queued at ``demand``'s priority (None:
-        FOREGROUND), and moved ahead if that demand is promoted while it waits (see
-        blobsdk/chunks/demand.py).  ``size``: the bytes the request moves, where that varies
-        (see the module docstring)."""
+    def acquire(self, demand: Call | Demand | Priority | None = None, *, size: int | None = None) -> Permit:
+        """A permit to enter with ``async with``, queued at ``demand``'s priority (a Call's
+        demand's; None: FOREGROUND), and moved ahead if that demand is promoted while it waits
+        (see blobsdk/chunks/call.py); a Call is marked queued and in service by the permit.
+        ``size``: the bytes the request moves, where that varies (see the module docstring)."""
+        if isinstance(demand, Call):
+            return Permit(self, demand.demand, self._samples_size(size), demand)
         if not isinstance(demand, Demand):
             demand = Demand(Priority.FOREGROUND if demand is None else demand)
         return Permit(self, demand, self._samples_size(size))

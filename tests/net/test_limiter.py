@@ -10,9 +10,9 @@ import selectors
 
 import pytest
 
-from blobsdk.chunks.demand import Demand
+from blobsdk.chunks.call import Call, Demand
 from blobsdk.errors import BlobNotFound, TimedOut, Unavailable
-from blobsdk.tail.limiter import (
+from blobsdk.net.limiter import (
     AdaptiveLimiter,
     LimiterConfig,
     LimiterRegistry,
@@ -111,6 +111,27 @@ async def test_priority_is_the_demands_and_foreground_by_default():
     assert limiter.acquire().priority is Priority.FOREGROUND
     prefetch.promote()
     assert limiter.acquire(prefetch).priority is Priority.FOREGROUND
+
+
+async def test_a_calls_permit_queues_at_its_demand_and_marks_it_queued_then_in_service():
+    """A read's Call queues at its demand's priority; while it waits it is not in service (the
+    hedger does not hedge it), and once admitted its service time starts then."""
+    clock = FakeClock()
+    limiter = AdaptiveLimiter("e", FIXED_1)
+    call = Call(Demand(Priority.PREFETCH), clock=clock)
+    holder = limiter.acquire()
+    await holder.__aenter__()
+    permit = limiter.acquire(call)
+    assert permit.priority is Priority.PREFETCH and permit.call is call
+    waiter = asyncio.create_task(permit.__aenter__())
+    await settle(lambda: limiter.queued == 1)
+    assert not call.serving
+    clock.now = 7.0
+    await holder.__aexit__(None, None, None)
+    await waiter
+    assert call.serving and call.begun == call.heard == 7.0
+    await permit.__aexit__(None, None, None)
+    assert (limiter.in_flight, limiter.queued) == (0, 0)
 
 
 async def test_a_promoted_waiter_moves_to_the_foreground_queue():
