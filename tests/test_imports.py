@@ -16,6 +16,7 @@ already in ``sys.modules`` by the time their submodules import anything.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "blobsdk._redisurl",
         "blobsdk._version",
         "blobsdk._extras",
+        "blobsdk._lazy",
         "blobsdk.chunks.ids",
     ),
     # what travels: the wire structs, the blob path rules, the base of every config struct
@@ -315,7 +317,7 @@ def test_no_import_loops_between_roles():
 # third-party backends implement, names only the chunk model: what they import is named here,
 # not only bounded by their layer.
 GROUND = {
-    "blobsdk.chunks": {"blobsdk.errors", "blobsdk.wire", "blobsdk.chunks"},
+    "blobsdk.chunks": {"blobsdk.errors", "blobsdk.wire", "blobsdk.chunks", "blobsdk._lazy"},
     "blobsdk.sources.base": {"blobsdk.errors", "blobsdk.wire", "blobsdk.chunks"},
     "blobsdk.config": {
         "blobsdk._settings",
@@ -359,43 +361,98 @@ def test_blobsdk_never_imports_servers_or_benchmarks():
     assert not wrong, "blobsdk imports: " + ", ".join(f"{e.target} ({e.where})" for e in wrong)
 
 
-# What servers/ may use of blobsdk: the wire types and limits, the errors, auth, config, the
-# storage protocols and their backends, the serving and data-path helpers a server shares with
-# the client, and the command-line parser of every command.  docs/architecture.md lists the
-# same modules; a server that needs another one makes it public there first, so a change to
-# the SDK's internals never breaks a server.
+# A role package's face is its ``__init__.py``: ``__all__`` names what other roles and the
+# servers use of it, and its modules are the package's own.  servers/ imports faces only (a
+# role package, or a module at the top of blobsdk), and of those only the ones named here:
+# the wire types and limits, the errors, auth, config, the storage protocols and their
+# backends, the serving and data-path helpers a server shares with the client, and the
+# command-line parser of every command.  docs/architecture.md lists the same faces; a server
+# that needs another one makes it public there first, so a change to the SDK's internals never
+# breaks a server.
 SERVER_IMPORTS = {
     "blobsdk",
     "blobsdk._extras",
     "blobsdk.auth",
-    "blobsdk.cache.base",
-    "blobsdk.cache.disk",
-    "blobsdk.cli.parser",
+    "blobsdk.cache",
+    "blobsdk.chunks",
+    "blobsdk.cli",
     "blobsdk.config",
     "blobsdk.errors",
-    "blobsdk.metadata.base",
-    "blobsdk.metadata.redis",
-    "blobsdk.metadata.sqlite",
-    "blobsdk.net.rpc",
-    "blobsdk.net.serving",
+    "blobsdk.metadata",
+    "blobsdk.net",
     "blobsdk.paths",
-    "blobsdk.chunks.codec",
-    "blobsdk.chunks.ids",
-    "blobsdk.runtime.singleflight",
-    "blobsdk.sources.base",
-    "blobsdk.sources.http",
-    "blobsdk.sources.local",
-    "blobsdk.sources.replicaread",
-    "blobsdk.sources.replicated",
-    "blobsdk.sources.s3",
-    "blobsdk.tail.limiter",
+    "blobsdk.runtime",
+    "blobsdk.sources",
+    "blobsdk.tail",
     "blobsdk.wire",
 }
 
 
-def test_servers_import_only_the_modules_made_for_them():
+def faces(root: Path) -> dict[str, Path]:
+    """Every face of blobsdk: the package itself, its role packages, its top-level modules."""
+    return {name: path for name, path in module_names(root, ["blobsdk"]).items() if name.count(".") <= 1}
+
+
+def test_servers_import_only_the_faces_made_for_them():
     used = {e.target for e in import_edges(ROOT) if e.source.split(".")[0] == "servers" and e.target.split(".")[0] == "blobsdk"}
-    assert used <= SERVER_IMPORTS, "servers import blobsdk modules not made for them: " + ", ".join(sorted(used - SERVER_IMPORTS))
+    not_faces = sorted(used - faces(ROOT).keys())
+    assert not not_faces, "servers import blobsdk modules that are no face: " + ", ".join(not_faces)
+    assert used <= SERVER_IMPORTS, "servers import blobsdk faces not made for them: " + ", ".join(sorted(used - SERVER_IMPORTS))
+
+
+def role_packages(root: Path) -> list[str]:
+    return sorted(name for name, path in faces(root).items() if path.name == "__init__.py" and name != "blobsdk")
+
+
+def face_names(package: str) -> list[str]:
+    """A role package's ``__all__``, read from its face without importing it."""
+    tree = ast.parse(faces(ROOT)[package].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def test_every_role_package_has_a_face():
+    packages = role_packages(ROOT)
+    assert len(packages) >= 13, packages
+    missing = [p for p in packages if not face_names(p)]
+    assert not missing, "role packages with no __all__ in their __init__.py: " + ", ".join(missing)
+    undocumented = [p for p in packages if not ast.get_docstring(ast.parse(faces(ROOT)[p].read_text()))]
+    assert not undocumented, "faces with no docstring: " + ", ".join(undocumented)
+
+
+def test_every_name_of_a_face_exists():
+    """Importing each face and each of its names: a lazy name's module loads (the extras are
+    installed here), an eager one is there."""
+    missing = [
+        f"{package}.{name}"
+        for package in role_packages(ROOT)
+        for name in face_names(package)
+        if not hasattr(importlib.import_module(package), name)
+    ]
+    assert not missing, "names in __all__ that the face lacks: " + ", ".join(missing)
+
+
+def test_no_name_of_a_face_hides_one_of_its_modules():
+    """A face's name equal to a module of its package would replace the module as the
+    package's attribute: ``import pkg.mod as m`` and ``monkeypatch.setattr("pkg.mod.x", ...)``
+    would find the name, not the module."""
+    modules = module_names(ROOT, ["blobsdk"])
+    hiding = [f"{p}.{name}" for p in role_packages(ROOT) for name in face_names(p) if f"{p}.{name}" in modules]
+    assert not hiding, "face names that hide a module of the package: " + ", ".join(hiding)
+
+
+def test_what_servers_import_from_a_face_is_in_its_all():
+    packages = set(role_packages(ROOT))
+    wrong = [
+        f"{node.module}.{a.name} ({where})"
+        for node, where in server_imports()
+        if isinstance(node, ast.ImportFrom) and node.module in packages
+        for a in node.names
+        if a.name not in face_names(node.module)
+    ]
+    assert not wrong, "servers import names their face does not name in __all__: " + ", ".join(wrong)
 
 
 def server_imports() -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
