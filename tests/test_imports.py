@@ -443,6 +443,17 @@ def test_no_name_of_a_face_hides_one_of_its_modules():
     assert not hiding, "face names that hide a module of the package: " + ", ".join(hiding)
 
 
+def test_a_private_module_of_a_role_package_is_imported_only_inside_it():
+    """In blobsdk and the servers (tests and benchmarks may reach into a package, as a fault
+    injection or a measurement of one piece does)."""
+    wrong = [
+        f"{e.source} -> {e.target} ({e.where})"
+        for e in import_edges(ROOT, ["blobsdk", "servers"])
+        if e.target.count(".") == 2 and e.target.rsplit(".", 1)[1].startswith("_") and role_of(e.source) != role_of(e.target)
+    ]
+    assert not wrong, "private modules imported from outside their package:\n" + "\n".join(wrong)
+
+
 def test_what_servers_import_from_a_face_is_in_its_all():
     packages = set(role_packages(ROOT))
     wrong = [
