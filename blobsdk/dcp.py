@@ -29,6 +29,6 @@ use, in each process, and closes it with ``close()`` or at exit.
 
 from __future__ import annotations
 
-from .integrations.dcpstorage import BlobStorageReader, BlobStorageWriter
+from .integrations import BlobStorageReader, BlobStorageWriter
 
 __all__ = ["BlobStorageReader", "BlobStorageWriter"]

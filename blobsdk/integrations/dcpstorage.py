@@ -30,8 +30,7 @@ with requires_extra("torch", "blobsdk.dcp"):  # the module users import
 
 from ..config import ClientConfig
 from ..sync import SyncCheckpoints
-from ..write.manifest import Entry, Part
-from ..write.restore import problem
+from ..write import Entry, Part, problem
 from .stores import ClosedOnExit, ConfigLike, ProcessClient, Store
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ..chunks.attempt import Attempt
-from ..tail.limiter import AdaptiveLimiter
+from ..chunks import Attempt
+from ..tail import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint
 from .unreachable import SERVER, Role

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..errors import BadRequest, BlobError, ReplyStalled, TimedOut, Unavailable, Unreachable
-from ..tail.limiter import Permit
+from ..tail import Permit
 from .rpc import error_for, report_overload
 from .unreachable import SERVER, Role, no_answer, unreachable
 

@@ -13,7 +13,7 @@ import msgspec
 
 from ..config import Timeouts
 from ..errors import BlobError, QuotaExceeded, TimedOut, Unavailable, error_from_code
-from ..tail.limiter import Permit
+from ..tail import Permit
 from ..wire import MSGPACK, ErrorBody, encode
 from .unreachable import SERVER, Role, no_answer, unreachable
 

@@ -42,7 +42,7 @@ from aiohttp import web
 from ..auth import TICKET_HEADER, ServeKey
 from ..config import PeerConfig
 from ..errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
-from ..net.serving import end_connection, listening, progress_every
+from ..net import end_connection, listening, progress_every
 from ..wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
 
 Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]

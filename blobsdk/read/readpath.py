@@ -56,13 +56,10 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from ..chunks.codec import ChunkDecoder, verify_windows
-from ..chunks.demand import Demand, Priority
+from ..chunks import ChunkDecoder, Demand, Piece, Priority, verify_windows
 from ..errors import BadRequest, Unavailable
-from ..runtime.buffers import BufferPool, uninitialized
-from ..runtime.singleflight import SingleFlight
-from ..runtime.tasks import task_group
-from ..tiers.base import DirectTier, Piece, Tier
+from ..runtime import BufferPool, SingleFlight, task_group, uninitialized
+from ..tiers import DirectTier, Tier
 from ..wire import ChunkRef, ReadPlan
 from ._groups import Filling, Job, chunks_of, copy_into, direct_kind, starts_of
 

@@ -88,7 +88,7 @@ from .._arguments import check_callable, check_flag, check_number, check_str, wr
 from .._extras import requires_extra
 from .._numbers import integer, positive
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
-from ..metadata.base import PlanLister, PlanReader, PlanWriter
+from ..metadata import PlanLister, PlanReader, PlanWriter
 from ..paths import validate_writable
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from ._compare import Base
