@@ -76,7 +76,7 @@ $(DLIO_PY):
 # The end-to-end run of DLIO with blobsdk's reader and checkpointing (skipped by `make test`
 # when .venv-dlio is absent).
 dlio-test: $(DLIO) $(DEV)
-	$(PY) -m pytest -q tests/test_dlio.py
+	$(PY) -m pytest -q tests/integrations/test_dlio.py
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \

@@ -55,14 +55,7 @@ from .errors import Forbidden, Unauthorized
 
 CLOCK_SKEW_S = 30.0  # how far a server's clock may disagree with the issuer's
 GRANT_TTL_S = 900.0  # how long the metadata API's chunk grants last (its --grant-ttl)
-GRANT_MARGIN_S = 60.0  # a client drops a cached plan this long before its grants expire
-
-
-def grants_usable_for(grants_expire: float) -> float:
-    """Seconds a cached plan whose grants expire at ``grants_expire`` (unix time; 0: it has
-    none) may still be served: until :data:`GRANT_MARGIN_S` before they expire, by this
-    machine's clock.  Infinite for a plan without grants."""
-    return grants_expire - GRANT_MARGIN_S - time.time() if grants_expire else float("inf")
+GRANT_MARGIN_S = 60.0  # a client drops a cached plan this long before its grants expire (metadata/cache.py)
 
 
 TOKEN_PREFIX = "bst1"

@@ -5,7 +5,7 @@ Environment variables are read in exactly one place, :meth:`ClientConfig.from_en
 The ground floor: the structs of the modules with behaviour (the hedger, the limiter,
 repair) live here and those modules import them, never the other way round.  This module
 imports only leaves (``_settings``, ``_numbers``, ``_arguments``, ``_redisurl``, ``errors``, ``wire``);
-tests/test_imports.py holds it to that.
+tests/project/test_imports.py holds it to that.
 
 Every struct is a :class:`~blobsdk._settings.Settings`: each field's kind, each number's range
 and the rules across fields are checked when it is built, in Python or from ``client.toml``,

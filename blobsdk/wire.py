@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import msgspec
 import xxhash
 
-from .chunks.ids import validate_hex32
+from .chunks.ids import ChunkKey, validate_hex32
 from .errors import BadRequest
 
 Codec = Literal["none", "lz4"]
@@ -45,13 +45,13 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, di
         return msgspec.structs.replace(self, grant="") if self.grant else self
 
     @functools.cached_property
-    def key(self) -> str:
+    def key(self) -> ChunkKey:
         """Cache key: names these exact bytes forever, because blocks are immutable.  It
         covers the whole ref, checksum and codec included, so bytes stored under a key
         always verify against the ref that names it: a cache client cannot store other
         bytes (with their own checksum) under the key of a real chunk."""
         ref = f"{self.block_id}/{self.offset}/{self.length}/{self.raw_length}/{self.checksum}/{self.codec}"
-        return xxhash.xxh3_128_hexdigest(ref.encode())
+        return ChunkKey(xxhash.xxh3_128_hexdigest(ref.encode()))
 
 
 class ReadPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -30,7 +30,7 @@ its own directories: nothing is shared between tests.
 Loading the plugin imports only pytest (and pytest-asyncio if installed): pytest loads it
 in every run, so blobsdk and the servers are imported by the fixtures that use them.  It
 lives in ``servers`` because it starts them, and the SDK never imports the servers
-(tests/test_imports.py).
+(tests/project/test_imports.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ with these items:
 - ``background until PATH``: a ```sh block of one command that serves until stopped (a local
   cluster): it runs in the background until PATH exists, the blocks that continue it run, and
   then it gets SIGINT (Ctrl-C) and must exit 0.
-- ``not run: REASON``: the block does not run; the reason is kept, and tests/test_doc_snippets.py
+- ``not run: REASON``: the block does not run; the reason is kept, and tests/project/test_doc_snippets.py
   lists every such block, so none is skipped silently.
 - ``needs a testbed``: the block makes network namespaces (servers/testbed.py: root and
   iproute2); its chain runs where a testbed can be made and is skipped, saying why, elsewhere,
@@ -24,7 +24,7 @@ runs on the chain's event loop, as in ``python -m asyncio``.  Shell blocks run u
 -e -o pipefail`` with the environment's ``blobsdk`` commands on ``PATH``.  The chain's process
 imports blobsdk from this checkout (PYTHONPATH), so the pages are held to the code beside them.
 
-Run as ``python -m tests.docsnippets CHAIN.json`` (what tests/test_doc_snippets.py does), it
+Run as ``python -m tests.docsnippets CHAIN.json`` (what tests/project/test_doc_snippets.py does), it
 runs one chain in the current directory.
 """
 

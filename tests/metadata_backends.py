@@ -4,7 +4,7 @@ three ``*_fixture`` functions (the Redis servers are module-scoped: each test ta
 of its own on the module's), named apart from their fixtures so a test's argument shadows none.
 
 ``CAPABILITIES`` says what each backend has (the protocols of blobsdk/metadata/base.py), as
-the conformance suites split (tests/metadata/conformance.py); :func:`backends_with` names the
+the conformance suites split (blobsdk/testing/metadata.py); :func:`backends_with` names the
 backends that have some.  ``metadata`` is the backends with every one: a whole MetadataStore,
 what ``Client.from_stores`` takes.
 """

@@ -1,6 +1,6 @@
 """``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/paths.py): every way a user writes or
-deletes refuses it before any I/O (the client, fsspec; the CLI in tests/test_cli.py; every
-store in tests/metadata/reserved.py; the API server per tenant in tests/test_tenancy.py), reads
+deletes refuses it before any I/O (the client, fsspec; the CLI in tests/cli/test_cli.py; every
+store in blobsdk/testing/reserved.py; the API server per tenant in tests/test_tenancy.py), reads
 and listings there still work, and gc sweeps only index entries there, keeping a stray an
 older build let a user write."""
 
@@ -16,9 +16,9 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import InvalidPath
 from blobsdk.paths import INDEX_DIR
+from blobsdk.testing.reserved import reserved
 from tests.fsspec_fixtures import local_fs
 from tests.helpers import gc_ahead
-from tests.metadata.reserved import reserved
 from tests.metadata.unchecked import move_plan
 
 CHUNK = 64 << 10

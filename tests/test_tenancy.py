@@ -24,11 +24,11 @@ from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.paths import INDEX_DIR
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.testing.reserved import reserved
 from blobsdk.wire import MSGPACK, ChunkRef, CommitOp, CommitRequest, DeleteRequest, ErrorBody, ReadPlan, encode
 from blobsdk.write.writer import plan_of
 from servers import api, blockstore, flash
 from tests.helpers import Tenancy, running_app
-from tests.metadata.reserved import reserved
 
 SERVICE = "service-secret"  # the static admin token the servers use among themselves
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)

@@ -1,10 +1,12 @@
 """The ChunkCache protocol: bytes by chunk key, shared by the SDK tiers (L1 memory, L2 local
 disk) and the L3 flash node.
 
-Semantics every engine holds (tests/cache/conformance.py checks them):
+Semantics every engine holds (blobsdk/testing/cache.py checks them):
 
 - Keys are chunk keys: 32 lowercase hex digits (:attr:`blobsdk.wire.ChunkRef.key`).  Any
-  other key raises BadRequest before it comes near a dict or a file name.
+  other key raises BadRequest before it comes near a dict or a file name (:func:`validate_key`,
+  which types it :data:`~blobsdk.chunks.ids.ChunkKey`; an engine's methods that take a
+  ChunkKey, as MemoryCache's ``lookup`` and ``fill``, do not check it again).
 - ``get(key)`` returns the bytes last ``put`` under ``key`` or None (a miss).  An engine that
   finds a damaged copy (disk: checksum mismatch, truncation) deletes it, counts it as
   ``corrupt`` and reports a miss: it never returns wrong bytes.
@@ -29,15 +31,16 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..auth import STATIC_TENANT
-from ..chunks.ids import validate_hex32
+from ..chunks.ids import ChunkKey, validate_hex32
 
 Buffer = bytes | bytearray | memoryview
 
 DEFAULT_TENANT = STATIC_TENANT  # whose entries a cache without tenants holds
 
 
-def validate_key(key: object) -> str:
-    return validate_hex32(key, "chunk key")
+def validate_key(key: object) -> ChunkKey:
+    """``key`` if it is a chunk key (the check where a key enters an engine), else BadRequest."""
+    return ChunkKey(validate_hex32(key, "chunk key"))
 
 
 @runtime_checkable

@@ -250,7 +250,7 @@ class DiskCache(SharedFiles, Reload, AsyncResource):
             if replaced:  # a put that fails must leave no older bytes
                 await self._unlink_quietly(key)
             return False
-        doomed = [key] if replaced else []  # unlinked first by the fill's own job
+        doomed: list[str] = [key] if replaced else []  # unlinked first by the fill's own job
         doomed += [e.key for _, e in victims]
         return await self._fill(entry, now + pin_seconds if pin_seconds > 0 else 0.0, view, doomed)
 

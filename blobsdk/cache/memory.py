@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from ..chunks.ids import ChunkKey
 from ..runtime.resource import AsyncResource
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, PolicyChain, validate_tenant
@@ -22,10 +23,12 @@ class MemoryCache(AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` in process memory.
 
     The hot path is synchronous: :meth:`get_nowait` (a hit costs a dict lookup, a clock
-    read and an LRU move: ~0.3 µs) and :meth:`put_nowait`; the async methods of
-    the protocol are thin wrappers.  Reads are zero-copy: they return the stored ``bytes``
-    or a read-only memoryview of the caller's buffer, so a caller of :meth:`put_nowait`
-    must not mutate ``data`` afterwards.  ``clock`` is injectable for tests.
+    read and an LRU move: ~0.3 µs) and :meth:`put_nowait`; the async methods of the
+    protocol are thin wrappers.  :meth:`lookup`, :meth:`fill` and :meth:`holds` are those
+    two and ``contains`` for a key already checked (a :data:`~blobsdk.chunks.ids.ChunkKey`):
+    the L1 tier's.  Reads are zero-copy: they return the stored ``bytes`` or a read-only
+    memoryview of the caller's buffer, so a caller of :meth:`put_nowait` must not mutate
+    ``data`` afterwards.  ``clock`` is injectable for tests.
     """
 
     def __init__(
@@ -64,13 +67,18 @@ class MemoryCache(AsyncResource):
 
     def get_nowait(self, key: str) -> bytes | memoryview | None:
         """The stored object for ``key`` (not a copy) or None; a hit becomes the most
-        recently used entry."""
+        recently used entry.  A key that is not a chunk key is BadRequest: only a miss
+        checks, since every stored key was checked when it was put."""
         try:
-            entry = self._lookup(key)
+            stored = key in self._data
         except TypeError:  # unhashable: certainly not a key
-            entry = None
+            stored = False
+        return self.lookup(ChunkKey(key) if stored else validate_key(key))  # a stored key was checked by its put
+
+    def lookup(self, key: ChunkKey) -> bytes | memoryview | None:
+        """:meth:`get_nowait` of a key already checked (a checked ref's, the L1 tier's)."""
+        entry = self._lookup(key)
         if entry is None:
-            validate_key(key)  # only misses pay: every stored key was validated by put
             self._counts["misses"] += 1
             return None
         now = self._clock()
@@ -86,19 +94,27 @@ class MemoryCache(AsyncResource):
         mutate it afterwards).  False if it cannot be admitted; QuotaExceeded if ``tenant``'s
         quota cannot hold it (and nothing changed).  A put replaces ``key``; if it is not
         admitted, ``key`` is gone."""
-        key, tenant = validate_key(key), validate_tenant(tenant)
+        return self.fill(validate_key(key), data, tenant=validate_tenant(tenant), pin_seconds=pin_seconds)
+
+    def fill(self, key: ChunkKey, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0) -> bool:
+        """:meth:`put_nowait` of a key and tenant already checked (the L1 tier's fills).
+        Without quotas or a hold period an entry that fits evicts nothing
+        (:meth:`PolicyChain.admit`): it is added without asking the policies."""
         value = data if type(data) is bytes else memoryview(data).cast("B").toreadonly()
         size = len(value)
         now = self._clock()
         entry = Entry(key, size, now, now, tenant, now + pin_seconds if pin_seconds > 0 else 0.0)
-        self._chain.check_quota(self._index, entry, now)  # before anything changes: a refusal changes nothing
+        chain, index = self._chain, self._index
+        if chain.quota is not None:
+            chain.check_quota(index, entry, now)  # before anything changes: a refusal changes nothing
         self._remove(key)
-        victims = self._chain.admit(self._index, entry, self._capacity, now)
-        if victims is None:
-            return False
-        for _, victim in victims:
-            del self._data[victim.key]
-        self._index.add(entry)
+        if not chain.fits_free or index.used + size > self._capacity:
+            victims = chain.admit(index, entry, self._capacity, now)
+            if victims is None:
+                return False
+            for _, victim in victims:
+                del self._data[victim.key]
+        index.add(entry)
         self._data[key] = value
         self._counts["puts"] += 1
         return True
@@ -125,7 +141,11 @@ class MemoryCache(AsyncResource):
         return self._remove(validate_key(key)) is not None
 
     def contains(self, key: str) -> bool:
-        return validate_key(key) in self._index
+        return self.holds(validate_key(key))
+
+    def holds(self, key: ChunkKey) -> bool:
+        """:meth:`contains` of a key already checked."""
+        return key in self._data
 
     def stats(self) -> dict[str, int | float]:
         return {

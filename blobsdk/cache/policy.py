@@ -233,6 +233,9 @@ class PolicyChain:
         self.hold = HoldPolicy(hold_seconds) if hold_seconds > 0 else None
         found = (self.quota, self.ttl, self.lru, self.hold)
         self.policies: tuple[EvictionPolicy, ...] = tuple(p for p in found if p is not None)
+        # Whether admitting an entry that fits is a no-op: no quota to enforce, no hold period
+        # whose entries each admission releases (HoldPolicy.release).
+        self.fits_free = self.quota is None and self.hold is None
         self.rejected = 0  # puts refused: too big, or only pinned data to evict
         self.quota_exceeded = 0
 
@@ -254,7 +257,10 @@ class PolicyChain:
     def admit(self, index: Index, incoming: Entry, capacity: int, now: float, extra_need: int = 0) -> Victims | None:
         """Make room for ``incoming``: plan (see :meth:`plan`; ``extra_need`` bytes must be
         freed anyway), remove the victims from ``index`` and count them.  None, with
-        nothing evicted, if it cannot fit; QuotaExceeded from :meth:`plan`."""
+        nothing evicted, if it cannot fit; QuotaExceeded from :meth:`plan`.  With
+        :attr:`fits_free`, an entry that fits (``index.used + size <= capacity``, no
+        ``extra_need``) is admitted with no victims and nothing changed, so an engine may add
+        it without this call (memory.py does)."""
         if incoming.size > capacity:
             self.rejected += 1
             return None

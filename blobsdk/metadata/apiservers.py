@@ -15,8 +15,8 @@ lost, so every write the caller sends here carries a request id (made once per w
 with each attempt) that the store behind the servers applies at most once
 (:class:`~blobsdk.metadata.base.RetryAwareStore`): the retry answers what the first
 application did.  An API server whose store cannot do that refuses the request id (400).
-With one server nothing is retried and no request id is sent: the call behaves as it always
-did.
+With one server nothing is retried and no request id is sent: ``call`` is that server's own
+POST (:meth:`~blobsdk.net.rpc.HttpEndpoint.post`), with nothing of this class around it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
@@ -38,6 +38,12 @@ from ..tail.health import Reason, TargetHealth
 T = TypeVar("T")
 
 DOWN_S = 5.0  # a server that failed a call is tried after the others this long
+
+
+class Post(Protocol):
+    """POST ``body`` to ``route`` and decode the answer into ``kind``."""
+
+    def __call__(self, route: str, body: Any, kind: type[T], /) -> Awaitable[T]: ...
 
 
 class ApiServers:
@@ -60,12 +66,15 @@ class ApiServers:
         self.health = TargetHealth(clock=clock, down_seconds=down_s)
         self.counts: Counter[str] = Counter()  # "failovers": attempts that failed and went on
         self._options: dict[str, Any] = {}
+        # With one server a call is that server's POST, no frame of this class around it.
+        self.call: Post = self.endpoints[0].post
         if len(urls) > 1:
             t = timeouts or Timeouts()
             silent = min(t.sock_read, t.api_failover)
             self._options["timeout"] = aiohttp.ClientTimeout(
                 total=t.total, connect=t.connect, sock_connect=t.connect, sock_read=silent
             )
+            self.call = self._fail_over
 
     @property
     def several(self) -> bool:
@@ -79,10 +88,9 @@ class ApiServers:
         """The base URLs of the servers marked down now."""
         return [e.base_url for e in self.endpoints if self.health.has(e.base_url, Reason.DOWN)]
 
-    async def call(self, route: str, body: Any, kind: type[T]) -> T:
-        """POST ``body`` to ``route`` of the first server that answers (module docstring)."""
-        if not self.several:
-            return await self.endpoints[0].call("POST", route, body, kind, **self._options)
+    async def _fail_over(self, route: str, body: Any, kind: type[T]) -> T:
+        """``call`` with several servers: POST ``body`` to ``route`` of the first server that
+        answers (module docstring)."""
         failures: list[tuple[HttpEndpoint, Unavailable]] = []
         for endpoint in self._order():
             try:

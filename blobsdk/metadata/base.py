@@ -10,7 +10,7 @@ plus ``aclose``: what a backend implements.  A backend derives
 below once and hand the backend's ``_method`` only checked arguments; the checks themselves
 are the functions of this module, which the API server applies too.
 
-Semantics every backend holds (tests/metadata/conformance.py checks them, a suite per
+Semantics every backend holds (blobsdk/testing/metadata.py checks them, a suite per
 capability):
 
 - ``get_plan`` of a missing path raises BlobNotFound; ``get_plans`` returns None for it.

@@ -33,10 +33,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from ..auth import grants_usable_for
+from ..auth import GRANT_MARGIN_S
 from ..errors import BlobNotFound
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .base import MetadataStore, PassThrough
+
+
+def grants_usable_for(grants_expire: float) -> float:
+    """Seconds a cached plan whose grants expire at ``grants_expire`` (unix time; 0: it has
+    none) may still be served: until ``GRANT_MARGIN_S`` (blobsdk.auth) before they expire, by
+    this machine's clock.  Infinite for a plan without grants.  The rule of both plan caches
+    (this one and shared.py)."""
+    return grants_expire - GRANT_MARGIN_S - time.time() if grants_expire else float("inf")
 
 
 class CachedMetadataStore(PassThrough):

@@ -87,6 +87,11 @@ class HttpMetadataStore(MetadataBackend):
     # --- the backend's work (MetadataBackend has checked the arguments and checks the plans
     # answered for paths) ---------------------------------------------------------------------
 
+    async def _get_plan(self, path: str) -> ReadPlan | None:
+        """One path: one page, no pages to gather."""
+        (plan,) = await self._plans_page([path])
+        return plan
+
     async def _get_plans(self, paths: builtins.list[str]) -> builtins.list[ReadPlan | None]:
         step = MAX_PATHS_PER_REQUEST
         pages = await _gather([self._plans_page(paths[i : i + step]) for i in range(0, len(paths), step)])

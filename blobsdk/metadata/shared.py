@@ -39,11 +39,11 @@ from .._extras import requires_extra
 with requires_extra("redis", __name__):
     import redis.exceptions as rexc
 
-from ..auth import grants_usable_for
 from ..chunks.plans import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import client_for
 from .base import MetadataStore, PassThrough
+from .cache import grants_usable_for
 
 log = logging.getLogger(__name__)
 

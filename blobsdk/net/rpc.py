@@ -62,6 +62,10 @@ class HttpEndpoint:
         except msgspec.DecodeError as exc:
             raise Unavailable(f"{self.base_url}{route}: malformed response: {exc}") from exc
 
+    async def post(self, route: str, body: Any, kind: type[T]) -> T:
+        """:meth:`call` with POST: every request to a metadata API server."""
+        return await self.call("POST", route, body, kind)
+
     async def read(self, method: str, route: str, *, max_bytes: int | None = None, **kwargs: Any) -> bytes:
         """A request's whole answer body (non-2xx answers raised as blobsdk errors); one of
         more than ``max_bytes`` (None: no bound) is Unavailable."""

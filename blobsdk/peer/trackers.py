@@ -205,7 +205,7 @@ class Trackers(AsyncResource):
     async def locate(self, refs: Iterable[ChunkRef]) -> dict[str, list[Source]]:
         """Each chunk key's sources, best first (none: fetch from the origin, or its tracker is
         down).  The refs carry their grants: the tracker checks them."""
-        wanted = {ref.key: ref for ref in refs}
+        wanted: dict[str, ChunkRef] = {ref.key: ref for ref in refs}
         found: dict[str, list[Source]] = {key: [] for key in wanted}
 
         async def ask(url: str, batch: list[str]) -> None:

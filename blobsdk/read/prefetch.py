@@ -360,7 +360,7 @@ async def _status_of(l3: L3Tier, job: HydrateJob) -> HydrateStatus:
         return await l3.hydrate_status(job)
     except BlobError as exc:
         lost = f"{job.url}: {type(exc).__name__}: {exc}"
-        keys = [ref.key for ref in job.refs]
+        keys: list[str] = [ref.key for ref in job.refs]
         return HydrateStatus(
             job_id=job.job_id or "", state="failed", total=job.total, failed=job.total, errors=[lost], failed_keys=keys
         )

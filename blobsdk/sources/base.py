@@ -13,7 +13,7 @@ BlockReplica: the one reader of L4 is the replicated read engine
 (blobsdk/sources/replicaread.py: the L4 tier's and the L3 node's), which reads each
 replica itself, verifying every copy and failing over between them.
 
-Semantics every backend holds (tests/sources/conformance.py checks them):
+Semantics every backend holds (blobsdk/testing/sources.py checks them):
 
 - ``write_block(block_id, parts)`` stores the concatenation of ``parts`` under ``block_id``
   and returns only once it is durable.  Blocks are immutable: writing an existing id with

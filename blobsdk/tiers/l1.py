@@ -29,7 +29,7 @@ class L1Tier(AsyncResource):
     def peek(self, ref: ChunkRef) -> memoryview | None:
         """A hit without an await (the read path's fast path); a miss is left to fetch."""
         begun = time.perf_counter()
-        data = self.cache.get_nowait(ref.key)
+        data = self.cache.lookup(ref.key)  # a checked plan's ref: its key needs no check
         if data is None:
             return None
         self.stats.hit(len(data), time.perf_counter() - begun)
@@ -42,10 +42,10 @@ class L1Tier(AsyncResource):
         return raw
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:
-        self.cache.put_nowait(ref.key, raw)
+        self.cache.fill(ref.key, raw)
 
     def holds(self, ref: ChunkRef) -> bool:
-        return self.cache.contains(ref.key)
+        return self.cache.holds(ref.key)
 
     async def finds(self, ref: ChunkRef) -> bool:
         """Memory is this process's own: what it holds."""
@@ -53,7 +53,7 @@ class L1Tier(AsyncResource):
 
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """A fill: memory never falls behind."""
-        self.cache.put_nowait(ref.key, raw)
+        self.cache.fill(ref.key, raw)
 
     async def flush(self) -> None:
         """Nothing deferred."""

@@ -12,9 +12,7 @@ import pytest
 
 from blobsdk.cache.disk import DiskCache
 from blobsdk.errors import BadRequest, ClientClosed, Unavailable
-from tests.helpers import stored_files
-
-from .conformance import (
+from blobsdk.testing.cache import (
     HOSTILE_KEYS,
     ChunkCacheTests,
     FakeClock,
@@ -23,6 +21,7 @@ from .conformance import (
     key,
     present,
 )
+from tests.helpers import stored_files
 
 
 class TestDiskCache(ChunkCacheTests):

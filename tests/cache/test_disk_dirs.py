@@ -16,12 +16,11 @@ from blobsdk.cache.disk import DiskCache
 from blobsdk.errors import IncompatibleFormat, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.testing.cache import blob
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.wire import ChunkRef
 from tests.helpers import stored_files
 from tests.writer_process import FIRST, SECOND, WriterProcess
-
-from .conformance import blob
 
 HOUR = 3600.0
 NOTE = "(nothing is followed out of the root)"

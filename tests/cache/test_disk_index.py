@@ -15,8 +15,8 @@ from blobsdk.cache import _diskscan
 from blobsdk.cache._indexfile import read_index
 from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.policy import Entry, Index, TtlPolicy
+from blobsdk.testing.cache import FakeClock, blob, fill, key, present
 
-from .conformance import FakeClock, blob, fill, key, present
 from .test_disk import chunk_file, flip_byte, open_cache
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from blobsdk.cache import _diskreload as disk  # the restart path: its scan and index writes
 from blobsdk.cache._indexfile import write_index
+from blobsdk.testing.cache import blob, fill, key, present
 
-from .conformance import blob, fill, key, present
 from .test_disk import chunk_file, open_cache
 from .test_disk_index import listed
 

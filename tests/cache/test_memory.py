@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from blobsdk.cache import memory
 from blobsdk.cache.memory import MemoryCache
+from blobsdk.chunks.ids import ChunkKey
 from blobsdk.errors import BadRequest
-
-from .conformance import ChunkCacheTests, FakeClock, blob, key
+from blobsdk.testing.cache import ChunkCacheTests, FakeClock, blob, key
 
 
 class TestMemoryCache(ChunkCacheTests):
@@ -67,3 +68,24 @@ async def test_aclose_drops_everything():
     async with MemoryCache(1000) as cache:
         cache.put_nowait(key(1), blob(1))
     assert cache.used_bytes == 0 and cache.get_nowait(key(1)) is None
+
+
+def test_a_fill_that_fits_without_quotas_asks_no_policy(monkeypatch):
+    """The L1 tier's fill of a checked key: no key check and, when the entry fits and no
+    tenant has a quota nor entries a hold period, no eviction plan (the chain would pick no victim); the counters and
+    the LRU order are a put's."""
+    cache = MemoryCache(3 * len(blob(1)))
+
+    def refused(*args, **kwargs):
+        raise AssertionError("asked the policies")
+
+    monkeypatch.setattr(cache._chain, "admit", refused)
+    monkeypatch.setattr(memory, "validate_key", refused)
+    assert cache.fill(ChunkKey(key(1)), blob(1)) and cache.fill(ChunkKey(key(2)), blob(2))
+    assert cache.lookup(ChunkKey(key(1))) == blob(1) and cache.lookup(ChunkKey(key(3))) is None
+    assert cache.holds(ChunkKey(key(2))) and not cache.holds(ChunkKey(key(3)))
+    assert cache.stats()["puts"] == 2 and cache.stats()["hits"] == 1 and cache.stats()["misses"] == 1
+    monkeypatch.undo()
+    assert cache.put_nowait(key(3), blob(3)) and cache.put_nowait(key(4), blob(4))  # evicts key(2), the LRU one
+    assert cache.get_nowait(key(2)) is None and cache.get_nowait(key(1)) == blob(1)
+    assert cache.stats()["lru_evictions"] == 1 and cache.used_bytes == 3 * len(blob(1))

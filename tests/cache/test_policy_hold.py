@@ -13,8 +13,9 @@ import pytest
 from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.cache.policy import Entry, HoldPolicy, Index
+from blobsdk.testing.cache import FakeClock, key
 
-from .conformance import FakeClock, Walked, key
+from .walked import Walked
 
 HOLD = 60.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from blobsdk.cache.policy import Entry, Index, PolicyChain
 
-from .conformance import Walked
+from .walked import Walked
 
 
 def _index(size: int, pinned: int) -> Index:

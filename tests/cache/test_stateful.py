@@ -20,8 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.errors import QuotaExceeded
-
-from .conformance import FakeClock, blob, key
+from blobsdk.testing.cache import FakeClock, blob, key
 
 CAPACITY = 600
 QUOTAS = {"a": 300}

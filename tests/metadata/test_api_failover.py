@@ -19,11 +19,11 @@ from blobsdk.config import ClientConfig, Timeouts
 from blobsdk.errors import BadRequest, Unavailable, Unreachable
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.net.rpc import new_session
+from blobsdk.testing.plans import make_plan
 from blobsdk.wire import CommitOp
 from servers.redisd import start_redis
 
 from ..helpers import server_process
-from .conformance import make_plan
 
 pytestmark = pytest.mark.timeout(120)
 

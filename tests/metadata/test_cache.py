@@ -11,8 +11,9 @@ from blobsdk import Client, auth
 from blobsdk.errors import BlobNotFound, CorruptData
 from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import bad_plan, make_plan, put
 
-from .conformance import MetadataStoreTests, bad_plan, make_plan, put
 from .late import LateAnswers
 from .unchecked import plant_plan
 

@@ -1,7 +1,7 @@
 """A backend of some capabilities: plans in a dict, reading, writing and listing them, with no
 fences and no block index.  It derives only the bases of what it has
 (blobsdk/metadata/backend.py), which make every argument check, and runs only the suites of
-what it has (tests/metadata/conformance.py)."""
+what it has (blobsdk/testing/metadata.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import pytest
 from blobsdk.errors import BlobNotFound
 from blobsdk.metadata.backend import PlanListerBase, PlanReaderBase, PlanWriterBase
 from blobsdk.metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter, check_precondition
+from blobsdk.testing.metadata import PlanListerTests, PlanReaderTests, PlanWriterTests
 from blobsdk.wire import BlobInfo, CommitOp, ReadPlan, WriteKind
-
-from .conformance import PlanListerTests, PlanReaderTests, PlanWriterTests
 
 
 class MemoryPlans(PlanReaderBase, PlanWriterBase, PlanListerBase):

@@ -4,16 +4,18 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from blobsdk.errors import BadRequest, ClientClosed, CorruptData, Unavailable
+from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable
+from blobsdk.metadata import http
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.cache import CachedMetadataStore
 from blobsdk.metadata.http import HttpMetadataStore
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import bad_plan, make_plan, put
 from blobsdk.wire import MAX_PATHS_PER_REQUEST, MSGPACK, CommitOp, CommitResponse, GetPlansResponse, encode
 from servers.api import make_app
 from tests.helpers import running_app
 
-from .conformance import MetadataStoreTests, bad_plan, make_plan, put
 from .unchecked import plant_plan
 
 
@@ -40,6 +42,14 @@ async def test_is_a_metadata_store(session, api_url):
     assert isinstance(HttpMetadataStore(session, api_url), MetadataStore)
 
 
+async def test_with_one_server_a_call_is_that_servers_post(session, api_url):
+    """Nothing of the failover wraps the one server's call (several: tests/metadata/test_api_failover.py)."""
+    store = HttpMetadataStore(session, api_url)
+    assert store.servers.call == store.servers.endpoints[0].post
+    assert await store.get_plans(["/b/x"]) == [None]
+    assert HttpMetadataStore(session, [api_url, api_url]).servers.call != store.servers.endpoints[0].post
+
+
 async def test_get_plans_splits_long_lists(session, api_url):
     store = HttpMetadataStore(session, api_url)
     count = 2 * MAX_PATHS_PER_REQUEST + 500
@@ -48,6 +58,19 @@ async def test_get_plans_splits_long_lists(session, api_url):
     got = await store.get_plans(paths)
     assert [plan is not None for plan in got] == [i % 3 == 0 for i in range(count)]
     assert all(plan.path == path for plan, path in zip(got, paths, strict=True) if plan is not None)
+
+
+async def test_one_plan_is_one_request_with_no_pages_to_gather(session, api_url, monkeypatch):
+    store = HttpMetadataStore(session, api_url)
+    await store.commit("/b/x", make_plan("/b/x"))
+
+    async def refused(calls):
+        raise AssertionError("gathered pages for one path")
+
+    monkeypatch.setattr(http, "_gather", refused)
+    assert (await store.get_plan("/b/x")).path == "/b/x"
+    with pytest.raises(BlobNotFound):
+        await store.get_plan("/b/y")
 
 
 async def test_commit_many_over_the_atomic_limit_is_bad_request(session, api_url):

@@ -17,10 +17,10 @@ from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, 
 from blobsdk.metadata.base import MetadataStore, check_commit_op
 from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.paths import bucket_of
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import make_plan, put, put_all
 from blobsdk.wire import CommitOp
 from servers.redisd import start_redis, start_redis_cluster
-
-from .conformance import MetadataStoreTests, make_plan, put, put_all
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,9 @@ import pytest
 from blobsdk.errors import BadRequest, CorruptData, PreconditionFailed
 from blobsdk.metadata.base import RetryAwareStore
 from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.testing.plans import make_plan
 from blobsdk.wire import CommitOp
 from tests.metadata_backends import redis_cluster_fixture, redis_server_fixture  # noqa: F401
-
-from .conformance import make_plan
 
 
 @pytest.fixture(params=["single", "cluster"])

@@ -13,10 +13,11 @@ import pytest
 
 from blobsdk.errors import Unavailable
 from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import make_plan, put
 from servers.redisd import RedisFailover, RedisServer, start_redis_failover
 
 from ..helpers import until
-from .conformance import MetadataStoreTests, make_plan, put
 
 FAILOVER_BOUND_S = 30.0  # 1 s to call the primary down, an election, a promotion: seconds on a loaded host
 

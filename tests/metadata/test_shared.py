@@ -14,9 +14,10 @@ from blobsdk.errors import CorruptData
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.metadata.shared import SharedPlanCache
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import bad_plan, make_plan, put
 from servers.redisd import start_redis
 
-from .conformance import MetadataStoreTests, bad_plan, make_plan, put
 from .late import LateAnswers
 
 

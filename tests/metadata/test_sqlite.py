@@ -10,9 +10,9 @@ import pytest
 from blobsdk.errors import BlobError, ClientClosed, CorruptData, Unavailable
 from blobsdk.metadata.base import MetadataStore, prefix_end
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.plans import make_plan, put
 from blobsdk.wire import CommitOp
-
-from .conformance import MetadataStoreTests, make_plan, put
 
 
 class TestSqliteMetadataStore(MetadataStoreTests):

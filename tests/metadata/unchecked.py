@@ -9,9 +9,8 @@ from pathlib import Path
 import msgspec
 
 from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.testing.plans import put
 from blobsdk.wire import ReadPlan
-
-from .conformance import put
 
 
 async def plant_plan(db: Path, path: str, plan: ReadPlan) -> None:

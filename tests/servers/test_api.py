@@ -15,6 +15,7 @@ import pytest
 
 from blobsdk.errors import InvalidPath, Unauthorized
 from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.testing.plans import BAD_PLANS, bad_plan, make_plan, put
 from blobsdk.wire import (
     JSON,
     MSGPACK,
@@ -28,7 +29,6 @@ from blobsdk.wire import (
     encode,
 )
 from tests.helpers import ROOT, server_process
-from tests.metadata.conformance import BAD_PLANS, bad_plan, make_plan, put
 
 TOKEN = "s3cret"
 

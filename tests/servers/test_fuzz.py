@@ -53,6 +53,7 @@ from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.net.serving import ServerLimits
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.testing.plans import make_plan
 from blobsdk.wire import JSON, MSGPACK, ChunkRef, CommitOp, CommitRequest, ErrorBody, chunk_query, encode
 from blobsdk.write.writer import encode_chunk
 from servers import api as api_server
@@ -61,7 +62,6 @@ from servers import flash as flash_server
 from servers._common.auth import ServerAuth
 from servers._common.metrics import by_label
 from tests.helpers import Tenancy, running_app
-from tests.metadata.conformance import make_plan
 
 LIMITS = ServerLimits(body_timeout=0.5, header_timeout=2.0)  # a body that never comes costs 0.5 s
 REPLY_TIMEOUT_S = 10.0

@@ -1,7 +1,8 @@
-"""The pytest plugin servers/testing.py as a user's suite uses it: each test writes a small
-test module and runs pytest on it in a subprocess (``pytester``), with the plugin loaded by
-``-p blobsdk_servers.testing`` (the installed name of servers/testing.py) or by its pytest11
-entry point."""
+"""The pytest plugin servers/testing.py, and the conformance suites of blobsdk/testing/, as a
+user's suite uses them: each test writes a small test module and runs pytest on it in a
+subprocess (``pytester``), with the plugin loaded by ``-p blobsdk_servers.testing`` (the
+installed name of servers/testing.py) or by its pytest11 entry point, or a backend's tests
+subclassing the suites from the package, outside this repository's tests/."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import pytest
 
 from servers import cluster, testing
 from tests.helpers import ROOT
+from tests.project.test_examples import clean_env
 from tests.servers.test_cluster import _alive as running
 from tests.servers.test_cluster import _wait_for
-from tests.test_examples import clean_env
 
 pytest_plugins = ["pytester"]
 
@@ -236,19 +237,26 @@ def test_the_entry_point_loads_the_plugin_and_nothing_heavy(user, monkeypatch):
     result.stdout.fnmatch_lines(["*fixture 'blob_sync_client' not found*"])
 
 
-# docs/testing.md's example: each file behind a marker ``<!-- plugin-example: NAME -->``.
-_EXAMPLE = re.compile(r"^<!-- plugin-example: (\S+) -->\n```\w*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# docs/testing.md's examples: each file behind a marker ``<!-- KIND: NAME -->``, KIND
+# ``plugin-example`` (the fixtures) or ``backend-example`` (a backend of one's own and its suites).
+_EXAMPLE = re.compile(r"^<!-- (plugin-example|backend-example): (\S+) -->\n```\w*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def doc_example(kind: str) -> dict[str, str]:
+    """The example project of ``kind``, file name -> text, each taken from the one page that shows it."""
+    shown: dict[str, list[tuple[str, str]]] = {}  # file name -> (page, text) of each copy
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for found, name, text in _EXAMPLE.findall(page.read_text()):
+            if found == kind:
+                shown.setdefault(name, []).append((str(page.relative_to(ROOT)), text))
+    assert all(len(copies) == 1 for copies in shown.values()), "each file of the example is shown once"
+    return {name: copies[0][1] for name, copies in shown.items()}
 
 
 def plugin_example() -> dict[str, str]:
-    """The plugin's example project, file name -> text, each taken from the one page that shows it."""
-    shown: dict[str, list[tuple[str, str]]] = {}  # file name -> (page, text) of each copy
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for name, text in _EXAMPLE.findall(page.read_text()):
-            shown.setdefault(name, []).append((str(page.relative_to(ROOT)), text))
+    shown = doc_example("plugin-example")
     assert sorted(shown) == ["pytest.ini", "test_blobsdk_fixtures.py"], shown
-    assert all(len(copies) == 1 for copies in shown.values()), "each file of the example is shown once"
-    return {name: copies[0][1] for name, copies in shown.items()}
+    return shown
 
 
 def test_the_docs_first_test_file_passes_as_is_in_a_fresh_project(tmp_path):
@@ -270,3 +278,83 @@ def test_the_docs_first_test_file_passes_as_is_in_a_fresh_project(tmp_path):
     assert any(line.startswith("asyncio: mode=Mode.STRICT") for line in lines), out
     assert re.fullmatch(r"=+ 5 passed in [0-9.]+s( \([0-9:]+\))? =+", lines[-1]), out
     assert "warning" not in out.lower(), out
+
+
+# What PlanReaderTests and PlanWriterTests hold, in tests (with their parameters): the number
+# docs/testing.md says the example runs.
+SUITES_TESTS = 71
+
+
+def test_a_backend_written_outside_blobsdk_runs_the_shipped_suites(user):
+    """docs/testing.md's dict store, in a project of its own (outside this repository's tests/),
+    subclasses the suites from the package: every test of theirs runs there and passes, and a
+    store that breaks one rule fails exactly the test of that rule."""
+    example = doc_example("backend-example")
+    assert sorted(example) == ["dictplans.py", "test_dictplans.py"], example
+    for name, text in example.items():
+        (user.path / name).write_text(text)
+    passed = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing")
+    passed.assert_outcomes(passed=SUITES_TESTS)
+    passed.stdout.no_fnmatch_line("*warning*")
+    assert f"passes the suites' {SUITES_TESTS} tests" in (ROOT / "docs" / "testing.md").read_text().replace("\n", " ")
+
+    broken = example["dictplans.py"].replace("versions.get(op.path, 0) + 1", "(current.version if current else 0) + 1")
+    assert broken != example["dictplans.py"]
+    (user.path / "dictplans.py").write_text(broken)  # versions restart after a delete
+    failed = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing", "-rf")
+    failed.assert_outcomes(passed=SUITES_TESTS - 1, failed=1)
+    failed.stdout.fnmatch_lines(["FAILED test_dictplans.py::TestDictPlans::test_version_monotonic_across_delete_and_recreate*"])
+
+
+# Each suite's tests, with their parameters: MetadataStoreTests, BlockReplicaTests, ChunkCacheTests.
+EVERY_SUITE_TESTS = {"TestSqlite": 102, "TestLocal": 32, "TestMemory": 51}
+
+EVERY_SUITE = """
+import pytest_asyncio
+
+from blobsdk.cache.memory import MemoryCache
+from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.sources.local import LocalBlockStore
+from blobsdk.testing.cache import ChunkCacheTests
+from blobsdk.testing.metadata import MetadataStoreTests
+from blobsdk.testing.sources import BlockReplicaTests
+
+
+class TestSqlite(MetadataStoreTests):
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path):
+        async with SqliteMetadataStore(tmp_path / "meta.sqlite") as store:
+            yield store
+
+
+class TestLocal(BlockReplicaTests):
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path):
+        async with LocalBlockStore(tmp_path / "blocks") as store:
+            yield store
+
+
+class TestMemory(ChunkCacheTests):
+    @pytest_asyncio.fixture
+    async def make_cache(self):
+        made = []
+
+        async def make(capacity_bytes, **options):
+            made.append(MemoryCache(capacity_bytes, **options))
+            return made[-1]
+
+        yield make
+        for cache in made:
+            await cache.aclose()
+"""
+
+
+def test_every_shipped_suite_runs_in_a_users_strict_mode_project(user):
+    """Each suite, subclassed outside this repository's tests/ over one of blobsdk's own
+    backends, runs whole in pytest-asyncio's strict mode with warnings as errors: every test of
+    the suite (and none of a suite class alone) is collected and passes."""
+    user.makepyfile(test_backends=EVERY_SUITE)
+    result = user.runpytest_subprocess("-p", "no:blobsdk_servers.testing", "-v")
+    result.assert_outcomes(passed=sum(EVERY_SUITE_TESTS.values()))
+    ran = {cls: sum(f"::{cls}::" in line and " PASSED" in line for line in result.outlines) for cls in EVERY_SUITE_TESTS}
+    assert ran == EVERY_SUITE_TESTS

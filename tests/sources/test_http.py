@@ -13,10 +13,9 @@ from aiohttp import web
 from blobsdk.errors import BlockNotFound, PreconditionFailed, ReplyStalled, Unavailable
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore
+from blobsdk.testing.sources import BlockReplicaTests
 from servers.blockstore import make_app
 from tests.helpers import running_app
-
-from .conformance import BlockReplicaTests
 
 
 @pytest.fixture

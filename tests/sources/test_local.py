@@ -12,8 +12,7 @@ import xxhash
 from blobsdk.errors import BlockNotFound, ClientClosed, PreconditionFailed
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
-
-from .conformance import BlockReplicaTests, listed, payload
+from blobsdk.testing.sources import BlockReplicaTests, listed, payload
 
 
 @pytest.fixture

@@ -17,10 +17,9 @@ from blobsdk.errors import IncompatibleFormat, Unavailable
 from blobsdk.runtime import rootdir as _rootdir
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore
+from blobsdk.testing.sources import listed
 from tests.helpers import stored_files
 from tests.writer_process import FIRST, SECOND, WriterProcess
-
-from .conformance import listed
 
 HOUR = 3600.0
 NOTE = "(nothing is followed out of the root)"

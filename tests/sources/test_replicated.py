@@ -19,11 +19,10 @@ from blobsdk.sources.base import BlockReplica, BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
+from blobsdk.testing.sources import BlockStoreTests, listed
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app
 from tests.helpers import running_app
-
-from .conformance import BlockStoreTests, listed
 
 
 class BlockServers:

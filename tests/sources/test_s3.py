@@ -18,11 +18,10 @@ from blobsdk.net.retry import Backoff
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.tail.limiter import AdaptiveLimiter
+from blobsdk.testing.sources import BlockReplicaTests, MiB, payload
 from servers.s3d import start_s3
 from servers.seaweedd import start_seaweed
 from tests.helpers import S3_STORES, running_app, s3_server
-
-from .conformance import BlockReplicaTests, MiB, payload
 
 
 @pytest.fixture(scope="module", params=S3_STORES)

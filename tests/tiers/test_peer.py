@@ -32,7 +32,7 @@ from servers.cluster import Cluster, start_cluster
 from servers.tracker import TRACKER, make_app
 from servers.tracker_rules import Tracker, TrackerConfig
 from tests.helpers import ROOT, running_app
-from tests.test_trackers import Liar, source
+from tests.peer.test_trackers import Liar, source
 
 CHUNK = 64 << 10
 WRITE = WriteConfig(chunk_size=CHUNK, block_size=1 << 20)
