@@ -25,7 +25,7 @@ from .errors import (
     Unavailable,
     Unreachable,
 )
-from .ops.gc import GcReport
+from .ops import GcReport
 from .sync import SyncClient
 from .wire import BlobInfo, ChunkRef, ReadPlan
 

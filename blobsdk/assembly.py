@@ -28,33 +28,22 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import aiohttp
 
 from ._arguments import wrong
-from .cache.disk import DiskCache
-from .cache.memory import MemoryCache
+from .cache import DiskCache, MemoryCache
 from .config import ClientConfig, L2Config, s3_location
-from .metadata.base import MetadataStore
-from .metadata.cache import CachedMetadataStore
-from .net.limiter import LimiterRegistry
-from .net.rpc import new_session
-from .ops.repair import Repairer
-from .peer.trackers import tracker_servers
-from .read.prefetch import Prefetcher
-from .read.readpath import ReadPath
-from .runtime.buffers import BufferPool
-from .sources.base import BlockStore
-from .sources.replicated import RecordsUnderReplicated
+from .metadata import CachedMetadataStore, MetadataStore
+from .net import LimiterRegistry, new_session
+from .ops import Repairer
+from .peer import tracker_servers
+from .read import Prefetcher, ReadPath
+from .runtime import BufferPool
+from .sources import BlockStore, RecordsUnderReplicated
 from .stats import TIER_NAMES, LatencyHistogram, TierStats
-from .tail.replicaread import ReplicaReader
-from .tiers.base import Tier
-from .tiers.l1 import L1Tier
-from .tiers.l2 import L2Tier
-from .tiers.l3 import L3Tier
-from .tiers.l4 import L4Tier
-from .tiers.peer import PeerTier
-from .write.dedup import KnownChunks
-from .write.writer import Writer
+from .tail import ReplicaReader
+from .tiers import L1Tier, L2Tier, L3Tier, L4Tier, PeerTier, Tier
+from .write import KnownChunks, Writer
 
 if TYPE_CHECKING:
-    from .metadata.shared import SharedPlanCache
+    from .metadata import SharedPlanCache
 
 
 @dataclass(frozen=True)
@@ -95,7 +84,7 @@ class ClusterStores:
         metadata = await stack.enter_async_context(_metadata_store(cfg, session))
         shared = None
         if cfg.read.shared_plan_cache_url is not None:
-            from .metadata.shared import SharedPlanCache
+            from .metadata import SharedPlanCache
 
             shared = SharedPlanCache(
                 metadata, cfg.read.shared_plan_cache_url, ttl_seconds=cfg.read.shared_plan_cache_ttl_seconds, token=cfg.token
@@ -108,10 +97,10 @@ class ClusterStores:
 def _metadata_store(cfg: ClientConfig, session: aiohttp.ClientSession) -> Any:
     """The metadata store ``cfg`` names, to enter (an async context manager)."""
     if cfg.metadata_url is not None:
-        from .metadata.redis import RedisMetadataStore
+        from .metadata import RedisMetadataStore
 
         return RedisMetadataStore(cfg.metadata_url)
-    from .metadata.http import HttpMetadataStore
+    from .metadata import HttpMetadataStore
 
     assert cfg.api_servers
     return HttpMetadataStore(session, cfg.api_servers, cfg.token, timeouts=cfg.timeouts)
@@ -120,14 +109,13 @@ def _metadata_store(cfg: ClientConfig, session: aiohttp.ClientSession) -> Any:
 def _block_store(cfg: ClientConfig, session: aiohttp.ClientSession, limiters: LimiterRegistry) -> Any:
     """The L4 store ``cfg`` names, to enter (an async context manager)."""
     if cfg.source_url is not None:
-        from .sources.s3 import S3BlockStore
+        from .sources import S3BlockStore
 
         bucket, prefix = s3_location(cfg.source_url)
         s3 = cfg.s3
         limiter, stall_s = limiters.get(cfg.source_url, by_latency=False), cfg.timeouts.stall
         return S3BlockStore(bucket, prefix, config=s3.options(), allow_http=s3.allow_http, stall_s=stall_s, limiter=limiter)
-    from .sources.http import HttpBlockStore
-    from .sources.replicated import ReplicatedBlockStore
+    from .sources import HttpBlockStore, ReplicatedBlockStore
 
     stall_s = cfg.timeouts.stall
     replicas = [HttpBlockStore(session, url, cfg.token, limiter=limiters.get(url), stall_s=stall_s) for url in cfg.block_urls]
@@ -143,8 +131,8 @@ class LocalStores:
         self.root = Path(root)
 
     async def open(self, stack: AsyncExitStack) -> Backends:
-        from .metadata.sqlite import SqliteMetadataStore
-        from .sources.local import LocalBlockStore
+        from .metadata import SqliteMetadataStore
+        from .sources import LocalBlockStore
 
         await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
         metadata = await stack.enter_async_context(SqliteMetadataStore(self.root / "meta.sqlite"))

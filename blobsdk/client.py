@@ -31,24 +31,18 @@ from ._numbers import integer, positive
 from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import BadRequest, BlobNotFound, ClientClosed, Forbidden
-from .metadata.base import MetadataStore
+from .metadata import MetadataStore
+from .ops import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .ops import gc as gc_module
 from .ops import repair as repair_module
-from .ops.index import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
 from .paths import listing_prefix, validate_path, validate_writable
+from .read import READAHEAD_BYTES, READAHEAD_DEPTH, Prefetch, check_offset, writable_bytes
 from .read import readahead as readahead_module
-from .read.into import writable_bytes
-from .read.prefetch import Prefetch
-from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
-from .read.readpath import check_offset
-from .runtime.forksafe import Executor
-from .runtime.resource import AsyncResource
-from .sources.base import BlockStore, Buffer
+from .runtime import AsyncResource, Executor
+from .sources import BlockStore, Buffer
 from .stats import LatencyHistogram
 from .wire import BlobInfo, ReadPlan
-from .write.checkpoint import Checkpoints
-from .write.stage import REWRITE_AT
-from .write.writer import Progress
+from .write import REWRITE_AT, Checkpoints, Progress
 
 T = TypeVar("T")
 Item = tuple[str, Buffer]

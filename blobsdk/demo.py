@@ -31,7 +31,7 @@ import xxhash
 
 from .client import Client
 from .config import L2Config
-from .runtime.progress import ProgressLine
+from .runtime import ProgressLine
 
 KiB, MiB = 1 << 10, 1 << 20
 MIN_SAMPLE, MAX_SAMPLE = 64 * KiB, 1 * MiB

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from .errors import MissingExtra
-from .integrations.dliofiles import CheckpointStates, DlioSettings, Lookahead, SampleFiles, dlio_order, worker_batches
+from .integrations import CheckpointStates, DlioSettings, Lookahead, SampleFiles, dlio_order, worker_batches
 
 try:
     import torch

@@ -73,7 +73,7 @@ from typing import Any, cast
 from ._arguments import check_number, wrong
 from ._extras import requires_extra
 from ._numbers import integer
-from .runtime.resource import AsyncResource
+from .runtime import AsyncResource
 
 with requires_extra("fsspec", __name__):
     from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
@@ -82,12 +82,26 @@ with requires_extra("fsspec", __name__):
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
-from .integrations.fsclient import ClientSlot, client_factory
-from .integrations.fsfiles import BlobFile, BlobWriteFile, Entry, LocalFile, Pin, Spool, read_local_file
-from .integrations.fsnames import blob_path, dir_entry, dir_prefix, file_entry, parents, writable_path
+from .integrations import (
+    BlobFile,
+    BlobWriteFile,
+    ClientSlot,
+    Entry,
+    LocalFile,
+    Pin,
+    Spool,
+    blob_path,
+    client_factory,
+    dir_entry,
+    dir_prefix,
+    file_entry,
+    parents,
+    read_local_file,
+    writable_path,
+)
 from .paths import is_reserved, refuse_reserved
-from .runtime.here import Held
-from .sources.base import Buffer
+from .runtime import Held
+from .sources import Buffer
 from .wire import BlobInfo
 
 __all__ = ("BlobFile", "BlobFileSystem", "BlobWriteFile")

@@ -38,10 +38,9 @@ from ._arguments import check_paths, wrong
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobError, ClientClosed, NotForkSafe
-from .read.prefetch import Prefetch, PrefetchProgress
-from .runtime.forksafe import LoopThread
-from .runtime.here import Held
-from .write.checkpoint import Checkpoints, Pending
+from .read import Prefetch, PrefetchProgress
+from .runtime import Held, LoopThread
+from .write import Checkpoints, Pending
 
 P = ParamSpec("P")
 R = TypeVar("R")

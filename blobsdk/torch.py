@@ -119,32 +119,39 @@ with requires_extra("torch", __name__):
 from .config import ClientConfig, L1Config, L2Config, ReadConfig
 from .dcp import BlobStorageReader as BlobStorageReader  # PyTorch Distributed Checkpoint storage, re-exported
 from .dcp import BlobStorageWriter as BlobStorageWriter
-from .integrations import elastic
-from .integrations.datastate import DataState as DataState  # the data state of a DCP save or a checkpoint
-from .integrations.datastate import states_of as states_of  # the states a StatefulDataLoader saved
-from .integrations.elastic import gather_states as gather_states  # every rank's states, through torch.distributed
-from .integrations.mapstyle import BlobBatchDataset as BlobBatchDataset  # the map-style datasets, and their sampler
-from .integrations.mapstyle import BlobDataset as BlobDataset
-from .integrations.mapstyle import BlobSampler as BlobSampler
-from .integrations.mapstyle import SampleBatch as SampleBatch
-from .integrations.mapstyle import collate_batch as collate_batch
-from .integrations.order import Position, Sharding, check_epoch, fingerprint, resolve_paths, resolve_rank
-from .integrations.reading import (
+from .integrations import (
     Ahead,
+    ClosedOnExit,
+    ConfigLike,
     Iteration,
+    Position,
+    ProcessClient,
     Reading,
+    Sharding,
+    Store,
     Transform,
     WindowPrefetch,
+    check_epoch,
     check_transform,
     current_worker,
+    elastic,
+    fingerprint,
     publish,
     readahead,
+    resolve_paths,
+    resolve_rank,
     worker_stats,
 )
-from .integrations.stores import ClosedOnExit, ConfigLike, ProcessClient, Store
-from .read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
-from .runtime.here import Held
-from .runtime.workerstats import WorkerStats
+from .integrations import BlobBatchDataset as BlobBatchDataset  # the map-style datasets, and their sampler
+from .integrations import BlobDataset as BlobDataset
+from .integrations import BlobSampler as BlobSampler
+from .integrations import DataState as DataState  # the data state of a DCP save or a checkpoint
+from .integrations import SampleBatch as SampleBatch
+from .integrations import collate_batch as collate_batch
+from .integrations import gather_states as gather_states  # every rank's states, through torch.distributed
+from .integrations import states_of as states_of  # the states a StatefulDataLoader saved
+from .read import READAHEAD_BYTES, READAHEAD_DEPTH
+from .runtime import Held, WorkerStats
 from .sync import SyncClient, SyncReadahead
 
 # Imported here, in the process that builds the dataset, not first in a forked DataLoader

@@ -40,11 +40,11 @@ import msgspec
 from aiohttp import web
 
 from blobsdk.auth import GRANT_TTL_S, Claims
-from blobsdk.chunks.ids import validate_hex32
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.chunks import validate_hex32
+from blobsdk.cli import ArgumentParser
 from blobsdk.errors import BadRequest, BlobError, Forbidden
-from blobsdk.metadata.base import MetadataStore, RetryAwareStore
-from blobsdk.net.serving import limits_of_args
+from blobsdk.metadata import MetadataStore, RetryAwareStore
+from blobsdk.net import limits_of_args
 from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
     MAX_OPS_PER_REQUEST,

@@ -37,11 +37,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from blobsdk.chunks.ids import validate_block_id
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 from blobsdk.errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
-from blobsdk.net.serving import limits_of_args
-from blobsdk.sources.local import BlockWriter, LocalBlockStore
+from blobsdk.net import limits_of_args
+from blobsdk.sources import BlockWriter, LocalBlockStore, validate_block_id
 from blobsdk.wire import MAX_LIST_BLOCKS, ListBlocksResponse
 
 from ._common import prog

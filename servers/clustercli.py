@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 from blobsdk.config import check_redis_url, s3_location
 
 from ._common import prog

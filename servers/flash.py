@@ -64,19 +64,14 @@ from functools import partial
 
 from aiohttp import web
 
-from blobsdk.cache.base import validate_key
-from blobsdk.cache.disk import DiskCache
-from blobsdk.chunks.codec import ChunkDecoder
+from blobsdk.cache import DiskCache, validate_key
+from blobsdk.chunks import ChunkDecoder
 from blobsdk.config import Timeouts, s3_location
 from blobsdk.errors import BadCopy, BadRequest, BadUpload, InsufficientStorage, QuotaExceeded
-from blobsdk.net.limiter import LimiterRegistry
-from blobsdk.net.rpc import new_session
-from blobsdk.net.serving import limits_of_args, progress_every
-from blobsdk.runtime.singleflight import SingleFlight
-from blobsdk.sources.base import BlockStore, Buffer
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tail.replicaread import ReplicaReader
+from blobsdk.net import LimiterRegistry, limits_of_args, new_session, progress_every
+from blobsdk.runtime import SingleFlight
+from blobsdk.sources import BlockStore, Buffer, HttpBlockStore, ReplicatedBlockStore
+from blobsdk.tail import ReplicaReader
 from blobsdk.wire import CACHE_HEADER, ChunkRef, ref_from_query
 
 from ._common.admission import TenantGate, install_gate, stepped_out
@@ -154,7 +149,7 @@ class FlashNode:
     async def _open_blocks(self, stack: AsyncExitStack) -> BlockStore:
         limiters = self._limiters
         if self.config.source_url is not None:
-            from blobsdk.sources.s3 import S3BlockStore
+            from blobsdk.sources import S3BlockStore
 
             bucket, prefix = s3_location(self.config.source_url)
             s3 = self.config.s3

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 from blobsdk.config import S3Config
 
 from ._common import prog

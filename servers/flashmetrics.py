@@ -6,8 +6,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Protocol
 
-from blobsdk.cache.disk import DiskCache
-from blobsdk.tail.replicaread import ReplicaReader
+from blobsdk.cache import DiskCache
+from blobsdk.tail import ReplicaReader
 
 from ._common.metrics import ServerMetrics
 from .flashreports import BadCopyReports

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import cachetools
 
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache import DiskCache
 from blobsdk.errors import Overloaded
-from blobsdk.runtime.singleflight import SingleFlight
+from blobsdk.runtime import SingleFlight
 
 from ._common.admission import TenantBuckets
 from .flashconfig import FlashConfig

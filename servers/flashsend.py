@@ -37,8 +37,8 @@ import os
 
 from aiohttp import web
 
-from blobsdk.cache.disk import DiskCache, PayloadFile
-from blobsdk.net.serving import end_connection, sent_past_writer
+from blobsdk.cache import DiskCache, PayloadFile
+from blobsdk.net import end_connection, sent_past_writer
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 
 from ._common.faults import writes_wrapped

@@ -52,7 +52,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 
 from ._common import prog
 from ._common.hdd import Disk, StripedDisks, Transfer

@@ -38,7 +38,7 @@ import msgspec
 import xxhash
 
 import blobsdk
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 from blobsdk.config import ClientConfig, L2Config
 
 from ._common import netns, prog

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 
 from ._common import prog
 from ._common.stopsignals import stop_signals

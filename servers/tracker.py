@@ -59,9 +59,9 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from blobsdk.cli.parser import ArgumentParser
+from blobsdk.cli import ArgumentParser
 from blobsdk.errors import BadRequest
-from blobsdk.net.serving import limits_of_args
+from blobsdk.net import limits_of_args
 from blobsdk.wire import TRACKER_MAX_KEYS, AnnounceRequest, LocateRequest, PeerHello, ReportRequest, validate_ref
 
 from ._common import prog

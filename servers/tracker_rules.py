@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import msgspec
 
 from blobsdk.auth import TICKET_TTL_S, ServeKey
-from blobsdk.chunks.ids import validate_hex32
+from blobsdk.chunks import validate_hex32
 from blobsdk.errors import BadRequest, Forbidden, Overloaded, PeerNotFound
-from blobsdk.net.serving import check_positive_fields
+from blobsdk.net import check_positive_fields
 from blobsdk.wire import (
     TRACKER_MAX_KEYS,
     AnnounceRequest,

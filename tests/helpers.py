@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import web
 
 from blobsdk.auth import GRANT_HEADER, Keyring, new_claims
-from blobsdk.net.serving import ServerLimits, serving
+from blobsdk.net.serving import ServerLimits, listening
 from blobsdk.wire import ChunkRef
 from servers._common.auth import ServerAuth
 from servers.s3d import S3Server, start_s3
@@ -62,7 +62,7 @@ secret_access_key = "test"
 async def running_app(app: web.Application, limits: ServerLimits | None = None) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1:0 in this loop, as ``serve`` does (with ``limits``); yield
     its base URL."""
-    async with serving(app, "127.0.0.1", 0, limits) as port:
+    async with listening(app, "127.0.0.1", 0, limits) as port:
         yield f"http://127.0.0.1:{port}"
 
 

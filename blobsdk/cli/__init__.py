@@ -126,4 +126,4 @@ def _fail(exc: BaseException, code: int) -> int:
     return code
 
 
-__all__ = ["MMAP_THRESHOLD", "NO_STORE", "build_parser", "main", "open_client"]
+__all__ = ["MMAP_THRESHOLD", "NO_STORE", "ArgumentParser", "build_parser", "main", "open_client"]

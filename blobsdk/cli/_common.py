@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from ..client import Client
-from ..sources.base import Buffer
+from ..sources import Buffer
 
 Command = Callable[[Client, argparse.Namespace], Awaitable[int]]
 Offline = Callable[[argparse.Namespace], int]  # a command that needs no store

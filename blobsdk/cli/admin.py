@@ -18,8 +18,8 @@ from tqdm import tqdm
 from ..client import Client
 from ..config import L2Config
 from ..errors import BlobError, Unavailable
-from ..read.prefetch import PrefetchProgress
-from ..runtime.progress import ProgressLine
+from ..read import PrefetchProgress
+from ..runtime import ProgressLine
 from ._common import UsageError, iso, non_negative, print_json, print_pretty, seconds
 
 PROGRESS_S = 0.2  # how often the prefetch progress bar is redrawn

@@ -13,10 +13,10 @@ from pathlib import Path, PurePosixPath
 
 from ..client import Client
 from ..errors import InvalidPath
-from ..ops.index import IndexProgress
+from ..ops import IndexProgress
 from ..paths import refuse_reserved, validate_prefix, validate_writable
-from ..runtime.progress import ProgressLine
-from ..sources.base import Buffer
+from ..runtime import ProgressLine
+from ..sources import Buffer
 from ._common import Command, UsageError, iso, non_negative, print_json, print_pretty, write_stdout
 from .outfile import write_out
 

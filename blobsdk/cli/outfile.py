@@ -20,7 +20,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from ..sources.base import Buffer
+from ..sources import Buffer
 
 
 def write_out(out: Path, data: Buffer) -> None:

@@ -186,7 +186,7 @@ class CheckpointStates:
         its tensors."""
         from torch.distributed.checkpoint.state_dict_saver import save
 
-        from ..dcp import BlobStorageWriter
+        from .dcpstorage import BlobStorageWriter
 
         store = self.settings.store
         with BlobStorageWriter(store.config, self.prefix(name), local=store.local) as writer, _alone():
@@ -198,7 +198,7 @@ class CheckpointStates:
         bytes of its tensors."""
         from torch.distributed.checkpoint.state_dict_loader import load
 
-        from ..dcp import BlobStorageReader
+        from .dcpstorage import BlobStorageReader
 
         store = self.settings.store
         with BlobStorageReader(store.config, self.prefix(name), local=store.local) as reader, _alone():

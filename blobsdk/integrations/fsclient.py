@@ -15,7 +15,7 @@ from pathlib import Path
 from ..assembly import LocalStores
 from ..client import Client
 from ..config import ClientConfig
-from ..runtime.here import Held, running_loop
+from ..runtime import Held, running_loop
 
 logger = logging.getLogger("blobsdk.fsspec")
 

@@ -19,7 +19,7 @@ with requires_extra("fsspec", "blobsdk.fsspec"):
     from fsspec.asyn import sync  # type: ignore[import-untyped]
     from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped]
 
-from ..sources.base import Buffer
+from ..sources import Buffer
 from ..wire import BlobInfo
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ with requires_extra("torch", "blobsdk.torch"):
 
 from .._arguments import wrong
 from ..config import ClientConfig, L1Config, L2Config, ReadConfig
-from ..read.readahead import READAHEAD_BYTES, READAHEAD_DEPTH
-from ..runtime.workerstats import WorkerStats
+from ..read import READAHEAD_BYTES, READAHEAD_DEPTH
+from ..runtime import WorkerStats
 from . import elastic
 from .order import Position, Sharding, check_epoch, check_identity, fingerprint, resolve_paths, resolve_rank
 from .reading import Reading, Transform, check_transform, publish, readahead, worker_stats

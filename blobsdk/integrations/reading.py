@@ -15,7 +15,7 @@ from .._extras import requires_extra
 with requires_extra("torch", "blobsdk.torch"):
     from torch.utils.data import get_worker_info
 
-from ..runtime.workerstats import WorkerStats, counters_of, total
+from ..runtime import WorkerStats, counters_of, total
 from ..sync import SyncClient, SyncPrefetch, SyncReadahead
 from .order import Position, is_int
 from .stores import PREFETCH_TIERS, ClosedOnExit, ProcessClient, Store

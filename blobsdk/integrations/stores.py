@@ -11,7 +11,7 @@ from typing import Self
 
 from .._arguments import wrong
 from ..config import ClientConfig
-from ..runtime.here import Held
+from ..runtime import Held
 from ..sync import SyncClient
 
 ConfigLike = ClientConfig | str | os.PathLike[str]

@@ -369,7 +369,7 @@ class BoundedSite(web.BaseSite):
 
 
 @asynccontextmanager
-async def serving(app: web.Application, host: str, port: int, limits: ServerLimits | None = None) -> AsyncIterator[int]:
+async def listening(app: web.Application, host: str, port: int, limits: ServerLimits | None = None) -> AsyncIterator[int]:
     """Serve ``app`` on ``host:port`` (0: a free port) with ``limits``; yield the bound port.
 
     A handler whose client goes away is cancelled (aiohttp's default lets it run on): a GET

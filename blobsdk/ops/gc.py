@@ -46,9 +46,9 @@ from typing import Protocol, TypeVar
 import msgspec
 
 from ..errors import BadRequest, BlobError, BlobNotFound, PreconditionFailed
-from ..metadata.base import MAX_FENCE_IDS, BlockFences, PlanLister, PlanWriter
+from ..metadata import MAX_FENCE_IDS, BlockFences, PlanLister, PlanWriter
 from ..paths import is_index_entry, is_reserved
-from ..sources.base import BlockStore, block_time
+from ..sources import BlockStore, block_time
 from ..wire import ReadPlan
 
 T = TypeVar("T")

@@ -60,15 +60,15 @@ import xxhash
 
 from ..config import s3_location
 from ..errors import BadRequest, BlobError, CorruptData, InvalidPath, PreconditionFailed
-from ..metadata.base import PlanLister, PlanReader, PlanWriter
+from ..metadata import PlanLister, PlanReader, PlanWriter
 from ..paths import validate_prefix, validate_writable
-from ..runtime.tasks import task_group
-from ..sources.base import BlockStore, block_time, is_link, links_to
+from ..runtime import task_group
+from ..sources import BlockStore, block_time, is_link, links_to
 from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
-from ..write.writer import MAX_BATCH, Writer
+from ..write import MAX_BATCH, Writer
 
 if TYPE_CHECKING:  # the s3 extra (obstore) is needed only to index
-    from ..sources.s3 import S3BlockStore, S3Object
+    from ..sources import S3BlockStore, S3Object
 
 COMMIT_EVERY_S = 2.0  # the longest an indexed object waits for its commit
 COMMIT_TRIES = 3  # a batch refused because some of its blobs were written meanwhile is tried again without them
@@ -280,7 +280,7 @@ async def index_s3(
 def s3_source(blocks: BlockStore) -> S3BlockStore:
     """``blocks`` if it is an S3 store (the only kind that can index in place), else BadRequest."""
     try:
-        from ..sources.s3 import S3BlockStore
+        from ..sources import S3BlockStore
     except ImportError:
         pass  # no s3 extra installed: this L4 is not S3
     else:

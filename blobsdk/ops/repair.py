@@ -63,14 +63,12 @@ from typing import Protocol
 
 import msgspec
 
-from ..chunks.codec import decode_chunk
+from ..chunks import decode_chunk
 from ..config import RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, CorruptData
-from ..metadata.base import MAX_FENCE_IDS, BlockIndex, PlanLister
-from ..runtime.resource import AsyncResource
-from ..runtime.tasks import task_group
-from ..sources.base import BlockReplica, BlockStore, block_time
-from ..sources.replicated import UnderReplicated
+from ..metadata import MAX_FENCE_IDS, BlockIndex, PlanLister
+from ..runtime import AsyncResource, task_group
+from ..sources import BlockReplica, BlockStore, UnderReplicated, block_time
 from ..wire import ChunkRef, ReadPlan
 
 Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)

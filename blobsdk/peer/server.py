@@ -42,7 +42,7 @@ from aiohttp import web
 from ..auth import TICKET_HEADER, ServeKey
 from ..config import PeerConfig
 from ..errors import BadRequest, BlobError, BlobNotFound, PeerBusy, Unavailable
-from ..net.serving import end_connection, progress_every, serving
+from ..net import end_connection, listening, progress_every
 from ..wire import MSGPACK, ChunkRef, ErrorBody, ref_from_query
 
 Lookup = Callable[[ChunkRef], Awaitable[memoryview | None]]
@@ -72,7 +72,7 @@ class PeerServer:
         app.router.add_get("/healthz", _healthz, allow_head=False)
         stack = AsyncExitStack()
         try:
-            port = await stack.enter_async_context(serving(app, self._config.host, self._config.port))
+            port = await stack.enter_async_context(listening(app, self._config.host, self._config.port))
         except OSError as exc:
             raise Unavailable(f"[peer] cannot listen on {self._config.host}:{self._config.port}: {exc.strerror or exc}") from exc
         self._stack = stack

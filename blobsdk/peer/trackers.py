@@ -57,13 +57,11 @@ import aiohttp
 import msgspec
 
 from ..auth import ServeKey
-from ..chunks.ids import is_hex32
-from ..chunks.placement import rank
+from ..chunks import is_hex32, rank
 from ..errors import BlobError, PeerNotFound, Unavailable
-from ..net.rpc import HttpEndpoint
-from ..net.unreachable import TRACKER
-from ..runtime.resource import AsyncResource
-from ..tail.health import Reason, TargetHealth
+from ..net import TRACKER, HttpEndpoint
+from ..runtime import AsyncResource
+from ..tail import Reason, TargetHealth
 from ..wire import (
     MAX_BODY_BYTES,
     TRACKER_MAX_KEYS,

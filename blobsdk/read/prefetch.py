@@ -43,9 +43,9 @@ from typing import Literal, Protocol
 from .._arguments import check_number
 from .._numbers import non_negative
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
-from ..metadata.base import PlanLister, PlanReader
+from ..metadata import PlanLister, PlanReader
 from ..paths import bucket_of, validate_path, validate_prefix
-from ..tiers.l3 import HydrateJob, L3Tier
+from ..tiers import HydrateJob, L3Tier
 from ..wire import ChunkRef, HydrateStatus, ReadPlan
 from .readpath import ReadPath
 

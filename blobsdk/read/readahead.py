@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Itera
 from dataclasses import dataclass
 
 from ..errors import BadRequest, BlobError, BlobNotFound
-from ..metadata.base import PlanReader
+from ..metadata import PlanReader
 from ..paths import validate_path
 from ..wire import ReadPlan
 

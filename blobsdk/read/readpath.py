@@ -23,7 +23,7 @@ A one-off read's whole uncompressed chunks need no buffer at all when the tier i
 fetch from is L4 with a lone replica (:class:`~blobsdk.tiers.base.DirectTier`): they are read
 straight into the caller's memory (into each of its windows, for a chunk that straddles the
 caller's buffers) and verified there.  They go in groups, a block's chunks in the order of
-their offsets (``_start_groups``, with :mod:`blobsdk.read.groups`): on the local store one
+their offsets (``_start_groups``, with :mod:`blobsdk.read._groups`): on the local store one
 request, one open and one ``preadv`` per run of nearby chunks, each chunk verified on the
 thread that read it, so a chunk costs µs, not a task, a hedged attempt and two thread hops.
 A replica that reads no spans (a block server, S3) gets them one at a time (``_direct``).
@@ -56,15 +56,12 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from ..chunks.call import Demand, Priority
-from ..chunks.codec import ChunkDecoder, verify_windows
+from ..chunks import ChunkDecoder, Demand, Piece, Priority, verify_windows
 from ..errors import BadRequest, Unavailable
-from ..runtime.buffers import BufferPool, uninitialized
-from ..runtime.singleflight import SingleFlight
-from ..runtime.tasks import task_group
-from ..tiers.base import DirectTier, Piece, Tier
+from ..runtime import BufferPool, SingleFlight, task_group, uninitialized
+from ..tiers import DirectTier, Tier
 from ..wire import ChunkRef, ReadPlan
-from .groups import Filling, Job, chunks_of, copy_into, direct_kind, starts_of
+from ._groups import Filling, Job, chunks_of, copy_into, direct_kind, starts_of
 
 
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:

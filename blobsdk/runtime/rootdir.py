@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..chunks.ids import is_hex32
+from ..chunks import is_hex32
 from ..errors import IncompatibleFormat
 
 TMP_SUFFIX = ".tmp"

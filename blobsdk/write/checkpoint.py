@@ -88,10 +88,10 @@ from .._arguments import check_callable, check_flag, check_number, check_str, wr
 from .._extras import requires_extra
 from .._numbers import integer, positive
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
-from ..metadata.base import PlanLister, PlanReader, PlanWriter
+from ..metadata import PlanLister, PlanReader, PlanWriter
 from ..paths import validate_writable
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
-from .compare import Base
+from ._compare import Base
 from .dedup import ChunkIndex, KnownChunks
 from .leaves import Stamp, flatten
 from .manifest import Entry, Manifest, Part

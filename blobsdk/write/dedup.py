@@ -52,7 +52,7 @@ from typing import Protocol
 import xxhash
 
 from ..errors import BlobError, BlockCollected
-from ..metadata.base import PlanReader, PlanWriter
+from ..metadata import PlanReader, PlanWriter
 from ..paths import INDEX_DIR, bucket_of
 from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan
 from .writer import plan_of

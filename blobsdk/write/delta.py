@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..sources.base import Buffer
+from ..sources import Buffer
 
 Run = tuple[int, int]  # [start, end) bytes of a chunk
 

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Sequence
 
 from ..errors import CorruptData
-from ..sources.base import Buffer
+from ..sources import Buffer
 
 Run = tuple[int, int]  # [start, end) bytes of a chunk
 

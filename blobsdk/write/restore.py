@@ -41,8 +41,7 @@ import xxhash
 
 from .._extras import requires_extra
 from ..errors import BadRequest, CorruptData
-from ..runtime.buffers import fresh_buffer
-from ..runtime.tasks import task_group
+from ..runtime import fresh_buffer, task_group
 from ..wire import ChunkRef, ReadPlan
 from . import patch
 from .leaves import put, value_of

@@ -33,7 +33,7 @@ import xxhash
 
 from ..wire import ChunkRef
 from . import patch
-from .compare import Base
+from ._compare import Base
 from .dedup import ChunkIndex
 from .delta import Run, changed_runs
 from .leaves import Leaf, Stamp

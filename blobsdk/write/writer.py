@@ -28,10 +28,10 @@ import xxhash
 from .._arguments import check_bytes_like, check_pair
 from ..config import Compression, WriteConfig, check_write_config
 from ..errors import BlockCollected, Unavailable
-from ..metadata.base import PlanWriter
+from ..metadata import PlanWriter
 from ..paths import validate_writable
-from ..runtime.tasks import task_group
-from ..sources.base import BlockStore, Buffer, block_time, new_block_id
+from ..runtime import task_group
+from ..sources import BlockStore, Buffer, block_time, new_block_id
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of
 
 _SAMPLE = 64 << 10  # bytes compressed first to decide whether a chunk is worth compressing

@@ -17,7 +17,7 @@ from aiohttp.typedefs import Middleware
 
 from blobsdk.auth import CLOCK_SKEW_S, Keyring
 from blobsdk.errors import BadRequest, BlobError, PayloadTooLarge, UnsupportedEncoding
-from blobsdk.net.serving import ServerLimits, progress_every, serving
+from blobsdk.net import ServerLimits, listening, progress_every
 from blobsdk.wire import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -310,7 +310,7 @@ def serve(app: web.Application, host: str, port: int, port_file: Path | None = N
 
 
 async def _serve(app: web.Application, host: str, port: int, port_file: Path | None, limits: ServerLimits | None = None) -> None:
-    async with serving(app, host, port, limits) as bound:
+    async with listening(app, host, port, limits) as bound:
         freeze_startup_heap()
         _announce(host, bound, port_file)
         await _until_signalled()

@@ -136,7 +136,7 @@ class ServerMetrics:
         except web.HTTPException as exc:
             status = exc.status
             raise
-        except asyncio.CancelledError:  # the client went away first (serving() cancels)
+        except asyncio.CancelledError:  # the client went away first (listening() cancels)
             status = CLIENT_CLOSED
             raise
         finally:

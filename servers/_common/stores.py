@@ -11,18 +11,17 @@ from typing import TYPE_CHECKING
 from blobsdk.config import S3Config
 
 if TYPE_CHECKING:
-    from blobsdk.metadata.redis import RedisMetadataStore
-    from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.metadata import RedisMetadataStore, SqliteMetadataStore
 
 
 def metadata_store_of(location: str) -> RedisMetadataStore | SqliteMetadataStore:
     """A Redis store for a URL (``redis://``, ``rediss://``, ``redis+sentinel://``: ValueError
     for another scheme), else SQLite in that file."""
     if "://" in location:
-        from blobsdk.metadata.redis import RedisMetadataStore
+        from blobsdk.metadata import RedisMetadataStore
 
         return RedisMetadataStore(location)
-    from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.metadata import SqliteMetadataStore
 
     return SqliteMetadataStore(location)
 

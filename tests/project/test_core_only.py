@@ -67,6 +67,33 @@ def test_the_demo_runs_without_the_extras(tmp_path):
     assert "OK: every byte verified" in done.stdout
 
 
+# Every role package's face (blobsdk/*/__init__.py): importing one loads no extra, and each
+# is imported first, in a process of its own, with blobsdk's own face left out (an empty
+# package in its place): a face runs before any module of its package, so a loop between
+# faces shows only in the order they are met, and blobsdk's face would fix that order.
+FACES = tuple(
+    f"blobsdk.{p.parent.name}" for p in sorted((ROOT / "blobsdk").glob("*/__init__.py")) if not p.parent.name.startswith("_")
+)
+
+
+_NO_TOP_FACE = f"""
+import types
+top = types.ModuleType("blobsdk")
+top.__path__ = [{str(ROOT / "blobsdk")!r}]
+sys.modules["blobsdk"] = top
+"""
+
+
+def test_every_face_imports_first_and_without_the_extras():
+    assert len(FACES) >= 14 and "blobsdk.sources" in FACES
+    failed = {}
+    for face in ("blobsdk.wire", *FACES):
+        done = _run(f"{_NO_TOP_FACE}import {face}\nprint('ok')")
+        if done.returncode != 0 or done.stdout != "ok\n":
+            failed[face] = done.stderr.strip().splitlines()[-1:]
+    assert not failed, failed
+
+
 # Each module that imports an extra's packages: its extra (pyproject.toml) and the package it
 # imports first.
 NEEDS_AN_EXTRA = {

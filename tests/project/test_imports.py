@@ -16,6 +16,7 @@ already in ``sys.modules`` by the time their submodules import anything.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "blobsdk._redisurl",
         "blobsdk._version",
         "blobsdk._extras",
+        "blobsdk._lazy",
         "blobsdk.chunks.ids",
     ),
     # what travels: the wire structs, the blob path rules, the base of every config struct
@@ -293,11 +295,41 @@ def test_no_import_cycles_typing_only_imports_included():
     assert not cycles, "import cycles:\n" + "\n".join(describe(c) for c in cycles)
 
 
+# Python runs a package's face (its ``__init__.py``) before any module in it, and a face
+# imports its modules: so two role packages whose modules import each other's, in either
+# direction and by any import (a lazy one too), load each other's faces half-made, whatever
+# their modules do.  Between roles the graph is a tree of faces: one loop only, documented
+# (docs/architecture.md): wire checks ids with chunks/ids.py, which imports only errors, and
+# the chunks face loads its other modules lazily so that wire can.
+ROLE_LOOPS_ALLOWED = [{"blobsdk.wire", "blobsdk.chunks"}]
+
+
+def role_of(module: str) -> str:
+    """The role a module belongs to: its package under blobsdk/ (``blobsdk.cache`` for
+    ``blobsdk.cache.disk``), else the module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def role_edges(edges: Iterable[Edge]) -> list[Edge]:
+    """The imports between two roles, each as an edge from role to role."""
+    return [
+        Edge(role_of(e.source), role_of(e.target), e.where, e.typing_only)
+        for e in edges
+        if role_of(e.source) != role_of(e.target)
+    ]
+
+
+def test_no_import_loops_between_roles():
+    edges = [e for e in import_edges(ROOT, ["blobsdk"]) if {role_of(e.source), role_of(e.target)} not in ROLE_LOOPS_ALLOWED]
+    loops = find_cycles(role_edges(edges))
+    assert not loops, "import loops between role packages:\n" + "\n".join(describe(c) for c in loops)
+
+
 # The ground package and config sit below every role, and the block store protocol, which
 # third-party backends implement, names only the chunk model: what they import is named here,
 # not only bounded by their layer.
 GROUND = {
-    "blobsdk.chunks": {"blobsdk.errors", "blobsdk.wire", "blobsdk.chunks"},
+    "blobsdk.chunks": {"blobsdk.errors", "blobsdk.wire", "blobsdk.chunks", "blobsdk._lazy"},
     "blobsdk.sources.base": {"blobsdk.errors", "blobsdk.wire", "blobsdk.chunks"},
     "blobsdk.config": {
         "blobsdk._settings",
@@ -359,43 +391,109 @@ def test_blobsdk_never_imports_servers_or_benchmarks():
     assert not wrong, "blobsdk imports: " + ", ".join(f"{e.target} ({e.where})" for e in wrong)
 
 
-# What servers/ may use of blobsdk: the wire types and limits, the errors, auth, config, the
-# storage protocols and their backends, the serving and data-path helpers a server shares with
-# the client, and the command-line parser of every command.  docs/architecture.md lists the
-# same modules; a server that needs another one makes it public there first, so a change to
-# the SDK's internals never breaks a server.
+# A role package's face is its ``__init__.py``: ``__all__`` names what other roles and the
+# servers use of it, and its modules are the package's own.  servers/ imports faces only (a
+# role package, or a module at the top of blobsdk), and of those only the ones named here:
+# the wire types and limits, the errors, auth, config, the storage protocols and their
+# backends, the serving and data-path helpers a server shares with the client, and the
+# command-line parser of every command.  docs/architecture.md lists the same faces; a server
+# that needs another one makes it public there first, so a change to the SDK's internals never
+# breaks a server.
 SERVER_IMPORTS = {
     "blobsdk",
     "blobsdk._extras",
     "blobsdk.auth",
-    "blobsdk.cache.base",
-    "blobsdk.cache.disk",
-    "blobsdk.cli.parser",
+    "blobsdk.cache",
+    "blobsdk.chunks",
+    "blobsdk.cli",
     "blobsdk.config",
     "blobsdk.errors",
-    "blobsdk.metadata.base",
-    "blobsdk.metadata.redis",
-    "blobsdk.metadata.sqlite",
-    "blobsdk.net.rpc",
-    "blobsdk.net.serving",
+    "blobsdk.metadata",
+    "blobsdk.net",
     "blobsdk.paths",
-    "blobsdk.chunks.codec",
-    "blobsdk.chunks.ids",
-    "blobsdk.runtime.singleflight",
-    "blobsdk.sources.base",
-    "blobsdk.sources.http",
-    "blobsdk.sources.local",
-    "blobsdk.tail.replicaread",
-    "blobsdk.sources.replicated",
-    "blobsdk.sources.s3",
-    "blobsdk.net.limiter",
+    "blobsdk.runtime",
+    "blobsdk.sources",
+    "blobsdk.tail",
     "blobsdk.wire",
 }
 
 
-def test_servers_import_only_the_modules_made_for_them():
+def faces(root: Path) -> dict[str, Path]:
+    """Every face of blobsdk: the package itself, its role packages, its top-level modules."""
+    return {name: path for name, path in module_names(root, ["blobsdk"]).items() if name.count(".") <= 1}
+
+
+def test_servers_import_only_the_faces_made_for_them():
     used = {e.target for e in import_edges(ROOT) if e.source.split(".")[0] == "servers" and e.target.split(".")[0] == "blobsdk"}
-    assert used <= SERVER_IMPORTS, "servers import blobsdk modules not made for them: " + ", ".join(sorted(used - SERVER_IMPORTS))
+    not_faces = sorted(used - faces(ROOT).keys())
+    assert not not_faces, "servers import blobsdk modules that are no face: " + ", ".join(not_faces)
+    assert used <= SERVER_IMPORTS, "servers import blobsdk faces not made for them: " + ", ".join(sorted(used - SERVER_IMPORTS))
+
+
+def role_packages(root: Path) -> list[str]:
+    return sorted(name for name, path in faces(root).items() if path.name == "__init__.py" and name != "blobsdk")
+
+
+def face_names(package: str) -> list[str]:
+    """A role package's ``__all__``, read from its face without importing it."""
+    tree = ast.parse(faces(ROOT)[package].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def test_every_role_package_has_a_face():
+    packages = role_packages(ROOT)
+    assert len(packages) >= 13, packages
+    missing = [p for p in packages if not face_names(p)]
+    assert not missing, "role packages with no __all__ in their __init__.py: " + ", ".join(missing)
+    undocumented = [p for p in packages if not ast.get_docstring(ast.parse(faces(ROOT)[p].read_text()))]
+    assert not undocumented, "faces with no docstring: " + ", ".join(undocumented)
+
+
+def test_every_name_of_a_face_exists():
+    """Importing each face and each of its names: a lazy name's module loads (the extras are
+    installed here), an eager one is there."""
+    missing = [
+        f"{package}.{name}"
+        for package in role_packages(ROOT)
+        for name in face_names(package)
+        if not hasattr(importlib.import_module(package), name)
+    ]
+    assert not missing, "names in __all__ that the face lacks: " + ", ".join(missing)
+
+
+def test_no_name_of_a_face_hides_one_of_its_modules():
+    """A face's name equal to a module of its package would replace the module as the
+    package's attribute: ``import pkg.mod as m`` and ``monkeypatch.setattr("pkg.mod.x", ...)``
+    would find the name, not the module."""
+    modules = module_names(ROOT, ["blobsdk"])
+    hiding = [f"{p}.{name}" for p in role_packages(ROOT) for name in face_names(p) if f"{p}.{name}" in modules]
+    assert not hiding, "face names that hide a module of the package: " + ", ".join(hiding)
+
+
+def test_a_private_module_of_a_role_package_is_imported_only_inside_it():
+    """In blobsdk and the servers (tests and benchmarks may reach into a package, as a fault
+    injection or a measurement of one piece does)."""
+    wrong = [
+        f"{e.source} -> {e.target} ({e.where})"
+        for e in import_edges(ROOT, ["blobsdk", "servers"])
+        if e.target.count(".") == 2 and e.target.rsplit(".", 1)[1].startswith("_") and role_of(e.source) != role_of(e.target)
+    ]
+    assert not wrong, "private modules imported from outside their package:\n" + "\n".join(wrong)
+
+
+def test_what_servers_import_from_a_face_is_in_its_all():
+    packages = set(role_packages(ROOT))
+    wrong = [
+        f"{node.module}.{a.name} ({where})"
+        for node, where in server_imports()
+        if isinstance(node, ast.ImportFrom) and node.module in packages
+        for a in node.names
+        if a.name not in face_names(node.module)
+    ]
+    assert not wrong, "servers import names their face does not name in __all__: " + ", ".join(wrong)
 
 
 def server_imports() -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
@@ -442,6 +540,24 @@ def test_a_lazy_import_through_a_package_closes_a_cycle(tmp_path: Path):
     assert sorted(describe(c) for c in cycles) == [
         "pkg.cli -> pkg.demo (pkg/cli.py:2) -> pkg.cli (pkg/demo.py:1)",
         "pkg.sub.a -> pkg.sub.b (pkg/sub/a.py:2) -> pkg.sub.a (pkg/sub/b.py:1)",
+    ]
+
+
+def test_a_lazy_import_between_two_packages_is_a_loop_of_their_roles(tmp_path: Path):
+    root = _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/top.py": "from .low.x import X\n",
+            "pkg/low/__init__.py": "",
+            "pkg/low/x.py": "X = 1\n",
+            "pkg/low/y.py": "def f():\n    from ..top import X\n",
+        },
+    )
+    edges = import_edges(root, ["pkg"])
+    assert find_cycles(edges) == []  # no module imports itself back
+    assert [describe(c) for c in find_cycles(role_edges(edges))] == [
+        "pkg.low -> pkg.top (pkg/low/y.py:2) -> pkg.low (pkg/top.py:1)"
     ]
 
 

@@ -4,7 +4,7 @@
 a second test per server, malformed HTTP framing.
 
 Each server runs once for the module, in a loop the module owns (an ``asyncio.Runner``: the
-hypothesis tests are plain sync tests that drive it), through the same ``serving()`` as in
+hypothesis tests are plain sync tests that drive it), through the same ``listening()`` as in
 production, with short body and header timeouts so that a body which never comes is
 answered (408) within half a second.  Every request goes over a raw socket with
 ``Connection: close``, so target, headers and framing are exactly what the strategy built.

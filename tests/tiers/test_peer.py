@@ -23,7 +23,7 @@ import pytest
 import blobsdk
 from blobsdk.auth import TICKET_HEADER, ServeKey
 from blobsdk.config import ClientConfig, L1Config, PeerConfig, ReadConfig, WriteConfig
-from blobsdk.net.serving import serving
+from blobsdk.net.serving import listening
 from blobsdk.peer.trackers import Trackers, tracker_servers
 from blobsdk.runtime.buffers import MAPPED_FROM
 from blobsdk.tiers.peer import PeerTier
@@ -476,7 +476,7 @@ async def test_a_restarted_tracker_learns_again_what_the_peers_hold(cluster: Clu
             assert await a.get("/p/restart") == data  # a holds its 5 chunks
             await until(lambda: copies(before[TRACKER]) == 5)  # announced
         after = make_app(tracker_config)  # the tracker starts again on its port, knowing nothing
-        async with serving(after, "127.0.0.1", int(url.rsplit(":", 1)[1])):
+        async with listening(after, "127.0.0.1", int(url.rsplit(":", 1)[1])):
             # a's next heartbeat registers it again (at most DOWN_S later, if one hit the
             # stopped tracker): it announces what it serves.
             await until(lambda: copies(after[TRACKER]) == 5)

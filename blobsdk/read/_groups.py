@@ -11,7 +11,7 @@ import itertools
 import operator
 from collections.abc import Iterator
 
-from ..tiers.base import Piece
+from ..chunks import Piece
 from ..wire import ChunkRef
 
 Job = tuple[memoryview, int, ChunkRef, int]  # (output window, its blob offset, chunk, the chunk's blob offset)
