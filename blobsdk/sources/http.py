@@ -44,10 +44,6 @@ class HttpBlockStore(AsyncResource):
     ``limiter``, the endpoint's adaptive concurrency limit (writes are bounded by the
     writer instead); see :class:`~blobsdk.net.endpoint.Endpoint`.  ``stall_s``: a read whose
     body stops arriving for this long fails (ReplyStalled), and the L4 tier fails over.
-
-    A read takes its permit and makes its GET itself, through the endpoint's ``limiter`` and
-    ``data``, not through ``Endpoint.get_into``: every resumption of a read runs through each
-    coroutine of its chain, and this is the hot one.
     """
 
     def __init__(
@@ -86,15 +82,7 @@ class HttpBlockStore(AsyncResource):
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}", PROGRESS_HEADER: PROGRESS_MS}
         if call is not None and call.grant:
             headers[GRANT_HEADER] = call.grant
-        route, data = _route(block_id), self.endpoint.data
-        async with self.endpoint.limiter.acquire(call, size=view.nbytes) as permit:
-            if call is None:
-                await data.get_into(route, view, expect=206, headers=headers, permit=permit)
-            else:
-                progress, receiving = call.progress, call.receiving
-                await data.get_into(
-                    route, view, expect=206, headers=headers, permit=permit, on_interim=progress, on_bytes=receiving
-                )
+        await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, call=call)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
         buf = bytearray(_check_span(block_id, offset, length))
