@@ -3,7 +3,7 @@ import pytest
 import blobsdk
 from blobsdk.assembly import GivenStores
 from blobsdk.config import ClientConfig, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore
 

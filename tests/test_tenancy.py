@@ -21,8 +21,7 @@ from blobsdk.auth import GRANT_TTL_S
 from blobsdk.chunks.call import Call
 from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
 from blobsdk.errors import Forbidden, InvalidPath, Unauthorized
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import HttpMetadataStore, SqliteMetadataStore
 from blobsdk.paths import INDEX_DIR
 from blobsdk.sources.http import HttpBlockStore
 from blobsdk.testing.reserved import reserved

@@ -164,7 +164,7 @@ class RetryAwareStore(Protocol):
     same store: a retry of an applied write answers what the first application did (its
     versions, its deleted blob), never a second version, a spurious PreconditionFailed or
     BlobNotFound.  A request id used again for other paths is BadRequest.  How long an id is
-    remembered is the store's (blobsdk/metadata/redis.py: ``REQUEST_TTL_S``)."""
+    remembered is the store's (blobsdk/metadata/_redis.py: ``REQUEST_TTL_S``)."""
 
     async def commit_once(self, ops: Sequence[CommitOp], request_id: str) -> list[ReadPlan]: ...
 

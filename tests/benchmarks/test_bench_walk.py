@@ -74,7 +74,7 @@ async def test_every_operation_is_walked_against_a_cluster_and_reported() -> Non
     # One API server is called without the failover's wrapper; a plan's grant margin is the
     # plan cache's; a checked ref's key is not checked again, and an L1 fill that fits asks
     # no eviction policy.
-    skipped = {"metadata/apiservers.py", "auth.py", "cache/base.py", "cache/policy.py"}
+    skipped = {"metadata/_apiservers.py", "auth.py", "cache/base.py", "cache/policy.py"}
     assert not {f"blobsdk/{path}" for path in skipped} & cold.keys()
     assert "blobsdk/write/checkpoint.py" in report.details["save_first_walk_calls_per_file"]
     assert "blobsdk/read/readahead.py" in report.details["epoch_first_walk_calls_per_file"]

@@ -14,7 +14,7 @@ import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
 from blobsdk.errors import Unavailable, Unreachable
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.net.retry import Backoff
 from blobsdk.net.rpc import HttpEndpoint
 from blobsdk.net.sigv4 import Credentials

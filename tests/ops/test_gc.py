@@ -15,7 +15,7 @@ import pytest
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BadRequest, BlockCollected, Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops import gc as gc_module
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ReadPlan, etag_of

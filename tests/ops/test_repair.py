@@ -14,7 +14,7 @@ import pytest
 
 from blobsdk.client import Client
 from blobsdk.config import L1Config, RepairConfig, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops.repair import Copy, Repairer, check_block, live_chunks
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.http import HttpBlockStore

@@ -101,8 +101,13 @@ NEEDS_AN_EXTRA = {
     "blobsdk.dcp": ("torch", "torch"),
     "blobsdk.fsspec": ("fsspec", "fsspec"),
     "blobsdk.sources.s3": ("s3", "obstore"),
-    "blobsdk.metadata.redis": ("redis", "redis"),
-    "blobsdk.metadata.shared": ("redis", "redis"),
+    "blobsdk.metadata._redis": ("redis", "redis"),
+    "blobsdk.metadata._shared": ("redis", "redis"),
+}
+# A backend behind a face names the name users import (the face's), not its private module.
+NAMED_AS = {
+    "blobsdk.metadata._redis": "blobsdk.metadata.RedisMetadataStore",
+    "blobsdk.metadata._shared": "blobsdk.metadata.SharedPlanCache",
 }
 
 
@@ -121,7 +126,8 @@ for m in {list(NEEDS_AN_EXTRA)!r}:
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"True {module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' ({package} is not in a core install)"
+        f"True {NAMED_AS.get(module, module)} needs the {extra!r} extra: "
+        f"pip install -e '{ROOT}[{extra}]' ({package} is not in a core install)"
         for module, (extra, package) in NEEDS_AN_EXTRA.items()
     ]
 

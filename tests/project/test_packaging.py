@@ -159,16 +159,24 @@ def _without(monkeypatch: pytest.MonkeyPatch, packages: Sequence[str], *forget: 
 
 
 def _message(module: str, extra: str, missing: str) -> str:
-    """What a checkout says (these tests run blobsdk from this tree): the extra, installed into it."""
-    return f"{module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named {missing!r})"
+    """What a checkout says (these tests run blobsdk from this tree): the extra, installed into it.
+    A backend behind a face is named as users import it (``NAMED_AS``)."""
+    named = NAMED_AS.get(module, module)
+    return f"{named} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named {missing!r})"
+
+
+NAMED_AS = {
+    "blobsdk.metadata._redis": "blobsdk.metadata.RedisMetadataStore",
+    "blobsdk.metadata._shared": "blobsdk.metadata.SharedPlanCache",
+}
 
 
 GUARDED = [  # module, its extra, the extra's packages (torch's: in a process of its own, below)
     ("blobsdk.fsspec", "fsspec", ("fsspec",)),
     ("blobsdk.sources.s3", "s3", ("obstore",)),
     ("blobsdk.sources._s3obstore", "s3", ("obstore",)),
-    ("blobsdk.metadata.redis", "redis", ("redis",)),
-    ("blobsdk.metadata.shared", "redis", ("redis",)),
+    ("blobsdk.metadata._redis", "redis", ("redis",)),
+    ("blobsdk.metadata._shared", "redis", ("redis",)),
 ]
 
 
@@ -190,7 +198,7 @@ REDIS_METADATA = {"metadata_url": "redis://127.0.0.1:9/0", "block_urls": ["http:
 
 @pytest.mark.parametrize(
     ("settings", "module", "extra", "package"),
-    [(S3_SOURCE, "blobsdk.sources.s3", "s3", "obstore"), (REDIS_METADATA, "blobsdk.metadata.redis", "redis", "redis")],
+    [(S3_SOURCE, "blobsdk.sources.s3", "s3", "obstore"), (REDIS_METADATA, "blobsdk.metadata._redis", "redis", "redis")],
 )
 async def test_a_client_config_names_the_extra_its_stores_need(monkeypatch, settings, module, extra, package):
     """The config is valid without the extra; opening the client is what needs it."""

@@ -13,7 +13,7 @@ import pytest
 
 import blobsdk
 from blobsdk.config import L1Config, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.read import readpath
 from blobsdk.runtime.buffers import BufferPool
 from blobsdk.sources import localread

@@ -16,7 +16,7 @@ import torch
 
 import blobsdk
 from blobsdk.config import L1Config, L2Config
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
 from blobsdk.sources import localread
 from blobsdk.sources.local import LocalBlockStore

@@ -14,7 +14,7 @@ import xxhash
 import blobsdk
 from blobsdk.cache.disk import DiskCache
 from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.sources.replicated import ReplicatedBlockStore

@@ -49,7 +49,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.net.serving import ServerLimits
 from blobsdk.sources.base import new_block_id
 from blobsdk.sources.local import LocalBlockStore

@@ -313,7 +313,7 @@ EVERY_SUITE = """
 import pytest_asyncio
 
 from blobsdk.cache.memory import MemoryCache
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.testing.cache import ChunkCacheTests
 from blobsdk.testing.metadata import MetadataStoreTests

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from blobsdk.chunks.call import Call
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops.gc import collect
 from blobsdk.sources.base import BlockReplica, BlockStore, Buffer, new_block_id
 from blobsdk.sources.http import HttpBlockStore

@@ -21,7 +21,7 @@ import pytest
 import blobsdk
 from blobsdk.config import L1Config, LimiterConfig
 from blobsdk.errors import Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.retry import Backoff
 from blobsdk.sources.base import new_block_id

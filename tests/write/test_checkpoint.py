@@ -19,7 +19,7 @@ import torch
 
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import MAX_CHUNK_BYTES
 from servers.cluster import start_cluster

@@ -18,8 +18,8 @@ from msgspec.structs import replace
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BlockCollected
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.paths import INDEX_DIR, is_index_entry
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import CommitOp, WriteKind
@@ -216,7 +216,7 @@ import asyncio, sys
 import numpy as np
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.sources.local import LocalBlockStore
 from blobsdk.paths import is_index_entry
 from blobsdk.write import checkpoint, dedup

@@ -1,4 +1,4 @@
-"""The API servers a client's metadata calls go to (blobsdk/metadata/http.py): one, or
+"""The API servers a client's metadata calls go to (blobsdk/metadata/_http.py): one, or
 several over one store, failed over between.
 
 With several (``api_urls``), a call goes to the first server in the config's order that is

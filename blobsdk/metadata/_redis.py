@@ -70,7 +70,7 @@ from .._redisurl import check_redis_url
 from . import _redis_lua as lua
 from . import _redis_rows as rows
 
-with requires_extra("redis", __name__):
+with requires_extra("redis", "blobsdk.metadata.RedisMetadataStore"):  # the name users import
     import redis.exceptions as rexc
 
 from ..chunks.ids import validate_hex32
