@@ -17,7 +17,7 @@ from blobsdk.assembly import _block_store
 from blobsdk.config import ClientConfig, S3Config
 from blobsdk.metadata import RedisMetadataStore
 from blobsdk.net.limiter import LimiterRegistry
-from blobsdk.sources.s3 import S3BlockStore
+from blobsdk.sources import S3BlockStore
 from servers.cluster import start_cluster
 from servers.redisd import start_redis
 from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server

@@ -4,7 +4,7 @@ replicas.  The L4 tier (blobsdk/tiers/l4.py) and the L3 node's read-through from
 
 A chunk's stored bytes are read from each replica of the store in order (the store's
 ``replicas``), each copy handed to the decoder; the first copy that verifies wins.  A store
-of several replicas only writes (blobsdk/sources/replicated.py): this engine is the one
+of several replicas only writes (blobsdk/sources/_replicated.py): this engine is the one
 reader of L4.  It never misses quietly: when every replica failed it raises CorruptData (some
 copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
 

@@ -14,8 +14,8 @@ import xxhash
 
 from blobsdk.cache.disk import DiskCache
 from blobsdk.errors import IncompatibleFormat, Unavailable
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.testing.cache import blob
 from blobsdk.tiers.l2 import L2Tier
 from blobsdk.wire import ChunkRef

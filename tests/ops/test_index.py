@@ -21,8 +21,8 @@ from obstore.store import S3Store
 import blobsdk
 from blobsdk.config import ClientConfig
 from blobsdk.ops.index import IndexProgress
+from blobsdk.sources import S3BlockStore, S3Object
 from blobsdk.sources.base import block_time, is_link, links_to
-from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis
 from tests.cli.test_cli import run as run_cli
 from tests.helpers import S3_STORES, gc_ahead, redis_s3_toml, s3_server

@@ -100,12 +100,13 @@ NEEDS_AN_EXTRA = {
     "blobsdk.torch": ("torch", "torch"),
     "blobsdk.dcp": ("torch", "torch"),
     "blobsdk.fsspec": ("fsspec", "fsspec"),
-    "blobsdk.sources.s3": ("s3", "obstore"),
+    "blobsdk.sources._s3": ("s3", "obstore"),
     "blobsdk.metadata._redis": ("redis", "redis"),
     "blobsdk.metadata._shared": ("redis", "redis"),
 }
 # A backend behind a face names the name users import (the face's), not its private module.
 NAMED_AS = {
+    "blobsdk.sources._s3": "blobsdk.sources.S3BlockStore",
     "blobsdk.metadata._redis": "blobsdk.metadata.RedisMetadataStore",
     "blobsdk.metadata._shared": "blobsdk.metadata.SharedPlanCache",
 }

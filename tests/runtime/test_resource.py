@@ -13,7 +13,7 @@ from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.errors import ClientClosed, Unavailable
 from blobsdk.runtime.resource import AsyncResource
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 
 
 class Probe(AsyncResource):

@@ -314,7 +314,7 @@ import pytest_asyncio
 
 from blobsdk.cache.memory import MemoryCache
 from blobsdk.metadata import SqliteMetadataStore
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.testing.cache import ChunkCacheTests
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.sources import BlockReplicaTests

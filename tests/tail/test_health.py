@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from blobsdk.config import HedgeConfig, L3Config, RepairConfig
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.tail.health import Reason, TargetHealth
 from blobsdk.tail.hedge import Hedger
 from blobsdk.tail.replicaread import ReplicaReader

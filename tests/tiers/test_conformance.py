@@ -15,7 +15,7 @@ import pytest
 
 from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.memory import MemoryCache
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.l1 import L1Tier
 from blobsdk.tiers.l2 import L2Tier

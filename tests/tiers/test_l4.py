@@ -16,8 +16,7 @@ from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.net.limiter import LimiterRegistry
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.health import Reason
 from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers.base import Tier

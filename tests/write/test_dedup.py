@@ -21,7 +21,7 @@ from blobsdk.errors import BlockCollected
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.paths import INDEX_DIR, is_index_entry
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.wire import CommitOp, WriteKind
 from tests.helpers import ROOT, gc_ahead
 from tests.metadata_backends import metadata_fixture, redis_cluster_fixture, redis_server_fixture  # noqa: F401
@@ -217,7 +217,7 @@ import numpy as np
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.metadata import SqliteMetadataStore
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.paths import is_index_entry
 from blobsdk.write import checkpoint, dedup
 

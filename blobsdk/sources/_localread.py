@@ -1,4 +1,4 @@
-"""The local block store's reads (blobsdk/sources/local.py): blocking functions, run on the
+"""The local block store's reads (blobsdk/sources/_local.py): blocking functions, run on the
 store's thread pool, each of which opens the block's file (never through a symlink), checks
 that the bytes asked for lie inside it, reads them and closes it.
 

@@ -23,7 +23,7 @@ found where format 1 puts it.  Anything else -- a newer format, another kind of 
 a FORMAT that is not a marker, a misplaced block in an unmarked root -- is
 IncompatibleFormat, and nothing is touched: a block store never discards a block.  Every
 disk access runs on the store's own thread pool: the event loop never waits on a disk.  The
-reads themselves are in blobsdk/sources/localread.py, ``read_spans`` among them: many spans
+reads themselves are in blobsdk/sources/_localread.py, ``read_spans`` among them: many spans
 of one block (a restore's chunks) in one job, with one open.
 """
 
@@ -67,8 +67,8 @@ from ..runtime.rootdir import (
     remove_if_dead,
 )
 from ..wire import BlockInfo
+from ._localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 from .base import Buffer, Span, SpanCheck, block_time
-from .localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 
 T = TypeVar("T")
 
