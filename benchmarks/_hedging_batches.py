@@ -13,7 +13,7 @@ import xxhash
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.sources import ReplicatedBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 CHUNK = 16 << 10

@@ -45,7 +45,7 @@ from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rpc import new_session
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.testbed import Link, Testbed
 

@@ -54,7 +54,7 @@ from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.net.rpc import new_session
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 from ._hedging_batches import decode, time_batches, write_chunks

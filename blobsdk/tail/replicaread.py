@@ -1,5 +1,5 @@
 """The replicated read engine: the hedged, verified read of one chunk across a block store's
-replicas.  The L4 tier (blobsdk/tiers/l4.py) and the L3 node's read-through from L4
+replicas.  The L4 tier (blobsdk/tiers/_l4.py) and the L3 node's read-through from L4
 (servers/flash.py) both read through one.
 
 A chunk's stored bytes are read from each replica of the store in order (the store's

@@ -69,7 +69,7 @@ async def test_every_operation_is_walked_against_a_cluster_and_reported() -> Non
         walked = report.details[f"{name}_first_walk_calls_per_file"]
         assert all(path.startswith("blobsdk/") for path in walked)
     cold = report.details["cold_read_first_walk_calls_per_file"]
-    assert {"blobsdk/tiers/l4.py", "blobsdk/tail/hedge.py", "blobsdk/net/rawget.py"} <= cold.keys()
+    assert {"blobsdk/tiers/_l4.py", "blobsdk/tail/hedge.py", "blobsdk/net/rawget.py"} <= cold.keys()
     assert "blobsdk/assembly.py" not in cold  # the client was opened before the walk
     # One API server is called without the failover's wrapper; a plan's grant margin is the
     # plan cache's; a checked ref's key is not checked again, and an L1 fill that fits asks

@@ -22,7 +22,7 @@ from blobsdk.net.unreachable import BLOCK_SERVER, SERVER, unreachable
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.sources._s3get import S3Getter, S3Target
 from blobsdk.sources.base import new_block_id
-from blobsdk.tiers.l3 import L3Tier
+from blobsdk.tiers import L3Tier
 
 CLUSTER_DOWN = "(nothing listens there: the cluster is down, or client.toml is from an earlier run)"
 

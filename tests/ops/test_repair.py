@@ -19,7 +19,7 @@ from blobsdk.ops.repair import Copy, Repairer, check_block, live_chunks
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore, UnderReplicated
 from blobsdk.sources.base import new_block_id
 from blobsdk.testing.plans import make_plan
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef, CommitOp
 from servers.blockstore import make_app
 from tests.helpers import running_app

@@ -33,7 +33,7 @@ sys.meta_path.insert(0, NotCore())
 MODULES = (
     "blobsdk.cli",
     "blobsdk.demo",
-    "blobsdk.tiers.peer",
+    "blobsdk.tiers._peer",
     "blobsdk.peer.server",
     "blobsdk.peer.sharing",
     "blobsdk.peer.trackers",

@@ -17,7 +17,7 @@ from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
 from blobsdk.sources import LocalBlockStore, ReplicatedBlockStore
-from blobsdk.tiers.l2 import L2Tier
+from blobsdk.tiers import L2Tier
 from blobsdk.wire import ChunkRef
 from tests.block_fixtures import OneAtATime
 from tests.helpers import stored_files

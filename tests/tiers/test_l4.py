@@ -1,4 +1,4 @@
-"""blobsdk.tiers.l4: the durable tier over replicated block servers (real, in-loop)."""
+"""blobsdk/tiers/_l4.py: the durable tier over replicated block servers (real, in-loop)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.health import Reason
 from blobsdk.tail.replicaread import ReplicaReader
+from blobsdk.tiers import L4Tier
 from blobsdk.tiers.base import Tier
-from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef, Codec
 from servers.blockstore import make_app
 from tests.block_fixtures import pack_chunks
