@@ -31,9 +31,8 @@ import aiohttp
 
 from ..config import Timeouts
 from ..errors import BlobError, Unavailable, Unreachable
-from ..net.rpc import HttpEndpoint
-from ..net.unreachable import API_SERVER
-from ..tail.health import Reason, TargetHealth
+from ..net import API_SERVER, HttpEndpoint
+from ..tail import Reason, TargetHealth
 
 T = TypeVar("T")
 

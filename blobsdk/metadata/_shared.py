@@ -39,7 +39,7 @@ from .._extras import requires_extra
 with requires_extra("redis", "blobsdk.metadata.SharedPlanCache"):  # the name users import
     import redis.exceptions as rexc
 
-from ..chunks.plans import checked_plan
+from ..chunks import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._cache import grants_usable_for
 from ._redis_connect import client_for

@@ -59,8 +59,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from ..chunks.ids import validate_hex32
-from ..chunks.plans import check_plan
+from ..chunks import check_plan, validate_hex32
 from ..errors import BadRequest, BlockCollected, CorruptData, InvalidPath, PreconditionFailed
 from ..paths import INDEX_DIR, RESERVED_DIR, is_index_entry, is_reserved, validate_path, validate_prefix, validate_writable
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind

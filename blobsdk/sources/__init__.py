@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_names
-from ..chunks.ids import validate_block_id
+from ..chunks import validate_block_id
 from ._replicated import RecordsUnderReplicated, ReplicatedBlockStore, UnderReplicated
-from .base import BlockReplica, BlockStore, Buffer, block_time, is_link, links_to, new_block_id
+from .base import BlockReplica, BlockStore, Buffer, Span, SpanReader, block_time, is_link, links_to, new_block_id
 
 if TYPE_CHECKING:
     from ._http import HttpBlockStore
@@ -42,6 +42,8 @@ __all__ = [
     "ReplicatedBlockStore",
     "S3BlockStore",
     "S3Object",
+    "Span",
+    "SpanReader",
     "UnderReplicated",
     "block_time",
     "is_link",

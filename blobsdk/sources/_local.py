@@ -43,8 +43,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from ..chunks.call import Call
-from ..chunks.ids import validate_block_id
+from ..chunks import Call, validate_block_id
 from ..errors import (
     BadRequest,
     BlobError,
@@ -53,11 +52,11 @@ from ..errors import (
     PreconditionFailed,
     Unavailable,
 )
-from ..runtime.forksafe import Executor
-from ..runtime.resource import AsyncResource
-from ..runtime.rootdir import (
+from ..runtime import (
     FORMAT_FILE,
     TMP_SUFFIX,
+    AsyncResource,
+    Executor,
     RootDir,
     UnsafeEntry,
     create_temp,

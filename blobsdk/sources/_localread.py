@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..errors import BlobError, BlockNotFound, CorruptData
-from ..runtime.rootdir import RootDir, open_regular
+from ..runtime import RootDir, open_regular
 from .base import Span, SpanCheck
 
 # os.preadv and os.writev take at most IOV_MAX buffers per call.

@@ -66,14 +66,13 @@ import xxhash
 from cachetools import LRUCache
 
 from .._extras import requires_extra
-from ..runtime.resource import AsyncResource
+from ..runtime import AsyncResource
 
 with requires_extra("s3", "blobsdk.sources.S3BlockStore"):  # the name users import
     import obstore
     from obstore.store import S3Store
 
-from ..chunks.call import Call
-from ..chunks.ids import is_hex32, validate_block_id
+from ..chunks import Call, is_hex32, validate_block_id
 from ..config import Timeouts
 from ..errors import (
     BadRequest,
@@ -86,9 +85,8 @@ from ..errors import (
     SourceChanged,
     TimedOut,
 )
-from ..net.limiter import AdaptiveLimiter, Permit
-from ..net.retry import Backoff
-from ..runtime.singleflight import SingleFlight
+from ..net import AdaptiveLimiter, Backoff, Permit
+from ..runtime import SingleFlight
 from ..wire import BlockInfo
 from ._s3errors import S3Errors
 from ._s3get import Admit, S3Getter, S3Target, target_of

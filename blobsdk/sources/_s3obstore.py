@@ -14,8 +14,8 @@ with requires_extra("s3", __name__):
     from obstore.exceptions import InvalidPathError
 
 from ..errors import BadRequest, BlobError, BlobNotFound, Overloaded, RangeNotSatisfiable, Unavailable
-from ..net.retry import Backoff
-from ..runtime.here import Held
+from ..net import Backoff
+from ..runtime import Held
 from ._s3get import S3Refused
 from .base import Buffer
 

@@ -53,8 +53,7 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
-from ..chunks.call import Call
-from ..chunks.ids import validate_block_id
+from ..chunks import Call, validate_block_id
 from ..errors import BlobError
 from ..wire import BlockInfo
 

@@ -30,14 +30,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Protocol
 
-from ..chunks.call import AttemptFn, Call, Demand
-from ..chunks.pieces import Decoder, Piece, Verifier
-from ..chunks.placement import rank
+from ..chunks import AttemptFn, Call, Decoder, Demand, Piece, Verifier, rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
-from ..net.limiter import LimiterRegistry
-from ..runtime.buffers import BufferPool
-from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
+from ..net import LimiterRegistry
+from ..runtime import BufferPool
+from ..sources import BlockReplica, BlockStore, Span, SpanReader
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .health import Reason, TargetHealth

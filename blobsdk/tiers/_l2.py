@@ -21,10 +21,10 @@ import logging
 import time
 from contextlib import AsyncExitStack
 
-from ..cache.disk import DiskCache
-from ..chunks.call import Demand
+from ..cache import DiskCache
+from ..chunks import Demand
 from ..errors import BlobError
-from ..runtime.resource import AsyncResource
+from ..runtime import AsyncResource
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .base import Decoder
