@@ -37,8 +37,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from blobsdk.cache import DiskCache
 from blobsdk.cache._entryfile import encode_header
-from blobsdk.cache.disk import DiskCache
 from blobsdk.metadata.cache import _Plans
 from blobsdk.metadata.shared import SharedPlanCache
 from blobsdk.wire import ChunkRef, ReadPlan

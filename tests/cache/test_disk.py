@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache import DiskCache
 from blobsdk.errors import BadRequest, ClientClosed, Unavailable
 from blobsdk.testing.cache import (
     HOSTILE_KEYS,

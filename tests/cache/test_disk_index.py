@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache import _diskscan
+from blobsdk.cache import DiskCache, _diskscan
 from blobsdk.cache._indexfile import read_index
-from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.policy import Entry, Index, TtlPolicy
 from blobsdk.testing.cache import FakeClock, blob, fill, key, present
 

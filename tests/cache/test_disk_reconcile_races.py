@@ -1,4 +1,4 @@
-"""The disk cache's background reconciliation (blobsdk/cache/disk.py) racing the cache's own
+"""The disk cache's background reconciliation (blobsdk/cache/_disk.py) racing the cache's own
 work: the two races that made tests/cache/test_stateful.py::TestDiskMachine flaky, pinned
 with events (no timing): the executor job of each step is held at the exact point."""
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache.disk import DiskCache
-from blobsdk.cache.memory import MemoryCache
+from blobsdk.cache import DiskCache, MemoryCache
 from blobsdk.cache.policy import Entry, HoldPolicy, Index
 from blobsdk.testing.cache import FakeClock, key
 

@@ -85,7 +85,7 @@ from ._payloadfile import PayloadFile, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, PolicyChain, validate_tenant
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("blobsdk.cache.disk")  # the name users configure, kept when the module went private
 
 
 class DiskCache(AsyncResource):
