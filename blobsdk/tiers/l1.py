@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from ..cache.memory import MemoryCache
+from ..cache import MemoryCache
 from ..chunks.call import Demand
 from ..runtime.resource import AsyncResource
 from ..stats import TierStats

@@ -21,7 +21,7 @@ import logging
 import time
 from contextlib import AsyncExitStack
 
-from ..cache.disk import DiskCache
+from ..cache import DiskCache
 from ..chunks.call import Demand
 from ..errors import BlobError
 from ..runtime.resource import AsyncResource
