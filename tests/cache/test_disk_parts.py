@@ -1,74 +1,12 @@
 """The disk cache is composed of objects, not mixed in: each part gets what it uses by its
-constructor (blobsdk/cache/_diskstate.py), so no class of blobsdk/cache/ names an attribute of
-``self`` that it never sets, the mark of a mixin reading state its host set."""
+constructor (blobsdk/cache/_diskstate.py); tests/project/test_no_mixins.py keeps every class
+of blobsdk so."""
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import importlib
-from pathlib import Path
-from types import ModuleType
-
-import msgspec
-
 from blobsdk.cache import DiskCache
 from blobsdk.runtime import AsyncResource
-from tests.helpers import ROOT
-
-
-def holds_state(cls: type) -> bool:
-    """Whether ``cls`` is a class whose annotations are its own attributes' (not fields of a
-    struct, a dataclass, a named tuple or a protocol)."""
-    return not (issubclass(cls, msgspec.Struct | tuple) or dataclasses.is_dataclass(cls) or getattr(cls, "_is_protocol", False))
-
-
-def borrowed(node: ast.ClassDef) -> list[str]:
-    """The attributes a class declares in its body (annotated, with no value) but never sets
-    on ``self`` in its own code."""
-    declared = [
-        s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and s.value is None and isinstance(s.target, ast.Name)
-    ]
-    targets = [t for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets]
-    targets += [n.target for n in ast.walk(node) if isinstance(n, ast.AnnAssign | ast.AugAssign)]
-    targets += [e for t in list(targets) if isinstance(t, ast.Tuple) for e in t.elts]
-    mine = {t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
-    return [name for name in declared if name not in mine]
-
-
-def test_no_class_of_the_cache_package_reads_state_another_set() -> None:
-    wrong = [
-        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {', '.join(names)}"
-        for path in sorted((ROOT / "blobsdk" / "cache").glob("*.py"))
-        for node in ast.parse(path.read_text()).body
-        if isinstance(node, ast.ClassDef) and holds_state(getattr(_module(path), node.name))
-        if (names := borrowed(node))
-    ]
-    assert not wrong, "classes that declare attributes of self they never set (mixins):\n" + "\n".join(wrong)
-
-
-def _module(path: Path) -> ModuleType:
-    return importlib.import_module(f"blobsdk.cache.{path.stem}".removesuffix(".__init__"))
 
 
 def test_the_disk_cache_holds_its_parts_rather_than_inheriting_them() -> None:
     assert DiskCache.__mro__ == (DiskCache, AsyncResource, object)
-
-
-def test_the_check_finds_a_mixin() -> None:
-    source = """
-class Host:
-    def __init__(self):
-        self.index, self.count = {}, 0
-
-class Mixin:
-    index: dict
-    count: int
-    own: int
-    kept: int = 0
-
-    def __init__(self):
-        self.own = 1
-"""
-    host, mixin = (n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
-    assert borrowed(mixin) == ["index", "count"] and borrowed(host) == []
