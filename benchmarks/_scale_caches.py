@@ -37,8 +37,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from blobsdk.cache import DiskCache
 from blobsdk.cache._entryfile import encode_header
-from blobsdk.cache.disk import DiskCache
 from blobsdk.metadata import SharedPlanCache
 from blobsdk.metadata._cache import _Plans
 from blobsdk.wire import ChunkRef, ReadPlan
@@ -236,7 +236,7 @@ async def flash_node(exponents: range, hits: int = 2000, churn: int = 1000) -> l
             p50s.points[size] = await _verified_hit(cache, random.sample(keys, min(size, hits))) * 1e6
             for pinned in ("", "pinned_"):
                 if pinned:  # a tenth of the cache pinned at its least recently used end
-                    for key in list(cache._index.lru)[: size // 10]:
+                    for key in list(cache._ledger.index.lru)[: size // 10]:
                         cache.pin(key, 1e9)
                 p50, p99, cpu = await _churn(cache, churn)
                 for figure, value in (("put_p50", p50), ("put_p99", p99), ("loop_cpu", cpu)):

@@ -40,16 +40,19 @@ async def store(root, block_id):
 
 
 async def cache(root, key):
-    from blobsdk.cache.disk import DiskCache
+    from blobsdk.cache import DiskCache
 
-    class Paused(DiskCache):
-        def _write_parts(self, fd, parts):
-            header, payload = parts
-            super()._write_parts(fd, [header, payload[: len(FIRST)]])
-            wait_for_the_test()
-            super()._write_parts(fd, [payload[len(FIRST) :]])
+    c = DiskCache(root, capacity_bytes=1 << 20, min_free_ratio=0)
+    write = c._files.write_parts  # the cache's file operation, replaced to pause the fill
 
-    async with Paused(root, capacity_bytes=1 << 20, min_free_ratio=0) as c:
+    def paused(fd, parts):
+        header, payload = parts
+        write(fd, [header, payload[: len(FIRST)]])
+        wait_for_the_test()
+        write(fd, [payload[len(FIRST) :]])
+
+    c._files.write_parts = paused
+    async with c:
         stored = await c.put(key, FIRST + SECOND)
     print("committed" if stored else "failed", flush=True)
 

@@ -1,9 +1,9 @@
-"""The disk cache's file operations (blobsdk/cache/disk.py), blocking, run on its thread pool:
+"""The disk cache's file operations (blobsdk/cache/_disk.py), blocking, run on its thread pool:
 a fill's write and rename, a verified read, an unlink, the FORMAT check.
 
-They are methods of :class:`DiskFiles`, the base of :class:`~blobsdk.cache.disk.DiskCache`, so
-that tests can inject faults by overriding them.  Warnings go to the ``blobsdk.cache.disk``
-logger: one cache, one logger.
+They are the methods of :class:`DiskFiles`, one object per cache that every part of it holds
+(the cache, its reload, its shared files): a test injects a fault by replacing one of them on
+that object.  Warnings go to the ``blobsdk.cache.disk`` logger: one cache, one logger.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import TypeVar
 
 import xxhash
 
-from ..chunks.ids import is_hex32
-from ..runtime.buffers import uninitialized
-from ..runtime.rootdir import RootDir, UnsafeEntry, create_temp, marker_text, misnamed, unlink_at
+from ..chunks import is_hex32
+from ..runtime import RootDir, UnsafeEntry, create_temp, marker_text, misnamed, uninitialized, unlink_at
 from ._diskscan import with_entry
 from ._entryfile import Damaged as _Damaged
 from ._entryfile import encode_header as _encode_header
@@ -32,27 +31,30 @@ from .base import Buffer
 T = TypeVar("T")
 
 _KIND = "disk-cache"
-_LAYOUT = 1  # the layout (blobsdk/cache/disk.py, the FORMAT marker); files carry their own version too (_entryfile.py)
+_LAYOUT = 1  # the layout (blobsdk/cache/_disk.py, the FORMAT marker); files carry their own version too (_entryfile.py)
 
 log = logging.getLogger("blobsdk.cache.disk")
 
 
 class DiskFiles:
-    """The blocking half of a disk cache: the files under ``_root`` (set by the subclass)."""
+    """The blocking half of a disk cache: the files under ``root_dir`` (module docstring).
+    ``token`` marks this cache's temp files, so that no sweep takes them; ``name`` is the
+    cache's, for the log."""
 
-    _root: Path
-    _dir: RootDir
-    _name: str
-    _token: str  # marks our temp files: a sweep never takes them
+    def __init__(self, root_dir: RootDir, *, name: str, token: str) -> None:
+        self.dir = root_dir
+        self.root: Path = root_dir.path
+        self.name = name
+        self.token = token
 
-    def _store_sync(self, key: str, tenant: str, payload: memoryview, doomed: list[str]) -> None:
+    def store(self, key: str, tenant: str, payload: memoryview, doomed: list[str]) -> None:
         for victim in doomed:  # first, so the space they held is free for this file
-            self._remove_quietly(victim)  # an undeletable victim must not fail this put
+            self.remove_quietly(victim)  # an undeletable victim must not fail this put
         header = _encode_header(key, tenant, payload)
-        with self._dir.shard(shard_of(key), create=True) as dir_fd:
-            fd, temp = create_temp(dir_fd, key, self._token)  # locked until renamed or removed
+        with self.dir.shard(shard_of(key), create=True) as dir_fd:
+            fd, temp = create_temp(dir_fd, key, self.token)  # locked until renamed or removed
             try:
-                self._write_parts(fd, [header, payload])
+                self.write_parts(fd, [header, payload])
                 os.replace(temp, key, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # no fsync: a crash may lose it, never tear it
             except BaseException:
                 unlink_at(dir_fd, temp)
@@ -60,70 +62,70 @@ class DiskFiles:
             finally:
                 os.close(fd)
 
-    def _remove(self, key: str) -> bool:
+    def remove(self, key: str) -> bool:
         """Unlink ``key``'s file (a symlink there goes, never its target); True if it was there.
         A key that is not a chunk key (an index file's forgery, not yet dropped) names no file:
         nothing is removed."""
         if not is_hex32(key):
             return False
         try:
-            with self._dir.shard(shard_of(key)) as dir_fd:
+            with self.dir.shard(shard_of(key)) as dir_fd:
                 return unlink_at(dir_fd, key)
         except FileNotFoundError:  # no shard directory
             return False
 
-    def _remove_quietly(self, key: str) -> None:
+    def remove_quietly(self, key: str) -> None:
         try:
-            self._remove(key)
+            self.remove(key)
         except UnsafeEntry as exc:
-            self._dir.ignore(str(exc))
+            self.dir.ignore(str(exc))
         except OSError:
             pass
 
-    def _remove_all(self, keys: list[str]) -> int:
+    def remove_all(self, keys: list[str]) -> int:
         """Remove every key's file, whatever fails; how many could not be removed."""
         failed = 0
         for key in keys:
             try:
-                self._remove(key)
+                self.remove(key)
             except UnsafeEntry as exc:
-                self._dir.ignore(str(exc))
+                self.dir.ignore(str(exc))
                 failed += 1
             except OSError:
                 failed += 1
         return failed
 
-    def _check_format(self) -> None:
+    def check_format(self) -> None:
         """Open, adopt or discard by ``root/FORMAT`` (module docstring); IncompatibleFormat
         for a directory that is not a disk cache."""
-        version = self._dir.marked_version(_KIND)
+        version = self.dir.marked_version(_KIND)
         if version == _LAYOUT:
             return
         if version is not None:
-            removed = self._dir.clear()
+            removed = self.dir.clear()
             with suppress(FileNotFoundError):
-                os.unlink(self._root / INDEX_FILE)  # it names the entries just discarded
+                os.unlink(self.root / INDEX_FILE)  # it names the entries just discarded
             log.warning(
                 "cache %s: %s is in format %d, this build uses format %d: discarded its %d files",
-                *(self._name, self._root, version, _LAYOUT, removed),
+                *(self.name, self.root, version, _LAYOUT, removed),
             )
-        elif self._dir.shards():
+        elif self.dir.shards():
             log.info(
                 "cache %s: %s has no FORMAT (written before markers): marked as format %d, its entries checked by their headers",
-                *(self._name, self._root, _LAYOUT),
+                *(self.name, self.root, _LAYOUT),
             )
-        self._dir.mark(marker_text(_KIND, _LAYOUT), self._token)
+        self.dir.mark(marker_text(_KIND, _LAYOUT), self.token)
 
-    def _write_parts(self, fd: int, parts: list[Buffer]) -> None:
+    def write_parts(self, fd: int, parts: list[Buffer]) -> None:
         for part in parts:
             view = memoryview(part).cast("B")
             while view:  # a write may be short
                 view = view[os.write(fd, view) :]
 
-    def _read_sync(self, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
-        return with_file(self._dir, key, lambda fd, key: self._read_file(fd, key, checksum))
+    def read(self, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
+        return with_file(self.dir, key, lambda fd, key: self.read_file(fd, key, checksum))
 
-    def _read_file(self, fd: int, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
+    def read_file(self, fd: int, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
         st, head = _read_header(fd, key)
         if checksum is not None and head.checksum != checksum:
             raise _Damaged(f"{key}: holds other bytes than the caller expects")

@@ -1,4 +1,4 @@
-"""Scanning the disk cache's shard directories (blobsdk/cache/disk.py): blocking, run on the
+"""Scanning the disk cache's shard directories (blobsdk/cache/_disk.py): blocking, run on the
 cache's thread pool.  A full scan reads every entry's header; a reconciling scan (after the
 index came from the index file, blobsdk/cache/_indexfile.py) lists the names and reads the
 headers of only the files the index does not know."""
@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..runtime.rootdir import TMP_SUFFIX, RootDir, UnsafeEntry, open_regular, remove_if_dead, unlink_if_same
+from ..runtime import TMP_SUFFIX, RootDir, UnsafeEntry, open_regular, remove_if_dead, unlink_if_same
 from ._entryfile import Damaged, read_header
 from .policy import Entry
 

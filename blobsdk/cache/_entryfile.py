@@ -1,4 +1,4 @@
-"""One disk-cache file (blobsdk/cache/disk.py): a header, then the payload.
+"""One disk-cache file (blobsdk/cache/_disk.py): a header, then the payload.
 
 The header: magic, version, pad, tenant length, payload length, xxh3-64 of the payload,
 xxh3-64 of the header and the key, then the tenant name.  The key is in the header's

@@ -8,7 +8,7 @@ msgpack arrays (``policy.Entry`` is an array-like msgspec Struct, decoded in C).
 
 The file is a hint, never trusted for bytes: every read still verifies the entry's file, and
 the cache reconciles the index with the directory in the background after loading it
-(blobsdk/cache/disk.py).  A file that is torn, of another version, or fails its checksum is
+(blobsdk/cache/_disk.py).  A file that is torn, of another version, or fails its checksum is
 ignored (the cache scans instead).  Times are moved onto this run's engine clock by the wall
 clock's progress since the file was written (ages, like the file times a scan reads); pins are
 not kept.
@@ -43,9 +43,9 @@ from typing import Annotated, cast
 import msgspec
 import xxhash
 
-from ..chunks.ids import is_hex32
+from ..chunks import is_hex32
 from ..errors import BadRequest
-from ..runtime.rootdir import UnsafeEntry, read_root_file, write_root_file
+from ..runtime import UnsafeEntry, read_root_file, write_root_file
 from .base import DEFAULT_TENANT, validate_key
 from .policy import Entry, validate_tenant
 

@@ -1,8 +1,8 @@
 """A cache entry's payload as an open file, for a zero-copy send (the L3 node's hits).
 
 A DiskCache made with ``remember_verified`` remembers, per key, the identity of the file
-(device, inode, mtime, size) whose payload its last :meth:`~blobsdk.cache.disk.DiskCache.get`
-read and verified (xxh3-64 against the header).  :meth:`~blobsdk.cache.disk.DiskCache.open_verified`
+(device, inode, mtime, size) whose payload its last :meth:`~blobsdk.cache.DiskCache.get`
+read and verified (xxh3-64 against the header).  :meth:`~blobsdk.cache.DiskCache.open_verified`
 then hands out that same file, open, its header checked again but its payload not read:
 the L3 node sends it with ``sendfile`` from the page cache to the socket (servers/flashsend.py).
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..auth import STATIC_TENANT
-from ..chunks.ids import ChunkKey, validate_hex32
+from ..chunks import ChunkKey, validate_hex32
 
 Buffer = bytes | bytearray | memoryview
 

@@ -260,7 +260,7 @@ class PolicyChain:
         nothing evicted, if it cannot fit; QuotaExceeded from :meth:`plan`.  With
         :attr:`fits_free`, an entry that fits (``index.used + size <= capacity``, no
         ``extra_need``) is admitted with no victims and nothing changed, so an engine may add
-        it without this call (memory.py does)."""
+        it without this call (_memory.py does)."""
         if incoming.size > capacity:
             self.rejected += 1
             return None

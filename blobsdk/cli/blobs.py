@@ -18,7 +18,7 @@ from ..paths import refuse_reserved, validate_prefix, validate_writable
 from ..runtime import ProgressLine
 from ..sources import Buffer
 from ._common import Command, UsageError, iso, non_negative, print_json, print_pretty, write_stdout
-from .outfile import write_out
+from .outfile import OutFile
 
 MiB = 1 << 20
 MMAP_THRESHOLD = 4 * MiB  # import reads smaller files into memory, maps larger ones
@@ -38,11 +38,16 @@ async def cmd_put(client: Client, args: argparse.Namespace) -> int:
 
 
 async def cmd_get(client: Client, args: argparse.Namespace) -> int:
-    data = await client.get(args.path, args.offset, args.length)
     if args.out in (None, STDIO):
-        write_stdout(data)
-    else:
-        await asyncio.to_thread(write_out, _out_file(Path(args.out), args.path), data)
+        write_stdout(await client.get(args.path, args.offset, args.length))
+        return 0
+    out = await asyncio.to_thread(OutFile, _out_file(Path(args.out), args.path))
+    try:
+        data = await client.get(args.path, args.offset, args.length)
+    except BaseException:
+        out.discard()
+        raise
+    await asyncio.to_thread(out.commit, data)
     return 0
 
 

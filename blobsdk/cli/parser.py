@@ -10,7 +10,9 @@
 
 A parser with subcommands checks the options up to its first positional argument (in ours, the
 subcommand's name); the subcommand's parser (this class too: argparse makes subparsers of the
-parent's class) checks the rest.  Python 3.14's
+parent's class) checks the rest.  **An option of the command given after its subcommand** is
+named as such, where it goes: ``blobsdk get /b/k --config c.toml`` says ``--config is an
+option of blobsdk, before the subcommand: blobsdk --config FILE get ...``.  Python 3.14's
 ``suggest_on_error`` suggests only for choices, and we run on 3.11.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import re
 import sys
 from collections.abc import Sequence
@@ -30,9 +33,14 @@ class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with ``allow_abbrev=False`` and unknown options refused
     first, with a suggestion (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, outer: ArgumentParser | None = None, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False  # whatever is asked, here and in every subparser (made of this class)
         super().__init__(*args, **kwargs)
+        self.outer = outer  # the parser whose subcommand this one is
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", functools.partial(type(self), outer=self))
+        return super().add_subparsers(**kwargs)
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:  # type: ignore[override]
         arguments = list(sys.argv[1:] if args is None else args)
@@ -54,7 +62,7 @@ class ArgumentParser(argparse.ArgumentParser):
                 continue
             action, name = self._known(arg)
             if action is None:
-                self.error(self._unknown(name))
+                self.error(self._misplaced(name) or self._unknown(name))
             owed = 0 if "=" in arg or len(arg) > len(name) else _values_taken(action, len(arguments))
 
     def _is_option(self, arg: str) -> bool:
@@ -70,6 +78,18 @@ class ArgumentParser(argparse.ArgumentParser):
         if arg[1] not in self.prefix_chars and short in actions:
             return actions[short], short
         return None, name
+
+    def _misplaced(self, name: str) -> str | None:
+        """The error for an option of a command that encloses this subcommand, or None."""
+        outer = self.outer
+        while outer is not None:
+            action = outer._option_string_actions.get(name)
+            if action is not None:
+                value = "" if action.nargs == 0 else " " + outer._get_formatter()._format_args(action, action.dest.upper())
+                subcommand = self.prog.removeprefix(outer.prog).strip()
+                return f"{name} is an option of {outer.prog}, before the subcommand: {outer.prog} {name}{value} {subcommand} ..."
+            outer = outer.outer
+        return None
 
     def _unknown(self, name: str) -> str:
         """The error for an unknown option: the one shown option it abbreviates, else its

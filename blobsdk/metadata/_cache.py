@@ -60,7 +60,7 @@ class CachedMetadataStore(PassThrough):
     ) -> None:
         if ttl_seconds < 0 or max_entries < 1:
             raise ValueError(f"plan cache needs ttl_seconds >= 0 and max_entries >= 1, got {ttl_seconds}, {max_entries}")
-        self.store = store
+        super().__init__(store)
         self._enabled = ttl_seconds > 0
         self._ttl = ttl_seconds
         self._clock = clock

@@ -72,7 +72,7 @@ class SharedPlanCache(PassThrough):
     ) -> None:
         if not ttl_seconds > 0:
             raise ValueError(f"shared plan cache needs ttl_seconds > 0, got {ttl_seconds}")
-        self.store = store
+        super().__init__(store)
         self.url = url
         self.ttl_seconds = ttl_seconds
         self._scope = hashlib.sha256((token or "").encode()).hexdigest()[:16]

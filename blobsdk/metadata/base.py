@@ -171,10 +171,11 @@ class RetryAwareStore(Protocol):
 
 
 class PassThrough:
-    """The MetadataStore calls a wrapper (the plan caches) hands to ``self.store`` unchanged:
-    listing, gc's scan and fences."""
+    """The MetadataStore calls a wrapper (the plan caches) hands to the store it wraps
+    unchanged: listing, gc's scan and fences."""
 
-    store: MetadataStore
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
 
     async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000

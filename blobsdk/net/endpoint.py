@@ -40,9 +40,8 @@ class Endpoint:
     session's); ``stall_s`` bounds a data GET's body's silences (None: only the timeout's
     ``sock_read``; see blobsdk/net/rawget.py); ``role``: which server it is, for the error
     when nothing answers there (blobsdk/net/unreachable.py).  :meth:`aclose` closes the data
-    connections.  ``control``, ``data`` and ``limiter`` are its three parts, for a client that
-    composes them itself (a block server's store reads through ``data`` under a permit of
-    ``limiter``, with no coroutine of this class in its chain).
+    connections.  ``control``, ``data`` and ``limiter`` are its three parts; every data GET
+    goes through :meth:`get_into`, which takes the permit and reads through ``data``.
     """
 
     def __init__(

@@ -9,12 +9,16 @@ exit stack and stopped with it:
   in both costs its memory once;
 - a :class:`~blobsdk.peer.server.PeerServer` that serves them (and the chunks this peer is
   still fetching, once they land) against the trackers' serve tickets;
-- the announce loop, which tells the trackers what was filled and evicted.
+- the announce loop, which tells the trackers what was filled, given up and evicted.
 
-**Landing.** While the peer tier fetches a chunk (``expect``), children the trackers sent
-here wait for it at the server: they get it the moment it lands (``landed``: a fetch from a
-peer, or a fill from L3/L4), and go on to their own children.  A child waits at most
-``wait_s``; a fetch that never lands frees its waiters then.
+**Landing.** While the peer tier fetches a chunk (``expect``: an :class:`Expecting`),
+children the trackers sent here wait for it at the server: they get it the moment it lands
+(``landed``: a fetch from a peer, or a fill from L3/L4), and go on to their own children.
+An :class:`Expecting` ends once, in ``landed`` or ``failed``, and is tied to the task that
+fetches: a fetch that ends without landing (its tiers below failed, its reader was
+cancelled) frees its waiters at once, with a miss (the server's 404), and the key is
+announced as ``failed``, so the trackers send no more children here for it.  A child waits
+at most ``wait_s``; a fetch that never ends frees its waiters then.
 
 **Caching.** Every landed chunk is announced as filled; the trackers answer which to keep
 (hot chunks on enough peers for the fan-out) and the rest leave the serving cache
@@ -32,6 +36,7 @@ import logging
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from typing import Any
 
 import cachetools
 
@@ -63,6 +68,69 @@ class ServingCache(cachetools.LRUCache[str, memoryview]):
         return key, raw
 
 
+class _Landing:
+    """A chunk this peer is fetching: what its waiting children share (``lands``: the bytes,
+    or None for a miss), since when, and how many fetches of this peer expect it."""
+
+    __slots__ = ("fetches", "lands", "since")
+
+    def __init__(self) -> None:
+        self.lands: asyncio.Future[memoryview | None] = asyncio.get_running_loop().create_future()
+        self.since = time.monotonic()
+        self.fetches = 0
+
+    def end(self, raw: memoryview | None) -> None:
+        if not self.lands.done():
+            self.lands.set_result(raw)
+
+    @property
+    def landed(self) -> bool:
+        return self.lands.done() and self.lands.result() is not None
+
+
+class Expecting:
+    """One fetch of ``key`` by this peer, which children sent here wait for (made by
+    :meth:`Sharing.expect`).  It ends once: :meth:`landed` hands them the bytes,
+    :meth:`failed` a miss at once (unless another fetch of the key by this peer still runs);
+    what comes after its end is ignored.  Given the task that fetches (``fetch``), it fails
+    when that task ends first, so no way out of a fetch (an error, a cancellation, a return
+    that does not land) leaves the children waiting."""
+
+    __slots__ = ("_landing", "_sharing", "_task", "key")
+
+    def __init__(self, sharing: Sharing, key: str, landing: _Landing, fetch: asyncio.Task[Any] | None) -> None:
+        self._sharing, self.key = sharing, key
+        self._landing: _Landing | None = landing
+        self._task = fetch
+        if fetch is not None:
+            fetch.add_done_callback(self._fetch_ended)
+
+    @property
+    def ended(self) -> bool:
+        return self._landing is None
+
+    def landed(self, raw: memoryview) -> None:
+        """The chunk's verified bytes are here (as :meth:`Sharing.landed`)."""
+        if self._end() is not None:
+            self._sharing.landed(self.key, raw)
+
+    def failed(self) -> None:
+        """This fetch ended without the chunk."""
+        landing = self._end()
+        if landing is not None:
+            self._sharing._gave_up(self.key, landing)
+
+    def _end(self) -> _Landing | None:
+        """The landing, the first time; None once ended."""
+        landing, self._landing = self._landing, None
+        if landing is not None and self._task is not None:
+            self._task.remove_done_callback(self._fetch_ended)
+        return landing
+
+    def _fetch_ended(self, task: asyncio.Task[Any]) -> None:
+        self.failed()
+
+
 class Sharing:
     """See the module docstring.  ``counts``: ``not_kept``, ``held``, ``reannounced``."""
 
@@ -75,8 +143,9 @@ class Sharing:
         self._trackers: TrackerClient | None = None
         self._held: dict[str, tuple[memoryview, float]] = {}  # key -> (bytes, held until)
         self._dropping: dict[str, float] = {}  # key the trackers said not to keep -> when it leaves
-        self._landing: dict[str, tuple[asyncio.Future[memoryview | None], float]] = {}  # key -> (lands, since)
+        self._landing: dict[str, _Landing] = {}  # keys this peer is fetching
         self._filled: set[str] = set()
+        self._failed: set[str] = set()  # fetches given up, for the next announcement
         self._evicting: set[str] = set()
         self._evicted: set[str] = set()
 
@@ -118,17 +187,23 @@ class Sharing:
 
     # --- landing: what the peer tier fetches -------------------------------------------------------
 
-    def expect(self, key: str) -> None:
-        """This peer is fetching ``key``: children sent here meanwhile wait for it."""
-        if key not in self._landing:
-            self._landing[key] = (asyncio.get_running_loop().create_future(), time.monotonic())
+    def expect(self, key: str, fetch: asyncio.Task[Any] | None = None) -> Expecting:
+        """This peer is fetching ``key`` (in the task ``fetch``): children sent here meanwhile
+        wait for it, until the :class:`Expecting` returned ends."""
+        landing = self._landing.get(key)
+        if landing is None:
+            landing = self._landing[key] = _Landing()
+        landing.fetches += 1
+        self._failed.discard(key)  # this fetch is the trackers' news now
+        return Expecting(self, key, landing, fetch)
 
     def landed(self, key: str, raw: memoryview) -> None:
         """``key``'s verified bytes are here: hand them to the waiting children, serve them
         from now on, and announce them."""
         landing = self._landing.pop(key, None)
-        if landing is not None and not landing[0].done():
-            landing[0].set_result(raw)
+        if landing is not None:
+            landing.end(raw)
+        self._failed.discard(key)
         if self.config.budget_bytes and key not in self.serving and raw.nbytes <= self.config.budget_bytes:
             self.serving[key] = raw
             self._filled.add(key)
@@ -146,15 +221,27 @@ class Sharing:
             return None
         try:
             async with asyncio.timeout(self.config.wait_s):
-                return await asyncio.shield(landing[0])
+                return await asyncio.shield(landing.lands)
         except TimeoutError:
             return None
 
+    def _gave_up(self, key: str, landing: _Landing) -> None:
+        """A fetch that expected ``landing`` ended without it: once no other fetch of it is
+        left, its waiters get a miss now, and the trackers hear that this peer no longer
+        fetches it (unless it landed meanwhile, or a fetch begun since runs)."""
+        landing.fetches -= 1
+        if landing.fetches > 0 or landing.landed:
+            return
+        if self._landing.get(key) is landing:
+            del self._landing[key]
+        landing.end(None)
+        if key not in self._landing:
+            self._failed.add(key)
+
     def _free_waiters(self) -> None:
         """Closing: the chunks still expected never land here."""
-        for lands, _ in self._landing.values():
-            if not lands.done():
-                lands.set_result(None)
+        for landing in self._landing.values():
+            landing.end(None)
         self._landing.clear()
 
     # --- announcements ----------------------------------------------------------------------------
@@ -170,13 +257,13 @@ class Sharing:
                 logger.exception("peer tier: announcing to the trackers failed")
 
     def _expire(self, now: float) -> None:
-        """Free the waiters of fetches that never landed (they failed below, or their reader
-        left); drop the not-kept fills whose grace is over; let held chunks go when due."""
-        for key, (lands, since) in list(self._landing.items()):
-            if now - since > self.config.wait_s:
+        """Free the waiters of fetches still on after ``wait_s`` (those that ended without
+        landing freed theirs already); drop the not-kept fills whose grace is over; let held
+        chunks go when due."""
+        for key, landing in list(self._landing.items()):
+            if now - landing.since > self.config.wait_s:
                 del self._landing[key]
-                if not lands.done():
-                    lands.set_result(None)
+                landing.end(None)
         for key, at in list(self._dropping.items()):
             if at <= now:
                 del self._dropping[key]
@@ -188,16 +275,17 @@ class Sharing:
                 self._evicted.add(key)
 
     async def _announce(self, trackers: TrackerClient, now: float) -> None:
-        """Tell the trackers what was filled, is being evicted and was evicted; act on what
-        they answer (keep, hold)."""
+        """Tell the trackers what was filled, given up, is being evicted and was evicted; act
+        on what they answer (keep, hold)."""
         evicted_bytes = dict(self.serving.evicted)
         self.serving.evicted.clear()
         self._evicting.update(evicted_bytes)
         filled, evicting, evicted = self._filled, self._evicting - set(self.serving), self._evicted
-        self._filled, self._evicting, self._evicted = set(), set(), set()
-        if not (filled or evicting or evicted):
+        failed = {key for key in self._failed if key not in self.serving and key not in self._held}  # still its copy
+        self._filled, self._failed, self._evicting, self._evicted = set(), set(), set(), set()
+        if not (filled or failed or evicting or evicted):
             return
-        answer = await trackers.announce(filled=filled, evicting=evicting, evicted=evicted)
+        answer = await trackers.announce(filled=filled, failed=failed, evicting=evicting, evicted=evicted)
         for key in filled - answer.keep:  # served a little longer: children may be on their way
             self._dropping.setdefault(key, now + _DROP_GRACE_S)
         for key in evicting & answer.hold:

@@ -74,15 +74,17 @@ class HttpBlockStore(AsyncResource):
 
     async def read_into(self, block_id: str, offset: int, out: memoryview, *, call: Call | None = None) -> None:
         view = memoryview(out).cast("B")
-        if _check_span(block_id, offset, view.nbytes) == 0:
+        route = _route(block_id)
+        if _check_span(offset, view.nbytes) == 0:
             return
         headers = {"Range": f"bytes={offset}-{offset + view.nbytes - 1}", PROGRESS_HEADER: PROGRESS_MS}
         if call is not None and call.grant:
             headers[GRANT_HEADER] = call.grant
-        await self.endpoint.get_into(_route(block_id), view, expect=206, headers=headers, call=call)
+        await self.endpoint.get_into(route, view, expect=206, headers=headers, call=call)
 
     async def read_range(self, block_id: str, offset: int, length: int) -> bytes:
-        buf = bytearray(_check_span(block_id, offset, length))
+        _route(block_id)  # checked before the buffer is made, as read_into checks it
+        buf = bytearray(_check_span(offset, length))
         await self.read_into(block_id, offset, memoryview(buf))
         return bytes(buf)
 
@@ -128,11 +130,11 @@ class _PartsPayload(Payload):
 
 
 def _route(block_id: str) -> str:
+    """The block's URL path, the id checked where it becomes one."""
     return f"/v1/blocks/{validate_block_id(block_id)}"
 
 
-def _check_span(block_id: str, offset: int, length: int) -> int:
-    validate_block_id(block_id)
+def _check_span(offset: int, length: int) -> int:
     if offset < 0 or length < 0:
         raise BadRequest(f"offset and length must not be negative, got {offset} and {length}")
     return length

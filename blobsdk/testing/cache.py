@@ -18,7 +18,7 @@ import asyncio
 from typing import Any
 
 from .._extras import requires_extra
-from ..cache.base import ChunkCache
+from ..cache import ChunkCache
 from ..errors import BadRequest, QuotaExceeded
 
 with requires_extra("testing", "blobsdk.testing"):

@@ -17,7 +17,7 @@ from .base import Decoder
 
 
 class L1Tier(AsyncResource):
-    """The Tier over a :class:`~blobsdk.cache.memory.MemoryCache`."""
+    """The Tier over a :class:`~blobsdk.cache.MemoryCache`."""
 
     name = "l1"
     keeps_fetched = True  # its entries are the buffers it serves

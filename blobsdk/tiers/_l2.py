@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class L2Tier(AsyncResource):
-    """The Tier over a :class:`~blobsdk.cache.disk.DiskCache`, which it owns (entered and
+    """The Tier over a :class:`~blobsdk.cache.DiskCache`, which it owns (entered and
     closed with the tier), with its write-behind writers."""
 
     name = "l2"

@@ -28,10 +28,12 @@ times for it, 2.25x the blob instead of 1.5x).  The tracker's answers are checke
 to it (at most its fan-out each), so while a peer fetches a chunk, children are already
 waiting at its server: they get the chunk the moment it lands here (from a peer or from
 L3/L4, whose fills reach this tier as an upper tier's), and go on to their own children.  A
-child waits at most ``wait_s`` for a chunk its source is still fetching.  The tree is per
-chunk, so a blob of many chunks streams through the peers chunk by chunk, never stored and
-forwarded whole.  (Not byte by byte inside a chunk: a peer serves a chunk once it has it all
-and has verified it.  At 4 MiB chunks and the benchmark's rates that costs each hop a few ms.)
+child waits at most ``wait_s`` for a chunk its source is still fetching, and not at all once
+that fetch has ended without it (a tier below failed, the reader left): it gets a miss then
+and goes on to its next source.  The tree is per chunk, so a blob of many chunks streams
+through the peers chunk by chunk, never stored and forwarded whole.  (Not byte by byte
+inside a chunk: a peer serves a chunk once it has it all and has verified it.  At 4 MiB
+chunks and the benchmark's rates that costs each hop a few ms.)
 What a peer keeps serving, and for how long, is :mod:`blobsdk.peer.sharing`'s.
 
 Deep prefetch: the peer tier is no prefetch target (``holds`` is False), but a chunk a
@@ -142,14 +144,17 @@ class PeerTier(AsyncResource):
         begun = time.perf_counter()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._budget_s
-        self.sharing.expect(ref.key)
+        # Children sent here wait for this fetch.  On a miss it goes on below, in the same task
+        # (the read path's one per chunk): the bytes land by ``fill``, or the task ends without
+        # them (a tier below failed, the reader left) and the children get a miss at once.
+        expecting = self.sharing.expect(ref.key, asyncio.current_task())
         raw = await self._from_peers(ref, deadline, demand)
         if raw is None:
             self.counts["over_budget"] += loop.time() >= deadline
             self.stats.misses += 1
             return None
         self.stats.hit(ref.raw_length, time.perf_counter() - begun)
-        self.sharing.landed(ref.key, raw)
+        expecting.landed(raw)
         return raw
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:

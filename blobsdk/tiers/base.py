@@ -89,7 +89,10 @@ class Tier(Protocol):
     async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         """The verified raw bytes of ``ref``, or None if this tier cannot serve them.
         ``demand``: the fetch this is (None: a foreground read); a tier that sends requests
-        hands it to its hedger, so they queue at its priority (blobsdk/chunks/call.py)."""
+        hands it to its hedger, so they queue at its priority (blobsdk/chunks/call.py).  The
+        read path calls it in the chunk's fetch task, which ends once the walk has filled the
+        tiers above the one that served, or failed: after a miss, what a tier promised others
+        for the chunk (the peer tier's waiting children) ends with that task at the latest."""
         ...
 
     async def fill(self, ref: ChunkRef, raw: memoryview) -> None:

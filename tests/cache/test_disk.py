@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache import DiskCache
 from blobsdk.errors import BadRequest, ClientClosed, Unavailable
 from blobsdk.testing.cache import (
     HOSTILE_KEYS,
@@ -44,9 +44,9 @@ def chunk_file(root: Path, n: int) -> Path:
     return root / key(n)[:2] / key(n)
 
 
-def open_cache(root: Path, capacity: int = 1 << 20, cls: type[DiskCache] = DiskCache, **kw) -> DiskCache:
+def open_cache(root: Path, capacity: int = 1 << 20, **kw) -> DiskCache:
     kw.setdefault("min_free_ratio", 0)
-    return cls(root, capacity_bytes=capacity, **kw)
+    return DiskCache(root, capacity_bytes=capacity, **kw)
 
 
 def without_index(root: Path) -> None:
@@ -233,27 +233,35 @@ async def test_dead_writers_temp_files_are_swept_at_open(tmp_path):
 # --- write failures --------------------------------------------------------------------------
 
 
-class FullDisk(DiskCache):
-    """A disk that fails every write with ENOSPC once ``full`` is set."""
+# A fault replaces one file operation of one cache (blobsdk/cache/_diskfiles.py) on the object
+# that every part of the cache holds: it runs on the cache's threads.
 
-    full = False
 
-    def _write_parts(self, fd, parts):
+class FullDisk:
+    """``cache``'s disk fails every write with ENOSPC once ``full`` is set."""
+
+    def __init__(self, cache: DiskCache) -> None:
+        self.full = False
+        self._write = cache._files.write_parts
+        cache._files.write_parts = self.write_parts  # type: ignore[method-assign]
+
+    def write_parts(self, fd, parts):
         if self.full:
             raise OSError(errno.ENOSPC, "No space left on device")
-        super()._write_parts(fd, parts)
+        self._write(fd, parts)
 
 
 async def test_enospc_makes_put_return_false(tmp_path):
-    async with open_cache(tmp_path, cls=FullDisk) as cache:
+    async with open_cache(tmp_path) as cache:
+        disk = FullDisk(cache)
         await fill(cache, 1)
-        cache.full = True
+        disk.full = True
         assert await cache.put(key(2), blob(2)) is False
         assert await cache.put(key(1), blob(1)) is False  # a failed re-put leaves nothing stale
         s = cache.stats()
         assert s["errors"] == 2 and s["puts"] == 1 and cache.used_bytes == 0
         assert await present(cache, 1, 2) == [False, False]
-        cache.full = False
+        disk.full = False
         await fill(cache, 3)
         assert bytes(await cache.get(key(3))) == blob(3)
     assert not list(tmp_path.rglob("*.tmp"))
@@ -290,79 +298,84 @@ async def test_two_caches_on_one_directory(tmp_path):
             assert await a.get(key(2)) is None
 
 
-class GatedReads(DiskCache):
-    """Reads pause after opening the file until ``go`` is set."""
+class GatedReads:
+    """``cache``'s reads pause after opening the file until ``go`` is set."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, cache: DiskCache) -> None:
         self.opened = threading.Event()
         self.go = threading.Event()
+        self._read = cache._files.read_file
+        cache._files.read_file = self.read_file  # type: ignore[method-assign]
 
-    def _read_file(self, fd, key, checksum):
+    def read_file(self, fd, key, checksum):
         self.opened.set()
         self.go.wait(5)
-        return super()._read_file(fd, key, checksum)
+        return self._read(fd, key, checksum)
 
 
 async def test_eviction_racing_a_read_cannot_hurt_it(tmp_path):
-    async with open_cache(tmp_path, capacity=100, cls=GatedReads) as cache:
+    async with open_cache(tmp_path, capacity=100) as cache:
+        gate = GatedReads(cache)
         await fill(cache, 1)
         reader = asyncio.create_task(cache.get(key(1)))
-        await asyncio.to_thread(cache.opened.wait, 5)
+        await asyncio.to_thread(gate.opened.wait, 5)
         await fill(cache, 2)  # evicts (unlinks) 1 while its read is in flight
         assert not chunk_file(tmp_path, 1).exists()
-        cache.go.set()
+        gate.go.set()
         assert await reader == blob(1)
 
 
-class GatedWrites(DiskCache):
-    """Writes pause until ``go`` is set."""
+class GatedWrites:
+    """``cache``'s writes pause until ``go`` is set."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, cache: DiskCache) -> None:
         self.writing = threading.Event()
         self.go = threading.Event()
+        self._write = cache._files.write_parts
+        cache._files.write_parts = self.write_parts  # type: ignore[method-assign]
 
-    def _write_parts(self, fd, parts):
+    def write_parts(self, fd, parts):
         self.writing.set()
         self.go.wait(5)
-        super()._write_parts(fd, parts)
+        self._write(fd, parts)
 
 
 async def test_fill_in_flight_is_invisible_and_unevictable(tmp_path):
-    async with open_cache(tmp_path, capacity=200, cls=GatedWrites) as cache:
+    async with open_cache(tmp_path, capacity=200) as cache:
+        gate = GatedWrites(cache)
         writer = asyncio.create_task(cache.put(key(1), blob(1)))
-        await asyncio.to_thread(cache.writing.wait, 5)
+        await asyncio.to_thread(gate.writing.wait, 5)
         assert not cache.contains(key(1)) and await cache.get(key(1)) is None
         assert cache.used_bytes == 100  # concurrent puts see its bytes
-        cache.go.set()
+        gate.go.set()
         assert await writer
         assert await cache.get(key(1)) == blob(1)
 
 
 class HalfWrittenFills(GatedWrites):
-    """Fills pause with the header and half the payload written, until ``go`` is set."""
+    """``cache``'s fills pause with the header and half the payload written, until ``go`` is set."""
 
-    def _write_parts(self, fd, parts):
+    def write_parts(self, fd, parts):
         header, payload = parts
         half = len(payload) // 2
-        DiskCache._write_parts(self, fd, [header, payload[:half]])
+        self._write(fd, [header, payload[:half]])
         self.writing.set()
         self.go.wait(5)
-        DiskCache._write_parts(self, fd, [payload[half:]])
+        self._write(fd, [payload[half:]])
 
 
 async def test_a_half_done_fill_is_never_seen_by_another_cache(tmp_path):
     data = blob(1, 10_000)
-    async with open_cache(tmp_path, cls=HalfWrittenFills) as cache:
+    async with open_cache(tmp_path) as cache:
+        gate = HalfWrittenFills(cache)
         writer = asyncio.create_task(cache.put(key(1), data))
-        await asyncio.to_thread(cache.writing.wait, 5)
+        await asyncio.to_thread(gate.writing.wait, 5)
         try:
             async with open_cache(tmp_path) as other:  # another process starting now scans the directory
                 assert await other.get(key(1)) is None and not other.contains(key(1))
                 assert other.stats()["corrupt"] == 0  # it met no partial file under the final name
         finally:
-            cache.go.set()
+            gate.go.set()
         assert await writer
         assert await cache.get(key(1)) == data
     async with open_cache(tmp_path) as later:
@@ -370,13 +383,14 @@ async def test_a_half_done_fill_is_never_seen_by_another_cache(tmp_path):
 
 
 async def test_cancelled_put_still_settles_the_index(tmp_path):
-    async with open_cache(tmp_path, cls=GatedWrites) as cache:
+    async with open_cache(tmp_path) as cache:
+        gate = GatedWrites(cache)
         writer = asyncio.create_task(cache.put(key(1), blob(1)))
-        await asyncio.to_thread(cache.writing.wait, 5)
+        await asyncio.to_thread(gate.writing.wait, 5)
         writer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await writer
-        cache.go.set()
+        gate.go.set()
         for _ in range(200):
             if cache.contains(key(1)):
                 break
@@ -386,11 +400,12 @@ async def test_cancelled_put_still_settles_the_index(tmp_path):
 
 
 async def test_delete_during_a_fill_leaves_no_file(tmp_path):
-    async with open_cache(tmp_path, cls=GatedWrites) as cache:
+    async with open_cache(tmp_path) as cache:
+        gate = GatedWrites(cache)
         writer = asyncio.create_task(cache.put(key(1), blob(1)))
-        await asyncio.to_thread(cache.writing.wait, 5)
+        await asyncio.to_thread(gate.writing.wait, 5)
         await cache.delete(key(1))
-        cache.go.set()
+        gate.go.set()
         await writer
     assert not chunk_file(tmp_path, 1).exists()
 

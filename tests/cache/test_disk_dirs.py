@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache import DiskCache
 from blobsdk.errors import IncompatibleFormat, Unavailable
 from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache import _diskscan
+from blobsdk.cache import DiskCache, _diskscan
 from blobsdk.cache._indexfile import read_index
-from blobsdk.cache.disk import DiskCache
 from blobsdk.cache.policy import Entry, Index, TtlPolicy
 from blobsdk.testing.cache import FakeClock, blob, fill, key, present
 
@@ -160,8 +159,8 @@ async def test_a_root_it_may_not_write_opens_and_closes_without_an_index_file(
 
 def test_an_index_keeps_the_creation_order_only_for_a_ttl() -> None:
     """A disk cache without a TTL loads its index file into one order, not two."""
-    assert DiskCache(".", capacity_bytes=1)._index.by_age is None
-    assert DiskCache(".", capacity_bytes=1, ttl_seconds=5)._index.by_age is not None
+    assert DiskCache(".", capacity_bytes=1)._ledger.index.by_age is None
+    assert DiskCache(".", capacity_bytes=1, ttl_seconds=5)._ledger.index.by_age is not None
     index = Index(by_age=False)
     index.load([Entry(key(1), 10, 1.0, 1.0)])
     with pytest.raises(ValueError, match=r"^a TTL needs an index that keeps the creation order \(Index\(by_age=True\)\)$"):

@@ -308,8 +308,8 @@ def test_no_file_operation_of_a_root_names_a_path_outside_it(share: tuple[Path, 
     finally:
         os.close(fd)
     cache = open_cache(root)
-    assert not cache._remove(PATH32)  # a victim listed by a forged index file: nothing to remove
+    assert not cache._files.remove(PATH32)  # a victim listed by a forged index file: nothing to remove
     with pytest.raises(UnsafeEntry) as refused:
-        with_file(cache._dir, PATH32, lambda fd, key: None)
+        with_file(cache._files.dir, PATH32, lambda fd, key: None)
     assert str(refused.value) == f"{PATH32!r}: not a name of a cache entry's file (nothing is named outside the root)"
     assert victim.read_bytes() == b"not the cache's"

@@ -1,4 +1,4 @@
-"""The disk cache's background reconciliation (blobsdk/cache/disk.py) racing the cache's own
+"""The disk cache's background reconciliation (blobsdk/cache/_disk.py) racing the cache's own
 work: the two races that made tests/cache/test_stateful.py::TestDiskMachine flaky, pinned
 with events (no timing): the executor job of each step is held at the exact point."""
 
@@ -72,14 +72,14 @@ async def test_an_index_write_stopped_by_aclose_never_lands_after_aclose_writes_
 
     monkeypatch.setattr(disk, "write_index", held)
     cache = await open_cache(tmp_path).open()
-    submit = cache._pool.submit
+    submit = cache._disk.submit
 
-    def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted(fn: Any, *args: Any) -> Any:
         if fn is held:
             submitted.append(1)
-        return submit(fn, *args, **kwargs)
+        return submit(fn, *args)
 
-    monkeypatch.setattr(cache._pool, "submit", counted)
+    monkeypatch.setattr(cache._disk, "submit", counted)
     await asyncio.to_thread(writing.wait, WAIT)
     assert await cache.delete(key(1))
     await fill(cache, 2)
@@ -104,14 +104,14 @@ async def test_evictions_the_reconciliation_began_finish_when_aclose_stops_it(tm
     write_index(str(tmp_path), [e for e in entries if e.key == key(1)], 0.0, "test")  # names key 1 only
     removing, release = threading.Event(), threading.Event()
     cache = await open_cache(tmp_path, capacity=100).open()
-    real = cache._remove
+    real = cache._files.remove
 
     def held(name: str) -> bool:
         removing.set()
         release.wait(WAIT)
         return real(name)
 
-    cache._remove = held  # type: ignore[method-assign]
+    cache._files.remove = held  # type: ignore[method-assign]
     await asyncio.to_thread(removing.wait, WAIT)  # it found keys 2 and 3, evicts two of the three
     closing = asyncio.create_task(cache.aclose())
     for _ in range(20):  # loop turns, not time: aclose cancels the reconciliation

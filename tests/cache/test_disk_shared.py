@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache import DiskCache
 from blobsdk.sources.base import new_block_id
 from blobsdk.testing.cache import blob
 from blobsdk.tiers import L2Tier

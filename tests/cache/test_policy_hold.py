@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache.disk import DiskCache
-from blobsdk.cache.memory import MemoryCache
+from blobsdk.cache import DiskCache, MemoryCache
 from blobsdk.cache.policy import Entry, HoldPolicy, Index
 from blobsdk.testing.cache import FakeClock, key
 
@@ -22,7 +21,7 @@ HOLD = 60.0
 
 def _count_walks(cache: MemoryCache | DiskCache) -> None:
     """From now on, count the entries any eviction walks in the orders of the index."""
-    index = cache._index
+    index = cache._index if isinstance(cache, MemoryCache) else cache._ledger.index
     index.lru = Walked(index.lru)
     if index.by_age is not None:
         index.by_age = Walked(index.by_age)
@@ -162,7 +161,8 @@ async def test_a_restart_from_the_index_file_releases_an_entry_past_its_hold_beh
         clock.advance(40)
         assert await cache.get(key(1)) == b"1" * 100  # 2 is now the least recently used
     async with DiskCache(tmp_path, capacity_bytes=200, hold_seconds=HOLD, min_free_ratio=0, clock=clock) as cache:
-        assert list(cache._index.lru) == [key(2), key(1)] and list(cache._index.held or {}) == [key(2)]
+        index = cache._ledger.index
+        assert list(index.lru) == [key(2), key(1)] and list(index.held or {}) == [key(2)]
         assert await cache.put(key(3), b"3" * 100)
         assert [cache.contains(key(n)) for n in (1, 2, 3)] == [False, True, True]
         assert cache.stats()["lru_evictions"] == 1 and cache.stats()["hold_evictions"] == 0

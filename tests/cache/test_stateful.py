@@ -17,8 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from blobsdk.cache.disk import DiskCache
-from blobsdk.cache.memory import MemoryCache
+from blobsdk.cache import DiskCache, MemoryCache
 from blobsdk.errors import QuotaExceeded
 from blobsdk.testing.cache import FakeClock, blob, key
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli import ok, run
+from tests.cli.test_cli import error_line, ok, run
 
 DATA = b"the bytes of /b/x\n" * 1000
 
@@ -139,3 +139,22 @@ def test_a_directory_in_the_way_of_the_blobs_name_is_an_error_and_stays(tmp_path
     result = run("get", "/b/x", str(tmp_path), store=store)
     assert result.returncode == 1 and (tmp_path / "x").is_dir()
     assert result.stderr.decode() == f"blobsdk: error: [Errno 21] Is a directory: '{os.path.realpath(tmp_path / 'x')}'\n"
+
+
+def test_an_out_that_cannot_be_made_fails_before_the_blob_is_read_and_names_out(tmp_path, store):
+    """The missing directory is found before the read (so before ``/b/missing``'s not-found),
+    and named as OUT, not as the temp file beside it."""
+    out = tmp_path / "no-such-dir" / "x"
+    for path in ("/b/missing", "/b/x"):
+        result = run("get", path, str(out), store=store)
+        assert result.returncode == 1
+        assert result.stderr.decode() == f"blobsdk: error: [Errno 2] No such file or directory: '{out}'\n"
+
+
+def test_a_failed_read_leaves_out_as_it_was_and_no_temp_file(tmp_path, store):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x").write_bytes(b"old")
+    result = run("get", "/b/missing", str(out / "x"), store=store)
+    assert result.returncode == 1 and error_line(result) == "blobsdk: error: no blob at '/b/missing'"
+    assert [p.name for p in out.iterdir()] == ["x"] and (out / "x").read_bytes() == b"old"

@@ -42,6 +42,21 @@ CLI_CASES = [
     (["--config=x", "stat", "--jsn", "/b/k"], ("stat",), "blobsdk stat: error: unrecognized argument --jsn"),
     (["ckpt", "ls", "--bogus", "/b/ckpt"], ("ckpt", "ls"), "blobsdk ckpt ls: error: unrecognized argument --bogus"),
     (["--local", "x", "prefetch", "/b/", "--tier=l2", "--pin-second", "5"], ("prefetch",), None),
+    (
+        ["get", "/b/k", "--config", "c.toml"],
+        ("get",),
+        "blobsdk get: error: --config is an option of blobsdk, before the subcommand: blobsdk --config FILE get ...",
+    ),
+    (
+        ["ckpt", "ls", "/b/ckpt", "--local=x"],
+        ("ckpt", "ls"),
+        "blobsdk ckpt ls: error: --local is an option of blobsdk, before the subcommand: blobsdk --local DIR ckpt ls ...",
+    ),
+    (
+        ["--local", "x", "ls", "--create", "/b"],
+        ("ls",),
+        "blobsdk ls: error: --create is an option of blobsdk, before the subcommand: blobsdk --create ls ...",
+    ),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 import xxhash
 
 import blobsdk
-from blobsdk.cache.disk import DiskCache
+from blobsdk.cache import DiskCache
 from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool

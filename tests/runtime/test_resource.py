@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsdk.cache.disk import DiskCache
-from blobsdk.cache.memory import MemoryCache
+from blobsdk.cache import DiskCache, MemoryCache
 from blobsdk.errors import ClientClosed, Unavailable
 from blobsdk.runtime.resource import AsyncResource
 from blobsdk.sources import LocalBlockStore

@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from blobsdk.cache.disk import PayloadFile
+from blobsdk.cache import PayloadFile
 from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tail.health import Reason

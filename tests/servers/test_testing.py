@@ -312,7 +312,7 @@ EVERY_SUITE_TESTS = {"TestSqlite": 102, "TestLocal": 32, "TestMemory": 51}
 EVERY_SUITE = """
 import pytest_asyncio
 
-from blobsdk.cache.memory import MemoryCache
+from blobsdk.cache import MemoryCache
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.sources import LocalBlockStore
 from blobsdk.testing.cache import ChunkCacheTests

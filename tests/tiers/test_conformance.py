@@ -13,8 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from blobsdk.cache.disk import DiskCache
-from blobsdk.cache.memory import MemoryCache
+from blobsdk.cache import DiskCache, MemoryCache
 from blobsdk.sources import LocalBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers import L1Tier, L2Tier, L3Tier, L4Tier, PeerTier

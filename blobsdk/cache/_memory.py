@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from ..chunks.ids import ChunkKey
-from ..runtime.resource import AsyncResource
+from ..chunks import ChunkKey
+from ..runtime import AsyncResource
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, PolicyChain, validate_tenant
 

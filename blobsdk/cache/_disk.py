@@ -47,8 +47,14 @@ capacity.  Processes may share a directory and delete or replace files under
 each other: the worst case is a miss (a vanished file drops our index entry), never wrong
 bytes; a file another process adds is found by the first read that misses the index
 (blobsdk/cache/_diskshare.py).  All disk access runs on the cache's own thread pool, never
-on the event loop (the blocking file operations: blobsdk/cache/_diskfiles.py; the restart
-path, index file and reconciliation: blobsdk/cache/_diskreload.py).
+on the event loop.
+
+The cache is made of explicit parts, each given what it uses by its constructor: what it holds
+in memory (the index, the policies, the fills, the counters: ``Ledger``) and its thread pool
+over its files (``DiskPool``), both in blobsdk/cache/_diskstate.py; the blocking file
+operations (blobsdk/cache/_diskfiles.py); the adoption of another process's files
+(blobsdk/cache/_diskshare.py); the restart path, index file and reconciliation
+(blobsdk/cache/_diskreload.py).
 
 With ``remember_verified`` (the L3 node) the cache remembers which file each key's last
 verified read saw (in memory only: after a restart every file is verified again), and
@@ -64,40 +70,25 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Self
 
 from ..errors import ClientClosed, Unavailable
-from ..runtime.forksafe import Executor
-from ..runtime.resource import AsyncResource
-from ..runtime.rootdir import RootDir, UnsafeEntry
-from ._diskfiles import space_deficit, with_file
+from ..runtime import AsyncResource, RootDir, UnsafeEntry
+from ._diskfiles import DiskFiles, space_deficit, with_file
 from ._diskreload import Reload
 from ._diskshare import SharedFiles
+from ._diskstate import DiskPool, Fill, Ledger
 from ._entryfile import Damaged as _Damaged
-from ._indexfile import Dropped
-from ._payloadfile import PayloadFile as PayloadFile  # open_verified's result: servers/flashsend.py uses it
-from ._payloadfile import VerifiedFiles, open_payload
+from ._payloadfile import PayloadFile, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
-from .policy import Entry, PolicyChain, Victims, validate_tenant
+from .policy import Entry, PolicyChain, validate_tenant
 
-T = TypeVar("T")
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("blobsdk.cache.disk")  # the name users configure, kept when the module went private
 
 
-@dataclass(slots=True)
-class _Fill:
-    """A put being written: indexed (concurrent puts count its bytes), not yet readable
-    nor evictable (pinned to infinity); ``pin_until`` is the pin it gets once written."""
-
-    entry: Entry
-    pin_until: float
-
-
-class DiskCache(SharedFiles, Reload, AsyncResource):
+class DiskCache(AsyncResource):
     """A :class:`~blobsdk.cache.base.ChunkCache` over one directory (module docstring).
 
     ``capacity_bytes`` counts payload bytes (a file adds 32 bytes plus the tenant name);
@@ -124,23 +115,16 @@ class DiskCache(SharedFiles, Reload, AsyncResource):
         if capacity_bytes < 0 or not 0 <= min_free_ratio < 1 or threads < 1:
             raise ValueError(f"bad DiskCache settings: {capacity_bytes=} {min_free_ratio=} {threads=}")
         self._root = Path(os.path.abspath(root))
-        self._dir = RootDir(self._root, label=f"cache {name}", log=log, durable=False)
-        self._capacity = capacity_bytes
         self._min_free = min_free_ratio
         self._name = name
-        self._clock = clock
-        self._chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
-        self._index = self._chain.new_index()
-        self._fills: dict[str, _Fill] = {}
-        self._pool = Executor(threads, thread_name_prefix=f"blobsdk-{name}")
-        self._token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
         self._state = "new"
-        self._reconciling: asyncio.Task[None] | None = None
-        self._saving: asyncio.Future[None] | None = None  # the last index file write (_save_index)
-        self._touched: set[str] | None = None  # keys put or deleted while reconciling (_reconcile)
-        self._dropped: Dropped | None = None  # the index file's entries dropped at open, not yet reported
-        self._counts = dict.fromkeys(("hits", "misses", "puts", "corrupt", "errors"), 0)
-        self._verified = VerifiedFiles() if remember_verified else None  # for open_verified
+        token = os.urandom(4).hex()  # marks our temp files: a sweep never takes them
+        self._files = DiskFiles(RootDir(self._root, label=f"cache {name}", log=log, durable=False), name=name, token=token)
+        chain = PolicyChain(ttl_seconds=ttl_seconds, hold_seconds=hold_seconds, quotas=quotas)
+        self._ledger = Ledger(chain, capacity=capacity_bytes, clock=clock, remember_verified=remember_verified)
+        self._disk = DiskPool(self._files, self._ledger.counts, threads=threads)
+        self._shared = SharedFiles(self._ledger, self._disk)
+        self._reload = Reload(self._ledger, self._disk)
 
     @property
     def name(self) -> str:
@@ -152,11 +136,11 @@ class DiskCache(SharedFiles, Reload, AsyncResource):
 
     @property
     def capacity_bytes(self) -> int:
-        return self._capacity
+        return self._ledger.capacity
 
     @property
     def used_bytes(self) -> int:
-        return self._index.used
+        return self._ledger.index.used
 
     async def open(self) -> Self:
         """Create ``root`` if needed, check its FORMAT (module docstring), sweep dead
@@ -164,22 +148,17 @@ class DiskCache(SharedFiles, Reload, AsyncResource):
         if self._state != "new":
             return self
         try:
-            await self._io(self._root.mkdir, parents=True, exist_ok=True)
-            await self._io(self._check_format)
-            listing = await self._io(self._read_index)
-            if listing is None:
-                await self._scan_all()
-            else:
-                self._load(listing)
-            await self._remove_victims(self._chain.trim(self._index, self._capacity, self._clock()))
+            await self._disk.run(self._root.mkdir, parents=True, exist_ok=True)
+            await self._disk.run(self._files.check_format)
+            listing = await self._reload.restore()
+            await self._disk.remove_victims(self._ledger.trim())
         except UnsafeEntry as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: refused {exc}") from exc
         except OSError as exc:
             raise Unavailable(f"cache {self._name} cannot open {self._root}: {exc}") from exc
         self._state = "open"
         if listing is not None:  # what the index file named, before any put
-            self._touched = set()
-            self._reconciling = asyncio.create_task(self._reconcile(listing.entries), name=f"blobsdk-{self._name}-reconcile")
+            self._reload.reconcile_in_background(listing)
         return self
 
     async def get(self, key: str, *, checksum: int | None = None) -> bytearray | None:
@@ -188,199 +167,181 @@ class DiskCache(SharedFiles, Reload, AsyncResource):
         whose recorded checksum differs counts as corrupt too: one hash checks both."""
         entry = await self._readable(validate_key(key))
         if entry is None:  # another process sharing root may have written it since we opened
-            return await self._adopt(key, checksum)
+            return await self._shared.adopt(key, checksum)
+        ledger = self._ledger
         try:
-            data, ident = await self._io(self._read_sync, key, checksum)
+            data, ident = await self._disk.run(self._files.read, key, checksum)
         except _Damaged:
-            self._lost(entry, "corrupt")
+            ledger.lost(entry, "corrupt")
             return None
         except FileNotFoundError:  # deleted or evicted by another process sharing root
-            self._lost(entry)
+            ledger.lost(entry)
             return None
         except UnsafeEntry as exc:  # a symlink where the entry or its shard belongs: never read
-            self._dir.ignore(str(exc))
-            self._lost(entry, "errors")
+            self._files.dir.ignore(str(exc))
+            ledger.lost(entry, "errors")
             return None
         except OSError:
-            self._lost(entry, "errors")
+            ledger.lost(entry, "errors")
             return None
-        if entry.size != len(data) and self._index.get(key) is entry:
-            self._index.resize(entry, len(data))  # the index file said otherwise
-        self._hit(entry)
-        if self._verified is not None:
-            self._verified.record(key, ident, len(self._index))
+        if entry.size != len(data) and ledger.index.get(key) is entry:
+            ledger.index.resize(entry, len(data))  # the index file said otherwise
+        ledger.hit(entry)
+        ledger.saw(key, ident)
         return data
+
+    async def find(self, key: str, *, checksum: int | None = None) -> bool:
+        """Whether the cache holds ``key`` (with ``checksum``, if given): :meth:`contains`, or
+        else a file another process sharing the directory wrote, whose header checks out; that
+        one is indexed (blobsdk/cache/_diskshare.py).  Counts no hit nor miss."""
+        key = validate_key(key)
+        if key in self._ledger.index:
+            return key not in self._ledger.fills
+        self._check_open()
+        return await self._shared.find(key, checksum)
 
     async def open_verified(self, key: str) -> PayloadFile | None:
         """The entry's file, open, if an earlier :meth:`get` of this cache verified that
         very file (``remember_verified``; blobsdk/cache/_payloadfile.py); else None and the
         caller reads it with :meth:`get` (absent, not yet verified, or replaced since)."""
         entry = await self._readable(validate_key(key))
-        known = None if self._verified is None or entry is None else self._verified.get(key)
+        verified = self._ledger.verified
+        known = None if verified is None or entry is None else verified.get(key)
         if entry is None or known is None:
             return None
         try:
-            opened: PayloadFile | None = await self._io(with_file, self._dir, key, partial(open_payload, known=known))
+            opened: PayloadFile | None = await self._disk.run(with_file, self._files.dir, key, partial(open_payload, known=known))
         except (_Damaged, OSError):  # the get that follows counts it
             return None
         if opened is not None:
-            self._hit(entry)
+            self._ledger.hit(entry)
         return opened
 
     def forget_verified(self, key: str) -> None:
         """Make the next read of ``key`` verify its file again (:meth:`get`)."""
-        if self._verified is not None:
-            self._verified.forget(validate_key(key))
+        self._ledger.forget_verified(validate_key(key))
 
     async def put(self, key: str, data: Buffer, *, tenant: str = DEFAULT_TENANT, pin_seconds: float = 0.0) -> bool:
         """Store a copy of ``data``: True once it is readable, False if it could not be
         admitted or written (then ``key`` is gone).  QuotaExceeded: see ChunkCache."""
         key, tenant = validate_key(key), validate_tenant(tenant)
         view = memoryview(data).cast("B")
-        now = self._clock()
+        ledger = self._ledger
+        now = ledger.clock()
         entry = Entry(key, view.nbytes, now, now, tenant, math.inf)  # unevictable until written
         deficit = await self._space_deficit_for(entry)
         # From here to the fill's start nothing awaits: the quota is checked on the index the
         # admission then sees, and a put refused for it changes nothing (another tenant's copy
         # of the key stays).
-        self._chain.check_quota(self._index, entry, now)
-        replaced = self._forget_older(key)
-        victims = None if deficit is None else self._chain.admit(self._index, entry, self._capacity, now, deficit)
+        ledger.chain.check_quota(ledger.index, entry, now)
+        replaced = self._forget(key) is not None
+        victims = None if deficit is None else ledger.chain.admit(ledger.index, entry, ledger.capacity, now, deficit)
         if victims is None:
             if replaced:  # a put that fails must leave no older bytes
-                await self._unlink_quietly(key)
+                await self._disk.unlink_quietly(key)
             return False
         doomed: list[str] = [key] if replaced else []  # unlinked first by the fill's own job
         doomed += [e.key for _, e in victims]
         return await self._fill(entry, now + pin_seconds if pin_seconds > 0 else 0.0, view, doomed)
 
-    def _forget_older(self, key: str) -> bool:
-        """Drop ``key``'s entry and any fill of it from the index (a put replaces them); True if
-        there was an entry, whose file the caller removes."""
-        self._fills.pop(key, None)
-        self.forget_verified(key)
-        if self._touched is not None:
-            self._touched.add(key)
-        return self._index.remove(key) is not None
-
     def pin(self, key: str, seconds: float) -> bool:
         """Protect a present entry from eviction for ``seconds`` more; False if absent."""
-        entry = self._index.get(validate_key(key))
+        ledger = self._ledger
+        entry = ledger.index.get(validate_key(key))
         if entry is None:
             return False
-        fill = self._fills.get(key)
+        fill = ledger.fills.get(key)
         holder = fill if fill is not None and fill.entry is entry else entry
-        holder.pin_until = max(holder.pin_until, self._clock() + seconds)
+        holder.pin_until = max(holder.pin_until, ledger.clock() + seconds)
         return True
 
     async def reconciled(self) -> None:
         """Wait until the index is in line with the directory: at once after a start that read
         every header, else once the background reconciliation (module docstring) is done."""
-        if self._reconciling is not None:
-            await asyncio.shield(self._reconciling)
+        await self._reload.reconciled()
 
     def tenant_usage(self) -> dict[str, int]:
         """Bytes stored (or being stored) per tenant."""
-        return dict(self._index.tenant_bytes)
+        return dict(self._ledger.index.tenant_bytes)
 
     async def delete(self, key: str) -> bool:
         """Remove ``key`` (also a file another process put there); True if there was one."""
         key = validate_key(key)
-        entry = self._index.remove(key)
-        self._fills.pop(key, None)
-        self.forget_verified(key)
-        if self._touched is not None:
-            self._touched.add(key)
-        unlinked = await self._unlink_quietly(key)
+        entry = self._forget(key)
+        unlinked = await self._disk.unlink_quietly(key)
         return entry is not None or unlinked
 
     def contains(self, key: str) -> bool:
-        return validate_key(key) in self._index and key not in self._fills
+        return self._ledger.holds(validate_key(key))
 
     def stats(self) -> dict[str, int | float]:
-        return {
-            **self._counts,
-            "bytes": self._index.used,
-            "entries": len(self._index),
-            "capacity_bytes": self._capacity,
-            **self._chain.stats(),
-        }
+        return self._ledger.stats()
 
     async def aclose(self) -> None:
         """Stop reconciling, write the index file, wait for running disk operations, then stop
         the thread pool.  Idempotent."""
         if self._state == "closed":
             return
-        if self._reconciling is not None:
-            self._reconciling.cancel()
-            await asyncio.gather(self._reconciling, return_exceptions=True)
-        self._report_dropped([], "")  # if the reconciliation stopped before it checked the keys
+        await self._reload.stop()
         if self._state == "open":
-            await self._save_index()
+            await self._reload.save()
         self._state = "closed"
-        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+        await self._disk.aclose()
 
     async def _start(self) -> None:
         await self.open()  # a failed one is closed (AsyncResource): the pool never outlives it
 
     # --- internals, on the event loop -------------------------------------------------
 
-    async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._state == "closed":
-            raise ClientClosed(f"cache {self._name} is closed")
-        return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ClientClosed(f"cache {self._name} is {self._state}: use async with")
+
+    def _forget(self, key: str) -> Entry | None:
+        """Drop ``key``'s entry and any fill of it from the index (a put or a delete); the
+        entry there was, whose file the caller removes."""
+        ledger = self._ledger
+        ledger.fills.pop(key, None)
+        ledger.forget_verified(key)
+        self._reload.touch(key)
+        return ledger.index.remove(key)
 
     async def _readable(self, key: str) -> Entry | None:
         """The entry to read for ``key``: None if absent, being written or expired."""
-        if self._state != "open":
-            raise ClientClosed(f"cache {self._name} is {self._state}: use async with")
-        entry = self._index.get(key)
-        if entry is None or key in self._fills:
+        self._check_open()
+        ledger = self._ledger
+        entry = ledger.index.get(key)
+        if entry is None or key in ledger.fills:
             return None
-        if self._chain.expired(entry, self._clock()):
-            self._chain.expire(self._index, entry)
-            await self._unlink_quietly(key)
+        if ledger.chain.expired(entry, ledger.clock()):
+            ledger.chain.expire(ledger.index, entry)
+            await self._disk.unlink_quietly(key)
             return None
         return entry
-
-    def _hit(self, entry: Entry) -> None:
-        if self._index.get(entry.key) is entry:
-            self._index.touch(entry, self._clock())
-        self._counts["hits"] += 1
-
-    def _lost(self, entry: Entry, cause: str | None = None) -> None:
-        """Forget an entry whose file is gone or bad (counted as ``cause``): a miss."""
-        if cause:
-            self._counts[cause] += 1
-        self.forget_verified(entry.key)
-        if self._index.get(entry.key) is entry:
-            self._index.remove(entry.key)
-        self._counts["misses"] += 1
 
     async def _space_deficit_for(self, entry: Entry) -> int | None:
         """Bytes to evict for the file system's sake before ``entry`` is written (see
         :meth:`_space_deficit`); ClientClosed unless the cache is open."""
-        if self._state != "open":
-            raise ClientClosed(f"cache {self._name} is {self._state}: use async with")
-        return await self._space_deficit(entry.size) if entry.size <= self._capacity else 0
+        self._check_open()
+        return await self._space_deficit(entry.size) if entry.size <= self._ledger.capacity else 0
 
     async def _space_deficit(self, incoming: int) -> int | None:
         """Bytes to evict to keep ``min_free_ratio`` free after this put and the fills in
         flight; None if the file system cannot be asked."""
         if self._min_free <= 0:
             return 0
-        in_flight = sum(f.entry.size for f in self._fills.values())
+        in_flight = sum(f.entry.size for f in self._ledger.fills.values())
         try:
-            return await self._io(space_deficit, self._root, incoming + in_flight, self._min_free)
+            return await self._disk.run(space_deficit, self._root, incoming + in_flight, self._min_free)
         except OSError:
-            self._counts["errors"] += 1
+            self._ledger.counts["errors"] += 1
             return None
 
     async def _fill(self, entry: Entry, pin_until: float, view: memoryview, doomed: list[str]) -> bool:
-        fill = _Fill(entry, pin_until)
-        self._index.add(entry)
-        self._fills[entry.key] = fill
-        job = asyncio.wrap_future(self._pool.submit(self._store_sync, entry.key, entry.tenant, view, doomed))
+        fill = Fill(entry, pin_until)
+        self._ledger.index.add(entry)
+        self._ledger.fills[entry.key] = fill
+        job = asyncio.wrap_future(self._disk.submit(self._files.store, entry.key, entry.tenant, view, doomed))
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -390,43 +351,24 @@ class DiskCache(SharedFiles, Reload, AsyncResource):
             pass
         return self._settle(fill, job)
 
-    def _settle(self, fill: _Fill, job: asyncio.Future[None]) -> bool:
+    def _settle(self, fill: Fill, job: asyncio.Future[None]) -> bool:
         """Publish or drop a finished fill in the index; True if its file was written."""
-        entry, key = fill.entry, fill.entry.key
-        if self._fills.get(key) is fill:
-            del self._fills[key]
-        ours = self._index.get(key) is entry
+        ledger, entry, key = self._ledger, fill.entry, fill.entry.key
+        if ledger.fills.get(key) is fill:
+            del ledger.fills[key]
+        ours = ledger.index.get(key) is entry
         exc = job.exception()
         if exc is None:
             entry.pin_until = fill.pin_until
-            self._counts["puts"] += 1
-            if not ours and key not in self._index and self._state != "closed":
-                self._pool.submit(self._remove_quietly, key)  # deleted while written: no orphan file
+            ledger.counts["puts"] += 1
+            if not ours and key not in ledger.index and not self._disk.closed:
+                self._disk.submit(self._files.remove_quietly, key)  # deleted while written: no orphan file
             return True
         if ours:
-            self._index.remove(key)
+            ledger.index.remove(key)
         if not isinstance(exc, OSError):
             raise exc
         if isinstance(exc, UnsafeEntry):
-            self._dir.ignore(str(exc))
-        self._counts["errors"] += 1
-        return False
-
-    async def _remove_victims(self, victims: Victims) -> None:
-        """Remove the files of entries a trim took out of the index, in one executor job that
-        goes on if this task is cancelled (aclose stopping a reconciliation): else the rest would
-        stay on disk unindexed, over capacity, until the next start's reconciliation."""
-        if victims:
-            self._counts["errors"] += await asyncio.shield(self._io(self._remove_all, [e.key for _, e in victims]))
-
-    async def _unlink_quietly(self, key: str) -> bool:
-        """Remove ``key``'s file; True if there was one.  A failure is counted (and an
-        unsafe entry logged), never raised."""
-        try:
-            return await self._io(self._remove, key)
-        except UnsafeEntry as exc:
-            self._dir.ignore(str(exc))
-        except OSError:
-            pass
-        self._counts["errors"] += 1
+            self._files.dir.ignore(str(exc))
+        ledger.counts["errors"] += 1
         return False
