@@ -11,9 +11,9 @@ import time
 import xxhash
 
 from blobsdk.chunks.codec import decode_chunk
+from blobsdk.sources import ReplicatedBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 CHUNK = 16 << 10

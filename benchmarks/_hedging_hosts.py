@@ -43,10 +43,9 @@ from pathlib import Path
 from blobsdk.config import HedgeConfig, Timeouts
 from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rpc import new_session
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.testbed import Link, Testbed
 

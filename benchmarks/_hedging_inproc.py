@@ -22,7 +22,7 @@ from blobsdk.config import HedgeConfig
 from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.sources.base import new_block_id
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 READS = 100

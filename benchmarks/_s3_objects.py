@@ -41,8 +41,8 @@ import obstore
 from obstore.store import S3Store
 
 import blobsdk
+from blobsdk.sources import S3BlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore
 
 from ._report import Report, median
 from ._s3_rows import BUCKET, CONCURRENCY, Boto3, Read, Row, check, rounds_of, s3_client

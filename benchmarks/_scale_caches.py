@@ -1,9 +1,9 @@
 """The scale benchmark's cache curves (benchmarks/scale.py): the client's plan cache, the
 shared plan cache in Redis, the disk cache (L2) and the L3 flash node's store under churn.
 
-- ``plan_cache``: the in-process plan cache (blobsdk/metadata/cache.py ``_Plans``), bytes per
+- ``plan_cache``: the in-process plan cache (blobsdk/metadata/_cache.py ``_Plans``), bytes per
   entry and a random lookup; ``floor_dict`` the same lookups in a plain dict of as many paths.
-- ``shared_plan_cache``: blobsdk/metadata/shared.py on a local redis-server holding 10^e plans:
+- ``shared_plan_cache``: blobsdk/metadata/_shared.py on a local redis-server holding 10^e plans:
   ``get_plan`` of a random cached path (a hit: one pipelined MGET) and Redis's bytes per entry;
   ``floor_redis_get`` a bare GET of the same entry's key on the same connection (the round trip).
 - ``l2``: the disk cache restarted with and without its index file, the reconciliation after,
@@ -39,8 +39,8 @@ from typing import Any
 
 from blobsdk.cache import DiskCache
 from blobsdk.cache._entryfile import encode_header
-from blobsdk.metadata.cache import _Plans
-from blobsdk.metadata.shared import SharedPlanCache
+from blobsdk.metadata import SharedPlanCache
+from blobsdk.metadata._cache import _Plans
 from blobsdk.wire import ChunkRef, ReadPlan
 from servers.redisd import start_redis
 

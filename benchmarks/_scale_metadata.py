@@ -31,10 +31,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from blobsdk.config import Timeouts
+from blobsdk.metadata import HttpMetadataStore, RedisMetadataStore, SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.redis import RedisMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.net.rpc import new_session
 from blobsdk.wire import ChunkRef, CommitOp, ReadPlan, etag_of
 from servers.redisd import start_redis

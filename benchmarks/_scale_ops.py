@@ -27,8 +27,8 @@ from pathlib import Path
 
 import xxhash
 
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.ops.gc import collect
 from blobsdk.ops.repair import live_chunks, scrub
 from blobsdk.wire import BlockInfo, ChunkRef, CommitOp, ReadPlan, etag_of

@@ -3,7 +3,7 @@ fetching one blob through the peer tier, that drives the real tracker
 (:class:`servers.tracker_rules.Tracker`, on the simulated clock) and models only the clients
 and the network.  ``benchmarks/swarm_sim.py`` builds the scenarios and reports.
 
-A simulated host behaves as a real client (``blobsdk/tiers/peer.py``,
+A simulated host behaves as a real client (``blobsdk/tiers/_peer.py``,
 ``blobsdk/peer/sharing.py``, ``blobsdk/peer/server.py``):
 
 - it fetches the blob's chunks in order, ``readahead`` at once; each fetch asks the tracker
@@ -50,7 +50,7 @@ from blobsdk.auth import ServeKey
 from blobsdk.config import PeerConfig
 from blobsdk.errors import BlobError, PeerNotFound
 from blobsdk.peer.sharing import _ANNOUNCE_S, _DROP_GRACE_S, _MAX_HELD
-from blobsdk.tiers.peer import _BUSY_PAUSE_MAX_S, _BUSY_PAUSE_S
+from blobsdk.tiers._peer import _BUSY_PAUSE_MAX_S, _BUSY_PAUSE_S
 from blobsdk.wire import TRACKER_MAX_KEYS, AnnounceRequest, PeerHello, Problem, ReportRequest, Source
 from servers.tracker_rules import Tracker, TrackerConfig
 

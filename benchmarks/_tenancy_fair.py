@@ -55,7 +55,7 @@ import msgspec
 import blobsdk
 from blobsdk.auth import GRANT_HEADER, Keyring, new_claims
 from blobsdk.config import WriteConfig
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.wire import MSGPACK, ChunkRef, GetPlansRequest, chunk_query
 from servers.cluster import Cluster
 

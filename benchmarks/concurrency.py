@@ -57,8 +57,8 @@ from blobsdk.config import LimiterConfig, Timeouts
 from blobsdk.errors import Unavailable
 from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.rpc import new_session
+from blobsdk.sources import HttpBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
 
 from ._report import Report, percentile
 from ._servers import block_servers

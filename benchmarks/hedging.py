@@ -52,10 +52,9 @@ from blobsdk.config import HedgeConfig, Timeouts
 from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.net.rpc import new_session
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 from ._hedging_batches import decode, time_batches, write_chunks

@@ -34,7 +34,7 @@ import msgspec
 
 import blobsdk
 from blobsdk.config import L1Config, Timeouts
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 

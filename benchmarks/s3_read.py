@@ -7,7 +7,7 @@ what was written (the same way in every row: one ``==`` on a ``bytes``, a memcmp
 - ``obstore``: ``obstore.get_range_async`` (the baseline);
 - ``boto3``: ``get_object(Range=...)`` then ``Body.read()``, in a pool of ``CONCURRENCY``
   threads (boto3 is synchronous), one client, as many pooled connections;
-- ``getter``: blobsdk.sources.s3get.S3Getter, SigV4-signed GETs over the SDK's own HTTP
+- ``getter``: blobsdk.sources._s3get.S3Getter, SigV4-signed GETs over the SDK's own HTTP
   path, the body received into the caller's buffer;
 - ``store``: S3BlockStore.read_into, the whole L4 read (limiter, deadline, error mapping);
 - ``client``: Client.get of blobs holding the same bytes (one chunk each), over an S3 L4
@@ -90,9 +90,9 @@ import obstore
 from obstore.store import S3Store
 
 import blobsdk
+from blobsdk.sources import S3BlockStore
+from blobsdk.sources._s3get import S3Getter, S3Target, target_of
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore
-from blobsdk.sources.s3get import S3Getter, S3Target, target_of
 
 from ._cpu import CPU_GOAL, floor_cpu_s_per_gb
 from ._report import Report, median

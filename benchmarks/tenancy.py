@@ -38,7 +38,7 @@ import msgspec
 import blobsdk
 from blobsdk.auth import Keyring, new_claims
 from blobsdk.config import L1Config, ReadConfig
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 

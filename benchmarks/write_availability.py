@@ -27,7 +27,8 @@ import msgspec
 import blobsdk
 from blobsdk.config import ClientConfig, Timeouts, WriteConfig
 from blobsdk.ops.repair import Repairer
-from blobsdk.sources.replicated import Quorum, ReplicatedBlockStore
+from blobsdk.sources import ReplicatedBlockStore
+from blobsdk.sources._replicated import Quorum
 from servers.cluster import Cluster, ServerProcess, start_cluster
 from servers.cluster import _wait_ready as wait_ready
 

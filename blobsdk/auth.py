@@ -55,7 +55,7 @@ from .errors import Forbidden, Unauthorized
 
 CLOCK_SKEW_S = 30.0  # how far a server's clock may disagree with the issuer's
 GRANT_TTL_S = 900.0  # how long the metadata API's chunk grants last (its --grant-ttl)
-GRANT_MARGIN_S = 60.0  # a client drops a cached plan this long before its grants expire (metadata/cache.py)
+GRANT_MARGIN_S = 60.0  # a client drops a cached plan this long before its grants expire (metadata/_cache.py)
 
 
 TOKEN_PREFIX = "bst1"

@@ -318,7 +318,7 @@ class ReadConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True
     parallel_chunks: int = 16  # chunk reads in flight per get
     plan_cache_ttl_seconds: float = 10.0  # how stale another client's write may look; 0 disables
     plan_cache_entries: int = 100_000
-    shared_plan_cache_url: str | None = None  # redis://HOST:PORT/DB: plans shared by clients (blobsdk/metadata/shared.py)
+    shared_plan_cache_url: str | None = None  # redis://HOST:PORT/DB: plans shared by clients (blobsdk/metadata/_shared.py)
     shared_plan_cache_ttl_seconds: float = 10.0
 
     def check(self) -> None:
@@ -334,7 +334,7 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     (``Client.local``, ``Client.from_stores``) leaves them out."""
 
     api_url: str | None = None
-    api_urls: tuple[str, ...] = ()  # several API servers over one store: blobsdk/metadata/http.py fails over
+    api_urls: tuple[str, ...] = ()  # several API servers over one store: blobsdk/metadata/_http.py fails over
     metadata_url: str | None = None  # redis://HOST:PORT/DB: the metadata in Redis, talked to directly
     block_urls: tuple[str, ...] = ()
     source_url: str | None = None  # s3://BUCKET/PREFIX: L4 in an object store (see [s3])

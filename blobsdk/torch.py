@@ -158,18 +158,21 @@ from .sync import SyncClient, SyncReadahead
 # worker: CPython 3.11's import lock can fail in a child forked while other threads run
 # (KeyError in importlib's _ModuleLock.acquire, seen as "worker exited unexpectedly").  torch's
 # workers import numpy.random to seed it (when numpy is there); a worker's client imports the
-# store backends.
-_IMPORTED_BEFORE_FORK = (
-    "numpy.random",
-    "blobsdk.metadata.http",
-    "blobsdk.metadata.sqlite",
-    "blobsdk.sources.http",
-    "blobsdk.sources.local",
-    "blobsdk.sources.replicated",
+# store backends, each through its face (which loads it on first use).
+_IMPORTED_BEFORE_FORK = ("numpy.random",)
+_BACKENDS_BEFORE_FORK = (
+    ("blobsdk.metadata", "HttpMetadataStore"),
+    ("blobsdk.metadata", "SqliteMetadataStore"),
+    ("blobsdk.sources", "HttpBlockStore"),
+    ("blobsdk.sources", "LocalBlockStore"),
+    ("blobsdk.sources", "ReplicatedBlockStore"),
 )
 for _module in _IMPORTED_BEFORE_FORK:
     with contextlib.suppress(ImportError):
         importlib.import_module(_module)
+for _face, _backend in _BACKENDS_BEFORE_FORK:
+    with contextlib.suppress(ImportError):
+        getattr(importlib.import_module(_face), _backend)
 
 
 PREFETCH_WINDOW = 4096  # samples per deep-prefetch window (see the module docstring)

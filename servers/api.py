@@ -28,7 +28,7 @@ cannot know the bytes an entry names, so a save checks an entry before it reuses
 restore checks every chunk (blobsdk/write/dedup.py).
 
 Run: ``python -m servers.api --db meta.sqlite [--host H] [--port P] [--token T] [--keys FILE]``, or
-``--metadata redis://HOST:PORT/DB`` in place of ``--db`` (blobsdk/metadata/redis.py: Redis or Redis Cluster).
+``--metadata redis://HOST:PORT/DB`` in place of ``--db`` (blobsdk/metadata/_redis.py: Redis or Redis Cluster).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from blobsdk.chunks.call import Call
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import BlockStore, Buffer, new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import BlockInfo, ChunkRef, Codec
 from blobsdk.write.writer import encode_chunk
 

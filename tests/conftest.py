@@ -6,6 +6,10 @@ import pytest
 import blobsdk
 from blobsdk.config import WriteConfig
 
+# tests/tiers/conformance.py is not a test_*.py module: without this its failed asserts show no
+# values.  Registered here, before any test module imports it (tests/peer/ does, before tests/tiers/).
+pytest.register_assert_rewrite("tests.tiers.conformance")
+
 # Small chunks and blocks so tests exercise multi-chunk blobs and multi-block packing cheaply.
 SMALL = WriteConfig(chunk_size=64 << 10, block_size=256 << 10)
 # The disk caches (L2, the L3 nodes) keep min_free_ratio (5%) of their file system free and

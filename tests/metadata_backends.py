@@ -20,10 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from blobsdk.metadata import HttpMetadataStore, RedisMetadataStore, SqliteMetadataStore
 from blobsdk.metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.redis import RedisMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from servers import api
 from servers.redisd import RedisCluster, RedisServer, start_redis, start_redis_cluster
 from tests.helpers import running_app

@@ -239,9 +239,8 @@ def test_sync_client(tmp_path):
 
 
 async def test_corrupt_replica_is_skipped_for_a_good_one(tmp_path):
-    from blobsdk.metadata.sqlite import SqliteMetadataStore
-    from blobsdk.sources.local import LocalBlockStore
-    from blobsdk.sources.replicated import ReplicatedBlockStore
+    from blobsdk.metadata import SqliteMetadataStore
+    from blobsdk.sources import LocalBlockStore, ReplicatedBlockStore
 
     data = payload(300_000, 9)
     async with (

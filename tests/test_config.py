@@ -3,9 +3,8 @@ import pytest
 import blobsdk
 from blobsdk.assembly import GivenStores
 from blobsdk.config import ClientConfig, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.metadata import SqliteMetadataStore
+from blobsdk.sources import LocalBlockStore, ReplicatedBlockStore
 
 TOML = """
 api_url = "http://127.0.0.1:7001"
@@ -126,7 +125,7 @@ def test_a_write_quorum_below_one_is_refused(quorum):
 
 
 def test_write_quorum_takes_all_or_a_number_and_defaults_to_a_majority():
-    assert WriteConfig().write_quorum is None  # a majority of block_urls (blobsdk/sources/replicated.py)
+    assert WriteConfig().write_quorum is None  # a majority of block_urls (blobsdk/sources/_replicated.py)
     config = ClientConfig.from_dict({"api_url": "http://a", "block_urls": ["http://b"], "write": {"write_quorum": "all"}})
     assert config.write.write_quorum == "all"
     assert ClientConfig.from_dict({"write": {"write_quorum": 2}}).write.write_quorum == 2

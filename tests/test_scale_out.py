@@ -15,9 +15,9 @@ import blobsdk
 from blobsdk._redisurl import FORM
 from blobsdk.assembly import _block_store
 from blobsdk.config import ClientConfig, S3Config
-from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.metadata import RedisMetadataStore
 from blobsdk.net.limiter import LimiterRegistry
-from blobsdk.sources.s3 import S3BlockStore
+from blobsdk.sources import S3BlockStore
 from servers.cluster import start_cluster
 from servers.redisd import start_redis
 from tests.helpers import ROOT, S3_STORES, redis_s3_toml, s3_server

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import blobsdk
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.read.prefetch import Prefetch
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sync import SyncCheckpoints, SyncPending, SyncPrefetch
 from blobsdk.write.checkpoint import Checkpoints, Pending
 from tests.conftest import SMALL

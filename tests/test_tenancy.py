@@ -21,10 +21,9 @@ from blobsdk.auth import GRANT_TTL_S
 from blobsdk.chunks.call import Call
 from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
 from blobsdk.errors import Forbidden, InvalidPath, Unauthorized
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import HttpMetadataStore, SqliteMetadataStore
 from blobsdk.paths import INDEX_DIR
-from blobsdk.sources.http import HttpBlockStore
+from blobsdk.sources import HttpBlockStore
 from blobsdk.testing.reserved import reserved
 from blobsdk.wire import MSGPACK, ChunkRef, CommitOp, CommitRequest, DeleteRequest, ErrorBody, ReadPlan, encode
 from blobsdk.write.writer import plan_of

@@ -28,7 +28,7 @@ def wait_for_the_test():
 
 
 async def store(root, block_id):
-    from blobsdk.sources.local import LocalBlockStore
+    from blobsdk.sources import LocalBlockStore
 
     async with LocalBlockStore(root) as s:
         async with s.block_writer(block_id) as writer:

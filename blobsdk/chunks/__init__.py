@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_names
-from .ids import ChunkKey, is_hex32, validate_hex32
+from .ids import ChunkKey, is_hex32, validate_block_id, validate_hex32
 
 if TYPE_CHECKING:
     from .call import AttemptFn, Call, Demand, Priority
@@ -59,6 +59,7 @@ __all__ = [
     "is_hex32",
     "place",
     "rank",
+    "validate_block_id",
     "validate_hex32",
     "verify_raw",
     "verify_windows",

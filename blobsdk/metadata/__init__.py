@@ -25,20 +25,20 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .cache import CachedMetadataStore
-    from .http import HttpMetadataStore
-    from .redis import RedisMetadataStore
-    from .shared import SharedPlanCache
-    from .sqlite import SqliteMetadataStore
+    from ._cache import CachedMetadataStore
+    from ._http import HttpMetadataStore
+    from ._redis import RedisMetadataStore
+    from ._shared import SharedPlanCache
+    from ._sqlite import SqliteMetadataStore
 
 __getattr__ = lazy_names(
     __name__,
     {
-        "CachedMetadataStore": "cache",
-        "HttpMetadataStore": "http",
-        "RedisMetadataStore": "redis",
-        "SharedPlanCache": "shared",
-        "SqliteMetadataStore": "sqlite",
+        "CachedMetadataStore": "_cache",
+        "HttpMetadataStore": "_http",
+        "RedisMetadataStore": "_redis",
+        "SharedPlanCache": "_shared",
+        "SqliteMetadataStore": "_sqlite",
     },
 )
 

@@ -1,4 +1,4 @@
-"""The Redis metadata store's Lua scripts (blobsdk/metadata/redis.py): each runs atomically
+"""The Redis metadata store's Lua scripts (blobsdk/metadata/_redis.py): each runs atomically
 on the server; their KEYS and ARGV are described at their heads."""
 
 COMMIT = """

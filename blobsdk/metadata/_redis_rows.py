@@ -1,4 +1,4 @@
-"""What the Redis metadata store (blobsdk/metadata/redis.py) names and reads back: its keys,
+"""What the Redis metadata store (blobsdk/metadata/_redis.py) names and reads back: its keys,
 and the stored values it decodes, each checked as untrusted (another writer of the same Redis
 can put anything there): a path's plan, a listed page, a retryable write's record.
 """
@@ -24,7 +24,7 @@ _plan_decoder = msgspec.msgpack.Decoder(ReadPlan)
 
 @dataclass(frozen=True)
 class Keys:
-    """The keys of a namespace (the layout is in blobsdk/metadata/redis.py's docstring)."""
+    """The keys of a namespace (the layout is in blobsdk/metadata/_redis.py's docstring)."""
 
     namespace: str
 

@@ -37,7 +37,7 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
-from ..chunks.plans import checked_plan
+from ..chunks import checked_plan
 from ..errors import BlobNotFound
 from ..paths import validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind

@@ -59,8 +59,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from ..chunks.ids import validate_hex32
-from ..chunks.plans import check_plan
+from ..chunks import check_plan, validate_hex32
 from ..errors import BadRequest, BlockCollected, CorruptData, InvalidPath, PreconditionFailed
 from ..paths import INDEX_DIR, RESERVED_DIR, is_index_entry, is_reserved, validate_path, validate_prefix, validate_writable
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
@@ -164,7 +163,7 @@ class RetryAwareStore(Protocol):
     same store: a retry of an applied write answers what the first application did (its
     versions, its deleted blob), never a second version, a spurious PreconditionFailed or
     BlobNotFound.  A request id used again for other paths is BadRequest.  How long an id is
-    remembered is the store's (blobsdk/metadata/redis.py: ``REQUEST_TTL_S``)."""
+    remembered is the store's (blobsdk/metadata/_redis.py: ``REQUEST_TTL_S``)."""
 
     async def commit_once(self, ops: Sequence[CommitOp], request_id: str) -> list[ReadPlan]: ...
 

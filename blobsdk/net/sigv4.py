@@ -1,5 +1,5 @@
 """AWS Signature Version 4 for the S3 data GETs that go over the SDK's own HTTP GET path
-(blobsdk/sources/s3get.py): header-based signing of a request without a body.
+(blobsdk/sources/_s3get.py): header-based signing of a request without a body.
 
 What is signed: the method, the path (each segment URI-encoded once, as S3 wants), the
 query, ``host``, ``x-amz-content-sha256`` (``UNSIGNED-PAYLOAD``), ``x-amz-date`` and, with

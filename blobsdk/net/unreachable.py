@@ -1,7 +1,7 @@
 """What a client says when it cannot connect to a server: which server it is (its *role*),
 where, what happened, and the likely cause, in one place for every endpoint (the control
 requests of blobsdk/net/rpc.py, the data GETs of blobsdk/net/rawget.py, and Redis as the
-metadata store, blobsdk/metadata/redis.py).
+metadata store, blobsdk/metadata/_redis.py).
 
 A refused connection means nothing listens at the address.  For a cluster's servers the
 likely causes are that the cluster is down, or that the config (a ``client.toml``) is from

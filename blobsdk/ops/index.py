@@ -3,7 +3,7 @@ and :meth:`blobsdk.Client.index_s3` make blobs whose chunks are byte ranges of e
 objects, with no copy.
 
 **What a blob indexed in place is.**  Object ``PREFIX/<name>`` becomes blob ``DEST<name>``
-(DEST ends in "/"), whose plan names one *link block* (blobsdk/sources/s3.py: a tiny object
+(DEST ends in "/"), whose plan names one *link block* (blobsdk/sources/_s3.py: a tiny object
 in the client's own S3 source holding bucket, key and ETag) at the object's own offsets,
 uncompressed, each chunk with the xxh3-64 of its bytes.  Those checksums are computed here,
 once, from one streamed GET of each object (If-Match the ETag listed), so readers verify

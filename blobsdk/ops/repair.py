@@ -34,7 +34,7 @@ by the time it was checked, or no longer live).
 
 **Under-replicated writes** (:meth:`Repairer.repair_under_replicated`): a write acknowledged
 by its quorum while some replica failed records its block in the store's
-:class:`~blobsdk.sources.replicated.UnderReplicated` list, without waiting for a read.  A
+:class:`~blobsdk.sources.UnderReplicated` list, without waiting for a read.  A
 second task of the repairer works through that list whenever it grows: one reverse-index
 lookup for the whole list, then each block checked and repaired as above.  A block whole again
 leaves the list; one that is not (its replica still down) stays, and the next pass comes

@@ -1,5 +1,5 @@
 """The peer server a client runs when it has trackers: it serves the chunks of its
-peer tier (``blobsdk/tiers/peer.py``) to other clients of its tenant.
+peer tier (``blobsdk/tiers/_peer.py``) to other clients of its tenant.
 
 One route, ``GET /v1/chunks/{key}?<chunk ref>`` (``wire.chunk_query``), answering the chunk's
 verified raw bytes.  Its rules, in the order they are checked:

@@ -1,5 +1,5 @@
 """The part of a peer that shares (DESIGN §2): what a client with trackers gives the other
-clients of its tenant.  The peer tier (``blobsdk/tiers/peer.py``) fetches; this serves.
+clients of its tenant.  The peer tier (``blobsdk/tiers/_peer.py``) fetches; this serves.
 
 :class:`Sharing` owns three things, all started by :meth:`Sharing.open` on the peer tier's
 exit stack and stopped with it:

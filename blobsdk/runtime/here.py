@@ -8,7 +8,7 @@ Why it is asked at all:
   loops, sockets and files, with no thread running those loops: a call through them waits
   for ever, and closing them would close, or say goodbye on, what the parent still uses.
 - obstore runs every request on one Tokio runtime per process, started by its first one,
-  whose threads do not survive a fork: a child's obstore request hangs (sources/s3.py).
+  whose threads do not survive a fork: a child's obstore request hangs (sources/_s3.py).
 - An aiohttp session, like an ``asyncio.Lock``, belongs to the loop it was made on: another
   loop (``asyncio.run`` again, another thread's loop) must not use it.
 
@@ -27,7 +27,7 @@ registry of holders (no hidden global state) and holds however the process came 
 
 Users: SyncClient (its loop thread and client), _stores._ProcessClient (the torch datasets'
 and DCP's client), fsspec.py (each filesystem's client and lock per loop, its IO loop),
-torch.py (the next epoch's readahead), sources/s3get.py (the signed GETs' connections, per
+torch.py (the next epoch's readahead), sources/_s3get.py (the signed GETs' connections, per
 loop), sources/_s3obstore.py (which process started obstore's runtime), _forksafe.py (its
 registry of threads).
 """

@@ -11,23 +11,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_names
-from ..chunks.ids import validate_block_id
-from .base import BlockReplica, BlockStore, Buffer, block_time, is_link, links_to, new_block_id
-from .replicated import RecordsUnderReplicated, ReplicatedBlockStore, UnderReplicated
+from ..chunks import validate_block_id
+from ._replicated import RecordsUnderReplicated, ReplicatedBlockStore, UnderReplicated
+from .base import BlockReplica, BlockStore, Buffer, Span, SpanReader, block_time, is_link, links_to, new_block_id
 
 if TYPE_CHECKING:
-    from .http import HttpBlockStore
-    from .local import BlockWriter, LocalBlockStore
-    from .s3 import S3BlockStore, S3Object
+    from ._http import HttpBlockStore
+    from ._local import BlockWriter, LocalBlockStore
+    from ._s3 import S3BlockStore, S3Object
 
 __getattr__ = lazy_names(
     __name__,
     {
-        "HttpBlockStore": "http",
-        "BlockWriter": "local",
-        "LocalBlockStore": "local",
-        "S3BlockStore": "s3",
-        "S3Object": "s3",
+        "HttpBlockStore": "_http",
+        "BlockWriter": "_local",
+        "LocalBlockStore": "_local",
+        "S3BlockStore": "_s3",
+        "S3Object": "_s3",
     },
 )
 
@@ -42,6 +42,8 @@ __all__ = [
     "ReplicatedBlockStore",
     "S3BlockStore",
     "S3Object",
+    "Span",
+    "SpanReader",
     "UnderReplicated",
     "block_time",
     "is_link",

@@ -1,5 +1,5 @@
-"""What a failure of the S3 L4 (blobsdk/sources/s3.py) means, as blobsdk's errors: the one
-error map of obstore's exceptions and of the signed GETs' replies (sources/s3get.py), so a
+"""What a failure of the S3 L4 (blobsdk/sources/_s3.py) means, as blobsdk's errors: the one
+error map of obstore's exceptions and of the signed GETs' replies (sources/_s3get.py), so a
 status travels in our classes, never in ``__cause__``; and, since every request goes through
 it, the place where a process forked after its first obstore request is refused one
 (NotForkSafe, saying what to do).
@@ -27,8 +27,8 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
+from ._s3get import S3Refused
 from ._s3obstore import _first_line, _forked_after_obstore, _listing_error, _unavailable
-from .s3get import S3Refused
 
 _FORKED = (
     "S3 {what} (obstore) cannot run in a process forked after its parent used obstore: obstore's runtime threads do "
@@ -40,7 +40,7 @@ _AGAIN = "index it again (client.index_s3, or blobsdk import --in-place) to read
 
 
 class Indexed(Protocol):
-    """An object a link block points at (:class:`~blobsdk.sources.s3.S3Object`), as messages name it."""
+    """An object a link block points at (:class:`~blobsdk.sources.S3Object`), as messages name it."""
 
     @property
     def etag(self) -> str: ...

@@ -1,4 +1,4 @@
-"""obstore's side of the S3 L4 (blobsdk/sources/s3.py): which process its runtime runs in,
+"""obstore's side of the S3 L4 (blobsdk/sources/_s3.py): which process its runtime runs in,
 its errors' status and first line, a listing's own errors, and an upload's pieces."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ with requires_extra("s3", __name__):
     from obstore.exceptions import InvalidPathError
 
 from ..errors import BadRequest, BlobError, BlobNotFound, Overloaded, RangeNotSatisfiable, Unavailable
-from ..net.retry import Backoff
-from ..runtime.here import Held
+from ..net import Backoff
+from ..runtime import Held
+from ._s3get import S3Refused
 from .base import Buffer
-from .s3get import S3Refused
 
 if TYPE_CHECKING:
     from obstore.store import BackoffConfig, RetryConfig
@@ -31,7 +31,7 @@ _RUNTIME: Held[bool] = Held()
 
 def _forked_after_obstore() -> bool:
     """Whether this process was forked after the S3 L4's first obstore request (see
-    blobsdk/sources/s3.py); if not, this process starts the runtime if none has."""
+    blobsdk/sources/_s3.py); if not, this process starts the runtime if none has."""
     if _RUNTIME.inherited:
         return True
     if _RUNTIME.get() is None:

@@ -8,7 +8,7 @@ Two protocols, because L4 is written as a whole and read one copy at a time:
   a BlockStore that can also be read (``read_into``, ``read_range``).  A single backend is
   its own only replica.
 
-A store of several replicas (blobsdk/sources/replicated.py) is a BlockStore and no
+A store of several replicas (blobsdk/sources/_replicated.py) is a BlockStore and no
 BlockReplica: the one reader of L4 is the replicated read engine
 (blobsdk/tail/replicaread.py: the L4 tier's and the L3 node's), which reads each
 replica itself, verifying every copy and failing over between them.
@@ -32,7 +32,7 @@ Semantics every backend holds (blobsdk/testing/sources.py checks them):
 - Block ids are 32 lowercase hex digits (:func:`new_block_id`); any other id is refused
   with BadRequest before it comes near a file name or URL.  An id that begins with
   :data:`LINK_TAG` names a *link block* (:func:`new_link_id`): an object indexed in place
-  (blobsdk/sources/s3.py), whose bytes stay in that object.
+  (blobsdk/sources/_s3.py), whose bytes stay in that object.
 - ``replicas`` lists the independent copies a reader fails over between (verifying each
   answer itself); a single backend is its own only replica.
 
@@ -53,8 +53,7 @@ from typing import Protocol, runtime_checkable
 
 import xxhash
 
-from ..chunks.call import Call
-from ..chunks.ids import validate_block_id
+from ..chunks import Call, validate_block_id
 from ..errors import BlobError
 from ..wire import BlockInfo
 

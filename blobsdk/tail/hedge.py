@@ -62,7 +62,7 @@ from functools import partial
 from typing import TypeVar
 from weakref import WeakKeyDictionary
 
-from ..chunks.call import AttemptFn, Call
+from ..chunks import AttemptFn, Call
 from ..config import HedgeConfig
 from ..errors import BlobError
 from .deadlines import Deadlines, LatencyTracker

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from ..chunks.call import AttemptFn, Call
+from ..chunks import AttemptFn, Call
 from ..config import HedgeConfig
 from ..errors import HedgeExhausted, Unavailable
 from .deadlines import Deadlines, LatencyTracker, Timer

@@ -1,10 +1,10 @@
 """The replicated read engine: the hedged, verified read of one chunk across a block store's
-replicas.  The L4 tier (blobsdk/tiers/l4.py) and the L3 node's read-through from L4
+replicas.  The L4 tier (blobsdk/tiers/_l4.py) and the L3 node's read-through from L4
 (servers/flash.py) both read through one.
 
 A chunk's stored bytes are read from each replica of the store in order (the store's
 ``replicas``), each copy handed to the decoder; the first copy that verifies wins.  A store
-of several replicas only writes (blobsdk/sources/replicated.py): this engine is the one
+of several replicas only writes (blobsdk/sources/_replicated.py): this engine is the one
 reader of L4.  It never misses quietly: when every replica failed it raises CorruptData (some
 copy was bad), BlockNotFound (every replica said the block is gone) or Unavailable.
 
@@ -30,14 +30,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Protocol
 
-from ..chunks.call import AttemptFn, Call, Demand
-from ..chunks.pieces import Decoder, Piece, Verifier
-from ..chunks.placement import rank
+from ..chunks import AttemptFn, Call, Decoder, Demand, Piece, Verifier, rank
 from ..config import HedgeConfig, RepairConfig
 from ..errors import BadCopy, BlobError, BlockNotFound, BufferChanged, CorruptData, HedgeExhausted, SourceChanged, Unavailable
-from ..net.limiter import LimiterRegistry
-from ..runtime.buffers import BufferPool
-from ..sources.base import BlockReplica, BlockStore, Span, SpanReader
+from ..net import LimiterRegistry
+from ..runtime import BufferPool
+from ..sources import BlockReplica, BlockStore, Span, SpanReader
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .health import Reason, TargetHealth

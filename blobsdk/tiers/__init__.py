@@ -5,11 +5,11 @@ read engine).  The composition root builds them; the read path walks them in ord
 
 from __future__ import annotations
 
+from ._l1 import L1Tier
+from ._l2 import L2Tier
+from ._l3 import HydrateJob, L3Tier
+from ._l4 import L4Tier
+from ._peer import PeerTier
 from .base import DirectTier, Tier
-from .l1 import L1Tier
-from .l2 import L2Tier
-from .l3 import HydrateJob, L3Tier
-from .l4 import L4Tier
-from .peer import PeerTier
 
 __all__ = ["DirectTier", "HydrateJob", "L1Tier", "L2Tier", "L3Tier", "L4Tier", "PeerTier", "Tier"]

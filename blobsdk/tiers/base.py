@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, Self, runtime_checkable
 
-from ..chunks.call import Demand
-from ..chunks.pieces import Decoder as Decoder
-from ..chunks.pieces import Piece as Piece
-from ..chunks.pieces import Verifier as Verifier
+from ..chunks import Decoder as Decoder
+from ..chunks import Demand
+from ..chunks import Piece as Piece
+from ..chunks import Verifier as Verifier
 from ..errors import BlobError
 from ..stats import TierStats
 from ..wire import ChunkRef

@@ -17,7 +17,7 @@ from benchmarks._report import Report
 from benchmarks._scale_curves import Curve, per_op_quantiles, traced_bytes
 from benchmarks._scale_metadata import metadata_curves
 from benchmarks._scale_ops import _grow, _MemoryBlocks, block_id, ops_curves
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops.gc import collect
 from blobsdk.ops.repair import scrub
 

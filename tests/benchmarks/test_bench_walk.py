@@ -69,12 +69,12 @@ async def test_every_operation_is_walked_against_a_cluster_and_reported() -> Non
         walked = report.details[f"{name}_first_walk_calls_per_file"]
         assert all(path.startswith("blobsdk/") for path in walked)
     cold = report.details["cold_read_first_walk_calls_per_file"]
-    assert {"blobsdk/tiers/l4.py", "blobsdk/tail/hedge.py", "blobsdk/net/rawget.py"} <= cold.keys()
+    assert {"blobsdk/tiers/_l4.py", "blobsdk/tail/hedge.py", "blobsdk/net/rawget.py"} <= cold.keys()
     assert "blobsdk/assembly.py" not in cold  # the client was opened before the walk
     # One API server is called without the failover's wrapper; a plan's grant margin is the
     # plan cache's; a checked ref's key is not checked again, and an L1 fill that fits asks
     # no eviction policy.
-    skipped = {"metadata/apiservers.py", "auth.py", "cache/base.py", "cache/policy.py"}
+    skipped = {"metadata/_apiservers.py", "auth.py", "cache/base.py", "cache/policy.py"}
     assert not {f"blobsdk/{path}" for path in skipped} & cold.keys()
     assert "blobsdk/write/checkpoint.py" in report.details["save_first_walk_calls_per_file"]
     assert "blobsdk/read/readahead.py" in report.details["epoch_first_walk_calls_per_file"]

@@ -14,10 +14,10 @@ import xxhash
 
 from blobsdk.cache import DiskCache
 from blobsdk.errors import IncompatibleFormat, Unavailable
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.testing.cache import blob
-from blobsdk.tiers.l2 import L2Tier
+from blobsdk.tiers import L2Tier
 from blobsdk.wire import ChunkRef
 from tests.helpers import stored_files
 from tests.writer_process import FIRST, SECOND, WriterProcess

@@ -22,7 +22,7 @@ from blobsdk.cache._indexfile import _HEAD, _MAGIC, _VERSION, INDEX_FILE, Listin
 from blobsdk.config import L2Config
 from blobsdk.runtime.rootdir import RootDir, UnsafeEntry, create_temp, open_regular, remove_if_dead, unlink_at
 from blobsdk.testing.cache import FakeClock, blob, fill, key, present
-from blobsdk.tiers.l2 import L2Tier
+from blobsdk.tiers import L2Tier
 
 from .test_disk import chunk_file, open_cache
 from .test_disk_index import NoHeaderReads

@@ -14,7 +14,7 @@ import xxhash
 from blobsdk.cache import DiskCache
 from blobsdk.sources.base import new_block_id
 from blobsdk.testing.cache import blob
-from blobsdk.tiers.l2 import L2Tier
+from blobsdk.tiers import L2Tier
 from blobsdk.wire import ChunkRef
 from tests.writer_process import FIRST, SECOND, WriterProcess
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 
 
 class LateAnswers(SqliteMetadataStore):

@@ -1,4 +1,4 @@
-"""A client with several API servers (``api_urls``; blobsdk/metadata/apiservers.py) against
+"""A client with several API servers (``api_urls``; blobsdk/metadata/_apiservers.py) against
 real API server processes over one real redis-server: reads and writes fail over from a
 killed server and from a stopped one (bounded by ``[timeouts] api_failover``), a server that
 comes back serves again, a write whose answer was lost after it was applied is retried
@@ -17,7 +17,7 @@ import pytest
 import blobsdk
 from blobsdk.config import ClientConfig, Timeouts
 from blobsdk.errors import BadRequest, Unavailable, Unreachable
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.net.rpc import new_session
 from blobsdk.testing.plans import make_plan
 from blobsdk.wire import CommitOp

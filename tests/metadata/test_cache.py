@@ -9,8 +9,7 @@ import pytest
 
 from blobsdk import Client, auth
 from blobsdk.errors import BlobNotFound, CorruptData
-from blobsdk.metadata.cache import CachedMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import CachedMetadataStore, SqliteMetadataStore
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import bad_plan, make_plan, put
 

@@ -5,11 +5,8 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable
-from blobsdk.metadata import http
+from blobsdk.metadata import CachedMetadataStore, HttpMetadataStore, SqliteMetadataStore, _http
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.cache import CachedMetadataStore
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import bad_plan, make_plan, put
 from blobsdk.wire import MAX_PATHS_PER_REQUEST, MSGPACK, CommitOp, CommitResponse, GetPlansResponse, encode
@@ -67,7 +64,7 @@ async def test_one_plan_is_one_request_with_no_pages_to_gather(session, api_url,
     async def refused(calls):
         raise AssertionError("gathered pages for one path")
 
-    monkeypatch.setattr(http, "_gather", refused)
+    monkeypatch.setattr(_http, "_gather", refused)
     assert (await store.get_plan("/b/x")).path == "/b/x"
     with pytest.raises(BlobNotFound):
         await store.get_plan("/b/y")

@@ -16,7 +16,7 @@ from aiohttp import web
 import blobsdk
 from blobsdk.config import ClientConfig
 from blobsdk.errors import BlobNotFound
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from servers import api, blockstore
 from tests.helpers import running_app
 

@@ -1,4 +1,4 @@
-"""blobsdk/metadata/redis.py against real redis-server processes: the conformance suite on a
+"""blobsdk/metadata/_redis.py against real redis-server processes: the conformance suite on a
 single server and on a three-master Redis Cluster, and the faults (a killed server, a
 restart)."""
 
@@ -14,8 +14,8 @@ from redis.asyncio.connection import AbstractConnection
 
 from blobsdk._redisurl import FORM
 from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable, Unreachable
+from blobsdk.metadata import RedisMetadataStore
 from blobsdk.metadata.base import MetadataStore, check_commit_op
-from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.paths import bucket_of
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import make_plan, put, put_all

@@ -1,4 +1,4 @@
-"""blobsdk/metadata/redis.py's retryable writes (``commit_once``, ``delete_once``) against a
+"""blobsdk/metadata/_redis.py's retryable writes (``commit_once``, ``delete_once``) against a
 real redis-server: a write sent again with its request id, after it was applied, answers
 what the first application did, on a single server and on a Redis Cluster."""
 
@@ -9,8 +9,8 @@ import secrets
 import pytest
 
 from blobsdk.errors import BadRequest, CorruptData, PreconditionFailed
+from blobsdk.metadata import RedisMetadataStore
 from blobsdk.metadata.base import RetryAwareStore
-from blobsdk.metadata.redis import RedisMetadataStore
 from blobsdk.testing.plans import make_plan
 from blobsdk.wire import CommitOp
 from tests.metadata_backends import redis_cluster_fixture, redis_server_fixture  # noqa: F401

@@ -1,4 +1,4 @@
-"""blobsdk/metadata/redis.py through Redis Sentinel (``redis+sentinel://``, blobsdk/_redisurl.py):
+"""blobsdk/metadata/_redis.py through Redis Sentinel (``redis+sentinel://``, blobsdk/_redisurl.py):
 the conformance suite against the primary three Sentinels name, and a failover they perform
 when the primary is killed: the same store object goes on committing, against the promoted
 replica, with every write acknowledged before the kill still there."""
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from blobsdk.errors import Unavailable
-from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.metadata import RedisMetadataStore
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import make_plan, put
 from servers.redisd import RedisFailover, RedisServer, start_redis_failover

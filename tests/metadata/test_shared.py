@@ -1,4 +1,4 @@
-"""blobsdk/metadata/shared.py: the shared read-plan cache in a real redis-server, in front of a
+"""blobsdk/metadata/_shared.py: the shared read-plan cache in a real redis-server, in front of a
 real SQLite store (counted, to see which reads reached it)."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import msgspec
 import pytest
 
 from blobsdk.errors import CorruptData
+from blobsdk.metadata import SharedPlanCache, SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.shared import SharedPlanCache
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import bad_plan, make_plan, put
 from servers.redisd import start_redis

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from blobsdk.errors import BlobError, ClientClosed, CorruptData, Unavailable
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore, prefix_end
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import make_plan, put
 from blobsdk.wire import CommitOp

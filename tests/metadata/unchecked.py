@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.testing.plans import put
 from blobsdk.wire import ReadPlan
 

@@ -15,8 +15,8 @@ from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, InsufficientStorage, TimedOut, error_from_code
 from blobsdk.net.endpoint import Endpoint
 from blobsdk.net.limiter import AdaptiveLimiter
+from blobsdk.sources import HttpBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
 from servers.blockstore import make_app
 from tests.helpers import running_app
 

@@ -42,8 +42,8 @@ from blobsdk.errors import (
 from blobsdk.net.endpoint import Endpoint
 from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.rawget import MAX_ERROR_BODY, MAX_HEAD, RawGetEndpoint
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ErrorBody, encode
 from servers._common.auth import ServerAuth
 from servers.blockstore import make_app

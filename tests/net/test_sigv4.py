@@ -1,4 +1,4 @@
-"""blobsdk/net/sigv4.py and the target of the S3 L4's signed GETs (blobsdk/sources/s3get.py):
+"""blobsdk/net/sigv4.py and the target of the S3 L4's signed GETs (blobsdk/sources/_s3get.py):
 AWS's own documented example, botocore's signer as a reference, and how the endpoint,
 region and credentials are found.  (That a server which checks signatures accepts them is
 shown against SeaweedFS where the tests run on it; moto checks none.)"""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from blobsdk.net.sigv4 import UNSIGNED_PAYLOAD, Credentials, Signer, uri_encode_path
-from blobsdk.sources.s3get import S3Refused, S3Target, s3_refusal, target_of
+from blobsdk.sources._s3get import S3Refused, S3Target, s3_refusal, target_of
 
 EXAMPLE = Credentials(access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -137,8 +137,8 @@ async def test_a_server_that_checks_signatures_serves_signed_gets_and_refuses_a_
     from obstore.store import S3Store
 
     from blobsdk.errors import Forbidden, SourceChanged
+    from blobsdk.sources import S3BlockStore, S3Object
     from blobsdk.sources.base import new_block_id
-    from blobsdk.sources.s3 import S3BlockStore, S3Object
 
     with seaweedd.start_seaweed(tmp_path) as server:
         server.make_bucket("bucket-one")

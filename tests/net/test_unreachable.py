@@ -14,16 +14,15 @@ import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
 from blobsdk.errors import Unavailable, Unreachable
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.net.retry import Backoff
 from blobsdk.net.rpc import HttpEndpoint
 from blobsdk.net.sigv4 import Credentials
 from blobsdk.net.unreachable import BLOCK_SERVER, SERVER, unreachable
+from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
+from blobsdk.sources._s3get import S3Getter, S3Target
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.sources.s3get import S3Getter, S3Target
-from blobsdk.tiers.l3 import L3Tier
+from blobsdk.tiers import L3Tier
 
 CLUSTER_DOWN = "(nothing listens there: the cluster is down, or client.toml is from an earlier run)"
 
@@ -85,7 +84,7 @@ async def test_a_failed_quorum_groups_the_servers_nothing_listens_at(session) ->
 
 
 async def test_a_failed_quorum_names_each_other_failure_after_the_group(session, tmp_path) -> None:
-    from blobsdk.sources.local import LocalBlockStore
+    from blobsdk.sources import LocalBlockStore
 
     port = dead_port()
     (tmp_path / "file").write_bytes(b"")

@@ -15,9 +15,9 @@ import pytest
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BadRequest, BlockCollected, Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops import gc as gc_module
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.wire import ReadPlan, etag_of
 from blobsdk.write.writer import Writer
 from tests.helpers import ROOT, gc_ahead, stored_files

@@ -21,8 +21,8 @@ from obstore.store import S3Store
 import blobsdk
 from blobsdk.config import ClientConfig
 from blobsdk.ops.index import IndexProgress
+from blobsdk.sources import S3BlockStore, S3Object
 from blobsdk.sources.base import block_time, is_link, links_to
-from blobsdk.sources.s3 import S3BlockStore, S3Object
 from servers.redisd import start_redis
 from tests.cli.test_cli import run as run_cli
 from tests.helpers import S3_STORES, gc_ahead, redis_s3_toml, s3_server
@@ -414,7 +414,7 @@ def store_client(services, tmp_path: Path, run_id: str, metadata, max_write_seco
 
 
 async def test_a_failed_batch_fails_its_objects_and_only_committed_ones_count(services, tmp_path, run_id, monkeypatch):
-    from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.metadata import SqliteMetadataStore
     from blobsdk.ops import index
 
     monkeypatch.setattr(index, "MAX_BATCH", 5)
@@ -438,7 +438,7 @@ async def test_batches_stay_within_the_limit_and_a_blob_written_meanwhile_fails_
     """Slow commits while four workers add: no commit carries more than MAX_BATCH plans.  A
     blob written by someone else just before the first commit: the transaction is refused
     whole, that object fails, and the rest of its batch is committed."""
-    from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.metadata import SqliteMetadataStore
     from blobsdk.ops import index
 
     monkeypatch.setattr(index, "MAX_BATCH", 5)
@@ -460,7 +460,7 @@ async def test_a_commit_in_flight_when_the_last_object_is_read_is_kept(services,
     while a tick's commit is in flight; every object ends up committed and counted once.
     (Links older than 1 s are made again before a commit: a loaded machine's pauses stay far
     from the 2 s age limit.)"""
-    from blobsdk.metadata.sqlite import SqliteMetadataStore
+    from blobsdk.metadata import SqliteMetadataStore
 
     bucket, prefix = lake(services), f"tick-{run_id}"
     await put_objects(bucket, {f"{prefix}/{i:02d}": os.urandom(50_000 + i) for i in range(8)})

@@ -14,13 +14,12 @@ import pytest
 
 from blobsdk.client import Client
 from blobsdk.config import L1Config, RepairConfig, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops.repair import Copy, Repairer, check_block, live_chunks
+from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore, UnderReplicated
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated
 from blobsdk.testing.plans import make_plan
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef, CommitOp
 from servers.blockstore import make_app
 from tests.helpers import running_app

@@ -1,5 +1,5 @@
 """The children waiting at a peer for a chunk it is fetching (blobsdk/peer/sharing.py,
-``Sharing.expect`` and its :class:`Expecting`; the peer tier's fetch in blobsdk/tiers/peer.py):
+``Sharing.expect`` and its :class:`Expecting`; the peer tier's fetch in blobsdk/tiers/_peer.py):
 they get the bytes when they land, and a miss as soon as the fetch ends without them.
 
 Every fetch here is ``wait_s`` = 3600: a waiter freed only by its wait would still be
@@ -20,7 +20,7 @@ from blobsdk.config import PeerConfig
 from blobsdk.errors import Unavailable
 from blobsdk.peer.sharing import Sharing
 from blobsdk.peer.trackers import Announced, Registration
-from blobsdk.tiers.peer import PeerTier
+from blobsdk.tiers import PeerTier
 from blobsdk.wire import ChunkRef, Source
 from tests.block_fixtures import pack
 from tests.tiers.conformance import decode

@@ -33,7 +33,7 @@ sys.meta_path.insert(0, NotCore())
 MODULES = (
     "blobsdk.cli",
     "blobsdk.demo",
-    "blobsdk.tiers.peer",
+    "blobsdk.tiers._peer",
     "blobsdk.peer.server",
     "blobsdk.peer.sharing",
     "blobsdk.peer.trackers",
@@ -100,9 +100,15 @@ NEEDS_AN_EXTRA = {
     "blobsdk.torch": ("torch", "torch"),
     "blobsdk.dcp": ("torch", "torch"),
     "blobsdk.fsspec": ("fsspec", "fsspec"),
-    "blobsdk.sources.s3": ("s3", "obstore"),
-    "blobsdk.metadata.redis": ("redis", "redis"),
-    "blobsdk.metadata.shared": ("redis", "redis"),
+    "blobsdk.sources._s3": ("s3", "obstore"),
+    "blobsdk.metadata._redis": ("redis", "redis"),
+    "blobsdk.metadata._shared": ("redis", "redis"),
+}
+# A backend behind a face names the name users import (the face's), not its private module.
+NAMED_AS = {
+    "blobsdk.sources._s3": "blobsdk.sources.S3BlockStore",
+    "blobsdk.metadata._redis": "blobsdk.metadata.RedisMetadataStore",
+    "blobsdk.metadata._shared": "blobsdk.metadata.SharedPlanCache",
 }
 
 
@@ -121,7 +127,8 @@ for m in {list(NEEDS_AN_EXTRA)!r}:
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"True {module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' ({package} is not in a core install)"
+        f"True {NAMED_AS.get(module, module)} needs the {extra!r} extra: "
+        f"pip install -e '{ROOT}[{extra}]' ({package} is not in a core install)"
         for module, (extra, package) in NEEDS_AN_EXTRA.items()
     ]
 

@@ -16,6 +16,7 @@ import importlib
 import importlib.abc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -64,12 +65,23 @@ def test_the_licence_is_apache_2():
 # --- what the wheel installs -------------------------------------------------------------------
 
 
+# What building the wheel reads of the tree.
+BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "blobsdk", "servers")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel built from this tree (no network: the venv's setuptools builds it)."""
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel built from this tree (no network: the venv's setuptools builds it), from a
+    copy of it: setuptools builds in the tree's build/ and never removes a module from there,
+    so a build in the checkout after a module was renamed would ship the old name as well."""
+    out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
+    for name in BUILT_FROM:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run([*pip, "-w", str(out), str(source)], check=True, capture_output=True, timeout=300)
     (built,) = out.glob("blobsdk-*.whl")
     return built
 
@@ -159,16 +171,25 @@ def _without(monkeypatch: pytest.MonkeyPatch, packages: Sequence[str], *forget: 
 
 
 def _message(module: str, extra: str, missing: str) -> str:
-    """What a checkout says (these tests run blobsdk from this tree): the extra, installed into it."""
-    return f"{module} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named {missing!r})"
+    """What a checkout says (these tests run blobsdk from this tree): the extra, installed into it.
+    A backend behind a face is named as users import it (``NAMED_AS``)."""
+    named = NAMED_AS.get(module, module)
+    return f"{named} needs the {extra!r} extra: pip install -e '{ROOT}[{extra}]' (No module named {missing!r})"
+
+
+NAMED_AS = {
+    "blobsdk.sources._s3": "blobsdk.sources.S3BlockStore",
+    "blobsdk.metadata._redis": "blobsdk.metadata.RedisMetadataStore",
+    "blobsdk.metadata._shared": "blobsdk.metadata.SharedPlanCache",
+}
 
 
 GUARDED = [  # module, its extra, the extra's packages (torch's: in a process of its own, below)
     ("blobsdk.fsspec", "fsspec", ("fsspec",)),
-    ("blobsdk.sources.s3", "s3", ("obstore",)),
+    ("blobsdk.sources._s3", "s3", ("obstore",)),
     ("blobsdk.sources._s3obstore", "s3", ("obstore",)),
-    ("blobsdk.metadata.redis", "redis", ("redis",)),
-    ("blobsdk.metadata.shared", "redis", ("redis",)),
+    ("blobsdk.metadata._redis", "redis", ("redis",)),
+    ("blobsdk.metadata._shared", "redis", ("redis",)),
 ]
 
 
@@ -190,7 +211,7 @@ REDIS_METADATA = {"metadata_url": "redis://127.0.0.1:9/0", "block_urls": ["http:
 
 @pytest.mark.parametrize(
     ("settings", "module", "extra", "package"),
-    [(S3_SOURCE, "blobsdk.sources.s3", "s3", "obstore"), (REDIS_METADATA, "blobsdk.metadata.redis", "redis", "redis")],
+    [(S3_SOURCE, "blobsdk.sources._s3", "s3", "obstore"), (REDIS_METADATA, "blobsdk.metadata._redis", "redis", "redis")],
 )
 async def test_a_client_config_names_the_extra_its_stores_need(monkeypatch, settings, module, extra, package):
     """The config is valid without the extra; opening the client is what needs it."""
@@ -205,10 +226,10 @@ async def test_a_client_config_names_the_extra_its_stores_need(monkeypatch, sett
 def test_the_cli_says_which_extra_to_install(monkeypatch, tmp_path: Path):
     """Exit 1, one line, no traceback."""
     (tmp_path / "client.toml").write_text('api_url = "http://127.0.0.1:9"\nsource_url = "s3://bucket/dir"\n')
-    _without(monkeypatch, ["obstore"], "blobsdk.sources.s3", "blobsdk.sources._s3obstore")
+    _without(monkeypatch, ["obstore"], "blobsdk.sources._s3", "blobsdk.sources._s3obstore")
     result = run("--config", str(tmp_path / "client.toml"), "ls", "/bucket/")
     assert result.returncode == 1 and result.stdout == b""
-    assert result.stderr.decode() == f"blobsdk: error: {_message('blobsdk.sources.s3', 's3', 'obstore')}\n"
+    assert result.stderr.decode() == f"blobsdk: error: {_message('blobsdk.sources._s3', 's3', 'obstore')}\n"
 
 
 WITHOUT_TORCH = """

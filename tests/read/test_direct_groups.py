@@ -13,12 +13,10 @@ import pytest
 
 import blobsdk
 from blobsdk.config import L1Config, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.read import readpath
 from blobsdk.runtime.buffers import BufferPool
-from blobsdk.sources import localread
-from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import LocalBlockStore, ReplicatedBlockStore, _localread
 from blobsdk.wire import ChunkRef, ReadPlan
 from tests.block_fixtures import GatedSpans, OneAtATime, pack_chunks
 
@@ -144,7 +142,7 @@ async def test_a_read_cancelled_mid_group_ends_before_the_cancellation_goes_on(
 ) -> None:
     """Nothing writes into the caller's memory once its read is over, cancelled included:
     the cancelled read waits for the group's job, which reads nothing after the run it is in."""
-    monkeypatch.setattr(localread, "RUN_BYTES", 1)  # each chunk a run of its own
+    monkeypatch.setattr(_localread, "RUN_BYTES", 1)  # each chunk a run of its own
     async with (
         SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
         GatedSpans(tmp_path / "blocks") as blocks,

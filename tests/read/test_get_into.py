@@ -16,11 +16,9 @@ import torch
 
 import blobsdk
 from blobsdk.config import L1Config, L2Config
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
-from blobsdk.sources import localread
-from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import LocalBlockStore, ReplicatedBlockStore, _localread
 from servers.cluster import start_cluster
 from tests.block_fixtures import GatedSpans, OneAtATime
 from tests.conftest import SMALL
@@ -466,7 +464,7 @@ async def test_a_cancelled_get_many_into_ends_only_when_nothing_writes_into_the_
 ) -> None:
     """Cancelled while the store's thread is inside its read, get_many_into waits for that
     thread before the cancellation goes on; the thread reads nothing after its run."""
-    monkeypatch.setattr(localread, "RUN_BYTES", 1)  # each chunk a run of its own
+    monkeypatch.setattr(_localread, "RUN_BYTES", 1)  # each chunk a run of its own
     async with (
         SqliteMetadataStore(tmp_path / "meta.sqlite") as meta,
         GatedSpans(tmp_path / "blocks") as blocks,

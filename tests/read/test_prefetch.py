@@ -18,7 +18,7 @@ import blobsdk
 from blobsdk.chunks.call import Priority
 from blobsdk.config import ClientConfig, L1Config, L2Config, LimiterConfig, WriteConfig
 from blobsdk.errors import BadRequest, BlobNotFound, Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.read.prefetch import PrefetchProgress
 from servers import api, blockstore
 from servers.cluster import start_cluster

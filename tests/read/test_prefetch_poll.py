@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from blobsdk.read.prefetch import POLL_MAX_S, POLL_S, Prefetcher, _Tally
-from blobsdk.tiers.l3 import HydrateJob, L3Tier
+from blobsdk.tiers import HydrateJob, L3Tier
 from blobsdk.wire import HydrateStatus
 
 

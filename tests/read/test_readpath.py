@@ -14,11 +14,10 @@ import xxhash
 import blobsdk
 from blobsdk.cache import DiskCache
 from blobsdk.config import L1Config, L2Config, ReadConfig, WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.runtime.buffers import BufferPool
-from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tiers.l2 import L2Tier
+from blobsdk.sources import LocalBlockStore, ReplicatedBlockStore
+from blobsdk.tiers import L2Tier
 from blobsdk.wire import ChunkRef
 from tests.block_fixtures import OneAtATime
 from tests.helpers import stored_files

@@ -12,7 +12,7 @@ import pytest
 from blobsdk.cache import DiskCache, MemoryCache
 from blobsdk.errors import ClientClosed, Unavailable
 from blobsdk.runtime.resource import AsyncResource
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 
 
 class Probe(AsyncResource):

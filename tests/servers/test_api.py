@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from blobsdk.errors import InvalidPath, Unauthorized
-from blobsdk.metadata.http import HttpMetadataStore
+from blobsdk.metadata import HttpMetadataStore
 from blobsdk.testing.plans import BAD_PLANS, bad_plan, make_plan, put
 from blobsdk.wire import (
     JSON,

@@ -18,9 +18,8 @@ import pytest
 
 from blobsdk.chunks.call import Call
 from blobsdk.errors import BlockNotFound, IncompatibleFormat, PayloadTooLarge, Unauthorized
+from blobsdk.sources import HttpBlockStore, LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ErrorBody, ListBlocksResponse
 from servers import blockstore as block_server
 from servers._common.metrics import sample_sum, sample_values

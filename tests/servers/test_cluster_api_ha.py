@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import blobsdk
-from blobsdk.metadata.redis import RedisMetadataStore
+from blobsdk.metadata import RedisMetadataStore
 from servers.cluster import ClusterOptions, parse_args, start_cluster
 from servers.redisd import sentinel_url
 

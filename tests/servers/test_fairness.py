@@ -16,8 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from blobsdk.metadata.http import HttpMetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import HttpMetadataStore, SqliteMetadataStore
 from blobsdk.paths import bucket_of
 from blobsdk.wire import ChunkRef, ReadPlan, chunk_query
 from servers import api

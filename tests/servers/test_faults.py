@@ -23,10 +23,9 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
+from blobsdk.sources import HttpBlockStore, LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import JSON, ErrorBody, GetPlansRequest, encode
 from servers import api, blockstore, flash
 from servers._common.auth import ServerAuth

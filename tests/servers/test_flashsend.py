@@ -17,7 +17,7 @@ from blobsdk.cache import PayloadFile
 from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tail.health import Reason
-from blobsdk.tiers.l3 import L3Tier
+from blobsdk.tiers import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef, chunk_query
 from servers._common.faults import FaultConfig, FaultRule
 from servers.flash import FLASH_NODE, FlashConfig, FlashNode, make_app

@@ -49,10 +49,10 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.net.serving import ServerLimits
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.testing.plans import make_plan
 from blobsdk.wire import JSON, MSGPACK, ChunkRef, CommitOp, CommitRequest, ErrorBody, chunk_query, encode
 from blobsdk.write.writer import encode_chunk

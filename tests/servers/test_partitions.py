@@ -45,8 +45,8 @@ from blobsdk.config import (
     WriteConfig,
 )
 from blobsdk.errors import BlobNotFound, TimedOut, Unreachable
-from blobsdk.sources.replicated import ReplicatedBlockStore
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.sources import ReplicatedBlockStore
+from blobsdk.tiers import L4Tier
 from servers._common import netns
 from servers.cluster import Cluster, start_cluster
 from servers.clusterplan import KINDS, ClusterOptions, Launch, with_service_token

@@ -25,8 +25,8 @@ from blobsdk.config import PeerConfig
 from blobsdk.errors import CorruptData
 from blobsdk.net.serving import ServerLimits, sent_past_writer
 from blobsdk.peer.server import PeerServer
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.wire import ChunkRef, chunk_query
 from servers import blockstore
 from servers._common.http import base_app

@@ -313,8 +313,8 @@ EVERY_SUITE = """
 import pytest_asyncio
 
 from blobsdk.cache import MemoryCache
-from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.metadata import SqliteMetadataStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.testing.cache import ChunkCacheTests
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.sources import BlockReplicaTests

@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import BlockNotFound, PreconditionFailed, ReplyStalled, Unavailable
+from blobsdk.sources import HttpBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.http import HttpBlockStore
 from blobsdk.testing.sources import BlockReplicaTests
 from servers.blockstore import make_app
 from tests.helpers import running_app

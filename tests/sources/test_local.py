@@ -10,8 +10,8 @@ import pytest
 import xxhash
 
 from blobsdk.errors import BlockNotFound, ClientClosed, PreconditionFailed
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.testing.sources import BlockReplicaTests, listed, payload
 
 
@@ -217,12 +217,12 @@ async def test_a_cancelled_read_into_ends_only_once_its_thread_wrote_its_last_by
     caller that had returned would find its buffer written after)."""
     import threading
 
-    from blobsdk.sources import local
+    from blobsdk.sources import _local
 
     block = new_block_id()
     await store.write_block(block, [b"x" * 64])
     inside, release, wrote = threading.Event(), threading.Event(), threading.Event()
-    real = local.read_into_sync
+    real = _local.read_into_sync
 
     def held(*args: object) -> None:
         inside.set()
@@ -230,7 +230,7 @@ async def test_a_cancelled_read_into_ends_only_once_its_thread_wrote_its_last_by
         real(*args)  # type: ignore[arg-type]
         wrote.set()
 
-    monkeypatch.setattr(local, "read_into_sync", held)
+    monkeypatch.setattr(_local, "read_into_sync", held)
     out = bytearray(64)
     read = asyncio.create_task(store.read_into(block, 0, memoryview(out)))
     try:

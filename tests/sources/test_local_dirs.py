@@ -15,8 +15,8 @@ import xxhash
 import blobsdk
 from blobsdk.errors import IncompatibleFormat, Unavailable
 from blobsdk.runtime import rootdir as _rootdir
+from blobsdk.sources import LocalBlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.local import LocalBlockStore
 from blobsdk.testing.sources import listed
 from tests.helpers import stored_files
 from tests.writer_process import FIRST, SECOND, WriterProcess
@@ -122,7 +122,7 @@ def outside(tmp_path: Path) -> Outside:
 
 
 async def test_opening_and_listing_never_follow_a_symlinked_shard(outside: Outside, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "blobsdk.sources.local")
+    caplog.set_level(logging.WARNING, "blobsdk.sources._local")
     async with LocalBlockStore(outside.root) as store:
         assert await listed(store) == []
         assert (await store.list_page(None, 10))[0] == []
@@ -168,7 +168,7 @@ async def test_gc_never_deletes_through_a_symlinked_shard(tmp_path: Path) -> Non
 
 
 async def test_a_symlinked_block_file_is_never_read_nor_listed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "blobsdk.sources.local")
+    caplog.set_level(logging.WARNING, "blobsdk.sources._local")
     secret = tmp_path / "secret"
     secret.write_bytes(b"private bytes")
     root = tmp_path / "blocks"
@@ -218,7 +218,7 @@ async def test_a_new_store_is_marked_format_1(store_root: Path) -> None:
 
 
 async def test_a_store_written_before_markers_is_adopted(store_root: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "blobsdk.sources.local")
+    caplog.set_level(logging.INFO, "blobsdk.sources._local")
     async with LocalBlockStore(store_root) as store:
         block = new_block_id()
         await store.write_block(block, [b"old bytes"])

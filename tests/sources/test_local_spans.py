@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from blobsdk.errors import BadCopy, BadRequest, BlockNotFound, ClientClosed, CorruptData
-from blobsdk.sources import localread
+from blobsdk.sources import LocalBlockStore, _localread
 from blobsdk.sources.base import Span, SpanReader, new_block_id
-from blobsdk.sources.local import LocalBlockStore
 
 BLOCK = 1 << 20
 
@@ -51,7 +50,7 @@ class PreadvCalls:
             self.count += 1
             return real(fd, views, offset)
 
-        monkeypatch.setattr(localread.os, "preadv", counted)
+        monkeypatch.setattr(_localread.os, "preadv", counted)
 
 
 async def test_spans_land_in_their_windows_adjacent_ones_in_one_preadv(
@@ -59,7 +58,7 @@ async def test_spans_land_in_their_windows_adjacent_ones_in_one_preadv(
 ) -> None:
     block_id, data = block
     calls = PreadvCalls(monkeypatch)
-    gap = localread.GAP_BYTES
+    gap = _localread.GAP_BYTES
     spans = [
         span(0, 100),
         span(100, 50, 0, 7),  # adjacent, into three windows (one empty)
@@ -78,7 +77,7 @@ async def test_a_run_stops_at_run_bytes_and_out_of_order_spans_are_read_too(
     store: LocalBlockStore, block: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     block_id, data = block
-    monkeypatch.setattr(localread, "RUN_BYTES", 1000)
+    monkeypatch.setattr(_localread, "RUN_BYTES", 1000)
     calls = PreadvCalls(monkeypatch)
     spans = [span(0, 600), span(600, 600), span(1200, 300), span(100, 50)]  # the last goes back: a run of its own
     assert await store.read_spans(block_id, spans) == [None] * 4
@@ -108,7 +107,7 @@ async def test_a_span_with_more_windows_than_iov_max_is_read_whole(
     store: LocalBlockStore, block: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     block_id, data = block
-    monkeypatch.setattr(localread, "IOV_MAX", 4)
+    monkeypatch.setattr(_localread, "IOV_MAX", 4)
     spans = [span(0, *[3] * 10), span(30, 5), span(35, 1, 1, 1)]
     assert await store.read_spans(block_id, spans) == [None] * 3
     assert [read_of(s) for s in spans] == [data[0:30], data[30:35], data[35:38]]
@@ -133,7 +132,7 @@ async def test_a_cancelled_read_stops_at_its_next_run_and_ends_before_the_cancel
     """Nothing writes into the windows once ``read_spans`` is over, cancelled included: the
     cancelled call waits for its job, which reads no run after the one it is in."""
     block_id, data = block
-    monkeypatch.setattr(localread, "RUN_BYTES", 1)  # every span a run of its own
+    monkeypatch.setattr(_localread, "RUN_BYTES", 1)  # every span a run of its own
     spans = [span(i * 100, 100) for i in range(5)]
     loop = asyncio.get_running_loop()
     started, release = asyncio.Event(), threading.Event()

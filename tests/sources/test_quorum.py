@@ -19,7 +19,7 @@ import blobsdk
 from blobsdk.config import ClientConfig, RepairConfig, Timeouts, WriteConfig
 from blobsdk.errors import BlobNotFound, Unavailable
 from blobsdk.ops.repair import Repairer
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import ReplicatedBlockStore
 from servers.cluster import Cluster, ServerProcess, start_cluster
 from servers.cluster import _wait_ready as wait_ready
 

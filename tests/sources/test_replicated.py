@@ -13,12 +13,11 @@ from aiohttp import web
 
 from blobsdk.chunks.call import Call
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.ops.gc import collect
+from blobsdk.sources import HttpBlockStore, LocalBlockStore, ReplicatedBlockStore, UnderReplicated
+from blobsdk.sources._replicated import majority, resolve_quorum
 from blobsdk.sources.base import BlockReplica, BlockStore, Buffer, new_block_id
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore, UnderReplicated, majority, resolve_quorum
 from blobsdk.testing.sources import BlockStoreTests, listed
 from blobsdk.wire import BlockInfo
 from servers.blockstore import make_app

@@ -1,4 +1,4 @@
-"""blobsdk/sources/s3.py against real S3 APIs (moto's standalone server, and SeaweedFS, each a
+"""blobsdk/sources/_s3.py against real S3 APIs (moto's standalone server, and SeaweedFS, each a
 subprocess on free loopback ports): the BlockStore conformance suite, and its faults."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from blobsdk.config import LimiterConfig
 from blobsdk.errors import BlockNotFound, Overloaded, PreconditionFailed, Unavailable
 from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.retry import Backoff
+from blobsdk.sources import S3BlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.testing.sources import BlockReplicaTests, MiB, payload
 from servers.s3d import start_s3
 from servers.seaweedd import start_seaweed
@@ -77,7 +77,7 @@ async def test_a_dead_endpoint_is_unavailable_within_its_timeout(tmp_path, kind)
             await store.write_block(block, [b"x" * 100])
             server.stop()
             begun = time.monotonic()
-            # Reads are signed GETs of the SDK's own (sources/s3get.py), retried like obstore's requests.
+            # Reads are signed GETs of the SDK's own (sources/_s3get.py), retried like obstore's requests.
             refused = (
                 rf"^s3://bkt/ at http://127\.0\.0\.1:\d+: cannot reach the S3 endpoint at 127\.0\.0\.1:\d+"
                 rf" \(GET /bkt/{store._key(block)}\): connection refused"

@@ -21,11 +21,11 @@ import pytest
 import blobsdk
 from blobsdk.config import L1Config, LimiterConfig
 from blobsdk.errors import Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.net.limiter import AdaptiveLimiter
 from blobsdk.net.retry import Backoff
+from blobsdk.sources import S3BlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore
 from servers.s3d import S3Server, start_s3
 
 from .s3_faults import S3FaultProxy

@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader
 
 import blobsdk
 from blobsdk.config import ClientConfig
+from blobsdk.sources import S3BlockStore
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore
 from blobsdk.torch import BlobDataset, BlobIterableDataset
 from servers.redisd import start_redis
 from servers.s3d import start_s3

@@ -1,4 +1,4 @@
-"""What blobsdk/sources/s3.py relies on from an S3 API, checked on moto and on SeaweedFS: ETags,
+"""What blobsdk/sources/_s3.py relies on from an S3 API, checked on moto and on SeaweedFS: ETags,
 If-Match on ranged GETs, 412, 404 and 416, pagination, and where SeaweedFS differs from AWS
 (listing order; keys it rewrites or refuses)."""
 
@@ -14,9 +14,9 @@ from obstore.exceptions import PreconditionError
 from obstore.store import S3Store
 
 from blobsdk.errors import CorruptData, SourceChanged
+from blobsdk.sources import S3BlockStore, S3Object
 from blobsdk.sources._s3obstore import _status
 from blobsdk.sources.base import new_block_id
-from blobsdk.sources.s3 import S3BlockStore, S3Object
 from tests.helpers import S3_STORES, s3_server
 
 MiB = 1 << 20

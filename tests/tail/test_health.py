@@ -9,12 +9,11 @@ import aiohttp
 import pytest
 
 from blobsdk.config import HedgeConfig, L3Config, RepairConfig
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.tail.health import Reason, TargetHealth
 from blobsdk.tail.hedge import Hedger
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l3 import L3Tier
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L3Tier, L4Tier
 
 HANG = HedgeConfig(hang_factor=4.0, hang_min_ms=100, hang_max_ms=1000, probe_after_s=1.0, probe_max_s=3.0)
 

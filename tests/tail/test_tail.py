@@ -14,7 +14,7 @@ import pytest
 import blobsdk
 from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L1Config, Timeouts, WriteConfig
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import ReplicatedBlockStore
 from servers.cluster import start_cluster
 
 ADMIN = "admin-secret"

@@ -14,13 +14,9 @@ import aiohttp
 import pytest
 
 from blobsdk.cache import DiskCache, MemoryCache
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l1 import L1Tier
-from blobsdk.tiers.l2 import L2Tier
-from blobsdk.tiers.l3 import L3Tier
-from blobsdk.tiers.l4 import L4Tier
-from blobsdk.tiers.peer import PeerTier
+from blobsdk.tiers import L1Tier, L2Tier, L3Tier, L4Tier, PeerTier
 from blobsdk.wire import ChunkRef
 from servers._common.faults import FAULTS_KEY, FaultConfig, FaultInjector, FaultRule
 from servers.flash import FlashConfig, make_app

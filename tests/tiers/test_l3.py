@@ -1,4 +1,4 @@
-"""blobsdk.tiers.l3: the L3 tier against real (in-loop) flash nodes over block servers."""
+"""blobsdk/tiers/_l3.py: the L3 tier against real (in-loop) flash nodes over block servers."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from aiohttp import web
 from blobsdk.chunks.codec import decode_chunk
 from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L3Config
+from blobsdk.tiers import HydrateJob, L3Tier
 from blobsdk.tiers.base import Tier
-from blobsdk.tiers.l3 import HydrateJob, L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 from servers.flash import FlashNode
 from tests.helpers import running_app

@@ -1,4 +1,4 @@
-"""blobsdk.tiers.l3: the member set changed while reads run (``L3Tier.set_urls``)."""
+"""blobsdk/tiers/_l3.py: the member set changed while reads run (``L3Tier.set_urls``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from aiohttp import web
 
 from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L3Config
-from blobsdk.tiers.l3 import L3Tier
+from blobsdk.tiers import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef
 from tests.helpers import running_app
 from tests.servers.test_flash import Env, chunks

@@ -1,4 +1,4 @@
-"""blobsdk.tiers.l4: the durable tier over replicated block servers (real, in-loop)."""
+"""blobsdk/tiers/_l4.py: the durable tier over replicated block servers (real, in-loop)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from blobsdk.chunks.codec import decode_chunk
 from blobsdk.client import Client
 from blobsdk.config import HedgeConfig
 from blobsdk.errors import BadCopy, BlockNotFound, CorruptData, Unavailable
-from blobsdk.metadata.sqlite import SqliteMetadataStore
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.net.limiter import LimiterRegistry
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.health import Reason
 from blobsdk.tail.replicaread import ReplicaReader
+from blobsdk.tiers import L4Tier
 from blobsdk.tiers.base import Tier
-from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef, Codec
 from servers.blockstore import make_app
 from tests.block_fixtures import pack_chunks

@@ -17,7 +17,7 @@ from blobsdk.config import HedgeConfig
 from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tail.hedge import Hedger
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 READS = 100

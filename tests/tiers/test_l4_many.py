@@ -13,13 +13,11 @@ import pytest
 
 from blobsdk.chunks.codec import verify_windows
 from blobsdk.errors import BlockNotFound, CorruptData
-from blobsdk.sources.http import HttpBlockStore
-from blobsdk.sources.local import LocalBlockStore
-from blobsdk.sources.replicated import ReplicatedBlockStore
+from blobsdk.sources import HttpBlockStore, LocalBlockStore, ReplicatedBlockStore
 from blobsdk.tail.health import Reason
 from blobsdk.tail.replicaread import ReplicaReader
+from blobsdk.tiers import L4Tier
 from blobsdk.tiers.base import DirectTier, Piece
-from blobsdk.tiers.l4 import L4Tier
 from blobsdk.wire import ChunkRef
 from servers.blockstore import make_app
 from tests.block_fixtures import pack_chunks

@@ -22,7 +22,7 @@ from blobsdk.chunks.codec import decode_chunk
 from blobsdk.config import HedgeConfig, LimiterConfig
 from blobsdk.net.limiter import AdaptiveLimiter, LimiterRegistry
 from blobsdk.tail.replicaread import ReplicaReader
-from blobsdk.tiers.l4 import L4Tier
+from blobsdk.tiers import L4Tier
 from blobsdk.wire import ChunkRef
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""The peer tier (blobsdk/tiers/peer.py, blobsdk/peer/server.py): real clients, each with its
+"""The peer tier (blobsdk/tiers/_peer.py, blobsdk/peer/server.py): real clients, each with its
 own peer server, over a real cluster (API and block server processes) and a real tracker
 (in-loop, so each test has a fresh one and can look at its state)."""
 
@@ -26,7 +26,7 @@ from blobsdk.config import ClientConfig, L1Config, PeerConfig, ReadConfig, Write
 from blobsdk.net.serving import listening
 from blobsdk.peer.trackers import Trackers, tracker_servers
 from blobsdk.runtime.buffers import MAPPED_FROM
-from blobsdk.tiers.peer import PeerTier
+from blobsdk.tiers import PeerTier
 from blobsdk.wire import PROGRESS_HEADER, ErrorBody, chunk_query
 from servers.cluster import Cluster, start_cluster
 from servers.tracker import TRACKER, make_app

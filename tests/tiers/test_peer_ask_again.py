@@ -1,5 +1,5 @@
 """The peer tier asks its tracker once more when every source it was given failed with
-budget left (blobsdk/tiers/peer.py, ``_from_peers``): a real cluster and tracker, as
+budget left (blobsdk/tiers/_peer.py, ``_from_peers``): a real cluster and tracker, as
 tests/tiers/test_peer.py (whose fixtures these are)."""
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import torch
 
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.metadata import SqliteMetadataStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.wire import MAX_CHUNK_BYTES
 from servers.cluster import start_cluster
 from tests.cli.test_cli import error_line, ok, run

@@ -18,10 +18,10 @@ from msgspec.structs import replace
 import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BlockCollected
+from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.metadata.sqlite import SqliteMetadataStore
 from blobsdk.paths import INDEX_DIR, is_index_entry
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.wire import CommitOp, WriteKind
 from tests.helpers import ROOT, gc_ahead
 from tests.metadata_backends import metadata_fixture, redis_cluster_fixture, redis_server_fixture  # noqa: F401
@@ -216,8 +216,8 @@ import asyncio, sys
 import numpy as np
 import blobsdk
 from blobsdk.config import WriteConfig
-from blobsdk.metadata.sqlite import SqliteMetadataStore
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.metadata import SqliteMetadataStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.paths import is_index_entry
 from blobsdk.write import checkpoint, dedup
 

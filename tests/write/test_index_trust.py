@@ -18,7 +18,7 @@ from blobsdk.config import WriteConfig
 from blobsdk.errors import CorruptData, InvalidPath
 from blobsdk.metadata.base import MetadataStore
 from blobsdk.paths import INDEX_DIR
-from blobsdk.sources.local import LocalBlockStore
+from blobsdk.sources import LocalBlockStore
 from blobsdk.testing.reserved import reserved
 from blobsdk.wire import ChunkRef, CommitOp
 from blobsdk.write.writer import plan_of

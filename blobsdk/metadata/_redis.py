@@ -70,12 +70,13 @@ from .._redisurl import check_redis_url
 from . import _redis_lua as lua
 from . import _redis_rows as rows
 
-with requires_extra("redis", __name__):
+with requires_extra("redis", "blobsdk.metadata.RedisMetadataStore"):  # the name users import
     import redis.exceptions as rexc
 
-from ..chunks.ids import validate_hex32
+from ..chunks import validate_hex32
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
-from ..net.unreachable import REDIS, unreachable
+from ..net import REDIS
+from ..net.unreachable import unreachable
 from ..paths import bucket_of, validate_path
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import RedisConnection, connect

@@ -22,9 +22,9 @@ import time
 from contextlib import AsyncExitStack
 
 from ..cache import DiskCache
-from ..chunks.call import Demand
+from ..chunks import Demand
 from ..errors import BlobError
-from ..runtime.resource import AsyncResource
+from ..runtime import AsyncResource
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .base import Decoder

@@ -32,13 +32,8 @@ import aiohttp
 import msgspec
 
 from ..errors import BlobError, ReplyStalled, TimedOut, Unavailable
-from ..net.limiter import Permit
-from ..net.rawget import RawGetEndpoint
-from ..net.retry import Backoff
-from ..net.rpc import OVERLOAD_STATUSES
-from ..net.sigv4 import Credentials, Signer, uri_encode_path
-from ..net.unreachable import S3_ENDPOINT
-from ..runtime.here import Held
+from ..net import OVERLOAD_STATUSES, S3_ENDPOINT, Backoff, Credentials, Permit, RawGetEndpoint, Signer, uri_encode_path
+from ..runtime import Held
 
 # The config options a signed GET understands (S3Config.options() and obstore's names for them).
 KNOWN_OPTIONS = frozenset({"endpoint", "region", "access_key_id", "secret_access_key", "session_token", "token"})

@@ -23,7 +23,7 @@ found where format 1 puts it.  Anything else -- a newer format, another kind of 
 a FORMAT that is not a marker, a misplaced block in an unmarked root -- is
 IncompatibleFormat, and nothing is touched: a block store never discards a block.  Every
 disk access runs on the store's own thread pool: the event loop never waits on a disk.  The
-reads themselves are in blobsdk/sources/localread.py, ``read_spans`` among them: many spans
+reads themselves are in blobsdk/sources/_localread.py, ``read_spans`` among them: many spans
 of one block (a restore's chunks) in one job, with one open.
 """
 
@@ -43,8 +43,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from ..chunks.call import Call
-from ..chunks.ids import validate_block_id
+from ..chunks import Call, validate_block_id
 from ..errors import (
     BadRequest,
     BlobError,
@@ -53,11 +52,11 @@ from ..errors import (
     PreconditionFailed,
     Unavailable,
 )
-from ..runtime.forksafe import Executor
-from ..runtime.resource import AsyncResource
-from ..runtime.rootdir import (
+from ..runtime import (
     FORMAT_FILE,
     TMP_SUFFIX,
+    AsyncResource,
+    Executor,
     RootDir,
     UnsafeEntry,
     create_temp,
@@ -67,8 +66,8 @@ from ..runtime.rootdir import (
     remove_if_dead,
 )
 from ..wire import BlockInfo
+from ._localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 from .base import Buffer, Span, SpanCheck, block_time
-from .localread import IOV_MAX, read_clipped_sync, read_into_sync, read_range_sync, read_spans_sync, skip
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ Layout: one object per block, ``<prefix>/<shard>/<block_id>``, the shard being t
 hex digits of xxh3_64 of the id, as in the local store: S3 scales request rates per key
 prefix, and block ids begin with their time, so unsharded they would all share one.
 
-- Reads are ranged GETs (SigV4-signed, over the SDK's own HTTP GET path: sources/s3get.py;
+- Reads are ranged GETs (SigV4-signed, over the SDK's own HTTP GET path: sources/_s3get.py;
   through obstore only without static credentials), each try through ``limiter`` (the
   endpoint's adaptive concurrency limit, the one the HTTP block servers' reads go through,
   made ``by_latency=False``: an object store's latency is no load signal, see
@@ -35,7 +35,7 @@ prefix, and block ids begin with their time, so unsharded they would all share o
   by its first request, whose threads do not survive a fork: a forked child's obstore
   requests would hang for ever, a new store's too (measured: obstore 0.12.1).  Reads (of
   blocks, link blocks and the objects they point at) do not use obstore when the
-  credentials are static (sources/s3get.py), so they work in any process, a DataLoader
+  credentials are static (sources/_s3get.py), so they work in any process, a DataLoader
   worker forked after its parent read S3, listed or indexed included.  What needs obstore
   (writes, listings, HEADs, deletes, an index pass; reads without static credentials)
   raises NotForkSafe, saying what to do, in a process forked after the first
@@ -66,14 +66,13 @@ import xxhash
 from cachetools import LRUCache
 
 from .._extras import requires_extra
-from ..runtime.resource import AsyncResource
+from ..runtime import AsyncResource
 
-with requires_extra("s3", __name__):
+with requires_extra("s3", "blobsdk.sources.S3BlockStore"):  # the name users import
     import obstore
     from obstore.store import S3Store
 
-from ..chunks.call import Call
-from ..chunks.ids import is_hex32, validate_block_id
+from ..chunks import Call, is_hex32, validate_block_id
 from ..config import Timeouts
 from ..errors import (
     BadRequest,
@@ -86,14 +85,13 @@ from ..errors import (
     SourceChanged,
     TimedOut,
 )
-from ..net.limiter import AdaptiveLimiter, Permit
-from ..net.retry import Backoff
-from ..runtime.singleflight import SingleFlight
+from ..net import AdaptiveLimiter, Backoff, Permit
+from ..runtime import SingleFlight
 from ..wire import BlockInfo
 from ._s3errors import S3Errors
+from ._s3get import Admit, S3Getter, S3Target, target_of
 from ._s3obstore import _copied, _obstore_retries, _pieces
 from .base import Buffer, block_time, is_link, links_to, new_link_id
-from .s3get import Admit, S3Getter, S3Target, target_of
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig

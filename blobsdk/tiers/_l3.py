@@ -48,18 +48,13 @@ import aiohttp
 import msgspec
 
 from ..auth import GRANT_HEADER
-from ..chunks.call import Call, Demand
-from ..chunks.placement import rank
+from ..chunks import Call, Demand, rank
 from ..config import HedgeConfig, L3Config
 from ..errors import BadCopy, BlobError, HedgeExhausted, Unavailable
-from ..net.endpoint import Endpoint
-from ..net.limiter import LimiterRegistry
-from ..net.unreachable import L3_NODE
-from ..runtime.buffers import BufferPool
-from ..runtime.resource import AsyncResource
+from ..net import L3_NODE, Endpoint, LimiterRegistry
+from ..runtime import AsyncResource, BufferPool
 from ..stats import TierStats
-from ..tail.health import Reason, TargetHealth
-from ..tail.hedge import Hedger
+from ..tail import Hedger, Reason, TargetHealth
 from ..wire import (
     CACHE_HEADER,
     HYDRATE_BATCH,

@@ -17,13 +17,10 @@ from __future__ import annotations
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ..chunks.call import Demand
-from ..runtime.buffers import BufferPool
-from ..runtime.resource import AsyncResource
-from ..sources.base import BlockReplica, BlockStore
-from ..tail.health import TargetHealth
-from ..tail.hedge import Hedger
-from ..tail.replicaread import ReplicaReader
+from ..chunks import Demand
+from ..runtime import AsyncResource, BufferPool
+from ..sources import BlockReplica, BlockStore
+from ..tail import Hedger, ReplicaReader, TargetHealth
 from ..wire import ChunkRef
 from .base import Decoder, KeepsNothing, Piece, Verifier
 

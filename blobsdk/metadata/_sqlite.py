@@ -34,7 +34,7 @@ from typing import Any, Self, TypeVar
 import msgspec
 
 from ..errors import BlobError, BlobNotFound, ClientClosed, Unavailable
-from ..runtime.forksafe import Executor
+from ..runtime import Executor
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from .backend import MetadataBackend
 from .base import block_collected, check_precondition, decode_stored, prefix_end

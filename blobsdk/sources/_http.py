@@ -17,13 +17,10 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
 from ..auth import GRANT_HEADER
-from ..chunks.call import Call
-from ..chunks.ids import validate_block_id
+from ..chunks import Call, validate_block_id
 from ..errors import BadRequest
-from ..net.endpoint import Endpoint
-from ..net.limiter import AdaptiveLimiter
-from ..net.unreachable import BLOCK_SERVER
-from ..runtime.resource import AsyncResource
+from ..net import BLOCK_SERVER, AdaptiveLimiter, Endpoint
+from ..runtime import AsyncResource
 from ..wire import PROGRESS_HEADER, BlockInfo, ListBlocksResponse
 from .base import Buffer
 

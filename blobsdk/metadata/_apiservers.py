@@ -1,4 +1,4 @@
-"""The API servers a client's metadata calls go to (blobsdk/metadata/http.py): one, or
+"""The API servers a client's metadata calls go to (blobsdk/metadata/_http.py): one, or
 several over one store, failed over between.
 
 With several (``api_urls``), a call goes to the first server in the config's order that is
@@ -31,9 +31,8 @@ import aiohttp
 
 from ..config import Timeouts
 from ..errors import BlobError, Unavailable, Unreachable
-from ..net.rpc import HttpEndpoint
-from ..net.unreachable import API_SERVER
-from ..tail.health import Reason, TargetHealth
+from ..net import API_SERVER, HttpEndpoint
+from ..tail import Reason, TargetHealth
 
 T = TypeVar("T")
 

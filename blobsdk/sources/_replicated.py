@@ -32,9 +32,9 @@ from contextlib import aclosing
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..chunks.ids import validate_block_id
+from ..chunks import validate_block_id
 from ..errors import ClientClosed, Unavailable, Unreachable
-from ..runtime.resource import AsyncResource
+from ..runtime import AsyncResource
 from ..wire import BlockInfo
 from .base import BlockReplica, BlockStore, Buffer
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from ..cache import MemoryCache
-from ..chunks.call import Demand
-from ..runtime.resource import AsyncResource
+from ..chunks import Demand
+from ..runtime import AsyncResource
 from ..stats import TierStats
 from ..wire import ChunkRef
 from .base import Decoder

@@ -56,19 +56,14 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..auth import TICKET_HEADER
-from ..chunks.call import Call, Demand
-from ..chunks.codec import verify_raw
+from ..chunks import Call, Demand, verify_raw
 from ..config import HedgeConfig, PeerConfig, networks
 from ..errors import BadCopy, BlobError, BlobNotFound, HedgeExhausted, PeerBusy, TimedOut
-from ..net.endpoint import Endpoint
-from ..net.limiter import LimiterRegistry
-from ..net.unreachable import PEER
-from ..peer.sharing import Sharing
-from ..peer.trackers import ConnectTrackers, TrackerClient
-from ..runtime.buffers import kept_buffer, uninitialized
-from ..runtime.resource import AsyncResource
+from ..net import PEER, Endpoint, LimiterRegistry
+from ..peer import ConnectTrackers, Sharing, TrackerClient
+from ..runtime import AsyncResource, kept_buffer, uninitialized
 from ..stats import TierStats
-from ..tail.hedge import Hedger
+from ..tail import Hedger
 from ..wire import MAX_PROGRESS_MS, MIN_PROGRESS_MS, PROGRESS_HEADER, ChunkRef, Problem, Source, chunk_query
 from .base import Decoder, cache_failover
 

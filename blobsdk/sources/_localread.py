@@ -1,4 +1,4 @@
-"""The local block store's reads (blobsdk/sources/local.py): blocking functions, run on the
+"""The local block store's reads (blobsdk/sources/_local.py): blocking functions, run on the
 store's thread pool, each of which opens the block's file (never through a symlink), checks
 that the bytes asked for lie inside it, reads them and closes it.
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..errors import BlobError, BlockNotFound, CorruptData
-from ..runtime.rootdir import RootDir, open_regular
+from ..runtime import RootDir, open_regular
 from .base import Span, SpanCheck
 
 # os.preadv and os.writev take at most IOV_MAX buffers per call.

@@ -1,6 +1,6 @@
 """The shared read-plan cache (the memcache-like plan cache of the Prometheus
 design): plans in Redis, a second level behind each client's in-process cache
-(:mod:`blobsdk.metadata.cache`) and in front of the metadata store (usually the API server),
+(:class:`~blobsdk.metadata.CachedMetadataStore`) and in front of the metadata store (usually the API server),
 so that a thousand readers of one dataset ask the API server once per plan and TTL, not a
 thousand times.  ``[read] shared_plan_cache_url = "redis://..."`` in client.toml.
 
@@ -36,14 +36,14 @@ import msgspec
 
 from .._extras import requires_extra
 
-with requires_extra("redis", __name__):
+with requires_extra("redis", "blobsdk.metadata.SharedPlanCache"):  # the name users import
     import redis.exceptions as rexc
 
-from ..chunks.plans import checked_plan
+from ..chunks import checked_plan
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
+from ._cache import grants_usable_for
 from ._redis_connect import client_for
 from .base import MetadataStore, PassThrough
-from .cache import grants_usable_for
 
 log = logging.getLogger(__name__)
 

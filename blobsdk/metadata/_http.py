@@ -40,7 +40,7 @@ from ..wire import (
     ScanResponse,
     WriteKind,
 )
-from .apiservers import DOWN_S, ApiServers
+from ._apiservers import DOWN_S, ApiServers
 from .backend import MetadataBackend, arrived, naming_cursor
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ class HttpMetadataStore(MetadataBackend):
 
     ``base_url`` is one API server, or several over one store (a sequence): every call fails
     over between them, and every write carries a request id so that a retry is applied once
-    (blobsdk/metadata/apiservers.py).  ``timeouts`` (the client's) bound each attempt.
+    (blobsdk/metadata/_apiservers.py).  ``timeouts`` (the client's) bound each attempt.
     """
 
     def __init__(
