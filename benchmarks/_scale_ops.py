@@ -7,13 +7,13 @@ are of the passes' own work, not of a disk), 10% more blocks than plans (garbage
   (:func:`blobsdk.ops.repair.live_chunks`, through the store's block -> plans index), the
   median of 5; ``repair_walk_batch_ms`` the same found as repair did before that index, by
   walking every live plan (``_walk``): O(plans) per batch.
-- ``gc_us_per_block``: a gc pass (:func:`blobsdk.ops.gc.collect`: listing, two walks of the
+- ``gc_us_per_block``: a gc pass (:func:`blobsdk.ops.collect_garbage`: listing, two walks of the
   plans, fences, deletes) per block listed; ``gc_peak_bytes_per_block``: the most memory a
   dry-run pass held (tracemalloc's peak), per block.  gc is mark and sweep: a pass is O(blocks
   + plans), and flat per block is the goal.
 Times are CPU seconds of this process (:func:`_timed`).
 
-- ``scrub_us_per_block``: a dry-run scrub (:func:`blobsdk.ops.repair.scrub`: every live
+- ``scrub_us_per_block``: a dry-run scrub (:func:`blobsdk.ops.scrub`: every live
   block read from its one replica and verified) per block.
 """
 
@@ -29,8 +29,8 @@ import xxhash
 
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.ops.gc import collect
-from blobsdk.ops.repair import live_chunks, scrub
+from blobsdk.ops import collect_garbage, scrub
+from blobsdk.ops.repair import live_chunks
 from blobsdk.wire import BlockInfo, ChunkRef, CommitOp, ReadPlan, etag_of
 
 from ._report import median
@@ -139,9 +139,9 @@ async def ops_curves(exponents: range, tmp: Path) -> list[Curve]:
             walk.points[size] = await _timed(_walk(metadata, batches[0])) * 1e3
             listed = len(blocks.blocks)
             tracemalloc.start()
-            await collect(metadata, blocks, 3600.0, 600.0, dry_run=True)
+            await collect_garbage(metadata, blocks, 3600.0, 600.0, dry_run=True)
             gc_memory.points[size] = tracemalloc.get_traced_memory()[1] / listed
             tracemalloc.stop()
-            gc_time.points[size] = await _timed(collect(metadata, blocks, 3600.0, 600.0)) / listed * 1e6
+            gc_time.points[size] = await _timed(collect_garbage(metadata, blocks, 3600.0, 600.0)) / listed * 1e6
             scrubs.points[size] = await _timed(scrub(metadata, blocks, dry_run=True, concurrency=4)) / size * 1e6
     return [repair, walk, gc_time, gc_memory, scrubs]

@@ -32,12 +32,20 @@ from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import BadRequest, BlobNotFound, ClientClosed, Forbidden
 from .metadata import MetadataStore
-from .ops import PARALLEL_OBJECTS, IndexProgress, IndexReport, index_s3, s3_source
-from .ops import gc as gc_module
-from .ops import repair as repair_module
+from .ops import (
+    PARALLEL_OBJECTS,
+    GcReport,
+    IndexProgress,
+    IndexReport,
+    ScrubProgress,
+    ScrubReport,
+    collect_garbage,
+    index_s3,
+    s3_source,
+    scrub,
+)
 from .paths import listing_prefix, validate_path, validate_writable
-from .read import READAHEAD_BYTES, READAHEAD_DEPTH, Prefetch, check_offset, writable_bytes
-from .read import readahead as readahead_module
+from .read import READAHEAD_BYTES, READAHEAD_DEPTH, Prefetch, check_offset, read_ahead, writable_bytes
 from .runtime import AsyncResource, Executor
 from .sources import BlockStore, Buffer
 from .stats import LatencyHistogram
@@ -234,7 +242,7 @@ class Client(AsyncResource):
         Leave it early with ``aclose()`` (or ``contextlib.aclosing``): that cancels the
         reads in flight at once, where an abandoned generator waits for the collector."""
         check_iterable("readahead: paths", paths, "an iterable of paths")
-        return readahead_module.readahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
+        return read_ahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
 
     def checkpoints(
         self,
@@ -308,22 +316,22 @@ class Client(AsyncResource):
         store = s3_source(state.blocks)
         return await index_s3(store, state.writer, state.metadata, url, dest, progress=progress, parallel=parallel)
 
-    async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> gc_module.GcReport:
+    async def gc(self, grace: float = 3600.0, *, dry_run: bool = False) -> GcReport:
         """Delete L4 blocks no committed blob references and older than ``grace`` seconds
         (see blobsdk/ops/gc.py).  It lists and deletes: no data GET of it waits for a slot
         a read could use."""
         check_number("gc: grace", grace, positive(), BadRequest, unit=" (seconds)")
         check_flag("gc: dry_run", dry_run)
         state = self._open
-        return await gc_module.collect(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
+        return await collect_garbage(state.metadata, state.blocks, grace, self.config.write.max_write_seconds, dry_run=dry_run)
 
-    async def scrub(self, *, dry_run: bool = False, progress: repair_module.Progress | None = None) -> repair_module.ScrubReport:
+    async def scrub(self, *, dry_run: bool = False, progress: ScrubProgress | None = None) -> ScrubReport:
         """Verify every replica's copy of every live L4 block; repair bad and missing copies
         from a verified one (not if ``dry_run``).  See blobsdk/ops/repair.py."""
         check_flag("scrub: dry_run", dry_run)
         check_callable("scrub: progress", progress)
         state = self._open
-        return await repair_module.scrub(state.metadata, state.blocks, dry_run=dry_run, progress=progress)
+        return await scrub(state.metadata, state.blocks, dry_run=dry_run, progress=progress)
 
     async def node_stats(self) -> dict[str, dict[str, object]]:
         """What the shared cache nodes report about themselves (``{"l3": {url: stats}}``)."""

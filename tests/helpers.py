@@ -221,7 +221,7 @@ async def gc_ahead(client: Any, *, dry_run: bool = False) -> Any:
     """``client.gc`` on a clock an hour ahead (grace 0.3 s, 0.2 s for writes in flight): every
     block no kept blob names is collected at once, without a sleep, and the client keeps the
     default ``max_write_seconds`` (a write slowed by a busy machine is not refused)."""
-    from blobsdk.ops import gc
+    from blobsdk.ops import collect_garbage
 
     state = client._open
-    return await gc.collect(state.metadata, state.blocks, 0.3, 0.2, dry_run=dry_run, clock=lambda: time.time() + GC_AHEAD_S)
+    return await collect_garbage(state.metadata, state.blocks, 0.3, 0.2, dry_run=dry_run, clock=lambda: time.time() + GC_AHEAD_S)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from ..chunks.call import Call
+from ..chunks import Call
 from .limiter import AdaptiveLimiter
 from .rawget import RawGetEndpoint
 from .rpc import HttpEndpoint

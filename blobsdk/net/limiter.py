@@ -78,7 +78,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Self
 
-from ..chunks.call import Call, Demand, Priority
+from ..chunks import Call, Demand, Priority
 from ..config import LimiterConfig
 
 Clock = Callable[[], float]

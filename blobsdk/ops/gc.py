@@ -103,7 +103,7 @@ class _Steps:
                 return
 
 
-async def collect(
+async def collect_garbage(
     metadata: GcMetadata,
     blocks: BlockStore,
     grace: float,

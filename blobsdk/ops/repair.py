@@ -71,7 +71,7 @@ from ..runtime import AsyncResource, task_group
 from ..sources import BlockReplica, BlockStore, UnderReplicated, block_time
 from ..wire import ChunkRef, ReadPlan
 
-Progress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
+ScrubProgress = Callable[[int, int, int], None]  # (blocks done, blocks in all, bytes verified)
 
 
 # --- one block -------------------------------------------------------------------------
@@ -402,7 +402,12 @@ class ScrubReport(msgspec.Struct, kw_only=True):
 
 
 async def scrub(
-    metadata: PlanLister, blocks: BlockStore, *, dry_run: bool = False, concurrency: int = 2, progress: Progress | None = None
+    metadata: PlanLister,
+    blocks: BlockStore,
+    *,
+    dry_run: bool = False,
+    concurrency: int = 2,
+    progress: ScrubProgress | None = None,
 ) -> ScrubReport:
     """Verify every replica's copy of every live block and repair what is bad or missing
     (nothing is written if ``dry_run``); ``progress(done, total, bytes)`` after each block."""

@@ -45,7 +45,7 @@ class _Slot:
         return self.plan.size if self.plan is not None else 0
 
 
-async def readahead(
+async def read_ahead(
     plans: PlanReader, read: Reader, paths: Iterable[str], *, depth: int, max_bytes: int
 ) -> AsyncGenerator[tuple[str, bytearray], None]:
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:

@@ -24,7 +24,7 @@ import msgspec
 
 from .._extras import requires_extra
 from ..errors import BadRequest, BlobNotFound, BlockCollected, InvalidPath, PreconditionFailed
-from ..metadata.base import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
+from ..metadata import BlockFences, BlockIndex, MetadataStore, PlanLister, PlanReader, PlanWriter
 from ..wire import BlobInfo, CommitOp, ReadPlan
 from .plans import BAD_PLANS, INVALID_PATHS, all_listed, bad_plan, make_plan, naming, put, put_all, two_block_plan
 from .reserved import ENTRY, ReservedNamespaceTests, one_chunk

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..metadata.base import BlockIndex, PlanLister, PlanWriter
+from ..metadata import BlockIndex, PlanLister, PlanWriter
 from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of
 
 INVALID_PATHS = ["", "b/x", "/", "/b/../x", "/b/./x", "/b//x", "/b/x/", "/b/\x00x", "/b/" + "x" * 1022]

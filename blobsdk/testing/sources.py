@@ -18,7 +18,7 @@ import os
 
 from .._extras import requires_extra
 from ..errors import BadRequest, BlobError, BlockNotFound, CorruptData
-from ..sources.base import BlockReplica, BlockStore, block_time, new_block_id
+from ..sources import BlockReplica, BlockStore, block_time, new_block_id
 
 with requires_extra("testing", "blobsdk.testing"):
     import pytest

@@ -18,8 +18,7 @@ from benchmarks._scale_curves import Curve, per_op_quantiles, traced_bytes
 from benchmarks._scale_metadata import metadata_curves
 from benchmarks._scale_ops import _grow, _MemoryBlocks, block_id, ops_curves
 from blobsdk.metadata import SqliteMetadataStore
-from blobsdk.ops.gc import collect
-from blobsdk.ops.repair import scrub
+from blobsdk.ops import collect_garbage, scrub
 
 
 def test_a_rate_grows_worse_as_it_falls() -> None:
@@ -95,7 +94,7 @@ async def test_the_benchmark_s_block_store_is_what_gc_and_scrub_expect() -> None
         async with SqliteMetadataStore(Path(tmp) / "m.sqlite") as metadata:
             await _grow(metadata, blocks, 0, 100)
             assert len(blocks.blocks) == 110
-            report = await collect(metadata, blocks, 3600.0, 600.0)
+            report = await collect_garbage(metadata, blocks, 3600.0, 600.0)
             assert (report.blocks_scanned, report.blocks_deleted) == (110, 10) and len(blocks.blocks) == 100
             scrubbed = await scrub(metadata, blocks, dry_run=True)
             assert scrubbed.ok and scrubbed.blocks_checked == 100 and scrubbed.copies_bad == 0

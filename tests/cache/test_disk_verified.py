@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from blobsdk.cache._payloadfile import PayloadFile, VerifiedFiles, identity
+from blobsdk.cache import PayloadFile
+from blobsdk.cache._payloadfile import VerifiedFiles, identity
 from tests.cache.test_disk import open_cache
 
 KEY, OTHER = "ab" + "0" * 30, "cd" + "1" * 30

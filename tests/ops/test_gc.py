@@ -16,7 +16,7 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BadRequest, BlockCollected, Unavailable
 from blobsdk.metadata import SqliteMetadataStore
-from blobsdk.ops import gc as gc_module
+from blobsdk.ops import collect_garbage
 from blobsdk.sources import LocalBlockStore
 from blobsdk.wire import ReadPlan, etag_of
 from blobsdk.write.writer import Writer
@@ -185,7 +185,7 @@ async def test_a_block_committed_between_the_scan_and_the_fence_is_spared(tmp_pa
             await meta.commit("/b/late", plan)
 
         meta.before_fence = commit_it
-        report = await gc_module.collect(meta, blocks, grace=0.3, max_write_seconds=0.2, clock=lambda: time.time() + 3600)
+        report = await collect_garbage(meta, blocks, grace=0.3, max_write_seconds=0.2, clock=lambda: time.time() + 3600)
         assert (report.blocks_spared, report.blocks_deleted) == (1, 0)
         assert await c.get("/b/late") == b"late" * 1000
         await c.put("/b/again", b"x")  # its fence was lifted too: a commit naming it is fine
@@ -230,7 +230,7 @@ async def test_a_hanging_delete_costs_gc_one_step_and_the_block_stays_fenced(tmp
     ):
         with ThreadPoolExecutor(1) as pool:
             (ref,) = await Writer(meta, blocks, FAST, pool).write_chunks([memoryview(b"z" * 100)])
-        report = await gc_module.collect(
+        report = await collect_garbage(
             meta, blocks, grace=0.3, max_write_seconds=0.2, step_timeout=0.2, clock=lambda: time.time() + 3600
         )
         assert (report.blocks_deleted, report.blocks_failed, report.bytes_freed) == (0, 1, 0)

@@ -278,7 +278,7 @@ def test_repair_config_bounds(bad: dict[str, float], message: str) -> None:
 
 
 async def test_scrub_concurrency_must_be_positive(store: Store) -> None:
-    from blobsdk.ops.repair import scrub
+    from blobsdk.ops import scrub
 
     with pytest.raises(ValueError, match="concurrency must be >= 1, got 0"):
         await scrub(store.metadata, store.blocks, concurrency=0)

@@ -14,7 +14,7 @@ from aiohttp import web
 from blobsdk.chunks.call import Call
 from blobsdk.errors import BlockNotFound, ClientClosed, Unavailable
 from blobsdk.metadata import SqliteMetadataStore
-from blobsdk.ops.gc import collect
+from blobsdk.ops import collect_garbage
 from blobsdk.sources import HttpBlockStore, LocalBlockStore, ReplicatedBlockStore, UnderReplicated
 from blobsdk.sources._replicated import majority, resolve_quorum
 from blobsdk.sources.base import BlockReplica, BlockStore, Buffer, new_block_id
@@ -370,13 +370,13 @@ async def test_gc_deletes_an_under_replicated_block_everywhere_and_refuses_with_
         short, elsewhere = _old_block_id(), _old_block_id()
         for i in (0, 2):  # a copy on two of three: what a write acked by a majority leaves
             await s.replicas[i].write_block(short, [b"garbage"])
-        report = await collect(metadata, s, grace=10, max_write_seconds=5)
+        report = await collect_garbage(metadata, s, grace=10, max_write_seconds=5)
         assert (report.blocks_scanned, report.blocks_deleted) == (1, 1)  # the replica lacking it is no failure
         assert await listed(s) == []
         await s.write_block(elsewhere, [b"more garbage"])
         await s.settle()
         await servers.stop(1)
         with pytest.raises(Unavailable):  # its copies cannot be listed: nothing is deleted anywhere
-            await collect(metadata, s, grace=10, max_write_seconds=5)
+            await collect_garbage(metadata, s, grace=10, max_write_seconds=5)
         for i in (0, 2):
             assert await s.replicas[i].read_range(elsewhere, 0, 12) == b"more garbage"
