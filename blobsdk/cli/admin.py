@@ -118,6 +118,8 @@ async def cmd_prefetch(client: Client, args: argparse.Namespace) -> int:
     if any failed."""
     if args.tier == "l2" and client.config.l2 is None:
         raise UsageError(no_l2(args, os.environ))
+    if args.tier == "l3" and not client.config.l3_urls:
+        raise UsageError(no_l3(args, os.environ))
     handle = client.prefetch(args.targets, tier=args.tier, pin_seconds=args.pin_seconds)
     ended = asyncio.ensure_future(handle.wait())
     with tqdm(desc=f"prefetch into {args.tier}", unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5) as bar:
@@ -150,6 +152,20 @@ def no_l2(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
     return (
         f"--tier l2 warms this host's L2 cache, and {source} has no [l2] table: add one (dir: a directory on this host's"
         f" local flash; capacity_bytes: the most it may hold), e.g.\n\n{table}"
+    )
+
+
+def no_l3(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """Why ``prefetch`` (``--tier l3``, the default) cannot run on this client: no L3 nodes."""
+    if args.local is not None:
+        return (
+            "prefetch warms a shared cache (--tier l3, the default: the L3 flash nodes; --tier l2: this host's L2), and a"
+            " --local store has neither: pass --config FILE, a cluster's client.toml (blobsdk-cluster writes one)"
+        )
+    source = args.config or environ.get("BLOBSDK_CONFIG") or "a config from BLOBSDK_API_URL"
+    return (
+        f"--tier l3 (the default) warms the L3 flash nodes, and {source} names none: list them in l3_urls,"
+        " or warm this host's L2 with --tier l2"
     )
 
 

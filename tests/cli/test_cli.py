@@ -534,10 +534,9 @@ def test_prefetch_into_l3_shows_progress_and_reports_failures(tmp_path):
     ("args", "code", "message"),
     [
         (["prefetch", "/a/b", "--tier", "l1"], 2, "argument --tier: invalid choice: 'l1'"),
-        (["prefetch", "/a/b"], 2, "tier 'l3' is not configured for this client; configured: 'l1'"),
+        (["prefetch", "/a/b"], 2, "prefetch warms a shared cache (--tier l3, the default: the L3 flash nodes;"),
         (["prefetch", "/a/b", "--tier", "l2"], 2, "--tier l2 warms an L2 cache, and a --local store has none"),
         (["prefetch", "/a/b", "--pin-seconds", "nan"], 2, "must be a finite number of seconds"),
-        (["prefetch", "a/b", "--tier", "l3"], 1, "path must be absolute"),  # as for every command
     ],
 )
 def test_prefetch_errors(store, args, code, message):
