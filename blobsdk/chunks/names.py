@@ -27,9 +27,8 @@ are valid, and which nodes a name belongs to.
   :func:`moved` measures that fraction for two node lists, :func:`expected_moved` says what it
   tends to.
 
-These rules were three modules (``blobsdk/paths.py``, ``chunks/ids.py``,
-``chunks/placement.py``); every reader, writer, server and tracker applies all three, and a
-read crossed each of them.  This module imports only errors, so wire.py can check ids with it.
+Every reader, writer, server and tracker applies all three, a read each of them.  This module
+imports only errors, so wire.py can check ids with it.
 """
 
 from __future__ import annotations
