@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blobsdk.config import HedgeConfig, Timeouts
+from blobsdk.net import new_session
 from blobsdk.net.limiter import LimiterRegistry
-from blobsdk.net.rpc import new_session
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers import L4Tier

@@ -55,8 +55,8 @@ import aiohttp
 
 from blobsdk.config import LimiterConfig, Timeouts
 from blobsdk.errors import Unavailable
+from blobsdk.net import new_session
 from blobsdk.net.limiter import AdaptiveLimiter
-from blobsdk.net.rpc import new_session
 from blobsdk.sources import HttpBlockStore
 from blobsdk.sources.base import new_block_id
 

@@ -49,9 +49,9 @@ from pathlib import Path
 import aiohttp
 
 from blobsdk.config import HedgeConfig, Timeouts
+from blobsdk.net import new_session
 from blobsdk.net.limiter import LimiterRegistry
 from blobsdk.net.rawget import RawGetEndpoint
-from blobsdk.net.rpc import new_session
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.tail.replicaread import ReplicaReader
 from blobsdk.tiers import L4Tier

@@ -106,7 +106,7 @@ import aiohttp
 
 import blobsdk
 from blobsdk.config import Timeouts
-from blobsdk.net.rpc import new_session
+from blobsdk.net import new_session
 from servers._common.metrics import by_label
 from servers.cluster import start_cluster
 

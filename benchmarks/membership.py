@@ -15,7 +15,7 @@ blob.  One client (no L1 nor L2, so every read asks L3) reads the whole dataset 
 Figures:
 
 - ``add_moved`` / ``remove_moved``: the fraction of the dataset's chunks whose first node
-  changed (blobsdk/chunks/placement.py ``moved`` over the real chunk keys and node URLs), against
+  changed (blobsdk/chunks/names.py ``moved`` over the real chunk keys and node URLs), against
   ``1/(N+1)`` and ``1/N`` (``*_vs_expected``, with ``_lo``/``_hi``: the 2-sigma binomial band
   of that many keys, divided by the expected value); ``*_many_keys_vs_expected``: the same
   change over 65,536 random keys (16,384 with ``--quick``), whose band is narrower, which says whether a draw far from
@@ -48,7 +48,7 @@ from typing import Any
 import msgspec
 
 import blobsdk
-from blobsdk.chunks.placement import expected_moved, moved
+from blobsdk.chunks import expected_moved, moved
 from blobsdk.config import L1Config, WriteConfig
 from servers.cluster import Cluster, start_cluster
 

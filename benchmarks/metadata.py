@@ -26,7 +26,7 @@ from pathlib import Path
 from blobsdk.config import Timeouts
 from blobsdk.metadata import HttpMetadataStore, RedisMetadataStore, SharedPlanCache, SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.net.rpc import new_session
+from blobsdk.net import new_session
 from blobsdk.wire import ChunkRef, CommitOp, ReadPlan, etag_of
 from servers.cluster import start_cluster
 from servers.redisd import start_redis

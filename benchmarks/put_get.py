@@ -35,7 +35,7 @@ import msgspec
 import blobsdk
 from blobsdk.config import L1Config, Timeouts
 from blobsdk.metadata import HttpMetadataStore
-from blobsdk.net.rpc import new_session
+from blobsdk.net import new_session
 from servers.cluster import start_cluster
 
 from ._cpu import CPU_GOAL, floor_cpu_s_per_gb, fresh_floor_cpu_s_per_gb, interleave, record_cpu_vs, record_ratio, record_rows

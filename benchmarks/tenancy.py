@@ -39,7 +39,7 @@ import blobsdk
 from blobsdk.auth import Keyring, new_claims
 from blobsdk.config import L1Config, ReadConfig
 from blobsdk.metadata import HttpMetadataStore
-from blobsdk.net.rpc import new_session
+from blobsdk.net import new_session
 from servers.cluster import start_cluster
 
 from ._report import Report, median

@@ -60,8 +60,8 @@ import xxhash
 
 import blobsdk
 from blobsdk.config import L1Config, L2Config, Timeouts
+from blobsdk.net import new_session
 from blobsdk.net.rawget import RawGetEndpoint
-from blobsdk.net.rpc import new_session
 from servers.cluster import start_cluster
 
 from ._cpu import (

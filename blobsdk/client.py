@@ -29,6 +29,7 @@ import msgspec
 from ._arguments import check_bytes_like, check_callable, check_flag, check_iterable, check_number, check_paths, check_str, wrong
 from ._numbers import integer, positive
 from .assembly import Assembled, ClusterStores, GivenStores, LocalStores, Stores
+from .chunks import listing_prefix, validate_path, validate_writable
 from .config import ClientConfig, L1Config, L2Config, ReadConfig, WriteConfig
 from .errors import BadRequest, BlobNotFound, ClientClosed, Forbidden
 from .metadata import MetadataStore
@@ -44,7 +45,6 @@ from .ops import (
     s3_source,
     scrub,
 )
-from .paths import listing_prefix, validate_path, validate_writable
 from .read import READAHEAD_BYTES, READAHEAD_DEPTH, Prefetch, check_offset, read_ahead, writable_bytes
 from .runtime import AsyncResource, Executor
 from .sources import BlockStore, Buffer
@@ -292,7 +292,7 @@ class Client(AsyncResource):
 
     async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncGenerator[BlobInfo, None]:
         """Every blob whose path starts with ``prefix``, sorted by path; a bare bucket
-        (``/a``) lists that bucket only, as ``/a/`` does (blobsdk/paths.py)."""
+        (``/a``) lists that bucket only, as ``/a/`` does (blobsdk/chunks/names.py)."""
         async for info in self._open.metadata.list(listing_prefix(prefix), start_after):
             yield info
 
@@ -344,7 +344,7 @@ class Client(AsyncResource):
         bad URL), and not empty.  Reads in flight finish on the nodes they began with or fall
         through to L4; new reads place chunks over the new list, which moves only the chunks
         whose first nodes change (~1/N of them per node added or removed: rendezvous hashing,
-        blobsdk/chunks/placement.py).  ``self.config`` takes the new list, so a copy (a forked
+        blobsdk/chunks/names.py).  ``self.config`` takes the new list, so a copy (a forked
         worker's client) starts with it.  Each client of a job is told on its own: the nodes
         hold no list of members, and clients that disagree for a while cost misses, never
         bytes (every copy is verified).  BadRequest if this client was opened without L3."""

@@ -5,7 +5,7 @@
      │    ├── BlockNotFound    a block named by a read plan is gone (blob deleted or replaced)
      │    │    └── SourceChanged  an object indexed in place changed or was deleted since
      │    └── PeerNotFound     a tracker does not know the peer (never registered, or aged out)
-     ├── InvalidPath           (also ValueError)          path breaks the rules of paths.py
+     ├── InvalidPath           (also ValueError)          path breaks the rules of chunks/names.py
      ├── PreconditionFailed    compare-and-swap on the version did not match
      ├── BlockCollected        a commit names a block garbage collection has taken or is taking
      │                         (the write is not committed; ``put`` writes its blocks anew once)
@@ -170,7 +170,7 @@ class Unreachable(Unavailable):
     cut off by a partition): the request never reached it.  ``role`` names the server ("the API
     server", "a block server"), ``address`` is its host:port, ``reason`` what happened
     ("connection refused"), ``hint`` the likely cause.  Made by the client where it connects
-    (blobsdk/net/unreachable.py); never sent on the wire."""
+    (blobsdk/net/failures.py); never sent on the wire."""
 
     def __init__(self, message: str, *, role: str = "", address: str = "", reason: str = "", hint: str = "") -> None:
         super().__init__(message)

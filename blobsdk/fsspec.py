@@ -36,7 +36,7 @@ Semantics, where fsspec leaves a choice:
   renames it into place.  ``put_file`` maps a large local file rather than copying it.
 - **Errors**: BlobNotFound is FileNotFoundError, InvalidPath ValueError, Unauthorized
   PermissionError; a create-only write that finds the path is FileExistsError.
-- **Reserved**: ``bucket/.blobsdk/...`` holds blobsdk's own records (blobsdk/paths.py): it
+- **Reserved**: ``bucket/.blobsdk/...`` holds blobsdk's own records (blobsdk/chunks/names.py): it
   can be read and listed; a write, copy to, or ``rm`` naming it is InvalidPath (at ``open``
   for a ``"wb"`` file), and a recursive ``rm`` of a directory above it skips it.
 
@@ -79,6 +79,7 @@ with requires_extra("fsspec", __name__):
     from fsspec.asyn import AsyncFileSystem, _run_coros_in_chunks, get_loop, sync  # type: ignore[import-untyped]
     from fsspec.callbacks import DEFAULT_CALLBACK  # type: ignore[import-untyped]
 
+from .chunks import is_reserved, refuse_reserved
 from .client import Client
 from .config import ClientConfig
 from .errors import BlobNotFound, PreconditionFailed
@@ -99,7 +100,6 @@ from .integrations import (
     read_local_file,
     writable_path,
 )
-from .paths import is_reserved, refuse_reserved
 from .runtime import Held
 from .sources import Buffer
 from .wire import BlobInfo
@@ -429,7 +429,7 @@ class BlobFileSystem(AsyncFileSystem, AsyncResource):  # type: ignore[misc]  # f
     ) -> None:
         """Delete the blobs ``path`` expands to; a directory goes with its last blob, and
         without ``recursive`` naming one is IsADirectoryError.  A reserved path (blobsdk's own
-        records, blobsdk/paths.py) named is InvalidPath; one met in a directory is skipped."""
+        records, blobsdk/chunks/names.py) named is InvalidPath; one met in a directory is skipped."""
         if not isinstance(path, str | os.PathLike | list | tuple):
             raise wrong("rm: path", "a str or a list of them", path)
         for named in [path] if isinstance(path, str | os.PathLike) else path:

@@ -20,7 +20,7 @@ to a tenant (plans, commit) carries a chunk grant per chunk for that tenant, val
 ``--grant-ttl`` seconds or until the token expires if sooner, which the block servers and L3
 nodes want before they serve the chunk's bytes.  Grants are never stored.
 
-The reserved namespace ``/{bucket}/.blobsdk/`` (blobsdk/paths.py): the store refuses every
+The reserved namespace ``/{bucket}/.blobsdk/`` (blobsdk/chunks/names.py): the store refuses every
 tenant's (and an admin's) commit or delete of kind ``"blob"`` there (400 ``invalid_path``),
 and takes kind ``"index"`` only in the shape of a chunk index entry (blobsdk/metadata/base.py).
 A tenant may make index commits in its buckets (its saves record their chunks): the store
@@ -40,12 +40,11 @@ import msgspec
 from aiohttp import web
 
 from blobsdk.auth import GRANT_TTL_S, Claims
-from blobsdk.chunks import validate_hex32
+from blobsdk.chunks import bucket_of, validate_hex32, validate_prefix
 from blobsdk.cli import ArgumentParser
 from blobsdk.errors import BadRequest, BlobError, Forbidden
 from blobsdk.metadata import MetadataStore, RetryAwareStore
 from blobsdk.net import limits_of_args
-from blobsdk.paths import bucket_of, validate_prefix
 from blobsdk.wire import (
     MAX_OPS_PER_REQUEST,
     MAX_PATHS_PER_REQUEST,

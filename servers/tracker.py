@@ -46,7 +46,7 @@ fetched (past either, 429 ``Overloaded``), every list in a request at most 4096 
 
 The decisions are :class:`~servers.tracker_rules.Tracker`'s (no I/O); this module only serves
 them.  Several trackers shard the key space: clients pick a key's tracker by rendezvous hashing
-(``blobsdk.chunks.placement``), so each tracker is independent.  Like every server: ``make_app``,
+(``blobsdk/chunks/names.py``), so each tracker is independent.  Like every server: ``make_app``,
 ``--help``, ``/healthz``, ``/metrics``, bearer auth, fault injection, bounded clients.
 """
 

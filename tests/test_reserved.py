@@ -1,4 +1,4 @@
-"""``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/paths.py): every way a user writes or
+"""``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/chunks/names.py): every way a user writes or
 deletes refuses it before any I/O (the client, fsspec; the CLI in tests/cli/test_cli.py; every
 store in blobsdk/testing/reserved.py; the API server per tenant in tests/test_tenancy.py), reads
 and listings there still work, and gc sweeps only index entries there, keeping a stray an
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import blobsdk
+from blobsdk.chunks import INDEX_DIR
 from blobsdk.config import WriteConfig
 from blobsdk.errors import InvalidPath
-from blobsdk.paths import INDEX_DIR
 from blobsdk.testing.reserved import reserved
 from tests.fsspec_fixtures import local_fs
 from tests.helpers import gc_ahead

@@ -18,11 +18,11 @@ import xxhash
 
 import blobsdk
 from blobsdk.auth import GRANT_TTL_S
+from blobsdk.chunks import INDEX_DIR
 from blobsdk.chunks.call import Call
 from blobsdk.config import ClientConfig, ReadConfig, WriteConfig
 from blobsdk.errors import Forbidden, InvalidPath, Unauthorized
 from blobsdk.metadata import HttpMetadataStore, SqliteMetadataStore
-from blobsdk.paths import INDEX_DIR
 from blobsdk.sources import HttpBlockStore
 from blobsdk.testing.reserved import reserved
 from blobsdk.wire import MSGPACK, ChunkRef, CommitOp, CommitRequest, DeleteRequest, ErrorBody, ReadPlan, encode

@@ -25,7 +25,7 @@ class MemoryCache(AsyncResource):
     The hot path is synchronous: :meth:`get_nowait` (a hit costs a dict lookup, a clock
     read and an LRU move: ~0.3 µs) and :meth:`put_nowait`; the async methods of the
     protocol are thin wrappers.  :meth:`lookup`, :meth:`fill` and :meth:`holds` are those
-    two and ``contains`` for a key already checked (a :data:`~blobsdk.chunks.ids.ChunkKey`):
+    two and ``contains`` for a key already checked (a :data:`~blobsdk.chunks.names.ChunkKey`):
     the L1 tier's.  Reads are zero-copy: they return the stored ``bytes`` or a read-only
     memoryview of the caller's buffer, so a caller of :meth:`put_nowait` must not mutate
     ``data`` afterwards.  ``clock`` is injectable for tests.

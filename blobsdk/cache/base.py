@@ -5,7 +5,7 @@ Semantics every engine holds (blobsdk/testing/cache.py checks them):
 
 - Keys are chunk keys: 32 lowercase hex digits (:attr:`blobsdk.wire.ChunkRef.key`).  Any
   other key raises BadRequest before it comes near a dict or a file name (:func:`validate_key`,
-  which types it :data:`~blobsdk.chunks.ids.ChunkKey`; an engine's methods that take a
+  which types it :data:`~blobsdk.chunks.names.ChunkKey`; an engine's methods that take a
   ChunkKey, as MemoryCache's ``lookup`` and ``fill``, do not check it again).
 - ``get(key)`` returns the bytes last ``put`` under ``key`` or None (a miss).  An engine that
   finds a damaged copy (disk: checksum mismatch, truncation) deletes it, counts it as

@@ -11,10 +11,10 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path, PurePosixPath
 
+from ..chunks import refuse_reserved, validate_prefix, validate_writable
 from ..client import Client
 from ..errors import InvalidPath
 from ..ops import IndexProgress
-from ..paths import refuse_reserved, validate_prefix, validate_writable
 from ..runtime import ProgressLine
 from ..sources import Buffer
 from ._common import Command, UsageError, iso, non_negative, print_json, print_pretty, write_stdout

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._arguments import check_str
+from ..chunks import validate_path
 from ..config import ClientConfig
-from ..paths import validate_path
 from .stores import ProcessClient, Store
 
 CHECKPOINTS = "checkpoints"  # under the prefix: the DCP checkpoints, one prefix per DLIO checkpoint name

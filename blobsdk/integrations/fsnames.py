@@ -1,5 +1,5 @@
 """blob://'s names (blobsdk/fsspec.py): an fsspec name ``bucket/key`` as a blob path, a
-writable one or a directory's listing prefix (each checked by blobsdk/paths.py's rules: a bad
+writable one or a directory's listing prefix (each checked by blobsdk/chunks/names.py's rules: a bad
 one is InvalidPath, a ValueError), the directories above a name, and the fsspec entries
 (``info`` dicts) of a blob and of a directory synthesised from ``/``.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ..paths import validate_path, validate_prefix, validate_writable
+from ..chunks import validate_path, validate_prefix, validate_writable
 from ..wire import BlobInfo
 from .fsfiles import Entry
 

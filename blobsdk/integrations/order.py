@@ -17,7 +17,7 @@ from .._extras import requires_extra
 with requires_extra("torch", "blobsdk.torch"):
     import torch
 
-from ..paths import validate_path, validate_prefix
+from ..chunks import validate_path, validate_prefix
 from .stores import Store
 
 FINGERPRINT_BATCH = 4096  # paths hashed per update

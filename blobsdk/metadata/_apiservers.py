@@ -16,7 +16,7 @@ with each attempt) that the store behind the servers applies at most once
 (:class:`~blobsdk.metadata.base.RetryAwareStore`): the retry answers what the first
 application did.  An API server whose store cannot do that refuses the request id (400).
 With one server nothing is retried and no request id is sent: ``call`` is that server's own
-POST (:meth:`~blobsdk.net.rpc.HttpEndpoint.post`), with nothing of this class around it.
+POST (:meth:`~blobsdk.net.endpoint.HttpEndpoint.post`), with nothing of this class around it.
 """
 
 from __future__ import annotations

@@ -73,11 +73,9 @@ from . import _redis_rows as rows
 with requires_extra("redis", "blobsdk.metadata.RedisMetadataStore"):  # the name users import
     import redis.exceptions as rexc
 
-from ..chunks import validate_hex32
+from ..chunks import bucket_of, validate_hex32, validate_path
 from ..errors import BadRequest, BlobError, BlobNotFound, ClientClosed, Unavailable
-from ..net import REDIS
-from ..net.unreachable import unreachable
-from ..paths import bucket_of, validate_path
+from ..net import REDIS, unreachable
 from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
 from ._redis_connect import RedisConnection, connect
 from .backend import MetadataBackend

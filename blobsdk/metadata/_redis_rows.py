@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from ..chunks import bucket_of
 from ..errors import BadRequest, CorruptData
-from ..paths import bucket_of
 from ..wire import BlobInfo, ReadPlan
 from .base import decode_stored
 

@@ -21,7 +21,7 @@ does not go through it (another deployment's client, a server-side job) is visib
 ``ttl_seconds``, as with the in-process cache.  Missing paths are not cached.  If Redis is
 down, the cache steps aside: reads and writes go to the store (counted in ``errors``), never
 failing because of the cache.  A usable entry whose plan breaks the plan rules or is of
-another path is CorruptData (blobsdk/chunks/plans.py): its plans enter the process here.
+another path is CorruptData (blobsdk/wire.py): its plans enter the process here.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from .._extras import requires_extra
 with requires_extra("redis", "blobsdk.metadata.SharedPlanCache"):  # the name users import
     import redis.exceptions as rexc
 
-from ..chunks import checked_plan
-from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind, checked_plan
 from ._cache import grants_usable_for
 from ._redis_connect import client_for
 from .base import MetadataStore, PassThrough

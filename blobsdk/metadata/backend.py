@@ -37,10 +37,9 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
-from ..chunks import checked_plan
+from ..chunks import validate_path
 from ..errors import BlobNotFound
-from ..paths import validate_path
-from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind, checked_plan
 from .base import (
     check_cursor,
     check_delete,
@@ -58,7 +57,7 @@ from .base import (
 
 def arrived(plans: Sequence[ReadPlan | None], paths: Sequence[str]) -> builtins.list[ReadPlan | None]:
     """``plans`` as a store answered them for ``paths``, each checked (CorruptData for a bad
-    plan or one of another path; :func:`blobsdk.chunks.plans.checked_plan`)."""
+    plan or one of another path; :func:`blobsdk.wire.checked_plan`)."""
     return [None if plan is None else checked_plan(plan, path) for plan, path in zip(plans, paths, strict=True)]
 
 

@@ -22,8 +22,8 @@ capability):
 - ``delete`` removes the live version (BlobNotFound if none) with the same ``if_version`` rule.
 - ``list`` yields live blobs whose path starts with ``prefix``, sorted by path, in pages.
 - Every path argument is validated (InvalidPath) before anything else happens, and every
-  committed plan is checked against the plan rules of :mod:`blobsdk.chunks.plans` (BadRequest).
-- **The reserved namespace** (blobsdk/paths.py): a commit or delete of kind ``"blob"`` (the
+  committed plan is checked against the plan rules of :mod:`blobsdk.wire` (BadRequest).
+- **The reserved namespace** (blobsdk/chunks/names.py): a commit or delete of kind ``"blob"`` (the
   default: a user's write) under ``/{bucket}/.blobsdk/`` is InvalidPath.  Kind ``"index"``
   is blobsdk's own: a commit only at a chunk index entry's path with a one-chunk plan, a
   delete anywhere under ``.blobsdk/`` (gc).  :func:`check_commit_op` and
@@ -59,10 +59,18 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from ..chunks import check_plan, validate_hex32
+from ..chunks import (
+    INDEX_DIR,
+    RESERVED_DIR,
+    is_index_entry,
+    is_reserved,
+    validate_hex32,
+    validate_path,
+    validate_prefix,
+    validate_writable,
+)
 from ..errors import BadRequest, BlockCollected, CorruptData, InvalidPath, PreconditionFailed
-from ..paths import INDEX_DIR, RESERVED_DIR, is_index_entry, is_reserved, validate_path, validate_prefix, validate_writable
-from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind
+from ..wire import BlobInfo, CommitOp, ReadPlan, WriteKind, check_plan
 
 T = TypeVar("T")
 

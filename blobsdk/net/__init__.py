@@ -2,17 +2,16 @@
 over the shared aiohttp session, data GETs received into the caller's buffer, its
 concurrency limiter: ``LimiterRegistry``, ``AdaptiveLimiter``, a ``Permit`` per request, with
 its priority queue), the pauses between tries, SigV4 signing, what an unreachable server
-is said to be, and how every server bounds slow and idle clients (``listening``).  The
-function that words an unreachable server's error keeps its module's name, so it is imported
-from ``blobsdk.net.unreachable`` itself."""
+is said to be and what an error reply encodes (``failures``), and how every server bounds
+slow and idle clients (``listening``)."""
 
 from __future__ import annotations
 
-from .endpoint import Endpoint
+from .endpoint import Endpoint, HttpEndpoint, new_session
+from .failures import API_SERVER, BLOCK_SERVER, L3_NODE, OVERLOAD_STATUSES, PEER, REDIS, S3_ENDPOINT, TRACKER, unreachable
 from .limiter import AdaptiveLimiter, LimiterRegistry, Permit
 from .rawget import RawGetEndpoint
 from .retry import Backoff
-from .rpc import OVERLOAD_STATUSES, HttpEndpoint, new_session
 from .serving import (
     ServerLimits,
     check_positive_fields,
@@ -23,7 +22,6 @@ from .serving import (
     sent_past_writer,
 )
 from .sigv4 import Credentials, Signer, uri_encode_path
-from .unreachable import API_SERVER, BLOCK_SERVER, L3_NODE, PEER, REDIS, S3_ENDPOINT, TRACKER
 
 __all__ = [
     "API_SERVER",
@@ -51,5 +49,6 @@ __all__ = [
     "new_session",
     "progress_every",
     "sent_past_writer",
+    "unreachable",
     "uri_encode_path",
 ]

@@ -39,9 +39,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..errors import BadRequest, BlobError, ReplyStalled, TimedOut, Unavailable, Unreachable
+from .failures import SERVER, Role, error_for, no_answer, report_overload, unreachable
 from .limiter import Permit
-from .rpc import error_for, report_overload
-from .unreachable import SERVER, Role, no_answer, unreachable
 
 MAX_HEAD = 64 << 10  # status line + headers
 MAX_ERROR_BODY = 1 << 20
@@ -271,7 +270,7 @@ class RawGetEndpoint:
     used; ``stall_s``: the bound on a reply body's silences (None: only ``sock_read``).
     ``refusal``: what an error reply means (default: the blobsdk error its body encodes).
     ``role``: which server it is, for the error when nothing answers there
-    (blobsdk/net/unreachable.py).  Close with :meth:`aclose`.
+    (blobsdk/net/failures.py).  Close with :meth:`aclose`.
     """
 
     def __init__(

@@ -10,7 +10,7 @@ Safety does not rest on clocks.  A pass:
    version scanned; one that changed meanwhile is kept, its blocks with it); candidates no
    plan left names are *doomed*.  Only an entry (``/{bucket}/.blobsdk/chunks/<32 hex>``,
    one chunk) is swept: a user's blob can no longer be written under ``.blobsdk/``
-   (blobsdk/paths.py), and anything else found there (a *stray*, written before the
+   (blobsdk/chunks/names.py), and anything else found there (a *stray*, written before the
    namespace was reserved) is kept with its blocks, like any live blob: counted in
    ``reserved_strays`` and logged, never deleted by gc (an admin removes one with the
    metadata store's ``delete(path, kind="index")``);
@@ -45,9 +45,9 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
+from ..chunks import is_index_entry, is_reserved
 from ..errors import BadRequest, BlobError, BlobNotFound, PreconditionFailed
 from ..metadata import MAX_FENCE_IDS, BlockFences, PlanLister, PlanWriter
-from ..paths import is_index_entry, is_reserved
 from ..sources import BlockStore, block_time
 from ..wire import ReadPlan
 

@@ -28,7 +28,7 @@ names no block at all, so nothing tells an empty object's from an empty ``put``:
 blob at an object's path is replaced.)  gc deletes the links of replaced or removed blobs,
 never an object.  The indexed location may not overlap the client's own L4 prefix.
 
-**Keys.**  Keys that are not valid blob paths (blobsdk/paths.py), or whose path would lie
+**Keys.**  Keys that are not valid blob paths (blobsdk/chunks/names.py), or whose path would lie
 under ``/{bucket}/.blobsdk/`` (blobsdk's own; a batch naming one would fail whole), are
 skipped and reported.
 "Directory" markers are skipped: empty objects whose key is a directory of other keys, or the
@@ -58,10 +58,10 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import xxhash
 
+from ..chunks import validate_prefix, validate_writable
 from ..config import s3_location
 from ..errors import BadRequest, BlobError, CorruptData, InvalidPath, PreconditionFailed
 from ..metadata import PlanLister, PlanReader, PlanWriter
-from ..paths import validate_prefix, validate_writable
 from ..runtime import task_group
 from ..sources import BlockStore, block_time, is_link, links_to
 from ..wire import ChunkRef, CommitOp, ReadPlan, etag_of

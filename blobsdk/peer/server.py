@@ -25,7 +25,7 @@ verified raw bytes.  Its rules, in the order they are checked:
 
 The server holds no keyring and never sees a bearer token: a client's secrets stay its own.
 Errors are the servers' ``ErrorBody`` in msgpack, so a child's endpoint maps them back to
-the same exceptions (``blobsdk/net/rpc.py``).
+the same exceptions (``blobsdk/net/endpoint.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from a client.
 the peer's serve tickets with, and learning the tenant the peer serves) and then heartbeats
 each every ``heartbeat_s`` (as the tracker asks), with the peer's current upload count.
 Each chunk key belongs to one tracker, chosen by rendezvous hashing over ``urls``
-(``blobsdk.chunks.placement``), so trackers shard the key space and never talk to each other.
+(``blobsdk/chunks/names.py``), so trackers shard the key space and never talk to each other.
 ``locate``, ``announce`` and ``report`` batch their keys per tracker and ask the trackers
 concurrently.
 

@@ -42,9 +42,9 @@ from typing import Literal, Protocol
 
 from .._arguments import check_number
 from .._numbers import non_negative
+from ..chunks import bucket_of, validate_path, validate_prefix
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
 from ..metadata import PlanLister, PlanReader
-from ..paths import bucket_of, validate_path, validate_prefix
 from ..tiers import HydrateJob, L3Tier
 from ..wire import ChunkRef, HydrateStatus, ReadPlan
 from .readpath import ReadPath

@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from ..chunks import validate_path
 from ..errors import BadRequest, BlobError, BlobNotFound
 from ..metadata import PlanReader
-from ..paths import validate_path
 from ..wire import ReadPlan
 
 READAHEAD_DEPTH = 32  # reads in flight ahead of the consumer

@@ -1,4 +1,4 @@
-"""The reserved namespace ``/{bucket}/.blobsdk/`` (blobsdk/paths.py, blobsdk/metadata/base.py):
+"""The reserved namespace ``/{bucket}/.blobsdk/`` (blobsdk/chunks/names.py, blobsdk/metadata/base.py):
 part of the plan writers' conformance suite (blobsdk/testing/metadata.py), so every backend
 refuses a user's commit or delete there, and takes blobsdk's own (kind ``"index"``) only in a
 chunk index entry's shape.  Its listing is the listers' suite's."""

@@ -1,7 +1,7 @@
 """L3: the regional flash nodes (``servers/flash.py``), seen from the client.
 
 Each chunk lives on ``replicas`` nodes chosen by rendezvous hashing of its chunk key over
-the node URLs (:mod:`blobsdk.chunks.placement`).  A node that misses reads the chunk through from
+the node URLs (:mod:`blobsdk.chunks.names`).  A node that misses reads the chunk through from
 L4 itself, so a GET answers with the chunk's stored bytes either way; the client verifies
 every copy (``decode``) and tries the next node on a bad or failed one.  It reports a bad
 copy to the node that sent it (``POST /v1/chunks/{key}/bad``): a node sends a cache file it

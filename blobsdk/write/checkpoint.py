@@ -87,9 +87,9 @@ import msgspec
 from .._arguments import check_callable, check_flag, check_number, check_str, wrong
 from .._extras import requires_extra
 from .._numbers import integer, positive
+from ..chunks import validate_writable
 from ..errors import BlobError, BlobNotFound, CorruptData, PreconditionFailed
 from ..metadata import PlanLister, PlanReader, PlanWriter
-from ..paths import validate_writable
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from ._compare import Base
 from .dedup import ChunkIndex, KnownChunks

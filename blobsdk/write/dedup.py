@@ -11,7 +11,7 @@ recorded).  So:
   is one ``get_plans`` per 1000 digests;
 - it is scoped by bucket: a tenant's token reaches only its own buckets, so a save never
   names another tenant's bytes through it (DESIGN §7);
-- ``/{bucket}/.blobsdk/`` is reserved (blobsdk/paths.py): a user's put or delete there is
+- ``/{bucket}/.blobsdk/`` is reserved (blobsdk/chunks/names.py): a user's put or delete there is
   refused by every store, and entries are written only by commits of kind ``"index"``, which
   the store takes only in an entry's shape (blobsdk/metadata/base.py);
 - an entry is a live plan: gc never collects a block an entry names.  gc sweeps the index
@@ -51,9 +51,9 @@ from typing import Protocol
 
 import xxhash
 
+from ..chunks import INDEX_DIR, bucket_of
 from ..errors import BlobError, BlockCollected
 from ..metadata import PlanReader, PlanWriter
-from ..paths import INDEX_DIR, bucket_of
 from ..wire import MAX_OPS_PER_REQUEST, MAX_PATHS_PER_REQUEST, ChunkRef, CommitOp, ReadPlan
 from .writer import plan_of
 

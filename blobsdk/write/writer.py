@@ -26,10 +26,10 @@ import lz4.block
 import xxhash
 
 from .._arguments import check_bytes_like, check_pair
+from ..chunks import validate_writable
 from ..config import Compression, WriteConfig, check_write_config
 from ..errors import BlockCollected, Unavailable
 from ..metadata import PlanWriter
-from ..paths import validate_writable
 from ..runtime import task_group
 from ..sources import BlockStore, Buffer, block_time, new_block_id
 from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan, etag_of

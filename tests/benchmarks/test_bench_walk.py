@@ -10,12 +10,12 @@ from pathlib import Path
 
 from benchmarks import walk
 from benchmarks.walk import Count, Walker
-from blobsdk import paths
+from blobsdk.chunks import names
 from blobsdk.runtime import tasks
 
 
 def _split() -> str:
-    return paths.bucket_of("/bucket/a/b")
+    return names.bucket_of("/bucket/a/b")
 
 
 def test_a_walk_counts_the_packages_functions_and_their_calls_only_inside_the_walk() -> None:
@@ -30,8 +30,8 @@ def test_a_walk_counts_the_packages_functions_and_their_calls_only_inside_the_wa
         _split()
     assert sys.getprofile() is None
     (count,) = counts
-    assert count.files == {str(Path(paths.__file__).resolve())}
-    assert count.calls[(str(Path(paths.__file__).resolve()), paths.bucket_of.__code__.co_firstlineno, "bucket_of")] == 2
+    assert count.files == {str(Path(names.__file__).resolve())}
+    assert count.calls[(str(Path(names.__file__).resolve()), names.bucket_of.__code__.co_firstlineno, "bucket_of")] == 2
 
 
 def test_a_thread_started_inside_the_hook_is_walked_too() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from blobsdk.cache import MemoryCache, _memory  # _memory: the engine's module, whose key check a test replaces
-from blobsdk.chunks.ids import ChunkKey
+from blobsdk.chunks import ChunkKey
 from blobsdk.errors import BadRequest
 from blobsdk.testing.cache import ChunkCacheTests, FakeClock, blob, key
 

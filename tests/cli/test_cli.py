@@ -177,7 +177,7 @@ def test_invalid_path_is_one_line_exit_1(tmp_path, store):
 
 
 def test_the_reserved_namespace_is_one_line_exit_1_and_readable(tmp_path, store):
-    """``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/paths.py): written or deleted, it is an
+    """``/{bucket}/.blobsdk/`` is blobsdk's own (blobsdk/chunks/names.py): written or deleted, it is an
     InvalidPath like any other; read, it is a blob like any other."""
     (tmp_path / "f").write_bytes(b"x")
     (tmp_path / "tree" / ".blobsdk").mkdir(parents=True)

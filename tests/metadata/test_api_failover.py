@@ -18,7 +18,7 @@ import blobsdk
 from blobsdk.config import ClientConfig, Timeouts
 from blobsdk.errors import BadRequest, Unavailable, Unreachable
 from blobsdk.metadata import HttpMetadataStore
-from blobsdk.net.rpc import new_session
+from blobsdk.net import new_session
 from blobsdk.testing.plans import make_plan
 from blobsdk.wire import CommitOp
 from servers.redisd import start_redis

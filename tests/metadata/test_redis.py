@@ -13,10 +13,10 @@ import pytest
 from redis.asyncio.connection import AbstractConnection
 
 from blobsdk._redisurl import FORM
+from blobsdk.chunks import bucket_of
 from blobsdk.errors import BadRequest, BlobNotFound, ClientClosed, CorruptData, Unavailable, Unreachable
 from blobsdk.metadata import RedisMetadataStore
 from blobsdk.metadata.base import MetadataStore, check_commit_op
-from blobsdk.paths import bucket_of
 from blobsdk.testing.metadata import MetadataStoreTests
 from blobsdk.testing.plans import make_plan, put, put_all
 from blobsdk.wire import CommitOp

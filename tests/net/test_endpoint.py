@@ -1,4 +1,4 @@
-"""blobsdk.net.endpoint and blobsdk.net.rpc: one server's control requests, data GETs and
+"""blobsdk.net.endpoint: one server's control requests, data GETs and
 concurrency limit, against a real block server on a loopback port."""
 
 from __future__ import annotations

@@ -203,13 +203,13 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "blobsdk._version",
         "blobsdk._extras",
         "blobsdk._lazy",
-        "blobsdk.chunks.ids",
+        "blobsdk.chunks.names",
     ),
-    # what travels: the wire structs, the blob path rules, the base of every config struct
-    1: ("blobsdk.wire", "blobsdk.paths", "blobsdk._settings"),
+    # what travels: the wire structs and the rules of a plan, the base of every config struct
+    1: ("blobsdk.wire", "blobsdk._settings"),
     # every table of client.toml, the structs of the modules with behaviour too
     2: ("blobsdk.config",),
-    # the ground package: the chunk model and the contracts of one call
+    # the ground package: the chunk model and the contracts of one call (its name rules, in layer 0)
     3: ("blobsdk.chunks",),
     # process plumbing, keys and tokens, counters
     4: ("blobsdk.runtime", "blobsdk.auth", "blobsdk.stats"),
@@ -299,7 +299,7 @@ def test_no_import_cycles_typing_only_imports_included():
 # imports its modules: so two role packages whose modules import each other's, in either
 # direction and by any import (a lazy one too), load each other's faces half-made, whatever
 # their modules do.  Between roles the graph is a tree of faces: one loop only, documented
-# (docs/architecture.md): wire checks ids with chunks/ids.py, which imports only errors, and
+# (docs/architecture.md): wire checks ids with chunks/names.py, which imports only errors, and
 # the chunks face loads its other modules lazily so that wire can.
 ROLE_LOOPS_ALLOWED = [{"blobsdk.wire", "blobsdk.chunks"}]
 
@@ -429,7 +429,6 @@ SERVER_IMPORTS = {
     "blobsdk.errors",
     "blobsdk.metadata",
     "blobsdk.net",
-    "blobsdk.paths",
     "blobsdk.runtime",
     "blobsdk.sources",
     "blobsdk.tail",
@@ -511,11 +510,8 @@ def test_a_private_module_of_a_role_package_is_imported_only_inside_it():
 THROUGH_FACES = ("blobsdk",)
 # The direct imports kept, each with its reason (docs/architecture.md, "Faces", lists them).
 PAST_FACES_ALLOWED = {
-    # the function that words an unreachable server's error has its module's name: a name of
-    # the net face equal to it would hide the module (test_no_name_of_a_face_hides_one_of_its_modules)
-    ("blobsdk.metadata._redis", "blobsdk.net.unreachable"),
-    # the id rule, which wire checks ids with while the chunks face (lazy) is half-made
-    ("blobsdk.wire", "blobsdk.chunks.ids"),
+    # the name rules, which wire checks ids with while the chunks face (lazy) is half-made
+    ("blobsdk.wire", "blobsdk.chunks.names"),
     # the elastic-resume rules, a namespace of names too general for the integrations face
     # (count, indices, shared, restore_one)
     ("blobsdk.torch", "blobsdk.integrations.elastic"),

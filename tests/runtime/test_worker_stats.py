@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import blobsdk
-from blobsdk.chunks.ids import is_hex32
+from blobsdk.chunks import is_hex32
 from blobsdk.config import L1Config, L2Config
 from blobsdk.runtime.workerstats import COUNTERS, SLOT, WorkerStats
 from blobsdk.stats import TIER_NAMES

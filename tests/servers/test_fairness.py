@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.chunks import bucket_of
 from blobsdk.metadata import HttpMetadataStore, SqliteMetadataStore
-from blobsdk.paths import bucket_of
 from blobsdk.wire import ChunkRef, ReadPlan, chunk_query
 from servers import api
 from servers._common import http

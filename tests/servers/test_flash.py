@@ -17,9 +17,9 @@ import msgspec
 import pytest
 import xxhash
 
+from blobsdk.chunks import rank
 from blobsdk.chunks.call import Call
 from blobsdk.chunks.codec import decode_chunk
-from blobsdk.chunks.placement import rank
 from blobsdk.net.rawget import RawGetEndpoint
 from blobsdk.sources.base import BlockStore, Buffer
 from blobsdk.wire import CACHE_HEADER, JSON, PROGRESS_HEADER, ChunkRef, ErrorBody, HydrateRequest, HydrateStatus, chunk_query

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from blobsdk.cache import PayloadFile
-from blobsdk.chunks.placement import rank
+from blobsdk.chunks import rank
 from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tail.health import Reason
 from blobsdk.tiers import L3Tier

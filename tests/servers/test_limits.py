@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 
 from blobsdk.errors import BadRequest, PayloadTooLarge, TimedOut, Unavailable
-from blobsdk.net.rpc import error_for
+from blobsdk.net.failures import error_for
 from blobsdk.net.serving import ACCEPT_IN_FLIGHT, FD_RESERVE, ServerLimits, limits_of_args
 from blobsdk.wire import ErrorBody
 from servers._common.http import add_serve_args, base_app, read_body

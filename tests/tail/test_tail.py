@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 import blobsdk
-from blobsdk.chunks.placement import rank
+from blobsdk.chunks import rank
 from blobsdk.config import HedgeConfig, L1Config, Timeouts, WriteConfig
 from blobsdk.sources import ReplicatedBlockStore
 from servers.cluster import start_cluster

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from blobsdk.chunks import rank
 from blobsdk.chunks.codec import decode_chunk
-from blobsdk.chunks.placement import rank
 from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tiers import HydrateJob, L3Tier
 from blobsdk.tiers.base import Tier

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from blobsdk.chunks.placement import rank
+from blobsdk.chunks import rank
 from blobsdk.config import HedgeConfig, L3Config
 from blobsdk.tiers import L3Tier
 from blobsdk.wire import CACHE_HEADER, ChunkRef

@@ -16,11 +16,11 @@ import xxhash
 from msgspec.structs import replace
 
 import blobsdk
+from blobsdk.chunks import INDEX_DIR, is_index_entry
 from blobsdk.config import WriteConfig
 from blobsdk.errors import BlockCollected
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.paths import INDEX_DIR, is_index_entry
 from blobsdk.sources import LocalBlockStore
 from blobsdk.wire import CommitOp, WriteKind
 from tests.helpers import ROOT, gc_ahead
@@ -218,7 +218,7 @@ import blobsdk
 from blobsdk.config import WriteConfig
 from blobsdk.metadata import SqliteMetadataStore
 from blobsdk.sources import LocalBlockStore
-from blobsdk.paths import is_index_entry
+from blobsdk.chunks import is_index_entry
 from blobsdk.write import checkpoint, dedup
 
 store, kill_at = sys.argv[1], sys.argv[2]

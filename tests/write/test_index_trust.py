@@ -14,10 +14,10 @@ import pytest
 import xxhash
 
 import blobsdk
+from blobsdk.chunks import INDEX_DIR
 from blobsdk.config import WriteConfig
 from blobsdk.errors import CorruptData, InvalidPath
 from blobsdk.metadata.base import MetadataStore
-from blobsdk.paths import INDEX_DIR
 from blobsdk.sources import LocalBlockStore
 from blobsdk.testing.reserved import reserved
 from blobsdk.wire import ChunkRef, CommitOp

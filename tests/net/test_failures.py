@@ -1,4 +1,4 @@
-"""blobsdk/net/unreachable.py: a server nothing listens for is named by its role, its address
+"""blobsdk/net/failures.py: a server nothing listens for is named by its role, its address
 and the likely cause, wherever the client meets it (a control request, a data GET, a
 write's quorum, an L3 node's stats, S3), never by an aiohttp class name."""
 
@@ -15,10 +15,10 @@ from aiohttp.client_reqrep import ConnectionKey
 
 from blobsdk.errors import Unavailable, Unreachable
 from blobsdk.metadata import HttpMetadataStore
+from blobsdk.net import HttpEndpoint
+from blobsdk.net.failures import BLOCK_SERVER, SERVER, unreachable
 from blobsdk.net.retry import Backoff
-from blobsdk.net.rpc import HttpEndpoint
 from blobsdk.net.sigv4 import Credentials
-from blobsdk.net.unreachable import BLOCK_SERVER, SERVER, unreachable
 from blobsdk.sources import HttpBlockStore, ReplicatedBlockStore
 from blobsdk.sources._s3get import S3Getter, S3Target
 from blobsdk.sources.base import new_block_id

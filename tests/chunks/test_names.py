@@ -1,4 +1,4 @@
-"""blobsdk.chunks.placement: rendezvous hashing."""
+"""blobsdk/chunks/names.py: the blob path rules, the 32-hex id rule, and rendezvous placement."""
 
 from __future__ import annotations
 
@@ -7,7 +7,106 @@ from collections import Counter
 
 import pytest
 
-from blobsdk.chunks.placement import expected_moved, moved, place, rank
+from blobsdk.cache.base import validate_key
+from blobsdk.chunks import (
+    bucket_of,
+    expected_moved,
+    is_hex32,
+    listing_prefix,
+    moved,
+    place,
+    rank,
+    validate_block_id,
+    validate_hex32,
+    validate_path,
+    validate_prefix,
+)
+from blobsdk.errors import BadRequest, InvalidPath
+from blobsdk.sources.base import new_block_id
+
+# --- blob paths ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/b/k", "/b/a/b/c.bin", "/b/%_*?", "/b/ünïcode", "/b/" + "x" * 1021])
+def test_valid_paths(path):
+    assert validate_path(path) == path
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("", "path is empty"),
+        ("b/k", "path must be absolute"),
+        ("/", "path '/' names no blob"),
+        ("/bucketx", "path '/bucketx' names a bucket, not a blob: a blob path is /bucket/key"),
+        ("/b/../k", "'..' segment"),
+        ("/b/./k", "'.' segment"),
+        ("/..", "'..' segment"),
+        ("/b//k", "empty segment"),
+        ("/b/k/", "empty segment"),
+        ("/b/k\x00", "path contains NUL"),
+        ("/b/" + "x" * 1022, "path is 1025 bytes, over the limit of 1024"),
+        ("/b/\udcff", "path is not valid UTF-8"),
+        (b"/b/k", "path must be str, not bytes"),
+        (None, "path must be str, not NoneType"),
+    ],
+)
+def test_invalid_paths(path, message):
+    with pytest.raises(InvalidPath, match=message.replace("?", r"\?").replace("(", r"\(")) as info:
+        validate_path(path)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("prefix", ["/", "/b", "/b/", "/b/dir/", "/b/dir/pre"])
+def test_valid_prefixes(prefix):
+    assert validate_prefix(prefix) == prefix
+
+
+@pytest.mark.parametrize("prefix", ["", "b/", "//", "/b//", "/b/../", "/b/\x00"])
+def test_invalid_prefixes(prefix):
+    with pytest.raises(InvalidPath):
+        validate_prefix(prefix)
+
+
+def test_bucket_of():
+    assert bucket_of("/bucket/a/b") == "bucket"
+    assert bucket_of("/bucket") == "bucket"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "listed"),
+    [("/", "/"), ("/b", "/b/"), ("/b/", "/b/"), ("/b/dir", "/b/dir"), ("/b/dir/", "/b/dir/"), ("/b/logs/2024-", "/b/logs/2024-")],
+)
+def test_a_bare_bucket_lists_that_bucket_only(prefix, listed):
+    assert listing_prefix(prefix) == listed
+
+
+def test_a_listing_prefix_is_validated():
+    with pytest.raises(InvalidPath, match="empty segment"):
+        listing_prefix("/b//")
+
+
+# --- block ids and chunk keys --------------------------------------------------
+
+GOOD = "0123456789abcdef" * 2
+
+
+def test_hex32_is_exactly_32_lowercase_hex_digits():
+    assert is_hex32(GOOD) and is_hex32(new_block_id())
+    for bad in ("", GOOD[:-1], GOOD + "0", GOOD.upper(), GOOD[:-1] + "g", GOOD[:-1] + "\n", f" {GOOD[1:]}"):
+        assert not is_hex32(bad), bad
+
+
+@pytest.mark.parametrize("value", [GOOD.upper(), 7, None, GOOD.encode()])
+def test_validators_name_what_they_refuse(value: object):
+    for validate, what in ((validate_key, "chunk key"), (validate_block_id, "block id")):
+        with pytest.raises(BadRequest) as caught:
+            validate(value)
+        assert str(caught.value) == f"invalid {what} {value!r}: want 32 lowercase hex digits"
+    assert validate_key(GOOD) is validate_block_id(GOOD) is validate_hex32(GOOD, "x") is GOOD
+
+
+# --- placement: rendezvous hashing ---------------------------------------------
 
 NODES = [f"http://10.0.0.{i}:7201" for i in range(4)]
 KEYS = [f"{i:032x}" for i in range(10_000)]

@@ -1,15 +1,19 @@
-"""What a client says when it cannot connect to a server: which server it is (its *role*),
-where, what happened, and the likely cause, in one place for every endpoint (the control
-requests of blobsdk/net/rpc.py, the data GETs of blobsdk/net/rawget.py, and Redis as the
-metadata store, blobsdk/metadata/_redis.py).
+"""How a server's failures reach the caller, as blobsdk errors, in one place for every
+endpoint (the control requests and data GETs of blobsdk/net/endpoint.py and
+blobsdk/net/rawget.py, and Redis as the metadata store, blobsdk/metadata/_redis.py):
 
-A refused connection means nothing listens at the address.  For a cluster's servers the
-likely causes are that the cluster is down, or that the config (a ``client.toml``) is from
-an earlier run, whose servers listened elsewhere; the message says so, so a user whose
-cluster is stopped reads that, not an aiohttp class name.  A connection attempt that gets no
-answer at all within the connect timeout (the host is down, or a partition drops its packets)
-is Unreachable too (:func:`no_answer`): the request never reached the server.  Other
-failures to connect (a reset, a TLS failure) are not this: the caller words them as before.
+- **A server nothing listens for** (:func:`unreachable`): which server it is (its *role*),
+  where, what happened, and the likely cause.  A refused connection means nothing listens at
+  the address.  For a cluster's servers the likely causes are that the cluster is down, or
+  that the config (a ``client.toml``) is from an earlier run, whose servers listened
+  elsewhere; the message says so, so a user whose cluster is stopped reads that, not an
+  aiohttp class name.  A connection attempt that gets no answer at all within the connect
+  timeout (the host is down, or a partition drops its packets) is Unreachable too
+  (:func:`no_answer`): the request never reached the server.  Other failures to connect (a
+  reset, a TLS failure) are not this: the caller words them as before.
+- **An error reply** (:func:`error_for`): the blobsdk error its ErrorBody encodes, and an
+  overloaded server's answer told to the request's concurrency-limiter permit
+  (:func:`report_overload`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,13 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..errors import Unreachable
+import msgspec
 
+from ..errors import BlobError, QuotaExceeded, Unavailable, Unreachable, error_from_code
+from ..wire import ErrorBody
+from .limiter import Permit
+
+OVERLOAD_STATUSES = frozenset({429, 503})  # answers that tell a concurrency limiter to back off
 REFUSED = "connection refused"
 NO_ANSWER = "no answer to connect"
 CLUSTER_DOWN = "the cluster is down, or client.toml is from an earlier run"
@@ -90,3 +99,28 @@ def _os_error(exc: BaseException) -> OSError | None:
     while seen is not None and not isinstance(seen, OSError):
         seen = seen.__cause__
     return seen
+
+
+_error_decoder = msgspec.msgpack.Decoder(ErrorBody)
+
+
+def report_overload(permit: Permit | None, status: int, error: BlobError) -> None:
+    """Tell a request's concurrency-limiter slot that the server said it is overloaded (a
+    tenant's byte quota is not overload)."""
+    if permit is not None and status in OVERLOAD_STATUSES and not isinstance(error, QuotaExceeded):
+        permit.overloaded()
+
+
+def error_for(status: int, body: bytes, url: str) -> BlobError:
+    """The blobsdk error an error reply encodes (an ErrorBody in msgpack or JSON); a reply
+    without one is Unavailable for the statuses that mean "try again or elsewhere"."""
+    try:
+        err = _error_decoder.decode(body)
+    except msgspec.DecodeError:
+        try:
+            err = msgspec.json.decode(body, type=ErrorBody)
+        except msgspec.DecodeError:
+            if status in (429, 502, 503, 504):
+                return Unavailable(f"{url}: HTTP {status}")
+            return BlobError(f"{url}: HTTP {status}: {body[:200]!r}")
+    return error_from_code(err.code, err.message)
