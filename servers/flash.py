@@ -220,8 +220,8 @@ class FlashNode:
         return loaded
 
     async def _load(self, ref: ChunkRef, tenant: str, pin_seconds: float) -> tuple[Buffer, bool]:
-        data = await self.cache.get(ref.key)
-        if data is not None and len(data) == ref.length:
+        data = await self.cache.get(ref.key, length=ref.length)
+        if data is not None:
             return data, True
         buf, _ = await self.l4.read(ref, self._verify)
         await self._fill(ref, buf, tenant, pin_seconds)

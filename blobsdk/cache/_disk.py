@@ -81,6 +81,7 @@ from ._diskreload import Reload
 from ._diskshare import SharedFiles
 from ._diskstate import DiskPool, Fill, Ledger
 from ._entryfile import Damaged as _Damaged
+from ._entryfile import Expected
 from ._payloadfile import PayloadFile, open_payload
 from .base import DEFAULT_TENANT, Buffer, validate_key
 from .policy import Entry, PolicyChain, validate_tenant
@@ -161,16 +162,20 @@ class DiskCache(AsyncResource):
             self._reload.reconcile_in_background(listing)
         return self
 
-    async def get(self, key: str, *, checksum: int | None = None) -> bytearray | None:
+    async def get(self, key: str, *, checksum: int | None = None, length: int | None = None) -> bytearray | None:
         """The payload for ``key`` (a new bytearray the caller owns), read and verified on
         the executor, or None.  With ``checksum`` (an xxh3-64 the caller expects) a copy
-        whose recorded checksum differs counts as corrupt too: one hash checks both."""
+        whose recorded checksum differs counts as corrupt too: one hash checks both.  With
+        ``length`` (the payload's, as the caller knows it) so does a copy whose header records
+        another, before anything is allocated for it: a file in a shared directory may claim
+        any length its (sparse) file has."""
+        expected = Expected(checksum, length)
         entry = await self._readable(validate_key(key))
         if entry is None:  # another process sharing root may have written it since we opened
-            return await self._shared.adopt(key, checksum)
+            return await self._shared.adopt(key, expected)
         ledger = self._ledger
         try:
-            data, ident = await self._disk.run(self._files.read, key, checksum)
+            data, ident = await self._disk.run(self._files.read, key, expected)
         except _Damaged:
             ledger.lost(entry, "corrupt")
             return None
@@ -190,15 +195,16 @@ class DiskCache(AsyncResource):
         ledger.saw(key, ident)
         return data
 
-    async def find(self, key: str, *, checksum: int | None = None) -> bool:
-        """Whether the cache holds ``key`` (with ``checksum``, if given): :meth:`contains`, or
-        else a file another process sharing the directory wrote, whose header checks out; that
-        one is indexed (blobsdk/cache/_diskshare.py).  Counts no hit nor miss."""
+    async def find(self, key: str, *, checksum: int | None = None, length: int | None = None) -> bool:
+        """Whether the cache holds ``key`` (with ``checksum`` and ``length``, if given, as
+        :meth:`get`): :meth:`contains`, or else a file another process sharing the directory
+        wrote, whose header checks out; that one is indexed (blobsdk/cache/_diskshare.py).
+        Counts no hit nor miss."""
         key = validate_key(key)
         if key in self._ledger.index:
             return key not in self._ledger.fills
         self._check_open()
-        return await self._shared.find(key, checksum)
+        return await self._shared.find(key, Expected(checksum, length))
 
     async def open_verified(self, key: str) -> PayloadFile | None:
         """The entry's file, open, if an earlier :meth:`get` of this cache verified that

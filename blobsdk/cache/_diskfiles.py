@@ -22,6 +22,7 @@ from ..chunks import is_hex32
 from ..runtime import RootDir, UnsafeEntry, create_temp, marker_text, misnamed, uninitialized, unlink_at
 from ._diskscan import with_entry
 from ._entryfile import Damaged as _Damaged
+from ._entryfile import Expected
 from ._entryfile import encode_header as _encode_header
 from ._entryfile import read_header as _read_header
 from ._indexfile import INDEX_FILE
@@ -122,13 +123,12 @@ class DiskFiles:
             while view:  # a write may be short
                 view = view[os.write(fd, view) :]
 
-    def read(self, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
-        return with_file(self.dir, key, lambda fd, key: self.read_file(fd, key, checksum))
+    def read(self, key: str, expected: Expected) -> tuple[bytearray, FileIdentity]:
+        return with_file(self.dir, key, lambda fd, key: self.read_file(fd, key, expected))
 
-    def read_file(self, fd: int, key: str, checksum: int | None) -> tuple[bytearray, FileIdentity]:
+    def read_file(self, fd: int, key: str, expected: Expected) -> tuple[bytearray, FileIdentity]:
         st, head = _read_header(fd, key)
-        if checksum is not None and head.checksum != checksum:
-            raise _Damaged(f"{key}: holds other bytes than the caller expects")
+        expected.check(head, key)  # before the allocation: a header may claim any length its (sparse) file has
         payload = uninitialized(head.length)  # filled whole, or discarded: no zeroing pass
         filled = os.preadv(fd, [payload], head.offset)  # straight into the buffer: no extra copy
         if filled != head.length or xxhash.xxh3_64_intdigest(payload) != head.checksum:

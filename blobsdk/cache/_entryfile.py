@@ -33,6 +33,21 @@ class Header(NamedTuple):
     offset: int
 
 
+class Expected(NamedTuple):
+    """What the caller knows of the payload (its chunk reference): its xxh3-64 and its length,
+    each None if unknown.  A file's header that records otherwise is damaged before anything is
+    read past it, or allocated for the length it claims."""
+
+    checksum: int | None = None
+    length: int | None = None
+
+    def check(self, head: Header, key: str) -> None:
+        if self.checksum is not None and head.checksum != self.checksum:
+            raise Damaged(f"{key}: holds other bytes than the caller expects")
+        if self.length is not None and head.length != self.length:
+            raise Damaged(f"{key}: holds {head.length} bytes, the caller expects {self.length}")
+
+
 def header_check(fixed: bytes, tenant: bytes, key: str) -> int:
     """Checksum of the header; the key is included, so a misnamed file is caught too."""
     return xxhash.xxh3_64_intdigest(fixed + tenant + key.encode())

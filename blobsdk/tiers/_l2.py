@@ -64,7 +64,7 @@ class L2Tier(AsyncResource):
 
     async def fetch(self, ref: ChunkRef, decode: Decoder, demand: Demand | None = None) -> memoryview | None:
         begun = time.perf_counter()
-        data = await self.cache.get(ref.key, checksum=ref.checksum)  # verified on the executor
+        data = await self.cache.get(ref.key, checksum=ref.checksum, length=ref.raw_length)  # verified on the executor
         if data is None:
             self.stats.misses += 1
             # The cache is this tier's alone: its count is the tier's (a before/after delta
@@ -90,7 +90,7 @@ class L2Tier(AsyncResource):
 
     async def finds(self, ref: ChunkRef) -> bool:
         """Also a file another process sharing the directory wrote (its header checked)."""
-        return await self.cache.find(ref.key, checksum=ref.checksum)
+        return await self.cache.find(ref.key, checksum=ref.checksum, length=ref.raw_length)
 
     async def keep(self, ref: ChunkRef, raw: memoryview) -> None:
         """Write now, past the write-behind queue (which may drop): a prefetch waits for the disk."""

@@ -77,6 +77,7 @@ import asyncio
 import builtins
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -94,7 +95,7 @@ from ..wire import MAX_CHUNK_BYTES, ChunkRef, CommitOp, ReadPlan
 from ._compare import Base
 from .dedup import ChunkIndex, KnownChunks
 from .leaves import Stamp, flatten
-from .manifest import Entry, Manifest, Part
+from .manifest import Entry, Manifest, Part, check_manifest
 from .restore import restore, selected
 from .stage import REWRITE_AT, Staged, Stager
 from .writer import Writer, plan_of, split
@@ -103,6 +104,7 @@ _log = logging.getLogger(__name__)
 
 _HASH_BATCH = 16 << 20  # bytes hashed per executor job
 _STEP_DIGITS = 12
+_STEP = re.compile(rb"0|[1-9][0-9]{0,%d}" % (_STEP_DIGITS - 1))  # what ``latest`` holds: str(step)
 
 
 class CheckpointMetadata(PlanReader, PlanWriter, PlanLister, Protocol):
@@ -431,16 +433,25 @@ class Checkpoints:
         )
         return state
 
+    def _pointed_step(self, raw: bytes) -> int:
+        """The step ``latest`` names (a save writes ``str(step)``); it is a blob of the prefix,
+        which any writer of the bucket can replace: CorruptData unless it is such a step."""
+        if not _STEP.fullmatch(raw):
+            raise CorruptData(f"checkpoint pointer {self._latest_path} holds {raw[:40]!r}, not a step")
+        return int(raw)
+
     async def _manifest_of(self, step: int) -> Manifest:
         path = f"{self._step_dir(step)}/manifest"
         try:
             raw = await self._read(await self._metadata.get_plan(path))
         except BlobNotFound:
             raise BlobNotFound(f"no checkpoint {step} under {self.prefix}") from None
+        where = f"checkpoint {step} under {self.prefix}"
         try:
-            return msgspec.msgpack.decode(raw, type=Manifest)
+            manifest = msgspec.msgpack.decode(raw, type=Manifest)
         except msgspec.DecodeError as exc:
-            raise CorruptData(f"checkpoint {step} under {self.prefix}: its manifest does not decode: {exc}") from exc
+            raise CorruptData(f"{where}: its manifest does not decode: {exc}") from exc
+        return check_manifest(manifest, step, where)
 
     async def _latest(self) -> Base | None:
         """The latest checkpoint (its manifest, its data plan, the version of ``latest``)."""
@@ -450,7 +461,7 @@ class Checkpoints:
             return None
         if self._base is not None and self._base.latest_version == latest.version:
             return self._base  # still the one this object saved last
-        step = int(bytes(await self._read(latest)))
+        step = self._pointed_step(bytes(await self._read(latest)))
         manifest = await self._manifest_of(step)
         plan = await self._metadata.get_plan(f"{self._step_dir(step)}/data")
         return Base(manifest, plan, latest.version)

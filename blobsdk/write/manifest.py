@@ -3,11 +3,13 @@ entries, one per leaf of the saved state, and a part, one process's uncommitted 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
 
+from ..errors import CorruptData
 from ..wire import ChunkRef
 
 Kind = Literal["ndarray", "tensor", "bytes", "json"]
@@ -81,3 +83,37 @@ class Part(msgspec.Struct, frozen=True, kw_only=True):
     new_blocks: tuple[str, ...]
     base_version: int
     chunk_size: int
+
+
+def check_manifest(manifest: Manifest, step: int, where: str) -> Manifest:
+    """``manifest`` as read for checkpoint ``step`` (``where`` names it), if its fields make
+    sense on their own, else CorruptData naming the first that does not: the manifest is a blob
+    any writer of the bucket can replace, and nothing it says may become an index error, an
+    allocation of what no chunk holds, or a leaf set over another.  Its fit with its data plan
+    (each entry's refs, their bytes) and its digests are checked by the restore."""
+    if manifest.step != step:
+        raise CorruptData(f"{where}: its manifest is of step {manifest.step}")
+    if manifest.chunk_size < 1:
+        raise CorruptData(f"{where}: its manifest's chunk size is {manifest.chunk_size}")
+    for entry in manifest.entries:
+        if not entry.name:
+            raise CorruptData(f"{where}: its manifest has a leaf with no name")
+        leaf = f"{where} leaf {'/'.join(entry.name)!r}"
+        if entry.nbytes < 0 or entry.first < 0:
+            raise CorruptData(f"{leaf}: its manifest says nbytes {entry.nbytes}, first {entry.first}")
+        chunks = -(-entry.nbytes // manifest.chunk_size)
+        if len(entry.digests) != chunks:
+            raise CorruptData(f"{leaf}: its manifest lists {len(entry.digests)} digests for {chunks} chunks")
+        extents_ok = not entry.extents or (len(entry.extents) == chunks and min(entry.extents) >= 1)
+        patches_ok = not entry.patches or (len(entry.patches) == chunks and min(entry.patches) >= 0)
+        if not (extents_ok and patches_ok):
+            raise CorruptData(
+                f"{leaf}: its manifest's extents {entry.extents} or patches {entry.patches} are not one count per chunk"
+            )
+    names = sorted(entry.name for entry in manifest.entries)
+    for outer, inner in itertools.pairwise(names):  # a name's extensions sort right after it
+        if inner == outer:
+            raise CorruptData(f"{where}: its manifest names leaf {'/'.join(outer)!r} twice")
+        if inner[: len(outer)] == outer:
+            raise CorruptData(f"{where}: its manifest names leaf {'/'.join(outer)!r} and a leaf inside it, {'/'.join(inner)!r}")
+    return manifest

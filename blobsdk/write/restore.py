@@ -87,9 +87,17 @@ async def restore(
     await _check_digests(manifest, memories, executor, where)
     for entry, place, memory in zip(manifest.entries, places, memories, strict=True):
         if place is None:
-            put(into, entry.name, msgspec.json.decode(entry.value) if entry.kind == "json" else value_of(entry, memory))
+            put(into, entry.name, _json_of(entry, where) if entry.kind == "json" else value_of(entry, memory))
         elif entry.kind == "tensor":
             _written(place.value)
+
+
+def _json_of(entry: Entry, where: str) -> Any:
+    """A JSON leaf's value, from its manifest (another writer's data: CorruptData if it does not decode)."""
+    try:
+        return msgspec.json.decode(entry.value)
+    except msgspec.DecodeError as exc:
+        raise CorruptData(f"{where} leaf {'/'.join(entry.name)!r}: its JSON value does not decode: {exc}") from exc
 
 
 class _Reads:

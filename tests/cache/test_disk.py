@@ -307,10 +307,10 @@ class GatedReads:
         self._read = cache._files.read_file
         cache._files.read_file = self.read_file  # type: ignore[method-assign]
 
-    def read_file(self, fd, key, checksum):
+    def read_file(self, fd, key, expected):
         self.opened.set()
         self.go.wait(5)
-        return self._read(fd, key, checksum)
+        return self._read(fd, key, expected)
 
 
 async def test_eviction_racing_a_read_cannot_hurt_it(tmp_path):

@@ -211,3 +211,40 @@ async def test_find_never_follows_a_symlink(tmp_path: Path, caplog: pytest.LogCa
             assert not await c.find(key_of(1))
         assert counts(c)["errors"] == 1 and not c.contains(key_of(1)) and file_of(root, key_of(1)).is_symlink()
     assert messages(caplog) == [f"cache l2: ignored {file_of(root, key_of(1))}: it is a symlink, not a regular file {NOTE}"]
+
+
+def with_length(good: bytes, key: str, length: int) -> bytes:
+    """``good``'s header claiming a payload of ``length`` bytes: a sound header (its checksum is
+    anyone's to compute) that records the real payload's checksum."""
+    from blobsdk.cache._entryfile import HEAD, header_check
+
+    magic, version, name_len, _, checksum, _ = HEAD.unpack_from(good)
+    tenant = good[HEAD.size : HEAD.size + name_len]
+    fixed = HEAD.pack(magic, version, name_len, length, checksum, 0)[:-8]
+    return fixed + header_check(fixed, tenant, key).to_bytes(8, "little") + tenant
+
+
+@pytest.mark.parametrize("look", ["fetch", "find"])
+async def test_a_file_claiming_a_huge_payload_is_a_miss_never_an_allocation(tmp_path: Path, look: str) -> None:
+    """A sparse file of a terabyte under the key, whose header records the chunk's own checksum:
+    the L2 tier knows the chunk's length, so the file is damaged before a byte is allocated for
+    it or its size counted (it was a MemoryError out of the read, or an entry of a terabyte)."""
+    raw = blob(1, 1000)
+    ref = chunk(raw)
+    maker, root = tmp_path / "maker", tmp_path / "l2"
+    async with cache(maker) as m:
+        assert await m.put(ref.key, raw)
+    head = with_length(file_of(maker, ref.key).read_bytes(), ref.key, 1 << 40)
+    async with L2Tier(cache(root)) as tier:
+        path = file_of(root, ref.key)
+        path.parent.mkdir()
+        with path.open("wb") as f:
+            f.write(head)
+            f.truncate(len(head) + (1 << 40))  # sparse: no disk spent
+        if look == "find":
+            assert not await tier.finds(ref)
+        else:
+            assert await tier.fetch(ref, never) is None
+        assert not path.exists()
+        misses = 1 if look == "fetch" else 0
+        assert counts(tier.cache) == {"hits": 0, "misses": misses, "corrupt": 1, "errors": 0, "entries": 0, "bytes": 0}

@@ -226,6 +226,66 @@ async def test_a_stored_dtype_or_shape_is_checked_before_use(
     assert str(exc.value) == message
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"step": 7}, "checkpoint 1 under /ck/e: its manifest is of step 7"),
+        ({"name": ()}, "checkpoint 1 under /ck/e: its manifest has a leaf with no name"),
+        ({"name": ("j", "x")}, "checkpoint 1 under /ck/e: its manifest names leaf 'j/x' twice"),
+        ({"name": ("j",)}, "checkpoint 1 under /ck/e: its manifest names leaf 'j' and a leaf inside it, 'j/x'"),
+        ({"nbytes": 10**15}, "checkpoint 1 under /ck/e leaf 'a': its manifest lists 1 digests for 15258789063 chunks"),
+        ({"nbytes": -1}, "checkpoint 1 under /ck/e leaf 'a': its manifest says nbytes -1, first 0"),
+        ({"first": -1}, "checkpoint 1 under /ck/e leaf 'a': its manifest says nbytes 24, first -1"),
+        (
+            {"extents": (-1, 2)},
+            "checkpoint 1 under /ck/e leaf 'a': its manifest's extents (-1, 2) or patches () are not one count per chunk",
+        ),
+        (
+            {"patches": (-1,)},
+            "checkpoint 1 under /ck/e leaf 'a': its manifest's extents () or patches (-1,) are not one count per chunk",
+        ),
+        ({"kind": "json"}, "checkpoint 1 under /ck/e leaf 'a': its JSON value does not decode: Input data was truncated"),
+    ],
+)
+async def test_a_manifest_another_writer_edited_is_corrupt_data_before_anything_is_allocated(
+    client: blobsdk.Client, edit: dict[str, Any], message: str
+) -> None:
+    """A manifest that decodes is still another writer's data: whatever its fields say, a load
+    is CorruptData naming what is wrong (it was an IndexError, a ValueError, msgspec's
+    DecodeError, or an allocation of a petabyte), and the step is the one asked for."""
+    from blobsdk.write.manifest import Manifest
+
+    ck = client.checkpoints("/ck/e")
+    await (await ck.save(1, {"a": np.arange(3, dtype=np.int64), "j": {"x": 1}})).wait()
+    path = "/ck/e/000000000001/manifest"
+    manifest = msgspec.msgpack.decode(await client.get(path), type=Manifest)
+    if "step" in edit:
+        manifest = msgspec.structs.replace(manifest, **edit)
+    else:
+        entries = tuple(msgspec.structs.replace(e, **edit) if e.name == ("a",) else e for e in manifest.entries)
+        manifest = msgspec.structs.replace(manifest, entries=entries)
+    await client.put(path, msgspec.msgpack.encode(manifest))
+    with pytest.raises(blobsdk.CorruptData) as exc:
+        await ck.load(1)
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("latest", [b"abc", b"\xff", b"", b"-5", b"1_0"])
+async def test_a_latest_pointer_another_writer_edited_is_corrupt_data_at_load_and_save(
+    client: blobsdk.Client, latest: bytes
+) -> None:
+    """``latest`` is a blob of the prefix: what is not a step's digits is CorruptData naming it
+    (it was int()'s ValueError, the CLI's usage code, at every load and every save after)."""
+    ck = client.checkpoints("/ck/l")
+    await (await ck.save(1, {"a": 1})).wait()
+    await client.put("/ck/l/latest", latest)
+    message = f"checkpoint pointer /ck/l/latest holds {latest!r}, not a step"
+    for attempt in (ck.load, lambda: ck.save(2, {"a": 2})):
+        with pytest.raises(blobsdk.CorruptData) as exc:
+            await attempt()
+        assert str(exc.value) == message
+
+
 async def test_bad_arguments_are_refused(client: blobsdk.Client) -> None:
     with pytest.raises(blobsdk.InvalidPath):
         client.checkpoints("no-slash")
