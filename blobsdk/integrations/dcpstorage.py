@@ -15,6 +15,7 @@ from .._extras import requires_extra
 with requires_extra("torch", "blobsdk.dcp"):  # the module users import
     import torch
     from torch.distributed._shard._utils import narrow_tensor_by_index
+    from torch.distributed.checkpoint import metadata as _dcp_metadata
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
     from torch.distributed.checkpoint.planner import (
         LoadItemType,
@@ -29,12 +30,69 @@ with requires_extra("torch", "blobsdk.dcp"):  # the module users import
     from torch.futures import Future
 
 from ..config import ClientConfig
+from ..errors import CorruptData
 from ..sync import SyncCheckpoints
 from ..write import Entry, Part, problem
 from .stores import ClosedOnExit, ConfigLike, ProcessClient, Store
 
 _METADATA = "metadata"  # DCP's Metadata, pickled, in the checkpoint state
 _ITEMS = "items"  # the write items, by storage key
+
+
+# Every global a DCP metadata pickle of DCP's own planners holds, and nothing else: DCP's
+# metadata classes, torch.Size, torch's dtypes, layouts and memory formats (a layout pickles
+# through torch.serialization._get_layout, which only looks its name up).  Resolved here, so
+# the unpickler never imports a module or calls a function the pickle names.
+_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
+    **{
+        ("torch.distributed.checkpoint.metadata", name): getattr(_dcp_metadata, name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
+    },
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    **{
+        ("torch", name): value
+        for name, value in vars(torch).items()
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
+    },
+}
+
+
+class _RefusedGlobal(Exception):
+    pass
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP metadata pickle, refusing any global outside ``_METADATA_GLOBALS`` before
+    it is looked up: a pickle can only call or build what it names, so nothing else runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _METADATA_GLOBALS[module, name]
+        except KeyError:
+            raise _RefusedGlobal(f"{module}.{name}") from None
+
+
+def _unpickle_metadata(data: bytes, where: str) -> object:
+    """The DCP metadata pickle ``data`` of ``where`` (a checkpoint another writer of the bucket
+    may have written), unpickled through the allowlist; anything else is ``CorruptData``."""
+    try:
+        return _MetadataUnpickler(io.BytesIO(data)).load()
+    except _RefusedGlobal as exc:
+        raise CorruptData(
+            f"{where}: its DCP metadata names {exc}, which DCP metadata never holds: refused, not unpickled"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a malformed pickle raises anything: truncated, a bad opcode, a bad argument
+        raise CorruptData(f"{where}: its DCP metadata does not unpickle: {exc}") from None
 
 
 class _Backend(ClosedOnExit):
@@ -182,7 +240,9 @@ class BlobStorageReader(_Backend, StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's DCP metadata (the latest one's, if no ``checkpoint_id``): the
-        step is fixed here, so a save meanwhile does not change what ``read_data`` reads."""
+        step is fixed here, so a save meanwhile does not change what ``read_data`` reads.
+        Unpickled through an allowlist of the globals DCP's metadata holds: a pickle naming
+        any other (another writer's, or a custom planner's ``planner_data``) is ``CorruptData``."""
         checkpoints = self.checkpoints()
         manifest = checkpoints.manifest(self.step)
         self._loaded = manifest.step
@@ -190,7 +250,7 @@ class BlobStorageReader(_Backend, StorageReader):
         state = checkpoints.load(self._loaded, select=lambda name: name == (_METADATA,))
         if _METADATA not in state:
             raise ValueError(f"checkpoint {self._loaded} under {self.prefix} is not a DCP checkpoint")
-        metadata = pickle.loads(state[_METADATA])
+        metadata = _unpickle_metadata(state[_METADATA], f"checkpoint {self._loaded} under {self.prefix}")
         if not isinstance(metadata, Metadata):
             raise ValueError(f"checkpoint {self._loaded} under {self.prefix} is not a DCP checkpoint")
         return metadata

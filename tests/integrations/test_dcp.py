@@ -4,14 +4,18 @@ per step (a new prefix each save), deduplicated through the bucket's chunk index
 
 from __future__ import annotations
 
+import builtins
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 import blobsdk
+from blobsdk.errors import CorruptData
 from blobsdk.torch import BlobStorageReader, BlobStorageWriter
 from tests import helpers
 
@@ -114,12 +118,107 @@ def test_checkpoint_ids_are_steps() -> None:
     assert not BlobStorageWriter.validate_checkpoint_id("/tmp/x") and not BlobStorageReader.validate_checkpoint_id("1.5")
 
 
+class Opens:
+    """What another writer of the bucket may pickle: unpickling it calls ``reduce``, with ``args``."""
+
+    def __init__(self, reduce: Any, *args: Any) -> None:
+        self.reduce, self.args = reduce, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.reduce, self.args
+
+
+def real_metadata(tmp_path: Path) -> Any:
+    with BlobStorageWriter.local(tmp_path, "/ck/real") as writer:
+        dcp.save(state(), storage_writer=writer)
+    with BlobStorageReader.local(tmp_path, "/ck/real") as reader:
+        return reader.read_metadata()
+
+
+@pytest.mark.parametrize(
+    ("what", "refused"),
+    [
+        ("open", "io.open"),  # the pickle alone: open(marker, "w")
+        ("exec", "builtins.exec"),  # exec("open(marker, 'w')")
+        ("inside", "io.open"),  # a real Metadata whose planner_data holds the open
+    ],
+)
+def test_a_metadata_pickle_naming_any_other_global_is_corrupt_data_and_never_runs(
+    tmp_path: Path, what: str, refused: str
+) -> None:
+    """Another writer of the bucket commits a checkpoint whose DCP metadata is a pickle that
+    calls a function as it unpickles: refused by the global it names, which is never called."""
+    marker = tmp_path / "marker"
+    if what == "exec":
+        evil: Any = Opens(builtins.exec, f"open({str(marker)!r}, 'w')")
+    else:
+        evil = Opens(open, str(marker), "w")
+    if what == "inside":
+        metadata = real_metadata(tmp_path)
+        metadata.planner_data = evil
+        evil = metadata
+    with blobsdk.SyncClient.local(tmp_path) as client:
+        client.checkpoints("/ck/evil").save(7, {"metadata": pickle.dumps(evil)}).wait()
+    with BlobStorageReader.local(tmp_path, "/ck/evil") as reader:
+        with pytest.raises(CorruptData) as caught:
+            reader.read_metadata()
+        message = (
+            f"checkpoint 7 under /ck/evil: its DCP metadata names {refused}, which DCP metadata never holds: "
+            "refused, not unpickled"
+        )
+        assert str(caught.value) == message
+        with pytest.raises(CheckpointException) as failed:
+            dcp.load(zeroed(state()), storage_reader=reader)
+        assert message in str(failed.value.failures[0][0])  # DCP's words around it, rank 0's failure
+    assert not marker.exists()
+
+
+def test_a_metadata_pickle_that_does_not_unpickle_is_corrupt_data(tmp_path: Path) -> None:
+    good = pickle.dumps(real_metadata(tmp_path))
+    with blobsdk.SyncClient.local(tmp_path) as client:
+        client.checkpoints("/ck/cut").save(2, {"metadata": good[: len(good) // 2]}).wait()
+    with BlobStorageReader.local(tmp_path, "/ck/cut") as reader, pytest.raises(CorruptData) as caught:
+        reader.read_metadata()
+    assert str(caught.value) == "checkpoint 2 under /ck/cut: its DCP metadata does not unpickle: pickle data was truncated"
+
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float64, torch.complex64, torch.bool, torch.uint8, torch.int8, torch.int32)
+
+
+def test_the_metadata_of_every_kind_of_item_blobsdk_saves_loads_through_the_allowlist(tmp_path: Path) -> None:
+    """Nested and flattened keys, scalars and empty tensors, every common dtype, a parameter,
+    objects DCP pickles as bytes: their metadata holds only the allowed globals."""
+    saved: dict[str, Any] = {
+        "nested": {"a": [torch.ones(3), {"b": torch.arange(4)}], "objects": [1, "x", None, (2.5, b"y")]},
+        "scalar": torch.tensor(3.0),
+        "empty": torch.empty(0, 3),
+        "weight": torch.nn.Parameter(torch.ones(2, 2)),
+        "dtypes": {str(dtype): torch.ones(2, dtype=dtype) for dtype in DTYPES},
+    }
+    with BlobStorageWriter.local(tmp_path, "/ck/kinds") as writer:
+        dcp.save(saved, storage_writer=writer)
+    target: dict[str, Any] = {
+        "nested": {"a": [torch.zeros(3), {"b": torch.zeros(4, dtype=torch.int64)}], "objects": None},
+        "scalar": torch.tensor(0.0),
+        "empty": torch.empty(0, 3),
+        "weight": torch.nn.Parameter(torch.zeros(2, 2)),
+        "dtypes": {name: torch.zeros_like(value) for name, value in saved["dtypes"].items()},
+    }
+    with BlobStorageReader.local(tmp_path, "/ck/kinds") as reader:
+        dcp.load(target, storage_reader=reader)
+    assert target["nested"]["objects"] == [1, "x", None, (2.5, b"y")]
+    assert torch.equal(target["nested"]["a"][1]["b"], torch.arange(4)) and torch.equal(target["scalar"], saved["scalar"])
+    assert all(torch.equal(target["dtypes"][name], value) for name, value in saved["dtypes"].items())
+
+
 RANK = """
 import json, os, sys, warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 import blobsdk
+from blobsdk.errors import CorruptData
 from blobsdk.torch import BlobStorageReader, BlobStorageWriter
 
 warnings.simplefilter("error")
@@ -214,6 +313,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from blobsdk.torch import BlobStorageReader, BlobStorageWriter
 
 warnings.simplefilter("error")
