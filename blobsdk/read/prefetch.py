@@ -16,8 +16,8 @@ and works in the background:
      default), progress polled from the nodes at once, then after a wait of ``POLL_S`` that
      doubles after each ask up to ``POLL_MAX_S`` (a long job is asked about once a second,
      not ten times: each ask is a request the node and the client pay CPU for).  Progress counts chunk
-     *copies*: with 2 L3 replicas each chunk counts twice (``dataset_chunks`` and
-     ``dataset_bytes`` are the distinct chunks' count and bytes).  A chunk fails (its paths go to
+     *copies*: with 2 L3 replicas each chunk counts twice, its bytes as stored (``dataset_chunks``
+     and ``dataset_bytes`` are the distinct chunks' count and raw bytes).  A chunk fails (its paths go to
      ``failed``) only when every node it was sent to failed it.
    - ``"l1"`` / ``"l2"``: every chunk not already held is fetched through the read path at
      prefetch priority (each endpoint's limiter queues foreground reads first) by
@@ -61,8 +61,9 @@ class PrefetchProgress:
     """How far a prefetch is.  ``chunks_done`` counts chunks now in the tier (fetched, or
     held already); ``chunks_skipped`` those left out for the byte budget or that the tier
     would not keep (full, over a quota); chunks that failed count in neither.  Into L3 the
-    chunk and byte counts are of chunk *copies* (one per replica); ``dataset_chunks`` and
-    ``dataset_bytes`` are always the distinct chunks' count and bytes."""
+    chunk and byte counts are of chunk *copies* (one per replica), the bytes as stored (lz4
+    where it saved space), as the nodes copy them; ``dataset_chunks`` and ``dataset_bytes``
+    are always the distinct chunks' count and raw bytes."""
 
     chunks_done: int = 0
     chunks_total: int = 0
@@ -294,7 +295,7 @@ class Prefetcher:
         tally.distinct(chunks)
         jobs = await self.l3.hydrate([ref for ref, _ in chunks.values()], pin_seconds)
         tally.chunks_total = sum(job.total for job in jobs)
-        tally.bytes_total = sum(ref.raw_length for job in jobs for ref in job.refs)
+        tally.bytes_total = sum(ref.length for job in jobs for ref in job.refs)  # as stored: what the nodes count
         try:
             statuses = await self._poll(jobs, tally)
         except asyncio.CancelledError:
