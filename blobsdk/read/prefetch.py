@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable,
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from .._arguments import check_number
+from .._arguments import check_number, wrong
 from .._numbers import non_negative
 from ..chunks import bucket_of, validate_path, validate_prefix
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
@@ -188,6 +188,8 @@ class Prefetcher:
         top = self._tier_index(tier)
         check_number("pin_seconds", pin_seconds, non_negative(optional=True), BadRequest)
         if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1):
+            if not isinstance(max_bytes, int | float):
+                raise wrong("max_bytes", "a positive int or None", max_bytes)
             raise BadRequest(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         if tier == "l3":
             if max_bytes is not None:
