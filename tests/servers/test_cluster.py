@@ -667,6 +667,24 @@ def test_a_port_taken_since_the_last_run_is_replaced_and_said(tmp_path):
     ]
 
 
+def test_a_second_cluster_in_a_directory_in_use_is_refused_and_touches_nothing(tmp_path):
+    """It would share the first one's metadata, blocks and L3 files, and replace its client.toml."""
+    options = ClusterOptions(block_servers=1, l3_nodes=0, trackers=0)
+    with Cluster(tmp_path, options, kinds=KINDS[:2]) as running:
+        toml, description = running.config_path.read_text(), (tmp_path / "cluster.json").read_text()
+        second = Cluster(tmp_path, options, kinds=KINDS[:2])
+        with pytest.raises(ClusterError) as refused, second:
+            pass
+        assert str(refused.value) == (
+            f"{tmp_path.resolve()} is in use by a running cluster (pid {os.getpid()}): stop it first (Ctrl-C or SIGTERM),"
+            " or start this one in another directory"
+        )
+        assert second.processes == [] and not running.exited()
+        assert running.config_path.read_text() == toml and (tmp_path / "cluster.json").read_text() == description
+    with Cluster(tmp_path, options, kinds=KINDS[:2]) as again:  # stopped: the directory is free again
+        assert not again.exited()
+
+
 def test_a_port_file_that_holds_no_port_is_ignored(tmp_path):
     (tmp_path / "run").mkdir()
     for text in ("nope", "0", "70000"):
