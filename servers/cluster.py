@@ -166,8 +166,7 @@ class Cluster:
         """Start every server (on its port of the last run in this directory, if free), wait
         for /healthz, write cluster.json and client.toml."""
         self.dir = self.dir.resolve()
-        for sub in ("run", "logs"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        _make_dirs(self.dir)
         self._lock = self._lock or _hold(self.dir)
         for stale in (self.config_path, self.dir / "cluster.json"):
             stale.unlink(missing_ok=True)
@@ -422,6 +421,15 @@ def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
     return Cluster(Path(dir), with_service_token(ClusterOptions(**options)))
 
 
+def _make_dirs(dir: Path) -> None:
+    """``DIR/run`` and ``DIR/logs``; a ClusterError naming DIR if they cannot be made."""
+    try:
+        for sub in ("run", "logs"):
+            (dir / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, or a directory it may not write in
+        raise ClusterError(f"cannot make the cluster's directory {dir}: {exc.strerror}") from exc
+
+
 _HELD: set[int] = set()  # the directory locks this process holds
 
 
@@ -505,6 +513,11 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True, stopping: Stop
         _say(f"{prog(f'{__package__}.cluster')}: error: {missing}")
         return 1
     cluster = Cluster(dir, options, report=_say)
+    try:
+        _make_dirs(dir.resolve())  # where the log goes, before the cluster's start makes them
+    except ClusterError as exc:
+        _say(f"{prog(f'{__package__}.cluster')}: error: {exc}")
+        return 1
     log = ClusterLog(dir)
     stopped_by = None
     try:
