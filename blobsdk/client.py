@@ -45,7 +45,7 @@ from .ops import (
     s3_source,
     scrub,
 )
-from .read import READAHEAD_BYTES, READAHEAD_DEPTH, Prefetch, check_offset, read_ahead, writable_bytes
+from .read import READAHEAD_BYTES, READAHEAD_DEPTH, Prefetch, check_offset, check_range, check_window, read_ahead, writable_bytes
 from .runtime import AsyncResource, Executor
 from .sources import BlockStore, Buffer
 from .stats import LatencyHistogram
@@ -53,6 +53,7 @@ from .wire import BlobInfo, ReadPlan
 from .write import REWRITE_AT, Checkpoints, Progress
 
 T = TypeVar("T")
+IF_VERSION = integer(0, optional=True)  # put and delete: None, 0 (create only) or the version to replace
 Item = tuple[str, Buffer]
 
 
@@ -137,6 +138,7 @@ class Client(AsyncResource):
         """Write ``data`` as a new version of ``path``; returns once durable and committed.
         ``if_version``: None unconditional, 0 create-only, N only if the live version is N."""
         check_bytes_like("put: data", data)
+        check_number("if_version", if_version, IF_VERSION, BadRequest)  # not at the commit, after the data is written
         plan = await self._open.writer.put(path, data, if_version)
         return plan.info()
 
@@ -151,6 +153,7 @@ class Client(AsyncResource):
 
     async def get(self, path: str, offset: int = 0, length: int | None = None) -> bytearray:
         """The bytes of ``path`` (or of ``[offset, offset+length)``, clamped to the blob)."""
+        check_range(offset, length)  # before the plan's lookup
         state = self._open
         plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
         hit = state.readpath.read_now(plan, offset, length)
@@ -242,6 +245,7 @@ class Client(AsyncResource):
         Leave it early with ``aclose()`` (or ``contextlib.aclosing``): that cancels the
         reads in flight at once, where an abandoned generator waits for the collector."""
         check_iterable("readahead: paths", paths, "an iterable of paths")
+        check_window(depth, max_bytes)
         return read_ahead(self._open.plans, self._read, paths, depth=depth, max_bytes=max_bytes)
 
     def checkpoints(
@@ -298,6 +302,7 @@ class Client(AsyncResource):
 
     async def delete(self, path: str, *, if_version: int | None = None) -> BlobInfo:
         """Remove the live version; its blocks are reclaimed by :meth:`gc`."""
+        check_number("if_version", if_version, IF_VERSION, BadRequest)
         return await self._open.metadata.delete(validate_writable(path), if_version)
 
     async def index_s3(

@@ -398,9 +398,13 @@ class ClientConfig(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> ClientConfig:
-        """Read a ``client.toml``; raises ValueError naming the bad key on a malformed file."""
+        """Read a ``client.toml``; raises ValueError naming the file when it is not TOML, and
+        the bad key on a malformed one."""
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            try:
+                raw = tomllib.load(f)
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{os.fspath(path)!r} is not a valid TOML file: {exc}") from exc
         return cls.from_dict(raw)
 
     @classmethod

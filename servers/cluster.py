@@ -38,7 +38,9 @@ server once it is ready.  Once every server answers ``/healthz`` it writes
 Started again in the same DIR, each server (and SeaweedFS's S3 gateway) gets its port of the
 last run (``DIR/run/NAME.port``) if that port is free, so the same ``client.toml`` works, and
 clients that kept running reach the new servers; a port taken meanwhile is replaced by a new
-one (said on stderr), and client.toml changes.
+one (said on stderr), and client.toml changes.  A DIR a running cluster holds (``DIR/run/lock``)
+is refused, naming its pid, before anything in it is touched: two clusters would share the
+metadata, blocks and L3 files, and the second would replace the first one's client.toml.
 
 A server that dies on its own is restarted on the
 same port with the same directory and flags after a backoff (0.5 s, doubling to 10 s; back
@@ -76,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -153,6 +156,7 @@ class Cluster:
     _lifeline: tuple[int, int] | None = field(default=None, repr=False)  # (read fd, write fd)
     placement: Placement | None = field(default=None, repr=False)  # with options.hosts: the testbed
     _added: dict[str, int] = field(default_factory=dict, repr=False)  # kind -> servers added since start
+    _lock: int | None = field(default=None, repr=False)  # the fd holding DIR/run/lock while it runs
 
     @property
     def config_path(self) -> Path:
@@ -162,8 +166,8 @@ class Cluster:
         """Start every server (on its port of the last run in this directory, if free), wait
         for /healthz, write cluster.json and client.toml."""
         self.dir = self.dir.resolve()
-        for sub in ("run", "logs"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        _make_dirs(self.dir)
+        self._lock = self._lock or _hold(self.dir)
         for stale in (self.config_path, self.dir / "cluster.json"):
             stale.unlink(missing_ok=True)
         self._lifeline = self._lifeline or os.pipe()  # both ends non-inheritable
@@ -374,6 +378,9 @@ class Cluster:
         placement, self.placement = self.placement, None
         if placement is not None:
             placement.stop()
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            _release(lock)
 
     def add_client_host(self, name: str, link: Link | None = None) -> ClientHost:
         """With ``hosts``: a client host ``name`` (servers/clusterhosts.py) of the running cluster."""
@@ -412,6 +419,56 @@ def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
     as ``with start_cluster(...) as cluster`` or ``async with``; ``cluster.config`` is the
     ClientConfig, ``cluster.processes`` the servers."""
     return Cluster(Path(dir), with_service_token(ClusterOptions(**options)))
+
+
+def _make_dirs(dir: Path) -> None:
+    """``DIR/run`` and ``DIR/logs``; a ClusterError naming DIR if they cannot be made."""
+    try:
+        for sub in ("run", "logs"):
+            (dir / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, or a directory it may not write in
+        raise ClusterError(f"cannot make the cluster's directory {dir}: {exc.strerror}") from exc
+
+
+_HELD: set[int] = set()  # the directory locks this process holds
+
+
+def _hold(dir: Path) -> int:
+    """An exclusive lock on ``DIR/run/lock`` (with this process's pid in it) for as long as
+    the cluster runs: a second cluster in a directory in use would share the first one's
+    metadata, blocks and L3 files and replace its client.toml, so it is refused before it
+    touches anything.  The kernel drops the lock when this process dies, SIGKILL too."""
+    fd = os.open(dir / "run" / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ClusterError(
+            f"{dir} is in use by a running cluster (pid {holder}): stop it first (Ctrl-C or SIGTERM),"
+            " or start this one in another directory"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _HELD.add(fd)
+    return fd
+
+
+def _release(fd: int) -> None:
+    _HELD.discard(fd)
+    fcntl.flock(fd, fcntl.LOCK_UN)  # the open file's lock: a forked child's copy of it too
+    os.close(fd)
+
+
+def _forget_held() -> None:
+    """In a forked child: its copies of the locks are not its own (closing them leaves the
+    parent's lock as it is), so a child that lives on never keeps a directory in use."""
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held)
 
 
 def _child_env(s3: S3Config) -> dict[str, str]:
@@ -456,6 +513,11 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True, stopping: Stop
         _say(f"{prog(f'{__package__}.cluster')}: error: {missing}")
         return 1
     cluster = Cluster(dir, options, report=_say)
+    try:
+        _make_dirs(dir.resolve())  # where the log goes, before the cluster's start makes them
+    except ClusterError as exc:
+        _say(f"{prog(f'{__package__}.cluster')}: error: {exc}")
+        return 1
     log = ClusterLog(dir)
     stopped_by = None
     try:

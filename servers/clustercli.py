@@ -86,6 +86,11 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[Path, ClusterOptions, 
         parser.error("--l3-nodes and --l3-hold-seconds must be >= 0, --l3-capacity-mb positive")
     if args.trackers < 0:
         parser.error("--trackers must be >= 0")
+    emulation = (args.latency_ms, args.bandwidth_mbps, args.spindles)
+    if not all(value is None or value >= 0 for value in emulation):  # nan too: it is not >= 0
+        parser.error("--latency-ms, --bandwidth-mbps and --spindles must be >= 0")
+    if not args.startup_timeout > 0:
+        parser.error("--startup-timeout must be > 0 (seconds)")
     names = (
         "block_servers",
         "write_quorum",

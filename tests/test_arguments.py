@@ -100,6 +100,31 @@ CLIENT: list[Case] = [
     ),
     ("get length bool", lambda c: c.get("/r/x", length=True), BadRequest, "length must be None or an int >= 0, got True"),
     (
+        "put if_version str",
+        lambda c: c.put("/b/x", b"x", if_version="1"),
+        TypeError,
+        "if_version must be None or an int >= 0, not str",
+    ),
+    (
+        "delete if_version str",
+        lambda c: c.delete("/r/x", if_version="1"),
+        TypeError,
+        "if_version must be None or an int >= 0, not str",
+    ),
+    ("readahead depth str", lambda c: c.readahead(["/r/x"], depth="4"), TypeError, "depth must be an int >= 1, not str"),
+    (
+        "readahead max_bytes float",
+        lambda c: c.readahead(["/r/x"], max_bytes=1.5),
+        BadRequest,
+        "max_bytes must be an int >= 1, got 1.5",
+    ),
+    (
+        "prefetch max_bytes str",
+        lambda c: c.prefetch(["/b/x"], tier="l1", max_bytes="5"),
+        TypeError,
+        "max_bytes must be a positive int or None, not str",
+    ),
+    (
         "get_many_into paths",
         lambda c: c.get_many_into(None, bytearray(1)),
         TypeError,
@@ -197,6 +222,41 @@ async def test_a_bad_argument_is_refused_naming_it_before_anything_is_written(
         await called(call, client)
     assert type(caught.value) is error and str(caught.value) == message
     assert [info.path async for info in client.list("/")] == ["/r/x"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"offset": -1}, "offset must be an int >= 0, got -1"),
+        ({"length": -1}, "length must be None or an int >= 0, got -1"),
+        ({"offset": "1"}, "offset must be an int >= 0, got '1'"),  # a BadRequest, as api.md says of get_into's
+    ],
+)
+async def test_a_bad_range_is_refused_before_the_plan_is_looked_up(
+    client: blobsdk.Client, kwargs: dict[str, object], message: str
+) -> None:
+    """Of a blob that does not exist: the range's error, not BlobNotFound after a lookup."""
+    with pytest.raises(BadRequest) as caught:
+        await client.get("/missing/x", **kwargs)  # type: ignore[arg-type]
+    assert type(caught.value) is BadRequest and str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("if_version", "error", "message"),
+    [
+        (-1, BadRequest, "if_version must be None or an int >= 0, got -1"),
+        ("1", TypeError, "if_version must be None or an int >= 0, not str"),
+    ],
+)
+async def test_a_bad_if_version_is_refused_before_the_data_is_written(
+    client: blobsdk.Client, tmp_path: Path, if_version: object, error: type[Exception], message: str
+) -> None:
+    blocks = tmp_path / "data" / "blocks"
+    before = sorted(blocks.rglob("*"))
+    with pytest.raises(error) as caught:
+        await client.put("/b/x", bytes(1 << 20), if_version=if_version)  # type: ignore[arg-type]
+    assert type(caught.value) is error and str(caught.value) == message
+    assert sorted(blocks.rglob("*")) == before  # it was refused at the commit, after 1 MiB went to L4
 
 
 # --- the blocking client, constructors and the config ---------------------------------------------

@@ -58,6 +58,21 @@ def test_write_quorum_bounds():
         ClientConfig(api_url="http://a", block_urls=("http://b", "http://c"), write=WriteConfig(write_quorum=3))
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (b'api_url = "http://a\n', "Illegal character '\\n' (at line 1, column 20)"),
+        (b"\xff = 1\n", "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    ],
+)
+def test_a_file_that_is_not_toml_is_a_value_error_naming_the_file(tmp_path, text, problem):
+    path = tmp_path / "client.toml"
+    path.write_bytes(text)
+    with pytest.raises(ValueError) as raised:
+        ClientConfig.from_toml(path)
+    assert str(raised.value) == f"{str(path)!r} is not a valid TOML file: {problem}"
+
+
 def test_block_smaller_than_chunk():
     with pytest.raises(ValueError, match="block_size 10 is smaller than chunk_size 20"):
         ClientConfig(api_url="http://a", block_urls=("http://b",), write=WriteConfig(chunk_size=20, block_size=10))

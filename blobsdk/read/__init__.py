@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from .into import writable_bytes
 from .prefetch import Prefetch, Prefetcher, PrefetchProgress
-from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH, read_ahead
-from .readpath import ReadPath, check_offset
+from .readahead import READAHEAD_BYTES, READAHEAD_DEPTH, check_window, read_ahead
+from .readpath import ReadPath, check_offset, check_range
 
 __all__ = [
     "READAHEAD_BYTES",
@@ -17,6 +17,8 @@ __all__ = [
     "Prefetcher",
     "ReadPath",
     "check_offset",
+    "check_range",
+    "check_window",
     "read_ahead",
     "writable_bytes",
 ]

@@ -16,8 +16,8 @@ and works in the background:
      default), progress polled from the nodes at once, then after a wait of ``POLL_S`` that
      doubles after each ask up to ``POLL_MAX_S`` (a long job is asked about once a second,
      not ten times: each ask is a request the node and the client pay CPU for).  Progress counts chunk
-     *copies*: with 2 L3 replicas each chunk counts twice (``dataset_chunks`` and
-     ``dataset_bytes`` are the distinct chunks' count and bytes).  A chunk fails (its paths go to
+     *copies*: with 2 L3 replicas each chunk counts twice, its bytes as stored (``dataset_chunks``
+     and ``dataset_bytes`` are the distinct chunks' count and raw bytes).  A chunk fails (its paths go to
      ``failed``) only when every node it was sent to failed it.
    - ``"l1"`` / ``"l2"``: every chunk not already held is fetched through the read path at
      prefetch priority (each endpoint's limiter queues foreground reads first) by
@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable,
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from .._arguments import check_number
+from .._arguments import check_number, wrong
 from .._numbers import non_negative
 from ..chunks import bucket_of, validate_path, validate_prefix
 from ..errors import BadRequest, BlobError, BlobNotFound, Unavailable
@@ -61,8 +61,9 @@ class PrefetchProgress:
     """How far a prefetch is.  ``chunks_done`` counts chunks now in the tier (fetched, or
     held already); ``chunks_skipped`` those left out for the byte budget or that the tier
     would not keep (full, over a quota); chunks that failed count in neither.  Into L3 the
-    chunk and byte counts are of chunk *copies* (one per replica); ``dataset_chunks`` and
-    ``dataset_bytes`` are always the distinct chunks' count and bytes."""
+    chunk and byte counts are of chunk *copies* (one per replica), the bytes as stored (lz4
+    where it saved space), as the nodes copy them; ``dataset_chunks`` and ``dataset_bytes``
+    are always the distinct chunks' count and raw bytes."""
 
     chunks_done: int = 0
     chunks_total: int = 0
@@ -187,6 +188,8 @@ class Prefetcher:
         top = self._tier_index(tier)
         check_number("pin_seconds", pin_seconds, non_negative(optional=True), BadRequest)
         if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1):
+            if not isinstance(max_bytes, int | float):
+                raise wrong("max_bytes", "a positive int or None", max_bytes)
             raise BadRequest(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         if tier == "l3":
             if max_bytes is not None:
@@ -294,7 +297,7 @@ class Prefetcher:
         tally.distinct(chunks)
         jobs = await self.l3.hydrate([ref for ref, _ in chunks.values()], pin_seconds)
         tally.chunks_total = sum(job.total for job in jobs)
-        tally.bytes_total = sum(ref.raw_length for job in jobs for ref in job.refs)
+        tally.bytes_total = sum(ref.length for job in jobs for ref in job.refs)  # as stored: what the nodes count
         try:
             statuses = await self._poll(jobs, tally)
         except asyncio.CancelledError:

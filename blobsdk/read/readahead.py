@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from .._arguments import wrong
 from ..chunks import validate_path
 from ..errors import BadRequest, BlobError, BlobNotFound
 from ..metadata import PlanReader
@@ -45,13 +46,20 @@ class _Slot:
         return self.plan.size if self.plan is not None else 0
 
 
+def check_window(depth: object, max_bytes: object) -> None:
+    """``depth`` and ``max_bytes`` ints >= 1: a TypeError for what is no number at all (a str),
+    else BadRequest (a bool, a float, < 1).  The client checks them when the readahead is made."""
+    for name, value in (("depth", depth), ("max_bytes", max_bytes)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, int | float):
+                raise wrong(name, "an int >= 1", value)
+            raise BadRequest(f"{name} must be an int >= 1, got {value!r}")
+
+
 async def read_ahead(
     plans: PlanReader, read: Reader, paths: Iterable[str], *, depth: int, max_bytes: int
 ) -> AsyncGenerator[tuple[str, bytearray], None]:
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-        raise BadRequest(f"depth must be an int >= 1, got {depth!r}")
-    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
-        raise BadRequest(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+    check_window(depth, max_bytes)
     source = iter(paths)
     planned: deque[_Slot] = deque()  # plans known, reads not started
     reading: deque[_Slot] = deque()  # reads started, in order

@@ -66,12 +66,17 @@ from ._groups import Filling, Job, chunks_of, copy_into, direct_kind, starts_of
 
 def resolve_range(size: int, offset: int, length: int | None) -> tuple[int, int]:
     """Clamp a requested range to ``[start, end)`` inside a blob of ``size`` bytes."""
-    check_offset(offset)
-    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 0):
-        raise BadRequest(f"length must be None or an int >= 0, got {length!r}")
+    check_range(offset, length)
     start = min(offset, size)
     end = size if length is None else min(size, offset + length)
     return start, max(start, end)
+
+
+def check_range(offset: object, length: object) -> None:
+    """BadRequest unless ``offset`` is an int >= 0 and ``length`` None or an int >= 0."""
+    check_offset(offset)
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 0):
+        raise BadRequest(f"length must be None or an int >= 0, got {length!r}")
 
 
 def check_offset(offset: object) -> None:

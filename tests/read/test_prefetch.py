@@ -16,6 +16,7 @@ from aiohttp import web
 
 import blobsdk
 from blobsdk.chunks.call import Priority
+from blobsdk.cli.admin import dataset_bytes_done
 from blobsdk.config import ClientConfig, L1Config, L2Config, LimiterConfig, WriteConfig
 from blobsdk.errors import BadRequest, BlobNotFound, Unavailable
 from blobsdk.metadata import SqliteMetadataStore
@@ -333,6 +334,21 @@ async def test_after_an_l3_prefetch_a_cold_client_reads_nothing_from_l4(tmp_path
                 assert await cold.get(path) == blob
             stats = cold.stats()
             assert stats["l3"]["hits"] == 30 and stats["l3"]["node_fills"] == 0 and stats["l4"]["hits"] == 0
+
+
+async def test_an_l3_prefetch_of_compressed_chunks_ends_with_every_byte_done(tmp_path: Path) -> None:
+    """The nodes count the bytes they copy as stored (lz4): so does the prefetch's total, or a
+    finished prefetch of compressible data said a few percent done, and so did the CLI's bar."""
+    async with start_cluster(tmp_path, block_servers=1, l3_nodes=2, trackers=0) as cluster:
+        config = msgspec.structs.replace(cluster.config, write=SMALL)
+        async with blobsdk.Client(config) as c:
+            await c.put_many((f"/z/{i}", bytes([i]) * (3 * CHUNK)) for i in range(4))  # lz4 shrinks each chunk
+            plans = [await c.plan(f"/z/{i}") for i in range(4)]
+            stored = sum(ref.length for plan in plans for ref in plan.chunks)
+            progress = await c.prefetch("/z/", tier="l3")
+    assert (progress.chunks_done, progress.chunks_total, progress.dataset_chunks) == (24, 24, 12)
+    assert progress.bytes_done == progress.bytes_total == 2 * stored < progress.dataset_bytes == 12 * CHUNK
+    assert dataset_bytes_done(progress) == progress.dataset_bytes
 
 
 async def test_an_l3_prefetch_reports_chunks_no_node_could_store(tmp_path: Path) -> None:

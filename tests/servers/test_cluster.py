@@ -42,6 +42,7 @@ from servers.cluster import (
     parse_cli,
     start_cluster,
 )
+from servers.cluster import run as cluster_run
 from servers.supervisor import _healthy
 from tests.helpers import ROOT, Tenancy, auth_headers
 
@@ -427,6 +428,42 @@ def test_cli_rejects_a_quorum_larger_than_the_block_servers(tmp_path):
     assert not (tmp_path / "client.toml").exists()
 
 
+EMULATION = "--latency-ms, --bandwidth-mbps and --spindles must be >= 0"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--latency-ms", "-5"], EMULATION),
+        (["--bandwidth-mbps", "-1"], EMULATION),
+        (["--spindles", "-1"], EMULATION),
+        (["--latency-ms", "nan"], EMULATION),
+        (["--startup-timeout", "0"], "--startup-timeout must be > 0 (seconds)"),
+    ],
+)
+def test_cli_rejects_what_a_server_would_die_of_before_starting_any(tmp_path, capsys, monkeypatch, flags, message):
+    """Not a block server's traceback once the API server is up: a usage error, nothing made."""
+    monkeypatch.setattr(sys, "argv", ["blobsdk-cluster"])
+    with pytest.raises(SystemExit) as exited:
+        parse_cli(["--dir", str(tmp_path / "c"), *flags])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"blobsdk-cluster: error: {message}"
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("dir", ["a-file/c", "a-file"])
+def test_a_dir_that_cannot_be_made_is_one_line_naming_it(tmp_path, capsys, monkeypatch, dir):
+    (tmp_path / "a-file").write_text("not a directory")
+    cluster = Cluster(tmp_path / dir, ClusterOptions(block_servers=1, l3_nodes=0, trackers=0), kinds=KINDS[:2])
+    with pytest.raises(ClusterError) as refused, cluster:
+        pass
+    message = f"cannot make the cluster's directory {tmp_path / dir}: Not a directory"
+    assert str(refused.value) == message and cluster.processes == []
+    monkeypatch.setattr(sys, "argv", ["blobsdk-cluster"])
+    assert cluster_run(tmp_path / dir, ClusterOptions()) == 1  # the command: one line, no traceback
+    assert capsys.readouterr().err == f"blobsdk-cluster: error: {message}\n"
+
+
 async def test_reads_survive_dead_block_servers_and_the_token_is_required(tmp_path):
     async with start_cluster(tmp_path, block_servers=3, token="s3cret", trackers=0) as cluster:
         assert cluster.config == ClientConfig.from_toml(cluster.config_path)
@@ -665,6 +702,24 @@ def test_a_port_taken_since_the_last_run_is_replaced_and_said(tmp_path):
         f"starting 2 servers in {tmp_path}: api, block (logs in {tmp_path / 'logs'})",
         f"api: port {port} of the last run is taken; it gets a new one (client.toml changes)",
     ]
+
+
+def test_a_second_cluster_in_a_directory_in_use_is_refused_and_touches_nothing(tmp_path):
+    """It would share the first one's metadata, blocks and L3 files, and replace its client.toml."""
+    options = ClusterOptions(block_servers=1, l3_nodes=0, trackers=0)
+    with Cluster(tmp_path, options, kinds=KINDS[:2]) as running:
+        toml, description = running.config_path.read_text(), (tmp_path / "cluster.json").read_text()
+        second = Cluster(tmp_path, options, kinds=KINDS[:2])
+        with pytest.raises(ClusterError) as refused, second:
+            pass
+        assert str(refused.value) == (
+            f"{tmp_path.resolve()} is in use by a running cluster (pid {os.getpid()}): stop it first (Ctrl-C or SIGTERM),"
+            " or start this one in another directory"
+        )
+        assert second.processes == [] and not running.exited()
+        assert running.config_path.read_text() == toml and (tmp_path / "cluster.json").read_text() == description
+    with Cluster(tmp_path, options, kinds=KINDS[:2]) as again:  # stopped: the directory is free again
+        assert not again.exited()
 
 
 def test_a_port_file_that_holds_no_port_is_ignored(tmp_path):
