@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fcntl
 import json
 import os
 import subprocess
@@ -96,6 +95,7 @@ from blobsdk.config import ClientConfig, S3Config
 from ._common import prog
 from ._common.stopsignals import Stopping, stop_signals
 from .clustercli import parse_args, parse_cli
+from .clusterdir import hold, make_dirs, release
 from .clusterhosts import ClientHost, Placement
 from .clusterplan import (
     KINDS,
@@ -166,8 +166,8 @@ class Cluster:
         """Start every server (on its port of the last run in this directory, if free), wait
         for /healthz, write cluster.json and client.toml."""
         self.dir = self.dir.resolve()
-        _make_dirs(self.dir)
-        self._lock = self._lock or _hold(self.dir)
+        make_dirs(self.dir)
+        self._lock = self._lock or hold(self.dir)
         for stale in (self.config_path, self.dir / "cluster.json"):
             stale.unlink(missing_ok=True)
         self._lifeline = self._lifeline or os.pipe()  # both ends non-inheritable
@@ -380,7 +380,7 @@ class Cluster:
             placement.stop()
         lock, self._lock = self._lock, None
         if lock is not None:
-            _release(lock)
+            release(lock)
 
     def add_client_host(self, name: str, link: Link | None = None) -> ClientHost:
         """With ``hosts``: a client host ``name`` (servers/clusterhosts.py) of the running cluster."""
@@ -419,56 +419,6 @@ def start_cluster(dir: str | os.PathLike[str], **options: Any) -> Cluster:
     as ``with start_cluster(...) as cluster`` or ``async with``; ``cluster.config`` is the
     ClientConfig, ``cluster.processes`` the servers."""
     return Cluster(Path(dir), with_service_token(ClusterOptions(**options)))
-
-
-def _make_dirs(dir: Path) -> None:
-    """``DIR/run`` and ``DIR/logs``; a ClusterError naming DIR if they cannot be made."""
-    try:
-        for sub in ("run", "logs"):
-            (dir / sub).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file there, or a directory it may not write in
-        raise ClusterError(f"cannot make the cluster's directory {dir}: {exc.strerror}") from exc
-
-
-_HELD: set[int] = set()  # the directory locks this process holds
-
-
-def _hold(dir: Path) -> int:
-    """An exclusive lock on ``DIR/run/lock`` (with this process's pid in it) for as long as
-    the cluster runs: a second cluster in a directory in use would share the first one's
-    metadata, blocks and L3 files and replace its client.toml, so it is refused before it
-    touches anything.  The kernel drops the lock when this process dies, SIGKILL too."""
-    fd = os.open(dir / "run" / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ClusterError(
-            f"{dir} is in use by a running cluster (pid {holder}): stop it first (Ctrl-C or SIGTERM),"
-            " or start this one in another directory"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _HELD.add(fd)
-    return fd
-
-
-def _release(fd: int) -> None:
-    _HELD.discard(fd)
-    fcntl.flock(fd, fcntl.LOCK_UN)  # the open file's lock: a forked child's copy of it too
-    os.close(fd)
-
-
-def _forget_held() -> None:
-    """In a forked child: its copies of the locks are not its own (closing them leaves the
-    parent's lock as it is), so a child that lives on never keeps a directory in use."""
-    for fd in _HELD:
-        os.close(fd)
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_forget_held)
 
 
 def _child_env(s3: S3Config) -> dict[str, str]:
@@ -514,7 +464,7 @@ def run(dir: Path, options: ClusterOptions, restart: bool = True, stopping: Stop
         return 1
     cluster = Cluster(dir, options, report=_say)
     try:
-        _make_dirs(dir.resolve())  # where the log goes, before the cluster's start makes them
+        make_dirs(dir.resolve())  # where the log goes, before the cluster's start makes them
     except ClusterError as exc:
         _say(f"{prog(f'{__package__}.cluster')}: error: {exc}")
         return 1

@@ -56,9 +56,14 @@ _METADATA_GLOBALS: dict[tuple[str, str], Any] = {
             "TensorProperties",
             "_MEM_FORMAT_ENCODING",
         )
+        if hasattr(_dcp_metadata, name)  # a torch without one never pickles it
     },
     ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    **{
+        ("torch.serialization", name): getattr(torch.serialization, name)
+        for name in ("_get_layout",)
+        if hasattr(torch.serialization, name)  # private: a torch without it pickles layouts otherwise
+    },
     **{
         ("torch", name): value
         for name, value in vars(torch).items()
