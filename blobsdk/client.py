@@ -153,9 +153,11 @@ class Client(AsyncResource):
 
     async def get(self, path: str, offset: int = 0, length: int | None = None) -> bytearray:
         """The bytes of ``path`` (or of ``[offset, offset+length)``, clamped to the blob)."""
-        check_range(offset, length)  # before the plan's lookup
         state = self._open
-        plan = state.plans.peek(path) or await state.plans.get_plan(validate_path(path))
+        plan = state.plans.peek(path)
+        if plan is None:
+            check_range(offset, length)  # before the lookup; a cached plan's read checks it (read_now)
+            plan = await state.plans.get_plan(validate_path(path))
         hit = state.readpath.read_now(plan, offset, length)
         if hit is not None:
             return hit
